@@ -1,0 +1,44 @@
+# box and drill. Run as root on a Debian bookworm machine (see README.md).
+#
+#   make drill   build the hermetic world and run the drill in it
+#   make test    install what is missing and run every test tier
+#
+GO       ?= go
+VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS  := -s -w -X main.version=$(VERSION)
+export CGO_ENABLED = 0
+
+.PHONY: all deps build drill world world-down test unit bench clean
+
+all: build
+
+deps:
+	scripts/deps.sh
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/drill ./cmd/drill
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/box ./cmd/box
+
+# The world stays up after `make world` (fast re-runs); `make world-down`
+# removes it.
+world: deps build
+	bin/drill world up
+
+world-down: build
+	bin/drill world down
+
+drill: world
+	bin/drill world check
+
+test:
+	scripts/test.sh
+
+# Unit tier only: no root, no world.
+unit:
+	$(GO) test -count=1 ./...
+
+bench:
+	scripts/bench.sh
+
+clean:
+	rm -rf bin

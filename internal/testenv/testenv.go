@@ -1,0 +1,56 @@
+// Package testenv gates the privileged and system test tiers (SPEC section
+// 8). A test that needs more than the unit tier calls Root or World first;
+// without what it needs it is skipped with a message saying how to enable
+// it, except when BOX_REQUIRE_TIERS=1 (set by `make test`), where a missing
+// tier is a failure, so CI can never pass by skipping.
+package testenv
+
+import (
+	"os"
+	"testing"
+
+	"github.com/box-isolation/box/fixtures/world"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// RequireEnv makes a missing tier fail instead of skip.
+const RequireEnv = "BOX_REQUIRE_TIERS"
+
+func unavailable(t testing.TB, why string) {
+	t.Helper()
+	if os.Getenv(RequireEnv) == "1" {
+		t.Fatalf("%s (%s=1 says every tier must run)", why, RequireEnv)
+	}
+	t.Skip(why)
+}
+
+// Root skips (or fails) unless the test runs as root: the privileged tier
+// (namespaces, veths, raw sockets, nftables).
+func Root(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		unavailable(t, "needs root for namespaces and raw sockets: run `make test` as root")
+	}
+}
+
+// World returns the running hermetic world, or skips (or fails) when none
+// is up: the system tier.
+func World(t testing.TB) *world.State {
+	t.Helper()
+	Root(t)
+	st, err := world.Load()
+	if err != nil {
+		unavailable(t, "needs the hermetic world with incusd: run `make test` (it builds one) or `bin/drill world up`: "+err.Error())
+	}
+	if st.IncusSocket == "" {
+		unavailable(t, "the hermetic world was built without incusd (--no-incus): rebuild it with `bin/drill world down && bin/drill world up`")
+	}
+	return st
+}
+
+// Incus returns the world and a client of its incusd.
+func Incus(t testing.TB) (*world.State, *incus.Client) {
+	t.Helper()
+	st := World(t)
+	return st, incus.New(st.IncusSocket)
+}
