@@ -1,0 +1,112 @@
+// Package incus is a small client for the Incus REST API over incusd's unix
+// socket. It covers what box and drill need (instances, exec, files,
+// snapshots, networks, ACLs, profiles, projects, storage pools, images and
+// operations) and nothing box-specific. It does not use
+// github.com/lxc/incus/v6, which is not to be depended on here (see
+// SPEC.md section 2).
+//
+// # Prerequisites
+//
+// A running incusd, and a user allowed to open its socket: root, or a
+// member of the incus-admin group for the full API. Members of the incus
+// group get the restricted socket (unix.socket.user, one project per user);
+// point New at it, or at $INCUS_SOCKET.
+//
+// # Socket and project
+//
+// New("") dials DefaultSocket(): $INCUS_SOCKET, else $INCUS_DIR/unix.socket,
+// else /var/lib/incus/unix.socket. New never dials; the first call does, and
+// a daemon that is not there is an *UnreachableError naming the socket and
+// saying what to check. Requests go to http://incus/1.0/... on that socket.
+//
+// Every request is in the server's default project unless the client was
+// scoped with Project, which returns a copy:
+//
+//	c := incus.New("").Project("box-alice")
+//
+// # Operations and deadlines
+//
+// Incus runs slow work as background operations. Every method that changes
+// something waits for its operation before returning, whether Incus answered
+// sync or async, so callers never see one. The context bounds the whole call,
+// the wait included; when it ends first the error wraps ctx.Err() (test it
+// with errors.Is(err, context.DeadlineExceeded)), names the operation, and
+// the client has asked Incus to cancel it. Exec has a default deadline of
+// DefaultExecTimeout when the context has none.
+//
+// # Errors
+//
+// Errors are typed and wrapped with what was being done:
+//
+//   - *StatusError: incusd refused the request (Code is the HTTP status).
+//     IsNotFound (404), IsConflict (409 only), IsPreconditionFailed (412,
+//     a stale ETag) and IsAlreadyExists (which also knows the create calls
+//     for which Incus does not answer 409) test for the common cases.
+//   - *OperationError: the request was accepted but its operation ended in
+//     Failure or was Cancelled; Message is Incus's reason.
+//   - *UnreachableError: nothing is listening on the socket, or this user
+//     may not open it (IsUnreachable).
+//   - *MalformedError: the answer was not an Incus response.
+//
+// # Example
+//
+// Launch a container from a local image, run a command in it, and delete
+// it:
+//
+//	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+//	defer cancel()
+//
+//	c := incus.New("") // $INCUS_SOCKET or /var/lib/incus/unix.socket
+//	srv, err := c.Server(ctx)
+//	if err != nil {
+//		return err // e.g. "incus: cannot reach incusd at ...: is incusd running ...?"
+//	}
+//	typ := "container"
+//	if srv.CanRunVMs() {
+//		typ = "virtual-machine"
+//	}
+//
+//	err = c.CreateInstance(ctx, incus.InstancesPost{
+//		Name:   "demo",
+//		Type:   typ,
+//		Source: incus.InstanceSource{Type: "image", Alias: "debian/12"},
+//		Config: map[string]string{"user.box": "1"},
+//		Start:  true,
+//	})
+//	if incus.IsAlreadyExists(err) {
+//		return fmt.Errorf("demo exists already; delete it first: %w", err)
+//	} else if err != nil {
+//		return err
+//	}
+//
+//	res, err := c.Exec(ctx, "demo", incus.ExecRequest{
+//		Command: []string{"sh", "-c", "echo hello; uname -r >&2"},
+//		Env:     map[string]string{"LANG": "C.UTF-8"},
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	fmt.Printf("exit %d, stdout %q, stderr %q\n", res.ExitCode, res.Stdout, res.Stderr)
+//
+//	mine, err := c.Instances(ctx, map[string]string{"user.box": "1"}) // filtered by the server
+//	if err != nil {
+//		return err
+//	}
+//	_ = mine
+//
+//	// Incus will not delete a running instance.
+//	if err := c.SetInstanceState(ctx, "demo", "stop", 0, true); err != nil {
+//		return err
+//	}
+//	if err := c.DeleteInstance(ctx, "demo"); err != nil && !incus.IsNotFound(err) {
+//		return err
+//	}
+//
+// # Tests
+//
+// The package's unit tests need neither root nor incusd: they run against
+// the fake server in the incustest subpackage, which other packages can use
+// too.
+//
+//	go test -race ./stack/incus/...
+package incus

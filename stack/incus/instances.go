@@ -1,0 +1,268 @@
+package incus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+)
+
+// Instance is a container or VM as GET /1.0/instances/{name} returns it.
+type Instance struct {
+	Name            string                       `json:"name"`
+	Description     string                       `json:"description"`
+	Status          string                       `json:"status"`
+	StatusCode      int                          `json:"status_code"`
+	Type            string                       `json:"type"` // "container" or "virtual-machine"
+	Architecture    string                       `json:"architecture"`
+	Location        string                       `json:"location"`
+	Project         string                       `json:"project"`
+	Ephemeral       bool                         `json:"ephemeral"`
+	Stateful        bool                         `json:"stateful"`
+	CreatedAt       time.Time                    `json:"created_at"`
+	LastUsedAt      time.Time                    `json:"last_used_at"`
+	Config          map[string]string            `json:"config"`
+	Devices         map[string]map[string]string `json:"devices"`
+	Profiles        []string                     `json:"profiles"`
+	ExpandedConfig  map[string]string            `json:"expanded_config"`
+	ExpandedDevices map[string]map[string]string `json:"expanded_devices"`
+}
+
+// Writable is a copy of the part of i that UpdateInstance accepts, for the
+// read-modify-write a PUT needs; changing it leaves i alone.
+func (i *Instance) Writable() InstancePut {
+	var devices map[string]map[string]string
+	if i.Devices != nil {
+		devices = make(map[string]map[string]string, len(i.Devices))
+		for k, d := range i.Devices {
+			devices[k] = maps.Clone(d)
+		}
+	}
+	return InstancePut{
+		Description:  i.Description,
+		Config:       maps.Clone(i.Config),
+		Devices:      devices,
+		Profiles:     slices.Clone(i.Profiles),
+		Ephemeral:    i.Ephemeral,
+		Stateful:     i.Stateful,
+		Architecture: i.Architecture,
+	}
+}
+
+// InstancePut is the whole writable state of an instance. PUT replaces it
+// all: a nil Config or Devices clears them, so start from Writable().
+type InstancePut struct {
+	Description  string                       `json:"description"`
+	Config       map[string]string            `json:"config"`
+	Devices      map[string]map[string]string `json:"devices"`
+	Profiles     []string                     `json:"profiles"`
+	Ephemeral    bool                         `json:"ephemeral"`
+	Stateful     bool                         `json:"stateful"`
+	Architecture string                       `json:"architecture"`
+}
+
+// InstanceSource says where a new instance's root comes from.
+type InstanceSource struct {
+	Type        string `json:"type"` // "image", "copy" or "none"
+	Alias       string `json:"alias,omitempty"`
+	Fingerprint string `json:"fingerprint,omitempty"`
+	// Source is the instance ("inst") or snapshot ("inst/snap") to copy.
+	Source       string `json:"source,omitempty"`
+	InstanceOnly bool   `json:"instance_only,omitempty"`
+	Live         bool   `json:"live,omitempty"`
+	// Server and Protocol pull the image from a remote image server
+	// (e.g. "https://images.linuxcontainers.org", "simplestreams").
+	Server   string `json:"server,omitempty"`
+	Protocol string `json:"protocol,omitempty"`
+}
+
+// InstancesPost creates an instance. A nil Profiles gets the project's
+// "default" profile; an empty non-nil slice gets no profile at all.
+type InstancesPost struct {
+	Name        string                       `json:"name"`
+	Type        string                       `json:"type,omitempty"` // "container" or "virtual-machine"
+	Description string                       `json:"description,omitempty"`
+	Source      InstanceSource               `json:"source"`
+	Config      map[string]string            `json:"config,omitempty"`
+	Devices     map[string]map[string]string `json:"devices,omitempty"`
+	Profiles    []string                     `json:"profiles"`
+	Ephemeral   bool                         `json:"ephemeral"`
+	Start       bool                         `json:"start"`
+}
+
+// InstanceState is the runtime state (GET /1.0/instances/{name}/state).
+type InstanceState struct {
+	Status     string                     `json:"status"`
+	StatusCode int                        `json:"status_code"`
+	Pid        int64                      `json:"pid"`
+	Processes  int64                      `json:"processes"`
+	StartedAt  time.Time                  `json:"started_at"`
+	Network    map[string]InstanceNetwork `json:"network"`
+}
+
+// InstanceNetwork is one interface inside an instance; HostName is the
+// host-side veth/tap.
+type InstanceNetwork struct {
+	Hwaddr    string           `json:"hwaddr"`
+	HostName  string           `json:"host_name"`
+	State     string           `json:"state"`
+	Type      string           `json:"type"`
+	MTU       int              `json:"mtu"`
+	Addresses []NetworkAddress `json:"addresses"`
+}
+
+// NetworkAddress is an address on an interface (instance or network).
+type NetworkAddress struct {
+	Family  string `json:"family"` // "inet" or "inet6"
+	Address string `json:"address"`
+	Netmask string `json:"netmask"`
+	Scope   string `json:"scope"` // "global", "link", "local"
+}
+
+// Instances lists the instances whose config matches every key/value in
+// filter (nil lists all), filtered by the server in a single request.
+// Values may contain single spaces, but not double quotes, other whitespace
+// or nothing at all: the Incus filter language cannot express those, so they
+// are refused here rather than silently matching something else.
+func (c *Client) Instances(ctx context.Context, filter map[string]string) ([]Instance, error) {
+	expr, err := configFilter(filter)
+	if err != nil {
+		return nil, fmt.Errorf("listing instances: %w", err)
+	}
+	return c.InstancesWhere(ctx, expr)
+}
+
+// InstancesWhere lists instances matching a raw Incus filter expression,
+// e.g. `config.user.box eq 1 or config.user.claudebox eq 1` ("" for all).
+func (c *Client) InstancesWhere(ctx context.Context, rawFilter string) ([]Instance, error) {
+	var q url.Values
+	if rawFilter != "" {
+		q = url.Values{"filter": {rawFilter}}
+	}
+	var out []Instance
+	if err := c.list(ctx, apiPath("instances"), q, &out); err != nil {
+		return nil, fmt.Errorf("listing instances: %w", err)
+	}
+	return out, nil
+}
+
+// configFilter renders {"user.box": "1"} as `config.user.box eq 1`. Incus
+// splits the filter on whitespace and only understands quotes that span
+// several words (a quoted single word keeps its closing quote), so a value
+// is quoted only when it contains whitespace.
+func configFilter(filter map[string]string) (string, error) {
+	keys := make([]string, 0, len(filter))
+	for k := range filter {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	clauses := make([]string, 0, len(keys))
+	for _, k := range keys {
+		v := filter[k]
+		switch {
+		case k == "" || strings.ContainsFunc(k, unicode.IsSpace) || strings.Contains(k, `"`):
+			return "", fmt.Errorf("config key %q cannot be used in an incus filter", k)
+		case v == "" || strings.Contains(v, `"`) || strings.Join(strings.Fields(v), " ") != v:
+			// Incus rejoins a quoted value's words with single spaces, so
+			// only such values can be matched exactly.
+			return "", fmt.Errorf("value %q of %s cannot be used in an incus filter (empty, quoted, or not single-spaced)", v, k)
+		case strings.Contains(v, " "):
+			v = `"` + v + `"`
+		}
+		clauses = append(clauses, "config."+k+" eq "+v)
+	}
+	return strings.Join(clauses, " and "), nil
+}
+
+// Instance fetches one instance and its ETag for UpdateInstance.
+func (c *Client) Instance(ctx context.Context, name string) (*Instance, string, error) {
+	var inst Instance
+	etag, err := c.get(ctx, apiPath("instances", name), nil, &inst)
+	if err != nil {
+		return nil, "", fmt.Errorf("getting instance %s: %w", name, err)
+	}
+	return &inst, etag, nil
+}
+
+// InstanceState fetches the runtime state: status, init pid, interfaces.
+func (c *Client) InstanceState(ctx context.Context, name string) (*InstanceState, error) {
+	var st InstanceState
+	if _, err := c.get(ctx, apiPath("instances", name, "state"), nil, &st); err != nil {
+		return nil, fmt.Errorf("getting state of instance %s: %w", name, err)
+	}
+	return &st, nil
+}
+
+// CreateInstance creates (and, with Start, starts) an instance and waits
+// until Incus has finished.
+func (c *Client) CreateInstance(ctx context.Context, req InstancesPost) error {
+	if req.Name == "" {
+		return errors.New("creating instance: no name given")
+	}
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: apiPath("instances"), json: req}); err != nil {
+		return fmt.Errorf("creating instance %s: %w", req.Name, err)
+	}
+	return nil
+}
+
+// SetInstanceState runs start, stop, restart, freeze or unfreeze and waits.
+// For stop and restart, timeout is how long a clean shutdown may take (0
+// means the server's default of 10 minutes); force kills at once instead.
+func (c *Client) SetInstanceState(ctx context.Context, name, action string, timeout time.Duration, force bool) error {
+	secs := -1
+	if timeout > 0 {
+		secs = max(1, int(timeout.Round(time.Second)/time.Second))
+	}
+	body := map[string]any{"action": action, "timeout": secs, "force": force}
+	if _, err := c.do(ctx, request{method: http.MethodPut, path: apiPath("instances", name, "state"), json: body}); err != nil {
+		return fmt.Errorf("%s instance %s: %w", action, name, err)
+	}
+	return nil
+}
+
+// UpdateInstance replaces the writable state of an instance. With a non-empty
+// etag (from Instance) the PUT is refused with 412 if someone changed the
+// instance since; check with IsPreconditionFailed.
+func (c *Client) UpdateInstance(ctx context.Context, name string, put InstancePut, etag string) error {
+	if _, err := c.do(ctx, request{method: http.MethodPut, path: apiPath("instances", name), json: put, etag: etag}); err != nil {
+		return fmt.Errorf("updating instance %s: %w", name, err)
+	}
+	return nil
+}
+
+// RenameInstance renames a stopped instance. Incus refuses a running one
+// only inside the operation, as a generic failure; so the state is checked
+// first and a running instance gets a StatusError with Code 409 (IsConflict)
+// that says to stop it.
+func (c *Client) RenameInstance(ctx context.Context, name, newName string) error {
+	st, err := c.InstanceState(ctx, name)
+	if err != nil {
+		return fmt.Errorf("renaming instance %s to %s: %w", name, newName, err)
+	}
+	if st.Status != "Stopped" {
+		return fmt.Errorf("renaming instance %s to %s: %w", name, newName, &StatusError{
+			Method: http.MethodPost, Path: apiPath("instances", name), Code: http.StatusConflict,
+			Message: fmt.Sprintf("instance is %s; stop it first", strings.ToLower(st.Status)),
+		})
+	}
+	body := map[string]any{"name": newName}
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: apiPath("instances", name), json: body}); err != nil {
+		return fmt.Errorf("renaming instance %s to %s: %w", name, newName, err)
+	}
+	return nil
+}
+
+// DeleteInstance deletes an instance and its snapshots. Incus refuses a
+// running instance (400 "Instance is running"): stop it first.
+func (c *Client) DeleteInstance(ctx context.Context, name string) error {
+	if _, err := c.do(ctx, request{method: http.MethodDelete, path: apiPath("instances", name)}); err != nil {
+		return fmt.Errorf("deleting instance %s: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,54 @@
+package incus
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+)
+
+// StoragePool is a storage pool (GET /1.0/storage-pools/{name}).
+type StoragePool struct {
+	Name        string            `json:"name"`
+	Driver      string            `json:"driver"` // "dir", "zfs", "btrfs", ...
+	Description string            `json:"description"`
+	Status      string            `json:"status,omitempty"`
+	Config      map[string]string `json:"config"`
+	UsedBy      []string          `json:"used_by,omitempty"`
+}
+
+// StoragePools lists all storage pools.
+func (c *Client) StoragePools(ctx context.Context) ([]StoragePool, error) {
+	var out []StoragePool
+	if err := c.list(ctx, apiPath("storage-pools"), nil, &out); err != nil {
+		return nil, fmt.Errorf("listing storage pools: %w", err)
+	}
+	return out, nil
+}
+
+// StoragePool fetches one pool and its ETag.
+func (c *Client) StoragePool(ctx context.Context, name string) (*StoragePool, string, error) {
+	var p StoragePool
+	etag, err := c.get(ctx, apiPath("storage-pools", name), nil, &p)
+	if err != nil {
+		return nil, "", fmt.Errorf("getting storage pool %s: %w", name, err)
+	}
+	return &p, etag, nil
+}
+
+// CreateStoragePool creates a pool from Name, Driver, Description and
+// Config (Status and UsedBy are ignored).
+func (c *Client) CreateStoragePool(ctx context.Context, p StoragePool) error {
+	body := map[string]any{"name": p.Name, "driver": p.Driver, "description": p.Description, "config": p.Config}
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: apiPath("storage-pools"), json: body}); err != nil {
+		return fmt.Errorf("creating storage pool %s: %w", p.Name, err)
+	}
+	return nil
+}
+
+// DeleteStoragePool deletes a pool; Incus refuses while anything uses it.
+func (c *Client) DeleteStoragePool(ctx context.Context, name string) error {
+	if _, err := c.do(ctx, request{method: http.MethodDelete, path: apiPath("storage-pools", name)}); err != nil {
+		return fmt.Errorf("deleting storage pool %s: %w", name, err)
+	}
+	return nil
+}
