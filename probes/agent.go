@@ -1,0 +1,186 @@
+package probes
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+)
+
+// PlanReadTimeout bounds how long RunAgent waits for a whole plan on
+// stdin; an exec whose stdin is never closed must not hang the agent.
+const PlanReadTimeout = 10 * time.Second
+
+// RunAgent is the in-box agent (`drill agent`): it reads one plan (JSON,
+// version 1) from in, runs its listeners, witnesses and probes
+// concurrently, and writes one report (JSON, version 1, one line) to out.
+// It returns within the plan's deadline whatever the probes do, plus the
+// time to write the report.
+//
+// A plan that cannot be read or is invalid still gets a report, with only
+// "error" set, and RunAgent returns that error. Probe failures are not
+// RunAgent errors: they are observations with outcome "error".
+func RunAgent(ctx context.Context, in io.Reader, out io.Writer) error {
+	plan, err := readPlanWithin(ctx, in, PlanReadTimeout)
+	if err != nil {
+		now := time.Now()
+		rep := &Report{Version: ReportVersion, StartedAt: now, FinishedAt: now, Observations: []Observation{}, Error: err.Error()}
+		if werr := writeReport(out, rep); werr != nil {
+			return errors.Join(err, werr)
+		}
+		return err
+	}
+	return writeReport(out, RunPlan(ctx, plan))
+}
+
+func readPlanWithin(ctx context.Context, in io.Reader, timeout time.Duration) (*Plan, error) {
+	type result struct {
+		p   *Plan
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		p, err := DecodePlan(in)
+		ch <- result{p, err}
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r.p, r.err
+	case <-t.C:
+		return nil, fmt.Errorf("read plan: nothing complete on stdin within %s (is stdin closed?)", timeout)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("read plan: %w", ctx.Err())
+	}
+}
+
+func writeReport(out io.Writer, rep *Report) error {
+	for i := range rep.Observations {
+		if !rep.Observations[i].Outcome.Valid() {
+			rep.Observations[i].Outcome = Error
+			rep.Observations[i].Reason = "internal: no outcome was recorded"
+		}
+	}
+	if err := json.NewEncoder(out).Encode(rep); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return nil
+}
+
+// RunPlan runs a validated plan in this process's network namespace and
+// returns the report. Observations come in plan order: listeners, then
+// witnesses, then probes. Everything runs under one deadline: the tasks
+// stop AgentMargin/2 before the plan's deadline, and whatever has not
+// reported by then is recorded as an error, never as silence.
+func RunPlan(ctx context.Context, p *Plan) *Report {
+	start := time.Now()
+	rep := &Report{Version: ReportVersion, StartedAt: start}
+	hard := start.Add(p.Deadline())
+	runCtx, cancel := context.WithDeadline(ctx, hard.Add(-AgentMargin/2))
+	defer cancel()
+
+	var removeLL func() LinkLocalState
+	if p.LinkLocal != nil {
+		st, rm, err := EnsureLinkLocal(p.LinkLocal.Via, p.LinkLocal.Address)
+		if err != nil {
+			st.Error = err.Error()
+		}
+		rep.LinkLocal = &st
+		removeLL = rm
+	}
+
+	n := len(p.Listeners) + len(p.Witnesses) + len(p.Probes)
+	slots := make([]Observation, n)
+	filled := make([]bool, n)
+	var mu sync.Mutex
+	closed := false
+	var wg sync.WaitGroup
+	set := func(i int, o Observation) {
+		mu.Lock()
+		if !closed {
+			slots[i], filled[i] = o, true
+		}
+		mu.Unlock()
+	}
+	// Listeners and witnesses are armed, in order, before any probe fires:
+	// a witness armed late would see nothing and make a leak look blocked.
+	i := 0
+	for _, spec := range p.Listeners {
+		idx := i
+		i++
+		l, err := StartListener(runCtx, spec)
+		if err != nil {
+			set(idx, fail(Observation{ID: spec.ID, Kind: spec.Kind, StartedAt: time.Now()}, err.Error()))
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); set(idx, l.Wait(runCtx)) }()
+	}
+	for _, spec := range p.Witnesses {
+		idx := i
+		i++
+		w, err := StartWitness(spec)
+		if err != nil {
+			set(idx, fail(Observation{ID: spec.ID, Kind: KindWitness, StartedAt: time.Now()}, err.Error()))
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); set(idx, w.Wait(runCtx)) }()
+	}
+	for _, spec := range p.Probes {
+		idx := i
+		i++
+		wg.Add(1)
+		go func() { defer wg.Done(); set(idx, RunProbe(runCtx, spec)) }()
+	}
+
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	collect := time.NewTimer(time.Until(hard.Add(-AgentMargin / 4)))
+	select {
+	case <-all:
+	case <-collect.C:
+	}
+	collect.Stop()
+
+	mu.Lock()
+	closed = true
+	rep.Observations = make([]Observation, n)
+	copy(rep.Observations, slots)
+	for j := range rep.Observations {
+		if !filled[j] {
+			o := &rep.Observations[j]
+			id, kind := planItem(p, j)
+			*o = fail(Observation{ID: id, Kind: kind, StartedAt: start}, "did not finish before the plan's deadline")
+			o.ElapsedMS = time.Since(start).Milliseconds()
+		}
+	}
+	mu.Unlock()
+
+	if removeLL != nil {
+		st := removeLL()
+		if rep.LinkLocal.Error != "" && st.Error == "" {
+			st.Error = rep.LinkLocal.Error
+		}
+		rep.LinkLocal = &st
+	}
+	rep.FinishedAt = time.Now()
+	return rep
+}
+
+// planItem names the j-th task of a plan in report order.
+func planItem(p *Plan, j int) (string, Kind) {
+	if j < len(p.Listeners) {
+		return p.Listeners[j].ID, p.Listeners[j].Kind
+	}
+	j -= len(p.Listeners)
+	if j < len(p.Witnesses) {
+		return p.Witnesses[j].ID, KindWitness
+	}
+	j -= len(p.Witnesses)
+	return p.Probes[j].ID, p.Probes[j].Kind
+}

@@ -1,0 +1,91 @@
+package probes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/mdlayher/arp"
+	"github.com/mdlayher/ethernet"
+	"github.com/mdlayher/packet"
+)
+
+// probeARP asks who-has target on the interface holding Via, from our
+// address in Via (not whichever IPv4 address the interface lists first).
+//
+//   - a reply whose sender is the target: reached, with its MAC;
+//   - nothing before the deadline: silent.
+//
+// ARP has no refusal and no reject: those outcomes never come from here.
+// ARP carries no nonce either; a witness at the target keys on our MAC or
+// address instead.
+func probeARP(ctx context.Context, spec ProbeSpec, obs Observation) Observation {
+	ifi, p, err := InterfaceForSubnet(spec.Via)
+	if err != nil {
+		return fail(obs, fmt.Sprintf("arp probe %s: %v", obs.Target, err))
+	}
+	obs.Evidence.Interface = ifi.Name
+	obs.Evidence.Source = p.Addr().String()
+	pc, err := packet.Listen(ifi, packet.Raw, int(ethernet.EtherTypeARP), nil)
+	if err != nil {
+		return fail(obs, fmt.Sprintf("arp probe %s: packet socket (needs CAP_NET_RAW): %v", obs.Target, err))
+	}
+	c, err := arp.New(ifi, pc)
+	if err != nil {
+		pc.Close()
+		return fail(obs, fmt.Sprintf("arp probe %s: %v", obs.Target, err))
+	}
+	defer c.Close()
+	req, err := arp.NewPacket(arp.OperationRequest, ifi.HardwareAddr, p.Addr(), ethernet.Broadcast, spec.Target)
+	if err != nil {
+		return fail(obs, fmt.Sprintf("arp probe %s: %v", obs.Target, err))
+	}
+	deadline := deadlineOf(ctx)
+	interval := time.Until(deadline) / udpSends
+	defer wakeOnCancel(ctx, c.SetReadDeadline)()
+	var next time.Time
+	sent := 0
+	for {
+		now := time.Now()
+		if !now.Before(deadline) {
+			break
+		}
+		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fail(obs, "cancelled: "+ctx.Err().Error())
+		}
+		if sent < udpSends && !now.Before(next) {
+			if err := c.WriteTo(req, ethernet.Broadcast); err != nil {
+				return fail(obs, fmt.Sprintf("arp probe %s: send: %v", obs.Target, err))
+			}
+			sent++
+			next = now.Add(interval)
+		}
+		wake := deadline
+		if sent < udpSends && next.Before(wake) {
+			wake = next
+		}
+		if err := c.SetReadDeadline(wake); err != nil {
+			return fail(obs, fmt.Sprintf("arp probe %s: deadline: %v", obs.Target, err))
+		}
+		pkt, _, err := c.Read()
+		if err != nil {
+			var oe *net.OpError
+			if isTimeout(err) || !errors.As(err, &oe) {
+				// A frame that does not parse as ARP is noise, not a verdict.
+				continue
+			}
+			return fail(obs, fmt.Sprintf("arp probe %s: read: %v", obs.Target, err))
+		}
+		if pkt.Operation != arp.OperationReply || pkt.SenderIP != spec.Target {
+			continue
+		}
+		obs.Evidence.Sent = sent
+		obs.Evidence.From = pkt.SenderIP.String()
+		obs.Evidence.MAC = net.HardwareAddr(pkt.SenderHardwareAddr).String()
+		return done(obs, Reached, "ARP reply from the target")
+	}
+	obs.Evidence.Sent = sent
+	return done(obs, Silent, fmt.Sprintf("no ARP reply to %d requests before the deadline", sent))
+}

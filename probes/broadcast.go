@@ -1,0 +1,121 @@
+package probes
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// probeBroadcast sends the nonce line to the subnet's broadcast address (or
+// Target, when given) out of the interface holding Via, and listens for
+// echoes.
+//
+//   - any echo with the nonce from an address that is not ours: reached,
+//     naming every responder;
+//   - nothing: silent.
+//
+// Broadcasts draw no ICMP errors, so refused and rejected never come from
+// here.
+func probeBroadcast(ctx context.Context, spec ProbeSpec, obs Observation) Observation {
+	ifi, p, err := InterfaceForSubnet(spec.Via)
+	if err != nil {
+		return fail(obs, fmt.Sprintf("broadcast probe %s: %v", obs.Target, err))
+	}
+	obs.Evidence.Interface = ifi.Name
+	obs.Evidence.Source = p.Addr().String()
+	bcast := spec.Target
+	if !bcast.IsValid() {
+		bcast = broadcastOf(p)
+	}
+	lc := net.ListenConfig{
+		Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_BROADCAST, 1); serr != nil {
+					return
+				}
+				// The broadcast must leave through the box's own interface,
+				// whatever the routing table says.
+				serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, ifi.Name)
+			})
+			if err != nil {
+				return err
+			}
+			return serr
+		},
+	}
+	pc, err := lc.ListenPacket(ctx, "udp4", netip.AddrPortFrom(netip.IPv4Unspecified(), 0).String())
+	if err != nil {
+		return fail(obs, fmt.Sprintf("broadcast probe %s: %v", obs.Target, err))
+	}
+	defer pc.Close()
+	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(bcast, uint16(spec.Port)))
+	payload := probeLine(spec.Nonce)
+	local := localAddrs()
+	deadline := deadlineOf(ctx)
+	interval := time.Until(deadline) / udpSends
+	responders := map[netip.Addr]bool{}
+	var first []byte
+	defer wakeOnCancel(ctx, pc.SetReadDeadline)()
+	var next time.Time
+	sent := 0
+	buf := make([]byte, 2048)
+	for {
+		now := time.Now()
+		if !now.Before(deadline) {
+			break
+		}
+		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fail(obs, "cancelled: "+ctx.Err().Error())
+		}
+		if sent < udpSends && len(responders) == 0 && !now.Before(next) {
+			if _, err := pc.WriteTo(payload, dst); err != nil {
+				return fail(obs, fmt.Sprintf("broadcast probe %s: send: %v", obs.Target, err))
+			}
+			sent++
+			next = now.Add(interval)
+		}
+		wake := deadline
+		if sent < udpSends && len(responders) == 0 && next.Before(wake) {
+			wake = next
+		}
+		_ = pc.SetReadDeadline(wake)
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			if isTimeout(err) {
+				continue
+			}
+			return fail(obs, fmt.Sprintf("broadcast probe %s: read: %v", obs.Target, err))
+		}
+		a := addrOf(net.ParseIP(peerIP(from)))
+		if local[a] || !bytes.Contains(buf[:n], []byte(spec.Nonce)) {
+			continue
+		}
+		if len(responders) == 0 {
+			first = append([]byte(nil), buf[:n]...)
+			if l := time.Now().Add(multicastLinger); l.Before(deadline) {
+				deadline = l
+			}
+		}
+		responders[a] = true
+	}
+	obs.Evidence.Sent = sent
+	if len(responders) == 0 {
+		return done(obs, Silent, fmt.Sprintf("no echo to %d broadcasts before the deadline", sent))
+	}
+	for a := range responders {
+		obs.Evidence.Responders = append(obs.Evidence.Responders, a.String())
+	}
+	sort.Strings(obs.Evidence.Responders)
+	obs.Evidence.From = obs.Evidence.Responders[0]
+	obs.Evidence.Reply = printable(first, 200)
+	return done(obs, Reached, fmt.Sprintf("%d host(s) echoed the broadcast nonce", len(responders)))
+}

@@ -1,0 +1,80 @@
+// Package probes fires raw L2/L3/DNS/IPv6 probes, runs witnesses (passive
+// captures at a probe's target) and listeners, and holds the in-box agent
+// that reads a JSON plan and writes JSON observations. It knows nothing
+// about Incus: the drill pushes the agent into a box and reads its report.
+//
+// # Outcomes
+//
+// Every probe, witness and listener yields an Observation whose Outcome is
+// one of five values. No value carries two meanings, because the original
+// tool's worst bug was reading "refused" and "no route" as one number.
+//
+//	reached   the target answered and proved it was the target: it echoed
+//	          the probe's nonce (TCP, UDP, ICMP, broadcast), answered the ARP
+//	          request for its own address, or (DNS) the resolver returned
+//	          records for the name. For a witness: a matching frame arrived.
+//	          For a listener: at least one peer was served.
+//	refused   the packet arrived at the target's address, and something
+//	          there answered without proof: a TCP RST, ICMP port-unreachable
+//	          sent by the target itself, a TCP handshake without the nonce
+//	          echo, a UDP reply without the nonce, a DNS reply without
+//	          records (NXDOMAIN, NODATA, REFUSED, SERVFAIL: evidence.dns.rcode).
+//	rejected  something other than the target's own stack said no: ICMP
+//	          admin-prohibited from anyone, or any ICMP unreachable from an
+//	          address that is not the target (an nft "reject" in a router).
+//	          evidence.icmp names the offender, type and code.
+//	silent    nothing came back before the deadline (or only our own stack
+//	          gave up, e.g. no ARP reply for an on-link target).
+//	error     the probe could not run, or its answer cannot be classified
+//	          without guessing (reason says why). Never a verdict.
+//
+// Outcome.Arrived (reached, refused) and Outcome.Stopped (rejected,
+// silent) are the two sides an isolation claim cares about. "Blocked" is
+// Stopped at the sender and silent at the target's witness.
+//
+// How refused and rejected are told apart: UDP and DNS probes use a
+// connected socket with IP_RECVERR and read each ICMP error's type, code and
+// offender from the error queue; TCP probes bind their source port before
+// the SYN leaves and match ICMP errors that quote it on a raw ICMP socket;
+// ICMP echo probes match errors that quote their own echo id. A
+// port-unreachable from the target is refused; the same from a router is
+// rejected.
+//
+// Known limitation: an nft "reject with tcp reset" in a middle box forges
+// the RST with the target's address, so the sender reads refused. The
+// target's witness saw nothing, and a verdict that needs both (arrived at
+// the sender, seen at the target) exposes it.
+//
+// # Wire protocol
+//
+// A prober sends ProbePrefix+nonce+"\n". A TCP greeter answers one line,
+// GreetPrefix+name+" "+line; a UDP echo answers EchoPrefix+name+" "+
+// datagram. Canaries elsewhere (the hermetic world's internet host) speak
+// the same so a positive control proves which host answered.
+//
+// # Plans and reports
+//
+// RunAgent reads a Plan (DecodePlan: strict JSON, version 1, bounded sizes,
+// deadlines 100 ms..120 s) and writes a Report (version 1). Durations in
+// plans are whole milliseconds (deadline_ms, delay_ms, window_ms);
+// observations carry started_at (RFC 3339, nanoseconds) and elapsed_ms
+// (whole milliseconds). Interfaces are always found by subnet
+// (InterfaceForSubnet), never by name.
+//
+// # Tests
+//
+// Unit tests need nothing: go test ./probes/
+//
+// The privileged tier builds throwaway network namespaces (names start
+// with "boxpt-") joined by veth pairs, installs nft rules with
+// github.com/google/nftables in a router namespace, and probes across it.
+// It needs root (CAP_NET_ADMIN and CAP_NET_RAW) and skips otherwise:
+//
+//	sudo go test ./probes/ -run Privileged
+//	sudo go test ./probes/ -run '^$' -bench BlockedPlan
+//
+// Fuzz the plan decoder with (a bounded minimize time keeps the fuzzer
+// from stalling on large inputs):
+//
+//	go test ./probes/ -run '^$' -fuzz FuzzDecodePlan -fuzzminimizetime 2s
+package probes

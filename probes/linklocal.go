@@ -1,0 +1,84 @@
+package probes
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// EnsureLinkLocal makes sure the interface holding an address in via has
+// an IPv6 link-local address, adding addr (or one derived from the MAC by
+// EUI-64) when it has none. A container's interface may come up with IPv6
+// on but no link-local address (SPEC 7c); an attacker simply adds one, so
+// the drill does the same before probing IPv6 between boxes.
+//
+// The returned remove function deletes the address again, only if this
+// call added it; it is safe to call when nothing was added.
+func EnsureLinkLocal(via netip.Prefix, addr netip.Addr) (LinkLocalState, func() LinkLocalState, error) {
+	st := LinkLocalState{}
+	noop := func() LinkLocalState { return st }
+	ifi, _, err := InterfaceForSubnet(via)
+	if err != nil {
+		return st, noop, fmt.Errorf("link-local address: %w", err)
+	}
+	st.Interface = ifi.Name
+	for _, a := range interfaceAddrs(ifi) {
+		if a.Addr().Is6() && a.Addr().IsLinkLocalUnicast() {
+			st.Address = a.Addr().WithZone("").String()
+			return st, noop, nil
+		}
+	}
+	if !addr.IsValid() {
+		addr, err = eui64LinkLocal(ifi.HardwareAddr)
+		if err != nil {
+			return st, noop, fmt.Errorf("link-local address on %s: %w", ifi.Name, err)
+		}
+	}
+	link, err := netlink.LinkByIndex(ifi.Index)
+	if err != nil {
+		return st, noop, fmt.Errorf("link-local address on %s: %w", ifi.Name, err)
+	}
+	nl := &netlink.Addr{
+		IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(64, 128)},
+		Scope: unix.RT_SCOPE_LINK,
+		// No duplicate address detection: the address must be usable at
+		// once, and a probe box's address is unique by construction.
+		Flags: unix.IFA_F_NODAD,
+	}
+	if err := netlink.AddrAdd(link, nl); err != nil {
+		if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+			return st, noop, fmt.Errorf("link-local address on %s: %w (IPv6 disabled on it, or no CAP_NET_ADMIN)", ifi.Name, err)
+		}
+		return st, noop, fmt.Errorf("link-local address on %s: %w", ifi.Name, err)
+	}
+	st.Address = addr.String()
+	st.Added = true
+	remove := func() LinkLocalState {
+		out := st
+		if err := netlink.AddrDel(link, nl); err != nil {
+			out.Error = fmt.Sprintf("remove %s from %s: %v", addr, ifi.Name, err)
+			return out
+		}
+		out.Removed = true
+		return out
+	}
+	return st, remove, nil
+}
+
+// eui64LinkLocal derives fe80::/64 + modified EUI-64 from a 48-bit MAC.
+func eui64LinkLocal(mac net.HardwareAddr) (netip.Addr, error) {
+	if len(mac) != 6 {
+		return netip.Addr{}, fmt.Errorf("no 48-bit MAC to derive an address from (%q)", mac.String())
+	}
+	var b [16]byte
+	b[0], b[1] = 0xfe, 0x80
+	b[8] = mac[0] ^ 0x02
+	b[9], b[10] = mac[1], mac[2]
+	b[11], b[12] = 0xff, 0xfe
+	b[13], b[14], b[15] = mac[3], mac[4], mac[5]
+	return netip.AddrFrom16(b), nil
+}

@@ -1,0 +1,513 @@
+package probes
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// The privileged tier's test world: throwaway network namespaces named
+// boxpt-<run>-<role>, joined by veth pairs, deleted in t.Cleanup whatever
+// happens. Nothing in them has a route to the machine's own network.
+
+const agentEnv = "BOXPROBES_TEST_AGENT"
+
+// TestMain lets the test binary double as the agent, so a privileged test
+// can run RunAgent as its own process inside a namespace, exactly as the
+// drill runs it inside a box.
+func TestMain(m *testing.M) {
+	if os.Getenv(agentEnv) == "1" {
+		if err := RunAgent(context.Background(), os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "agent:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_NET_ADMIN and CAP_NET_RAW) to build throwaway network namespaces: run as root, e.g. sudo go test ./probes/ -run Privileged")
+	}
+}
+
+func runID() string {
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+type testNS struct {
+	name string
+	h    netns.NsHandle
+}
+
+// newNS creates a named namespace without moving the test's own thread.
+func newNS(t testing.TB, run, role string) *testNS {
+	t.Helper()
+	n := &testNS{name: "boxpt-" + run + "-" + role}
+	err := onLockedThread(func() error {
+		orig, err := netns.Get()
+		if err != nil {
+			return err
+		}
+		defer orig.Close()
+		h, err := netns.NewNamed(n.name)
+		if err != nil {
+			return err
+		}
+		n.h = h
+		return netns.Set(orig)
+	})
+	if err != nil {
+		t.Fatalf("create namespace %s: %v", n.name, err)
+	}
+	t.Cleanup(func() {
+		n.h.Close()
+		if err := netns.DeleteNamed(n.name); err != nil {
+			t.Errorf("delete namespace %s: %v", n.name, err)
+		}
+	})
+	n.linkUp(t, "lo")
+	return n
+}
+
+// onLockedThread runs fn on a fresh OS thread that is thrown away if fn
+// leaves it in another namespace.
+func onLockedThread(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		errc <- fn()
+		// No UnlockOSThread: the thread dies with the goroutine, so a
+		// namespace switch can never leak into another goroutine.
+	}()
+	return <-errc
+}
+
+// run calls fn with the calling thread in the namespace. Sockets fn opens
+// stay in the namespace whichever goroutine uses them later.
+func (n *testNS) run(fn func() error) error {
+	return onLockedThread(func() error {
+		if err := netns.Set(n.h); err != nil {
+			return fmt.Errorf("enter %s: %w", n.name, err)
+		}
+		return fn()
+	})
+}
+
+func (n *testNS) nl(t testing.TB) *netlink.Handle {
+	t.Helper()
+	h, err := netlink.NewHandleAt(n.h)
+	if err != nil {
+		t.Fatalf("netlink in %s: %v", n.name, err)
+	}
+	t.Cleanup(h.Close)
+	return h
+}
+
+func (n *testNS) linkUp(t testing.TB, name string) {
+	t.Helper()
+	h := n.nl(t)
+	l, err := h.LinkByName(name)
+	if err == nil {
+		err = h.LinkSetUp(l)
+	}
+	if err != nil {
+		t.Fatalf("%s: set %s up: %v", n.name, name, err)
+	}
+}
+
+func (n *testNS) sysctl(t testing.TB, path, value string) {
+	t.Helper()
+	err := n.run(func() error {
+		return os.WriteFile("/proc/sys/"+strings.ReplaceAll(path, ".", "/"), []byte(value), 0o644)
+	})
+	if err != nil {
+		t.Fatalf("%s: sysctl %s=%s: %v", n.name, path, value, err)
+	}
+}
+
+// addAddr adds an address; IPv6 addresses skip DAD so they work at once.
+func (n *testNS) addAddr(t testing.TB, link, cidr string) {
+	t.Helper()
+	h := n.nl(t)
+	l, err := h.LinkByName(link)
+	if err != nil {
+		t.Fatalf("%s: %s: %v", n.name, link, err)
+	}
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.IP.To4() == nil {
+		a.Flags = unix.IFA_F_NODAD
+	}
+	if err := h.AddrAdd(l, a); err != nil {
+		t.Fatalf("%s: add %s to %s: %v", n.name, cidr, link, err)
+	}
+}
+
+func (n *testNS) defaultRoute(t testing.TB, gw string) {
+	t.Helper()
+	h := n.nl(t)
+	ip := net.ParseIP(gw)
+	r := &netlink.Route{Gw: ip}
+	if ip.To4() == nil {
+		r.Family = netlink.FAMILY_V6
+	}
+	if err := h.RouteAdd(r); err != nil {
+		t.Fatalf("%s: default via %s: %v", n.name, gw, err)
+	}
+}
+
+func (n *testNS) mac(t testing.TB, link string) net.HardwareAddr {
+	t.Helper()
+	l, err := n.nl(t).LinkByName(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Attrs().HardwareAddr
+}
+
+// waitOperUp waits until the kernel's link watcher has seen carrier on
+// every link: it batches carrier changes up to a second apart, and IPv6
+// (addrconf, NDP) stays off on a link until then, while IPv4 works at once.
+func (n *testNS) waitOperUp(t testing.TB, links ...string) {
+	t.Helper()
+	h := n.nl(t)
+	deadline := time.Now().Add(5 * time.Second)
+	for _, name := range links {
+		for {
+			l, err := h.LinkByName(name)
+			if err != nil {
+				t.Fatalf("%s: %s: %v", n.name, name, err)
+			}
+			if l.Attrs().OperState == netlink.OperUp {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s still %s after 5s", n.name, name, l.Attrs().OperState)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// veth joins a and b; both ends come up later, after addresses are set.
+func veth(t testing.TB, a *testNS, aName string, b *testNS, bName string) {
+	t.Helper()
+	v := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: aName},
+		PeerName:      bName,
+		PeerNamespace: netlink.NsFd(int(b.h)),
+	}
+	if err := a.nl(t).LinkAdd(v); err != nil {
+		t.Fatalf("veth %s/%s <-> %s/%s: %v", a.name, aName, b.name, bName, err)
+	}
+	// IPv6 link-local addresses must be usable at once (no DAD wait).
+	a.sysctl(t, "net.ipv6.conf."+aName+".accept_dad", "0")
+	b.sysctl(t, "net.ipv6.conf."+bName+".accept_dad", "0")
+}
+
+func (n *testNS) nft(t testing.TB) *nftables.Conn {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(int(n.h)))
+	if err != nil {
+		t.Fatalf("nftables in %s: %v", n.name, err)
+	}
+	return c
+}
+
+// routedWorld is sender <-veth-> router <-veth-> target, dual stack, with
+// an inet filter forward chain in the router for the rule under test. A
+// reject there comes from the router's address, never the target's.
+type routedWorld struct {
+	snd, rtr, tgt          *testNS
+	sndNet, tgtNet         netip.Prefix
+	sndIP, tgtIP, rtrIP    netip.Addr
+	sndIP6, tgtIP6, rtrIP6 netip.Addr
+	nftc                   *nftables.Conn
+	chain                  *nftables.Chain
+}
+
+func newRoutedWorld(t testing.TB) *routedWorld {
+	t.Helper()
+	requireRoot(t)
+	id := runID()
+	w := &routedWorld{
+		snd: newNS(t, id, "snd"), rtr: newNS(t, id, "rtr"), tgt: newNS(t, id, "tgt"),
+		sndNet: netip.MustParsePrefix("10.201.1.0/24"), tgtNet: netip.MustParsePrefix("10.201.2.0/24"),
+		sndIP: netip.MustParseAddr("10.201.1.2"), rtrIP: netip.MustParseAddr("10.201.1.1"),
+		tgtIP: netip.MustParseAddr("10.201.2.2"), sndIP6: netip.MustParseAddr("2001:db8:1::2"),
+		rtrIP6: netip.MustParseAddr("2001:db8:1::1"), tgtIP6: netip.MustParseAddr("2001:db8:2::2"),
+	}
+	veth(t, w.rtr, "to-snd", w.snd, "veth-snd")
+	veth(t, w.rtr, "to-tgt", w.tgt, "veth-tgt")
+	w.snd.addAddr(t, "veth-snd", "10.201.1.2/24")
+	w.snd.addAddr(t, "veth-snd", "2001:db8:1::2/64")
+	w.rtr.addAddr(t, "to-snd", "10.201.1.1/24")
+	w.rtr.addAddr(t, "to-snd", "2001:db8:1::1/64")
+	w.rtr.addAddr(t, "to-tgt", "10.201.2.1/24")
+	w.rtr.addAddr(t, "to-tgt", "2001:db8:2::1/64")
+	w.tgt.addAddr(t, "veth-tgt", "10.201.2.2/24")
+	w.tgt.addAddr(t, "veth-tgt", "2001:db8:2::2/64")
+	for _, x := range []struct {
+		ns   *testNS
+		link string
+	}{{w.snd, "veth-snd"}, {w.rtr, "to-snd"}, {w.rtr, "to-tgt"}, {w.tgt, "veth-tgt"}} {
+		x.ns.linkUp(t, x.link)
+	}
+	w.snd.waitOperUp(t, "veth-snd")
+	w.rtr.waitOperUp(t, "to-snd", "to-tgt")
+	w.tgt.waitOperUp(t, "veth-tgt")
+	w.snd.defaultRoute(t, "10.201.1.1")
+	w.snd.defaultRoute(t, "2001:db8:1::1")
+	w.tgt.defaultRoute(t, "10.201.2.1")
+	w.tgt.defaultRoute(t, "2001:db8:2::1")
+	w.rtr.sysctl(t, "net.ipv4.ip_forward", "1")
+	w.rtr.sysctl(t, "net.ipv6.conf.all.forwarding", "1")
+	// Rate limits would turn a test's third reject into silence.
+	for _, n := range []*testNS{w.rtr, w.tgt} {
+		n.sysctl(t, "net.ipv4.icmp_ratelimit", "0")
+		n.sysctl(t, "net.ipv6.icmp.ratelimit", "0")
+	}
+	w.nftc = w.rtr.nft(t)
+	tbl := w.nftc.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "boxpt"})
+	accept := nftables.ChainPolicyAccept
+	w.chain = w.nftc.AddChain(&nftables.Chain{Name: "fwd", Table: tbl, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	if err := w.nftc.Flush(); err != nil {
+		t.Fatalf("nft table in %s: %v", w.rtr.name, err)
+	}
+	return w
+}
+
+// rule is what the router does with traffic to one destination.
+type rule string
+
+const (
+	ruleAccept   rule = "accept"
+	ruleDrop     rule = "drop"
+	ruleReject   rule = "reject"       // nft "reject": icmpx port-unreachable
+	ruleAdmin    rule = "reject-admin" // reject with icmpx admin-prohibited
+	ruleTCPReset rule = "reject-tcp-reset"
+)
+
+// setRule replaces the router's forward chain with one rule for dst.
+func (w *routedWorld) setRule(t testing.TB, dst netip.Addr, r rule) {
+	t.Helper()
+	w.nftc.FlushChain(w.chain)
+	if r != ruleAccept {
+		var ex []expr.Any
+		if dst.Is4() {
+			ex = append(ex,
+				&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: dst.AsSlice()})
+		} else {
+			ex = append(ex,
+				&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 24, Len: 16},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: dst.AsSlice()})
+		}
+		switch r {
+		case ruleDrop:
+			ex = append(ex, &expr.Verdict{Kind: expr.VerdictDrop})
+		case ruleReject:
+			ex = append(ex, &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH})
+		case ruleAdmin:
+			ex = append(ex, &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED})
+		case ruleTCPReset:
+			ex = append(ex,
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+				&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})
+		}
+		w.nftc.AddRule(&nftables.Rule{Table: w.chain.Table, Chain: w.chain, Exprs: ex})
+	}
+	if err := w.nftc.Flush(); err != nil {
+		t.Fatalf("nft rule %s for %s: %v", r, dst, err)
+	}
+}
+
+// ifname is an interface name as nft compares it: NUL-padded to IFNAMSIZ.
+func ifname(n string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, n)
+	return b
+}
+
+// bridgeWorld is two namespaces on a bridge in a third, like two boxes on
+// boxnet.
+type bridgeWorld struct {
+	a, b, br   *testNS
+	subnet     netip.Prefix
+	aIP, bIP   netip.Addr
+	aMAC, bMAC net.HardwareAddr
+	nftc       *nftables.Conn
+	chain      *nftables.Chain
+}
+
+func newBridgeWorld(t testing.TB) *bridgeWorld {
+	t.Helper()
+	requireRoot(t)
+	id := runID()
+	w := &bridgeWorld{a: newNS(t, id, "a"), b: newNS(t, id, "b"), br: newNS(t, id, "br"),
+		subnet: netip.MustParsePrefix("10.202.0.0/24"),
+		aIP:    netip.MustParseAddr("10.202.0.1"), bIP: netip.MustParseAddr("10.202.0.2")}
+	h := w.br.nl(t)
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
+	if err := h.LinkAdd(br); err != nil {
+		t.Fatalf("bridge: %v", err)
+	}
+	veth(t, w.br, "port-a", w.a, "veth-a")
+	veth(t, w.br, "port-b", w.b, "veth-b")
+	for _, p := range []string{"port-a", "port-b"} {
+		l, err := h.LinkByName(p)
+		if err == nil {
+			err = h.LinkSetMaster(l, br)
+		}
+		if err != nil {
+			t.Fatalf("enslave %s: %v", p, err)
+		}
+		w.br.linkUp(t, p)
+	}
+	w.br.linkUp(t, "br0")
+	w.a.addAddr(t, "veth-a", "10.202.0.1/24")
+	w.b.addAddr(t, "veth-b", "10.202.0.2/24")
+	// b comes up with IPv6 on but no link-local address, like a container
+	// in SPEC 7c; the link-local test adds one the way the agent does.
+	w.b.sysctl(t, "net.ipv6.conf.veth-b.addr_gen_mode", "1")
+	w.a.linkUp(t, "veth-a")
+	w.b.linkUp(t, "veth-b")
+	w.a.waitOperUp(t, "veth-a")
+	w.b.waitOperUp(t, "veth-b")
+	w.br.waitOperUp(t, "port-a", "port-b", "br0")
+	w.aMAC, w.bMAC = w.a.mac(t, "veth-a"), w.b.mac(t, "veth-b")
+
+	w.nftc = w.br.nft(t)
+	tbl := w.nftc.AddTable(&nftables.Table{Family: nftables.TableFamilyBridge, Name: "boxpt"})
+	accept := nftables.ChainPolicyAccept
+	w.chain = w.nftc.AddChain(&nftables.Chain{Name: "fwd", Table: tbl, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	if err := w.nftc.Flush(); err != nil {
+		t.Fatalf("nft bridge table: %v", err)
+	}
+	return w
+}
+
+// setDrop installs or removes the port-to-port drop. It matches the
+// bridge's ports by iifname/oifname, because meta ibrname/obrname is not
+// available on these kernels (SPEC 7c).
+func (w *bridgeWorld) setDrop(t testing.TB, on bool) {
+	t.Helper()
+	w.nftc.FlushChain(w.chain)
+	if on {
+		for _, pair := range [][2]string{{"port-a", "port-b"}, {"port-b", "port-a"}} {
+			w.nftc.AddRule(&nftables.Rule{Table: w.chain.Table, Chain: w.chain, Exprs: []expr.Any{
+				&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(pair[0])},
+				&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(pair[1])},
+				&expr.Verdict{Kind: expr.VerdictDrop},
+			}})
+		}
+	}
+	if err := w.nftc.Flush(); err != nil {
+		t.Fatalf("nft bridge drop=%v: %v", on, err)
+	}
+}
+
+// startWitness arms a witness in ns and stops it in cleanup.
+func startWitness(t testing.TB, ns *testNS, spec WitnessSpec) *Witness {
+	t.Helper()
+	var w *Witness
+	if err := ns.run(func() (err error) { w, err = StartWitness(spec); return err }); err != nil {
+		t.Fatalf("witness in %s: %v", ns.name, err)
+	}
+	t.Cleanup(func() { w.Stop() })
+	return w
+}
+
+func startListener(t testing.TB, ns *testNS, spec ListenerSpec) *Listener {
+	t.Helper()
+	var l *Listener
+	if err := ns.run(func() (err error) { l, err = StartListener(context.Background(), spec); return err }); err != nil {
+		t.Fatalf("listener in %s: %v", ns.name, err)
+	}
+	t.Cleanup(func() { l.Stop() })
+	return l
+}
+
+func probeIn(t testing.TB, ns *testNS, spec ProbeSpec) Observation {
+	t.Helper()
+	var o Observation
+	if err := ns.run(func() error { o = RunProbe(context.Background(), spec); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// startAgentIn starts the test binary as the agent in ns, feeding it
+// plan; the returned func waits for its report.
+func startAgentIn(t testing.TB, ns *testNS, plan string) func() (*Report, time.Duration, string) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	// The race detector sleeps 1 s at exit by default; that is not the
+	// agent's time.
+	cmd.Env = append(os.Environ(), agentEnv+"=1", "GORACE=atexit_sleep_ms=0")
+	cmd.Stdin = strings.NewReader(plan)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	var start time.Time
+	// A child forked from a thread inside the namespace starts there.
+	if err := ns.run(func() error { start = time.Now(); return cmd.Start() }); err != nil {
+		t.Fatalf("start agent in %s: %v", ns.name, err)
+	}
+	waited := false
+	t.Cleanup(func() {
+		if !waited {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return func() (*Report, time.Duration, string) {
+		err := cmd.Wait()
+		waited = true
+		wall := time.Since(start)
+		if err != nil {
+			t.Fatalf("agent in %s: %v\nstderr: %s\nstdout: %s", ns.name, err, stderr.String(), stdout.String())
+		}
+		raw := stdout.String()
+		rep, err := DecodeReport(&stdout)
+		if err != nil {
+			t.Fatalf("agent report: %v\n%s", err, raw)
+		}
+		return rep, wall, raw
+	}
+}

@@ -1,0 +1,215 @@
+package probes
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+)
+
+// ReportVersion is the version of the report format RunAgent writes.
+const ReportVersion = 1
+
+// MaxReportBytes bounds what DecodeReport reads: a full plan's worth of
+// observations with evidence fits comfortably.
+const MaxReportBytes = 8 << 20
+
+// Observation is one probe's, witness's or listener's result.
+//
+// ElapsedMS is the wall time the probe ran, in whole milliseconds, measured
+// from its first packet (after any delay the plan asked for) to its verdict.
+// StartedAt is when that clock started, so a drill can check that a
+// witness at the target was armed before the probe fired and still armed
+// when the probe gave up.
+type Observation struct {
+	ID        string    `json:"id"`
+	Kind      Kind      `json:"kind"`
+	Target    string    `json:"target"`
+	Outcome   Outcome   `json:"outcome"`
+	Reason    string    `json:"reason"`
+	Nonce     string    `json:"nonce,omitempty"`
+	Evidence  Evidence  `json:"evidence"`
+	StartedAt time.Time `json:"started_at"`
+	ElapsedMS int64     `json:"elapsed_ms"`
+}
+
+// Evidence is what an outcome rests on. Only the fields a probe kind fills
+// are present in JSON.
+type Evidence struct {
+	// Interface and Source: where the probe left from (found by subnet).
+	Interface string `json:"interface,omitempty"`
+	Source    string `json:"source,omitempty"`
+	// From is the address that answered; Responders lists every answerer
+	// for multicast and broadcast probes (never our own addresses).
+	From       string   `json:"from,omitempty"`
+	Responders []string `json:"responders,omitempty"`
+	// Reply is the start of the peer's reply, printable ASCII only.
+	Reply string `json:"reply,omitempty"`
+	// MAC is the hardware address an ARP reply gave.
+	MAC string `json:"mac,omitempty"`
+	// Sent is how many packets the probe sent (UDP and ICMP retransmit).
+	Sent int `json:"sent,omitempty"`
+	// Errno is the socket error the probe saw, e.g. "ECONNREFUSED".
+	Errno string `json:"errno,omitempty"`
+	// ICMP is the ICMP error that decided the outcome, with who sent it.
+	ICMP     *ICMPEvidence     `json:"icmp,omitempty"`
+	DNS      *DNSEvidence      `json:"dns,omitempty"`
+	IPv6     *IPv6Evidence     `json:"ipv6,omitempty"`
+	Lease    *LeaseEvidence    `json:"lease,omitempty"`
+	Witness  *WitnessEvidence  `json:"witness,omitempty"`
+	Listener *ListenerEvidence `json:"listener,omitempty"`
+}
+
+// ICMPEvidence is one ICMP error, as read from the socket error queue or a
+// raw ICMP socket, matched to the probe's own packet.
+type ICMPEvidence struct {
+	Family   int    `json:"family"` // 4 or 6
+	Type     int    `json:"type"`
+	Code     int    `json:"code"`
+	Name     string `json:"name"`
+	Offender string `json:"offender"`
+	// OffenderIsTarget is true when the target itself sent the error.
+	OffenderIsTarget bool `json:"offender_is_target"`
+	// OffenderIsLocal is true when our own stack generated it (for example
+	// no ARP reply for an on-link target).
+	OffenderIsLocal bool `json:"offender_is_local"`
+}
+
+// DNSEvidence is a DNS exchange. Rcode is present only when the resolver
+// replied at the DNS level; Resolved says whether the reply carried records
+// of the asked type for the name.
+type DNSEvidence struct {
+	Name     string   `json:"name"`
+	QType    string   `json:"qtype"`
+	Rcode    string   `json:"rcode,omitempty"`
+	Resolved bool     `json:"resolved"`
+	Answers  []string `json:"answers,omitempty"`
+}
+
+// IPv6Evidence is the box's IPv6 state or a router solicitation's result.
+type IPv6Evidence struct {
+	GlobalAddresses []string `json:"global_addresses,omitempty"`
+	DefaultRoutes   []string `json:"default_routes,omitempty"`
+	LinkLocal       []string `json:"link_local,omitempty"`
+	Router          string   `json:"router,omitempty"`
+	Prefixes        []string `json:"prefixes,omitempty"`
+}
+
+// LeaseEvidence is the box's address on its subnet, with what tells a clone
+// from its source.
+type LeaseEvidence struct {
+	Address string `json:"address"`
+	// Dynamic is true when the kernel holds the address with a finite
+	// lifetime, as a DHCP client installs it.
+	Dynamic      bool   `json:"dynamic"`
+	ValidLftSec  int    `json:"valid_lft_sec,omitempty"`
+	MAC          string `json:"mac,omitempty"`
+	MachineID    string `json:"machine_id,omitempty"`
+	Hostname     string `json:"hostname,omitempty"`
+	DefaultRoute string `json:"default_route,omitempty"`
+}
+
+// WitnessEvidence is what a passive capture saw during its window.
+type WitnessEvidence struct {
+	ArmedAt  time.Time     `json:"armed_at"`
+	Until    time.Time     `json:"until"`
+	Count    int           `json:"count"`
+	First    *FrameSummary `json:"first,omitempty"`
+	Captured int           `json:"captured"` // every frame read, matched or not
+}
+
+// FrameSummary describes one captured frame.
+type FrameSummary struct {
+	At        time.Time `json:"at"`
+	EtherType string    `json:"ethertype"`
+	SrcMAC    string    `json:"src_mac"`
+	DstMAC    string    `json:"dst_mac"`
+	SrcIP     string    `json:"src_ip,omitempty"`
+	DstIP     string    `json:"dst_ip,omitempty"`
+	Proto     string    `json:"proto,omitempty"`
+	DstPort   int       `json:"dst_port,omitempty"`
+	MatchedBy string    `json:"matched_by"`
+}
+
+// ListenerEvidence is what a listener served.
+type ListenerEvidence struct {
+	Address string   `json:"address"`
+	Served  int      `json:"served"`
+	Peers   []string `json:"peers,omitempty"`
+}
+
+// Report is everything RunAgent writes to stdout.
+type Report struct {
+	Version      int             `json:"version"`
+	StartedAt    time.Time       `json:"started_at"`
+	FinishedAt   time.Time       `json:"finished_at"`
+	LinkLocal    *LinkLocalState `json:"link_local,omitempty"`
+	Observations []Observation   `json:"observations"`
+	// Error is set when the plan could not be read or run at all.
+	Error string `json:"error,omitempty"`
+}
+
+// LinkLocalState says what the agent did about an IPv6 link-local address.
+type LinkLocalState struct {
+	Interface string `json:"interface,omitempty"`
+	Address   string `json:"address,omitempty"`
+	Added     bool   `json:"added"`
+	Removed   bool   `json:"removed"`
+	Error     string `json:"error,omitempty"`
+}
+
+// DecodeReport reads an agent's report strictly: known fields only, one
+// document, bounded size, a version it understands and valid outcomes.
+func DecodeReport(r io.Reader) (*Report, error) {
+	data, err := readBounded(r, MaxReportBytes, "report")
+	if err != nil {
+		return nil, err
+	}
+	var head struct {
+		Version int `json:"version"`
+	}
+	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&head); err != nil {
+		return nil, fmt.Errorf("decode report: %w", err)
+	}
+	if head.Version != ReportVersion {
+		return nil, fmt.Errorf("decode report: unsupported version %d (this build reads %d)", head.Version, ReportVersion)
+	}
+	var rep Report
+	if err := strictUnmarshal(data, &rep); err != nil {
+		return nil, fmt.Errorf("decode report: %w", err)
+	}
+	for i, o := range rep.Observations {
+		if !o.Outcome.Valid() {
+			return nil, fmt.Errorf("decode report: observation %d has no valid outcome", i)
+		}
+	}
+	return &rep, nil
+}
+
+// readBounded reads at most limit bytes and fails if there is more.
+func readBounded(r io.Reader, limit int64, what string) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", what, err)
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("read %s: larger than %d bytes", what, limit)
+	}
+	return data, nil
+}
+
+// strictUnmarshal decodes exactly one JSON value with no unknown fields and
+// nothing but white space after it.
+func strictUnmarshal(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	var extra json.RawMessage
+	if err := dec.Decode(&extra); err != io.EOF {
+		return fmt.Errorf("trailing data after the JSON document")
+	}
+	return nil
+}

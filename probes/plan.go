@@ -1,0 +1,531 @@
+package probes
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// PlanVersion is the only plan version this agent runs.
+const PlanVersion = 1
+
+// Limits on a plan. They keep a malformed or hostile plan from making the
+// agent allocate, spin or wait without bound.
+const (
+	MaxPlanBytes     = 1 << 20
+	MaxProbes        = 1024
+	MaxWitnesses     = 64
+	MaxListeners     = 64
+	MaxMatchEntries  = 64  // nonces, src_ips or src_macs in one witness
+	MaxStringLen     = 253 // a DNS name's length, the longest string a plan needs
+	MaxIDLen         = 64
+	MinNonceLen      = 8
+	MaxNonceLen      = 64
+	MinPlanDeadline  = 100 * time.Millisecond
+	MaxPlanDeadline  = 120 * time.Second
+	MinProbeDeadline = 50 * time.Millisecond
+	// AgentMargin is kept free at the end of a plan's deadline for cleanup
+	// and writing the report, so the agent returns within the deadline.
+	AgentMargin = 50 * time.Millisecond
+)
+
+// Kind names a probe, witness or listener.
+type Kind string
+
+// Probe kinds.
+const (
+	KindARP       Kind = "arp"        // ARP who-has for an on-link IPv4 target
+	KindICMP      Kind = "icmp"       // ICMP or ICMPv6 echo, unicast or multicast
+	KindTCP       Kind = "tcp"        // TCP connect, then a nonce line
+	KindUDP       Kind = "udp"        // UDP datagram with a nonce
+	KindBroadcast Kind = "broadcast"  // UDP to the subnet's broadcast address
+	KindDNS       Kind = "dns"        // one DNS question to one resolver
+	KindIPv6State Kind = "ipv6_state" // global IPv6 addresses and default routes
+	KindNDPRS     Kind = "ndp_rs"     // router solicitation, expecting no RA
+	KindDHCPLease Kind = "dhcp_lease" // the address held on the box subnet
+)
+
+// Witness and listener kinds (they appear in observations too).
+const (
+	KindWitness    Kind = "witness"
+	KindTCPGreeter Kind = "tcp_greeter"
+	KindUDPEcho    Kind = "udp_echo"
+)
+
+// Plan is what RunAgent reads on stdin.
+//
+// All durations are whole milliseconds. DeadlineMS bounds the whole run:
+// the agent writes its report and returns within it. Every probe's
+// delay_ms+deadline_ms and every witness's and listener's window_ms must
+// fit in deadline_ms minus AgentMargin.
+type Plan struct {
+	Version    int            `json:"version"`
+	DeadlineMS int            `json:"deadline_ms"`
+	LinkLocal  *LinkLocalSpec `json:"link_local,omitempty"`
+	Listeners  []ListenerSpec `json:"listeners,omitempty"`
+	Witnesses  []WitnessSpec  `json:"witnesses,omitempty"`
+	Probes     []ProbeSpec    `json:"probes,omitempty"`
+}
+
+// LinkLocalSpec asks the agent to make sure the interface on Via has an
+// IPv6 link-local address before anything runs, and to remove it afterwards
+// if the agent added it (SPEC 7c: a container's interface may have none).
+type LinkLocalSpec struct {
+	Via netip.Prefix `json:"via"`
+	// Address is the fe80::/64 address to add; by default one is derived
+	// from the interface's MAC (EUI-64).
+	Address netip.Addr `json:"address,omitzero"`
+}
+
+// ListenerSpec is a peer-side listener that lets other boxes be probed.
+type ListenerSpec struct {
+	ID   string `json:"id"`
+	Kind Kind   `json:"kind"` // tcp_greeter or udp_echo
+	// Name is put in every reply so the prober can tell which host answered.
+	Name string `json:"name,omitempty"`
+	Port int    `json:"port"`
+	// Via binds the listener to our address in that subnet; empty listens on
+	// every address.
+	Via netip.Prefix `json:"via,omitzero"`
+	// WindowMS is how long to listen; 0 means until the plan's end.
+	WindowMS int `json:"window_ms,omitempty"`
+}
+
+// WitnessSpec is a passive capture on the interface holding an address in
+// Via. A frame matches when it carries one of Nonces anywhere in its bytes,
+// or comes from one of SrcIPs (IPv4/IPv6 source or ARP sender) or SrcMACs;
+// Proto and Port, when set, narrow every match to that protocol and
+// destination port.
+type WitnessSpec struct {
+	ID       string       `json:"id"`
+	Via      netip.Prefix `json:"via"`
+	WindowMS int          `json:"window_ms"`
+	Nonces   []string     `json:"nonces,omitempty"`
+	SrcIPs   []netip.Addr `json:"src_ips,omitempty"`
+	SrcMACs  []string     `json:"src_macs,omitempty"`
+	Proto    string       `json:"proto,omitempty"` // arp, icmp, icmpv6, tcp, udp
+	Port     int          `json:"port,omitempty"`
+}
+
+// ProbeSpec is one probe. Which fields apply depends on Kind; a field a
+// kind does not use is an error, so a typo'd plan never runs a different
+// probe than the one its author meant.
+type ProbeSpec struct {
+	ID     string     `json:"id"`
+	Kind   Kind       `json:"kind"`
+	Target netip.Addr `json:"target,omitzero"`
+	Port   int        `json:"port,omitempty"`
+	// Nonce proves the answer came from the target; generated when empty.
+	// Give it when a witness at the target must look for it.
+	Nonce string `json:"nonce,omitempty"`
+	// Via picks the interface (and source address) by the subnet it holds.
+	Via        netip.Prefix `json:"via,omitzero"`
+	DeadlineMS int          `json:"deadline_ms"`
+	DelayMS    int          `json:"delay_ms,omitempty"`
+	// Name and QType are the DNS question (dns only). A PTR question may
+	// give an IP address as Name; it is turned into its reverse name.
+	Name  string `json:"name,omitempty"`
+	QType string `json:"qtype,omitempty"`
+}
+
+// Deadline is the plan's deadline as a duration.
+func (p *Plan) Deadline() time.Duration { return ms(p.DeadlineMS) }
+
+// Deadline is the probe's deadline as a duration.
+func (s *ProbeSpec) Deadline() time.Duration { return ms(s.DeadlineMS) }
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// DecodePlan reads a plan strictly: at most MaxPlanBytes, exactly one JSON
+// document, no unknown fields, version 1, and every limit and per-kind rule
+// checked. A malformed plan gets an error that says what is wrong and where.
+func DecodePlan(r io.Reader) (*Plan, error) {
+	data, err := readBounded(r, MaxPlanBytes, "plan")
+	if err != nil {
+		return nil, fmt.Errorf("decode plan: %w", err)
+	}
+	// The version is read on its own first so a newer plan gets "unsupported
+	// version" rather than a confusing unknown-field error.
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, errors.New("decode plan: empty input (expected one JSON object)")
+	}
+	var head struct {
+		Version *int `json:"version"`
+	}
+	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&head); err != nil {
+		return nil, fmt.Errorf("decode plan: %w", err)
+	}
+	if head.Version == nil {
+		return nil, errors.New("decode plan: missing \"version\" (this agent runs version 1)")
+	}
+	if *head.Version != PlanVersion {
+		return nil, fmt.Errorf("decode plan: unsupported version %d (this agent runs version %d)", *head.Version, PlanVersion)
+	}
+	var p Plan
+	if err := strictUnmarshal(data, &p); err != nil {
+		return nil, fmt.Errorf("decode plan: %w", err)
+	}
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("decode plan: %w", err)
+	}
+	return &p, nil
+}
+
+// Validate checks every limit and per-kind rule.
+func (p *Plan) Validate() error {
+	if p.Version != PlanVersion {
+		return fmt.Errorf("unsupported version %d (this agent runs version %d)", p.Version, PlanVersion)
+	}
+	d := p.Deadline()
+	if d < MinPlanDeadline || d > MaxPlanDeadline {
+		return fmt.Errorf("deadline_ms %d out of range %d..%d", p.DeadlineMS, MinPlanDeadline.Milliseconds(), MaxPlanDeadline.Milliseconds())
+	}
+	if len(p.Probes) > MaxProbes {
+		return fmt.Errorf("%d probes, more than the limit of %d", len(p.Probes), MaxProbes)
+	}
+	if len(p.Witnesses) > MaxWitnesses {
+		return fmt.Errorf("%d witnesses, more than the limit of %d", len(p.Witnesses), MaxWitnesses)
+	}
+	if len(p.Listeners) > MaxListeners {
+		return fmt.Errorf("%d listeners, more than the limit of %d", len(p.Listeners), MaxListeners)
+	}
+	budget := d - AgentMargin
+	if p.LinkLocal != nil {
+		if err := p.LinkLocal.validate(); err != nil {
+			return fmt.Errorf("link_local: %w", err)
+		}
+	}
+	ids := map[string]bool{}
+	seen := func(id string) error {
+		if err := checkID(id); err != nil {
+			return err
+		}
+		if ids[id] {
+			return fmt.Errorf("duplicate id %q", id)
+		}
+		ids[id] = true
+		return nil
+	}
+	for i := range p.Listeners {
+		l := &p.Listeners[i]
+		if err := seen(l.ID); err != nil {
+			return fmt.Errorf("listener %d: %w", i, err)
+		}
+		if err := l.validate(budget); err != nil {
+			return fmt.Errorf("listener %d (%s): %w", i, l.ID, err)
+		}
+	}
+	for i := range p.Witnesses {
+		w := &p.Witnesses[i]
+		if err := seen(w.ID); err != nil {
+			return fmt.Errorf("witness %d: %w", i, err)
+		}
+		if err := w.validate(budget); err != nil {
+			return fmt.Errorf("witness %d (%s): %w", i, w.ID, err)
+		}
+	}
+	nonces := map[string]bool{}
+	for i := range p.Probes {
+		s := &p.Probes[i]
+		if err := seen(s.ID); err != nil {
+			return fmt.Errorf("probe %d: %w", i, err)
+		}
+		if err := s.Validate(); err != nil {
+			return fmt.Errorf("probe %d (%s): %w", i, s.ID, err)
+		}
+		if total := ms(s.DelayMS) + s.Deadline(); total > budget {
+			return fmt.Errorf("probe %d (%s): delay_ms+deadline_ms %d does not fit in deadline_ms %d minus %d ms for the report",
+				i, s.ID, total.Milliseconds(), p.DeadlineMS, AgentMargin.Milliseconds())
+		}
+		if s.Nonce != "" {
+			// One nonce per probe, or a witness could credit one probe's
+			// frame to another.
+			if nonces[s.Nonce] {
+				return fmt.Errorf("probe %d (%s): nonce %q used by another probe", i, s.ID, s.Nonce)
+			}
+			nonces[s.Nonce] = true
+		}
+	}
+	return nil
+}
+
+func (l *LinkLocalSpec) validate() error {
+	if !l.Via.IsValid() {
+		return errors.New("via: a subnet is required")
+	}
+	if l.Address.IsValid() && (!l.Address.Is6() || !l.Address.IsLinkLocalUnicast() || l.Address.Zone() != "") {
+		return fmt.Errorf("address %s is not an fe80::/10 address without a zone", l.Address)
+	}
+	return nil
+}
+
+func (l *ListenerSpec) validate(budget time.Duration) error {
+	switch l.Kind {
+	case KindTCPGreeter, KindUDPEcho:
+	default:
+		return fmt.Errorf("kind %q is not a listener kind (tcp_greeter, udp_echo)", truncate(string(l.Kind), 32))
+	}
+	if l.Port < 1 || l.Port > 65535 {
+		return fmt.Errorf("port %d out of range 1..65535", l.Port)
+	}
+	if err := checkText("name", l.Name, MaxIDLen); err != nil {
+		return err
+	}
+	if l.WindowMS < 0 || ms(l.WindowMS) > budget {
+		return fmt.Errorf("window_ms %d out of range 0..%d", l.WindowMS, budget.Milliseconds())
+	}
+	return nil
+}
+
+func (w *WitnessSpec) validate(budget time.Duration) error {
+	if !w.Via.IsValid() {
+		return errors.New("via: a subnet is required (the witness's interface is found by subnet)")
+	}
+	if ms(w.WindowMS) < MinProbeDeadline || ms(w.WindowMS) > budget {
+		return fmt.Errorf("window_ms %d out of range %d..%d", w.WindowMS, MinProbeDeadline.Milliseconds(), budget.Milliseconds())
+	}
+	if len(w.Nonces)+len(w.SrcIPs)+len(w.SrcMACs) == 0 {
+		return errors.New("nothing to match: give nonces, src_ips or src_macs")
+	}
+	if len(w.Nonces) > MaxMatchEntries || len(w.SrcIPs) > MaxMatchEntries || len(w.SrcMACs) > MaxMatchEntries {
+		return fmt.Errorf("more than %d entries in nonces, src_ips or src_macs", MaxMatchEntries)
+	}
+	for _, n := range w.Nonces {
+		if err := checkNonce(n); err != nil {
+			return err
+		}
+	}
+	for _, a := range w.SrcIPs {
+		if !a.IsValid() {
+			return errors.New("src_ips: empty address")
+		}
+	}
+	for _, m := range w.SrcMACs {
+		if len(m) > 32 {
+			return fmt.Errorf("src_macs: %q is too long", truncate(m, 32))
+		}
+		if _, err := net.ParseMAC(m); err != nil {
+			return fmt.Errorf("src_macs: %w", err)
+		}
+	}
+	switch w.Proto {
+	case "", "arp", "icmp", "icmpv6", "tcp", "udp":
+	default:
+		return fmt.Errorf("proto %q is not one of arp, icmp, icmpv6, tcp, udp", truncate(w.Proto, 32))
+	}
+	if w.Port < 0 || w.Port > 65535 {
+		return fmt.Errorf("port %d out of range 0..65535", w.Port)
+	}
+	if w.Port != 0 && w.Proto != "tcp" && w.Proto != "udp" {
+		return errors.New("port needs proto tcp or udp")
+	}
+	return nil
+}
+
+// Validate checks one probe on its own (RunProbe calls it too).
+func (s *ProbeSpec) Validate() error {
+	if d := s.Deadline(); d < MinProbeDeadline || d > MaxPlanDeadline {
+		return fmt.Errorf("deadline_ms %d out of range %d..%d", s.DeadlineMS, MinProbeDeadline.Milliseconds(), MaxPlanDeadline.Milliseconds())
+	}
+	if s.DelayMS < 0 || ms(s.DelayMS) > MaxPlanDeadline {
+		return fmt.Errorf("delay_ms %d out of range 0..%d", s.DelayMS, MaxPlanDeadline.Milliseconds())
+	}
+	if s.Port < 0 || s.Port > 65535 {
+		return fmt.Errorf("port %d out of range", s.Port)
+	}
+	if s.Nonce != "" {
+		if err := checkNonce(s.Nonce); err != nil {
+			return err
+		}
+	}
+	if err := checkText("name", s.Name, MaxStringLen); err != nil {
+		return err
+	}
+	if s.Target.IsValid() && s.Target.Zone() != "" {
+		// The zone comes from Via, never from the plan, so an interface is
+		// always found by subnet.
+		return errors.New("target: no zone; give via instead")
+	}
+	needsNonce := false
+	switch s.Kind {
+	case KindARP:
+		if !s.Target.Is4() {
+			return errors.New("arp needs an IPv4 target")
+		}
+		if !s.Via.IsValid() || !s.Via.Addr().Is4() {
+			return errors.New("arp needs via, an IPv4 subnet")
+		}
+		if s.Port != 0 || s.Nonce != "" {
+			return errors.New("arp takes no port and carries no nonce")
+		}
+	case KindICMP:
+		if !s.Target.IsValid() {
+			return errors.New("icmp needs a target")
+		}
+		if s.Port != 0 {
+			return errors.New("icmp takes no port")
+		}
+		if needsZone(s.Target) && !s.Via.IsValid() {
+			return errors.New("a link-local or multicast target needs via (the interface's subnet)")
+		}
+		if s.Target.Is4() && s.Target.IsMulticast() {
+			return errors.New("IPv4 multicast targets are not supported; use broadcast")
+		}
+		needsNonce = true
+	case KindTCP, KindUDP:
+		if !s.Target.IsValid() {
+			return fmt.Errorf("%s needs a target", s.Kind)
+		}
+		if s.Target.IsMulticast() || s.Target.IsUnspecified() {
+			return fmt.Errorf("%s needs a unicast target", s.Kind)
+		}
+		if s.Port == 0 {
+			return fmt.Errorf("%s needs a port", s.Kind)
+		}
+		if s.Target.IsLinkLocalUnicast() && !s.Via.IsValid() {
+			return errors.New("a link-local target needs via (the interface's subnet)")
+		}
+		needsNonce = true
+	case KindBroadcast:
+		if !s.Via.IsValid() || !s.Via.Addr().Is4() {
+			return errors.New("broadcast needs via, an IPv4 subnet")
+		}
+		if s.Port == 0 {
+			return errors.New("broadcast needs a port")
+		}
+		if s.Target.IsValid() && !s.Target.Is4() {
+			return errors.New("broadcast target must be an IPv4 broadcast address")
+		}
+		needsNonce = true
+	case KindDNS:
+		if !s.Target.IsValid() {
+			return errors.New("dns needs a target (the resolver)")
+		}
+		if s.Name == "" {
+			return errors.New("dns needs a name")
+		}
+		if s.Nonce != "" {
+			return errors.New("dns carries no nonce (the query id and question are its proof)")
+		}
+		if _, err := dnsQuestion(s.Name, s.QType); err != nil {
+			return err
+		}
+	case KindIPv6State, KindNDPRS, KindDHCPLease:
+		if s.Target.IsValid() || s.Port != 0 || s.Nonce != "" {
+			return fmt.Errorf("%s takes no target, port or nonce", s.Kind)
+		}
+		if s.Kind != KindIPv6State && !s.Via.IsValid() {
+			return fmt.Errorf("%s needs via (the box subnet)", s.Kind)
+		}
+	default:
+		return fmt.Errorf("kind %q is not a probe kind", truncate(string(s.Kind), 32))
+	}
+	if !needsNonce && s.Nonce != "" {
+		return fmt.Errorf("%s carries no nonce", s.Kind)
+	}
+	if s.Kind != KindDNS && (s.Name != "" || s.QType != "") {
+		return fmt.Errorf("name and qtype are for dns probes, not %s", s.Kind)
+	}
+	return nil
+}
+
+// dnsQuestion turns a plan's name and qtype into a DNS question.
+func dnsQuestion(name, qtype string) (dns.Question, error) {
+	if qtype == "" {
+		qtype = "A"
+	}
+	t, ok := map[string]uint16{
+		"A": dns.TypeA, "AAAA": dns.TypeAAAA, "PTR": dns.TypePTR, "TXT": dns.TypeTXT,
+		"CNAME": dns.TypeCNAME, "SRV": dns.TypeSRV, "MX": dns.TypeMX, "NS": dns.TypeNS,
+		"SOA": dns.TypeSOA, "ANY": dns.TypeANY,
+	}[qtype]
+	if !ok {
+		return dns.Question{}, fmt.Errorf("qtype %q is not one of A, AAAA, PTR, TXT, CNAME, SRV, MX, NS, SOA, ANY", truncate(qtype, 16))
+	}
+	if t == dns.TypePTR {
+		if ip, err := netip.ParseAddr(name); err == nil {
+			rev, err := dns.ReverseAddr(ip.String())
+			if err != nil {
+				return dns.Question{}, fmt.Errorf("reverse name of %s: %w", ip, err)
+			}
+			name = rev
+		}
+	}
+	fq := dns.Fqdn(name)
+	if _, ok := dns.IsDomainName(fq); !ok || len(fq) > 254 {
+		return dns.Question{}, fmt.Errorf("name %q is not a domain name", truncate(name, 64))
+	}
+	return dns.Question{Name: fq, Qtype: t, Qclass: dns.ClassINET}, nil
+}
+
+func needsZone(a netip.Addr) bool {
+	return a.Is6() && (a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsInterfaceLocalMulticast())
+}
+
+func checkID(id string) error {
+	if id == "" {
+		return errors.New("id is empty")
+	}
+	if len(id) > MaxIDLen {
+		return fmt.Errorf("id %q longer than %d", truncate(id, 32), MaxIDLen)
+	}
+	for _, c := range id {
+		if !isIDChar(c) {
+			return fmt.Errorf("id %q: only letters, digits and . _ : - are allowed", truncate(id, 32))
+		}
+	}
+	return nil
+}
+
+func checkNonce(n string) error {
+	if len(n) < MinNonceLen || len(n) > MaxNonceLen {
+		return fmt.Errorf("nonce %q: length must be %d..%d", truncate(n, 32), MinNonceLen, MaxNonceLen)
+	}
+	for _, c := range n {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return fmt.Errorf("nonce %q: only letters, digits, - and _ are allowed", truncate(n, 32))
+		}
+	}
+	return nil
+}
+
+func checkText(field, v string, max int) error {
+	if len(v) > max {
+		return fmt.Errorf("%s longer than %d", field, max)
+	}
+	for _, c := range v {
+		if c < 0x21 || c > 0x7e {
+			return fmt.Errorf("%s: only printable ASCII without spaces is allowed", field)
+		}
+	}
+	return nil
+}
+
+func isIDChar(c rune) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._:-", c)
+}
+
+// truncate shortens s for an error message and keeps it plain ASCII.
+func truncate(s string, n int) string {
+	var b strings.Builder
+	for i := 0; i < len(s) && b.Len() < n; i++ {
+		c := s[i]
+		if c >= 0x20 && c < 0x7f {
+			b.WriteByte(c)
+		} else {
+			b.WriteByte('?')
+		}
+	}
+	if len(s) > n {
+		b.WriteString("...")
+	}
+	return b.String()
+}

@@ -1,0 +1,194 @@
+package probes
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const validPlan = `{
+  "version": 1,
+  "deadline_ms": 3000,
+  "link_local": {"via": "10.88.0.0/24"},
+  "listeners": [
+    {"id": "greet", "kind": "tcp_greeter", "name": "peer-a", "port": 7000},
+    {"id": "echo", "kind": "udp_echo", "name": "peer-a", "port": 7001, "via": "10.88.0.0/24", "window_ms": 2000}
+  ],
+  "witnesses": [
+    {"id": "w1", "via": "10.88.0.0/24", "window_ms": 2500, "nonces": ["abcdef0123456789"],
+     "src_ips": ["10.88.0.5", "fe80::1"], "src_macs": ["02:00:00:00:00:01"], "proto": "udp", "port": 7001}
+  ],
+  "probes": [
+    {"id": "tcp1", "kind": "tcp", "target": "10.88.0.6", "port": 7000, "deadline_ms": 1000},
+    {"id": "udp1", "kind": "udp", "target": "10.88.0.6", "port": 7001, "nonce": "abcdef0123456789", "deadline_ms": 1000, "delay_ms": 200},
+    {"id": "icmp1", "kind": "icmp", "target": "ff02::1", "via": "10.88.0.0/24", "deadline_ms": 1000},
+    {"id": "arp1", "kind": "arp", "target": "10.88.0.6", "via": "10.88.0.0/24", "deadline_ms": 1000},
+    {"id": "bc", "kind": "broadcast", "port": 7001, "via": "10.88.0.0/24", "deadline_ms": 1000},
+    {"id": "dns1", "kind": "dns", "target": "10.88.0.1", "name": "canary.box.test", "deadline_ms": 1000},
+    {"id": "dns2", "kind": "dns", "target": "10.88.0.1", "name": "10.88.0.6", "qtype": "PTR", "deadline_ms": 1000},
+    {"id": "v6", "kind": "ipv6_state", "deadline_ms": 100},
+    {"id": "rs", "kind": "ndp_rs", "via": "10.88.0.0/24", "deadline_ms": 1000},
+    {"id": "lease", "kind": "dhcp_lease", "via": "10.88.0.0/24", "deadline_ms": 100}
+  ]
+}`
+
+func TestDecodePlanValid(t *testing.T) {
+	p, err := DecodePlan(strings.NewReader(validPlan))
+	require.NoError(t, err)
+	require.Len(t, p.Probes, 10)
+	require.Len(t, p.Witnesses, 1)
+	require.Len(t, p.Listeners, 2)
+	require.Equal(t, "10.88.0.6", p.Probes[0].Target.String())
+	require.Equal(t, "10.88.0.0/24", p.LinkLocal.Via.String())
+
+	// What the decoder accepts, the encoder writes back to something the
+	// decoder accepts again, unchanged.
+	b, err := json.Marshal(p)
+	require.NoError(t, err)
+	p2, err := DecodePlan(bytes.NewReader(b))
+	require.NoError(t, err)
+	require.Equal(t, p, p2)
+}
+
+func TestDecodePlanErrors(t *testing.T) {
+	probe := func(fields string) string {
+		return `{"version":1,"deadline_ms":2000,"probes":[{"id":"p","deadline_ms":1000,` + fields + `}]}`
+	}
+	many := func(kind string, n int) string {
+		var items []string
+		for i := range n {
+			switch kind {
+			case "probes":
+				items = append(items, fmt.Sprintf(`{"id":"p%d","kind":"ipv6_state","deadline_ms":100}`, i))
+			case "witnesses":
+				items = append(items, fmt.Sprintf(`{"id":"w%d","via":"10.0.0.0/8","window_ms":100,"src_ips":["10.0.0.1"]}`, i))
+			case "listeners":
+				items = append(items, fmt.Sprintf(`{"id":"l%d","kind":"udp_echo","port":%d}`, i, 1000+i))
+			}
+		}
+		return `{"version":1,"deadline_ms":2000,"` + kind + `":[` + strings.Join(items, ",") + `]}`
+	}
+	tests := []struct {
+		name, plan, want string
+	}{
+		{"empty input", ``, "empty input"},
+		{"blank input", " \n\t", "empty input"},
+		{"truncated", `{"version":1,"deadline_ms":10`, "unexpected EOF"},
+		{"not an object", `[1,2]`, "cannot unmarshal"},
+		{"null", `null`, "missing \"version\""},
+		{"no version", `{"deadline_ms":1000}`, "missing \"version\""},
+		{"version 2", `{"version":2,"deadline_ms":1000,"future":true}`, "unsupported version 2"},
+		{"unknown field", `{"version":1,"deadline_ms":1000,"probez":[]}`, "unknown field \"probez\""},
+		{"unknown probe field", probe(`"kind":"tcp","target":"10.0.0.1","port":1,"colour":"red"`), "unknown field \"colour\""},
+		{"trailing data", `{"version":1,"deadline_ms":1000} {"version":1}`, "trailing data"},
+		{"trailing garbage", `{"version":1,"deadline_ms":1000}xyz`, "trailing data"},
+		{"too big", `{"version":1,"deadline_ms":1000,"x":"` + strings.Repeat("a", MaxPlanBytes) + `"}`, "larger than"},
+		{"deadline too short", `{"version":1,"deadline_ms":99}`, "deadline_ms 99 out of range"},
+		{"deadline too long", `{"version":1,"deadline_ms":120001}`, "deadline_ms 120001 out of range"},
+		{"deadline negative", `{"version":1,"deadline_ms":-5}`, "out of range"},
+		{"deadline float", `{"version":1,"deadline_ms":1.5}`, "cannot unmarshal number 1.5"},
+		{"too many probes", many("probes", MaxProbes+1), "more than the limit of 1024"},
+		{"too many witnesses", many("witnesses", MaxWitnesses+1), "more than the limit of 64"},
+		{"too many listeners", many("listeners", MaxListeners+1), "more than the limit of 64"},
+		{"unknown kind", probe(`"kind":"smoke"`), "not a probe kind"},
+		{"no id", `{"version":1,"deadline_ms":2000,"probes":[{"kind":"ipv6_state","deadline_ms":100}]}`, "id is empty"},
+		{"bad id", probe(`"id":"a b","kind":"ipv6_state"`), "only letters"},
+		{"long id", `{"version":1,"deadline_ms":2000,"probes":[{"id":"` + strings.Repeat("x", 65) + `","kind":"ipv6_state","deadline_ms":100}]}`, "longer than 64"},
+		{"duplicate id", `{"version":1,"deadline_ms":2000,"listeners":[{"id":"x","kind":"udp_echo","port":1}],"probes":[{"id":"x","kind":"ipv6_state","deadline_ms":100}]}`, "duplicate id \"x\""},
+		{"probe deadline short", `{"version":1,"deadline_ms":2000,"probes":[{"id":"p","kind":"ipv6_state","deadline_ms":10}]}`, "deadline_ms 10 out of range"},
+		{"probe does not fit", `{"version":1,"deadline_ms":1000,"probes":[{"id":"p","kind":"ipv6_state","deadline_ms":900,"delay_ms":100}]}`, "does not fit"},
+		{"negative delay", probe(`"kind":"ipv6_state","delay_ms":-1`), "delay_ms -1 out of range"},
+		{"bad address", probe(`"kind":"tcp","target":"10.0.0.300","port":1`), "ParseAddr"},
+		{"zone in target", probe(`"kind":"icmp","target":"fe80::1%eth0","via":"10.0.0.0/8"`), "no zone"},
+		{"tcp no port", probe(`"kind":"tcp","target":"10.0.0.1"`), "tcp needs a port"},
+		{"tcp port range", probe(`"kind":"tcp","target":"10.0.0.1","port":70000`), "port 70000 out of range"},
+		{"tcp no target", probe(`"kind":"tcp","port":1`), "tcp needs a target"},
+		{"udp multicast", probe(`"kind":"udp","target":"224.0.0.1","port":1`), "unicast target"},
+		{"link-local without via", probe(`"kind":"tcp","target":"fe80::1","port":1`), "needs via"},
+		{"multicast without via", probe(`"kind":"icmp","target":"ff02::1"`), "needs via"},
+		{"arp v6", probe(`"kind":"arp","target":"fe80::1","via":"10.0.0.0/8"`), "IPv4 target"},
+		{"arp no via", probe(`"kind":"arp","target":"10.0.0.1"`), "arp needs via"},
+		{"arp nonce", probe(`"kind":"arp","target":"10.0.0.1","via":"10.0.0.0/8","nonce":"abcdefgh"`), "no nonce"},
+		{"icmp port", probe(`"kind":"icmp","target":"10.0.0.1","port":3`), "icmp takes no port"},
+		{"short nonce", probe(`"kind":"udp","target":"10.0.0.1","port":1,"nonce":"abc"`), "length must be"},
+		{"bad nonce", probe(`"kind":"udp","target":"10.0.0.1","port":1,"nonce":"abc def gh"`), "only letters"},
+		{"duplicate nonce", `{"version":1,"deadline_ms":2000,"probes":[{"id":"a","kind":"udp","target":"10.0.0.1","port":1,"nonce":"abcdefgh","deadline_ms":100},{"id":"b","kind":"udp","target":"10.0.0.1","port":1,"nonce":"abcdefgh","deadline_ms":100}]}`, "used by another probe"},
+		{"dns no name", probe(`"kind":"dns","target":"10.0.0.1"`), "dns needs a name"},
+		{"dns bad qtype", probe(`"kind":"dns","target":"10.0.0.1","name":"x","qtype":"AXFR"`), "qtype \"AXFR\""},
+		{"dns bad name", probe(`"kind":"dns","target":"10.0.0.1","name":"a..b"`), "not a domain name"},
+		{"dns long name", probe(`"kind":"dns","target":"10.0.0.1","name":"` + strings.Repeat("a", 254) + `"`), "name longer than 253"},
+		{"name on tcp", probe(`"kind":"tcp","target":"10.0.0.1","port":1,"name":"x"`), "for dns probes"},
+		{"state with target", probe(`"kind":"dhcp_lease","target":"10.0.0.1","via":"10.0.0.0/8"`), "takes no target"},
+		{"lease without via", probe(`"kind":"dhcp_lease"`), "needs via"},
+		{"witness no keys", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":100}]}`, "nothing to match"},
+		{"witness no via", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"src_ips":["10.0.0.1"]}]}`, "via: a subnet is required"},
+		{"witness window", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":1990,"src_ips":["10.0.0.1"]}]}`, "window_ms 1990 out of range"},
+		{"witness bad mac", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":100,"src_macs":["zz"]}]}`, "src_macs"},
+		{"witness port no proto", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":100,"src_ips":["10.0.0.1"],"port":5}]}`, "port needs proto"},
+		{"witness bad proto", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":100,"src_ips":["10.0.0.1"],"proto":"sctp"}]}`, "proto \"sctp\""},
+		{"listener kind", `{"version":1,"deadline_ms":2000,"listeners":[{"id":"l","kind":"http","port":80}]}`, "not a listener kind"},
+		{"listener port", `{"version":1,"deadline_ms":2000,"listeners":[{"id":"l","kind":"udp_echo","port":0}]}`, "port 0 out of range"},
+		{"listener name", `{"version":1,"deadline_ms":2000,"listeners":[{"id":"l","kind":"udp_echo","port":1,"name":"a b"}]}`, "printable ASCII"},
+		{"link-local address", `{"version":1,"deadline_ms":2000,"link_local":{"via":"10.0.0.0/8","address":"2001:db8::1"}}`, "not an fe80::/10 address"},
+		{"link-local no via", `{"version":1,"deadline_ms":2000,"link_local":{}}`, "via: a subnet is required"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := DecodePlan(strings.NewReader(tt.plan))
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tt.want)
+			require.True(t, strings.HasPrefix(err.Error(), "decode plan: "), "errors say where they come from: %v", err)
+			for _, c := range err.Error() {
+				require.Less(t, c, rune(0x7f), "plain ASCII errors: %q", err.Error())
+			}
+		})
+	}
+}
+
+func TestDecodePlanLimitsAtTheEdge(t *testing.T) {
+	var items []string
+	for i := range MaxProbes {
+		items = append(items, fmt.Sprintf(`{"id":"p%d","kind":"ipv6_state","deadline_ms":100}`, i))
+	}
+	_, err := DecodePlan(strings.NewReader(`{"version":1,"deadline_ms":120000,"probes":[` + strings.Join(items, ",") + `]}`))
+	require.NoError(t, err, "exactly MaxProbes is allowed")
+	_, err = DecodePlan(strings.NewReader(`{"version":1,"deadline_ms":100}`))
+	require.NoError(t, err, "the minimum deadline is allowed")
+}
+
+func FuzzDecodePlan(f *testing.F) {
+	f.Add([]byte(validPlan))
+	f.Add([]byte(`{"version":1,"deadline_ms":1000}`))
+	f.Add([]byte(`{"version":1,"deadline_ms":1000,"probes":[{"id":"a","kind":"dns","target":"10.0.0.1","name":"10.0.0.2","qtype":"PTR","deadline_ms":100}]}`))
+	f.Add([]byte(`{"version":2}`))
+	f.Add([]byte(`{"version":1,"deadline_ms":1000}{}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := DecodePlan(bytes.NewReader(data))
+		if err != nil {
+			if p != nil {
+				t.Fatalf("a plan and an error: %v", err)
+			}
+			if err.Error() == "" {
+				t.Fatal("empty error")
+			}
+			return
+		}
+		// An accepted plan survives a round trip unchanged.
+		b, err := json.Marshal(p)
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		p2, err := DecodePlan(bytes.NewReader(b))
+		if err != nil {
+			t.Fatalf("re-decode of %s: %v", b, err)
+		}
+		b2, _ := json.Marshal(p2)
+		if !bytes.Equal(b, b2) {
+			t.Fatalf("round trip changed the plan:\n%s\n%s", b, b2)
+		}
+	})
+}

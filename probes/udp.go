@@ -1,0 +1,217 @@
+package probes
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// udpSends is how many times a datagram probe sends within its deadline:
+// one loss must not read as "blocked".
+const udpSends = 3
+
+// dgram is the result of one datagram exchange.
+type dgram struct {
+	reply    []byte
+	accepted bool          // accept() liked the reply
+	icmp     *ICMPEvidence // the decisive ICMP error, if any
+	errno    unix.Errno
+	sent     int
+	setupErr error
+}
+
+// exchangeUDP sends payload to target:port on a connected UDP socket with
+// IP_RECVERR, resending up to udpSends times, until accept likes a reply, a
+// decisive ICMP error arrives or ctx's deadline passes. The connected socket
+// only hears from target:port; the error queue gives each ICMP error's type,
+// code and offender, so refused and rejected are told apart by who sent
+// what, never guessed from an errno.
+func exchangeUDP(ctx context.Context, src source, port int, payload []byte, accept func([]byte) bool) dgram {
+	var r dgram
+	fam := family(src.target)
+	network := "udp4"
+	if fam == 6 {
+		network = "udp6"
+	}
+	d := net.Dialer{
+		Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) { serr = setRecvErr(fd, fam) }); err != nil {
+				return err
+			}
+			return serr
+		},
+	}
+	if src.local.IsValid() {
+		d.LocalAddr = net.UDPAddrFromAddrPort(netip.AddrPortFrom(src.local, 0))
+	}
+	c, err := d.DialContext(ctx, network, netip.AddrPortFrom(src.target, uint16(port)).String())
+	if err != nil {
+		r.setupErr = err
+		return r
+	}
+	conn := c.(*net.UDPConn)
+	defer conn.Close()
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		r.setupErr = err
+		return r
+	}
+	deadline := deadlineOf(ctx)
+	interval := time.Until(deadline) / udpSends
+	local := localAddrs()
+	buf := make([]byte, 2048)
+	defer wakeOnCancel(ctx, conn.SetReadDeadline)()
+	var next time.Time
+	for {
+		now := time.Now()
+		if !now.Before(deadline) {
+			return r
+		}
+		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			r.setupErr = ctx.Err()
+			return r
+		}
+		if r.sent < udpSends && !now.Before(next) {
+			if _, err := conn.Write(payload); err != nil {
+				if r.takeError(rc, err, src.target, local) {
+					return r
+				}
+			} else {
+				r.sent++
+			}
+			next = now.Add(interval)
+		}
+		wake := deadline
+		if r.sent < udpSends && next.Before(wake) {
+			wake = next
+		}
+		_ = conn.SetReadDeadline(wake)
+		n, err := conn.Read(buf)
+		if err == nil {
+			r.reply = append([]byte(nil), buf[:n]...)
+			r.accepted = accept(r.reply)
+			return r
+		}
+		if isTimeout(err) {
+			continue
+		}
+		if r.takeError(rc, err, src.target, local) {
+			return r
+		}
+	}
+}
+
+// takeError reads the error queue after a socket error and reports whether
+// the exchange is decided.
+func (r *dgram) takeError(rc syscall.RawConn, err error, target netip.Addr, local map[netip.Addr]bool) bool {
+	e, ok := errnoOf(err)
+	if !ok {
+		r.setupErr = err
+		return true
+	}
+	r.errno = e
+	decided := false
+	for range 8 {
+		fam, typ, code, offender, _, isICMP, more := readErrQueue(rc)
+		if !more {
+			break
+		}
+		if !isICMP {
+			continue
+		}
+		ev := newICMPEvidence(fam, typ, code, offender, target, local)
+		if _, _, decisive := classifyICMP(ev); decisive {
+			r.icmp = ev
+			decided = true
+			break
+		}
+	}
+	if decided {
+		return true
+	}
+	// An errno with no ICMP behind it is our own stack's verdict (no route,
+	// no neighbour, local firewall): final too, except for advisories.
+	return e != unix.EMSGSIZE
+}
+
+// readErrQueue pops one message from the socket's error queue without
+// blocking.
+func readErrQueue(rc syscall.RawConn) (fam, typ, code int, offender netip.Addr, errno unix.Errno, isICMP, ok bool) {
+	buf := make([]byte, 2048)
+	oob := make([]byte, 512)
+	_ = rc.Control(func(fd uintptr) {
+		_, oobn, _, _, err := unix.Recvmsg(int(fd), buf, oob, unix.MSG_ERRQUEUE|unix.MSG_DONTWAIT)
+		if err != nil {
+			return
+		}
+		ok = true
+		fam, typ, code, offender, errno, isICMP = parseRecvErr(oob[:oobn])
+	})
+	return
+}
+
+// probeUDP sends the nonce line to target:port and expects it echoed.
+//
+//   - a reply with the nonce: reached;
+//   - a reply from target:port without the nonce: refused (the datagram
+//     arrived; something else answered);
+//   - an ICMP error: classifyICMP (port-unreachable from the target is
+//     refused, from anyone else rejected; admin-prohibited is rejected);
+//   - nothing after udpSends sends: silent.
+func probeUDP(ctx context.Context, spec ProbeSpec, obs Observation) Observation {
+	src, err := resolveSource(&spec)
+	if err != nil {
+		return fail(obs, fmt.Sprintf("udp probe %s: %v", obs.Target, err))
+	}
+	fillSource(&obs, src)
+	want := []byte(spec.Nonce)
+	r := exchangeUDP(ctx, src, spec.Port, probeLine(spec.Nonce), func(b []byte) bool { return bytes.Contains(b, want) })
+	return classifyDgram(ctx, obs, src, r, "the peer echoed the nonce", "a reply from the target's address without the nonce: the datagram arrived, something else answered")
+}
+
+func classifyDgram(ctx context.Context, obs Observation, src source, r dgram, reachedWhy, unacceptedWhy string) Observation {
+	obs.Evidence.Sent = r.sent
+	if r.setupErr != nil {
+		if ctx.Err() != nil {
+			return fail(obs, "cancelled: "+ctx.Err().Error())
+		}
+		return fail(obs, fmt.Sprintf("%s probe %s: %v", obs.Kind, obs.Target, r.setupErr))
+	}
+	if r.errno != 0 {
+		obs.Evidence.Errno = errnoName(r.errno)
+	}
+	switch {
+	case r.reply != nil:
+		obs.Evidence.From = src.target.WithZone("").String()
+		obs.Evidence.Reply = printable(r.reply, 200)
+		if r.accepted {
+			return done(obs, Reached, reachedWhy)
+		}
+		return done(obs, Refused, unacceptedWhy)
+	case r.icmp != nil:
+		obs.Evidence.ICMP = r.icmp
+		o, why, _ := classifyICMP(r.icmp)
+		return done(obs, o, why)
+	case r.errno == unix.ECONNREFUSED:
+		return fail(obs, "ECONNREFUSED without an ICMP error on the error queue to say who sent it")
+	case r.errno == unix.EHOSTUNREACH || r.errno == unix.EHOSTDOWN:
+		return done(obs, Silent, "our own stack gave up ("+errnoName(r.errno)+"): no ARP/NDP answer for the next hop")
+	case r.errno == unix.ENETUNREACH:
+		return fail(obs, "no route to the target")
+	case r.errno == unix.EPERM || r.errno == unix.EACCES:
+		return done(obs, Rejected, "our own firewall refused to send it ("+errnoName(r.errno)+")")
+	case r.errno != 0:
+		return fail(obs, "socket error "+errnoName(r.errno))
+	case r.sent == 0:
+		return fail(obs, "nothing could be sent before the deadline")
+	}
+	return done(obs, Silent, fmt.Sprintf("no reply and no ICMP error to %d datagrams before the deadline", r.sent))
+}

@@ -1,0 +1,367 @@
+package probes
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/mdlayher/arp"
+	"github.com/mdlayher/ethernet"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+func TestOutcomeJSON(t *testing.T) {
+	for _, o := range Outcomes() {
+		b, err := json.Marshal(o)
+		require.NoError(t, err)
+		var back Outcome
+		require.NoError(t, json.Unmarshal(b, &back))
+		require.Equal(t, o, back)
+	}
+	_, err := json.Marshal(Outcome("blocked"))
+	require.Error(t, err, "an outcome outside the set never reaches the wire")
+	var o Outcome
+	require.Error(t, json.Unmarshal([]byte(`"blocked"`), &o))
+	require.Error(t, json.Unmarshal([]byte(`""`), &o))
+
+	// Each outcome is on exactly one side, or on neither (error).
+	for _, o := range Outcomes() {
+		require.False(t, o.Arrived() && o.Stopped(), o)
+	}
+	require.True(t, Reached.Arrived() && Refused.Arrived())
+	require.True(t, Rejected.Stopped() && Silent.Stopped())
+	require.False(t, Error.Arrived() || Error.Stopped())
+}
+
+func TestClassifyICMP(t *testing.T) {
+	target := netip.MustParseAddr("10.201.2.2")
+	router := netip.MustParseAddr("10.201.1.1")
+	self := netip.MustParseAddr("10.201.1.2")
+	target6 := netip.MustParseAddr("2001:db8:2::2")
+	router6 := netip.MustParseAddr("2001:db8:1::1")
+	local := map[netip.Addr]bool{self: true}
+	tests := []struct {
+		name      string
+		fam, t, c int
+		from, to  netip.Addr
+		want      Outcome
+		decisive  bool
+		reasonHas string
+	}{
+		{"port unreachable from target", 4, 3, 3, target, target, Refused, true, "arrived"},
+		{"port unreachable from router", 4, 3, 3, router, target, Rejected, true, "not the target"},
+		{"admin prohibited from router", 4, 3, 13, router, target, Rejected, true, "policy"},
+		{"host prohibited from router", 4, 3, 10, router, target, Rejected, true, "policy"},
+		{"admin prohibited from target", 4, 3, 13, target, target, Rejected, true, "target's own firewall"},
+		{"host unreachable from router", 4, 3, 1, router, target, Rejected, true, "host-unreachable"},
+		{"host unreachable from ourselves", 4, 3, 1, self, target, Silent, true, "never answered ARP"},
+		{"admin prohibited from ourselves", 4, 3, 13, self, target, Rejected, true, "local firewall"},
+		{"frag needed decides nothing", 4, 3, 4, router, target, "", false, ""},
+		{"redirect decides nothing", 4, 5, 1, router, target, "", false, ""},
+		{"time exceeded", 4, 11, 0, router, target, Rejected, true, "time-exceeded"},
+		{"v6 port unreachable from target", 6, 1, 4, target6, target6, Refused, true, "arrived"},
+		{"v6 port unreachable from router", 6, 1, 4, router6, target6, Rejected, true, "not the target"},
+		{"v6 admin prohibited", 6, 1, 1, router6, target6, Rejected, true, "admin-prohibited"},
+		{"v6 policy fail", 6, 1, 5, router6, target6, Rejected, true, "policy-fail"},
+		{"v6 reject route", 6, 1, 6, router6, target6, Rejected, true, "reject-route"},
+		{"v6 address unreachable", 6, 1, 3, router6, target6, Rejected, true, "addr-unreachable"},
+		{"v6 packet too big", 6, 2, 0, router6, target6, "", false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ev := newICMPEvidence(tt.fam, tt.t, tt.c, tt.from, tt.to, local)
+			o, why, decisive := classifyICMP(ev)
+			require.Equal(t, tt.decisive, decisive)
+			require.Equal(t, tt.want, o)
+			require.Contains(t, why, tt.reasonHas)
+			require.Equal(t, tt.from.String(), ev.Offender)
+		})
+	}
+}
+
+// ipv4Packet builds an IPv4 header plus payload (checksums are not needed
+// by the parsers under test).
+func ipv4Packet(proto byte, src, dst netip.Addr, payload []byte) []byte {
+	h := make([]byte, 20)
+	h[0] = 0x45
+	binary.BigEndian.PutUint16(h[2:4], uint16(20+len(payload)))
+	h[8] = 64
+	h[9] = proto
+	s, d := src.As4(), dst.As4()
+	copy(h[12:16], s[:])
+	copy(h[16:20], d[:])
+	return append(h, payload...)
+}
+
+func ipv6Packet(next byte, src, dst netip.Addr, payload []byte) []byte {
+	h := make([]byte, 40)
+	h[0] = 0x60
+	binary.BigEndian.PutUint16(h[4:6], uint16(len(payload)))
+	h[6] = next
+	h[7] = 64
+	s, d := src.As16(), dst.As16()
+	copy(h[8:24], s[:])
+	copy(h[24:40], d[:])
+	return append(h, payload...)
+}
+
+func ports(s, d uint16, rest ...byte) []byte {
+	b := make([]byte, 4)
+	binary.BigEndian.PutUint16(b[0:2], s)
+	binary.BigEndian.PutUint16(b[2:4], d)
+	return append(b, rest...)
+}
+
+func TestParseQuote(t *testing.T) {
+	src, dst := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	q, ok := parseQuote(ipv4Packet(unix.IPPROTO_TCP, src, dst, ports(40000, 7000, 0, 0, 0, 0)))
+	require.True(t, ok)
+	require.Equal(t, quote{proto: unix.IPPROTO_TCP, src: src, dst: dst, sport: 40000, dport: 7000}, q)
+
+	echo := []byte{8, 0, 0, 0, 0x12, 0x34, 0, 1}
+	q, ok = parseQuote(ipv4Packet(unix.IPPROTO_ICMP, src, dst, echo))
+	require.True(t, ok)
+	require.Equal(t, 0x1234, q.icmpID)
+	require.Equal(t, 8, q.icmpType)
+
+	s6, d6 := netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8::2")
+	q, ok = parseQuote(ipv6Packet(unix.IPPROTO_UDP, s6, d6, ports(1, 2, 0, 0, 0, 0)))
+	require.True(t, ok)
+	require.Equal(t, d6, q.dst)
+	require.Equal(t, 2, q.dport)
+
+	for _, bad := range [][]byte{nil, {0x45}, {0x75, 0, 0}, ipv4Packet(6, src, dst, nil), make([]byte, 47)} {
+		_, ok := parseQuote(bad)
+		require.False(t, ok, "%x", bad)
+	}
+}
+
+func cmsg(level, typ int, data []byte) []byte {
+	b := make([]byte, unix.CmsgSpace(len(data)))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level = int32(level)
+	h.Type = int32(typ)
+	h.SetLen(unix.CmsgLen(len(data)))
+	copy(b[unix.CmsgLen(0):], data)
+	return b
+}
+
+func TestParseRecvErr(t *testing.T) {
+	ee := make([]byte, sizeofSockExtendedErr)
+	binary.NativeEndian.PutUint32(ee[0:4], uint32(unix.EHOSTUNREACH))
+	ee[4], ee[5], ee[6] = unix.SO_EE_ORIGIN_ICMP, 3, 13
+	sa := make([]byte, 16)
+	binary.NativeEndian.PutUint16(sa[0:2], unix.AF_INET)
+	copy(sa[4:8], []byte{10, 201, 1, 1})
+	fam, typ, code, off, errno, ok := parseRecvErr(cmsg(unix.SOL_IP, unix.IP_RECVERR, append(ee, sa...)))
+	require.True(t, ok)
+	require.Equal(t, []int{4, 3, 13}, []int{fam, typ, code})
+	require.Equal(t, "10.201.1.1", off.String())
+	require.Equal(t, unix.EHOSTUNREACH, errno)
+
+	ee[4], ee[5], ee[6] = unix.SO_EE_ORIGIN_ICMP6, 1, 4
+	sa6 := make([]byte, 28)
+	binary.NativeEndian.PutUint16(sa6[0:2], unix.AF_INET6)
+	a := netip.MustParseAddr("2001:db8:2::2").As16()
+	copy(sa6[8:24], a[:])
+	fam, typ, code, off, _, ok = parseRecvErr(cmsg(unix.SOL_IPV6, unix.IPV6_RECVERR, append(ee, sa6...)))
+	require.True(t, ok)
+	require.Equal(t, []int{6, 1, 4}, []int{fam, typ, code})
+	require.Equal(t, "2001:db8:2::2", off.String())
+
+	ee[4] = unix.SO_EE_ORIGIN_LOCAL
+	_, _, _, _, _, ok = parseRecvErr(cmsg(unix.SOL_IP, unix.IP_RECVERR, append(ee, sa...)))
+	require.False(t, ok, "a local error has no ICMP offender")
+	_, _, _, _, _, ok = parseRecvErr([]byte{1, 2, 3})
+	require.False(t, ok)
+}
+
+func TestBroadcastAndEUI64(t *testing.T) {
+	require.Equal(t, "10.88.0.255", broadcastOf(netip.MustParsePrefix("10.88.0.17/24")).String())
+	require.Equal(t, "10.127.255.255", broadcastOf(netip.MustParsePrefix("10.88.0.0/9")).String())
+	require.Equal(t, "10.0.0.1", broadcastOf(netip.MustParsePrefix("10.0.0.1/32")).String())
+	require.Equal(t, "255.255.255.255", broadcastOf(netip.MustParsePrefix("0.0.0.0/0")).String())
+	mac, _ := net.ParseMAC("00:16:3e:12:34:56")
+	a, err := eui64LinkLocal(mac)
+	require.NoError(t, err)
+	require.Equal(t, "fe80::216:3eff:fe12:3456", a.String())
+	_, err = eui64LinkLocal(nil)
+	require.Error(t, err)
+}
+
+func TestDNSNames(t *testing.T) {
+	require.Equal(t, []string{"peer-a.", "peer-a.incus.", "peer-a.lxd.", "peer-a.box.internal."},
+		DNSNameForms("Peer-A", "box.internal.", "incus", ""))
+	r, err := ReverseName(netip.MustParseAddr("10.88.0.6"))
+	require.NoError(t, err)
+	require.Equal(t, "6.0.88.10.in-addr.arpa.", r)
+	q, err := dnsQuestion("10.88.0.6", "PTR")
+	require.NoError(t, err)
+	require.Equal(t, r, q.Name)
+	q, err = dnsQuestion("canary.box.test", "")
+	require.NoError(t, err)
+	require.Equal(t, "canary.box.test.", q.Name)
+}
+
+func frame(src, dst net.HardwareAddr, et ethernet.EtherType, payload []byte) []byte {
+	f := &ethernet.Frame{Source: src, Destination: dst, EtherType: et, Payload: payload}
+	b, err := f.MarshalBinary()
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func TestWitnessMatch(t *testing.T) {
+	macA, _ := net.ParseMAC("02:00:00:00:00:0a")
+	macB, _ := net.ParseMAC("02:00:00:00:00:0b")
+	a, b := netip.MustParseAddr("10.201.1.2"), netip.MustParseAddr("10.201.2.2")
+	nonce := "0123456789abcdef"
+	udpWithNonce := frame(macA, macB, ethernet.EtherTypeIPv4,
+		ipv4Packet(unix.IPPROTO_UDP, netip.MustParseAddr("10.9.9.9"), b, ports(5000, 7001, append([]byte{0, 0, 0, 0}, probeLine(nonce)...)...)))
+	tcpFromA := frame(macB, macB, ethernet.EtherTypeIPv4, ipv4Packet(unix.IPPROTO_TCP, a, b, ports(40000, 7000, make([]byte, 16)...)))
+	arpReq, _ := arp.NewPacket(arp.OperationRequest, macA, a, ethernet.Broadcast, b)
+	arpBytes, _ := arpReq.MarshalBinary()
+	arpFromA := frame(macA, ethernet.Broadcast, ethernet.EtherTypeARP, arpBytes)
+	v6 := frame(macB, macB, ethernet.EtherTypeIPv6, ipv6Packet(unix.IPPROTO_ICMPV6,
+		netip.MustParseAddr("2001:db8:1::2"), netip.MustParseAddr("2001:db8:2::2"), []byte{128, 0, 0, 0}))
+
+	w := func(spec WitnessSpec) *Witness {
+		x := &Witness{spec: spec, ips: map[netip.Addr]bool{}}
+		for _, n := range spec.Nonces {
+			x.nonces = append(x.nonces, []byte(n))
+		}
+		for _, ip := range spec.SrcIPs {
+			x.ips[ip] = true
+		}
+		for _, m := range spec.SrcMACs {
+			hw, _ := net.ParseMAC(m)
+			x.macs = append(x.macs, hw)
+		}
+		return x
+	}
+	tests := []struct {
+		name  string
+		spec  WitnessSpec
+		frame []byte
+		want  bool
+		by    string
+	}{
+		{"nonce anywhere", WitnessSpec{Nonces: []string{nonce}}, udpWithNonce, true, "nonce"},
+		{"nonce absent", WitnessSpec{Nonces: []string{"ffffffffffffffff"}}, udpWithNonce, false, ""},
+		{"src ip", WitnessSpec{SrcIPs: []netip.Addr{a}}, tcpFromA, true, "src_ip"},
+		{"src ip, proto and port", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "tcp", Port: 7000}, tcpFromA, true, "src_ip"},
+		{"src ip, other port", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "tcp", Port: 7999}, tcpFromA, false, ""},
+		{"src ip, other proto", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "udp"}, tcpFromA, false, ""},
+		{"arp sender ip", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "arp"}, arpFromA, true, "src_ip"},
+		{"arp sender mac", WitnessSpec{SrcMACs: []string{macA.String()}}, arpFromA, true, "src_mac"},
+		{"mac of someone else", WitnessSpec{SrcMACs: []string{macA.String()}}, tcpFromA, false, ""},
+		{"ipv6 source", WitnessSpec{SrcIPs: []netip.Addr{netip.MustParseAddr("2001:db8:1::2")}, Proto: "icmpv6"}, v6, true, "src_ip"},
+		{"runt frame", WitnessSpec{Nonces: []string{nonce}}, []byte{1, 2, 3}, false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, ok := w(tt.spec).match(tt.frame)
+			require.Equal(t, tt.want, ok, "%+v", s)
+			require.True(t, strings.HasPrefix(s.MatchedBy, tt.by), s.MatchedBy)
+		})
+	}
+	s, _ := w(WitnessSpec{SrcIPs: []netip.Addr{a}}).match(tcpFromA)
+	require.Equal(t, FrameSummary{EtherType: "ipv4", SrcMAC: macB.String(), DstMAC: macB.String(), SrcIP: a.String(),
+		DstIP: b.String(), Proto: "tcp", DstPort: 7000, MatchedBy: "src_ip 10.201.1.2"}, s)
+}
+
+func TestInterfaceForSubnet(t *testing.T) {
+	// Loopback is in every namespace: 127.0.0.0/8 finds it by subnet.
+	ifi, p, err := InterfaceForSubnet(netip.MustParsePrefix("127.0.0.0/8"))
+	require.NoError(t, err)
+	require.NotZero(t, ifi.Flags&net.FlagLoopback)
+	require.Equal(t, "127.0.0.1/8", p.String())
+
+	_, _, err = InterfaceForSubnet(netip.MustParsePrefix("198.18.250.0/24"))
+	require.ErrorIs(t, err, ErrNoInterface)
+	_, _, err = InterfaceForSubnet(netip.Prefix{})
+	require.Error(t, err)
+}
+
+func TestRunProbeInvalidSpec(t *testing.T) {
+	o := RunProbe(context.Background(), ProbeSpec{ID: "x", Kind: KindTCP, DeadlineMS: 100})
+	require.Equal(t, Error, o.Outcome)
+	require.Contains(t, o.Reason, "invalid probe")
+}
+
+// TestRunAgentNoPackets runs the agent in-process with probes that only
+// read local state (no packet leaves), so it runs anywhere.
+func TestRunAgentNoPackets(t *testing.T) {
+	plan := `{"version":1,"deadline_ms":1000,"probes":[
+	  {"id":"lease","kind":"dhcp_lease","via":"127.0.0.0/8","deadline_ms":100},
+	  {"id":"nolease","kind":"dhcp_lease","via":"198.18.250.0/24","deadline_ms":100},
+	  {"id":"v6","kind":"ipv6_state","via":"127.0.0.0/8","deadline_ms":100}]}`
+	var out bytes.Buffer
+	require.NoError(t, RunAgent(context.Background(), strings.NewReader(plan), &out))
+	rep, err := DecodeReport(&out)
+	require.NoError(t, err)
+	require.Empty(t, rep.Error)
+	require.Len(t, rep.Observations, 3)
+	lease := rep.Observations[0]
+	require.Equal(t, Reached, lease.Outcome, lease.Reason)
+	require.Equal(t, "127.0.0.1/8", lease.Evidence.Lease.Address)
+	require.Equal(t, Silent, rep.Observations[1].Outcome, rep.Observations[1].Reason)
+	require.NotEqual(t, Error, rep.Observations[2].Outcome, rep.Observations[2].Reason)
+	require.Equal(t, "v6", rep.Observations[2].ID)
+}
+
+func TestRunAgentBadPlan(t *testing.T) {
+	var out bytes.Buffer
+	err := RunAgent(context.Background(), strings.NewReader(`{"version":1,"deadline_ms":5}`), &out)
+	require.Error(t, err)
+	rep, derr := DecodeReport(&out)
+	require.NoError(t, derr, "a bad plan still gets a report: %s", out.String())
+	require.Contains(t, rep.Error, "deadline_ms 5 out of range")
+	require.Empty(t, rep.Observations)
+}
+
+func TestRunAgentStdinNeverCloses(t *testing.T) {
+	r, w := net.Pipe()
+	defer w.Close()
+	defer r.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out bytes.Buffer
+	err := RunAgent(ctx, r, &out)
+	require.ErrorIs(t, err, context.Canceled)
+}
+
+func TestDecodeReportStrict(t *testing.T) {
+	_, err := DecodeReport(strings.NewReader(`{"version":1,"observations":[{"id":"a","kind":"tcp","target":"x","outcome":"blocked","reason":"","evidence":{},"started_at":"2026-01-01T00:00:00Z","elapsed_ms":1}]}`))
+	require.ErrorContains(t, err, "outcome \"blocked\"")
+	_, err = DecodeReport(strings.NewReader(`{"version":1,"extra":1}`))
+	require.ErrorContains(t, err, "unknown field")
+	_, err = DecodeReport(strings.NewReader(`{"version":7}`))
+	require.ErrorContains(t, err, "unsupported version 7")
+}
+
+// TestRunAgentReturnsWithinDeadline: a listener runs until the plan's end;
+// the agent still returns within the plan's deadline. It binds loopback
+// only and sends nothing.
+func TestRunAgentReturnsWithinDeadline(t *testing.T) {
+	plan := `{"version":1,"deadline_ms":300,"listeners":[{"id":"l","kind":"udp_echo","port":47391,"via":"127.0.0.0/8"}]}`
+	start := time.Now()
+	var out bytes.Buffer
+	require.NoError(t, RunAgent(context.Background(), strings.NewReader(plan), &out))
+	took := time.Since(start)
+	require.Less(t, took, 300*time.Millisecond)
+	require.Greater(t, took, 200*time.Millisecond, "the listener served until near the end")
+	rep, err := DecodeReport(&out)
+	require.NoError(t, err)
+	require.Len(t, rep.Observations, 1)
+	require.NotEqual(t, Reached, rep.Observations[0].Outcome)
+}

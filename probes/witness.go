@@ -1,0 +1,313 @@
+package probes
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/mdlayher/packet"
+	"golang.org/x/sys/unix"
+)
+
+// Witness is a passive capture at a probe's target. It records every
+// incoming frame that carries one of a probe's nonces or comes from a given
+// source, so that "blocked" can rest on the sender seeing nothing and the
+// target seeing nothing.
+//
+// Its observation uses the same outcomes: reached means at least one
+// matching frame arrived, silent means none did during the whole window,
+// error means the capture could not run (then it proves nothing).
+type Witness struct {
+	spec    WitnessSpec
+	ifi     *net.Interface
+	conn    *packet.Conn
+	armedAt time.Time
+	until   time.Time
+	macs    [][]byte
+	ips     map[netip.Addr]bool
+	nonces  [][]byte
+
+	mu       sync.Mutex
+	count    int
+	captured int
+	first    *FrameSummary
+	readErr  error
+	stopped  chan struct{}
+	stopOnce sync.Once
+	finished chan struct{}
+}
+
+// StartWitness arms a witness on the interface holding spec.Via. The
+// packet socket is opened on the calling goroutine, so a caller whose OS
+// thread is in a network namespace captures there. The capture runs until
+// the window ends or Stop is called, whichever is first.
+func StartWitness(spec WitnessSpec) (*Witness, error) {
+	if err := spec.validate(MaxPlanDeadline); err != nil {
+		return nil, fmt.Errorf("witness %s: %w", spec.ID, err)
+	}
+	ifi, _, err := InterfaceForSubnet(spec.Via)
+	if err != nil {
+		return nil, fmt.Errorf("witness %s: %w", spec.ID, err)
+	}
+	c, err := packet.Listen(ifi, packet.Raw, unix.ETH_P_ALL, nil)
+	if err != nil {
+		return nil, fmt.Errorf("witness %s: packet socket on %s (needs CAP_NET_RAW): %w", spec.ID, ifi.Name, err)
+	}
+	// Only frames arriving at the target count: its own replies carry the
+	// nonce too and would otherwise read as "arrived".
+	rc, err := c.SyscallConn()
+	if err == nil {
+		var serr error
+		err = rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1)
+		})
+		if err == nil {
+			err = serr
+		}
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("witness %s: ignore outgoing frames: %w", spec.ID, err)
+	}
+	w := &Witness{
+		spec: spec, ifi: ifi, conn: c, ips: map[netip.Addr]bool{},
+		stopped: make(chan struct{}), finished: make(chan struct{}),
+	}
+	for _, m := range spec.SrcMACs {
+		hw, _ := net.ParseMAC(m)
+		w.macs = append(w.macs, hw)
+	}
+	for _, a := range spec.SrcIPs {
+		w.ips[a.WithZone("").Unmap()] = true
+	}
+	for _, n := range spec.Nonces {
+		w.nonces = append(w.nonces, []byte(n))
+	}
+	w.armedAt = time.Now()
+	w.until = w.armedAt.Add(ms(spec.WindowMS))
+	// Set once, before the reader starts: Stop moves it to now to wake the
+	// reader, and nothing may move it back.
+	if err := c.SetReadDeadline(w.until); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("witness %s: deadline: %w", spec.ID, err)
+	}
+	go w.read()
+	return w, nil
+}
+
+// Interface is the name of the interface the witness captures on.
+func (w *Witness) Interface() string { return w.ifi.Name }
+
+func (w *Witness) read() {
+	defer close(w.finished)
+	buf := make([]byte, 65536)
+	for {
+		select {
+		case <-w.stopped:
+			return
+		default:
+		}
+		if !time.Now().Before(w.until) {
+			return
+		}
+		n, _, err := w.conn.ReadFrom(buf)
+		if err != nil {
+			select {
+			case <-w.stopped:
+				return
+			default:
+			}
+			if isTimeout(err) {
+				continue
+			}
+			w.mu.Lock()
+			w.readErr = err
+			w.mu.Unlock()
+			return
+		}
+		w.record(buf[:n])
+	}
+}
+
+func (w *Witness) record(f []byte) {
+	at := time.Now()
+	sum, ok := w.match(f)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.captured++
+	if ok {
+		w.count++
+		if w.first == nil {
+			sum.At = at
+			w.first = &sum
+		}
+	}
+}
+
+// drain reads, without blocking, every frame already queued on the
+// socket. A probe that got its answer returns before the reader goroutine
+// may have looked at the request frame, but the kernel queued that frame
+// here before the target could answer it: stopping must not drop it.
+func (w *Witness) drain() {
+	rc, err := w.conn.SyscallConn()
+	if err != nil {
+		return
+	}
+	buf := make([]byte, 65536)
+	_ = rc.Control(func(fd uintptr) {
+		for range 100000 {
+			n, _, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+			if err != nil {
+				return
+			}
+			w.record(buf[:n])
+		}
+	})
+}
+
+// Wait blocks until the window ends (or ctx is done) and returns the
+// observation.
+func (w *Witness) Wait(ctx context.Context) Observation {
+	select {
+	case <-w.finished:
+	case <-ctx.Done():
+	}
+	return w.Stop()
+}
+
+// Stop ends the capture now and returns the observation. Safe to call more
+// than once.
+func (w *Witness) Stop() Observation {
+	w.stopOnce.Do(func() {
+		close(w.stopped)
+		_ = w.conn.SetReadDeadline(time.Now()) // wakes a blocked ReadFrom
+		<-w.finished
+		if time.Now().Before(w.until) {
+			w.drain()
+		}
+		w.conn.Close()
+	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	end := time.Now()
+	if end.After(w.until) {
+		end = w.until
+	}
+	obs := Observation{
+		ID: w.spec.ID, Kind: KindWitness, Target: w.ifi.Name,
+		StartedAt: w.armedAt, ElapsedMS: end.Sub(w.armedAt).Milliseconds(),
+	}
+	obs.Evidence.Interface = w.ifi.Name
+	obs.Evidence.Witness = &WitnessEvidence{ArmedAt: w.armedAt, Until: end, Count: w.count, First: w.first, Captured: w.captured}
+	switch {
+	case w.count > 0:
+		return done(obs, Reached, fmt.Sprintf("%d matching frame(s) arrived at %s", w.count, w.ifi.Name))
+	case w.readErr != nil:
+		return fail(obs, fmt.Sprintf("witness on %s: capture failed: %v", w.ifi.Name, w.readErr))
+	}
+	return done(obs, Silent, fmt.Sprintf("no matching frame arrived at %s in %d ms", w.ifi.Name, obs.ElapsedMS))
+}
+
+// match decodes just enough of an Ethernet frame to apply the witness's
+// keys and filters.
+func (w *Witness) match(f []byte) (FrameSummary, bool) {
+	var s FrameSummary
+	if len(f) < 14 {
+		return s, false
+	}
+	s.DstMAC = net.HardwareAddr(f[0:6]).String()
+	s.SrcMAC = net.HardwareAddr(f[6:12]).String()
+	et := binary.BigEndian.Uint16(f[12:14])
+	l3 := f[14:]
+	for (et == 0x8100 || et == 0x88a8) && len(l3) >= 4 {
+		et = binary.BigEndian.Uint16(l3[2:4])
+		l3 = l3[4:]
+	}
+	var src netip.Addr
+	proto := ""
+	switch et {
+	case unix.ETH_P_ARP:
+		s.EtherType = "arp"
+		proto = "arp"
+		// Ethernet/IPv4 ARP: sender IP at 14, target IP at 24.
+		if len(l3) >= 28 && l3[4] == 6 && l3[5] == 4 {
+			src = netip.AddrFrom4([4]byte(l3[14:18]))
+			s.DstIP = netip.AddrFrom4([4]byte(l3[24:28])).String()
+		}
+	case unix.ETH_P_IP:
+		s.EtherType = "ipv4"
+		if len(l3) >= 20 && l3[0]>>4 == 4 {
+			ihl := int(l3[0]&0x0f) * 4
+			src = netip.AddrFrom4([4]byte(l3[12:16]))
+			s.DstIP = netip.AddrFrom4([4]byte(l3[16:20])).String()
+			proto, s.DstPort = l4Info(int(l3[9]), l3, ihl)
+		}
+	case unix.ETH_P_IPV6:
+		s.EtherType = "ipv6"
+		if len(l3) >= 40 {
+			src = netip.AddrFrom16([16]byte(l3[8:24]))
+			s.DstIP = netip.AddrFrom16([16]byte(l3[24:40])).String()
+			proto, s.DstPort = l4Info(int(l3[6]), l3, 40)
+		}
+	default:
+		s.EtherType = fmt.Sprintf("0x%04x", et)
+	}
+	if src.IsValid() {
+		s.SrcIP = src.String()
+	}
+	s.Proto = proto
+	if w.spec.Proto != "" && w.spec.Proto != proto {
+		return s, false
+	}
+	if w.spec.Port != 0 && w.spec.Port != s.DstPort {
+		return s, false
+	}
+	for _, n := range w.nonces {
+		if bytes.Contains(f, n) {
+			s.MatchedBy = "nonce " + string(n)
+			return s, true
+		}
+	}
+	if src.IsValid() && w.ips[src] {
+		s.MatchedBy = "src_ip " + src.String()
+		return s, true
+	}
+	for _, m := range w.macs {
+		if bytes.Equal(f[6:12], m) {
+			s.MatchedBy = "src_mac " + s.SrcMAC
+			return s, true
+		}
+		// An ARP sender hardware address can differ from the frame's source
+		// (a proxy); match either.
+		if et == unix.ETH_P_ARP && len(l3) >= 14 && bytes.Equal(l3[8:14], m) {
+			s.MatchedBy = "arp sender " + s.SrcMAC
+			return s, true
+		}
+	}
+	return s, false
+}
+
+func l4Info(p int, l3 []byte, off int) (string, int) {
+	port := func() int {
+		if len(l3) >= off+4 {
+			return int(binary.BigEndian.Uint16(l3[off+2 : off+4]))
+		}
+		return 0
+	}
+	switch p {
+	case unix.IPPROTO_TCP:
+		return "tcp", port()
+	case unix.IPPROTO_UDP:
+		return "udp", port()
+	case unix.IPPROTO_ICMP:
+		return "icmp", 0
+	case unix.IPPROTO_ICMPV6:
+		return "icmpv6", 0
+	}
+	return fmt.Sprintf("ip-proto-%d", p), 0
+}
