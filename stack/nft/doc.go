@@ -1,0 +1,57 @@
+// Package nft keeps box's two nftables tables, written as code through
+// github.com/google/nftables (netlink; no nft subprocess), in a chosen
+// network namespace.
+//
+// # The two tables
+//
+// L-HOSTFW, table inet box, chain input (hook input, priority filter,
+// policy accept): for packets arriving on the bridge (iifname "boxnet") it
+// accepts replies (ct state established,related), DNS (udp and tcp 53) and
+// DHCP (udp 67), and drops everything else. It is the layer that protects
+// every host address, the public ones included (the Incus ACL only drops
+// private ranges). Matching on iifname keeps it from touching any traffic
+// that does not come from the bridge.
+//
+// L-BRIDGEDROP, table bridge box, chain forward (hook forward, priority
+// filter, policy accept): drops every frame forwarded between two ports of
+// the bridge, whatever its ethertype (ARP, IPv4, IPv6). Two ports on one
+// bridge exchange frames below the L3 hooks, so nothing in the inet family
+// can see box-to-box traffic; only the bridge family can.
+//
+// # Capability probe and fallback
+//
+// The natural rule is "meta ibrname boxnet meta obrname boxnet drop", but
+// those meta keys need CONFIG_NFT_BRIDGE_META, which some kernels lack
+// (adding the rule fails with "operation not supported"). Probe finds out by
+// adding the rule in a throwaway table and deleting that table in the same
+// netlink batch, so nothing is ever committed. Without the keys the drop is
+// scoped by a named set instead:
+//
+//	set boxnet_ports { type ifname }
+//	iifname @boxnet_ports oifname @boxnet_ports drop
+//
+// Apply and SetPorts fill the set with the bridge's current ports (the
+// caller reads them from netlink, see BridgePorts). Incus names host-side
+// veths at random and renames them on every start, so the set has to be
+// refreshed whenever a box starts; Verify reports a stale set. A drop with no
+// scope to the bridge is never produced: it would cut every other bridge on
+// the host (Docker's among them).
+//
+// # Convergence
+//
+// Desired is the whole desired state as data; Ruleset.String renders it as
+// `nft list` would. Apply reads the live tables, compares every rule in a
+// canonical form of its decoded expressions, and writes only what differs,
+// in one batch, so a failure leaves the previous state. It touches only its
+// own two tables, never the rest of the ruleset. Verify runs the same
+// comparison and reports findings instead of fixing them.
+//
+// # Tests
+//
+// Unit tests need nothing: go test ./stack/nft/
+//
+// The privileged tier (TestPrivileged*) builds throwaway network namespaces
+// named boxnft-*, with two bridges and four "boxes", and needs root:
+//
+//	sudo go test ./stack/nft/ -run Privileged -v
+package nft

@@ -1,0 +1,335 @@
+package nft
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// Defaults for Config.
+const (
+	DefaultTable  = "box"
+	DefaultBridge = "boxnet"
+)
+
+// ifnameSize is IFNAMSIZ: the kernel loads interface names into a register
+// as 16 NUL-padded bytes, so a 16-byte compare is an exact match.
+const ifnameSize = unix.IFNAMSIZ
+
+// Config names the tables, the bridge they protect and the network
+// namespace they live in. The zero value means box's tables for boxnet in
+// the current namespace.
+type Config struct {
+	Table  string // nft table name in both families; "" means DefaultTable
+	Bridge string // bridge interface; "" means DefaultBridge
+	NetNS  int    // fd of the network namespace; 0 or -1 means the current one
+
+	// connOpts are extra nftables options; tests use them to record the
+	// netlink messages instead of sending them.
+	connOpts []nftables.ConnOption
+}
+
+func (c Config) normalized() (Config, error) {
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if c.Bridge == "" {
+		c.Bridge = DefaultBridge
+	}
+	if err := checkIfname(c.Bridge); err != nil {
+		return c, fmt.Errorf("bridge name: %w", err)
+	}
+	if strings.ContainsRune(c.Table, 0) {
+		return c, fmt.Errorf("table name %q contains NUL", c.Table)
+	}
+	return c, nil
+}
+
+// PortSet is the name of the fallback set holding the bridge's ports.
+func (c Config) PortSet() string {
+	b := c.Bridge
+	if b == "" {
+		b = DefaultBridge
+	}
+	return b + "_ports"
+}
+
+func checkIfname(n string) error {
+	switch {
+	case n == "":
+		return fmt.Errorf("empty interface name")
+	case len(n) >= ifnameSize:
+		return fmt.Errorf("interface name %q is longer than %d bytes", n, ifnameSize-1)
+	case strings.ContainsAny(n, "\x00/ \t\n"):
+		return fmt.Errorf("interface name %q has a character the kernel refuses", n)
+	}
+	return nil
+}
+
+// BridgeMode is the form of the bridge drop in force.
+type BridgeMode string
+
+const (
+	// ModeBridgeMeta matches the bridge by name (meta ibrname/obrname).
+	ModeBridgeMeta BridgeMode = "bridge-meta"
+	// ModePortSet matches the bridge's ports by name from a set that the
+	// caller keeps current (SetPorts).
+	ModePortSet BridgeMode = "port-set"
+)
+
+// Capabilities is what Probe found the kernel supports.
+type Capabilities struct {
+	BridgeMeta bool   // meta ibrname/obrname work in the bridge family
+	Detail     string // what the probe saw, for doctor output
+}
+
+// Mode is the bridge drop form these capabilities allow.
+func (c Capabilities) Mode() BridgeMode {
+	if c.BridgeMeta {
+		return ModeBridgeMeta
+	}
+	return ModePortSet
+}
+
+// Ruleset is the whole desired state of the two tables, as data.
+type Ruleset struct {
+	Mode   BridgeMode
+	Tables []Table
+}
+
+// Table is one nft table that the package owns entirely.
+type Table struct {
+	Family string // "inet" or "bridge"
+	Name   string
+	Sets   []Set
+	Chains []Chain
+}
+
+// Set is a named set. Elements are only known when the Ruleset came from
+// WithPorts; Desired leaves them empty.
+type Set struct {
+	Name     string
+	Type     string // nft type name; only "ifname" is used
+	Elements []string
+}
+
+// Chain is a base chain.
+type Chain struct {
+	Name     string
+	Type     string // "filter"
+	Hook     string // "input", "forward"
+	Priority int32
+	Policy   string // "accept"
+	Rules    []Rule
+}
+
+// Rule is one rule: Text is its nft syntax, Exprs what the kernel is sent.
+// Both are built from the same parts so they cannot drift apart.
+type Rule struct {
+	Text  string
+	Exprs []expr.Any
+}
+
+// Desired returns the tables box wants for cfg on a kernel with caps.
+func Desired(cfg Config, caps Capabilities) Ruleset {
+	if c, err := cfg.normalized(); err == nil {
+		cfg = c
+	} else {
+		// A bad name surfaces as an error from Apply and Verify; rendering
+		// still works so doctor can show what was asked for.
+		cfg.Table, cfg.Bridge = cmpOr(cfg.Table, DefaultTable), cmpOr(cfg.Bridge, DefaultBridge)
+	}
+	br := cfg.Bridge
+	inet := Table{Family: "inet", Name: cfg.Table, Chains: []Chain{{
+		Name: "input", Type: "filter", Hook: "input", Priority: priorityFilter("inet"), Policy: "accept",
+		Rules: []Rule{
+			rule(accept(), iifname(br), ctStateEstablishedRelated()),
+			rule(accept(), iifname(br), dport("udp", 53)),
+			rule(accept(), iifname(br), dport("udp", 67)),
+			rule(accept(), iifname(br), dport("tcp", 53)),
+			rule(drop(), iifname(br)),
+		},
+	}}}
+
+	bridge := Table{Family: "bridge", Name: cfg.Table}
+	fwd := Chain{Name: "forward", Type: "filter", Hook: "forward", Priority: priorityFilter("bridge"), Policy: "accept"}
+	mode := caps.Mode()
+	switch mode {
+	case ModeBridgeMeta:
+		fwd.Rules = []Rule{rule(drop(), ibrname(br), obrname(br))}
+	default:
+		set := cfg.PortSet()
+		bridge.Sets = []Set{{Name: set, Type: "ifname"}}
+		fwd.Rules = []Rule{rule(drop(), ifnameIn("iifname", expr.MetaKeyIIFNAME, set), ifnameIn("oifname", expr.MetaKeyOIFNAME, set))}
+	}
+	bridge.Chains = []Chain{fwd}
+	return Ruleset{Mode: mode, Tables: []Table{inet, bridge}}
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// WithPorts returns a copy whose port sets hold ports (sorted, deduplicated),
+// for rendering the state Apply converges to.
+func (r Ruleset) WithPorts(ports []string) Ruleset {
+	out := Ruleset{Mode: r.Mode, Tables: slices.Clone(r.Tables)}
+	for i := range out.Tables {
+		out.Tables[i].Sets = slices.Clone(out.Tables[i].Sets)
+		for j := range out.Tables[i].Sets {
+			out.Tables[i].Sets[j].Elements = normPorts(ports)
+		}
+	}
+	return out
+}
+
+// String renders the ruleset as `nft list table` prints it, so it can be
+// compared with the kernel's own listing and loaded with `nft -f`.
+func (r Ruleset) String() string {
+	var b strings.Builder
+	for _, t := range r.Tables {
+		fmt.Fprintf(&b, "table %s %s {\n", t.Family, t.Name)
+		for i, s := range t.Sets {
+			if i > 0 {
+				b.WriteString("\n")
+			}
+			fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", s.Name, s.Type)
+			if len(s.Elements) > 0 {
+				q := make([]string, len(s.Elements))
+				for k, e := range s.Elements {
+					q[k] = fmt.Sprintf("%q", e)
+				}
+				fmt.Fprintf(&b, "\t\telements = { %s }\n", strings.Join(q, ", "))
+			}
+			b.WriteString("\t}\n")
+		}
+		for i, c := range t.Chains {
+			if i > 0 || len(t.Sets) > 0 {
+				b.WriteString("\n")
+			}
+			fmt.Fprintf(&b, "\tchain %s {\n", c.Name)
+			fmt.Fprintf(&b, "\t\ttype %s hook %s priority %s; policy %s;\n", c.Type, c.Hook, priorityText(t.Family, c.Priority), c.Policy)
+			for _, ru := range c.Rules {
+				fmt.Fprintf(&b, "\t\t%s\n", ru.Text)
+			}
+			b.WriteString("\t}\n")
+		}
+		b.WriteString("}\n")
+	}
+	return b.String()
+}
+
+// priorityFilter is the value nft's "priority filter" stands for: the
+// bridge family's filter priority is -200, not 0.
+func priorityFilter(family string) int32 {
+	if family == "bridge" {
+		return -200
+	}
+	return 0
+}
+
+func priorityText(family string, p int32) string {
+	if p == priorityFilter(family) {
+		return "filter"
+	}
+	return fmt.Sprint(p)
+}
+
+// part is one piece of a rule: its nft text and its expressions.
+type part struct {
+	text  string
+	exprs []expr.Any
+}
+
+func accept() part { return part{"accept", []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}} }
+func drop() part   { return part{"drop", []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}} }
+
+func rule(verdict part, matches ...part) Rule {
+	var r Rule
+	var texts []string
+	for _, m := range append(matches, verdict) {
+		if m.text != "" {
+			texts = append(texts, m.text)
+		}
+		r.Exprs = append(r.Exprs, m.exprs...)
+	}
+	r.Text = strings.Join(texts, " ")
+	return r
+}
+
+func ifnameBytes(n string) []byte {
+	b := make([]byte, ifnameSize)
+	copy(b, n)
+	return b
+}
+
+func metaIs(key expr.MetaKey, name string) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(name)},
+	}
+}
+
+func iifname(n string) part {
+	return part{fmt.Sprintf("iifname %q", n), metaIs(expr.MetaKeyIIFNAME, n)}
+}
+func ibrname(n string) part {
+	return part{fmt.Sprintf("meta ibrname %q", n), metaIs(expr.MetaKeyBRIIIFNAME, n)}
+}
+func obrname(n string) part {
+	return part{fmt.Sprintf("meta obrname %q", n), metaIs(expr.MetaKeyBRIOIFNAME, n)}
+}
+
+func ifnameIn(word string, key expr.MetaKey, set string) part {
+	return part{fmt.Sprintf("%s @%s", word, set), []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Lookup{SourceRegister: 1, SetName: set, SetID: portSetID},
+	}}
+}
+
+func ctStateEstablishedRelated() part {
+	// ct state is a host-endian bitmask; nft tests it as (state & mask) != 0.
+	return part{"ct state established,related", []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+			Xor:  binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+	}}
+}
+
+// dport matches a transport protocol and destination port. nft first
+// loads meta l4proto so the port is read from the right header in both
+// IPv4 and IPv6.
+func dport(proto string, port uint16) part {
+	num := byte(unix.IPPROTO_TCP)
+	if proto == "udp" {
+		num = unix.IPPROTO_UDP
+	}
+	return part{fmt.Sprintf("%s dport %d", proto, port), []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{num}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+	}}
+}
+
+// portSetID is the batch-local id of the port set when Apply creates it in
+// the same batch as the rules that look it up. Ids only need to be unique
+// within one batch; a fixed one keeps the recorded messages deterministic.
+const portSetID = 1
+
+// normPorts sorts and deduplicates port names.
+func normPorts(ports []string) []string {
+	out := slices.Clone(ports)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
