@@ -1,0 +1,472 @@
+package stack
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// Stamp keys written at mint (SPEC section 7). A box minted before a key
+// existed simply lacks it.
+const (
+	StampPrefix      = "user.box."
+	StampTemplate    = "user.box.template"
+	StampUser        = "user.box.user"
+	StampMinted      = "user.box.minted"
+	StampVersion     = "user.box.version"
+	StampImage       = "user.box.image"
+	StampFingerprint = "user.box.fingerprint"
+	StampType        = "user.box.type"
+	StampOrigin      = "user.box.origin"
+)
+
+// NotABoxError is returned for an instance that exists but that box did
+// not mint: every box verb refuses it.
+type NotABoxError struct {
+	Name   string
+	Reason string
+}
+
+func (e *NotABoxError) Error() string {
+	return fmt.Sprintf("%s is not a box: %s; box only touches instances it minted (manage it with incus directly)", e.Name, e.Reason)
+}
+
+// NoSuchBoxError is returned when no instance has the name.
+type NoSuchBoxError struct{ Name string }
+
+func (e *NoSuchBoxError) Error() string {
+	return fmt.Sprintf("no box named %s (box list shows yours)", e.Name)
+}
+
+// Box is a box as `box list` and `box info` show it.
+type Box struct {
+	Name       string            `json:"name"`
+	Status     string            `json:"status"`
+	Type       string            `json:"type"`
+	Generation string            `json:"generation"` // current or legacy tag
+	Created    time.Time         `json:"created"`
+	Stamps     map[string]string `json:"stamps"`
+	Profiles   []string          `json:"profiles"`
+}
+
+// isBox reports whether an instance carries either ownership tag, and which.
+func isBox(i *incus.Instance) (string, bool) {
+	switch {
+	case i.Config[Current.Tag] == "1":
+		return Current.Name, true
+	case i.Config[Legacy.Tag] == "1":
+		return Legacy.Name, true
+	}
+	return "", false
+}
+
+func boxOf(i *incus.Instance, gen string) Box {
+	b := Box{Name: i.Name, Status: i.Status, Type: i.Type, Generation: gen, Created: i.CreatedAt, Stamps: map[string]string{}, Profiles: i.Profiles}
+	for k, v := range i.Config {
+		if strings.HasPrefix(k, StampPrefix) {
+			b.Stamps[k] = v
+		}
+	}
+	return b
+}
+
+// boxFilter is the one server-side filter for both tags.
+var boxFilter = fmt.Sprintf("config.%s eq 1 or config.%s eq 1", Current.Tag, Legacy.Tag)
+
+// Boxes lists every box, of either tag, in one request.
+func (host *Host) Boxes(ctx context.Context) ([]Box, error) {
+	insts, err := host.Incus.InstancesWhere(ctx, boxFilter)
+	if err != nil {
+		return nil, fmt.Errorf("listing boxes: %w", err)
+	}
+	out := []Box{}
+	for i := range insts {
+		// The filter is the server's; the tag check is ours.
+		if gen, ok := isBox(&insts[i]); ok {
+			out = append(out, boxOf(&insts[i], gen))
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
+	return out, nil
+}
+
+// resolve finds a box by name through the tag: every operation on a named
+// box goes through here first.
+func (host *Host) resolve(ctx context.Context, name string) (*incus.Instance, string, error) {
+	inst, etag, err := host.Incus.Instance(ctx, name)
+	if incus.IsNotFound(err) {
+		return nil, "", &NoSuchBoxError{Name: name}
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("looking up %s: %w", name, err)
+	}
+	if _, ok := isBox(inst); !ok {
+		return nil, "", &NotABoxError{Name: name, Reason: fmt.Sprintf("it has no %s=1 tag", Current.Tag)}
+	}
+	return inst, etag, nil
+}
+
+// Info returns one box.
+func (host *Host) Info(ctx context.Context, name string) (*Box, error) {
+	inst, _, err := host.resolve(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	gen, _ := isBox(inst)
+	b := boxOf(inst, gen)
+	return &b, nil
+}
+
+// MintRequest describes a new box.
+type MintRequest struct {
+	Name  string
+	Image string // alias or fingerprint
+	// VM makes a virtual machine instead of a container.
+	VM bool
+	// CPU, Memory and Disk are Incus limits (e.g. "2", "4GiB", "20GiB");
+	// empty leaves the default.
+	CPU, Memory, Disk string
+	// UserData is cloud-init user-data.
+	UserData string
+	// Stamps are extra stamp keys (template, user, version).
+	Stamps map[string]string
+}
+
+// Mint creates and starts a box on the isolation stack: the box-net
+// profile only, the ownership tag and the stamps.
+func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
+	if req.Name == "" || req.Image == "" {
+		return nil, errors.New("minting a box needs a name and an image")
+	}
+	if _, _, err := host.Incus.Instance(ctx, req.Name); err == nil {
+		return nil, fmt.Errorf("minting %s: an instance of that name already exists: pick another --name", req.Name)
+	} else if !incus.IsNotFound(err) {
+		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
+	}
+	fp, err := host.resolveImage(ctx, req.Image)
+	if err != nil {
+		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
+	}
+	typ := "container"
+	if req.VM {
+		typ = "virtual-machine"
+	}
+	cfg := map[string]string{Current.Tag: "1"}
+	maps.Copy(cfg, req.Stamps)
+	cfg[StampMinted] = time.Now().UTC().Format(time.RFC3339)
+	cfg[StampImage] = req.Image
+	cfg[StampFingerprint] = fp
+	cfg[StampType] = typ
+	cfg[StampOrigin] = "image " + req.Image
+	if req.CPU != "" {
+		cfg["limits.cpu"] = req.CPU
+	}
+	if req.Memory != "" {
+		cfg["limits.memory"] = req.Memory
+	}
+	if req.UserData != "" {
+		cfg["cloud-init.user-data"] = req.UserData
+	}
+	devices := map[string]map[string]string{}
+	if req.Disk != "" {
+		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.pool(), "size": req.Disk}
+	}
+	err = host.Incus.CreateInstance(ctx, incus.InstancesPost{
+		Name: req.Name, Type: typ, Config: cfg, Devices: devices,
+		Profiles: []string{Current.Profile},
+		Source:   incus.InstanceSource{Type: "image", Fingerprint: fp},
+		Start:    true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
+	}
+	if err := host.refreshPorts(ctx); err != nil {
+		return nil, fmt.Errorf("minted %s, but isolating its bridge port failed: %w (run box doctor --fix)", req.Name, err)
+	}
+	return host.Info(ctx, req.Name)
+}
+
+func (host *Host) pool() string {
+	if host.Options.Pool != "" {
+		return host.Options.Pool
+	}
+	return "default"
+}
+
+// resolveImage turns an alias (or a fingerprint) into a fingerprint.
+func (host *Host) resolveImage(ctx context.Context, image string) (string, error) {
+	a, err := host.Incus.ImageAlias(ctx, image)
+	if err == nil {
+		return a.Target, nil
+	}
+	if !incus.IsNotFound(err) {
+		return "", fmt.Errorf("resolving image %s: %w", image, err)
+	}
+	img, err := host.Incus.Image(ctx, image)
+	if err != nil {
+		if incus.IsNotFound(err) {
+			return "", fmt.Errorf("no image %s here (no image server is reachable: import one, see --image / BOX_IMAGE)", image)
+		}
+		return "", fmt.Errorf("resolving image %s: %w", image, err)
+	}
+	return img.Fingerprint, nil
+}
+
+// CloneResult says how a clone came to be.
+type CloneResult struct {
+	Box *Box `json:"box"`
+	// SourceStopped is set when the source had to be stopped for the copy
+	// (a host that cannot freeze containers cannot copy a running one).
+	SourceStopped bool `json:"source_stopped"`
+}
+
+// Clone copies a box (or one of its snapshots) into a new box with a fresh
+// MAC address and machine identity, re-stamped with its own coming into
+// being and its lineage, and starts it.
+func (host *Host) Clone(ctx context.Context, src, snap, name string) (*CloneResult, error) {
+	inst, _, err := host.resolve(ctx, src)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := host.Incus.Instance(ctx, name); err == nil {
+		return nil, fmt.Errorf("cloning %s: an instance named %s already exists: pick another --name", src, name)
+	}
+	source := src
+	if snap != "" {
+		source = src + "/" + snap
+	}
+	res := &CloneResult{}
+	copyReq := incus.InstancesPost{Name: name, Type: inst.Type, Source: incus.InstanceSource{Type: "copy", Source: source}}
+	err = host.Incus.CreateInstance(ctx, copyReq)
+	if err != nil && snap == "" && inst.Status == "Running" && strings.Contains(err.Error(), "freezing") {
+		// This host cannot freeze a running container to copy it
+		// consistently: stop the source for the copy and start it again.
+		if serr := host.Incus.SetInstanceState(ctx, src, "stop", 60*time.Second, false); serr != nil {
+			return nil, fmt.Errorf("cloning %s: %w; stopping it for a cold copy: %v", src, err, serr)
+		}
+		res.SourceStopped = true
+		err = host.Incus.CreateInstance(ctx, copyReq)
+		if serr := host.Incus.SetInstanceState(context.WithoutCancel(ctx), src, "start", 0, false); serr != nil {
+			err = errors.Join(err, fmt.Errorf("restarting %s after the copy: %w", src, serr))
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cloning %s into %s: %w", source, name, err)
+	}
+
+	// A fresh identity before the first boot: no inherited MAC, a new
+	// machine-id (a shared one means one DHCP lease for two boxes).
+	clone, etag, err := host.Incus.Instance(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	put := clone.Writable()
+	for k := range put.Config {
+		if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".hwaddr") {
+			delete(put.Config, k)
+		}
+	}
+	put.Config[Current.Tag] = "1"
+	put.Config[StampMinted] = time.Now().UTC().Format(time.RFC3339)
+	put.Config[StampOrigin] = "clone of " + source
+	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
+		return nil, fmt.Errorf("re-stamping clone %s: %w", name, err)
+	}
+	id := make([]byte, 16)
+	if _, err := rand.Read(id); err != nil {
+		return nil, err
+	}
+	mid := hex.EncodeToString(id) + "\n"
+	if clone.Type == "container" {
+		if err := host.Incus.PushFile(ctx, name, "/etc/machine-id", strings.NewReader(mid), 0o444, 0, 0); err != nil {
+			return nil, fmt.Errorf("giving clone %s a machine-id: %w", name, err)
+		}
+	}
+	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
+		return nil, fmt.Errorf("starting clone %s: %w", name, err)
+	}
+	if err := host.refreshPorts(ctx); err != nil {
+		return nil, fmt.Errorf("cloned %s, but isolating its bridge port failed: %w (run box doctor --fix)", name, err)
+	}
+	res.Box, err = host.Info(ctx, name)
+	return res, err
+}
+
+// Snapshot takes a snapshot; an empty label gets a time-stamped name.
+func (host *Host) Snapshot(ctx context.Context, name, label string) (string, error) {
+	if _, _, err := host.resolve(ctx, name); err != nil {
+		return "", err
+	}
+	if label == "" {
+		label = "snap-" + time.Now().UTC().Format("20060102-150405")
+	}
+	if err := host.Incus.CreateSnapshot(ctx, name, label); err != nil {
+		if strings.Contains(err.Error(), "freezing") {
+			return "", fmt.Errorf("snapshotting %s: this host cannot freeze a running container: stop it first (box down %s)", name, name)
+		}
+		return "", fmt.Errorf("snapshotting %s: %w", name, err)
+	}
+	return label, nil
+}
+
+// Snapshots lists a box's snapshots.
+func (host *Host) Snapshots(ctx context.Context, name string) ([]incus.Snapshot, error) {
+	if _, _, err := host.resolve(ctx, name); err != nil {
+		return nil, err
+	}
+	return host.Incus.Snapshots(ctx, name)
+}
+
+// Restore rolls a box back to a snapshot.
+func (host *Host) Restore(ctx context.Context, name, snap string) error {
+	if _, _, err := host.resolve(ctx, name); err != nil {
+		return err
+	}
+	if err := host.Incus.RestoreSnapshot(ctx, name, snap); err != nil {
+		return fmt.Errorf("restoring %s to %s: %w", name, snap, err)
+	}
+	return host.refreshPorts(ctx)
+}
+
+// Start starts a box.
+func (host *Host) Start(ctx context.Context, name string) error {
+	if _, _, err := host.resolve(ctx, name); err != nil {
+		return err
+	}
+	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
+		return fmt.Errorf("starting %s: %w", name, err)
+	}
+	return host.refreshPorts(ctx)
+}
+
+// Stop stops a box, cleanly within a minute or at once with force.
+func (host *Host) Stop(ctx context.Context, name string, force bool) error {
+	if _, _, err := host.resolve(ctx, name); err != nil {
+		return err
+	}
+	if err := host.Incus.SetInstanceState(ctx, name, "stop", time.Minute, force); err != nil {
+		return fmt.Errorf("stopping %s: %w", name, err)
+	}
+	return nil
+}
+
+// Remove deletes a box with its snapshots, stopping it first.
+func (host *Host) Remove(ctx context.Context, name string) error {
+	if _, _, err := host.resolve(ctx, name); err != nil {
+		return err
+	}
+	return host.removeInstance(ctx, name)
+}
+
+func (host *Host) removeInstance(ctx context.Context, name string) error {
+	st, err := host.Incus.InstanceState(ctx, name)
+	if err != nil {
+		return fmt.Errorf("removing %s: %w", name, err)
+	}
+	if st.Status != "Stopped" {
+		if err := host.Incus.SetInstanceState(ctx, name, "stop", 0, true); err != nil {
+			return fmt.Errorf("stopping %s to remove it: %w", name, err)
+		}
+	}
+	if err := host.Incus.DeleteInstance(ctx, name); err != nil {
+		return fmt.Errorf("removing %s: %w", name, err)
+	}
+	return nil
+}
+
+// Rename renames a stopped box; a running one is refused with the fix.
+func (host *Host) Rename(ctx context.Context, name, newName string) error {
+	inst, _, err := host.resolve(ctx, name)
+	if err != nil {
+		return err
+	}
+	if inst.Status != "Stopped" {
+		return fmt.Errorf("%s is %s: stop it first (box down %s), then rename it", name, strings.ToLower(inst.Status), name)
+	}
+	if err := host.Incus.RenameInstance(ctx, name, newName); err != nil {
+		return fmt.Errorf("renaming %s: %w", name, err)
+	}
+	return nil
+}
+
+// WaitAddress waits until a box has an IPv4 address on the stack's subnet,
+// read from Incus's view of its interfaces (whatever they are named).
+func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Duration) (netip.Addr, error) {
+	net, _, err := host.Incus.Network(ctx, Current.Network)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("reading network %s: %w", Current.Network, err)
+	}
+	p, err := netip.ParsePrefix(net.Config["ipv4.address"])
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("network %s has no usable ipv4.address", Current.Network)
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for {
+		if st, err := host.Incus.InstanceState(ctx, name); err == nil {
+			for _, nic := range st.Network {
+				for _, a := range nic.Addresses {
+					if ip, err := netip.ParseAddr(a.Address); err == nil && p.Masked().Contains(ip) {
+						return ip, nil
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return netip.Addr{}, fmt.Errorf("%s has no address on %s after %s: is dnsmasq serving %s? (box doctor)", name, p.Masked(), limit, Current.Network)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// refreshPorts isolates every port of the bridge and, where the kernel has
+// no nft bridge meta, refreshes the bridge drop's port set: a box's port
+// name is only known once it has started.
+func (host *Host) refreshPorts(ctx context.Context) error {
+	g, err := host.ground()
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	ports, err := g.bridgePorts(Current.Network)
+	if err != nil {
+		return err
+	}
+	for _, p := range ports {
+		if p.Isolated {
+			continue
+		}
+		if l, err := g.h.LinkByName(p.Name); err == nil {
+			if err := g.h.LinkSetIsolated(l, true); err != nil {
+				return fmt.Errorf("isolating bridge port %s: %w", p.Name, err)
+			}
+		}
+	}
+	ncfg := g.nftConfig(Current)
+	inet, bridge, err := nft.Present(ncfg)
+	if err != nil || !inet || !bridge {
+		return err // no tables: nothing to refresh (doctor reports it)
+	}
+	_, err = nft.SetPorts(ncfg, portNames(ports))
+	return err
+}
+
+// names lists boxes' names, for messages.
+func names(bs []Box) []string {
+	out := make([]string, len(bs))
+	for i, b := range bs {
+		out[i] = b.Name
+	}
+	return out
+}

@@ -1,0 +1,198 @@
+// Package stack is the single source of truth for box's isolated network
+// and for how boxes live on it. It knows the desired state as data
+// (Desired), converges a host to it (Ensure), compares a live host with it
+// from ground truth (Verify), removes it (Teardown), moves boxes off the
+// legacy generation (Migrate), and runs the box lifecycle behind the
+// ownership boundary (Boxes). It knows nothing about probes: proving the
+// isolation holds is the drill's job.
+//
+// The isolation layers (SPEC section 3):
+//
+//	L-NAT       bridge boxnet, ipv4.nat, a /24 nobody else claims
+//	L-DNS       dns.mode=none, upstream resolvers pinned in dnsmasq
+//	L-V6        ipv6.address=none, ipv6.nat=false
+//	L-ACL       network ACL box-isolate: private ranges dropped, ingress dropped
+//	L-HOSTFW    nft table inet box: from boxnet only DNS, DHCP and replies
+//	L-PORTISO   security.port_isolation on the box-net profile's NIC
+//	L-BRIDGEDROP nft table bridge box: no frame between two boxnet ports
+//
+// Everything acts on a Host: an Incus client and the network namespace
+// incusd lives in (the machine's own on a real host, the hermetic world's
+// host namespace in tests).
+package stack
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// Generation names one generation of the stack's objects.
+type Generation struct {
+	Name     string // "current" or "legacy"
+	Network  string
+	Profile  string
+	ACL      string
+	Tag      string // the ownership config key, set to "1"
+	NFTTable string // "" when the generation had no nft tables of ours
+}
+
+// The two generations. The legacy one is recognised, migrated and torn
+// down; its tag is honoured forever.
+var (
+	Current = Generation{Name: "current", Network: "boxnet", Profile: "box-net", ACL: "box-isolate", Tag: "user.box", NFTTable: "box"}
+	Legacy  = Generation{Name: "legacy", Network: "claudenet", Profile: "claude-dev", ACL: "claude-isolate", Tag: "user.claudebox"}
+)
+
+// Subnets.
+var (
+	DefaultSubnet = netip.MustParsePrefix("10.88.0.0/24")
+	// Auto-picked subnets run from 10.89.0.0/24 to 10.127.0.0/24.
+	firstAuto = 89
+	lastAuto  = 127
+)
+
+// DefaultDNS are the upstream resolvers dnsmasq forwards to when BOX_DNS
+// does not say otherwise: public ones, so no split-horizon or LAN name ever
+// resolves inside a box.
+var DefaultDNS = []netip.Addr{netip.MustParseAddr("1.1.1.1"), netip.MustParseAddr("9.9.9.9")}
+
+// PrivateRanges are what a box may never reach (L-ACL).
+var PrivateRanges = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("100.64.0.0/10"),
+	netip.MustParsePrefix("169.254.0.0/16"),
+}
+
+// Options are the operator's choices; the zero value is the default stack.
+type Options struct {
+	// Subnet pins the bridge's /24 (BOX_SUBNET); honoured or refused.
+	Subnet netip.Prefix
+	// DNS pins the upstream resolvers (BOX_DNS).
+	DNS []netip.Addr
+	// Pool is the storage pool of the profile's root disk.
+	Pool string
+}
+
+// OptionsFromEnv reads BOX_SUBNET and BOX_DNS (comma or space separated).
+func OptionsFromEnv(getenv func(string) string) (Options, error) {
+	var o Options
+	if s := strings.TrimSpace(getenv("BOX_SUBNET")); s != "" {
+		p, err := netip.ParsePrefix(s)
+		if err != nil || !p.Addr().Is4() || p.Bits() != 24 || p.Masked() != p {
+			return o, fmt.Errorf("BOX_SUBNET=%q is not an IPv4 /24 such as 10.88.0.0/24", s)
+		}
+		o.Subnet = p
+	}
+	if s := strings.TrimSpace(getenv("BOX_DNS")); s != "" {
+		for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' }) {
+			a, err := netip.ParseAddr(f)
+			if err != nil {
+				return o, fmt.Errorf("BOX_DNS: %q is not an IP address", f)
+			}
+			o.DNS = append(o.DNS, a)
+		}
+	}
+	o.Pool = strings.TrimSpace(getenv("BOX_POOL"))
+	return o, nil
+}
+
+// Desired is the whole isolation stack as data.
+type Desired struct {
+	Gen     Generation
+	Subnet  netip.Prefix // the bridge's /24
+	Gateway netip.Addr   // the bridge's own address (.1)
+	DNS     []netip.Addr
+	Pool    string
+
+	Network incus.NetworksPost
+	ACL     incus.NetworkACL
+	Profile incus.Profile
+}
+
+// BuildDesired makes the desired stack for a chosen subnet.
+func BuildDesired(subnet netip.Prefix, opts Options) Desired {
+	gw := subnet.Masked().Addr().Next()
+	dns := opts.DNS
+	if len(dns) == 0 {
+		dns = DefaultDNS
+	}
+	pool := opts.Pool
+	if pool == "" {
+		pool = "default"
+	}
+	g := Current
+	d := Desired{Gen: g, Subnet: subnet.Masked(), Gateway: gw, DNS: dns, Pool: pool}
+
+	var raw strings.Builder
+	raw.WriteString("no-resolv\n")
+	for _, a := range dns {
+		fmt.Fprintf(&raw, "server=%s\n", a)
+	}
+	d.Network = incus.NetworksPost{
+		Name:        g.Network,
+		Type:        "bridge",
+		Description: "box: isolated NAT bridge (managed by box setup-host)",
+		Config: map[string]string{
+			"ipv4.address":                         netip.PrefixFrom(gw, subnet.Bits()).String(),
+			"ipv4.nat":                             "true",
+			"ipv6.address":                         "none",
+			"ipv6.nat":                             "false",
+			"dns.mode":                             "none",
+			"raw.dnsmasq":                          raw.String(),
+			"security.acls":                        g.ACL,
+			"security.acls.default.egress.action":  "allow",
+			"security.acls.default.ingress.action": "drop",
+		},
+	}
+
+	acl := incus.NetworkACL{Name: g.ACL, Description: "box: boxes reach the internet and nothing private"}
+	// Incus orders every drop before every allow (SPEC 7c), so this allow
+	// cannot open a hole in 10/8; DNS and DHCP to the gateway pass through
+	// Incus's own input accepts. It documents intent and covers a gateway
+	// outside the private ranges.
+	for _, proto := range []string{"udp", "tcp"} {
+		acl.Egress = append(acl.Egress, incus.ACLRule{
+			Action: "allow", Protocol: proto, Destination: gw.String() + "/32", DestinationPort: "53",
+			Description: "DNS to the gateway", State: "enabled",
+		})
+	}
+	for _, p := range PrivateRanges {
+		acl.Egress = append(acl.Egress, incus.ACLRule{
+			Action: "drop", Destination: p.String(), Description: "private range", State: "enabled",
+		})
+	}
+	d.ACL = acl
+
+	d.Profile = incus.Profile{
+		Name:        g.Profile,
+		Description: "box: the NIC on boxnet with port isolation, and the root disk; nothing else",
+		Config:      map[string]string{},
+		Devices: map[string]map[string]string{
+			"eth0": {"type": "nic", "network": g.Network, "name": "eth0", "security.port_isolation": "true"},
+			"root": {"type": "disk", "path": "/", "pool": pool},
+		},
+	}
+	return d
+}
+
+// aclRulesEqual compares rules as Incus stores them (it fills State).
+func aclRulesEqual(a, b []incus.ACLRule) bool {
+	norm := func(rs []incus.ACLRule) []string {
+		out := make([]string, len(rs))
+		for i, r := range rs {
+			if r.State == "" {
+				r.State = "enabled"
+			}
+			r.Description = ""
+			out[i] = fmt.Sprintf("%+v", r)
+		}
+		return out
+	}
+	return slices.Equal(norm(a), norm(b))
+}

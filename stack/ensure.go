@@ -1,0 +1,348 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// Change is one thing Ensure (or Teardown) did to the host.
+type Change struct {
+	Object string `json:"object"` // e.g. "network boxnet"
+	Action string `json:"action"` // created, updated, removed
+	Detail string `json:"detail,omitempty"`
+}
+
+func (c Change) String() string {
+	if c.Detail == "" {
+		return c.Action + " " + c.Object
+	}
+	return c.Action + " " + c.Object + ": " + c.Detail
+}
+
+// Report is what Ensure did.
+type Report struct {
+	Subnet     SubnetChoice   `json:"subnet"`
+	Gateway    netip.Addr     `json:"gateway"`
+	BridgeMode nft.BridgeMode `json:"bridge_mode"`
+	Changes    []Change       `json:"changes"`
+	// Notes are things the operator should know that are not changes
+	// (an auto-picked subnet, no systemd to re-apply rules at boot).
+	Notes []string `json:"notes"`
+}
+
+// undo is a step to back out if a later one fails.
+type undo struct {
+	what string
+	fn   func(context.Context) error
+}
+
+// Ensure converges the host to the desired stack. Each object it creates
+// or changes is reported; on a host that already matches, it changes
+// nothing and says so (an empty Changes). If a step fails, what this run
+// created is removed again and what it changed is put back.
+func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
+	g, err := host.ground()
+	if err != nil {
+		return nil, err
+	}
+	defer g.close()
+	c := host.Incus
+	rep = &Report{Changes: []Change{}, Notes: []string{}}
+
+	var undos []undo
+	defer func() {
+		if err == nil {
+			return
+		}
+		uctx := context.WithoutCancel(ctx)
+		for i := len(undos) - 1; i >= 0; i-- {
+			if uerr := undos[i].fn(uctx); uerr != nil {
+				err = errors.Join(err, fmt.Errorf("backing out (%s): %w", undos[i].what, uerr))
+			}
+		}
+	}()
+	changed := func(obj, action, detail string) { rep.Changes = append(rep.Changes, Change{obj, action, detail}) }
+
+	// The subnet: an existing bridge is converged on as it is.
+	gen := Current
+	net, netETag, err := c.Network(ctx, gen.Network)
+	if err != nil && !incus.IsNotFound(err) {
+		return nil, fmt.Errorf("reading network %s: %w", gen.Network, err)
+	}
+	if net != nil {
+		p, perr := netip.ParsePrefix(net.Config["ipv4.address"])
+		if perr != nil {
+			return nil, fmt.Errorf("network %s exists with ipv4.address=%q, which box cannot build on: remove it with `box teardown-host`", gen.Network, net.Config["ipv4.address"])
+		}
+		if pin := host.Options.Subnet; pin.IsValid() && pin != p.Masked() {
+			return nil, fmt.Errorf("network %s already exists on %s; BOX_SUBNET=%s would re-address it under live boxes: unset BOX_SUBNET, or `box teardown-host` first", gen.Network, p.Masked(), pin)
+		}
+		rep.Subnet = SubnetChoice{Subnet: p.Masked(), Reason: "existing " + gen.Network}
+	} else {
+		claims, err := g.claims(gen.Network)
+		if err != nil {
+			return nil, err
+		}
+		rep.Subnet, err = PickSubnet(host.Options.Subnet, claims)
+		if err != nil {
+			return nil, err
+		}
+		if rep.Subnet.Auto {
+			rep.Notes = append(rep.Notes, "NOTE: "+rep.Subnet.Reason)
+		}
+	}
+	d := BuildDesired(rep.Subnet.Subnet, host.Options)
+	rep.Gateway = d.Gateway
+
+	// The ACL first: the network refers to it.
+	acl, aclETag, err := c.NetworkACL(ctx, d.ACL.Name)
+	switch {
+	case incus.IsNotFound(err):
+		if err := c.CreateNetworkACL(ctx, d.ACL); err != nil {
+			return rep, fmt.Errorf("creating ACL %s: %w", d.ACL.Name, err)
+		}
+		changed("acl "+d.ACL.Name, "created", "")
+		undos = append(undos, undo{"delete acl", func(ctx context.Context) error { return c.DeleteNetworkACL(ctx, d.ACL.Name) }})
+	case err != nil:
+		return rep, fmt.Errorf("reading ACL %s: %w", d.ACL.Name, err)
+	case !aclRulesEqual(acl.Egress, d.ACL.Egress) || !aclRulesEqual(acl.Ingress, d.ACL.Ingress):
+		old := *acl
+		if err := c.UpdateNetworkACL(ctx, d.ACL.Name, d.ACL, aclETag); err != nil {
+			return rep, fmt.Errorf("updating ACL %s: %w", d.ACL.Name, err)
+		}
+		changed("acl "+d.ACL.Name, "updated", "rules differed")
+		undos = append(undos, undo{"restore acl", func(ctx context.Context) error { return c.UpdateNetworkACL(ctx, old.Name, old, "") }})
+	}
+
+	// The bridge.
+	if net == nil {
+		if err := c.CreateNetwork(ctx, d.Network); err != nil {
+			return rep, fmt.Errorf("creating network %s on %s: %w", d.Network.Name, d.Subnet, err)
+		}
+		changed("network "+d.Network.Name, "created", d.Subnet.String())
+		undos = append(undos, undo{"delete network", func(ctx context.Context) error { return c.DeleteNetwork(ctx, d.Network.Name) }})
+	} else if diff := configDiff(net.Config, d.Network.Config); len(diff) > 0 {
+		old := incus.NetworkPut{Description: net.Description, Config: maps.Clone(net.Config)}
+		cfg := maps.Clone(net.Config)
+		maps.Copy(cfg, d.Network.Config)
+		if err := c.UpdateNetwork(ctx, d.Network.Name, incus.NetworkPut{Description: d.Network.Description, Config: cfg}, netETag); err != nil {
+			return rep, fmt.Errorf("updating network %s: %w", d.Network.Name, err)
+		}
+		changed("network "+d.Network.Name, "updated", strings.Join(diff, ", "))
+		undos = append(undos, undo{"restore network", func(ctx context.Context) error { return c.UpdateNetwork(ctx, d.Network.Name, old, "") }})
+	}
+
+	// IPv6 must be off on the bridge in fact, not only in its config.
+	if disabled, ok, err := g.ipv6Disabled(d.Network.Name); err != nil {
+		return rep, fmt.Errorf("reading IPv6 state of %s: %w", d.Network.Name, err)
+	} else if ok && !disabled {
+		if err := g.disableIPv6(d.Network.Name); err != nil {
+			return rep, fmt.Errorf("turning IPv6 off on %s: %w", d.Network.Name, err)
+		}
+		changed("bridge "+d.Network.Name, "updated", "IPv6 turned off (disable_ipv6=1)")
+	}
+	v6, err := g.globalV6(d.Network.Name)
+	if err != nil {
+		return rep, fmt.Errorf("reading IPv6 addresses of %s: %w", d.Network.Name, err)
+	}
+	if len(v6) > 0 {
+		br, err := g.h.LinkByName(d.Network.Name)
+		if err != nil {
+			return rep, err
+		}
+		for _, a := range v6 {
+			if err := g.h.AddrDel(br, &a); err != nil {
+				return rep, fmt.Errorf("removing IPv6 address %s from %s: %w", a.IPNet, d.Network.Name, err)
+			}
+			changed("bridge "+d.Network.Name, "updated", "removed IPv6 address "+a.IPNet.String())
+		}
+	}
+
+	// The profile: exactly the NIC and the root disk.
+	prof, profETag, err := c.Profile(ctx, d.Profile.Name)
+	switch {
+	case incus.IsNotFound(err):
+		if err := c.CreateProfile(ctx, d.Profile); err != nil {
+			return rep, fmt.Errorf("creating profile %s: %w", d.Profile.Name, err)
+		}
+		changed("profile "+d.Profile.Name, "created", "")
+		undos = append(undos, undo{"delete profile", func(ctx context.Context) error { return c.DeleteProfile(ctx, d.Profile.Name) }})
+	case err != nil:
+		return rep, fmt.Errorf("reading profile %s: %w", d.Profile.Name, err)
+	default:
+		if diff := profileDiff(prof, d.Profile); len(diff) > 0 {
+			old := *prof
+			if err := c.UpdateProfile(ctx, d.Profile.Name, d.Profile, profETag); err != nil {
+				return rep, fmt.Errorf("updating profile %s: %w", d.Profile.Name, err)
+			}
+			changed("profile "+d.Profile.Name, "updated", strings.Join(diff, ", "))
+			undos = append(undos, undo{"restore profile", func(ctx context.Context) error { return c.UpdateProfile(ctx, old.Name, old, "") }})
+		}
+	}
+
+	// Live ports: every port of the bridge isolated, whatever attached it.
+	ports, err := g.bridgePorts(d.Network.Name)
+	if err != nil {
+		return rep, err
+	}
+	for _, p := range ports {
+		if p.Isolated {
+			continue
+		}
+		l, err := g.h.LinkByName(p.Name)
+		if err == nil {
+			err = g.h.LinkSetIsolated(l, true)
+		}
+		if err != nil {
+			return rep, fmt.Errorf("isolating bridge port %s: %w", p.Name, err)
+		}
+		changed("bridge port "+p.Name, "updated", "isolated on")
+	}
+
+	// The nft tables.
+	ncfg := g.nftConfig(gen)
+	caps, err := nft.Probe(ncfg)
+	if err != nil {
+		return rep, fmt.Errorf("probing nftables: %w", err)
+	}
+	inetBefore, bridgeBefore, err := nft.Present(ncfg)
+	if err != nil {
+		return rep, fmt.Errorf("reading nft tables: %w", err)
+	}
+	applied, err := nft.Apply(ncfg, caps, portNames(ports))
+	if err != nil {
+		return rep, fmt.Errorf("applying nft tables: %w", err)
+	}
+	for _, a := range applied {
+		changed("nft", "updated", a)
+	}
+	if len(applied) > 0 && !inetBefore && !bridgeBefore {
+		undos = append(undos, undo{"delete nft tables", func(context.Context) error { _, err := nft.Delete(ncfg); return err }})
+	}
+	rep.BridgeMode = nft.Desired(ncfg, caps).Mode
+	if rep.BridgeMode != nft.ModeBridgeMeta {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("this kernel has no nft bridge meta (%s): the bridge drop matches a set of %s's ports, refreshed whenever box starts a box; `box doctor` reports a stale set", caps.Detail, d.Network.Name))
+	}
+
+	// dnsmasq restarts when the bridge's DNS settings change: wait for it,
+	// and believe the process, not the network's status.
+	if err := waitDnsmasq(ctx, g, d.Network.Name, 15*time.Second); err != nil {
+		return rep, err
+	}
+
+	note, ch, err := host.ensureBootUnit()
+	if err != nil {
+		return rep, err
+	}
+	if note != "" {
+		rep.Notes = append(rep.Notes, note)
+	}
+	if ch != nil {
+		rep.Changes = append(rep.Changes, *ch)
+	}
+	return rep, nil
+}
+
+func waitDnsmasq(ctx context.Context, g *ground, bridge string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for g.dnsmasqFor(bridge) == 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no dnsmasq serves %s after %s although Incus has the network: restart incusd, then run `box doctor`", bridge, limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// configDiff names the desired keys whose live value differs.
+func configDiff(live, want map[string]string) []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		if live[k] != want[k] {
+			out = append(out, fmt.Sprintf("%s=%q (was %q)", k, want[k], live[k]))
+		}
+	}
+	return out
+}
+
+// profileDiff names how a live profile differs from the desired one: a
+// device missing, changed or extra, or config present.
+func profileDiff(live *incus.Profile, want incus.Profile) []string {
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(want.Devices)) {
+		if d := configDiff(live.Devices[name], want.Devices[name]); len(d) > 0 {
+			out = append(out, "device "+name+": "+strings.Join(d, ", "))
+		} else if len(live.Devices[name]) != len(want.Devices[name]) {
+			out = append(out, "device "+name+" has extra keys")
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(live.Devices)) {
+		if _, ok := want.Devices[name]; !ok {
+			out = append(out, "extra device "+name)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(live.Config)) {
+		out = append(out, "extra config "+k)
+	}
+	return out
+}
+
+// bootUnit re-applies the firewall part of the stack at boot.
+const bootUnit = `[Unit]
+Description=box: re-apply the isolation firewall (nft tables inet box, bridge box)
+After=network-pre.target incus.service
+Wants=network-pre.target
+
+[Service]
+Type=oneshot
+ExecStart=%s setup-host --firewall-only
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// BootUnitName is the systemd unit Ensure installs on systemd hosts.
+const BootUnitName = "box-firewall.service"
+
+// ensureBootUnit writes the boot unit where systemd is, and says what
+// happens where it is not.
+func (host *Host) ensureBootUnit() (string, *Change, error) {
+	if host.BootUnitDir == "" {
+		return "no boot unit here: the nft tables are not re-applied at boot; run `box setup-host` after a reboot", nil, nil
+	}
+	if _, err := os.Stat("/run/systemd/system"); err != nil {
+		return "no systemd on this host: the nft tables are not re-applied at boot; run `box setup-host` from your init system after each boot", nil, nil
+	}
+	path := filepath.Join(host.BootUnitDir, BootUnitName)
+	want := fmt.Sprintf(bootUnit, host.Exe)
+	if b, err := os.ReadFile(path); err == nil && string(b) == want {
+		return "", nil, nil
+	}
+	if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
+		return "", nil, fmt.Errorf("writing %s: %w", path, err)
+	}
+	link := filepath.Join(host.BootUnitDir, "multi-user.target.wants", BootUnitName)
+	if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+		return "", nil, err
+	}
+	os.Remove(link)
+	if err := os.Symlink(path, link); err != nil {
+		return "", nil, fmt.Errorf("enabling %s: %w", BootUnitName, err)
+	}
+	return "", &Change{Object: "unit " + BootUnitName, Action: "created", Detail: "re-applies the nft tables at boot"}, nil
+}

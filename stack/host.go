@@ -1,0 +1,302 @@
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// Host is where the stack lives: an incusd and the network namespace its
+// bridges are in.
+type Host struct {
+	Incus *incus.Client
+	// NetNS names the network namespace incusd runs in (as `ip netns`
+	// knows it); empty means this process's own, as on a real host.
+	NetNS string
+	// Options are the operator's choices (BOX_SUBNET, BOX_DNS, BOX_POOL).
+	Options Options
+	// BootUnitDir is where the systemd unit that re-applies the firewall at
+	// boot is written; empty disables it (the hermetic world has no
+	// systemd, and its host namespace does not survive a reboot anyway).
+	BootUnitDir string
+	// Exe is the box binary the boot unit runs.
+	Exe string
+}
+
+// ground opens netlink (and nftables) inside the host's namespace.
+type ground struct {
+	h    *netlink.Handle
+	ns   netns.NsHandle // -1 for the current namespace
+	ino  uint64         // the namespace's inode, to match processes
+	host *Host
+}
+
+func (host *Host) ground() (*ground, error) {
+	g := &ground{ns: -1, host: host}
+	path := "/proc/self/ns/net"
+	if host.NetNS != "" {
+		ns, err := netns.GetFromName(host.NetNS)
+		if err != nil {
+			return nil, fmt.Errorf("opening network namespace %s: %w", host.NetNS, err)
+		}
+		g.ns = ns
+		path = "/run/netns/" + host.NetNS
+		if g.h, err = netlink.NewHandleAt(ns); err != nil {
+			ns.Close()
+			return nil, fmt.Errorf("netlink in %s: %w", host.NetNS, err)
+		}
+	} else {
+		var err error
+		if g.h, err = netlink.NewHandle(); err != nil {
+			return nil, fmt.Errorf("netlink: %w", err)
+		}
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		g.close()
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	g.ino = st.Ino
+	return g, nil
+}
+
+func (g *ground) close() {
+	if g.h != nil {
+		g.h.Close()
+	}
+	if g.ns >= 0 {
+		g.ns.Close()
+	}
+}
+
+// nftConfig addresses one generation's tables in the host's namespace.
+func (g *ground) nftConfig(gen Generation) nft.Config {
+	return nft.Config{Table: gen.NFTTable, Bridge: gen.Network, NetNS: int(g.ns)}
+}
+
+// claims lists what already uses addresses in the host's namespace: every
+// route, every local address and the default gateways. Links named in skip
+// (the stack's own bridge) are left out.
+func (g *ground) claims(skip string) ([]Claim, error) {
+	links, err := g.h.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("listing links: %w", err)
+	}
+	names := map[int]string{}
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	routes, err := g.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: syscall.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("listing routes: %w", err)
+	}
+	var out []Claim
+	for _, r := range routes {
+		dev := names[r.LinkIndex]
+		if dev == skip && skip != "" {
+			continue
+		}
+		if r.Dst != nil {
+			if p, ok := prefixOf(r.Dst); ok && p.Bits() > 0 && !p.Addr().IsLoopback() {
+				out = append(out, Claim{Prefix: p, What: fmt.Sprintf("route %s dev %s", p, dev)})
+			}
+		}
+		if r.Gw != nil && (r.Dst == nil || r.Dst.IP.IsUnspecified()) {
+			if a, ok := netip.AddrFromSlice(r.Gw.To4()); ok {
+				out = append(out, Claim{Prefix: netip.PrefixFrom(a, 32), What: fmt.Sprintf("default gateway %s dev %s (is this running inside a box?)", a, dev)})
+			}
+		}
+	}
+	for _, l := range links {
+		if l.Attrs().Name == skip && skip != "" {
+			continue
+		}
+		addrs, err := g.h.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if p, ok := prefixOf(a.IPNet); ok && !p.Addr().IsLoopback() {
+				out = append(out, Claim{Prefix: p.Masked(), What: fmt.Sprintf("address %s on %s", p, l.Attrs().Name)})
+			}
+		}
+	}
+	return out, nil
+}
+
+func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
+	a, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	a = a.Unmap()
+	return netip.PrefixFrom(a, ones), true
+}
+
+// Port is one port of a bridge, as the kernel has it.
+type Port struct {
+	Name     string
+	Isolated bool
+}
+
+// bridgePorts lists a bridge's ports with their isolated flag.
+func (g *ground) bridgePorts(bridge string) ([]Port, error) {
+	br, err := g.h.LinkByName(bridge)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("finding bridge %s: %w", bridge, err)
+	}
+	links, err := g.h.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("listing links: %w", err)
+	}
+	var ports []Port
+	for _, l := range links {
+		if l.Attrs().MasterIndex != br.Attrs().Index {
+			continue
+		}
+		pi, err := g.h.LinkGetProtinfo(l)
+		if err != nil {
+			return nil, fmt.Errorf("reading bridge port flags of %s: %w", l.Attrs().Name, err)
+		}
+		ports = append(ports, Port{Name: l.Attrs().Name, Isolated: pi.Isolated})
+	}
+	return ports, nil
+}
+
+func portNames(ports []Port) []string {
+	out := make([]string, len(ports))
+	for i, p := range ports {
+		out[i] = p.Name
+	}
+	return out
+}
+
+// linkAddrs lists a link's addresses of a family; a missing link has none.
+func (g *ground) linkAddrs(name string, family int) ([]netlink.Addr, error) {
+	l, err := g.h.LinkByName(name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return g.h.AddrList(l, family)
+}
+
+// globalV6 lists the IPv6 addresses on a link that are not link-local.
+func (g *ground) globalV6(name string) ([]netlink.Addr, error) {
+	addrs, err := g.linkAddrs(name, netlink.FAMILY_V6)
+	if err != nil {
+		return nil, err
+	}
+	var out []netlink.Addr
+	for _, a := range addrs {
+		if !a.IP.IsLinkLocalUnicast() {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+// gatewayHolders names the links other than the bridge that hold gw.
+func (g *ground) gatewayHolders(bridge string, gw netip.Addr) ([]string, error) {
+	links, err := g.h.LinkList()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, l := range links {
+		if l.Attrs().Name == bridge {
+			continue
+		}
+		addrs, _ := g.h.AddrList(l, netlink.FAMILY_V4)
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && ip == gw {
+				out = append(out, l.Attrs().Name)
+			}
+		}
+	}
+	return out, nil
+}
+
+// dnsmasqFor finds the dnsmasq process serving the bridge in the host's
+// namespace: Incus can report a network Created while none runs (after an
+// unclean daemon death), so the process is the ground truth.
+func (g *ground) dnsmasqFor(bridge string) int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !strings.Contains(string(b), "dnsmasq") {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if len(args) == 0 || !strings.HasSuffix(args[0], "dnsmasq") {
+			continue
+		}
+		serving := false
+		for _, a := range args {
+			if a == "--interface="+bridge || a == "-i"+bridge {
+				serving = true
+			}
+		}
+		if !serving {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Stat("/proc/"+e.Name()+"/ns/net", &st) == nil && st.Ino == g.ino {
+			return pid
+		}
+	}
+	return 0
+}
+
+// ipv6Disabled reads the bridge's disable_ipv6 sysctl in the host's
+// namespace; ok is false when the bridge has no such entry.
+func (g *ground) ipv6Disabled(bridge string) (disabled, ok bool, err error) {
+	path := "/proc/sys/net/ipv6/conf/" + bridge + "/disable_ipv6"
+	err = nsrun.Do(g.host.NetNS, func() error {
+		b, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		ok = true
+		disabled = strings.TrimSpace(string(b)) == "1"
+		return nil
+	})
+	return disabled, ok, err
+}
+
+// disableIPv6 turns IPv6 off on the bridge's own interface.
+func (g *ground) disableIPv6(bridge string) error {
+	return nsrun.Do(g.host.NetNS, func() error {
+		return os.WriteFile("/proc/sys/net/ipv6/conf/"+bridge+"/disable_ipv6", []byte("1"), 0o644)
+	})
+}

@@ -1,0 +1,368 @@
+package stack_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/box-isolation/box/fixtures/image"
+	"github.com/box-isolation/box/fixtures/world"
+	"github.com/box-isolation/box/internal/testenv"
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// The system tier runs against the hermetic world's incusd and host
+// namespace. Each test starts from a bare stack and leaves one.
+
+func worldHost(t *testing.T) (context.Context, *stack.Host, *world.State) {
+	t.Helper()
+	st, c := testenv.Incus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	_, err := image.Ensure(ctx, c, image.DefaultAlias, image.Options{})
+	require.NoError(t, err)
+	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: stack.Options{DNS: []netip.Addr{world.Resolver}}}
+	bare := func() {
+		_, err := h.Teardown(context.Background(), true)
+		require.NoError(t, err, "tearing the stack down")
+	}
+	bare()
+	t.Cleanup(bare)
+	return ctx, h, st
+}
+
+func uniq(t *testing.T, prefix string) string {
+	t.Helper()
+	b := make([]byte, 3)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return prefix + hex.EncodeToString(b)
+}
+
+func hostNetlink(t *testing.T, st *world.State) *netlink.Handle {
+	t.Helper()
+	ns, err := netns.GetFromName(st.Names.HostNS)
+	require.NoError(t, err)
+	t.Cleanup(func() { ns.Close() })
+	h, err := netlink.NewHandleAt(ns)
+	require.NoError(t, err)
+	t.Cleanup(h.Close)
+	return h
+}
+
+func nftIn(t *testing.T, st *world.State) (*nftables.Conn, nft.Config) {
+	t.Helper()
+	ns, err := netns.GetFromName(st.Names.HostNS)
+	require.NoError(t, err)
+	t.Cleanup(func() { ns.Close() })
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	require.NoError(t, err)
+	return conn, nft.Config{Table: "box", Bridge: "boxnet", NetNS: int(ns)}
+}
+
+func objects(t *testing.T, ctx context.Context, c *incus.Client) []string {
+	t.Helper()
+	var out []string
+	for _, gen := range []stack.Generation{stack.Current, stack.Legacy} {
+		if _, _, err := c.Network(ctx, gen.Network); err == nil {
+			out = append(out, "network "+gen.Network)
+		}
+		if _, _, err := c.Profile(ctx, gen.Profile); err == nil {
+			out = append(out, "profile "+gen.Profile)
+		}
+		if _, _, err := c.NetworkACL(ctx, gen.ACL); err == nil {
+			out = append(out, "acl "+gen.ACL)
+		}
+	}
+	return out
+}
+
+func TestSystemEnsureVerifyTeardown(t *testing.T) {
+	ctx, h, st := worldHost(t)
+	_, ncfg := nftIn(t, st)
+
+	rep, err := h.Ensure(ctx)
+	require.NoError(t, err)
+	var objs []string
+	for _, c := range rep.Changes {
+		objs = append(objs, c.String())
+	}
+	joined := strings.Join(objs, "\n")
+	for _, want := range []string{"created acl box-isolate", "created network boxnet", "created profile box-net"} {
+		assert.Contains(t, joined, want)
+	}
+	assert.Contains(t, joined, "nft", "the nft tables were applied")
+	assert.Equal(t, "10.88.0.0/24", rep.Subnet.Subnet.String())
+	t.Logf("first ensure: %d changes, bridge mode %s, notes %v", len(rep.Changes), rep.BridgeMode, rep.Notes)
+
+	again, err := h.Ensure(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, again.Changes, "a second Ensure changes nothing")
+
+	v, err := h.Verify(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, v.Findings)
+	assert.NotZero(t, v.DnsmasqPID, "a dnsmasq process serves boxnet")
+
+	changes, err := h.Teardown(ctx, false)
+	require.NoError(t, err)
+	assert.NotEmpty(t, changes)
+	assert.Empty(t, objects(t, ctx, h.Incus), "no object of either generation is left in Incus")
+	inet, bridge, err := nft.Present(ncfg)
+	require.NoError(t, err)
+	assert.False(t, inet || bridge, "no nft table is left")
+	changes, err = h.Teardown(ctx, false)
+	require.NoError(t, err)
+	assert.Empty(t, changes, "a second teardown is a no-op")
+}
+
+func TestSystemDriftIsFoundAndHealed(t *testing.T) {
+	ctx, h, st := worldHost(t)
+	_, err := h.Ensure(ctx)
+	require.NoError(t, err)
+	box := uniq(t, "t-drift-")
+	_, err = h.Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
+	require.NoError(t, err)
+	_, err = h.WaitAddress(ctx, box, 30*time.Second)
+	require.NoError(t, err)
+
+	// Four drifts, one per layer.
+	conn, _ := nftIn(t, st)
+	conn.DelTable(&nftables.Table{Family: nftables.TableFamilyBridge, Name: "box"})
+	require.NoError(t, conn.Flush(), "deleting the bridge drop table")
+
+	p, etag, err := h.Incus.Profile(ctx, "box-net")
+	require.NoError(t, err)
+	p.Devices["eth0"]["security.port_isolation"] = "false"
+	require.NoError(t, h.Incus.UpdateProfile(ctx, "box-net", *p, etag))
+
+	n, etag, err := h.Incus.Network(ctx, "boxnet")
+	require.NoError(t, err)
+	n.Config["dns.mode"] = "managed"
+	require.NoError(t, h.Incus.UpdateNetwork(ctx, "boxnet", incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
+
+	nl := hostNetlink(t, st)
+	br, err := nl.LinkByName("boxnet")
+	require.NoError(t, err)
+	require.NoError(t, world.Do(st.Names.HostNS, func() error {
+		return os.WriteFile("/proc/sys/net/ipv6/conf/boxnet/disable_ipv6", []byte("0"), 0o644)
+	}))
+	v6 := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("2001:db8:b0::1"), Mask: net.CIDRMask(64, 128)}}
+	require.NoError(t, nl.AddrAdd(br, v6))
+
+	v, err := h.Verify(ctx)
+	require.NoError(t, err)
+	layers := map[string]bool{}
+	for _, f := range v.Findings {
+		layers[f.Layer] = true
+		assert.NotEmpty(t, f.Fix, "finding %s names its fix", f)
+		t.Logf("finding: %s", f)
+	}
+	for _, l := range []string{"L-BRIDGEDROP", "L-PORTISO", "L-DNS", "L-V6"} {
+		assert.True(t, layers[l], "Verify names the %s drift", l)
+	}
+
+	rep, err := h.Ensure(ctx)
+	require.NoError(t, err)
+	var changed []string
+	for _, c := range rep.Changes {
+		changed = append(changed, c.String())
+	}
+	all := strings.Join(changed, "\n")
+	t.Logf("repairs:\n%s", all)
+	// Incus rebuilds the bridge when dns.mode changes, which may itself
+	// take the stray address away; what matters is that it is gone.
+	for _, want := range []string{"security.port_isolation", "dns.mode", "bridge box"} {
+		assert.Contains(t, all, want)
+	}
+	addrs, err := nl.AddrList(br, netlink.FAMILY_V6)
+	require.NoError(t, err)
+	for _, a := range addrs {
+		assert.False(t, a.IP.Equal(v6.IP), "the IPv6 address is still on boxnet")
+	}
+	v, err = h.Verify(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, v.Findings, "clean after the repair")
+}
+
+func TestSystemSubnetChoice(t *testing.T) {
+	ctx, h, st := worldHost(t)
+	nl := hostNetlink(t, st)
+	// Something in the world claims 10.88.0.0/24: a connected route.
+	// (A veth pair: this kernel has no dummy links.)
+	claimer := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "bxclaim"}, PeerName: "bxclaim-p"}
+	require.NoError(t, nl.LinkAdd(claimer))
+	t.Cleanup(func() { nl.LinkDel(claimer) }) //nolint:errcheck
+	require.NoError(t, nl.AddrAdd(claimer, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("10.88.0.200").To4(), Mask: net.CIDRMask(24, 32)}}))
+	require.NoError(t, nl.LinkSetUp(claimer))
+
+	rep, err := h.Ensure(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "10.89.0.0/24", rep.Subnet.Subnet.String())
+	assert.True(t, rep.Subnet.Auto)
+	assert.Contains(t, strings.Join(rep.Notes, "\n"), "10.88.0.0/24 is claimed by", "the pick is announced")
+	_, err = h.Teardown(ctx, false)
+	require.NoError(t, err)
+
+	pinned := *h
+	pinned.Options.Subnet = netip.MustParsePrefix("10.88.0.0/24")
+	_, err = pinned.Ensure(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "BOX_SUBNET=10.88.0.0/24 is already claimed by")
+	assert.Contains(t, err.Error(), "bxclaim")
+	assert.Empty(t, objects(t, ctx, h.Incus), "a refused Ensure creates nothing")
+}
+
+func TestSystemBoundary(t *testing.T) {
+	ctx, h, _ := worldHost(t)
+	_, err := h.Ensure(ctx)
+	require.NoError(t, err)
+	name := uniq(t, "t-stranger-")
+	require.NoError(t, h.Incus.CreateInstance(ctx, incus.InstancesPost{
+		Name: name, Type: "container", Start: true, Profiles: []string{"box-net"},
+		Config: map[string]string{"user.other": "1"},
+		Source: incus.InstanceSource{Type: "image", Alias: image.DefaultAlias},
+	}))
+	t.Cleanup(func() {
+		h.Incus.SetInstanceState(context.Background(), name, "stop", 0, true) //nolint:errcheck
+		h.Incus.DeleteInstance(context.Background(), name)                    //nolint:errcheck
+	})
+	before, _, err := h.Incus.Instance(ctx, name)
+	require.NoError(t, err)
+
+	ops := []struct {
+		name string
+		call func() error
+	}{
+		{"stop", func() error { return h.Stop(ctx, name, true) }},
+		{"start", func() error { return h.Start(ctx, name) }},
+		{"rename", func() error { return h.Rename(ctx, name, name+"-x") }},
+		{"snapshot", func() error { _, err := h.Snapshot(ctx, name, "s"); return err }},
+		{"restore", func() error { return h.Restore(ctx, name, "s") }},
+		{"remove", func() error { return h.Remove(ctx, name) }},
+		{"clone", func() error { _, err := h.Clone(ctx, name, "", name+"-c"); return err }},
+		{"migrate", func() error { _, err := h.Migrate(ctx, stack.MigrateRequest{Box: name}); return err }},
+	}
+	for _, op := range ops {
+		err := op.call()
+		var nab *stack.NotABoxError
+		assert.True(t, errors.As(err, &nab), "%s: %v", op.name, err)
+		if err != nil {
+			assert.Contains(t, err.Error(), "no user.box=1 tag", op.name)
+		}
+	}
+	after, _, err := h.Incus.Instance(ctx, name)
+	require.NoError(t, err)
+	assert.Equal(t, "Running", after.Status, "still running")
+	assert.Equal(t, before.Config, after.Config, "config untouched")
+	snaps, err := h.Incus.Snapshots(ctx, name)
+	require.NoError(t, err)
+	assert.Empty(t, snaps)
+	boxes, err := h.Boxes(ctx)
+	require.NoError(t, err)
+	for _, b := range boxes {
+		assert.NotEqual(t, name, b.Name, "an untagged instance is never listed as a box")
+	}
+}
+
+func TestSystemCloneGetsItsOwnIdentity(t *testing.T) {
+	ctx, h, _ := worldHost(t)
+	_, err := h.Ensure(ctx)
+	require.NoError(t, err)
+	src, dst := uniq(t, "t-src-"), uniq(t, "t-clone-")
+	_, err = h.Mint(ctx, stack.MintRequest{Name: src, Image: image.DefaultAlias, Stamps: map[string]string{stack.StampTemplate: "blank"}})
+	require.NoError(t, err)
+	srcIP, err := h.WaitAddress(ctx, src, 30*time.Second)
+	require.NoError(t, err)
+
+	res, err := h.Clone(ctx, src, "", dst)
+	require.NoError(t, err)
+	t.Logf("clone of a running box: source stopped for the copy: %v", res.SourceStopped)
+	dstIP, err := h.WaitAddress(ctx, dst, 30*time.Second)
+	require.NoError(t, err)
+	srcIP, err = h.WaitAddress(ctx, src, 30*time.Second) // it may have restarted
+	require.NoError(t, err)
+	assert.NotEqual(t, srcIP, dstIP, "two boxes, one IP breaks everything")
+
+	a, _, err := h.Incus.Instance(ctx, src)
+	require.NoError(t, err)
+	b, _, err := h.Incus.Instance(ctx, dst)
+	require.NoError(t, err)
+	assert.NotEqual(t, a.Config["volatile.eth0.hwaddr"], b.Config["volatile.eth0.hwaddr"])
+	assert.NotEmpty(t, b.Config["volatile.eth0.hwaddr"])
+	ma, err := h.Incus.PullFile(ctx, src, "/etc/machine-id")
+	require.NoError(t, err)
+	mb, err := h.Incus.PullFile(ctx, dst, "/etc/machine-id")
+	require.NoError(t, err)
+	assert.NotEqual(t, strings.TrimSpace(string(ma)), strings.TrimSpace(string(mb)))
+	assert.Len(t, strings.TrimSpace(string(mb)), 32)
+
+	info, err := h.Info(ctx, dst)
+	require.NoError(t, err)
+	assert.Equal(t, "clone of "+src, info.Stamps[stack.StampOrigin])
+	assert.Equal(t, "blank", info.Stamps[stack.StampTemplate], "lineage kept")
+	assert.NotEqual(t, a.Config[stack.StampMinted], "", "source stamped")
+}
+
+func TestSystemMigrateLegacyBox(t *testing.T) {
+	ctx, h, _ := worldHost(t)
+	c := h.Incus
+	// A legacy stack and a legacy box on it.
+	require.NoError(t, c.CreateNetwork(ctx, incus.NetworksPost{Name: "claudenet", Type: "bridge", Config: map[string]string{
+		"ipv4.address": "10.87.0.1/24", "ipv4.nat": "true", "ipv6.address": "none",
+	}}))
+	require.NoError(t, c.CreateProfile(ctx, incus.Profile{Name: "claude-dev", Devices: map[string]map[string]string{
+		"eth0": {"type": "nic", "network": "claudenet", "name": "eth0"},
+		"root": {"type": "disk", "path": "/", "pool": "default"},
+	}}))
+	name := uniq(t, "t-legacy-")
+	require.NoError(t, c.CreateInstance(ctx, incus.InstancesPost{
+		Name: name, Type: "container", Start: true, Profiles: []string{"claude-dev"},
+		Config: map[string]string{"user.claudebox": "1"},
+		Source: incus.InstanceSource{Type: "image", Alias: image.DefaultAlias},
+	}))
+	require.NoError(t, c.PushFile(ctx, name, "/root/keep", strings.NewReader("written before the move\n"), 0o600, 0, 0))
+
+	boxes, err := h.Boxes(ctx)
+	require.NoError(t, err)
+	require.Len(t, boxes, 1)
+	assert.Equal(t, "legacy", boxes[0].Generation)
+
+	changes, err := h.Migrate(ctx, stack.MigrateRequest{AllBoxes: true})
+	require.NoError(t, err)
+	require.Len(t, changes, 1)
+
+	inst, _, err := c.Instance(ctx, name)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"box-net"}, inst.Profiles)
+	assert.Equal(t, "1", inst.Config["user.box"])
+	assert.Equal(t, "1", inst.Config["user.claudebox"], "the legacy tag is honoured, not removed")
+	got, err := c.PullFile(ctx, name, "/root/keep")
+	require.NoError(t, err)
+	assert.Equal(t, "written before the move\n", string(got))
+	ip, err := h.WaitAddress(ctx, name, 30*time.Second)
+	require.NoError(t, err)
+	assert.True(t, netip.MustParsePrefix("10.88.0.0/24").Contains(ip), "a boxnet address: %s", ip)
+
+	changes, err = h.Migrate(ctx, stack.MigrateRequest{RetireLegacy: true})
+	require.NoError(t, err)
+	assert.Len(t, changes, 2, "profile and network retired: %v", changes)
+	for _, o := range objects(t, ctx, c) {
+		assert.NotContains(t, o, "claude", "legacy object left: %s", o)
+	}
+}

@@ -1,0 +1,113 @@
+package stack
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func claim(p, what string) Claim { return Claim{Prefix: netip.MustParsePrefix(p), What: what} }
+
+func TestPickSubnet(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		pin     string
+		claims  []Claim
+		want    string
+		auto    bool
+		wantErr string
+	}{
+		{name: "free default", want: "10.88.0.0/24"},
+		{name: "default route claims nothing", claims: []Claim{claim("0.0.0.0/0", "default route")}, want: "10.88.0.0/24"},
+		{name: "connected route on the default", claims: []Claim{claim("10.88.0.0/24", "route dev eth1")}, want: "10.89.0.0/24", auto: true},
+		{name: "a wider route covering it", claims: []Claim{claim("10.88.0.0/15", "route dev vpn0")}, want: "10.90.0.0/24", auto: true},
+		{name: "the host's own gateway inside it (running in a box)", claims: []Claim{claim("10.88.0.1/32", "default gateway")}, want: "10.89.0.0/24", auto: true},
+		{name: "a local address inside it", claims: []Claim{claim("10.88.0.0/24", "address 10.88.0.7/24 on eth0"), claim("10.89.0.0/24", "x")}, want: "10.90.0.0/24", auto: true},
+		{name: "pinned and free", pin: "10.100.0.0/24", claims: []Claim{claim("10.88.0.0/24", "x")}, want: "10.100.0.0/24"},
+		{name: "pinned and claimed is refused", pin: "10.88.0.0/24", claims: []Claim{claim("10.88.0.0/16", "route 10.88.0.0/16 dev eth1")}, wantErr: "BOX_SUBNET=10.88.0.0/24 is already claimed by route 10.88.0.0/16 dev eth1"},
+		{name: "everything claimed", claims: []Claim{claim("10.64.0.0/10", "route big")}, wantErr: "no free /24"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var pin netip.Prefix
+			if tc.pin != "" {
+				pin = netip.MustParsePrefix(tc.pin)
+			}
+			got, err := PickSubnet(pin, tc.claims)
+			if tc.wantErr != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got.Subnet.String())
+			assert.Equal(t, tc.auto, got.Auto)
+			if tc.auto {
+				assert.Contains(t, got.Reason, "is claimed by", "an auto pick says why")
+			}
+		})
+	}
+}
+
+func TestOptionsFromEnv(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	o, err := OptionsFromEnv(env(map[string]string{"BOX_SUBNET": "10.99.0.0/24", "BOX_DNS": "203.0.113.53, 9.9.9.9"}))
+	require.NoError(t, err)
+	assert.Equal(t, "10.99.0.0/24", o.Subnet.String())
+	assert.Equal(t, []netip.Addr{netip.MustParseAddr("203.0.113.53"), netip.MustParseAddr("9.9.9.9")}, o.DNS)
+	for _, bad := range []string{"10.99.0.0/16", "10.99.0.5/24", "fd00::/64", "nonsense"} {
+		_, err := OptionsFromEnv(env(map[string]string{"BOX_SUBNET": bad}))
+		assert.Error(t, err, bad)
+	}
+	_, err = OptionsFromEnv(env(map[string]string{"BOX_DNS": "resolver.example"}))
+	assert.Error(t, err)
+}
+
+func TestDesiredStack(t *testing.T) {
+	d := BuildDesired(netip.MustParsePrefix("10.88.0.0/24"), Options{DNS: []netip.Addr{netip.MustParseAddr("203.0.113.53")}})
+	assert.Equal(t, "10.88.0.1", d.Gateway.String())
+	c := d.Network.Config
+	assert.Equal(t, "10.88.0.1/24", c["ipv4.address"])
+	assert.Equal(t, "true", c["ipv4.nat"])
+	assert.Equal(t, "none", c["ipv6.address"], "L-V6")
+	assert.Equal(t, "false", c["ipv6.nat"], "L-V6")
+	assert.Equal(t, "none", c["dns.mode"], "L-DNS: no per-instance records")
+	assert.Equal(t, "no-resolv\nserver=203.0.113.53\n", c["raw.dnsmasq"], "L-DNS: upstream pinned")
+	assert.Equal(t, "box-isolate", c["security.acls"])
+	assert.Equal(t, "drop", c["security.acls.default.ingress.action"])
+	assert.Equal(t, "allow", c["security.acls.default.egress.action"])
+
+	var drops []string
+	for _, r := range d.ACL.Egress {
+		if r.Action == "drop" {
+			drops = append(drops, r.Destination)
+		}
+	}
+	assert.Equal(t, []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"}, drops)
+
+	// The profile is the NIC with port isolation and the root disk, nothing
+	// else: no security.* key but the NIC's isolation, no other device.
+	assert.Len(t, d.Profile.Devices, 2)
+	assert.Equal(t, "true", d.Profile.Devices["eth0"]["security.port_isolation"])
+	assert.Equal(t, "boxnet", d.Profile.Devices["eth0"]["network"])
+	assert.Equal(t, "/", d.Profile.Devices["root"]["path"])
+	assert.Empty(t, d.Profile.Config)
+}
+
+func TestProfileDiffNamesEveryDrift(t *testing.T) {
+	d := BuildDesired(DefaultSubnet, Options{})
+	live := d.Profile
+	live.Devices = map[string]map[string]string{
+		"eth0": {"type": "nic", "network": "boxnet", "name": "eth0", "security.port_isolation": "false"},
+		"root": d.Profile.Devices["root"],
+		"gpu":  {"type": "gpu"},
+	}
+	live.Config = map[string]string{"security.privileged": "true"}
+	diff := strings.Join(profileDiff(&live, d.Profile), "; ")
+	assert.Contains(t, diff, "security.port_isolation")
+	assert.Contains(t, diff, "extra device gpu")
+	assert.Contains(t, diff, "extra config security.privileged")
+	assert.Empty(t, profileDiff(&d.Profile, d.Profile))
+}

@@ -1,0 +1,96 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// Teardown removes both generations of the stack: profiles, bridges, ACLs,
+// nft tables and the boot unit. While boxes of either tag exist it refuses
+// and names them, unless removeBoxes is set, in which case they are
+// deleted (with their snapshots) first. A second Teardown finds nothing and
+// changes nothing.
+func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, error) {
+	boxes, err := host.Boxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	changes := []Change{}
+	if len(boxes) > 0 {
+		if !removeBoxes {
+			return nil, fmt.Errorf("%d boxes still exist (%s): remove them with `box rm`, or pass --force to delete them with the stack", len(boxes), strings.Join(names(boxes), ", "))
+		}
+		for _, b := range boxes {
+			if err := host.removeInstance(ctx, b.Name); err != nil {
+				return changes, err
+			}
+			changes = append(changes, Change{Object: "box " + b.Name, Action: "removed"})
+		}
+	}
+
+	g, err := host.ground()
+	if err != nil {
+		return changes, err
+	}
+	defer g.close()
+	var errs []error
+	for _, gen := range []Generation{Current, Legacy} {
+		removed, err := host.removeObjects(ctx, gen)
+		changes = append(changes, removed...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if gen.NFTTable != "" {
+			removed, err := nft.Delete(g.nftConfig(gen))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("removing nft tables: %w", err))
+			}
+			for _, r := range removed {
+				changes = append(changes, Change{Object: "nft " + r, Action: "removed"})
+			}
+		}
+	}
+	if host.BootUnitDir != "" {
+		unit := filepath.Join(host.BootUnitDir, BootUnitName)
+		os.Remove(filepath.Join(host.BootUnitDir, "multi-user.target.wants", BootUnitName))
+		if err := os.Remove(unit); err == nil {
+			changes = append(changes, Change{Object: "unit " + BootUnitName, Action: "removed"})
+		} else if !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return changes, errors.Join(errs...)
+}
+
+// removeObjects deletes a generation's Incus objects: the profile before
+// the network (it refers to it), the network before the ACL (it uses it).
+// Objects already gone are skipped.
+func (host *Host) removeObjects(ctx context.Context, gen Generation) ([]Change, error) {
+	c := host.Incus
+	changes := []Change{}
+	var errs []error
+	for _, s := range []struct {
+		kind, name string
+		del        func(context.Context, string) error
+	}{
+		{"profile", gen.Profile, c.DeleteProfile},
+		{"network", gen.Network, c.DeleteNetwork},
+		{"acl", gen.ACL, c.DeleteNetworkACL},
+	} {
+		err := s.del(ctx, s.name)
+		switch {
+		case err == nil:
+			changes = append(changes, Change{Object: s.kind + " " + s.name, Action: "removed"})
+		case !incus.IsNotFound(err):
+			errs = append(errs, fmt.Errorf("removing %s %s: %w (is something box did not mint still using it? `incus %s show %s` lists its users)", s.kind, s.name, err, s.kind, s.name))
+		}
+	}
+	return changes, errors.Join(errs...)
+}

@@ -1,0 +1,198 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// Finding is one way the live host differs from the desired stack.
+type Finding struct {
+	Layer   string `json:"layer"`   // L-NAT, L-DNS, L-V6, L-ACL, L-HOSTFW, L-PORTISO, L-BRIDGEDROP, stack
+	Object  string `json:"object"`  // what is wrong, e.g. "network boxnet"
+	Problem string `json:"problem"` // how
+	Fix     string `json:"fix"`     // the command that fixes it
+}
+
+func (f Finding) String() string {
+	return fmt.Sprintf("%s %s: %s (fix: %s)", f.Layer, f.Object, f.Problem, f.Fix)
+}
+
+// Verification is what Verify saw.
+type Verification struct {
+	Findings   []Finding      `json:"findings"`
+	Subnet     netip.Prefix   `json:"subnet,omitempty"`
+	Gateway    netip.Addr     `json:"gateway,omitempty"`
+	BridgeMode nft.BridgeMode `json:"bridge_mode,omitempty"`
+	DnsmasqPID int            `json:"dnsmasq_pid,omitempty"`
+	Ports      []Port         `json:"ports"`
+}
+
+// Clean reports whether nothing differs.
+func (v *Verification) Clean() bool { return len(v.Findings) == 0 }
+
+const fixEnsure = "box doctor --fix"
+
+// Verify compares the live host with the desired stack from ground truth:
+// Incus's objects, the kernel's nft ruleset, the bridge ports' isolated
+// flag, the dnsmasq process actually serving the bridge and who holds the
+// gateway address. It changes nothing.
+func (host *Host) Verify(ctx context.Context) (*Verification, error) {
+	g, err := host.ground()
+	if err != nil {
+		return nil, err
+	}
+	defer g.close()
+	c := host.Incus
+	v := &Verification{Findings: []Finding{}, Ports: []Port{}}
+	find := func(layer, obj, problem string) {
+		v.Findings = append(v.Findings, Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
+	}
+	gen := Current
+
+	net, _, err := c.Network(ctx, gen.Network)
+	if incus.IsNotFound(err) {
+		v.Findings = append(v.Findings, Finding{Layer: "L-NAT", Object: "network " + gen.Network, Problem: "missing: the isolation stack is not set up", Fix: "box setup-host"})
+		return v, host.verifyLegacy(ctx, v)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading network %s: %w", gen.Network, err)
+	}
+	p, err := netip.ParsePrefix(net.Config["ipv4.address"])
+	if err != nil {
+		find("L-NAT", "network "+gen.Network, fmt.Sprintf("ipv4.address=%q is not an address box can use", net.Config["ipv4.address"]))
+		return v, nil
+	}
+	d := BuildDesired(p.Masked(), host.Options)
+	v.Subnet, v.Gateway = d.Subnet, d.Gateway
+
+	layerOf := map[string]string{
+		"ipv4.address": "L-NAT", "ipv4.nat": "L-NAT", "dns.mode": "L-DNS", "raw.dnsmasq": "L-DNS",
+		"ipv6.address": "L-V6", "ipv6.nat": "L-V6", "security.acls": "L-ACL",
+		"security.acls.default.egress.action": "L-ACL", "security.acls.default.ingress.action": "L-ACL",
+	}
+	for k, want := range d.Network.Config {
+		if got := net.Config[k]; got != want {
+			find(layerOf[k], "network "+gen.Network, fmt.Sprintf("%s is %q, want %q", k, got, want))
+		}
+	}
+	if disabled, ok, err := g.ipv6Disabled(gen.Network); err != nil {
+		return nil, err
+	} else if ok && !disabled {
+		find("L-V6", "bridge "+gen.Network, "IPv6 is enabled on the bridge interface (disable_ipv6=0)")
+	}
+	v6, err := g.globalV6(gen.Network)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range v6 {
+		find("L-V6", "bridge "+gen.Network, "has IPv6 address "+a.IPNet.String())
+	}
+	holders, err := g.gatewayHolders(gen.Network, d.Gateway)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range holders {
+		v.Findings = append(v.Findings, Finding{Layer: "L-NAT", Object: "gateway " + d.Gateway.String(),
+			Problem: "also held by " + h, Fix: "remove " + d.Gateway.String() + " from " + h + " (ip addr del)"})
+	}
+	if v.DnsmasqPID = g.dnsmasqFor(gen.Network); v.DnsmasqPID == 0 {
+		v.Findings = append(v.Findings, Finding{Layer: "L-DNS", Object: "dnsmasq for " + gen.Network,
+			Problem: "no dnsmasq process serves the bridge (Incus may still say Created)", Fix: "restart incusd, then box doctor"})
+	}
+
+	acl, _, err := c.NetworkACL(ctx, gen.ACL)
+	switch {
+	case incus.IsNotFound(err):
+		find("L-ACL", "acl "+gen.ACL, "missing")
+	case err != nil:
+		return nil, fmt.Errorf("reading ACL %s: %w", gen.ACL, err)
+	case !aclRulesEqual(acl.Egress, d.ACL.Egress) || !aclRulesEqual(acl.Ingress, d.ACL.Ingress):
+		find("L-ACL", "acl "+gen.ACL, "rules differ from the desired ones")
+	}
+
+	prof, _, err := c.Profile(ctx, gen.Profile)
+	switch {
+	case incus.IsNotFound(err):
+		find("L-PORTISO", "profile "+gen.Profile, "missing")
+	case err != nil:
+		return nil, fmt.Errorf("reading profile %s: %w", gen.Profile, err)
+	default:
+		for _, diff := range profileDiff(prof, d.Profile) {
+			layer := "stack"
+			if strings.Contains(diff, "port_isolation") {
+				layer = "L-PORTISO"
+			}
+			find(layer, "profile "+gen.Profile, diff)
+		}
+	}
+
+	ports, err := g.bridgePorts(gen.Network)
+	if err != nil {
+		return nil, err
+	}
+	v.Ports = append(v.Ports, ports...)
+	for _, p := range ports {
+		if !p.Isolated {
+			find("L-PORTISO", "bridge port "+p.Name, "isolated is off")
+		}
+	}
+
+	ncfg := g.nftConfig(gen)
+	caps, err := nft.Probe(ncfg)
+	if err != nil {
+		return nil, fmt.Errorf("probing nftables: %w", err)
+	}
+	v.BridgeMode = nft.Desired(ncfg, caps).Mode
+	nf, err := nft.Verify(ncfg, caps, portNames(ports))
+	if err != nil {
+		return nil, fmt.Errorf("reading nft tables: %w", err)
+	}
+	for _, f := range nf {
+		layer := "L-HOSTFW"
+		if strings.HasPrefix(f.Object, "table bridge") || strings.Contains(f.Object, "set") {
+			layer = "L-BRIDGEDROP"
+		}
+		find(layer, "nft "+f.Object, f.Problem)
+	}
+	return v, host.verifyLegacy(ctx, v)
+}
+
+// verifyLegacy reports legacy objects still on the host.
+func (host *Host) verifyLegacy(ctx context.Context, v *Verification) error {
+	objs, err := host.legacyObjects(ctx)
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		v.Findings = append(v.Findings, Finding{Layer: "stack", Object: o, Problem: "legacy generation still present",
+			Fix: "box migrate-host --all-boxes, then box migrate-host --retire-legacy"})
+	}
+	return nil
+}
+
+// legacyObjects lists the legacy generation's objects that exist.
+func (host *Host) legacyObjects(ctx context.Context) ([]string, error) {
+	c := host.Incus
+	var out []string
+	if _, _, err := c.Profile(ctx, Legacy.Profile); err == nil {
+		out = append(out, "profile "+Legacy.Profile)
+	} else if !incus.IsNotFound(err) {
+		return nil, err
+	}
+	if _, _, err := c.Network(ctx, Legacy.Network); err == nil {
+		out = append(out, "network "+Legacy.Network)
+	} else if !incus.IsNotFound(err) {
+		return nil, err
+	}
+	if _, _, err := c.NetworkACL(ctx, Legacy.ACL); err == nil {
+		out = append(out, "acl "+Legacy.ACL)
+	} else if !incus.IsNotFound(err) {
+		return nil, err
+	}
+	return out, nil
+}
