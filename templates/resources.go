@@ -1,0 +1,139 @@
+package templates
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Resources are a box's limits, kept in the strings Incus takes
+// (limits.cpu, limits.memory, the root disk's size) so they round-trip into
+// instance config unchanged.
+type Resources struct {
+	CPU    string `yaml:"cpu" json:"cpu"`       // a positive whole number of CPUs
+	Memory string `yaml:"memory" json:"memory"` // a size like 4GiB or 512MiB
+	Disk   string `yaml:"disk" json:"disk"`     // a size like 20GiB or 20GB
+}
+
+// The floors are where cloud-init, apt and npm stop fitting; below them a
+// box would mint and then fail in a way that looks like a network problem.
+const (
+	minMemory = 128 << 20 // 128MiB
+	minDisk   = 1 << 30   // 1GiB
+)
+
+// Validate checks that every field is present and well formed.
+func (r Resources) Validate() error {
+	if _, err := ParseCPU(r.CPU); err != nil {
+		return err
+	}
+	if err := validSize("memory", r.Memory, minMemory); err != nil {
+		return err
+	}
+	return validSize("disk", r.Disk, minDisk)
+}
+
+// MergeResources merges a box's resources: the template's default,
+// overridden by BOX_CPU, BOX_MEMORY and BOX_DISK from env, overridden by
+// non-empty flags. Each value that wins is validated, and an error names where
+// it came from. (It cannot be called Resources: that is the type's name.)
+func MergeResources(t *Template, env func(string) string, flags Resources) (Resources, error) {
+	if t == nil {
+		return Resources{}, errors.New("resources: no template")
+	}
+	if env == nil {
+		env = func(string) string { return "" }
+	}
+	type layer struct {
+		v, from string
+	}
+	pick := func(def, envKey, flag, flagName string) layer {
+		l := layer{def, fmt.Sprintf("template %q", t.Name)}
+		// Whitespace around an environment value is a shell accident, not
+		// part of the value.
+		if v := strings.TrimSpace(env(envKey)); v != "" {
+			l = layer{v, envKey}
+		}
+		if flag != "" {
+			l = layer{flag, "--" + flagName}
+		}
+		return l
+	}
+	cpu := pick(t.Resources.CPU, "BOX_CPU", flags.CPU, "cpu")
+	mem := pick(t.Resources.Memory, "BOX_MEMORY", flags.Memory, "memory")
+	disk := pick(t.Resources.Disk, "BOX_DISK", flags.Disk, "disk")
+	if _, err := ParseCPU(cpu.v); err != nil {
+		return Resources{}, fmt.Errorf("%s: %w", cpu.from, err)
+	}
+	if err := validSize("memory", mem.v, minMemory); err != nil {
+		return Resources{}, fmt.Errorf("%s: %w", mem.from, err)
+	}
+	if err := validSize("disk", disk.v, minDisk); err != nil {
+		return Resources{}, fmt.Errorf("%s: %w", disk.from, err)
+	}
+	return Resources{CPU: cpu.v, Memory: mem.v, Disk: disk.v}, nil
+}
+
+// ParseCPU parses a CPU count: a positive whole number. Incus also takes CPU
+// ranges and pinning in limits.cpu; a box does not, so that boxes sharing a
+// host are not pinned onto the same cores by accident.
+func ParseCPU(s string) (int, error) {
+	if s == "" {
+		return 0, errors.New("cpu is missing")
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || strings.HasPrefix(s, "+") || strings.HasPrefix(s, "0") {
+		return 0, fmt.Errorf("cpu %q: want a positive whole number like 2", s)
+	}
+	return n, nil
+}
+
+var sizeRE = regexp.MustCompile(`^([1-9][0-9]*)(kB|MB|GB|TB|KiB|MiB|GiB|TiB)$`)
+
+var sizeUnits = map[string]uint64{
+	"kB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+	"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+}
+
+// ParseSize parses a size the way Incus writes one, like "4GiB", "512MiB" or
+// "20GB", into bytes. A bare number is refused: Incus reads it as bytes,
+// which is never what "memory: 4" meant.
+func ParseSize(s string) (uint64, error) {
+	m := sizeRE.FindStringSubmatch(s)
+	if m == nil {
+		return 0, fmt.Errorf("size %q: want a whole number and a unit (kB, MB, GB, TB, KiB, MiB, GiB, TiB), like 4GiB", s)
+	}
+	n, err := strconv.ParseUint(m[1], 10, 64)
+	unit := sizeUnits[m[2]]
+	if err != nil || n > math.MaxUint64/unit {
+		return 0, fmt.Errorf("size %q is too large", s)
+	}
+	return n * unit, nil
+}
+
+func validSize(what, s string, floor uint64) error {
+	if s == "" {
+		return fmt.Errorf("%s is missing", what)
+	}
+	n, err := ParseSize(s)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if n < floor {
+		return fmt.Errorf("%s %q is below the %s a box needs to provision", what, s, humanSize(floor))
+	}
+	return nil
+}
+
+func humanSize(n uint64) string {
+	switch {
+	case n%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}

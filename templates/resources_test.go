@@ -1,0 +1,120 @@
+package templates
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestMergeResourcesPrecedence(t *testing.T) {
+	tp := &Template{Name: "t", Resources: Resources{CPU: "2", Memory: "4GiB", Disk: "20GiB"}}
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		flags   Resources
+		want    Resources
+		wantErr string
+	}{
+		{name: "template default", want: Resources{"2", "4GiB", "20GiB"}},
+		{name: "env over template",
+			env:  map[string]string{"BOX_CPU": "4", "BOX_MEMORY": "8GiB", "BOX_DISK": "40GB"},
+			want: Resources{"4", "8GiB", "40GB"}},
+		{name: "flags over template",
+			flags: Resources{CPU: "6", Memory: "512MiB", Disk: "10GiB"},
+			want:  Resources{"6", "512MiB", "10GiB"}},
+		{name: "flags over env",
+			env:   map[string]string{"BOX_CPU": "4", "BOX_MEMORY": "8GiB", "BOX_DISK": "40GB"},
+			flags: Resources{CPU: "8", Memory: "16GiB", Disk: "80GiB"},
+			want:  Resources{"8", "16GiB", "80GiB"}},
+		{name: "each field on its own",
+			env:   map[string]string{"BOX_MEMORY": "8GiB"},
+			flags: Resources{Disk: "30GiB"},
+			want:  Resources{"2", "8GiB", "30GiB"}},
+		{name: "empty env and flags keep the default",
+			env:  map[string]string{"BOX_CPU": "", "BOX_MEMORY": "  "},
+			want: Resources{"2", "4GiB", "20GiB"}},
+		{name: "env whitespace trimmed",
+			env:  map[string]string{"BOX_CPU": " 3\n"},
+			want: Resources{"3", "4GiB", "20GiB"}},
+		{name: "bad env named",
+			env:     map[string]string{"BOX_MEMORY": "8G"},
+			wantErr: `BOX_MEMORY: memory: size "8G"`},
+		{name: "bad flag named",
+			flags:   Resources{CPU: "0"},
+			wantErr: `--cpu: cpu "0"`},
+		{name: "a bad flag is not rescued by a good env",
+			env:     map[string]string{"BOX_DISK": "40GiB"},
+			flags:   Resources{Disk: "20"},
+			wantErr: `--disk: disk: size "20"`},
+		{name: "a good flag hides a bad env",
+			env:   map[string]string{"BOX_DISK": "lots"},
+			flags: Resources{Disk: "40GiB"},
+			want:  Resources{"2", "4GiB", "40GiB"}},
+		{name: "too small named",
+			env:     map[string]string{"BOX_MEMORY": "64MiB"},
+			wantErr: "BOX_MEMORY: memory \"64MiB\" is below the 128MiB",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := MergeResources(tp, func(k string) string { return tc.env[k] }, tc.flags)
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestMergeResourcesBadTemplateDefault(t *testing.T) {
+	tp := &Template{Name: "t", Resources: Resources{CPU: "2", Memory: "4", Disk: "20GiB"}}
+	_, err := MergeResources(tp, nil, Resources{})
+	require.ErrorContains(t, err, `template "t": memory: size "4"`)
+
+	_, err = MergeResources(nil, nil, Resources{})
+	require.Error(t, err)
+}
+
+func TestParseSize(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want uint64
+		ok   bool
+	}{
+		{"4GiB", 4 << 30, true},
+		{"512MiB", 512 << 20, true},
+		{"20GB", 20e9, true},
+		{"1TiB", 1 << 40, true},
+		{"100kB", 100e3, true},
+		{"4", 0, false},
+		{"4G", 0, false},
+		{"4 GiB", 0, false},
+		{"0GiB", 0, false},
+		{"04GiB", 0, false},
+		{"-4GiB", 0, false},
+		{"1.5GiB", 0, false},
+		{"", 0, false},
+		{"20000000TiB", 0, false},
+	} {
+		got, err := ParseSize(tc.in)
+		if !tc.ok {
+			require.Error(t, err, "ParseSize(%q)", tc.in)
+			continue
+		}
+		require.NoError(t, err, "ParseSize(%q)", tc.in)
+		require.Equal(t, tc.want, got, "ParseSize(%q)", tc.in)
+	}
+}
+
+func TestParseCPU(t *testing.T) {
+	for in, want := range map[string]int{"1": 1, "16": 16} {
+		got, err := ParseCPU(in)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+	}
+	for _, in := range []string{"", "0", "-2", "+2", "02", "1.5", "0-3", "two"} {
+		_, err := ParseCPU(in)
+		require.Error(t, err, "ParseCPU(%q)", in)
+	}
+}
