@@ -32,8 +32,10 @@ if ! bin/drill world status >/dev/null 2>&1; then
 fi
 bin/drill world image >&2
 
+# One package at a time: the system tests of several packages share the
+# world's one incusd and its one boxnet.
 export BOX_REQUIRE_TIERS=1
-go test -count=1 -timeout 30m ./...
+go test -p 1 -count=1 -timeout 30m ./...
 if [ "$owned" = 0 ]; then
 	echo "test: the world was up before this run and is left up (bin/drill world down removes it)" >&2
 fi
