@@ -73,11 +73,7 @@ func worldUp(ctx context.Context, s stdio, args []string) int {
 	report(s, *asJSON, rep, func(w io.Writer) {
 		fmt.Fprintf(w, "world %s is up (%.2fs)\n", st.Name, time.Duration(rep.WorldNS).Seconds())
 		if rep.Image != nil {
-			verb := "already imported"
-			if rep.Image.Imported {
-				verb = "imported"
-			}
-			fmt.Fprintf(w, "image %s %s: %s (%.2fs)\n", rep.Image.Alias, verb, rep.Image.Fingerprint[:12], time.Duration(rep.ImageNS).Seconds())
+			fmt.Fprintf(w, "image %s %s: %s (%.2fs)\n", rep.Image.Alias, imageVerb(rep.Image), rep.Image.Fingerprint[:12], time.Duration(rep.ImageNS).Seconds())
 			fmt.Fprintf(w, "incus: INCUS_DIR=%s incus list\n", st.IncusDir)
 		}
 		fmt.Fprintf(w, "tear down with: drill world down\n")
@@ -157,11 +153,7 @@ func worldImage(ctx context.Context, s stdio, args []string) int {
 		return fail(s, err)
 	}
 	report(s, *asJSON, res, func(w io.Writer) {
-		if res.Imported {
-			fmt.Fprintf(w, "imported %s as %s\n", res.Fingerprint[:12], res.Alias)
-		} else {
-			fmt.Fprintf(w, "%s is already imported as %s; nothing to do\n", res.Fingerprint[:12], res.Alias)
-		}
+		fmt.Fprintf(w, "image %s %s: %s\n", res.Alias, imageVerb(res), res.Fingerprint[:12])
 	})
 	return exitOK
 }
@@ -202,4 +194,16 @@ func worldServe(ctx context.Context, s stdio, args []string) int {
 		return fail(s, err)
 	}
 	return exitOK
+}
+
+// imageVerb says what Ensure did to the probe image.
+func imageVerb(r *image.Result) string {
+	switch {
+	case r.Imported:
+		return "imported"
+	case r.AliasMoved:
+		return "already imported; alias moved to this build"
+	default:
+		return "already imported; nothing to do"
+	}
 }
