@@ -26,14 +26,18 @@ func EnsureLinkLocal(via netip.Prefix, addr netip.Addr) (LinkLocalState, func() 
 		return st, noop, fmt.Errorf("link-local address: %w", err)
 	}
 	st.Interface = ifi.Name
-	for _, a := range interfaceAddrs(ifi) {
-		if a.Addr().Is6() && a.Addr().IsLinkLocalUnicast() {
-			st.Address = a.Addr().WithZone("").String()
+	// Only a usable address counts: one still in duplicate address
+	// detection (tentative, the state a fresh box's own EUI-64 address is
+	// in for its first second or two) cannot send or receive yet. Given an
+	// explicit address, that exact address must be there.
+	for _, a := range usableLinkLocal(ifi) {
+		if !addr.IsValid() || a == addr {
+			st.Address = a.String()
 			return st, noop, nil
 		}
 	}
 	if !addr.IsValid() {
-		addr, err = eui64LinkLocal(ifi.HardwareAddr)
+		addr, err = LinkLocalFromMAC(ifi.HardwareAddr)
 		if err != nil {
 			return st, noop, fmt.Errorf("link-local address on %s: %w", ifi.Name, err)
 		}
@@ -69,8 +73,9 @@ func EnsureLinkLocal(via netip.Prefix, addr netip.Addr) (LinkLocalState, func() 
 	return st, remove, nil
 }
 
-// eui64LinkLocal derives fe80::/64 + modified EUI-64 from a 48-bit MAC.
-func eui64LinkLocal(mac net.HardwareAddr) (netip.Addr, error) {
+// LinkLocalFromMAC derives fe80::/64 + modified EUI-64 from a 48-bit MAC:
+// the address the agent adds on a box with that MAC.
+func LinkLocalFromMAC(mac net.HardwareAddr) (netip.Addr, error) {
 	if len(mac) != 6 {
 		return netip.Addr{}, fmt.Errorf("no 48-bit MAC to derive an address from (%q)", mac.String())
 	}
@@ -81,4 +86,26 @@ func eui64LinkLocal(mac net.HardwareAddr) (netip.Addr, error) {
 	b[11], b[12] = 0xff, 0xfe
 	b[13], b[14], b[15] = mac[3], mac[4], mac[5]
 	return netip.AddrFrom16(b), nil
+}
+
+// usableLinkLocal lists the interface's link-local addresses that are
+// neither tentative nor failed duplicate address detection.
+func usableLinkLocal(ifi *net.Interface) []netip.Addr {
+	link, err := netlink.LinkByIndex(ifi.Index)
+	if err != nil {
+		return nil
+	}
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_V6)
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || !ip.IsLinkLocalUnicast() || a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) != 0 {
+			continue
+		}
+		out = append(out, ip)
+	}
+	return out
 }

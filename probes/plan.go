@@ -102,8 +102,8 @@ type ListenerSpec struct {
 // WitnessSpec is a passive capture on the interface holding an address in
 // Via. A frame matches when it carries one of Nonces anywhere in its bytes,
 // or comes from one of SrcIPs (IPv4/IPv6 source or ARP sender) or SrcMACs;
-// Proto and Port, when set, narrow every match to that protocol and
-// destination port.
+// Proto, Port and DstIP, when set, narrow every match to that protocol,
+// destination port and destination address.
 type WitnessSpec struct {
 	ID       string       `json:"id"`
 	Via      netip.Prefix `json:"via"`
@@ -113,6 +113,10 @@ type WitnessSpec struct {
 	SrcMACs  []string     `json:"src_macs,omitempty"`
 	Proto    string       `json:"proto,omitempty"` // arp, icmp, icmpv6, tcp, udp
 	Port     int          `json:"port,omitempty"`
+	// DstIP, when set, narrows every match to frames for that address (the
+	// ARP target for ARP), so witnesses for several hosts behind one
+	// interface never take each other's frames.
+	DstIP netip.Addr `json:"dst_ip,omitzero"`
 }
 
 // ProbeSpec is one probe. Which fields apply depends on Kind; a field a

@@ -190,10 +190,10 @@ func TestBroadcastAndEUI64(t *testing.T) {
 	require.Equal(t, "10.0.0.1", broadcastOf(netip.MustParsePrefix("10.0.0.1/32")).String())
 	require.Equal(t, "255.255.255.255", broadcastOf(netip.MustParsePrefix("0.0.0.0/0")).String())
 	mac, _ := net.ParseMAC("00:16:3e:12:34:56")
-	a, err := eui64LinkLocal(mac)
+	a, err := LinkLocalFromMAC(mac)
 	require.NoError(t, err)
 	require.Equal(t, "fe80::216:3eff:fe12:3456", a.String())
-	_, err = eui64LinkLocal(nil)
+	_, err = LinkLocalFromMAC(nil)
 	require.Error(t, err)
 }
 
@@ -261,7 +261,10 @@ func TestWitnessMatch(t *testing.T) {
 		{"src ip, proto and port", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "tcp", Port: 7000}, tcpFromA, true, "src_ip"},
 		{"src ip, other port", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "tcp", Port: 7999}, tcpFromA, false, ""},
 		{"src ip, other proto", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "udp"}, tcpFromA, false, ""},
+		{"src ip, its destination", WitnessSpec{SrcIPs: []netip.Addr{a}, DstIP: b}, tcpFromA, true, "src_ip"},
+		{"src ip, another destination", WitnessSpec{SrcIPs: []netip.Addr{a}, DstIP: a}, tcpFromA, false, ""},
 		{"arp sender ip", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "arp"}, arpFromA, true, "src_ip"},
+		{"arp for its target", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "arp", DstIP: b}, arpFromA, true, "src_ip"},
 		{"arp sender mac", WitnessSpec{SrcMACs: []string{macA.String()}}, arpFromA, true, "src_mac"},
 		{"mac of someone else", WitnessSpec{SrcMACs: []string{macA.String()}}, tcpFromA, false, ""},
 		{"ipv6 source", WitnessSpec{SrcIPs: []netip.Addr{netip.MustParseAddr("2001:db8:1::2")}, Proto: "icmpv6"}, v6, true, "src_ip"},

@@ -267,6 +267,9 @@ func (w *Witness) match(f []byte) (FrameSummary, bool) {
 	if w.spec.Port != 0 && w.spec.Port != s.DstPort {
 		return s, false
 	}
+	if w.spec.DstIP.IsValid() && w.spec.DstIP.String() != s.DstIP {
+		return s, false
+	}
 	for _, n := range w.nonces {
 		if bytes.Contains(f, n) {
 			s.MatchedBy = "nonce " + string(n)
