@@ -129,8 +129,12 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 	g := Current
 	d := Desired{Gen: g, Subnet: subnet.Masked(), Gateway: gw, DNS: dns, Pool: pool}
 
+	// dns.mode=none stops Incus from adding per-instance records, but
+	// dnsmasq still answers for the hostnames DHCP clients send it (the
+	// drill's C-ENUM caught sibling names and PTRs resolving):
+	// dhcp-ignore-names drops them.
 	var raw strings.Builder
-	raw.WriteString("no-resolv\n")
+	raw.WriteString("no-resolv\ndhcp-ignore-names\n")
 	for _, a := range dns {
 		fmt.Fprintf(&raw, "server=%s\n", a)
 	}
