@@ -40,6 +40,9 @@ type command struct {
 
 func commands() []command {
 	return []command{
+		{"run", runSynopsis, "run the drill: mint probe boxes, fire every probe, judge every claim", runRun},
+		{"list", "list [--json]", "list the isolation claims the drill proves", runList},
+		{"agent", "agent [--plan FILE]", "run a probe plan (inside a box; JSON in, JSON out)", runAgent},
 		{"world", "world up|down|status|check [options]", "build, inspect or tear down the hermetic world (namespaces, incusd, probe image)", runWorld},
 		{"version", "version", "print drill's version", func(_ context.Context, s stdio, _ []string) int {
 			fmt.Fprintf(s.out, "drill %s\n", version)
@@ -155,8 +158,8 @@ func parse(fs *flag.FlagSet, args []string, maxArgs int) (int, bool) {
 	return 0, true
 }
 
-// report prints v as JSON or through the text function.
-func report(s stdio, asJSON bool, v any, text func(io.Writer)) {
+// emit prints v as JSON or through the text function.
+func emit(s stdio, asJSON bool, v any, text func(io.Writer)) {
 	if asJSON {
 		enc := json.NewEncoder(s.out)
 		enc.SetIndent("", "  ")

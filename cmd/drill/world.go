@@ -70,7 +70,7 @@ func worldUp(ctx context.Context, s stdio, args []string) int {
 		}
 		rep.ImageNS = int64(time.Since(t1))
 	}
-	report(s, *asJSON, rep, func(w io.Writer) {
+	emit(s, *asJSON, rep, func(w io.Writer) {
 		fmt.Fprintf(w, "world %s is up (%.2fs)\n", st.Name, time.Duration(rep.WorldNS).Seconds())
 		if rep.Image != nil {
 			fmt.Fprintf(w, "image %s %s: %s (%.2fs)\n", rep.Image.Alias, imageVerb(rep.Image), rep.Image.Fingerprint[:12], time.Duration(rep.ImageNS).Seconds())
@@ -121,7 +121,7 @@ func worldStatus(ctx context.Context, s stdio, args []string) int {
 	if rep.Leftovers == nil {
 		rep.Leftovers = []string{}
 	}
-	report(s, *asJSON, rep, func(w io.Writer) {
+	emit(s, *asJSON, rep, func(w io.Writer) {
 		if rep.Up {
 			fmt.Fprintf(w, "world %s is up since %s (incusd pid %d, services pid %d)\n", st.Name, st.Created.Format(time.RFC3339), st.IncusdPID, st.ServicesPID)
 			return
@@ -152,7 +152,7 @@ func worldImage(ctx context.Context, s stdio, args []string) int {
 	if err != nil {
 		return fail(s, err)
 	}
-	report(s, *asJSON, res, func(w io.Writer) {
+	emit(s, *asJSON, res, func(w io.Writer) {
 		fmt.Fprintf(w, "image %s %s: %s\n", res.Alias, imageVerb(res), res.Fingerprint[:12])
 	})
 	return exitOK
@@ -172,7 +172,7 @@ func worldCheck(ctx context.Context, s stdio, args []string) int {
 	if err != nil {
 		return fail(s, fmt.Errorf("world check: %w", err))
 	}
-	report(s, *asJSON, res, func(w io.Writer) {
+	emit(s, *asJSON, res, func(w io.Writer) {
 		fmt.Fprintf(w, "box %s leased %s and reached the canary %s: %q, %q (%.2fs)\n",
 			res.Instance, res.Lease, world.Canary, res.Greeting, res.Echo, res.Elapsed.Seconds())
 	})

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/drill/report"
+	"github.com/box-isolation/box/fixtures/image"
+	"github.com/box-isolation/box/fixtures/world"
+	"github.com/box-isolation/box/probes"
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// listFlag collects a repeatable, comma-separated flag.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+const runSynopsis = "run [--claim ID]... [--skip ID]... [--no-setup] [--mutate LAYER]... [--json] [--junit FILE] [--matrix FILE] [--record FILE]"
+
+func runRun(ctx context.Context, s stdio, args []string) int {
+	fs := newFlags(s, "run", runSynopsis)
+	var claims, skips listFlag
+	fs.Var(&claims, "claim", "run only these claims (id or glob, repeatable; !ID excludes)")
+	fs.Var(&skips, "skip", "leave these claims out (id or glob, repeatable)")
+	noSetup := fs.Bool("no-setup", false, "verify the isolation stack instead of ensuring it")
+	asJSON := fs.Bool("json", false, "print the versioned JSON report instead of the table")
+	junit := fs.String("junit", "", "also write a JUnit XML file")
+	matrix := fs.String("matrix", "", "also write the reachability matrix (SVG)")
+	record := fs.String("record", "", "append a row to this RUNS.md")
+	img := fs.String("image", image.DefaultAlias, "image alias of the probe boxes")
+	var mutate listFlag
+	fs.Var(&mutate, "mutate", "knock out a layer for this run to prove the drill fails (bridge-drop, port-isolation, host-fw, acl, dns-managed, ipv6-on, nat-off); the stack is restored afterwards")
+	if code, ok := parse(fs, args, 0); !ok {
+		return code
+	}
+	selected, err := drill.Select(claims, skips)
+	if err != nil {
+		return fail(s, usageError{err.Error()})
+	}
+	mutations, err := drill.SelectMutations(mutate)
+	if err != nil {
+		return fail(s, usageError{err.Error()})
+	}
+	st, err := world.Load()
+	if err != nil {
+		return fail(s, fmt.Errorf("%w; runs on a real host (--host) are not built yet", err))
+	}
+	opts, err := stack.OptionsFromEnv(os.Getenv)
+	if err != nil {
+		return fail(s, usageError{err.Error()})
+	}
+	if len(opts.DNS) == 0 {
+		// The world's own resolver stands in for the public ones.
+		opts.DNS = []netip.Addr{world.Resolver}
+	}
+	host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts}
+	rep, err := drill.Run(ctx, drill.Config{Host: host, World: st, Image: *img, NoSetup: *noSetup,
+		Claims: selected, Log: s.err, Version: version, Mutations: mutations})
+	if err != nil {
+		fmt.Fprintf(s.err, "drill: %v\n", err)
+		return drill.ExitUsage
+	}
+	if *asJSON {
+		if err := report.JSON(s.out, rep); err != nil {
+			return fail(s, err)
+		}
+	} else {
+		report.Text(s.out, rep)
+	}
+	for _, out := range []struct {
+		path  string
+		write func(io.Writer, *drill.Report) error
+	}{{*junit, report.JUnit}, {*matrix, report.Matrix}} {
+		if out.path == "" {
+			continue
+		}
+		if err := writeFile(out.path, rep, out.write); err != nil {
+			fmt.Fprintf(s.err, "drill: %v\n", err)
+			return drill.ExitUsage
+		}
+	}
+	if *record != "" {
+		if err := report.Record(*record, rep); err != nil {
+			fmt.Fprintf(s.err, "drill: recording the run: %v\n", err)
+			return drill.ExitUsage
+		}
+	}
+	return rep.ExitCode
+}
+
+func writeFile(path string, rep *drill.Report, write func(io.Writer, *drill.Report) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f, rep); err != nil {
+		f.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+func runList(_ context.Context, s stdio, args []string) int {
+	fs := newFlags(s, "list", "list [--json]")
+	asJSON := fs.Bool("json", false, "print the claims as JSON")
+	if code, ok := parse(fs, args, 0); !ok {
+		return code
+	}
+	emit(s, *asJSON, drill.Catalogue, func(w io.Writer) {
+		for _, c := range drill.Catalogue {
+			fmt.Fprintf(w, "%-10s %s -> %s over %s: %s [%s]\n           %s\n", c.ID, c.From, c.To,
+				strings.Join(c.Channels, ", "), c.Expect, strings.Join(c.Layers, ", "), c.Why)
+		}
+	})
+	return exitOK
+}
+
+// runAgent is the in-box agent: a JSON plan in (stdin or --plan FILE),
+// JSON observations out, within the plan's deadline.
+func runAgent(ctx context.Context, s stdio, args []string) int {
+	fs := newFlags(s, "agent", "agent [--plan FILE]")
+	planPath := fs.String("plan", "", "read the plan from FILE instead of stdin (exec has no stdin)")
+	if code, ok := parse(fs, args, 0); !ok {
+		return code
+	}
+	in := s.in
+	if *planPath != "" {
+		f, err := os.Open(*planPath)
+		if err != nil {
+			return fail(s, err)
+		}
+		defer f.Close()
+		in = f
+	}
+	if err := probes.RunAgent(ctx, in, s.out); err != nil {
+		return fail(s, err)
+	}
+	return exitOK
+}

@@ -1,0 +1,122 @@
+// Package drill proves box's isolation claims with raw packets fired from
+// inside boxes. It is modelled on cilium-cli's connectivity checks: a Claim
+// (SPEC section 4) expands into Actions, one probe each from a source to a
+// target over one channel, each carrying its expected result; judging turns
+// an action's observations into a Verdict. An unexpected success is a
+// failure with its evidence; an empty or ambiguous answer is inconclusive,
+// never a pass; and a blocked verdict rests on two sides: the sender saw
+// nothing and a witness (or listener) at the target saw nothing.
+//
+// Run goes through the phases of SPEC section 5: preflight (clean the
+// drill's own leftovers), stack (ensure, or only verify), mint probe boxes
+// (two peers and a clone), push the agent, baseline positive controls, all
+// probes concurrently under one deadline, verdicts, and teardown of its own
+// boxes, also when the caller's context is cancelled.
+package drill
+
+import (
+	"fmt"
+	"path"
+	"strings"
+)
+
+// Claim is one isolation claim of SPEC section 4.
+type Claim struct {
+	ID       string   `json:"id"`
+	From     string   `json:"from"`
+	To       string   `json:"to"`
+	Channels []string `json:"channels"`
+	Expect   string   `json:"expect"`
+	Layers   []string `json:"layers"`
+	Why      string   `json:"why"`
+	// Baseline claims are positive controls: if one fails, every blocked
+	// claim of the run is inconclusive.
+	Baseline bool `json:"baseline"`
+}
+
+// Catalogue is every claim, in report order.
+var Catalogue = []Claim{
+	{ID: "C-EGRESS", From: "box", To: "internet canary", Channels: []string{"tcp", "udp", "icmp"}, Expect: "reachable (the canary's greeting proves who answered)", Layers: []string{"L-NAT"}, Baseline: true,
+		Why: "a box that cannot reach the internet makes every 'blocked' meaningless"},
+	{ID: "C-DNS", From: "box", To: "gateway resolver", Channels: []string{"dns"}, Expect: "a public name resolves", Layers: []string{"L-DNS"}, Baseline: true,
+		Why: "the resolver is the one host service a box may use"},
+	{ID: "C-DHCP", From: "box", To: "lease", Channels: []string{"dhcp"}, Expect: "a lease on the box subnet", Layers: []string{"L-NAT"}, Baseline: true,
+		Why: "without a lease no probe leaves from the address the rules are written for"},
+	{ID: "C-SIBLING", From: "box", To: "peer box and a clone", Channels: []string{"arp", "icmp", "tcp", "udp", "broadcast", "icmpv6-link-local", "icmpv6-all-nodes"}, Expect: "no frame reaches the peer", Layers: []string{"L-PORTISO", "L-BRIDGEDROP"},
+		Why: "two boxes on one bridge exchange frames below netfilter's L3 hooks unless the bridge itself refuses"},
+	{ID: "C-HOST", From: "box", To: "every host address", Channels: []string{"tcp", "udp", "icmp"}, Expect: "dropped (DNS and DHCP to the gateway are the only exceptions)", Layers: []string{"L-HOSTFW", "L-ACL"},
+		Why: "the host's own services, including those on its public address, are not the box's"},
+	{ID: "C-LAN", From: "box", To: "private ranges", Channels: []string{"tcp", "udp", "icmp"}, Expect: "nothing arrives", Layers: []string{"L-ACL"},
+		Why: "the LAN and the cloud metadata service are the first things a hostile agent looks for"},
+	{ID: "C-ENUM", From: "box", To: "gateway resolver, sibling names", Channels: []string{"dns"}, Expect: "no answer names a sibling", Layers: []string{"L-DNS"},
+		Why: "a name is the first step to a target"},
+	{ID: "C-V6", From: "box", To: "IPv6", Channels: []string{"global-address", "default-route", "router-advertisement"}, Expect: "none", Layers: []string{"L-V6"},
+		Why: "every other rule is IPv4-only: IPv6 would be an uncovered path"},
+	{ID: "C-INBOUND", From: "host, LAN", To: "box", Channels: []string{"tcp", "icmp"}, Expect: "dropped", Layers: []string{"L-ACL"},
+		Why: "nothing outside may open a connection into a box"},
+	{ID: "C-CLONE", From: "clone", To: "its source", Channels: []string{"address", "mac", "machine-id"}, Expect: "distinct", Layers: []string{"stack"},
+		Why: "two boxes with one identity share one lease and both lose the network"},
+}
+
+// ClaimByID finds a claim.
+func ClaimByID(id string) (Claim, bool) {
+	for _, c := range Catalogue {
+		if c.ID == id {
+			return c, true
+		}
+	}
+	return Claim{}, false
+}
+
+// Select picks claims by id or glob pattern (path.Match syntax, case
+// insensitive). No include pattern selects every claim; a skip pattern, or
+// an include pattern starting with "!", removes claims. A pattern that
+// matches nothing is an error, so a typo never silently drops a claim.
+func Select(include, skip []string) ([]Claim, error) {
+	var incl, excl []string
+	for _, p := range include {
+		if strings.HasPrefix(p, "!") {
+			excl = append(excl, p[1:])
+		} else {
+			incl = append(incl, p)
+		}
+	}
+	excl = append(excl, skip...)
+	for _, p := range append(append([]string{}, incl...), excl...) {
+		if !matchesAny(p) {
+			return nil, fmt.Errorf("claim pattern %q matches no claim (drill list shows them)", p)
+		}
+	}
+	var out []Claim
+	for _, c := range Catalogue {
+		if len(incl) > 0 && !match(incl, c.ID) {
+			continue
+		}
+		if match(excl, c.ID) {
+			continue
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("the selection leaves no claim to test")
+	}
+	return out, nil
+}
+
+func match(patterns []string, id string) bool {
+	for _, p := range patterns {
+		if ok, _ := path.Match(strings.ToUpper(p), id); ok {
+			return true
+		}
+	}
+	return false
+}
+
+func matchesAny(p string) bool {
+	for _, c := range Catalogue {
+		if match([]string{p}, c.ID) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,274 @@
+package drill
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/box-isolation/box/probes"
+)
+
+// Verdict is the outcome of an action or a claim.
+type Verdict string
+
+const (
+	Pass         Verdict = "pass"
+	Fail         Verdict = "fail"
+	Inconclusive Verdict = "inconclusive"
+	Skipped      Verdict = "skipped"
+)
+
+// Result is one judged action.
+type Result struct {
+	Action
+	Verdict  Verdict `json:"verdict"`
+	Observed string  `json:"observed"` // what the probe saw
+	Evidence string  `json:"evidence"` // what the verdict rests on
+	// AtTarget is what the target saw, when a witness or listener was there.
+	AtTarget string              `json:"at_target,omitempty"`
+	Obs      *probes.Observation `json:"observation,omitempty"`
+}
+
+// observations indexes every agent's report: place -> observation id.
+type observations map[string]map[string]probes.Observation
+
+func (o observations) get(place, id string) (probes.Observation, bool) {
+	m, ok := o[place]
+	if !ok {
+		return probes.Observation{}, false
+	}
+	v, ok := m[id]
+	return v, ok
+}
+
+// judge decides one action. baselineOK says whether every positive
+// control held; agentErr explains a missing observation.
+func judge(a Action, obs observations, t Topology, baselineOK bool, agentErr map[string]string) Result {
+	r := Result{Action: a}
+	o, ok := obs.get(a.From, a.ID)
+	if !ok {
+		r.Verdict = Inconclusive
+		r.Observed = "no observation"
+		r.Evidence = "the agent at " + a.From + " returned nothing for this probe: " + agentErr[a.From]
+		return r
+	}
+	r.Obs = &o
+	r.Observed = describe(o)
+	switch a.Expect {
+	case ExpectReach:
+		return judgeReach(r, o, t)
+	case ExpectResolve:
+		if o.Outcome == probes.Reached && o.Evidence.DNS != nil && o.Evidence.DNS.Resolved {
+			return verdict(r, Pass, "resolved: "+strings.Join(o.Evidence.DNS.Answers, ", "))
+		}
+		return verdict(r, Fail, "did not resolve: "+o.Reason)
+	case ExpectLease:
+		if o.Outcome == probes.Reached && o.Evidence.Lease != nil {
+			if p, err := netip.ParsePrefix(o.Evidence.Lease.Address); err == nil && t.Subnet.Contains(p.Addr()) {
+				return verdict(r, Pass, "holds "+o.Evidence.Lease.Address)
+			}
+		}
+		return verdict(r, Fail, "no address on "+t.Subnet.String()+": "+o.Reason)
+	case ExpectBlocked:
+		return judgeBlocked(r, o, obs, t, baselineOK)
+	case ExpectNoName:
+		switch {
+		case o.Outcome == probes.Reached:
+			return verdict(r, Fail, "the resolver named a sibling: "+strings.Join(o.Evidence.DNS.Answers, ", "))
+		case o.Outcome == probes.Refused && o.Evidence.DNS != nil && o.Evidence.DNS.Rcode != "":
+			if !baselineOK {
+				return verdict(r, Inconclusive, "answered "+o.Evidence.DNS.Rcode+", but a baseline failed")
+			}
+			return verdict(r, Pass, "the resolver answered "+o.Evidence.DNS.Rcode+" with no record")
+		default:
+			return verdict(r, Inconclusive, "no DNS answer to judge by: "+o.Reason)
+		}
+	case ExpectNone:
+		switch o.Outcome {
+		case probes.Silent:
+			return verdict(r, Pass, o.Reason)
+		case probes.Reached, probes.Refused:
+			return verdict(r, Fail, o.Reason+ipv6Detail(o))
+		default:
+			return verdict(r, Inconclusive, o.Reason)
+		}
+	case ExpectDistinct:
+		return judgeDistinct(r, o, obs)
+	}
+	return verdict(r, Inconclusive, "no rule to judge expectation "+string(a.Expect))
+}
+
+func verdict(r Result, v Verdict, evidence string) Result {
+	r.Verdict = v
+	r.Evidence = evidence
+	return r
+}
+
+func judgeReach(r Result, o probes.Observation, t Topology) Result {
+	if o.Outcome != probes.Reached {
+		return verdict(r, Fail, "not reached: "+o.Reason)
+	}
+	// The canary's greeting proves the world's own host answered, not
+	// something that merely echoes.
+	if r.Claim == "C-EGRESS" && t.CanaryGreeting != "" && o.Kind != probes.KindICMP &&
+		!strings.Contains(o.Evidence.Reply, t.CanaryGreeting) {
+		return verdict(r, Fail, fmt.Sprintf("answered, but not by the canary: reply %q lacks its greeting", o.Evidence.Reply))
+	}
+	ev := "reached " + o.Target
+	if o.Evidence.Reply != "" {
+		ev += fmt.Sprintf(": %q", o.Evidence.Reply)
+	}
+	return verdict(r, Pass, ev)
+}
+
+func judgeBlocked(r Result, o probes.Observation, obs observations, t Topology, baselineOK bool) Result {
+	switch o.Outcome {
+	case probes.Reached:
+		return verdict(r, Fail, "unexpected success: "+o.Reason+replyDetail(o))
+	case probes.Refused:
+		return verdict(r, Fail, "the packet arrived (the target answered without proof): "+o.Reason+replyDetail(o))
+	case probes.Error:
+		return verdict(r, Inconclusive, "the probe could not run: "+o.Reason)
+	}
+	// Silent or rejected at the sender: now the target's side.
+	if r.WitnessAt != "" {
+		w, ok := obs.get(r.WitnessAt, r.Witness.ID)
+		if !ok || w.Evidence.Witness == nil {
+			return verdict(r, Inconclusive, "no witness report from "+r.WitnessAt)
+		}
+		we := w.Evidence.Witness
+		if we.Count > 0 {
+			r.AtTarget = fmt.Sprintf("saw %d frame(s): %s", we.Count, frame(we.First))
+			return verdict(r, Fail, "the sender heard nothing back, but the target's witness saw the frame arrive")
+		}
+		end := o.StartedAt.Add(time.Duration(o.ElapsedMS) * time.Millisecond)
+		if we.ArmedAt.IsZero() || we.ArmedAt.After(o.StartedAt) || we.Until.Before(end) {
+			r.AtTarget = fmt.Sprintf("armed %s..%s", we.ArmedAt.Format("15:04:05.000"), we.Until.Format("15:04:05.000"))
+			return verdict(r, Inconclusive, "the witness was not armed for the whole probe")
+		}
+		r.AtTarget = fmt.Sprintf("saw nothing (%d frames read)", we.Captured)
+	}
+	if r.ListenerAt != "" {
+		l, ok := obs.get(r.ListenerAt, r.ListenerID)
+		if !ok || l.Evidence.Listener == nil {
+			return verdict(r, Inconclusive, "no listener report from "+r.ListenerAt)
+		}
+		for _, p := range l.Evidence.Listener.Peers {
+			if strings.HasPrefix(p, t.A.IP.String()+":") || p == t.A.IP.String() {
+				r.AtTarget = "the listener served " + p
+				return verdict(r, Fail, "the listener at the target served the box")
+			}
+		}
+		r.AtTarget = fmt.Sprintf("the listener served nobody from the box (%d in all)", l.Evidence.Listener.Served)
+	}
+	if !baselineOK {
+		return verdict(r, Inconclusive, "looked blocked, but a baseline failed, so the block proves nothing")
+	}
+	if o.Outcome == probes.Rejected {
+		by := "something in between"
+		if o.Evidence.ICMP != nil {
+			by = fmt.Sprintf("%s (%s)", o.Evidence.ICMP.Offender, o.Evidence.ICMP.Name)
+		}
+		return verdict(r, Pass, "blocked by policy: rejected by "+by)
+	}
+	return verdict(r, Pass, "dropped: "+o.Reason)
+}
+
+func judgeDistinct(r Result, o probes.Observation, obs observations) Result {
+	if len(r.Compare) == 0 {
+		return verdict(r, Inconclusive, "nothing to compare with")
+	}
+	src, ok := obs.get(PlaceA, r.Compare[0])
+	if !ok || src.Evidence.Lease == nil || o.Evidence.Lease == nil {
+		return verdict(r, Inconclusive, "no lease evidence from both boxes")
+	}
+	a, c := src.Evidence.Lease, o.Evidence.Lease
+	var same []string
+	if a.Address == c.Address {
+		same = append(same, "address "+a.Address)
+	}
+	if a.MAC != "" && a.MAC == c.MAC {
+		same = append(same, "MAC "+a.MAC)
+	}
+	if a.MachineID != "" && a.MachineID == c.MachineID {
+		same = append(same, "machine-id "+a.MachineID)
+	}
+	if len(same) > 0 {
+		return verdict(r, Fail, "the clone shares its source's "+strings.Join(same, ", "))
+	}
+	if a.MachineID == "" || c.MachineID == "" || a.MAC == "" || c.MAC == "" {
+		return verdict(r, Inconclusive, "a MAC or machine-id could not be read")
+	}
+	return verdict(r, Pass, fmt.Sprintf("address %s vs %s, MAC %s vs %s, machine-id %.8s.. vs %.8s..", c.Address, a.Address, c.MAC, a.MAC, c.MachineID, a.MachineID))
+}
+
+func describe(o probes.Observation) string {
+	s := string(o.Outcome)
+	if o.Outcome == probes.Rejected && o.Evidence.ICMP != nil {
+		s += " by " + o.Evidence.ICMP.Offender
+	}
+	return s
+}
+
+func replyDetail(o probes.Observation) string {
+	if o.Evidence.Reply != "" {
+		return fmt.Sprintf(" (reply %q)", o.Evidence.Reply)
+	}
+	if len(o.Evidence.Responders) > 0 {
+		return " (responders " + strings.Join(o.Evidence.Responders, ", ") + ")"
+	}
+	return ""
+}
+
+func ipv6Detail(o probes.Observation) string {
+	if e := o.Evidence.IPv6; e != nil {
+		return fmt.Sprintf(" (global %v, routes %v, router %s)", e.GlobalAddresses, e.DefaultRoutes, e.Router)
+	}
+	return ""
+}
+
+func frame(f *probes.FrameSummary) string {
+	if f == nil {
+		return "?"
+	}
+	s := f.EtherType + " " + f.SrcMAC + " -> " + f.DstMAC
+	if f.SrcIP != "" {
+		s += " " + f.SrcIP + " -> " + f.DstIP
+	}
+	if f.Proto != "" {
+		s += " " + f.Proto
+	}
+	if f.DstPort != 0 {
+		s += fmt.Sprintf(" port %d", f.DstPort)
+	}
+	return s + " (matched by " + f.MatchedBy + ")"
+}
+
+// ClaimResult is a claim with its judged actions.
+type ClaimResult struct {
+	Claim
+	Verdict Verdict  `json:"verdict"`
+	Reason  string   `json:"reason,omitempty"` // for skipped claims: why and how to enable
+	Results []Result `json:"results"`
+}
+
+// aggregate gives a claim the worst verdict of its actions.
+func aggregate(c Claim, results []Result) ClaimResult {
+	cr := ClaimResult{Claim: c, Results: results, Verdict: Pass}
+	if len(results) == 0 {
+		cr.Verdict = Skipped
+		return cr
+	}
+	for _, r := range results {
+		switch r.Verdict {
+		case Fail:
+			cr.Verdict = Fail
+		case Inconclusive:
+			if cr.Verdict != Fail {
+				cr.Verdict = Inconclusive
+			}
+		}
+	}
+	return cr
+}

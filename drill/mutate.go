@@ -1,0 +1,182 @@
+package drill
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// Mutation knocks out one isolation layer for a run, to prove the drill can
+// fail (SPEC section 5): the claims the layer backs must flip to fail. The
+// run restores the stack afterwards and verifies it, whatever happened.
+type Mutation struct {
+	Name   string
+	Layers []string // the layers it removes
+	What   string
+	// AfterBoxes mutations act on the probe boxes' live ports, so they run
+	// once the boxes exist; the others change the stack before any box is
+	// minted (reconfiguring a bridge under live boxes has deadlocked incusd).
+	AfterBoxes bool
+	apply      func(ctx context.Context, h *stack.Host) error
+}
+
+// Mutations is every layer the drill knows how to knock out.
+var Mutations = []Mutation{
+	{Name: "bridge-drop", Layers: []string{"L-BRIDGEDROP"}, What: "delete the nft table bridge box", apply: func(ctx context.Context, h *stack.Host) error {
+		return deleteTable(h, nftables.TableFamilyBridge)
+	}},
+	// Only the kernel flag: changing the profile under live boxes re-plugs
+	// their NICs, and they lose their leases.
+	{Name: "port-isolation", Layers: []string{"L-PORTISO"}, What: "turn the isolated flag off on every boxnet port", AfterBoxes: true, apply: portIsolationOff},
+	{Name: "host-fw", Layers: []string{"L-HOSTFW"}, What: "delete the nft table inet box", apply: func(ctx context.Context, h *stack.Host) error {
+		return deleteTable(h, nftables.TableFamilyINet)
+	}},
+	{Name: "acl", Layers: []string{"L-ACL"}, What: "detach the box-isolate ACL from boxnet", apply: func(ctx context.Context, h *stack.Host) error {
+		return setNetwork(ctx, h, map[string]string{"security.acls": "", "security.acls.default.egress.action": "", "security.acls.default.ingress.action": ""})
+	}},
+	{Name: "dns-managed", Layers: []string{"L-DNS"}, What: "set dns.mode=managed on boxnet and let DHCP names through", apply: func(ctx context.Context, h *stack.Host) error {
+		return setNetwork(ctx, h, map[string]string{"dns.mode": "managed", "raw.dnsmasq": "no-resolv\nserver=" + firstDNS(h) + "\n"})
+	}},
+	{Name: "ipv6-on", Layers: []string{"L-V6"}, What: "give boxnet an IPv6 subnet with router advertisements", apply: func(ctx context.Context, h *stack.Host) error {
+		if err := setNetwork(ctx, h, map[string]string{"ipv6.address": "fd42:b0c5::1/64", "ipv6.nat": "true"}); err != nil {
+			return err
+		}
+		return nsrun.Do(h.NetNS, func() error {
+			return os.WriteFile("/proc/sys/net/ipv6/conf/"+stack.Current.Network+"/disable_ipv6", []byte("0"), 0o644)
+		})
+	}},
+	{Name: "nat-off", Layers: []string{"L-NAT"}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host) error {
+		return setNetwork(ctx, h, map[string]string{"ipv4.nat": "false"})
+	}},
+}
+
+// SelectMutations finds mutations by name.
+func SelectMutations(names []string) ([]Mutation, error) {
+	var out []Mutation
+	for _, n := range names {
+		i := slices.IndexFunc(Mutations, func(m Mutation) bool { return m.Name == n })
+		if i < 0 {
+			var all []string
+			for _, m := range Mutations {
+				all = append(all, m.Name)
+			}
+			sort.Strings(all)
+			return nil, fmt.Errorf("no mutation %q (there are: %s)", n, strings.Join(all, ", "))
+		}
+		out = append(out, Mutations[i])
+	}
+	return out, nil
+}
+
+func firstDNS(h *stack.Host) string {
+	if len(h.Options.DNS) > 0 {
+		return h.Options.DNS[0].String()
+	}
+	return stack.DefaultDNS[0].String()
+}
+
+func deleteTable(h *stack.Host, family nftables.TableFamily) error {
+	var opts []nftables.ConnOption
+	if h.NetNS != "" {
+		ns, err := netns.GetFromName(h.NetNS)
+		if err != nil {
+			return err
+		}
+		defer ns.Close()
+		opts = append(opts, nftables.WithNetNSFd(int(ns)))
+	}
+	conn, err := nftables.New(opts...)
+	if err != nil {
+		return err
+	}
+	conn.DelTable(&nftables.Table{Family: family, Name: stack.Current.NFTTable})
+	return conn.Flush()
+}
+
+func setNetwork(ctx context.Context, h *stack.Host, set map[string]string) error {
+	n, etag, err := h.Incus.Network(ctx, stack.Current.Network)
+	if err != nil {
+		return err
+	}
+	for k, v := range set {
+		if v == "" {
+			delete(n.Config, k)
+		} else {
+			n.Config[k] = v
+		}
+	}
+	return h.Incus.UpdateNetwork(ctx, stack.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag)
+}
+
+func portIsolationOff(ctx context.Context, h *stack.Host) error {
+	var err error
+	ns := netns.None()
+	if h.NetNS != "" {
+		if ns, err = netns.GetFromName(h.NetNS); err != nil {
+			return err
+		}
+		defer ns.Close()
+	}
+	hp, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer hp.Close()
+	br, err := hp.LinkByName(stack.Current.Network)
+	if err != nil {
+		return err
+	}
+	links, err := hp.LinkList()
+	if err != nil {
+		return err
+	}
+	for _, l := range links {
+		if l.Attrs().MasterIndex == br.Attrs().Index {
+			if err := hp.LinkSetIsolated(l, false); err != nil {
+				return fmt.Errorf("port %s: %w", l.Attrs().Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// applyMutations applies those of one phase.
+func applyMutations(ctx context.Context, cfg *Config, afterBoxes bool) error {
+	for _, m := range cfg.Mutations {
+		if m.AfterBoxes != afterBoxes {
+			continue
+		}
+		cfg.logf("mutation: %s (%s)", m.Name, m.What)
+		if err := m.apply(ctx, cfg.Host); err != nil {
+			return fmt.Errorf("mutation %s: %w", m.Name, err)
+		}
+	}
+	return nil
+}
+
+// restoreStack converges the stack back and verifies it is clean.
+func restoreStack(ctx context.Context, cfg *Config) error {
+	cfg.logf("restore: converging the stack back after the mutations")
+	if _, err := cfg.Host.Ensure(ctx); err != nil {
+		return fmt.Errorf("restoring the stack: %w", err)
+	}
+	v, err := cfg.Host.Verify(ctx)
+	if err != nil {
+		return fmt.Errorf("verifying the restored stack: %w", err)
+	}
+	if !v.Clean() {
+		return fmt.Errorf("the restored stack still differs: %v (run box doctor --fix)", v.Findings)
+	}
+	return nil
+}

@@ -1,0 +1,78 @@
+// Package report renders a drill run for people and machines: a readable
+// table grouped by claim, the versioned JSON report (see
+// docs/drill-report.md and schema.json), a JUnit file with one test case
+// per claim and channel, a reachability matrix picture (SVG), and the
+// RUNS.md record row.
+package report
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/box-isolation/box/drill"
+)
+
+// Text writes the run as a table grouped by claim: each line a claim,
+// channel, source, target, expected, observed, verdict and evidence. Plain
+// ASCII; verdicts are words, never colours.
+func Text(w io.Writer, rep *drill.Report) {
+	fmt.Fprintf(w, "drill run %s (%s) on %s: kernel %s, incus %s, %s, bridge netfilter %s\n",
+		rep.RunID, rep.Version, rep.Environment.Mode, rep.Environment.Kernel, rep.Environment.IncusVersion,
+		rep.Environment.InstanceType, onOff(rep.Environment.BridgeNetfilter))
+	fmt.Fprintf(w, "stack: %s via %s, bridge drop %s\n", rep.Stack.Subnet, rep.Stack.Gateway, rep.Stack.BridgeMode)
+	layers := make([]string, 0, len(rep.Stack.Layers))
+	for l := range rep.Stack.Layers {
+		layers = append(layers, l)
+	}
+	sort.Strings(layers)
+	for _, l := range layers {
+		fmt.Fprintf(w, "  %-13s %s\n", l, rep.Stack.Layers[l])
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLAIM\tCHANNEL\tFROM\tTARGET\tEXPECTED\tOBSERVED\tVERDICT\tEVIDENCE")
+	for _, cr := range rep.Claims {
+		if cr.Verdict == drill.Skipped {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t%s\t-\tSKIPPED\t%s\n", cr.ID, cr.Expect, cr.Reason)
+			continue
+		}
+		for _, r := range cr.Results {
+			ev := r.Evidence
+			if r.AtTarget != "" {
+				ev += "; at the target: " + r.AtTarget
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cr.ID, r.Channel, r.From, r.Target, r.Expect, r.Observed,
+				strings.ToUpper(string(r.Verdict)), clip(ev, 140))
+		}
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	for _, cr := range rep.Claims {
+		fmt.Fprintf(w, "%-10s %-12s %s\n", cr.ID, strings.ToUpper(string(cr.Verdict)), cr.Expect)
+	}
+	s := rep.Summary
+	fmt.Fprintf(w, "\n%d passed, %d failed, %d inconclusive, %d skipped; %d probes in %.1fs (%.0f ms per probe); run %.1fs; exit %d\n",
+		s.Passed, s.Failed, s.Inconclusive, s.Skipped, s.Probes, float64(s.ProbePhaseMS)/1000, s.MSPerProbe,
+		float64(rep.DurationMS)/1000, rep.ExitCode)
+	for _, p := range rep.Problems {
+		fmt.Fprintf(w, "problem: %s\n", p)
+	}
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+func clip(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}

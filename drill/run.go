@@ -1,0 +1,582 @@
+package drill
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/box-isolation/box/fixtures/world"
+	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/probes"
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// SchemaVersion is the version of the JSON report (docs/drill-report.md).
+const SchemaVersion = 1
+
+// Tags the drill puts on its own boxes, so an aborted run's boxes are found
+// and removed by the next run, and nothing else ever is.
+const (
+	TagDrill = "user.drill"
+	TagRun   = "user.drill.run"
+)
+
+// agentPath is where the agent binary is pushed inside a box.
+const agentPath = "/usr/bin/drill-agent"
+
+// Config is one drill run.
+type Config struct {
+	Host *stack.Host
+	// World is the hermetic world the run happens in. (Runs on a real host
+	// are not built yet; see the README.)
+	World *world.State
+	// Image is the probe boxes' image alias.
+	Image string
+	// Agent is the static drill binary pushed into boxes and run in the
+	// world's namespaces; the running binary by default.
+	Agent string
+	// NoSetup only verifies the stack instead of ensuring it.
+	NoSetup bool
+	// Claims are the selected claims (all when empty).
+	Claims []Claim
+	// Log receives progress lines.
+	Log io.Writer
+	// Version names the build, for the report.
+	Version string
+	// Mutations knock layers out for this run; the stack is restored and
+	// verified afterwards.
+	Mutations []Mutation
+}
+
+// Report is a whole run (the --json schema, version SchemaVersion).
+type Report struct {
+	SchemaVersion int           `json:"schema_version"`
+	RunID         string        `json:"run_id"`
+	Version       string        `json:"version"`
+	Started       time.Time     `json:"started"`
+	DurationMS    int64         `json:"duration_ms"`
+	Environment   Environment   `json:"environment"`
+	Stack         StackFacts    `json:"stack"`
+	Boxes         []BoxEnd      `json:"boxes"`
+	Claims        []ClaimResult `json:"claims"`
+	Summary       Summary       `json:"summary"`
+	Mutations     []string      `json:"mutations"`
+	ExitCode      int           `json:"exit_code"`
+	// Problems are errors that did not stop the run (a teardown that
+	// left something behind is one).
+	Problems []string `json:"problems"`
+}
+
+// Environment is where the run happened.
+type Environment struct {
+	Mode            string `json:"mode"` // "world" (hermetic) or "host"
+	Hostname        string `json:"hostname"`
+	Kernel          string `json:"kernel"`
+	IncusVersion    string `json:"incus_version"`
+	InstanceType    string `json:"instance_type"`
+	BridgeNetfilter bool   `json:"bridge_netfilter"`
+}
+
+// StackFacts is the isolation stack as the run found it.
+type StackFacts struct {
+	Ensured    bool              `json:"ensured"`
+	Changes    []stack.Change    `json:"changes"`
+	Subnet     string            `json:"subnet"`
+	Gateway    string            `json:"gateway"`
+	BridgeMode string            `json:"bridge_mode"`
+	Layers     map[string]string `json:"layers"` // layer -> "present" or "absent: why"
+	Findings   []stack.Finding   `json:"findings"`
+}
+
+// Summary counts claims and probes.
+type Summary struct {
+	Passed       int     `json:"passed"`
+	Failed       int     `json:"failed"`
+	Inconclusive int     `json:"inconclusive"`
+	Skipped      int     `json:"skipped"`
+	Probes       int     `json:"probes"`
+	ProbePhaseMS int64   `json:"probe_phase_ms"`
+	MSPerProbe   float64 `json:"ms_per_probe"`
+}
+
+// Exit codes (SPEC section 5).
+const (
+	ExitOK           = 0
+	ExitViolated     = 1
+	ExitUsage        = 2
+	ExitInconclusive = 3
+)
+
+// Layers is every isolation layer a report accounts for.
+var Layers = []string{"L-NAT", "L-DNS", "L-V6", "L-ACL", "L-HOSTFW", "L-PORTISO", "L-BRIDGEDROP"}
+
+func (cfg *Config) logf(format string, args ...any) {
+	if cfg.Log != nil {
+		fmt.Fprintf(cfg.Log, format+"\n", args...)
+	}
+}
+
+// Run runs the drill. The error is for a run that could not happen at all
+// (exit 2); a run that happened returns its report, whose ExitCode says how
+// the claims fared.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Host == nil || cfg.World == nil {
+		return nil, errors.New("drill run needs the hermetic world (drill world up); runs on a real host are not built yet")
+	}
+	if cfg.Agent == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("finding the agent binary: %w", err)
+		}
+		cfg.Agent = exe
+	}
+	if len(cfg.Claims) == 0 {
+		cfg.Claims = Catalogue
+	}
+	id := make([]byte, 3)
+	if _, err := rand.Read(id); err != nil {
+		return nil, err
+	}
+	rep := &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
+		Boxes: []BoxEnd{}, Problems: []string{}, Claims: []ClaimResult{}, Mutations: []string{}}
+	for _, m := range cfg.Mutations {
+		rep.Mutations = append(rep.Mutations, m.Name)
+	}
+	c := cfg.Host.Incus
+
+	// Preflight.
+	cfg.logf("preflight: incusd, leftovers of aborted runs")
+	srv, err := c.Server(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("preflight: %w", err)
+	}
+	rep.Environment = Environment{Mode: "world", Hostname: hostname(), Kernel: srv.Environment.KernelVersion,
+		IncusVersion: srv.Environment.ServerVersion, InstanceType: "container", BridgeNetfilter: cfg.World.BridgeNetfilter}
+	if err := cleanLeftovers(ctx, cfg.Host, ""); err != nil {
+		return nil, fmt.Errorf("preflight: cleaning an earlier run's boxes: %w", err)
+	}
+
+	// The stack.
+	if cfg.NoSetup {
+		cfg.logf("stack: verifying only (--no-setup)")
+	} else {
+		cfg.logf("stack: ensuring")
+		er, err := cfg.Host.Ensure(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("stack: %w", err)
+		}
+		rep.Stack.Ensured = true
+		rep.Stack.Changes = er.Changes
+	}
+	if _, _, err := c.Network(ctx, stack.Current.Network); incus.IsNotFound(err) {
+		return nil, fmt.Errorf("stack: there is no isolation stack to drill (no network %s): run box setup-host, or drop --no-setup", stack.Current.Network)
+	}
+	if len(cfg.Mutations) > 0 {
+		// Registered before the boxes' teardown, so it runs after it: the
+		// stack is reconfigured only once no box is left on it.
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+			defer cancel()
+			if err := restoreStack(cctx, &cfg); err != nil {
+				rep.Problems = append(rep.Problems, err.Error())
+			}
+		}()
+		if err := applyMutations(ctx, &cfg, false); err != nil {
+			return nil, err
+		}
+	}
+
+	// Probe boxes, removed whatever happens.
+	names := map[string]string{PlaceA: "drill-" + rep.RunID + "-a", PlaceB: "drill-" + rep.RunID + "-b", PlaceC: "drill-" + rep.RunID + "-c"}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		cfg.logf("teardown: removing this run's boxes")
+		if err := cleanLeftovers(cctx, cfg.Host, rep.RunID); err != nil {
+			rep.Problems = append(rep.Problems, "teardown: "+err.Error())
+		}
+	}()
+	cfg.logf("boxes: minting %s, %s and cloning %s", names[PlaceA], names[PlaceB], names[PlaceC])
+	stamps := map[string]string{TagDrill: "1", TagRun: rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version}
+	var mintErr [2]error
+	var wg sync.WaitGroup
+	for i, p := range []string{PlaceA, PlaceB} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, mintErr[i] = cfg.Host.Mint(ctx, stack.MintRequest{Name: names[p], Image: cfg.Image, Stamps: stamps})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(mintErr[:]...); err != nil {
+		return nil, fmt.Errorf("boxes: %w", err)
+	}
+	if _, err := cfg.Host.WaitAddress(ctx, names[PlaceA], 30*time.Second); err != nil {
+		return nil, fmt.Errorf("boxes: %w", err)
+	}
+	if _, err := cfg.Host.Clone(ctx, names[PlaceA], "", names[PlaceC]); err != nil {
+		return nil, fmt.Errorf("boxes: %w", err)
+	}
+	ends := map[string]*BoxEnd{}
+	for _, p := range []string{PlaceA, PlaceB, PlaceC} {
+		e, err := boxEnd(ctx, cfg.Host, p, names[p])
+		if err != nil {
+			return nil, fmt.Errorf("boxes: %w", err)
+		}
+		ends[p] = e
+		rep.Boxes = append(rep.Boxes, *e)
+	}
+
+	if err := applyMutations(ctx, &cfg, true); err != nil {
+		return nil, err
+	}
+	// The stack as the probes will find it: which layers are in the path.
+	v, err := cfg.Host.Verify(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("stack: %w", err)
+	}
+	if !v.Subnet.IsValid() {
+		return nil, fmt.Errorf("stack: there is no isolation stack to drill (%v): run box setup-host, or drop --no-setup", v.Findings)
+	}
+	rep.Stack.Subnet, rep.Stack.Gateway, rep.Stack.BridgeMode = v.Subnet.String(), v.Gateway.String(), string(v.BridgeMode)
+	rep.Stack.Findings = v.Findings
+	rep.Stack.Layers = layerState(v.Findings)
+	if bnf, ok := bridgeNetfilter(cfg.Host.NetNS); ok {
+		rep.Environment.BridgeNetfilter = bnf
+	}
+
+	// The agent, in every box.
+	cfg.logf("agent: pushing %s into the boxes", filepath.Base(cfg.Agent))
+	if err := pushAgent(ctx, c, cfg.Agent, names); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+
+	t := worldTopology(cfg.World, v, *ends[PlaceA], *ends[PlaceB], *ends[PlaceC])
+	if n, _, err := c.Network(ctx, stack.Current.Network); err == nil && n.Config["dns.domain"] != "" {
+		t.DNSDomain = n.Config["dns.domain"]
+	}
+	sc := BuildScenario(t, cfg.Claims)
+	for _, p := range sc.Plans {
+		rep.Summary.Probes += len(p.Probes)
+	}
+	cfg.logf("probes: %d probes from %d places, %s deadline each, all at once", rep.Summary.Probes, len(sc.Plans), probeDeadline)
+	t0 := time.Now()
+	obs, agentErr := runPlans(ctx, cfg, c, names, sc.Plans)
+	rep.Summary.ProbePhaseMS = time.Since(t0).Milliseconds()
+	if rep.Summary.Probes > 0 {
+		rep.Summary.MSPerProbe = float64(rep.Summary.ProbePhaseMS) / float64(rep.Summary.Probes)
+	}
+	for place, e := range agentErr {
+		rep.Problems = append(rep.Problems, "agent at "+place+": "+e)
+	}
+
+	// Verdicts: the baselines first, for they decide what a block means.
+	baselineOK := true
+	judged := map[string]Result{}
+	for _, a := range sc.Actions {
+		if a.Baseline {
+			r := judge(a, obs, t, true, agentErr)
+			judged[a.ID] = r
+			if r.Verdict != Pass {
+				baselineOK = false
+			}
+		}
+	}
+	for _, a := range sc.Actions {
+		if !a.Baseline {
+			judged[a.ID] = judge(a, obs, t, baselineOK, agentErr)
+		}
+	}
+	selected := map[string]bool{}
+	for _, cl := range cfg.Claims {
+		selected[cl.ID] = true
+	}
+	for _, cl := range Catalogue {
+		var rs []Result
+		for _, a := range sc.Actions {
+			if a.Claim == cl.ID {
+				rs = append(rs, judged[a.ID])
+			}
+		}
+		cr := aggregate(cl, rs)
+		if !selected[cl.ID] && !cl.Baseline {
+			cr = ClaimResult{Claim: cl, Verdict: Skipped, Reason: "not selected (--claim/--skip); run without them to include it", Results: []Result{}}
+		}
+		rep.Claims = append(rep.Claims, cr)
+	}
+	rep.finish(baselineOK)
+	rep.DurationMS = time.Since(rep.Started).Milliseconds()
+	return rep, nil
+}
+
+// finish counts the claims and sets the exit code: a violated claim is 1,
+// otherwise anything inconclusive (a failed baseline among them) is 3.
+func (rep *Report) finish(baselineOK bool) {
+	violated, inconclusive := false, !baselineOK
+	for _, cr := range rep.Claims {
+		switch cr.Verdict {
+		case Pass:
+			rep.Summary.Passed++
+		case Fail:
+			rep.Summary.Failed++
+			if !cr.Baseline {
+				violated = true
+			}
+		case Inconclusive:
+			rep.Summary.Inconclusive++
+			inconclusive = true
+		case Skipped:
+			rep.Summary.Skipped++
+		}
+	}
+	switch {
+	case violated:
+		rep.ExitCode = ExitViolated
+	case inconclusive:
+		rep.ExitCode = ExitInconclusive
+	default:
+		rep.ExitCode = ExitOK
+	}
+}
+
+// layerState maps the stack's findings onto layers.
+func layerState(findings []stack.Finding) map[string]string {
+	out := map[string]string{}
+	for _, l := range Layers {
+		out[l] = "present"
+	}
+	for _, f := range findings {
+		if _, ok := out[f.Layer]; !ok {
+			continue
+		}
+		if out[f.Layer] == "present" {
+			out[f.Layer] = "absent: " + f.Object + ": " + f.Problem
+		}
+	}
+	return out
+}
+
+// bridgeNetfilter reads whether bridged IPv4 passes the inet hooks in the
+// host's namespace (SPEC 7c): a layer not in the path proves nothing.
+func bridgeNetfilter(ns string) (bool, bool) {
+	var on, ok bool
+	_ = nsrun.Do(ns, func() error {
+		b, err := os.ReadFile("/proc/sys/net/bridge/bridge-nf-call-iptables")
+		if err != nil {
+			return err
+		}
+		ok, on = true, strings.TrimSpace(string(b)) == "1"
+		return nil
+	})
+	return on, ok
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}
+
+// cleanLeftovers removes the drill's own boxes: those of one run, or (run
+// empty) of every run. Only instances that carry both the box tag and the
+// drill tag are touched.
+func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
+	filter := map[string]string{TagDrill: "1"}
+	if run != "" {
+		filter[TagRun] = run
+	}
+	insts, err := h.Incus.Instances(ctx, filter)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, i := range insts {
+		if i.Config[stack.Current.Tag] != "1" {
+			continue
+		}
+		if err := h.Remove(ctx, i.Name); err != nil && !isGone(err) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	left, err := h.Incus.Instances(ctx, filter)
+	if err != nil {
+		return err
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("%d drill boxes are still there after removal", len(left))
+	}
+	return nil
+}
+
+func isGone(err error) bool {
+	var nsb *stack.NoSuchBoxError
+	return errors.As(err, &nsb) || incus.IsNotFound(err)
+}
+
+// boxEnd reads what the scenario needs about a probe box.
+func boxEnd(ctx context.Context, h *stack.Host, place, name string) (*BoxEnd, error) {
+	ip, err := h.WaitAddress(ctx, name, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	inst, _, err := h.Incus.Instance(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	mac, err := net.ParseMAC(inst.Config["volatile.eth0.hwaddr"])
+	if err != nil {
+		return nil, fmt.Errorf("%s has no usable MAC (volatile.eth0.hwaddr=%q)", name, inst.Config["volatile.eth0.hwaddr"])
+	}
+	return &BoxEnd{Place: place, Instance: name, IP: ip, MAC: mac, LinkLocal: drillLinkLocal(mac)}, nil
+}
+
+func pushAgent(ctx context.Context, c *incus.Client, agent string, names map[string]string) error {
+	var wg sync.WaitGroup
+	errs := make([]error, 0, 3)
+	var mu sync.Mutex
+	for _, p := range []string{PlaceA, PlaceB, PlaceC} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f, err := os.Open(agent)
+			if err == nil {
+				defer f.Close()
+				err = c.PushFile(ctx, names[p], agentPath, f, 0o755, 0, 0)
+			}
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("pushing the agent into %s: %w", names[p], err))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// worldTopology fills the targets from the hermetic world.
+func worldTopology(st *world.State, v *stack.Verification, a, b, c BoxEnd) Topology {
+	t := Topology{
+		Subnet: v.Subnet, Gateway: v.Gateway, A: a, B: b, C: c,
+		Canary: world.Canary, CanaryTCP: world.CanaryTCPPort, CanaryUDP: world.EchoUDPPort,
+		CanaryGreeting: st.Greeting("canary"), PublicName: world.PublicName, DNSDomain: "incus",
+		HostAddrs: []HostAddr{
+			{Name: "gateway", Addr: v.Gateway, Via: v.Subnet},
+			{Name: "lan-side", Addr: world.LANHostSide.Addr(), Via: world.LANHostSide.Masked()},
+			{Name: "uplink", Addr: world.UplinkHost.Addr(), Via: world.UplinkHost.Masked()},
+		},
+		LANVia: world.LANRouter.Masked(), LANNAT: world.LANHostSide.Addr(), LANSource: world.LANRouter.Addr(),
+	}
+	for _, h := range world.LANHosts {
+		t.LANHosts = append(t.LANHosts, Target{Name: h.Name, Addr: h.Addr, TCPPort: world.LANTCPPort, UDPPort: world.EchoUDPPort})
+	}
+	return t
+}
+
+// runPlans runs every place's plan at once and collects the observations.
+func runPlans(ctx context.Context, cfg Config, c *incus.Client, names map[string]string, plans map[string]*probes.Plan) (observations, map[string]string) {
+	obs := observations{}
+	agentErr := map[string]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	places := make([]string, 0, len(plans))
+	for p := range plans {
+		places = append(places, p)
+	}
+	sort.Strings(places)
+	for _, place := range places {
+		plan := plans[place]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rep, err := runPlan(ctx, cfg, c, names, place, plan)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				agentErr[place] = err.Error()
+			}
+			if rep == nil {
+				return
+			}
+			if rep.Error != "" {
+				agentErr[place] = rep.Error
+			}
+			m := map[string]probes.Observation{}
+			for _, o := range rep.Observations {
+				m[o.ID] = o
+			}
+			obs[place] = m
+		}()
+	}
+	wg.Wait()
+	return obs, agentErr
+}
+
+func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[string]string, place string, plan *probes.Plan) (*probes.Report, error) {
+	data, err := json.Marshal(plan)
+	if err != nil {
+		return nil, err
+	}
+	limit := plan.Deadline() + 20*time.Second
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var stdout, stderr []byte
+	switch place {
+	case PlaceHost, PlaceLAN:
+		ns := cfg.World.Names.HostNS
+		if place == PlaceLAN {
+			ns = cfg.World.Names.LANNS
+		}
+		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, cfg.Agent, "agent")
+		cmd.Stdin = bytes.NewReader(data)
+		var eb bytes.Buffer
+		cmd.Stderr = &eb
+		stdout, err = cmd.Output()
+		stderr = eb.Bytes()
+	default:
+		box := names[place]
+		planPath := "/tmp/drill-plan.json"
+		if err := c.PushFile(ctx, box, planPath, bytes.NewReader(data), 0o600, 0, 0); err != nil {
+			return nil, fmt.Errorf("pushing the plan: %w", err)
+		}
+		var res *incus.ExecResult
+		res, err = c.Exec(ctx, box, incus.ExecRequest{Command: []string{agentPath, "agent", "--plan", planPath}})
+		if res != nil {
+			stdout, stderr = res.Stdout, res.Stderr
+		}
+	}
+	rep, derr := probes.DecodeReport(bytes.NewReader(stdout))
+	if derr != nil {
+		return nil, errors.Join(err, fmt.Errorf("reading the agent's report: %w (stderr: %.300s)", derr, stderr))
+	}
+	return rep, nil
+}
+
+// drillLinkLocal is the link-local address the agent adds on a probe box
+// (without duplicate address detection, so it is usable at once): not the
+// box's own EUI-64 address, which stays tentative for the box's first
+// second or two.
+func drillLinkLocal(mac net.HardwareAddr) netip.Addr {
+	var b [16]byte
+	b[0], b[1] = 0xfe, 0x80
+	b[8], b[9] = 0xb0, 0xc5
+	copy(b[10:], mac[len(mac)-6:])
+	return netip.AddrFrom16(b)
+}

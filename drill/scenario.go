@@ -1,0 +1,419 @@
+package drill
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/box-isolation/box/probes"
+)
+
+// Places where plans run: the three probe boxes and the world's namespaces.
+const (
+	PlaceA    = "box-a"   // the prober
+	PlaceB    = "box-b"   // its peer
+	PlaceC    = "clone-a" // a clone of box-a
+	PlaceHost = "host"    // the host namespace (listeners on host addresses)
+	PlaceLAN  = "lan"     // the LAN namespace (witnesses at LAN hosts)
+)
+
+// Ports the drill's own listeners use on boxes and host addresses.
+const (
+	listenTCP = 9100
+	listenUDP = 9101
+)
+
+// Timing of one probe round. Witnesses and listeners arm at once; probes
+// wait probeDelay so every witness is armed (agents in several boxes start
+// within a few hundred milliseconds of each other); a blocked probe costs
+// one probeDeadline, all of them together.
+var (
+	probeDelay    = 1000 * time.Millisecond
+	probeDeadline = 1500 * time.Millisecond
+	planDeadline  = probeDelay + probeDeadline + 1200*time.Millisecond
+)
+
+// Expectation is what an action must observe to pass.
+type Expectation string
+
+const (
+	ExpectReach    Expectation = "reached"         // reached, with proof of who answered
+	ExpectBlocked  Expectation = "blocked"         // silent or rejected, and nothing arrived at the target
+	ExpectResolve  Expectation = "resolves"        // the name resolves
+	ExpectNoName   Expectation = "no sibling name" // the resolver answers, without a record
+	ExpectNone     Expectation = "none"            // no IPv6 state, no router advertisement
+	ExpectLease    Expectation = "lease"           // an address on the box subnet
+	ExpectDistinct Expectation = "distinct"        // clone and source differ
+)
+
+// BoxEnd is one probe box as the drill knows it after minting.
+type BoxEnd struct {
+	Place     string           `json:"place"`
+	Instance  string           `json:"instance"`
+	IP        netip.Addr       `json:"ip"`
+	MAC       net.HardwareAddr `json:"-"`
+	LinkLocal netip.Addr       `json:"link_local"`
+}
+
+// HostAddr is one of the host's own addresses.
+type HostAddr struct {
+	Name string       // gateway, lan-side, uplink
+	Addr netip.Addr   // the address
+	Via  netip.Prefix // the subnet that holds it, to bind a listener to it
+}
+
+// Target is a host the drill probes but does not run (a LAN host).
+type Target struct {
+	Name    string
+	Addr    netip.Addr
+	TCPPort int
+	UDPPort int
+}
+
+// Topology is everything the scenario needs to know about the run.
+type Topology struct {
+	Subnet  netip.Prefix
+	Gateway netip.Addr
+	A, B, C BoxEnd
+
+	Canary         netip.Addr
+	CanaryTCP      int
+	CanaryUDP      int
+	CanaryGreeting string // a reply from the canary must carry this
+	PublicName     string
+	DNSDomain      string // the bridge's DNS domain, for sibling name forms
+
+	HostAddrs []HostAddr
+	// LANVia is the subnet the LAN namespace's witnesses capture on;
+	// LANNAT is the host address boxes' traffic to the LAN is NATed to.
+	LANVia   netip.Prefix
+	LANNAT   netip.Addr
+	LANHosts []Target
+	// LANSource is the address the LAN namespace probes boxes from.
+	LANSource netip.Addr
+}
+
+// Action is one probe with its expected result.
+type Action struct {
+	ID        string           `json:"id"`
+	Claim     string           `json:"claim"`
+	Channel   string           `json:"channel"`
+	From      string           `json:"from"`   // a place
+	Target    string           `json:"target"` // who, for people: "box-b 10.88.0.12"
+	TargetKey string           `json:"-"`      // the matrix column
+	Expect    Expectation      `json:"expect"`
+	Probe     probes.ProbeSpec `json:"-"`
+	// WitnessAt runs Witness; ListenerAt names a listener whose service
+	// counts as arrival (host addresses, where a capture on the wire would
+	// see a packet the firewall drops later).
+	WitnessAt  string              `json:"-"`
+	Witness    *probes.WitnessSpec `json:"-"`
+	ListenerAt string              `json:"-"`
+	ListenerID string              `json:"-"`
+	// Compare names the probes whose observations are compared (C-CLONE).
+	Compare []string `json:"-"`
+	// Baseline marks a positive control.
+	Baseline bool `json:"-"`
+}
+
+// Scenario is the plans to run and the actions they serve.
+type Scenario struct {
+	Plans   map[string]*probes.Plan
+	Actions []Action
+}
+
+type builder struct {
+	t      Topology
+	sc     *Scenario
+	n      int
+	claims map[string]bool
+	window int
+}
+
+func (b *builder) plan(place string) *probes.Plan {
+	p, ok := b.sc.Plans[place]
+	if !ok {
+		p = &probes.Plan{Version: probes.PlanVersion, DeadlineMS: int(planDeadline.Milliseconds())}
+		b.sc.Plans[place] = p
+	}
+	return p
+}
+
+func (b *builder) id() string {
+	b.n++
+	return fmt.Sprintf("p%03d", b.n)
+}
+
+// probe adds an action and its probe. The returned pointer is only good
+// until the next call.
+func (b *builder) probe(a Action, spec probes.ProbeSpec) *Action {
+	spec.ID = a.ID
+	if spec.DeadlineMS == 0 {
+		spec.DeadlineMS = int(probeDeadline.Milliseconds())
+	}
+	spec.DelayMS = int(probeDelay.Milliseconds())
+	p := b.plan(a.From)
+	p.Probes = append(p.Probes, spec)
+	a.Probe = spec
+	b.sc.Actions = append(b.sc.Actions, a)
+	return &b.sc.Actions[len(b.sc.Actions)-1]
+}
+
+// witness puts a capture at place for the action's traffic.
+func (b *builder) witness(a *Action, place string, spec probes.WitnessSpec) {
+	spec.ID = "w" + a.ID
+	spec.WindowMS = b.window
+	b.plan(place).Witnesses = append(b.plan(place).Witnesses, spec)
+	a.WitnessAt = place
+	a.Witness = &spec
+}
+
+// BuildScenario expands the selected claims into actions and per-place
+// plans. Baseline claims are always built: without them no blocked verdict
+// can be trusted.
+func BuildScenario(t Topology, claims []Claim) *Scenario {
+	b := &builder{t: t, sc: &Scenario{Plans: map[string]*probes.Plan{}}, claims: map[string]bool{},
+		window: int((planDeadline - probes.AgentMargin - 100*time.Millisecond).Milliseconds())}
+	for _, c := range claims {
+		b.claims[c.ID] = true
+	}
+	for _, c := range Catalogue {
+		if c.Baseline {
+			b.claims[c.ID] = true
+		}
+	}
+	// Listeners on every box and host address, so a probe that gets
+	// through is answered and proves it.
+	for _, place := range []string{PlaceA, PlaceB, PlaceC} {
+		p := b.plan(place)
+		p.Listeners = append(p.Listeners,
+			probes.ListenerSpec{ID: "l-tcp", Kind: probes.KindTCPGreeter, Name: place, Port: listenTCP},
+			probes.ListenerSpec{ID: "l-udp", Kind: probes.KindUDPEcho, Name: place, Port: listenUDP})
+	}
+	// Every box gets a usable IPv6 link-local address, as an attacker
+	// would give itself one (SPEC 7c).
+	for _, e := range []BoxEnd{t.A, t.B, t.C} {
+		if e.LinkLocal.IsValid() {
+			b.plan(e.Place).LinkLocal = &probes.LinkLocalSpec{Via: t.Subnet, Address: e.LinkLocal}
+		}
+	}
+	if b.claims["C-HOST"] {
+		for _, h := range t.HostAddrs {
+			p := b.plan(PlaceHost)
+			p.Listeners = append(p.Listeners,
+				probes.ListenerSpec{ID: "l-tcp-" + h.Name, Kind: probes.KindTCPGreeter, Name: "host-" + h.Name, Port: listenTCP, Via: h.Via},
+				probes.ListenerSpec{ID: "l-udp-" + h.Name, Kind: probes.KindUDPEcho, Name: "host-" + h.Name, Port: listenUDP, Via: h.Via})
+		}
+	}
+	b.baselines()
+	b.sibling()
+	b.host()
+	b.lan()
+	b.enum()
+	b.v6()
+	b.inbound()
+	b.clone()
+	return b.sc
+}
+
+func (b *builder) baselines() {
+	t := b.t
+	canary := "canary " + t.Canary.String()
+	for _, ch := range []struct {
+		channel string
+		kind    probes.Kind
+		port    int
+	}{{"tcp", probes.KindTCP, t.CanaryTCP}, {"udp", probes.KindUDP, t.CanaryUDP}, {"icmp", probes.KindICMP, 0}} {
+		b.probe(Action{ID: b.id(), Claim: "C-EGRESS", Channel: ch.channel, From: PlaceA, Target: canary, TargetKey: "internet", Expect: ExpectReach, Baseline: true},
+			probes.ProbeSpec{Kind: ch.kind, Target: t.Canary, Port: ch.port, Via: t.Subnet})
+	}
+	b.probe(Action{ID: b.id(), Claim: "C-DNS", Channel: "dns", From: PlaceA, Target: "gateway " + t.Gateway.String() + " " + t.PublicName, TargetKey: "gateway", Expect: ExpectResolve, Baseline: true},
+		probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: t.PublicName, QType: "A", Via: t.Subnet})
+	b.probe(Action{ID: b.id(), Claim: "C-DHCP", Channel: "dhcp", From: PlaceA, Target: "lease on " + t.Subnet.String(), TargetKey: "lease", Expect: ExpectLease, Baseline: true},
+		probes.ProbeSpec{Kind: probes.KindDHCPLease, Via: t.Subnet})
+}
+
+// toBox probes a peer box over ARP, ICMP, TCP, UDP and IPv6 link-local,
+// each with a witness in the peer.
+func (b *builder) toBox(claim string, from BoxEnd, to BoxEnd) {
+	t := b.t
+	label := to.Place + " " + to.IP.String()
+	srcs := []netip.Addr{from.IP}
+	if from.LinkLocal.IsValid() {
+		srcs = append(srcs, from.LinkLocal)
+	}
+	macs := []string{from.MAC.String()}
+	for _, ch := range []struct {
+		channel string
+		kind    probes.Kind
+		port    int
+		proto   string
+		target  netip.Addr
+	}{
+		{"arp", probes.KindARP, 0, "arp", to.IP},
+		{"icmp", probes.KindICMP, 0, "icmp", to.IP},
+		{"tcp", probes.KindTCP, listenTCP, "tcp", to.IP},
+		{"udp", probes.KindUDP, listenUDP, "udp", to.IP},
+		{"icmpv6-link-local", probes.KindICMP, 0, "icmpv6", to.LinkLocal},
+	} {
+		if !ch.target.IsValid() {
+			continue
+		}
+		nonce := probes.NewNonce()
+		spec := probes.ProbeSpec{Kind: ch.kind, Target: ch.target, Port: ch.port, Via: t.Subnet}
+		if ch.kind != probes.KindARP {
+			spec.Nonce = nonce
+		}
+		a := b.probe(Action{ID: b.id(), Claim: claim, Channel: ch.channel, From: from.Place, Target: label, TargetKey: to.Place, Expect: ExpectBlocked}, spec)
+		w := probes.WitnessSpec{Via: t.Subnet, SrcIPs: srcs, SrcMACs: macs, Proto: ch.proto, Port: ch.port}
+		if spec.Nonce != "" {
+			w.Nonces = []string{nonce}
+		}
+		b.witness(a, to.Place, w)
+	}
+}
+
+func (b *builder) sibling() {
+	if !b.claims["C-SIBLING"] {
+		return
+	}
+	t := b.t
+	b.toBox("C-SIBLING", t.A, t.B)
+	b.toBox("C-SIBLING", t.A, t.C)
+	// Broadcast and all-nodes multicast: any peer answering is a hole; the
+	// witness in each peer names who saw the frame.
+	for _, ch := range []struct {
+		channel string
+		spec    probes.ProbeSpec
+		proto   string
+	}{
+		{"broadcast", probes.ProbeSpec{Kind: probes.KindBroadcast, Port: listenUDP, Via: t.Subnet}, "udp"},
+		{"icmpv6-all-nodes", probes.ProbeSpec{Kind: probes.KindICMP, Target: netip.MustParseAddr("ff02::1"), Via: t.Subnet}, "icmpv6"},
+	} {
+		ch.spec.Nonce = probes.NewNonce()
+		a := b.probe(Action{ID: b.id(), Claim: "C-SIBLING", Channel: ch.channel, From: PlaceA, Target: "every peer on " + t.Subnet.String(), TargetKey: PlaceB, Expect: ExpectBlocked}, ch.spec)
+		b.witness(a, PlaceB, probes.WitnessSpec{Via: t.Subnet, Nonces: []string{ch.spec.Nonce}, SrcMACs: []string{t.A.MAC.String()}, Proto: ch.proto})
+	}
+}
+
+func (b *builder) host() {
+	if !b.claims["C-HOST"] {
+		return
+	}
+	t := b.t
+	for _, h := range t.HostAddrs {
+		label := "host " + h.Name + " " + h.Addr.String()
+		key := "host-" + h.Name
+		a := b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "tcp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
+			probes.ProbeSpec{Kind: probes.KindTCP, Target: h.Addr, Port: listenTCP, Via: t.Subnet, Nonce: probes.NewNonce()})
+		a.ListenerAt, a.ListenerID = PlaceHost, "l-tcp-"+h.Name
+		a = b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "udp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
+			probes.ProbeSpec{Kind: probes.KindUDP, Target: h.Addr, Port: listenUDP, Via: t.Subnet, Nonce: probes.NewNonce()})
+		a.ListenerAt, a.ListenerID = PlaceHost, "l-udp-"+h.Name
+		// The host's kernel answers every echo that reaches it, so silence
+		// is the firewall's doing; a capture on the box side would see the
+		// request before the firewall drops it and prove nothing.
+		b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
+			probes.ProbeSpec{Kind: probes.KindICMP, Target: h.Addr, Via: t.Subnet, Nonce: probes.NewNonce()})
+	}
+}
+
+func (b *builder) lan() {
+	if !b.claims["C-LAN"] {
+		return
+	}
+	t := b.t
+	srcs := []netip.Addr{t.A.IP}
+	if t.LANNAT.IsValid() {
+		srcs = append(srcs, t.LANNAT)
+	}
+	for _, h := range t.LANHosts {
+		label := h.Name + " " + h.Addr.String()
+		for _, ch := range []struct {
+			channel string
+			kind    probes.Kind
+			port    int
+		}{{"tcp", probes.KindTCP, h.TCPPort}, {"udp", probes.KindUDP, h.UDPPort}, {"icmp", probes.KindICMP, 0}} {
+			if ch.kind != probes.KindICMP && ch.port == 0 {
+				continue
+			}
+			nonce := probes.NewNonce()
+			a := b.probe(Action{ID: b.id(), Claim: "C-LAN", Channel: ch.channel, From: PlaceA, Target: label, TargetKey: h.Name, Expect: ExpectBlocked},
+				probes.ProbeSpec{Kind: ch.kind, Target: h.Addr, Port: ch.port, Via: t.Subnet, Nonce: nonce})
+			if t.LANVia.IsValid() {
+				b.witness(a, PlaceLAN, probes.WitnessSpec{Via: t.LANVia, Nonces: []string{nonce}, SrcIPs: srcs, Proto: ch.channel, Port: ch.port, DstIP: h.Addr})
+			}
+		}
+	}
+}
+
+func (b *builder) enum() {
+	if !b.claims["C-ENUM"] {
+		return
+	}
+	t := b.t
+	for _, peer := range []BoxEnd{t.B, t.C} {
+		names := probes.DNSNameForms(peer.Instance, t.DNSDomain)
+		for _, n := range names {
+			b.probe(Action{ID: b.id(), Claim: "C-ENUM", Channel: "dns", From: PlaceA, Target: n + " (" + peer.Place + ")", TargetKey: "gateway", Expect: ExpectNoName},
+				probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: n, QType: "A", Via: t.Subnet})
+		}
+		b.probe(Action{ID: b.id(), Claim: "C-ENUM", Channel: "dns", From: PlaceA, Target: "PTR " + peer.IP.String() + " (" + peer.Place + ")", TargetKey: "gateway", Expect: ExpectNoName},
+			probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: peer.IP.String(), QType: "PTR", Via: t.Subnet})
+	}
+}
+
+func (b *builder) v6() {
+	if !b.claims["C-V6"] {
+		return
+	}
+	t := b.t
+	b.probe(Action{ID: b.id(), Claim: "C-V6", Channel: "global-address+default-route", From: PlaceA, Target: "box-a", TargetKey: "ipv6", Expect: ExpectNone},
+		probes.ProbeSpec{Kind: probes.KindIPv6State})
+	b.probe(Action{ID: b.id(), Claim: "C-V6", Channel: "router-advertisement", From: PlaceA, Target: "routers on " + t.Subnet.String(), TargetKey: "ipv6", Expect: ExpectNone},
+		probes.ProbeSpec{Kind: probes.KindNDPRS, Via: t.Subnet})
+}
+
+func (b *builder) inbound() {
+	if !b.claims["C-INBOUND"] {
+		return
+	}
+	t := b.t
+	label := t.A.Place + " " + t.A.IP.String()
+	for _, from := range []struct {
+		place string
+		src   []netip.Addr
+	}{{PlaceHost, []netip.Addr{t.Gateway}}, {PlaceLAN, []netip.Addr{t.LANSource}}} {
+		if from.place == PlaceLAN && !t.LANVia.IsValid() {
+			continue
+		}
+		for _, ch := range []struct {
+			channel string
+			kind    probes.Kind
+			port    int
+		}{{"tcp", probes.KindTCP, listenTCP}, {"icmp", probes.KindICMP, 0}} {
+			nonce := probes.NewNonce()
+			a := b.probe(Action{ID: b.id(), Claim: "C-INBOUND", Channel: ch.channel, From: from.place, Target: label, TargetKey: PlaceA, Expect: ExpectBlocked},
+				probes.ProbeSpec{Kind: ch.kind, Target: t.A.IP, Port: ch.port, Nonce: nonce})
+			b.witness(a, PlaceA, probes.WitnessSpec{Via: t.Subnet, Nonces: []string{nonce}, SrcIPs: from.src, Proto: ch.channel, Port: ch.port, DstIP: t.A.IP})
+		}
+	}
+}
+
+func (b *builder) clone() {
+	if !b.claims["C-CLONE"] {
+		return
+	}
+	t := b.t
+	// The clone's lease; box-a's comes from the C-DHCP baseline.
+	var lease string
+	for _, a := range b.sc.Actions {
+		if a.Claim == "C-DHCP" {
+			lease = a.ID
+		}
+	}
+	a := b.probe(Action{ID: b.id(), Claim: "C-CLONE", Channel: "address+mac+machine-id", From: PlaceC, Target: "clone-a vs box-a", TargetKey: PlaceA, Expect: ExpectDistinct},
+		probes.ProbeSpec{Kind: probes.KindDHCPLease, Via: t.Subnet})
+	a.Compare = []string{lease}
+}
