@@ -1,0 +1,640 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/templates"
+)
+
+// How long `box new` waits for a box's address, and for its provisioning
+// (cloud-init) to report ready.
+const (
+	addressWait   = 60 * time.Second
+	provisionWait = 20 * time.Minute
+)
+
+type newOpts struct {
+	name, template, from, image string
+	cpu, memory, disk           string
+	vm, container, asJSON       bool
+}
+
+// newResult is what `box new --json` prints.
+type newResult struct {
+	Box *stack.Box `json:"box"`
+	// Address is the box's IPv4 address on the stack's bridge.
+	Address string `json:"address"`
+	// Provisioned is "ready", "failed: ...", or "not run" for an image
+	// without cloud-init (the user-data is stored but nothing runs it).
+	Provisioned string `json:"provisioned"`
+	// Clone is set for --from: where it came from and what it inherited.
+	Clone *cloneInfo `json:"clone,omitempty"`
+}
+
+type cloneInfo struct {
+	Source        string            `json:"source"`
+	Inherited     map[string]string `json:"inherited"`
+	SourceStopped bool              `json:"source_stopped"`
+}
+
+func setupNew(fs *flag.FlagSet) action {
+	o := &newOpts{}
+	fs.StringVar(&o.name, "name", "", "the new box's name (required)")
+	fs.StringVar(&o.template, "template", "", "the template to mint from (box templates lists them; default "+templates.Default+")")
+	fs.StringVar(&o.from, "from", "", "clone box SRC, or its snapshot SRC/SNAP, instead of minting from a template")
+	fs.StringVar(&o.cpu, "cpu", "", "CPUs, or none for no limit (beats BOX_CPU, which beats the template)")
+	fs.StringVar(&o.memory, "memory", "", "memory, e.g. 4GiB, or none for no limit (beats BOX_MEMORY, which beats the template)")
+	fs.StringVar(&o.disk, "disk", "", "root disk size, e.g. 20GiB, or none for the pool's default (beats BOX_DISK, which beats the template)")
+	fs.BoolVar(&o.vm, "vm", false, "make a virtual machine (default where the host can run one)")
+	fs.BoolVar(&o.container, "container", false, "make a container (default where the host cannot run VMs)")
+	fs.StringVar(&o.image, "image", "", "the image alias or fingerprint (beats BOX_IMAGE, which beats the template's)")
+	fs.BoolVar(&o.asJSON, "json", false, "print the result as JSON")
+	return func(c *call) error { return c.newBox(o) }
+}
+
+func (c *call) newBox(o *newOpts) error {
+	if o.name == "" {
+		return usagef("new: --name is required (e.g. box new --name work)")
+	}
+	if o.vm && o.container {
+		return usagef("new: --vm and --container contradict each other; pick one")
+	}
+	if o.from != "" {
+		for _, f := range []struct {
+			set  bool
+			flag string
+		}{
+			{o.cpu != "", "--cpu"}, {o.memory != "", "--memory"}, {o.disk != "", "--disk"},
+			{o.template != "", "--template"}, {o.image != "", "--image"}, {o.vm || o.container, "--vm/--container"},
+		} {
+			if f.set {
+				return usagef("new: %s cannot be used with --from: a clone keeps its source's template, image, type and resources (change limits afterwards with box incus %s -- config set {} ...)", f.flag, o.name)
+			}
+		}
+		return c.cloneBox(o)
+	}
+	if o.template == "" {
+		o.template = templates.Default
+	}
+	t, err := templates.Get(o.template)
+	if err != nil {
+		return usagef("new: %v", err)
+	}
+	res, unlimited, err := mergeResources(t, c.getenv, templates.Resources{CPU: o.cpu, Memory: o.memory, Disk: o.disk})
+	if err != nil {
+		return usagef("new: %v", err)
+	}
+	img := t.Image
+	if v := strings.TrimSpace(c.getenv("BOX_IMAGE")); v != "" {
+		img = v
+	}
+	if o.image != "" {
+		img = o.image
+	}
+	userData, err := t.UserData(templates.RenderOptions{BoxName: o.name, BoxVersion: version})
+	if err != nil {
+		return err
+	}
+	h, err := c.host()
+	if err != nil {
+		return err
+	}
+	vm := o.vm
+	if !o.vm && !o.container {
+		srv, err := h.Incus.Server(c.ctx)
+		if err != nil {
+			return err
+		}
+		vm = srv.CanRunVMs()
+		if vm {
+			fmt.Fprintf(c.err, "box: this host can run VMs: making a virtual machine (--container for a container)\n")
+		} else {
+			fmt.Fprintf(c.err, "box: this host cannot run VMs (incus drivers: %s): making a container\n", strings.Join(srv.Drivers(), ", "))
+		}
+	}
+	_, _, existing := h.Incus.Instance(c.ctx, o.name)
+	start := time.Now()
+	c.progressf("minting %s from %s...", o.name, img)
+	b, err := h.Mint(c.ctx, stack.MintRequest{
+		Name: o.name, Image: img, VM: vm,
+		CPU: limit(res.CPU, unlimited["cpu"]), Memory: limit(res.Memory, unlimited["memory"]), Disk: limit(res.Disk, unlimited["disk"]),
+		UserData: userData,
+		Stamps: map[string]string{
+			stack.StampTemplate: t.Name,
+			stack.StampUser:     t.User,
+			stack.StampVersion:  version,
+		},
+	})
+	c.progressDone()
+	if err != nil {
+		if incus.IsNotFound(existing) {
+			if i, _, ierr := h.Incus.Instance(c.ctx, o.name); ierr == nil && i.Config[stack.Current.Tag] == "1" && i.Status == "Stopped" {
+				// Created, but it would not start: leave it for the
+				// operator to look at, and say how.
+				return fmt.Errorf("%w\n%s was created but did not start: `box incus %s -- info --show-log` shows why; if it says \"Failed to setup cgroup limits\", this host cannot apply a memory limit: box rm %s --force, then mint again with --memory none (or BOX_MEMORY=none)", err, o.name, o.name, o.name)
+			}
+		}
+		return err
+	}
+	r := &newResult{Box: b}
+	if err := c.settle(h, r, start); err != nil {
+		return err
+	}
+	return c.printNew(r, o.asJSON, fmt.Sprintf("template %s, %s CPU, %s memory, %s disk", t.Name,
+		shown(res.CPU, unlimited["cpu"]), shown(res.Memory, unlimited["memory"]), shown(res.Disk, unlimited["disk"])))
+}
+
+// noLimit is the resource value that leaves a limit unset, for hosts that
+// cannot apply one (a memory cgroup that will not take a limit makes every
+// box fail to start).
+const noLimit = "none"
+
+// mergeResources is templates.MergeResources (template < BOX_CPU/BOX_MEMORY/
+// BOX_DISK < flags) with one more value: "none", from a flag or the
+// environment, leaves that limit unset. unlimited is keyed cpu, memory, disk.
+func mergeResources(t *templates.Template, getenv func(string) string, flags templates.Resources) (templates.Resources, map[string]bool, error) {
+	unlimited := map[string]bool{}
+	envNone := map[string]bool{}
+	for _, r := range []struct {
+		key, env string
+		flag     *string
+	}{{"cpu", "BOX_CPU", &flags.CPU}, {"memory", "BOX_MEMORY", &flags.Memory}, {"disk", "BOX_DISK", &flags.Disk}} {
+		switch {
+		case *r.flag == noLimit:
+			unlimited[r.key], envNone[r.env] = true, true
+			*r.flag = ""
+		case *r.flag == "" && strings.TrimSpace(getenv(r.env)) == noLimit:
+			unlimited[r.key], envNone[r.env] = true, true
+		}
+	}
+	env := func(k string) string {
+		if envNone[k] {
+			return ""
+		}
+		return getenv(k)
+	}
+	res, err := templates.MergeResources(t, env, flags)
+	return res, unlimited, err
+}
+
+func limit(v string, unlimited bool) string {
+	if unlimited {
+		return ""
+	}
+	return v
+}
+
+func shown(v string, unlimited bool) string {
+	if unlimited {
+		return "unlimited"
+	}
+	return v
+}
+
+func (c *call) cloneBox(o *newOpts) error {
+	src, snap, _ := strings.Cut(o.from, "/")
+	if src == "" {
+		return usagef("new: --from %q: want SRC or SRC/SNAP", o.from)
+	}
+	h, err := c.host()
+	if err != nil {
+		return err
+	}
+	srcBox, err := h.Info(c.ctx, src)
+	if err != nil {
+		return err
+	}
+	if snap != "" {
+		snaps, err := h.Snapshots(c.ctx, src)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(snaps, func(s incus.Snapshot) bool { return s.Name == snap }) {
+			return fmt.Errorf("%s has no snapshot %s (box info %s lists them)", src, snap, src)
+		}
+	}
+	start := time.Now()
+	c.progressf("cloning %s into %s...", o.from, o.name)
+	cr, err := h.Clone(c.ctx, src, snap, o.name)
+	c.progressDone()
+	if err != nil {
+		return err
+	}
+	if cr.SourceStopped {
+		fmt.Fprintf(c.err, "box: this host cannot copy a running container: %s was stopped for the copy and started again\n", src)
+	}
+	inherited := map[string]string{}
+	for _, k := range []string{stack.StampTemplate, stack.StampUser, stack.StampImage, stack.StampType, stack.StampVersion} {
+		if v, ok := srcBox.Stamps[k]; ok {
+			inherited[strings.TrimPrefix(k, stack.StampPrefix)] = v
+		}
+	}
+	r := &newResult{Box: cr.Box, Clone: &cloneInfo{Source: o.from, Inherited: inherited, SourceStopped: cr.SourceStopped}}
+	if err := c.settle(h, r, start); err != nil {
+		return err
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(inherited)) {
+		parts = append(parts, k+"="+inherited[k])
+	}
+	inh := "nothing stamped (its source predates the stamps)"
+	if len(parts) > 0 {
+		inh = strings.Join(parts, ", ")
+	}
+	return c.printNew(r, o.asJSON, fmt.Sprintf("clone of %s, inherited %s; its disk state and users come with it, its MAC and machine-id are its own", o.from, inh))
+}
+
+// settle waits for the box's address and, where the image runs cloud-init,
+// for its provisioning to report.
+func (c *call) settle(h *stack.Host, r *newResult, start time.Time) error {
+	name := r.Box.Name
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				c.progressf("waiting for %s: %s", name, time.Since(start).Round(time.Second))
+			}
+		}
+	}()
+	addr, err := h.WaitAddress(c.ctx, name, addressWait)
+	if err != nil {
+		c.progressDone()
+		return fmt.Errorf("minted %s, but: %w", name, err)
+	}
+	r.Address = addr.String()
+	r.Provisioned, err = c.waitProvisioned(h.Incus, name)
+	c.progressDone()
+	return err
+}
+
+// waitProvisioned waits for the template's user-data to report. An image
+// without cloud-init stores the user-data and runs nothing: say so rather
+// than wait for a marker that never comes.
+func (c *call) waitProvisioned(cl *incus.Client, name string) (string, error) {
+	if _, err := cl.PullFile(c.ctx, name, "/usr/bin/cloud-init"); incus.IsNotFound(err) {
+		fmt.Fprintf(c.err, "box: %s's image has no cloud-init: the template's user-data is stored but not run\n", name)
+		return "not run", nil
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, provisionWait)
+	defer cancel()
+	for {
+		if _, err := cl.PullFile(ctx, name, templates.ReadyMarker); err == nil {
+			return "ready", nil
+		}
+		if b, err := cl.PullFile(ctx, name, templates.FailedMarker); err == nil {
+			return "", fmt.Errorf("minted %s, but provisioning failed: %s (look inside: box shell %s; or start again: box rm %s)", name, strings.TrimSpace(string(b)), name, name)
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("minted %s, but it has not finished provisioning after %s: look inside with box shell %s (cloud-init status --long)", name, provisionWait, name)
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+func (c *call) printNew(r *newResult, asJSON bool, what string) error {
+	if asJSON {
+		return c.printJSON(r)
+	}
+	fmt.Fprintf(c.out, "%s: %s %s at %s (%s)\n", r.Box.Name, r.Box.Type, strings.ToLower(r.Box.Status), r.Address, what)
+	return nil
+}
+
+func setupTemplates(fs *flag.FlagSet) action {
+	asJSON := fs.Bool("json", false, "print JSON")
+	return func(c *call) error {
+		ts, err := templates.Builtin()
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return c.printJSON(ts)
+		}
+		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tUSER\tCPU\tMEMORY\tDISK\tDESCRIPTION")
+		for _, t := range ts {
+			name := t.Name
+			if name == templates.Default {
+				name += " (default)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", name, t.User, t.Resources.CPU, t.Resources.Memory, t.Resources.Disk, t.Description)
+		}
+		return tw.Flush()
+	}
+}
+
+func setupList(fs *flag.FlagSet) action {
+	asJSON := fs.Bool("json", false, "print JSON (the stable interface)")
+	return func(c *call) error {
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		boxes, err := h.Boxes(c.ctx)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return c.printJSON(boxes)
+		}
+		if len(boxes) == 0 {
+			fmt.Fprintln(c.err, "no boxes yet: box new --name N mints one")
+			return nil
+		}
+		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tSTATUS\tTYPE\tTEMPLATE\tUSER\tMINTED\tORIGIN")
+		for _, b := range boxes {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b.Name, b.Status, b.Type,
+				stamp(b, stack.StampTemplate), stamp(b, stack.StampUser), stamp(b, stack.StampMinted), stamp(b, stack.StampOrigin))
+		}
+		return tw.Flush()
+	}
+}
+
+// stamp reads a stamp for display; a box minted before the key existed
+// shows "-".
+func stamp(b stack.Box, key string) string {
+	if v := b.Stamps[key]; v != "" {
+		return v
+	}
+	return "-"
+}
+
+// infoResult is what `box info --json` prints.
+type infoResult struct {
+	*stack.Box
+	Addresses []string         `json:"addresses"`
+	Snapshots []incus.Snapshot `json:"snapshots"`
+}
+
+func setupInfo(fs *flag.FlagSet) action {
+	asJSON := fs.Bool("json", false, "print JSON (the stable interface)")
+	return func(c *call) error {
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		r := infoResult{Box: c.box, Addresses: []string{}}
+		if r.Snapshots, err = h.Snapshots(c.ctx, c.name()); err != nil {
+			return err
+		}
+		if r.Snapshots == nil {
+			r.Snapshots = []incus.Snapshot{}
+		}
+		if st, err := h.Incus.InstanceState(c.ctx, c.name()); err == nil {
+			for nic, n := range st.Network {
+				if nic == "lo" {
+					continue
+				}
+				for _, a := range n.Addresses {
+					if a.Scope == "global" {
+						r.Addresses = append(r.Addresses, a.Address)
+					}
+				}
+			}
+			slices.Sort(r.Addresses)
+		}
+		if *asJSON {
+			return c.printJSON(r)
+		}
+		printInfo(c.out, r)
+		return nil
+	}
+}
+
+func printInfo(w io.Writer, r infoResult) {
+	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
+	addrs := "-"
+	if len(r.Addresses) > 0 {
+		addrs = strings.Join(r.Addresses, ", ")
+	}
+	fmt.Fprintf(tw, "name:\t%s\n", r.Name)
+	fmt.Fprintf(tw, "status:\t%s\n", r.Status)
+	fmt.Fprintf(tw, "type:\t%s\n", r.Type)
+	fmt.Fprintf(tw, "generation:\t%s\n", r.Generation)
+	fmt.Fprintf(tw, "created:\t%s\n", r.Created.UTC().Format(time.RFC3339))
+	fmt.Fprintf(tw, "addresses:\t%s\n", addrs)
+	fmt.Fprintf(tw, "profiles:\t%s\n", strings.Join(r.Profiles, ", "))
+	for _, k := range []string{stack.StampTemplate, stack.StampUser, stack.StampMinted, stack.StampVersion,
+		stack.StampImage, stack.StampFingerprint, stack.StampType, stack.StampOrigin} {
+		fmt.Fprintf(tw, "%s:\t%s\n", strings.TrimPrefix(k, stack.StampPrefix), stamp(*r.Box, k))
+	}
+	tw.Flush()
+	if len(r.Snapshots) == 0 {
+		fmt.Fprintln(w, "snapshots: none")
+		return
+	}
+	fmt.Fprintln(w, "snapshots:")
+	for _, s := range r.Snapshots {
+		fmt.Fprintf(w, "  %s\t%s\n", s.Name, s.CreatedAt.UTC().Format(time.RFC3339))
+	}
+}
+
+func setupExec(fs *flag.FlagSet) action {
+	return func(c *call) error {
+		argv := append(c.args[1:], c.rest...)
+		if len(argv) == 0 {
+			return usagef("exec: what command? box exec %s -- CMD [ARGS...]", c.name())
+		}
+		if c.box.Status != "Running" {
+			return fmt.Errorf("%s is %s: start it first (box start %s)", c.name(), strings.ToLower(c.box.Status), c.name())
+		}
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		u, err := c.boxUser(h.Incus)
+		if err != nil {
+			return err
+		}
+		res, err := h.Incus.Exec(c.ctx, c.name(), incus.ExecRequest{
+			Command: argv, User: u.uid, Group: u.gid, Cwd: u.home,
+			Env: map[string]string{"HOME": u.home, "USER": u.name, "LOGNAME": u.name},
+		})
+		if err != nil {
+			return err
+		}
+		c.out.Write(res.Stdout) //nolint:errcheck
+		c.err.Write(res.Stderr) //nolint:errcheck
+		if res.Truncated {
+			fmt.Fprintf(c.err, "box: output truncated at %d bytes per stream\n", incus.MaxExecOutput)
+		}
+		if res.ExitCode != 0 {
+			return exitError{res.ExitCode}
+		}
+		return nil
+	}
+}
+
+// boxUser is who box runs things as inside a box.
+type boxUser struct {
+	name     string
+	uid, gid uint32
+	home     string
+}
+
+// boxUser maps the box's user stamp to ids through the box's own
+// /etc/passwd; a box without the stamp is entered as root.
+func (c *call) boxUser(cl *incus.Client) (boxUser, error) {
+	name := c.box.Stamps[stack.StampUser]
+	if name == "" || name == "root" {
+		return boxUser{name: "root", home: "/root"}, nil
+	}
+	passwd, err := cl.PullFile(c.ctx, c.name(), "/etc/passwd")
+	if err != nil {
+		return boxUser{}, fmt.Errorf("looking up user %s in %s: %w", name, c.name(), err)
+	}
+	u, ok := lookupPasswd(string(passwd), name)
+	if !ok {
+		return boxUser{}, fmt.Errorf("%s's user %s is not in its /etc/passwd (is it still provisioning? box info %s); run as root with box incus %s -- exec {} -- CMD", c.name(), name, c.name(), c.name())
+	}
+	return u, nil
+}
+
+// lookupPasswd finds a user in the text of an /etc/passwd.
+func lookupPasswd(passwd, name string) (boxUser, bool) {
+	for line := range strings.SplitSeq(passwd, "\n") {
+		f := strings.Split(line, ":")
+		if len(f) < 7 || f[0] != name {
+			continue
+		}
+		uid, err1 := strconv.ParseUint(f[2], 10, 32)
+		gid, err2 := strconv.ParseUint(f[3], 10, 32)
+		if err1 != nil || err2 != nil {
+			return boxUser{}, false
+		}
+		home := f[5]
+		if home == "" {
+			home = "/"
+		}
+		return boxUser{name: name, uid: uint32(uid), gid: uint32(gid), home: home}, true
+	}
+	return boxUser{}, false
+}
+
+func setupSnapshot(fs *flag.FlagSet) action {
+	return func(c *call) error {
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		label := ""
+		if len(c.args) > 1 {
+			label = c.args[1]
+		}
+		snap, err := h.Snapshot(c.ctx, c.name(), label)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(c.out, "%s/%s\n", c.name(), snap)
+		return nil
+	}
+}
+
+func setupRestore(fs *flag.FlagSet) action {
+	return func(c *call) error {
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		snap := c.args[1]
+		snaps, err := h.Snapshots(c.ctx, c.name())
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(snaps, func(s incus.Snapshot) bool { return s.Name == snap }) {
+			return fmt.Errorf("%s has no snapshot %s (box info %s lists them)", c.name(), snap, c.name())
+		}
+		if err := h.Restore(c.ctx, c.name(), snap); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.out, "%s restored to %s\n", c.name(), snap)
+		return nil
+	}
+}
+
+func setupRename(fs *flag.FlagSet) action {
+	return func(c *call) error {
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		if err := h.Rename(c.ctx, c.name(), c.args[1]); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.out, "%s renamed to %s\n", c.name(), c.args[1])
+		return nil
+	}
+}
+
+func setupDown(fs *flag.FlagSet) action {
+	force := fs.Bool("force", false, "kill it at once instead of a clean shutdown")
+	return func(c *call) error {
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		if c.box.Status == "Stopped" {
+			fmt.Fprintf(c.err, "%s is already stopped\n", c.name())
+			return nil
+		}
+		if err := h.Stop(c.ctx, c.name(), *force); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.out, "%s stopped\n", c.name())
+		return nil
+	}
+}
+
+func setupStart(fs *flag.FlagSet) action {
+	return func(c *call) error {
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		if c.box.Status == "Running" {
+			fmt.Fprintf(c.err, "%s is already running\n", c.name())
+			return nil
+		}
+		if err := h.Start(c.ctx, c.name()); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.out, "%s started\n", c.name())
+		return nil
+	}
+}
+
+func setupRm(fs *flag.FlagSet) action {
+	return func(c *call) error {
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		snaps, err := h.Snapshots(c.ctx, c.name())
+		if err != nil {
+			return err
+		}
+		if err := h.Remove(c.ctx, c.name()); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.out, "%s removed (with %d snapshots)\n", c.name(), len(snaps))
+		return nil
+	}
+}

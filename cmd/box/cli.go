@@ -1,0 +1,296 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// Exit codes (SPEC section 7).
+const (
+	exitOK     = 0
+	exitFailed = 1 // it went wrong
+	exitUsage  = 2 // you asked wrong
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// app is everything a command touches outside itself; tests build one with
+// buffers, an environment of their own and a handover that records.
+type app struct {
+	ctx    context.Context
+	in     io.Reader
+	out    io.Writer
+	err    io.Writer
+	getenv func(string) string
+	// stdinTTY says whether a person can be asked (destructive verbs);
+	// stderrTTY whether progress may be drawn.
+	stdinTTY, stderrTTY bool
+	// handover replaces this process with another (syscall.Exec in
+	// production): shell, tmux and the escape hatch end here.
+	handover func(argv0 string, argv, env []string) error
+	lookPath func(string) (string, error)
+	environ  func() []string
+
+	h *stack.Host // built on first use
+}
+
+func run(args []string, in io.Reader, out, errw io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	a := &app{
+		ctx: ctx, in: in, out: out, err: errw,
+		getenv:    os.Getenv,
+		stdinTTY:  isTerminal(in),
+		stderrTTY: isTerminal(errw),
+		handover:  syscall.Exec,
+		lookPath:  lookPath,
+		environ:   os.Environ,
+	}
+	return a.run(args)
+}
+
+// isTerminal reports whether f is a terminal (a *os.File with termios).
+func isTerminal(f any) bool {
+	file, ok := f.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(file.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// lookPath finds a program on $PATH (os/exec would do, but it is the only
+// thing box would import it for).
+func lookPath(name string) (string, error) {
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found on $PATH", name)
+}
+
+// usageError is the caller's mistake: exit code 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// exitError carries an exit code without a message (exec passes its
+// command's code through).
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+func (a *app) run(args []string) int {
+	if len(args) == 0 {
+		a.printHelp(a.out)
+		return exitOK
+	}
+	name := args[0]
+	if name == "-h" || name == "--help" {
+		name = "help"
+	}
+	if strings.HasPrefix(name, "-") {
+		fmt.Fprintf(a.err, "box: %s: options come after the command (box COMMAND [options]); run 'box help' for the list\n", name)
+		return exitUsage
+	}
+	c := lookup(name)
+	if c == nil {
+		fmt.Fprintf(a.err, "box: unknown command %q%s\nRun 'box help' for the list.\n", name, didYouMean(name))
+		return exitUsage
+	}
+	return a.report(a.dispatch(c, args[1:]))
+}
+
+// report prints an error once, here, and turns it into an exit code.
+func (a *app) report(err error) int {
+	if err == nil {
+		return exitOK
+	}
+	var ee exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(a.err, "box: %v\n", err)
+		return exitUsage
+	}
+	fmt.Fprintf(a.err, "box: %v\n", err)
+	if incus.IsUnreachable(err) {
+		fmt.Fprintln(a.err, "box: is incusd running, and may you open its socket? (INCUS_SOCKET or INCUS_DIR say where it is)")
+	}
+	return exitFailed
+}
+
+// call is one invocation of a command, after parsing and preconditions.
+type call struct {
+	*app
+	cmd  *command
+	args []string   // positional arguments; the box name first when the command takes one
+	rest []string   // everything after "--"
+	box  *stack.Box // the resolved box, when the command takes one
+}
+
+// name is the box's name.
+func (c *call) name() string { return c.args[0] }
+
+// dispatch parses a command's options, checks its preconditions from the
+// table and runs its action.
+func (a *app) dispatch(c *command, args []string) error {
+	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	act := c.setup(fs)
+	var force *bool
+	if c.confirm != "" {
+		force = fs.Bool("force", false, "do it without asking")
+	}
+	pos, rest, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		a.commandHelp(a.out, c)
+		return nil
+	}
+	if err != nil {
+		return usagef("%s: %v (see box %s --help)", c.name, err, c.name)
+	}
+	if rest != nil && !c.dashdash {
+		return usagef("%s takes no arguments after --", c.name)
+	}
+	if len(pos) < c.minArgs || (c.maxArgs >= 0 && len(pos) > c.maxArgs) {
+		return usagef("%s: wrong number of arguments\nusage: box %s", c.name, c.synopsis)
+	}
+	cl := &call{app: a, cmd: c, args: pos, rest: rest}
+	if c.box != noBox {
+		h, err := a.host()
+		if err != nil {
+			return err
+		}
+		// The boundary: the name resolves through the ownership tag
+		// before anything else happens.
+		if cl.box, err = h.Info(a.ctx, cl.name()); err != nil {
+			return err
+		}
+		if c.box == stoppedBox && cl.box.Status != "Stopped" {
+			return fmt.Errorf("%s is %s: stop it first (box down %s), then %s it", cl.name(), strings.ToLower(cl.box.Status), cl.name(), c.name)
+		}
+	}
+	if c.confirm != "" && !*force {
+		if err := a.confirm(fmt.Sprintf(c.confirm, pos[0])); err != nil {
+			return err
+		}
+	}
+	return act(cl)
+}
+
+// parseInterspersed parses options wherever they stand among the
+// positional arguments (options come after the command, before or after
+// the box's name), up to a "--", after which everything is returned as
+// rest. An unknown option is an error, never an argument. rest is nil
+// when there was no "--".
+func parseInterspersed(fs *flag.FlagSet, args []string) (pos, rest []string, err error) {
+	if i := slices.Index(args, "--"); i >= 0 {
+		rest = append([]string{}, args[i+1:]...)
+		args = args[:i]
+	}
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, rest, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// confirm asks a person on the terminal; without one, it refuses.
+func (a *app) confirm(question string) error {
+	if !a.stdinTTY {
+		return usagef("%s: there is no terminal to ask; pass --force to do it anyway", question)
+	}
+	fmt.Fprintf(a.err, "%s [y/N] ", question)
+	line, _ := bufio.NewReader(a.in).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "y", "yes":
+		return nil
+	}
+	return errors.New("not confirmed: nothing was changed")
+}
+
+// host builds the stack's view of this machine from the environment:
+// INCUS_SOCKET / INCUS_DIR (as the incus CLI), BOX_NETNS (the network
+// namespace incusd's bridges live in; empty is this process's own) and the
+// stack's options (BOX_SUBNET, BOX_DNS, BOX_POOL).
+func (a *app) host() (*stack.Host, error) {
+	if a.h != nil {
+		return a.h, nil
+	}
+	opts, err := stack.OptionsFromEnv(a.getenv)
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	h := &stack.Host{Incus: incus.New(a.socket()), NetNS: a.getenv("BOX_NETNS"), Options: opts}
+	if h.NetNS == "" {
+		// A real host: the firewall is re-applied at boot by a unit that
+		// runs this binary (Ensure checks that systemd is there).
+		h.BootUnitDir = "/etc/systemd/system"
+		if exe, err := os.Executable(); err == nil {
+			h.Exe = exe
+		}
+	}
+	a.h = h
+	return h, nil
+}
+
+// socket is incusd's socket, honouring the variables the incus CLI does.
+func (a *app) socket() string {
+	if s := a.getenv("INCUS_SOCKET"); s != "" {
+		return s
+	}
+	if d := a.getenv("INCUS_DIR"); d != "" {
+		return filepath.Join(d, "unix.socket")
+	}
+	return "/var/lib/incus/unix.socket"
+}
+
+// printJSON writes v as indented JSON: the stable interface.
+func (a *app) printJSON(v any) error {
+	enc := json.NewEncoder(a.out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// progressf says what box is waiting for, on a terminal only.
+func (a *app) progressf(format string, args ...any) {
+	if a.stderrTTY {
+		fmt.Fprintf(a.err, "\r\033[K"+format, args...)
+	}
+}
+
+// progressDone ends a progress line.
+func (a *app) progressDone() {
+	if a.stderrTTY {
+		fmt.Fprint(a.err, "\r\033[K")
+	}
+}

@@ -1,0 +1,216 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// boxNeed is a command's precondition on its first argument.
+type boxNeed int
+
+const (
+	noBox      boxNeed = iota
+	anyBox             // the first argument is a box, resolved through the tag
+	stoppedBox         // ... and it must be stopped
+)
+
+// action runs a parsed, checked call.
+type action func(*call) error
+
+// command is one row of the command table: dispatch, `box help`,
+// `box help CMD` and `CMD --help` are all rendered from it.
+type command struct {
+	name     string
+	synopsis string
+	help     string
+	box      boxNeed
+	// confirm, when set, marks the command destructive: the question asked
+	// on a terminal (%s is the first argument); it gains --force, and
+	// without a terminal and without --force it refuses with exit 2.
+	confirm string
+	// minArgs and maxArgs bound the positional arguments (-1: no bound).
+	minArgs, maxArgs int
+	// dashdash: the command takes arguments after "--".
+	dashdash bool
+	// setup registers the command's options and returns its action.
+	setup func(fs *flag.FlagSet) action
+}
+
+// commands is the command table. Order is the order of `box help`.
+func commands() []command {
+	return []command{
+		{name: "new", synopsis: "new --name N [--template T] [--from SRC[/SNAP]] [--cpu C] [--memory M] [--disk D] [--vm|--container] [--image I] [--json]",
+			help:    "mint a box from a template (default blank), or clone one from a box or its snapshot",
+			maxArgs: 0, setup: setupNew},
+		{name: "templates", synopsis: "templates [--json]", help: "list the templates a box can be minted from",
+			maxArgs: 0, setup: setupTemplates},
+		{name: "list", synopsis: "list [--json]", help: "list your boxes with their stamps",
+			maxArgs: 0, setup: setupList},
+		{name: "info", synopsis: "info N [--json]", help: "show a box: status, addresses, stamps, snapshots",
+			box: anyBox, minArgs: 1, maxArgs: 1, setup: setupInfo},
+		{name: "shell", synopsis: "shell N", help: "open a login shell in a box as its template's user",
+			box: anyBox, minArgs: 1, maxArgs: 1, setup: setupShell},
+		{name: "exec", synopsis: "exec N -- CMD [ARGS...]", help: "run a command in a box as its template's user, without a terminal; exits with the command's code",
+			box: anyBox, minArgs: 1, maxArgs: -1, dashdash: true, setup: setupExec},
+		{name: "tmux", synopsis: "tmux N [SESSION]", help: "attach to (or start) a tmux session in a box as its template's user",
+			box: anyBox, minArgs: 1, maxArgs: 2, setup: setupTmux},
+		{name: "snapshot", synopsis: "snapshot N [LABEL]", help: "take a snapshot of a box (stop it first where the host cannot freeze a running box)",
+			box: anyBox, minArgs: 1, maxArgs: 2, setup: setupSnapshot},
+		{name: "restore", synopsis: "restore N SNAP [--force]", help: "roll a box back to a snapshot, losing what changed since",
+			box: anyBox, confirm: "restore %s to a snapshot, losing every change since?", minArgs: 2, maxArgs: 2, setup: setupRestore},
+		{name: "rename", synopsis: "rename N NEW", help: "rename a stopped box (its snapshots follow)",
+			box: stoppedBox, minArgs: 2, maxArgs: 2, setup: setupRename},
+		{name: "down", synopsis: "down N [--force]", help: "stop a box (cleanly within a minute; --force kills it at once)",
+			box: anyBox, minArgs: 1, maxArgs: 1, setup: setupDown},
+		{name: "start", synopsis: "start N", help: "start a stopped box",
+			box: anyBox, minArgs: 1, maxArgs: 1, setup: setupStart},
+		{name: "rm", synopsis: "rm N [--force]", help: "remove a box and its snapshots",
+			box: anyBox, confirm: "remove box %s and all its snapshots?", minArgs: 1, maxArgs: 1, setup: setupRm},
+		{name: "incus", synopsis: "incus N -- ARGS...", help: "escape hatch: run the incus CLI on a box (name appended, or put where {} stands)",
+			box: anyBox, minArgs: 1, maxArgs: -1, dashdash: true, setup: setupIncus},
+		{name: "doctor", synopsis: "doctor [--fix] [--json]", help: "check the host's isolation stack against what it should be; --fix converges it",
+			maxArgs: 0, setup: setupDoctor},
+		{name: "setup-host", synopsis: "setup-host [--json] [--firewall-only]", help: "build (or converge) the isolation stack on this host",
+			maxArgs: 0, setup: setupSetupHost},
+		{name: "teardown-host", synopsis: "teardown-host [--force] [--json]", help: "remove the isolation stack (both generations); refuses while boxes exist unless --force",
+			maxArgs: 0, setup: setupTeardownHost},
+		{name: "migrate-host", synopsis: "migrate-host --box N | --all-boxes | --retire-legacy [--json]", help: "move boxes off the legacy stack (claudenet), then retire it",
+			maxArgs: 0, setup: setupMigrateHost},
+		{name: "version", synopsis: "version [--json]", help: "print box's version",
+			maxArgs: 0, setup: setupVersion},
+		{name: "help", synopsis: "help [COMMAND]", help: "show the commands, or one command's usage",
+			maxArgs: 1, setup: setupHelp},
+	}
+}
+
+func lookup(name string) *command {
+	for _, c := range commands() {
+		if c.name == name {
+			return &c
+		}
+	}
+	return nil
+}
+
+func (a *app) printHelp(w io.Writer) {
+	fmt.Fprintln(w, "box: trust-less, network-isolated Incus boxes for coding agents.")
+	fmt.Fprintln(w, "\nusage: box COMMAND [ARGS] [options]")
+	fmt.Fprintln(w, "\nCommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-14s %s\n", c.name, c.help)
+	}
+	fmt.Fprintln(w, "\nRun 'box help COMMAND' or 'box COMMAND --help' for a command's options.")
+	fmt.Fprintln(w, "Exit codes: 0 ok, 1 it went wrong, 2 you asked wrong.")
+	fmt.Fprintln(w, "Environment: INCUS_SOCKET, INCUS_DIR, BOX_NETNS, BOX_SUBNET, BOX_DNS, BOX_POOL,")
+	fmt.Fprintln(w, "BOX_IMAGE, BOX_CPU, BOX_MEMORY, BOX_DISK. Output is plain text; --json where offered.")
+}
+
+// commandHelp renders one command's usage, preconditions and options from
+// its row.
+func (a *app) commandHelp(w io.Writer, c *command) {
+	fmt.Fprintf(w, "usage: box %s\n\n%s\n", c.synopsis, c.help)
+	var pre []string
+	switch c.box {
+	case anyBox:
+		pre = append(pre, "N must be a box that box minted (an instance without the user.box tag is refused)")
+	case stoppedBox:
+		pre = append(pre, "N must be a box that box minted, and stopped (box down N)")
+	}
+	if c.confirm != "" {
+		pre = append(pre, "destructive: asks on a terminal; without one, refuses unless --force")
+	}
+	if len(pre) > 0 {
+		fmt.Fprintln(w, "\nPreconditions:")
+		for _, p := range pre {
+			fmt.Fprintf(w, "  %s\n", p)
+		}
+	}
+	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+	c.setup(fs)
+	if c.confirm != "" {
+		fs.Bool("force", false, "do it without asking")
+	}
+	first := true
+	fs.VisitAll(func(f *flag.Flag) {
+		if first {
+			fmt.Fprintln(w, "\nOptions:")
+			first = false
+		}
+		arg := ""
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
+			arg = " " + strings.ToUpper(f.Name[:1])
+		}
+		def := ""
+		if f.DefValue != "" && f.DefValue != "false" {
+			def = fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "  --%-18s %s%s\n", f.Name+arg, f.Usage, def)
+	})
+}
+
+func setupHelp(fs *flag.FlagSet) action {
+	return func(c *call) error {
+		if len(c.args) == 0 {
+			c.printHelp(c.out)
+			return nil
+		}
+		cmd := lookup(c.args[0])
+		if cmd == nil {
+			return usagef("no command %q%s; run 'box help' for the list", c.args[0], didYouMean(c.args[0]))
+		}
+		c.commandHelp(c.out, cmd)
+		return nil
+	}
+}
+
+func setupVersion(fs *flag.FlagSet) action {
+	asJSON := fs.Bool("json", false, "print JSON")
+	return func(c *call) error {
+		if *asJSON {
+			return c.printJSON(map[string]string{"version": version})
+		}
+		fmt.Fprintf(c.out, "box %s\n", version)
+		return nil
+	}
+}
+
+// didYouMean suggests the closest command name for a typo.
+func didYouMean(typo string) string {
+	best, bestD := "", 3
+	for _, c := range commands() {
+		d := distance(typo, c.name)
+		if strings.HasPrefix(c.name, typo) && len(typo) >= 2 {
+			d = min(d, 1)
+		}
+		if d < bestD {
+			best, bestD = c.name, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+// distance is the Levenshtein distance between a and b.
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}

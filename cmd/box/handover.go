@@ -1,0 +1,146 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/box-isolation/box/stack"
+)
+
+// Hand-overs: shell, tmux and the escape hatch end by replacing box with
+// the incus CLI, which owns the terminal from there on.
+
+func setupShell(fs *flag.FlagSet) action {
+	return func(c *call) error {
+		if err := c.mustRun(); err != nil {
+			return err
+		}
+		return c.handoverIncus("exec", c.name(), "--", "su", "-l", c.loginUser())
+	}
+}
+
+func setupTmux(fs *flag.FlagSet) action {
+	return func(c *call) error {
+		if err := c.mustRun(); err != nil {
+			return err
+		}
+		session := "main"
+		if len(c.args) > 1 {
+			session = c.args[1]
+		}
+		if strings.ContainsAny(session, " \t'\"\\$`;&|<>:.") {
+			return usagef("tmux: session name %q: use letters, digits, '-' and '_'", session)
+		}
+		return c.handoverIncus("exec", c.name(), "--", "su", "-l", c.loginUser(), "-c", "tmux new-session -A -s "+session)
+	}
+}
+
+// loginUser is the template's user, or root for a box minted before the
+// stamp existed.
+func (c *call) loginUser() string {
+	if u := c.box.Stamps[stack.StampUser]; u != "" {
+		return u
+	}
+	return "root"
+}
+
+func (c *call) mustRun() error {
+	if c.box.Status != "Running" {
+		return fmt.Errorf("%s is %s: start it first (box start %s)", c.name(), strings.ToLower(c.box.Status), c.name())
+	}
+	return nil
+}
+
+func setupIncus(fs *flag.FlagSet) action {
+	return func(c *call) error {
+		args := append(c.args[1:], c.rest...)
+		if len(args) == 0 {
+			return usagef("incus: which incus command? box incus %s -- ARGS (e.g. box incus %s -- config show)", c.name(), c.name())
+		}
+		argv := hatchArgs(args, c.name())
+		if w := touchesStack(argv); w != "" {
+			fmt.Fprintf(c.err, "box: WARNING: these arguments touch %s: they can move %s off the isolation stack; run box doctor afterwards\n", w, c.name())
+		}
+		return c.handoverIncus(argv...)
+	}
+}
+
+// hatchArgs puts the box's name where {} stands, or appends it.
+func hatchArgs(args []string, name string) []string {
+	out := make([]string, len(args))
+	put := false
+	for i, a := range args {
+		if strings.Contains(a, "{}") {
+			a = strings.ReplaceAll(a, "{}", name)
+			put = true
+		}
+		out[i] = a
+	}
+	if !put {
+		out = append(out, name)
+	}
+	return out
+}
+
+// touchesStack names what in the arguments can move a box off the
+// isolation stack: a profile, a network, a device or a security.* key.
+func touchesStack(args []string) string {
+	var hits []string
+	add := func(s string) {
+		for _, h := range hits {
+			if h == s {
+				return
+			}
+		}
+		hits = append(hits, s)
+	}
+	for _, a := range args {
+		l := strings.ToLower(a)
+		switch {
+		case l == "profile" || l == "profiles" || strings.HasPrefix(l, "--profile"):
+			add("a profile")
+		case l == "network" || l == "networks" || strings.HasPrefix(l, "--network"):
+			add("a network")
+		case l == "device" || l == "devices" || strings.HasPrefix(l, "--device"):
+			add("a device")
+		}
+		if strings.Contains(l, "security.") {
+			add("a security.* key")
+		}
+		if strings.HasPrefix(l, "raw.") || strings.Contains(l, " raw.") {
+			add("a raw.* key")
+		}
+	}
+	return strings.Join(hits, ", ")
+}
+
+// handoverIncus echoes the incus command line and replaces box with it.
+func (c *call) handoverIncus(args ...string) error {
+	path, err := c.lookPath("incus")
+	if err != nil {
+		return fmt.Errorf("the incus CLI is needed for this (install the incus-client package): %w", err)
+	}
+	argv := append([]string{"incus"}, args...)
+	fmt.Fprintf(c.err, "+ %s\n", shellQuote(argv))
+	env := c.environ()
+	// The CLI must talk to the daemon box talked to.
+	env = append(env, "INCUS_SOCKET="+c.socket())
+	if err := c.handover(path, argv, env); err != nil {
+		return fmt.Errorf("running %s: %w", path, err)
+	}
+	return nil
+}
+
+// shellQuote renders argv as one could paste it into a shell.
+func shellQuote(argv []string) string {
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		if a != "" && !strings.ContainsAny(a, " \t\n'\"\\$`;&|<>*?()[]{}!#~") {
+			out[i] = a
+			continue
+		}
+		out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(out, " ")
+}

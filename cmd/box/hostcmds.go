@@ -1,0 +1,168 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+
+	"github.com/box-isolation/box/stack"
+)
+
+// The host verbs: they act on the isolation stack itself, through stack's
+// Ensure, Verify, Teardown and Migrate.
+
+func setupSetupHost(fs *flag.FlagSet) action {
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	// The boot unit Ensure installs runs `box setup-host --firewall-only`.
+	// stack has no firewall-only convergence, so this re-applies the whole
+	// stack, which is idempotent and includes the nft tables.
+	fs.Bool("firewall-only", false, "what the boot unit runs; today it converges the whole stack")
+	return func(c *call) error {
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		rep, err := h.Ensure(c.ctx)
+		if err != nil {
+			return fmt.Errorf("setting up the host: %w (what this run changed was backed out; box doctor shows where the host stands)", err)
+		}
+		if *asJSON {
+			return c.printJSON(rep)
+		}
+		printReport(c, rep)
+		return nil
+	}
+}
+
+func printReport(c *call, rep *stack.Report) {
+	if len(rep.Changes) == 0 {
+		fmt.Fprintln(c.out, "nothing to change: the host already matches")
+	}
+	for _, ch := range rep.Changes {
+		fmt.Fprintln(c.out, ch.String())
+	}
+	why := ""
+	if rep.Subnet.Reason != "" {
+		why = " (" + rep.Subnet.Reason + ")"
+	}
+	fmt.Fprintf(c.out, "subnet %s%s, gateway %s, bridge drop: %s\n", rep.Subnet.Subnet, why, rep.Gateway, rep.BridgeMode)
+	for _, n := range rep.Notes {
+		fmt.Fprintln(c.err, n)
+	}
+}
+
+// doctorResult is what `box doctor --json` prints.
+type doctorResult struct {
+	Fixed        *stack.Report       `json:"fixed,omitempty"`
+	Verification *stack.Verification `json:"verification"`
+}
+
+func setupDoctor(fs *flag.FlagSet) action {
+	fix := fs.Bool("fix", false, "converge the host (setup-host), then check again")
+	asJSON := fs.Bool("json", false, "print the findings as JSON")
+	return func(c *call) error {
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		var r doctorResult
+		if *fix {
+			if r.Fixed, err = h.Ensure(c.ctx); err != nil {
+				return fmt.Errorf("fixing the host: %w", err)
+			}
+			if !*asJSON {
+				printReport(c, r.Fixed)
+			}
+		}
+		if r.Verification, err = h.Verify(c.ctx); err != nil {
+			return fmt.Errorf("checking the host: %w", err)
+		}
+		v := r.Verification
+		if *asJSON {
+			if err := c.printJSON(r); err != nil {
+				return err
+			}
+		} else {
+			for _, f := range v.Findings {
+				fmt.Fprintf(c.out, "%-12s %s: %s\n%-12s fix: %s\n", f.Layer, f.Object, f.Problem, "", f.Fix)
+			}
+			if v.Clean() {
+				fmt.Fprintf(c.out, "ok: the host matches the isolation stack (subnet %s, bridge drop: %s, %d bridge ports isolated)\n", v.Subnet, v.BridgeMode, len(v.Ports))
+			}
+		}
+		if !v.Clean() {
+			if !*asJSON {
+				fmt.Fprintf(c.err, "box: %d findings; box doctor --fix converges what box owns\n", len(v.Findings))
+			}
+			return exitError{exitFailed}
+		}
+		return nil
+	}
+}
+
+func setupTeardownHost(fs *flag.FlagSet) action {
+	force := fs.Bool("force", false, "delete every box (with its snapshots) along with the stack")
+	asJSON := fs.Bool("json", false, "print what was removed as JSON")
+	return func(c *call) error {
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		changes, err := h.Teardown(c.ctx, *force)
+		if *asJSON && changes != nil {
+			if jerr := c.printJSON(changes); jerr != nil {
+				return errors.Join(err, jerr)
+			}
+		} else {
+			for _, ch := range changes {
+				fmt.Fprintln(c.out, ch.String())
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("tearing down the host: %w", err)
+		}
+		if len(changes) == 0 && !*asJSON {
+			fmt.Fprintln(c.out, "nothing to remove: no stack on this host")
+		}
+		return nil
+	}
+}
+
+func setupMigrateHost(fs *flag.FlagSet) action {
+	box := fs.String("box", "", "move this one box onto the current stack")
+	all := fs.Bool("all-boxes", false, "move every box still on the legacy stack")
+	retire := fs.Bool("retire-legacy", false, "remove the legacy profile, bridge and ACL (refused while anything uses them)")
+	asJSON := fs.Bool("json", false, "print the changes as JSON")
+	return func(c *call) error {
+		n := 0
+		for _, set := range []bool{*box != "", *all, *retire} {
+			if set {
+				n++
+			}
+		}
+		if n != 1 {
+			return usagef("migrate-host: name exactly one of --box N, --all-boxes, --retire-legacy")
+		}
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		changes, err := h.Migrate(c.ctx, stack.MigrateRequest{Box: *box, AllBoxes: *all, RetireLegacy: *retire})
+		if *asJSON && changes != nil {
+			if jerr := c.printJSON(changes); jerr != nil {
+				return errors.Join(err, jerr)
+			}
+		} else {
+			for _, ch := range changes {
+				fmt.Fprintln(c.out, ch.String())
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if len(changes) == 0 && !*asJSON {
+			fmt.Fprintln(c.out, "nothing to migrate")
+		}
+		return nil
+	}
+}
