@@ -188,6 +188,13 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 		Start:    true,
 	})
 	if err != nil {
+		// A box that was created but would not start is no box: remove it
+		// rather than leave a tagged, stopped half-box behind.
+		if _, _, gerr := host.Incus.Instance(ctx, req.Name); gerr == nil {
+			if rerr := host.removeInstance(context.WithoutCancel(ctx), req.Name); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("removing the half-made box: %w", rerr))
+			}
+		}
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
 	if err := host.refreshPorts(ctx); err != nil {
@@ -360,20 +367,26 @@ func (host *Host) Stop(ctx context.Context, name string, force bool) error {
 	return nil
 }
 
-// Remove deletes a box with its snapshots, stopping it first.
+// Remove deletes a box with its snapshots, stopping it first, and drops
+// its port from the bridge drop's port set.
 func (host *Host) Remove(ctx context.Context, name string) error {
 	if _, _, err := host.resolve(ctx, name); err != nil {
 		return err
 	}
-	return host.removeInstance(ctx, name)
+	if err := host.removeInstance(ctx, name); err != nil {
+		return err
+	}
+	return host.refreshPorts(ctx)
 }
 
 func (host *Host) removeInstance(ctx context.Context, name string) error {
-	st, err := host.Incus.InstanceState(ctx, name)
+	inst, _, err := host.Incus.Instance(ctx, name)
 	if err != nil {
 		return fmt.Errorf("removing %s: %w", name, err)
 	}
-	if st.Status != "Stopped" {
+	// The status from the instance, not its state: incusd answers 500
+	// "invalid PID" for the state of a box whose start just failed.
+	if inst.Status != "Stopped" {
 		if err := host.Incus.SetInstanceState(ctx, name, "stop", 0, true); err != nil {
 			return fmt.Errorf("stopping %s to remove it: %w", name, err)
 		}

@@ -191,48 +191,18 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 		}
 	}
 
-	// Live ports: every port of the bridge isolated, whatever attached it.
-	ports, err := g.bridgePorts(d.Network.Name)
+	// The firewall: live ports isolated and the nft tables.
+	fw, err := host.ensureFirewall(g)
+	rep.Changes = append(rep.Changes, fw.changes...)
+	rep.BridgeMode = fw.mode
+	if fw.note != "" {
+		rep.Notes = append(rep.Notes, fw.note)
+	}
+	if fw.createdTables {
+		undos = append(undos, undo{"delete nft tables", func(context.Context) error { _, err := nft.Delete(g.nftConfig(gen)); return err }})
+	}
 	if err != nil {
 		return rep, err
-	}
-	for _, p := range ports {
-		if p.Isolated {
-			continue
-		}
-		l, err := g.h.LinkByName(p.Name)
-		if err == nil {
-			err = g.h.LinkSetIsolated(l, true)
-		}
-		if err != nil {
-			return rep, fmt.Errorf("isolating bridge port %s: %w", p.Name, err)
-		}
-		changed("bridge port "+p.Name, "updated", "isolated on")
-	}
-
-	// The nft tables.
-	ncfg := g.nftConfig(gen)
-	caps, err := nft.Probe(ncfg)
-	if err != nil {
-		return rep, fmt.Errorf("probing nftables: %w", err)
-	}
-	inetBefore, bridgeBefore, err := nft.Present(ncfg)
-	if err != nil {
-		return rep, fmt.Errorf("reading nft tables: %w", err)
-	}
-	applied, err := nft.Apply(ncfg, caps, portNames(ports))
-	if err != nil {
-		return rep, fmt.Errorf("applying nft tables: %w", err)
-	}
-	for _, a := range applied {
-		changed("nft", "updated", a)
-	}
-	if len(applied) > 0 && !inetBefore && !bridgeBefore {
-		undos = append(undos, undo{"delete nft tables", func(context.Context) error { _, err := nft.Delete(ncfg); return err }})
-	}
-	rep.BridgeMode = nft.Desired(ncfg, caps).Mode
-	if rep.BridgeMode != nft.ModeBridgeMeta {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("this kernel has no nft bridge meta (%s): the bridge drop matches a set of %s's ports, refreshed whenever box starts a box; `box doctor` reports a stale set", caps.Detail, d.Network.Name))
 	}
 
 	// dnsmasq restarts when the bridge's DNS settings change: wait for it,
@@ -345,4 +315,80 @@ func (host *Host) ensureBootUnit() (string, *Change, error) {
 		return "", nil, fmt.Errorf("enabling %s: %w", BootUnitName, err)
 	}
 	return "", &Change{Object: "unit " + BootUnitName, Action: "created", Detail: "re-applies the nft tables at boot"}, nil
+}
+
+// firewallResult is what ensureFirewall did.
+type firewallResult struct {
+	changes       []Change
+	mode          nft.BridgeMode
+	note          string
+	createdTables bool
+}
+
+// ensureFirewall isolates every port of the bridge, whatever attached it,
+// and converges the two nft tables. It touches no Incus object, so it is
+// what runs at boot.
+func (host *Host) ensureFirewall(g *ground) (firewallResult, error) {
+	var res firewallResult
+	bridge := Current.Network
+	ports, err := g.bridgePorts(bridge)
+	if err != nil {
+		return res, err
+	}
+	for _, p := range ports {
+		if p.Isolated {
+			continue
+		}
+		l, err := g.h.LinkByName(p.Name)
+		if err == nil {
+			err = g.h.LinkSetIsolated(l, true)
+		}
+		if err != nil {
+			return res, fmt.Errorf("isolating bridge port %s: %w", p.Name, err)
+		}
+		res.changes = append(res.changes, Change{"bridge port " + p.Name, "updated", "isolated on"})
+	}
+	ncfg := g.nftConfig(Current)
+	caps, err := nft.Probe(ncfg)
+	if err != nil {
+		return res, fmt.Errorf("probing nftables: %w", err)
+	}
+	inetBefore, bridgeBefore, err := nft.Present(ncfg)
+	if err != nil {
+		return res, fmt.Errorf("reading nft tables: %w", err)
+	}
+	applied, err := nft.Apply(ncfg, caps, portNames(ports))
+	if err != nil {
+		return res, fmt.Errorf("applying nft tables: %w", err)
+	}
+	for _, a := range applied {
+		res.changes = append(res.changes, Change{"nft", "updated", a})
+	}
+	res.createdTables = len(applied) > 0 && !inetBefore && !bridgeBefore
+	res.mode = nft.Desired(ncfg, caps).Mode
+	if res.mode != nft.ModeBridgeMeta {
+		res.note = fmt.Sprintf("this kernel has no nft bridge meta (%s): the bridge drop matches a set of %s's ports, refreshed whenever box starts a box; `box doctor` reports a stale set", caps.Detail, bridge)
+	}
+	return res, nil
+}
+
+// EnsureFirewall converges only the firewall part of the stack (the bridge
+// ports' isolated flag and the nft tables), which is what does not survive
+// a reboot; it is what the boot unit runs (`box setup-host
+// --firewall-only`). The bridge must exist.
+func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
+	if _, _, err := host.Incus.Network(ctx, Current.Network); err != nil {
+		return nil, fmt.Errorf("firewall only: network %s: %w (run box setup-host without --firewall-only)", Current.Network, err)
+	}
+	g, err := host.ground()
+	if err != nil {
+		return nil, err
+	}
+	defer g.close()
+	fw, err := host.ensureFirewall(g)
+	rep := &Report{Changes: append([]Change{}, fw.changes...), BridgeMode: fw.mode, Notes: []string{}}
+	if fw.note != "" {
+		rep.Notes = append(rep.Notes, fw.note)
+	}
+	return rep, err
 }

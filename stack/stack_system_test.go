@@ -366,3 +366,44 @@ func TestSystemMigrateLegacyBox(t *testing.T) {
 		assert.NotContains(t, o, "claude", "legacy object left: %s", o)
 	}
 }
+
+// TestSystemFirewallOnly is what the boot unit runs: with both nft tables
+// gone and a port's isolation off, as after a reboot, it restores them and
+// touches no Incus object.
+func TestSystemFirewallOnly(t *testing.T) {
+	ctx, h, st := worldHost(t)
+	_, err := h.Ensure(ctx)
+	require.NoError(t, err)
+	box := uniq(t, "t-fw-")
+	_, err = h.Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
+	require.NoError(t, err)
+	_, ncfg := nftIn(t, st)
+	_, err = nft.Delete(ncfg)
+	require.NoError(t, err)
+	nl := hostNetlink(t, st)
+	br, err := nl.LinkByName("boxnet")
+	require.NoError(t, err)
+	links, err := nl.LinkList()
+	require.NoError(t, err)
+	for _, l := range links {
+		if l.Attrs().MasterIndex == br.Attrs().Index {
+			require.NoError(t, nl.LinkSetIsolated(l, false))
+		}
+	}
+	netBefore, _, err := h.Incus.Network(ctx, "boxnet")
+	require.NoError(t, err)
+
+	rep, err := h.EnsureFirewall(ctx)
+	require.NoError(t, err)
+	assert.NotEmpty(t, rep.Changes)
+	v, err := h.Verify(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, v.Findings, "clean after the firewall-only run")
+	netAfter, _, err := h.Incus.Network(ctx, "boxnet")
+	require.NoError(t, err)
+	assert.Equal(t, netBefore.Config, netAfter.Config, "no Incus object touched")
+
+	again, err := h.EnsureFirewall(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, again.Changes)
+}

@@ -13,16 +13,20 @@ import (
 
 func setupSetupHost(fs *flag.FlagSet) action {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	// The boot unit Ensure installs runs `box setup-host --firewall-only`.
-	// stack has no firewall-only convergence, so this re-applies the whole
-	// stack, which is idempotent and includes the nft tables.
-	fs.Bool("firewall-only", false, "what the boot unit runs; today it converges the whole stack")
+	// The boot unit Ensure installs runs `box setup-host --firewall-only`:
+	// the nft tables and the ports' isolated flag do not survive a reboot,
+	// Incus's objects do.
+	firewallOnly := fs.Bool("firewall-only", false, "converge only the nft tables and the bridge ports' isolation (what the boot unit runs)")
 	return func(c *call) error {
 		h, err := c.host()
 		if err != nil {
 			return err
 		}
-		rep, err := h.Ensure(c.ctx)
+		ensure := h.Ensure
+		if *firewallOnly {
+			ensure = h.EnsureFirewall
+		}
+		rep, err := ensure(c.ctx)
 		if err != nil {
 			return fmt.Errorf("setting up the host: %w (what this run changed was backed out; box doctor shows where the host stands)", err)
 		}
@@ -45,7 +49,11 @@ func printReport(c *call, rep *stack.Report) {
 	if rep.Subnet.Reason != "" {
 		why = " (" + rep.Subnet.Reason + ")"
 	}
-	fmt.Fprintf(c.out, "subnet %s%s, gateway %s, bridge drop: %s\n", rep.Subnet.Subnet, why, rep.Gateway, rep.BridgeMode)
+	if rep.Subnet.Subnet.IsValid() {
+		fmt.Fprintf(c.out, "subnet %s%s, gateway %s, bridge drop: %s\n", rep.Subnet.Subnet, why, rep.Gateway, rep.BridgeMode)
+	} else {
+		fmt.Fprintf(c.out, "bridge drop: %s\n", rep.BridgeMode)
+	}
 	for _, n := range rep.Notes {
 		fmt.Fprintln(c.err, n)
 	}
