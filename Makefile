@@ -27,8 +27,10 @@ world: deps build
 world-down: build
 	bin/drill world down
 
+# DRILL_ARGS passes options, e.g. DRILL_ARGS="--json" or
+# DRILL_ARGS="--mutate bridge-drop,port-isolation".
 drill: world
-	bin/drill world check
+	bin/drill run $(DRILL_ARGS)
 
 test:
 	scripts/test.sh

@@ -123,6 +123,8 @@ func judgeReach(r Result, o probes.Observation, t Topology) Result {
 }
 
 func judgeBlocked(r Result, o probes.Observation, obs observations, t Topology, baselineOK bool) Result {
+	// The target's side first: it is evidence whatever the sender saw.
+	arrived, targetProblem := atTarget(&r, o, obs, t)
 	switch o.Outcome {
 	case probes.Reached:
 		return verdict(r, Fail, "unexpected success: "+o.Reason+replyDetail(o))
@@ -131,36 +133,11 @@ func judgeBlocked(r Result, o probes.Observation, obs observations, t Topology, 
 	case probes.Error:
 		return verdict(r, Inconclusive, "the probe could not run: "+o.Reason)
 	}
-	// Silent or rejected at the sender: now the target's side.
-	if r.WitnessAt != "" {
-		w, ok := obs.get(r.WitnessAt, r.Witness.ID)
-		if !ok || w.Evidence.Witness == nil {
-			return verdict(r, Inconclusive, "no witness report from "+r.WitnessAt)
-		}
-		we := w.Evidence.Witness
-		if we.Count > 0 {
-			r.AtTarget = fmt.Sprintf("saw %d frame(s): %s", we.Count, frame(we.First))
-			return verdict(r, Fail, "the sender heard nothing back, but the target's witness saw the frame arrive")
-		}
-		end := o.StartedAt.Add(time.Duration(o.ElapsedMS) * time.Millisecond)
-		if we.ArmedAt.IsZero() || we.ArmedAt.After(o.StartedAt) || we.Until.Before(end) {
-			r.AtTarget = fmt.Sprintf("armed %s..%s", we.ArmedAt.Format("15:04:05.000"), we.Until.Format("15:04:05.000"))
-			return verdict(r, Inconclusive, "the witness was not armed for the whole probe")
-		}
-		r.AtTarget = fmt.Sprintf("saw nothing (%d frames read)", we.Captured)
+	if arrived {
+		return verdict(r, Fail, "the sender heard nothing back, but the target saw the traffic arrive")
 	}
-	if r.ListenerAt != "" {
-		l, ok := obs.get(r.ListenerAt, r.ListenerID)
-		if !ok || l.Evidence.Listener == nil {
-			return verdict(r, Inconclusive, "no listener report from "+r.ListenerAt)
-		}
-		for _, p := range l.Evidence.Listener.Peers {
-			if strings.HasPrefix(p, t.A.IP.String()+":") || p == t.A.IP.String() {
-				r.AtTarget = "the listener served " + p
-				return verdict(r, Fail, "the listener at the target served the box")
-			}
-		}
-		r.AtTarget = fmt.Sprintf("the listener served nobody from the box (%d in all)", l.Evidence.Listener.Served)
+	if targetProblem != "" {
+		return verdict(r, Inconclusive, targetProblem)
 	}
 	if !baselineOK {
 		return verdict(r, Inconclusive, "looked blocked, but a baseline failed, so the block proves nothing")
@@ -169,10 +146,50 @@ func judgeBlocked(r Result, o probes.Observation, obs observations, t Topology, 
 		by := "something in between"
 		if o.Evidence.ICMP != nil {
 			by = fmt.Sprintf("%s (%s)", o.Evidence.ICMP.Offender, o.Evidence.ICMP.Name)
+		} else if o.Evidence.Errno != "" {
+			by = "this box's own stack (" + o.Evidence.Errno + ")"
 		}
 		return verdict(r, Pass, "blocked by policy: rejected by "+by)
 	}
 	return verdict(r, Pass, "dropped: "+o.Reason)
+}
+
+// atTarget reads the witness or listener at the action's target into
+// r.AtTarget. arrived says the traffic reached the target; problem says why
+// the target's side cannot be trusted (no report, a witness not armed for
+// the whole probe).
+func atTarget(r *Result, o probes.Observation, obs observations, t Topology) (arrived bool, problem string) {
+	if r.WitnessAt != "" {
+		w, ok := obs.get(r.WitnessAt, r.Witness.ID)
+		if !ok || w.Evidence.Witness == nil {
+			return false, "no witness report from " + r.WitnessAt
+		}
+		we := w.Evidence.Witness
+		if we.Count > 0 {
+			r.AtTarget = fmt.Sprintf("the witness saw %d frame(s): %s", we.Count, frame(we.First))
+			return true, ""
+		}
+		end := o.StartedAt.Add(time.Duration(o.ElapsedMS) * time.Millisecond)
+		if we.ArmedAt.IsZero() || we.ArmedAt.After(o.StartedAt) || we.Until.Before(end) {
+			r.AtTarget = fmt.Sprintf("witness armed %s..%s", we.ArmedAt.Format("15:04:05.000"), we.Until.Format("15:04:05.000"))
+			return false, "the witness was not armed for the whole probe"
+		}
+		r.AtTarget = fmt.Sprintf("the witness saw nothing (%d frames read)", we.Captured)
+	}
+	if r.ListenerAt != "" {
+		l, ok := obs.get(r.ListenerAt, r.ListenerID)
+		if !ok || l.Evidence.Listener == nil {
+			return false, "no listener report from " + r.ListenerAt
+		}
+		for _, p := range l.Evidence.Listener.Peers {
+			if p == t.A.IP.String() || strings.HasPrefix(p, t.A.IP.String()+":") {
+				r.AtTarget = "the listener served " + p
+				return true, ""
+			}
+		}
+		r.AtTarget = fmt.Sprintf("the listener served nobody from the box (%d in all)", l.Evidence.Listener.Served)
+	}
+	return false, ""
 }
 
 func judgeDistinct(r Result, o probes.Observation, obs observations) Result {

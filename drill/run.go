@@ -408,7 +408,7 @@ func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
 		if i.Config[stack.Current.Tag] != "1" {
 			continue
 		}
-		if err := h.Remove(ctx, i.Name); err != nil && !isGone(err) {
+		if err := removeWhenIdle(ctx, h, i.Name); err != nil && !isGone(err) {
 			errs = append(errs, err)
 		}
 	}
@@ -423,6 +423,23 @@ func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
 		return fmt.Errorf("%d drill boxes are still there after removal", len(left))
 	}
 	return nil
+}
+
+// removeWhenIdle removes a box, waiting out an operation a killed run left
+// in flight ("Instance is busy running a create operation").
+func removeWhenIdle(ctx context.Context, h *stack.Host, name string) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := h.Remove(ctx, name)
+		if err == nil || !strings.Contains(err.Error(), "is busy") || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 func isGone(err error) bool {

@@ -1,0 +1,244 @@
+package drill_test
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/fixtures/image"
+	"github.com/box-isolation/box/fixtures/world"
+	"github.com/box-isolation/box/internal/testenv"
+	"github.com/box-isolation/box/stack"
+)
+
+// The system tier: whole drill runs in the hermetic world. The agent is the
+// drill binary itself, built once for these tests.
+
+var (
+	agentOnce sync.Once
+	agentPath string
+	agentErr  error
+)
+
+func agent(t *testing.T) string {
+	t.Helper()
+	agentOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "drill-agent-")
+		if err != nil {
+			agentErr = err
+			return
+		}
+		agentPath = filepath.Join(dir, "drill")
+		cmd := exec.Command("go", "build", "-o", agentPath, "github.com/box-isolation/box/cmd/drill")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			agentErr = &buildError{out: string(out), err: err}
+		}
+	})
+	require.NoError(t, agentErr, "building the agent")
+	return agentPath
+}
+
+type buildError struct {
+	out string
+	err error
+}
+
+func (e *buildError) Error() string { return e.err.Error() + ": " + e.out }
+
+func config(t *testing.T, mutations ...string) drill.Config {
+	t.Helper()
+	st, c := testenv.Incus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := image.Ensure(ctx, c, image.DefaultAlias, image.Options{})
+	require.NoError(t, err)
+	ms, err := drill.SelectMutations(mutations)
+	require.NoError(t, err)
+	return drill.Config{
+		Host:  &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: stack.Options{DNS: []netip.Addr{world.Resolver}}},
+		World: st, Image: image.DefaultAlias, Agent: agent(t), Version: "test", Mutations: ms,
+		Log: testWriter{t},
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func run(t *testing.T, cfg drill.Config) *drill.Report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	rep, err := drill.Run(ctx, cfg)
+	require.NoError(t, err)
+	assert.Empty(t, rep.Problems)
+	for _, cr := range rep.Claims {
+		for _, r := range cr.Results {
+			if r.Verdict != drill.Pass {
+				t.Logf("%s %s %s -> %s: %s: %s; %s", r.Verdict, cr.ID, r.From, r.Target, r.Channel, r.Evidence, r.AtTarget)
+			}
+		}
+	}
+	assertNoDrillBoxes(t, cfg)
+	return rep
+}
+
+func assertNoDrillBoxes(t *testing.T, cfg drill.Config) {
+	t.Helper()
+	left, err := cfg.Host.Incus.Instances(context.Background(), map[string]string{drill.TagDrill: "1"})
+	require.NoError(t, err)
+	assert.Empty(t, left, "the run removed its boxes")
+}
+
+func claim(t *testing.T, rep *drill.Report, id string) drill.ClaimResult {
+	t.Helper()
+	for _, cr := range rep.Claims {
+		if cr.ID == id {
+			return cr
+		}
+	}
+	t.Fatalf("claim %s missing from the report", id)
+	return drill.ClaimResult{}
+}
+
+func verdicts(rep *drill.Report) map[string]drill.Verdict {
+	out := map[string]drill.Verdict{}
+	for _, cr := range rep.Claims {
+		out[cr.ID] = cr.Verdict
+	}
+	return out
+}
+
+// TestSystemDrillHolds: a full run on a healthy stack proves every claim.
+func TestSystemDrillHolds(t *testing.T) {
+	cfg := config(t)
+	rep := run(t, cfg)
+	require.Len(t, rep.Claims, len(drill.Catalogue), "every claim is in the report")
+	for _, c := range drill.Catalogue {
+		cr := claim(t, rep, c.ID)
+		assert.Equal(t, drill.Pass, cr.Verdict, "%s", c.ID)
+		assert.NotEmpty(t, cr.Results, "%s was exercised", c.ID)
+	}
+	assert.Equal(t, drill.ExitOK, rep.ExitCode)
+	assert.Greater(t, rep.Summary.Probes, 40)
+	for _, l := range drill.Layers {
+		assert.Equal(t, "present", rep.Stack.Layers[l], l)
+	}
+	t.Logf("%d probes, probe phase %d ms (%.0f ms per probe), run %d ms", rep.Summary.Probes, rep.Summary.ProbePhaseMS, rep.Summary.MSPerProbe, rep.DurationMS)
+}
+
+// TestSystemDrillCanFail knocks layers out and expects the claims they back
+// to flip, and a normal run to pass again afterwards.
+func TestSystemDrillCanFail(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		mutations []string
+		check     func(t *testing.T, rep *drill.Report)
+	}{
+		{"bridge drop and port isolation", []string{"bridge-drop", "port-isolation"}, func(t *testing.T, rep *drill.Report) {
+			assert.Equal(t, drill.ExitViolated, rep.ExitCode)
+			sib := claim(t, rep, "C-SIBLING")
+			require.Equal(t, drill.Fail, sib.Verdict)
+			sawIt := false
+			for _, r := range sib.Results {
+				if r.Verdict == drill.Fail && strings.HasPrefix(r.AtTarget, "the witness saw") {
+					sawIt = true
+				}
+			}
+			assert.True(t, sawIt, "the peer's witness saw the frames")
+			assert.Contains(t, rep.Stack.Layers["L-BRIDGEDROP"], "absent")
+			assert.Contains(t, rep.Stack.Layers["L-PORTISO"], "absent")
+		}},
+		{"bridge drop only", []string{"bridge-drop"}, func(t *testing.T, rep *drill.Report) {
+			assert.Equal(t, drill.Pass, claim(t, rep, "C-SIBLING").Verdict, "port isolation alone holds")
+			assert.Contains(t, rep.Stack.Layers["L-BRIDGEDROP"], "absent")
+			assert.Equal(t, "present", rep.Stack.Layers["L-PORTISO"])
+		}},
+		{"port isolation only", []string{"port-isolation"}, func(t *testing.T, rep *drill.Report) {
+			assert.Equal(t, drill.Pass, claim(t, rep, "C-SIBLING").Verdict, "the bridge drop alone holds")
+			assert.Contains(t, rep.Stack.Layers["L-PORTISO"], "absent")
+			assert.Equal(t, "present", rep.Stack.Layers["L-BRIDGEDROP"])
+		}},
+		{"host firewall", []string{"host-fw"}, func(t *testing.T, rep *drill.Report) {
+			assert.Equal(t, drill.ExitViolated, rep.ExitCode)
+			host := claim(t, rep, "C-HOST")
+			require.Equal(t, drill.Fail, host.Verdict)
+			uplinkFailed := false
+			for _, r := range host.Results {
+				if strings.Contains(r.Target, "uplink") && r.Verdict == drill.Fail {
+					uplinkFailed = true
+				}
+			}
+			assert.True(t, uplinkFailed, "C-HOST fails for the uplink address")
+		}},
+		{"dns managed", []string{"dns-managed"}, func(t *testing.T, rep *drill.Report) {
+			assert.Equal(t, drill.ExitViolated, rep.ExitCode)
+			assert.Equal(t, drill.Fail, claim(t, rep, "C-ENUM").Verdict)
+		}},
+		{"egress broken", []string{"nat-off"}, func(t *testing.T, rep *drill.Report) {
+			assert.Equal(t, drill.ExitInconclusive, rep.ExitCode, "a broken baseline is inconclusive, not a pass")
+			assert.Equal(t, drill.Fail, claim(t, rep, "C-EGRESS").Verdict)
+			for _, id := range []string{"C-SIBLING", "C-HOST", "C-LAN", "C-INBOUND"} {
+				assert.Equal(t, drill.Inconclusive, claim(t, rep, id).Verdict, "%s is not passed on a broken baseline", id)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config(t, tc.mutations...)
+			rep := run(t, cfg)
+			assert.Equal(t, tc.mutations, rep.Mutations)
+			tc.check(t, rep)
+			t.Logf("verdicts: %v", verdicts(rep))
+			// Restored and verified by the run itself.
+			v, err := cfg.Host.Verify(context.Background())
+			require.NoError(t, err)
+			assert.Empty(t, v.Findings, "the stack is restored after the mutation")
+		})
+	}
+	rep := run(t, config(t))
+	assert.Equal(t, drill.ExitOK, rep.ExitCode, "a normal run passes again: %v", verdicts(rep))
+}
+
+// TestSystemKilledRunIsCleanedUp: a run killed half-way leaves its boxes;
+// the next run removes them first and passes.
+func TestSystemKilledRunIsCleanedUp(t *testing.T) {
+	cfg := config(t)
+	cmd := exec.Command(cfg.Agent, "run", "--claim", "C-SIBLING")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	require.NoError(t, cmd.Start())
+	killed := false
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		insts, err := cfg.Host.Incus.Instances(context.Background(), map[string]string{drill.TagDrill: "1"})
+		require.NoError(t, err)
+		if len(insts) >= 2 {
+			require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+			killed = true
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cmd.Wait() //nolint:errcheck
+	require.True(t, killed, "the first run never minted its boxes")
+	left, err := cfg.Host.Incus.Instances(context.Background(), map[string]string{drill.TagDrill: "1"})
+	require.NoError(t, err)
+	require.NotEmpty(t, left, "the killed run left boxes behind (nothing to clean up otherwise)")
+
+	rep := run(t, cfg)
+	assert.Equal(t, drill.ExitOK, rep.ExitCode, "%v", verdicts(rep))
+}
