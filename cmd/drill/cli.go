@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/box-isolation/box/internal/suggest"
 )
 
 // Exit codes (SPEC section 5).
@@ -98,37 +100,11 @@ func helpFor(s stdio, name string) int {
 
 // didYouMean suggests the closest command name for a typo.
 func didYouMean(typo string) string {
-	best, bestD := "", 3
+	var names []string
 	for _, c := range commands() {
-		if d := distance(typo, c.name); d < bestD {
-			best, bestD = c.name, d
-		}
+		names = append(names, c.name)
 	}
-	if best == "" {
-		return ""
-	}
-	return fmt.Sprintf(" (did you mean %q?)", best)
-}
-
-// distance is the Levenshtein distance between a and b.
-func distance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
+	return suggest.DidYouMean(typo, names)
 }
 
 // newFlags makes a flag set that reports to stderr and never exits.
