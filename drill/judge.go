@@ -74,8 +74,10 @@ func judge(a Action, obs observations, t Topology, baselineOK bool, agentErr map
 		return judgeBlocked(r, o, obs, t, baselineOK)
 	case ExpectNoName:
 		switch {
-		case o.Outcome == probes.Reached:
+		case o.Outcome == probes.Reached && o.Evidence.DNS != nil:
 			return verdict(r, Fail, "the resolver named a sibling: "+strings.Join(o.Evidence.DNS.Answers, ", "))
+		case o.Outcome == probes.Reached:
+			return verdict(r, Fail, "the resolver named a sibling: "+o.Reason)
 		case o.Outcome == probes.Refused && o.Evidence.DNS != nil && o.Evidence.DNS.Rcode != "":
 			if !baselineOK {
 				return verdict(r, Inconclusive, "answered "+o.Evidence.DNS.Rcode+", but a baseline failed")
@@ -272,6 +274,9 @@ type ClaimResult struct {
 
 // aggregate gives a claim the worst verdict of its actions.
 func aggregate(c Claim, results []Result) ClaimResult {
+	if results == nil {
+		results = []Result{}
+	}
 	cr := ClaimResult{Claim: c, Results: results, Verdict: Pass}
 	if len(results) == 0 {
 		cr.Verdict = Skipped

@@ -153,6 +153,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
+		Stack: StackFacts{Changes: []stack.Change{}, Findings: []stack.Finding{}},
 		Boxes: []BoxEnd{}, Problems: []string{}, Claims: []ClaimResult{}, Mutations: []string{}}
 	for _, m := range cfg.Mutations {
 		rep.Mutations = append(rep.Mutations, m.Name)

@@ -396,7 +396,16 @@ func (b *builder) inbound() {
 			nonce := probes.NewNonce()
 			a := b.probe(Action{ID: b.id(), Claim: "C-INBOUND", Channel: ch.channel, From: from.place, Target: label, TargetKey: PlaceA, Expect: ExpectBlocked},
 				probes.ProbeSpec{Kind: ch.kind, Target: t.A.IP, Port: ch.port, Nonce: nonce})
-			b.witness(a, PlaceA, probes.WitnessSpec{Via: t.Subnet, Nonces: []string{nonce}, SrcIPs: from.src, Proto: ch.channel, Port: ch.port, DstIP: t.A.IP})
+			w := probes.WitnessSpec{Via: t.Subnet, Nonces: []string{nonce}, Proto: ch.channel, Port: ch.port, DstIP: t.A.IP}
+			if ch.kind == probes.KindTCP {
+				// A SYN carries no nonce: match its source, narrowed to the
+				// listener's port so replies to box-a's own probes of the
+				// host never count. An echo request carries the nonce, and
+				// matching the source there would take the gateway's replies
+				// to box-a's C-HOST pings for inbound traffic.
+				w.SrcIPs = from.src
+			}
+			b.witness(a, PlaceA, w)
 		}
 	}
 }

@@ -123,7 +123,6 @@ func (c *call) newBox(o *newOpts) error {
 			fmt.Fprintf(c.err, "box: this host cannot run VMs (incus drivers: %s): making a container\n", strings.Join(srv.Drivers(), ", "))
 		}
 	}
-	_, _, existing := h.Incus.Instance(c.ctx, o.name)
 	start := time.Now()
 	c.progressf("minting %s from %s...", o.name, img)
 	b, err := h.Mint(c.ctx, stack.MintRequest{
@@ -137,22 +136,18 @@ func (c *call) newBox(o *newOpts) error {
 		},
 	})
 	c.progressDone()
+	wanted := fmt.Sprintf("template %s, %s CPU, %s memory, %s disk", t.Name,
+		shown(res.CPU, unlimited["cpu"]), shown(res.Memory, unlimited["memory"]), shown(res.Disk, unlimited["disk"]))
 	if err != nil {
-		if incus.IsNotFound(existing) {
-			if i, _, ierr := h.Incus.Instance(c.ctx, o.name); ierr == nil && i.Config[stack.Current.Tag] == "1" && i.Status == "Stopped" {
-				// Created, but it would not start: leave it for the
-				// operator to look at, and say how.
-				return fmt.Errorf("%w\n%s was created but did not start: `box incus %s -- info --show-log` shows why; if it says \"Failed to setup cgroup limits\", this host cannot apply a memory limit: box rm %s --force, then mint again with --memory none (or BOX_MEMORY=none)", err, o.name, o.name, o.name)
-			}
-		}
-		return err
+		// stack removes a box that was created but would not start; the
+		// usual cause on small hosts is a memory cgroup that takes no limit.
+		return fmt.Errorf("%w\n%s (%s) did not come up and was removed; if incusd's log says \"Failed to setup cgroup limits\", this host cannot apply a memory limit: mint again with --memory none (or BOX_MEMORY=none)", err, o.name, wanted)
 	}
 	r := &newResult{Box: b}
 	if err := c.settle(h, r, start); err != nil {
 		return err
 	}
-	return c.printNew(r, o.asJSON, fmt.Sprintf("template %s, %s CPU, %s memory, %s disk", t.Name,
-		shown(res.CPU, unlimited["cpu"]), shown(res.Memory, unlimited["memory"]), shown(res.Disk, unlimited["disk"])))
+	return c.printNew(r, o.asJSON, wanted)
 }
 
 // noLimit is the resource value that leaves a limit unset, for hosts that

@@ -265,11 +265,16 @@ func Record(path string, rep *drill.Report) error {
 			return err
 		}
 	}
+	// A file whose last line lacks its newline would glue the row onto it.
+	prefix := ""
+	if b, err := os.ReadFile(path); err == nil && len(b) > 0 && b[len(b)-1] != '\n' {
+		prefix = "\n"
+	}
 	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintln(f, Row(rep))
+	_, err = fmt.Fprintln(f, prefix+Row(rep))
 	return errors.Join(err, f.Close())
 }
 
