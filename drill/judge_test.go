@@ -1,0 +1,392 @@
+package drill
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/probes"
+)
+
+// t0 is when the agents started; probes fire probeDelay later.
+var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+
+// Actions as BuildScenario makes them, trimmed to what judge reads.
+var (
+	actSiblingTCP = Action{ID: "p010", Claim: "C-SIBLING", Channel: "tcp", From: PlaceA, Target: "box-b 10.88.0.12", TargetKey: PlaceB, Expect: ExpectBlocked,
+		WitnessAt: PlaceB, Witness: &probes.WitnessSpec{ID: "wp010"}}
+	actHostTCP = Action{ID: "p020", Claim: "C-HOST", Channel: "tcp", From: PlaceA, Target: "host gateway 10.88.0.1", TargetKey: "host-gateway", Expect: ExpectBlocked,
+		ListenerAt: PlaceHost, ListenerID: "l-tcp-gateway"}
+	actHostICMP = Action{ID: "p021", Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: "host gateway 10.88.0.1", TargetKey: "host-gateway", Expect: ExpectBlocked}
+	actEgress   = func(ch string, kind probes.Kind) Action {
+		return Action{ID: "p001", Claim: "C-EGRESS", Channel: ch, From: PlaceA, Target: "canary 203.0.113.10", TargetKey: "internet", Expect: ExpectReach, Baseline: true,
+			Probe: probes.ProbeSpec{Kind: kind}}
+	}
+	actDNS     = Action{ID: "p004", Claim: "C-DNS", Channel: "dns", From: PlaceA, TargetKey: "gateway", Expect: ExpectResolve, Baseline: true}
+	actDHCP    = Action{ID: "p005", Claim: "C-DHCP", Channel: "dhcp", From: PlaceA, TargetKey: "lease", Expect: ExpectLease, Baseline: true}
+	actEnum    = Action{ID: "p030", Claim: "C-ENUM", Channel: "dns", From: PlaceA, Target: "drill-0a1b2c-b. (box-b)", TargetKey: "gateway", Expect: ExpectNoName}
+	actV6      = Action{ID: "p040", Claim: "C-V6", Channel: "global-address+default-route", From: PlaceA, TargetKey: "ipv6", Expect: ExpectNone}
+	actClone   = Action{ID: "p050", Claim: "C-CLONE", Channel: "address+mac+machine-id", From: PlaceC, TargetKey: PlaceA, Expect: ExpectDistinct, Compare: []string{"p005"}}
+	actUnknown = Action{ID: "p060", Claim: "C-X", Channel: "x", From: PlaceA, Expect: Expectation("teleported")}
+)
+
+// sent is a probe's observation: it fired at t0+probeDelay and took its
+// deadline (or less).
+func sent(id string, kind probes.Kind, o probes.Outcome, reason string, ev probes.Evidence) *probes.Observation {
+	return &probes.Observation{ID: id, Kind: kind, Target: "10.88.0.12", Outcome: o, Reason: reason, Evidence: ev,
+		StartedAt: t0.Add(probeDelay), ElapsedMS: probeDeadline.Milliseconds()}
+}
+
+// seen is a witness's observation, armed from..until (offsets from t0).
+func seen(id string, from, until time.Duration, count int) *probes.Observation {
+	we := &probes.WitnessEvidence{ArmedAt: t0.Add(from), Until: t0.Add(until), Count: count, Captured: 7}
+	if count > 0 {
+		we.First = &probes.FrameSummary{At: t0.Add(probeDelay), EtherType: "IPv4", SrcMAC: "00:16:3e:00:00:0a", DstMAC: "00:16:3e:00:00:0b",
+			SrcIP: "10.88.0.11", DstIP: "10.88.0.12", Proto: "tcp", DstPort: 9100, MatchedBy: "nonce"}
+	}
+	return &probes.Observation{ID: id, Kind: probes.KindWitness, Outcome: probes.Silent, Evidence: probes.Evidence{Witness: we}}
+}
+
+func served(id string, peers ...string) *probes.Observation {
+	return &probes.Observation{ID: id, Kind: probes.KindTCPGreeter, Outcome: probes.Silent,
+		Evidence: probes.Evidence{Listener: &probes.ListenerEvidence{Address: "10.88.0.1:9100", Served: len(peers), Peers: peers}}}
+}
+
+func lease(id, addr, mac, machineID string) *probes.Observation {
+	return &probes.Observation{ID: id, Kind: probes.KindDHCPLease, Outcome: probes.Reached, Reason: "eth0 holds " + addr,
+		Evidence: probes.Evidence{Lease: &probes.LeaseEvidence{Address: addr, Dynamic: true, MAC: mac, MachineID: machineID}}}
+}
+
+func dnsEv(rcode string, resolved bool, answers ...string) probes.Evidence {
+	return probes.Evidence{DNS: &probes.DNSEvidence{Name: "x.", QType: "A", Rcode: rcode, Resolved: resolved, Answers: answers}}
+}
+
+// placed is an observation at a place.
+type placed struct {
+	place string
+	obs   *probes.Observation
+}
+
+var (
+	cleanWitness = placed{PlaceB, seen("wp010", 0, 3550*time.Millisecond, 0)}
+	rejectByGW   = probes.Evidence{ICMP: &probes.ICMPEvidence{Family: 4, Type: 3, Code: 13, Name: "admin-prohibited", Offender: "10.88.0.1"}}
+	sourceLease  = placed{PlaceA, lease("p005", "10.88.0.11/24", "00:16:3e:00:00:0a", "0123456789abcdef0123456789abcdef")}
+)
+
+func TestJudge(t *testing.T) {
+	topo := testTopology()
+	tests := []struct {
+		name       string
+		action     Action
+		probe      *probes.Observation // at action.From; nil: the agent returned nothing
+		others     []placed            // witnesses, listeners, compared probes
+		baselineOK bool
+		want       Verdict
+		evidence   []string // substrings of Evidence
+		atTarget   string   // substring of AtTarget
+	}{
+		// Blocked, at a peer box with a witness.
+		{name: "blocked: reached is an unexpected success", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Reached, "connected and the peer echoed the nonce", probes.Evidence{Reply: "box-b 9f2c"}),
+			others: []placed{cleanWitness}, baselineOK: true, want: Fail, evidence: []string{"unexpected success", `"box-b 9f2c"`}},
+		{name: "blocked: reached fails even with a broken baseline", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Reached, "connected", probes.Evidence{}),
+			others: []placed{cleanWitness}, baselineOK: false, want: Fail, evidence: []string{"unexpected success"}},
+		{name: "blocked: RST from the target means it arrived", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Refused, "TCP RST from the target's address: the packet arrived, nothing listens", probes.Evidence{Errno: "ECONNREFUSED"}),
+			others: []placed{cleanWitness}, baselineOK: true, want: Fail, evidence: []string{"arrived"}},
+		{name: "blocked: port unreachable from the target means it arrived", action: actSiblingTCP,
+			probe: sent("p010", probes.KindUDP, probes.Refused, "ICMP port-unreachable from the target",
+				probes.Evidence{ICMP: &probes.ICMPEvidence{Family: 4, Type: 3, Code: 3, Name: "port-unreachable", Offender: "10.88.0.12", OffenderIsTarget: true}}),
+			others: []placed{cleanWitness}, baselineOK: true, want: Fail, evidence: []string{"arrived"}},
+		{name: "blocked: silent but the witness saw the frame", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK, RST or ICMP error before the deadline", probes.Evidence{}),
+			others: []placed{{PlaceB, seen("wp010", 0, 3550*time.Millisecond, 1)}}, baselineOK: true,
+			want: Fail, evidence: []string{"the sender heard nothing back", "arrive"}, atTarget: "saw 1 frame(s): IPv4 00:16:3e:00:00:0a -> 00:16:3e:00:00:0b 10.88.0.11 -> 10.88.0.12 tcp port 9100 (matched by nonce)"},
+		{name: "blocked: silent and a clean armed witness", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK, RST or ICMP error before the deadline", probes.Evidence{}),
+			others: []placed{cleanWitness}, baselineOK: true, want: Pass, evidence: []string{"dropped", "no SYN-ACK"}, atTarget: "saw nothing (7 frames read)"},
+		{name: "blocked: rejected by a middle box is blocked by policy", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Rejected, "ICMP admin-prohibited from 10.88.0.1", rejectByGW),
+			others: []placed{cleanWitness}, baselineOK: true, want: Pass, evidence: []string{"blocked by policy", "10.88.0.1", "admin-prohibited"}},
+		{name: "blocked: rejected, but the witness saw it", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Rejected, "ICMP admin-prohibited from 10.88.0.1", rejectByGW),
+			others: []placed{{PlaceB, seen("wp010", 0, 3550*time.Millisecond, 2)}}, baselineOK: true, want: Fail, evidence: []string{"arrive"}, atTarget: "saw 2 frame(s)"},
+		{name: "blocked: a probe error is inconclusive", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Error, "no interface holds an address in 10.88.0.0/24", probes.Evidence{}),
+			others: []placed{cleanWitness}, baselineOK: true, want: Inconclusive, evidence: []string{"could not run", "no interface"}},
+		{name: "blocked: witness armed after the probe started", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others: []placed{{PlaceB, seen("wp010", probeDelay+200*time.Millisecond, 4*time.Second, 0)}}, baselineOK: true,
+			want: Inconclusive, evidence: []string{"not armed for the whole probe"}, atTarget: "armed 12:00:01.200"},
+		{name: "blocked: witness gave up before the probe did", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others: []placed{{PlaceB, seen("wp010", 0, probeDelay+probeDeadline/2, 0)}}, baselineOK: true,
+			want: Inconclusive, evidence: []string{"not armed for the whole probe"}},
+		{name: "blocked: witness never armed", action: actSiblingTCP,
+			probe: sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others: []placed{{PlaceB, &probes.Observation{ID: "wp010", Kind: probes.KindWitness, Outcome: probes.Error,
+				Evidence: probes.Evidence{Witness: &probes.WitnessEvidence{}}}}}, baselineOK: true,
+			want: Inconclusive, evidence: []string{"not armed"}},
+		{name: "blocked: missing witness report", action: actSiblingTCP,
+			probe:      sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			baselineOK: true, want: Inconclusive, evidence: []string{"no witness report from box-b"}},
+		{name: "blocked: witness report without witness evidence", action: actSiblingTCP,
+			probe:      sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others:     []placed{{PlaceB, &probes.Observation{ID: "wp010", Kind: probes.KindWitness, Outcome: probes.Error, Reason: "capture failed"}}},
+			baselineOK: true, want: Inconclusive, evidence: []string{"no witness report"}},
+		{name: "blocked: missing probe observation", action: actSiblingTCP,
+			others: []placed{cleanWitness}, baselineOK: true, want: Inconclusive, evidence: []string{"returned nothing", "box-a", "exec: deadline exceeded"}},
+		{name: "blocked: silent and clean, but a baseline failed", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others: []placed{cleanWitness}, baselineOK: false, want: Inconclusive, evidence: []string{"baseline failed"}},
+		{name: "blocked: rejected, but a baseline failed", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Rejected, "ICMP admin-prohibited", rejectByGW),
+			others: []placed{cleanWitness}, baselineOK: false, want: Inconclusive, evidence: []string{"baseline failed"}},
+
+		// Blocked, at a host address with a listener.
+		{name: "host: the listener served box-a", action: actHostTCP,
+			probe:  sent("p020", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others: []placed{{PlaceHost, served("l-tcp-gateway", "10.88.0.11:41234")}}, baselineOK: true,
+			want: Fail, evidence: []string{"the target"}, atTarget: "listener served 10.88.0.11:41234"},
+		{name: "host: the listener served only others", action: actHostTCP,
+			probe: sent("p020", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			// 10.88.0.111 starts with box-a's 10.88.0.11 as text.
+			others:     []placed{{PlaceHost, served("l-tcp-gateway", "10.88.0.111:5000", "192.168.20.2:6000")}},
+			baselineOK: true, want: Pass, evidence: []string{"dropped"}, atTarget: "served nobody from the box (2 in all)"},
+		{name: "host: missing listener report", action: actHostTCP,
+			probe:      sent("p020", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			baselineOK: true, want: Inconclusive, evidence: []string{"no listener report from host"}},
+		{name: "host: rejected by the host firewall", action: actHostTCP,
+			probe: sent("p020", probes.KindTCP, probes.Rejected, "ICMP admin-prohibited from 10.88.0.1",
+				probes.Evidence{ICMP: &probes.ICMPEvidence{Family: 4, Type: 3, Code: 13, Name: "admin-prohibited", Offender: "10.88.0.1", OffenderIsTarget: true}}),
+			others: []placed{{PlaceHost, served("l-tcp-gateway")}}, baselineOK: true, want: Pass, evidence: []string{"blocked by policy", "10.88.0.1 (admin-prohibited)"}},
+		{name: "host: icmp silent, nothing to witness", action: actHostICMP,
+			probe:      sent("p021", probes.KindICMP, probes.Silent, "no echo reply", probes.Evidence{}),
+			baselineOK: true, want: Pass, evidence: []string{"dropped"}},
+		{name: "host: icmp echo reply", action: actHostICMP,
+			probe:      sent("p021", probes.KindICMP, probes.Reached, "echo reply from the target with the nonce", probes.Evidence{From: "10.88.0.1"}),
+			baselineOK: true, want: Fail, evidence: []string{"unexpected success"}},
+
+		// The canary.
+		{name: "egress: tcp with the greeting", action: actEgress("tcp", probes.KindTCP),
+			probe:      &probes.Observation{ID: "p001", Kind: probes.KindTCP, Outcome: probes.Reached, Target: "203.0.113.10:80", Evidence: probes.Evidence{Reply: "hello from canary 5f3e abcd"}},
+			baselineOK: true, want: Pass, evidence: []string{"reached 203.0.113.10:80", "hello from canary 5f3e"}},
+		{name: "egress: reached without the canary's greeting", action: actEgress("tcp", probes.KindTCP),
+			probe:      &probes.Observation{ID: "p001", Kind: probes.KindTCP, Outcome: probes.Reached, Evidence: probes.Evidence{Reply: "HTTP/1.1 400 Bad Request"}},
+			baselineOK: true, want: Fail, evidence: []string{"not by the canary", "HTTP/1.1 400"}},
+		{name: "egress: udp without the greeting", action: actEgress("udp", probes.KindUDP),
+			probe:      &probes.Observation{ID: "p001", Kind: probes.KindUDP, Outcome: probes.Reached, Evidence: probes.Evidence{Reply: "abcd"}},
+			baselineOK: true, want: Fail, evidence: []string{"lacks its greeting"}},
+		{name: "egress: icmp needs no greeting", action: actEgress("icmp", probes.KindICMP),
+			probe:      &probes.Observation{ID: "p001", Kind: probes.KindICMP, Outcome: probes.Reached, Target: "203.0.113.10"},
+			baselineOK: true, want: Pass, evidence: []string{"reached 203.0.113.10"}},
+		{name: "egress: silent", action: actEgress("tcp", probes.KindTCP),
+			probe:      &probes.Observation{ID: "p001", Kind: probes.KindTCP, Outcome: probes.Silent, Reason: "no SYN-ACK"},
+			baselineOK: true, want: Fail, evidence: []string{"not reached", "no SYN-ACK"}},
+		{name: "egress: refused", action: actEgress("tcp", probes.KindTCP),
+			probe:      &probes.Observation{ID: "p001", Kind: probes.KindTCP, Outcome: probes.Refused, Reason: "TCP RST"},
+			baselineOK: true, want: Fail, evidence: []string{"not reached"}},
+
+		// Resolver.
+		{name: "dns: resolves", action: actDNS,
+			probe:      &probes.Observation{ID: "p004", Kind: probes.KindDNS, Outcome: probes.Reached, Evidence: dnsEv("NOERROR", true, "canary.example.net. 60 IN A 203.0.113.10")},
+			baselineOK: true, want: Pass, evidence: []string{"resolved", "203.0.113.10"}},
+		{name: "dns: NXDOMAIN for the public name", action: actDNS,
+			probe:      &probes.Observation{ID: "p004", Kind: probes.KindDNS, Outcome: probes.Refused, Reason: "the resolver answered NXDOMAIN", Evidence: dnsEv("NXDOMAIN", false)},
+			baselineOK: true, want: Fail, evidence: []string{"did not resolve", "NXDOMAIN"}},
+		{name: "dns: silent", action: actDNS,
+			probe:      &probes.Observation{ID: "p004", Kind: probes.KindDNS, Outcome: probes.Silent, Reason: "no reply"},
+			baselineOK: true, want: Fail, evidence: []string{"did not resolve"}},
+
+		// Lease.
+		{name: "dhcp: a lease on the subnet", action: actDHCP, probe: lease("p005", "10.88.0.11/24", "", ""),
+			baselineOK: true, want: Pass, evidence: []string{"holds 10.88.0.11/24"}},
+		{name: "dhcp: an address elsewhere", action: actDHCP, probe: lease("p005", "10.99.0.11/24", "", ""),
+			baselineOK: true, want: Fail, evidence: []string{"no address on 10.88.0.0/24"}},
+		{name: "dhcp: no lease", action: actDHCP,
+			probe:      &probes.Observation{ID: "p005", Kind: probes.KindDHCPLease, Outcome: probes.Silent, Reason: "no interface holds an address in 10.88.0.0/24: no lease"},
+			baselineOK: true, want: Fail, evidence: []string{"no lease"}},
+
+		// Sibling names.
+		{name: "no-sibling-name: NXDOMAIN", action: actEnum,
+			probe:      &probes.Observation{ID: "p030", Kind: probes.KindDNS, Outcome: probes.Refused, Evidence: dnsEv("NXDOMAIN", false)},
+			baselineOK: true, want: Pass, evidence: []string{"NXDOMAIN", "no record"}},
+		{name: "no-sibling-name: NXDOMAIN, but a baseline failed", action: actEnum,
+			probe:      &probes.Observation{ID: "p030", Kind: probes.KindDNS, Outcome: probes.Refused, Evidence: dnsEv("NXDOMAIN", false)},
+			baselineOK: false, want: Inconclusive, evidence: []string{"baseline failed"}},
+		{name: "no-sibling-name: resolved", action: actEnum,
+			probe:      &probes.Observation{ID: "p030", Kind: probes.KindDNS, Outcome: probes.Reached, Evidence: dnsEv("NOERROR", true, "drill-0a1b2c-b. 0 IN A 10.88.0.12")},
+			baselineOK: true, want: Fail, evidence: []string{"named a sibling", "10.88.0.12"}},
+		{name: "no-sibling-name: silent", action: actEnum,
+			probe:      &probes.Observation{ID: "p030", Kind: probes.KindDNS, Outcome: probes.Silent, Reason: "no reply before the deadline"},
+			baselineOK: true, want: Inconclusive, evidence: []string{"no DNS answer", "no reply"}},
+		{name: "no-sibling-name: a reply that does not answer the query", action: actEnum,
+			probe:      &probes.Observation{ID: "p030", Kind: probes.KindDNS, Outcome: probes.Refused, Reason: "id or question differs", Evidence: probes.Evidence{DNS: &probes.DNSEvidence{Name: "x.", QType: "A"}}},
+			baselineOK: true, want: Inconclusive, evidence: []string{"no DNS answer"}},
+		// An agent report is decoded strictly but not checked for evidence
+		// per outcome: a reached DNS observation without DNS evidence must
+		// be judged, not crash the drill.
+		{name: "no-sibling-name: reached without DNS evidence", action: actEnum,
+			probe:      &probes.Observation{ID: "p030", Kind: probes.KindDNS, Outcome: probes.Reached, Reason: "the resolver answered with records for the name"},
+			baselineOK: true, want: Fail, evidence: []string{"named a sibling"}},
+
+		// No IPv6.
+		{name: "none: silent", action: actV6,
+			probe:      &probes.Observation{ID: "p040", Kind: probes.KindIPv6State, Outcome: probes.Silent, Reason: "no global IPv6 address and no IPv6 default route"},
+			baselineOK: true, want: Pass, evidence: []string{"no global IPv6 address"}},
+		{name: "none: reached", action: actV6,
+			probe: &probes.Observation{ID: "p040", Kind: probes.KindIPv6State, Outcome: probes.Reached, Reason: "1 global IPv6 address(es) and 1 IPv6 default route(s)",
+				Evidence: probes.Evidence{IPv6: &probes.IPv6Evidence{GlobalAddresses: []string{"fd42:b0c5::17/64"}, DefaultRoutes: []string{"via fe80::1"}}}},
+			baselineOK: true, want: Fail, evidence: []string{"1 global IPv6", "fd42:b0c5::17/64"}},
+		{name: "none: error", action: actV6,
+			probe:      &probes.Observation{ID: "p040", Kind: probes.KindIPv6State, Outcome: probes.Error, Reason: "netlink: permission denied"},
+			baselineOK: true, want: Inconclusive, evidence: []string{"permission denied"}},
+
+		// Clone identity.
+		{name: "distinct: all different", action: actClone,
+			probe:  lease("p050", "10.88.0.13/24", "00:16:3e:00:00:0c", "fedcba9876543210fedcba9876543210"),
+			others: []placed{sourceLease}, baselineOK: true, want: Pass, evidence: []string{"10.88.0.13/24 vs 10.88.0.11/24", "00:16:3e:00:00:0c vs 00:16:3e:00:00:0a"}},
+		{name: "distinct: same MAC", action: actClone,
+			probe:  lease("p050", "10.88.0.13/24", "00:16:3e:00:00:0a", "fedcba9876543210fedcba9876543210"),
+			others: []placed{sourceLease}, baselineOK: true, want: Fail, evidence: []string{"MAC 00:16:3e:00:00:0a"}},
+		{name: "distinct: same address and machine-id", action: actClone,
+			probe:  lease("p050", "10.88.0.11/24", "00:16:3e:00:00:0c", "0123456789abcdef0123456789abcdef"),
+			others: []placed{sourceLease}, baselineOK: true, want: Fail, evidence: []string{"address 10.88.0.11/24", "machine-id 0123456789abcdef"}},
+		{name: "distinct: machine-id unreadable", action: actClone,
+			probe:  lease("p050", "10.88.0.13/24", "00:16:3e:00:00:0c", ""),
+			others: []placed{sourceLease}, baselineOK: true, want: Inconclusive, evidence: []string{"could not be read"}},
+		{name: "distinct: no source lease", action: actClone,
+			probe:      lease("p050", "10.88.0.13/24", "00:16:3e:00:00:0c", "fedcba9876543210fedcba9876543210"),
+			baselineOK: true, want: Inconclusive, evidence: []string{"no lease evidence"}},
+		{name: "distinct: nothing to compare", action: func() Action { a := actClone; a.Compare = nil; return a }(),
+			probe:      lease("p050", "10.88.0.13/24", "00:16:3e:00:00:0c", "fedcba9876543210fedcba9876543210"),
+			baselineOK: true, want: Inconclusive, evidence: []string{"nothing to compare"}},
+
+		{name: "an unknown expectation is inconclusive", action: actUnknown,
+			probe:      &probes.Observation{ID: "p060", Kind: probes.KindTCP, Outcome: probes.Reached},
+			baselineOK: true, want: Inconclusive, evidence: []string{"no rule", "teleported"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			obs := observations{}
+			add := func(place string, o *probes.Observation) {
+				if obs[place] == nil {
+					obs[place] = map[string]probes.Observation{}
+				}
+				obs[place][o.ID] = *o
+			}
+			if tt.probe != nil {
+				add(tt.action.From, tt.probe)
+			}
+			for _, o := range tt.others {
+				add(o.place, o.obs)
+			}
+			agentErr := map[string]string{}
+			if tt.probe == nil {
+				agentErr[tt.action.From] = "exec: deadline exceeded"
+			}
+			var r Result
+			require.NotPanics(t, func() { r = judge(tt.action, obs, topo, tt.baselineOK, agentErr) })
+			assert.Equal(t, tt.want, r.Verdict, "evidence: %s; at target: %s", r.Evidence, r.AtTarget)
+			for _, s := range tt.evidence {
+				assert.Contains(t, r.Evidence, s)
+			}
+			if tt.atTarget != "" {
+				assert.Contains(t, r.AtTarget, tt.atTarget)
+			}
+			assert.Equal(t, tt.action.ID, r.ID, "the result carries its action")
+			assert.NotEmpty(t, r.Observed)
+			if tt.probe != nil {
+				require.NotNil(t, r.Obs)
+				assert.Equal(t, tt.probe.Outcome, r.Obs.Outcome)
+			} else {
+				assert.Nil(t, r.Obs)
+			}
+		})
+	}
+}
+
+func TestAggregate(t *testing.T) {
+	c, _ := ClaimByID("C-SIBLING")
+	res := func(vs ...Verdict) []Result {
+		var out []Result
+		for _, v := range vs {
+			out = append(out, Result{Verdict: v})
+		}
+		return out
+	}
+	tests := []struct {
+		name string
+		in   []Result
+		want Verdict
+	}{
+		{"no results is skipped", nil, Skipped},
+		{"all pass", res(Pass, Pass, Pass), Pass},
+		{"one inconclusive", res(Pass, Inconclusive, Pass), Inconclusive},
+		{"one fail", res(Pass, Fail, Pass), Fail},
+		{"fail beats an inconclusive after it", res(Fail, Inconclusive), Fail},
+		{"fail beats an inconclusive before it", res(Inconclusive, Pass, Fail), Fail},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cr := aggregate(c, tt.in)
+			assert.Equal(t, tt.want, cr.Verdict)
+			assert.Equal(t, c.ID, cr.ID)
+			assert.Len(t, cr.Results, len(tt.in))
+		})
+	}
+}
+
+func TestReportFinish(t *testing.T) {
+	cr := func(id string, v Verdict) ClaimResult {
+		c, ok := ClaimByID(id)
+		require.True(t, ok, id)
+		return ClaimResult{Claim: c, Verdict: v}
+	}
+	allPass := func(over map[string]Verdict) []ClaimResult {
+		var out []ClaimResult
+		for _, id := range specClaims {
+			v := Pass
+			if o, ok := over[id]; ok {
+				v = o
+			}
+			out = append(out, cr(id, v))
+		}
+		return out
+	}
+	tests := []struct {
+		name       string
+		claims     []ClaimResult
+		baselineOK bool
+		exit       int
+		summary    Summary
+	}{
+		{name: "all pass", claims: allPass(nil), baselineOK: true, exit: ExitOK, summary: Summary{Passed: 10}},
+		{name: "skipped claims do not change the exit code", claims: allPass(map[string]Verdict{"C-V6": Skipped, "C-LAN": Skipped}), baselineOK: true,
+			exit: ExitOK, summary: Summary{Passed: 8, Skipped: 2}},
+		{name: "a blocked claim fails", claims: allPass(map[string]Verdict{"C-SIBLING": Fail}), baselineOK: true,
+			exit: ExitViolated, summary: Summary{Passed: 9, Failed: 1}},
+		{name: "a violation wins over a broken baseline", claims: allPass(map[string]Verdict{"C-EGRESS": Fail, "C-SIBLING": Fail, "C-LAN": Inconclusive}), baselineOK: false,
+			exit: ExitViolated, summary: Summary{Passed: 7, Failed: 2, Inconclusive: 1}},
+		{name: "only a baseline fails", claims: allPass(map[string]Verdict{"C-EGRESS": Fail, "C-SIBLING": Inconclusive, "C-HOST": Inconclusive}), baselineOK: false,
+			exit: ExitInconclusive, summary: Summary{Passed: 7, Failed: 1, Inconclusive: 2}},
+		{name: "a failed baseline alone is inconclusive", claims: allPass(map[string]Verdict{"C-DNS": Fail}), baselineOK: false,
+			exit: ExitInconclusive, summary: Summary{Passed: 9, Failed: 1}},
+		{name: "an inconclusive claim", claims: allPass(map[string]Verdict{"C-HOST": Inconclusive}), baselineOK: true,
+			exit: ExitInconclusive, summary: Summary{Passed: 9, Inconclusive: 1}},
+		{name: "an inconclusive baseline", claims: allPass(map[string]Verdict{"C-DHCP": Inconclusive}), baselineOK: false,
+			exit: ExitInconclusive, summary: Summary{Passed: 9, Inconclusive: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rep := &Report{Claims: tt.claims, Summary: Summary{Probes: 92}}
+			rep.finish(tt.baselineOK)
+			assert.Equal(t, tt.exit, rep.ExitCode)
+			tt.summary.Probes = 92
+			assert.Equal(t, tt.summary, rep.Summary)
+		})
+	}
+}

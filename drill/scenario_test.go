@@ -1,0 +1,397 @@
+package drill
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/probes"
+)
+
+// testBox is a probe box as boxEnd would find it after minting.
+func testBox(place, instance, ip, mac string) BoxEnd {
+	hw, err := net.ParseMAC(mac)
+	if err != nil {
+		panic(err)
+	}
+	return BoxEnd{Place: place, Instance: instance, IP: netip.MustParseAddr(ip), MAC: hw, LinkLocal: drillLinkLocal(hw)}
+}
+
+// testTopology is a run in the hermetic world, written out by hand (the
+// addresses of fixtures/world, a stack on 10.88.0.0/24), so a change in
+// worldTopology does not silently change what these tests check.
+func testTopology() Topology {
+	subnet := netip.MustParsePrefix("10.88.0.0/24")
+	gw := netip.MustParseAddr("10.88.0.1")
+	t := Topology{
+		Subnet:  subnet,
+		Gateway: gw,
+		A:       testBox(PlaceA, "drill-0a1b2c-a", "10.88.0.11", "00:16:3e:00:00:0a"),
+		B:       testBox(PlaceB, "drill-0a1b2c-b", "10.88.0.12", "00:16:3e:00:00:0b"),
+		C:       testBox(PlaceC, "drill-0a1b2c-c", "10.88.0.13", "00:16:3e:00:00:0c"),
+
+		Canary:         netip.MustParseAddr("203.0.113.10"),
+		CanaryTCP:      80,
+		CanaryUDP:      7,
+		CanaryGreeting: "hello from canary 5f3e",
+		PublicName:     "canary.example.net.",
+		DNSDomain:      "incus",
+
+		HostAddrs: []HostAddr{
+			{Name: "gateway", Addr: gw, Via: subnet},
+			{Name: "lan-side", Addr: netip.MustParseAddr("192.168.20.1"), Via: netip.MustParsePrefix("192.168.20.0/24")},
+			{Name: "uplink", Addr: netip.MustParseAddr("198.51.100.2"), Via: netip.MustParsePrefix("198.51.100.0/24")},
+		},
+		LANVia:    netip.MustParsePrefix("192.168.20.0/24"),
+		LANNAT:    netip.MustParseAddr("192.168.20.1"),
+		LANSource: netip.MustParseAddr("192.168.20.2"),
+	}
+	for _, h := range []struct{ name, addr string }{
+		{"lan-10", "10.20.0.10"},
+		{"lan-172", "172.16.20.10"},
+		{"lan-192", "192.168.20.10"},
+		{"lan-cgnat", "100.64.20.10"},
+		{"lan-metadata", "169.254.169.254"},
+	} {
+		t.LANHosts = append(t.LANHosts, Target{Name: h.name, Addr: netip.MustParseAddr(h.addr), TCPPort: 80, UDPPort: 7})
+	}
+	return t
+}
+
+func claimsByID(t *testing.T, ids ...string) []Claim {
+	t.Helper()
+	var out []Claim
+	for _, id := range ids {
+		c, ok := ClaimByID(id)
+		require.True(t, ok, id)
+		out = append(out, c)
+	}
+	return out
+}
+
+func actionsOf(sc *Scenario, claim string) []Action {
+	var out []Action
+	for _, a := range sc.Actions {
+		if a.Claim == claim {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// selections are the claim sets every structural check runs on.
+func selections() map[string][]string {
+	m := map[string][]string{"all": specClaims}
+	for _, id := range specClaims {
+		m["only "+id] = []string{id}
+	}
+	return m
+}
+
+func TestBuildScenarioCoversEverySelectedClaim(t *testing.T) {
+	for name, ids := range selections() {
+		t.Run(name, func(t *testing.T) {
+			sc := BuildScenario(testTopology(), claimsByID(t, ids...))
+			for _, id := range ids {
+				assert.NotEmpty(t, actionsOf(sc, id), "%s has no action", id)
+			}
+			// Baselines are built whatever is selected: they decide what a
+			// block means.
+			for _, id := range []string{"C-EGRESS", "C-DNS", "C-DHCP"} {
+				as := actionsOf(sc, id)
+				assert.NotEmpty(t, as, "baseline %s missing", id)
+				for _, a := range as {
+					assert.True(t, a.Baseline, "%s %s is a positive control", a.ID, id)
+				}
+			}
+			// Nothing unselected (other than the baselines) is built.
+			for _, a := range sc.Actions {
+				assert.True(t, a.Baseline || slices.Contains(ids, a.Claim), "%s built for unselected %s", a.ID, a.Claim)
+				assert.Equal(t, a.Baseline, slices.Contains([]string{"C-EGRESS", "C-DNS", "C-DHCP"}, a.Claim), a.ID)
+			}
+		})
+	}
+}
+
+func TestBuildScenarioOnlySiblingStillHasBaselines(t *testing.T) {
+	sc := BuildScenario(testTopology(), claimsByID(t, "C-SIBLING"))
+	got := map[string]int{}
+	for _, a := range sc.Actions {
+		got[a.Claim]++
+	}
+	assert.Equal(t, 3, got["C-EGRESS"], "tcp, udp and icmp to the canary")
+	assert.Equal(t, 1, got["C-DNS"])
+	assert.Equal(t, 1, got["C-DHCP"])
+	assert.NotZero(t, got["C-SIBLING"])
+	assert.Len(t, got, 4, "only the baselines and C-SIBLING: %v", got)
+}
+
+// Every catalogue channel of a claim is exercised by some action (an
+// action may cover several, joined by "+").
+func TestBuildScenarioCoversEveryChannel(t *testing.T) {
+	sc := BuildScenario(testTopology(), Catalogue)
+	for _, c := range Catalogue {
+		t.Run(c.ID, func(t *testing.T) {
+			have := map[string]bool{}
+			for _, a := range actionsOf(sc, c.ID) {
+				for _, ch := range strings.Split(a.Channel, "+") {
+					have[ch] = true
+				}
+			}
+			for _, ch := range c.Channels {
+				assert.True(t, have[ch], "channel %s of %s has no action (have %v)", ch, c.ID, have)
+			}
+		})
+	}
+}
+
+func TestBuildScenarioPlansDecode(t *testing.T) {
+	for name, ids := range selections() {
+		t.Run(name, func(t *testing.T) {
+			sc := BuildScenario(testTopology(), claimsByID(t, ids...))
+			require.NotEmpty(t, sc.Plans)
+			for place, p := range sc.Plans {
+				require.NoError(t, p.Validate(), place)
+				// The agent's strict decoder is the real gate: what the drill
+				// marshals is what the agent must accept.
+				data, err := json.Marshal(p)
+				require.NoError(t, err, place)
+				got, err := probes.DecodePlan(bytes.NewReader(data))
+				require.NoError(t, err, "plan for %s: %s", place, data)
+				assert.Equal(t, len(p.Probes), len(got.Probes), place)
+				assert.Equal(t, len(p.Witnesses), len(got.Witnesses), place)
+				assert.Equal(t, len(p.Listeners), len(got.Listeners), place)
+			}
+		})
+	}
+}
+
+func TestBuildScenarioActionsAndPlansAgree(t *testing.T) {
+	sc := BuildScenario(testTopology(), Catalogue)
+	places := []string{PlaceA, PlaceB, PlaceC, PlaceHost, PlaceLAN}
+	for p := range sc.Plans {
+		assert.Contains(t, places, p, "a plan for an unknown place")
+	}
+	ids := map[string]bool{}
+	nonces := map[string]string{}
+	probesInPlans := 0
+	for _, p := range sc.Plans {
+		probesInPlans += len(p.Probes)
+	}
+	assert.Equal(t, len(sc.Actions), probesInPlans, "one probe per action, no orphan probe")
+	for _, a := range sc.Actions {
+		assert.False(t, ids[a.ID], "duplicate action id %s", a.ID)
+		ids[a.ID] = true
+		assert.NotEmpty(t, a.Claim, a.ID)
+		assert.NotEmpty(t, a.Channel, a.ID)
+		assert.NotEmpty(t, a.Target, a.ID)
+		assert.NotEmpty(t, a.TargetKey, a.ID)
+		assert.NotEmpty(t, a.Expect, a.ID)
+		assert.Equal(t, a.ID, a.Probe.ID, a.ID)
+		p, ok := sc.Plans[a.From]
+		require.True(t, ok, "%s runs from %s, which has no plan", a.ID, a.From)
+		i := slices.IndexFunc(p.Probes, func(s probes.ProbeSpec) bool { return s.ID == a.ID })
+		require.GreaterOrEqual(t, i, 0, "%s's probe is not in %s's plan", a.ID, a.From)
+		assert.Equal(t, a.Probe, p.Probes[i], "%s: the action's probe and the plan's differ", a.ID)
+		// A nonce is unique across the run, not only within one plan: a
+		// witness elsewhere must never credit one probe's frame to another.
+		if n := a.Probe.Nonce; n != "" {
+			assert.Empty(t, nonces[n], "%s reuses the nonce of %s", a.ID, nonces[n])
+			nonces[n] = a.ID
+		}
+	}
+}
+
+// controlledTarget is where the witness for a blocked action must be, for
+// targets the drill runs something at.
+func controlledTarget(t Topology, a Action) (string, bool) {
+	switch a.TargetKey {
+	case PlaceB, PlaceC, PlaceA:
+		return a.TargetKey, true
+	}
+	for _, h := range t.LANHosts {
+		if a.TargetKey == h.Name {
+			return PlaceLAN, true
+		}
+	}
+	return "", false
+}
+
+func TestBuildScenarioBlockedActionsHaveWitnesses(t *testing.T) {
+	topo := testTopology()
+	sc := BuildScenario(topo, Catalogue)
+	hostListeners := map[string]probes.ListenerSpec{}
+	if hp := sc.Plans[PlaceHost]; hp != nil {
+		for _, l := range hp.Listeners {
+			hostListeners[l.ID] = l
+		}
+	}
+	blocked := 0
+	for _, a := range sc.Actions {
+		if a.Expect != ExpectBlocked {
+			continue
+		}
+		blocked++
+		t.Run(a.ID+" "+a.Claim+" "+a.Channel+" "+a.TargetKey, func(t *testing.T) {
+			if a.Claim == "C-HOST" {
+				switch a.Channel {
+				case "tcp", "udp":
+					require.Equal(t, PlaceHost, a.ListenerAt, "a host tcp/udp probe is judged by the host's listener")
+					l, ok := hostListeners[a.ListenerID]
+					require.True(t, ok, "listener %q is not in the host plan", a.ListenerID)
+					assert.Equal(t, a.Probe.Port, l.Port, "the probe aims at the listener's port")
+					assert.True(t, l.Via.Contains(a.Probe.Target), "the listener is bound in the probe target's subnet")
+					want := probes.KindTCPGreeter
+					if a.Channel == "udp" {
+						want = probes.KindUDPEcho
+					}
+					assert.Equal(t, want, l.Kind)
+				}
+				return
+			}
+			place, ok := controlledTarget(topo, a)
+			require.True(t, ok, "a blocked action towards %q, which the drill does not control", a.TargetKey)
+			require.NotNil(t, a.Witness, "no witness at %s", place)
+			assert.Equal(t, place, a.WitnessAt)
+			wp := sc.Plans[a.WitnessAt]
+			require.NotNil(t, wp, "no plan at the witness's place %s", a.WitnessAt)
+			i := slices.IndexFunc(wp.Witnesses, func(w probes.WitnessSpec) bool { return w.ID == a.Witness.ID })
+			require.GreaterOrEqual(t, i, 0, "witness %s is not in %s's plan", a.Witness.ID, a.WitnessAt)
+			assert.Equal(t, *a.Witness, wp.Witnesses[i])
+			if a.Probe.Nonce != "" {
+				assert.Contains(t, a.Witness.Nonces, a.Probe.Nonce, "the witness looks for the probe's nonce")
+			} else {
+				assert.True(t, len(a.Witness.SrcIPs)+len(a.Witness.SrcMACs) > 0, "a witness without a nonce matches by source")
+			}
+			if a.Claim == "C-INBOUND" {
+				assert.Equal(t, PlaceA, a.WitnessAt, "inbound is witnessed in box-a")
+			}
+		})
+	}
+	assert.NotZero(t, blocked)
+}
+
+func TestBuildScenarioTiming(t *testing.T) {
+	for name, ids := range selections() {
+		t.Run(name, func(t *testing.T) {
+			sc := BuildScenario(testTopology(), claimsByID(t, ids...))
+			delays := map[int]bool{}
+			longest := 0
+			for _, a := range sc.Actions {
+				assert.Equal(t, int(probeDelay.Milliseconds()), a.Probe.DelayMS, "%s fires after probeDelay, so every witness is armed", a.ID)
+				delays[a.Probe.DelayMS] = true
+				total := a.Probe.DelayMS + a.Probe.DeadlineMS
+				longest = max(longest, total)
+				if a.Witness != nil {
+					assert.GreaterOrEqual(t, a.Witness.WindowMS, total, "%s: the witness window covers the probe's delay and deadline", a.ID)
+				}
+			}
+			// All probes fire together: the scenario costs one deadline,
+			// not one per probe.
+			assert.Len(t, delays, 1, "every probe shares one delay")
+			assert.LessOrEqual(t, longest, int(planDeadline.Milliseconds()), "the longest probe fits in the plan deadline")
+			for place, p := range sc.Plans {
+				assert.Equal(t, int(planDeadline.Milliseconds()), p.DeadlineMS, place)
+				for _, w := range p.Witnesses {
+					assert.LessOrEqual(t, w.WindowMS, p.DeadlineMS-int(probes.AgentMargin.Milliseconds()), "%s %s", place, w.ID)
+				}
+				for _, l := range p.Listeners {
+					assert.Zero(t, l.WindowMS, "%s listener %s listens for the whole plan", place, l.ID)
+				}
+			}
+		})
+	}
+}
+
+func TestBuildScenarioCloneComparesWithDHCP(t *testing.T) {
+	sc := BuildScenario(testTopology(), claimsByID(t, "C-CLONE"))
+	dhcp := actionsOf(sc, "C-DHCP")
+	require.Len(t, dhcp, 1)
+	assert.Equal(t, PlaceA, dhcp[0].From, "judgeDistinct reads the source's lease at box-a")
+	clone := actionsOf(sc, "C-CLONE")
+	require.Len(t, clone, 1)
+	c := clone[0]
+	assert.Equal(t, PlaceC, c.From, "the clone reads its own lease")
+	assert.Equal(t, ExpectDistinct, c.Expect)
+	assert.Equal(t, probes.KindDHCPLease, c.Probe.Kind)
+	assert.Equal(t, []string{dhcp[0].ID}, c.Compare)
+}
+
+func TestBuildScenarioTargets(t *testing.T) {
+	topo := testTopology()
+	sc := BuildScenario(topo, Catalogue)
+	targets := func(claim string) map[string]bool {
+		m := map[string]bool{}
+		for _, a := range actionsOf(sc, claim) {
+			m[a.TargetKey] = true
+		}
+		return m
+	}
+	assert.Equal(t, map[string]bool{PlaceB: true, PlaceC: true}, targets("C-SIBLING"), "the peer and the clone")
+	assert.Equal(t, map[string]bool{"host-gateway": true, "host-lan-side": true, "host-uplink": true}, targets("C-HOST"), "every host address")
+	lan := targets("C-LAN")
+	for _, h := range topo.LANHosts {
+		assert.True(t, lan[h.Name], "LAN host %s probed", h.Name)
+	}
+	// 169.254.169.254:80 is named by SPEC section 4.
+	assert.True(t, slices.ContainsFunc(actionsOf(sc, "C-LAN"), func(a Action) bool {
+		return a.Probe.Kind == probes.KindTCP && a.Probe.Target == netip.MustParseAddr("169.254.169.254") && a.Probe.Port == 80
+	}), "the metadata service on tcp/80")
+	from := map[string]bool{}
+	for _, a := range actionsOf(sc, "C-INBOUND") {
+		from[a.From] = true
+		assert.Equal(t, topo.A.IP, a.Probe.Target)
+	}
+	assert.Equal(t, map[string]bool{PlaceHost: true, PlaceLAN: true}, from, "inbound from the host and from the LAN")
+	var names []string
+	for _, a := range actionsOf(sc, "C-ENUM") {
+		names = append(names, a.Probe.Name)
+	}
+	for _, want := range []string{"drill-0a1b2c-b.", "drill-0a1b2c-b.incus.", "drill-0a1b2c-c.", "10.88.0.12", "10.88.0.13"} {
+		assert.Contains(t, names, want)
+	}
+}
+
+// A witness that matches by source address must not match the replies to
+// the probes its own place sends: a witness at P with src_ips S and proto
+// p sees every p packet from S to P, and when P itself probes an address
+// in S over p, the answers (an echo reply, an ICMP error) are such
+// packets. Port-narrowed tcp/udp witnesses are safe (replies go to an
+// ephemeral port); icmp ones are not, unless dst_ip rules the replies out.
+func TestBuildScenarioWitnessesDoNotMatchReplies(t *testing.T) {
+	topo := testTopology()
+	sc := BuildScenario(topo, Catalogue)
+	// The address each place's probes leave from.
+	source := map[string]netip.Addr{PlaceA: topo.A.IP, PlaceB: topo.B.IP, PlaceC: topo.C.IP, PlaceHost: topo.Gateway, PlaceLAN: topo.LANSource}
+	for _, a := range sc.Actions {
+		if a.Witness == nil || a.Witness.Port != 0 || len(a.Witness.SrcIPs) == 0 {
+			continue
+		}
+		w := a.Witness
+		for _, other := range sc.Actions {
+			if other.From != a.WitnessAt || other.ID == a.ID || !slices.Contains(w.SrcIPs, other.Probe.Target) {
+				continue
+			}
+			proto := string(other.Probe.Kind)
+			if other.Probe.Kind == probes.KindICMP && other.Probe.Target.Is6() {
+				proto = "icmpv6"
+			}
+			if w.Proto != "" && w.Proto != proto {
+				continue
+			}
+			if w.DstIP.IsValid() && w.DstIP != source[other.From] {
+				continue
+			}
+			t.Errorf("%s (%s %s from %s) has a witness at %s matching src_ips %v proto %q: it also matches the replies to %s (%s %s from %s to %s), so a hole in %s is reported against %s too",
+				a.ID, a.Claim, a.Channel, a.From, a.WitnessAt, w.SrcIPs, w.Proto,
+				other.ID, other.Claim, other.Channel, other.From, other.Probe.Target, other.Claim, a.Claim)
+		}
+	}
+}
