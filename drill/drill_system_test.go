@@ -166,6 +166,8 @@ func TestSystemDrillCanFail(t *testing.T) {
 		}},
 		{"bridge drop only", []string{"bridge-drop"}, func(t *testing.T, rep *drill.Report) {
 			assert.Equal(t, drill.Pass, claim(t, rep, "C-SIBLING").Verdict, "port isolation alone holds")
+			require.Len(t, rep.MutationResults, 1)
+			assert.False(t, rep.MutationResults[0].Detected, "reported as redundant")
 			assert.Contains(t, rep.Stack.Layers["L-BRIDGEDROP"], "absent")
 			assert.Equal(t, "present", rep.Stack.Layers["L-PORTISO"])
 		}},
@@ -185,6 +187,9 @@ func TestSystemDrillCanFail(t *testing.T) {
 				}
 			}
 			assert.True(t, uplinkFailed, "C-HOST fails for the uplink address")
+			require.Len(t, rep.MutationResults, 1)
+			assert.True(t, rep.MutationResults[0].Detected)
+			assert.Equal(t, []string{"C-HOST"}, rep.MutationResults[0].Flipped, "and nothing but the claim it backs")
 		}},
 		{"dns managed", []string{"dns-managed"}, func(t *testing.T, rep *drill.Report) {
 			assert.Equal(t, drill.ExitViolated, rep.ExitCode)

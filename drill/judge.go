@@ -50,7 +50,11 @@ func judge(a Action, obs observations, t Topology, baselineOK bool, agentErr map
 	if !ok {
 		r.Verdict = Inconclusive
 		r.Observed = "no observation"
-		r.Evidence = "the agent at " + a.From + " returned nothing for this probe: " + agentErr[a.From]
+		why := agentErr[a.From]
+		if why == "" {
+			why = "no reason given"
+		}
+		r.Evidence = "the agent at " + a.From + " returned nothing for this probe (" + why + ")"
 		return r
 	}
 	r.Obs = &o
@@ -60,7 +64,13 @@ func judge(a Action, obs observations, t Topology, baselineOK bool, agentErr map
 		return judgeReach(r, o, t)
 	case ExpectResolve:
 		if o.Outcome == probes.Reached && o.Evidence.DNS != nil && o.Evidence.DNS.Resolved {
-			return verdict(r, Pass, "resolved: "+strings.Join(o.Evidence.DNS.Answers, ", "))
+			answers := strings.Join(o.Evidence.DNS.Answers, ", ")
+			// The name must resolve to what it is: an answer from anyone
+			// else (a hijacking resolver) is no proof the path works.
+			if t.Canary.IsValid() && !strings.Contains(answers, t.Canary.String()) {
+				return verdict(r, Fail, "resolved, but not to the canary "+t.Canary.String()+": "+answers)
+			}
+			return verdict(r, Pass, "resolved: "+answers)
 		}
 		return verdict(r, Fail, "did not resolve: "+o.Reason)
 	case ExpectLease:
@@ -78,17 +88,27 @@ func judge(a Action, obs observations, t Topology, baselineOK bool, agentErr map
 			return verdict(r, Fail, "the resolver named a sibling: "+strings.Join(o.Evidence.DNS.Answers, ", "))
 		case o.Outcome == probes.Reached:
 			return verdict(r, Fail, "the resolver named a sibling: "+o.Reason)
-		case o.Outcome == probes.Refused && o.Evidence.DNS != nil && o.Evidence.DNS.Rcode != "":
+		case o.Outcome == probes.Refused && o.Evidence.DNS != nil && (o.Evidence.DNS.Rcode == "NXDOMAIN" || o.Evidence.DNS.Rcode == "NOERROR"):
 			if !baselineOK {
 				return verdict(r, Inconclusive, "answered "+o.Evidence.DNS.Rcode+", but a baseline failed")
 			}
 			return verdict(r, Pass, "the resolver answered "+o.Evidence.DNS.Rcode+" with no record")
+		case o.Outcome == probes.Refused && o.Evidence.DNS != nil && o.Evidence.DNS.Rcode != "":
+			// REFUSED or SERVFAIL says the resolver would not look, not that
+			// it knows no such name.
+			return verdict(r, Inconclusive, "the resolver answered "+o.Evidence.DNS.Rcode+", which says nothing about the name")
 		default:
 			return verdict(r, Inconclusive, "no DNS answer to judge by: "+o.Reason)
 		}
 	case ExpectNone:
 		switch o.Outcome {
 		case probes.Silent:
+			// A solicitation nobody answered proves little from a box
+			// whose network is broken; the box's own IPv6 state does not
+			// depend on it.
+			if !baselineOK && o.Kind != probes.KindIPv6State {
+				return verdict(r, Inconclusive, o.Reason+", but a baseline failed")
+			}
 			return verdict(r, Pass, o.Reason)
 		case probes.Reached, probes.Refused:
 			return verdict(r, Fail, o.Reason+ipv6Detail(o))
@@ -145,11 +165,18 @@ func judgeBlocked(r Result, o probes.Observation, obs observations, t Topology, 
 		return verdict(r, Inconclusive, "looked blocked, but a baseline failed, so the block proves nothing")
 	}
 	if o.Outcome == probes.Rejected {
+		local := o.Evidence.Errno != "" || (o.Evidence.ICMP != nil && o.Evidence.ICMP.OffenderIsLocal)
+		if local && isBox(r.From) {
+			// Stopped inside the sending box: the packet never met the
+			// stack, so the stack is not what held.
+			return verdict(r, Inconclusive, "stopped inside the sending box before it left ("+o.Reason+")")
+		}
 		by := "something in between"
-		if o.Evidence.ICMP != nil {
+		switch {
+		case o.Evidence.ICMP != nil:
 			by = fmt.Sprintf("%s (%s)", o.Evidence.ICMP.Offender, o.Evidence.ICMP.Name)
-		} else if o.Evidence.Errno != "" {
-			by = "this box's own stack (" + o.Evidence.Errno + ")"
+		case o.Evidence.Errno != "":
+			by = "the sender's own firewall, which is the host's (" + o.Evidence.Errno + ")"
 		}
 		return verdict(r, Pass, "blocked by policy: rejected by "+by)
 	}
@@ -167,6 +194,9 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Topology) (ar
 			return false, "no witness report from " + r.WitnessAt
 		}
 		we := w.Evidence.Witness
+		if w.Outcome == probes.Error {
+			return false, "the witness at " + r.WitnessAt + " failed: " + w.Reason
+		}
 		if we.Count > 0 {
 			r.AtTarget = fmt.Sprintf("the witness saw %d frame(s): %s", we.Count, frame(we.First))
 			return true, ""
@@ -294,3 +324,6 @@ func aggregate(c Claim, results []Result) ClaimResult {
 	}
 	return cr
 }
+
+// isBox reports whether a place is one of the probe boxes.
+func isBox(place string) bool { return place == PlaceA || place == PlaceB || place == PlaceC }

@@ -28,27 +28,28 @@ type Mutation struct {
 	// once the boxes exist; the others change the stack before any box is
 	// minted (reconfiguring a bridge under live boxes has deadlocked incusd).
 	AfterBoxes bool
-	apply      func(ctx context.Context, h *stack.Host) error
+	// apply knocks the layer out; boxes are the run's own probe boxes.
+	apply func(ctx context.Context, h *stack.Host, boxes []string) error
 }
 
 // Mutations is every layer the drill knows how to knock out.
 var Mutations = []Mutation{
-	{Name: "bridge-drop", Layers: []string{"L-BRIDGEDROP"}, What: "delete the nft table bridge box", apply: func(ctx context.Context, h *stack.Host) error {
+	{Name: "bridge-drop", Layers: []string{"L-BRIDGEDROP"}, What: "delete the nft table bridge box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return deleteTable(h, nftables.TableFamilyBridge)
 	}},
 	// Only the kernel flag: changing the profile under live boxes re-plugs
 	// their NICs, and they lose their leases.
 	{Name: "port-isolation", Layers: []string{"L-PORTISO"}, What: "turn the isolated flag off on every boxnet port", AfterBoxes: true, apply: portIsolationOff},
-	{Name: "host-fw", Layers: []string{"L-HOSTFW"}, What: "delete the nft table inet box", apply: func(ctx context.Context, h *stack.Host) error {
+	{Name: "host-fw", Layers: []string{"L-HOSTFW"}, What: "delete the nft table inet box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return deleteTable(h, nftables.TableFamilyINet)
 	}},
-	{Name: "acl", Layers: []string{"L-ACL"}, What: "detach the box-isolate ACL from boxnet", apply: func(ctx context.Context, h *stack.Host) error {
+	{Name: "acl", Layers: []string{"L-ACL"}, What: "detach the box-isolate ACL from boxnet", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"security.acls": "", "security.acls.default.egress.action": "", "security.acls.default.ingress.action": ""})
 	}},
-	{Name: "dns-managed", Layers: []string{"L-DNS"}, What: "set dns.mode=managed on boxnet and let DHCP names through", apply: func(ctx context.Context, h *stack.Host) error {
+	{Name: "dns-managed", Layers: []string{"L-DNS"}, What: "set dns.mode=managed on boxnet and let DHCP names through", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"dns.mode": "managed", "raw.dnsmasq": "no-resolv\nserver=" + firstDNS(h) + "\n"})
 	}},
-	{Name: "ipv6-on", Layers: []string{"L-V6"}, What: "give boxnet an IPv6 subnet with router advertisements", apply: func(ctx context.Context, h *stack.Host) error {
+	{Name: "ipv6-on", Layers: []string{"L-V6"}, What: "give boxnet an IPv6 subnet with router advertisements", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		if err := setNetwork(ctx, h, map[string]string{"ipv6.address": "fd42:b0c5::1/64", "ipv6.nat": "true"}); err != nil {
 			return err
 		}
@@ -56,7 +57,7 @@ var Mutations = []Mutation{
 			return os.WriteFile("/proc/sys/net/ipv6/conf/"+stack.Current.Network+"/disable_ipv6", []byte("0"), 0o644)
 		})
 	}},
-	{Name: "nat-off", Layers: []string{"L-NAT"}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host) error {
+	{Name: "nat-off", Layers: []string{"L-NAT"}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"ipv4.nat": "false"})
 	}},
 }
@@ -119,7 +120,24 @@ func setNetwork(ctx context.Context, h *stack.Host, set map[string]string) error
 	return h.Incus.UpdateNetwork(ctx, stack.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag)
 }
 
-func portIsolationOff(ctx context.Context, h *stack.Host) error {
+// portIsolationOff turns the isolated flag off on the run's own boxes'
+// bridge ports, and on nothing else.
+func portIsolationOff(ctx context.Context, h *stack.Host, boxes []string) error {
+	ports := map[string]bool{}
+	for _, b := range boxes {
+		st, err := h.Incus.InstanceState(ctx, b)
+		if err != nil {
+			return err
+		}
+		for _, nic := range st.Network {
+			if nic.HostName != "" {
+				ports[nic.HostName] = true
+			}
+		}
+	}
+	if len(ports) == 0 {
+		return fmt.Errorf("no bridge port found for boxes %v", boxes)
+	}
 	var err error
 	ns := netns.None()
 	if h.NetNS != "" {
@@ -142,7 +160,7 @@ func portIsolationOff(ctx context.Context, h *stack.Host) error {
 		return err
 	}
 	for _, l := range links {
-		if l.Attrs().MasterIndex == br.Attrs().Index {
+		if l.Attrs().MasterIndex == br.Attrs().Index && ports[l.Attrs().Name] {
 			if err := hp.LinkSetIsolated(l, false); err != nil {
 				return fmt.Errorf("port %s: %w", l.Attrs().Name, err)
 			}
@@ -151,14 +169,20 @@ func portIsolationOff(ctx context.Context, h *stack.Host) error {
 	return nil
 }
 
-// applyMutations applies those of one phase.
-func applyMutations(ctx context.Context, cfg *Config, afterBoxes bool) error {
+// applyMutations applies those of one phase; names are the run's boxes.
+func applyMutations(ctx context.Context, cfg *Config, afterBoxes bool, names map[string]string) error {
+	var boxes []string
+	for _, p := range []string{PlaceA, PlaceB, PlaceC} {
+		if n, ok := names[p]; ok {
+			boxes = append(boxes, n)
+		}
+	}
 	for _, m := range cfg.Mutations {
 		if m.AfterBoxes != afterBoxes {
 			continue
 		}
 		cfg.logf("mutation: %s (%s)", m.Name, m.What)
-		if err := m.apply(ctx, cfg.Host); err != nil {
+		if err := m.apply(ctx, cfg.Host, boxes); err != nil {
 			return fmt.Errorf("mutation %s: %w", m.Name, err)
 		}
 	}

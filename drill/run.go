@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -76,7 +77,11 @@ type Report struct {
 	Claims        []ClaimResult `json:"claims"`
 	Summary       Summary       `json:"summary"`
 	Mutations     []string      `json:"mutations"`
-	ExitCode      int           `json:"exit_code"`
+	// MutationResults says, for each mutation, whether a claim its layers
+	// back flipped; one that flipped nothing is redundant (another layer
+	// holds alone) or untested.
+	MutationResults []MutationResult `json:"mutation_results"`
+	ExitCode        int              `json:"exit_code"`
 	// Problems are errors that did not stop the run (a teardown that
 	// left something behind is one).
 	Problems []string `json:"problems"`
@@ -101,6 +106,14 @@ type StackFacts struct {
 	BridgeMode string            `json:"bridge_mode"`
 	Layers     map[string]string `json:"layers"` // layer -> "present" or "absent: why"
 	Findings   []stack.Finding   `json:"findings"`
+}
+
+// MutationResult is what knocking one layer out did.
+type MutationResult struct {
+	Name     string   `json:"name"`
+	Layers   []string `json:"layers"`
+	Flipped  []string `json:"flipped"`  // claims backed by the layers that did not pass
+	Detected bool     `json:"detected"` // false: redundant or untested
 }
 
 // Summary counts claims and probes.
@@ -134,7 +147,7 @@ func (cfg *Config) logf(format string, args ...any) {
 // Run runs the drill. The error is for a run that could not happen at all
 // (exit 2); a run that happened returns its report, whose ExitCode says how
 // the claims fared.
-func Run(ctx context.Context, cfg Config) (*Report, error) {
+func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	if cfg.Host == nil || cfg.World == nil {
 		return nil, errors.New("drill run needs the hermetic world (drill world up); runs on a real host are not built yet")
 	}
@@ -152,23 +165,39 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if _, err := rand.Read(id); err != nil {
 		return nil, err
 	}
-	rep := &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
+	rep = &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
 		Stack: StackFacts{Changes: []stack.Change{}, Findings: []stack.Finding{}},
-		Boxes: []BoxEnd{}, Problems: []string{}, Claims: []ClaimResult{}, Mutations: []string{}}
+		Boxes: []BoxEnd{}, Problems: []string{}, Claims: []ClaimResult{}, Mutations: []string{}, MutationResults: []MutationResult{}}
 	for _, m := range cfg.Mutations {
 		rep.Mutations = append(rep.Mutations, m.Name)
 	}
+	// Registered first, so it runs last: a teardown or restore that failed
+	// leaves the host in a state the operator must hear about, whatever the
+	// claims said.
+	var dirty []string
+	defer func() {
+		if len(dirty) == 0 {
+			return
+		}
+		if err != nil {
+			err = fmt.Errorf("%w; and: %s", err, strings.Join(dirty, "; "))
+			return
+		}
+		rep.ExitCode = ExitUsage
+	}()
 	c := cfg.Host.Incus
 
 	// Preflight.
 	cfg.logf("preflight: incusd, leftovers of aborted runs")
-	srv, err := c.Server(ctx)
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	srv, err := c.Server(pctx)
 	if err != nil {
 		return nil, fmt.Errorf("preflight: %w", err)
 	}
 	rep.Environment = Environment{Mode: "world", Hostname: hostname(), Kernel: srv.Environment.KernelVersion,
 		IncusVersion: srv.Environment.ServerVersion, InstanceType: "container", BridgeNetfilter: cfg.World.BridgeNetfilter}
-	if err := cleanLeftovers(ctx, cfg.Host, ""); err != nil {
+	if err := cleanLeftovers(pctx, cfg.Host, ""); err != nil {
 		return nil, fmt.Errorf("preflight: cleaning an earlier run's boxes: %w", err)
 	}
 
@@ -187,6 +216,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if _, _, err := c.Network(ctx, stack.Current.Network); incus.IsNotFound(err) {
 		return nil, fmt.Errorf("stack: there is no isolation stack to drill (no network %s): run box setup-host, or drop --no-setup", stack.Current.Network)
 	}
+	// Is the host fit to judge on? A bridge with no dnsmasq, or a gateway
+	// address someone else holds, gives confident wrong answers.
+	if v, err := cfg.Host.Verify(ctx); err != nil {
+		return nil, fmt.Errorf("stack: %w", err)
+	} else if v.DnsmasqPID == 0 {
+		return nil, fmt.Errorf("preflight: no dnsmasq serves %s (Incus may still call it Created): restart incusd, then box doctor", stack.Current.Network)
+	} else {
+		for _, f := range v.Findings {
+			if strings.HasPrefix(f.Object, "gateway ") {
+				return nil, fmt.Errorf("preflight: %s: %s: %s", f.Object, f.Problem, f.Fix)
+			}
+		}
+	}
 	if len(cfg.Mutations) > 0 {
 		// Registered before the boxes' teardown, so it runs after it: the
 		// stack is reconfigured only once no box is left on it.
@@ -195,9 +237,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			defer cancel()
 			if err := restoreStack(cctx, &cfg); err != nil {
 				rep.Problems = append(rep.Problems, err.Error())
+				dirty = append(dirty, err.Error())
 			}
 		}()
-		if err := applyMutations(ctx, &cfg, false); err != nil {
+		if err := applyMutations(ctx, &cfg, false, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -210,32 +253,35 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		cfg.logf("teardown: removing this run's boxes")
 		if err := cleanLeftovers(cctx, cfg.Host, rep.RunID); err != nil {
 			rep.Problems = append(rep.Problems, "teardown: "+err.Error())
+			dirty = append(dirty, "teardown: "+err.Error())
 		}
 	}()
 	cfg.logf("boxes: minting %s, %s and cloning %s", names[PlaceA], names[PlaceB], names[PlaceC])
 	stamps := map[string]string{TagDrill: "1", TagRun: rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version}
+	mctx, cancelMint := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancelMint()
 	var mintErr [2]error
 	var wg sync.WaitGroup
 	for i, p := range []string{PlaceA, PlaceB} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, mintErr[i] = cfg.Host.Mint(ctx, stack.MintRequest{Name: names[p], Image: cfg.Image, Stamps: stamps})
+			_, mintErr[i] = cfg.Host.Mint(mctx, stack.MintRequest{Name: names[p], Image: cfg.Image, Stamps: stamps})
 		}()
 	}
 	wg.Wait()
 	if err := errors.Join(mintErr[:]...); err != nil {
 		return nil, fmt.Errorf("boxes: %w", err)
 	}
-	if _, err := cfg.Host.WaitAddress(ctx, names[PlaceA], 30*time.Second); err != nil {
+	if _, err := cfg.Host.WaitAddress(mctx, names[PlaceA], 30*time.Second); err != nil {
 		return nil, fmt.Errorf("boxes: %w", err)
 	}
-	if _, err := cfg.Host.Clone(ctx, names[PlaceA], "", names[PlaceC]); err != nil {
+	if _, err := cfg.Host.Clone(mctx, names[PlaceA], "", names[PlaceC]); err != nil {
 		return nil, fmt.Errorf("boxes: %w", err)
 	}
 	ends := map[string]*BoxEnd{}
 	for _, p := range []string{PlaceA, PlaceB, PlaceC} {
-		e, err := boxEnd(ctx, cfg.Host, p, names[p])
+		e, err := boxEnd(mctx, cfg.Host, p, names[p])
 		if err != nil {
 			return nil, fmt.Errorf("boxes: %w", err)
 		}
@@ -243,7 +289,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Boxes = append(rep.Boxes, *e)
 	}
 
-	if err := applyMutations(ctx, &cfg, true); err != nil {
+	if err := applyMutations(ctx, &cfg, true, names); err != nil {
 		return nil, err
 	}
 	// The stack as the probes will find it: which layers are in the path.
@@ -263,7 +309,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	// The agent, in every box.
 	cfg.logf("agent: pushing %s into the boxes", filepath.Base(cfg.Agent))
-	if err := pushAgent(ctx, c, cfg.Agent, names); err != nil {
+	if err := pushAgent(mctx, c, cfg.Agent, names); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 
@@ -321,8 +367,31 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Claims = append(rep.Claims, cr)
 	}
 	rep.finish(baselineOK)
+	rep.MutationResults = mutationResults(cfg.Mutations, rep.Claims)
 	rep.DurationMS = time.Since(rep.Started).Milliseconds()
 	return rep, nil
+}
+
+// mutationResults says which claims each mutation flipped.
+func mutationResults(ms []Mutation, claims []ClaimResult) []MutationResult {
+	out := []MutationResult{}
+	for _, m := range ms {
+		mr := MutationResult{Name: m.Name, Layers: m.Layers, Flipped: []string{}}
+		for _, cr := range claims {
+			if cr.Verdict != Fail && cr.Verdict != Inconclusive {
+				continue
+			}
+			for _, l := range cr.Layers {
+				if slices.Contains(m.Layers, l) {
+					mr.Flipped = append(mr.Flipped, cr.ID)
+					break
+				}
+			}
+		}
+		mr.Detected = len(mr.Flipped) > 0
+		out = append(out, mr)
+	}
+	return out
 }
 
 // finish counts the claims and sets the exit code: a violated claim is 1,
@@ -420,8 +489,14 @@ func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
 	if err != nil {
 		return err
 	}
-	if len(left) > 0 {
-		return fmt.Errorf("%d drill boxes are still there after removal", len(left))
+	var names []string
+	for _, i := range left {
+		if i.Config[stack.Current.Tag] == "1" {
+			names = append(names, i.Name)
+		}
+	}
+	if len(names) > 0 {
+		return fmt.Errorf("drill boxes still there after removal: %s (remove them with box rm --force NAME)", strings.Join(names, ", "))
 	}
 	return nil
 }
@@ -578,13 +653,20 @@ func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[string]
 		res, err = c.Exec(ctx, box, incus.ExecRequest{Command: []string{agentPath, "agent", "--plan", planPath}})
 		if res != nil {
 			stdout, stderr = res.Stdout, res.Stderr
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("the agent exited %d", res.ExitCode)
+			}
 		}
 	}
 	rep, derr := probes.DecodeReport(bytes.NewReader(stdout))
 	if derr != nil {
 		return nil, errors.Join(err, fmt.Errorf("reading the agent's report: %w (stderr: %.300s)", derr, stderr))
 	}
-	return rep, nil
+	// A report came back, but whatever went wrong around it is kept.
+	if err != nil {
+		err = fmt.Errorf("%w (stderr: %.300s)", err, stderr)
+	}
+	return rep, err
 }
 
 // drillLinkLocal is the link-local address the agent adds on a probe box

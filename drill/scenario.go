@@ -281,19 +281,21 @@ func (b *builder) sibling() {
 	t := b.t
 	b.toBox("C-SIBLING", t.A, t.B)
 	b.toBox("C-SIBLING", t.A, t.C)
-	// Broadcast and all-nodes multicast: any peer answering is a hole; the
-	// witness in each peer names who saw the frame.
-	for _, ch := range []struct {
-		channel string
-		spec    probes.ProbeSpec
-		proto   string
-	}{
-		{"broadcast", probes.ProbeSpec{Kind: probes.KindBroadcast, Port: listenUDP, Via: t.Subnet}, "udp"},
-		{"icmpv6-all-nodes", probes.ProbeSpec{Kind: probes.KindICMP, Target: netip.MustParseAddr("ff02::1"), Via: t.Subnet}, "icmpv6"},
-	} {
-		ch.spec.Nonce = probes.NewNonce()
-		a := b.probe(Action{ID: b.id(), Claim: "C-SIBLING", Channel: ch.channel, From: PlaceA, Target: "every peer on " + t.Subnet.String(), TargetKey: PlaceB, Expect: ExpectBlocked}, ch.spec)
-		b.witness(a, PlaceB, probes.WitnessSpec{Via: t.Subnet, Nonces: []string{ch.spec.Nonce}, SrcMACs: []string{t.A.MAC.String()}, Proto: ch.proto})
+	// Broadcast and all-nodes multicast reach every peer at once; one probe
+	// per peer, so each has its own nonce and its own witness there.
+	for _, peer := range []BoxEnd{t.B, t.C} {
+		for _, ch := range []struct {
+			channel string
+			spec    probes.ProbeSpec
+			proto   string
+		}{
+			{"broadcast", probes.ProbeSpec{Kind: probes.KindBroadcast, Port: listenUDP, Via: t.Subnet}, "udp"},
+			{"icmpv6-all-nodes", probes.ProbeSpec{Kind: probes.KindICMP, Target: netip.MustParseAddr("ff02::1"), Via: t.Subnet}, "icmpv6"},
+		} {
+			ch.spec.Nonce = probes.NewNonce()
+			a := b.probe(Action{ID: b.id(), Claim: "C-SIBLING", Channel: ch.channel, From: PlaceA, Target: "every peer on " + t.Subnet.String() + ", witnessed at " + peer.Place, TargetKey: peer.Place, Expect: ExpectBlocked}, ch.spec)
+			b.witness(a, peer.Place, probes.WitnessSpec{Via: t.Subnet, Nonces: []string{ch.spec.Nonce}, SrcMACs: []string{t.A.MAC.String()}, Proto: ch.proto})
+		}
 	}
 }
 

@@ -57,6 +57,13 @@ func Text(w io.Writer, rep *drill.Report) {
 	fmt.Fprintf(w, "\n%d passed, %d failed, %d inconclusive, %d skipped; %d probes in %.1fs (%.0f ms per probe); run %.1fs; exit %d\n",
 		s.Passed, s.Failed, s.Inconclusive, s.Skipped, s.Probes, float64(s.ProbePhaseMS)/1000, s.MSPerProbe,
 		float64(rep.DurationMS)/1000, rep.ExitCode)
+	for _, m := range rep.MutationResults {
+		if m.Detected {
+			fmt.Fprintf(w, "mutation %s (%s): detected, flipped %s\n", m.Name, strings.Join(m.Layers, ", "), strings.Join(m.Flipped, ", "))
+		} else {
+			fmt.Fprintf(w, "mutation %s (%s): flipped nothing: redundant (another layer holds alone) or untested\n", m.Name, strings.Join(m.Layers, ", "))
+		}
+	}
 	for _, p := range rep.Problems {
 		fmt.Fprintf(w, "problem: %s\n", p)
 	}
