@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/box-isolation/box/stack/incus"
@@ -40,6 +43,20 @@ type NotABoxError struct {
 func (e *NotABoxError) Error() string {
 	return fmt.Sprintf("%s is not a box: %s; box only touches instances it minted (manage it with incus directly)", e.Name, e.Reason)
 }
+
+// NotStartedError is a box that was created but would not start; it has
+// been removed. On small hosts the usual cause is a limit the kernel cannot
+// apply (a memory cgroup that takes none).
+type NotStartedError struct {
+	Name string
+	Err  error
+}
+
+func (e *NotStartedError) Error() string {
+	return fmt.Sprintf("minting %s: it was created but would not start, and was removed: %v", e.Name, e.Err)
+}
+
+func (e *NotStartedError) Unwrap() error { return e.Err }
 
 // NoSuchBoxError is returned when no instance has the name.
 type NoSuchBoxError struct{ Name string }
@@ -189,11 +206,14 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 	})
 	if err != nil {
 		// A box that was created but would not start is no box: remove it
-		// rather than leave a tagged, stopped half-box behind.
-		if _, _, gerr := host.Incus.Instance(ctx, req.Name); gerr == nil {
-			if rerr := host.removeInstance(context.WithoutCancel(ctx), req.Name); rerr != nil {
+		// rather than leave a tagged, stopped half-box behind (also when
+		// the caller gave up: the check runs past its cancellation).
+		cctx := context.WithoutCancel(ctx)
+		if _, _, gerr := host.Incus.Instance(cctx, req.Name); gerr == nil {
+			if rerr := host.removeInstance(cctx, req.Name); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("removing the half-made box: %w", rerr))
 			}
+			return nil, &NotStartedError{Name: req.Name, Err: err}
 		}
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
@@ -240,7 +260,7 @@ type CloneResult struct {
 // Clone copies a box (or one of its snapshots) into a new box with a fresh
 // MAC address and machine identity, re-stamped with its own coming into
 // being and its lineage, and starts it.
-func (host *Host) Clone(ctx context.Context, src, snap, name string) (*CloneResult, error) {
+func (host *Host) Clone(ctx context.Context, src, snap, name string) (_ *CloneResult, err error) {
 	inst, _, err := host.resolve(ctx, src)
 	if err != nil {
 		return nil, err
@@ -270,6 +290,16 @@ func (host *Host) Clone(ctx context.Context, src, snap, name string) (*CloneResu
 	if err != nil {
 		return nil, fmt.Errorf("cloning %s into %s: %w", source, name, err)
 	}
+
+	// From here on a failure leaves a copy that is not yet a proper box
+	// (an inherited identity): remove it rather than leave it behind.
+	defer func() {
+		if err != nil {
+			if rerr := host.removeInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
+				err = errors.Join(err, fmt.Errorf("removing the half-made clone %s: %w", name, rerr))
+			}
+		}
+	}()
 
 	// A fresh identity before the first boot: no inherited MAC, a new
 	// machine-id (a shared one means one DHCP lease for two boxes).
@@ -423,56 +453,57 @@ func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Durat
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("network %s has no usable ipv4.address", Current.Network)
 	}
-	ctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
-	for {
-		if st, err := host.Incus.InstanceState(ctx, name); err == nil {
-			for _, nic := range st.Network {
-				for _, a := range nic.Addresses {
-					if ip, err := netip.ParseAddr(a.Address); err == nil && p.Masked().Contains(ip) {
-						return ip, nil
-					}
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return netip.Addr{}, fmt.Errorf("%s has no address on %s after %s: is dnsmasq serving %s? (box doctor)", name, p.Masked(), limit, Current.Network)
-		case <-time.After(100 * time.Millisecond):
-		}
+	ip, err := host.Incus.WaitAddress(ctx, name, p.Masked(), limit)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("%w: is dnsmasq serving %s? (box doctor)", err, Current.Network)
 	}
+	return ip, nil
 }
 
 // refreshPorts isolates every port of the bridge and, where the kernel has
 // no nft bridge meta, refreshes the bridge drop's port set: a box's port
-// name is only known once it has started.
+// name is only known once it has started. Refreshes are serialised across
+// processes, so two box commands at once cannot drop each other's ports.
 func (host *Host) refreshPorts(ctx context.Context) error {
+	unlock, err := lockPorts()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	g, err := host.ground()
 	if err != nil {
 		return err
 	}
 	defer g.close()
-	ports, err := g.bridgePorts(Current.Network)
+	ports, _, err := g.isolatePorts(Current.Network)
 	if err != nil {
 		return err
 	}
-	for _, p := range ports {
-		if p.Isolated {
-			continue
-		}
-		if l, err := g.h.LinkByName(p.Name); err == nil {
-			if err := g.h.LinkSetIsolated(l, true); err != nil {
-				return fmt.Errorf("isolating bridge port %s: %w", p.Name, err)
-			}
-		}
-	}
 	ncfg := g.nftConfig(Current)
-	inet, bridge, err := nft.Present(ncfg)
-	if err != nil || !inet || !bridge {
-		return err // no tables: nothing to refresh (doctor reports it)
+	_, bridge, err := nft.Present(ncfg)
+	if err != nil || !bridge {
+		return err // no bridge table: nothing to refresh (doctor reports it)
 	}
 	_, err = nft.SetPorts(ncfg, portNames(ports))
 	return err
+}
+
+// portsLock is the file whose flock serialises port-set refreshes.
+const portsLock = "/run/lock/box-ports.lock"
+
+func lockPorts() (func(), error) {
+	if err := os.MkdirAll(filepath.Dir(portsLock), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(portsLock, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("locking the port set: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking the port set: %w", err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // names lists boxes' names, for messages.

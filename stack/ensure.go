@@ -331,22 +331,17 @@ type firewallResult struct {
 func (host *Host) ensureFirewall(g *ground) (firewallResult, error) {
 	var res firewallResult
 	bridge := Current.Network
-	ports, err := g.bridgePorts(bridge)
+	unlock, err := lockPorts()
 	if err != nil {
 		return res, err
 	}
-	for _, p := range ports {
-		if p.Isolated {
-			continue
-		}
-		l, err := g.h.LinkByName(p.Name)
-		if err == nil {
-			err = g.h.LinkSetIsolated(l, true)
-		}
-		if err != nil {
-			return res, fmt.Errorf("isolating bridge port %s: %w", p.Name, err)
-		}
-		res.changes = append(res.changes, Change{"bridge port " + p.Name, "updated", "isolated on"})
+	defer unlock()
+	ports, isolated, err := g.isolatePorts(bridge)
+	if err != nil {
+		return res, err
+	}
+	for _, name := range isolated {
+		res.changes = append(res.changes, Change{"bridge port " + name, "updated", "isolated on"})
 	}
 	ncfg := g.nftConfig(Current)
 	caps, err := nft.Probe(ncfg)

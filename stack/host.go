@@ -300,3 +300,28 @@ func (g *ground) disableIPv6(bridge string) error {
 		return os.WriteFile("/proc/sys/net/ipv6/conf/"+bridge+"/disable_ipv6", []byte("1"), 0o644)
 	})
 }
+
+// isolatePorts turns the isolated flag on for every port of the bridge,
+// whatever attached it, and returns the ports and the names it changed.
+func (g *ground) isolatePorts(bridge string) ([]Port, []string, error) {
+	ports, err := g.bridgePorts(bridge)
+	if err != nil {
+		return nil, nil, err
+	}
+	var changed []string
+	for i, p := range ports {
+		if p.Isolated {
+			continue
+		}
+		l, err := g.h.LinkByName(p.Name)
+		if err == nil {
+			err = g.h.LinkSetIsolated(l, true)
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("isolating bridge port %s: %w", p.Name, err)
+		}
+		ports[i].Isolated = true
+		changed = append(changed, p.Name)
+	}
+	return ports, changed, nil
+}

@@ -83,7 +83,7 @@ func (host *Host) Migrate(ctx context.Context, req MigrateRequest) ([]Change, er
 	return changes, nil
 }
 
-func (host *Host) migrateOne(ctx context.Context, name string) error {
+func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 	c := host.Incus
 	inst, _, err := host.resolve(ctx, name)
 	if err != nil {
@@ -94,6 +94,17 @@ func (host *Host) migrateOne(ctx context.Context, name string) error {
 		if err := c.SetInstanceState(ctx, name, "stop", time.Minute, false); err != nil {
 			return fmt.Errorf("migrating %s: stopping it: %w", name, err)
 		}
+		// A failed move must not leave a working box stopped.
+		defer func() {
+			if err == nil {
+				return
+			}
+			if st, serr := c.InstanceState(context.WithoutCancel(ctx), name); serr == nil && st.Status == "Stopped" {
+				if serr := c.SetInstanceState(context.WithoutCancel(ctx), name, "start", 0, false); serr != nil {
+					err = errors.Join(err, fmt.Errorf("starting %s again: %w", name, serr))
+				}
+			}
+		}()
 	}
 	inst, etag, err := c.Instance(ctx, name)
 	if err != nil {

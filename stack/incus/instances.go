@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -265,4 +266,28 @@ func (c *Client) DeleteInstance(ctx context.Context, name string) error {
 		return fmt.Errorf("deleting instance %s: %w", name, err)
 	}
 	return nil
+}
+
+// WaitAddress waits until the instance has an IPv4 address inside subnet,
+// read from Incus's view of its interfaces (whatever they are named, eth0
+// in a container, enp5s0 in a VM), and returns it.
+func (c *Client) WaitAddress(ctx context.Context, name string, subnet netip.Prefix, limit time.Duration) (netip.Addr, error) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for {
+		if st, err := c.InstanceState(ctx, name); err == nil {
+			for _, nic := range st.Network {
+				for _, a := range nic.Addresses {
+					if ip, err := netip.ParseAddr(a.Address); err == nil && subnet.Contains(ip) {
+						return ip, nil
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return netip.Addr{}, fmt.Errorf("%s has no address in %s after %s", name, subnet, limit)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
