@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"context"
 	"flag"
 	"fmt"
@@ -138,10 +139,14 @@ func (c *call) newBox(o *newOpts) error {
 	c.progressDone()
 	wanted := fmt.Sprintf("template %s, %s CPU, %s memory, %s disk", t.Name,
 		shown(res.CPU, unlimited["cpu"]), shown(res.Memory, unlimited["memory"]), shown(res.Disk, unlimited["disk"]))
-	if err != nil {
+	var notStarted *stack.NotStartedError
+	if errors.As(err, &notStarted) {
 		// stack removes a box that was created but would not start; the
 		// usual cause on small hosts is a memory cgroup that takes no limit.
 		return fmt.Errorf("%w\n%s (%s) did not come up and was removed; if incusd's log says \"Failed to setup cgroup limits\", this host cannot apply a memory limit: mint again with --memory none (or BOX_MEMORY=none)", err, o.name, wanted)
+	}
+	if err != nil {
+		return err
 	}
 	r := &newResult{Box: b}
 	if err := c.settle(h, r, start); err != nil {

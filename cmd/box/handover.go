@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/box-isolation/box/stack"
@@ -29,7 +30,7 @@ func setupTmux(fs *flag.FlagSet) action {
 		if len(c.args) > 1 {
 			session = c.args[1]
 		}
-		if strings.ContainsAny(session, " \t'\"\\$`;&|<>:.") {
+		if !sessionName.MatchString(session) {
 			return usagef("tmux: session name %q: use letters, digits, '-' and '_'", session)
 		}
 		return c.handoverIncus("exec", c.name(), "--", "su", "-l", c.loginUser(), "-c", "tmux new-session -A -s "+session)
@@ -104,6 +105,14 @@ func touchesStack(args []string) string {
 			add("a network")
 		case l == "device" || l == "devices" || strings.HasPrefix(l, "--device"):
 			add("a device")
+		case l == "-p":
+			add("a profile")
+		case l == "-n":
+			add("a network")
+		case l == "edit":
+			add("the whole configuration (config edit)")
+		case l == "move" || l == "rebuild":
+			add("the instance itself (" + l + ")")
 		}
 		if strings.Contains(l, "security.") {
 			add("a security.* key")
@@ -144,3 +153,7 @@ func shellQuote(argv []string) string {
 	}
 	return strings.Join(out, " ")
 }
+
+// sessionName is what a tmux session may be called here: it lands in a
+// shell command line inside the box.
+var sessionName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)

@@ -28,7 +28,7 @@ func setupSetupHost(fs *flag.FlagSet) action {
 		}
 		rep, err := ensure(c.ctx)
 		if err != nil {
-			return fmt.Errorf("setting up the host: %w (what this run changed was backed out; box doctor shows where the host stands)", err)
+			return fmt.Errorf("setting up the host: %w (the Incus objects this run created or changed were backed out; box doctor shows where the host stands)", err)
 		}
 		if *asJSON {
 			return c.printJSON(rep)

@@ -16,10 +16,8 @@ import (
 
 // Exit codes (SPEC section 5).
 const (
-	exitOK           = 0
-	exitFailed       = 1
-	exitUsage        = 2
-	exitInconclusive = 3
+	exitOK    = 0
+	exitUsage = 2
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -52,11 +50,6 @@ func commands() []command {
 		}},
 	}
 }
-
-// usageError marks an error as the caller's: exit code 2.
-type usageError struct{ msg string }
-
-func (e usageError) Error() string { return e.msg }
 
 func run(args []string, in io.Reader, out, errw io.Writer) int {
 	s := stdio{in: in, out: out, err: errw}
@@ -128,7 +121,7 @@ func parse(fs *flag.FlagSet, args []string, maxArgs int) (int, bool) {
 		return exitUsage, false
 	}
 	if fs.NArg() > maxArgs {
-		fmt.Fprintf(fs.Output(), "drill %s: unexpected argument %q (options come before arguments' end; see --help)\n", fs.Name(), fs.Arg(maxArgs))
+		fmt.Fprintf(fs.Output(), "drill %s: unexpected argument %q (see --help for what it takes)\n", fs.Name(), fs.Arg(maxArgs))
 		return exitUsage, false
 	}
 	return 0, true
@@ -145,13 +138,9 @@ func emit(s stdio, asJSON bool, v any, text func(io.Writer)) {
 	text(s.out)
 }
 
-// fail prints an error and returns its exit code.
+// fail prints an error and returns its exit code: 2, usage or tool error
+// (SPEC section 5 keeps 1 for a violated claim).
 func fail(s stdio, err error) int {
-	var u usageError
-	if errors.As(err, &u) {
-		fmt.Fprintf(s.err, "drill: %v\n", err)
-		return exitUsage
-	}
 	fmt.Fprintf(s.err, "drill: %v\n", err)
-	return exitFailed
+	return exitUsage
 }

@@ -50,11 +50,11 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 	}
 	selected, err := drill.Select(claims, skips)
 	if err != nil {
-		return fail(s, usageError{err.Error()})
+		return fail(s, err)
 	}
 	mutations, err := drill.SelectMutations(mutate)
 	if err != nil {
-		return fail(s, usageError{err.Error()})
+		return fail(s, err)
 	}
 	st, err := world.Load()
 	if err != nil {
@@ -62,7 +62,7 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 	}
 	opts, err := stack.OptionsFromEnv(os.Getenv)
 	if err != nil {
-		return fail(s, usageError{err.Error()})
+		return fail(s, err)
 	}
 	if len(opts.DNS) == 0 {
 		// The world's own resolver stands in for the public ones.

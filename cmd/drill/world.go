@@ -132,7 +132,7 @@ func worldStatus(ctx context.Context, s stdio, args []string) int {
 		}
 	})
 	if !rep.Up {
-		return exitFailed
+		return 1 // like `systemctl is-active`: scripts test "is a world up?"
 	}
 	return exitOK
 }
