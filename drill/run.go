@@ -43,9 +43,10 @@ const agentPath = "/usr/bin/drill-agent"
 // Config is one drill run.
 type Config struct {
 	Host *stack.Host
-	// World is the hermetic world the run happens in. (Runs on a real host
-	// are not built yet; see the README.)
-	World *world.State
+	// World is the hermetic world the run happens in; HostMode, instead,
+	// runs on a real Incus host (never on a development or CI machine).
+	World    *world.State
+	HostMode *HostMode
 	// Image is the probe boxes' image alias.
 	Image string
 	// Agent is the static drill binary pushed into boxes and run in the
@@ -148,8 +149,8 @@ func (cfg *Config) logf(format string, args ...any) {
 // (exit 2); a run that happened returns its report, whose ExitCode says how
 // the claims fared.
 func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
-	if cfg.Host == nil || cfg.World == nil {
-		return nil, errors.New("drill run needs the hermetic world (drill world up); runs on a real host are not built yet")
+	if cfg.Host == nil || (cfg.World == nil) == (cfg.HostMode == nil) {
+		return nil, errors.New("drill run needs either the hermetic world (drill world up) or host mode (--host --canary ADDR:PORT), not both")
 	}
 	if cfg.Agent == "" {
 		exe, err := os.Executable()
@@ -196,7 +197,10 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		return nil, fmt.Errorf("preflight: %w", err)
 	}
 	rep.Environment = Environment{Mode: "world", Hostname: hostname(), Kernel: srv.Environment.KernelVersion,
-		IncusVersion: srv.Environment.ServerVersion, InstanceType: "container", BridgeNetfilter: cfg.World.BridgeNetfilter}
+		IncusVersion: srv.Environment.ServerVersion, InstanceType: "container"}
+	if cfg.HostMode != nil {
+		rep.Environment.Mode = "host"
+	}
 	if err := cleanLeftovers(pctx, cfg.Host, ""); err != nil {
 		return nil, fmt.Errorf("preflight: cleaning an earlier run's boxes: %w", err)
 	}
@@ -313,7 +317,12 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 
-	t := worldTopology(cfg.World, v, *ends[PlaceA], *ends[PlaceB], *ends[PlaceC])
+	var t Topology
+	if cfg.World != nil {
+		t = worldTopology(cfg.World, v, *ends[PlaceA], *ends[PlaceB], *ends[PlaceC])
+	} else if t, err = hostTopology(cfg.HostMode, v, *ends[PlaceA], *ends[PlaceB], *ends[PlaceC]); err != nil {
+		return nil, fmt.Errorf("targets: %w", err)
+	}
 	if n, _, err := c.Network(ctx, stack.Current.Network); err == nil && n.Config["dns.domain"] != "" {
 		t.DNSDomain = n.Config["dns.domain"]
 	}
@@ -569,7 +578,7 @@ func worldTopology(st *world.State, v *stack.Verification, a, b, c BoxEnd) Topol
 	t := Topology{
 		Subnet: v.Subnet, Gateway: v.Gateway, A: a, B: b, C: c,
 		Canary: world.Canary, CanaryTCP: world.CanaryTCPPort, CanaryUDP: world.EchoUDPPort,
-		CanaryGreeting: st.Greeting("canary"), PublicName: world.PublicName, DNSDomain: "incus",
+		CanaryGreeting: st.Greeting("canary"), PublicName: world.PublicName, PublicNameAddr: world.Canary, DNSDomain: "incus",
 		HostAddrs: []HostAddr{
 			{Name: "gateway", Addr: v.Gateway, Via: v.Subnet},
 			{Name: "lan-side", Addr: world.LANHostSide.Addr(), Via: world.LANHostSide.Masked()},
@@ -633,11 +642,17 @@ func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[string]
 	var stdout, stderr []byte
 	switch place {
 	case PlaceHost, PlaceLAN:
-		ns := cfg.World.Names.HostNS
-		if place == PlaceLAN {
-			ns = cfg.World.Names.LANNS
+		var cmd *exec.Cmd
+		if cfg.World == nil {
+			// A real host: the agent runs right here, in its namespace.
+			cmd = exec.CommandContext(ctx, cfg.Agent, "agent")
+		} else {
+			ns := cfg.World.Names.HostNS
+			if place == PlaceLAN {
+				ns = cfg.World.Names.LANNS
+			}
+			cmd = exec.CommandContext(ctx, "ip", "netns", "exec", ns, cfg.Agent, "agent")
 		}
-		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, cfg.Agent, "agent")
 		cmd.Stdin = bytes.NewReader(data)
 		var eb bytes.Buffer
 		cmd.Stderr = &eb

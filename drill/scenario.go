@@ -80,8 +80,11 @@ type Topology struct {
 	Canary         netip.Addr
 	CanaryTCP      int
 	CanaryUDP      int
-	CanaryGreeting string // a reply from the canary must carry this
+	CanaryGreeting string // a reply from the canary must carry this; empty for a public canary
 	PublicName     string
+	// PublicNameAddr is what PublicName must resolve to, when known (the
+	// world's canary); a real public name resolves to whatever it does.
+	PublicNameAddr netip.Addr
 	DNSDomain      string // the bridge's DNS domain, for sibling name forms
 
 	HostAddrs []HostAddr
@@ -225,6 +228,13 @@ func (b *builder) baselines() {
 		kind    probes.Kind
 		port    int
 	}{{"tcp", probes.KindTCP, t.CanaryTCP}, {"udp", probes.KindUDP, t.CanaryUDP}, {"icmp", probes.KindICMP, 0}} {
+		if ch.kind == probes.KindUDP && ch.port == 0 {
+			// A public canary echoes nothing: UDP egress is a DNS question
+			// sent straight to it (it is a public resolver).
+			b.probe(Action{ID: b.id(), Claim: "C-EGRESS", Channel: "udp", From: PlaceA, Target: canary + ":53 " + t.PublicName, TargetKey: "internet", Expect: ExpectResolve, Baseline: true},
+				probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Canary, Port: 53, Name: t.PublicName, QType: "A", Via: t.Subnet})
+			continue
+		}
 		b.probe(Action{ID: b.id(), Claim: "C-EGRESS", Channel: ch.channel, From: PlaceA, Target: canary, TargetKey: "internet", Expect: ExpectReach, Baseline: true},
 			probes.ProbeSpec{Kind: ch.kind, Target: t.Canary, Port: ch.port, Via: t.Subnet})
 	}

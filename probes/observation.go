@@ -52,6 +52,9 @@ type Evidence struct {
 	Sent int `json:"sent,omitempty"`
 	// Errno is the socket error the probe saw, e.g. "ECONNREFUSED".
 	Errno string `json:"errno,omitempty"`
+	// Connected says a TCP handshake completed: the peer's address
+	// accepted the connection, whatever it said afterwards.
+	Connected bool `json:"connected,omitempty"`
 	// ICMP is the ICMP error that decided the outcome, with who sent it.
 	ICMP     *ICMPEvidence     `json:"icmp,omitempty"`
 	DNS      *DNSEvidence      `json:"dns,omitempty"`

@@ -100,6 +100,7 @@ func probeTCP(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 		return tcpConnectFailed(ctx, obs, src, spec, err, watch, werr, localPort)
 	}
 	defer conn.Close()
+	obs.Evidence.Connected = true
 	obs.Evidence.From = src.target.WithZone("").String()
 	if obs.Evidence.Source == "" {
 		obs.Evidence.Source = conn.LocalAddr().String()

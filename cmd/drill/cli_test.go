@@ -38,6 +38,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"world", "up", "--bridge-netfiter"}, exitUsage, "flag provided but not defined"},
 		{[]string{"world", "status", "extra"}, exitUsage, `unexpected argument "extra"`},
 		{[]string{"world", "serve"}, exitUsage, "--state is required"},
+		{[]string{"run", "--canary", "1.1.1.1:443"}, exitUsage, "--canary goes with --host"},
+		{[]string{"run", "--claim", "C-NOPE"}, exitUsage, `"C-NOPE" matches no claim`},
+		{[]string{"run", "--mutate", "gravity"}, exitUsage, `no mutation "gravity"`},
 	} {
 		code, out, errOut := runCLI(tc.args...)
 		assert.Equal(t, tc.code, code, "%v", tc.args)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/box-isolation/box/drill"
@@ -30,7 +31,7 @@ func (l *listFlag) Set(v string) error {
 	return nil
 }
 
-const runSynopsis = "run [--claim ID]... [--skip ID]... [--no-setup] [--mutate LAYER]... [--json] [--junit FILE] [--matrix FILE] [--record FILE]"
+const runSynopsis = "run [--claim ID]... [--skip ID]... [--no-setup] [--mutate LAYER]... [--host --canary ADDR:PORT] [--json] [--junit FILE] [--matrix FILE] [--record FILE]"
 
 func runRun(ctx context.Context, s stdio, args []string) int {
 	fs := newFlags(s, "run", runSynopsis)
@@ -45,8 +46,17 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 	img := fs.String("image", image.DefaultAlias, "image alias of the probe boxes")
 	var mutate listFlag
 	fs.Var(&mutate, "mutate", "knock out a layer for this run to prove the drill fails (bridge-drop, port-isolation, host-fw, acl, dns-managed, ipv6-on, nat-off); the stack is restored afterwards")
+	onHost := fs.Bool("host", false, "run on this real Incus host instead of the hermetic world (never on a development or CI machine)")
+	canary := fs.String("canary", "", "with --host: a public resolver that also takes TCP, as ADDR:PORT (e.g. 1.1.1.1:443)")
+	publicName := fs.String("public-name", "example.com.", "with --host: a public name the box's resolver must resolve")
 	if code, ok := parse(fs, args, 0); !ok {
 		return code
+	}
+	if *onHost {
+		return runOnHost(ctx, s, *canary, *publicName, claims, skips, *noSetup, *asJSON, *junit, *matrix, *record, *img, mutate)
+	}
+	if *canary != "" {
+		return fail(s, fmt.Errorf("--canary goes with --host; the hermetic world has its own canary"))
 	}
 	selected, err := drill.Select(claims, skips)
 	if err != nil {
@@ -69,13 +79,57 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 		opts.DNS = []netip.Addr{world.Resolver}
 	}
 	host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts}
-	rep, err := drill.Run(ctx, drill.Config{Host: host, World: st, Image: *img, NoSetup: *noSetup,
-		Claims: selected, Log: s.err, Version: version, Mutations: mutations})
+	return runAndReport(ctx, s, drill.Config{Host: host, World: st, Image: *img, NoSetup: *noSetup,
+		Claims: selected, Log: s.err, Version: version, Mutations: mutations}, *asJSON, *junit, *matrix, *record)
+}
+
+// runOnHost is --host: the drill on a real Incus host, whose own addresses,
+// routes and LAN are the targets. It refuses where a hermetic world is up:
+// that is a development or CI machine, where no probe may leave the world.
+func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, skips []string, noSetup, asJSON bool, junit, matrix, record, img string, mutate []string) int {
+	if _, err := world.Load(); err == nil {
+		return fail(s, fmt.Errorf("a hermetic world is up on this machine, so it is a development or CI machine: --host is for real Incus hosts only (run without --host)"))
+	}
+	if canary == "" {
+		return fail(s, fmt.Errorf("--host needs --canary ADDR:PORT, a public resolver that also takes TCP (e.g. 1.1.1.1:443)"))
+	}
+	ap, err := netip.ParseAddrPort(canary)
+	if err != nil {
+		return fail(s, fmt.Errorf("--canary %q: want ADDR:PORT such as 1.1.1.1:443", canary))
+	}
+	selected, err := drill.Select(claims, skips)
+	if err != nil {
+		return fail(s, err)
+	}
+	mutations, err := drill.SelectMutations(mutate)
+	if err != nil {
+		return fail(s, err)
+	}
+	opts, err := stack.OptionsFromEnv(os.Getenv)
+	if err != nil {
+		return fail(s, err)
+	}
+	host := &stack.Host{Incus: incus.New(""), Options: opts, BootUnitDir: "/etc/systemd/system"}
+	if exe, err := os.Executable(); err == nil {
+		host.Exe = filepath.Join(filepath.Dir(exe), "box")
+	}
+	return runAndReport(ctx, s, drill.Config{Host: host, HostMode: &drill.HostMode{Canary: ap, PublicName: publicName},
+		Image: img, NoSetup: noSetup, Claims: selected, Log: s.err, Version: version, Mutations: mutations}, asJSON, junit, matrix, record)
+}
+
+// runAndReport runs the drill and writes its reports.
+func runAndReport(ctx context.Context, s stdio, cfg drill.Config, asJSON bool, junit, matrix, record string) int {
+	// A RUNS.md row says "this commit's claims held": only a whole,
+	// unmutated run can say it.
+	if record != "" && (len(cfg.Mutations) > 0 || len(cfg.Claims) != len(drill.Catalogue)) {
+		return fail(s, fmt.Errorf("--record needs a whole run: drop --claim, --skip and --mutate"))
+	}
+	rep, err := drill.Run(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(s.err, "drill: %v\n", err)
 		return drill.ExitUsage
 	}
-	if *asJSON {
+	if asJSON {
 		if err := report.JSON(s.out, rep); err != nil {
 			return fail(s, err)
 		}
@@ -85,7 +139,7 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 	for _, out := range []struct {
 		path  string
 		write func(io.Writer, *drill.Report) error
-	}{{*junit, report.JUnit}, {*matrix, report.Matrix}} {
+	}{{junit, report.JUnit}, {matrix, report.Matrix}} {
 		if out.path == "" {
 			continue
 		}
@@ -94,8 +148,8 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 			return drill.ExitUsage
 		}
 	}
-	if *record != "" {
-		if err := report.Record(*record, rep); err != nil {
+	if record != "" {
+		if err := report.Record(record, rep); err != nil {
 			fmt.Fprintf(s.err, "drill: recording the run: %v\n", err)
 			return drill.ExitUsage
 		}
