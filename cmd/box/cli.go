@@ -195,7 +195,7 @@ func (a *app) dispatch(c *command, args []string) error {
 		}
 	}
 	if c.confirm != "" && !*force {
-		if err := a.confirm(fmt.Sprintf(c.confirm, pos[0])); err != nil {
+		if err := a.confirm(fmt.Sprintf(c.confirm, pos[0]), "--force"); err != nil {
 			return err
 		}
 	}
@@ -224,10 +224,11 @@ func parseInterspersed(fs *flag.FlagSet, args []string) (pos, rest []string, err
 	}
 }
 
-// confirm asks a person on the terminal; without one, it refuses.
-func (a *app) confirm(question string) error {
+// confirm asks a person on the terminal; without one, it refuses and names
+// the flag that says yes.
+func (a *app) confirm(question, yesFlag string) error {
 	if !a.stdinTTY {
-		return usagef("%s: there is no terminal to ask; pass --force to do it anyway", question)
+		return usagef("%s: there is no terminal to ask; pass %s to do it anyway", question, yesFlag)
 	}
 	fmt.Fprintf(a.err, "%s [y/N] ", question)
 	line, _ := bufio.NewReader(a.in).ReadString('\n')

@@ -161,14 +161,14 @@ func TestOptionsAnywhereAfterTheCommand(t *testing.T) {
 
 func TestConfirm(t *testing.T) {
 	a := &app{stdinTTY: false}
-	err := a.confirm("remove box x?")
+	err := a.confirm("remove box x?", "--force")
 	var ue usageError
 	require.ErrorAs(t, err, &ue, "no terminal: a usage refusal (exit 2)")
 	assert.Contains(t, err.Error(), "--force")
 	for answer, ok := range map[string]bool{"y\n": true, "yes\n": true, "n\n": false, "\n": false, "": false} {
 		var e strings.Builder
 		a := &app{stdinTTY: true, in: strings.NewReader(answer), err: &e}
-		err := a.confirm("remove box x?")
+		err := a.confirm("remove box x?", "--force")
 		assert.Equal(t, ok, err == nil, "%q", answer)
 		assert.Contains(t, e.String(), "remove box x? [y/N]")
 	}

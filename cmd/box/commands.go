@@ -76,7 +76,7 @@ func commands() []command {
 			maxArgs: 0, setup: setupDoctor},
 		{name: "setup-host", synopsis: "setup-host [--json] [--firewall-only]", help: "build (or converge) the isolation stack on this host",
 			maxArgs: 0, setup: setupSetupHost},
-		{name: "teardown-host", synopsis: "teardown-host [--force] [--json]", help: "remove the isolation stack (both generations); refuses while boxes exist unless --force",
+		{name: "teardown-host", synopsis: "teardown-host [--force] [--yes] [--json]", help: "remove the isolation stack (both generations); refuses while boxes exist unless --force",
 			maxArgs: 0, setup: setupTeardownHost},
 		{name: "migrate-host", synopsis: "migrate-host --box N | --all-boxes | --retire-legacy [--json]", help: "move boxes off the legacy stack (claudenet), then retire it",
 			maxArgs: 0, setup: setupMigrateHost},

@@ -110,11 +110,21 @@ func setupDoctor(fs *flag.FlagSet) action {
 
 func setupTeardownHost(fs *flag.FlagSet) action {
 	force := fs.Bool("force", false, "delete every box (with its snapshots) along with the stack")
+	yes := fs.Bool("yes", false, "do not ask (needed where there is no terminal)")
 	asJSON := fs.Bool("json", false, "print what was removed as JSON")
 	return func(c *call) error {
 		h, err := c.host()
 		if err != nil {
 			return err
+		}
+		if !*yes {
+			q := "remove the isolation stack (boxnet, box-net, box-isolate, the nft tables) from this host?"
+			if *force {
+				q = "remove the isolation stack AND every box with its snapshots?"
+			}
+			if err := c.confirm(q, "--yes"); err != nil {
+				return err
+			}
 		}
 		changes, err := h.Teardown(c.ctx, *force)
 		if *asJSON && changes != nil {

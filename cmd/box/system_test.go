@@ -232,9 +232,13 @@ func TestSystemBoxLifecycle(t *testing.T) {
 	assert.Equal(t, exitFailed, res.code, "a person said no")
 	assert.Contains(t, res.err, "nothing was changed")
 
-	// teardown-host refuses while boxes exist (the --force path is never
-	// taken here: the world is shared).
+	// teardown-host asks first, and without a terminal refuses unless
+	// --yes; with --yes it still refuses while boxes exist (the --force
+	// path is never taken here: the world is shared).
 	res = r.run(t, "teardown-host")
+	assert.Equal(t, exitUsage, res.code)
+	assert.Contains(t, res.err, "pass --yes")
+	res = r.run(t, "teardown-host", "--yes")
 	assert.Equal(t, exitFailed, res.code)
 	assert.Contains(t, res.err, "boxes still exist")
 	assert.Contains(t, res.err, b)
