@@ -44,7 +44,9 @@ type Generation struct {
 // down; its tag is honoured forever.
 var (
 	Current = Generation{Name: "current", Network: "boxnet", Profile: "box-net", ACL: "box-isolate", Tag: "user.box", NFTTable: "box"}
-	Legacy  = Generation{Name: "legacy", Network: "claudenet", Profile: "claude-dev", ACL: "claude-isolate", Tag: "user.claudebox"}
+	// The legacy host firewall was a script (claudebox-firewall) that
+	// loaded its own nft tables named claudebox.
+	Legacy = Generation{Name: "legacy", Network: "claudenet", Profile: "claude-dev", ACL: "claude-isolate", Tag: "user.claudebox", NFTTable: "claudebox"}
 )
 
 // Subnets.

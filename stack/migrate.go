@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/nft"
 )
 
 // MigrateRequest says what Migrate moves: one box, every legacy box, or
@@ -159,5 +160,18 @@ func (host *Host) retireLegacy(ctx context.Context) ([]Change, error) {
 	if len(still) > 0 {
 		return nil, fmt.Errorf("instances still on the legacy stack: %v: migrate them first (box migrate-host --all-boxes)", still)
 	}
-	return host.removeObjects(ctx, Legacy)
+	changes, err := host.removeObjects(ctx, Legacy)
+	if err != nil {
+		return changes, err
+	}
+	g, err := host.ground()
+	if err != nil {
+		return changes, err
+	}
+	defer g.close()
+	removed, err := nft.Delete(g.nftConfig(Legacy))
+	for _, r := range removed {
+		changes = append(changes, Change{Object: "nft " + r, Action: "removed"})
+	}
+	return changes, err
 }

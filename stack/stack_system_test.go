@@ -320,7 +320,7 @@ func TestSystemCloneGetsItsOwnIdentity(t *testing.T) {
 }
 
 func TestSystemMigrateLegacyBox(t *testing.T) {
-	ctx, h, _ := worldHost(t)
+	ctx, h, st := worldHost(t)
 	c := h.Incus
 	// A legacy stack and a legacy box on it.
 	require.NoError(t, c.CreateNetwork(ctx, incus.NetworksPost{Name: "claudenet", Type: "bridge", Config: map[string]string{
@@ -330,6 +330,10 @@ func TestSystemMigrateLegacyBox(t *testing.T) {
 		"eth0": {"type": "nic", "network": "claudenet", "name": "eth0"},
 		"root": {"type": "disk", "path": "/", "pool": "default"},
 	}}))
+	// The legacy firewall script's own nft table.
+	conn, _ := nftIn(t, st)
+	conn.AddTable(&nftables.Table{Family: nftables.TableFamilyBridge, Name: "claudebox"})
+	require.NoError(t, conn.Flush())
 	name := uniq(t, "t-legacy-")
 	require.NoError(t, c.CreateInstance(ctx, incus.InstancesPost{
 		Name: name, Type: "container", Start: true, Profiles: []string{"claude-dev"},
@@ -359,9 +363,20 @@ func TestSystemMigrateLegacyBox(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, netip.MustParsePrefix("10.88.0.0/24").Contains(ip), "a boxnet address: %s", ip)
 
+	v, err := h.Verify(ctx)
+	require.NoError(t, err)
+	var legacy []string
+	for _, f := range v.Findings {
+		legacy = append(legacy, f.Object)
+	}
+	assert.Contains(t, legacy, "nft table bridge claudebox", "Verify names the legacy firewall")
+
 	changes, err = h.Migrate(ctx, stack.MigrateRequest{RetireLegacy: true})
 	require.NoError(t, err)
-	assert.Len(t, changes, 2, "profile and network retired: %v", changes)
+	assert.Len(t, changes, 3, "profile, network and the legacy nft table retired: %v", changes)
+	_, legacyBridge, err := nft.Present(nft.Config{Table: "claudebox", Bridge: "claudenet", NetNS: nftNS(t, st)})
+	require.NoError(t, err)
+	assert.False(t, legacyBridge, "the legacy nft table is gone")
 	for _, o := range objects(t, ctx, c) {
 		assert.NotContains(t, o, "claude", "legacy object left: %s", o)
 	}
@@ -406,4 +421,12 @@ func TestSystemFirewallOnly(t *testing.T) {
 	again, err := h.EnsureFirewall(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, again.Changes)
+}
+
+func nftNS(t *testing.T, st *world.State) int {
+	t.Helper()
+	ns, err := netns.GetFromName(st.Names.HostNS)
+	require.NoError(t, err)
+	t.Cleanup(func() { ns.Close() })
+	return int(ns)
 }

@@ -57,7 +57,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	net, _, err := c.Network(ctx, gen.Network)
 	if incus.IsNotFound(err) {
 		v.Findings = append(v.Findings, Finding{Layer: "L-NAT", Object: "network " + gen.Network, Problem: "missing: the isolation stack is not set up", Fix: "box setup-host"})
-		return v, host.verifyLegacy(ctx, v)
+		return v, host.verifyLegacy(ctx, g, v)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading network %s: %w", gen.Network, err)
@@ -159,12 +159,12 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		}
 		find(layer, "nft "+f.Object, f.Problem)
 	}
-	return v, host.verifyLegacy(ctx, v)
+	return v, host.verifyLegacy(ctx, g, v)
 }
 
 // verifyLegacy reports legacy objects still on the host.
-func (host *Host) verifyLegacy(ctx context.Context, v *Verification) error {
-	objs, err := host.legacyObjects(ctx)
+func (host *Host) verifyLegacy(ctx context.Context, g *ground, v *Verification) error {
+	objs, err := host.legacyObjects(ctx, g)
 	if err != nil {
 		return err
 	}
@@ -176,9 +176,19 @@ func (host *Host) verifyLegacy(ctx context.Context, v *Verification) error {
 }
 
 // legacyObjects lists the legacy generation's objects that exist.
-func (host *Host) legacyObjects(ctx context.Context) ([]string, error) {
+func (host *Host) legacyObjects(ctx context.Context, g *ground) ([]string, error) {
 	c := host.Incus
 	var out []string
+	inet, bridge, err := nft.Present(g.nftConfig(Legacy))
+	if err != nil {
+		return nil, fmt.Errorf("reading the legacy nft tables: %w", err)
+	}
+	if inet {
+		out = append(out, "nft table inet "+Legacy.NFTTable)
+	}
+	if bridge {
+		out = append(out, "nft table bridge "+Legacy.NFTTable)
+	}
 	if _, _, err := c.Profile(ctx, Legacy.Profile); err == nil {
 		out = append(out, "profile "+Legacy.Profile)
 	} else if !incus.IsNotFound(err) {
