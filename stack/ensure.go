@@ -205,6 +205,16 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 		return rep, err
 	}
 
+	// Docker, UFW or another firewall may drop all forwarded traffic: say
+	// so, and what to run; their rules are not box's to rewrite.
+	blockers, err := g.forwardBlockers(d.Network.Name)
+	if err != nil {
+		return rep, err
+	}
+	for _, b := range blockers {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("WARNING: %s %s. Nothing was changed there; to let boxes out, run: %s", b.Object, b.Problem, b.Fix))
+	}
+
 	// dnsmasq restarts when the bridge's DNS settings change: wait for it,
 	// and believe the process, not the network's status.
 	if err := waitDnsmasq(ctx, g, d.Network.Name, 15*time.Second); err != nil {

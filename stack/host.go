@@ -325,3 +325,26 @@ func (g *ground) isolatePorts(bridge string) ([]Port, []string, error) {
 	}
 	return ports, changed, nil
 }
+
+// forwardBlockers turns another firewall's forward drop policy into
+// findings: it drops the boxes' egress, and box does not rewrite rules it
+// does not own, so each says what the operator can run.
+func (g *ground) forwardBlockers(bridge string) ([]Finding, error) {
+	bs, err := nft.ForwardBlockers(int(g.ns), Current.NFTTable)
+	if err != nil {
+		return nil, fmt.Errorf("reading other firewalls' forward chains: %w", err)
+	}
+	var out []Finding
+	for _, b := range bs {
+		fix := fmt.Sprintf("add accepts for iifname %q and oifname %q ct state established,related to %s %s %s", bridge, bridge, b.Family, b.Table, b.Chain)
+		switch b.Owner {
+		case "docker":
+			fix = fmt.Sprintf("iptables -I DOCKER-USER -i %s -j ACCEPT; iptables -I DOCKER-USER -o %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", bridge, bridge)
+		case "ufw":
+			fix = fmt.Sprintf("ufw route allow in on %s; ufw route allow out on %s", bridge, bridge)
+		}
+		out = append(out, Finding{Layer: "L-NAT", Object: "nft " + b.String(),
+			Problem: "drops forwarded traffic, so boxes lose their egress; box does not change rules it does not own", Fix: fix})
+	}
+	return out, nil
+}

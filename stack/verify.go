@@ -92,6 +92,11 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	for _, a := range v6 {
 		find("L-V6", "bridge "+gen.Network, "has IPv6 address "+a.IPNet.String())
 	}
+	blockers, err := g.forwardBlockers(gen.Network)
+	if err != nil {
+		return nil, err
+	}
+	v.Findings = append(v.Findings, blockers...)
 	holders, err := g.gatewayHolders(gen.Network, d.Gateway)
 	if err != nil {
 		return nil, err
