@@ -247,3 +247,18 @@ func TestSystemKilledRunIsCleanedUp(t *testing.T) {
 	rep := run(t, cfg)
 	assert.Equal(t, drill.ExitOK, rep.ExitCode, "%v", verdicts(rep))
 }
+
+// TestSystemFailureAfterMintCleansUp: a run that fails once its boxes
+// exist (here: the agent cannot be pushed) returns the error, does not
+// panic, and removes its boxes.
+func TestSystemFailureAfterMintCleansUp(t *testing.T) {
+	cfg := config(t)
+	cfg.Agent = filepath.Join(t.TempDir(), "no-such-agent")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := drill.Run(ctx, cfg)
+	require.Error(t, err)
+	assert.Nil(t, rep)
+	assert.Contains(t, err.Error(), "agent")
+	assertNoDrillBoxes(t, cfg)
+}

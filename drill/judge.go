@@ -67,7 +67,7 @@ func judge(a Action, obs observations, t Topology, baselineOK bool, agentErr map
 			answers := strings.Join(o.Evidence.DNS.Answers, ", ")
 			// The name must resolve to what it is: an answer from anyone
 			// else (a hijacking resolver) is no proof the path works.
-			if t.PublicNameAddr.IsValid() && !strings.Contains(answers, t.PublicNameAddr.String()) {
+			if t.PublicNameAddr.IsValid() && !answersHold(o.Evidence.DNS.Answers, t.PublicNameAddr) {
 				return verdict(r, Fail, "resolved, but not to "+t.PublicNameAddr.String()+": "+answers)
 			}
 			return verdict(r, Pass, "resolved: "+answers)
@@ -170,18 +170,22 @@ func judgeBlocked(r Result, o probes.Observation, obs observations, t Topology, 
 		return verdict(r, Inconclusive, "looked blocked, but a baseline failed, so the block proves nothing")
 	}
 	if o.Outcome == probes.Rejected {
-		local := o.Evidence.Errno != "" || (o.Evidence.ICMP != nil && o.Evidence.ICMP.OffenderIsLocal)
+		// Stopped by the sender's own stack (EPERM/EACCES from its output
+		// firewall, or an ICMP error it made itself). In a box that is the
+		// box's doing, and the layer under test never met the packet. On
+		// the host it is the host's netfilter, which is where Incus's ACL
+		// acts on traffic the host itself sends to a box (C-INBOUND).
+		local := (o.Evidence.ICMP == nil && (o.Evidence.Errno == "EPERM" || o.Evidence.Errno == "EACCES")) ||
+			(o.Evidence.ICMP != nil && o.Evidence.ICMP.OffenderIsLocal)
 		if local && isBox(r.From) {
-			// Stopped inside the sending box: the packet never met the
-			// stack, so the stack is not what held.
-			return verdict(r, Inconclusive, "stopped inside the sending box before it left ("+o.Reason+")")
+			return verdict(r, Inconclusive, "stopped inside the sending box before it left: "+o.Reason)
 		}
 		by := "something in between"
 		switch {
-		case o.Evidence.ICMP != nil:
+		case o.Evidence.ICMP != nil && !local:
 			by = fmt.Sprintf("%s (%s)", o.Evidence.ICMP.Offender, o.Evidence.ICMP.Name)
-		case o.Evidence.Errno != "":
-			by = "the sender's own firewall, which is the host's (" + o.Evidence.Errno + ")"
+		case local:
+			by = "the host's own netfilter, where the ACL acts on what the host sends (" + o.Reason + ")"
 		}
 		return verdict(r, Pass, "blocked by policy: rejected by "+by)
 	}
@@ -199,12 +203,13 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Topology) (ar
 			return false, "no witness report from " + r.WitnessAt
 		}
 		we := w.Evidence.Witness
-		if w.Outcome == probes.Error {
-			return false, "the witness at " + r.WitnessAt + " failed: " + w.Reason
-		}
+		// What it saw counts even if it failed later.
 		if we.Count > 0 {
 			r.AtTarget = fmt.Sprintf("the witness saw %d frame(s): %s", we.Count, frame(we.First))
 			return true, ""
+		}
+		if w.Outcome == probes.Error {
+			return false, "the witness at " + r.WitnessAt + " failed: " + w.Reason
 		}
 		end := o.StartedAt.Add(time.Duration(o.ElapsedMS) * time.Millisecond)
 		if we.ArmedAt.IsZero() || we.ArmedAt.After(o.StartedAt) || we.Until.Before(end) {
@@ -332,3 +337,15 @@ func aggregate(c Claim, results []Result) ClaimResult {
 
 // isBox reports whether a place is one of the probe boxes.
 func isBox(place string) bool { return place == PlaceA || place == PlaceB || place == PlaceC }
+
+// answersHold reports whether one of the DNS answer records (rendered as
+// text, the address last) carries exactly addr.
+func answersHold(answers []string, addr netip.Addr) bool {
+	for _, a := range answers {
+		f := strings.Fields(a)
+		if len(f) > 0 && f[len(f)-1] == addr.String() {
+			return true
+		}
+	}
+	return false
+}

@@ -19,6 +19,8 @@ var (
 		WitnessAt: PlaceB, Witness: &probes.WitnessSpec{ID: "wp010"}}
 	actHostTCP = Action{ID: "p020", Claim: "C-HOST", Channel: "tcp", From: PlaceA, Target: "host gateway 10.88.0.1", TargetKey: "host-gateway", Expect: ExpectBlocked,
 		ListenerAt: PlaceHost, ListenerID: "l-tcp-gateway"}
+	actInboundICMP = Action{ID: "p070", Claim: "C-INBOUND", Channel: "icmp", From: PlaceHost, Target: "box-a 10.88.0.11", TargetKey: PlaceA, Expect: ExpectBlocked,
+		WitnessAt: PlaceA, Witness: &probes.WitnessSpec{ID: "wp070"}}
 	actHostICMP = Action{ID: "p021", Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: "host gateway 10.88.0.1", TargetKey: "host-gateway", Expect: ExpectBlocked}
 	actEgress   = func(ch string, kind probes.Kind) Action {
 		return Action{ID: "p001", Claim: "C-EGRESS", Channel: ch, From: PlaceA, Target: "canary 203.0.113.10", TargetKey: "internet", Expect: ExpectReach, Baseline: true,
@@ -138,7 +140,22 @@ func TestJudge(t *testing.T) {
 		{name: "blocked: rejected inside the sending box", action: actSiblingTCP,
 			probe:  sent("p010", probes.KindTCP, probes.Rejected, "connect: operation not permitted", probes.Evidence{Errno: "EPERM"}),
 			others: []placed{cleanWitness}, baselineOK: true,
-			want: Inconclusive, evidence: []string{"inside the sending box"}},
+			want: Inconclusive, evidence: []string{"stopped inside the sending box"}},
+		{name: "inbound: the host's own netfilter refuses to send", action: actInboundICMP,
+			probe:      &probes.Observation{ID: "p070", Kind: probes.KindICMP, Outcome: probes.Rejected, Reason: "our own firewall refused to send it (EPERM)", Evidence: probes.Evidence{Errno: "EPERM"}, StartedAt: t0.Add(probeDelay), ElapsedMS: 5},
+			others:     []placed{{PlaceA, seen("wp070", 0, 3550*time.Millisecond, 0)}},
+			baselineOK: true, want: Pass, evidence: []string{"blocked by policy", "host's own netfilter"}},
+		{name: "blocked: an ICMP reject from the gateway, with the socket's errno", action: actSiblingTCP,
+			probe: sent("p010", probes.KindTCP, probes.Rejected, "ICMP admin-prohibited from 10.88.0.1",
+				probes.Evidence{Errno: "EHOSTUNREACH", ICMP: rejectByGW.ICMP}),
+			others: []placed{cleanWitness}, baselineOK: true, want: Pass, evidence: []string{"blocked by policy", "10.88.0.1"}},
+		{name: "blocked: the witness saw frames, then failed", action: actSiblingTCP,
+			probe: sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others: []placed{{PlaceB, func() *probes.Observation {
+				o := seen("wp010", 0, 3550*time.Millisecond, 1)
+				o.Outcome, o.Reason = probes.Error, "read error"
+				return o
+			}()}}, baselineOK: true, want: Fail, evidence: []string{"arrive"}},
 		{name: "blocked: missing witness report", action: actSiblingTCP,
 			probe:      sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
 			baselineOK: true, want: Inconclusive, evidence: []string{"no witness report from box-b"}},
@@ -203,6 +220,9 @@ func TestJudge(t *testing.T) {
 		{name: "dns: resolves", action: actDNS,
 			probe:      &probes.Observation{ID: "p004", Kind: probes.KindDNS, Outcome: probes.Reached, Evidence: dnsEv("NOERROR", true, "canary.example.net. 60 IN A 203.0.113.10")},
 			baselineOK: true, want: Pass, evidence: []string{"resolved", "203.0.113.10"}},
+		{name: "dns: resolves to a look-alike address", action: actDNS,
+			probe:      &probes.Observation{ID: "p004", Kind: probes.KindDNS, Outcome: probes.Reached, Evidence: dnsEv("NOERROR", true, "canary.example.net. 60 IN A 203.0.113.1")},
+			baselineOK: true, want: Fail, evidence: []string{"not to 203.0.113.10"}},
 		{name: "dns: NXDOMAIN for the public name", action: actDNS,
 			probe:      &probes.Observation{ID: "p004", Kind: probes.KindDNS, Outcome: probes.Refused, Reason: "the resolver answered NXDOMAIN", Evidence: dnsEv("NXDOMAIN", false)},
 			baselineOK: true, want: Fail, evidence: []string{"did not resolve", "NXDOMAIN"}},

@@ -189,8 +189,10 @@ func applyMutations(ctx context.Context, cfg *Config, afterBoxes bool, names map
 	return nil
 }
 
-// restoreStack converges the stack back and verifies it is clean.
-func restoreStack(ctx context.Context, cfg *Config) error {
+// restoreStack converges the stack back and verifies it is as it was
+// before the mutations: no finding that was not there already (a host may
+// carry findings box cannot fix, such as another firewall's forward drop).
+func restoreStack(ctx context.Context, cfg *Config, before []stack.Finding) error {
 	cfg.logf("restore: converging the stack back after the mutations")
 	if _, err := cfg.Host.Ensure(ctx); err != nil {
 		return fmt.Errorf("restoring the stack: %w", err)
@@ -199,8 +201,18 @@ func restoreStack(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return fmt.Errorf("verifying the restored stack: %w", err)
 	}
-	if !v.Clean() {
-		return fmt.Errorf("the restored stack still differs: %v (run box doctor --fix)", v.Findings)
+	known := map[string]bool{}
+	for _, f := range before {
+		known[f.String()] = true
+	}
+	var left []string
+	for _, f := range v.Findings {
+		if !known[f.String()] {
+			left = append(left, f.String())
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("the restored stack still differs: %s (run box doctor --fix)", strings.Join(left, "; "))
 	}
 	return nil
 }

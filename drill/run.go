@@ -113,7 +113,7 @@ type StackFacts struct {
 type MutationResult struct {
 	Name     string   `json:"name"`
 	Layers   []string `json:"layers"`
-	Flipped  []string `json:"flipped"`  // claims backed by the layers that did not pass
+	Flipped  []string `json:"flipped"`  // claims backed by the layers that failed
 	Detected bool     `json:"detected"` // false: redundant or untested
 }
 
@@ -148,7 +148,7 @@ func (cfg *Config) logf(format string, args ...any) {
 // Run runs the drill. The error is for a run that could not happen at all
 // (exit 2); a run that happened returns its report, whose ExitCode says how
 // the claims fared.
-func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
+func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 	if cfg.Host == nil || (cfg.World == nil) == (cfg.HostMode == nil) {
 		return nil, errors.New("drill run needs either the hermetic world (drill world up) or host mode (--host --canary ADDR:PORT), not both")
 	}
@@ -166,7 +166,9 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	if _, err := rand.Read(id); err != nil {
 		return nil, err
 	}
-	rep = &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
+	// rep is never nil: the deferred teardown and restore below read it
+	// on every path, including those that return no report.
+	rep := &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
 		Stack: StackFacts{Changes: []stack.Change{}, Findings: []stack.Finding{}},
 		Boxes: []BoxEnd{}, Problems: []string{}, Claims: []ClaimResult{}, Mutations: []string{}, MutationResults: []MutationResult{}}
 	for _, m := range cfg.Mutations {
@@ -184,7 +186,11 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 			err = fmt.Errorf("%w; and: %s", err, strings.Join(dirty, "; "))
 			return
 		}
-		rep.ExitCode = ExitUsage
+		// A violated claim stays 1 (the problems say the rest); otherwise
+		// the host may be left dirty, which is a tool error.
+		if rep.ExitCode != ExitViolated {
+			rep.ExitCode = ExitUsage
+		}
 	}()
 	c := cfg.Host.Incus
 
@@ -206,25 +212,29 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	}
 
 	// The stack.
+	sctx, cancelStack := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancelStack()
 	if cfg.NoSetup {
 		cfg.logf("stack: verifying only (--no-setup)")
 	} else {
 		cfg.logf("stack: ensuring")
-		er, err := cfg.Host.Ensure(ctx)
+		er, err := cfg.Host.Ensure(sctx)
 		if err != nil {
 			return nil, fmt.Errorf("stack: %w", err)
 		}
 		rep.Stack.Ensured = true
 		rep.Stack.Changes = er.Changes
 	}
-	if _, _, err := c.Network(ctx, stack.Current.Network); incus.IsNotFound(err) {
+	if _, _, err := c.Network(sctx, stack.Current.Network); incus.IsNotFound(err) {
 		return nil, fmt.Errorf("stack: there is no isolation stack to drill (no network %s): run box setup-host, or drop --no-setup", stack.Current.Network)
 	}
 	// Is the host fit to judge on? A bridge with no dnsmasq, or a gateway
 	// address someone else holds, gives confident wrong answers.
-	if v, err := cfg.Host.Verify(ctx); err != nil {
+	before, err := cfg.Host.Verify(sctx)
+	if err != nil {
 		return nil, fmt.Errorf("stack: %w", err)
-	} else if v.DnsmasqPID == 0 {
+	}
+	if v := before; v.DnsmasqPID == 0 {
 		return nil, fmt.Errorf("preflight: no dnsmasq serves %s (Incus may still call it Created): restart incusd, then box doctor", stack.Current.Network)
 	} else {
 		for _, f := range v.Findings {
@@ -239,12 +249,12 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		defer func() {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 			defer cancel()
-			if err := restoreStack(cctx, &cfg); err != nil {
+			if err := restoreStack(cctx, &cfg, before.Findings); err != nil {
 				rep.Problems = append(rep.Problems, err.Error())
 				dirty = append(dirty, err.Error())
 			}
 		}()
-		if err := applyMutations(ctx, &cfg, false, nil); err != nil {
+		if err := applyMutations(sctx, &cfg, false, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -293,11 +303,13 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		rep.Boxes = append(rep.Boxes, *e)
 	}
 
-	if err := applyMutations(ctx, &cfg, true, names); err != nil {
+	actx, cancelAfter := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancelAfter()
+	if err := applyMutations(actx, &cfg, true, names); err != nil {
 		return nil, err
 	}
 	// The stack as the probes will find it: which layers are in the path.
-	v, err := cfg.Host.Verify(ctx)
+	v, err := cfg.Host.Verify(actx)
 	if err != nil {
 		return nil, fmt.Errorf("stack: %w", err)
 	}
@@ -313,7 +325,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 
 	// The agent, in every box.
 	cfg.logf("agent: pushing %s into the boxes", filepath.Base(cfg.Agent))
-	if err := pushAgent(mctx, c, cfg.Agent, names); err != nil {
+	if err := pushAgent(actx, c, cfg.Agent, names); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 
@@ -387,7 +399,7 @@ func mutationResults(ms []Mutation, claims []ClaimResult) []MutationResult {
 	for _, m := range ms {
 		mr := MutationResult{Name: m.Name, Layers: m.Layers, Flipped: []string{}}
 		for _, cr := range claims {
-			if cr.Verdict != Fail && cr.Verdict != Inconclusive {
+			if cr.Verdict != Fail {
 				continue
 			}
 			for _, l := range cr.Layers {

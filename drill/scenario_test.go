@@ -42,6 +42,7 @@ func testTopology() Topology {
 		CanaryUDP:      7,
 		CanaryGreeting: "hello from canary 5f3e",
 		PublicName:     "canary.example.net.",
+		PublicNameAddr: netip.MustParseAddr("203.0.113.10"),
 		DNSDomain:      "incus",
 
 		HostAddrs: []HostAddr{

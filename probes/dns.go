@@ -81,7 +81,9 @@ func probeDNS(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 		ev.Rcode = fmt.Sprintf("RCODE%d", reply.Rcode)
 	}
 	for _, rr := range reply.Answer {
-		ev.Answers = append(ev.Answers, printable([]byte(rr.String()), 300))
+		// Fields apart by spaces (miekg/dns uses tabs, which printable
+		// would turn into dots): "name. 60 IN A 203.0.113.10".
+		ev.Answers = append(ev.Answers, printable([]byte(strings.ReplaceAll(rr.String(), "\t", " ")), 300))
 	}
 	if reply.Rcode != dns.RcodeSuccess {
 		return done(obs, Refused, "the resolver answered "+ev.Rcode+": the name did not resolve")

@@ -48,11 +48,15 @@ func (e *NotABoxError) Error() string {
 // been removed. On small hosts the usual cause is a limit the kernel cannot
 // apply (a memory cgroup that takes none).
 type NotStartedError struct {
-	Name string
-	Err  error
+	Name      string
+	Err       error
+	RemoveErr error // removing the half-made box failed too
 }
 
 func (e *NotStartedError) Error() string {
+	if e.RemoveErr != nil {
+		return fmt.Sprintf("minting %s: it was created but would not start (%v), and removing it failed: %v (remove it by hand: incus delete --force %s)", e.Name, e.Err, e.RemoveErr, e.Name)
+	}
 	return fmt.Sprintf("minting %s: it was created but would not start, and was removed: %v", e.Name, e.Err)
 }
 
@@ -210,15 +214,17 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 		// the caller gave up: the check runs past its cancellation).
 		cctx := context.WithoutCancel(ctx)
 		if _, _, gerr := host.Incus.Instance(cctx, req.Name); gerr == nil {
-			if rerr := host.removeInstance(cctx, req.Name); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("removing the half-made box: %w", rerr))
-			}
-			return nil, &NotStartedError{Name: req.Name, Err: err}
+			rerr := host.removeInstance(cctx, req.Name)
+			return nil, &NotStartedError{Name: req.Name, Err: err, RemoveErr: rerr}
 		}
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
 	if err := host.refreshPorts(ctx); err != nil {
-		return nil, fmt.Errorf("minted %s, but isolating its bridge port failed: %w (run box doctor --fix)", req.Name, err)
+		// A box that is not isolated is not a box: remove it too.
+		if rerr := host.removeInstance(context.WithoutCancel(ctx), req.Name); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("removing it: %w (remove it by hand: incus delete --force %s)", rerr, req.Name))
+		}
+		return nil, fmt.Errorf("minting %s: isolating its bridge port failed, so it was not kept: %w", req.Name, err)
 	}
 	return host.Info(ctx, req.Name)
 }
@@ -465,7 +471,7 @@ func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Durat
 // name is only known once it has started. Refreshes are serialised across
 // processes, so two box commands at once cannot drop each other's ports.
 func (host *Host) refreshPorts(ctx context.Context) error {
-	unlock, err := lockPorts()
+	unlock, err := lockPorts(ctx)
 	if err != nil {
 		return err
 	}
@@ -491,19 +497,33 @@ func (host *Host) refreshPorts(ctx context.Context) error {
 // portsLock is the file whose flock serialises port-set refreshes.
 const portsLock = "/run/lock/box-ports.lock"
 
-func lockPorts() (func(), error) {
+// lockPorts takes the lock without blocking forever: a stuck holder makes
+// the caller fail with a message, not hang, and ctx is honoured.
+func lockPorts(ctx context.Context) (func(), error) {
 	if err := os.MkdirAll(filepath.Dir(portsLock), 0o755); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(portsLock, os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := os.OpenFile(portsLock, os.O_CREATE|os.O_RDONLY, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("locking the port set: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("locking the port set: %w", err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("locking the port set (%s, held by another box command?): %w", portsLock, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	return func() { f.Close() }, nil
 }
 
 // names lists boxes' names, for messages.

@@ -192,7 +192,7 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 	}
 
 	// The firewall: live ports isolated and the nft tables.
-	fw, err := host.ensureFirewall(g)
+	fw, err := host.ensureFirewall(ctx, g)
 	rep.Changes = append(rep.Changes, fw.changes...)
 	rep.BridgeMode = fw.mode
 	if fw.note != "" {
@@ -338,10 +338,10 @@ type firewallResult struct {
 // ensureFirewall isolates every port of the bridge, whatever attached it,
 // and converges the two nft tables. It touches no Incus object, so it is
 // what runs at boot.
-func (host *Host) ensureFirewall(g *ground) (firewallResult, error) {
+func (host *Host) ensureFirewall(ctx context.Context, g *ground) (firewallResult, error) {
 	var res firewallResult
 	bridge := Current.Network
-	unlock, err := lockPorts()
+	unlock, err := lockPorts(ctx)
 	if err != nil {
 		return res, err
 	}
@@ -390,7 +390,7 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	defer g.close()
-	fw, err := host.ensureFirewall(g)
+	fw, err := host.ensureFirewall(ctx, g)
 	rep := &Report{Changes: append([]Change{}, fw.changes...), BridgeMode: fw.mode, Notes: []string{}}
 	if fw.note != "" {
 		rep.Notes = append(rep.Notes, fw.note)

@@ -330,7 +330,7 @@ func (g *ground) isolatePorts(bridge string) ([]Port, []string, error) {
 // findings: it drops the boxes' egress, and box does not rewrite rules it
 // does not own, so each says what the operator can run.
 func (g *ground) forwardBlockers(bridge string) ([]Finding, error) {
-	bs, err := nft.ForwardBlockers(int(g.ns), Current.NFTTable)
+	bs, err := nft.ForwardBlockers(int(g.ns), Current.NFTTable, bridge)
 	if err != nil {
 		return nil, fmt.Errorf("reading other firewalls' forward chains: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -466,4 +467,24 @@ func TestSystemDockerForwardDrop(t *testing.T) {
 	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
 	require.NoError(t, err)
 	assert.Len(t, chains, 2, "Docker's chains are untouched")
+
+	// The operator lets boxnet through in DOCKER-USER: no more finding.
+	var user *nftables.Chain
+	for _, ch := range chains {
+		if ch.Name == "DOCKER-USER" {
+			user = ch
+		}
+	}
+	require.NotNil(t, user)
+	conn.AddRule(&nftables.Rule{Table: filter, Chain: user, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte("boxnet\x00")},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	}})
+	require.NoError(t, conn.Flush())
+	v, err = h.Verify(ctx)
+	require.NoError(t, err)
+	for _, f := range v.Findings {
+		assert.NotContains(t, f.Object, "chain FORWARD", "boxnet is let through now")
+	}
 }

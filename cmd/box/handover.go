@@ -96,6 +96,8 @@ func touchesStack(args []string) string {
 		}
 		hits = append(hits, s)
 	}
+	// `file push -p` makes parent directories; elsewhere -p names a profile.
+	fileCmd := len(args) > 0 && args[0] == "file"
 	for _, a := range args {
 		l := strings.ToLower(a)
 		switch {
@@ -105,8 +107,10 @@ func touchesStack(args []string) string {
 			add("a network")
 		case l == "device" || l == "devices" || strings.HasPrefix(l, "--device"):
 			add("a device")
-		case l == "-p":
+		case (l == "-p" || strings.HasPrefix(l, "-p=")) && !fileCmd:
 			add("a profile")
+		case l == "copy" || l == "cp":
+			add("a copy, which inherits the tag and the machine identity (use box new --from)")
 		case l == "-n":
 			add("a network")
 		case l == "edit":

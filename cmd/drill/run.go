@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -68,7 +69,7 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 	}
 	st, err := world.Load()
 	if err != nil {
-		return fail(s, fmt.Errorf("%w; runs on a real host (--host) are not built yet", err))
+		return fail(s, fmt.Errorf("%w (on a real Incus host, use --host --canary ADDR:PORT)", err))
 	}
 	opts, err := stack.OptionsFromEnv(os.Getenv)
 	if err != nil {
@@ -87,8 +88,8 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 // routes and LAN are the targets. It refuses where a hermetic world is up:
 // that is a development or CI machine, where no probe may leave the world.
 func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, skips []string, noSetup, asJSON bool, junit, matrix, record, img string, mutate []string) int {
-	if _, err := world.Load(); err == nil {
-		return fail(s, fmt.Errorf("a hermetic world is up on this machine, so it is a development or CI machine: --host is for real Incus hosts only (run without --host)"))
+	if why := worldTraces(); why != "" {
+		return fail(s, fmt.Errorf("this machine has a hermetic world (%s), so it is a development or CI machine: --host is for real Incus hosts only (run without --host)", why))
 	}
 	if canary == "" {
 		return fail(s, fmt.Errorf("--host needs --canary ADDR:PORT, a public resolver that also takes TCP (e.g. 1.1.1.1:443)"))
@@ -109,9 +110,19 @@ func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, 
 	if err != nil {
 		return fail(s, err)
 	}
-	host := &stack.Host{Incus: incus.New(""), Options: opts, BootUnitDir: "/etc/systemd/system"}
-	if exe, err := os.Executable(); err == nil {
-		host.Exe = filepath.Join(filepath.Dir(exe), "box")
+	// The drill converges the stack's objects but leaves the boot unit to
+	// `box setup-host`, which knows where box lives.
+	host := &stack.Host{Incus: incus.New(""), NetNS: os.Getenv("BOX_NETNS"), Options: opts}
+	if len(mutations) > 0 {
+		// Knocking a layer out acts on the whole bridge: refuse while
+		// boxes the drill did not mint live on it.
+		boxes, err := host.Boxes(ctx)
+		if err != nil {
+			return fail(s, err)
+		}
+		if len(boxes) > 0 {
+			return fail(s, fmt.Errorf("--mutate would weaken the isolation of %d boxes on this host (box list): run mutations where no other box lives", len(boxes)))
+		}
 	}
 	return runAndReport(ctx, s, drill.Config{Host: host, HostMode: &drill.HostMode{Canary: ap, PublicName: publicName},
 		Image: img, NoSetup: noSetup, Claims: selected, Log: s.err, Version: version, Mutations: mutations}, asJSON, junit, matrix, record)
@@ -205,4 +216,20 @@ func runAgent(ctx context.Context, s stdio, args []string) int {
 		return fail(s, err)
 	}
 	return exitOK
+}
+
+// worldTraces says what on this machine belongs to a hermetic world (a
+// state file, a world namespace), or "" if nothing does. Any trace, even of
+// a broken world, makes this a development or CI machine.
+func worldTraces() string {
+	if _, err := world.Load(); !errors.Is(err, world.ErrNoWorld) {
+		return "world state under " + world.StateRoot
+	}
+	if m, _ := filepath.Glob(filepath.Join(world.StateRoot, "*", "state.json")); len(m) > 0 {
+		return m[0]
+	}
+	if m, _ := filepath.Glob("/run/netns/" + world.DefaultName + "-*"); len(m) > 0 {
+		return "network namespace " + filepath.Base(m[0])
+	}
+	return ""
 }
