@@ -42,50 +42,40 @@ func probeARP(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 	if err != nil {
 		return fail(obs, fmt.Sprintf("arp probe %s: %v", obs.Target, err))
 	}
-	deadline := deadlineOf(ctx)
-	interval := time.Until(deadline) / udpSends
-	defer wakeOnCancel(ctx, c.SetReadDeadline)()
-	var next time.Time
-	sent := 0
-	for {
-		now := time.Now()
-		if !now.Before(deadline) {
-			break
+	var reply *arp.Packet
+	resend := newResender(ctx)
+	_, err = resend.run(c.SetReadDeadline, func(int) (bool, error) {
+		if err := c.WriteTo(req, ethernet.Broadcast); err != nil {
+			return false, fmt.Errorf("arp probe %s: send: %v", obs.Target, err)
 		}
-		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return fail(obs, "cancelled: "+ctx.Err().Error())
-		}
-		if sent < udpSends && !now.Before(next) {
-			if err := c.WriteTo(req, ethernet.Broadcast); err != nil {
-				return fail(obs, fmt.Sprintf("arp probe %s: send: %v", obs.Target, err))
-			}
-			sent++
-			next = now.Add(interval)
-		}
-		wake := deadline
-		if sent < udpSends && next.Before(wake) {
-			wake = next
-		}
+		return true, nil
+	}, func(wake time.Time) (bool, error) {
 		if err := c.SetReadDeadline(wake); err != nil {
-			return fail(obs, fmt.Sprintf("arp probe %s: deadline: %v", obs.Target, err))
+			return false, fmt.Errorf("arp probe %s: deadline: %v", obs.Target, err)
 		}
 		pkt, _, err := c.Read()
 		if err != nil {
 			var oe *net.OpError
 			if isTimeout(err) || !errors.As(err, &oe) {
 				// A frame that does not parse as ARP is noise, not a verdict.
-				continue
+				return false, nil
 			}
-			return fail(obs, fmt.Sprintf("arp probe %s: read: %v", obs.Target, err))
+			return false, fmt.Errorf("arp probe %s: read: %v", obs.Target, err)
 		}
 		if pkt.Operation != arp.OperationReply || pkt.SenderIP != spec.Target {
-			continue
+			return false, nil
 		}
-		obs.Evidence.Sent = sent
-		obs.Evidence.From = pkt.SenderIP.String()
-		obs.Evidence.MAC = net.HardwareAddr(pkt.SenderHardwareAddr).String()
-		return done(obs, Reached, "ARP reply from the target")
+		reply = pkt
+		return true, nil
+	})
+	if err != nil {
+		return fail(obs, err.Error())
 	}
-	obs.Evidence.Sent = sent
-	return done(obs, Silent, fmt.Sprintf("no ARP reply to %d requests before the deadline", sent))
+	obs.Evidence.Sent = resend.sent
+	if reply == nil {
+		return done(obs, Silent, fmt.Sprintf("no ARP reply to %d requests before the deadline", resend.sent))
+	}
+	obs.Evidence.From = reply.SenderIP.String()
+	obs.Evidence.MAC = net.HardwareAddr(reply.SenderHardwareAddr).String()
+	return done(obs, Reached, "ARP reply from the target")
 }

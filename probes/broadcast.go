@@ -3,11 +3,9 @@ package probes
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"sort"
 	"syscall"
 	"time"
 
@@ -60,62 +58,37 @@ func probeBroadcast(ctx context.Context, spec ProbeSpec, obs Observation) Observ
 	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(bcast, uint16(spec.Port)))
 	payload := probeLine(spec.Nonce)
 	local := localAddrs()
-	deadline := deadlineOf(ctx)
-	interval := time.Until(deadline) / udpSends
-	responders := map[netip.Addr]bool{}
-	var first []byte
-	defer wakeOnCancel(ctx, pc.SetReadDeadline)()
-	var next time.Time
-	sent := 0
+	var answers echoes
 	buf := make([]byte, 2048)
-	for {
-		now := time.Now()
-		if !now.Before(deadline) {
-			break
+	resend := newResender(ctx)
+	_, err = resend.run(pc.SetReadDeadline, func(int) (bool, error) {
+		if _, err := pc.WriteTo(payload, dst); err != nil {
+			return false, fmt.Errorf("broadcast probe %s: send: %v", obs.Target, err)
 		}
-		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return fail(obs, "cancelled: "+ctx.Err().Error())
-		}
-		if sent < udpSends && len(responders) == 0 && !now.Before(next) {
-			if _, err := pc.WriteTo(payload, dst); err != nil {
-				return fail(obs, fmt.Sprintf("broadcast probe %s: send: %v", obs.Target, err))
-			}
-			sent++
-			next = now.Add(interval)
-		}
-		wake := deadline
-		if sent < udpSends && len(responders) == 0 && next.Before(wake) {
-			wake = next
-		}
+		return true, nil
+	}, func(wake time.Time) (bool, error) {
 		_ = pc.SetReadDeadline(wake)
 		n, from, err := pc.ReadFrom(buf)
 		if err != nil {
 			if isTimeout(err) {
-				continue
+				return false, nil
 			}
-			return fail(obs, fmt.Sprintf("broadcast probe %s: read: %v", obs.Target, err))
+			return false, fmt.Errorf("broadcast probe %s: read: %v", obs.Target, err)
 		}
 		a := addrOf(net.ParseIP(peerIP(from)))
 		if local[a] || !bytes.Contains(buf[:n], []byte(spec.Nonce)) {
-			continue
+			return false, nil
 		}
-		if len(responders) == 0 {
-			first = append([]byte(nil), buf[:n]...)
-			if l := time.Now().Add(multicastLinger); l.Before(deadline) {
-				deadline = l
-			}
-		}
-		responders[a] = true
+		answers.add(resend, a, buf[:n])
+		return false, nil
+	})
+	if err != nil {
+		return fail(obs, err.Error())
 	}
-	obs.Evidence.Sent = sent
-	if len(responders) == 0 {
-		return done(obs, Silent, fmt.Sprintf("no echo to %d broadcasts before the deadline", sent))
+	obs.Evidence.Sent = resend.sent
+	if len(answers.from) == 0 {
+		return done(obs, Silent, fmt.Sprintf("no echo to %d broadcasts before the deadline", resend.sent))
 	}
-	for a := range responders {
-		obs.Evidence.Responders = append(obs.Evidence.Responders, a.String())
-	}
-	sort.Strings(obs.Evidence.Responders)
-	obs.Evidence.From = obs.Evidence.Responders[0]
-	obs.Evidence.Reply = printable(first, 200)
-	return done(obs, Reached, fmt.Sprintf("%d host(s) echoed the broadcast nonce", len(responders)))
+	answers.fill(&obs)
+	return done(obs, Reached, fmt.Sprintf("%d host(s) echoed the broadcast nonce", len(answers.from)))
 }

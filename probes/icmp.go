@@ -4,12 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"net/netip"
-	"sort"
 	"time"
 
 	"golang.org/x/net/icmp"
@@ -84,58 +81,34 @@ func probeICMP(ctx context.Context, spec ProbeSpec, obs Observation) Observation
 	dst := &net.IPAddr{IP: src.target.AsSlice(), Zone: src.target.Zone()}
 	local := localAddrs()
 	target := src.target.WithZone("")
-	deadline := deadlineOf(ctx)
-	interval := time.Until(deadline) / udpSends
-	responders := map[netip.Addr]bool{}
-	var firstReply []byte
-	defer wakeOnCancel(ctx, c.SetReadDeadline)()
-	var next time.Time
-	sent := 0
+	var answers echoes // multicast only
+	var outcome Outcome
+	var why string
+	var writeErr error
 	buf := make([]byte, 1500)
-	for {
-		now := time.Now()
-		if !now.Before(deadline) {
-			break
+	resend := newResender(ctx)
+	answered, err := resend.run(c.SetReadDeadline, func(seq int) (bool, error) {
+		msg := icmp.Message{Type: reqType, Body: &icmp.Echo{ID: id, Seq: seq + 1, Data: payload}}
+		b, err := msg.Marshal(nil) // the kernel fills the ICMPv6 checksum
+		if err != nil {
+			return false, fmt.Errorf("icmp probe %s: %v", obs.Target, err)
 		}
-		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return fail(obs, "cancelled: "+ctx.Err().Error())
+		if _, err := c.WriteTo(b, dst); err != nil {
+			writeErr = err
+			return false, err
 		}
-		if sent < udpSends && !now.Before(next) && len(responders) == 0 {
-			msg := icmp.Message{Type: reqType, Body: &icmp.Echo{ID: id, Seq: sent + 1, Data: payload}}
-			b, err := msg.Marshal(nil) // the kernel fills the ICMPv6 checksum
-			if err != nil {
-				return fail(obs, fmt.Sprintf("icmp probe %s: %v", obs.Target, err))
-			}
-			if _, err := c.WriteTo(b, dst); err != nil {
-				obs.Evidence.Sent = sent
-				if e, ok := errnoOf(err); ok {
-					obs.Evidence.Errno = errnoName(e)
-					if e == unix.EPERM || e == unix.EACCES {
-						return done(obs, Rejected, "our own firewall refused to send it ("+errnoName(e)+")")
-					}
-					if e == unix.EHOSTUNREACH {
-						return done(obs, Silent, "our own stack gave up ("+errnoName(e)+"): no ARP/NDP answer for the next hop")
-					}
-				}
-				return fail(obs, fmt.Sprintf("icmp probe %s: send: %v", obs.Target, err))
-			}
-			sent++
-			next = now.Add(interval)
-		}
-		wake := deadline
-		if sent < udpSends && len(responders) == 0 && next.Before(wake) {
-			wake = next
-		}
+		return true, nil
+	}, func(wake time.Time) (bool, error) {
 		_ = c.SetReadDeadline(wake)
 		n, peer, err := c.ReadFrom(buf)
 		if err != nil {
 			if isTimeout(err) {
-				continue
+				return false, nil
 			}
-			return fail(obs, fmt.Sprintf("icmp probe %s: read: %v", obs.Target, err))
+			return false, fmt.Errorf("icmp probe %s: read: %v", obs.Target, err)
 		}
 		if n < 8 {
-			continue
+			return false, nil
 		}
 		from := addrOf(net.ParseIP(peerIP(peer)))
 		typ, code := int(buf[0]), int(buf[1])
@@ -143,28 +116,21 @@ func probeICMP(ctx context.Context, spec ProbeSpec, obs Observation) Observation
 		switch {
 		case isReply:
 			if int(binary.BigEndian.Uint16(buf[4:6])) != id || !bytes.Contains(buf[8:n], []byte(spec.Nonce)) {
-				continue // someone else's echo
+				return false, nil // someone else's echo
 			}
 			if multicast {
-				if local[from] {
-					continue
+				if !local[from] {
+					answers.add(resend, from, buf[8:n])
 				}
-				if len(responders) == 0 {
-					firstReply = append([]byte(nil), buf[8:n]...)
-					if l := time.Now().Add(multicastLinger); l.Before(deadline) {
-						deadline = l
-					}
-				}
-				responders[from] = true
-				continue
+				return false, nil
 			}
 			if from != target {
-				continue
+				return false, nil
 			}
-			obs.Evidence.Sent = sent
 			obs.Evidence.From = from.String()
 			obs.Evidence.Reply = printable(buf[8:n], 200)
-			return done(obs, Reached, "echo reply from the target with the nonce")
+			outcome, why = Reached, "echo reply from the target with the nonce"
+			return true, nil
 		case isICMPError(fam, typ):
 			q, ok := parseQuote(buf[8:n])
 			wantProto := unix.IPPROTO_ICMP
@@ -172,27 +138,42 @@ func probeICMP(ctx context.Context, spec ProbeSpec, obs Observation) Observation
 				wantProto = unix.IPPROTO_ICMPV6
 			}
 			if !ok || q.proto != wantProto || q.dst != target || q.icmpID != id {
-				continue
+				return false, nil
 			}
 			ev := newICMPEvidence(fam, typ, code, from, target, local)
-			o, why, decisive := classifyICMP(ev)
+			o, reason, decisive := classifyICMP(ev)
 			if !decisive {
-				continue
+				return false, nil
 			}
-			obs.Evidence.Sent = sent
 			obs.Evidence.ICMP = ev
-			return done(obs, o, why)
+			outcome, why = o, reason
+			return true, nil
 		}
-	}
-	obs.Evidence.Sent = sent
-	if len(responders) > 0 {
-		for a := range responders {
-			obs.Evidence.Responders = append(obs.Evidence.Responders, a.String())
+		return false, nil
+	})
+	switch {
+	case writeErr != nil:
+		obs.Evidence.Sent = resend.sent
+		if e, ok := errnoOf(writeErr); ok {
+			obs.Evidence.Errno = errnoName(e)
+			if e == unix.EPERM || e == unix.EACCES {
+				return done(obs, Rejected, "our own firewall refused to send it ("+errnoName(e)+")")
+			}
+			if e == unix.EHOSTUNREACH {
+				return done(obs, Silent, "our own stack gave up ("+errnoName(e)+"): no ARP/NDP answer for the next hop")
+			}
 		}
-		sort.Strings(obs.Evidence.Responders)
-		obs.Evidence.From = obs.Evidence.Responders[0]
-		obs.Evidence.Reply = printable(firstReply, 200)
-		return done(obs, Reached, fmt.Sprintf("%d host(s) answered the multicast echo with the nonce", len(responders)))
+		return fail(obs, fmt.Sprintf("icmp probe %s: send: %v", obs.Target, writeErr))
+	case err != nil:
+		return fail(obs, err.Error())
 	}
-	return done(obs, Silent, fmt.Sprintf("no echo reply and no ICMP error to %d requests before the deadline", sent))
+	obs.Evidence.Sent = resend.sent
+	if answered {
+		return done(obs, outcome, why)
+	}
+	if len(answers.from) > 0 {
+		answers.fill(&obs)
+		return done(obs, Reached, fmt.Sprintf("%d host(s) answered the multicast echo with the nonce", len(answers.from)))
+	}
+	return done(obs, Silent, fmt.Sprintf("no echo reply and no ICMP error to %d requests before the deadline", resend.sent))
 }

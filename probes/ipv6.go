@@ -133,45 +133,28 @@ func probeNDPRS(ctx context.Context, spec ProbeSpec, obs Observation) Observatio
 	}
 	ev := &IPv6Evidence{}
 	obs.Evidence.IPv6 = ev
-	deadline := deadlineOf(ctx)
-	interval := time.Until(deadline) / udpSends
-	defer wakeOnCancel(ctx, c.SetReadDeadline)()
-	var next time.Time
-	sent := 0
-	for {
-		now := time.Now()
-		if !now.Before(deadline) {
-			break
+	resend := newResender(ctx)
+	answered, err := resend.run(c.SetReadDeadline, func(int) (bool, error) {
+		if err := c.WriteTo(rs, nil, netip.MustParseAddr("ff02::2")); err != nil {
+			return false, fmt.Errorf("ndp rs on %s: send: %v", ifi.Name, err)
 		}
-		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return fail(obs, "cancelled: "+ctx.Err().Error())
-		}
-		if sent < udpSends && !now.Before(next) {
-			if err := c.WriteTo(rs, nil, netip.MustParseAddr("ff02::2")); err != nil {
-				return fail(obs, fmt.Sprintf("ndp rs on %s: send: %v", ifi.Name, err))
-			}
-			sent++
-			next = now.Add(interval)
-		}
-		wake := deadline
-		if sent < udpSends && next.Before(wake) {
-			wake = next
-		}
+		return true, nil
+	}, func(wake time.Time) (bool, error) {
 		_ = c.SetReadDeadline(wake)
 		msg, _, router, err := c.ReadFrom()
 		if err != nil {
 			if isTimeout(err) {
-				continue
+				return false, nil
 			}
 			var ne net.Error
 			if errors.As(err, &ne) {
-				return fail(obs, fmt.Sprintf("ndp rs on %s: read: %v", ifi.Name, err))
+				return false, fmt.Errorf("ndp rs on %s: read: %v", ifi.Name, err)
 			}
-			continue
+			return false, nil
 		}
 		ra, ok := msg.(*ndp.RouterAdvertisement)
 		if !ok {
-			continue
+			return false, nil
 		}
 		ev.Router = router.String()
 		for _, o := range ra.Options {
@@ -179,10 +162,15 @@ func probeNDPRS(ctx context.Context, spec ProbeSpec, obs Observation) Observatio
 				ev.Prefixes = append(ev.Prefixes, fmt.Sprintf("%s/%d", p.Prefix, p.PrefixLength))
 			}
 		}
-		obs.Evidence.Sent = sent
 		obs.Evidence.From = router.String()
+		return true, nil
+	})
+	if err != nil {
+		return fail(obs, err.Error())
+	}
+	obs.Evidence.Sent = resend.sent
+	if answered {
 		return done(obs, Reached, "a router advertisement answered the solicitation")
 	}
-	obs.Evidence.Sent = sent
-	return done(obs, Silent, fmt.Sprintf("no router advertisement to %d solicitations before the deadline", sent))
+	return done(obs, Silent, fmt.Sprintf("no router advertisement to %d solicitations before the deadline", resend.sent))
 }

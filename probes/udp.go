@@ -13,9 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// udpSends is how many times a datagram probe sends within its deadline:
-// one loss must not read as "blocked".
-const udpSends = 3
+// udpSends is how many times a datagram probe sends within its deadline.
+const udpSends = probeSends
 
 // dgram is the result of one datagram exchange.
 type dgram struct {
@@ -64,49 +63,35 @@ func exchangeUDP(ctx context.Context, src source, port int, payload []byte, acce
 		r.setupErr = err
 		return r
 	}
-	deadline := deadlineOf(ctx)
-	interval := time.Until(deadline) / udpSends
+	resend := newResender(ctx)
 	local := localAddrs()
 	buf := make([]byte, 2048)
-	defer wakeOnCancel(ctx, conn.SetReadDeadline)()
-	var next time.Time
-	for {
-		now := time.Now()
-		if !now.Before(deadline) {
-			return r
-		}
-		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			r.setupErr = ctx.Err()
-			return r
-		}
-		if r.sent < udpSends && !now.Before(next) {
-			if _, err := conn.Write(payload); err != nil {
-				if r.takeError(rc, err, src.target, local) {
-					return r
-				}
-			} else {
-				r.sent++
+	_, err = resend.run(conn.SetReadDeadline, func(int) (bool, error) {
+		if _, err := conn.Write(payload); err != nil {
+			if r.takeError(rc, err, src.target, local) {
+				return false, err // decided: r holds the verdict
 			}
-			next = now.Add(interval)
+			return false, nil // an advisory (EMSGSIZE): not sent, tried again an interval later
 		}
-		wake := deadline
-		if r.sent < udpSends && next.Before(wake) {
-			wake = next
-		}
+		return true, nil
+	}, func(wake time.Time) (bool, error) {
 		_ = conn.SetReadDeadline(wake)
 		n, err := conn.Read(buf)
 		if err == nil {
 			r.reply = append([]byte(nil), buf[:n]...)
 			r.accepted = accept(r.reply)
-			return r
+			return true, nil
 		}
 		if isTimeout(err) {
-			continue
+			return false, nil
 		}
-		if r.takeError(rc, err, src.target, local) {
-			return r
-		}
+		return r.takeError(rc, err, src.target, local), nil
+	})
+	r.sent = resend.sent
+	if errors.Is(err, errCancelled) {
+		r.setupErr = ctx.Err()
 	}
+	return r
 }
 
 // takeError reads the error queue after a socket error and reports whether
