@@ -234,7 +234,7 @@ func TestSchemaRejects(t *testing.T) {
 		{"an unknown result field", func(m map[string]any) { resultAt(m, 3, 0)["witness_at"] = "box-b" }, "witness_at"},
 		{"missing claims", func(m map[string]any) { delete(m, "claims") }, "claims"},
 		{"a result without evidence", func(m map[string]any) { delete(resultAt(m, 3, 1), "evidence") }, "evidence"},
-		{"exit code 2 with a report", func(m map[string]any) { m["exit_code"] = 2 }, "/exit_code"},
+		{"exit code 4", func(m map[string]any) { m["exit_code"] = 4 }, "/exit_code"},
 		{"an unknown mode", func(m map[string]any) { m["environment"].(map[string]any)["mode"] = "cloud" }, "/environment/mode"},
 		{"a layer state that is neither", func(m map[string]any) { m["stack"].(map[string]any)["layers"].(map[string]any)["L-ACL"] = "maybe" }, "/stack/layers/L-ACL"},
 		{"a started that is not a time", func(m map[string]any) { m["started"] = "yesterday" }, "/started"},
