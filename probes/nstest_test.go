@@ -3,28 +3,26 @@ package probes
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/internal/nstest"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
-// The privileged tier's test world: throwaway network namespaces named
-// boxpt-<run>-<role>, joined by veth pairs, deleted in t.Cleanup whatever
-// happens. Nothing in them has a route to the machine's own network.
+// The privileged tier's test world: throwaway network namespaces
+// (internal/nstest) named boxpt-<run>-<role>, joined by veth pairs, deleted
+// in t.Cleanup whatever happens. Nothing in them has a route to the
+// machine's own network.
 
 const agentEnv = "BOXPROBES_TEST_AGENT"
 
@@ -49,180 +47,48 @@ func requireRoot(t testing.TB) {
 	}
 }
 
-func runID() string {
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+// runID ties one world's namespaces together.
+var runID = nstest.RunID
 
-type testNS struct {
-	name string
-	h    netns.NsHandle
-}
+// testNS is a throwaway namespace (internal/nstest) with this package's
+// helpers on it.
+type testNS struct{ *nstest.NS }
 
-// newNS creates a named namespace without moving the test's own thread.
+// newNS creates boxpt-<run>-<role> with lo up; it is deleted in cleanup.
 func newNS(t testing.TB, run, role string) *testNS {
 	t.Helper()
-	n := &testNS{name: "boxpt-" + run + "-" + role}
-	err := onLockedThread(func() error {
-		orig, err := netns.Get()
-		if err != nil {
-			return err
-		}
-		defer orig.Close()
-		h, err := netns.NewNamed(n.name)
-		if err != nil {
-			return err
-		}
-		n.h = h
-		return netns.Set(orig)
-	})
-	if err != nil {
-		t.Fatalf("create namespace %s: %v", n.name, err)
-	}
-	t.Cleanup(func() {
-		n.h.Close()
-		if err := netns.DeleteNamed(n.name); err != nil {
-			t.Errorf("delete namespace %s: %v", n.name, err)
-		}
-	})
-	n.linkUp(t, "lo")
-	return n
-}
-
-// onLockedThread runs fn on a fresh OS thread that is thrown away if fn
-// leaves it in another namespace.
-func onLockedThread(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		errc <- fn()
-		// No UnlockOSThread: the thread dies with the goroutine, so a
-		// namespace switch can never leak into another goroutine.
-	}()
-	return <-errc
-}
-
-// run calls fn with the calling thread in the namespace. Sockets fn opens
-// stay in the namespace whichever goroutine uses them later.
-func (n *testNS) run(fn func() error) error {
-	return onLockedThread(func() error {
-		if err := netns.Set(n.h); err != nil {
-			return fmt.Errorf("enter %s: %w", n.name, err)
-		}
-		return fn()
-	})
-}
-
-func (n *testNS) nl(t testing.TB) *netlink.Handle {
-	t.Helper()
-	h, err := netlink.NewHandleAt(n.h)
-	if err != nil {
-		t.Fatalf("netlink in %s: %v", n.name, err)
-	}
-	t.Cleanup(h.Close)
-	return h
-}
-
-func (n *testNS) linkUp(t testing.TB, name string) {
-	t.Helper()
-	h := n.nl(t)
-	l, err := h.LinkByName(name)
-	if err == nil {
-		err = h.LinkSetUp(l)
-	}
-	if err != nil {
-		t.Fatalf("%s: set %s up: %v", n.name, name, err)
-	}
+	return &testNS{nstest.New(t, "boxpt-"+run+"-"+role)}
 }
 
 func (n *testNS) sysctl(t testing.TB, path, value string) {
 	t.Helper()
-	err := n.run(func() error {
-		return os.WriteFile("/proc/sys/"+strings.ReplaceAll(path, ".", "/"), []byte(value), 0o644)
-	})
-	if err != nil {
-		t.Fatalf("%s: sysctl %s=%s: %v", n.name, path, value, err)
-	}
-}
-
-// addAddr adds an address; IPv6 addresses skip DAD so they work at once.
-func (n *testNS) addAddr(t testing.TB, link, cidr string) {
-	t.Helper()
-	h := n.nl(t)
-	l, err := h.LinkByName(link)
-	if err != nil {
-		t.Fatalf("%s: %s: %v", n.name, link, err)
-	}
-	a, err := netlink.ParseAddr(cidr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.IP.To4() == nil {
-		a.Flags = unix.IFA_F_NODAD
-	}
-	if err := h.AddrAdd(l, a); err != nil {
-		t.Fatalf("%s: add %s to %s: %v", n.name, cidr, link, err)
+	if err := n.Sysctl(path, value); err != nil {
+		t.Fatalf("%s: sysctl %s=%s: %v", n.Name, path, value, err)
 	}
 }
 
 func (n *testNS) defaultRoute(t testing.TB, gw string) {
 	t.Helper()
-	h := n.nl(t)
+	h := n.Netlink(t)
 	ip := net.ParseIP(gw)
 	r := &netlink.Route{Gw: ip}
 	if ip.To4() == nil {
 		r.Family = netlink.FAMILY_V6
 	}
 	if err := h.RouteAdd(r); err != nil {
-		t.Fatalf("%s: default via %s: %v", n.name, gw, err)
+		t.Fatalf("%s: default via %s: %v", n.Name, gw, err)
 	}
 }
 
 func (n *testNS) mac(t testing.TB, link string) net.HardwareAddr {
 	t.Helper()
-	l, err := n.nl(t).LinkByName(link)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l.Attrs().HardwareAddr
-}
-
-// waitOperUp waits until the kernel's link watcher has seen carrier on
-// every link: it batches carrier changes up to a second apart, and IPv6
-// (addrconf, NDP) stays off on a link until then, while IPv4 works at once.
-func (n *testNS) waitOperUp(t testing.TB, links ...string) {
-	t.Helper()
-	h := n.nl(t)
-	deadline := time.Now().Add(5 * time.Second)
-	for _, name := range links {
-		for {
-			l, err := h.LinkByName(name)
-			if err != nil {
-				t.Fatalf("%s: %s: %v", n.name, name, err)
-			}
-			if l.Attrs().OperState == netlink.OperUp {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %s still %s after 5s", n.name, name, l.Attrs().OperState)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	return n.Link(t, link).Attrs().HardwareAddr
 }
 
 // veth joins a and b; both ends come up later, after addresses are set.
 func veth(t testing.TB, a *testNS, aName string, b *testNS, bName string) {
 	t.Helper()
-	v := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: aName},
-		PeerName:      bName,
-		PeerNamespace: netlink.NsFd(int(b.h)),
-	}
-	if err := a.nl(t).LinkAdd(v); err != nil {
-		t.Fatalf("veth %s/%s <-> %s/%s: %v", a.name, aName, b.name, bName, err)
-	}
+	nstest.Veth(t, a.NS, aName, b.NS, bName)
 	// IPv6 link-local addresses must be usable at once (no DAD wait).
 	a.sysctl(t, "net.ipv6.conf."+aName+".accept_dad", "0")
 	b.sysctl(t, "net.ipv6.conf."+bName+".accept_dad", "0")
@@ -230,9 +96,9 @@ func veth(t testing.TB, a *testNS, aName string, b *testNS, bName string) {
 
 func (n *testNS) nft(t testing.TB) *nftables.Conn {
 	t.Helper()
-	c, err := nftables.New(nftables.WithNetNSFd(int(n.h)))
+	c, err := nftables.New(nftables.WithNetNSFd(int(n.Handle)))
 	if err != nil {
-		t.Fatalf("nftables in %s: %v", n.name, err)
+		t.Fatalf("nftables in %s: %v", n.Name, err)
 	}
 	return c
 }
@@ -262,23 +128,23 @@ func newRoutedWorld(t testing.TB) *routedWorld {
 	}
 	veth(t, w.rtr, "to-snd", w.snd, "veth-snd")
 	veth(t, w.rtr, "to-tgt", w.tgt, "veth-tgt")
-	w.snd.addAddr(t, "veth-snd", "10.201.1.2/24")
-	w.snd.addAddr(t, "veth-snd", "2001:db8:1::2/64")
-	w.rtr.addAddr(t, "to-snd", "10.201.1.1/24")
-	w.rtr.addAddr(t, "to-snd", "2001:db8:1::1/64")
-	w.rtr.addAddr(t, "to-tgt", "10.201.2.1/24")
-	w.rtr.addAddr(t, "to-tgt", "2001:db8:2::1/64")
-	w.tgt.addAddr(t, "veth-tgt", "10.201.2.2/24")
-	w.tgt.addAddr(t, "veth-tgt", "2001:db8:2::2/64")
+	w.snd.AddAddr(t, "veth-snd", "10.201.1.2/24")
+	w.snd.AddAddr(t, "veth-snd", "2001:db8:1::2/64")
+	w.rtr.AddAddr(t, "to-snd", "10.201.1.1/24")
+	w.rtr.AddAddr(t, "to-snd", "2001:db8:1::1/64")
+	w.rtr.AddAddr(t, "to-tgt", "10.201.2.1/24")
+	w.rtr.AddAddr(t, "to-tgt", "2001:db8:2::1/64")
+	w.tgt.AddAddr(t, "veth-tgt", "10.201.2.2/24")
+	w.tgt.AddAddr(t, "veth-tgt", "2001:db8:2::2/64")
 	for _, x := range []struct {
 		ns   *testNS
 		link string
 	}{{w.snd, "veth-snd"}, {w.rtr, "to-snd"}, {w.rtr, "to-tgt"}, {w.tgt, "veth-tgt"}} {
-		x.ns.linkUp(t, x.link)
+		x.ns.LinkUp(t, x.link)
 	}
-	w.snd.waitOperUp(t, "veth-snd")
-	w.rtr.waitOperUp(t, "to-snd", "to-tgt")
-	w.tgt.waitOperUp(t, "veth-tgt")
+	w.snd.WaitOperUp(t, "veth-snd")
+	w.rtr.WaitOperUp(t, "to-snd", "to-tgt")
+	w.tgt.WaitOperUp(t, "veth-tgt")
 	w.snd.defaultRoute(t, "10.201.1.1")
 	w.snd.defaultRoute(t, "2001:db8:1::1")
 	w.tgt.defaultRoute(t, "10.201.2.1")
@@ -296,7 +162,7 @@ func newRoutedWorld(t testing.TB) *routedWorld {
 	w.chain = w.nftc.AddChain(&nftables.Chain{Name: "fwd", Table: tbl, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	if err := w.nftc.Flush(); err != nil {
-		t.Fatalf("nft table in %s: %v", w.rtr.name, err)
+		t.Fatalf("nft table in %s: %v", w.rtr.Name, err)
 	}
 	return w
 }
@@ -376,34 +242,24 @@ func newBridgeWorld(t testing.TB) *bridgeWorld {
 	w := &bridgeWorld{a: newNS(t, id, "a"), b: newNS(t, id, "b"), br: newNS(t, id, "br"),
 		subnet: netip.MustParsePrefix("10.202.0.0/24"),
 		aIP:    netip.MustParseAddr("10.202.0.1"), bIP: netip.MustParseAddr("10.202.0.2")}
-	h := w.br.nl(t)
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
-	if err := h.LinkAdd(br); err != nil {
-		t.Fatalf("bridge: %v", err)
-	}
+	w.br.AddBridge(t, "br0")
 	veth(t, w.br, "port-a", w.a, "veth-a")
 	veth(t, w.br, "port-b", w.b, "veth-b")
 	for _, p := range []string{"port-a", "port-b"} {
-		l, err := h.LinkByName(p)
-		if err == nil {
-			err = h.LinkSetMaster(l, br)
-		}
-		if err != nil {
-			t.Fatalf("enslave %s: %v", p, err)
-		}
-		w.br.linkUp(t, p)
+		w.br.SetMaster(t, p, "br0")
+		w.br.LinkUp(t, p)
 	}
-	w.br.linkUp(t, "br0")
-	w.a.addAddr(t, "veth-a", "10.202.0.1/24")
-	w.b.addAddr(t, "veth-b", "10.202.0.2/24")
+	w.br.LinkUp(t, "br0")
+	w.a.AddAddr(t, "veth-a", "10.202.0.1/24")
+	w.b.AddAddr(t, "veth-b", "10.202.0.2/24")
 	// b comes up with IPv6 on but no link-local address, like a container
 	// in SPEC 7c; the link-local test adds one the way the agent does.
 	w.b.sysctl(t, "net.ipv6.conf.veth-b.addr_gen_mode", "1")
-	w.a.linkUp(t, "veth-a")
-	w.b.linkUp(t, "veth-b")
-	w.a.waitOperUp(t, "veth-a")
-	w.b.waitOperUp(t, "veth-b")
-	w.br.waitOperUp(t, "port-a", "port-b", "br0")
+	w.a.LinkUp(t, "veth-a")
+	w.b.LinkUp(t, "veth-b")
+	w.a.WaitOperUp(t, "veth-a")
+	w.b.WaitOperUp(t, "veth-b")
+	w.br.WaitOperUp(t, "port-a", "port-b", "br0")
 	w.aMAC, w.bMAC = w.a.mac(t, "veth-a"), w.b.mac(t, "veth-b")
 
 	w.nftc = w.br.nft(t)
@@ -443,8 +299,8 @@ func (w *bridgeWorld) setDrop(t testing.TB, on bool) {
 func startWitness(t testing.TB, ns *testNS, spec WitnessSpec) *Witness {
 	t.Helper()
 	var w *Witness
-	if err := ns.run(func() (err error) { w, err = StartWitness(spec); return err }); err != nil {
-		t.Fatalf("witness in %s: %v", ns.name, err)
+	if err := ns.Run(func() (err error) { w, err = StartWitness(spec); return err }); err != nil {
+		t.Fatalf("witness in %s: %v", ns.Name, err)
 	}
 	t.Cleanup(func() { w.Stop() })
 	return w
@@ -453,8 +309,8 @@ func startWitness(t testing.TB, ns *testNS, spec WitnessSpec) *Witness {
 func startListener(t testing.TB, ns *testNS, spec ListenerSpec) *Listener {
 	t.Helper()
 	var l *Listener
-	if err := ns.run(func() (err error) { l, err = StartListener(context.Background(), spec); return err }); err != nil {
-		t.Fatalf("listener in %s: %v", ns.name, err)
+	if err := ns.Run(func() (err error) { l, err = StartListener(context.Background(), spec); return err }); err != nil {
+		t.Fatalf("listener in %s: %v", ns.Name, err)
 	}
 	t.Cleanup(func() { l.Stop() })
 	return l
@@ -463,7 +319,7 @@ func startListener(t testing.TB, ns *testNS, spec ListenerSpec) *Listener {
 func probeIn(t testing.TB, ns *testNS, spec ProbeSpec) Observation {
 	t.Helper()
 	var o Observation
-	if err := ns.run(func() error { o = RunProbe(context.Background(), spec); return nil }); err != nil {
+	if err := ns.Run(func() error { o = RunProbe(context.Background(), spec); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	return o
@@ -486,8 +342,8 @@ func startAgentIn(t testing.TB, ns *testNS, plan string) func() (*Report, time.D
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	var start time.Time
 	// A child forked from a thread inside the namespace starts there.
-	if err := ns.run(func() error { start = time.Now(); return cmd.Start() }); err != nil {
-		t.Fatalf("start agent in %s: %v", ns.name, err)
+	if err := ns.Run(func() error { start = time.Now(); return cmd.Start() }); err != nil {
+		t.Fatalf("start agent in %s: %v", ns.Name, err)
 	}
 	waited := false
 	t.Cleanup(func() {
@@ -501,7 +357,7 @@ func startAgentIn(t testing.TB, ns *testNS, plan string) func() (*Report, time.D
 		waited = true
 		wall := time.Since(start)
 		if err != nil {
-			t.Fatalf("agent in %s: %v\nstderr: %s\nstdout: %s", ns.name, err, stderr.String(), stdout.String())
+			t.Fatalf("agent in %s: %v\nstderr: %s\nstdout: %s", ns.Name, err, stderr.String(), stdout.String())
 		}
 		raw := stdout.String()
 		rep, err := DecodeReport(&stdout)

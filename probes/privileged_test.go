@@ -103,7 +103,7 @@ func TestPrivilegedProbeTable(t *testing.T) {
 func TestPrivilegedTCPConnectedNoEcho(t *testing.T) {
 	w := newRoutedWorld(t)
 	var closeFn func()
-	err := w.tgt.run(func() error {
+	err := w.tgt.Run(func() error {
 		lc, err := listenTCP(netip.AddrPortFrom(w.tgtIP, 7100))
 		if err != nil {
 			return err
@@ -170,14 +170,14 @@ func TestPrivilegedLinkLocalMulticast(t *testing.T) {
 	w := newBridgeWorld(t)
 	var st LinkLocalState
 	var remove func() LinkLocalState
-	require.NoError(t, w.b.run(func() (err error) { st, remove, err = EnsureLinkLocal(w.subnet, netip.Addr{}); return err }))
+	require.NoError(t, w.b.Run(func() (err error) { st, remove, err = EnsureLinkLocal(w.subnet, netip.Addr{}); return err }))
 	require.True(t, st.Added, "%+v", st)
 	bLL := netip.MustParseAddr(st.Address)
 	require.True(t, bLL.IsLinkLocalUnicast())
 
 	// A second call finds the address and adds nothing.
 	var again LinkLocalState
-	require.NoError(t, w.b.run(func() (err error) { again, _, err = EnsureLinkLocal(w.subnet, netip.Addr{}); return err }))
+	require.NoError(t, w.b.Run(func() (err error) { again, _, err = EnsureLinkLocal(w.subnet, netip.Addr{}); return err }))
 	require.False(t, again.Added)
 	require.Equal(t, st.Address, again.Address)
 
@@ -203,9 +203,9 @@ func TestPrivilegedLinkLocalMulticast(t *testing.T) {
 		})
 	}
 	var gone LinkLocalState
-	require.NoError(t, w.b.run(func() error { gone = remove(); return nil }))
+	require.NoError(t, w.b.Run(func() error { gone = remove(); return nil }))
 	require.True(t, gone.Removed, gone.Error)
-	require.NoError(t, w.b.run(func() error {
+	require.NoError(t, w.b.Run(func() error {
 		ifi, _, err := InterfaceForSubnet(w.subnet)
 		if err != nil {
 			return err
@@ -371,7 +371,7 @@ func TestPrivilegedAgentLinkLocal(t *testing.T) {
 	require.Equal(t, Reached, o.Outcome, o.Reason)
 	require.Len(t, o.Evidence.Responders, 1)
 	require.True(t, netip.MustParseAddr(o.Evidence.Responders[0]).IsLinkLocalUnicast())
-	require.NoError(t, w.b.run(func() error {
+	require.NoError(t, w.b.Run(func() error {
 		ifi, _, err := InterfaceForSubnet(w.subnet)
 		if err != nil {
 			return err

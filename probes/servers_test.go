@@ -49,7 +49,7 @@ func listenTCP(addr netip.AddrPort) (func(), error) {
 func startRAResponder(t *testing.T, ns *testNS, via, prefix netip.Prefix) func() {
 	t.Helper()
 	var c *ndp.Conn
-	err := ns.run(func() error {
+	err := ns.Run(func() error {
 		ifi, _, err := InterfaceForSubnet(via)
 		if err != nil {
 			return err
@@ -87,7 +87,7 @@ func startRAResponder(t *testing.T, ns *testNS, via, prefix netip.Prefix) func()
 func startDNSServer(t *testing.T, ns *testNS, addr netip.AddrPort) {
 	t.Helper()
 	var pc net.PacketConn
-	if err := ns.run(func() (err error) { pc, err = net.ListenPacket("udp", addr.String()); return err }); err != nil {
+	if err := ns.Run(func() (err error) { pc, err = net.ListenPacket("udp", addr.String()); return err }); err != nil {
 		t.Fatalf("dns server: %v", err)
 	}
 	mux := dns.NewServeMux()

@@ -2,27 +2,22 @@ package nft
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"runtime"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+	"github.com/box-isolation/box/internal/nstest"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
 )
 
-// The privileged tier's world: throwaway network namespaces named
-// boxnft-<run>-<role>, deleted in t.Cleanup whatever happens. Nothing in
-// them has a route out, and every nft change happens inside them; the
-// machine's own ruleset is never read or written.
+// The privileged tier's world: throwaway network namespaces
+// (internal/nstest) named boxnft-<run>-<role>, deleted in t.Cleanup
+// whatever happens. Nothing in them has a route out, and every nft change
+// happens inside them; the machine's own ruleset is never read or written.
 
 // requireRoot skips unless root; BOX_REQUIRE_TIERS=1 (set by `make test`,
 // see internal/testenv) turns the skip into a failure.
@@ -38,155 +33,42 @@ func requireRoot(t *testing.T) {
 	t.Skip(why)
 }
 
-func runID() string {
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+// runID ties one world's namespaces together.
+var runID = nstest.RunID
 
-type testNS struct {
-	name string
-	h    netns.NsHandle
-}
+// testNS is a throwaway namespace (internal/nstest) with this package's
+// helpers on it.
+type testNS struct{ *nstest.NS }
 
-// onLockedThread runs fn on a fresh OS thread that is thrown away
-// afterwards, so a namespace switch can never leak into another goroutine.
-func onLockedThread(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// No UnlockOSThread: the thread exits with the goroutine.
-		errc <- fn()
-	}()
-	return <-errc
-}
-
-// newNS creates a named namespace (named so `ip netns list` shows a leak)
+// newNS creates boxnft-<run>-<role> (named so `ip netns list` shows a leak)
 // with lo up, and deletes it in cleanup.
 func newNS(t *testing.T, run, role string) *testNS {
 	t.Helper()
-	n := &testNS{name: "boxnft-" + run + "-" + role}
-	err := onLockedThread(func() error {
-		h, err := netns.NewNamed(n.name)
-		n.h = h
-		return err
-	})
-	if err != nil {
-		t.Fatalf("creating namespace %s: %v", n.name, err)
-	}
-	t.Cleanup(func() {
-		n.h.Close()
-		if err := netns.DeleteNamed(n.name); err != nil {
-			t.Errorf("deleting namespace %s: %v", n.name, err)
-		}
-	})
-	n.up(t, "lo")
-	return n
-}
-
-func (n *testNS) run(fn func() error) error {
-	return onLockedThread(func() error {
-		if err := netns.Set(n.h); err != nil {
-			return fmt.Errorf("entering %s: %w", n.name, err)
-		}
-		return fn()
-	})
-}
-
-func (n *testNS) nl(t *testing.T) *netlink.Handle {
-	t.Helper()
-	h, err := netlink.NewHandleAt(n.h)
-	if err != nil {
-		t.Fatalf("netlink in %s: %v", n.name, err)
-	}
-	t.Cleanup(h.Close)
-	return h
-}
-
-func (n *testNS) link(t *testing.T, name string) netlink.Link {
-	t.Helper()
-	l, err := n.nl(t).LinkByName(name)
-	if err != nil {
-		t.Fatalf("%s: link %s: %v", n.name, name, err)
-	}
-	return l
-}
-
-func (n *testNS) up(t *testing.T, name string) {
-	t.Helper()
-	if err := n.nl(t).LinkSetUp(n.link(t, name)); err != nil {
-		t.Fatalf("%s: set %s up: %v", n.name, name, err)
-	}
-}
-
-func (n *testNS) addr(t *testing.T, link, cidr string) {
-	t.Helper()
-	a, err := netlink.ParseAddr(cidr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.nl(t).AddrAdd(n.link(t, link), a); err != nil {
-		t.Fatalf("%s: add %s to %s: %v", n.name, cidr, link, err)
-	}
-}
-
-func (n *testNS) sysctl(t *testing.T, key, value string) error {
-	t.Helper()
-	return n.run(func() error {
-		return os.WriteFile("/proc/sys/"+strings.ReplaceAll(key, ".", "/"), []byte(value), 0o644)
-	})
+	return &testNS{nstest.New(t, "boxnft-"+run+"-"+role)}
 }
 
 func (n *testNS) bridge(t *testing.T, name, cidr string) {
 	t.Helper()
-	if err := n.nl(t).LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil {
-		t.Fatalf("%s: bridge %s: %v", n.name, name, err)
-	}
+	n.AddBridge(t, name)
 	if cidr != "" {
-		n.addr(t, name, cidr)
+		n.AddAddr(t, name, cidr)
 	}
-	n.up(t, name)
+	n.LinkUp(t, name)
 }
 
 // plug adds a veth port named port on bridge br of host n whose other end
 // is eth0 in box, addressed cidr.
 func (n *testNS) plug(t *testing.T, br, port string, box *testNS, cidr string) {
 	t.Helper()
-	v := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: port, MasterIndex: n.link(t, br).Attrs().Index},
-		PeerName:      "eth0",
-		PeerNamespace: netlink.NsFd(int(box.h)),
-	}
-	if err := n.nl(t).LinkAdd(v); err != nil {
-		t.Fatalf("veth %s/%s <-> %s/eth0: %v", n.name, port, box.name, err)
-	}
-	n.up(t, port)
-	box.addr(t, "eth0", cidr)
-	box.up(t, "eth0")
-	// The kernel reports carrier through linkwatch, up to a second late;
-	// until then the veth drops what it is given, which would read as a
-	// blocked probe.
-	n.waitOperUp(t, port)
-	box.waitOperUp(t, "eth0")
-}
-
-func (n *testNS) waitOperUp(t *testing.T, name string) {
-	t.Helper()
-	h := n.nl(t)
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		l, err := h.LinkByName(name)
-		if err != nil {
-			t.Fatalf("%s: link %s: %v", n.name, name, err)
-		}
-		if l.Attrs().OperState == netlink.OperUp {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %s not operationally up after 3s", n.name, name)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	nstest.Veth(t, n.NS, port, box.NS, "eth0")
+	n.SetMaster(t, port, br)
+	n.LinkUp(t, port)
+	box.AddAddr(t, "eth0", cidr)
+	box.LinkUp(t, "eth0")
+	// Until carrier is seen the veth drops what it is given, which would
+	// read as a blocked probe.
+	n.WaitOperUp(t, port)
+	box.WaitOperUp(t, "eth0")
 }
 
 // outcome of one probe: what an isolation claim cares about.
@@ -204,7 +86,7 @@ const probeWait = 800 * time.Millisecond
 func (n *testNS) ping(t *testing.T, dst string) outcome {
 	t.Helper()
 	var out outcome
-	err := n.run(func() error {
+	err := n.Run(func() error {
 		c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
 		if err != nil {
 			return err
@@ -245,7 +127,7 @@ func (n *testNS) ping(t *testing.T, dst string) outcome {
 		}
 	})
 	if err != nil {
-		t.Fatalf("%s: ping %s: %v", n.name, dst, err)
+		t.Fatalf("%s: ping %s: %v", n.Name, dst, err)
 	}
 	return out
 }
@@ -254,7 +136,7 @@ func (n *testNS) ping(t *testing.T, dst string) outcome {
 // "greeting:" so a client can prove the intended host answered.
 func (n *testNS) serve(t *testing.T, network, addr, greeting string) {
 	t.Helper()
-	err := n.run(func() error {
+	err := n.Run(func() error {
 		switch network {
 		case "tcp":
 			l, err := net.Listen("tcp", addr)
@@ -292,7 +174,7 @@ func (n *testNS) serve(t *testing.T, network, addr, greeting string) {
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("%s: listen %s %s: %v", n.name, network, addr, err)
+		t.Fatalf("%s: listen %s %s: %v", n.Name, network, addr, err)
 	}
 }
 
@@ -300,7 +182,7 @@ func (n *testNS) serve(t *testing.T, network, addr, greeting string) {
 func (n *testNS) dial(t *testing.T, network, addr, greeting string) outcome {
 	t.Helper()
 	var out outcome
-	err := n.run(func() error {
+	err := n.Run(func() error {
 		c, err := net.DialTimeout(network, addr, probeWait)
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
@@ -340,7 +222,7 @@ func (n *testNS) dial(t *testing.T, network, addr, greeting string) outcome {
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("%s: %s %s: %v", n.name, network, addr, err)
+		t.Fatalf("%s: %s %s: %v", n.Name, network, addr, err)
 	}
 	return out
 }

@@ -23,13 +23,13 @@ func newWorld(t *testing.T) *world {
 	t.Helper()
 	run := runID()
 	w := &world{run: run, host: newNS(t, run, "host")}
-	w.cfg = Config{NetNS: int(w.host.h)}
+	w.cfg = Config{NetNS: int(w.host.Handle)}
 	// br_netfilter is built in and on in every new namespace on these
 	// machines (SPEC 7c): bridged IPv4 would then also traverse the inet
 	// hooks. Turn it off inside the host namespace so what stops box-to-box
 	// traffic here is the bridge table and nothing else.
 	for _, k := range []string{"iptables", "ip6tables", "arptables"} {
-		if err := w.host.sysctl(t, "net.bridge.bridge-nf-call-"+k, "0"); err != nil {
+		if err := w.host.Sysctl("net.bridge.bridge-nf-call-"+k, "0"); err != nil {
 			t.Logf("br_netfilter sysctl %s not set (%v): bridged frames skip the inet hooks anyway", k, err)
 		}
 	}
@@ -124,7 +124,7 @@ func TestPrivilegedTables(t *testing.T) {
 		if _, err := exec.LookPath("nft"); err != nil {
 			t.Skip("needs the nft binary to cross-check String()")
 		}
-		out, err := exec.Command("ip", "netns", "exec", w.host.name, "nft", "list", "ruleset").CombinedOutput()
+		out, err := exec.Command("ip", "netns", "exec", w.host.Name, "nft", "list", "ruleset").CombinedOutput()
 		require.NoError(t, err, "%s", out)
 		want := Desired(cfg, caps).String()
 		assert.Equal(t, want, dropElements(string(out)))
@@ -211,7 +211,7 @@ func TestPrivilegedTables(t *testing.T) {
 		assert.False(t, changed, "second SetPorts is a no-op")
 
 		// The port goes away: the set keeps a stale name until refreshed.
-		require.NoError(t, w.host.nl(t).LinkDel(w.host.link(t, "vE")))
+		require.NoError(t, w.host.Netlink(t).LinkDel(w.host.Link(t, "vE")))
 		f, err = Verify(cfg, caps, w.ports(t))
 		require.NoError(t, err)
 		assert.Equal(t, []Finding{{Object: "table bridge box set boxnet_ports", Problem: "port set stale: unexpected ports vE"}}, f)
@@ -262,7 +262,7 @@ func dropElements(s string) string {
 func TestPrivilegedApplyIsAtomic(t *testing.T) {
 	requireRoot(t)
 	host := newNS(t, runID(), "atomic")
-	cfg := Config{NetNS: int(host.h)}
+	cfg := Config{NetNS: int(host.Handle)}
 	caps, err := Probe(cfg)
 	require.NoError(t, err)
 	changes, err := Apply(cfg, Capabilities{BridgeMeta: true}, nil)
@@ -285,8 +285,8 @@ func TestPrivilegedApplyIsAtomic(t *testing.T) {
 func TestPrivilegedOtherNames(t *testing.T) {
 	requireRoot(t)
 	host := newNS(t, runID(), "names")
-	box := Config{NetNS: int(host.h)}
-	legacy := Config{Table: "claudebox", Bridge: "claudenet", NetNS: int(host.h)}
+	box := Config{NetNS: int(host.Handle)}
+	legacy := Config{Table: "claudebox", Bridge: "claudenet", NetNS: int(host.Handle)}
 	caps, err := Probe(box)
 	require.NoError(t, err)
 	_, err = Apply(box, caps, []string{"vethX"})
