@@ -262,3 +262,46 @@ func TestSystemFailureAfterMintCleansUp(t *testing.T) {
 	assert.Contains(t, err.Error(), "agent")
 	assertNoDrillBoxes(t, cfg)
 }
+
+// TestSystemBridgeNetfilterOn is SPEC 7c measured: with br_netfilter's
+// bridge-nf-call-* on in the host namespace, bridged IPv4 passes the inet
+// hooks, so with both sibling layers knocked out the ACL still stops IPv4
+// between boxes, while ARP and IPv6 get through. The report says which way
+// the world was.
+func TestSystemBridgeNetfilterOn(t *testing.T) {
+	cfg := config(t, "bridge-drop", "port-isolation")
+	cfg.Claims = []drill.Claim{claimOf(t, "C-SIBLING")}
+	set := func(v string) {
+		t.Helper()
+		require.NoError(t, world.Do(cfg.World.Names.HostNS, func() error {
+			for _, k := range []string{"iptables", "ip6tables", "arptables"} {
+				if err := os.WriteFile("/proc/sys/net/bridge/bridge-nf-call-"+k, []byte(v), 0o644); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+	}
+	set("1")
+	t.Cleanup(func() { set("0") })
+
+	rep := run(t, cfg)
+	assert.True(t, rep.Environment.BridgeNetfilter, "the report records bridge netfilter on")
+	got := map[string]drill.Verdict{}
+	for _, r := range claim(t, rep, "C-SIBLING").Results {
+		if r.TargetKey == drill.PlaceB && !strings.HasPrefix(r.Target, "every peer") {
+			got[r.Channel] = r.Verdict
+		}
+	}
+	assert.Equal(t, map[string]drill.Verdict{
+		"arp": drill.Fail, "icmpv6-link-local": drill.Fail, // below the inet hooks: through
+		"icmp": drill.Pass, "tcp": drill.Pass, "udp": drill.Pass, // the ACL's 10/8 drop sees bridged IPv4
+	}, got)
+}
+
+func claimOf(t *testing.T, id string) drill.Claim {
+	t.Helper()
+	c, ok := drill.ClaimByID(id)
+	require.True(t, ok, id)
+	return c
+}
