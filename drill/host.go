@@ -1,6 +1,8 @@
 package drill
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -161,7 +163,15 @@ func hostTopology(hm *HostMode, v *stack.Verification, a, b, c BoxEnd) (Topology
 		return Topology{}, err
 	}
 	hosts, lan := HostTargets(addrs, routes, v.Subnet, v.Gateway)
+	// Listener ports picked per run from the dynamic range, so a service
+	// the host runs on a fixed port is never in the way.
+	var rnd [2]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return Topology{}, err
+	}
+	port := 49152 + int(binary.BigEndian.Uint16(rnd[:]))%16000
 	return Topology{
+		HostTCP: port, HostUDP: port + 1,
 		Subnet: v.Subnet, Gateway: v.Gateway, A: a, B: b, C: c,
 		Canary: hm.Canary.Addr(), CanaryTCP: int(hm.Canary.Port()), PublicName: hm.PublicName, DNSDomain: "incus",
 		HostAddrs: hosts, LANHosts: lan,

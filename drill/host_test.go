@@ -96,3 +96,26 @@ func TestHostModeBaselines(t *testing.T) {
 	obs[PlaceA][tcp.ID] = refused
 	assert.Equal(t, Fail, judge(tcp, obs, top, true, nil).Verdict, "a RST is no egress")
 }
+
+// Listener ports on host addresses follow the topology (picked per run on
+// a real host), and probes aim at the same ports.
+func TestHostListenerPorts(t *testing.T) {
+	top := Topology{
+		Subnet: netip.MustParsePrefix("10.88.0.0/24"), Gateway: netip.MustParseAddr("10.88.0.1"),
+		A: BoxEnd{Place: PlaceA}, Canary: netip.MustParseAddr("1.1.1.1"), CanaryTCP: 443, PublicName: "example.com.",
+		HostAddrs: []HostAddr{{Name: "gateway", Addr: netip.MustParseAddr("10.88.0.1"), Via: netip.MustParsePrefix("10.88.0.1/32")}},
+		HostTCP:   50123, HostUDP: 50124,
+	}
+	claim, _ := ClaimByID("C-HOST")
+	sc := BuildScenario(top, []Claim{claim})
+	ports := map[int]bool{}
+	for _, l := range sc.Plans[PlaceHost].Listeners {
+		ports[l.Port] = true
+	}
+	assert.Equal(t, map[int]bool{50123: true, 50124: true}, ports)
+	for _, a := range sc.Actions {
+		if a.Claim == "C-HOST" && a.Channel != "icmp" {
+			assert.True(t, ports[a.Probe.Port], "%s probes port %d", a.Channel, a.Probe.Port)
+		}
+	}
+}

@@ -88,6 +88,10 @@ type Topology struct {
 	DNSDomain      string // the bridge's DNS domain, for sibling name forms
 
 	HostAddrs []HostAddr
+	// HostTCP and HostUDP are the ports of the drill's listeners on the
+	// host's addresses (9100 and 9101 when zero); on a real host they are
+	// picked per run, so a service of the host's own is never in the way.
+	HostTCP, HostUDP int
 	// LANVia is the subnet the LAN namespace's witnesses capture on;
 	// LANNAT is the host address boxes' traffic to the LAN is NATed to.
 	LANVia   netip.Prefix
@@ -202,11 +206,12 @@ func BuildScenario(t Topology, claims []Claim) *Scenario {
 		}
 	}
 	if b.claims["C-HOST"] {
+		tcp, udp := t.hostPorts()
 		for _, h := range t.HostAddrs {
 			p := b.plan(PlaceHost)
 			p.Listeners = append(p.Listeners,
-				probes.ListenerSpec{ID: "l-tcp-" + h.Name, Kind: probes.KindTCPGreeter, Name: "host-" + h.Name, Port: listenTCP, Via: h.Via},
-				probes.ListenerSpec{ID: "l-udp-" + h.Name, Kind: probes.KindUDPEcho, Name: "host-" + h.Name, Port: listenUDP, Via: h.Via})
+				probes.ListenerSpec{ID: "l-tcp-" + h.Name, Kind: probes.KindTCPGreeter, Name: "host-" + h.Name, Port: tcp, Via: h.Via},
+				probes.ListenerSpec{ID: "l-udp-" + h.Name, Kind: probes.KindUDPEcho, Name: "host-" + h.Name, Port: udp, Via: h.Via})
 		}
 	}
 	b.baselines()
@@ -314,14 +319,15 @@ func (b *builder) host() {
 		return
 	}
 	t := b.t
+	tcp, udp := t.hostPorts()
 	for _, h := range t.HostAddrs {
 		label := "host " + h.Name + " " + h.Addr.String()
 		key := "host-" + h.Name
 		a := b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "tcp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
-			probes.ProbeSpec{Kind: probes.KindTCP, Target: h.Addr, Port: listenTCP, Via: t.Subnet, Nonce: probes.NewNonce()})
+			probes.ProbeSpec{Kind: probes.KindTCP, Target: h.Addr, Port: tcp, Via: t.Subnet, Nonce: probes.NewNonce()})
 		a.ListenerAt, a.ListenerID = PlaceHost, "l-tcp-"+h.Name
 		a = b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "udp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
-			probes.ProbeSpec{Kind: probes.KindUDP, Target: h.Addr, Port: listenUDP, Via: t.Subnet, Nonce: probes.NewNonce()})
+			probes.ProbeSpec{Kind: probes.KindUDP, Target: h.Addr, Port: udp, Via: t.Subnet, Nonce: probes.NewNonce()})
 		a.ListenerAt, a.ListenerID = PlaceHost, "l-udp-"+h.Name
 		// The host's kernel answers every echo that reaches it, so silence
 		// is the firewall's doing; a capture on the box side would see the
@@ -437,4 +443,16 @@ func (b *builder) clone() {
 	a := b.probe(Action{ID: b.id(), Claim: "C-CLONE", Channel: "address+mac+machine-id", From: PlaceC, Target: "clone-a vs box-a", TargetKey: PlaceA, Expect: ExpectDistinct},
 		probes.ProbeSpec{Kind: probes.KindDHCPLease, Via: t.Subnet})
 	a.Compare = []string{lease}
+}
+
+// hostPorts are the ports of the drill's listeners on host addresses.
+func (t Topology) hostPorts() (tcp, udp int) {
+	tcp, udp = t.HostTCP, t.HostUDP
+	if tcp == 0 {
+		tcp = listenTCP
+	}
+	if udp == 0 {
+		udp = listenUDP
+	}
+	return tcp, udp
 }
