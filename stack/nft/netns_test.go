@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
-	"github.com/box-isolation/box/internal/nstest"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+
+	"github.com/box-isolation/box/internal/nstest"
 )
 
 // The privileged tier's world: throwaway network namespaces
@@ -225,4 +229,37 @@ func (n *testNS) dial(t *testing.T, network, addr, greeting string) outcome {
 		t.Fatalf("%s: %s %s: %v", n.Name, network, addr, err)
 	}
 	return out
+}
+
+// bridgePorts lists the interfaces enslaved to bridge in the namespace nsFd
+// (0 or -1: the current one), sorted: the ports Apply and SetPorts want. (The stack reads
+// them itself; this is the tests' own reading.)
+func bridgePorts(nsFd int, bridge string) ([]string, error) {
+	var h *netlink.Handle
+	var err error
+	if nsFd > 0 {
+		h, err = netlink.NewHandleAt(netns.NsHandle(nsFd))
+	} else {
+		h, err = netlink.NewHandle()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening rtnetlink: %w", err)
+	}
+	defer h.Close()
+	br, err := h.LinkByName(bridge)
+	if err != nil {
+		return nil, fmt.Errorf("finding bridge %s: %w", bridge, err)
+	}
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("listing links: %w", err)
+	}
+	var ports []string
+	for _, l := range links {
+		if l.Attrs().MasterIndex == br.Attrs().Index {
+			ports = append(ports, l.Attrs().Name)
+		}
+	}
+	slices.Sort(ports)
+	return ports, nil
 }

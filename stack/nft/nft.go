@@ -7,8 +7,6 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -369,36 +367,4 @@ func Delete(cfg Config) ([]string, error) {
 		return nil, fmt.Errorf("deleting %s: %w", strings.Join(removed, ", "), err)
 	}
 	return removed, nil
-}
-
-// BridgePorts lists the interfaces enslaved to bridge in the namespace nsFd
-// (0 or -1: the current one), sorted: the ports Apply and SetPorts want.
-func BridgePorts(nsFd int, bridge string) ([]string, error) {
-	var h *netlink.Handle
-	var err error
-	if nsFd > 0 {
-		h, err = netlink.NewHandleAt(netns.NsHandle(nsFd))
-	} else {
-		h, err = netlink.NewHandle()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("opening rtnetlink: %w", err)
-	}
-	defer h.Close()
-	br, err := h.LinkByName(bridge)
-	if err != nil {
-		return nil, fmt.Errorf("finding bridge %s: %w", bridge, err)
-	}
-	links, err := h.LinkList()
-	if err != nil {
-		return nil, fmt.Errorf("listing links: %w", err)
-	}
-	var ports []string
-	for _, l := range links {
-		if l.Attrs().MasterIndex == br.Attrs().Index {
-			ports = append(ports, l.Attrs().Name)
-		}
-	}
-	slices.Sort(ports)
-	return ports, nil
 }

@@ -46,7 +46,7 @@ func newWorld(t *testing.T) *world {
 
 func (w *world) ports(t *testing.T) []string {
 	t.Helper()
-	p, err := BridgePorts(w.cfg.NetNS, "boxnet")
+	p, err := bridgePorts(w.cfg.NetNS, "boxnet")
 	require.NoError(t, err)
 	return p
 }
