@@ -34,9 +34,9 @@
 // caller reads them from netlink: the stack does, by the bridge's master
 // index). Incus names host-side veths at random and renames them on every
 // start, so the set has to be refreshed whenever a box starts; Verify
-// reports a stale set. A drop with no
-// scope to the bridge is never produced: it would cut every other bridge on
-// the host (Docker's among them).
+// reports a stale set. A drop with no scope to the bridge is never
+// produced: it would cut every other bridge on the host (Docker's among
+// them).
 //
 // # Convergence
 //
