@@ -93,6 +93,11 @@ func RunPlan(ctx context.Context, p *Plan) *Report {
 		removeLL = rm
 	}
 
+	var unpin func() []NeighborState
+	if len(p.Neighbors) > 0 {
+		rep.Neighbors, unpin = PinNeighbors(p.Neighbors)
+	}
+
 	n := len(p.Listeners) + len(p.Witnesses) + len(p.Probes)
 	slots := make([]Observation, n)
 	filled := make([]bool, n)
@@ -161,6 +166,9 @@ func RunPlan(ctx context.Context, p *Plan) *Report {
 	}
 	mu.Unlock()
 
+	if unpin != nil {
+		rep.Neighbors = unpin()
+	}
 	if removeLL != nil {
 		st := removeLL()
 		if rep.LinkLocal.Error != "" && st.Error == "" {

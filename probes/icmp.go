@@ -160,7 +160,7 @@ func probeICMP(ctx context.Context, spec ProbeSpec, obs Observation) Observation
 				return done(obs, Rejected, "our own firewall refused to send it ("+errnoName(e)+")")
 			}
 			if e == unix.EHOSTUNREACH {
-				return done(obs, Silent, "our own stack gave up ("+errnoName(e)+"): no ARP/NDP answer for the next hop")
+				return fail(obs, localUnreachable(errnoName(e)))
 			}
 		}
 		return fail(obs, fmt.Sprintf("icmp probe %s: send: %v", obs.Target, writeErr))

@@ -139,7 +139,7 @@ func classifyICMP(ev *ICMPEvidence) (Outcome, string, bool) {
 	case ev.OffenderIsLocal && admin:
 		return Rejected, fmt.Sprintf("ICMP %s from our own stack (%s): a local firewall rejected it", ev.Name, ev.Offender), true
 	case ev.OffenderIsLocal:
-		return Silent, fmt.Sprintf("ICMP %s from our own stack (%s): the next hop never answered ARP/NDP", ev.Name, ev.Offender), true
+		return Error, localUnreachable(fmt.Sprintf("ICMP %s from our own stack, %s", ev.Name, ev.Offender)), true
 	case ev.OffenderIsTarget && isPortUnreach(ev.Family, ev.Type, ev.Code):
 		return Refused, fmt.Sprintf("ICMP %s from the target itself: the packet arrived, nothing listens", ev.Name), true
 	case ev.OffenderIsTarget && admin:

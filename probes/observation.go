@@ -120,6 +120,10 @@ type WitnessEvidence struct {
 	Count    int           `json:"count"`
 	First    *FrameSummary `json:"first,omitempty"`
 	Captured int           `json:"captured"` // every frame read, matched or not
+	// Controls counts the positive-control frames seen (never matched);
+	// ControlLast is when the last one arrived.
+	Controls    int       `json:"controls"`
+	ControlLast time.Time `json:"control_last,omitzero"`
 }
 
 // FrameSummary describes one captured frame.
@@ -148,6 +152,7 @@ type Report struct {
 	StartedAt    time.Time       `json:"started_at"`
 	FinishedAt   time.Time       `json:"finished_at"`
 	LinkLocal    *LinkLocalState `json:"link_local,omitempty"`
+	Neighbors    []NeighborState `json:"neighbors,omitempty"`
 	Observations []Observation   `json:"observations"`
 	// Error is set when the plan could not be read or run at all.
 	Error string `json:"error,omitempty"`

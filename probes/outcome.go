@@ -24,8 +24,9 @@ const (
 	// destination-unreachable from an address that is not the target. The
 	// offender is named in the evidence.
 	Rejected Outcome = "rejected"
-	// Silent: nothing came back before the deadline (or only our own stack
-	// gave up, e.g. no ARP reply for an on-link target).
+	// Silent: nothing came back before the deadline. Our own stack giving
+	// up (no ARP/NDP answer for the next hop) is not silence: the packet
+	// never left, so that is an Error.
 	Silent Outcome = "silent"
 	// Error: the probe itself could not run or its answer cannot be
 	// classified without merging two meanings; the reason says why.
@@ -71,4 +72,11 @@ func (o *Outcome) UnmarshalText(b []byte) error {
 	}
 	*o = v
 	return nil
+}
+
+// localUnreachable is the reason for a probe our own stack could not send:
+// no ARP/NDP answer for the next hop. The packet never left, so the probe
+// says nothing about the path it was meant to test.
+func localUnreachable(what string) string {
+	return "our own stack gave up (" + what + "): no ARP/NDP answer for the next hop, so the packet never left and proves nothing"
 }

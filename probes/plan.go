@@ -24,6 +24,7 @@ const (
 	MaxProbes        = 1024
 	MaxWitnesses     = 64
 	MaxListeners     = 64
+	MaxNeighbors     = 16
 	MaxMatchEntries  = 64  // nonces, src_ips or src_macs in one witness
 	MaxStringLen     = 253 // a DNS name's length, the longest string a plan needs
 	MaxIDLen         = 64
@@ -51,6 +52,7 @@ const (
 	KindIPv6State Kind = "ipv6_state" // global IPv6 addresses and default routes
 	KindNDPRS     Kind = "ndp_rs"     // router solicitation, expecting no RA
 	KindDHCPLease Kind = "dhcp_lease" // the address held on the box subnet
+	KindControl   Kind = "control"    // broadcast control frames for witnesses on a wire
 )
 
 // Witness and listener kinds (they appear in observations too).
@@ -70,6 +72,7 @@ type Plan struct {
 	Version    int            `json:"version"`
 	DeadlineMS int            `json:"deadline_ms"`
 	LinkLocal  *LinkLocalSpec `json:"link_local,omitempty"`
+	Neighbors  []NeighborSpec `json:"neighbors,omitempty"`
 	Listeners  []ListenerSpec `json:"listeners,omitempty"`
 	Witnesses  []WitnessSpec  `json:"witnesses,omitempty"`
 	Probes     []ProbeSpec    `json:"probes,omitempty"`
@@ -103,7 +106,13 @@ type ListenerSpec struct {
 // Via. A frame matches when it carries one of Nonces anywhere in its bytes,
 // or comes from one of SrcIPs (IPv4/IPv6 source or ARP sender) or SrcMACs;
 // Proto, Port and DstIP, when set, narrow every match to that protocol,
-// destination port and destination address.
+// destination port and destination address. Proto "ipv6-config" matches
+// every frame that configures IPv6 (a router advertisement, a redirect, a
+// DHCPv6 message to a client) with no other key.
+//
+// Control is the nonce of the positive control on this wire (a control
+// probe's frames): frames carrying it are counted apart, never matched,
+// and prove the capture was alive.
 type WitnessSpec struct {
 	ID       string       `json:"id"`
 	Via      netip.Prefix `json:"via"`
@@ -116,7 +125,8 @@ type WitnessSpec struct {
 	// DstIP, when set, narrows every match to frames for that address (the
 	// ARP target for ARP), so witnesses for several hosts behind one
 	// interface never take each other's frames.
-	DstIP netip.Addr `json:"dst_ip,omitzero"`
+	DstIP   netip.Addr `json:"dst_ip,omitzero"`
+	Control string     `json:"control,omitempty"`
 }
 
 // ProbeSpec is one probe. Which fields apply depends on Kind; a field a
@@ -138,6 +148,9 @@ type ProbeSpec struct {
 	// give an IP address as Name; it is turned into its reverse name.
 	Name  string `json:"name,omitempty"`
 	QType string `json:"qtype,omitempty"`
+	// DstMAC is where a control probe sends its frames; broadcast when
+	// empty (control only).
+	DstMAC string `json:"dst_mac,omitempty"`
 }
 
 // Deadline is the plan's deadline as a duration.
@@ -200,6 +213,14 @@ func (p *Plan) Validate() error {
 	}
 	if len(p.Listeners) > MaxListeners {
 		return fmt.Errorf("%d listeners, more than the limit of %d", len(p.Listeners), MaxListeners)
+	}
+	if len(p.Neighbors) > MaxNeighbors {
+		return fmt.Errorf("%d neighbors, more than the limit of %d", len(p.Neighbors), MaxNeighbors)
+	}
+	for i := range p.Neighbors {
+		if err := p.Neighbors[i].validate(); err != nil {
+			return fmt.Errorf("neighbor %d: %w", i, err)
+		}
 	}
 	budget := d - AgentMargin
 	if p.LinkLocal != nil {
@@ -296,8 +317,13 @@ func (w *WitnessSpec) validate(budget time.Duration) error {
 	if ms(w.WindowMS) < MinProbeDeadline || ms(w.WindowMS) > budget {
 		return fmt.Errorf("window_ms %d out of range %d..%d", w.WindowMS, MinProbeDeadline.Milliseconds(), budget.Milliseconds())
 	}
-	if len(w.Nonces)+len(w.SrcIPs)+len(w.SrcMACs) == 0 {
+	if len(w.Nonces)+len(w.SrcIPs)+len(w.SrcMACs) == 0 && w.Proto != ProtoIPv6Config {
 		return errors.New("nothing to match: give nonces, src_ips or src_macs")
+	}
+	if w.Control != "" {
+		if err := checkNonce(w.Control); err != nil {
+			return fmt.Errorf("control: %w", err)
+		}
 	}
 	if len(w.Nonces) > MaxMatchEntries || len(w.SrcIPs) > MaxMatchEntries || len(w.SrcMACs) > MaxMatchEntries {
 		return fmt.Errorf("more than %d entries in nonces, src_ips or src_macs", MaxMatchEntries)
@@ -321,9 +347,9 @@ func (w *WitnessSpec) validate(budget time.Duration) error {
 		}
 	}
 	switch w.Proto {
-	case "", "arp", "icmp", "icmpv6", "tcp", "udp":
+	case "", "arp", "icmp", "icmpv6", "tcp", "udp", ProtoIPv6Config:
 	default:
-		return fmt.Errorf("proto %q is not one of arp, icmp, icmpv6, tcp, udp", truncate(w.Proto, 32))
+		return fmt.Errorf("proto %q is not one of arp, icmp, icmpv6, tcp, udp, %s", truncate(w.Proto, 32), ProtoIPv6Config)
 	}
 	if w.Port < 0 || w.Port > 65535 {
 		return fmt.Errorf("port %d out of range 0..65535", w.Port)
@@ -422,6 +448,25 @@ func (s *ProbeSpec) Validate() error {
 		if _, err := dnsQuestion(s.Name, s.QType); err != nil {
 			return err
 		}
+	case KindControl:
+		if !s.Via.IsValid() {
+			return errors.New("control needs via (the wire's subnet)")
+		}
+		if s.Target.IsValid() || s.Port != 0 {
+			return errors.New("control takes no target or port (it broadcasts)")
+		}
+		if s.Nonce == "" {
+			return errors.New("control needs a nonce (the witnesses look for it)")
+		}
+		if s.DstMAC != "" {
+			if len(s.DstMAC) > 32 {
+				return fmt.Errorf("dst_mac %q is too long", truncate(s.DstMAC, 32))
+			}
+			if _, err := net.ParseMAC(s.DstMAC); err != nil {
+				return fmt.Errorf("dst_mac: %w", err)
+			}
+		}
+		needsNonce = true
 	case KindIPv6State, KindNDPRS, KindDHCPLease:
 		if s.Target.IsValid() || s.Port != 0 || s.Nonce != "" {
 			return fmt.Errorf("%s takes no target, port or nonce", s.Kind)
@@ -434,6 +479,9 @@ func (s *ProbeSpec) Validate() error {
 	}
 	if !needsNonce && s.Nonce != "" {
 		return fmt.Errorf("%s carries no nonce", s.Kind)
+	}
+	if s.Kind != KindControl && s.DstMAC != "" {
+		return fmt.Errorf("dst_mac is for control probes, not %s", s.Kind)
 	}
 	if s.Kind != KindDNS && (s.Name != "" || s.QType != "") {
 		return fmt.Errorf("name and qtype are for dns probes, not %s", s.Kind)

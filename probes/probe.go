@@ -82,6 +82,8 @@ func RunProbe(ctx context.Context, spec ProbeSpec) Observation {
 		obs = probeNDPRS(pctx, spec, obs)
 	case KindDHCPLease:
 		obs = probeDHCPLease(pctx, spec, obs)
+	case KindControl:
+		obs = probeControl(pctx, spec, obs)
 	}
 	end := time.Now()
 	obs.ElapsedMS = end.Sub(obs.StartedAt).Milliseconds()
@@ -110,7 +112,7 @@ func targetString(s *ProbeSpec) string {
 		if s.Via.IsValid() && s.Via.Addr().Is4() {
 			return netip.AddrPortFrom(broadcastOf(s.Via), uint16(s.Port)).String()
 		}
-	case KindIPv6State, KindNDPRS, KindDHCPLease:
+	case KindIPv6State, KindNDPRS, KindDHCPLease, KindControl:
 		if s.Via.IsValid() {
 			return s.Via.Masked().String()
 		}

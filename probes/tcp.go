@@ -166,7 +166,7 @@ func tcpConnectFailed(ctx context.Context, obs Observation, src source, spec Pro
 		return fail(obs, "connection refused, but without a raw ICMP socket ("+werr.Error()+
 			") a target's RST cannot be told from a middle box's port-unreachable")
 	case e == unix.EHOSTUNREACH || e == unix.EHOSTDOWN:
-		return done(obs, Silent, "our own stack gave up ("+errnoName(e)+"): no ARP/NDP answer for the next hop")
+		return fail(obs, localUnreachable(errnoName(e)))
 	case e == unix.ENETUNREACH:
 		return fail(obs, "no route to the target")
 	case e == unix.EPERM || e == unix.EACCES:

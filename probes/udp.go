@@ -188,7 +188,7 @@ func classifyDgram(ctx context.Context, obs Observation, src source, r dgram, re
 	case r.errno == unix.ECONNREFUSED:
 		return fail(obs, "ECONNREFUSED without an ICMP error on the error queue to say who sent it")
 	case r.errno == unix.EHOSTUNREACH || r.errno == unix.EHOSTDOWN:
-		return done(obs, Silent, "our own stack gave up ("+errnoName(r.errno)+"): no ARP/NDP answer for the next hop")
+		return fail(obs, localUnreachable(errnoName(r.errno)))
 	case r.errno == unix.ENETUNREACH:
 		return fail(obs, "no route to the target")
 	case r.errno == unix.EPERM || r.errno == unix.EACCES:

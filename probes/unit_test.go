@@ -62,7 +62,7 @@ func TestClassifyICMP(t *testing.T) {
 		{"host prohibited from router", 4, 3, 10, router, target, Rejected, true, "policy"},
 		{"admin prohibited from target", 4, 3, 13, target, target, Rejected, true, "target's own firewall"},
 		{"host unreachable from router", 4, 3, 1, router, target, Rejected, true, "host-unreachable"},
-		{"host unreachable from ourselves", 4, 3, 1, self, target, Silent, true, "never answered ARP"},
+		{"host unreachable from ourselves", 4, 3, 1, self, target, Error, true, "packet never left"},
 		{"admin prohibited from ourselves", 4, 3, 13, self, target, Rejected, true, "local firewall"},
 		{"frag needed decides nothing", 4, 3, 4, router, target, "", false, ""},
 		{"redirect decides nothing", 4, 5, 1, router, target, "", false, ""},

@@ -31,15 +31,18 @@ type Witness struct {
 	macs    [][]byte
 	ips     map[netip.Addr]bool
 	nonces  [][]byte
+	control []byte
 
-	mu       sync.Mutex
-	count    int
-	captured int
-	first    *FrameSummary
-	readErr  error
-	stopped  chan struct{}
-	stopOnce sync.Once
-	finished chan struct{}
+	mu          sync.Mutex
+	count       int
+	captured    int
+	controls    int
+	controlLast time.Time
+	first       *FrameSummary
+	readErr     error
+	stopped     chan struct{}
+	stopOnce    sync.Once
+	finished    chan struct{}
 }
 
 // StartWitness arms a witness on the interface holding spec.Via. The
@@ -87,6 +90,9 @@ func StartWitness(spec WitnessSpec) (*Witness, error) {
 	}
 	for _, n := range spec.Nonces {
 		w.nonces = append(w.nonces, []byte(n))
+	}
+	if spec.Control != "" {
+		w.control = []byte(ControlPrefix + spec.Control)
 	}
 	w.armedAt = time.Now()
 	w.until = w.armedAt.Add(ms(spec.WindowMS))
@@ -136,6 +142,14 @@ func (w *Witness) read() {
 
 func (w *Witness) record(f []byte) {
 	at := time.Now()
+	if w.control != nil && bytes.Contains(f, w.control) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.captured++
+		w.controls++
+		w.controlLast = at
+		return
+	}
 	sum, ok := w.match(f)
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -203,7 +217,8 @@ func (w *Witness) Stop() Observation {
 		StartedAt: w.armedAt, ElapsedMS: end.Sub(w.armedAt).Milliseconds(),
 	}
 	obs.Evidence.Interface = w.ifi.Name
-	obs.Evidence.Witness = &WitnessEvidence{ArmedAt: w.armedAt, Until: end, Count: w.count, First: w.first, Captured: w.captured}
+	obs.Evidence.Witness = &WitnessEvidence{ArmedAt: w.armedAt, Until: end, Count: w.count, First: w.first, Captured: w.captured,
+		Controls: w.controls, ControlLast: w.controlLast}
 	switch {
 	case w.count > 0:
 		return done(obs, Reached, fmt.Sprintf("%d matching frame(s) arrived at %s", w.count, w.ifi.Name))
@@ -261,6 +276,13 @@ func (w *Witness) match(f []byte) (FrameSummary, bool) {
 		s.SrcIP = src.String()
 	}
 	s.Proto = proto
+	if w.spec.Proto == ProtoIPv6Config {
+		if what := ipv6Config(et, l3); what != "" {
+			s.MatchedBy = what
+			return s, true
+		}
+		return s, false
+	}
 	if w.spec.Proto != "" && w.spec.Proto != proto {
 		return s, false
 	}
@@ -293,6 +315,35 @@ func (w *Witness) match(f []byte) (FrameSummary, bool) {
 		}
 	}
 	return s, false
+}
+
+// ProtoIPv6Config is the witness proto that matches IPv6 configuration
+// arriving at a box: what would give it an IPv6 path the IPv4-only rules do
+// not cover.
+const ProtoIPv6Config = "ipv6-config"
+
+// ipv6Config names the IPv6 configuration an IPv6 packet carries (a router
+// advertisement, a redirect, a DHCPv6 message to a client), or "".
+// Extension headers are not walked: neither RAs nor DHCPv6 replies carry
+// them in practice.
+func ipv6Config(et uint16, l3 []byte) string {
+	if et != unix.ETH_P_IPV6 || len(l3) < 44 {
+		return ""
+	}
+	switch l3[6] {
+	case unix.IPPROTO_ICMPV6:
+		switch l3[40] {
+		case 134:
+			return "icmpv6 router advertisement"
+		case 137:
+			return "icmpv6 redirect"
+		}
+	case unix.IPPROTO_UDP:
+		if binary.BigEndian.Uint16(l3[42:44]) == 546 {
+			return "dhcpv6 to a client (udp 546)"
+		}
+	}
+	return ""
 }
 
 func l4Info(p int, l3 []byte, off int) (string, int) {
