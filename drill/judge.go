@@ -101,20 +101,25 @@ func judge(a Action, obs observations, t Topology, baselineOK bool, agentErr map
 			return verdict(r, Inconclusive, "no DNS answer to judge by: "+o.Reason)
 		}
 	case ExpectNone:
-		switch o.Outcome {
-		case probes.Silent:
+		// The box's passive watch for IPv6 configuration first: what
+		// arrived counts whatever the probe said.
+		arrived, problem := atTarget(&r, o, obs, t)
+		switch {
+		case arrived:
+			return verdict(r, Fail, "IPv6 configuration arrived at the box"+ipv6Detail(o))
+		case o.Outcome == probes.Reached || o.Outcome == probes.Refused:
+			return verdict(r, Fail, o.Reason+ipv6Detail(o))
+		case o.Outcome != probes.Silent:
+			return verdict(r, Inconclusive, o.Reason)
+		case problem != "":
+			return verdict(r, Inconclusive, o.Reason+", but "+problem)
+		case !baselineOK && o.Kind != probes.KindIPv6State:
 			// A solicitation nobody answered proves little from a box
 			// whose network is broken; the box's own IPv6 state does not
 			// depend on it.
-			if !baselineOK && o.Kind != probes.KindIPv6State {
-				return verdict(r, Inconclusive, o.Reason+", but a baseline failed")
-			}
-			return verdict(r, Pass, o.Reason)
-		case probes.Reached, probes.Refused:
-			return verdict(r, Fail, o.Reason+ipv6Detail(o))
-		default:
-			return verdict(r, Inconclusive, o.Reason)
+			return verdict(r, Inconclusive, o.Reason+", but a baseline failed")
 		}
+		return verdict(r, Pass, o.Reason)
 	case ExpectDistinct:
 		return judgeDistinct(r, o, obs)
 	}
@@ -150,21 +155,35 @@ func judgeReach(r Result, o probes.Observation, t Topology) Result {
 }
 
 func judgeBlocked(r Result, o probes.Observation, obs observations, t Topology, baselineOK bool) Result {
-	// The target's side first: it is evidence whatever the sender saw.
+	// The target's side first: it is evidence whatever the sender saw,
+	// even when the sender's side errored.
 	arrived, targetProblem := atTarget(&r, o, obs, t)
 	switch o.Outcome {
 	case probes.Reached:
 		return verdict(r, Fail, "unexpected success: "+o.Reason+replyDetail(o))
 	case probes.Refused:
 		return verdict(r, Fail, "the packet arrived (the target answered without proof): "+o.Reason+replyDetail(o))
-	case probes.Error:
-		return verdict(r, Inconclusive, "the probe could not run: "+o.Reason)
 	}
 	if arrived {
+		if o.Outcome == probes.Error {
+			return verdict(r, Fail, "the sender's side errored ("+o.Reason+"), but the target saw the traffic arrive")
+		}
 		return verdict(r, Fail, "the sender heard nothing back, but the target saw the traffic arrive")
+	}
+	if o.Outcome == probes.Error {
+		return verdict(r, Inconclusive, "the probe could not run: "+o.Reason)
 	}
 	if targetProblem != "" {
 		return verdict(r, Inconclusive, targetProblem)
+	}
+	if r.Pinned.IsValid() {
+		if p, ok := obs.get(r.From, pinID(r.Pinned)); !ok || p.Outcome != probes.Reached {
+			why := "no report"
+			if ok {
+				why = p.Reason
+			}
+			return verdict(r, Inconclusive, "the peer's neighbour entry was not pinned ("+why+"), so this probe only repeats the ARP result")
+		}
 	}
 	if !baselineOK {
 		return verdict(r, Inconclusive, "looked blocked, but a baseline failed, so the block proves nothing")
@@ -216,7 +235,17 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Topology) (ar
 			r.AtTarget = fmt.Sprintf("witness armed %s..%s", we.ArmedAt.Format("15:04:05.000"), we.Until.Format("15:04:05.000"))
 			return false, "the witness was not armed for the whole probe"
 		}
-		r.AtTarget = fmt.Sprintf("the witness saw nothing (%d frames read)", we.Captured)
+		// Silence only counts from a witness that proved it was capturing:
+		// its wire's control frame reached it after the probe started.
+		switch {
+		case r.Witness.Control == "":
+			r.AtTarget = fmt.Sprintf("the witness saw nothing (%d frames read), with no control on its wire", we.Captured)
+			return false, "the witness at " + r.WitnessAt + " had no positive control, so its silence proves nothing"
+		case we.Controls == 0 || we.ControlLast.Before(o.StartedAt):
+			r.AtTarget = fmt.Sprintf("the witness saw nothing (%d frames read) and %d control frame(s), none after the probe started", we.Captured, we.Controls)
+			return false, "the witness at " + r.WitnessAt + " never saw its positive control after the probe started, so it may not have been capturing"
+		}
+		r.AtTarget = fmt.Sprintf("the witness saw nothing (%d frames read; alive: %d control frame(s), the last at %s)", we.Captured, we.Controls, we.ControlLast.Format("15:04:05.000"))
 	}
 	if r.ListenerAt != "" {
 		l, ok := obs.get(r.ListenerAt, r.ListenerID)
@@ -230,9 +259,25 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Topology) (ar
 			}
 		}
 		r.AtTarget = fmt.Sprintf("the listener served nobody from the box (%d in all)", l.Evidence.Listener.Served)
+		if r.ControlAt == "" {
+			return false, "the listener at " + r.ListenerAt + " had no positive control, so serving nobody proves nothing"
+		}
+		c, ok := obs.get(r.ControlAt, r.ControlID)
+		if !ok || c.Outcome != probes.Reached {
+			why := "no report"
+			if ok {
+				why = string(c.Outcome) + ": " + c.Reason
+			}
+			return false, "the listener at " + r.ListenerAt + " did not answer its own control probe (" + why + "), so it may not have been serving"
+		}
+		r.AtTarget += "; it answered its control"
 	}
 	return false, ""
 }
+
+// pinID is the observation id under which an agent's report says whether
+// it pinned a neighbour.
+func pinID(a netip.Addr) string { return "pin-" + a.String() }
 
 func judgeDistinct(r Result, o probes.Observation, obs observations) Result {
 	if len(r.Compare) == 0 {

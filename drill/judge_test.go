@@ -1,6 +1,7 @@
 package drill
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 
@@ -16,11 +17,11 @@ var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 // Actions as BuildScenario makes them, trimmed to what judge reads.
 var (
 	actSiblingTCP = Action{ID: "p010", Claim: "C-SIBLING", Channel: "tcp", From: PlaceA, Target: "box-b 10.88.0.12", TargetKey: PlaceB, Expect: ExpectBlocked,
-		WitnessAt: PlaceB, Witness: &probes.WitnessSpec{ID: "wp010"}}
+		WitnessAt: PlaceB, Witness: &probes.WitnessSpec{ID: "wp010", Control: "ctlnonce0b"}, Pinned: netip.MustParseAddr("10.88.0.12")}
 	actHostTCP = Action{ID: "p020", Claim: "C-HOST", Channel: "tcp", From: PlaceA, Target: "host gateway 10.88.0.1", TargetKey: "host-gateway", Expect: ExpectBlocked,
-		ListenerAt: PlaceHost, ListenerID: "l-tcp-gateway"}
+		ListenerAt: PlaceHost, ListenerID: "l-tcp-gateway", ControlAt: PlaceHost, ControlID: "ctl-tcp-gateway"}
 	actInboundICMP = Action{ID: "p070", Claim: "C-INBOUND", Channel: "icmp", From: PlaceHost, Target: "box-a 10.88.0.11", TargetKey: PlaceA, Expect: ExpectBlocked,
-		WitnessAt: PlaceA, Witness: &probes.WitnessSpec{ID: "wp070"}}
+		WitnessAt: PlaceA, Witness: &probes.WitnessSpec{ID: "wp070", Control: "ctlnonce0a"}}
 	actHostICMP = Action{ID: "p021", Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: "host gateway 10.88.0.1", TargetKey: "host-gateway", Expect: ExpectBlocked}
 	actEgress   = func(ch string, kind probes.Kind) Action {
 		return Action{ID: "p001", Claim: "C-EGRESS", Channel: ch, From: PlaceA, Target: "canary 203.0.113.10", TargetKey: "internet", Expect: ExpectReach, Baseline: true,
@@ -30,6 +31,8 @@ var (
 	actDHCP    = Action{ID: "p005", Claim: "C-DHCP", Channel: "dhcp", From: PlaceA, TargetKey: "lease", Expect: ExpectLease, Baseline: true}
 	actEnum    = Action{ID: "p030", Claim: "C-ENUM", Channel: "dns", From: PlaceA, Target: "drill-0a1b2c-b. (box-b)", TargetKey: "gateway", Expect: ExpectNoName}
 	actV6      = Action{ID: "p040", Claim: "C-V6", Channel: "global-address+default-route", From: PlaceA, TargetKey: "ipv6", Expect: ExpectNone}
+	actV6Watch = Action{ID: "p041", Claim: "C-V6", Channel: "router-advertisement", From: PlaceA, TargetKey: "ipv6", Expect: ExpectNone,
+		WitnessAt: PlaceA, Witness: &probes.WitnessSpec{ID: "wp041", Control: "ctlnonce0a", Proto: probes.ProtoIPv6Config}}
 	actClone   = Action{ID: "p050", Claim: "C-CLONE", Channel: "address+mac+machine-id", From: PlaceC, TargetKey: PlaceA, Expect: ExpectDistinct, Compare: []string{"p005"}}
 	actUnknown = Action{ID: "p060", Claim: "C-X", Channel: "x", From: PlaceA, Expect: Expectation("teleported")}
 )
@@ -41,9 +44,11 @@ func sent(id string, kind probes.Kind, o probes.Outcome, reason string, ev probe
 		StartedAt: t0.Add(probeDelay), ElapsedMS: probeDeadline.Milliseconds()}
 }
 
-// seen is a witness's observation, armed from..until (offsets from t0).
+// seen is a witness's observation, armed from..until (offsets from t0),
+// that saw its wire's control frames up to a second before it stopped.
 func seen(id string, from, until time.Duration, count int) *probes.Observation {
-	we := &probes.WitnessEvidence{ArmedAt: t0.Add(from), Until: t0.Add(until), Count: count, Captured: 7}
+	we := &probes.WitnessEvidence{ArmedAt: t0.Add(from), Until: t0.Add(until), Count: count, Captured: 7,
+		Controls: 5, ControlLast: t0.Add(until - time.Second)}
 	if count > 0 {
 		we.First = &probes.FrameSummary{At: t0.Add(probeDelay), EtherType: "IPv4", SrcMAC: "00:16:3e:00:00:0a", DstMAC: "00:16:3e:00:00:0b",
 			SrcIP: "10.88.0.11", DstIP: "10.88.0.12", Proto: "tcp", DstPort: 9100, MatchedBy: "nonce"}
@@ -71,8 +76,21 @@ type placed struct {
 	obs   *probes.Observation
 }
 
+// controlled is a witness's observation with its control frames changed.
+func controlled(o *probes.Observation, n int, last time.Duration) *probes.Observation {
+	o.Evidence.Witness.Controls, o.Evidence.Witness.ControlLast = n, t0.Add(last)
+	return o
+}
+
+// answered is a control probe's (or a pin's) observation.
+func answered(id string, o probes.Outcome) *probes.Observation {
+	return &probes.Observation{ID: id, Kind: probes.KindTCP, Outcome: o, Reason: "control " + string(o)}
+}
+
 var (
 	cleanWitness = placed{PlaceB, seen("wp010", 0, 3550*time.Millisecond, 0)}
+	pinnedB      = placed{PlaceA, answered(pinID(netip.MustParseAddr("10.88.0.12")), probes.Reached)}
+	hostControl  = placed{PlaceHost, answered("ctl-tcp-gateway", probes.Reached)}
 	rejectByGW   = probes.Evidence{ICMP: &probes.ICMPEvidence{Family: 4, Type: 3, Code: 13, Name: "admin-prohibited", Offender: "10.88.0.1"}}
 	sourceLease  = placed{PlaceA, lease("p005", "10.88.0.11/24", "00:16:3e:00:00:0a", "0123456789abcdef0123456789abcdef")}
 )
@@ -92,33 +110,33 @@ func TestJudge(t *testing.T) {
 		// Blocked, at a peer box with a witness.
 		{name: "blocked: reached is an unexpected success", action: actSiblingTCP,
 			probe:  sent("p010", probes.KindTCP, probes.Reached, "connected and the peer echoed the nonce", probes.Evidence{Reply: "box-b 9f2c"}),
-			others: []placed{cleanWitness}, baselineOK: true, want: Fail, evidence: []string{"unexpected success", `"box-b 9f2c"`}},
+			others: []placed{cleanWitness, pinnedB}, baselineOK: true, want: Fail, evidence: []string{"unexpected success", `"box-b 9f2c"`}},
 		{name: "blocked: reached fails even with a broken baseline", action: actSiblingTCP,
 			probe:  sent("p010", probes.KindTCP, probes.Reached, "connected", probes.Evidence{}),
-			others: []placed{cleanWitness}, baselineOK: false, want: Fail, evidence: []string{"unexpected success"}},
+			others: []placed{cleanWitness, pinnedB}, baselineOK: false, want: Fail, evidence: []string{"unexpected success"}},
 		{name: "blocked: RST from the target means it arrived", action: actSiblingTCP,
 			probe:  sent("p010", probes.KindTCP, probes.Refused, "TCP RST from the target's address: the packet arrived, nothing listens", probes.Evidence{Errno: "ECONNREFUSED"}),
-			others: []placed{cleanWitness}, baselineOK: true, want: Fail, evidence: []string{"arrived"}},
+			others: []placed{cleanWitness, pinnedB}, baselineOK: true, want: Fail, evidence: []string{"arrived"}},
 		{name: "blocked: port unreachable from the target means it arrived", action: actSiblingTCP,
 			probe: sent("p010", probes.KindUDP, probes.Refused, "ICMP port-unreachable from the target",
 				probes.Evidence{ICMP: &probes.ICMPEvidence{Family: 4, Type: 3, Code: 3, Name: "port-unreachable", Offender: "10.88.0.12", OffenderIsTarget: true}}),
-			others: []placed{cleanWitness}, baselineOK: true, want: Fail, evidence: []string{"arrived"}},
+			others: []placed{cleanWitness, pinnedB}, baselineOK: true, want: Fail, evidence: []string{"arrived"}},
 		{name: "blocked: silent but the witness saw the frame", action: actSiblingTCP,
 			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK, RST or ICMP error before the deadline", probes.Evidence{}),
 			others: []placed{{PlaceB, seen("wp010", 0, 3550*time.Millisecond, 1)}}, baselineOK: true,
 			want: Fail, evidence: []string{"the sender heard nothing back", "arrive"}, atTarget: "saw 1 frame(s): IPv4 00:16:3e:00:00:0a -> 00:16:3e:00:00:0b 10.88.0.11 -> 10.88.0.12 tcp port 9100 (matched by nonce)"},
 		{name: "blocked: silent and a clean armed witness", action: actSiblingTCP,
 			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK, RST or ICMP error before the deadline", probes.Evidence{}),
-			others: []placed{cleanWitness}, baselineOK: true, want: Pass, evidence: []string{"dropped", "no SYN-ACK"}, atTarget: "saw nothing (7 frames read)"},
+			others: []placed{cleanWitness, pinnedB}, baselineOK: true, want: Pass, evidence: []string{"dropped", "no SYN-ACK"}, atTarget: "saw nothing (7 frames read; alive: 5 control frame(s)"},
 		{name: "blocked: rejected by a middle box is blocked by policy", action: actSiblingTCP,
 			probe:  sent("p010", probes.KindTCP, probes.Rejected, "ICMP admin-prohibited from 10.88.0.1", rejectByGW),
-			others: []placed{cleanWitness}, baselineOK: true, want: Pass, evidence: []string{"blocked by policy", "10.88.0.1", "admin-prohibited"}},
+			others: []placed{cleanWitness, pinnedB}, baselineOK: true, want: Pass, evidence: []string{"blocked by policy", "10.88.0.1", "admin-prohibited"}},
 		{name: "blocked: rejected, but the witness saw it", action: actSiblingTCP,
 			probe:  sent("p010", probes.KindTCP, probes.Rejected, "ICMP admin-prohibited from 10.88.0.1", rejectByGW),
 			others: []placed{{PlaceB, seen("wp010", 0, 3550*time.Millisecond, 2)}}, baselineOK: true, want: Fail, evidence: []string{"arrive"}, atTarget: "saw 2 frame(s)"},
 		{name: "blocked: a probe error is inconclusive", action: actSiblingTCP,
 			probe:  sent("p010", probes.KindTCP, probes.Error, "no interface holds an address in 10.88.0.0/24", probes.Evidence{}),
-			others: []placed{cleanWitness}, baselineOK: true, want: Inconclusive, evidence: []string{"could not run", "no interface"}},
+			others: []placed{cleanWitness, pinnedB}, baselineOK: true, want: Inconclusive, evidence: []string{"could not run", "no interface"}},
 		{name: "blocked: witness armed after the probe started", action: actSiblingTCP,
 			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
 			others: []placed{{PlaceB, seen("wp010", probeDelay+200*time.Millisecond, 4*time.Second, 0)}}, baselineOK: true,
@@ -139,7 +157,7 @@ func TestJudge(t *testing.T) {
 			want: Inconclusive, evidence: []string{"not armed"}},
 		{name: "blocked: rejected inside the sending box", action: actSiblingTCP,
 			probe:  sent("p010", probes.KindTCP, probes.Rejected, "connect: operation not permitted", probes.Evidence{Errno: "EPERM"}),
-			others: []placed{cleanWitness}, baselineOK: true,
+			others: []placed{cleanWitness, pinnedB}, baselineOK: true,
 			want: Inconclusive, evidence: []string{"stopped inside the sending box"}},
 		{name: "inbound: the host's own netfilter refuses to send", action: actInboundICMP,
 			probe:      &probes.Observation{ID: "p070", Kind: probes.KindICMP, Outcome: probes.Rejected, Reason: "our own firewall refused to send it (EPERM)", Evidence: probes.Evidence{Errno: "EPERM"}, StartedAt: t0.Add(probeDelay), ElapsedMS: 5},
@@ -148,7 +166,7 @@ func TestJudge(t *testing.T) {
 		{name: "blocked: an ICMP reject from the gateway, with the socket's errno", action: actSiblingTCP,
 			probe: sent("p010", probes.KindTCP, probes.Rejected, "ICMP admin-prohibited from 10.88.0.1",
 				probes.Evidence{Errno: "EHOSTUNREACH", ICMP: rejectByGW.ICMP}),
-			others: []placed{cleanWitness}, baselineOK: true, want: Pass, evidence: []string{"blocked by policy", "10.88.0.1"}},
+			others: []placed{cleanWitness, pinnedB}, baselineOK: true, want: Pass, evidence: []string{"blocked by policy", "10.88.0.1"}},
 		{name: "blocked: the witness saw frames, then failed", action: actSiblingTCP,
 			probe: sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
 			others: []placed{{PlaceB, func() *probes.Observation {
@@ -164,13 +182,52 @@ func TestJudge(t *testing.T) {
 			others:     []placed{{PlaceB, &probes.Observation{ID: "wp010", Kind: probes.KindWitness, Outcome: probes.Error, Reason: "capture failed"}}},
 			baselineOK: true, want: Inconclusive, evidence: []string{"no witness report"}},
 		{name: "blocked: missing probe observation", action: actSiblingTCP,
-			others: []placed{cleanWitness}, baselineOK: true, want: Inconclusive, evidence: []string{"returned nothing", "box-a", "exec: deadline exceeded"}},
+			others: []placed{cleanWitness, pinnedB}, baselineOK: true, want: Inconclusive, evidence: []string{"returned nothing", "box-a", "exec: deadline exceeded"}},
 		{name: "blocked: silent and clean, but a baseline failed", action: actSiblingTCP,
 			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
-			others: []placed{cleanWitness}, baselineOK: false, want: Inconclusive, evidence: []string{"baseline failed"}},
+			others: []placed{cleanWitness, pinnedB}, baselineOK: false, want: Inconclusive, evidence: []string{"baseline failed"}},
 		{name: "blocked: rejected, but a baseline failed", action: actSiblingTCP,
 			probe:  sent("p010", probes.KindTCP, probes.Rejected, "ICMP admin-prohibited", rejectByGW),
-			others: []placed{cleanWitness}, baselineOK: false, want: Inconclusive, evidence: []string{"baseline failed"}},
+			others: []placed{cleanWitness, pinnedB}, baselineOK: false, want: Inconclusive, evidence: []string{"baseline failed"}},
+
+		// Witnesses prove they were alive; arrival beats error; L3 past ARP.
+		{name: "blocked: a witness that never saw its control proves nothing", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others: []placed{{PlaceB, controlled(seen("wp010", 0, 3550*time.Millisecond, 0), 0, 0)}, pinnedB}, baselineOK: true,
+			want: Inconclusive, evidence: []string{"never saw its positive control"}, atTarget: "0 control frame(s)"},
+		{name: "blocked: controls only before the probe started prove nothing", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others: []placed{{PlaceB, controlled(seen("wp010", 0, 3550*time.Millisecond, 0), 2, probeDelay-time.Millisecond)}, pinnedB}, baselineOK: true,
+			want: Inconclusive, evidence: []string{"never saw its positive control after the probe started"}},
+		{name: "blocked: a witness with no control on its wire proves nothing", action: func() Action {
+			a := actSiblingTCP
+			a.Witness = &probes.WitnessSpec{ID: "wp010"}
+			return a
+		}(),
+			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others: []placed{cleanWitness, pinnedB}, baselineOK: true, want: Inconclusive, evidence: []string{"no positive control"}},
+		{name: "blocked: arrival beats a sender's error", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Error, "tcp probe: bind: address in use", probes.Evidence{}),
+			others: []placed{{PlaceB, seen("wp010", 0, 3550*time.Millisecond, 1)}, pinnedB}, baselineOK: true,
+			want: Fail, evidence: []string{"errored", "bind", "saw the traffic arrive"}},
+		{name: "blocked: our own stack gave up is never silence", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Error, "our own stack gave up (EHOSTUNREACH): no ARP/NDP answer for the next hop, so the packet never left and proves nothing", probes.Evidence{Errno: "EHOSTUNREACH"}),
+			others: []placed{cleanWitness, pinnedB}, baselineOK: true, want: Inconclusive, evidence: []string{"never left"}},
+		{name: "blocked: a peer that could not be pinned only repeats ARP", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others: []placed{cleanWitness, {PlaceA, answered(pinID(netip.MustParseAddr("10.88.0.12")), probes.Error)}}, baselineOK: true,
+			want: Inconclusive, evidence: []string{"not pinned", "repeats the ARP result"}},
+		{name: "blocked: no pin report at all", action: actSiblingTCP,
+			probe:  sent("p010", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others: []placed{cleanWitness}, baselineOK: true, want: Inconclusive, evidence: []string{"not pinned (no report)"}},
+		{name: "host: a listener that did not answer its control proves nothing", action: actHostTCP,
+			probe:  sent("p020", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others: []placed{{PlaceHost, served("l-tcp-gateway")}, {PlaceHost, answered("ctl-tcp-gateway", probes.Silent)}}, baselineOK: true,
+			want: Inconclusive, evidence: []string{"did not answer its own control probe", "silent"}},
+		{name: "host: a listener with no control report proves nothing", action: actHostTCP,
+			probe:  sent("p020", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
+			others: []placed{{PlaceHost, served("l-tcp-gateway")}}, baselineOK: true,
+			want: Inconclusive, evidence: []string{"did not answer its own control probe (no report)"}},
 
 		// Blocked, at a host address with a listener.
 		{name: "host: the listener served box-a", action: actHostTCP,
@@ -180,7 +237,7 @@ func TestJudge(t *testing.T) {
 		{name: "host: the listener served only others", action: actHostTCP,
 			probe: sent("p020", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
 			// 10.88.0.111 starts with box-a's 10.88.0.11 as text.
-			others:     []placed{{PlaceHost, served("l-tcp-gateway", "10.88.0.111:5000", "192.168.20.2:6000")}},
+			others:     []placed{{PlaceHost, served("l-tcp-gateway", "10.88.0.111:5000", "192.168.20.2:6000")}, hostControl},
 			baselineOK: true, want: Pass, evidence: []string{"dropped"}, atTarget: "served nobody from the box (2 in all)"},
 		{name: "host: missing listener report", action: actHostTCP,
 			probe:      sent("p020", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
@@ -188,7 +245,7 @@ func TestJudge(t *testing.T) {
 		{name: "host: rejected by the host firewall", action: actHostTCP,
 			probe: sent("p020", probes.KindTCP, probes.Rejected, "ICMP admin-prohibited from 10.88.0.1",
 				probes.Evidence{ICMP: &probes.ICMPEvidence{Family: 4, Type: 3, Code: 13, Name: "admin-prohibited", Offender: "10.88.0.1", OffenderIsTarget: true}}),
-			others: []placed{{PlaceHost, served("l-tcp-gateway")}}, baselineOK: true, want: Pass, evidence: []string{"blocked by policy", "10.88.0.1 (admin-prohibited)"}},
+			others: []placed{{PlaceHost, served("l-tcp-gateway")}, hostControl}, baselineOK: true, want: Pass, evidence: []string{"blocked by policy", "10.88.0.1 (admin-prohibited)"}},
 		{name: "host: icmp silent, nothing to witness", action: actHostICMP,
 			probe:      sent("p021", probes.KindICMP, probes.Silent, "no echo reply", probes.Evidence{}),
 			baselineOK: true, want: Pass, evidence: []string{"dropped"}},
@@ -270,6 +327,21 @@ func TestJudge(t *testing.T) {
 			probe: &probes.Observation{ID: "p040", Kind: probes.KindIPv6State, Outcome: probes.Reached, Reason: "1 global IPv6 address(es) and 1 IPv6 default route(s)",
 				Evidence: probes.Evidence{IPv6: &probes.IPv6Evidence{GlobalAddresses: []string{"fd42:b0c5::17/64"}, DefaultRoutes: []string{"via fe80::1"}}}},
 			baselineOK: true, want: Fail, evidence: []string{"1 global IPv6", "fd42:b0c5::17/64"}},
+		{name: "none: a router advertisement reached the box's passive watch", action: actV6Watch,
+			probe: &probes.Observation{ID: "p041", Kind: probes.KindNDPRS, Outcome: probes.Silent, Reason: "no router advertisement to 3 solicitations before the deadline",
+				StartedAt: t0.Add(rsDelay), ElapsedMS: rsWindow.Milliseconds()},
+			others:     []placed{{PlaceA, seen("wp041", 0, planDeadline-150*time.Millisecond, 1)}},
+			baselineOK: true, want: Fail, evidence: []string{"IPv6 configuration arrived"}, atTarget: "saw 1 frame(s)"},
+		{name: "none: silent, but the passive watch never saw its control", action: actV6Watch,
+			probe: &probes.Observation{ID: "p041", Kind: probes.KindNDPRS, Outcome: probes.Silent, Reason: "no router advertisement to 3 solicitations before the deadline",
+				StartedAt: t0.Add(rsDelay), ElapsedMS: rsWindow.Milliseconds()},
+			others:     []placed{{PlaceA, controlled(seen("wp041", 0, planDeadline-150*time.Millisecond, 0), 0, 0)}},
+			baselineOK: true, want: Inconclusive, evidence: []string{"never saw its positive control"}},
+		{name: "none: silent with a live passive watch", action: actV6Watch,
+			probe: &probes.Observation{ID: "p041", Kind: probes.KindNDPRS, Outcome: probes.Silent, Reason: "no router advertisement to 3 solicitations before the deadline",
+				StartedAt: t0.Add(rsDelay), ElapsedMS: rsWindow.Milliseconds()},
+			others:     []placed{{PlaceA, seen("wp041", 0, planDeadline-150*time.Millisecond, 0)}},
+			baselineOK: true, want: Pass, evidence: []string{"no router advertisement"}, atTarget: "alive"},
 		{name: "none: error", action: actV6,
 			probe:      &probes.Observation{ID: "p040", Kind: probes.KindIPv6State, Outcome: probes.Error, Reason: "netlink: permission denied"},
 			baselineOK: true, want: Inconclusive, evidence: []string{"permission denied"}},
@@ -387,32 +459,32 @@ func TestReportFinish(t *testing.T) {
 		return out
 	}
 	tests := []struct {
-		name       string
-		claims     []ClaimResult
-		baselineOK bool
-		exit       int
-		summary    Summary
+		name    string
+		claims  []ClaimResult
+		exit    int
+		summary Summary
 	}{
-		{name: "all pass", claims: allPass(nil), baselineOK: true, exit: ExitOK, summary: Summary{Passed: 10}},
-		{name: "skipped claims do not change the exit code", claims: allPass(map[string]Verdict{"C-V6": Skipped, "C-LAN": Skipped}), baselineOK: true,
+		{name: "all pass", claims: allPass(nil), exit: ExitOK, summary: Summary{Passed: 10}},
+		{name: "skipped claims do not change the exit code", claims: allPass(map[string]Verdict{"C-V6": Skipped, "C-LAN": Skipped}),
 			exit: ExitOK, summary: Summary{Passed: 8, Skipped: 2}},
-		{name: "a blocked claim fails", claims: allPass(map[string]Verdict{"C-SIBLING": Fail}), baselineOK: true,
+		{name: "a blocked claim fails", claims: allPass(map[string]Verdict{"C-SIBLING": Fail}),
 			exit: ExitViolated, summary: Summary{Passed: 9, Failed: 1}},
-		{name: "a violation wins over a broken baseline", claims: allPass(map[string]Verdict{"C-EGRESS": Fail, "C-SIBLING": Fail, "C-LAN": Inconclusive}), baselineOK: false,
+		{name: "a violation wins over a broken baseline", claims: allPass(map[string]Verdict{"C-EGRESS": Fail, "C-SIBLING": Fail, "C-LAN": Inconclusive}),
 			exit: ExitViolated, summary: Summary{Passed: 7, Failed: 2, Inconclusive: 1}},
-		{name: "only a baseline fails", claims: allPass(map[string]Verdict{"C-EGRESS": Fail, "C-SIBLING": Inconclusive, "C-HOST": Inconclusive}), baselineOK: false,
-			exit: ExitInconclusive, summary: Summary{Passed: 7, Failed: 1, Inconclusive: 2}},
-		{name: "a failed baseline alone is inconclusive", claims: allPass(map[string]Verdict{"C-DNS": Fail}), baselineOK: false,
-			exit: ExitInconclusive, summary: Summary{Passed: 9, Failed: 1}},
-		{name: "an inconclusive claim", claims: allPass(map[string]Verdict{"C-HOST": Inconclusive}), baselineOK: true,
+		// One exit rule (SPEC 5): a failed baseline is a violated claim.
+		{name: "a failed baseline is a violation, the claims it leaves are inconclusive", claims: allPass(map[string]Verdict{"C-EGRESS": Fail, "C-SIBLING": Inconclusive, "C-HOST": Inconclusive}),
+			exit: ExitViolated, summary: Summary{Passed: 7, Failed: 1, Inconclusive: 2}},
+		{name: "a failed baseline alone is a violation", claims: allPass(map[string]Verdict{"C-DNS": Fail}),
+			exit: ExitViolated, summary: Summary{Passed: 9, Failed: 1}},
+		{name: "an inconclusive claim", claims: allPass(map[string]Verdict{"C-HOST": Inconclusive}),
 			exit: ExitInconclusive, summary: Summary{Passed: 9, Inconclusive: 1}},
-		{name: "an inconclusive baseline", claims: allPass(map[string]Verdict{"C-DHCP": Inconclusive}), baselineOK: false,
+		{name: "an inconclusive baseline", claims: allPass(map[string]Verdict{"C-DHCP": Inconclusive}),
 			exit: ExitInconclusive, summary: Summary{Passed: 9, Inconclusive: 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rep := &Report{Claims: tt.claims, Summary: Summary{Probes: 92}}
-			rep.finish(tt.baselineOK)
+			rep.finish()
 			assert.Equal(t, tt.exit, rep.ExitCode)
 			tt.summary.Probes = 92
 			assert.Equal(t, tt.summary, rep.Summary)

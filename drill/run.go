@@ -317,8 +317,9 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 		return nil, fmt.Errorf("stack: there is no isolation stack to drill (%v): run box setup-host, or drop --no-setup", v.Findings)
 	}
 	rep.Stack.Subnet, rep.Stack.Gateway, rep.Stack.BridgeMode = v.Subnet.String(), v.Gateway.String(), string(v.BridgeMode)
-	rep.Stack.Findings = v.Findings
-	rep.Stack.Layers = layerState(v.Findings)
+	findings := mergeFindings(before.Findings, v.Findings)
+	rep.Stack.Findings = findings
+	rep.Stack.Layers = layerState(findings)
 	if bnf, ok := bridgeNetfilter(cfg.Host.NetNS); ok {
 		rep.Environment.BridgeNetfilter = bnf
 	}
@@ -381,13 +382,16 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 				rs = append(rs, judged[a.ID])
 			}
 		}
+		if len(rs) > 0 {
+			rs = append(rs, stackResults(cl, findings)...)
+		}
 		cr := aggregate(cl, rs)
 		if !selected[cl.ID] && !cl.Baseline {
 			cr = ClaimResult{Claim: cl, Verdict: Skipped, Reason: "not selected (--claim/--skip); run without them to include it", Results: []Result{}}
 		}
 		rep.Claims = append(rep.Claims, cr)
 	}
-	rep.finish(baselineOK)
+	rep.finish()
 	rep.MutationResults = mutationResults(cfg.Mutations, rep.Claims)
 	rep.DurationMS = time.Since(rep.Started).Milliseconds()
 	return rep, nil
@@ -415,19 +419,18 @@ func mutationResults(ms []Mutation, claims []ClaimResult) []MutationResult {
 	return out
 }
 
-// finish counts the claims and sets the exit code: a violated claim is 1,
-// otherwise anything inconclusive (a failed baseline among them) is 3.
-func (rep *Report) finish(baselineOK bool) {
-	violated, inconclusive := false, !baselineOK
+// finish counts the claims and sets the exit code (SPEC section 5): any
+// failed claim is 1, a failed baseline included (the claims it leaves
+// unjudgeable are inconclusive); otherwise anything inconclusive is 3.
+func (rep *Report) finish() {
+	violated, inconclusive := false, false
 	for _, cr := range rep.Claims {
 		switch cr.Verdict {
 		case Pass:
 			rep.Summary.Passed++
 		case Fail:
 			rep.Summary.Failed++
-			if !cr.Baseline {
-				violated = true
-			}
+			violated = true
 		case Inconclusive:
 			rep.Summary.Inconclusive++
 			inconclusive = true
@@ -452,7 +455,7 @@ func layerState(findings []stack.Finding) map[string]string {
 		out[l] = "present"
 	}
 	for _, f := range findings {
-		if _, ok := out[f.Layer]; !ok {
+		if _, ok := out[f.Layer]; !ok || f.Advisory {
 			continue
 		}
 		if out[f.Layer] == "present" {
@@ -636,11 +639,27 @@ func runPlans(ctx context.Context, cfg Config, c *incus.Client, names map[string
 			for _, o := range rep.Observations {
 				m[o.ID] = o
 			}
+			for _, n := range rep.Neighbors {
+				if a, err := netip.ParseAddr(n.Address); err == nil {
+					m[pinID(a)] = pinObservation(n)
+				}
+			}
 			obs[place] = m
 		}()
 	}
 	wg.Wait()
 	return obs, agentErr
+}
+
+// pinObservation turns an agent's account of a pinned neighbour into an
+// observation the judge can look up.
+func pinObservation(n probes.NeighborState) probes.Observation {
+	o := probes.Observation{ID: "pin-" + n.Address, Kind: "neighbor", Target: n.Address, Outcome: probes.Reached,
+		Reason: "pinned to " + n.MAC + " on " + n.Interface}
+	if !n.Pinned {
+		o.Outcome, o.Reason = probes.Error, n.Error
+	}
+	return o
 }
 
 func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[string]string, place string, plan *probes.Plan) (*probes.Report, error) {

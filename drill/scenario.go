@@ -24,14 +24,40 @@ const (
 	listenUDP = 9101
 )
 
-// Timing of one probe round. Witnesses and listeners arm at once; probes
-// wait probeDelay so every witness is armed (agents in several boxes start
-// within a few hundred milliseconds of each other); a blocked probe costs
-// one probeDeadline, all of them together.
+// Timing of one probe round, every clock starting when an agent starts.
+// Witnesses and listeners arm at once; probes wait probeDelay so every
+// witness is armed (agents in several boxes start within a few hundred
+// milliseconds of each other); a blocked probe costs one probeDeadline, all
+// of them together. Every window judged on silence outlasts the protocol's
+// own timers:
+//
+//   - TCP: a SYN is retransmitted after 1 s (RFC 6298's initial RTO), so
+//     probeDeadline (1.5 s) sees the first retransmission's answer too;
+//     ICMP echo, UDP, ARP and broadcast send three times across it.
+//   - Router solicitation: a router may delay a solicited advertisement by
+//     MAX_RA_DELAY_TIME (0.5 s) and sends multicast advertisements at most
+//     every MIN_DELAY_BETWEEN_RAS (3 s) (RFC 4861 section 10), so a router
+//     busy with another box's solicitation answers within 3.5 s: rsWindow is
+//     4 s, its three solicitations spread across it.
+//   - Unsolicited IPv6 configuration (advertisements, redirects, DHCPv6)
+//     is watched passively in every box for the whole plan, and the box's
+//     IPv6 state (addresses from SLAAC, whose duplicate address detection
+//     takes a second, and default routes) is read at stateAt, the end.
+//   - Controls: the host sends each witness's control frames from
+//     controlDelay to the plan's end, so a witness proves it was capturing
+//     after every probe it judges had started.
 var (
 	probeDelay    = 1000 * time.Millisecond
 	probeDeadline = 1500 * time.Millisecond
-	planDeadline  = probeDelay + probeDeadline + 1200*time.Millisecond
+	rsDelay       = 300 * time.Millisecond
+	rsWindow      = 4000 * time.Millisecond
+	stateAt       = rsDelay + rsWindow
+	stateDeadline = 200 * time.Millisecond
+	planDeadline  = stateAt + stateDeadline + 500*time.Millisecond
+	controlDelay  = 500 * time.Millisecond
+	// listenerControlAt is when the host checks its own listeners: after
+	// every box's blocked probes have ended.
+	listenerControlAt = probeDelay + probeDeadline + 500*time.Millisecond
 )
 
 // Expectation is what an action must observe to pass.
@@ -45,6 +71,7 @@ const (
 	ExpectNone     Expectation = "none"            // no IPv6 state, no router advertisement
 	ExpectLease    Expectation = "lease"           // an address on the box subnet
 	ExpectDistinct Expectation = "distinct"        // clone and source differ
+	ExpectPresent  Expectation = "layer present"   // Verify finds the claim's layers as desired
 )
 
 // BoxEnd is one probe box as the drill knows it after minting.
@@ -118,6 +145,13 @@ type Action struct {
 	Witness    *probes.WitnessSpec `json:"-"`
 	ListenerAt string              `json:"-"`
 	ListenerID string              `json:"-"`
+	// ControlAt runs ControlID, a probe of the listener's own that proves it
+	// was serving (a listener's silence means nothing otherwise).
+	ControlAt string `json:"-"`
+	ControlID string `json:"-"`
+	// Pinned is the peer address the sender pinned to its MAC, so the probe
+	// tests L3 on its own; if pinning failed the probe only repeats ARP.
+	Pinned netip.Addr `json:"-"`
 	// Compare names the probes whose observations are compared (C-CLONE).
 	Compare []string `json:"-"`
 	// Baseline marks a positive control.
@@ -136,6 +170,10 @@ type builder struct {
 	n      int
 	claims map[string]bool
 	window int
+	// controls maps a place to the control nonce its witnesses look for
+	// on the box subnet; lanControl is the LAN wire's.
+	controls   map[string]string
+	lanControl string
 }
 
 func (b *builder) plan(place string) *probes.Plan {
@@ -159,7 +197,9 @@ func (b *builder) probe(a Action, spec probes.ProbeSpec) *Action {
 	if spec.DeadlineMS == 0 {
 		spec.DeadlineMS = int(probeDeadline.Milliseconds())
 	}
-	spec.DelayMS = int(probeDelay.Milliseconds())
+	if spec.DelayMS == 0 {
+		spec.DelayMS = int(probeDelay.Milliseconds())
+	}
 	p := b.plan(a.From)
 	p.Probes = append(p.Probes, spec)
 	a.Probe = spec
@@ -167,10 +207,16 @@ func (b *builder) probe(a Action, spec probes.ProbeSpec) *Action {
 	return &b.sc.Actions[len(b.sc.Actions)-1]
 }
 
-// witness puts a capture at place for the action's traffic.
+// witness puts a capture at place for the action's traffic, with the
+// control of its wire.
 func (b *builder) witness(a *Action, place string, spec probes.WitnessSpec) {
 	spec.ID = "w" + a.ID
 	spec.WindowMS = b.window
+	if place == PlaceLAN {
+		spec.Control = b.lanControl
+	} else {
+		spec.Control = b.controls[place]
+	}
 	b.plan(place).Witnesses = append(b.plan(place).Witnesses, spec)
 	a.WitnessAt = place
 	a.Witness = &spec
@@ -181,7 +227,7 @@ func (b *builder) witness(a *Action, place string, spec probes.WitnessSpec) {
 // can be trusted.
 func BuildScenario(t Topology, claims []Claim) *Scenario {
 	b := &builder{t: t, sc: &Scenario{Plans: map[string]*probes.Plan{}}, claims: map[string]bool{},
-		window: int((planDeadline - probes.AgentMargin - 100*time.Millisecond).Milliseconds())}
+		window: int((planDeadline - probes.AgentMargin - 100*time.Millisecond).Milliseconds()), controls: map[string]string{}}
 	for _, c := range claims {
 		b.claims[c.ID] = true
 	}
@@ -214,6 +260,8 @@ func BuildScenario(t Topology, claims []Claim) *Scenario {
 				probes.ListenerSpec{ID: "l-udp-" + h.Name, Kind: probes.KindUDPEcho, Name: "host-" + h.Name, Port: udp, Via: h.Via})
 		}
 	}
+	b.controlFrames()
+	b.pinPeers()
 	b.baselines()
 	b.sibling()
 	b.host()
@@ -223,6 +271,53 @@ func BuildScenario(t Topology, claims []Claim) *Scenario {
 	b.inbound()
 	b.clone()
 	return b.sc
+}
+
+// controlFrames has the host send each box's witnesses their positive
+// control (frames to that box's MAC on the bridge) and, in the world, the
+// LAN wire's witnesses theirs (broadcast on the host's LAN side). They are
+// plan items, not actions: the witnesses' reports say whether they arrived.
+func (b *builder) controlFrames() {
+	dur := planDeadline - controlDelay - probes.AgentMargin - 100*time.Millisecond
+	add := func(id string, via netip.Prefix, mac net.HardwareAddr) string {
+		nonce := probes.NewNonce()
+		spec := probes.ProbeSpec{ID: id, Kind: probes.KindControl, Via: via, Nonce: nonce,
+			DelayMS: int(controlDelay.Milliseconds()), DeadlineMS: int(dur.Milliseconds())}
+		if mac != nil {
+			spec.DstMAC = mac.String()
+		}
+		p := b.plan(PlaceHost)
+		p.Probes = append(p.Probes, spec)
+		return nonce
+	}
+	for _, e := range []BoxEnd{b.t.A, b.t.B, b.t.C} {
+		if e.MAC != nil {
+			b.controls[e.Place] = add("ctl-"+e.Place, b.t.Subnet, e.MAC)
+		}
+	}
+	if b.t.LANVia.IsValid() {
+		b.lanControl = add("ctl-lan", b.t.LANVia, nil)
+	}
+}
+
+// pinPeers has box-a pin its peers' addresses (IPv4 and the link-local
+// ones the drill gives them) to their MACs, so the sibling probes over ICMP,
+// TCP and UDP test the L3 path on their own, not ARP again.
+func (b *builder) pinPeers() {
+	if !b.claims["C-SIBLING"] {
+		return
+	}
+	p := b.plan(PlaceA)
+	for _, e := range []BoxEnd{b.t.B, b.t.C} {
+		if e.MAC == nil {
+			continue
+		}
+		for _, a := range []netip.Addr{e.IP, e.LinkLocal} {
+			if a.IsValid() {
+				p.Neighbors = append(p.Neighbors, probes.NeighborSpec{Via: b.t.Subnet, Address: a, MAC: e.MAC.String()})
+			}
+		}
+	}
 }
 
 func (b *builder) baselines() {
@@ -281,6 +376,9 @@ func (b *builder) toBox(claim string, from BoxEnd, to BoxEnd) {
 			spec.Nonce = nonce
 		}
 		a := b.probe(Action{ID: b.id(), Claim: claim, Channel: ch.channel, From: from.Place, Target: label, TargetKey: to.Place, Expect: ExpectBlocked}, spec)
+		if ch.kind != probes.KindARP {
+			a.Pinned = ch.target
+		}
 		w := probes.WitnessSpec{Via: t.Subnet, SrcIPs: srcs, SrcMACs: macs, Proto: ch.proto, Port: ch.port}
 		if spec.Nonce != "" {
 			w.Nonces = []string{nonce}
@@ -326,15 +424,27 @@ func (b *builder) host() {
 		a := b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "tcp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindTCP, Target: h.Addr, Port: tcp, Via: t.Subnet, Nonce: probes.NewNonce()})
 		a.ListenerAt, a.ListenerID = PlaceHost, "l-tcp-"+h.Name
+		a.ControlAt, a.ControlID = PlaceHost, b.listenerControl("ctl-tcp-"+h.Name, probes.KindTCP, h.Addr, tcp)
 		a = b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "udp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindUDP, Target: h.Addr, Port: udp, Via: t.Subnet, Nonce: probes.NewNonce()})
 		a.ListenerAt, a.ListenerID = PlaceHost, "l-udp-"+h.Name
+		a.ControlAt, a.ControlID = PlaceHost, b.listenerControl("ctl-udp-"+h.Name, probes.KindUDP, h.Addr, udp)
 		// The host's kernel answers every echo that reaches it, so silence
 		// is the firewall's doing; a capture on the box side would see the
 		// request before the firewall drops it and prove nothing.
 		b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindICMP, Target: h.Addr, Via: t.Subnet, Nonce: probes.NewNonce()})
 	}
+}
+
+// listenerControl has the host probe its own listener after the boxes'
+// probes ended: a listener that answers it was serving all along, so its
+// having served nobody from a box means something.
+func (b *builder) listenerControl(id string, kind probes.Kind, addr netip.Addr, port int) string {
+	p := b.plan(PlaceHost)
+	p.Probes = append(p.Probes, probes.ProbeSpec{ID: id, Kind: kind, Target: addr, Port: port, Nonce: probes.NewNonce(),
+		DelayMS: int(listenerControlAt.Milliseconds()), DeadlineMS: int(probeDeadline.Milliseconds())})
+	return id
 }
 
 func (b *builder) lan() {
@@ -387,10 +497,17 @@ func (b *builder) v6() {
 		return
 	}
 	t := b.t
-	b.probe(Action{ID: b.id(), Claim: "C-V6", Channel: "global-address+default-route", From: PlaceA, Target: "box-a", TargetKey: "ipv6", Expect: ExpectNone},
-		probes.ProbeSpec{Kind: probes.KindIPv6State})
-	b.probe(Action{ID: b.id(), Claim: "C-V6", Channel: "router-advertisement", From: PlaceA, Target: "routers on " + t.Subnet.String(), TargetKey: "ipv6", Expect: ExpectNone},
-		probes.ProbeSpec{Kind: probes.KindNDPRS, Via: t.Subnet})
+	watch := probes.WitnessSpec{Via: t.Subnet, Proto: probes.ProtoIPv6Config}
+	// Solicit from box-a over rsWindow; every box watches for unsolicited
+	// configuration the whole time and reads its own state at the end.
+	a := b.probe(Action{ID: b.id(), Claim: "C-V6", Channel: "router-advertisement", From: PlaceA, Target: "routers on " + t.Subnet.String(), TargetKey: "ipv6", Expect: ExpectNone},
+		probes.ProbeSpec{Kind: probes.KindNDPRS, Via: t.Subnet, DelayMS: int(rsDelay.Milliseconds()), DeadlineMS: int(rsWindow.Milliseconds())})
+	b.witness(a, PlaceA, watch)
+	for _, e := range []BoxEnd{t.A, t.B, t.C} {
+		a := b.probe(Action{ID: b.id(), Claim: "C-V6", Channel: "global-address+default-route", From: e.Place, Target: e.Place + " at the end of the probe phase", TargetKey: "ipv6", Expect: ExpectNone},
+			probes.ProbeSpec{Kind: probes.KindIPv6State, DelayMS: int(stateAt.Milliseconds()), DeadlineMS: int(stateDeadline.Milliseconds())})
+		b.witness(a, e.Place, watch)
+	}
 }
 
 func (b *builder) inbound() {

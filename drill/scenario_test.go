@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -182,11 +183,22 @@ func TestBuildScenarioActionsAndPlansAgree(t *testing.T) {
 	}
 	ids := map[string]bool{}
 	nonces := map[string]string{}
-	probesInPlans := 0
+	probesInPlans, controls := 0, 0
+	controlIDs := map[string]bool{}
+	for _, a := range sc.Actions {
+		if a.ControlID != "" {
+			controlIDs[a.ControlID] = true
+		}
+	}
 	for _, p := range sc.Plans {
 		probesInPlans += len(p.Probes)
+		for _, s := range p.Probes {
+			if s.Kind == probes.KindControl || controlIDs[s.ID] {
+				controls++
+			}
+		}
 	}
-	assert.Equal(t, len(sc.Actions), probesInPlans, "one probe per action, no orphan probe")
+	assert.Equal(t, len(sc.Actions), probesInPlans-controls, "one probe per action, the rest are positive controls, no orphan probe")
 	for _, a := range sc.Actions {
 		assert.False(t, ids[a.ID], "duplicate action id %s", a.ID)
 		ids[a.ID] = true
@@ -283,21 +295,27 @@ func TestBuildScenarioTiming(t *testing.T) {
 	for name, ids := range selections() {
 		t.Run(name, func(t *testing.T) {
 			sc := BuildScenario(testTopology(), claimsByID(t, ids...))
-			delays := map[int]bool{}
-			longest := 0
 			for _, a := range sc.Actions {
-				assert.Equal(t, int(probeDelay.Milliseconds()), a.Probe.DelayMS, "%s fires after probeDelay, so every witness is armed", a.ID)
-				delays[a.Probe.DelayMS] = true
 				total := a.Probe.DelayMS + a.Probe.DeadlineMS
-				longest = max(longest, total)
+				assert.LessOrEqual(t, total, int((planDeadline - probes.AgentMargin).Milliseconds()), "%s fits in the plan deadline", a.ID)
 				if a.Witness != nil {
 					assert.GreaterOrEqual(t, a.Witness.WindowMS, total, "%s: the witness window covers the probe's delay and deadline", a.ID)
 				}
+				switch {
+				case a.Expect == ExpectBlocked:
+					// All blocked probes fire together: the scenario costs
+					// one deadline, not one per probe.
+					assert.Equal(t, int(probeDelay.Milliseconds()), a.Probe.DelayMS, "%s fires after probeDelay, so every witness is armed", a.ID)
+					assert.Equal(t, int(probeDeadline.Milliseconds()), a.Probe.DeadlineMS, a.ID)
+				case a.Probe.Kind == probes.KindNDPRS:
+					// RFC 4861: MIN_DELAY_BETWEEN_RAS (3 s) + MAX_RA_DELAY_TIME (0.5 s).
+					assert.GreaterOrEqual(t, a.Probe.DeadlineMS, 4000, "%s: a solicitation window outlasts the protocol's timers", a.ID)
+				case a.Probe.Kind == probes.KindIPv6State:
+					assert.GreaterOrEqual(t, a.Probe.DelayMS, int((rsDelay + rsWindow).Milliseconds()), "%s reads the state at the end of the phase", a.ID)
+				}
 			}
-			// All probes fire together: the scenario costs one deadline,
-			// not one per probe.
-			assert.Len(t, delays, 1, "every probe shares one delay")
-			assert.LessOrEqual(t, longest, int(planDeadline.Milliseconds()), "the longest probe fits in the plan deadline")
+			// Warm probe phase at or under 6 s: the plan plus exec overhead.
+			assert.LessOrEqual(t, planDeadline, 5500*time.Millisecond)
 			for place, p := range sc.Plans {
 				assert.Equal(t, int(planDeadline.Milliseconds()), p.DeadlineMS, place)
 				for _, w := range p.Witnesses {
@@ -308,6 +326,74 @@ func TestBuildScenarioTiming(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBuildScenarioWitnessesHaveControls: every witness names a control
+// nonce that the host sends on its wire, to the witness's own box, until
+// after the probe it judges has started.
+func TestBuildScenarioWitnessesHaveControls(t *testing.T) {
+	topo := testTopology()
+	sc := BuildScenario(topo, Catalogue)
+	host := sc.Plans[PlaceHost]
+	require.NotNil(t, host)
+	ctl := map[string]probes.ProbeSpec{}
+	for _, s := range host.Probes {
+		if s.Kind == probes.KindControl {
+			ctl[s.Nonce] = s
+		}
+	}
+	macs := map[string]string{PlaceA: topo.A.MAC.String(), PlaceB: topo.B.MAC.String(), PlaceC: topo.C.MAC.String()}
+	n := 0
+	for _, a := range sc.Actions {
+		if a.Witness == nil {
+			continue
+		}
+		n++
+		c, ok := ctl[a.Witness.Control]
+		require.True(t, ok, "%s: the witness at %s has control %q, which nobody sends", a.ID, a.WitnessAt, a.Witness.Control)
+		assert.Equal(t, a.Witness.Via, c.Via, "%s: the control goes on the witness's wire", a.ID)
+		if a.WitnessAt == PlaceLAN {
+			assert.Empty(t, c.DstMAC, "the LAN wire's control is a broadcast")
+		} else {
+			assert.Equal(t, macs[a.WitnessAt], c.DstMAC, "%s: a box's control goes to that box only", a.ID)
+		}
+		assert.Greater(t, c.DelayMS+c.DeadlineMS, a.Probe.DelayMS+int(probes.ControlInterval.Milliseconds()), "%s: controls go on after the probe started", a.ID)
+	}
+	assert.Greater(t, n, 30)
+	for _, a := range sc.Actions {
+		if a.ListenerAt != "" {
+			require.NotEmpty(t, a.ControlID, "%s: a listener needs its control", a.ID)
+			i := slices.IndexFunc(sc.Plans[a.ControlAt].Probes, func(s probes.ProbeSpec) bool { return s.ID == a.ControlID })
+			require.GreaterOrEqual(t, i, 0, "%s: control %s is not in %s's plan", a.ID, a.ControlID, a.ControlAt)
+			c := sc.Plans[a.ControlAt].Probes[i]
+			assert.GreaterOrEqual(t, c.DelayMS, a.Probe.DelayMS+a.Probe.DeadlineMS, "%s: the listener's control comes after the box's probe ended", a.ID)
+		}
+	}
+}
+
+// TestBuildScenarioPinsPeers: box-a pins both peers' IPv4 and link-local
+// addresses, and every L3 sibling probe names the address it relies on.
+func TestBuildScenarioPinsPeers(t *testing.T) {
+	topo := testTopology()
+	sc := BuildScenario(topo, claimsByID(t, "C-SIBLING"))
+	pinned := map[netip.Addr]string{}
+	for _, n := range sc.Plans[PlaceA].Neighbors {
+		pinned[n.Address] = n.MAC
+	}
+	for _, e := range []BoxEnd{topo.B, topo.C} {
+		assert.Equal(t, e.MAC.String(), pinned[e.IP], e.Place)
+		assert.Equal(t, e.MAC.String(), pinned[e.LinkLocal], e.Place)
+	}
+	for _, a := range actionsOf(sc, "C-SIBLING") {
+		switch a.Channel {
+		case "icmp", "tcp", "udp", "icmpv6-link-local":
+			assert.True(t, a.Pinned.IsValid(), "%s %s relies on a pinned neighbour", a.ID, a.Channel)
+			assert.Equal(t, a.Probe.Target, a.Pinned, a.ID)
+			assert.Contains(t, pinned, a.Pinned, a.ID)
+		case "arp":
+			assert.False(t, a.Pinned.IsValid(), "ARP is the probe the pins go around")
+		}
 	}
 }
 

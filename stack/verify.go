@@ -16,6 +16,10 @@ type Finding struct {
 	Object  string `json:"object"`  // what is wrong, e.g. "network boxnet"
 	Problem string `json:"problem"` // how
 	Fix     string `json:"fix"`     // the command that fixes it
+	// Advisory findings do not remove the layer they name: another
+	// firewall's forward policy (the egress probes show its effect), the
+	// legacy generation's leftovers. A drill fails no claim on them.
+	Advisory bool `json:"advisory,omitempty"`
 }
 
 func (f Finding) String() string {
@@ -175,7 +179,7 @@ func (host *Host) verifyLegacy(ctx context.Context, g *ground, v *Verification) 
 	}
 	for _, o := range objs {
 		v.Findings = append(v.Findings, Finding{Layer: "stack", Object: o, Problem: "legacy generation still present",
-			Fix: "box migrate-host --all-boxes, then box migrate-host --retire-legacy"})
+			Fix: "box migrate-host --all-boxes, then box migrate-host --retire-legacy", Advisory: true})
 	}
 	return nil
 }
