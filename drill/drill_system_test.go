@@ -139,11 +139,76 @@ func TestSystemDrillHolds(t *testing.T) {
 	for _, l := range drill.Layers {
 		assert.Equal(t, "present", rep.Stack.Layers[l], l)
 	}
+	assert.Empty(t, rep.Stack.Findings, "a run after a successful ensure verifies clean")
+	for _, cr := range rep.Claims {
+		var stackCh int
+		for _, r := range cr.Results {
+			if r.Channel == drill.ChannelStack {
+				stackCh++
+				assert.Equal(t, drill.Pass, r.Verdict, "%s stack channel: %s", cr.ID, r.Evidence)
+			}
+			if r.Witness != nil && r.Channel != drill.ChannelStack {
+				w := r.Obs
+				require.NotNil(t, w, "%s %s", cr.ID, r.Channel)
+				assert.Contains(t, r.AtTarget, "alive", "%s %s: every witness proved it was capturing", cr.ID, r.Channel)
+			}
+		}
+		assert.Equal(t, 1, stackCh, "%s has its stack channel", cr.ID)
+	}
 	t.Logf("%d probes, probe phase %d ms (%.0f ms per probe), run %d ms", rep.Summary.Probes, rep.Summary.ProbePhaseMS, rep.Summary.MSPerProbe, rep.DurationMS)
 }
 
-// TestSystemDrillCanFail knocks layers out and expects the claims they back
-// to flip, and a normal run to pass again afterwards.
+// probeFailures lists a claim's failed results outside the stack channel:
+// the probes' own proof, which is what a mutation must show (SPEC 5).
+func probeFailures(cr drill.ClaimResult) []drill.Result {
+	var out []drill.Result
+	for _, r := range cr.Results {
+		if r.Verdict == drill.Fail && r.Channel != drill.ChannelStack {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// stackFailures lists a claim's failed stack-channel results.
+func stackFailures(cr drill.ClaimResult) []drill.Result {
+	var out []drill.Result
+	for _, r := range cr.Results {
+		if r.Verdict == drill.Fail && r.Channel == drill.ChannelStack {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// assertProvenByProbes: the mutation flipped the claim to fail through at
+// least one probe channel, and the comparison with the clean run says so.
+func assertProvenByProbes(t *testing.T, rep *drill.Report, id string) {
+	t.Helper()
+	assert.Equal(t, drill.ExitViolated, rep.ExitCode)
+	cr := claim(t, rep, id)
+	assert.Equal(t, drill.Fail, cr.Verdict, id)
+	assert.NotEmpty(t, probeFailures(cr), "%s fails through a probe channel, not only through Verify", id)
+	require.NotNil(t, rep.Clean, "a mutation run is compared with a clean run")
+	assert.Equal(t, drill.ExitOK, rep.Clean.ExitCode, "the clean run passed")
+	require.NotEmpty(t, rep.MutationResults)
+	for _, m := range rep.MutationResults {
+		assert.True(t, m.Detected, "%s detected by probes", m.Name)
+		assert.Contains(t, m.Flipped, id)
+		var changed bool
+		for _, c := range m.Changed {
+			assert.NotEqual(t, drill.ChannelStack, c.Channel, "the stack channel is no proof")
+			if c.Claim == id && c.Clean == drill.Pass && c.Mutated == drill.Fail {
+				changed = true
+			}
+		}
+		assert.True(t, changed, "a probe of %s went from pass in the clean run to fail", id)
+	}
+}
+
+// TestSystemDrillCanFail knocks out every layer the drill can mutate and
+// expects the claims they back to flip to fail through probes, compared
+// with a clean run in the same invocation; and a normal run to pass again.
 func TestSystemDrillCanFail(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -151,11 +216,9 @@ func TestSystemDrillCanFail(t *testing.T) {
 		check     func(t *testing.T, rep *drill.Report)
 	}{
 		{"bridge drop and port isolation", []string{"bridge-drop", "port-isolation"}, func(t *testing.T, rep *drill.Report) {
-			assert.Equal(t, drill.ExitViolated, rep.ExitCode)
-			sib := claim(t, rep, "C-SIBLING")
-			require.Equal(t, drill.Fail, sib.Verdict)
+			assertProvenByProbes(t, rep, "C-SIBLING")
 			sawIt := false
-			for _, r := range sib.Results {
+			for _, r := range claim(t, rep, "C-SIBLING").Results {
 				if r.Verdict == drill.Fail && strings.HasPrefix(r.AtTarget, "the witness saw") {
 					sawIt = true
 				}
@@ -165,39 +228,40 @@ func TestSystemDrillCanFail(t *testing.T) {
 			assert.Contains(t, rep.Stack.Layers["L-PORTISO"], "absent")
 		}},
 		{"bridge drop only", []string{"bridge-drop"}, func(t *testing.T, rep *drill.Report) {
-			assert.Equal(t, drill.Pass, claim(t, rep, "C-SIBLING").Verdict, "port isolation alone holds")
+			sib := claim(t, rep, "C-SIBLING")
+			assert.Empty(t, probeFailures(sib), "port isolation alone holds against every probe")
+			assert.NotEmpty(t, stackFailures(sib), "but Verify finds the layer gone, and that fails the claim")
+			assert.Equal(t, drill.ExitViolated, rep.ExitCode)
 			require.Len(t, rep.MutationResults, 1)
-			assert.False(t, rep.MutationResults[0].Detected, "reported as redundant")
+			assert.False(t, rep.MutationResults[0].Detected, "no probe flipped: reported as redundant")
 			assert.Contains(t, rep.Stack.Layers["L-BRIDGEDROP"], "absent")
 			assert.Equal(t, "present", rep.Stack.Layers["L-PORTISO"])
 		}},
-		{"port isolation only", []string{"port-isolation"}, func(t *testing.T, rep *drill.Report) {
-			assert.Equal(t, drill.Pass, claim(t, rep, "C-SIBLING").Verdict, "the bridge drop alone holds")
-			assert.Contains(t, rep.Stack.Layers["L-PORTISO"], "absent")
-			assert.Equal(t, "present", rep.Stack.Layers["L-BRIDGEDROP"])
-		}},
 		{"host firewall", []string{"host-fw"}, func(t *testing.T, rep *drill.Report) {
-			assert.Equal(t, drill.ExitViolated, rep.ExitCode)
-			host := claim(t, rep, "C-HOST")
-			require.Equal(t, drill.Fail, host.Verdict)
+			assertProvenByProbes(t, rep, "C-HOST")
 			uplinkFailed := false
-			for _, r := range host.Results {
-				if strings.Contains(r.Target, "uplink") && r.Verdict == drill.Fail {
+			for _, r := range probeFailures(claim(t, rep, "C-HOST")) {
+				if strings.Contains(r.Target, "uplink") {
 					uplinkFailed = true
 				}
 			}
 			assert.True(t, uplinkFailed, "C-HOST fails for the uplink address")
-			require.Len(t, rep.MutationResults, 1)
-			assert.True(t, rep.MutationResults[0].Detected)
-			assert.Equal(t, []string{"C-HOST"}, rep.MutationResults[0].Flipped, "and nothing but the claim it backs")
+			assert.Equal(t, []string{"C-HOST"}, rep.MutationResults[0].Flipped, "and no probe of another claim")
+		}},
+		{"acl", []string{"acl"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-LAN")
+			assert.Contains(t, rep.Stack.Layers["L-ACL"], "absent")
 		}},
 		{"dns managed", []string{"dns-managed"}, func(t *testing.T, rep *drill.Report) {
-			assert.Equal(t, drill.ExitViolated, rep.ExitCode)
-			assert.Equal(t, drill.Fail, claim(t, rep, "C-ENUM").Verdict)
+			assertProvenByProbes(t, rep, "C-ENUM")
+		}},
+		{"ipv6 on", []string{"ipv6-on"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-V6")
 		}},
 		{"egress broken", []string{"nat-off"}, func(t *testing.T, rep *drill.Report) {
-			assert.Equal(t, drill.ExitInconclusive, rep.ExitCode, "a broken baseline is inconclusive, not a pass")
-			assert.Equal(t, drill.Fail, claim(t, rep, "C-EGRESS").Verdict)
+			// One exit rule: a failed baseline is a violated claim (exit 1),
+			// and the claims it leaves unjudgeable are inconclusive.
+			assertProvenByProbes(t, rep, "C-EGRESS")
 			for _, id := range []string{"C-SIBLING", "C-HOST", "C-LAN", "C-INBOUND"} {
 				assert.Equal(t, drill.Inconclusive, claim(t, rep, id).Verdict, "%s is not passed on a broken baseline", id)
 			}
@@ -208,7 +272,7 @@ func TestSystemDrillCanFail(t *testing.T) {
 			rep := run(t, cfg)
 			assert.Equal(t, tc.mutations, rep.Mutations)
 			tc.check(t, rep)
-			t.Logf("verdicts: %v", verdicts(rep))
+			t.Logf("verdicts: %v; mutation results: %+v", verdicts(rep), rep.MutationResults)
 			// Restored and verified by the run itself.
 			v, err := cfg.Host.Verify(context.Background())
 			require.NoError(t, err)
@@ -217,6 +281,95 @@ func TestSystemDrillCanFail(t *testing.T) {
 	}
 	rep := run(t, config(t))
 	assert.Equal(t, drill.ExitOK, rep.ExitCode, "a normal run passes again: %v", verdicts(rep))
+}
+
+// inHost runs a command in the world's host namespace, as an operator
+// would type it there; incus talks to the world's incusd.
+func inHost(t *testing.T, cfg drill.Config, args ...string) {
+	t.Helper()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", cfg.World.Names.HostNS}, args...)...)
+	cmd.Env = append(os.Environ(), "INCUS_DIR="+cfg.World.IncusDir)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%v: %s", args, out)
+}
+
+// restoreAfter converges the stack back when the test ends, whatever it
+// broke by hand, and checks it verifies clean.
+func restoreAfter(t *testing.T, cfg drill.Config) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_, err := cfg.Host.Ensure(ctx)
+		require.NoError(t, err)
+		v, err := cfg.Host.Verify(ctx)
+		require.NoError(t, err)
+		assert.Empty(t, v.Findings, "the stack is whole again")
+	})
+}
+
+// TestSystemNoSetupDrift: with --no-setup, a stack broken by hand fails
+// the claims resting on what is broken, whatever the drill's own fresh
+// boxes happen to show.
+func TestSystemNoSetupDrift(t *testing.T) {
+	t.Run("bridge drop table deleted", func(t *testing.T) {
+		cfg := config(t)
+		restoreAfter(t, cfg)
+		inHost(t, cfg, "nft", "delete", "table", "bridge", stack.Current.NFTTable)
+		cfg.NoSetup = true
+		rep := run(t, cfg)
+		assert.Equal(t, drill.ExitViolated, rep.ExitCode)
+		sib := claim(t, rep, "C-SIBLING")
+		assert.Equal(t, drill.Fail, sib.Verdict)
+		fails := stackFailures(sib)
+		require.NotEmpty(t, fails, "C-SIBLING fails through the stack channel")
+		assert.Contains(t, fails[0].Evidence, "bridge")
+		assert.Empty(t, probeFailures(sib), "port isolation still stops the fresh boxes' probes: only Verify sees the hole")
+		assert.Equal(t, drill.Pass, claim(t, rep, "C-HOST").Verdict, "claims not resting on the layer are untouched")
+	})
+	t.Run("ipv6 on at the bridge", func(t *testing.T) {
+		cfg := config(t)
+		restoreAfter(t, cfg)
+		inHost(t, cfg, "incus", "network", "set", stack.Current.Network, "ipv6.address=fd42:b0c6::1/64", "ipv6.nat=true")
+		cfg.NoSetup = true
+		rep := run(t, cfg)
+		assert.Equal(t, drill.ExitViolated, rep.ExitCode)
+		v6 := claim(t, rep, "C-V6")
+		assert.Equal(t, drill.Fail, v6.Verdict)
+		assert.NotEmpty(t, stackFailures(v6), "Verify sees IPv6 on the bridge")
+		pf := probeFailures(v6)
+		assert.NotEmpty(t, pf, "and so do the probes")
+		for _, r := range pf {
+			t.Logf("C-V6 probe %s from %s: %s; %s", r.Channel, r.From, r.Evidence, r.AtTarget)
+		}
+	})
+}
+
+// TestSystemWitnessControlSuppressed: with the host's control frames
+// dropped on the bridge, the boxes' witnesses cannot prove they were
+// capturing, and their probes are inconclusive, never passed.
+func TestSystemWitnessControlSuppressed(t *testing.T) {
+	cfg := config(t)
+	cfg.Claims = []drill.Claim{claimOf(t, "C-SIBLING")}
+	table := "drilltest"
+	inHost(t, cfg, "nft", "add", "table", "bridge", table)
+	t.Cleanup(func() { inHost(t, cfg, "nft", "delete", "table", "bridge", table) })
+	inHost(t, cfg, "nft", "add", "chain", "bridge", table, "out", "{ type filter hook output priority 0 ; }")
+	inHost(t, cfg, "nft", "add", "rule", "bridge", table, "out", "ether", "type", "0x88b5", "drop")
+
+	rep := run(t, cfg)
+	assert.Equal(t, drill.ExitInconclusive, rep.ExitCode)
+	sib := claim(t, rep, "C-SIBLING")
+	assert.Equal(t, drill.Inconclusive, sib.Verdict)
+	n := 0
+	for _, r := range sib.Results {
+		if r.Channel == drill.ChannelStack {
+			continue
+		}
+		n++
+		assert.Equal(t, drill.Inconclusive, r.Verdict, "%s %s", r.Channel, r.Target)
+		assert.Contains(t, r.Evidence, "positive control", "%s %s", r.Channel, r.Target)
+	}
+	assert.Greater(t, n, 8)
 }
 
 // TestSystemKilledRunIsCleanedUp: a run killed half-way leaves its boxes;

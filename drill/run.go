@@ -78,10 +78,12 @@ type Report struct {
 	Claims        []ClaimResult `json:"claims"`
 	Summary       Summary       `json:"summary"`
 	Mutations     []string      `json:"mutations"`
-	// MutationResults says, for each mutation, whether a claim its layers
-	// back flipped; one that flipped nothing is redundant (another layer
-	// holds alone) or untested.
+	// MutationResults says, for each mutation, which probe verdicts changed
+	// from a clean run made first in the same invocation; one that flipped
+	// no probe to fail is redundant (another layer holds alone) or
+	// untested. Clean is that run, nil in a run without mutations.
 	MutationResults []MutationResult `json:"mutation_results"`
+	Clean           *CleanRun        `json:"clean_run,omitempty"`
 	ExitCode        int              `json:"exit_code"`
 	// Problems are errors that did not stop the run (a teardown that
 	// left something behind is one).
@@ -109,12 +111,36 @@ type StackFacts struct {
 	Findings   []stack.Finding   `json:"findings"`
 }
 
-// MutationResult is what knocking one layer out did.
+// MutationResult is what knocking one layer out did, measured against the
+// clean run: the mutations of one run are applied together, so each names
+// every change of the run.
 type MutationResult struct {
-	Name     string   `json:"name"`
-	Layers   []string `json:"layers"`
-	Flipped  []string `json:"flipped"`  // claims backed by the layers that failed
-	Detected bool     `json:"detected"` // false: redundant or untested
+	Name    string   `json:"name"`
+	Layers  []string `json:"layers"`
+	Flipped []string `json:"flipped"` // claims with a probe verdict that went from pass to fail
+	// Changed is every probe verdict that differs from the clean run's
+	// (the stack channel is not among them: it is no proof, SPEC 5).
+	Changed  []ProbeChange `json:"changed"`
+	Detected bool          `json:"detected"` // false: redundant or untested
+}
+
+// ProbeChange is one probe's verdict in the clean run and in the mutated one.
+type ProbeChange struct {
+	ID      string  `json:"id"`
+	Claim   string  `json:"claim"`
+	Channel string  `json:"channel"`
+	From    string  `json:"from"`
+	Target  string  `json:"target"`
+	Clean   Verdict `json:"clean"`
+	Mutated Verdict `json:"mutated"`
+}
+
+// CleanRun is the run without mutations that a mutation run is compared with.
+type CleanRun struct {
+	RunID      string  `json:"run_id"`
+	ExitCode   int     `json:"exit_code"`
+	Summary    Summary `json:"summary"`
+	DurationMS int64   `json:"duration_ms"`
 }
 
 // Summary counts claims and probes.
@@ -147,8 +173,81 @@ func (cfg *Config) logf(format string, args ...any) {
 
 // Run runs the drill. The error is for a run that could not happen at all
 // (exit 2); a run that happened returns its report, whose ExitCode says how
-// the claims fared.
-func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
+// the claims fared. With mutations, a clean run comes first and the
+// mutated run's probe verdicts are compared with it: a mutation is proven
+// by probes that changed, not by the layers it names.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if len(cfg.Mutations) == 0 {
+		return runOnce(ctx, cfg)
+	}
+	clean := cfg
+	clean.Mutations = nil
+	cfg.logf("clean run: first, so the mutated run's probes have something to be compared with")
+	cleanRep, err := runOnce(ctx, clean)
+	if err != nil {
+		return nil, fmt.Errorf("the clean run before the mutations: %w", err)
+	}
+	if cleanRep.ExitCode == ExitUsage {
+		// Its teardown failed: the host may be dirty, and a mutation on top
+		// of that proves nothing and makes it worse.
+		cleanRep.Problems = append(cleanRep.Problems, "the mutations were not applied: the clean run before them left problems")
+		return cleanRep, nil
+	}
+	var names []string
+	for _, m := range cfg.Mutations {
+		names = append(names, m.Name)
+	}
+	cfg.logf("mutated run: %s", strings.Join(names, ", "))
+	rep, err := runOnce(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range cleanRep.Problems {
+		rep.Problems = append(rep.Problems, "clean run: "+p)
+	}
+	rep.Clean = &CleanRun{RunID: cleanRep.RunID, ExitCode: cleanRep.ExitCode, Summary: cleanRep.Summary, DurationMS: cleanRep.DurationMS}
+	rep.MutationResults = compareRuns(cfg.Mutations, cleanRep, rep)
+	return rep, nil
+}
+
+// compareRuns lists the probe verdicts that changed between the clean run
+// and the mutated one. Both runs built their scenario from topologies of
+// one shape, so an action's id names the same probe in both.
+func compareRuns(ms []Mutation, clean, mutated *Report) []MutationResult {
+	key := func(r Result) string {
+		return strings.Join([]string{r.ID, r.Claim, r.Channel, r.From, r.TargetKey}, "|")
+	}
+	before := map[string]Verdict{}
+	for _, cr := range clean.Claims {
+		for _, r := range cr.Results {
+			before[key(r)] = r.Verdict
+		}
+	}
+	changed := []ProbeChange{}
+	var flipped []string
+	for _, cr := range mutated.Claims {
+		for _, r := range cr.Results {
+			if r.Channel == ChannelStack {
+				continue
+			}
+			was, ok := before[key(r)]
+			if !ok || was == r.Verdict {
+				continue
+			}
+			changed = append(changed, ProbeChange{ID: r.ID, Claim: r.Claim, Channel: r.Channel, From: r.From, Target: r.Target, Clean: was, Mutated: r.Verdict})
+			if was == Pass && r.Verdict == Fail && !slices.Contains(flipped, r.Claim) {
+				flipped = append(flipped, r.Claim)
+			}
+		}
+	}
+	out := []MutationResult{}
+	for _, m := range ms {
+		out = append(out, MutationResult{Name: m.Name, Layers: m.Layers, Flipped: append([]string{}, flipped...), Changed: changed, Detected: len(flipped) > 0})
+	}
+	return out
+}
+
+func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
 	if cfg.Host == nil || (cfg.World == nil) == (cfg.HostMode == nil) {
 		return nil, errors.New("drill run needs either the hermetic world (drill world up) or host mode (--host --canary ADDR:PORT), not both")
 	}
@@ -392,31 +491,8 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 		rep.Claims = append(rep.Claims, cr)
 	}
 	rep.finish()
-	rep.MutationResults = mutationResults(cfg.Mutations, rep.Claims)
 	rep.DurationMS = time.Since(rep.Started).Milliseconds()
 	return rep, nil
-}
-
-// mutationResults says which claims each mutation flipped.
-func mutationResults(ms []Mutation, claims []ClaimResult) []MutationResult {
-	out := []MutationResult{}
-	for _, m := range ms {
-		mr := MutationResult{Name: m.Name, Layers: m.Layers, Flipped: []string{}}
-		for _, cr := range claims {
-			if cr.Verdict != Fail {
-				continue
-			}
-			for _, l := range cr.Layers {
-				if slices.Contains(m.Layers, l) {
-					mr.Flipped = append(mr.Flipped, cr.ID)
-					break
-				}
-			}
-		}
-		mr.Detected = len(mr.Flipped) > 0
-		out = append(out, mr)
-	}
-	return out
 }
 
 // finish counts the claims and sets the exit code (SPEC section 5): any

@@ -137,7 +137,9 @@ func sampleReport(t *testing.T) *drill.Report {
 		},
 		Summary:         drill.Summary{Passed: 7, Failed: 1, Inconclusive: 1, Skipped: 1, Probes: 92, ProbePhaseMS: 3712, MSPerProbe: 40.35},
 		Mutations:       []string{"host-fw"},
-		MutationResults: []drill.MutationResult{{Name: "host-fw", Layers: []string{"L-HOSTFW"}, Flipped: []string{"C-HOST"}, Detected: true}},
+		MutationResults: []drill.MutationResult{{Name: "host-fw", Layers: []string{"L-HOSTFW"}, Flipped: []string{"C-HOST"}, Detected: true,
+			Changed: []drill.ProbeChange{{ID: "p020", Claim: "C-HOST", Channel: "tcp", From: drill.PlaceA, Target: "host uplink 198.51.100.2", Clean: drill.Pass, Mutated: drill.Fail}}}},
+		Clean:           &drill.CleanRun{RunID: "0a1b2d", ExitCode: drill.ExitOK, Summary: drill.Summary{Passed: 10, Probes: 70}, DurationMS: 8000},
 		ExitCode:        drill.ExitViolated,
 		Problems:        []string{"agent at host: exec: deadline exceeded", "teardown: 1 drill boxes are still there after removal"},
 	}

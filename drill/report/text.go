@@ -57,12 +57,24 @@ func Text(w io.Writer, rep *drill.Report) {
 	fmt.Fprintf(w, "\n%d passed, %d failed, %d inconclusive, %d skipped; %d probes in %.1fs (%.0f ms per probe); run %.1fs; exit %d\n",
 		s.Passed, s.Failed, s.Inconclusive, s.Skipped, s.Probes, float64(s.ProbePhaseMS)/1000, s.MSPerProbe,
 		float64(rep.DurationMS)/1000, rep.ExitCode)
+	if c := rep.Clean; c != nil {
+		fmt.Fprintf(w, "clean run %s before the mutations: %d passed, %d failed, %d inconclusive; exit %d\n",
+			c.RunID, c.Summary.Passed, c.Summary.Failed, c.Summary.Inconclusive, c.ExitCode)
+	}
 	for _, m := range rep.MutationResults {
 		if m.Detected {
-			fmt.Fprintf(w, "mutation %s (%s): detected, flipped %s\n", m.Name, strings.Join(m.Layers, ", "), strings.Join(m.Flipped, ", "))
+			fmt.Fprintf(w, "mutation %s (%s): detected by probes, %d probe verdict(s) changed from the clean run; flipped %s\n",
+				m.Name, strings.Join(m.Layers, ", "), len(m.Changed), strings.Join(m.Flipped, ", "))
 		} else {
-			fmt.Fprintf(w, "mutation %s (%s): flipped nothing: redundant (another layer holds alone) or untested\n", m.Name, strings.Join(m.Layers, ", "))
+			fmt.Fprintf(w, "mutation %s (%s): no probe flipped from pass to fail (%d changed): redundant (another layer holds alone) or untested\n",
+				m.Name, strings.Join(m.Layers, ", "), len(m.Changed))
 		}
+	}
+	for _, m := range rep.MutationResults {
+		for _, c := range m.Changed {
+			fmt.Fprintf(w, "  changed: %s %s %s -> %s: %s in the clean run, %s mutated\n", c.Claim, c.Channel, c.From, c.Target, c.Clean, c.Mutated)
+		}
+		break // the mutations of a run are applied together: one list serves all
 	}
 	for _, p := range rep.Problems {
 		fmt.Fprintf(w, "problem: %s\n", p)

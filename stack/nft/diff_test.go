@@ -63,10 +63,11 @@ func TestDiffTable(t *testing.T) {
 		}},
 		{name: "two rules swapped", want: inet, mutate: func(l *liveTable) {
 			rs := l.rules["input"]
-			rs[1], rs[4] = rs[4], rs[1]
+			last := len(rs) - 1
+			rs[1], rs[last] = rs[last], rs[1]
 		}, rules: true, finds: []Finding{
 			{"table inet box chain input", "rule 2 differs: is `iifname \"boxnet\" drop`, want `iifname \"boxnet\" udp dport 53 accept`"},
-			{"table inet box chain input", "rule 5 differs: is `iifname \"boxnet\" udp dport 53 accept`, want `iifname \"boxnet\" drop`"},
+			{"table inet box chain input", "rule 6 differs: is `iifname \"boxnet\" udp dport 53 accept`, want `iifname \"boxnet\" drop`"},
 		}},
 		{name: "rule changed in place", want: inet, mutate: func(l *liveTable) {
 			l.rules["input"][2] = &nftables.Rule{Handle: 7, Exprs: rule(accept(), iifname("boxnet"), dport("udp", 68)).Exprs}

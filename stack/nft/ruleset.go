@@ -152,6 +152,13 @@ func Desired(cfg Config, caps Capabilities) Ruleset {
 			rule(accept(), iifname(br), dport("udp", 53)),
 			rule(accept(), iifname(br), dport("udp", 67)),
 			rule(accept(), iifname(br), dport("tcp", 53)),
+			// Router solicitations reach the host so that silence to one
+			// is evidence (SPEC 4): with IPv6 wrongly on at the bridge, a
+			// router answers at once, and the drill's C-V6 probe fails
+			// instead of waiting out unsolicited advertisements (minutes
+			// apart). With L-V6 intact the bridge has IPv6 disabled and the
+			// kernel drops the frame before any netfilter hook.
+			rule(accept(), iifname(br), icmpv6Type(133, "nd-router-solicit")),
 			rule(drop(), iifname(br)),
 		},
 	}}}
@@ -319,6 +326,19 @@ func dport(proto string, port uint16) part {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{num}},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+	}}
+}
+
+// icmpv6Type matches an ICMPv6 message type, with the nfproto dependency
+// nft adds for it in the inet family.
+func icmpv6Type(t byte, name string) part {
+	return part{"icmpv6 type " + name, []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{t}},
 	}}
 }
 
