@@ -14,13 +14,16 @@ const validPlan = `{
   "version": 1,
   "deadline_ms": 3000,
   "link_local": {"via": "10.88.0.0/24"},
+  "neighbors": [{"via": "10.88.0.0/24", "address": "10.88.0.6", "mac": "02:00:00:00:00:06"}],
   "listeners": [
     {"id": "greet", "kind": "tcp_greeter", "name": "peer-a", "port": 7000},
     {"id": "echo", "kind": "udp_echo", "name": "peer-a", "port": 7001, "via": "10.88.0.0/24", "window_ms": 2000}
   ],
   "witnesses": [
     {"id": "w1", "via": "10.88.0.0/24", "window_ms": 2500, "nonces": ["abcdef0123456789"],
-     "src_ips": ["10.88.0.5", "fe80::1"], "src_macs": ["02:00:00:00:00:01"], "proto": "udp", "port": 7001}
+     "src_ips": ["10.88.0.5", "fe80::1"], "src_macs": ["02:00:00:00:00:01"], "proto": "udp", "port": 7001,
+     "control": "0123456789abcdef"},
+    {"id": "w6", "via": "10.88.0.0/24", "window_ms": 2500, "proto": "ipv6-config", "control": "0123456789abcdef"}
   ],
   "probes": [
     {"id": "tcp1", "kind": "tcp", "target": "10.88.0.6", "port": 7000, "deadline_ms": 1000},
@@ -32,15 +35,17 @@ const validPlan = `{
     {"id": "dns2", "kind": "dns", "target": "10.88.0.1", "name": "10.88.0.6", "qtype": "PTR", "deadline_ms": 1000},
     {"id": "v6", "kind": "ipv6_state", "deadline_ms": 100},
     {"id": "rs", "kind": "ndp_rs", "via": "10.88.0.0/24", "deadline_ms": 1000},
-    {"id": "lease", "kind": "dhcp_lease", "via": "10.88.0.0/24", "deadline_ms": 100}
+    {"id": "lease", "kind": "dhcp_lease", "via": "10.88.0.0/24", "deadline_ms": 100},
+    {"id": "ctl", "kind": "control", "via": "10.88.0.0/24", "nonce": "0123456789abcdef", "dst_mac": "02:00:00:00:00:06", "deadline_ms": 1000}
   ]
 }`
 
 func TestDecodePlanValid(t *testing.T) {
 	p, err := DecodePlan(strings.NewReader(validPlan))
 	require.NoError(t, err)
-	require.Len(t, p.Probes, 10)
-	require.Len(t, p.Witnesses, 1)
+	require.Len(t, p.Probes, 11)
+	require.Len(t, p.Witnesses, 2)
+	require.Len(t, p.Neighbors, 1)
 	require.Len(t, p.Listeners, 2)
 	require.Equal(t, "10.88.0.6", p.Probes[0].Target.String())
 	require.Equal(t, "10.88.0.0/24", p.LinkLocal.Via.String())
@@ -76,6 +81,14 @@ func TestDecodePlanErrors(t *testing.T) {
 		name, plan, want string
 	}{
 		{"empty input", ``, "empty input"},
+		{"control without a nonce", probe(`"kind":"control","via":"10.0.0.0/8"`), "control needs a nonce"},
+		{"control without via", probe(`"kind":"control","nonce":"0123456789abcdef"`), "control needs via"},
+		{"control with a target", probe(`"kind":"control","via":"10.0.0.0/8","nonce":"0123456789abcdef","target":"10.0.0.1"`), "takes no target"},
+		{"control with a bad mac", probe(`"kind":"control","via":"10.0.0.0/8","nonce":"0123456789abcdef","dst_mac":"nope"`), "dst_mac"},
+		{"dst_mac on another kind", probe(`"kind":"icmp","target":"10.0.0.1","dst_mac":"02:00:00:00:00:01"`), "dst_mac is for control probes"},
+		{"witness control not a nonce", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":100,"src_ips":["10.0.0.1"],"control":"x y"}]}`, "control"},
+		{"neighbor with a bad mac", `{"version":1,"deadline_ms":2000,"neighbors":[{"via":"10.0.0.0/8","address":"10.0.0.1","mac":"zz"}]}`, "neighbor 0: mac"},
+		{"neighbor without an address", `{"version":1,"deadline_ms":2000,"neighbors":[{"via":"10.0.0.0/8","mac":"02:00:00:00:00:01"}]}`, "neighbor 0: address"},
 		{"blank input", " \n\t", "empty input"},
 		{"truncated", `{"version":1,"deadline_ms":10`, "unexpected EOF"},
 		{"not an object", `[1,2]`, "cannot unmarshal"},

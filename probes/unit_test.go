@@ -234,6 +234,14 @@ func TestWitnessMatch(t *testing.T) {
 	v6 := frame(macB, macB, ethernet.EtherTypeIPv6, ipv6Packet(unix.IPPROTO_ICMPV6,
 		netip.MustParseAddr("2001:db8:1::2"), netip.MustParseAddr("2001:db8:2::2"), []byte{128, 0, 0, 0}))
 
+	ll, allNodes := netip.MustParseAddr("fe80::1"), netip.MustParseAddr("ff02::1")
+	ra := frame(macB, macA, ethernet.EtherTypeIPv6, ipv6Packet(unix.IPPROTO_ICMPV6, ll, allNodes, make([]byte, 16)))
+	ra[14+40] = 134
+	redirect := frame(macB, macA, ethernet.EtherTypeIPv6, ipv6Packet(unix.IPPROTO_ICMPV6, ll, allNodes, make([]byte, 40)))
+	redirect[14+40] = 137
+	dhcp6 := frame(macB, macA, ethernet.EtherTypeIPv6, ipv6Packet(unix.IPPROTO_UDP, ll, netip.MustParseAddr("fe80::2"), ports(547, 546, make([]byte, 8)...)))
+	dhcp6ToServer := frame(macA, macB, ethernet.EtherTypeIPv6, ipv6Packet(unix.IPPROTO_UDP, netip.MustParseAddr("fe80::2"), netip.MustParseAddr("ff02::1:2"), ports(546, 547, make([]byte, 8)...)))
+
 	w := func(spec WitnessSpec) *Witness {
 		x := &Witness{spec: spec, ips: map[netip.Addr]bool{}}
 		for _, n := range spec.Nonces {
@@ -269,6 +277,12 @@ func TestWitnessMatch(t *testing.T) {
 		{"mac of someone else", WitnessSpec{SrcMACs: []string{macA.String()}}, tcpFromA, false, ""},
 		{"ipv6 source", WitnessSpec{SrcIPs: []netip.Addr{netip.MustParseAddr("2001:db8:1::2")}, Proto: "icmpv6"}, v6, true, "src_ip"},
 		{"runt frame", WitnessSpec{Nonces: []string{nonce}}, []byte{1, 2, 3}, false, ""},
+		{"ipv6-config: a router advertisement", WitnessSpec{Proto: ProtoIPv6Config}, ra, true, "icmpv6 router advertisement"},
+		{"ipv6-config: a redirect", WitnessSpec{Proto: ProtoIPv6Config}, redirect, true, "icmpv6 redirect"},
+		{"ipv6-config: dhcpv6 to a client", WitnessSpec{Proto: ProtoIPv6Config}, dhcp6, true, "dhcpv6"},
+		{"ipv6-config: an echo request is not configuration", WitnessSpec{Proto: ProtoIPv6Config}, v6, false, ""},
+		{"ipv6-config: dhcpv6 to a server is not", WitnessSpec{Proto: ProtoIPv6Config}, dhcp6ToServer, false, ""},
+		{"ipv6-config: ipv4 is not", WitnessSpec{Proto: ProtoIPv6Config}, tcpFromA, false, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -280,6 +294,27 @@ func TestWitnessMatch(t *testing.T) {
 	s, _ := w(WitnessSpec{SrcIPs: []netip.Addr{a}}).match(tcpFromA)
 	require.Equal(t, FrameSummary{EtherType: "ipv4", SrcMAC: macB.String(), DstMAC: macB.String(), SrcIP: a.String(),
 		DstIP: b.String(), Proto: "tcp", DstPort: 7000, MatchedBy: "src_ip 10.201.1.2"}, s)
+}
+
+// TestWitnessCountsControls: a control frame proves the capture alive and
+// is never a match, whatever else the witness looks for.
+func TestWitnessCountsControls(t *testing.T) {
+	macA, _ := net.ParseMAC("02:00:00:00:00:0a")
+	macB, _ := net.ParseMAC("02:00:00:00:00:0b")
+	ctl, other := "c0ffee0123456789", "feedface01234567"
+	w := &Witness{spec: WitnessSpec{SrcMACs: []string{macA.String()}, Control: ctl}, ips: map[netip.Addr]bool{},
+		macs: [][]byte{macA}, control: []byte(ControlPrefix + ctl)}
+	w.record(ControlFrame(macB, macA, ctl))   // from a matched MAC, yet only a control
+	w.record(ControlFrame(macB, macA, other)) // another wire's control: an ordinary frame, matched by MAC
+	w.record(ControlFrame(macB, macA, ctl))
+	require.Equal(t, 2, w.controls)
+	require.Equal(t, 1, w.count)
+	require.Equal(t, 3, w.captured)
+	require.False(t, w.controlLast.IsZero())
+	f := ControlFrame(macB, macA, ctl)
+	require.Equal(t, []byte(macB), f[0:6])
+	require.Equal(t, []byte(macA), f[6:12])
+	require.Equal(t, []byte{0x88, 0xb5}, f[12:14])
 }
 
 func TestInterfaceForSubnet(t *testing.T) {

@@ -186,10 +186,18 @@ func runList(_ context.Context, s stdio, args []string) int {
 	if code, ok := parse(fs, args, 0); !ok {
 		return code
 	}
-	emit(s, *asJSON, drill.Catalogue, func(w io.Writer) {
+	type listed struct {
+		drill.Claim
+		StackRule string `json:"stack_rule"`
+	}
+	var out []listed
+	for _, c := range drill.Catalogue {
+		out = append(out, listed{c, c.StackRule()})
+	}
+	emit(s, *asJSON, out, func(w io.Writer) {
 		for _, c := range drill.Catalogue {
-			fmt.Fprintf(w, "%-10s %s -> %s over %s: %s [%s]\n           %s\n", c.ID, c.From, c.To,
-				strings.Join(c.Channels, ", "), c.Expect, strings.Join(c.Layers, ", "), c.Why)
+			fmt.Fprintf(w, "%-10s %s -> %s over %s: %s [%s]\n           %s\n           stack channel: %s\n", c.ID, c.From, c.To,
+				strings.Join(c.Channels, ", "), c.Expect, strings.Join(c.Layers, ", "), c.Why, c.StackRule())
 		}
 	})
 	return exitOK

@@ -1,0 +1,123 @@
+package drill
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/stack"
+)
+
+func claimFor(t *testing.T, id string) Claim {
+	t.Helper()
+	c, ok := ClaimByID(id)
+	require.True(t, ok, id)
+	return c
+}
+
+func TestStackResults(t *testing.T) {
+	bridgeGone := stack.Finding{Layer: "L-BRIDGEDROP", Object: "nft table bridge box", Problem: "missing", Fix: "box doctor --fix"}
+	dockerFwd := stack.Finding{Layer: "L-NAT", Object: "nft ip filter FORWARD", Problem: "drops forwarded traffic", Fix: "iptables -I DOCKER-USER ...", Advisory: true}
+	legacy := stack.Finding{Layer: "stack", Object: "profile claude-dev", Problem: "legacy generation still present", Fix: "box migrate-host", Advisory: true}
+	profileDevice := stack.Finding{Layer: "stack", Object: "profile box-net", Problem: "device gpu is not in the desired profile", Fix: "box doctor --fix"}
+	all := []stack.Finding{bridgeGone, dockerFwd, legacy, profileDevice}
+
+	sib := stackResults(claimFor(t, "C-SIBLING"), all)
+	require.Len(t, sib, 1)
+	assert.Equal(t, Fail, sib[0].Verdict)
+	assert.Equal(t, ChannelStack, sib[0].Channel)
+	assert.Contains(t, sib[0].Evidence, "nft table bridge box: missing (fix: box doctor --fix)")
+	assert.Equal(t, "s-C-SIBLING-1", sib[0].ID)
+
+	egress := stackResults(claimFor(t, "C-EGRESS"), all)
+	require.Len(t, egress, 1)
+	assert.Equal(t, Pass, egress[0].Verdict, "another firewall's forward policy is advisory: it fails no claim")
+
+	clone := stackResults(claimFor(t, "C-CLONE"), all)
+	require.Len(t, clone, 1, "the legacy leftover is advisory, the profile's extra device is not")
+	assert.Equal(t, Fail, clone[0].Verdict)
+	assert.Contains(t, clone[0].Evidence, "device gpu")
+
+	host := stackResults(claimFor(t, "C-HOST"), nil)
+	require.Len(t, host, 1)
+	assert.Equal(t, Pass, host[0].Verdict)
+	assert.Contains(t, host[0].Evidence, "L-HOSTFW, L-ACL")
+
+	// Two findings on one claim's layers are two failed results.
+	two := stackResults(claimFor(t, "C-SIBLING"), []stack.Finding{bridgeGone, {Layer: "L-PORTISO", Object: "bridge port veth1", Problem: "isolated is off"}})
+	require.Len(t, two, 2)
+	assert.NotEqual(t, two[0].ID, two[1].ID)
+
+	// Aggregated with passing probes, a stack failure fails the claim.
+	cr := aggregate(claimFor(t, "C-SIBLING"), append([]Result{{Action: Action{ID: "p010", Channel: "tcp"}, Verdict: Pass}}, sib...))
+	assert.Equal(t, Fail, cr.Verdict)
+}
+
+func TestStackRuleSaysWhatFailsAClaim(t *testing.T) {
+	assert.Contains(t, claimFor(t, "C-SIBLING").StackRule(), "L-PORTISO or L-BRIDGEDROP")
+	assert.Contains(t, claimFor(t, "C-CLONE").StackRule(), "the stack as a whole")
+	for _, c := range Catalogue {
+		assert.Contains(t, c.StackRule(), "advisory findings", c.ID)
+	}
+}
+
+func TestMergeFindings(t *testing.T) {
+	a := stack.Finding{Layer: "L-V6", Object: "network boxnet", Problem: "ipv6.address is set", Fix: "box doctor --fix"}
+	b := stack.Finding{Layer: "L-ACL", Object: "acl box-isolate", Problem: "missing", Fix: "box doctor --fix"}
+	assert.Equal(t, []stack.Finding{a, b}, mergeFindings([]stack.Finding{a}, []stack.Finding{a, b}), "a finding of either pass, each once")
+	assert.Equal(t, []stack.Finding{}, mergeFindings(nil, nil))
+}
+
+func TestCompareRuns(t *testing.T) {
+	res := func(id, claim, ch string, v Verdict) Result {
+		return Result{Action: Action{ID: id, Claim: claim, Channel: ch, From: PlaceA, TargetKey: PlaceB, Target: "box-b"}, Verdict: v}
+	}
+	rep := func(rs ...Result) *Report {
+		byClaim := map[string][]Result{}
+		var order []string
+		for _, r := range rs {
+			if _, ok := byClaim[r.Claim]; !ok {
+				order = append(order, r.Claim)
+			}
+			byClaim[r.Claim] = append(byClaim[r.Claim], r)
+		}
+		out := &Report{}
+		for _, c := range order {
+			out.Claims = append(out.Claims, ClaimResult{Claim: Claim{ID: c}, Results: byClaim[c]})
+		}
+		return out
+	}
+	clean := rep(res("p010", "C-SIBLING", "tcp", Pass), res("p011", "C-SIBLING", "arp", Pass),
+		res("s-C-SIBLING", "C-SIBLING", ChannelStack, Pass), res("p020", "C-HOST", "tcp", Inconclusive))
+	ms := []Mutation{{Name: "bridge-drop", Layers: []string{"L-BRIDGEDROP"}}, {Name: "port-isolation", Layers: []string{"L-PORTISO"}}}
+
+	t.Run("a probe flipped", func(t *testing.T) {
+		mutated := rep(res("p010", "C-SIBLING", "tcp", Fail), res("p011", "C-SIBLING", "arp", Pass),
+			res("s-C-SIBLING-1", "C-SIBLING", ChannelStack, Fail), res("p020", "C-HOST", "tcp", Pass))
+		out := compareRuns(ms, clean, mutated)
+		require.Len(t, out, 2, "one result per mutation")
+		for _, m := range out {
+			assert.True(t, m.Detected, m.Name)
+			assert.Equal(t, []string{"C-SIBLING"}, m.Flipped)
+			require.Len(t, m.Changed, 2, "the tcp probe, and C-HOST's inconclusive turned pass; never the stack channel")
+			assert.Equal(t, ProbeChange{ID: "p010", Claim: "C-SIBLING", Channel: "tcp", From: PlaceA, Target: "box-b", Clean: Pass, Mutated: Fail}, m.Changed[0])
+		}
+	})
+	t.Run("only the stack channel failed", func(t *testing.T) {
+		mutated := rep(res("p010", "C-SIBLING", "tcp", Pass), res("p011", "C-SIBLING", "arp", Pass),
+			res("s-C-SIBLING-1", "C-SIBLING", ChannelStack, Fail), res("p020", "C-HOST", "tcp", Inconclusive))
+		out := compareRuns(ms[:1], clean, mutated)
+		require.Len(t, out, 1)
+		assert.False(t, out[0].Detected, "Verify's finding is no proof that the drill can fail")
+		assert.Empty(t, out[0].Flipped)
+		assert.Empty(t, out[0].Changed)
+		assert.NotNil(t, out[0].Changed, "an empty list, never null")
+	})
+	t.Run("a probe that was not passing in the clean run proves nothing", func(t *testing.T) {
+		mutated := rep(res("p010", "C-SIBLING", "tcp", Pass), res("p020", "C-HOST", "tcp", Fail))
+		out := compareRuns(ms[:1], clean, mutated)
+		assert.False(t, out[0].Detected)
+		require.Len(t, out[0].Changed, 1, "the change is listed")
+	})
+}
