@@ -135,13 +135,13 @@ func sampleReport(t *testing.T) *drill.Report {
 					obs("p017", probes.KindDHCPLease, "", probes.Reached, "eth0 holds 10.88.0.13/24",
 						probes.Evidence{Lease: &probes.LeaseEvidence{Address: "10.88.0.13/24", Dynamic: true, MAC: "00:16:3e:00:00:0c", MachineID: "fedcba9876543210"}}))),
 		},
-		Summary:         drill.Summary{Passed: 7, Failed: 1, Inconclusive: 1, Skipped: 1, Probes: 92, ProbePhaseMS: 3712, MSPerProbe: 40.35},
-		Mutations:       []string{"host-fw"},
+		Summary:   drill.Summary{Passed: 7, Failed: 1, Inconclusive: 1, Skipped: 1, Probes: 92, ProbePhaseMS: 3712, MSPerProbe: 40.35},
+		Mutations: []string{"host-fw"},
 		MutationResults: []drill.MutationResult{{Name: "host-fw", Layers: []string{"L-HOSTFW"}, Flipped: []string{"C-HOST"}, Detected: true,
 			Changed: []drill.ProbeChange{{ID: "p020", Claim: "C-HOST", Channel: "tcp", From: drill.PlaceA, Target: "host uplink 198.51.100.2", Clean: drill.Pass, Mutated: drill.Fail}}}},
-		Clean:           &drill.CleanRun{RunID: "0a1b2d", ExitCode: drill.ExitOK, Summary: drill.Summary{Passed: 10, Probes: 70}, DurationMS: 8000},
-		ExitCode:        drill.ExitViolated,
-		Problems:        []string{"agent at host: exec: deadline exceeded", "teardown: 1 drill boxes are still there after removal"},
+		Clean:    &drill.CleanRun{RunID: "0a1b2d", ExitCode: drill.ExitOK, Summary: drill.Summary{Passed: 10, Probes: 70}, DurationMS: 8000},
+		ExitCode: drill.ExitViolated,
+		Problems: []string{"agent at host: exec: deadline exceeded", "teardown: 1 drill boxes are still there after removal"},
 	}
 }
 
