@@ -8,7 +8,7 @@ VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 export CGO_ENABLED = 0
 
-.PHONY: all deps build drill world world-down test unit bench clean
+.PHONY: all deps build drill world world-down test unit bench soak clean
 
 all: build
 
@@ -41,6 +41,11 @@ unit:
 
 bench:
 	scripts/bench.sh
+
+# Repeated clean and mutated drill runs; counts any unexpected verdict.
+# SOAK_ARGS="20 10" sets the clean runs and the runs per mutation.
+soak:
+	scripts/soak.sh $(SOAK_ARGS)
 
 clean:
 	rm -rf bin

@@ -28,7 +28,7 @@ import (
 )
 
 // SchemaVersion is the version of the JSON report (docs/drill-report.md).
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // Tags the drill puts on its own boxes, so an aborted run's boxes are found
 // and removed by the next run, and nothing else ever is.

@@ -231,7 +231,7 @@ func TestSchemaRejects(t *testing.T) {
 			resultAt(m, 3, 0)["observation"].(map[string]any)["outcome"] = "teleported"
 		}, "/claims/3/results/0/observation/outcome"},
 		{"missing schema_version", func(m map[string]any) { delete(m, "schema_version") }, "schema_version"},
-		{"schema_version 2", func(m map[string]any) { m["schema_version"] = 2 }, "/schema_version"},
+		{"schema_version 1", func(m map[string]any) { m["schema_version"] = 1 }, "/schema_version"},
 		{"an unknown top-level field", func(m map[string]any) { m["verdicts"] = []any{} }, "verdicts"},
 		{"an unknown result field", func(m map[string]any) { resultAt(m, 3, 0)["witness_at"] = "box-b" }, "witness_at"},
 		{"missing claims", func(m map[string]any) { delete(m, "claims") }, "claims"},
