@@ -262,15 +262,19 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Topology) (ar
 		if r.ControlAt == "" {
 			return false, "the listener at " + r.ListenerAt + " had no positive control, so serving nobody proves nothing"
 		}
+	}
+	if r.ControlAt != "" {
+		// The target answers its own control (a listener serving, a kernel
+		// answering echo), so its silence to the box is the path's doing.
 		c, ok := obs.get(r.ControlAt, r.ControlID)
 		if !ok || c.Outcome != probes.Reached {
 			why := "no report"
 			if ok {
 				why = string(c.Outcome) + ": " + c.Reason
 			}
-			return false, "the listener at " + r.ListenerAt + " did not answer its own control probe (" + why + "), so it may not have been serving"
+			return false, "the target did not answer its own control probe from " + r.ControlAt + " (" + why + "), so its silence proves nothing"
 		}
-		r.AtTarget += "; it answered its control"
+		r.AtTarget = strings.TrimPrefix(r.AtTarget+"; ", "; ") + "it answered its own control probe"
 	}
 	return false, ""
 }

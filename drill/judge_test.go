@@ -22,8 +22,13 @@ var (
 		ListenerAt: PlaceHost, ListenerID: "l-tcp-gateway", ControlAt: PlaceHost, ControlID: "ctl-tcp-gateway"}
 	actInboundICMP = Action{ID: "p070", Claim: "C-INBOUND", Channel: "icmp", From: PlaceHost, Target: "box-a 10.88.0.11", TargetKey: PlaceA, Expect: ExpectBlocked,
 		WitnessAt: PlaceA, Witness: &probes.WitnessSpec{ID: "wp070", Control: "ctlnonce0a"}}
-	actHostICMP = Action{ID: "p021", Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: "host gateway 10.88.0.1", TargetKey: "host-gateway", Expect: ExpectBlocked}
-	actEgress   = func(ch string, kind probes.Kind) Action {
+	actHostICMP           = Action{ID: "p021", Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: "host gateway 10.88.0.1", TargetKey: "host-gateway", Expect: ExpectBlocked}
+	actHostICMPControlled = func() Action {
+		a := actHostICMP
+		a.ControlAt, a.ControlID = PlaceHost, "ctl-icmp-gateway"
+		return a
+	}()
+	actEgress = func(ch string, kind probes.Kind) Action {
 		return Action{ID: "p001", Claim: "C-EGRESS", Channel: ch, From: PlaceA, Target: "canary 203.0.113.10", TargetKey: "internet", Expect: ExpectReach, Baseline: true,
 			Probe: probes.ProbeSpec{Kind: kind}}
 	}
@@ -224,10 +229,18 @@ func TestJudge(t *testing.T) {
 			probe:  sent("p020", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
 			others: []placed{{PlaceHost, served("l-tcp-gateway")}, {PlaceHost, answered("ctl-tcp-gateway", probes.Silent)}}, baselineOK: true,
 			want: Inconclusive, evidence: []string{"did not answer its own control probe", "silent"}},
+		{name: "host: icmp silence from a kernel that does not answer its own echo proves nothing", action: actHostICMPControlled,
+			probe:  sent("p021", probes.KindICMP, probes.Silent, "no echo reply", probes.Evidence{}),
+			others: []placed{{PlaceHost, answered("ctl-icmp-gateway", probes.Silent)}}, baselineOK: true,
+			want: Inconclusive, evidence: []string{"did not answer its own control probe", "proves nothing"}},
+		{name: "host: icmp silence from a kernel that answers its own echo", action: actHostICMPControlled,
+			probe:  sent("p021", probes.KindICMP, probes.Silent, "no echo reply", probes.Evidence{}),
+			others: []placed{{PlaceHost, answered("ctl-icmp-gateway", probes.Reached)}}, baselineOK: true,
+			want: Pass, evidence: []string{"dropped"}, atTarget: "it answered its own control probe"},
 		{name: "host: a listener with no control report proves nothing", action: actHostTCP,
 			probe:  sent("p020", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
 			others: []placed{{PlaceHost, served("l-tcp-gateway")}}, baselineOK: true,
-			want: Inconclusive, evidence: []string{"did not answer its own control probe (no report)"}},
+			want: Inconclusive, evidence: []string{"did not answer its own control probe", "(no report)"}},
 
 		// Blocked, at a host address with a listener.
 		{name: "host: the listener served box-a", action: actHostTCP,

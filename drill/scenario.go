@@ -429,17 +429,19 @@ func (b *builder) host() {
 			probes.ProbeSpec{Kind: probes.KindUDP, Target: h.Addr, Port: udp, Via: t.Subnet, Nonce: probes.NewNonce()})
 		a.ListenerAt, a.ListenerID = PlaceHost, "l-udp-"+h.Name
 		a.ControlAt, a.ControlID = PlaceHost, b.listenerControl("ctl-udp-"+h.Name, probes.KindUDP, h.Addr, udp)
-		// The host's kernel answers every echo that reaches it, so silence
-		// is the firewall's doing; a capture on the box side would see the
-		// request before the firewall drops it and prove nothing.
-		b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
+		// The host's kernel answers every echo that reaches it (its control:
+		// it answers the host's own), so silence is the firewall's doing; a
+		// capture on the box side would see the request before the
+		// firewall drops it and prove nothing.
+		a = b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindICMP, Target: h.Addr, Via: t.Subnet, Nonce: probes.NewNonce()})
+		a.ControlAt, a.ControlID = PlaceHost, b.listenerControl("ctl-icmp-"+h.Name, probes.KindICMP, h.Addr, 0)
 	}
 }
 
-// listenerControl has the host probe its own listener after the boxes'
-// probes ended: a listener that answers it was serving all along, so its
-// having served nobody from a box means something.
+// listenerControl has the host probe its own listener (or its own kernel,
+// for ICMP) after the boxes' probes ended: a target that answers it was
+// serving all along, so its silence to a box means something.
 func (b *builder) listenerControl(id string, kind probes.Kind, addr netip.Addr, port int) string {
 	p := b.plan(PlaceHost)
 	p.Probes = append(p.Probes, probes.ProbeSpec{ID: id, Kind: kind, Target: addr, Port: port, Nonce: probes.NewNonce(),
