@@ -379,7 +379,7 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, mintErr[i] = cfg.Host.Mint(mctx, stack.MintRequest{Name: names[p], Image: cfg.Image, Stamps: stamps})
+			mintErr[i] = mintProbeBox(mctx, &cfg, stack.MintRequest{Name: names[p], Image: cfg.Image, Stamps: stamps})
 		}()
 	}
 	wg.Wait()
@@ -621,6 +621,24 @@ func removeWhenIdle(ctx context.Context, h *stack.Host, name string) error {
 func isGone(err error) bool {
 	var nsb *stack.NoSuchBoxError
 	return errors.As(err, &nsb) || incus.IsNotFound(err)
+}
+
+// mintProbeBox mints one probe box, and once more if incusd created it but
+// could not start it (seen on a loaded machine: incusd's own start
+// operation timing out). A probe box is scaffolding, not evidence: a second
+// try changes no verdict.
+func mintProbeBox(ctx context.Context, cfg *Config, req stack.MintRequest) error {
+	_, err := cfg.Host.Mint(ctx, req)
+	var ns *stack.NotStartedError
+	if !errors.As(err, &ns) {
+		return err
+	}
+	cfg.logf("boxes: %s would not start (%v); minting it again", req.Name, ns.Err)
+	if rerr := removeWhenIdle(ctx, cfg.Host, req.Name); rerr != nil && !isGone(rerr) {
+		return errors.Join(err, rerr)
+	}
+	_, err = cfg.Host.Mint(ctx, req)
+	return err
 }
 
 // boxEnd reads what the scenario needs about a probe box.
