@@ -237,6 +237,15 @@ func TestSystemDrillCanFail(t *testing.T) {
 			assert.Contains(t, rep.Stack.Layers["L-BRIDGEDROP"], "absent")
 			assert.Equal(t, "present", rep.Stack.Layers["L-PORTISO"])
 		}},
+		{"port isolation only", []string{"port-isolation"}, func(t *testing.T, rep *drill.Report) {
+			sib := claim(t, rep, "C-SIBLING")
+			assert.Empty(t, probeFailures(sib), "the bridge drop alone holds against every probe")
+			assert.NotEmpty(t, stackFailures(sib), "but Verify finds the ports' isolation off, and that fails the claim")
+			require.Len(t, rep.MutationResults, 1)
+			assert.False(t, rep.MutationResults[0].Detected, "no probe flipped: reported as redundant")
+			assert.Contains(t, rep.Stack.Layers["L-PORTISO"], "absent")
+			assert.Equal(t, "present", rep.Stack.Layers["L-BRIDGEDROP"])
+		}},
 		{"host firewall", []string{"host-fw"}, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-HOST")
 			uplinkFailed := false

@@ -48,14 +48,20 @@ func judge(a Action, obs observations, t Topology, baselineOK bool, agentErr map
 	r := Result{Action: a}
 	o, ok := obs.get(a.From, a.ID)
 	if !ok {
-		r.Verdict = Inconclusive
 		r.Observed = "no observation"
 		why := agentErr[a.From]
 		if why == "" {
 			why = "no reason given"
 		}
-		r.Evidence = "the agent at " + a.From + " returned nothing for this probe (" + why + ")"
-		return r
+		// Arrival beats error here too: what the target saw needs nothing
+		// from the sender.
+		if a.Expect == ExpectBlocked || a.Expect == ExpectNone {
+			if arrived, _ := atTarget(&r, probes.Observation{}, obs, t); arrived {
+				return verdict(r, Fail, "the agent at "+a.From+" returned nothing ("+why+"), but the target saw the traffic arrive")
+			}
+			r.AtTarget = ""
+		}
+		return verdict(r, Inconclusive, "the agent at "+a.From+" returned nothing for this probe ("+why+")")
 	}
 	r.Obs = &o
 	r.Observed = describe(o)
@@ -168,7 +174,7 @@ func judgeBlocked(r Result, o probes.Observation, obs observations, t Topology, 
 		if o.Outcome == probes.Error {
 			return verdict(r, Fail, "the sender's side errored ("+o.Reason+"), but the target saw the traffic arrive")
 		}
-		return verdict(r, Fail, "the sender heard nothing back, but the target saw the traffic arrive")
+		return verdict(r, Fail, "the sender saw no answer ("+string(o.Outcome)+"), but the target saw the traffic arrive")
 	}
 	if o.Outcome == probes.Error {
 		return verdict(r, Inconclusive, "the probe could not run: "+o.Reason)
@@ -178,11 +184,7 @@ func judgeBlocked(r Result, o probes.Observation, obs observations, t Topology, 
 	}
 	if r.Pinned.IsValid() {
 		if p, ok := obs.get(r.From, pinID(r.Pinned)); !ok || p.Outcome != probes.Reached {
-			why := "no report"
-			if ok {
-				why = p.Reason
-			}
-			return verdict(r, Inconclusive, "the peer's neighbour entry was not pinned ("+why+"), so this probe only repeats the ARP result")
+			return verdict(r, Inconclusive, "the peer's neighbour entry was not pinned ("+reportOf(p, ok)+"), so this probe only repeats the ARP result")
 		}
 	}
 	if !baselineOK {
@@ -243,7 +245,12 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Topology) (ar
 			return false, "the witness at " + r.WitnessAt + " had no positive control, so its silence proves nothing"
 		case we.Controls == 0 || we.ControlLast.Before(o.StartedAt):
 			r.AtTarget = fmt.Sprintf("the witness saw nothing (%d frames read) and %d control frame(s), none after the probe started", we.Captured, we.Controls)
-			return false, "the witness at " + r.WitnessAt + " never saw its positive control after the probe started, so it may not have been capturing"
+			why := "the witness at " + r.WitnessAt + " never saw its positive control after the probe started, so it may not have been capturing"
+			// Blame the sender when the sender failed, not the witness.
+			if c, ok := obs.get(PlaceHost, controlID(r.WitnessAt)); !ok || c.Outcome != probes.Reached {
+				why += "; the control's sender: " + reportOf(c, ok)
+			}
+			return false, why
 		}
 		r.AtTarget = fmt.Sprintf("the witness saw nothing (%d frames read; alive: %d control frame(s), the last at %s)", we.Captured, we.Controls, we.ControlLast.Format("15:04:05.000"))
 	}
@@ -268,11 +275,7 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Topology) (ar
 		// answering echo), so its silence to the box is the path's doing.
 		c, ok := obs.get(r.ControlAt, r.ControlID)
 		if !ok || c.Outcome != probes.Reached {
-			why := "no report"
-			if ok {
-				why = string(c.Outcome) + ": " + c.Reason
-			}
-			return false, "the target did not answer its own control probe from " + r.ControlAt + " (" + why + "), so its silence proves nothing"
+			return false, "the target did not answer its own control probe from " + r.ControlAt + " (" + reportOf(c, ok) + "), so its silence proves nothing"
 		}
 		r.AtTarget = strings.TrimPrefix(r.AtTarget+"; ", "; ") + "it answered its own control probe"
 	}
@@ -282,6 +285,18 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Topology) (ar
 // pinID is the observation id under which an agent's report says whether
 // it pinned a neighbour.
 func pinID(a netip.Addr) string { return "pin-" + a.String() }
+
+// controlID is the id of the host's control probe for the witnesses at a
+// place (the probe boxes, or the LAN wire).
+func controlID(place string) string { return "ctl-" + place }
+
+// reportOf says what an observation reported, for an evidence line.
+func reportOf(o probes.Observation, ok bool) string {
+	if !ok {
+		return "no report"
+	}
+	return string(o.Outcome) + ": " + o.Reason
+}
 
 func judgeDistinct(r Result, o probes.Observation, obs observations) Result {
 	if len(r.Compare) == 0 {

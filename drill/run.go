@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -88,6 +89,9 @@ type Report struct {
 	// Problems are errors that did not stop the run (a teardown that
 	// left something behind is one).
 	Problems []string `json:"problems"`
+	// dirty says the run's teardown or restore failed: the host may carry
+	// its leftovers, and nothing more may be done to it.
+	dirty bool
 }
 
 // Environment is where the run happened.
@@ -187,7 +191,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the clean run before the mutations: %w", err)
 	}
-	if cleanRep.ExitCode == ExitUsage {
+	if cleanRep.dirty {
 		// Its teardown failed: the host may be dirty, and a mutation on top
 		// of that proves nothing and makes it worse.
 		cleanRep.Problems = append(cleanRep.Problems, "the mutations were not applied: the clean run before them left problems")
@@ -206,45 +210,57 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Problems = append(rep.Problems, "clean run: "+p)
 	}
 	rep.Clean = &CleanRun{RunID: cleanRep.RunID, ExitCode: cleanRep.ExitCode, Summary: cleanRep.Summary, DurationMS: cleanRep.DurationMS}
-	rep.MutationResults = compareRuns(cfg.Mutations, cleanRep, rep)
+	var unmatched int
+	rep.MutationResults, unmatched = compareRuns(cfg.Mutations, cleanRep, rep)
+	if unmatched > 0 {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("comparing with the clean run: %d probe(s) of this run had no counterpart there (the targets changed between the runs), so they prove nothing either way", unmatched))
+	}
 	return rep, nil
 }
 
 // compareRuns lists the probe verdicts that changed between the clean run
-// and the mutated one. Both runs built their scenario from topologies of
-// one shape, so an action's id names the same probe in both.
-func compareRuns(ms []Mutation, clean, mutated *Report) []MutationResult {
-	key := func(r Result) string {
-		return strings.Join([]string{r.ID, r.Claim, r.Channel, r.From, r.TargetKey}, "|")
+// and the mutated one, and how many of the mutated run's probes had no
+// counterpart. A probe is matched by claim, channel, source and target
+// key, and its rank among those: not by its id, which shifts when a host
+// target comes or goes between the runs.
+func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) {
+	keys := func(rep *Report, visit func(k string, r Result)) {
+		seen := map[string]int{}
+		for _, cr := range rep.Claims {
+			for _, r := range cr.Results {
+				if r.Channel == ChannelStack {
+					continue
+				}
+				k := strings.Join([]string{r.Claim, r.Channel, r.From, r.TargetKey}, "|")
+				seen[k]++
+				visit(fmt.Sprintf("%s|%d", k, seen[k]), r)
+			}
+		}
 	}
 	before := map[string]Verdict{}
-	for _, cr := range clean.Claims {
-		for _, r := range cr.Results {
-			before[key(r)] = r.Verdict
-		}
-	}
+	keys(clean, func(k string, r Result) { before[k] = r.Verdict })
 	changed := []ProbeChange{}
 	var flipped []string
-	for _, cr := range mutated.Claims {
-		for _, r := range cr.Results {
-			if r.Channel == ChannelStack {
-				continue
-			}
-			was, ok := before[key(r)]
-			if !ok || was == r.Verdict {
-				continue
-			}
-			changed = append(changed, ProbeChange{ID: r.ID, Claim: r.Claim, Channel: r.Channel, From: r.From, Target: r.Target, Clean: was, Mutated: r.Verdict})
-			if was == Pass && r.Verdict == Fail && !slices.Contains(flipped, r.Claim) {
-				flipped = append(flipped, r.Claim)
-			}
+	unmatched := 0
+	keys(mutated, func(k string, r Result) {
+		was, ok := before[k]
+		switch {
+		case !ok:
+			unmatched++
+			return
+		case was == r.Verdict:
+			return
 		}
-	}
+		changed = append(changed, ProbeChange{ID: r.ID, Claim: r.Claim, Channel: r.Channel, From: r.From, Target: r.Target, Clean: was, Mutated: r.Verdict})
+		if was == Pass && r.Verdict == Fail && !slices.Contains(flipped, r.Claim) {
+			flipped = append(flipped, r.Claim)
+		}
+	})
 	out := []MutationResult{}
 	for _, m := range ms {
 		out = append(out, MutationResult{Name: m.Name, Layers: m.Layers, Flipped: append([]string{}, flipped...), Changed: changed, Detected: len(flipped) > 0})
 	}
-	return out
+	return out, unmatched
 }
 
 func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
@@ -285,6 +301,7 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
 			err = fmt.Errorf("%w; and: %s", err, strings.Join(dirty, "; "))
 			return
 		}
+		rep.dirty = true
 		// A violated claim stays 1 (the problems say the rest); otherwise
 		// the host may be left dirty, which is a tool error.
 		if rep.ExitCode != ExitViolated {
@@ -452,6 +469,7 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
 	for place, e := range agentErr {
 		rep.Problems = append(rep.Problems, "agent at "+place+": "+e)
 	}
+	rep.Problems = append(rep.Problems, failedControls(sc, obs)...)
 
 	// Verdicts: the baselines first, for they decide what a block means.
 	baselineOK := true
@@ -735,7 +753,12 @@ func runPlans(ctx context.Context, cfg Config, c *incus.Client, names map[string
 			}
 			for _, n := range rep.Neighbors {
 				if a, err := netip.ParseAddr(n.Address); err == nil {
-					m[pinID(a)] = pinObservation(n)
+					o := pinObservation(n)
+					o.ID = pinID(a)
+					m[o.ID] = o
+				}
+				if n.Pinned && !n.Removed {
+					agentErr[place] = strings.TrimPrefix(agentErr[place]+"; ", "; ") + "a pinned neighbour was left behind: " + n.Error
 				}
 			}
 			obs[place] = m
@@ -745,10 +768,33 @@ func runPlans(ctx context.Context, cfg Config, c *incus.Client, names map[string
 	return obs, agentErr
 }
 
+// failedControls names the positive controls that did not work: plan
+// probes that serve no action (the host's control frames and its probes of
+// its own listeners). The verdicts they leave inconclusive say so too; this
+// puts the cause where an operator looks first.
+func failedControls(sc *Scenario, obs observations) []string {
+	actions := map[string]bool{}
+	for _, a := range sc.Actions {
+		actions[a.ID] = true
+	}
+	var out []string
+	for _, place := range slices.Sorted(maps.Keys(sc.Plans)) {
+		for _, p := range sc.Plans[place].Probes {
+			if actions[p.ID] {
+				continue
+			}
+			if o, ok := obs.get(place, p.ID); !ok || o.Outcome != probes.Reached {
+				out = append(out, fmt.Sprintf("positive control %s at %s failed (%s): the verdicts resting on it are inconclusive", p.ID, place, reportOf(o, ok)))
+			}
+		}
+	}
+	return out
+}
+
 // pinObservation turns an agent's account of a pinned neighbour into an
 // observation the judge can look up.
 func pinObservation(n probes.NeighborState) probes.Observation {
-	o := probes.Observation{ID: "pin-" + n.Address, Kind: "neighbor", Target: n.Address, Outcome: probes.Reached,
+	o := probes.Observation{Kind: "neighbor", Target: n.Address, Outcome: probes.Reached,
 		Reason: "pinned to " + n.MAC + " on " + n.Interface}
 	if !n.Pinned {
 		o.Outcome, o.Reason = probes.Error, n.Error
@@ -768,10 +814,15 @@ func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[string]
 	switch place {
 	case PlaceHost, PlaceLAN:
 		var cmd *exec.Cmd
-		if cfg.World == nil {
+		switch {
+		case cfg.World == nil && cfg.Host.NetNS != "":
+			// A real host whose bridge lives in another namespace
+			// (BOX_NETNS): the agent runs there, where the bridge is.
+			cmd = exec.CommandContext(ctx, "ip", "netns", "exec", cfg.Host.NetNS, cfg.Agent, "agent")
+		case cfg.World == nil:
 			// A real host: the agent runs right here, in its namespace.
 			cmd = exec.CommandContext(ctx, cfg.Agent, "agent")
-		} else {
+		default:
 			ns := cfg.World.Names.HostNS
 			if place == PlaceLAN {
 				ns = cfg.World.Names.LANNS

@@ -45,19 +45,23 @@ const (
 //     takes a second, and default routes) is read at stateAt, the end.
 //   - Controls: the host sends each witness's control frames from
 //     controlDelay to the plan's end, so a witness proves it was capturing
-//     after every probe it judges had started.
+//     after every probe it judges had started. The agents start within a
+//     few tens of milliseconds of each other on an idle machine; the last
+//     probe a witness judges (the IPv6 state read) starts about 750 ms
+//     before the last control frame, which is the skew the run tolerates.
 var (
 	probeDelay    = 1000 * time.Millisecond
 	probeDeadline = 1500 * time.Millisecond
-	rsDelay       = 300 * time.Millisecond
+	rsDelay       = 100 * time.Millisecond
 	rsWindow      = 4000 * time.Millisecond
 	stateAt       = rsDelay + rsWindow
 	stateDeadline = 200 * time.Millisecond
-	planDeadline  = stateAt + stateDeadline + 500*time.Millisecond
+	planDeadline  = stateAt + stateDeadline + 700*time.Millisecond
 	controlDelay  = 500 * time.Millisecond
-	// listenerControlAt is when the host checks its own listeners: after
-	// every box's blocked probes have ended.
-	listenerControlAt = probeDelay + probeDeadline + 500*time.Millisecond
+	// selfControlAt is when the host checks its own listeners and echo:
+	// after every box's blocked probes have ended, with the same skew
+	// budget as the controls.
+	selfControlAt = probeDelay + probeDeadline + 800*time.Millisecond
 )
 
 // Expectation is what an action must observe to pass.
@@ -292,11 +296,11 @@ func (b *builder) controlFrames() {
 	}
 	for _, e := range []BoxEnd{b.t.A, b.t.B, b.t.C} {
 		if e.MAC != nil {
-			b.controls[e.Place] = add("ctl-"+e.Place, b.t.Subnet, e.MAC)
+			b.controls[e.Place] = add(controlID(e.Place), b.t.Subnet, e.MAC)
 		}
 	}
 	if b.t.LANVia.IsValid() {
-		b.lanControl = add("ctl-lan", b.t.LANVia, nil)
+		b.lanControl = add(controlID(PlaceLAN), b.t.LANVia, nil)
 	}
 }
 
@@ -424,28 +428,28 @@ func (b *builder) host() {
 		a := b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "tcp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindTCP, Target: h.Addr, Port: tcp, Via: t.Subnet, Nonce: probes.NewNonce()})
 		a.ListenerAt, a.ListenerID = PlaceHost, "l-tcp-"+h.Name
-		a.ControlAt, a.ControlID = PlaceHost, b.listenerControl("ctl-tcp-"+h.Name, probes.KindTCP, h.Addr, tcp)
+		a.ControlAt, a.ControlID = PlaceHost, b.selfControl("ctl-tcp-"+h.Name, probes.KindTCP, h.Addr, tcp)
 		a = b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "udp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindUDP, Target: h.Addr, Port: udp, Via: t.Subnet, Nonce: probes.NewNonce()})
 		a.ListenerAt, a.ListenerID = PlaceHost, "l-udp-"+h.Name
-		a.ControlAt, a.ControlID = PlaceHost, b.listenerControl("ctl-udp-"+h.Name, probes.KindUDP, h.Addr, udp)
+		a.ControlAt, a.ControlID = PlaceHost, b.selfControl("ctl-udp-"+h.Name, probes.KindUDP, h.Addr, udp)
 		// The host's kernel answers every echo that reaches it (its control:
 		// it answers the host's own), so silence is the firewall's doing; a
 		// capture on the box side would see the request before the
 		// firewall drops it and prove nothing.
 		a = b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindICMP, Target: h.Addr, Via: t.Subnet, Nonce: probes.NewNonce()})
-		a.ControlAt, a.ControlID = PlaceHost, b.listenerControl("ctl-icmp-"+h.Name, probes.KindICMP, h.Addr, 0)
+		a.ControlAt, a.ControlID = PlaceHost, b.selfControl("ctl-icmp-"+h.Name, probes.KindICMP, h.Addr, 0)
 	}
 }
 
-// listenerControl has the host probe its own listener (or its own kernel,
-// for ICMP) after the boxes' probes ended: a target that answers it was
-// serving all along, so its silence to a box means something.
-func (b *builder) listenerControl(id string, kind probes.Kind, addr netip.Addr, port int) string {
+// selfControl has the host probe its own listener (or its own kernel, for
+// ICMP) after the boxes' probes ended: a target that answers it was serving
+// all along, so its silence to a box means something.
+func (b *builder) selfControl(id string, kind probes.Kind, addr netip.Addr, port int) string {
 	p := b.plan(PlaceHost)
 	p.Probes = append(p.Probes, probes.ProbeSpec{ID: id, Kind: kind, Target: addr, Port: port, Nonce: probes.NewNonce(),
-		DelayMS: int(listenerControlAt.Milliseconds()), DeadlineMS: int(probeDeadline.Milliseconds())})
+		DelayMS: int(selfControlAt.Milliseconds()), DeadlineMS: int(probeDeadline.Milliseconds())})
 	return id
 }
 
@@ -505,9 +509,15 @@ func (b *builder) v6() {
 	a := b.probe(Action{ID: b.id(), Claim: "C-V6", Channel: "router-advertisement", From: PlaceA, Target: "routers on " + t.Subnet.String(), TargetKey: "ipv6", Expect: ExpectNone},
 		probes.ProbeSpec{Kind: probes.KindNDPRS, Via: t.Subnet, DelayMS: int(rsDelay.Milliseconds()), DeadlineMS: int(rsWindow.Milliseconds())})
 	b.witness(a, PlaceA, watch)
+	watchA := a.Witness
 	for _, e := range []BoxEnd{t.A, t.B, t.C} {
 		a := b.probe(Action{ID: b.id(), Claim: "C-V6", Channel: "global-address+default-route", From: e.Place, Target: e.Place + " at the end of the probe phase", TargetKey: "ipv6", Expect: ExpectNone},
 			probes.ProbeSpec{Kind: probes.KindIPv6State, DelayMS: int(stateAt.Milliseconds()), DeadlineMS: int(stateDeadline.Milliseconds())})
+		if e.Place == PlaceA {
+			// box-a already watches for the solicitation: one capture.
+			a.WitnessAt, a.Witness = PlaceA, watchA
+			continue
+		}
 		b.witness(a, e.Place, watch)
 	}
 }

@@ -358,7 +358,10 @@ func TestBuildScenarioWitnessesHaveControls(t *testing.T) {
 		} else {
 			assert.Equal(t, macs[a.WitnessAt], c.DstMAC, "%s: a box's control goes to that box only", a.ID)
 		}
-		assert.Greater(t, c.DelayMS+c.DeadlineMS, a.Probe.DelayMS+int(probes.ControlInterval.Milliseconds()), "%s: controls go on after the probe started", a.ID)
+		// The last frame leaves at the control's deadline; agents start a
+		// few hundred milliseconds apart at worst.
+		const skew = 500
+		assert.GreaterOrEqual(t, c.DelayMS+c.DeadlineMS, a.Probe.DelayMS+skew, "%s: controls go on after the probe started, with room for skew", a.ID)
 	}
 	assert.Greater(t, n, 30)
 	for _, a := range sc.Actions {

@@ -95,7 +95,8 @@ func TestCompareRuns(t *testing.T) {
 	t.Run("a probe flipped", func(t *testing.T) {
 		mutated := rep(res("p010", "C-SIBLING", "tcp", Fail), res("p011", "C-SIBLING", "arp", Pass),
 			res("s-C-SIBLING-1", "C-SIBLING", ChannelStack, Fail), res("p020", "C-HOST", "tcp", Pass))
-		out := compareRuns(ms, clean, mutated)
+		out, unmatched := compareRuns(ms, clean, mutated)
+		assert.Zero(t, unmatched)
 		require.Len(t, out, 2, "one result per mutation")
 		for _, m := range out {
 			assert.True(t, m.Detected, m.Name)
@@ -107,7 +108,7 @@ func TestCompareRuns(t *testing.T) {
 	t.Run("only the stack channel failed", func(t *testing.T) {
 		mutated := rep(res("p010", "C-SIBLING", "tcp", Pass), res("p011", "C-SIBLING", "arp", Pass),
 			res("s-C-SIBLING-1", "C-SIBLING", ChannelStack, Fail), res("p020", "C-HOST", "tcp", Inconclusive))
-		out := compareRuns(ms[:1], clean, mutated)
+		out, _ := compareRuns(ms[:1], clean, mutated)
 		require.Len(t, out, 1)
 		assert.False(t, out[0].Detected, "Verify's finding is no proof that the drill can fail")
 		assert.Empty(t, out[0].Flipped)
@@ -116,8 +117,19 @@ func TestCompareRuns(t *testing.T) {
 	})
 	t.Run("a probe that was not passing in the clean run proves nothing", func(t *testing.T) {
 		mutated := rep(res("p010", "C-SIBLING", "tcp", Pass), res("p020", "C-HOST", "tcp", Fail))
-		out := compareRuns(ms[:1], clean, mutated)
+		out, _ := compareRuns(ms[:1], clean, mutated)
 		assert.False(t, out[0].Detected)
 		require.Len(t, out[0].Changed, 1, "the change is listed")
+	})
+	t.Run("matched by what a probe is, not by its id", func(t *testing.T) {
+		// A host address more in the mutated run shifts every later id.
+		mutated := rep(res("p009", "C-HOST", "tcp", Pass), res("p011", "C-SIBLING", "tcp", Fail), res("p012", "C-SIBLING", "arp", Pass))
+		out, unmatched := compareRuns(ms[:1], clean, mutated)
+		assert.True(t, out[0].Detected)
+		assert.Equal(t, []string{"C-SIBLING"}, out[0].Flipped)
+		assert.Zero(t, unmatched)
+		extra := rep(res("p010", "C-SIBLING", "tcp", Pass), res("p099", "C-SIBLING", "tcp", Fail))
+		_, unmatched = compareRuns(ms[:1], clean, extra)
+		assert.Equal(t, 1, unmatched, "a second C-SIBLING tcp probe to box-b has no counterpart")
 	})
 }

@@ -20,14 +20,14 @@ const ControlPrefix = "BOXCONTROL "
 
 // ControlInterval is the gap between two control frames: several per
 // witness window, so one lost frame never makes a live witness look dead.
-const ControlInterval = 400 * time.Millisecond
+const ControlInterval = 250 * time.Millisecond
 
 // probeControl is a positive control for witnesses (SPEC 4, "witnesses
 // prove they were alive"): it sends Ethernet frames carrying the nonce to
 // DstMAC (broadcast when empty) on the interface holding Via, one every
-// ControlInterval until the deadline. Every witness on that wire whose
-// spec names the nonce as its control counts them; a witness that saw
-// none was not capturing, and its silence proves nothing.
+// ControlInterval, and a last one as the deadline comes. Every witness on
+// that wire whose spec names the nonce as its control counts them; a
+// witness that saw none was not capturing, and its silence proves nothing.
 //
 // The frames are sent on a packet socket, below IP, so no firewall of the
 // sender's own IP stack stops them; a bridge carries a frame its own
@@ -63,6 +63,13 @@ func probeControl(ctx context.Context, spec ProbeSpec, obs Observation) Observat
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			// One last frame at the deadline: the later a witness saw its
+			// control, the longer it proves it was capturing.
+			if _, err := c.WriteTo(frame, to); err == nil {
+				obs.Evidence.Sent++
+			} else {
+				lastErr = err
+			}
 			if obs.Evidence.Sent == 0 {
 				return fail(obs, fmt.Sprintf("control: no frame left %s: %v", ifi.Name, lastErr))
 			}

@@ -85,6 +85,15 @@ func isPortUnreach(family, typ, code int) bool {
 	return typ == icmp6DestUnreach && code == 4
 }
 
+// isHostUnreach is "no ARP/NDP answer" as a stack reports it: ICMPv4 3/1
+// (host unreachable) and ICMPv6 1/3 (address unreachable).
+func isHostUnreach(family, typ, code int) bool {
+	if family == 4 {
+		return typ == icmp4DestUnreach && code == 1
+	}
+	return typ == icmp6DestUnreach && code == 3
+}
+
 // isAdminProhibited is a firewall's "no": ICMPv4 3/9, 3/10, 3/13 and
 // ICMPv6 1/1 (admin), 1/5 (policy) and 1/6 (reject route).
 func isAdminProhibited(family, typ, code int) bool {
@@ -121,11 +130,12 @@ func newICMPEvidence(family, typ, code int, offender, target netip.Addr, local m
 // outcome. The rules, in order:
 //
 //   - advisory messages (MTU, redirect) decide nothing;
+//   - port-unreachable (or protocol-unreachable) sent by the target itself,
+//     our own address included: the packet arrived (refused);
 //   - an error our own stack generated: admin-prohibited is our own
-//     firewall (rejected); anything else means the next hop never answered
-//     ARP/NDP, which is silence on the wire (silent);
-//   - port-unreachable (or protocol-unreachable) sent by the target itself:
-//     the packet arrived (refused);
+//     firewall (rejected); host or address unreachable means the next hop
+//     never answered ARP/NDP, so the packet never left (error, never
+//     silence); anything else from our own stack is an error too;
 //   - admin-prohibited from anyone: policy (rejected, naming who);
 //   - any other error, including port-unreachable from an address that is
 //     not the target (an nft "reject" in a router): something in the path
@@ -136,12 +146,14 @@ func classifyICMP(ev *ICMPEvidence) (Outcome, string, bool) {
 	}
 	admin := isAdminProhibited(ev.Family, ev.Type, ev.Code)
 	switch {
-	case ev.OffenderIsLocal && admin:
-		return Rejected, fmt.Sprintf("ICMP %s from our own stack (%s): a local firewall rejected it", ev.Name, ev.Offender), true
-	case ev.OffenderIsLocal:
-		return Error, localUnreachable(fmt.Sprintf("ICMP %s from our own stack, %s", ev.Name, ev.Offender)), true
 	case ev.OffenderIsTarget && isPortUnreach(ev.Family, ev.Type, ev.Code):
 		return Refused, fmt.Sprintf("ICMP %s from the target itself: the packet arrived, nothing listens", ev.Name), true
+	case ev.OffenderIsLocal && admin:
+		return Rejected, fmt.Sprintf("ICMP %s from our own stack (%s): a local firewall rejected it", ev.Name, ev.Offender), true
+	case ev.OffenderIsLocal && isHostUnreach(ev.Family, ev.Type, ev.Code):
+		return Error, localUnreachable(fmt.Sprintf("ICMP %s from our own stack, %s", ev.Name, ev.Offender)), true
+	case ev.OffenderIsLocal:
+		return Error, fmt.Sprintf("ICMP %s from our own stack (%s): the packet never left, so it proves nothing", ev.Name, ev.Offender), true
 	case ev.OffenderIsTarget && admin:
 		return Rejected, fmt.Sprintf("ICMP %s from the target's own firewall (%s)", ev.Name, ev.Offender), true
 	case admin:

@@ -86,10 +86,7 @@ func (n *NeighborSpec) validate() error {
 	if !n.Address.IsValid() || n.Address.Zone() != "" || n.Address.IsMulticast() || n.Address.IsUnspecified() {
 		return fmt.Errorf("address %s is not a unicast address without a zone", n.Address)
 	}
-	if len(n.MAC) > 32 {
-		return fmt.Errorf("mac %q is too long", truncate(n.MAC, 32))
-	}
-	if _, err := net.ParseMAC(n.MAC); err != nil {
+	if err := checkMAC(n.MAC); err != nil {
 		return fmt.Errorf("mac: %w", err)
 	}
 	return nil

@@ -52,7 +52,7 @@ const (
 	KindIPv6State Kind = "ipv6_state" // global IPv6 addresses and default routes
 	KindNDPRS     Kind = "ndp_rs"     // router solicitation, expecting no RA
 	KindDHCPLease Kind = "dhcp_lease" // the address held on the box subnet
-	KindControl   Kind = "control"    // broadcast control frames for witnesses on a wire
+	KindControl   Kind = "control"    // control frames for the witnesses on a wire
 )
 
 // Witness and listener kinds (they appear in observations too).
@@ -339,10 +339,7 @@ func (w *WitnessSpec) validate(budget time.Duration) error {
 		}
 	}
 	for _, m := range w.SrcMACs {
-		if len(m) > 32 {
-			return fmt.Errorf("src_macs: %q is too long", truncate(m, 32))
-		}
-		if _, err := net.ParseMAC(m); err != nil {
+		if err := checkMAC(m); err != nil {
 			return fmt.Errorf("src_macs: %w", err)
 		}
 	}
@@ -453,16 +450,13 @@ func (s *ProbeSpec) Validate() error {
 			return errors.New("control needs via (the wire's subnet)")
 		}
 		if s.Target.IsValid() || s.Port != 0 {
-			return errors.New("control takes no target or port (it broadcasts)")
+			return errors.New("control takes no target or port (dst_mac names where its frames go)")
 		}
 		if s.Nonce == "" {
 			return errors.New("control needs a nonce (the witnesses look for it)")
 		}
 		if s.DstMAC != "" {
-			if len(s.DstMAC) > 32 {
-				return fmt.Errorf("dst_mac %q is too long", truncate(s.DstMAC, 32))
-			}
-			if _, err := net.ParseMAC(s.DstMAC); err != nil {
+			if err := checkMAC(s.DstMAC); err != nil {
 				return fmt.Errorf("dst_mac: %w", err)
 			}
 		}
@@ -535,6 +529,15 @@ func checkID(id string) error {
 		}
 	}
 	return nil
+}
+
+// checkMAC checks a hardware address from a plan, bounded before parsing.
+func checkMAC(m string) error {
+	if len(m) > 32 {
+		return fmt.Errorf("%q is too long", truncate(m, 32))
+	}
+	_, err := net.ParseMAC(m)
+	return err
 }
 
 func checkNonce(n string) error {

@@ -64,6 +64,8 @@ func TestClassifyICMP(t *testing.T) {
 		{"host unreachable from router", 4, 3, 1, router, target, Rejected, true, "host-unreachable"},
 		{"host unreachable from ourselves", 4, 3, 1, self, target, Error, true, "packet never left"},
 		{"admin prohibited from ourselves", 4, 3, 13, self, target, Rejected, true, "local firewall"},
+		{"network unreachable from ourselves", 4, 3, 0, self, target, Error, true, "never left"},
+		{"port unreachable from ourselves, the target", 4, 3, 3, self, self, Refused, true, "arrived"},
 		{"frag needed decides nothing", 4, 3, 4, router, target, "", false, ""},
 		{"redirect decides nothing", 4, 5, 1, router, target, "", false, ""},
 		{"time exceeded", 4, 11, 0, router, target, Rejected, true, "time-exceeded"},

@@ -61,20 +61,29 @@ func Text(w io.Writer, rep *drill.Report) {
 		fmt.Fprintf(w, "clean run %s before the mutations: %d passed, %d failed, %d inconclusive; exit %d\n",
 			c.RunID, c.Summary.Passed, c.Summary.Failed, c.Summary.Inconclusive, c.ExitCode)
 	}
-	for _, m := range rep.MutationResults {
-		if m.Detected {
-			fmt.Fprintf(w, "mutation %s (%s): detected by probes, %d probe verdict(s) changed from the clean run; flipped %s\n",
-				m.Name, strings.Join(m.Layers, ", "), len(m.Changed), strings.Join(m.Flipped, ", "))
-		} else {
-			fmt.Fprintf(w, "mutation %s (%s): no probe flipped from pass to fail (%d changed): redundant (another layer holds alone) or untested\n",
-				m.Name, strings.Join(m.Layers, ", "), len(m.Changed))
+	// The mutations of a run are applied together: one comparison serves
+	// them all, and it is printed once.
+	if len(rep.MutationResults) > 0 {
+		m := rep.MutationResults[0]
+		var names, layers []string
+		for _, r := range rep.MutationResults {
+			names = append(names, r.Name)
+			layers = append(layers, r.Layers...)
 		}
-	}
-	for _, m := range rep.MutationResults {
+		what := "mutation " + names[0]
+		if len(names) > 1 {
+			what = "mutations " + strings.Join(names, " + ") + " (applied together)"
+		}
+		if m.Detected {
+			fmt.Fprintf(w, "%s (%s): detected by probes, %d probe verdict(s) changed from the clean run; flipped %s\n",
+				what, strings.Join(layers, ", "), len(m.Changed), strings.Join(m.Flipped, ", "))
+		} else {
+			fmt.Fprintf(w, "%s (%s): no probe flipped from pass to fail (%d changed): redundant (another layer holds alone) or untested\n",
+				what, strings.Join(layers, ", "), len(m.Changed))
+		}
 		for _, c := range m.Changed {
 			fmt.Fprintf(w, "  changed: %s %s %s -> %s: %s in the clean run, %s mutated\n", c.Claim, c.Channel, c.From, c.Target, c.Clean, c.Mutated)
 		}
-		break // the mutations of a run are applied together: one list serves all
 	}
 	for _, p := range rep.Problems {
 		fmt.Fprintf(w, "problem: %s\n", p)
