@@ -221,7 +221,7 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Topology) (ar
 	if r.WitnessAt != "" {
 		w, ok := obs.get(r.WitnessAt, r.Witness.ID)
 		if !ok || w.Evidence.Witness == nil {
-			return false, "no witness report from " + r.WitnessAt
+			return false, "no witness report from " + r.WitnessAt + " (" + reportOf(w, ok) + ")"
 		}
 		we := w.Evidence.Witness
 		// What it saw counts even if it failed later.
@@ -257,7 +257,7 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Topology) (ar
 	if r.ListenerAt != "" {
 		l, ok := obs.get(r.ListenerAt, r.ListenerID)
 		if !ok || l.Evidence.Listener == nil {
-			return false, "no listener report from " + r.ListenerAt
+			return false, "no listener report from " + r.ListenerAt + " (" + reportOf(l, ok) + ")"
 		}
 		for _, p := range l.Evidence.Listener.Peers {
 			if p == t.A.IP.String() || strings.HasPrefix(p, t.A.IP.String()+":") {

@@ -58,10 +58,19 @@ var (
 	stateDeadline = 200 * time.Millisecond
 	planDeadline  = stateAt + stateDeadline + 700*time.Millisecond
 	controlDelay  = 500 * time.Millisecond
+	// passiveCushion ends witnesses and listeners this long before the
+	// agent collects its report: a passive task that ends right at the
+	// collection is lost on a loaded machine (measured: once in 30 soak
+	// runs with two other processes spinning, every host listener of a run
+	// went missing when they ended 25 ms before it).
+	passiveCushion = 250 * time.Millisecond
 	// selfControlAt is when the host checks its own listeners and echo:
 	// after every box's blocked probes have ended, with the same skew
 	// budget as the controls.
 	selfControlAt = probeDelay + probeDeadline + 800*time.Millisecond
+	// selfControlDeadline is ample for an answer over the host's loopback,
+	// and ends the control while the listener still listens.
+	selfControlDeadline = 1000 * time.Millisecond
 )
 
 // Expectation is what an action must observe to pass.
@@ -231,7 +240,7 @@ func (b *builder) witness(a *Action, place string, spec probes.WitnessSpec) {
 // can be trusted.
 func BuildScenario(t Topology, claims []Claim) *Scenario {
 	b := &builder{t: t, sc: &Scenario{Plans: map[string]*probes.Plan{}}, claims: map[string]bool{},
-		window: int((planDeadline - probes.AgentMargin - 100*time.Millisecond).Milliseconds()), controls: map[string]string{}}
+		window: int((planDeadline - probes.AgentMargin - passiveCushion).Milliseconds()), controls: map[string]string{}}
 	for _, c := range claims {
 		b.claims[c.ID] = true
 	}
@@ -245,8 +254,8 @@ func BuildScenario(t Topology, claims []Claim) *Scenario {
 	for _, place := range []string{PlaceA, PlaceB, PlaceC} {
 		p := b.plan(place)
 		p.Listeners = append(p.Listeners,
-			probes.ListenerSpec{ID: "l-tcp", Kind: probes.KindTCPGreeter, Name: place, Port: listenTCP},
-			probes.ListenerSpec{ID: "l-udp", Kind: probes.KindUDPEcho, Name: place, Port: listenUDP})
+			probes.ListenerSpec{ID: "l-tcp", Kind: probes.KindTCPGreeter, Name: place, Port: listenTCP, WindowMS: b.window},
+			probes.ListenerSpec{ID: "l-udp", Kind: probes.KindUDPEcho, Name: place, Port: listenUDP, WindowMS: b.window})
 	}
 	// Every box gets a usable IPv6 link-local address, as an attacker
 	// would give itself one (SPEC 7c).
@@ -260,8 +269,8 @@ func BuildScenario(t Topology, claims []Claim) *Scenario {
 		for _, h := range t.HostAddrs {
 			p := b.plan(PlaceHost)
 			p.Listeners = append(p.Listeners,
-				probes.ListenerSpec{ID: "l-tcp-" + h.Name, Kind: probes.KindTCPGreeter, Name: "host-" + h.Name, Port: tcp, Via: h.Via},
-				probes.ListenerSpec{ID: "l-udp-" + h.Name, Kind: probes.KindUDPEcho, Name: "host-" + h.Name, Port: udp, Via: h.Via})
+				probes.ListenerSpec{ID: "l-tcp-" + h.Name, Kind: probes.KindTCPGreeter, Name: "host-" + h.Name, Port: tcp, Via: h.Via, WindowMS: b.window},
+				probes.ListenerSpec{ID: "l-udp-" + h.Name, Kind: probes.KindUDPEcho, Name: "host-" + h.Name, Port: udp, Via: h.Via, WindowMS: b.window})
 		}
 	}
 	b.controlFrames()
@@ -449,7 +458,7 @@ func (b *builder) host() {
 func (b *builder) selfControl(id string, kind probes.Kind, addr netip.Addr, port int) string {
 	p := b.plan(PlaceHost)
 	p.Probes = append(p.Probes, probes.ProbeSpec{ID: id, Kind: kind, Target: addr, Port: port, Nonce: probes.NewNonce(),
-		DelayMS: int(selfControlAt.Milliseconds()), DeadlineMS: int(probeDeadline.Milliseconds())})
+		DelayMS: int(selfControlAt.Milliseconds()), DeadlineMS: int(selfControlDeadline.Milliseconds())})
 	return id
 }
 

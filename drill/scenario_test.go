@@ -322,7 +322,15 @@ func TestBuildScenarioTiming(t *testing.T) {
 					assert.LessOrEqual(t, w.WindowMS, p.DeadlineMS-int(probes.AgentMargin.Milliseconds()), "%s %s", place, w.ID)
 				}
 				for _, l := range p.Listeners {
-					assert.Zero(t, l.WindowMS, "%s listener %s listens for the whole plan", place, l.ID)
+					assert.Equal(t, int((planDeadline-probes.AgentMargin-passiveCushion).Milliseconds()), l.WindowMS,
+						"%s listener %s listens as long as the witnesses, and ends before the agent collects", place, l.ID)
+					for _, a := range sc.Actions {
+						if a.ListenerAt == place && a.ControlID != "" {
+							i := slices.IndexFunc(p.Probes, func(s probes.ProbeSpec) bool { return s.ID == a.ControlID })
+							require.GreaterOrEqual(t, i, 0)
+							assert.LessOrEqual(t, p.Probes[i].DelayMS+p.Probes[i].DeadlineMS, l.WindowMS, "%s: the control ends while the listener listens", a.ControlID)
+						}
+					}
 				}
 			}
 		})
