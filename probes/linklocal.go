@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -49,8 +50,10 @@ func EnsureLinkLocal(via netip.Prefix, addr netip.Addr) (LinkLocalState, func() 
 	nl := &netlink.Addr{
 		IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(64, 128)},
 		Scope: unix.RT_SCOPE_LINK,
-		// No duplicate address detection: the address must be usable at
-		// once, and a probe box's address is unique by construction.
+		// No duplicate address detection: the address must not wait out
+		// DAD's second, and a probe box's address is unique by
+		// construction (it is still not usable until its local route is
+		// in: see below).
 		Flags: unix.IFA_F_NODAD,
 	}
 	if err := netlink.AddrAdd(link, nl); err != nil {
@@ -70,7 +73,38 @@ func EnsureLinkLocal(via netip.Prefix, addr netip.Addr) (LinkLocalState, func() 
 		out.Removed = true
 		return out
 	}
+	// Listed at once and never tentative, the address still cannot
+	// receive: the kernel joins its solicited-node group and installs its
+	// local route only when addrconf's DAD work runs (NODAD or not), on a
+	// workqueue under RTNL, milliseconds later under load. Until then a
+	// neighbour solicitation or advertisement, or an echo, to it is lost.
+	if err := waitLocalRoute(ifi.Index, addr, time.Second); err != nil {
+		return st, remove, fmt.Errorf("link-local address %s on %s: %w", addr, ifi.Name, err)
+	}
 	return st, remove, nil
+}
+
+// waitLocalRoute polls until the local routing table delivers addr on the
+// interface with index ifindex, the last step of the kernel's setup of a
+// new address.
+func waitLocalRoute(ifindex int, addr netip.Addr, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		rs, err := netlink.RouteListFiltered(netlink.FAMILY_V6,
+			&netlink.Route{Table: unix.RT_TABLE_LOCAL, LinkIndex: ifindex}, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_OIF)
+		if err != nil {
+			return fmt.Errorf("local routes: %w", err)
+		}
+		for _, r := range rs {
+			if r.Type == unix.RTN_LOCAL && r.Dst != nil && r.Dst.IP.Equal(addr.AsSlice()) {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not ready after %v: the kernel has not installed its local route", limit)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // LinkLocalFromMAC derives fe80::/64 + modified EUI-64 from a 48-bit MAC:

@@ -3,6 +3,7 @@ package probes
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"net/netip"
@@ -243,6 +244,11 @@ func newBridgeWorld(t testing.TB) *bridgeWorld {
 		subnet: netip.MustParsePrefix("10.202.0.0/24"),
 		aIP:    netip.MustParseAddr("10.202.0.1"), bIP: netip.MustParseAddr("10.202.0.2")}
 	w.br.AddBridge(t, "br0")
+	// The bridge's own stack takes no part in IPv6: otherwise br0's EUI-64
+	// link-local address finishes DAD a second or two after the bridge
+	// comes up and br0 itself answers an echo to ff02::1, delivered to it
+	// locally, past the port-to-port drop.
+	w.br.sysctl(t, "net.ipv6.conf.br0.disable_ipv6", "1")
 	veth(t, w.br, "port-a", w.a, "veth-a")
 	veth(t, w.br, "port-b", w.b, "veth-b")
 	for _, p := range []string{"port-a", "port-b"} {
@@ -260,6 +266,9 @@ func newBridgeWorld(t testing.TB) *bridgeWorld {
 	w.a.WaitOperUp(t, "veth-a")
 	w.b.WaitOperUp(t, "veth-b")
 	w.br.WaitOperUp(t, "port-a", "port-b", "br0")
+	// a's EUI-64 link-local address appears with carrier, tentative, and
+	// is ready only once addrconf's work has run.
+	w.a.waitLinkLocal(t, "veth-a", netip.Addr{})
 	w.aMAC, w.bMAC = w.a.mac(t, "veth-a"), w.b.mac(t, "veth-b")
 
 	w.nftc = w.br.nft(t)
@@ -271,6 +280,100 @@ func newBridgeWorld(t testing.TB) *bridgeWorld {
 		t.Fatalf("nft bridge table: %v", err)
 	}
 	return w
+}
+
+// waitLinkLocal waits until link has an IPv6 link-local address (want, or
+// any one if want is the zero Addr) that the kernel has finished setting
+// up, and returns it. Being listed without the tentative flag is not
+// enough: the kernel joins the address's solicited-node group and installs
+// its local route (without which a unicast to it, a neighbour
+// advertisement included, is dropped as not ours) in addrconf's DAD work,
+// which runs after the address is added, on a workqueue under RTNL, even
+// for a NODAD address or with accept_dad=0; under load that is milliseconds
+// later.
+func (n *testNS) waitLinkLocal(t testing.TB, link string, want netip.Addr) netip.Addr {
+	t.Helper()
+	h := n.Netlink(t)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		state := "no link-local address"
+		l, err := h.LinkByName(link)
+		if err != nil {
+			t.Fatalf("%s: link %s: %v", n.Name, link, err)
+		}
+		addrs, err := h.AddrList(l, netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatalf("%s: addresses on %s: %v", n.Name, link, err)
+		}
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if !ok || !ip.IsLinkLocalUnicast() || (want.IsValid() && ip != want) {
+				continue
+			}
+			switch {
+			case a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) != 0:
+				state = fmt.Sprintf("%s tentative or failed DAD (flags %#x)", ip, a.Flags)
+			case !n.hasLocalRoute(t, h, l.Attrs().Index, ip):
+				state = fmt.Sprintf("%s has no local route yet", ip)
+			case !n.inMulticastGroup(t, link, solicitedNode(ip)):
+				state = fmt.Sprintf("%s: solicited-node group not joined yet", ip)
+			default:
+				return ip
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s: link-local address not ready after 5s: %s", n.Name, link, state)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// hasLocalRoute reports whether the local table routes addr to this host
+// through the link with index ifindex.
+func (n *testNS) hasLocalRoute(t testing.TB, h *netlink.Handle, ifindex int, addr netip.Addr) bool {
+	t.Helper()
+	rs, err := h.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_LOCAL, LinkIndex: ifindex},
+		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_OIF)
+	if err != nil {
+		t.Fatalf("%s: local routes: %v", n.Name, err)
+	}
+	for _, r := range rs {
+		if r.Type == unix.RTN_LOCAL && r.Dst != nil && r.Dst.IP.Equal(addr.AsSlice()) {
+			return true
+		}
+	}
+	return false
+}
+
+// inMulticastGroup reports whether link has joined the IPv6 group, from
+// the namespace's /proc/net/igmp6.
+func (n *testNS) inMulticastGroup(t testing.TB, link string, group netip.Addr) bool {
+	t.Helper()
+	var raw []byte
+	if err := n.Run(func() (err error) {
+		// thread-self: /proc/net follows the process's first thread,
+		// which is not in this namespace.
+		raw, err = os.ReadFile("/proc/thread-self/net/igmp6")
+		return err
+	}); err != nil {
+		t.Fatalf("%s: igmp6: %v", n.Name, err)
+	}
+	g := group.As16()
+	want := hex.EncodeToString(g[:])
+	for _, line := range strings.Split(string(raw), "\n") {
+		// index, device, group, users, flags, timer
+		if f := strings.Fields(line); len(f) >= 3 && f[1] == link && f[2] == want {
+			return true
+		}
+	}
+	return false
+}
+
+// solicitedNode is ff02::1:ffXX:XXXX for addr, the group a neighbour
+// solicitation for addr goes to.
+func solicitedNode(addr netip.Addr) netip.Addr {
+	a := addr.As16()
+	return netip.AddrFrom16([16]byte{0xff, 0x02, 11: 0x01, 12: 0xff, 13: a[13], 14: a[14], 15: a[15]})
 }
 
 // setDrop installs or removes the port-to-port drop. It matches the

@@ -174,6 +174,10 @@ func TestPrivilegedLinkLocalMulticast(t *testing.T) {
 	require.True(t, st.Added, "%+v", st)
 	bLL := netip.MustParseAddr(st.Address)
 	require.True(t, bLL.IsLinkLocalUnicast())
+	// The address is listed, not tentative, the moment EnsureLinkLocal
+	// returns, but until addrconf's work has run b drops a's neighbour
+	// advertisement and unicast echo to it: wait for that, not for time.
+	w.b.waitLinkLocal(t, "veth-b", bLL)
 
 	// A second call finds the address and adds nothing.
 	var again LinkLocalState
