@@ -322,7 +322,7 @@ func TestBuildScenarioTiming(t *testing.T) {
 					assert.LessOrEqual(t, w.WindowMS, p.DeadlineMS-int(probes.AgentMargin.Milliseconds()), "%s %s", place, w.ID)
 				}
 				for _, l := range p.Listeners {
-					assert.Equal(t, int((planDeadline-probes.AgentMargin-passiveCushion).Milliseconds()), l.WindowMS,
+					assert.Equal(t, int((planDeadline - probes.AgentMargin - passiveCushion).Milliseconds()), l.WindowMS,
 						"%s listener %s listens as long as the witnesses, and ends before the agent collects", place, l.ID)
 					for _, a := range sc.Actions {
 						if a.ListenerAt == place && a.ControlID != "" {
