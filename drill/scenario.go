@@ -47,7 +47,7 @@ const (
 //     controlDelay to the plan's end, so a witness proves it was capturing
 //     after every probe it judges had started. The agents start within a
 //     few tens of milliseconds of each other on an idle machine; the last
-//     probe a witness judges (the IPv6 state read) starts about 750 ms
+//     probe a witness judges (the IPv6 state read) starts about 600 ms
 //     before the last control frame, which is the skew the run tolerates.
 var (
 	probeDelay    = 1000 * time.Millisecond
@@ -58,11 +58,12 @@ var (
 	stateDeadline = 200 * time.Millisecond
 	planDeadline  = stateAt + stateDeadline + 700*time.Millisecond
 	controlDelay  = 500 * time.Millisecond
-	// passiveCushion ends witnesses and listeners this long before the
-	// agent collects its report: a passive task that ends right at the
-	// collection is lost on a loaded machine (measured: once in 30 soak
-	// runs with two other processes spinning, every host listener of a run
-	// went missing when they ended 25 ms before it).
+	// passiveCushion ends witnesses, listeners and control senders this
+	// long before the agent collects its report: a task that ends right at
+	// the collection is lost on a loaded machine (measured: twice in 45
+	// soak runs with three other processes spinning, every host listener of
+	// a run went missing when they ended 25 ms before it; once in CI, the
+	// control senders, ending 140 ms before it).
 	passiveCushion = 250 * time.Millisecond
 	// selfControlAt is when the host checks its own listeners and echo:
 	// after every box's blocked probes have ended, with the same skew
@@ -291,7 +292,9 @@ func BuildScenario(t Topology, claims []Claim) *Scenario {
 // LAN wire's witnesses theirs (broadcast on the host's LAN side). They are
 // plan items, not actions: the witnesses' reports say whether they arrived.
 func (b *builder) controlFrames() {
-	dur := planDeadline - controlDelay - probes.AgentMargin - 100*time.Millisecond
+	// They end with the witnesses' windows: a task that ends right at the
+	// agent's collection is lost on a loaded machine.
+	dur := planDeadline - controlDelay - probes.AgentMargin - passiveCushion
 	add := func(id string, via netip.Prefix, mac net.HardwareAddr) string {
 		nonce := probes.NewNonce()
 		spec := probes.ProbeSpec{ID: id, Kind: probes.KindControl, Via: via, Nonce: nonce,

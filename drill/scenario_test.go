@@ -370,6 +370,7 @@ func TestBuildScenarioWitnessesHaveControls(t *testing.T) {
 		// few hundred milliseconds apart at worst.
 		const skew = 500
 		assert.GreaterOrEqual(t, c.DelayMS+c.DeadlineMS, a.Probe.DelayMS+skew, "%s: controls go on after the probe started, with room for skew", a.ID)
+		assert.LessOrEqual(t, c.DelayMS+c.DeadlineMS, a.Witness.WindowMS, "%s: the sender ends with the witness windows, well before the agent collects", a.ID)
 	}
 	assert.Greater(t, n, 30)
 	for _, a := range sc.Actions {
