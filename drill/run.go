@@ -753,9 +753,7 @@ func runPlans(ctx context.Context, cfg Config, c *incus.Client, names map[string
 			}
 			for _, n := range rep.Neighbors {
 				if a, err := netip.ParseAddr(n.Address); err == nil {
-					o := pinObservation(n)
-					o.ID = pinID(a)
-					m[o.ID] = o
+					m[pinID(a)] = pinObservation(pinID(a), n)
 				}
 				if n.Pinned && !n.Removed {
 					agentErr[place] = strings.TrimPrefix(agentErr[place]+"; ", "; ") + "a pinned neighbour was left behind: " + n.Error
@@ -793,8 +791,8 @@ func failedControls(sc *Scenario, obs observations) []string {
 
 // pinObservation turns an agent's account of a pinned neighbour into an
 // observation the judge can look up.
-func pinObservation(n probes.NeighborState) probes.Observation {
-	o := probes.Observation{Kind: "neighbor", Target: n.Address, Outcome: probes.Reached,
+func pinObservation(id string, n probes.NeighborState) probes.Observation {
+	o := probes.Observation{ID: id, Kind: "neighbor", Target: n.Address, Outcome: probes.Reached,
 		Reason: "pinned to " + n.MAC + " on " + n.Interface}
 	if !n.Pinned {
 		o.Outcome, o.Reason = probes.Error, n.Error

@@ -44,11 +44,12 @@ const (
 //     IPv6 state (addresses from SLAAC, whose duplicate address detection
 //     takes a second, and default routes) is read at stateAt, the end.
 //   - Controls: the host sends each witness's control frames from
-//     controlDelay to the plan's end, so a witness proves it was capturing
-//     after every probe it judges had started. The agents start within a
-//     few tens of milliseconds of each other on an idle machine; the last
-//     probe a witness judges (the IPv6 state read) starts about 600 ms
-//     before the last control frame, which is the skew the run tolerates.
+//     controlDelay until the witnesses' windows end, so a witness proves it
+//     was capturing after every probe it judges had started. The agents
+//     start within a few tens of milliseconds of each other on an idle
+//     machine; the last probe a witness judges (the IPv6 state read) starts
+//     about 600 ms before the last control frame, which is the skew the run
+//     tolerates.
 var (
 	probeDelay    = 1000 * time.Millisecond
 	probeDeadline = 1500 * time.Millisecond
@@ -159,8 +160,9 @@ type Action struct {
 	Witness    *probes.WitnessSpec `json:"-"`
 	ListenerAt string              `json:"-"`
 	ListenerID string              `json:"-"`
-	// ControlAt runs ControlID, a probe of the listener's own that proves it
-	// was serving (a listener's silence means nothing otherwise).
+	// ControlAt runs ControlID, the host's probe of its own listener or
+	// kernel that proves the target was answering (its silence to a box
+	// means nothing otherwise).
 	ControlAt string `json:"-"`
 	ControlID string `json:"-"`
 	// Pinned is the peer address the sender pinned to its MAC, so the probe
