@@ -49,6 +49,13 @@ var Mutations = []Mutation{
 	{Name: "dns-managed", Layers: []string{"L-DNS"}, What: "set dns.mode=managed on boxnet and let DHCP names through", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"dns.mode": "managed", "raw.dnsmasq": "no-resolv\nserver=" + firstDNS(h) + "\n"})
 	}},
+	{Name: "hosts-file", Layers: []string{"L-DNS"}, What: "take no-hosts out of boxnet's dnsmasq settings (it answers from the host's hosts file)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+		n, _, err := h.Incus.Network(ctx, stack.Current.Network)
+		if err != nil {
+			return err
+		}
+		return setNetwork(ctx, h, map[string]string{"raw.dnsmasq": strings.Replace(n.Config["raw.dnsmasq"], "no-hosts\n", "", 1)})
+	}},
 	{Name: "ipv6-on", Layers: []string{"L-V6"}, What: "give boxnet an IPv6 subnet with router advertisements", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		if err := setNetwork(ctx, h, map[string]string{"ipv6.address": "fd42:b0c5::1/64", "ipv6.nat": "true"}); err != nil {
 			return err

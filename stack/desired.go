@@ -134,9 +134,11 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 	// dns.mode=none stops Incus from adding per-instance records, but
 	// dnsmasq still answers for the hostnames DHCP clients send it (the
 	// drill's C-ENUM caught sibling names and PTRs resolving):
-	// dhcp-ignore-names drops them.
+	// dhcp-ignore-names drops them. Incus starts dnsmasq without
+	// --no-hosts, so it also answers every name in the host's /etc/hosts
+	// (measured: a name added there resolved from a box): no-hosts.
 	var raw strings.Builder
-	raw.WriteString("no-resolv\ndhcp-ignore-names\n")
+	raw.WriteString("no-resolv\nno-hosts\ndhcp-ignore-names\n")
 	for _, a := range dns {
 		fmt.Fprintf(&raw, "server=%s\n", a)
 	}

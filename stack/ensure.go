@@ -192,7 +192,7 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 	}
 
 	// The firewall: live ports isolated and the nft tables.
-	fw, err := host.ensureFirewall(ctx, g)
+	fw, err := host.ensureFirewall(ctx, g, d.Gateway)
 	rep.Changes = append(rep.Changes, fw.changes...)
 	rep.BridgeMode = fw.mode
 	if fw.note != "" {
@@ -338,7 +338,7 @@ type firewallResult struct {
 // ensureFirewall isolates every port of the bridge, whatever attached it,
 // and converges the two nft tables. It touches no Incus object, so it is
 // what runs at boot.
-func (host *Host) ensureFirewall(ctx context.Context, g *ground) (firewallResult, error) {
+func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) (firewallResult, error) {
 	var res firewallResult
 	bridge := Current.Network
 	unlock, err := lockPorts(ctx)
@@ -354,6 +354,7 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground) (firewallResult
 		res.changes = append(res.changes, Change{"bridge port " + name, "updated", "isolated on"})
 	}
 	ncfg := g.nftConfig(Current)
+	ncfg.Gateway = gw
 	caps, err := nft.Probe(ncfg)
 	if err != nil {
 		return res, fmt.Errorf("probing nftables: %w", err)
@@ -382,15 +383,20 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground) (firewallResult
 // a reboot; it is what the boot unit runs (`box setup-host
 // --firewall-only`). The bridge must exist.
 func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
-	if _, _, err := host.Incus.Network(ctx, Current.Network); err != nil {
+	n, _, err := host.Incus.Network(ctx, Current.Network)
+	if err != nil {
 		return nil, fmt.Errorf("firewall only: network %s: %w (run box setup-host without --firewall-only)", Current.Network, err)
+	}
+	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
+	if err != nil || !p.Addr().Is4() {
+		return nil, fmt.Errorf("firewall only: network %s has ipv4.address=%q, not an address box can use (run box setup-host without --firewall-only)", Current.Network, n.Config["ipv4.address"])
 	}
 	g, err := host.ground()
 	if err != nil {
 		return nil, err
 	}
 	defer g.close()
-	fw, err := host.ensureFirewall(ctx, g)
+	fw, err := host.ensureFirewall(ctx, g, p.Addr())
 	rep := &Report{Changes: append([]Change{}, fw.changes...), BridgeMode: fw.mode, Notes: []string{}}
 	if fw.note != "" {
 		rep.Notes = append(rep.Notes, fw.note)

@@ -152,6 +152,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	}
 
 	ncfg := g.nftConfig(gen)
+	ncfg.Gateway = p.Addr()
 	caps, err := nft.Probe(ncfg)
 	if err != nil {
 		return nil, fmt.Errorf("probing nftables: %w", err)

@@ -37,7 +37,7 @@ func liveFrom(want Table, ports []string) *liveTable {
 }
 
 func TestDiffTable(t *testing.T) {
-	r := Desired(Config{}, portSetCaps)
+	r := Desired(Config{Gateway: testGW}, portSetCaps)
 	inet, bridge := r.Tables[0], r.Tables[1]
 	ports := []string{"vethA", "vethB"}
 
@@ -66,13 +66,15 @@ func TestDiffTable(t *testing.T) {
 			last := len(rs) - 1
 			rs[1], rs[last] = rs[last], rs[1]
 		}, rules: true, finds: []Finding{
-			{"table inet box chain input", "rule 2 differs: is `iifname \"boxnet\" drop`, want `iifname \"boxnet\" udp dport 53 accept`"},
-			{"table inet box chain input", "rule 6 differs: is `iifname \"boxnet\" udp dport 53 accept`, want `iifname \"boxnet\" drop`"},
+			{"table inet box chain input", "rule 2 differs: is `iifname \"boxnet\" drop`, want `iifname \"boxnet\" ip daddr 10.88.0.1 udp dport 53 accept`"},
+			{"table inet box chain input", "rule 7 differs: is `iifname \"boxnet\" ip daddr 10.88.0.1 udp dport 53 accept`, want `iifname \"boxnet\" drop`"},
 		}},
-		{name: "rule changed in place", want: inet, mutate: func(l *liveTable) {
-			l.rules["input"][2] = &nftables.Rule{Handle: 7, Exprs: rule(accept(), iifname("boxnet"), dport("udp", 68)).Exprs}
+		// DNS to every host address, as the stack had it before DNS was
+		// scoped to the gateway.
+		{name: "rule widened in place", want: inet, mutate: func(l *liveTable) {
+			l.rules["input"][2] = &nftables.Rule{Handle: 7, Exprs: rule(accept(), iifname("boxnet"), dport("tcp", 53)).Exprs}
 		}, rules: true, finds: []Finding{
-			{"table inet box chain input", "rule 3 differs: is [ meta load iifname => reg 1 ] [ cmp eq reg 1 0x626f786e657400000000000000000000 ] [ meta load l4proto => reg 1 ] [ cmp eq reg 1 0x11 ] [ payload load 2b @ transport header + 2 => reg 1 ] [ cmp eq reg 1 0x0044 ] [ verdict accept ], want `iifname \"boxnet\" udp dport 67 accept`"},
+			{"table inet box chain input", "rule 3 differs: is [ meta load iifname => reg 1 ] [ cmp eq reg 1 0x626f786e657400000000000000000000 ] [ meta load l4proto => reg 1 ] [ cmp eq reg 1 0x06 ] [ payload load 2b @ transport header + 2 => reg 1 ] [ cmp eq reg 1 0x0035 ] [ verdict accept ], want `iifname \"boxnet\" ip daddr 10.88.0.1 tcp dport 53 accept`"},
 		}},
 		{name: "drop rule flushed", want: bridge, mutate: func(l *liveTable) { l.rules["forward"] = nil },
 			rules: true, finds: []Finding{{"table bridge box chain forward", "rule 1 missing: want `iifname @boxnet_ports oifname @boxnet_ports drop`"}}},
@@ -98,7 +100,7 @@ func TestDiffTable(t *testing.T) {
 			rebuild: true, finds: []Finding{{"table bridge box set boxnet_ports", "missing"}}},
 		{name: "set is interval", want: bridge, mutate: func(l *liveTable) { l.sets[0].Interval = true },
 			rebuild: true, finds: []Finding{{"table bridge box set boxnet_ports", "has flag interval"}}},
-		{name: "leftover set in bridge-meta mode", want: Desired(Config{}, bridgeMetaCaps).Tables[1], mutate: func(l *liveTable) {
+		{name: "leftover set in bridge-meta mode", want: Desired(Config{Gateway: testGW}, bridgeMetaCaps).Tables[1], mutate: func(l *liveTable) {
 			l.sets = []*nftables.Set{portSet(nil, "boxnet_ports", 0)}
 		}, rebuild: true, finds: []Finding{{"table bridge box set boxnet_ports", "unexpected set"}}},
 	} {
@@ -118,7 +120,7 @@ func TestDiffTable(t *testing.T) {
 }
 
 func TestDiffBridgeMetaIgnoresPorts(t *testing.T) {
-	b := Desired(Config{}, bridgeMetaCaps).Tables[1]
+	b := Desired(Config{Gateway: testGW}, bridgeMetaCaps).Tables[1]
 	d := diffTable(b, liveFrom(b, nil), []string{"veth0"})
 	assert.True(t, d.clean(), "%v", d.findings)
 }

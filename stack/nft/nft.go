@@ -108,7 +108,7 @@ func tableExists(c *nftables.Conn, fam nftables.TableFamily, name string) (bool,
 // Verify compares the live tables with the desired ones; no findings means
 // they match, the port set included.
 func Verify(cfg Config, caps Capabilities, ports []string) ([]Finding, error) {
-	cfg, err := checkArgs(cfg, ports)
+	cfg, err := checkRules(cfg, ports)
 	if err != nil {
 		return nil, err
 	}
@@ -139,12 +139,23 @@ func checkArgs(cfg Config, ports []string) (Config, error) {
 	if err != nil {
 		return cfg, err
 	}
+
 	for _, p := range ports {
 		if err := checkIfname(p); err != nil {
 			return cfg, fmt.Errorf("bridge port: %w", err)
 		}
 	}
 	return cfg, nil
+}
+
+// checkRules is checkArgs for the calls that render the rules, which need
+// the gateway address.
+func checkRules(cfg Config, ports []string) (Config, error) {
+	cfg, err := checkArgs(cfg, ports)
+	if err == nil && !cfg.Gateway.Is4() {
+		err = fmt.Errorf("the rules for bridge %s need its IPv4 gateway address (got %v)", cfg.Bridge, cfg.Gateway)
+	}
+	return cfg, err
 }
 
 func diffAll(c *nftables.Conn, cfg Config, caps Capabilities, ports []string) ([]tableState, error) {
@@ -164,7 +175,7 @@ func diffAll(c *nftables.Conn, cfg Config, caps Capabilities, ports []string) ([
 // one batch, which the kernel applies whole or not at all. Only the two
 // tables of cfg are touched.
 func Apply(cfg Config, caps Capabilities, ports []string) ([]string, error) {
-	cfg, err := checkArgs(cfg, ports)
+	cfg, err := checkRules(cfg, ports)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,9 +43,9 @@ func TestRulesetStringGolden(t *testing.T) {
 		caps   Capabilities
 		ports  []string
 	}{
-		{"ruleset-port-set.golden", Config{}, portSetCaps, nil},
-		{"ruleset-bridge-meta.golden", Config{}, bridgeMetaCaps, nil},
-		{"ruleset-port-set-ports.golden", Config{Table: "legacy", Bridge: "claudenet"}, portSetCaps, []string{"vethB", "vethA", "vethB"}},
+		{"ruleset-port-set.golden", Config{Gateway: testGW}, portSetCaps, nil},
+		{"ruleset-bridge-meta.golden", Config{Gateway: testGW}, bridgeMetaCaps, nil},
+		{"ruleset-port-set-ports.golden", Config{Table: "legacy", Bridge: "claudenet", Gateway: testGW}, portSetCaps, []string{"vethB", "vethA", "vethB"}},
 	} {
 		t.Run(tc.golden, func(t *testing.T) {
 			r := Desired(tc.cfg, tc.caps)
@@ -58,9 +59,9 @@ func TestRulesetStringGolden(t *testing.T) {
 }
 
 func TestDesiredMode(t *testing.T) {
-	assert.Equal(t, ModePortSet, Desired(Config{}, portSetCaps).Mode)
-	assert.Equal(t, ModeBridgeMeta, Desired(Config{}, bridgeMetaCaps).Mode)
-	assert.Equal(t, "boxnet_ports", Config{}.PortSet())
+	assert.Equal(t, ModePortSet, Desired(Config{Gateway: testGW}, portSetCaps).Mode)
+	assert.Equal(t, ModeBridgeMeta, Desired(Config{Gateway: testGW}, bridgeMetaCaps).Mode)
+	assert.Equal(t, "boxnet_ports", Config{Gateway: testGW}.PortSet())
 }
 
 // unscoped reports whether a rule drops without naming the bridge on both
@@ -139,7 +140,7 @@ func TestDesiredNeverUnscopedBridgeDrop(t *testing.T) {
 func TestDesiredHostFirewallOnlyFromBridge(t *testing.T) {
 	// Every input rule starts by matching the bridge as input interface, so
 	// no rule can touch traffic from anywhere else.
-	r := Desired(Config{Bridge: "br7"}, portSetCaps)
+	r := Desired(Config{Bridge: "br7", Gateway: testGW}, portSetCaps)
 	want := canonRule(iifname("br7").exprs)
 	for _, ru := range r.Tables[0].Chains[0].Rules {
 		assert.True(t, strings.HasPrefix(canonRule(ru.Exprs), want), "rule %q", ru.Text)
@@ -151,7 +152,7 @@ func TestConfigRefusesBadNames(t *testing.T) {
 		_, err := Config{Bridge: br}.normalized()
 		assert.Error(t, err, br)
 	}
-	_, err := checkArgs(Config{}, []string{"veth0", ""})
+	_, err := checkArgs(Config{Gateway: testGW}, []string{"veth0", ""})
 	assert.Error(t, err)
 }
 
@@ -201,7 +202,7 @@ func TestApplyMessagesGolden(t *testing.T) {
 	} {
 		t.Run(tc.golden, func(t *testing.T) {
 			var k fakeKernel
-			changes, err := Apply(k.conf(Config{}), tc.caps, []string{"vethB", "vethA"})
+			changes, err := Apply(k.conf(Config{Gateway: testGW}), tc.caps, []string{"vethB", "vethA"})
 			require.NoError(t, err)
 			assert.Equal(t, []string{"created table inet box", "created table bridge box"}, changes)
 			require.Len(t, k.batches, 1, "everything goes in one batch")
@@ -220,23 +221,23 @@ func TestApplyMessagesGolden(t *testing.T) {
 
 func TestDeleteOnEmptyKernelSendsNothing(t *testing.T) {
 	var k fakeKernel
-	removed, err := Delete(k.conf(Config{}))
+	removed, err := Delete(k.conf(Config{Gateway: testGW}))
 	require.NoError(t, err)
 	assert.Empty(t, removed)
 	assert.Empty(t, k.batches)
 
-	inet, bridge, err := Present(k.conf(Config{}))
+	inet, bridge, err := Present(k.conf(Config{Gateway: testGW}))
 	require.NoError(t, err)
 	assert.False(t, inet)
 	assert.False(t, bridge)
 
-	_, err = SetPorts(k.conf(Config{}), []string{"veth0"})
+	_, err = SetPorts(k.conf(Config{Gateway: testGW}), []string{"veth0"})
 	assert.ErrorIs(t, err, ErrNotApplied)
 }
 
 func TestVerifyOnEmptyKernel(t *testing.T) {
 	var k fakeKernel
-	f, err := Verify(k.conf(Config{}), portSetCaps, nil)
+	f, err := Verify(k.conf(Config{Gateway: testGW}), portSetCaps, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []Finding{
 		{Object: "table inet box", Problem: "missing"},
@@ -386,3 +387,6 @@ func exprOf(name string) expr.Any {
 	}
 	return nil
 }
+
+// testGW is the gateway address the tests' rules are rendered for.
+var testGW = netip.MustParseAddr("10.88.0.1")

@@ -1,6 +1,8 @@
 package nft
 
 import (
+	"net"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
@@ -8,6 +10,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
 )
 
 // world is a host namespace with two bridges: boxnet with boxes a and b,
@@ -23,7 +26,7 @@ func newWorld(t *testing.T) *world {
 	t.Helper()
 	run := runID()
 	w := &world{run: run, host: newNS(t, run, "host")}
-	w.cfg = Config{NetNS: int(w.host.Handle)}
+	w.cfg = Config{Gateway: netip.MustParseAddr("10.99.0.1"), NetNS: int(w.host.Handle)}
 	// br_netfilter is built in and on in every new namespace on these
 	// machines (SPEC 7c): bridged IPv4 would then also traverse the inet
 	// hooks. Turn it off inside the host namespace so what stops box-to-box
@@ -83,6 +86,13 @@ func TestPrivilegedTables(t *testing.T) {
 	w.host.serve(t, "tcp", "10.99.0.1:22", "host-boxnet")
 	w.host.serve(t, "udp", "10.99.0.1:53", "host-dns")
 	w.host.serve(t, "tcp", "10.99.1.1:22", "host-other")
+	// A resolver on another host address: DNS is the box's only at the
+	// gateway (box a reaches that address through the gateway).
+	w.host.serve(t, "udp", "10.99.1.1:53", "host-dns-other")
+	rt := w.a.Netlink(t)
+	require.NoError(t, rt.RouteAdd(&netlink.Route{LinkIndex: w.a.Link(t, "eth0").Attrs().Index,
+		Dst: &net.IPNet{IP: net.IPv4(10, 99, 1, 0), Mask: net.CIDRMask(24, 32)}, Gw: net.IPv4(10, 99, 0, 1)}))
+	require.Equal(t, reached, w.a.dial(t, "udp", "10.99.1.1:53", "host-dns-other"), "a -> another host address udp 53 before Apply")
 	require.Equal(t, reached, w.a.ping(t, "10.99.0.3"), "a -> b before Apply")
 	require.Equal(t, reached, w.a.dial(t, "tcp", "10.99.0.1:22", "host-boxnet"), "a -> host tcp 22 before Apply")
 	require.Equal(t, reached, w.a.dial(t, "udp", "10.99.0.1:53", "host-dns"), "a -> host udp 53 before Apply")
@@ -104,6 +114,7 @@ func TestPrivilegedTables(t *testing.T) {
 		assert.Equal(t, silent, w.a.dial(t, "tcp", "10.99.0.1:22", "host-boxnet"), "a -> host tcp 22 is dropped")
 		assert.Equal(t, silent, w.a.ping(t, "10.99.0.1"), "a -> host icmp is dropped")
 		assert.Equal(t, reached, w.a.dial(t, "udp", "10.99.0.1:53", "host-dns"), "a -> host udp 53 (DNS) passes")
+		assert.Equal(t, silent, w.a.dial(t, "udp", "10.99.1.1:53", "host-dns-other"), "a -> udp 53 on a host address other than the gateway is dropped")
 		// Scope: the host firewall matches only traffic from boxnet, the
 		// bridge drop only boxnet's ports.
 		assert.Equal(t, reached, w.c.dial(t, "tcp", "10.99.1.1:22", "host-other"), "c -> host tcp 22 via bridge other")
@@ -262,7 +273,7 @@ func dropElements(s string) string {
 func TestPrivilegedApplyIsAtomic(t *testing.T) {
 	requireRoot(t)
 	host := newNS(t, runID(), "atomic")
-	cfg := Config{NetNS: int(host.Handle)}
+	cfg := Config{Gateway: testGW, NetNS: int(host.Handle)}
 	caps, err := Probe(cfg)
 	require.NoError(t, err)
 	changes, err := Apply(cfg, Capabilities{BridgeMeta: true}, nil)
@@ -285,8 +296,8 @@ func TestPrivilegedApplyIsAtomic(t *testing.T) {
 func TestPrivilegedOtherNames(t *testing.T) {
 	requireRoot(t)
 	host := newNS(t, runID(), "names")
-	box := Config{NetNS: int(host.Handle)}
-	legacy := Config{Table: "claudebox", Bridge: "claudenet", NetNS: int(host.Handle)}
+	box := Config{Gateway: testGW, NetNS: int(host.Handle)}
+	legacy := Config{Table: "claudebox", Bridge: "claudenet", Gateway: testGW, NetNS: int(host.Handle)}
 	caps, err := Probe(box)
 	require.NoError(t, err)
 	_, err = Apply(box, caps, []string{"vethX"})

@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -28,6 +29,11 @@ type Config struct {
 	Table  string // nft table name in both families; "" means DefaultTable
 	Bridge string // bridge interface; "" means DefaultBridge
 	NetNS  int    // fd of the network namespace; 0 or -1 means the current one
+	// Gateway is the bridge's own IPv4 address: the only host address a
+	// box may send DNS and DHCP to (DHCP also to the broadcast address).
+	// Apply and Verify refuse without one; Desired renders an invalid one
+	// as 0.0.0.0, which matches no packet (DNS and DHCP closed, not open).
+	Gateway netip.Addr
 
 	// connOpts are extra nftables options; tests use them to record the
 	// netlink messages instead of sending them.
@@ -145,13 +151,22 @@ func Desired(cfg Config, caps Capabilities) Ruleset {
 		cfg.Table, cfg.Bridge = cmpOr(cfg.Table, DefaultTable), cmpOr(cfg.Bridge, DefaultBridge)
 	}
 	br := cfg.Bridge
+	gw := cfg.Gateway
+	if !gw.Is4() {
+		gw = netip.IPv4Unspecified()
+	}
 	inet := Table{Family: "inet", Name: cfg.Table, Chains: []Chain{{
 		Name: "input", Type: "filter", Hook: "input", Priority: priorityFilter("inet"), Policy: "accept",
 		Rules: []Rule{
 			rule(accept(), iifname(br), ctStateEstablishedRelated()),
-			rule(accept(), iifname(br), dport("udp", 53)),
-			rule(accept(), iifname(br), dport("udp", 67)),
-			rule(accept(), iifname(br), dport("tcp", 53)),
+			// DNS and DHCP to the gateway only: the resolver and the DHCP
+			// server listen there, and every other host address (the LAN
+			// side, the uplink) stays closed on every port.
+			rule(accept(), iifname(br), ipDaddr(gw), dport("udp", 53)),
+			rule(accept(), iifname(br), ipDaddr(gw), dport("tcp", 53)),
+			rule(accept(), iifname(br), ipDaddr(gw), dport("udp", 67)),
+			// A client without a lease asks by broadcast.
+			rule(accept(), iifname(br), ipDaddr(limitedBroadcast), dport("udp", 67)),
 			// Router solicitations reach the host so that silence to one
 			// is evidence (SPEC 4): with IPv6 wrongly on at the bridge, a
 			// router answers at once, and the drill's C-V6 probe fails
@@ -326,6 +341,21 @@ func dport(proto string, port uint16) part {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{num}},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+	}}
+}
+
+// limitedBroadcast is where a DHCP client without an address sends.
+var limitedBroadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+
+// ipDaddr matches an IPv4 destination address, with the nfproto dependency
+// nft adds for it in the inet family.
+func ipDaddr(a netip.Addr) part {
+	b := a.As4()
+	return part{"ip daddr " + a.String(), []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b[:]},
 	}}
 }
 
