@@ -67,8 +67,8 @@ func config(t *testing.T, mutations ...string) drill.Config {
 	ms, err := drill.SelectMutations(mutations)
 	require.NoError(t, err)
 	return drill.Config{
-		Host:  &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: stack.Options{DNS: []netip.Addr{world.Resolver}}},
-		World: st, Image: image.DefaultAlias, Agent: agent(t), Version: "test", Mutations: ms,
+		Host:     &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: stack.Options{DNS: []netip.Addr{world.Resolver}}},
+		Topology: st.Topology(), Image: image.DefaultAlias, Agent: agent(t), Version: "test", Mutations: ms,
 		Log: testWriter{t},
 	}
 }
@@ -296,8 +296,9 @@ func TestSystemDrillCanFail(t *testing.T) {
 // would type it there; incus talks to the world's incusd.
 func inHost(t *testing.T, cfg drill.Config, args ...string) {
 	t.Helper()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", cfg.World.Names.HostNS}, args...)...)
-	cmd.Env = append(os.Environ(), "INCUS_DIR="+cfg.World.IncusDir)
+	st, _ := testenv.Incus(t)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", cfg.Host.NetNS}, args...)...)
+	cmd.Env = append(os.Environ(), "INCUS_DIR="+st.IncusDir)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%v: %s", args, out)
 }
@@ -435,7 +436,7 @@ func TestSystemBridgeNetfilterOn(t *testing.T) {
 	cfg.Claims = []drill.Claim{claimOf(t, "C-SIBLING")}
 	set := func(v string) {
 		t.Helper()
-		require.NoError(t, world.Do(cfg.World.Names.HostNS, func() error {
+		require.NoError(t, world.Do(cfg.Host.NetNS, func() error {
 			for _, k := range []string{"iptables", "ip6tables", "arptables"} {
 				if err := os.WriteFile("/proc/sys/net/bridge/bridge-nf-call-"+k, []byte(v), 0o644); err != nil {
 					return err

@@ -44,7 +44,7 @@ func (o observations) get(place, id string) (probes.Observation, bool) {
 
 // judge decides one action. baselineOK says whether every positive
 // control held; agentErr explains a missing observation.
-func judge(a Action, obs observations, t Topology, baselineOK bool, agentErr map[string]string) Result {
+func judge(a Action, obs observations, t Scene, baselineOK bool, agentErr map[string]string) Result {
 	r := Result{Action: a}
 	o, ok := obs.get(a.From, a.ID)
 	if !ok {
@@ -138,7 +138,7 @@ func verdict(r Result, v Verdict, evidence string) Result {
 	return r
 }
 
-func judgeReach(r Result, o probes.Observation, t Topology) Result {
+func judgeReach(r Result, o probes.Observation, t Scene) Result {
 	// A public canary answers no nonce: a completed handshake with it is
 	// the proof there is.
 	if t.CanaryGreeting == "" && o.Kind == probes.KindTCP && o.Outcome == probes.Refused && o.Evidence.Connected {
@@ -160,7 +160,7 @@ func judgeReach(r Result, o probes.Observation, t Topology) Result {
 	return verdict(r, Pass, ev)
 }
 
-func judgeBlocked(r Result, o probes.Observation, obs observations, t Topology, baselineOK bool) Result {
+func judgeBlocked(r Result, o probes.Observation, obs observations, t Scene, baselineOK bool) Result {
 	// The target's side first: it is evidence whatever the sender saw,
 	// even when the sender's side errored.
 	arrived, targetProblem := atTarget(&r, o, obs, t)
@@ -217,7 +217,7 @@ func judgeBlocked(r Result, o probes.Observation, obs observations, t Topology, 
 // r.AtTarget. arrived says the traffic reached the target; problem says why
 // the target's side cannot be trusted (no report, a witness not armed for
 // the whole probe).
-func atTarget(r *Result, o probes.Observation, obs observations, t Topology) (arrived bool, problem string) {
+func atTarget(r *Result, o probes.Observation, obs observations, t Scene) (arrived bool, problem string) {
 	if r.WitnessAt != "" {
 		w, ok := obs.get(r.WitnessAt, r.Witness.ID)
 		if !ok || w.Evidence.Witness == nil {

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/probes"
 )
 
@@ -98,49 +99,29 @@ type BoxEnd struct {
 	LinkLocal netip.Addr       `json:"link_local"`
 }
 
-// HostAddr is one of the host's own addresses.
-type HostAddr struct {
-	Name string       // gateway, lan-side, uplink
-	Addr netip.Addr   // the address
-	Via  netip.Prefix // the subnet that holds it, to bind a listener to it
-}
+// HostAddr and Target are the topology's.
+type (
+	HostAddr = topo.HostAddr
+	Target   = topo.Target
+)
 
-// Target is a host the drill probes but does not run (a LAN host).
-type Target struct {
-	Name    string
-	Addr    netip.Addr
-	TCPPort int
-	UDPPort int
-}
+// Scene is everything the scenario needs to know about the run: the
+// topology it was given, the stack as Verify found it, the probe boxes, and
+// what the drill read in the host's namespace once the stack was up.
+type Scene struct {
+	topo.Topology
 
-// Topology is everything the scenario needs to know about the run.
-type Topology struct {
-	Subnet  netip.Prefix
-	Gateway netip.Addr
-	A, B, C BoxEnd
+	Subnet    netip.Prefix
+	Gateway   netip.Addr
+	A, B, C   BoxEnd
+	DNSDomain string // the bridge's DNS domain, for sibling name forms
 
-	Canary         netip.Addr
-	CanaryTCP      int
-	CanaryUDP      int
-	CanaryGreeting string // a reply from the canary must carry this; empty for a public canary
-	PublicName     string
-	// PublicNameAddr is what PublicName must resolve to, when known (the
-	// world's canary); a real public name resolves to whatever it does.
-	PublicNameAddr netip.Addr
-	DNSDomain      string // the bridge's DNS domain, for sibling name forms
-
+	// HostAddrs are the host's own addresses, the gateway first.
 	HostAddrs []HostAddr
 	// HostTCP and HostUDP are the ports of the drill's listeners on the
 	// host's addresses (9100 and 9101 when zero); on a real host they are
 	// picked per run, so a service of the host's own is never in the way.
 	HostTCP, HostUDP int
-	// LANVia is the subnet the LAN namespace's witnesses capture on;
-	// LANNAT is the host address boxes' traffic to the LAN is NATed to.
-	LANVia   netip.Prefix
-	LANNAT   netip.Addr
-	LANHosts []Target
-	// LANSource is the address the LAN namespace probes boxes from.
-	LANSource netip.Addr
 }
 
 // Action is one probe with its expected result.
@@ -181,7 +162,7 @@ type Scenario struct {
 }
 
 type builder struct {
-	t      Topology
+	t      Scene
 	sc     *Scenario
 	n      int
 	claims map[string]bool
@@ -241,7 +222,7 @@ func (b *builder) witness(a *Action, place string, spec probes.WitnessSpec) {
 // BuildScenario expands the selected claims into actions and per-place
 // plans. Baseline claims are always built: without them no blocked verdict
 // can be trusted.
-func BuildScenario(t Topology, claims []Claim) *Scenario {
+func BuildScenario(t Scene, claims []Claim) *Scenario {
 	b := &builder{t: t, sc: &Scenario{Plans: map[string]*probes.Plan{}}, claims: map[string]bool{},
 		window: int((planDeadline - probes.AgentMargin - passiveCushion).Milliseconds()), controls: map[string]string{}}
 	for _, c := range claims {
@@ -589,7 +570,7 @@ func (b *builder) clone() {
 }
 
 // hostPorts are the ports of the drill's listeners on host addresses.
-func (t Topology) hostPorts() (tcp, udp int) {
+func (t Scene) hostPorts() (tcp, udp int) {
 	tcp, udp = t.HostTCP, t.HostUDP
 	if tcp == 0 {
 		tcp = listenTCP

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/probes"
 )
 
@@ -27,33 +28,36 @@ func testBox(place, instance, ip, mac string) BoxEnd {
 
 // testTopology is a run in the hermetic world, written out by hand (the
 // addresses of fixtures/world, a stack on 10.88.0.0/24), so a change in
-// worldTopology does not silently change what these tests check.
-func testTopology() Topology {
+// the world's Topology does not silently change what these tests check.
+func testTopology() Scene {
 	subnet := netip.MustParsePrefix("10.88.0.0/24")
 	gw := netip.MustParseAddr("10.88.0.1")
-	t := Topology{
+	t := Scene{
 		Subnet:  subnet,
 		Gateway: gw,
 		A:       testBox(PlaceA, "drill-0a1b2c-a", "10.88.0.11", "00:16:3e:00:00:0a"),
 		B:       testBox(PlaceB, "drill-0a1b2c-b", "10.88.0.12", "00:16:3e:00:00:0b"),
 		C:       testBox(PlaceC, "drill-0a1b2c-c", "10.88.0.13", "00:16:3e:00:00:0c"),
 
-		Canary:         netip.MustParseAddr("203.0.113.10"),
-		CanaryTCP:      80,
-		CanaryUDP:      7,
-		CanaryGreeting: "hello from canary 5f3e",
-		PublicName:     "canary.example.net.",
-		PublicNameAddr: netip.MustParseAddr("203.0.113.10"),
-		DNSDomain:      "incus",
+		Topology: topo.Topology{
+			Source:         topo.SourceWorld,
+			Canary:         netip.MustParseAddr("203.0.113.10"),
+			CanaryTCP:      80,
+			CanaryUDP:      7,
+			CanaryGreeting: "hello from canary 5f3e",
+			PublicName:     "canary.example.net.",
+			PublicNameAddr: netip.MustParseAddr("203.0.113.10"),
+			LANVia:         netip.MustParsePrefix("192.168.20.0/24"),
+			LANNAT:         netip.MustParseAddr("192.168.20.1"),
+			LANSource:      netip.MustParseAddr("192.168.20.2"),
+		},
+		DNSDomain: "incus",
 
 		HostAddrs: []HostAddr{
 			{Name: "gateway", Addr: gw, Via: subnet},
 			{Name: "lan-side", Addr: netip.MustParseAddr("192.168.20.1"), Via: netip.MustParsePrefix("192.168.20.0/24")},
 			{Name: "uplink", Addr: netip.MustParseAddr("198.51.100.2"), Via: netip.MustParsePrefix("198.51.100.0/24")},
 		},
-		LANVia:    netip.MustParsePrefix("192.168.20.0/24"),
-		LANNAT:    netip.MustParseAddr("192.168.20.1"),
-		LANSource: netip.MustParseAddr("192.168.20.2"),
 	}
 	for _, h := range []struct{ name, addr string }{
 		{"lan-10", "10.20.0.10"},
@@ -224,7 +228,7 @@ func TestBuildScenarioActionsAndPlansAgree(t *testing.T) {
 
 // controlledTarget is where the witness for a blocked action must be, for
 // targets the drill runs something at.
-func controlledTarget(t Topology, a Action) (string, bool) {
+func controlledTarget(t Scene, a Action) (string, bool) {
 	switch a.TargetKey {
 	case PlaceB, PlaceC, PlaceA:
 		return a.TargetKey, true

@@ -12,6 +12,7 @@ import (
 
 	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/report"
+	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/fixtures/image"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/probes"
@@ -80,7 +81,7 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 		opts.DNS = []netip.Addr{world.Resolver}
 	}
 	host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts}
-	return runAndReport(ctx, s, drill.Config{Host: host, World: st, Image: *img, NoSetup: *noSetup,
+	return runAndReport(ctx, s, drill.Config{Host: host, Topology: st.Topology(), Image: *img, NoSetup: *noSetup,
 		Claims: selected, Log: s.err, Version: version, Mutations: mutations}, *asJSON, *junit, *matrix, *record)
 }
 
@@ -124,7 +125,15 @@ func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, 
 			return fail(s, fmt.Errorf("--mutate would weaken the isolation of %d boxes on this host (box list): run mutations where no other box lives", len(boxes)))
 		}
 	}
-	return runAndReport(ctx, s, drill.Config{Host: host, HostMode: &drill.HostMode{Canary: ap, PublicName: publicName},
+	upstream := stack.DefaultDNS[0]
+	if len(opts.DNS) > 0 {
+		upstream = opts.DNS[0]
+	}
+	t, err := topo.Discover(topo.HostOptions{NetNS: host.NetNS, Canary: ap, PublicName: publicName, Upstream: upstream})
+	if err != nil {
+		return fail(s, fmt.Errorf("discovering this host's targets: %w", err))
+	}
+	return runAndReport(ctx, s, drill.Config{Host: host, Topology: t,
 		Image: img, NoSetup: noSetup, Claims: selected, Log: s.err, Version: version, Mutations: mutations}, asJSON, junit, matrix, record)
 }
 

@@ -1,0 +1,166 @@
+package drill
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/box-isolation/box/probes"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// pushAgents puts the agent binary into every probe box.
+func (r *run) pushAgents(ctx context.Context) error {
+	r.cfg.logf("agent: pushing %s into the boxes", filepath.Base(r.cfg.Agent))
+	actx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := pushAgent(actx, r.cfg.Host.Incus, r.cfg.Agent, r.names); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	return nil
+}
+
+func pushAgent(ctx context.Context, c *incus.Client, agent string, names map[string]string) error {
+	var wg sync.WaitGroup
+	errs := make([]error, 0, 3)
+	var mu sync.Mutex
+	for _, p := range []string{PlaceA, PlaceB, PlaceC} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f, err := os.Open(agent)
+			if err == nil {
+				defer f.Close()
+				err = c.PushFile(ctx, names[p], agentPath, f, 0o755, 0, 0)
+			}
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("pushing the agent into %s: %w", names[p], err))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// runPlans runs every place's plan at once and collects the observations.
+func runPlans(ctx context.Context, cfg Config, c *incus.Client, names map[string]string, plans map[string]*probes.Plan) (observations, map[string]string) {
+	obs := observations{}
+	agentErr := map[string]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	places := make([]string, 0, len(plans))
+	for p := range plans {
+		places = append(places, p)
+	}
+	sort.Strings(places)
+	for _, place := range places {
+		plan := plans[place]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rep, err := runPlan(ctx, cfg, c, names, place, plan)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				agentErr[place] = err.Error()
+			}
+			if rep == nil {
+				return
+			}
+			if rep.Error != "" {
+				agentErr[place] = rep.Error
+			}
+			m := map[string]probes.Observation{}
+			for _, o := range rep.Observations {
+				m[o.ID] = o
+			}
+			for _, n := range rep.Neighbors {
+				if a, err := netip.ParseAddr(n.Address); err == nil {
+					m[pinID(a)] = pinObservation(pinID(a), n)
+				}
+				if n.Pinned && !n.Removed {
+					agentErr[place] = strings.TrimPrefix(agentErr[place]+"; ", "; ") + "a pinned neighbour was left behind: " + n.Error
+				}
+			}
+			obs[place] = m
+		}()
+	}
+	wg.Wait()
+	return obs, agentErr
+}
+
+// pinObservation turns an agent's account of a pinned neighbour into an
+// observation the judge can look up.
+func pinObservation(id string, n probes.NeighborState) probes.Observation {
+	o := probes.Observation{ID: id, Kind: "neighbor", Target: n.Address, Outcome: probes.Reached,
+		Reason: "pinned to " + n.MAC + " on " + n.Interface}
+	if !n.Pinned {
+		o.Outcome, o.Reason = probes.Error, n.Error
+	}
+	return o
+}
+
+func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[string]string, place string, plan *probes.Plan) (*probes.Report, error) {
+	data, err := json.Marshal(plan)
+	if err != nil {
+		return nil, err
+	}
+	limit := plan.Deadline() + 20*time.Second
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var stdout, stderr []byte
+	switch place {
+	case PlaceHost, PlaceLAN:
+		// The host's agent runs in the namespace the bridge lives in (the
+		// world's host namespace, BOX_NETNS, or the drill's own), the LAN's
+		// in the topology's LAN namespace.
+		ns := cfg.Host.NetNS
+		if place == PlaceLAN {
+			ns = cfg.Topology.LANNS
+		}
+		cmd := exec.CommandContext(ctx, cfg.Agent, "agent")
+		if ns != "" {
+			cmd = exec.CommandContext(ctx, "ip", "netns", "exec", ns, cfg.Agent, "agent")
+		}
+		cmd.Stdin = bytes.NewReader(data)
+		var eb bytes.Buffer
+		cmd.Stderr = &eb
+		stdout, err = cmd.Output()
+		stderr = eb.Bytes()
+	default:
+		box := names[place]
+		planPath := "/tmp/drill-plan.json"
+		if err := c.PushFile(ctx, box, planPath, bytes.NewReader(data), 0o600, 0, 0); err != nil {
+			return nil, fmt.Errorf("pushing the plan: %w", err)
+		}
+		var res *incus.ExecResult
+		res, err = c.Exec(ctx, box, incus.ExecRequest{Command: []string{agentPath, "agent", "--plan", planPath}})
+		if res != nil {
+			stdout, stderr = res.Stdout, res.Stderr
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("the agent exited %d", res.ExitCode)
+			}
+		}
+	}
+	rep, derr := probes.DecodeReport(bytes.NewReader(stdout))
+	if derr != nil {
+		return nil, errors.Join(err, fmt.Errorf("reading the agent's report: %w (stderr: %.300s)", derr, stderr))
+	}
+	// A report came back, but whatever went wrong around it is kept.
+	if err != nil {
+		err = fmt.Errorf("%w (stderr: %.300s)", err, stderr)
+	}
+	return rep, err
+}

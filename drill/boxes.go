@@ -1,0 +1,124 @@
+package drill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/box-isolation/box/stack"
+)
+
+// Tags the drill puts on its own boxes, so an aborted run's boxes are found
+// and removed by the next run, and nothing else ever is.
+const (
+	TagDrill = "user.drill"
+	TagRun   = "user.drill.run"
+)
+
+// agentPath is where the agent binary is pushed inside a box.
+const agentPath = "/usr/bin/drill-agent"
+
+// mintBoxes mints box-a and box-b, clones box-a, applies the mutations
+// that act on live boxes, and reads the stack as the probes will find it.
+// The boxes are removed at teardown whatever happens.
+func (r *run) mintBoxes(ctx context.Context) error {
+	cfg, rep := &r.cfg, r.rep
+	names := map[string]string{PlaceA: "drill-" + rep.RunID + "-a", PlaceB: "drill-" + rep.RunID + "-b", PlaceC: "drill-" + rep.RunID + "-c"}
+	r.names = names
+	r.later(func(ctx context.Context) error {
+		cfg.logf("teardown: removing this run's boxes")
+		if err := cleanLeftovers(ctx, cfg.Host, rep.RunID); err != nil {
+			return fmt.Errorf("teardown: %w", err)
+		}
+		return nil
+	})
+	cfg.logf("boxes: minting %s, %s and cloning %s", names[PlaceA], names[PlaceB], names[PlaceC])
+	stamps := map[string]string{TagDrill: "1", TagRun: rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version}
+	mctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	var mintErr [2]error
+	var wg sync.WaitGroup
+	for i, p := range []string{PlaceA, PlaceB} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mintErr[i] = mintProbeBox(mctx, cfg, stack.MintRequest{Name: names[p], Image: cfg.Image, Stamps: stamps})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(mintErr[:]...); err != nil {
+		return fmt.Errorf("boxes: %w", err)
+	}
+	if _, err := cfg.Host.WaitAddress(mctx, names[PlaceA], 30*time.Second); err != nil {
+		return fmt.Errorf("boxes: %w", err)
+	}
+	if _, err := cfg.Host.Clone(mctx, names[PlaceA], "", names[PlaceC]); err != nil {
+		return fmt.Errorf("boxes: %w", err)
+	}
+	r.ends = map[string]*BoxEnd{}
+	for _, p := range []string{PlaceA, PlaceB, PlaceC} {
+		e, err := boxEnd(mctx, cfg.Host, p, names[p])
+		if err != nil {
+			return fmt.Errorf("boxes: %w", err)
+		}
+		r.ends[p] = e
+		rep.Boxes = append(rep.Boxes, *e)
+	}
+	actx, cancelAfter := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancelAfter()
+	if err := applyMutations(actx, cfg, true, names); err != nil {
+		return err
+	}
+	return r.verifyForProbes(actx)
+}
+
+// mintProbeBox mints one probe box, and once more if incusd created it but
+// could not start it (seen on a loaded machine: incusd's own start
+// operation timing out). A probe box is scaffolding, not evidence: a second
+// try changes no verdict.
+func mintProbeBox(ctx context.Context, cfg *Config, req stack.MintRequest) error {
+	_, err := cfg.Host.Mint(ctx, req)
+	var ns *stack.NotStartedError
+	if !errors.As(err, &ns) {
+		return err
+	}
+	cfg.logf("boxes: %s would not start (%v); minting it again", req.Name, ns.Err)
+	if rerr := removeWhenIdle(ctx, cfg.Host, req.Name); rerr != nil && !isGone(rerr) {
+		return errors.Join(err, rerr)
+	}
+	_, err = cfg.Host.Mint(ctx, req)
+	return err
+}
+
+// boxEnd reads what the scenario needs about a probe box.
+func boxEnd(ctx context.Context, h *stack.Host, place, name string) (*BoxEnd, error) {
+	ip, err := h.WaitAddress(ctx, name, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	inst, _, err := h.Incus.Instance(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	mac, err := net.ParseMAC(inst.Config["volatile.eth0.hwaddr"])
+	if err != nil {
+		return nil, fmt.Errorf("%s has no usable MAC (volatile.eth0.hwaddr=%q)", name, inst.Config["volatile.eth0.hwaddr"])
+	}
+	return &BoxEnd{Place: place, Instance: name, IP: ip, MAC: mac, LinkLocal: drillLinkLocal(mac)}, nil
+}
+
+// drillLinkLocal is the link-local address the agent adds on a probe box
+// (without duplicate address detection, so it is usable at once): not the
+// box's own EUI-64 address, which stays tentative for the box's first
+// second or two.
+func drillLinkLocal(mac net.HardwareAddr) netip.Addr {
+	var b [16]byte
+	b[0], b[1] = 0xfe, 0x80
+	b[8], b[9] = 0xb0, 0xc5
+	copy(b[10:], mac[len(mac)-6:])
+	return netip.AddrFrom16(b)
+}

@@ -1,0 +1,25 @@
+package drill
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// preflight checks incusd answers, notes the environment and removes the
+// boxes of earlier runs that were aborted.
+func (r *run) preflight(ctx context.Context) error {
+	r.cfg.logf("preflight: incusd, leftovers of aborted runs")
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	srv, err := r.cfg.Host.Incus.Server(pctx)
+	if err != nil {
+		return fmt.Errorf("preflight: %w", err)
+	}
+	r.rep.Environment = Environment{Mode: r.cfg.Topology.Source, Hostname: hostname(), Kernel: srv.Environment.KernelVersion,
+		IncusVersion: srv.Environment.ServerVersion, InstanceType: "container"}
+	if err := cleanLeftovers(pctx, r.cfg.Host, ""); err != nil {
+		return fmt.Errorf("preflight: cleaning an earlier run's boxes: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,94 @@
+package drill
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/box-isolation/box/drill/topo"
+	"github.com/box-isolation/box/probes"
+	"github.com/box-isolation/box/stack"
+)
+
+// runProbes builds the scene and the scenario, and runs every place's
+// plan at once.
+func (r *run) runProbes(ctx context.Context) error {
+	scene, err := r.buildScene(ctx)
+	if err != nil {
+		return fmt.Errorf("targets: %w", err)
+	}
+	r.scene = scene
+	r.sc = BuildScenario(scene, r.cfg.Claims)
+	rep := r.rep
+	for _, p := range r.sc.Plans {
+		rep.Summary.Probes += len(p.Probes)
+	}
+	r.cfg.logf("probes: %d probes from %d places, %s deadline each, all at once", rep.Summary.Probes, len(r.sc.Plans), probeDeadline)
+	t0 := time.Now()
+	r.obs, r.agentErr = runPlans(ctx, r.cfg, r.cfg.Host.Incus, r.names, r.sc.Plans)
+	rep.Summary.ProbePhaseMS = time.Since(t0).Milliseconds()
+	if rep.Summary.Probes > 0 {
+		rep.Summary.MSPerProbe = float64(rep.Summary.ProbePhaseMS) / float64(rep.Summary.Probes)
+	}
+	for _, place := range slices.Sorted(maps.Keys(r.agentErr)) {
+		rep.Problems = append(rep.Problems, "agent at "+place+": "+r.agentErr[place])
+	}
+	rep.Problems = append(rep.Problems, failedControls(r.sc, r.obs)...)
+	return nil
+}
+
+// buildScene joins the topology with the stack, the boxes and what the
+// host's namespace holds now that the stack is up.
+func (r *run) buildScene(ctx context.Context) (Scene, error) {
+	v := r.v
+	s := Scene{Topology: r.cfg.Topology, Subnet: v.Subnet, Gateway: v.Gateway,
+		A: *r.ends[PlaceA], B: *r.ends[PlaceB], C: *r.ends[PlaceC], DNSDomain: "incus"}
+	if n, _, err := r.cfg.Host.Incus.Network(ctx, stack.Current.Network); err == nil && n.Config["dns.domain"] != "" {
+		s.DNSDomain = n.Config["dns.domain"]
+	}
+	addrs, _, err := topo.ReadInterfaces(r.cfg.Host.NetNS)
+	if err != nil {
+		return s, err
+	}
+	s.HostAddrs = topo.HostAddrs(addrs, v.Subnet, v.Gateway)
+	// Boxes are not LAN targets.
+	s.LANHosts = slices.DeleteFunc(slices.Clone(s.LANHosts), func(t topo.Target) bool { return v.Subnet.Contains(t.Addr) })
+	if s.Source == topo.SourceHost {
+		// Listener ports picked per run from the dynamic range, so a
+		// service the host runs on a fixed port is never in the way.
+		var rnd [2]byte
+		if _, err := rand.Read(rnd[:]); err != nil {
+			return s, err
+		}
+		s.HostTCP = 49152 + int(binary.BigEndian.Uint16(rnd[:]))%16000
+		s.HostUDP = s.HostTCP + 1
+	}
+	return s, nil
+}
+
+// failedControls names the positive controls that did not work: plan
+// probes that serve no action (the host's control frames and its probes of
+// its own listeners). The verdicts they leave inconclusive say so too; this
+// puts the cause where an operator looks first.
+func failedControls(sc *Scenario, obs observations) []string {
+	actions := map[string]bool{}
+	for _, a := range sc.Actions {
+		actions[a.ID] = true
+	}
+	var out []string
+	for _, place := range slices.Sorted(maps.Keys(sc.Plans)) {
+		for _, p := range sc.Plans[place].Probes {
+			if actions[p.ID] {
+				continue
+			}
+			if o, ok := obs.get(place, p.ID); !ok || o.Outcome != probes.Reached {
+				out = append(out, fmt.Sprintf("positive control %s at %s failed (%s): the verdicts resting on it are inconclusive", p.ID, place, reportOf(o, ok)))
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,100 @@
+package drill
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// ensureStack ensures the stack (or only verifies it, --no-setup), checks
+// the host is fit to judge on, and applies the mutations that must come
+// before any box exists.
+func (r *run) ensureStack(ctx context.Context) error {
+	cfg, rep := &r.cfg, r.rep
+	sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	if cfg.NoSetup {
+		cfg.logf("stack: verifying only (--no-setup)")
+	} else {
+		cfg.logf("stack: ensuring")
+		er, err := cfg.Host.Ensure(sctx)
+		if err != nil {
+			return fmt.Errorf("stack: %w", err)
+		}
+		rep.Stack.Ensured = true
+		rep.Stack.Changes = er.Changes
+	}
+	if _, _, err := cfg.Host.Incus.Network(sctx, stack.Current.Network); incus.IsNotFound(err) {
+		return fmt.Errorf("stack: there is no isolation stack to drill (no network %s): run box setup-host, or drop --no-setup", stack.Current.Network)
+	}
+	// Is the host fit to judge on? A bridge with no dnsmasq, or a gateway
+	// address someone else holds, gives confident wrong answers.
+	before, err := cfg.Host.Verify(sctx)
+	if err != nil {
+		return fmt.Errorf("stack: %w", err)
+	}
+	r.before = before
+	if before.DnsmasqPID == 0 {
+		return fmt.Errorf("preflight: no dnsmasq serves %s (Incus may still call it Created): restart incusd, then box doctor", stack.Current.Network)
+	}
+	for _, f := range before.Findings {
+		if strings.HasPrefix(f.Object, "gateway ") {
+			return fmt.Errorf("preflight: %s: %s: %s", f.Object, f.Problem, f.Fix)
+		}
+	}
+	if len(cfg.Mutations) == 0 {
+		return nil
+	}
+	// Registered before the boxes' removal, so it runs after it: the stack
+	// is reconfigured only once no box is left on it.
+	r.later(func(ctx context.Context) error { return restoreStack(ctx, cfg, before.Findings) })
+	return applyMutations(sctx, cfg, false, nil)
+}
+
+// verifyForProbes reads the stack as the probes will find it: which layers
+// are in the path.
+func (r *run) verifyForProbes(ctx context.Context) error {
+	v, err := r.cfg.Host.Verify(ctx)
+	if err != nil {
+		return fmt.Errorf("stack: %w", err)
+	}
+	if !v.Subnet.IsValid() {
+		return fmt.Errorf("stack: there is no isolation stack to drill (%v): run box setup-host, or drop --no-setup", v.Findings)
+	}
+	r.v = v
+	rep := r.rep
+	rep.Stack.Subnet, rep.Stack.Gateway, rep.Stack.BridgeMode = v.Subnet.String(), v.Gateway.String(), string(v.BridgeMode)
+	r.findings = mergeFindings(r.before.Findings, v.Findings)
+	rep.Stack.Findings = r.findings
+	rep.Stack.Layers = layerState(r.findings)
+	if bnf, ok := bridgeNetfilter(r.cfg.Host.NetNS); ok {
+		rep.Environment.BridgeNetfilter = bnf
+	}
+	return nil
+}
+
+// bridgeNetfilter reads whether bridged IPv4 passes the inet hooks in the
+// host's namespace (SPEC 7c): a layer not in the path proves nothing.
+func bridgeNetfilter(ns string) (bool, bool) {
+	var on, ok bool
+	_ = nsrun.Do(ns, func() error {
+		b, err := os.ReadFile("/proc/sys/net/bridge/bridge-nf-call-iptables")
+		if err != nil {
+			return err
+		}
+		ok, on = true, strings.TrimSpace(string(b)) == "1"
+		return nil
+	})
+	return on, ok
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}

@@ -1,0 +1,90 @@
+package drill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// teardown runs the phases' undos, last first, each with its own time
+// and never cancelled by the caller (a run interrupted must still remove
+// its boxes), and returns what failed: the host may carry its leftovers.
+func (r *run) teardown(ctx context.Context) []string {
+	var dirty []string
+	for i := len(r.undo) - 1; i >= 0; i-- {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		if err := r.undo[i](cctx); err != nil {
+			r.rep.Problems = append(r.rep.Problems, err.Error())
+			dirty = append(dirty, err.Error())
+		}
+		cancel()
+	}
+	return dirty
+}
+
+// cleanLeftovers removes the drill's own boxes: those of one run, or (run
+// empty) of every run. Only instances that carry both the box tag and the
+// drill tag are touched.
+func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
+	filter := map[string]string{TagDrill: "1"}
+	if run != "" {
+		filter[TagRun] = run
+	}
+	insts, err := h.Incus.Instances(ctx, filter)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, i := range insts {
+		if i.Config[stack.Current.Tag] != "1" {
+			continue
+		}
+		if err := removeWhenIdle(ctx, h, i.Name); err != nil && !isGone(err) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	left, err := h.Incus.Instances(ctx, filter)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, i := range left {
+		if i.Config[stack.Current.Tag] == "1" {
+			names = append(names, i.Name)
+		}
+	}
+	if len(names) > 0 {
+		return fmt.Errorf("drill boxes still there after removal: %s (remove them with box rm --force NAME)", strings.Join(names, ", "))
+	}
+	return nil
+}
+
+// removeWhenIdle removes a box, waiting out an operation a killed run left
+// in flight ("Instance is busy running a create operation").
+func removeWhenIdle(ctx context.Context, h *stack.Host, name string) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := h.Remove(ctx, name)
+		if err == nil || !strings.Contains(err.Error(), "is busy") || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func isGone(err error) bool {
+	var nsb *stack.NoSuchBoxError
+	return errors.As(err, &nsb) || incus.IsNotFound(err)
+}

@@ -1,0 +1,215 @@
+package topo
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sort"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack"
+)
+
+// IfaceAddr is one address on one of the host's interfaces.
+type IfaceAddr struct {
+	Iface  string
+	Prefix netip.Prefix // the address with its prefix length
+}
+
+// Route is one of the host's IPv4 routes.
+type Route struct {
+	Dst netip.Prefix // invalid for the default route
+	Gw  netip.Addr
+}
+
+// samples are what the drill probes in a private range the host has no
+// route into: the addresses a LAN most often uses for its router.
+var samples = []struct {
+	rng    netip.Prefix
+	sample netip.Addr
+}{
+	{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParseAddr("10.0.0.1")},
+	{netip.MustParsePrefix("172.16.0.0/12"), netip.MustParseAddr("172.16.0.1")},
+	{netip.MustParsePrefix("192.168.0.0/16"), netip.MustParseAddr("192.168.0.1")},
+	{netip.MustParsePrefix("100.64.0.0/10"), netip.MustParseAddr("100.64.0.1")},
+	{netip.MustParsePrefix("169.254.0.0/16"), netip.MustParseAddr("169.254.169.254")},
+}
+
+// metadata is the cloud metadata address, always a target.
+var metadata = netip.MustParseAddr("169.254.169.254")
+
+// HostAddrs picks the host's own IPv4 addresses a box could aim at: every
+// one but loopback, and in the box subnet only the gateway (the rest are
+// boxes). The gateway comes first, named "gateway"; the others are named
+// interface-address.
+func HostAddrs(addrs []IfaceAddr, boxSubnet netip.Prefix, gateway netip.Addr) []HostAddr {
+	var hosts []HostAddr
+	own := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		ip := a.Prefix.Addr()
+		if !ip.Is4() || ip.IsLoopback() || own[ip] {
+			continue
+		}
+		own[ip] = true
+		if boxSubnet.Contains(ip) && ip != gateway {
+			continue
+		}
+		name := a.Iface + "-" + ip.String()
+		if ip == gateway {
+			name = "gateway"
+		}
+		hosts = append(hosts, HostAddr{Name: name, Addr: ip, Via: netip.PrefixFrom(ip, 32)})
+	}
+	sort.SliceStable(hosts, func(i, j int) bool { return hosts[i].Name == "gateway" && hosts[j].Name != "gateway" })
+	return hosts
+}
+
+// lanSet collects private targets once each, never the host's own
+// addresses.
+type lanSet struct {
+	own  map[netip.Addr]bool
+	seen map[netip.Addr]bool
+	out  []Target
+}
+
+func newLANSet(addrs []IfaceAddr) *lanSet {
+	s := &lanSet{own: map[netip.Addr]bool{}, seen: map[netip.Addr]bool{}}
+	for _, a := range addrs {
+		s.own[a.Prefix.Addr()] = true
+	}
+	return s
+}
+
+func (s *lanSet) add(ip netip.Addr, why Provenance, name string) {
+	if !ip.IsValid() || !ip.Is4() || s.own[ip] || s.seen[ip] || !Private(ip) {
+		return
+	}
+	s.seen[ip] = true
+	s.out = append(s.out, Target{Name: name + "-" + ip.String(), Addr: ip, TCPPort: 80, UDPPort: 53, Provenance: why})
+}
+
+// LANTargets works out a real host's private targets from its routes: the
+// gateway of every route, the destination itself for a host route and the
+// first address of every other private prefix, then a sample in each
+// private range nothing else covers (the cloud metadata address always).
+// Boxes are filtered out by the caller, who knows the box subnet.
+func LANTargets(addrs []IfaceAddr, routes []Route) []Target {
+	s := newLANSet(addrs)
+	s.routes(routes)
+	s.samples()
+	return s.out
+}
+
+func (s *lanSet) routes(routes []Route) {
+	for _, r := range routes {
+		s.add(r.Gw, FromRoute, "router")
+		if !r.Dst.IsValid() || r.Dst.Bits() == 0 {
+			continue
+		}
+		if r.Dst.IsSingleIP() {
+			s.add(r.Dst.Addr(), FromRoute, "host")
+		} else if r.Dst.Bits() < 31 {
+			s.add(r.Dst.Masked().Addr().Next(), FromRoute, "lan")
+		}
+	}
+}
+
+func (s *lanSet) samples() {
+	for _, smp := range samples {
+		covered := slices.ContainsFunc(s.out, func(t Target) bool { return smp.rng.Contains(t.Addr) })
+		if !covered || smp.sample == metadata {
+			s.add(smp.sample, FromSample, "sample")
+		}
+	}
+}
+
+// Private reports whether ip is in a range SPEC section 4 calls private.
+func Private(ip netip.Addr) bool {
+	for _, r := range stack.PrivateRanges {
+		if r.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// ReadInterfaces reads the IPv4 addresses and routes of a network
+// namespace ("" for the caller's own).
+func ReadInterfaces(ns string) (addrs []IfaceAddr, routes []Route, err error) {
+	err = nsrun.Do(ns, func() error {
+		addrs, routes, err = readHost()
+		return err
+	})
+	return addrs, routes, err
+}
+
+func readHost() ([]IfaceAddr, []Route, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, nil, fmt.Errorf("listing the host's links: %w", err)
+	}
+	var addrs []IfaceAddr
+	for _, l := range links {
+		as, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			continue
+		}
+		for _, a := range as {
+			if p, ok := toPrefix(a.IPNet); ok {
+				addrs = append(addrs, IfaceAddr{Iface: l.Attrs().Name, Prefix: p})
+			}
+		}
+	}
+	rs, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listing the host's routes: %w", err)
+	}
+	var routes []Route
+	for _, r := range rs {
+		var rt Route
+		if r.Dst != nil {
+			rt.Dst, _ = toPrefix(r.Dst)
+		}
+		if r.Gw != nil {
+			rt.Gw, _ = netip.AddrFromSlice(r.Gw.To4())
+		}
+		routes = append(routes, rt)
+	}
+	return addrs, routes, nil
+}
+
+func toPrefix(n *net.IPNet) (netip.Prefix, bool) {
+	ip, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(ip.Unmap(), ones), true
+}
+
+// HostOptions is what an operator tells host discovery.
+type HostOptions struct {
+	// NetNS is the namespace incusd's bridge lives in ("" for this one).
+	NetNS string
+	// Canary is a public host that accepts TCP on its port and, being a
+	// public resolver, answers DNS on 53 (e.g. 1.1.1.1:443).
+	Canary netip.AddrPort
+	// PublicName must resolve through the box's resolver.
+	PublicName string
+	// Upstream is the public resolver the stack pins.
+	Upstream netip.Addr
+}
+
+// Discover builds a real host's Topology from its kernel and files.
+func Discover(o HostOptions) (Topology, error) {
+	addrs, routes, err := ReadInterfaces(o.NetNS)
+	if err != nil {
+		return Topology{}, err
+	}
+	t := Topology{Source: SourceHost, HostNS: o.NetNS, Canary: o.Canary.Addr(), CanaryTCP: int(o.Canary.Port()),
+		PublicName: o.PublicName, Upstream: o.Upstream, LANHosts: LANTargets(addrs, routes), Names: []Name{}}
+	return t, nil
+}

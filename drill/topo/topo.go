@@ -1,0 +1,109 @@
+// Package topo is what a drill run aims at, as one data value: the
+// Topology. Two sources produce it: the hermetic world (fixtures/world,
+// whose addresses are fixed) and a real host's discovery (Discover: its
+// routes, neighbours, resolvers, hosts file and names). The drill package
+// receives a Topology and never looks at where it came from; what only
+// exists once the stack is up (the host's addresses on the bridge, its
+// listening sockets) the drill reads itself, in the host's namespace, at
+// probe time.
+//
+// Every target carries its provenance, so a report says why an address
+// was probed: a route, a neighbour, a resolver, a sample.
+package topo
+
+import "net/netip"
+
+// Sources of a Topology.
+const (
+	SourceWorld = "world"
+	SourceHost  = "host"
+)
+
+// Provenance says why something is a target.
+type Provenance string
+
+// Provenances of targets and names.
+const (
+	FromWorld      Provenance = "world"       // a fixed target of the hermetic world
+	FromInterface  Provenance = "interface"   // an address on one of the host's interfaces
+	FromListener   Provenance = "listener"    // a socket listening in the host's namespace
+	FromForward    Provenance = "forward"     // a port the host forwards (DNAT)
+	FromRoute      Provenance = "route"       // a route's destination or gateway
+	FromNeighbour  Provenance = "neighbour"   // the host's neighbour table
+	FromResolver   Provenance = "resolver"    // a resolver the host uses
+	FromDHCPServer Provenance = "dhcp-server" // the server the host leased from
+	FromSample     Provenance = "sample"      // a guess inside a private range
+	FromHostsFile  Provenance = "hosts-file"  // the hosts file the bridge's dnsmasq would read
+	FromHostname   Provenance = "hostname"    // the host's own name and FQDN
+	FromSearch     Provenance = "search"      // a name under the host's search domains
+	FromPTR        Provenance = "ptr"         // a reverse name of a private address
+	FromLANZone    Provenance = "lan-zone"    // a name a LAN resolver answers
+	FromSibling    Provenance = "sibling"     // a probe box's own name
+)
+
+// Topology is everything about a run's surroundings that the scenario
+// needs, from either source.
+type Topology struct {
+	// Source is SourceWorld or SourceHost.
+	Source string `json:"source"`
+	// HostNS is the namespace the host-side agent runs in ("" for the
+	// drill's own); LANNS, in the world, is the LAN namespace, where the
+	// witnesses at LAN hosts run ("" where there is none).
+	HostNS string `json:"host_ns,omitempty"`
+	LANNS  string `json:"lan_ns,omitempty"`
+
+	// The internet canary: a world host that greets with CanaryGreeting,
+	// or a public server (CanaryGreeting empty) whose handshake is the proof.
+	Canary         netip.Addr `json:"canary"`
+	CanaryTCP      int        `json:"canary_tcp"`
+	CanaryUDP      int        `json:"canary_udp,omitempty"`
+	CanaryGreeting string     `json:"-"`
+	// PublicName must resolve through the box's resolver; PublicNameAddr is
+	// what it must resolve to, when known.
+	PublicName     string     `json:"public_name"`
+	PublicNameAddr netip.Addr `json:"public_name_addr,omitzero"`
+	// Upstream is the public resolver the stack pins, asked directly from
+	// the host: a name the box's resolver answers and Upstream does not is
+	// leaked (C-NAMES).
+	Upstream netip.Addr `json:"upstream,omitzero"`
+
+	// LANHosts are private addresses the host can reach.
+	LANHosts []Target `json:"lan_hosts"`
+	// LANVia is the subnet the LAN namespace's witnesses capture on (the
+	// world only); LANNAT the host address boxes' traffic to the LAN would
+	// be NATed to; LANSource the address the LAN namespace probes boxes
+	// from.
+	LANVia    netip.Prefix `json:"lan_via,omitzero"`
+	LANNAT    netip.Addr   `json:"lan_nat,omitzero"`
+	LANSource netip.Addr   `json:"lan_source,omitzero"`
+
+	// Names are asked from a box through its resolver (C-NAMES): none may
+	// resolve unless Upstream answers it the same.
+	Names []Name `json:"names"`
+
+	// Notes are what the discovery could not read, for the report.
+	Notes []string `json:"notes,omitempty"`
+}
+
+// Target is a private address the drill probes but does not run.
+type Target struct {
+	Name       string     `json:"name"`
+	Addr       netip.Addr `json:"addr"`
+	TCPPort    int        `json:"tcp_port,omitempty"`
+	UDPPort    int        `json:"udp_port,omitempty"`
+	Provenance Provenance `json:"provenance"`
+}
+
+// HostAddr is one of the host's own addresses.
+type HostAddr struct {
+	Name string       // gateway, or interface-address
+	Addr netip.Addr   // the address
+	Via  netip.Prefix // what holds it, to bind a listener to it
+}
+
+// Name is one DNS question a box asks its resolver.
+type Name struct {
+	Name       string     `json:"name"`
+	QType      string     `json:"qtype"` // A or PTR
+	Provenance Provenance `json:"provenance"`
+}

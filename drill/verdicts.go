@@ -1,0 +1,50 @@
+package drill
+
+import (
+	"context"
+)
+
+// judgeAll gives every action its verdict, the baselines first, for they
+// decide what a block means, and aggregates them into claims.
+func (r *run) judgeAll(context.Context) error {
+	sc, obs, t := r.sc, r.obs, r.scene
+	baselineOK := true
+	judged := map[string]Result{}
+	for _, a := range sc.Actions {
+		if a.Baseline {
+			res := judge(a, obs, t, true, r.agentErr)
+			judged[a.ID] = res
+			if res.Verdict != Pass {
+				baselineOK = false
+			}
+		}
+	}
+	for _, a := range sc.Actions {
+		if !a.Baseline {
+			judged[a.ID] = judge(a, obs, t, baselineOK, r.agentErr)
+		}
+	}
+	selected := map[string]bool{}
+	for _, cl := range r.cfg.Claims {
+		selected[cl.ID] = true
+	}
+	rep := r.rep
+	for _, cl := range Catalogue {
+		var rs []Result
+		for _, a := range sc.Actions {
+			if a.Claim == cl.ID {
+				rs = append(rs, judged[a.ID])
+			}
+		}
+		if len(rs) > 0 {
+			rs = append(rs, stackResults(cl, r.findings)...)
+		}
+		cr := aggregate(cl, rs)
+		if !selected[cl.ID] && !cl.Baseline {
+			cr = ClaimResult{Claim: cl, Verdict: Skipped, Reason: "not selected (--claim/--skip); run without them to include it", Results: []Result{}}
+		}
+		rep.Claims = append(rep.Claims, cr)
+	}
+	rep.finish()
+	return nil
+}
