@@ -317,3 +317,46 @@ func TestPrivilegedOtherNames(t *testing.T) {
 	_, err = Delete(box)
 	require.NoError(t, err)
 }
+
+// The counting chain counts what the host firewall let in, and nothing it
+// dropped: the drill's witness after the filter.
+func TestPrivilegedCounters(t *testing.T) {
+	requireRoot(t)
+	w := newWorld(t)
+	caps, err := Probe(w.cfg)
+	require.NoError(t, err)
+	w.host.serve(t, "udp", "10.99.0.1:53", "host-dns")
+	w.host.serve(t, "tcp", "10.99.0.1:22", "host-ssh")
+	_, err = Apply(w.cfg, caps, w.ports(t))
+	require.NoError(t, err)
+
+	src, gw := netip.MustParseAddr("10.99.0.2"), netip.MustParseAddr("10.99.0.1")
+	dns := CountKey{Src: src, Dst: gw, Proto: "udp", Port: 53}
+	ssh := CountKey{Src: src, Dst: gw, Proto: "tcp", Port: 22}
+	echo := CountKey{Src: src, Dst: gw, Proto: "icmp"}
+	table := CounterPrefix + w.run
+	require.NoError(t, InstallCounters(int(w.host.Handle), table, []CountKey{dns, ssh, echo}))
+	t.Cleanup(func() { _, _ = DeleteCounters(int(w.host.Handle), table) })
+
+	assert.Equal(t, reached, w.a.dial(t, "udp", "10.99.0.1:53", "host-dns"), "DNS to the gateway passes the filter")
+	assert.Equal(t, silent, w.a.dial(t, "tcp", "10.99.0.1:22", "host-ssh"), "ssh on the gateway is dropped")
+	assert.Equal(t, silent, w.a.ping(t, "10.99.0.1"), "echo to the gateway is dropped")
+	got, err := ReadCounters(int(w.host.Handle), table)
+	require.NoError(t, err)
+	assert.NotZero(t, got[dns.String()], "counted after the filter: %v", got)
+	assert.Zero(t, got[ssh.String()], "dropped before the counting chain: %v", got)
+	assert.Zero(t, got[echo.String()], "dropped before the counting chain: %v", got)
+
+	// With the host firewall gone the same ssh attempt is counted.
+	_, err = Delete(w.cfg)
+	require.NoError(t, err)
+	assert.Equal(t, reached, w.a.dial(t, "tcp", "10.99.0.1:22", "host-ssh"))
+	got, err = ReadCounters(int(w.host.Handle), table)
+	require.NoError(t, err)
+	assert.NotZero(t, got[ssh.String()], "counted once nothing drops it: %v", got)
+
+	removed, err := DeleteCounters(int(w.host.Handle), "")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"table inet " + table}, removed)
+	require.Error(t, InstallCounters(int(w.host.Handle), "box", nil), "only drill_ tables")
+}
