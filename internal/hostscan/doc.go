@@ -1,11 +1,11 @@
 // Package hostscan reads what a host really exposes, so the drill can aim
 // its probes at it instead of at a guess: the sockets listening in a
-// network namespace (Listeners).
+// network namespace (Listeners) and the neighbours it knows (Neighbours).
 //
 // # Namespaces
 //
-// The kernel readers (Listeners) read the network
-// namespace of the calling OS thread, not the process's. To scan another
+// The kernel readers (Listeners, Neighbours) read the network namespace of
+// the calling OS thread, not the process's. To scan another
 // namespace wrap the call in internal/nsrun.Do, which locks the goroutine
 // to a thread moved into that namespace:
 //
@@ -14,14 +14,16 @@
 //		return err
 //	})
 //
-// That is why they read /proc/thread-self/net, never /proc/self/net or
-// /proc/net, which show the main thread's namespace.
+// That is why they read /proc/thread-self/net (never /proc/self/net or
+// /proc/net, which show the main thread's namespace) and open their
+// netlink sockets in the calling thread's namespace.
 //
 // # Parsers and readers
 //
 // Every reader is a thin wrapper around a pure parser that takes an
-// io.Reader, []byte or already-decoded kernel objects (ParseProcNet), so
-// each format is unit-tested on fixture text in testdata.
+// io.Reader, []byte or already-decoded kernel objects (ParseProcNet,
+// UsableNeighbours), so each format is unit-tested on fixture text in
+// testdata.
 //
 // Nothing here sends a packet: everything is read from the kernel's own
 // tables or from files.

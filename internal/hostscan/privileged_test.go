@@ -126,3 +126,42 @@ func TestPrivilegedListeners(t *testing.T) {
 		}
 	}
 }
+
+func TestPrivilegedNeighbours(t *testing.T) {
+	ns := newNS(t, "neigh")
+	addLink(t, ns, "d0", "10.250.1.1/24", "fd00:251::1/64")
+	h := ns.Netlink(t)
+	idx := ns.Link(t, "d0").Attrs().Index
+	for _, n := range []netlink.Neigh{
+		{IP: net.ParseIP("10.250.1.2"), HardwareAddr: mac("02:00:00:01:00:02"), State: netlink.NUD_PERMANENT},
+		{IP: net.ParseIP("10.250.1.3"), HardwareAddr: mac("02:00:00:01:00:03"), State: netlink.NUD_STALE},
+		{IP: net.ParseIP("10.250.1.4"), HardwareAddr: mac("02:00:00:01:00:04"), State: netlink.NUD_NOARP},
+		{IP: net.ParseIP("10.250.1.5"), HardwareAddr: mac("02:00:00:01:00:05"), State: netlink.NUD_FAILED},
+		{IP: net.ParseIP("fd00:251::2"), HardwareAddr: mac("02:00:00:01:00:06"), State: netlink.NUD_STALE, Flags: netlink.NTF_ROUTER},
+	} {
+		n.LinkIndex = idx
+		n.Family = netlink.FAMILY_V4
+		if n.IP.To4() == nil {
+			n.Family = netlink.FAMILY_V6
+		}
+		require.NoError(t, h.NeighAdd(&n), "%s", n.IP)
+	}
+
+	var got []Neighbour
+	require.NoError(t, nsrun.Do(ns.Name, func() (err error) {
+		got, err = Neighbours()
+		return err
+	}))
+	var s []string
+	for _, n := range got {
+		s = append(s, n.String())
+	}
+	assert.Equal(t, []string{
+		"10.250.1.2 lladdr 02:00:00:01:00:02 dev d0 permanent",
+		"10.250.1.3 lladdr 02:00:00:01:00:03 dev d0 stale",
+		"fd00:251::2 lladdr 02:00:00:01:00:06 dev d0 stale",
+	}, s, "only the namespace's usable entries")
+	if len(got) == 3 {
+		assert.True(t, got[2].Router)
+	}
+}
