@@ -1,6 +1,7 @@
 // Package hostscan reads what a host really exposes, so the drill can aim
 // its probes at it instead of at a guess: the sockets listening in a
-// network namespace (Listeners) and the neighbours it knows (Neighbours).
+// network namespace (Listeners), the neighbours it knows (Neighbours) and
+// the resolvers and search domains it uses (Resolvers).
 //
 // # Namespaces
 //
@@ -18,11 +19,16 @@
 // /proc/net, which show the main thread's namespace) and open their
 // netlink sockets in the calling thread's namespace.
 //
+// The file readers (Resolvers) take a root directory instead ("" or "/"
+// for the machine's own files) so they can read a container's root
+// filesystem or test fixtures; symlinks under that root, absolute ones
+// too, are followed inside it.
+//
 // # Parsers and readers
 //
 // Every reader is a thin wrapper around a pure parser that takes an
 // io.Reader, []byte or already-decoded kernel objects (ParseProcNet,
-// UsableNeighbours), so each format is unit-tested on fixture text in
+// UsableNeighbours, ParseResolvConf), so each format is unit-tested on fixture text in
 // testdata.
 //
 // Nothing here sends a packet: everything is read from the kernel's own
