@@ -1,7 +1,8 @@
 // Package hostscan reads what a host really exposes, so the drill can aim
 // its probes at it instead of at a guess: the sockets listening in a
-// network namespace (Listeners), the neighbours it knows (Neighbours) and
-// the resolvers and search domains it uses (Resolvers).
+// network namespace (Listeners), the neighbours it knows (Neighbours), the
+// resolvers and search domains it uses (Resolvers) and the DHCP servers it
+// got leases from (DHCPServers).
 //
 // # Namespaces
 //
@@ -19,7 +20,7 @@
 // /proc/net, which show the main thread's namespace) and open their
 // netlink sockets in the calling thread's namespace.
 //
-// The file readers (Resolvers) take a root directory instead ("" or "/"
+// The file readers (Resolvers, DHCPServers) take a root directory instead ("" or "/"
 // for the machine's own files) so they can read a container's root
 // filesystem or test fixtures; symlinks under that root, absolute ones
 // too, are followed inside it.
@@ -28,7 +29,8 @@
 //
 // Every reader is a thin wrapper around a pure parser that takes an
 // io.Reader, []byte or already-decoded kernel objects (ParseProcNet,
-// UsableNeighbours, ParseResolvConf), so each format is unit-tested on fixture text in
+// UsableNeighbours, ParseResolvConf, ParseDhclientLeases,
+// ParseNetworkdLease), so each format is unit-tested on fixture text in
 // testdata.
 //
 // Nothing here sends a packet: everything is read from the kernel's own
