@@ -1,8 +1,9 @@
 // Package hostscan reads what a host really exposes, so the drill can aim
 // its probes at it instead of at a guess: the sockets listening in a
 // network namespace (Listeners), the neighbours it knows (Neighbours), the
-// resolvers and search domains it uses (Resolvers) and the DHCP servers it
-// got leases from (DHCPServers).
+// resolvers and search domains it uses (Resolvers), the DHCP servers it
+// got leases from (DHCPServers), its hosts file (ReadHosts) and its name
+// (Hostname, FQDN).
 //
 // # Namespaces
 //
@@ -20,7 +21,8 @@
 // /proc/net, which show the main thread's namespace) and open their
 // netlink sockets in the calling thread's namespace.
 //
-// The file readers (Resolvers, DHCPServers) take a root directory instead ("" or "/"
+// Hostname reads the calling thread's UTS namespace. The file readers
+// (Resolvers, DHCPServers) take a root directory instead ("" or "/"
 // for the machine's own files) so they can read a container's root
 // filesystem or test fixtures; symlinks under that root, absolute ones
 // too, are followed inside it.
@@ -30,7 +32,7 @@
 // Every reader is a thin wrapper around a pure parser that takes an
 // io.Reader, []byte or already-decoded kernel objects (ParseProcNet,
 // UsableNeighbours, ParseResolvConf, ParseDhclientLeases,
-// ParseNetworkdLease), so each format is unit-tested on fixture text in
+// ParseNetworkdLease, ParseHosts, FQDN), so each format is unit-tested on fixture text in
 // testdata.
 //
 // Nothing here sends a packet: everything is read from the kernel's own

@@ -165,3 +165,29 @@ func TestPrivilegedNeighbours(t *testing.T) {
 		assert.True(t, got[2].Router)
 	}
 }
+
+func TestPrivilegedHostname(t *testing.T) {
+	testenv.Root(t)
+	// A throwaway UTS namespace on a thread that dies with its goroutine.
+	type result struct {
+		name string
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		if err := unix.Unshare(unix.CLONE_NEWUTS); err != nil {
+			ch <- result{err: err}
+			return
+		}
+		if err := unix.Sethostname([]byte("boxhs-uts")); err != nil {
+			ch <- result{err: err}
+			return
+		}
+		h, err := Hostname()
+		ch <- result{h, err}
+	}()
+	r := <-ch
+	require.NoError(t, r.err)
+	assert.Equal(t, "boxhs-uts", r.name, "the calling thread's UTS namespace")
+}
