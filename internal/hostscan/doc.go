@@ -1,0 +1,40 @@
+// Package hostscan reads what a host really exposes, so the drill can aim
+// its probes at it instead of at a guess: the sockets listening in a
+// network namespace (Listeners), the neighbours it knows (Neighbours), the
+// resolvers and search domains it uses (Resolvers), the DHCP servers it
+// got leases from (DHCPServers), its hosts file (ReadHosts) and its name
+// (Hostname, FQDN).
+//
+// # Namespaces
+//
+// The kernel readers (Listeners, Neighbours) read the network namespace of
+// the calling OS thread, not the process's. To scan another
+// namespace wrap the call in internal/nsrun.Do, which locks the goroutine
+// to a thread moved into that namespace:
+//
+//	err := nsrun.Do("boxw-host", func() error {
+//		ls, err = hostscan.Listeners()
+//		return err
+//	})
+//
+// That is why they read /proc/thread-self/net (never /proc/self/net or
+// /proc/net, which show the main thread's namespace) and open their
+// netlink sockets in the calling thread's namespace.
+//
+// Hostname reads the calling thread's UTS namespace. The file readers
+// (Resolvers, DHCPServers) take a root directory instead ("" or "/"
+// for the machine's own files) so they can read a container's root
+// filesystem or test fixtures; symlinks under that root, absolute ones
+// too, are followed inside it.
+//
+// # Parsers and readers
+//
+// Every reader is a thin wrapper around a pure parser that takes an
+// io.Reader, []byte or already-decoded kernel objects (ParseProcNet,
+// UsableNeighbours, ParseResolvConf, ParseDhclientLeases,
+// ParseNetworkdLease, ParseHosts, FQDN), so each format is unit-tested on fixture text in
+// testdata.
+//
+// Nothing here sends a packet: everything is read from the kernel's own
+// tables or from files.
+package hostscan
