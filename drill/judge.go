@@ -254,6 +254,9 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Scene) (arriv
 		}
 		r.AtTarget = fmt.Sprintf("the witness saw nothing (%d frames read; alive: %d control frame(s), the last at %s)", we.Captured, we.Controls, we.ControlLast.Format("15:04:05.000"))
 	}
+	if r.Count != "" {
+		return counted(r, obs)
+	}
 	if r.ListenerAt != "" {
 		l, ok := obs.get(r.ListenerAt, r.ListenerID)
 		if !ok || l.Evidence.Listener == nil {
@@ -281,6 +284,30 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Scene) (arriv
 	}
 	return false, ""
 }
+
+// counted reads the counting chain after the host's filter: a packet it
+// counted got past every filter, whatever answered it. Its zero counts only
+// if it counted its control, box-a's DNS to the gateway, which the filter
+// lets through.
+func counted(r *Result, obs observations) (arrived bool, problem string) {
+	c, ok := obs.get(PlaceFilter, r.Count)
+	if !ok {
+		return false, "no count from the counting chain after the host's filter (" + reportOf(c, ok) + ")"
+	}
+	if c.Outcome == probes.Reached {
+		r.AtTarget = c.Reason
+		return true, ""
+	}
+	ctl, ok := obs.get(PlaceFilter, countControlID)
+	if !ok || ctl.Outcome != probes.Reached {
+		return false, "the counting chain after the host's filter did not count its control, box-a's DNS to the gateway (" + reportOf(ctl, ok) + "), so its zero proves nothing"
+	}
+	r.AtTarget = "nothing counted after the host's filter (alive: " + ctl.Reason + ")"
+	return false, ""
+}
+
+// countControlID is the observation id of the counting chain's control.
+const countControlID = "count-control"
 
 // pinID is the observation id under which an agent's report says whether
 // it pinned a neighbour.

@@ -3,7 +3,10 @@ package drill
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
+
+	"github.com/box-isolation/box/stack/nft"
 )
 
 // preflight checks incusd answers, notes the environment and removes the
@@ -20,6 +23,15 @@ func (r *run) preflight(ctx context.Context) error {
 		IncusVersion: srv.Environment.ServerVersion, InstanceType: "container"}
 	if err := cleanLeftovers(pctx, r.cfg.Host, ""); err != nil {
 		return fmt.Errorf("preflight: cleaning an earlier run's boxes: %w", err)
+	}
+	if err := withNetNS(r.cfg.Host.NetNS, func(fd int) error {
+		removed, err := nft.DeleteCounters(fd, "")
+		if len(removed) > 0 {
+			r.cfg.logf("preflight: removed an earlier run's %s", strings.Join(removed, ", "))
+		}
+		return err
+	}); err != nil {
+		return fmt.Errorf("preflight: removing an earlier run's counting tables: %w", err)
 	}
 	return nil
 }

@@ -9,9 +9,14 @@ import (
 	"slices"
 	"time"
 
+	"github.com/vishvananda/netns"
+
 	"github.com/box-isolation/box/drill/topo"
+	"github.com/box-isolation/box/internal/hostscan"
+	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/nft"
 )
 
 // runProbes builds the scene and the scenario, and runs every place's
@@ -28,6 +33,19 @@ func (r *run) runProbes(ctx context.Context) error {
 		rep.Summary.Probes += len(p.Probes)
 	}
 	r.cfg.logf("probes: %d probes from %d places, %s deadline each, all at once", rep.Summary.Probes, len(r.sc.Plans), probeDeadline)
+	table := nft.CounterPrefix + rep.RunID
+	if len(r.sc.Counters) > 0 {
+		err := withNetNS(r.cfg.Host.NetNS, func(fd int) error { return nft.InstallCounters(fd, table, r.sc.Counters) })
+		if err != nil {
+			return fmt.Errorf("the witness after the host's filter: %w", err)
+		}
+		r.later(func(context.Context) error {
+			return withNetNS(r.cfg.Host.NetNS, func(fd int) error {
+				_, err := nft.DeleteCounters(fd, table)
+				return err
+			})
+		})
+	}
 	t0 := time.Now()
 	r.obs, r.agentErr = runPlans(ctx, r.cfg, r.cfg.Host.Incus, r.names, r.sc.Plans)
 	rep.Summary.ProbePhaseMS = time.Since(t0).Milliseconds()
@@ -38,7 +56,51 @@ func (r *run) runProbes(ctx context.Context) error {
 		rep.Problems = append(rep.Problems, "agent at "+place+": "+r.agentErr[place])
 	}
 	rep.Problems = append(rep.Problems, failedControls(r.sc, r.obs)...)
+	if len(r.sc.Counters) > 0 {
+		r.obs[PlaceFilter] = r.readCounters(table)
+	}
 	return nil
+}
+
+// readCounters turns the counting chain's counts into observations; a
+// chain that cannot be read leaves them missing (inconclusive).
+func (r *run) readCounters(table string) map[string]probes.Observation {
+	var got map[string]uint64
+	err := withNetNS(r.cfg.Host.NetNS, func(fd int) error {
+		var err error
+		got, err = nft.ReadCounters(fd, table)
+		return err
+	})
+	if err != nil {
+		r.rep.Problems = append(r.rep.Problems, "the witness after the host's filter: "+err.Error())
+		return nil
+	}
+	m := map[string]probes.Observation{}
+	for _, k := range r.sc.Counters {
+		id := k.String()
+		if k == r.sc.CountControl {
+			id = countControlID
+		}
+		o := probes.Observation{ID: id, Kind: "counter", Target: k.String(), Outcome: probes.Silent, Reason: "no packet counted after the filter"}
+		if n := got[k.String()]; n > 0 {
+			o.Outcome, o.Reason = probes.Reached, fmt.Sprintf("%d packet(s) %s counted after the host's filter", n, k)
+		}
+		m[id] = o
+	}
+	return m
+}
+
+// withNetNS runs fn with an fd of the named namespace (0: this one).
+func withNetNS(name string, fn func(fd int) error) error {
+	if name == "" {
+		return fn(0)
+	}
+	ns, err := netns.GetFromName(name)
+	if err != nil {
+		return fmt.Errorf("opening namespace %s: %w", name, err)
+	}
+	defer ns.Close()
+	return fn(int(ns))
 }
 
 // buildScene joins the topology with the stack, the boxes and what the
@@ -55,6 +117,13 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 		return s, err
 	}
 	s.HostAddrs = topo.HostAddrs(addrs, v.Subnet, v.Gateway)
+	if err := nsrun.Do(r.cfg.Host.NetNS, func() error {
+		var err error
+		s.Listeners, err = hostscan.Listeners()
+		return err
+	}); err != nil {
+		return s, err
+	}
 	// Boxes are not LAN targets.
 	s.LANHosts = slices.DeleteFunc(slices.Clone(s.LANHosts), func(t topo.Target) bool { return v.Subnet.Contains(t.Addr) })
 	if s.Source == topo.SourceHost {

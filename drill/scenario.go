@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/drill/topo"
+	"github.com/box-isolation/box/internal/hostscan"
 	"github.com/box-isolation/box/probes"
+	"github.com/box-isolation/box/stack/nft"
 )
 
 // Places where plans run: the three probe boxes and the world's namespaces.
@@ -17,6 +19,9 @@ const (
 	PlaceC    = "clone-a" // a clone of box-a
 	PlaceHost = "host"    // the host namespace (listeners on host addresses)
 	PlaceLAN  = "lan"     // the LAN namespace (witnesses at LAN hosts)
+	// PlaceFilter holds the counting chain's counts, read by the drill
+	// itself after the probes (observation id: the count key).
+	PlaceFilter = "host-filter"
 )
 
 // Ports the drill's own listeners use on boxes and host addresses.
@@ -118,6 +123,9 @@ type Scene struct {
 
 	// HostAddrs are the host's own addresses, the gateway first.
 	HostAddrs []HostAddr
+	// Listeners are the sockets listening in the host's namespace once the
+	// stack is up (read from the kernel): what a box would really aim at.
+	Listeners []hostscan.Listener
 	// HostTCP and HostUDP are the ports of the drill's listeners on the
 	// host's addresses (9100 and 9101 when zero); on a real host they are
 	// picked per run, so a service of the host's own is never in the way.
@@ -149,6 +157,10 @@ type Action struct {
 	// Pinned is the peer address the sender pinned to its MAC, so the probe
 	// tests L3 on its own; if pinning failed the probe only repeats ARP.
 	Pinned netip.Addr `json:"-"`
+	// Count is the key of the counting chain after the host's filter that
+	// witnesses this probe (host addresses, where a service of the host's
+	// own answers, or nothing does).
+	Count string `json:"-"`
 	// Compare names the probes whose observations are compared (C-CLONE).
 	Compare []string `json:"-"`
 	// Baseline marks a positive control.
@@ -159,6 +171,12 @@ type Action struct {
 type Scenario struct {
 	Plans   map[string]*probes.Plan
 	Actions []Action
+	// Counters is what the counting chain after the host's filter counts:
+	// the actions' keys, and CountControl, box-a's DNS question to the
+	// gateway (the C-DNS baseline), which the filter lets through, so a
+	// chain that counted nothing was not counting.
+	Counters     []nft.CountKey
+	CountControl nft.CountKey
 }
 
 type builder struct {
@@ -435,7 +453,72 @@ func (b *builder) host() {
 		a = b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindICMP, Target: h.Addr, Via: t.Subnet, Nonce: probes.NewNonce()})
 		a.ControlAt, a.ControlID = PlaceHost, b.selfControl("ctl-icmp-"+h.Name, probes.KindICMP, h.Addr, 0)
+		for _, sv := range b.hostServices(h) {
+			kind := probes.KindTCP
+			if sv.proto == "udp" {
+				kind = probes.KindUDP
+			}
+			a := b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: sv.proto, From: PlaceA, Target: fmt.Sprintf("%s %s/%d (%s)", label, sv.proto, sv.port, sv.what), TargetKey: key, Expect: ExpectBlocked},
+				probes.ProbeSpec{Kind: kind, Target: h.Addr, Port: int(sv.port), Via: t.Subnet, Nonce: probes.NewNonce()})
+			k := nft.CountKey{Src: t.A.IP, Dst: h.Addr, Proto: sv.proto, Port: sv.port}
+			a.Count = k.String()
+			b.sc.Counters = append(b.sc.Counters, k)
+		}
 	}
+	if len(b.sc.Counters) > 0 {
+		b.sc.CountControl = nft.CountKey{Src: t.A.IP, Dst: t.Gateway, Proto: "udp", Port: 53}
+		b.sc.Counters = append(b.sc.Counters, b.sc.CountControl)
+	}
+}
+
+// hostService is one port a box aims at on a host address.
+type hostService struct {
+	proto string
+	port  uint16
+	what  string
+}
+
+// hostServices lists what a box aims at on one host address, besides the
+// drill's own listeners: every socket listening on it (or on every
+// address) that a box could reach, and DNS and DHCP on every address but
+// the gateway, where they are the only exceptions, listener or not.
+func (b *builder) hostServices(h HostAddr) []hostService {
+	t := b.t
+	var out []hostService
+	seen := map[string]bool{}
+	add := func(proto string, port uint16, what string) {
+		k := fmt.Sprintf("%s/%d", proto, port)
+		if seen[k] {
+			return
+		}
+		seen[k] = true
+		out = append(out, hostService{proto, port, what})
+	}
+	own := map[string]bool{}
+	tcp, udp := t.hostPorts()
+	own[fmt.Sprintf("tcp/%d", tcp)], own[fmt.Sprintf("udp/%d", udp)] = true, true
+	allowed := func(proto string, port uint16) bool {
+		return h.Addr == t.Gateway && ((proto == "udp" && (port == 53 || port == 67)) || (proto == "tcp" && port == 53))
+	}
+	for _, l := range t.Listeners {
+		if l.Loopback || (l.Family == 6 && !l.Addr.IsUnspecified()) || (!l.Addr.IsUnspecified() && l.Addr != h.Addr) {
+			continue
+		}
+		if own[fmt.Sprintf("%s/%d", l.Proto, l.Port)] || allowed(l.Proto, l.Port) {
+			continue
+		}
+		what := "listener"
+		if l.Process != "" {
+			what = "listener " + l.Process
+		}
+		add(l.Proto, l.Port, what)
+	}
+	if h.Addr != t.Gateway {
+		add("udp", 53, "DNS, only at the gateway")
+		add("tcp", 53, "DNS, only at the gateway")
+		add("udp", 67, "DHCP, only at the gateway")
+	}
+	return out
 }
 
 // selfControl has the host probe its own listener (or its own kernel, for
