@@ -13,7 +13,7 @@
 // namespace wrap the call in internal/nsrun.Do, which locks the goroutine
 // to a thread moved into that namespace:
 //
-//	err := nsrun.Do("boxw-host", func() error {
+//	err := nsrun.Do(nsName, func() error {
 //		ls, err = hostscan.Listeners()
 //		return err
 //	})
@@ -23,10 +23,10 @@
 // netlink sockets in the calling thread's namespace.
 //
 // Hostname reads the calling thread's UTS namespace. The file readers
-// (Resolvers, DHCPServers) take a root directory instead ("" or "/"
-// for the machine's own files) so they can read a container's root
-// filesystem or test fixtures; symlinks under that root, absolute ones
-// too, are followed inside it.
+// (Resolvers, DHCPServers) take a root directory instead ("" or "/" for
+// the machine's own files) so they can read a container's root filesystem
+// or test fixtures; symlinks under that root, absolute ones too, are
+// followed inside it. ReadHosts takes the hosts file's path.
 //
 // # Parsers and readers
 //
@@ -41,7 +41,8 @@
 // Forwards reads nftables only, iptables-nft's rules included; rules of
 // legacy iptables are not read, and Forwarding.LegacyTables says when
 // there are tables holding them, so a caller can say its forward list may
-// be incomplete. Listeners cannot tell an IPv6 wildcard socket that set
+// be incomplete. A forward's conditions are its own rule's: those of the
+// rules jumping to its chain are not followed. Listeners cannot tell an IPv6 wildcard socket that set
 // IPV6_V6ONLY (so takes no IPv4) from one that did not, nor see a socket's
 // SO_BINDTODEVICE.
 //
