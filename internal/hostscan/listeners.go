@@ -2,6 +2,7 @@ package hostscan
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -91,7 +92,7 @@ func Listeners() ([]Listener, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading listeners: %w", err)
 		}
-		ls, err := ParseProcNet(strings.NewReader(string(b)), f.proto, f.family)
+		ls, err := ParseProcNet(bytes.NewReader(b), f.proto, f.family)
 		if err != nil {
 			return nil, fmt.Errorf("parsing %s: %w", path, err)
 		}
@@ -200,8 +201,12 @@ func parseHexAddrPort(s string, family int) (netip.Addr, uint16, error) {
 	if err != nil {
 		return netip.Addr{}, 0, fmt.Errorf("%q: port: %w", s, err)
 	}
+	size := 4
+	if family == 6 {
+		size = 16
+	}
 	raw, err := hex.DecodeString(a)
-	if err != nil || len(raw) != 4*(1+3*(family/6)) {
+	if err != nil || len(raw) != size {
 		return netip.Addr{}, 0, fmt.Errorf("%q: not an IPv%d address", s, family)
 	}
 	// Each 32-bit word was printed as a host-order integer: undo that.

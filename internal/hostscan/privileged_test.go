@@ -4,9 +4,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"runtime"
+	"strings"
 	"testing"
 
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -190,4 +195,100 @@ func TestPrivilegedHostname(t *testing.T) {
 	r := <-ch
 	require.NoError(t, r.err)
 	assert.Equal(t, "boxhs-uts", r.name, "the calling thread's UTS namespace")
+}
+
+func TestPrivilegedForwards(t *testing.T) {
+	ns := newNS(t, "fwd")
+	nft, err := exec.LookPath("nft")
+	if err != nil {
+		t.Skip("needs the nft binary to write the rules as nft(8) does")
+	}
+	ruleset := `
+table ip nat {
+	chain prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		tcp dport 8080 dnat to 10.1.2.3:80
+		iifname "eth0" udp dport { 53, 5000-5010 } dnat to 10.1.2.4
+		tcp dport 2222 redirect to :22
+	}
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		oifname "eth0" masquerade
+	}
+}
+table inet fw {
+	chain portfw {
+		ip6 daddr fd00::1 tcp dport 443 dnat ip6 to [fd00::9]:8443
+		tcp dport != 22 counter
+	}
+}
+`
+	cmd := exec.Command("ip", "netns", "exec", ns.Name, nft, "-f", "-")
+	cmd.Stdin = strings.NewReader(ruleset)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	var fw Forwarding
+	require.NoError(t, nsrun.Do(ns.Name, func() (err error) {
+		fw, err = Forwards()
+		return err
+	}))
+	var got []string
+	for _, f := range fw.Forwards {
+		got = append(got, f.String())
+		assert.Empty(t, f.Notes, "%s", f)
+	}
+	assert.ElementsMatch(t, []string{
+		"ip nat prerouting: tcp dport 8080 dnat to 10.1.2.3:80",
+		`ip nat prerouting: iifname "eth0" udp dport 53,5000-5010 dnat to 10.1.2.4`,
+		"ip nat prerouting: tcp dport 2222 redirect to :22",
+		"inet fw portfw: daddr fd00::1 tcp dport 443 dnat to [fd00::9]:8443",
+	}, got, "only this namespace's rules")
+	assert.Empty(t, fw.LegacyTables, "a fresh namespace has no legacy iptables tables")
+	t.Logf("forwards:\n%s", strings.Join(got, "\n"))
+	for _, f := range fw.Forwards {
+		if f.Chain == "prerouting" && f.Proto == "tcp" && f.Kind == KindDNAT {
+			assert.Equal(t, []PortRange{{8080, 8080}}, f.Ports)
+			assert.Equal(t, netip.MustParseAddr("10.1.2.3"), f.ToAddr)
+			assert.Equal(t, PortRange{80, 80}, f.ToPorts)
+		}
+	}
+}
+
+// TestPrivilegedForwardsCompat writes an iptables-nft style rule (xtables
+// match and target inside nftables) with google/nftables, as Docker's
+// iptables-nft would: ! -i docker0 -p tcp -m tcp --dport 8080 -j DNAT
+// --to-destination 172.17.0.2:80.
+func TestPrivilegedForwardsCompat(t *testing.T) {
+	ns := newNS(t, "compat")
+	err := ns.Run(func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		tbl := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "nat"})
+		ch := c.AddChain(&nftables.Chain{Name: "DOCKER", Table: tbl})
+		c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte("docker0\x00")},
+			&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 9, Len: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Match{Name: "tcp", Info: &xt.Tcp{SrcPorts: [2]uint16{0, 65535}, DstPorts: [2]uint16{8080, 8080}}},
+			&expr.Target{Name: "DNAT", Rev: 2, Info: &xt.NatRange2{NatRange: xt.NatRange{
+				Flags: uint(xt.NatRangeMapIPs | xt.NatRangeProtoSpecified),
+				MinIP: net.ParseIP("172.17.0.2").To4(), MaxIP: net.ParseIP("172.17.0.2").To4(), MinPort: 80, MaxPort: 80,
+			}}},
+		}})
+		return c.Flush()
+	})
+	if err != nil {
+		t.Skipf("this kernel takes no xtables match or DNAT target in nftables (nft_compat, xt_tcpudp, xt_nat): %v", err)
+	}
+	var fw Forwarding
+	require.NoError(t, nsrun.Do(ns.Name, func() (err error) {
+		fw, err = Forwards()
+		return err
+	}))
+	require.Len(t, fw.Forwards, 1)
+	assert.Equal(t, `ip nat DOCKER: iifname != "docker0" tcp dport 8080 dnat to 172.17.0.2:80 (iptables-nft)`, fw.Forwards[0].String())
 }
