@@ -262,7 +262,7 @@ func TestSystemDrillCanFail(t *testing.T) {
 			assert.Contains(t, rep.Stack.Layers["L-ACL"], "absent")
 		}},
 		{"dns managed", []string{"dns-managed"}, func(t *testing.T, rep *drill.Report) {
-			assertProvenByProbes(t, rep, "C-ENUM")
+			assertProvenByProbes(t, rep, "C-NAMES")
 		}},
 		{"ipv6 on", []string{"ipv6-on"}, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-V6")

@@ -89,23 +89,7 @@ func judge(a Action, obs observations, t Scene, baselineOK bool, agentErr map[st
 	case ExpectBlocked:
 		return judgeBlocked(r, o, obs, t, baselineOK)
 	case ExpectNoName:
-		switch {
-		case o.Outcome == probes.Reached && o.Evidence.DNS != nil:
-			return verdict(r, Fail, "the resolver named a sibling: "+strings.Join(o.Evidence.DNS.Answers, ", "))
-		case o.Outcome == probes.Reached:
-			return verdict(r, Fail, "the resolver named a sibling: "+o.Reason)
-		case o.Outcome == probes.Refused && o.Evidence.DNS != nil && (o.Evidence.DNS.Rcode == "NXDOMAIN" || o.Evidence.DNS.Rcode == "NOERROR"):
-			if !baselineOK {
-				return verdict(r, Inconclusive, "answered "+o.Evidence.DNS.Rcode+", but a baseline failed")
-			}
-			return verdict(r, Pass, "the resolver answered "+o.Evidence.DNS.Rcode+" with no record")
-		case o.Outcome == probes.Refused && o.Evidence.DNS != nil && o.Evidence.DNS.Rcode != "":
-			// REFUSED or SERVFAIL says the resolver would not look, not that
-			// it knows no such name.
-			return verdict(r, Inconclusive, "the resolver answered "+o.Evidence.DNS.Rcode+", which says nothing about the name")
-		default:
-			return verdict(r, Inconclusive, "no DNS answer to judge by: "+o.Reason)
-		}
+		return judgeNoName(r, o, obs, baselineOK)
 	case ExpectNone:
 		// The box's passive watch for IPv6 configuration first: what
 		// arrived counts whatever the probe said.

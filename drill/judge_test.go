@@ -34,7 +34,7 @@ var (
 	}
 	actDNS     = Action{ID: "p004", Claim: "C-DNS", Channel: "dns", From: PlaceA, TargetKey: "gateway", Expect: ExpectResolve, Baseline: true}
 	actDHCP    = Action{ID: "p005", Claim: "C-DHCP", Channel: "dhcp", From: PlaceA, TargetKey: "lease", Expect: ExpectLease, Baseline: true}
-	actEnum    = Action{ID: "p030", Claim: "C-ENUM", Channel: "dns", From: PlaceA, Target: "drill-0a1b2c-b. (box-b)", TargetKey: "gateway", Expect: ExpectNoName}
+	actEnum    = Action{ID: "p030", Claim: "C-NAMES", Channel: "dns", From: PlaceA, Target: "drill-0a1b2c-b. (box-b)", TargetKey: "gateway", Expect: ExpectNoName}
 	actV6      = Action{ID: "p040", Claim: "C-V6", Channel: "global-address+default-route", From: PlaceA, TargetKey: "ipv6", Expect: ExpectNone}
 	actV6Watch = Action{ID: "p041", Claim: "C-V6", Channel: "router-advertisement", From: PlaceA, TargetKey: "ipv6", Expect: ExpectNone,
 		WitnessAt: PlaceA, Witness: &probes.WitnessSpec{ID: "wp041", Control: "ctlnonce0a", Proto: probes.ProtoIPv6Config}}
@@ -321,7 +321,7 @@ func TestJudge(t *testing.T) {
 			baselineOK: false, want: Inconclusive, evidence: []string{"baseline failed"}},
 		{name: "no-sibling-name: resolved", action: actEnum,
 			probe:      &probes.Observation{ID: "p030", Kind: probes.KindDNS, Outcome: probes.Reached, Evidence: dnsEv("NOERROR", true, "drill-0a1b2c-b. 0 IN A 10.88.0.12")},
-			baselineOK: true, want: Fail, evidence: []string{"named a sibling", "10.88.0.12"}},
+			baselineOK: true, want: Fail, evidence: []string{"answered a private name", "10.88.0.12"}},
 		{name: "no-sibling-name: silent", action: actEnum,
 			probe:      &probes.Observation{ID: "p030", Kind: probes.KindDNS, Outcome: probes.Silent, Reason: "no reply before the deadline"},
 			baselineOK: true, want: Inconclusive, evidence: []string{"no DNS answer", "no reply"}},
@@ -333,7 +333,7 @@ func TestJudge(t *testing.T) {
 		// be judged, not crash the drill.
 		{name: "no-sibling-name: reached without DNS evidence", action: actEnum,
 			probe:      &probes.Observation{ID: "p030", Kind: probes.KindDNS, Outcome: probes.Reached, Reason: "the resolver answered with records for the name"},
-			baselineOK: true, want: Fail, evidence: []string{"named a sibling"}},
+			baselineOK: true, want: Fail, evidence: []string{"answered a private name"}},
 
 		// No IPv6.
 		{name: "none: silent", action: actV6,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/vishvananda/netns"
@@ -126,6 +127,16 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	}
 	// Boxes are not LAN targets.
 	s.LANHosts = slices.DeleteFunc(slices.Clone(s.LANHosts), func(t topo.Target) bool { return v.Subnet.Contains(t.Addr) })
+	r.rep.Notes = append(r.rep.Notes, s.Notes...)
+	hosts, note := readHosts(s.HostsFile)
+	if note != "" {
+		r.rep.Notes = append(r.rep.Notes, note)
+	}
+	var dropped int
+	s.questions, dropped = nameQuestions(s, hosts)
+	if dropped > 0 {
+		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("C-NAMES: %d more names were not asked (at most %d a run)", dropped, maxNames))
+	}
 	if s.Source == topo.SourceHost {
 		// Listener ports picked per run from the dynamic range, so a
 		// service the host runs on a fixed port is never in the way.
@@ -151,7 +162,9 @@ func failedControls(sc *Scenario, obs observations) []string {
 	var out []string
 	for _, place := range slices.Sorted(maps.Keys(sc.Plans)) {
 		for _, p := range sc.Plans[place].Probes {
-			if actions[p.ID] {
+			// The upstream's answers are compared with the box's, whatever
+			// they are: NXDOMAIN is no failed control.
+			if actions[p.ID] || strings.HasPrefix(p.ID, upstreamID("")) {
 				continue
 			}
 			if o, ok := obs.get(place, p.ID); !ok || o.Outcome != probes.Reached {

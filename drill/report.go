@@ -7,7 +7,7 @@ import (
 )
 
 // SchemaVersion is the version of the JSON report (docs/drill-report.md).
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // Report is a whole run (the --json schema, version SchemaVersion).
 type Report struct {
@@ -32,6 +32,9 @@ type Report struct {
 	// Problems are errors that did not stop the run (a teardown that
 	// left something behind is one).
 	Problems []string `json:"problems"`
+	// Notes are what the run could not look at (a file not read, names
+	// left out, legacy iptables rules not read).
+	Notes []string `json:"notes"`
 	// dirty says the run's teardown or restore failed: the host may carry
 	// its leftovers, and nothing more may be done to it.
 	dirty bool

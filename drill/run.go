@@ -175,7 +175,7 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
 	}
 	r := &run{cfg: cfg, rep: &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
 		Stack: StackFacts{Changes: []stack.Change{}, Findings: []stack.Finding{}},
-		Boxes: []BoxEnd{}, Problems: []string{}, Claims: []ClaimResult{}, Mutations: []string{}, MutationResults: []MutationResult{}}}
+		Boxes: []BoxEnd{}, Problems: []string{}, Notes: []string{}, Claims: []ClaimResult{}, Mutations: []string{}, MutationResults: []MutationResult{}}}
 	for _, m := range cfg.Mutations {
 		r.rep.Mutations = append(r.rep.Mutations, m.Name)
 	}

@@ -126,6 +126,9 @@ type Scene struct {
 	// Listeners are the sockets listening in the host's namespace once the
 	// stack is up (read from the kernel): what a box would really aim at.
 	Listeners []hostscan.Listener
+	// questions are the names C-NAMES asks besides the siblings'
+	// (nameQuestions).
+	questions []topo.Name
 	// HostTCP and HostUDP are the ports of the drill's listeners on the
 	// host's addresses (9100 and 9101 when zero); on a real host they are
 	// picked per run, so a service of the host's own is never in the way.
@@ -134,14 +137,18 @@ type Scene struct {
 
 // Action is one probe with its expected result.
 type Action struct {
-	ID        string           `json:"id"`
-	Claim     string           `json:"claim"`
-	Channel   string           `json:"channel"`
-	From      string           `json:"from"`   // a place
-	Target    string           `json:"target"` // who, for people: "box-b 10.88.0.12"
-	TargetKey string           `json:"-"`      // the matrix column
-	Expect    Expectation      `json:"expect"`
-	Probe     probes.ProbeSpec `json:"-"`
+	ID        string      `json:"id"`
+	Claim     string      `json:"claim"`
+	Channel   string      `json:"channel"`
+	From      string      `json:"from"`   // a place
+	Target    string      `json:"target"` // who, for people: "box-b 10.88.0.12"
+	TargetKey string      `json:"-"`      // the matrix column
+	Expect    Expectation `json:"expect"`
+	// Provenance says why the target was probed (topo's provenances: a
+	// listener, a route, a neighbour, a hosts file...), when it was found
+	// rather than brought by the drill.
+	Provenance topo.Provenance  `json:"provenance,omitempty"`
+	Probe      probes.ProbeSpec `json:"-"`
 	// WitnessAt runs Witness; ListenerAt names a listener whose service
 	// counts as arrival (host addresses, where a capture on the wire would
 	// see a packet the firewall drops later).
@@ -281,7 +288,7 @@ func BuildScenario(t Scene, claims []Claim) *Scenario {
 	b.sibling()
 	b.host()
 	b.lan()
-	b.enum()
+	b.names()
 	b.v6()
 	b.inbound()
 	b.clone()
@@ -458,7 +465,7 @@ func (b *builder) host() {
 			if sv.proto == "udp" {
 				kind = probes.KindUDP
 			}
-			a := b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: sv.proto, From: PlaceA, Target: fmt.Sprintf("%s %s/%d (%s)", label, sv.proto, sv.port, sv.what), TargetKey: key, Expect: ExpectBlocked},
+			a := b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: sv.proto, From: PlaceA, Target: fmt.Sprintf("%s %s/%d (%s)", label, sv.proto, sv.port, sv.what), TargetKey: key, Expect: ExpectBlocked, Provenance: sv.why},
 				probes.ProbeSpec{Kind: kind, Target: h.Addr, Port: int(sv.port), Via: t.Subnet, Nonce: probes.NewNonce()})
 			k := nft.CountKey{Src: t.A.IP, Dst: h.Addr, Proto: sv.proto, Port: sv.port}
 			a.Count = k.String()
@@ -476,6 +483,7 @@ type hostService struct {
 	proto string
 	port  uint16
 	what  string
+	why   topo.Provenance
 }
 
 // hostServices lists what a box aims at on one host address, besides the
@@ -486,13 +494,13 @@ func (b *builder) hostServices(h HostAddr) []hostService {
 	t := b.t
 	var out []hostService
 	seen := map[string]bool{}
-	add := func(proto string, port uint16, what string) {
+	add := func(proto string, port uint16, what string, why topo.Provenance) {
 		k := fmt.Sprintf("%s/%d", proto, port)
 		if seen[k] {
 			return
 		}
 		seen[k] = true
-		out = append(out, hostService{proto, port, what})
+		out = append(out, hostService{proto, port, what, why})
 	}
 	own := map[string]bool{}
 	tcp, udp := t.hostPorts()
@@ -511,12 +519,12 @@ func (b *builder) hostServices(h HostAddr) []hostService {
 		if l.Process != "" {
 			what = "listener " + l.Process
 		}
-		add(l.Proto, l.Port, what)
+		add(l.Proto, l.Port, what, topo.FromListener)
 	}
 	if h.Addr != t.Gateway {
-		add("udp", 53, "DNS, only at the gateway")
-		add("tcp", 53, "DNS, only at the gateway")
-		add("udp", 67, "DHCP, only at the gateway")
+		add("udp", 53, "DNS, only at the gateway", topo.FromInterface)
+		add("tcp", 53, "DNS, only at the gateway", topo.FromInterface)
+		add("udp", 67, "DHCP, only at the gateway", topo.FromInterface)
 	}
 	return out
 }
@@ -551,28 +559,12 @@ func (b *builder) lan() {
 				continue
 			}
 			nonce := probes.NewNonce()
-			a := b.probe(Action{ID: b.id(), Claim: "C-LAN", Channel: ch.channel, From: PlaceA, Target: label, TargetKey: h.Name, Expect: ExpectBlocked},
+			a := b.probe(Action{ID: b.id(), Claim: "C-LAN", Channel: ch.channel, From: PlaceA, Target: label, TargetKey: h.Name, Expect: ExpectBlocked, Provenance: h.Provenance},
 				probes.ProbeSpec{Kind: ch.kind, Target: h.Addr, Port: ch.port, Via: t.Subnet, Nonce: nonce})
 			if t.LANVia.IsValid() {
 				b.witness(a, PlaceLAN, probes.WitnessSpec{Via: t.LANVia, Nonces: []string{nonce}, SrcIPs: srcs, Proto: ch.channel, Port: ch.port, DstIP: h.Addr})
 			}
 		}
-	}
-}
-
-func (b *builder) enum() {
-	if !b.claims["C-ENUM"] {
-		return
-	}
-	t := b.t
-	for _, peer := range []BoxEnd{t.B, t.C} {
-		names := probes.DNSNameForms(peer.Instance, t.DNSDomain)
-		for _, n := range names {
-			b.probe(Action{ID: b.id(), Claim: "C-ENUM", Channel: "dns", From: PlaceA, Target: n + " (" + peer.Place + ")", TargetKey: "gateway", Expect: ExpectNoName},
-				probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: n, QType: "A", Via: t.Subnet})
-		}
-		b.probe(Action{ID: b.id(), Claim: "C-ENUM", Channel: "dns", From: PlaceA, Target: "PTR " + peer.IP.String() + " (" + peer.Place + ")", TargetKey: "gateway", Expect: ExpectNoName},
-			probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: peer.IP.String(), QType: "PTR", Via: t.Subnet})
 	}
 }
 

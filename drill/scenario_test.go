@@ -15,6 +15,7 @@ import (
 
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/probes"
+	"github.com/box-isolation/box/stack/nft"
 )
 
 // testBox is a probe box as boxEnd would find it after minting.
@@ -241,6 +242,14 @@ func controlledTarget(t Scene, a Action) (string, bool) {
 	return "", false
 }
 
+func keys(ks []nft.CountKey) []string {
+	var out []string
+	for _, k := range ks {
+		out = append(out, k.String())
+	}
+	return out
+}
+
 func TestBuildScenarioBlockedActionsHaveWitnesses(t *testing.T) {
 	topo := testTopology()
 	sc := BuildScenario(topo, Catalogue)
@@ -258,8 +267,14 @@ func TestBuildScenarioBlockedActionsHaveWitnesses(t *testing.T) {
 		blocked++
 		t.Run(a.ID+" "+a.Claim+" "+a.Channel+" "+a.TargetKey, func(t *testing.T) {
 			if a.Claim == "C-HOST" {
-				switch a.Channel {
-				case "tcp", "udp":
+				switch {
+				case a.Count != "":
+					// A service of the host's own (or a port nothing
+					// listens on): judged by the counting chain after the
+					// filter, which counts its control too.
+					require.Contains(t, keys(sc.Counters), a.Count, "the counting chain counts what the action names")
+					require.Contains(t, keys(sc.Counters), sc.CountControl.String(), "and its control")
+				case a.Channel == "tcp" || a.Channel == "udp":
 					require.Equal(t, PlaceHost, a.ListenerAt, "a host tcp/udp probe is judged by the host's listener")
 					l, ok := hostListeners[a.ListenerID]
 					require.True(t, ok, "listener %q is not in the host plan", a.ListenerID)
@@ -454,7 +469,7 @@ func TestBuildScenarioTargets(t *testing.T) {
 	}
 	assert.Equal(t, map[string]bool{PlaceHost: true, PlaceLAN: true}, from, "inbound from the host and from the LAN")
 	var names []string
-	for _, a := range actionsOf(sc, "C-ENUM") {
+	for _, a := range actionsOf(sc, "C-NAMES") {
 		names = append(names, a.Probe.Name)
 	}
 	for _, want := range []string{"drill-0a1b2c-b.", "drill-0a1b2c-b.incus.", "drill-0a1b2c-c.", "10.88.0.12", "10.88.0.13"} {

@@ -133,7 +133,7 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 
 	// dns.mode=none stops Incus from adding per-instance records, but
 	// dnsmasq still answers for the hostnames DHCP clients send it (the
-	// drill's C-ENUM caught sibling names and PTRs resolving):
+	// drill's C-ENUM (now C-NAMES) caught sibling names and PTRs resolving):
 	// dhcp-ignore-names drops them. Incus starts dnsmasq without
 	// --no-hosts, so it also answers every name in the host's /etc/hosts
 	// (measured: a name added there resolved from a box): no-hosts.

@@ -120,8 +120,8 @@ func sampleReport(t *testing.T) *drill.Report {
 			cr("C-LAN", drill.Pass,
 				res("p012", "C-LAN", "tcp", A, "lan-metadata 169.254.169.254", "lan-metadata", drill.ExpectBlocked, drill.Pass, "silent", "dropped", "the witness saw nothing (0 frames read)", nil),
 				res("p013", "C-LAN", "udp", A, "lan-10 10.20.0.10", "lan-10", drill.ExpectBlocked, drill.Pass, "silent", "dropped", "the witness saw nothing (0 frames read)", nil)),
-			cr("C-ENUM", drill.Pass,
-				res("p014", "C-ENUM", "dns", A, "drill-0a1b2c-b. (box-b)", "gateway", drill.ExpectNoName, drill.Pass, "refused", "the resolver answered NXDOMAIN with no record", "",
+			cr("C-NAMES", drill.Pass,
+				res("p014", "C-NAMES", "dns", A, "drill-0a1b2c-b. (box-b)", "gateway", drill.ExpectNoName, drill.Pass, "refused", "the resolver answered NXDOMAIN with no record", "",
 					obs("p014", probes.KindDNS, "10.88.0.1:53", probes.Refused, "the resolver answered NXDOMAIN: the name did not resolve",
 						probes.Evidence{DNS: &probes.DNSEvidence{Name: "drill-0a1b2c-b.", QType: "A", Rcode: "NXDOMAIN"}}))),
 			cr("C-V6", drill.Pass,
@@ -142,6 +142,7 @@ func sampleReport(t *testing.T) *drill.Report {
 		Clean:    &drill.CleanRun{RunID: "0a1b2d", ExitCode: drill.ExitOK, Summary: drill.Summary{Passed: 10, Probes: 70}, DurationMS: 8000},
 		ExitCode: drill.ExitViolated,
 		Problems: []string{"agent at host: exec: deadline exceeded", "teardown: 1 drill boxes are still there after removal"},
+		Notes:    []string{"C-NAMES: the hosts file /etc/hosts was not read (permission denied): its names were not asked"},
 	}
 }
 

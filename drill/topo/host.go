@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"sort"
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/box-isolation/box/internal/hostscan"
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/stack"
 )
@@ -210,6 +212,53 @@ func Discover(o HostOptions) (Topology, error) {
 		return Topology{}, err
 	}
 	t := Topology{Source: SourceHost, HostNS: o.NetNS, Canary: o.Canary.Addr(), CanaryTCP: int(o.Canary.Port()),
-		PublicName: o.PublicName, Upstream: o.Upstream, LANHosts: LANTargets(addrs, routes), Names: []Name{}}
+		PublicName: o.PublicName, Upstream: o.Upstream, Names: []Name{}, HostsFile: "/etc/hosts"}
+	if o.NetNS != "" {
+		// `ip netns exec` gives incusd (and its dnsmasq) this file as
+		// /etc/hosts when it exists.
+		if p := "/etc/netns/" + o.NetNS + "/hosts"; fileExists(p) {
+			t.HostsFile = p
+		}
+	}
+	s := newLANSet(addrs)
+	s.routes(routes)
+	var neigh []hostscan.Neighbour
+	if err := nsrun.Do(o.NetNS, func() error {
+		var err error
+		neigh, err = hostscan.Neighbours()
+		return err
+	}); err != nil {
+		t.Notes = append(t.Notes, "the neighbour table was not read: "+err.Error())
+	}
+	for _, n := range neigh {
+		s.add(n.Addr, FromNeighbour, "neighbour")
+	}
+	dns, err := hostscan.Resolvers("/")
+	if err != nil {
+		t.Notes = append(t.Notes, "resolv.conf was not read: "+err.Error())
+	}
+	for _, a := range dns.Servers() {
+		s.add(a, FromResolver, "resolver")
+	}
+	t.SearchDomains = dns.SearchDomains()
+	leases, err := hostscan.DHCPServers("/")
+	if err != nil {
+		t.Notes = append(t.Notes, "some DHCP lease files were not read: "+err.Error())
+	}
+	for _, l := range leases {
+		s.add(l.Server, FromDHCPServer, "dhcp-server")
+	}
+	s.samples()
+	t.LANHosts = s.out
+	if h, err := hostscan.Hostname(); err == nil {
+		t.Hostname = h
+		hosts, _ := hostscan.ReadHosts(t.HostsFile)
+		t.FQDN = hostscan.FQDN(h, hosts, dns.Conf)
+	}
 	return t, nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

@@ -78,8 +78,16 @@ type Topology struct {
 	LANSource netip.Addr   `json:"lan_source,omitzero"`
 
 	// Names are asked from a box through its resolver (C-NAMES): none may
-	// resolve unless Upstream answers it the same.
-	Names []Name `json:"names"`
+	// resolve unless Upstream answers it the same. The drill adds, at probe
+	// time, every name in HostsFile (the hosts file the bridge's dnsmasq
+	// would read), Hostname and its FQDN, names under SearchDomains, the
+	// PTRs of the host's private addresses and of LANHosts, and the probe
+	// boxes' own names.
+	Names         []Name   `json:"names"`
+	HostsFile     string   `json:"hosts_file,omitempty"`
+	Hostname      string   `json:"hostname,omitempty"`
+	FQDN          string   `json:"fqdn,omitempty"`
+	SearchDomains []string `json:"search_domains,omitempty"`
 
 	// Notes are what the discovery could not read, for the report.
 	Notes []string `json:"notes,omitempty"`
