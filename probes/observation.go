@@ -55,6 +55,21 @@ type Evidence struct {
 	// Connected says a TCP handshake completed: the peer's address
 	// accepted the connection, whatever it said afterwards.
 	Connected bool `json:"connected,omitempty"`
+	// Request names what a udp probe sent: "nonce" (the nonce line) or the
+	// protocol request chosen for its port ("dns", "dhcp", "tftp", "ntp",
+	// "netbios", "snmp", "ssdp"; udpproto.go has the table).
+	Request string `json:"request,omitempty"`
+	// SrcPort is a tcp probe's source port, bound before its SYN left.
+	// ISN is the initial sequence number of that SYN, read from a capture
+	// of the SYN as it left (ISNCaptured true); a SYN carries no nonce, so
+	// port and ISN are how a witness past a NAT recognises it. When the
+	// ISN could not be learned, ISNError says why; the probe's outcome
+	// never depends on it. (An ISN of 0 is written as isn_captured with no
+	// isn.)
+	SrcPort     int    `json:"src_port,omitempty"`
+	ISN         uint32 `json:"isn,omitempty"`
+	ISNCaptured bool   `json:"isn_captured,omitempty"`
+	ISNError    string `json:"isn_error,omitempty"`
 	// ICMP is the ICMP error that decided the outcome, with who sent it.
 	ICMP     *ICMPEvidence     `json:"icmp,omitempty"`
 	DNS      *DNSEvidence      `json:"dns,omitempty"`

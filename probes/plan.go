@@ -151,6 +151,14 @@ type ProbeSpec struct {
 	// DstMAC is where a control probe sends its frames; broadcast when
 	// empty (control only).
 	DstMAC string `json:"dst_mac,omitempty"`
+	// Payload picks what a udp probe sends (udp only). Empty chooses by
+	// destination port: a minimal valid request of the port's protocol
+	// for the well-known ports in udpproto.go (53, 5353, 67, 69, 123, 137,
+	// 161, 1900), the nonce line for every other. "nonce" forces the nonce
+	// line (for an echo listener on a well-known port); a request name
+	// (dns, dhcp, tftp, ntp, netbios, snmp, ssdp) forces that request on
+	// any port.
+	Payload string `json:"payload,omitempty"`
 }
 
 // Deadline is the plan's deadline as a duration.
@@ -420,6 +428,14 @@ func (s *ProbeSpec) Validate() error {
 		if s.Target.IsLinkLocalUnicast() && !s.Via.IsValid() {
 			return errors.New("a link-local target needs via (the interface's subnet)")
 		}
+		if s.Kind == KindUDP && s.Payload != "" {
+			if err := checkPayload(s.Payload); err != nil {
+				return err
+			}
+			if s.Payload == RequestDHCP && !s.Target.Unmap().Is4() {
+				return errors.New("payload dhcp needs an IPv4 target")
+			}
+		}
 		needsNonce = true
 	case KindBroadcast:
 		if !s.Via.IsValid() || !s.Via.Addr().Is4() {
@@ -476,6 +492,9 @@ func (s *ProbeSpec) Validate() error {
 	}
 	if s.Kind != KindControl && s.DstMAC != "" {
 		return fmt.Errorf("dst_mac is for control probes, not %s", s.Kind)
+	}
+	if s.Kind != KindUDP && s.Payload != "" {
+		return fmt.Errorf("payload is for udp probes, not %s", s.Kind)
 	}
 	if s.Kind != KindDNS && (s.Name != "" || s.QType != "") {
 		return fmt.Errorf("name and qtype are for dns probes, not %s", s.Kind)

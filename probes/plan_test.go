@@ -28,6 +28,7 @@ const validPlan = `{
   "probes": [
     {"id": "tcp1", "kind": "tcp", "target": "10.88.0.6", "port": 7000, "deadline_ms": 1000},
     {"id": "udp1", "kind": "udp", "target": "10.88.0.6", "port": 7001, "nonce": "abcdef0123456789", "deadline_ms": 1000, "delay_ms": 200},
+    {"id": "udp2", "kind": "udp", "target": "10.88.0.1", "port": 53, "payload": "nonce", "deadline_ms": 1000},
     {"id": "icmp1", "kind": "icmp", "target": "ff02::1", "via": "10.88.0.0/24", "deadline_ms": 1000},
     {"id": "arp1", "kind": "arp", "target": "10.88.0.6", "via": "10.88.0.0/24", "deadline_ms": 1000},
     {"id": "bc", "kind": "broadcast", "port": 7001, "via": "10.88.0.0/24", "deadline_ms": 1000},
@@ -43,7 +44,7 @@ const validPlan = `{
 func TestDecodePlanValid(t *testing.T) {
 	p, err := DecodePlan(strings.NewReader(validPlan))
 	require.NoError(t, err)
-	require.Len(t, p.Probes, 11)
+	require.Len(t, p.Probes, 12)
 	require.Len(t, p.Witnesses, 2)
 	require.Len(t, p.Neighbors, 1)
 	require.Len(t, p.Listeners, 2)
@@ -130,6 +131,10 @@ func TestDecodePlanErrors(t *testing.T) {
 		{"short nonce", probe(`"kind":"udp","target":"10.0.0.1","port":1,"nonce":"abc"`), "length must be"},
 		{"bad nonce", probe(`"kind":"udp","target":"10.0.0.1","port":1,"nonce":"abc def gh"`), "only letters"},
 		{"duplicate nonce", `{"version":1,"deadline_ms":2000,"probes":[{"id":"a","kind":"udp","target":"10.0.0.1","port":1,"nonce":"abcdefgh","deadline_ms":100},{"id":"b","kind":"udp","target":"10.0.0.1","port":1,"nonce":"abcdefgh","deadline_ms":100}]}`, "used by another probe"},
+		{"payload on tcp", probe(`"kind":"tcp","target":"10.0.0.1","port":53,"payload":"dns"`), "payload is for udp probes"},
+		{"payload on dns", probe(`"kind":"dns","target":"10.0.0.1","name":"x","payload":"dns"`), "payload is for udp probes"},
+		{"unknown payload", probe(`"kind":"udp","target":"10.0.0.1","port":53,"payload":"http"`), "payload \"http\" is not one of"},
+		{"dhcp payload to ipv6", probe(`"kind":"udp","target":"2001:db8::1","port":67,"payload":"dhcp"`), "payload dhcp needs an IPv4 target"},
 		{"dns no name", probe(`"kind":"dns","target":"10.0.0.1"`), "dns needs a name"},
 		{"dns bad qtype", probe(`"kind":"dns","target":"10.0.0.1","name":"x","qtype":"AXFR"`), "qtype \"AXFR\""},
 		{"dns bad name", probe(`"kind":"dns","target":"10.0.0.1","name":"a..b"`), "not a domain name"},

@@ -33,10 +33,17 @@ const icmpGrace = 100 * time.Millisecond
 //     a router's port-unreachable is rejected, never refused.
 //   - nothing before the deadline: silent.
 //
+// Evidence.SrcPort is the source port, bound before the SYN leaves, and
+// Evidence.ISN the SYN's initial sequence number, read from a capture of
+// the SYN leaving this host (synCapture). Both let a witness elsewhere
+// recognise a SYN, which carries no nonce. Learning the ISN is best
+// effort: when it fails, Evidence.ISNError says why and the outcome is
+// the same.
+//
 // Telling a RST from a middle box's ICMP port-unreachable needs the raw
 // ICMP socket (CAP_NET_RAW). Without it an ECONNREFUSED is an error, not a
 // guess.
-func probeTCP(ctx context.Context, spec ProbeSpec, obs Observation) Observation {
+func probeTCP(ctx context.Context, spec ProbeSpec, obs Observation) (out Observation) {
 	src, err := resolveSource(&spec)
 	if err != nil {
 		return fail(obs, fmt.Sprintf("tcp probe %s: %v", obs.Target, err))
@@ -48,6 +55,24 @@ func probeTCP(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 		defer watch.close()
 	}
 	var localPort int
+	var syn *synCapture
+	var synErr error
+	defer func() {
+		if localPort == 0 {
+			return // nothing was sent
+		}
+		out.Evidence.SrcPort = localPort
+		if syn == nil {
+			out.Evidence.ISNError = "no capture of the SYN: " + synErr.Error()
+			return
+		}
+		isn, ok := syn.stop(min(synGrace, time.Until(deadlineOf(ctx))))
+		if !ok {
+			out.Evidence.ISNError = "the SYN was not seen leaving this host"
+			return
+		}
+		out.Evidence.ISN, out.Evidence.ISNCaptured = isn, true
+	}()
 	network := "tcp4"
 	if fam == 6 {
 		network = "tcp6"
@@ -86,6 +111,11 @@ func probeTCP(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 					localPort = v.Port
 				case *unix.SockaddrInet6:
 					localPort = v.Port
+				}
+				// Armed before connect sends the SYN, on this thread (the
+				// probe's network namespace). A failure is only recorded.
+				if localPort != 0 {
+					syn, synErr = startSYNCapture(src.target, localPort, spec.Port, deadlineOf(ctx))
 				}
 			})
 			if cerr != nil {

@@ -1,7 +1,6 @@
 package probes
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,31 +32,104 @@ type dgram struct {
 // code and offender, so refused and rejected are told apart by who sent
 // what, never guessed from an errno.
 func exchangeUDP(ctx context.Context, src source, port int, payload []byte, accept func([]byte) bool) dgram {
-	var r dgram
+	return exchangeUDPWith(ctx, src, udpExchange{
+		port:   port,
+		build:  func(netip.AddrPort) ([]byte, error) { return payload, nil },
+		accept: accept,
+	})
+}
+
+// udpExchange is one datagram request: where it goes, how it is built and
+// what answers it.
+type udpExchange struct {
+	port int
+	// build makes the datagram once the socket has its local address.
+	build  func(local netip.AddrPort) ([]byte, error)
+	accept func([]byte) bool
+	// anyPort hears replies from any port of the target's address (a TFTP
+	// server answers from a fresh port). The socket is then unconnected;
+	// IP_RECVERR still queues every ICMP error, so classification is the
+	// same.
+	anyPort bool
+}
+
+// udpSock is the part of a UDP socket an exchange uses, connected or not.
+type udpSock struct {
+	conn  *net.UDPConn
+	write func([]byte) error
+	read  func([]byte) (int, error)
+}
+
+func dialUDP(ctx context.Context, src source, port int, anyPort bool) (udpSock, error) {
 	fam := family(src.target)
 	network := "udp4"
 	if fam == 6 {
 		network = "udp6"
 	}
-	d := net.Dialer{
-		Control: func(_, _ string, c syscall.RawConn) error {
-			var serr error
-			if err := c.Control(func(fd uintptr) { serr = setRecvErr(fd, fam) }); err != nil {
-				return err
-			}
-			return serr
-		},
+	ctl := func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = setRecvErr(fd, fam) }); err != nil {
+			return err
+		}
+		return serr
 	}
+	dst := netip.AddrPortFrom(src.target, uint16(port))
+	if !anyPort {
+		d := net.Dialer{Control: ctl}
+		if src.local.IsValid() {
+			d.LocalAddr = net.UDPAddrFromAddrPort(netip.AddrPortFrom(src.local, 0))
+		}
+		c, err := d.DialContext(ctx, network, dst.String())
+		if err != nil {
+			return udpSock{}, err
+		}
+		conn := c.(*net.UDPConn)
+		return udpSock{conn: conn,
+			write: func(b []byte) error { _, err := conn.Write(b); return err },
+			read:  conn.Read,
+		}, nil
+	}
+	lc := net.ListenConfig{Control: ctl}
+	laddr := ":0"
 	if src.local.IsValid() {
-		d.LocalAddr = net.UDPAddrFromAddrPort(netip.AddrPortFrom(src.local, 0))
+		laddr = netip.AddrPortFrom(src.local, 0).String()
 	}
-	c, err := d.DialContext(ctx, network, netip.AddrPortFrom(src.target, uint16(port)).String())
+	pc, err := lc.ListenPacket(ctx, network, laddr)
+	if err != nil {
+		return udpSock{}, err
+	}
+	conn := pc.(*net.UDPConn)
+	want := src.target.WithZone("").Unmap()
+	return udpSock{conn: conn,
+		write: func(b []byte) error { _, err := conn.WriteToUDPAddrPort(b, dst); return err },
+		read: func(b []byte) (int, error) {
+			for {
+				n, from, err := conn.ReadFromUDPAddrPort(b)
+				if err != nil || from.Addr().WithZone("").Unmap() == want {
+					return n, err
+				}
+				// Someone else's datagram: not an answer, keep reading
+				// until the read deadline.
+			}
+		},
+	}, nil
+}
+
+// exchangeUDPWith runs one exchange; see exchangeUDP.
+func exchangeUDPWith(ctx context.Context, src source, x udpExchange) dgram {
+	var r dgram
+	s, err := dialUDP(ctx, src, x.port, x.anyPort)
 	if err != nil {
 		r.setupErr = err
 		return r
 	}
-	conn := c.(*net.UDPConn)
+	conn := s.conn
 	defer conn.Close()
+	payload, err := x.build(conn.LocalAddr().(*net.UDPAddr).AddrPort())
+	if err != nil {
+		r.setupErr = err
+		return r
+	}
 	rc, err := conn.SyscallConn()
 	if err != nil {
 		r.setupErr = err
@@ -67,7 +139,7 @@ func exchangeUDP(ctx context.Context, src source, port int, payload []byte, acce
 	local := localAddrs()
 	buf := make([]byte, 2048)
 	_, err = resend.run(conn.SetReadDeadline, func(int) (bool, error) {
-		if _, err := conn.Write(payload); err != nil {
+		if err := s.write(payload); err != nil {
 			if r.takeError(rc, err, src.target, local) {
 				return false, err // decided: r holds the verdict
 			}
@@ -76,10 +148,10 @@ func exchangeUDP(ctx context.Context, src source, port int, payload []byte, acce
 		return true, nil
 	}, func(wake time.Time) (bool, error) {
 		_ = conn.SetReadDeadline(wake)
-		n, err := conn.Read(buf)
+		n, err := s.read(buf)
 		if err == nil {
 			r.reply = append([]byte(nil), buf[:n]...)
-			r.accepted = accept(r.reply)
+			r.accepted = x.accept(r.reply)
 			return true, nil
 		}
 		if isTimeout(err) {
@@ -143,10 +215,13 @@ func readErrQueue(rc syscall.RawConn) (fam, typ, code int, offender netip.Addr, 
 	return
 }
 
-// probeUDP sends the nonce line to target:port and expects it echoed.
+// probeUDP sends a request to target:port: the nonce line, or for a
+// well-known port a minimal valid request of its protocol (udpproto.go has
+// the table), and records which in evidence.request.
 //
-//   - a reply with the nonce: reached;
-//   - a reply from target:port without the nonce: refused (the datagram
+//   - a reply with the nonce, or with the request's own proof (a DNS reply
+//     to our question, an NTP reply to our timestamp, ...): reached;
+//   - a reply from target:port without either: refused (the datagram
 //     arrived; something else answered);
 //   - an ICMP error: classifyICMP (port-unreachable from the target is
 //     refused, from anyone else rejected; admin-prohibited is rejected);
@@ -157,9 +232,27 @@ func probeUDP(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 		return fail(obs, fmt.Sprintf("udp probe %s: %v", obs.Target, err))
 	}
 	fillSource(&obs, src)
-	want := []byte(spec.Nonce)
-	r := exchangeUDP(ctx, src, spec.Port, probeLine(spec.Nonce), func(b []byte) bool { return bytes.Contains(b, want) })
-	return classifyDgram(ctx, obs, src, r, "the peer echoed the nonce", "a reply from the target's address without the nonce: the datagram arrived, something else answered")
+	name := udpRequestFor(&spec)
+	obs.Evidence.Request = name
+	req, err := newUDPRequest(name, spec.Nonce, netip.AddrPortFrom(spec.Target, uint16(spec.Port)))
+	if err != nil {
+		return fail(obs, fmt.Sprintf("udp probe %s: %s request: %v", obs.Target, name, err))
+	}
+	why := ""
+	r := exchangeUDPWith(ctx, src, udpExchange{port: spec.Port, build: req.build, anyPort: req.anyPort,
+		accept: func(b []byte) bool {
+			w, ok := req.proof(b)
+			if ok {
+				why = w
+			}
+			return ok
+		}})
+	unaccepted := "a reply from the target's address without the nonce: the datagram arrived, something else answered"
+	if name != RequestNonce {
+		unaccepted = "a reply from the target's address that does not prove it read our " + name +
+			" request (no nonce): the datagram arrived"
+	}
+	return classifyDgram(ctx, obs, src, r, why, unaccepted)
 }
 
 func classifyDgram(ctx context.Context, obs Observation, src source, r dgram, reachedWhy, unacceptedWhy string) Observation {
