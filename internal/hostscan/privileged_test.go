@@ -19,7 +19,7 @@ import (
 
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/internal/nstest"
-	"github.com/box-isolation/box/internal/testenv"
+	"github.com/box-isolation/box/internal/testenv/tier"
 )
 
 // The privileged tier: throwaway namespaces (internal/nstest) named
@@ -34,7 +34,7 @@ func init() { runtime.LockOSThread() }
 
 func newNS(t *testing.T, role string) *nstest.NS {
 	t.Helper()
-	testenv.Root(t)
+	tier.Root(t)
 	return nstest.New(t, "boxhs-"+nstest.RunID()+"-"+role)
 }
 
@@ -172,7 +172,7 @@ func TestPrivilegedNeighbours(t *testing.T) {
 }
 
 func TestPrivilegedHostname(t *testing.T) {
-	testenv.Root(t)
+	tier.Root(t)
 	// A throwaway UTS namespace on a thread that dies with its goroutine.
 	type result struct {
 		name string

@@ -6,31 +6,26 @@
 package testenv
 
 import (
-	"os"
 	"testing"
 
 	"github.com/box-isolation/box/fixtures/world"
+	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/box-isolation/box/stack/incus"
 )
 
 // RequireEnv makes a missing tier fail instead of skip.
-const RequireEnv = "BOX_REQUIRE_TIERS"
+const RequireEnv = tier.RequireEnv
 
 func unavailable(t testing.TB, why string) {
 	t.Helper()
-	if os.Getenv(RequireEnv) == "1" {
-		t.Fatalf("%s (%s=1 says every tier must run)", why, RequireEnv)
-	}
-	t.Skip(why)
+	tier.Unavailable(t, why)
 }
 
 // Root skips (or fails) unless the test runs as root: the privileged tier
 // (namespaces, veths, raw sockets, nftables).
 func Root(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		unavailable(t, "needs root for namespaces and raw sockets: run `make test` as root")
-	}
+	tier.Root(t)
 }
 
 // World returns the running hermetic world, or skips (or fails) when none
