@@ -45,7 +45,7 @@ var Catalogue = []Claim{
 		Why: "without a lease no probe leaves from the address the rules are written for"},
 	{ID: "C-SIBLING", From: "box", To: "peer box and a clone", Channels: []string{"arp", "icmp", "tcp", "udp", "broadcast", "icmpv6-link-local", "icmpv6-all-nodes"}, Expect: "no frame reaches the peer", Layers: []string{"L-PORTISO", "L-BRIDGEDROP"},
 		Why: "two boxes on one bridge exchange frames below netfilter's L3 hooks unless the bridge itself refuses"},
-	{ID: "C-HOST", From: "box", To: "every host address", Channels: []string{"tcp", "udp", "icmp"}, Expect: "dropped (DNS and DHCP to the gateway are the only exceptions; router solicitations reach an IPv6 stack the bridge must not have)", Layers: []string{"L-HOSTFW", "L-ACL"},
+	{ID: "C-HOST", From: "box", To: "every host address: the drill's listeners, every socket the host listens on (read from the kernel), DNS and DHCP off the gateway", Channels: []string{"tcp", "udp", "icmp"}, Expect: "dropped (DNS and DHCP to the gateway are the only exceptions; router solicitations reach an IPv6 stack the bridge must not have)", Layers: []string{"L-HOSTFW", "L-ACL"},
 		Why: "the host's own services, including those on its public address, are not the box's"},
 	{ID: "C-LAN", From: "box", To: "private ranges", Channels: []string{"tcp", "udp", "icmp"}, Expect: "nothing arrives", Layers: []string{"L-ACL"},
 		Why: "the LAN and the cloud metadata service are the first things a hostile agent looks for"},

@@ -2,6 +2,7 @@ package drill_test
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -140,6 +141,36 @@ func TestSystemDrillHolds(t *testing.T) {
 		assert.Equal(t, "present", rep.Stack.Layers[l], l)
 	}
 	assert.Empty(t, rep.Stack.Findings, "a run after a successful ensure verifies clean")
+	// What the host really runs is aimed at, and judged after the filter.
+	aimed := map[string]drill.Result{}
+	for _, r := range claim(t, rep, "C-HOST").Results {
+		aimed[r.Target] = r
+	}
+	for _, addr := range []string{"10.88.0.1", world.UplinkHost.Addr().String(), world.LANHostSide.Addr().String()} {
+		for _, svc := range []string{"tcp/22", "tcp/3000", "udp/123"} {
+			found := false
+			for target, r := range aimed {
+				if strings.Contains(target, " "+addr+" "+svc+" ") {
+					found = true
+					assert.Equal(t, drill.Pass, r.Verdict, "%s: %s", target, r.Evidence)
+					assert.Equal(t, "listener", string(r.Provenance), target)
+					assert.Contains(t, r.AtTarget, "nothing counted after the host's filter", target)
+				}
+			}
+			assert.True(t, found, "the host's %s on %s is probed", svc, addr)
+		}
+	}
+	// Names only the host's side knows are asked, and do not resolve.
+	asked := map[string]drill.Result{}
+	for _, r := range claim(t, rep, "C-NAMES").Results {
+		asked[r.Target] = r
+	}
+	for _, n := range []string{world.HostOnlyNames[0].Name, world.InternalNames[0].Name, "PTR " + world.LANHostSide.Addr().String()} {
+		r, ok := asked[n]
+		if assert.True(t, ok, "%s is asked: %v", n, maps.Keys(asked)) {
+			assert.Equal(t, drill.Pass, r.Verdict, "%s: %s", n, r.Evidence)
+		}
+	}
 	for _, cr := range rep.Claims {
 		var stackCh int
 		for _, r := range cr.Results {
@@ -248,14 +279,30 @@ func TestSystemDrillCanFail(t *testing.T) {
 		}},
 		{"host firewall", []string{"host-fw"}, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-HOST")
-			uplinkFailed := false
+			failed := map[string]bool{}
 			for _, r := range probeFailures(claim(t, rep, "C-HOST")) {
-				if strings.Contains(r.Target, "uplink") {
-					uplinkFailed = true
+				if strings.Contains(r.Target, world.UplinkHost.Addr().String()) {
+					failed["uplink"] = true
+					for _, svc := range []string{"tcp/22", "tcp/3000", "tcp/53", "udp/53"} {
+						if strings.Contains(r.Target, svc) {
+							failed[svc] = true
+						}
+					}
 				}
 			}
-			assert.True(t, uplinkFailed, "C-HOST fails for the uplink address")
+			assert.True(t, failed["uplink"], "C-HOST fails for the uplink address")
+			for _, svc := range []string{"tcp/22", "tcp/3000", "tcp/53", "udp/53"} {
+				assert.True(t, failed[svc], "the host's %s on the uplink address is reached: %v", svc, failed)
+			}
 			assert.Equal(t, []string{"C-HOST"}, rep.MutationResults[0].Flipped, "and no probe of another claim")
+		}},
+		{"hosts file", []string{"hosts-file"}, func(t *testing.T, rep *drill.Report) {
+			leaked := map[string]bool{}
+			for _, r := range probeFailures(claim(t, rep, "C-NAMES")) {
+				leaked[r.Target] = true
+			}
+			assert.True(t, leaked[world.HostOnlyNames[0].Name], "the host-only name in the hosts file leaks: %v", leaked)
+			assert.Contains(t, rep.MutationResults[0].Flipped, "C-NAMES")
 		}},
 		{"acl", []string{"acl"}, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-LAN")
@@ -301,6 +348,29 @@ func inHost(t *testing.T, cfg drill.Config, args ...string) {
 	cmd.Env = append(os.Environ(), "INCUS_DIR="+st.IncusDir)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%v: %s", args, out)
+}
+
+// TestSystemNamesLANUpstream: a stack whose resolver forwards to the LAN's
+// (an operator's BOX_DNS pointing at the office resolver) answers the LAN's
+// internal names to every box, and C-NAMES says so.
+func TestSystemNamesLANUpstream(t *testing.T) {
+	cfg := config(t)
+	restoreAfter(t, cfg)
+	host := *cfg.Host
+	host.Options.DNS = []netip.Addr{world.LANResolver}
+	cfg.Host = &host
+	cfg.Claims = []drill.Claim{claimOf(t, "C-NAMES")}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	rep, err := drill.Run(ctx, cfg)
+	require.NoError(t, err)
+	leaked := map[string]bool{}
+	for _, r := range probeFailures(claim(t, rep, "C-NAMES")) {
+		leaked[r.Target] = true
+	}
+	assert.True(t, leaked[world.InternalNames[0].Name], "an internal name of the LAN zone leaks: %v", leaked)
+	assert.Equal(t, drill.Pass, claim(t, rep, "C-DNS").Verdict, "the public name still resolves (the LAN resolver answers it)")
+	assert.Equal(t, drill.ExitViolated, rep.ExitCode)
 }
 
 // restoreAfter converges the stack back when the test ends, whatever it

@@ -84,7 +84,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	var unmatched int
 	rep.MutationResults, unmatched = compareRuns(cfg.Mutations, cleanRep, rep)
 	if unmatched > 0 {
-		rep.Problems = append(rep.Problems, fmt.Sprintf("comparing with the clean run: %d probe(s) of this run had no counterpart there (the targets changed between the runs), so they prove nothing either way", unmatched))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("comparing with the clean run: %d probe(s) of this run had no counterpart there (the targets changed between the runs), so they prove nothing either way", unmatched))
 	}
 	return rep, nil
 }
