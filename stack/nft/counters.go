@@ -51,27 +51,11 @@ func (k CountKey) rule() (Rule, error) {
 	case "tcp", "udp":
 		parts = append(parts, dport(k.Proto, k.Port))
 	case "icmp":
-		parts = append(parts, part{"icmp type echo-request", []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMP}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{8}},
-		}})
+		parts = append(parts, icmpType(unix.IPPROTO_ICMP, 8, "icmp type echo-request"))
 	default:
 		return Rule{}, fmt.Errorf("count key %s: protocol %q is not tcp, udp or icmp", k, k.Proto)
 	}
 	return rule(part{"counter", []expr.Any{&expr.Counter{}}}, parts...), nil
-}
-
-// ipAddr matches an IPv4 source (offset 12) or destination (16) address.
-func ipAddr(word string, offset uint32, a netip.Addr) part {
-	b := a.As4()
-	return part{"ip " + word + " " + a.String(), []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b[:]},
-	}}
 }
 
 // InstallCounters creates the counting table (inet, named table, which must

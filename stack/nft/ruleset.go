@@ -347,14 +347,17 @@ func dport(proto string, port uint16) part {
 // limitedBroadcast is where a DHCP client without an address sends.
 var limitedBroadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
 
-// ipDaddr matches an IPv4 destination address, with the nfproto dependency
-// nft adds for it in the inet family.
-func ipDaddr(a netip.Addr) part {
+// ipDaddr matches an IPv4 destination address.
+func ipDaddr(a netip.Addr) part { return ipAddr("daddr", 16, a) }
+
+// ipAddr matches an IPv4 source (offset 12) or destination (16) address,
+// with the nfproto dependency nft adds for it in the inet family.
+func ipAddr(word string, offset uint32, a netip.Addr) part {
 	b := a.As4()
-	return part{"ip daddr " + a.String(), []expr.Any{
+	return part{"ip " + word + " " + a.String(), []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b[:]},
 	}}
 }
@@ -362,11 +365,20 @@ func ipDaddr(a netip.Addr) part {
 // icmpv6Type matches an ICMPv6 message type, with the nfproto dependency
 // nft adds for it in the inet family.
 func icmpv6Type(t byte, name string) part {
-	return part{"icmpv6 type " + name, []expr.Any{
+	p := icmpType(unix.IPPROTO_ICMPV6, t, "icmpv6 type "+name)
+	p.exprs = append([]expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}},
+	}, p.exprs...)
+	return p
+}
+
+// icmpType matches an ICMP (or ICMPv6) message type by the transport
+// protocol and the header's first byte.
+func icmpType(proto, t byte, text string) part {
+	return part{text, []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{t}},
 	}}
