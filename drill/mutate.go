@@ -95,21 +95,18 @@ func firstDNS(h *stack.Host) string {
 }
 
 func deleteTable(h *stack.Host, family nftables.TableFamily) error {
-	var opts []nftables.ConnOption
-	if h.NetNS != "" {
-		ns, err := netns.GetFromName(h.NetNS)
+	return withNetNS(h.NetNS, func(fd int) error {
+		var opts []nftables.ConnOption
+		if fd > 0 {
+			opts = append(opts, nftables.WithNetNSFd(fd))
+		}
+		conn, err := nftables.New(opts...)
 		if err != nil {
 			return err
 		}
-		defer ns.Close()
-		opts = append(opts, nftables.WithNetNSFd(int(ns)))
-	}
-	conn, err := nftables.New(opts...)
-	if err != nil {
-		return err
-	}
-	conn.DelTable(&nftables.Table{Family: family, Name: stack.Current.NFTTable})
-	return conn.Flush()
+		conn.DelTable(&nftables.Table{Family: family, Name: stack.Current.NFTTable})
+		return conn.Flush()
+	})
 }
 
 func setNetwork(ctx context.Context, h *stack.Host, set map[string]string) error {

@@ -211,7 +211,7 @@ func Discover(o HostOptions) (Topology, error) {
 	if err != nil {
 		return Topology{}, err
 	}
-	t := Topology{Source: SourceHost, HostNS: o.NetNS, Canary: o.Canary.Addr(), CanaryTCP: int(o.Canary.Port()),
+	t := Topology{Source: SourceHost, Canary: o.Canary.Addr(), CanaryTCP: int(o.Canary.Port()),
 		PublicName: o.PublicName, Upstream: o.Upstream, Names: []Name{}, HostsFile: "/etc/hosts"}
 	if o.NetNS != "" {
 		// `ip netns exec` gives incusd (and its dnsmasq) this file as

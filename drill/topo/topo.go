@@ -46,11 +46,10 @@ const (
 type Topology struct {
 	// Source is SourceWorld or SourceHost.
 	Source string `json:"source"`
-	// HostNS is the namespace the host-side agent runs in ("" for the
-	// drill's own); LANNS, in the world, is the LAN namespace, where the
-	// witnesses at LAN hosts run ("" where there is none).
-	HostNS string `json:"host_ns,omitempty"`
-	LANNS  string `json:"lan_ns,omitempty"`
+	// LANNS, in the world, is the LAN namespace, where the witnesses at
+	// LAN hosts run ("" where there is none). The host's own namespace is
+	// the stack host's (stack.Host.NetNS).
+	LANNS string `json:"lan_ns,omitempty"`
 
 	// The internet canary: a world host that greets with CanaryGreeting,
 	// or a public server (CanaryGreeting empty) whose handshake is the proof.
