@@ -1,6 +1,7 @@
 package drill
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -10,6 +11,23 @@ import (
 
 	"github.com/box-isolation/box/probes"
 )
+
+// Actions judged by comparison or by the counting chain.
+var (
+	actNameUp = Action{ID: "p031", Claim: "C-NAMES", Channel: "dns", From: PlaceA, Target: "git.example.org.", TargetKey: "gateway", Expect: ExpectNoName,
+		ControlAt: PlaceHost, ControlID: "up-p031"}
+	actHostSSH = Action{ID: "p025", Claim: "C-HOST", Channel: "tcp", From: PlaceA, Target: "host gateway 10.88.0.1 tcp/22 (listener sshd)", TargetKey: "host-gateway", Expect: ExpectBlocked,
+		Count: "tcp 10.88.0.11>10.88.0.1:22"}
+)
+
+// counts is the counting chain's observation of one key.
+func counts(id string, n int) *probes.Observation {
+	o := &probes.Observation{ID: id, Kind: "counter", Outcome: probes.Silent, Reason: "no packet counted after the filter"}
+	if n > 0 {
+		o.Outcome, o.Reason = probes.Reached, fmt.Sprintf("%d packet(s) %s counted after the host's filter", n, id)
+	}
+	return o
+}
 
 // t0 is when the agents started; probes fire probeDelay later.
 var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
@@ -334,6 +352,41 @@ func TestJudge(t *testing.T) {
 		{name: "no-sibling-name: reached without DNS evidence", action: actEnum,
 			probe:      &probes.Observation{ID: "p030", Kind: probes.KindDNS, Outcome: probes.Reached, Reason: "the resolver answered with records for the name"},
 			baselineOK: true, want: Fail, evidence: []string{"answered a private name"}},
+
+		// A name compared with the public upstream asked from the host.
+		{name: "names: the upstream answers the same (a public name)", action: actNameUp,
+			probe:      &probes.Observation{ID: "p031", Kind: probes.KindDNS, Outcome: probes.Reached, Evidence: dnsEv("NOERROR", true, "git.example.org. 300 IN A 192.0.2.7")},
+			others:     []placed{{PlaceHost, &probes.Observation{ID: "up-p031", Kind: probes.KindDNS, Outcome: probes.Reached, Evidence: dnsEv("NOERROR", true, "GIT.example.org. 3600 IN A 192.0.2.7")}}},
+			baselineOK: true, want: Pass, evidence: []string{"a public name"}, atTarget: "answers the same"},
+		{name: "names: the upstream knows no such name (leaked)", action: actNameUp,
+			probe:      &probes.Observation{ID: "p031", Kind: probes.KindDNS, Outcome: probes.Reached, Evidence: dnsEv("NOERROR", true, "printer.corp.internal. 0 IN A 192.168.20.30")},
+			others:     []placed{{PlaceHost, &probes.Observation{ID: "up-p031", Kind: probes.KindDNS, Outcome: probes.Refused, Evidence: dnsEv("NXDOMAIN", false)}}},
+			baselineOK: true, want: Fail, evidence: []string{"leaked", "192.168.20.30"}},
+		{name: "names: the upstream answers differently (leaked)", action: actNameUp,
+			probe:      &probes.Observation{ID: "p031", Kind: probes.KindDNS, Outcome: probes.Reached, Evidence: dnsEv("NOERROR", true, "git.example.org. 0 IN A 10.20.0.10")},
+			others:     []placed{{PlaceHost, &probes.Observation{ID: "up-p031", Kind: probes.KindDNS, Outcome: probes.Reached, Evidence: dnsEv("NOERROR", true, "git.example.org. 300 IN A 192.0.2.7")}}},
+			baselineOK: true, want: Fail, evidence: []string{"differently"}},
+		{name: "names: nothing to compare with", action: actNameUp,
+			probe:      &probes.Observation{ID: "p031", Kind: probes.KindDNS, Outcome: probes.Reached, Evidence: dnsEv("NOERROR", true, "git.example.org. 0 IN A 10.20.0.10")},
+			others:     []placed{{PlaceHost, &probes.Observation{ID: "up-p031", Kind: probes.KindDNS, Outcome: probes.Silent, Reason: "no reply"}}},
+			baselineOK: true, want: Inconclusive, evidence: []string{"nothing to compare with"}},
+
+		// A host service, judged by the counting chain after the filter.
+		{name: "counted: packets after the filter fail the probe", action: actHostSSH,
+			probe:      sent("p025", probes.KindTCP, probes.Silent, "no SYN-ACK, RST or ICMP error before the deadline", probes.Evidence{}),
+			others:     []placed{{PlaceFilter, counts("tcp 10.88.0.11>10.88.0.1:22", 2)}, {PlaceFilter, counts(countControlID, 4)}},
+			baselineOK: true, want: Fail, evidence: []string{"the target saw the traffic arrive"}, atTarget: "2 packet(s)"},
+		{name: "counted: zero with a live chain passes", action: actHostSSH,
+			probe:      sent("p025", probes.KindTCP, probes.Silent, "no SYN-ACK, RST or ICMP error before the deadline", probes.Evidence{}),
+			others:     []placed{{PlaceFilter, counts("tcp 10.88.0.11>10.88.0.1:22", 0)}, {PlaceFilter, counts(countControlID, 4)}},
+			baselineOK: true, want: Pass, evidence: []string{"dropped"}, atTarget: "nothing counted"},
+		{name: "counted: zero from a chain that counted not even its control", action: actHostSSH,
+			probe:      sent("p025", probes.KindTCP, probes.Silent, "no SYN-ACK, RST or ICMP error before the deadline", probes.Evidence{}),
+			others:     []placed{{PlaceFilter, counts("tcp 10.88.0.11>10.88.0.1:22", 0)}, {PlaceFilter, counts(countControlID, 0)}},
+			baselineOK: true, want: Inconclusive, evidence: []string{"did not count its control"}},
+		{name: "counted: no count at all", action: actHostSSH,
+			probe:      sent("p025", probes.KindTCP, probes.Silent, "no SYN-ACK, RST or ICMP error before the deadline", probes.Evidence{}),
+			baselineOK: true, want: Inconclusive, evidence: []string{"no count"}},
 
 		// No IPv6.
 		{name: "none: silent", action: actV6,

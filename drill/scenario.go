@@ -492,27 +492,26 @@ type hostService struct {
 // the gateway, where they are the only exceptions, listener or not.
 func (b *builder) hostServices(h HostAddr) []hostService {
 	t := b.t
-	var out []hostService
-	seen := map[string]bool{}
-	add := func(proto string, port uint16, what string, why topo.Provenance) {
-		k := fmt.Sprintf("%s/%d", proto, port)
-		if seen[k] {
-			return
-		}
-		seen[k] = true
-		out = append(out, hostService{proto, port, what, why})
+	type key struct {
+		proto string
+		port  uint16
 	}
-	own := map[string]bool{}
 	tcp, udp := t.hostPorts()
-	own[fmt.Sprintf("tcp/%d", tcp)], own[fmt.Sprintf("udp/%d", udp)] = true, true
-	allowed := func(proto string, port uint16) bool {
-		return h.Addr == t.Gateway && ((proto == "udp" && (port == 53 || port == 67)) || (proto == "tcp" && port == 53))
+	// The drill's own listeners are probed on their own; DNS and DHCP at
+	// the gateway are what a box may use.
+	seen := map[key]bool{{"tcp", uint16(tcp)}: true, {"udp", uint16(udp)}: true}
+	if h.Addr == t.Gateway {
+		seen[key{"udp", 53}], seen[key{"tcp", 53}], seen[key{"udp", 67}] = true, true, true
+	}
+	var out []hostService
+	add := func(proto string, port uint16, what string, why topo.Provenance) {
+		if !seen[key{proto, port}] {
+			seen[key{proto, port}] = true
+			out = append(out, hostService{proto, port, what, why})
+		}
 	}
 	for _, l := range t.Listeners {
 		if l.Loopback || (l.Family == 6 && !l.Addr.IsUnspecified()) || (!l.Addr.IsUnspecified() && l.Addr != h.Addr) {
-			continue
-		}
-		if own[fmt.Sprintf("%s/%d", l.Proto, l.Port)] || allowed(l.Proto, l.Port) {
 			continue
 		}
 		what := "listener"
@@ -521,11 +520,9 @@ func (b *builder) hostServices(h HostAddr) []hostService {
 		}
 		add(l.Proto, l.Port, what, topo.FromListener)
 	}
-	if h.Addr != t.Gateway {
-		add("udp", 53, "DNS, only at the gateway", topo.FromInterface)
-		add("tcp", 53, "DNS, only at the gateway", topo.FromInterface)
-		add("udp", 67, "DHCP, only at the gateway", topo.FromInterface)
-	}
+	add("udp", 53, "DNS, only at the gateway", topo.FromInterface)
+	add("tcp", 53, "DNS, only at the gateway", topo.FromInterface)
+	add("udp", 67, "DHCP, only at the gateway", topo.FromInterface)
 	return out
 }
 
