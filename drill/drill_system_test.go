@@ -422,6 +422,76 @@ func TestSystemNoSetupDrift(t *testing.T) {
 			t.Logf("C-V6 probe %s from %s: %s; %s", r.Channel, r.From, r.Evidence, r.AtTarget)
 		}
 	})
+	t.Run("ssh and DNS let in by hand", func(t *testing.T) {
+		cfg := config(t)
+		restoreAfter(t, cfg)
+		// What an operator types to reach a box's sshd "just for now", and
+		// the DNS accept as the stack had it before it was scoped.
+		inHost(t, cfg, "nft", "insert", "rule", "inet", stack.Current.NFTTable, "input", "iifname", stack.Current.Network, "tcp", "dport", "22", "accept")
+		inHost(t, cfg, "nft", "insert", "rule", "inet", stack.Current.NFTTable, "input", "iifname", stack.Current.Network, "udp", "dport", "53", "accept")
+		cfg.NoSetup = true
+		cfg.Claims = []drill.Claim{claimOf(t, "C-HOST")}
+		rep := run(t, cfg)
+		hc := claim(t, rep, "C-HOST")
+		assert.NotEmpty(t, stackFailures(hc), "Verify sees the rules")
+		reached := map[string]bool{}
+		for _, r := range probeFailures(hc) {
+			reached[r.Target] = strings.Contains(r.AtTarget, "counted after the host's filter")
+		}
+		uplink := world.UplinkHost.Addr().String()
+		for _, svc := range []string{"tcp/22 (listener", "udp/53 (DNS"} {
+			found := false
+			for target, counted := range reached {
+				if strings.Contains(target, " "+uplink+" "+svc) {
+					found = true
+					assert.True(t, counted, "%s: the counting chain saw it pass the filter", target)
+				}
+			}
+			assert.True(t, found, "the probe of %s on the uplink fails: %v", svc, reached)
+		}
+	})
+	t.Run("a hosts-file name, no-hosts taken out by hand", func(t *testing.T) {
+		cfg := config(t)
+		restoreAfter(t, cfg)
+		st, _ := testenv.Incus(t)
+		// Appended in place: the file is bind-mounted into incusd's view.
+		hosts := st.Names.HostsFile()
+		before, err := os.ReadFile(hosts)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, os.WriteFile(hosts, before, 0o644)) })
+		require.NoError(t, os.WriteFile(hosts, append(before, []byte("10.20.0.99 buildcache.corp.internal buildcache\n")...), 0o644))
+		hup := func() {
+			v, err := cfg.Host.Verify(context.Background())
+			require.NoError(t, err)
+			require.NotZero(t, v.DnsmasqPID)
+			require.NoError(t, syscall.Kill(v.DnsmasqPID, syscall.SIGHUP), "dnsmasq re-reads its hosts files")
+		}
+		hup()
+		cfg.NoSetup = true
+		cfg.Claims = []drill.Claim{claimOf(t, "C-NAMES")}
+		rep := run(t, cfg)
+		asked := false
+		for _, r := range claim(t, rep, "C-NAMES").Results {
+			if r.Target == "buildcache.corp.internal." {
+				asked = true
+				assert.Equal(t, drill.Pass, r.Verdict, "with no-hosts the name stays the host's: %s", r.Evidence)
+			}
+		}
+		assert.True(t, asked, "the name written into the hosts file is asked")
+
+		n, _, err := cfg.Host.Incus.Network(context.Background(), stack.Current.Network)
+		require.NoError(t, err)
+		inHost(t, cfg, "incus", "network", "set", stack.Current.Network, "raw.dnsmasq="+strings.Replace(n.Config["raw.dnsmasq"], "no-hosts\n", "", 1))
+		rep = run(t, cfg)
+		leaked := map[string]bool{}
+		for _, r := range probeFailures(claim(t, rep, "C-NAMES")) {
+			leaked[r.Target] = true
+		}
+		assert.True(t, leaked["buildcache.corp.internal."], "the name leaks: %v", leaked)
+		assert.True(t, leaked["PTR 10.20.0.99"], "and its PTR: %v", leaked)
+		assert.NotEmpty(t, stackFailures(claim(t, rep, "C-NAMES")), "Verify sees no-hosts gone")
+	})
+
 }
 
 // TestSystemWitnessControlSuppressed: with the host's control frames
