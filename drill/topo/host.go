@@ -205,57 +205,95 @@ type HostOptions struct {
 	Upstream netip.Addr
 }
 
-// Discover builds a real host's Topology from its kernel and files.
+// Discover builds a real host's Topology from its kernel and files. With
+// a namespace (BOX_NETNS), the files are the ones `ip netns exec` shows
+// incusd there (/etc/netns/NS/hosts and resolv.conf when they exist), and
+// the machine's DHCP leases, which belong to the machine's own interfaces,
+// are not read.
 func Discover(o HostOptions) (Topology, error) {
-	addrs, routes, err := ReadInterfaces(o.NetNS)
+	var f hostFacts
+	var err error
+	f.addrs, f.routes, err = ReadInterfaces(o.NetNS)
 	if err != nil {
 		return Topology{}, err
 	}
-	t := Topology{Source: SourceHost, Canary: o.Canary.Addr(), CanaryTCP: int(o.Canary.Port()),
-		PublicName: o.PublicName, Upstream: o.Upstream, Names: []Name{}, HostsFile: "/etc/hosts"}
-	if o.NetNS != "" {
-		// `ip netns exec` gives incusd (and its dnsmasq) this file as
-		// /etc/hosts when it exists.
-		if p := "/etc/netns/" + o.NetNS + "/hosts"; fileExists(p) {
-			t.HostsFile = p
-		}
+	f.hostsFile = "/etc/hosts"
+	if p := "/etc/netns/" + o.NetNS + "/hosts"; o.NetNS != "" && fileExists(p) {
+		f.hostsFile = p
 	}
-	s := newLANSet(addrs)
-	s.routes(routes)
-	var neigh []hostscan.Neighbour
 	if err := nsrun.Do(o.NetNS, func() error {
 		var err error
-		neigh, err = hostscan.Neighbours()
+		f.neighbours, err = hostscan.Neighbours()
 		return err
 	}); err != nil {
-		t.Notes = append(t.Notes, "the neighbour table was not read: "+err.Error())
+		f.notes = append(f.notes, "the neighbour table was not read: "+err.Error())
 	}
-	for _, n := range neigh {
+	if p := "/etc/netns/" + o.NetNS + "/resolv.conf"; o.NetNS != "" && fileExists(p) {
+		rc, err := readResolvConf(p)
+		if err != nil {
+			f.notes = append(f.notes, p+" was not read: "+err.Error())
+		}
+		f.dns = hostscan.DNS{Conf: rc}
+	} else if f.dns, err = hostscan.Resolvers("/"); err != nil {
+		f.notes = append(f.notes, "resolv.conf was not read: "+err.Error())
+	}
+	if o.NetNS == "" {
+		if f.leases, err = hostscan.DHCPServers("/"); err != nil {
+			f.notes = append(f.notes, "some DHCP lease files were not read: "+err.Error())
+		}
+	} else {
+		f.notes = append(f.notes, "the DHCP lease files are the machine's, not namespace "+o.NetNS+"'s: no DHCP server is a target")
+	}
+	if f.hostname, err = hostscan.Hostname(); err == nil {
+		f.hosts, _ = hostscan.ReadHosts(f.hostsFile)
+	}
+	return f.topology(o), nil
+}
+
+// hostFacts is what Discover read; topology turns it into targets.
+type hostFacts struct {
+	addrs      []IfaceAddr
+	routes     []Route
+	neighbours []hostscan.Neighbour
+	dns        hostscan.DNS
+	leases     []hostscan.DHCPLease
+	hostname   string
+	hostsFile  string
+	hosts      []hostscan.HostsEntry
+	notes      []string
+}
+
+func (f hostFacts) topology(o HostOptions) Topology {
+	t := Topology{Source: SourceHost, Canary: o.Canary.Addr(), CanaryTCP: int(o.Canary.Port()),
+		PublicName: o.PublicName, Upstream: o.Upstream, Names: []Name{}, HostsFile: f.hostsFile, Notes: f.notes}
+	s := newLANSet(f.addrs)
+	s.routes(f.routes)
+	for _, n := range f.neighbours {
 		s.add(n.Addr, FromNeighbour, "neighbour")
 	}
-	dns, err := hostscan.Resolvers("/")
-	if err != nil {
-		t.Notes = append(t.Notes, "resolv.conf was not read: "+err.Error())
-	}
-	for _, a := range dns.Servers() {
+	for _, a := range f.dns.Servers() {
 		s.add(a, FromResolver, "resolver")
 	}
-	t.SearchDomains = dns.SearchDomains()
-	leases, err := hostscan.DHCPServers("/")
-	if err != nil {
-		t.Notes = append(t.Notes, "some DHCP lease files were not read: "+err.Error())
-	}
-	for _, l := range leases {
+	for _, l := range f.leases {
 		s.add(l.Server, FromDHCPServer, "dhcp-server")
 	}
 	s.samples()
 	t.LANHosts = s.out
-	if h, err := hostscan.Hostname(); err == nil {
-		t.Hostname = h
-		hosts, _ := hostscan.ReadHosts(t.HostsFile)
-		t.FQDN = hostscan.FQDN(h, hosts, dns.Conf)
+	t.SearchDomains = f.dns.SearchDomains()
+	if f.hostname != "" {
+		t.Hostname = f.hostname
+		t.FQDN = hostscan.FQDN(f.hostname, f.hosts, f.dns.Conf)
 	}
-	return t, nil
+	return t
+}
+
+func readResolvConf(path string) (hostscan.ResolvConf, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return hostscan.ResolvConf{}, err
+	}
+	defer fh.Close()
+	return hostscan.ParseResolvConf(fh)
 }
 
 func fileExists(p string) bool {

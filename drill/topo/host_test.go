@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/box-isolation/box/internal/hostscan"
 )
 
 func TestHostTargets(t *testing.T) {
@@ -58,4 +60,40 @@ func TestHostTargets(t *testing.T) {
 	for _, not := range []string{"192.168.1.20", "203.0.113.1", "192.168.0.1", "172.16.0.1", "10.0.0.1"} {
 		assert.False(t, got[not], "%s is no LAN target (own, public, or its range is already covered)", not)
 	}
+}
+
+// Every source of a real host's LAN targets lands once, with its
+// provenance; the host's own addresses and public addresses never do.
+func TestHostFactsTopology(t *testing.T) {
+	pfx, addr := netip.MustParsePrefix, netip.MustParseAddr
+	f := hostFacts{
+		addrs:      []IfaceAddr{{"eth0", pfx("192.168.1.20/24")}},
+		routes:     []Route{{Gw: addr("192.168.1.1")}, {Dst: pfx("10.30.0.7/32"), Gw: addr("192.168.1.254")}},
+		neighbours: []hostscan.Neighbour{{Addr: addr("192.168.1.33")}, {Addr: addr("192.168.1.1")}, {Addr: addr("192.168.1.20")}},
+		dns:        hostscan.DNS{Conf: hostscan.ResolvConf{Nameservers: []netip.Addr{addr("192.168.1.53"), addr("9.9.9.9")}, Search: []string{"corp.example"}}},
+		leases:     []hostscan.DHCPLease{{Server: addr("192.168.1.2")}},
+		hostname:   "build7",
+		hosts:      []hostscan.HostsEntry{{Addr: addr("192.168.1.20"), Name: "build7.corp.example", Aliases: []string{"build7"}}},
+		notes:      []string{"a note"},
+	}
+	top := f.topology(HostOptions{Canary: netip.MustParseAddrPort("1.1.1.1:443"), PublicName: "example.com.", Upstream: addr("1.1.1.1")})
+	got := map[string]Provenance{}
+	for _, l := range top.LANHosts {
+		_, dup := got[l.Addr.String()]
+		assert.False(t, dup, "%s once", l.Addr)
+		got[l.Addr.String()] = l.Provenance
+	}
+	for a, why := range map[string]Provenance{
+		"192.168.1.1": FromRoute, "10.30.0.7": FromRoute, "192.168.1.254": FromRoute, "192.168.1.33": FromNeighbour,
+		"192.168.1.53": FromResolver, "192.168.1.2": FromDHCPServer, "169.254.169.254": FromSample, "172.16.0.1": FromSample,
+	} {
+		assert.Equal(t, why, got[a], a)
+	}
+	for _, not := range []string{"192.168.1.20", "9.9.9.9"} {
+		assert.NotContains(t, got, not, "own or public")
+	}
+	assert.Equal(t, []string{"corp.example"}, top.SearchDomains)
+	assert.Equal(t, "build7.corp.example", top.FQDN)
+	assert.Equal(t, []string{"a note"}, top.Notes)
+	assert.Equal(t, SourceHost, top.Source)
 }
