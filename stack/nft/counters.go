@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 )
@@ -17,9 +18,9 @@ import (
 // (policy accept, no verdict in any rule) and live in a table of their
 // own, which the drill deletes after its run.
 
-// CounterPriority is the counting chain's priority on the input hook:
-// after filter (0), security (50) and source NAT (100), so only packets
-// every filter accepted are counted.
+// CounterPriority is the counting chains' priority on the input and
+// forward hooks: after filter (0), security (50) and source NAT (100), so
+// only packets every filter accepted are counted.
 const CounterPriority = 1000
 
 // CounterPrefix starts the name of every counting table, so leftovers of
@@ -46,17 +47,62 @@ func (k CountKey) rule() (Rule, error) {
 	if !k.Src.Is4() || !k.Dst.Is4() {
 		return Rule{}, fmt.Errorf("count key %s: IPv4 addresses only", k)
 	}
-	parts := []part{ipAddr("saddr", 12, k.Src), ipAddr("daddr", 16, k.Dst)}
+	parts := []part{ipAddr("saddr", 12, k.Src)}
 	switch k.Proto {
 	case "tcp", "udp":
-		parts = append(parts, dport(k.Proto, k.Port))
+		// The connection's original destination, so a packet the host
+		// forwards (DNAT) or redirects is counted by what the box aimed at.
+		parts = append(parts, ctOriginalDst(k.Dst), l4proto(k.Proto), ctOriginalDport(k.Port))
 	case "icmp":
-		parts = append(parts, icmpType(unix.IPPROTO_ICMP, 8, "icmp type echo-request"))
+		parts = append(parts, ipAddr("daddr", 16, k.Dst), icmpType(unix.IPPROTO_ICMP, 8, "icmp type echo-request"))
 	default:
 		return Rule{}, fmt.Errorf("count key %s: protocol %q is not tcp, udp or icmp", k, k.Proto)
 	}
-	return rule(part{"counter", []expr.Any{&expr.Counter{}}}, parts...), nil
+	// A named counter: both chains count into it, and it is read as an
+	// object (google/nftables cannot decode the ct direction of a rule the
+	// kernel lists).
+	return rule(part{fmt.Sprintf("counter name %q", k.String()), []expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_COUNTER, Name: k.String()}}}, parts...), nil
 }
+
+// ctOriginalDst matches the connection's original destination address. In
+// the inet family the kernel loads the tuple's whole 16-byte address; an
+// IPv4 tuple holds the address first and zeros after it.
+func ctOriginalDst(a netip.Addr) part {
+	b := make([]byte, 16)
+	a4 := a.As4()
+	copy(b, a4[:])
+	return part{"ct original ip daddr " + a.String(), []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeyDST, Direction: 0},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b},
+	}}
+}
+
+// ctOriginalDport matches the connection's original destination port.
+func ctOriginalDport(port uint16) part {
+	return part{fmt.Sprintf("ct original proto-dst %d", port), []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeyPROTODST, Direction: 0},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+	}}
+}
+
+// l4proto matches the transport protocol.
+func l4proto(proto string) part {
+	num := byte(unix.IPPROTO_TCP)
+	if proto == "udp" {
+		num = unix.IPPROTO_UDP
+	}
+	return part{"meta l4proto " + proto, []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{num}},
+	}}
+}
+
+// counterHooks are where the counting chains sit: input for what reaches
+// the host, forward for what it forwards (a DNAT to elsewhere).
+var counterHooks = []struct {
+	name string
+	hook *nftables.ChainHook
+}{{"input", nftables.ChainHookInput}, {"forward", nftables.ChainHookForward}}
 
 // InstallCounters creates the counting table (inet, named table, which must
 // start with CounterPrefix) in namespace netns (an fd; 0 for the current
@@ -71,14 +117,19 @@ func InstallCounters(netns int, table string, keys []CountKey) error {
 	}
 	defer done()
 	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: table})
-	ch := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityRef(CounterPriority), Policy: policyOf("accept")})
 	for _, k := range keys {
-		r, err := k.rule()
-		if err != nil {
-			return err
+		c.AddObj(&nftables.CounterObj{Table: t, Name: k.String()})
+	}
+	for _, h := range counterHooks {
+		ch := c.AddChain(&nftables.Chain{Name: h.name, Table: t, Type: nftables.ChainTypeFilter,
+			Hooknum: h.hook, Priority: nftables.ChainPriorityRef(CounterPriority), Policy: policyOf("accept")})
+		for _, k := range keys {
+			r, err := k.rule()
+			if err != nil {
+				return err
+			}
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.Exprs})
 		}
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.Exprs, UserData: []byte(k.String())})
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("creating counting table inet %s: %w", table, err)
@@ -86,25 +137,22 @@ func InstallCounters(netns int, table string, keys []CountKey) error {
 	return nil
 }
 
-// ReadCounters returns the packets each key's rule counted, by the key's
-// String.
+// ReadCounters returns the packets each key's counter counted, by the
+// key's String.
 func ReadCounters(netns int, table string) (map[string]uint64, error) {
 	c, done, err := dial(Config{NetNS: netns})
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: table}
-	rules, err := c.GetRules(t, &nftables.Chain{Name: "input", Table: t})
+	objs, err := c.GetObjects(&nftables.Table{Family: nftables.TableFamilyINet, Name: table})
 	if err != nil {
-		return nil, fmt.Errorf("reading counting table inet %s: %w", table, err)
+		return nil, fmt.Errorf("reading the counters of table inet %s: %w", table, err)
 	}
 	out := map[string]uint64{}
-	for _, r := range rules {
-		for _, e := range r.Exprs {
-			if ctr, ok := e.(*expr.Counter); ok {
-				out[string(r.UserData)] += ctr.Packets
-			}
+	for _, o := range objs {
+		if ctr, ok := o.(*nftables.CounterObj); ok {
+			out[ctr.Name] = ctr.Packets
 		}
 	}
 	return out, nil
