@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -490,6 +491,44 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		assert.True(t, leaked["buildcache.corp.internal."], "the name leaks: %v", leaked)
 		assert.True(t, leaked["PTR 10.20.0.99"], "and its PTR: %v", leaked)
 		assert.NotEmpty(t, stackFailures(claim(t, rep, "C-NAMES")), "Verify sees no-hosts gone")
+	})
+
+	t.Run("a port forwarded to the LAN, the ACL detached by hand", func(t *testing.T) {
+		cfg := config(t)
+		restoreAfter(t, cfg)
+		lan := world.LANHosts[2] // on the LAN link: reachable from the host
+		inHost(t, cfg, "nft", "add table ip portfwd; add chain ip portfwd prerouting { type nat hook prerouting priority dstnat; }; "+
+			"add rule ip portfwd prerouting tcp dport 2222 dnat to "+lan.Addr.String()+":"+strconv.Itoa(world.LANTCPPort))
+		t.Cleanup(func() { inHost(t, cfg, "nft", "delete", "table", "ip", "portfwd") })
+		cfg.NoSetup = true
+		cfg.Claims = []drill.Claim{claimOf(t, "C-HOST")}
+		forwarded := func(rep *drill.Report) []drill.Result {
+			var out []drill.Result
+			for _, r := range claim(t, rep, "C-HOST").Results {
+				if r.Provenance == "forward" {
+					out = append(out, r)
+				}
+			}
+			return out
+		}
+		rep := run(t, cfg)
+		fw := forwarded(rep)
+		require.NotEmpty(t, fw, "the forwarded port is a target")
+		for _, r := range fw {
+			assert.Equal(t, drill.Pass, r.Verdict, "%s: the ACL drops what the forward sends to the LAN: %s", r.Target, r.Evidence)
+			assert.Contains(t, r.AtTarget, "nothing counted")
+		}
+
+		inHost(t, cfg, "incus", "network", "unset", stack.Current.Network, "security.acls")
+		rep = run(t, cfg)
+		failed := 0
+		for _, r := range forwarded(rep) {
+			if r.Verdict == drill.Fail {
+				failed++
+				assert.Contains(t, r.AtTarget, "counted after the host's filter", r.Target)
+			}
+		}
+		assert.Positive(t, failed, "without the ACL the box reaches the LAN host through the forward: %v", forwarded(rep))
 	})
 
 }

@@ -118,12 +118,25 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 		return s, err
 	}
 	s.HostAddrs = topo.HostAddrs(addrs, v.Subnet, v.Gateway)
+	var fw hostscan.Forwarding
 	if err := nsrun.Do(r.cfg.Host.NetNS, func() error {
 		var err error
-		s.Listeners, err = hostscan.Listeners()
+		if s.Listeners, err = hostscan.Listeners(); err != nil {
+			return err
+		}
+		fw, err = hostscan.Forwards()
 		return err
 	}); err != nil {
 		return s, err
+	}
+	s.Forwards = fw.Forwards
+	if len(fw.LegacyTables) > 0 {
+		r.rep.Notes = append(r.rep.Notes, "C-HOST: legacy iptables tables exist in the host's namespace ("+strings.Join(fw.LegacyTables, ", ")+"); their rules were not read, so the ports they forward are not targets")
+	}
+	for _, f := range fw.Forwards {
+		if f.PortUnknown || (f.AllPorts() && (f.Proto == "tcp" || f.Proto == "udp")) {
+			r.rep.Notes = append(r.rep.Notes, "C-HOST: the ports of "+f.String()+" could not be listed, so they are not targets")
+		}
 	}
 	// Boxes are not LAN targets.
 	s.LANHosts = slices.DeleteFunc(slices.Clone(s.LANHosts), func(t topo.Target) bool { return v.Subnet.Contains(t.Addr) })

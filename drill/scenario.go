@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/internal/hostscan"
 	"github.com/box-isolation/box/probes"
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -126,6 +128,9 @@ type Scene struct {
 	// Listeners are the sockets listening in the host's namespace once the
 	// stack is up (read from the kernel): what a box would really aim at.
 	Listeners []hostscan.Listener
+	// Forwards are the host's DNAT and redirect rules (read from its
+	// nftables ruleset): the ports they forward are targets too.
+	Forwards []hostscan.Forward
 	// questions are the names C-NAMES asks besides the siblings'
 	// (nameQuestions).
 	questions []topo.Name
@@ -520,10 +525,41 @@ func (b *builder) hostServices(h HostAddr) []hostService {
 		}
 		add(l.Proto, l.Port, what, topo.FromListener)
 	}
+	for _, f := range t.Forwards {
+		if !forwardsFromBoxes(f, h.Addr) {
+			continue
+		}
+		for i, pr := range f.Ports {
+			if i == maxForwardPorts {
+				break
+			}
+			add(f.Proto, pr.First, "forwarded by "+f.String(), topo.FromForward)
+		}
+	}
 	add("udp", 53, "DNS, only at the gateway", topo.FromInterface)
 	add("tcp", 53, "DNS, only at the gateway", topo.FromInterface)
 	add("udp", 67, "DHCP, only at the gateway", topo.FromInterface)
 	return out
+}
+
+// maxForwardPorts bounds the ports probed per forwarding rule (a range's
+// first port stands for it).
+const maxForwardPorts = 8
+
+// forwardsFromBoxes says whether a forwarding rule could apply to a box's
+// TCP or UDP packet to addr: no other destination address, no input
+// interface other than the box bridge.
+func forwardsFromBoxes(f hostscan.Forward, addr netip.Addr) bool {
+	if (f.Proto != "tcp" && f.Proto != "udp") || (f.Daddr.IsValid() && f.Daddr != addr) || f.InIfIndex != 0 {
+		return false
+	}
+	if f.InIface == "" || f.InIfaceNot {
+		return true
+	}
+	if p, ok := strings.CutSuffix(f.InIface, "*"); ok {
+		return strings.HasPrefix(stack.Current.Network, p)
+	}
+	return f.InIface == stack.Current.Network
 }
 
 // selfControl has the host probe its own listener (or its own kernel, for

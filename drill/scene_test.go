@@ -91,6 +91,13 @@ func TestHostListenersAreTargets(t *testing.T) {
 		{Proto: "tcp", Family: 6, Addr: addr("fe80::1"), Port: 5000},
 		{Proto: "tcp", Family: 4, Addr: netip.IPv4Unspecified(), Port: listenTCP},
 	}
+	sc.Forwards = []hostscan.Forward{
+		{Proto: "tcp", Ports: []hostscan.PortRange{{First: 2222, Last: 2222}}},                                    // every address
+		{Proto: "tcp", Ports: []hostscan.PortRange{{First: 8443, Last: 8443}}, InIface: "eth0"},                   // only from eth0
+		{Proto: "udp", Ports: []hostscan.PortRange{{First: 5000, Last: 5010}}, Daddr: addr("198.51.100.2")},       // one address
+		{Proto: "tcp", Ports: []hostscan.PortRange{{First: 9443, Last: 9443}}, InIface: "box*"},                   // from the bridge
+		{Proto: "tcp", Ports: []hostscan.PortRange{{First: 7443, Last: 7443}}, InIface: "eth0", InIfaceNot: true}, // from all but eth0
+	}
 	s := BuildScenario(sc, claimsByID(t, "C-HOST"))
 	got := map[string][]string{}
 	for _, a := range actionsOf(s, "C-HOST") {
@@ -102,9 +109,9 @@ func TestHostListenersAreTargets(t *testing.T) {
 		assert.NotEmpty(t, a.Provenance)
 	}
 	assert.Equal(t, map[string][]string{
-		"10.88.0.1":    {"tcp/22"},
-		"192.168.20.1": {"tcp/22", "udp/67", "tcp/8080", "udp/53", "tcp/53"},
-		"198.51.100.2": {"tcp/22", "udp/67", "udp/53", "tcp/53"},
+		"10.88.0.1":    {"tcp/22", "tcp/2222", "tcp/9443", "tcp/7443"},
+		"192.168.20.1": {"tcp/22", "udp/67", "tcp/8080", "tcp/2222", "tcp/9443", "tcp/7443", "udp/53", "tcp/53"},
+		"198.51.100.2": {"tcp/22", "udp/67", "tcp/2222", "udp/5000", "tcp/9443", "tcp/7443", "udp/53", "tcp/53"},
 	}, got)
 	assert.Equal(t, "udp 10.88.0.11>10.88.0.1:53", s.CountControl.String(), "the chain's control is box-a's DNS to the gateway")
 }
