@@ -150,6 +150,9 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	if dropped > 0 {
 		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("C-NAMES: %d more names were not asked (at most %d a run)", dropped, maxNames))
 	}
+	if !s.LANVia.IsValid() && slices.ContainsFunc(r.cfg.Claims, func(c Claim) bool { return c.ID == "C-INBOUND" }) {
+		r.rep.Notes = append(r.rep.Notes, "C-INBOUND: nothing probes a box from the LAN here (a packet sent on the real LAN would leave the machine): its LAN side rests on Verify alone (the stack channel, L-ACL)")
+	}
 	if s.Source == topo.SourceHost {
 		// Listener ports picked per run from the dynamic range, so a
 		// service the host runs on a fixed port is never in the way.
