@@ -40,6 +40,15 @@
 // port-unreachable from the target is refused; the same from a router is
 // rejected.
 //
+// A UDP probe to a well-known port (53, 5353, 67, 69, 123, 137, 161, 1900)
+// sends a minimal valid request of that port's protocol, since a real
+// server ignores a bare nonce line; evidence.request names what was sent
+// (udpproto.go has the table, and what in each reply proves it answers
+// this probe; "payload" in the plan overrides the choice). A TCP probe
+// reports its source port and its SYN's initial sequence number
+// (evidence.src_port, evidence.isn, learned best effort from a capture of
+// the SYN leaving), which a witness past a NAT can match.
+//
 // Known limitation: an nft "reject with tcp reset" in a middle box forges
 // the RST with the target's address, so the sender reads refused. The
 // target's witness saw nothing, and a verdict that needs both (arrived at
@@ -59,7 +68,10 @@
 // plans are whole milliseconds (deadline_ms, delay_ms, window_ms);
 // observations carry started_at (RFC 3339, nanoseconds) and elapsed_ms
 // (whole milliseconds). Interfaces are always found by subnet
-// (InterfaceForSubnet), never by name.
+// (InterfaceForSubnet), never by name, with one exception: an outbound
+// witness (host mode) names the host's outward interfaces ("ifaces") and
+// records every IPv4 packet leaving them toward "dst_prefixes", with ports,
+// TCP flags and sequence numbers and the nonce each carried.
 //
 // # Tests
 //

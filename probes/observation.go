@@ -139,6 +139,33 @@ type WitnessEvidence struct {
 	// ControlLast is when the last one arrived.
 	Controls    int       `json:"controls"`
 	ControlLast time.Time `json:"control_last,omitzero"`
+	// Recorded counts the packets an outbound witness recorded (every
+	// IPv4 packet out of its interfaces toward its prefixes); Records
+	// lists up to MaxWitnessRecords of them.
+	Recorded int            `json:"recorded,omitempty"`
+	Records  []PacketRecord `json:"records,omitempty"`
+}
+
+// MaxWitnessRecords bounds the packets an outbound witness lists.
+const MaxWitnessRecords = 64
+
+// PacketRecord is one IPv4 packet an outbound witness saw leave.
+type PacketRecord struct {
+	At      time.Time `json:"at"`
+	Iface   string    `json:"iface"`
+	SrcIP   string    `json:"src_ip"`
+	DstIP   string    `json:"dst_ip"`
+	Proto   string    `json:"proto"` // tcp, udp, icmp or ip-proto-N
+	SrcPort int       `json:"src_port,omitempty"`
+	DstPort int       `json:"dst_port,omitempty"`
+	// TCPFlags are spelled as tcpdump does ("S" is a SYN, "S." a SYN-ACK);
+	// Seq is the TCP sequence number (a SYN's is its ISN).
+	TCPFlags string `json:"tcp_flags,omitempty"`
+	Seq      uint32 `json:"seq,omitempty"`
+	// Nonce is the witness's nonce the packet carried, if any.
+	Nonce string `json:"nonce,omitempty"`
+	// Matched says the packet counted as a match.
+	Matched bool `json:"matched,omitempty"`
 }
 
 // FrameSummary describes one captured frame.

@@ -40,7 +40,8 @@ func TestParseTCP(t *testing.T) {
 
 func TestPacketFiltersAssemble(t *testing.T) {
 	for name, f := range map[string][]bpf.Instruction{
-		"syn": synFilter(40000, 7000),
+		"syn":      synFilter(40000, 7000),
+		"outbound": outboundFilter(),
 	} {
 		prog, err := bpf.Assemble(f)
 		require.NoError(t, err, name)

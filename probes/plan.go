@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
 )
 
 // PlanVersion is the only plan version this agent runs.
@@ -26,6 +27,8 @@ const (
 	MaxListeners     = 64
 	MaxNeighbors     = 16
 	MaxMatchEntries  = 64  // nonces, src_ips or src_macs in one witness
+	MaxWitnessIfaces = 16  // ifaces in one outbound witness
+	MaxDstPrefixes   = 64  // dst_prefixes in one outbound witness
 	MaxStringLen     = 253 // a DNS name's length, the longest string a plan needs
 	MaxIDLen         = 64
 	MinNonceLen      = 8
@@ -113,15 +116,35 @@ type ListenerSpec struct {
 // Control is the nonce of the positive control on this wire (a control
 // probe's frames): frames carrying it are counted apart, never matched,
 // and prove the capture was alive.
+//
+// An outbound witness (host mode) names Ifaces instead of Via, the host's
+// outward interfaces, and DstPrefixes (IPv4 only, e.g. the private
+// ranges): it records every IPv4 packet this host sends out of one of
+// Ifaces (PACKET_OUTGOING, forwarded packets included) toward an address in
+// DstPrefixes, narrowed by Proto, Port and DstIP when set. A recorded
+// packet matches when it carries one of Nonces (anywhere in the frame) or
+// comes from SrcIPs or SrcMACs; with none of those keys every recorded
+// packet matches. The first MaxWitnessRecords recorded packets are listed
+// in the evidence (a packet with a nonce, a match or a TCP SYN displaces a
+// plain one once the list is full), each with its source port and, for
+// TCP, flags and sequence number: a probe's SYN carries no nonce, but its
+// source port and ISN (evidence of a tcp probe) survive a NAT. Control
+// works as for any witness when the control probe runs on this host with
+// via on the outward interface's subnet: its frames leave the interface
+// and are seen going out.
 type WitnessSpec struct {
-	ID       string       `json:"id"`
-	Via      netip.Prefix `json:"via"`
-	WindowMS int          `json:"window_ms"`
-	Nonces   []string     `json:"nonces,omitempty"`
-	SrcIPs   []netip.Addr `json:"src_ips,omitempty"`
-	SrcMACs  []string     `json:"src_macs,omitempty"`
-	Proto    string       `json:"proto,omitempty"` // arp, icmp, icmpv6, tcp, udp
-	Port     int          `json:"port,omitempty"`
+	ID     string       `json:"id"`
+	Via    netip.Prefix `json:"via,omitzero"`
+	Ifaces []string     `json:"ifaces,omitempty"`
+	// DstPrefixes narrows an outbound witness to packets toward them
+	// (ifaces only).
+	DstPrefixes []netip.Prefix `json:"dst_prefixes,omitempty"`
+	WindowMS    int            `json:"window_ms"`
+	Nonces      []string       `json:"nonces,omitempty"`
+	SrcIPs      []netip.Addr   `json:"src_ips,omitempty"`
+	SrcMACs     []string       `json:"src_macs,omitempty"`
+	Proto       string         `json:"proto,omitempty"` // arp, icmp, icmpv6, tcp, udp
+	Port        int            `json:"port,omitempty"`
 	// DstIP, when set, narrows every match to frames for that address (the
 	// ARP target for ARP), so witnesses for several hosts behind one
 	// interface never take each other's frames.
@@ -319,13 +342,23 @@ func (l *ListenerSpec) validate(budget time.Duration) error {
 }
 
 func (w *WitnessSpec) validate(budget time.Duration) error {
-	if !w.Via.IsValid() {
-		return errors.New("via: a subnet is required (the witness's interface is found by subnet)")
+	outbound := len(w.Ifaces) > 0
+	switch {
+	case outbound && w.Via.IsValid():
+		return errors.New("via and ifaces are mutually exclusive: a witness captures on the interface found by subnet, or outbound on named interfaces")
+	case !outbound && !w.Via.IsValid():
+		return errors.New("via: a subnet is required (the witness's interface is found by subnet), or ifaces for an outbound witness")
+	case !outbound && len(w.DstPrefixes) > 0:
+		return errors.New("dst_prefixes is for an outbound witness (ifaces)")
 	}
 	if ms(w.WindowMS) < MinProbeDeadline || ms(w.WindowMS) > budget {
 		return fmt.Errorf("window_ms %d out of range %d..%d", w.WindowMS, MinProbeDeadline.Milliseconds(), budget.Milliseconds())
 	}
-	if len(w.Nonces)+len(w.SrcIPs)+len(w.SrcMACs) == 0 && w.Proto != ProtoIPv6Config {
+	if outbound {
+		if err := w.validateOutbound(); err != nil {
+			return err
+		}
+	} else if len(w.Nonces)+len(w.SrcIPs)+len(w.SrcMACs) == 0 && w.Proto != ProtoIPv6Config {
 		return errors.New("nothing to match: give nonces, src_ips or src_macs")
 	}
 	if w.Control != "" {
@@ -361,6 +394,60 @@ func (w *WitnessSpec) validate(budget time.Duration) error {
 	}
 	if w.Port != 0 && w.Proto != "tcp" && w.Proto != "udp" {
 		return errors.New("port needs proto tcp or udp")
+	}
+	return nil
+}
+
+// validateOutbound checks what only an outbound witness has.
+func (w *WitnessSpec) validateOutbound() error {
+	if len(w.Ifaces) > MaxWitnessIfaces {
+		return fmt.Errorf("%d ifaces, more than the limit of %d", len(w.Ifaces), MaxWitnessIfaces)
+	}
+	seen := map[string]bool{}
+	for _, n := range w.Ifaces {
+		if err := checkIfaceName(n); err != nil {
+			return fmt.Errorf("ifaces: %w", err)
+		}
+		if seen[n] {
+			return fmt.Errorf("ifaces: %q given twice", n)
+		}
+		seen[n] = true
+	}
+	if len(w.DstPrefixes) == 0 {
+		return errors.New("ifaces needs dst_prefixes (the destinations whose packets are recorded)")
+	}
+	if len(w.DstPrefixes) > MaxDstPrefixes {
+		return fmt.Errorf("%d dst_prefixes, more than the limit of %d", len(w.DstPrefixes), MaxDstPrefixes)
+	}
+	for _, p := range w.DstPrefixes {
+		if !p.IsValid() || !p.Addr().Is4() {
+			return fmt.Errorf("dst_prefixes: %s is not an IPv4 prefix", p)
+		}
+		if p != p.Masked() {
+			return fmt.Errorf("dst_prefixes: %s has host bits set (%s?)", p, p.Masked())
+		}
+	}
+	switch w.Proto {
+	case "", "icmp", "tcp", "udp":
+	default:
+		return fmt.Errorf("proto %q: an outbound witness records IPv4 only (icmp, tcp, udp)", truncate(w.Proto, 32))
+	}
+	if w.DstIP.IsValid() && !w.DstIP.Is4() {
+		return fmt.Errorf("dst_ip %s: an outbound witness records IPv4 only", w.DstIP)
+	}
+	return nil
+}
+
+// checkIfaceName checks an interface name as Linux would take it.
+func checkIfaceName(n string) error {
+	if n == "" || len(n) >= unix.IFNAMSIZ || n == "." || n == ".." {
+		return fmt.Errorf("%q is not an interface name (1..%d bytes)", truncate(n, 32), unix.IFNAMSIZ-1)
+	}
+	if err := checkText("interface name", n, unix.IFNAMSIZ-1); err != nil {
+		return err
+	}
+	if strings.ContainsAny(n, "/:") {
+		return fmt.Errorf("%q is not an interface name (no / or :)", n)
 	}
 	return nil
 }

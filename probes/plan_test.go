@@ -23,7 +23,10 @@ const validPlan = `{
     {"id": "w1", "via": "10.88.0.0/24", "window_ms": 2500, "nonces": ["abcdef0123456789"],
      "src_ips": ["10.88.0.5", "fe80::1"], "src_macs": ["02:00:00:00:00:01"], "proto": "udp", "port": 7001,
      "control": "0123456789abcdef"},
-    {"id": "w6", "via": "10.88.0.0/24", "window_ms": 2500, "proto": "ipv6-config", "control": "0123456789abcdef"}
+    {"id": "w6", "via": "10.88.0.0/24", "window_ms": 2500, "proto": "ipv6-config", "control": "0123456789abcdef"},
+    {"id": "out", "ifaces": ["eth0", "wg0"], "dst_prefixes": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"], "window_ms": 2500,
+     "nonces": ["abcdef0123456789"], "proto": "udp", "control": "0123456789abcdef"},
+    {"id": "out-all", "ifaces": ["eth0"], "dst_prefixes": ["10.0.0.0/8"], "window_ms": 2500}
   ],
   "probes": [
     {"id": "tcp1", "kind": "tcp", "target": "10.88.0.6", "port": 7000, "deadline_ms": 1000},
@@ -45,7 +48,7 @@ func TestDecodePlanValid(t *testing.T) {
 	p, err := DecodePlan(strings.NewReader(validPlan))
 	require.NoError(t, err)
 	require.Len(t, p.Probes, 12)
-	require.Len(t, p.Witnesses, 2)
+	require.Len(t, p.Witnesses, 4)
 	require.Len(t, p.Neighbors, 1)
 	require.Len(t, p.Listeners, 2)
 	require.Equal(t, "10.88.0.6", p.Probes[0].Target.String())
@@ -148,6 +151,19 @@ func TestDecodePlanErrors(t *testing.T) {
 		{"witness bad mac", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":100,"src_macs":["zz"]}]}`, "src_macs"},
 		{"witness port no proto", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":100,"src_ips":["10.0.0.1"],"port":5}]}`, "port needs proto"},
 		{"witness bad proto", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":100,"src_ips":["10.0.0.1"],"proto":"sctp"}]}`, "proto \"sctp\""},
+		{"outbound with via", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"via":"10.0.0.0/8","ifaces":["eth0"],"dst_prefixes":["10.0.0.0/8"]}]}`, "mutually exclusive"},
+		{"outbound without prefixes", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"ifaces":["eth0"]}]}`, "ifaces needs dst_prefixes"},
+		{"prefixes without ifaces", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"via":"10.0.0.0/8","src_ips":["10.0.0.1"],"dst_prefixes":["10.0.0.0/8"]}]}`, "dst_prefixes is for an outbound witness"},
+		{"outbound ipv6 prefix", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"ifaces":["eth0"],"dst_prefixes":["fc00::/7"]}]}`, "not an IPv4 prefix"},
+		{"outbound host bits", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"ifaces":["eth0"],"dst_prefixes":["10.1.2.3/8"]}]}`, "host bits set (10.0.0.0/8?)"},
+		{"outbound bad iface", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"ifaces":["eth0/1"],"dst_prefixes":["10.0.0.0/8"]}]}`, "not an interface name"},
+		{"outbound long iface", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"ifaces":["abcdefghijklmnop"],"dst_prefixes":["10.0.0.0/8"]}]}`, "not an interface name"},
+		{"outbound empty iface", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"ifaces":[""],"dst_prefixes":["10.0.0.0/8"]}]}`, "not an interface name"},
+		{"outbound duplicate iface", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"ifaces":["eth0","eth0"],"dst_prefixes":["10.0.0.0/8"]}]}`, "given twice"},
+		{"outbound arp", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"ifaces":["eth0"],"dst_prefixes":["10.0.0.0/8"],"proto":"arp"}]}`, "IPv4 only"},
+		{"outbound ipv6 dst_ip", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"ifaces":["eth0"],"dst_prefixes":["10.0.0.0/8"],"dst_ip":"2001:db8::1"}]}`, "IPv4 only"},
+		{"outbound too many ifaces", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"ifaces":["e0","e1","e2","e3","e4","e5","e6","e7","e8","e9","e10","e11","e12","e13","e14","e15","e16"],"dst_prefixes":["10.0.0.0/8"]}]}`, "more than the limit of 16"},
+		{"outbound too many prefixes", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"ifaces":["eth0"],"dst_prefixes":["10.0.0.0/16","10.1.0.0/16","10.2.0.0/16","10.3.0.0/16","10.4.0.0/16","10.5.0.0/16","10.6.0.0/16","10.7.0.0/16","10.8.0.0/16","10.9.0.0/16","10.10.0.0/16","10.11.0.0/16","10.12.0.0/16","10.13.0.0/16","10.14.0.0/16","10.15.0.0/16","10.16.0.0/16","10.17.0.0/16","10.18.0.0/16","10.19.0.0/16","10.20.0.0/16","10.21.0.0/16","10.22.0.0/16","10.23.0.0/16","10.24.0.0/16","10.25.0.0/16","10.26.0.0/16","10.27.0.0/16","10.28.0.0/16","10.29.0.0/16","10.30.0.0/16","10.31.0.0/16","10.32.0.0/16","10.33.0.0/16","10.34.0.0/16","10.35.0.0/16","10.36.0.0/16","10.37.0.0/16","10.38.0.0/16","10.39.0.0/16","10.40.0.0/16","10.41.0.0/16","10.42.0.0/16","10.43.0.0/16","10.44.0.0/16","10.45.0.0/16","10.46.0.0/16","10.47.0.0/16","10.48.0.0/16","10.49.0.0/16","10.50.0.0/16","10.51.0.0/16","10.52.0.0/16","10.53.0.0/16","10.54.0.0/16","10.55.0.0/16","10.56.0.0/16","10.57.0.0/16","10.58.0.0/16","10.59.0.0/16","10.60.0.0/16","10.61.0.0/16","10.62.0.0/16","10.63.0.0/16","10.64.0.0/16"]}]}`, "more than the limit of 64"},
 		{"listener kind", `{"version":1,"deadline_ms":2000,"listeners":[{"id":"l","kind":"http","port":80}]}`, "not a listener kind"},
 		{"listener port", `{"version":1,"deadline_ms":2000,"listeners":[{"id":"l","kind":"udp_echo","port":0}]}`, "port 0 out of range"},
 		{"listener name", `{"version":1,"deadline_ms":2000,"listeners":[{"id":"l","kind":"udp_echo","port":1,"name":"a b"}]}`, "printable ASCII"},

@@ -32,6 +32,9 @@ type Witness struct {
 	ips     map[netip.Addr]bool
 	nonces  [][]byte
 	control []byte
+	// An outbound witness (spec.Ifaces) reads one socket per interface.
+	taps []*outTap
+	name string // what it captures on: the interface, or the ifaces joined
 
 	mu          sync.Mutex
 	count       int
@@ -39,6 +42,8 @@ type Witness struct {
 	controls    int
 	controlLast time.Time
 	first       *FrameSummary
+	recorded    int
+	records     []PacketRecord
 	readErr     error
 	stopped     chan struct{}
 	stopOnce    sync.Once
@@ -52,6 +57,9 @@ type Witness struct {
 func StartWitness(spec WitnessSpec) (*Witness, error) {
 	if err := spec.validate(MaxPlanDeadline); err != nil {
 		return nil, fmt.Errorf("witness %s: %w", spec.ID, err)
+	}
+	if len(spec.Ifaces) > 0 {
+		return startOutbound(spec)
 	}
 	ifi, _, err := InterfaceForSubnet(spec.Via)
 	if err != nil {
@@ -77,8 +85,24 @@ func StartWitness(spec WitnessSpec) (*Witness, error) {
 		c.Close()
 		return nil, fmt.Errorf("witness %s: ignore outgoing frames: %w", spec.ID, err)
 	}
+	w := newWitness(spec)
+	w.ifi, w.conn, w.name = ifi, c, ifi.Name
+	w.armedAt = time.Now()
+	w.until = w.armedAt.Add(ms(spec.WindowMS))
+	// Set once, before the reader starts: Stop moves it to now to wake the
+	// reader, and nothing may move it back.
+	if err := c.SetReadDeadline(w.until); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("witness %s: deadline: %w", spec.ID, err)
+	}
+	go w.read()
+	return w, nil
+}
+
+// newWitness compiles a spec's keys.
+func newWitness(spec WitnessSpec) *Witness {
 	w := &Witness{
-		spec: spec, ifi: ifi, conn: c, ips: map[netip.Addr]bool{},
+		spec: spec, ips: map[netip.Addr]bool{},
 		stopped: make(chan struct{}), finished: make(chan struct{}),
 	}
 	for _, m := range spec.SrcMACs {
@@ -94,20 +118,12 @@ func StartWitness(spec WitnessSpec) (*Witness, error) {
 	if spec.Control != "" {
 		w.control = []byte(ControlPrefix + spec.Control)
 	}
-	w.armedAt = time.Now()
-	w.until = w.armedAt.Add(ms(spec.WindowMS))
-	// Set once, before the reader starts: Stop moves it to now to wake the
-	// reader, and nothing may move it back.
-	if err := c.SetReadDeadline(w.until); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("witness %s: deadline: %w", spec.ID, err)
-	}
-	go w.read()
-	return w, nil
+	return w
 }
 
-// Interface is the name of the interface the witness captures on.
-func (w *Witness) Interface() string { return w.ifi.Name }
+// Interface is the name of the interface the witness captures on (the
+// interfaces, comma-separated, for an outbound witness).
+func (w *Witness) Interface() string { return w.name }
 
 func (w *Witness) read() {
 	defer close(w.finished)
@@ -199,12 +215,27 @@ func (w *Witness) Wait(ctx context.Context) Observation {
 func (w *Witness) Stop() Observation {
 	w.stopOnce.Do(func() {
 		close(w.stopped)
-		_ = w.conn.SetReadDeadline(time.Now()) // wakes a blocked ReadFrom
+		if w.conn != nil {
+			_ = w.conn.SetReadDeadline(time.Now()) // wakes a blocked ReadFrom
+		}
+		for _, t := range w.taps {
+			_ = t.sock.setReadDeadline(time.Now())
+		}
 		<-w.finished
 		if time.Now().Before(w.until) {
-			w.drain()
+			if w.conn != nil {
+				w.drain()
+			}
+			for _, t := range w.taps {
+				t.drain(w)
+			}
 		}
-		w.conn.Close()
+		if w.conn != nil {
+			w.conn.Close()
+		}
+		for _, t := range w.taps {
+			t.sock.close()
+		}
 	})
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -213,19 +244,23 @@ func (w *Witness) Stop() Observation {
 		end = w.until
 	}
 	obs := Observation{
-		ID: w.spec.ID, Kind: KindWitness, Target: w.ifi.Name,
+		ID: w.spec.ID, Kind: KindWitness, Target: w.name,
 		StartedAt: w.armedAt, ElapsedMS: end.Sub(w.armedAt).Milliseconds(),
 	}
-	obs.Evidence.Interface = w.ifi.Name
+	obs.Evidence.Interface = w.name
 	obs.Evidence.Witness = &WitnessEvidence{ArmedAt: w.armedAt, Until: end, Count: w.count, First: w.first, Captured: w.captured,
-		Controls: w.controls, ControlLast: w.controlLast}
+		Controls: w.controls, ControlLast: w.controlLast, Recorded: w.recorded, Records: append([]PacketRecord(nil), w.records...)}
+	arrived := "arrived at"
+	if w.taps != nil {
+		arrived = "left"
+	}
 	switch {
 	case w.count > 0:
-		return done(obs, Reached, fmt.Sprintf("%d matching frame(s) arrived at %s", w.count, w.ifi.Name))
+		return done(obs, Reached, fmt.Sprintf("%d matching frame(s) %s %s", w.count, arrived, w.name))
 	case w.readErr != nil:
-		return fail(obs, fmt.Sprintf("witness on %s: capture failed: %v", w.ifi.Name, w.readErr))
+		return fail(obs, fmt.Sprintf("witness on %s: capture failed: %v", w.name, w.readErr))
 	}
-	return done(obs, Silent, fmt.Sprintf("no matching frame arrived at %s in %d ms", w.ifi.Name, obs.ElapsedMS))
+	return done(obs, Silent, fmt.Sprintf("no matching frame %s %s in %d ms", arrived, w.name, obs.ElapsedMS))
 }
 
 // match decodes just enough of an Ethernet frame to apply the witness's
