@@ -202,6 +202,12 @@ func judgeBlocked(r Result, o probes.Observation, obs observations, t Scene, bas
 // the target's side cannot be trusted (no report, a witness not armed for
 // the whole probe).
 func atTarget(r *Result, o probes.Observation, obs observations, t Scene) (arrived bool, problem string) {
+	if r.Witness != nil && len(r.Witness.Ifaces) > 0 {
+		return leftTheHost(r, o, obs)
+	}
+	if r.Claim == "C-LAN" && r.WitnessAt == "" {
+		return false, "nothing watched this target or the way to it, and silence from an address nobody answers for proves nothing"
+	}
 	if r.WitnessAt != "" {
 		w, ok := obs.get(r.WitnessAt, r.Witness.ID)
 		if !ok || w.Evidence.Witness == nil {
@@ -266,6 +272,56 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Scene) (arriv
 		}
 		r.AtTarget = strings.TrimPrefix(r.AtTarget+"; ", "; ") + "it answered its own control probe"
 	}
+	return false, ""
+}
+
+// leftTheHost reads the outbound witness on the host's outward interfaces
+// (host mode): a probe's packet seen leaving toward its LAN target got past
+// every layer. A UDP or ICMP packet is known by its nonce, a TCP SYN by
+// its destination and the ISN the sender read. Its silence counts only if
+// it saw the host's own echo to the same target leave: then it watched the
+// way there.
+func leftTheHost(r *Result, o probes.Observation, obs observations) (arrived bool, problem string) {
+	w, ok := obs.get(r.WitnessAt, r.Witness.ID)
+	if !ok || w.Evidence.Witness == nil {
+		return false, "no report from the outbound witness at " + r.WitnessAt + " (" + reportOf(w, ok) + ")"
+	}
+	we := w.Evidence.Witness
+	target := r.Probe.Target.String()
+	syn := func(p probes.PacketRecord) bool {
+		return p.Proto == "tcp" && p.DstIP == target && p.DstPort == r.Probe.Port && p.TCPFlags == "S"
+	}
+	ctlSeen, synSeen := false, false
+	for _, p := range we.Records {
+		leaked := p.DstIP == target && p.Nonce != "" && p.Nonce == r.Probe.Nonce
+		if r.Probe.Kind == probes.KindTCP && syn(p) {
+			synSeen = true
+			leaked = o.Evidence.ISNCaptured && p.Seq == o.Evidence.ISN
+		}
+		if leaked {
+			r.AtTarget = fmt.Sprintf("seen leaving the host on %s: %s %s:%d -> %s:%d %s", p.Iface, p.Proto, p.SrcIP, p.SrcPort, p.DstIP, p.DstPort, p.TCPFlags)
+			return true, ""
+		}
+		ctlSeen = ctlSeen || (p.Nonce != "" && p.Nonce == r.OutControl)
+	}
+	if w.Outcome == probes.Error {
+		return false, "the outbound witness failed: " + w.Reason
+	}
+	end := o.StartedAt.Add(time.Duration(o.ElapsedMS) * time.Millisecond)
+	if we.ArmedAt.IsZero() || we.ArmedAt.After(o.StartedAt) || we.Until.Before(end) {
+		return false, "the outbound witness was not armed for the whole probe"
+	}
+	if we.Recorded > len(we.Records) {
+		return false, fmt.Sprintf("the outbound witness listed %d of the %d packets it saw leave: this probe's may be among the others", len(we.Records), we.Recorded)
+	}
+	if !ctlSeen {
+		c, ok := obs.get(PlaceHost, outControlID(r.Probe.Target))
+		return false, "the outbound witness did not see the host's own echo to " + target + " leave (" + reportOf(c, ok) + "): the way there is not watched, so silence proves nothing"
+	}
+	if synSeen && !o.Evidence.ISNCaptured {
+		return false, "a SYN to " + target + " left the host, and this probe's ISN is unknown (" + o.Evidence.ISNError + "), so whose it was cannot be told"
+	}
+	r.AtTarget = fmt.Sprintf("not seen leaving the host (%d packet(s) toward private ranges recorded; alive: the host's own echo to %s seen leaving)", we.Recorded, target)
 	return false, ""
 }
 

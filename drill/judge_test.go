@@ -20,6 +20,30 @@ var (
 		Count: "tcp 10.88.0.11>10.88.0.1:22"}
 )
 
+// actLANOut is a host-mode C-LAN action judged by the outbound witness.
+func actLANOut(kind probes.Kind) Action {
+	port := 53
+	if kind == probes.KindTCP {
+		port = 80
+	}
+	return Action{ID: "p050", Claim: "C-LAN", Channel: string(kind), From: PlaceA, Target: "router-192.168.1.1 192.168.1.1", TargetKey: "router-192.168.1.1", Expect: ExpectBlocked,
+		Probe:     probes.ProbeSpec{Kind: kind, Target: netip.MustParseAddr("192.168.1.1"), Port: port, Nonce: "lanudpnonce"},
+		WitnessAt: PlaceHost, Witness: &probes.WitnessSpec{ID: "w-outbound", Ifaces: []string{"eth0"}}, OutControl: "ctloutnonce"}
+}
+
+// rec is one packet the outbound witness saw leave toward 192.168.1.1.
+func rec(proto string, port int, flags string, seq uint32, nonce string) probes.PacketRecord {
+	return probes.PacketRecord{At: t0.Add(probeDelay), Iface: "eth0", SrcIP: "192.168.1.20", DstIP: "192.168.1.1", Proto: proto,
+		SrcPort: 40001, DstPort: port, TCPFlags: flags, Seq: seq, Nonce: nonce}
+}
+
+// outSeen is the outbound witness's observation, armed for the whole plan.
+func outSeen(recs ...probes.PacketRecord) *probes.Observation {
+	o := seen("w-outbound", 0, 4500*time.Millisecond, 0)
+	o.Evidence.Witness.Records, o.Evidence.Witness.Recorded = recs, len(recs)
+	return o
+}
+
 // counts is the counting chain's observation of one key.
 func counts(id string, n int) *probes.Observation {
 	o := &probes.Observation{ID: id, Kind: "counter", Outcome: probes.Silent, Reason: "no packet counted after the filter"}
@@ -370,6 +394,43 @@ func TestJudge(t *testing.T) {
 			probe:      &probes.Observation{ID: "p031", Kind: probes.KindDNS, Outcome: probes.Reached, Evidence: dnsEv("NOERROR", true, "git.example.org. 0 IN A 10.20.0.10")},
 			others:     []placed{{PlaceHost, &probes.Observation{ID: "up-p031", Kind: probes.KindDNS, Outcome: probes.Silent, Reason: "no reply"}}},
 			baselineOK: true, want: Inconclusive, evidence: []string{"nothing to compare with"}},
+
+		// Host mode: the outbound witness on the host's outward interfaces.
+		{name: "outbound: the probe's nonce seen leaving", action: actLANOut(probes.KindUDP),
+			probe:      sent("p050", probes.KindUDP, probes.Silent, "no reply", probes.Evidence{}),
+			others:     []placed{{PlaceHost, outSeen(rec("udp", 53, "", 0, "lanudpnonce"), rec("icmp", 0, "", 0, "ctloutnonce"))}},
+			baselineOK: true, want: Fail, evidence: []string{"the target saw the traffic arrive"}, atTarget: "seen leaving the host on eth0"},
+		{name: "outbound: the SYN with the probe's ISN seen leaving", action: actLANOut(probes.KindTCP),
+			probe:      sent("p050", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{SrcPort: 40001, ISN: 777, ISNCaptured: true}),
+			others:     []placed{{PlaceHost, outSeen(rec("tcp", 80, "S", 777, ""), rec("icmp", 0, "", 0, "ctloutnonce"))}},
+			baselineOK: true, want: Fail, atTarget: "tcp"},
+		{name: "outbound: another SYN is not the probe's", action: actLANOut(probes.KindTCP),
+			probe:      sent("p050", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{SrcPort: 40001, ISN: 777, ISNCaptured: true}),
+			others:     []placed{{PlaceHost, outSeen(rec("tcp", 80, "S", 12345, ""), rec("icmp", 0, "", 0, "ctloutnonce"))}},
+			baselineOK: true, want: Pass, atTarget: "not seen leaving"},
+		{name: "outbound: a SYN left and the probe's ISN is unknown", action: actLANOut(probes.KindTCP),
+			probe:      sent("p050", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{ISNError: "no capture"}),
+			others:     []placed{{PlaceHost, outSeen(rec("tcp", 80, "S", 12345, ""), rec("icmp", 0, "", 0, "ctloutnonce"))}},
+			baselineOK: true, want: Inconclusive, evidence: []string{"ISN is unknown"}},
+		{name: "outbound: nothing left and the host's echo was seen", action: actLANOut(probes.KindUDP),
+			probe:      sent("p050", probes.KindUDP, probes.Silent, "no reply", probes.Evidence{}),
+			others:     []placed{{PlaceHost, outSeen(rec("icmp", 0, "", 0, "ctloutnonce"))}},
+			baselineOK: true, want: Pass, atTarget: "alive: the host's own echo"},
+		{name: "outbound: the host's echo was not seen (the way is not watched)", action: actLANOut(probes.KindUDP),
+			probe:      sent("p050", probes.KindUDP, probes.Silent, "no reply", probes.Evidence{}),
+			others:     []placed{{PlaceHost, outSeen()}},
+			baselineOK: true, want: Inconclusive, evidence: []string{"not watched"}},
+		{name: "outbound: the list was cut short", action: actLANOut(probes.KindUDP),
+			probe: sent("p050", probes.KindUDP, probes.Silent, "no reply", probes.Evidence{}),
+			others: []placed{{PlaceHost, func() *probes.Observation {
+				o := outSeen(rec("icmp", 0, "", 0, "ctloutnonce"))
+				o.Evidence.Witness.Recorded = 90
+				return o
+			}()}},
+			baselineOK: true, want: Inconclusive, evidence: []string{"listed 1 of the 90"}},
+		{name: "outbound: a LAN target nothing watches", action: func() Action { a := actLANOut(probes.KindUDP); a.WitnessAt, a.Witness = "", nil; return a }(),
+			probe:      sent("p050", probes.KindUDP, probes.Silent, "no reply", probes.Evidence{}),
+			baselineOK: true, want: Inconclusive, evidence: []string{"nothing watched"}},
 
 		// A host service, judged by the counting chain after the filter.
 		{name: "counted: packets after the filter fail the probe", action: actHostSSH,

@@ -20,7 +20,9 @@ var searchLabels = []string{"git", "wiki", "intranet", "mail", "vpn", "nas"}
 
 // upstreamID is the id of the host's direct question to the public
 // upstream that a box's question is compared with.
-func upstreamID(id string) string { return "up-" + id }
+func upstreamID(id string) string { return upstreamPrefix + id }
+
+const upstreamPrefix = "up-"
 
 // nameQuestions is every question C-NAMES asks beyond the siblings'
 // names: the topology's, the hosts file's, the host's names, names under

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -173,6 +174,10 @@ type Action struct {
 	// witnesses this probe (host addresses, where a service of the host's
 	// own answers, or nothing does).
 	Count string `json:"-"`
+	// OutControl is the nonce of the host's own echo to the action's LAN
+	// target: an outbound witness that saw it leave was watching the way
+	// the action's packets would take.
+	OutControl string `json:"-"`
 	// Compare names the probes whose observations are compared (C-CLONE).
 	Compare []string `json:"-"`
 	// Baseline marks a positive control.
@@ -581,8 +586,21 @@ func (b *builder) lan() {
 	if t.LANNAT.IsValid() {
 		srcs = append(srcs, t.LANNAT)
 	}
+	// Without a LAN namespace of our own (host mode), one outbound witness
+	// on the host's outward interfaces watches every C-LAN probe leave, or
+	// not; the host's own echo to each target, seen leaving, proves it
+	// watched the way there.
+	outbound := !t.LANVia.IsValid() && len(t.Outward) > 0
+	var out []int // indexes into b.sc.Actions: b.probe's pointers go stale
 	for _, h := range t.LANHosts {
 		label := h.Name + " " + h.Addr.String()
+		var ctl string
+		if outbound {
+			ctl = probes.NewNonce()
+			p := b.plan(PlaceHost)
+			p.Probes = append(p.Probes, probes.ProbeSpec{ID: outControlID(h.Addr), Kind: probes.KindICMP, Target: h.Addr, Nonce: ctl,
+				DelayMS: int(selfControlAt.Milliseconds()), DeadlineMS: int(selfControlDeadline.Milliseconds())})
+		}
 		for _, ch := range []struct {
 			channel string
 			kind    probes.Kind
@@ -594,12 +612,58 @@ func (b *builder) lan() {
 			nonce := probes.NewNonce()
 			a := b.probe(Action{ID: b.id(), Claim: "C-LAN", Channel: ch.channel, From: PlaceA, Target: label, TargetKey: h.Name, Expect: ExpectBlocked, Provenance: h.Provenance},
 				probes.ProbeSpec{Kind: ch.kind, Target: h.Addr, Port: ch.port, Via: t.Subnet, Nonce: nonce})
-			if t.LANVia.IsValid() {
+			switch {
+			case t.LANVia.IsValid():
 				b.witness(a, PlaceLAN, probes.WitnessSpec{Via: t.LANVia, Nonces: []string{nonce}, SrcIPs: srcs, Proto: ch.channel, Port: ch.port, DstIP: h.Addr})
+			case outbound:
+				a.OutControl = ctl
+				out = append(out, len(b.sc.Actions)-1)
+			}
+		}
+	}
+	if len(out) == 0 {
+		return
+	}
+	// One witness per group of targets, so none holds more nonces than a
+	// plan allows; a target's actions share one witness.
+	var prefixes []netip.Prefix
+	for _, r := range stack.PrivateRanges {
+		if r.Addr().Is4() {
+			prefixes = append(prefixes, r.Masked())
+		}
+	}
+	var spec *probes.WitnessSpec
+	for k, i := range out {
+		a := &b.sc.Actions[i]
+		if spec == nil || (a.OutControl != b.sc.Actions[out[k-1]].OutControl && len(spec.Nonces)+3 > probes.MaxMatchEntries) {
+			p := b.plan(PlaceHost)
+			p.Witnesses = append(p.Witnesses, probes.WitnessSpec{ID: fmt.Sprintf("w-outbound-%d", len(p.Witnesses)), Ifaces: t.Outward, DstPrefixes: prefixes, WindowMS: b.window})
+			spec = &p.Witnesses[len(p.Witnesses)-1]
+		}
+		if a.Probe.Kind != probes.KindTCP {
+			spec.Nonces = append(spec.Nonces, a.Probe.Nonce)
+		}
+		if !slices.Contains(spec.Nonces, a.OutControl) {
+			spec.Nonces = append(spec.Nonces, a.OutControl)
+		}
+	}
+	// The actions point at their witness once every nonce is in.
+	hp := b.plan(PlaceHost)
+	for _, i := range out {
+		a := &b.sc.Actions[i]
+		for _, w := range hp.Witnesses {
+			if len(w.Ifaces) > 0 && slices.Contains(w.Nonces, a.OutControl) {
+				a.WitnessAt, a.Witness = PlaceHost, &w
 			}
 		}
 	}
 }
+
+// outControlID is the id of the host's own echo to a LAN target, which
+// the outbound witness must see leave.
+func outControlID(a netip.Addr) string { return outControlPrefix + a.String() }
+
+const outControlPrefix = "ctl-out-"
 
 func (b *builder) v6() {
 	if !b.claims["C-V6"] {

@@ -25,6 +25,7 @@ type IfaceAddr struct {
 type Route struct {
 	Dst netip.Prefix // invalid for the default route
 	Gw  netip.Addr
+	Dev string // the interface it leaves by
 }
 
 // samples are what the drill probes in a private range the host has no
@@ -154,7 +155,9 @@ func readHost() ([]IfaceAddr, []Route, error) {
 		return nil, nil, fmt.Errorf("listing the host's links: %w", err)
 	}
 	var addrs []IfaceAddr
+	names := map[int]string{}
 	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
 		as, err := netlink.AddrList(l, netlink.FAMILY_V4)
 		if err != nil {
 			continue
@@ -171,7 +174,7 @@ func readHost() ([]IfaceAddr, []Route, error) {
 	}
 	var routes []Route
 	for _, r := range rs {
-		var rt Route
+		rt := Route{Dev: names[r.LinkIndex]}
 		if r.Dst != nil {
 			rt.Dst, _ = toPrefix(r.Dst)
 		}
@@ -279,12 +282,28 @@ func (f hostFacts) topology(o HostOptions) Topology {
 	}
 	s.samples()
 	t.LANHosts = s.out
+	t.Outward = outward(f.routes)
 	t.SearchDomains = f.dns.SearchDomains()
 	if f.hostname != "" {
 		t.Hostname = f.hostname
 		t.FQDN = hostscan.FQDN(f.hostname, f.hosts, f.dns.Conf)
 	}
 	return t
+}
+
+// outward lists the interfaces the default route and the routes into
+// private ranges leave by, but loopback and the box bridge.
+func outward(routes []Route) []string {
+	var out []string
+	for _, r := range routes {
+		if r.Dev == "" || r.Dev == "lo" || r.Dev == stack.Current.Network || slices.Contains(out, r.Dev) {
+			continue
+		}
+		if !r.Dst.IsValid() || r.Dst.Bits() == 0 || slices.ContainsFunc(stack.PrivateRanges, r.Dst.Overlaps) {
+			out = append(out, r.Dev)
+		}
+	}
+	return out
 }
 
 func readResolvConf(path string) (hostscan.ResolvConf, error) {

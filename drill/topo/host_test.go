@@ -67,8 +67,9 @@ func TestHostTargets(t *testing.T) {
 func TestHostFactsTopology(t *testing.T) {
 	pfx, addr := netip.MustParsePrefix, netip.MustParseAddr
 	f := hostFacts{
-		addrs:      []IfaceAddr{{"eth0", pfx("192.168.1.20/24")}},
-		routes:     []Route{{Gw: addr("192.168.1.1")}, {Dst: pfx("10.30.0.7/32"), Gw: addr("192.168.1.254")}},
+		addrs: []IfaceAddr{{"eth0", pfx("192.168.1.20/24")}},
+		routes: []Route{{Gw: addr("192.168.1.1"), Dev: "eth0"}, {Dst: pfx("10.30.0.7/32"), Gw: addr("192.168.1.254"), Dev: "eth0"},
+			{Dst: pfx("10.88.0.0/24"), Dev: "boxnet"}, {Dst: pfx("172.17.0.0/16"), Dev: "docker0"}, {Dst: pfx("203.0.113.0/24"), Dev: "eth1"}},
 		neighbours: []hostscan.Neighbour{{Addr: addr("192.168.1.33")}, {Addr: addr("192.168.1.1")}, {Addr: addr("192.168.1.20")}},
 		dns:        hostscan.DNS{Conf: hostscan.ResolvConf{Nameservers: []netip.Addr{addr("192.168.1.53"), addr("9.9.9.9")}, Search: []string{"corp.example"}}},
 		leases:     []hostscan.DHCPLease{{Server: addr("192.168.1.2")}},
@@ -85,7 +86,7 @@ func TestHostFactsTopology(t *testing.T) {
 	}
 	for a, why := range map[string]Provenance{
 		"192.168.1.1": FromRoute, "10.30.0.7": FromRoute, "192.168.1.254": FromRoute, "192.168.1.33": FromNeighbour,
-		"192.168.1.53": FromResolver, "192.168.1.2": FromDHCPServer, "169.254.169.254": FromSample, "172.16.0.1": FromSample,
+		"192.168.1.53": FromResolver, "192.168.1.2": FromDHCPServer, "169.254.169.254": FromSample, "172.17.0.1": FromRoute, "100.64.0.1": FromSample,
 	} {
 		assert.Equal(t, why, got[a], a)
 	}
@@ -96,4 +97,5 @@ func TestHostFactsTopology(t *testing.T) {
 	assert.Equal(t, "build7.corp.example", top.FQDN)
 	assert.Equal(t, []string{"a note"}, top.Notes)
 	assert.Equal(t, SourceHost, top.Source)
+	assert.Equal(t, []string{"eth0", "docker0"}, top.Outward, "where private traffic and the default route leave, not the box bridge or a public route")
 }

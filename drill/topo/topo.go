@@ -75,6 +75,10 @@ type Topology struct {
 	LANVia    netip.Prefix `json:"lan_via,omitzero"`
 	LANNAT    netip.Addr   `json:"lan_nat,omitzero"`
 	LANSource netip.Addr   `json:"lan_source,omitzero"`
+	// Outward are the host's interfaces its routes into private ranges (and
+	// its default route) leave by: where, in host mode, an outbound witness
+	// watches for a box's packets to the LAN.
+	Outward []string `json:"outward,omitempty"`
 
 	// Names are asked from a box through its resolver (C-NAMES): none may
 	// resolve unless Upstream answers it the same. The drill adds, at probe
