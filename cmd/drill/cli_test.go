@@ -2,10 +2,13 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func runCLI(args ...string) (code int, out, errOut string) {
@@ -52,4 +55,18 @@ func TestVersion(t *testing.T) {
 	code, out, _ := runCLI("version")
 	assert.Equal(t, exitOK, code)
 	assert.Equal(t, "drill dev\n", out)
+}
+
+// Host mode never aims at the machine's own namespace where a world is;
+// aimed at a namespace (a namespace world's host), it may run.
+func TestHostModeGuard(t *testing.T) {
+	assert.NoError(t, hostModeGuard("", ""), "a real host with no world")
+	err := hostModeGuard("network namespace boxw-host", "")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "BOX_NETNS")
+	netnsDir = t.TempDir()
+	t.Cleanup(func() { netnsDir = "/run/netns" })
+	assert.Error(t, hostModeGuard("network namespace boxw-host", "bxr-host"), "a namespace that does not exist")
+	require.NoError(t, os.WriteFile(filepath.Join(netnsDir, "bxr-host"), nil, 0o644))
+	assert.NoError(t, hostModeGuard("network namespace boxw-host", "bxr-host"), "aimed at a namespace world's host namespace")
 }

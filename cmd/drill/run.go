@@ -89,8 +89,8 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 // routes and LAN are the targets. It refuses where a hermetic world is up:
 // that is a development or CI machine, where no probe may leave the world.
 func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, skips []string, noSetup, asJSON bool, junit, matrix, record, img string, mutate []string) int {
-	if why := worldTraces(); why != "" {
-		return fail(s, fmt.Errorf("this machine has a hermetic world (%s), so it is a development or CI machine: --host is for real Incus hosts only (run without --host)", why))
+	if err := hostModeGuard(worldTraces(), os.Getenv("BOX_NETNS")); err != nil {
+		return fail(s, err)
 	}
 	if canary == "" {
 		return fail(s, fmt.Errorf("--host needs --canary ADDR:PORT, a public resolver that also takes TCP (e.g. 1.1.1.1:443)"))
@@ -233,6 +233,27 @@ func runAgent(ctx context.Context, s stdio, args []string) int {
 		return fail(s, err)
 	}
 	return exitOK
+}
+
+// netnsDir is where `ip netns` keeps named namespaces.
+var netnsDir = "/run/netns"
+
+// hostModeGuard refuses a host-mode run aimed at the machine's own
+// namespace on a machine with a hermetic world (a development or CI
+// machine, where no probe may leave the world). Aimed at a namespace
+// (BOX_NETNS: a namespace world's host namespace) it may run: the targets
+// are then what that namespace holds and routes to.
+func hostModeGuard(traces, netns string) error {
+	if netns != "" {
+		if _, err := os.Stat(filepath.Join(netnsDir, netns)); err != nil {
+			return fmt.Errorf("BOX_NETNS=%s: no such network namespace (ip netns list shows them)", netns)
+		}
+		return nil
+	}
+	if traces != "" {
+		return fmt.Errorf("this machine has a hermetic world (%s), so it is a development or CI machine: --host may only aim at a namespace world's host namespace here (BOX_NETNS=NAME), never at the machine's own network (run without --host for the world)", traces)
+	}
+	return nil
 }
 
 // worldTraces says what on this machine belongs to a hermetic world (a

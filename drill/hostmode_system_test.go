@@ -1,0 +1,118 @@
+package drill_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/fixtures/image"
+	"github.com/box-isolation/box/fixtures/world"
+	"github.com/box-isolation/box/internal/testenv"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// TestSystemHostModeRoutedWorld runs `drill run --host` as an operator
+// would, aimed at the host namespace of a second namespace world built
+// only for this test and shaped unlike the default one: its LAN sits
+// behind a router on a routed /24 (10.40.0.0/24), reachable only through
+// the host's route, with the LAN's resolver there. Host mode discovers its
+// targets (the route, the resolver, samples) and watches them leave the
+// host on its outward interfaces. With the ACL whole, C-LAN passes; with
+// the ACL narrowed by hand so 10/8 is no longer dropped, it fails naming
+// the routed LAN's resolver. The test world is torn down after.
+func TestSystemHostModeRoutedWorld(t *testing.T) {
+	testenv.World(t)
+	exe := agent(t)
+	cfg := world.Config{Name: "bxr", Shape: world.ShapeRouted, Executable: exe}
+	require.Empty(t, world.Leftovers(cfg), "a world named bxr is already here: not this test's to tear down")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		require.NoError(t, world.Down(ctx, cfg, true, nil))
+		assert.Empty(t, world.Leftovers(cfg), "the test world is gone")
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	st, err := world.Up(ctx, cfg, testWriter{t})
+	require.NoError(t, err)
+	_, err = image.Ensure(ctx, incus.New(st.IncusSocket), image.DefaultAlias, image.Options{})
+	require.NoError(t, err)
+
+	env := append(os.Environ(), "BOX_NETNS="+st.Names.HostNS, "INCUS_DIR="+st.IncusDir, "BOX_DNS="+world.Resolver.String())
+	hostRun := func(extra ...string) *drill.Report {
+		t.Helper()
+		// The canary must answer TCP, ICMP and DNS, like a public resolver:
+		// the world's resolver does.
+		args := append([]string{"run", "--host", "--canary", world.Resolver.String() + ":53", "--public-name", world.PublicName, "--claim", "C-LAN", "--json"}, extra...)
+		cmd := exec.Command(exe, args...)
+		cmd.Env = env
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		var exit *exec.ExitError
+		if err != nil && !(errors.As(err, &exit) && exit.ExitCode() != drill.ExitUsage) {
+			t.Fatalf("drill %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+		}
+		var rep drill.Report
+		require.NoError(t, json.Unmarshal(out, &rep), "%s", stderr.String())
+		for _, cr := range rep.Claims {
+			for _, r := range cr.Results {
+				if r.Verdict != drill.Pass {
+					t.Logf("%s %s %s -> %s: %s: %s; %s", r.Verdict, cr.ID, r.From, r.Target, r.Channel, r.Evidence, r.AtTarget)
+				}
+			}
+		}
+		return &rep
+	}
+	lanResults := func(rep *drill.Report) map[string][]drill.Result {
+		out := map[string][]drill.Result{}
+		for _, r := range claim(t, rep, "C-LAN").Results {
+			out[r.TargetKey+" "+r.Target] = append(out[r.TargetKey+" "+r.Target], r)
+		}
+		return out
+	}
+
+	rep := hostRun()
+	assert.Equal(t, "host", rep.Environment.Mode)
+	for _, id := range []string{"C-EGRESS", "C-DNS", "C-DHCP", "C-LAN"} {
+		assert.Equal(t, drill.Pass, claim(t, rep, id).Verdict, "%s with the stack whole", id)
+	}
+	resolver := false
+	for _, r := range claim(t, rep, "C-LAN").Results {
+		if r.Channel == drill.ChannelStack {
+			continue
+		}
+		if strings.Contains(r.Target, world.RoutedResolver.String()) {
+			resolver = true
+			assert.Equal(t, "resolver", string(r.Provenance))
+		}
+		assert.Contains(t, r.AtTarget, "not seen leaving the host", "%s %s: %s", r.Target, r.Channel, r.Evidence)
+	}
+	assert.True(t, resolver, "the routed LAN's resolver, from the host's resolv.conf, is a target: %v", lanResults(rep))
+	assert.Equal(t, drill.ExitOK, rep.ExitCode, "problems %v, notes %v", rep.Problems, rep.Notes)
+
+	// Narrowed by hand: 10/8 is no longer dropped.
+	cmd := exec.Command("ip", "netns", "exec", st.Names.HostNS, "incus", "network", "acl", "rule", "remove", "box-isolate", "egress", "destination=10.0.0.0/8")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	rep = hostRun("--no-setup")
+	assert.Equal(t, drill.Fail, claim(t, rep, "C-LAN").Verdict)
+	named := false
+	for _, r := range claim(t, rep, "C-LAN").Results {
+		if r.Verdict == drill.Fail && r.Channel != drill.ChannelStack && strings.Contains(r.Target, world.RoutedResolver.String()) {
+			named = true
+		}
+	}
+	assert.True(t, named, "C-LAN fails naming the routed LAN's resolver: %v", lanResults(rep))
+}
