@@ -53,7 +53,7 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 		t.Helper()
 		// The canary must answer TCP, ICMP and DNS, like a public resolver:
 		// the world's resolver does.
-		args := append([]string{"run", "--host", "--canary", world.Resolver.String() + ":53", "--public-name", world.PublicName, "--claim", "C-LAN", "--json"}, extra...)
+		args := append([]string{"run", "--host", "--canary", world.Resolver.String() + ":53", "--public-name", world.PublicName, "--claim", "C-LAN", "--claim", "C-INBOUND", "--json"}, extra...)
 		cmd := exec.Command(exe, args...)
 		cmd.Env = env
 		var stderr bytes.Buffer
@@ -84,7 +84,7 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 
 	rep := hostRun()
 	assert.Equal(t, "host", rep.Environment.Mode)
-	for _, id := range []string{"C-EGRESS", "C-DNS", "C-DHCP", "C-LAN"} {
+	for _, id := range []string{"C-EGRESS", "C-DNS", "C-DHCP", "C-LAN", "C-INBOUND"} {
 		assert.Equal(t, drill.Pass, claim(t, rep, id).Verdict, "%s with the stack whole", id)
 	}
 	resolver := false
@@ -99,6 +99,14 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 		assert.Contains(t, r.AtTarget, "not seen leaving the host", "%s %s: %s", r.Target, r.Channel, r.Evidence)
 	}
 	assert.True(t, resolver, "the routed LAN's resolver, from the host's resolv.conf, is a target: %v", lanResults(rep))
+	fromLAN := 0
+	for _, r := range claim(t, rep, "C-INBOUND").Results {
+		if r.From == drill.PlaceLAN {
+			fromLAN++
+			assert.Contains(t, r.AtTarget, "the witness saw nothing", "%s %s: %s", r.Target, r.Channel, r.Evidence)
+		}
+	}
+	assert.GreaterOrEqual(t, fromLAN, 8, "the LAN stand-in probes box-a from a source in each private range")
 	assert.Equal(t, drill.ExitOK, rep.ExitCode, "problems %v, notes %v", rep.Problems, rep.Notes)
 
 	// Narrowed by hand: 10/8 is no longer dropped.
@@ -115,4 +123,22 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 		}
 	}
 	assert.True(t, named, "C-LAN fails naming the routed LAN's resolver: %v", lanResults(rep))
+
+	// Opened by hand: the ACL no longer drops what comes in.
+	cmd = exec.Command("ip", "netns", "exec", st.Names.HostNS, "incus", "network", "set", "boxnet", "security.acls.default.ingress.action=allow")
+	cmd.Env = env
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	rep = hostRun("--no-setup")
+	inbound := 0
+	for _, r := range claim(t, rep, "C-INBOUND").Results {
+		if r.From == drill.PlaceLAN && r.Verdict == drill.Fail {
+			inbound++
+			assert.Contains(t, r.AtTarget, "the witness saw", r.Target)
+		}
+	}
+	assert.Positive(t, inbound, "a LAN source reaches box-a through the host's forward path")
+	out, err = exec.Command("ip", "netns", "list").CombinedOutput()
+	require.NoError(t, err)
+	assert.NotContains(t, string(out), "drl-", "the LAN stand-in is gone after the run")
 }

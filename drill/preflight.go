@@ -24,6 +24,13 @@ func (r *run) preflight(ctx context.Context) error {
 	if err := cleanLeftovers(pctx, r.cfg.Host, ""); err != nil {
 		return fmt.Errorf("preflight: cleaning an earlier run's boxes: %w", err)
 	}
+	removed, err := removeLANSims()
+	if len(removed) > 0 {
+		r.cfg.logf("preflight: removed an earlier run's %s", strings.Join(removed, ", "))
+	}
+	if err != nil {
+		return fmt.Errorf("preflight: removing an earlier run's LAN stand-in: %w", err)
+	}
 	if err := withNetNS(r.cfg.Host.NetNS, func(fd int) error {
 		removed, err := nft.DeleteCounters(fd, "")
 		if len(removed) > 0 {

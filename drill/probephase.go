@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -91,6 +92,15 @@ func (r *run) readCounters(table string) map[string]probes.Observation {
 	return m
 }
 
+// takenBy says whether the host already uses an address: its own, or one
+// it routes by a host route.
+func takenBy(addrs []topo.IfaceAddr, routes []topo.Route) func(netip.Addr) bool {
+	return func(a netip.Addr) bool {
+		return slices.ContainsFunc(addrs, func(i topo.IfaceAddr) bool { return i.Prefix.Addr() == a }) ||
+			slices.ContainsFunc(routes, func(r topo.Route) bool { return r.Dst.IsSingleIP() && r.Dst.Addr() == a })
+	}
+}
+
 // withNetNS runs fn with an fd of the named namespace (0: this one).
 func withNetNS(name string, fn func(fd int) error) error {
 	if name == "" {
@@ -113,7 +123,7 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	if n, _, err := r.cfg.Host.Incus.Network(ctx, stack.Current.Network); err == nil && n.Config["dns.domain"] != "" {
 		s.DNSDomain = n.Config["dns.domain"]
 	}
-	addrs, _, err := topo.ReadInterfaces(r.cfg.Host.NetNS)
+	addrs, routes, err := topo.ReadInterfaces(r.cfg.Host.NetNS)
 	if err != nil {
 		return s, err
 	}
@@ -150,8 +160,17 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	if dropped > 0 {
 		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("C-NAMES: %d more names were not asked (at most %d a run)", dropped, maxNames))
 	}
-	if !s.LANVia.IsValid() && slices.ContainsFunc(r.cfg.Claims, func(c Claim) bool { return c.ID == "C-INBOUND" }) {
-		r.rep.Notes = append(r.rep.Notes, "C-INBOUND: nothing probes a box from the LAN here (a packet sent on the real LAN would leave the machine): its LAN side rests on Verify alone (the stack channel, L-ACL)")
+	if len(s.LANSources) == 0 && slices.ContainsFunc(r.cfg.Claims, func(c Claim) bool { return c.ID == "C-INBOUND" }) {
+		// Host mode: a throwaway namespace stands in for the LAN.
+		sim, err := newLANSim(r.cfg.Host.NetNS, r.rep.RunID, s.A.IP, takenBy(addrs, routes))
+		if err != nil {
+			r.rep.Problems = append(r.rep.Problems, err.Error())
+			r.rep.Notes = append(r.rep.Notes, "C-INBOUND: nothing probes a box from the LAN here: its LAN side rests on Verify alone (the stack channel, L-ACL)")
+		} else {
+			r.later(func(context.Context) error { return sim.remove() })
+			s.LANNS, s.LANSources = sim.ns, sim.sources
+			r.cfg.Topology.LANNS = sim.ns
+		}
 	}
 	if s.Source == topo.SourceHost {
 		// Listener ports picked per run from the dynamic range, so a

@@ -695,21 +695,30 @@ func (b *builder) inbound() {
 	}
 	t := b.t
 	label := t.A.Place + " " + t.A.IP.String()
-	for _, from := range []struct {
+	type from struct {
 		place string
-		src   []netip.Addr
-	}{{PlaceHost, []netip.Addr{t.Gateway}}, {PlaceLAN, []netip.Addr{t.LANSource}}} {
-		if from.place == PlaceLAN && !t.LANVia.IsValid() {
-			continue
-		}
+		src   netip.Addr
+	}
+	froms := []from{{PlaceHost, t.Gateway}}
+	for _, s := range t.LANSources {
+		froms = append(froms, from{PlaceLAN, s})
+	}
+	for _, f := range froms {
 		for _, ch := range []struct {
 			channel string
 			kind    probes.Kind
 			port    int
 		}{{"tcp", probes.KindTCP, listenTCP}, {"icmp", probes.KindICMP, 0}} {
 			nonce := probes.NewNonce()
-			a := b.probe(Action{ID: b.id(), Claim: "C-INBOUND", Channel: ch.channel, From: from.place, Target: label, TargetKey: PlaceA, Expect: ExpectBlocked},
-				probes.ProbeSpec{Kind: ch.kind, Target: t.A.IP, Port: ch.port, Nonce: nonce})
+			spec := probes.ProbeSpec{Kind: ch.kind, Target: t.A.IP, Port: ch.port, Nonce: nonce}
+			target := label
+			if f.place == PlaceLAN {
+				// Sent from this source address, whatever else the LAN
+				// namespace holds.
+				spec.Via = netip.PrefixFrom(f.src, 32)
+				target += " from " + f.src.String()
+			}
+			a := b.probe(Action{ID: b.id(), Claim: "C-INBOUND", Channel: ch.channel, From: f.place, Target: target, TargetKey: PlaceA, Expect: ExpectBlocked}, spec)
 			w := probes.WitnessSpec{Via: t.Subnet, Nonces: []string{nonce}, Proto: ch.channel, Port: ch.port, DstIP: t.A.IP}
 			if ch.kind == probes.KindTCP {
 				// A SYN carries no nonce: match its source, narrowed to the
@@ -717,7 +726,7 @@ func (b *builder) inbound() {
 				// host never count. An echo request carries the nonce, and
 				// matching the source there would take the gateway's replies
 				// to box-a's C-HOST pings for inbound traffic.
-				w.SrcIPs = from.src
+				w.SrcIPs = []netip.Addr{f.src}
 			}
 			b.witness(a, PlaceA, w)
 		}

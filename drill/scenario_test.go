@@ -50,7 +50,7 @@ func testTopology() Scene {
 			PublicNameAddr: netip.MustParseAddr("203.0.113.10"),
 			LANVia:         netip.MustParsePrefix("192.168.20.0/24"),
 			LANNAT:         netip.MustParseAddr("192.168.20.1"),
-			LANSource:      netip.MustParseAddr("192.168.20.2"),
+			LANSources:     []netip.Addr{netip.MustParseAddr("192.168.20.2")},
 		},
 		DNSDomain: "incus",
 
@@ -487,7 +487,7 @@ func TestBuildScenarioWitnessesDoNotMatchReplies(t *testing.T) {
 	topo := testTopology()
 	sc := BuildScenario(topo, Catalogue)
 	// The address each place's probes leave from.
-	source := map[string]netip.Addr{PlaceA: topo.A.IP, PlaceB: topo.B.IP, PlaceC: topo.C.IP, PlaceHost: topo.Gateway, PlaceLAN: topo.LANSource}
+	source := map[string]netip.Addr{PlaceA: topo.A.IP, PlaceB: topo.B.IP, PlaceC: topo.C.IP, PlaceHost: topo.Gateway, PlaceLAN: topo.LANSources[0]}
 	for _, a := range sc.Actions {
 		if a.Witness == nil || a.Witness.Port != 0 || len(a.Witness.SrcIPs) == 0 {
 			continue

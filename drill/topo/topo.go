@@ -70,11 +70,11 @@ type Topology struct {
 	LANHosts []Target `json:"lan_hosts"`
 	// LANVia is the subnet the LAN namespace's witnesses capture on (the
 	// world only); LANNAT the host address boxes' traffic to the LAN would
-	// be NATed to; LANSource the address the LAN namespace probes boxes
-	// from.
-	LANVia    netip.Prefix `json:"lan_via,omitzero"`
-	LANNAT    netip.Addr   `json:"lan_nat,omitzero"`
-	LANSource netip.Addr   `json:"lan_source,omitzero"`
+	// be NATed to; LANSources the addresses the LAN namespace probes boxes
+	// from (in host mode, the drill's throwaway stand-in for the LAN).
+	LANVia     netip.Prefix `json:"lan_via,omitzero"`
+	LANNAT     netip.Addr   `json:"lan_nat,omitzero"`
+	LANSources []netip.Addr `json:"lan_sources,omitempty"`
 	// Outward are the host's interfaces its routes into private ranges (and
 	// its default route) leave by: where, in host mode, an outbound witness
 	// watches for a box's packets to the LAN.

@@ -1,0 +1,137 @@
+package drill
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/box-isolation/box/internal/nsrun"
+)
+
+// lanSim stands in for the LAN in host mode (C-INBOUND): a packet the host
+// itself sends takes the output path, not the forward path where the ACL's
+// ingress rules sit, and one sent on the real LAN would leave the machine.
+// So the drill makes a throwaway namespace joined to the host's namespace
+// by a veth and sends from there, with a source address in each private
+// range, to a box through the host's forward path. Nothing leaves the
+// machine: the namespace has no other interface. The host routes each
+// source (a /32) back through the veth, so a reply comes back there and
+// strict reverse-path filtering accepts the packets; no sysctl changes.
+// Removing the namespace removes the veth, and with it those routes.
+type lanSim struct {
+	ns       string // the throwaway namespace
+	hostVeth string // its peer, in the host's namespace
+	sources  []netip.Addr
+}
+
+// lanSimPrefix starts the name of every namespace a lanSim makes, so an
+// aborted run's is found.
+const lanSimPrefix = "drl-"
+
+// lanSimSources are the sources a lanSim sends from, one per private range:
+// addresses at the top of each range, where a LAN host is least likely.
+var lanSimSources = []netip.Addr{
+	netip.MustParseAddr("10.255.255.77"),
+	netip.MustParseAddr("172.31.255.77"),
+	netip.MustParseAddr("192.168.255.77"),
+	netip.MustParseAddr("100.127.255.77"),
+}
+
+// newLANSim builds the namespace for a run, toward box (the probed box's
+// address) in the host's namespace hostNS ("" for the drill's own). A
+// source the host already uses or routes by a host route is left out.
+func newLANSim(hostNS, runID string, box netip.Addr, taken func(netip.Addr) bool) (_ *lanSim, err error) {
+	l := &lanSim{ns: lanSimPrefix + runID, hostVeth: "drl" + runID}
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("the LAN stand-in for C-INBOUND: %w", err)
+			if rerr := l.remove(); rerr != nil {
+				err = fmt.Errorf("%w; and removing it: %v", err, rerr)
+			}
+		}
+	}()
+	for _, a := range lanSimSources {
+		if !taken(a) {
+			l.sources = append(l.sources, a)
+		}
+	}
+	if len(l.sources) == 0 {
+		return nil, fmt.Errorf("every source address it would use is taken on this host")
+	}
+	host := ipIn(hostNS)
+	if err := nsrun.Create(l.ns); err != nil {
+		return nil, err
+	}
+	steps := [][]string{
+		append(host, "link", "add", l.hostVeth, "type", "veth", "peer", "name", "eth0", "netns", l.ns),
+		append(host, "link", "set", l.hostVeth, "up"),
+		{"ip", "-n", l.ns, "link", "set", "lo", "up"},
+		{"ip", "-n", l.ns, "link", "set", "eth0", "up"},
+	}
+	for _, a := range l.sources {
+		steps = append(steps,
+			[]string{"ip", "-n", l.ns, "addr", "add", a.String() + "/32", "dev", "eth0"},
+			append(host, "route", "add", a.String()+"/32", "dev", l.hostVeth))
+	}
+	for _, s := range steps {
+		if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("%s: %w: %s", strings.Join(s, " "), err, strings.TrimSpace(string(out)))
+		}
+	}
+	// The box is reached through the host: its address on the veth, with
+	// the host's end of it as the next hop.
+	var mac net.HardwareAddr
+	if err := nsrun.Do(hostNS, func() error {
+		link, err := netlink.LinkByName(l.hostVeth)
+		if err == nil {
+			mac = link.Attrs().HardwareAddr
+		}
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	for _, s := range [][]string{
+		{"ip", "-n", l.ns, "route", "add", box.String() + "/32", "dev", "eth0"},
+		{"ip", "-n", l.ns, "neigh", "replace", box.String(), "lladdr", mac.String(), "dev", "eth0", "nud", "permanent"},
+	} {
+		if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("%s: %w: %s", strings.Join(s, " "), err, strings.TrimSpace(string(out)))
+		}
+	}
+	return l, nil
+}
+
+// ipIn is the start of an ip command acting in namespace ns.
+func ipIn(ns string) []string {
+	if ns == "" {
+		return []string{"ip"}
+	}
+	return []string{"ip", "-n", ns}
+}
+
+// remove deletes the namespace (and with it the veth and the host's routes
+// through it); a namespace already gone is no error.
+func (l *lanSim) remove() error {
+	return removeLANSim(l.ns)
+}
+
+func removeLANSim(ns string) error { return nsrun.Delete(ns) }
+
+// removeLANSims removes what aborted runs left: every namespace whose name
+// starts with lanSimPrefix.
+func removeLANSims() ([]string, error) {
+	m, _ := filepath.Glob(filepath.Join(nsrun.Dir, lanSimPrefix+"*"))
+	var removed []string
+	for _, p := range m {
+		if err := removeLANSim(filepath.Base(p)); err != nil {
+			return removed, err
+		}
+		removed = append(removed, "namespace "+filepath.Base(p))
+	}
+	return removed, nil
+}
