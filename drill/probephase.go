@@ -129,15 +129,17 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	}
 	s.HostAddrs = topo.HostAddrs(addrs, v.Subnet, v.Gateway)
 	var fw hostscan.Forwarding
+	var fwErr error
 	if err := nsrun.Do(r.cfg.Host.NetNS, func() error {
 		var err error
-		if s.Listeners, err = hostscan.Listeners(); err != nil {
-			return err
-		}
-		fw, err = hostscan.Forwards()
+		s.Listeners, err = hostscan.Listeners()
+		fw, fwErr = hostscan.Forwards()
 		return err
 	}); err != nil {
 		return s, err
+	}
+	if fwErr != nil {
+		r.rep.Notes = append(r.rep.Notes, "C-HOST: the host's forwarding rules were not read ("+fwErr.Error()+"): the ports they forward are not targets")
 	}
 	s.Forwards = fw.Forwards
 	if len(fw.LegacyTables) > 0 {
