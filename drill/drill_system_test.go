@@ -374,6 +374,16 @@ func TestSystemNamesLANUpstream(t *testing.T) {
 	assert.Equal(t, drill.ExitViolated, rep.ExitCode)
 }
 
+// ensured converges the stack, so a test that breaks it by hand has it to
+// break whatever ran before.
+func ensured(t *testing.T, cfg drill.Config) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := cfg.Host.Ensure(ctx)
+	require.NoError(t, err, "the stack is there to break")
+}
+
 // restoreAfter converges the stack back when the test ends, whatever it
 // broke by hand, and checks it verifies clean.
 func restoreAfter(t *testing.T, cfg drill.Config) {
@@ -395,6 +405,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 	t.Run("bridge drop table deleted", func(t *testing.T) {
 		cfg := config(t)
 		restoreAfter(t, cfg)
+		ensured(t, cfg)
 		inHost(t, cfg, "nft", "delete", "table", "bridge", stack.Current.NFTTable)
 		cfg.NoSetup = true
 		rep := run(t, cfg)
@@ -410,6 +421,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 	t.Run("ipv6 on at the bridge", func(t *testing.T) {
 		cfg := config(t)
 		restoreAfter(t, cfg)
+		ensured(t, cfg)
 		inHost(t, cfg, "incus", "network", "set", stack.Current.Network, "ipv6.address=fd42:b0c6::1/64", "ipv6.nat=true")
 		cfg.NoSetup = true
 		rep := run(t, cfg)
@@ -426,6 +438,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 	t.Run("ssh and DNS let in by hand", func(t *testing.T) {
 		cfg := config(t)
 		restoreAfter(t, cfg)
+		ensured(t, cfg)
 		// What an operator types to reach a box's sshd "just for now", and
 		// the DNS accept as the stack had it before it was scoped.
 		inHost(t, cfg, "nft", "insert", "rule", "inet", stack.Current.NFTTable, "input", "iifname", stack.Current.Network, "tcp", "dport", "22", "accept")
@@ -451,9 +464,41 @@ func TestSystemNoSetupDrift(t *testing.T) {
 			assert.True(t, found, "the probe of %s on the uplink fails: %v", svc, reached)
 		}
 	})
+	t.Run("the host firewall's final drop deleted by hand", func(t *testing.T) {
+		cfg := config(t)
+		restoreAfter(t, cfg)
+		st, _ := testenv.Incus(t)
+		ensured(t, cfg)
+		cmd := exec.Command("ip", "netns", "exec", cfg.Host.NetNS, "nft", "-a", "list", "chain", "inet", stack.Current.NFTTable, "input")
+		cmd.Env = append(os.Environ(), "INCUS_DIR="+st.IncusDir)
+		out, err := cmd.Output()
+		require.NoError(t, err)
+		handle := ""
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) == 6 && f[2] == "drop" && f[3] == "#" && f[4] == "handle" {
+				handle = f[5] // iifname "boxnet" drop # handle N
+			}
+		}
+		require.NotEmpty(t, handle, "the final drop in:\n%s", out)
+		inHost(t, cfg, "nft", "delete", "rule", "inet", stack.Current.NFTTable, "input", "handle", handle)
+		cfg.NoSetup = true
+		cfg.Claims = []drill.Claim{claimOf(t, "C-HOST")}
+		rep := run(t, cfg)
+		failed := map[string]bool{}
+		for _, r := range probeFailures(claim(t, rep, "C-HOST")) {
+			for _, svc := range []string{"tcp/22", "tcp/3000"} {
+				if strings.Contains(r.Target, world.UplinkHost.Addr().String()+" "+svc) {
+					failed[svc] = true
+				}
+			}
+		}
+		assert.Equal(t, map[string]bool{"tcp/22": true, "tcp/3000": true}, failed, "the host's ssh stand-in and developer server are reached on the uplink")
+		assert.NotEmpty(t, stackFailures(claim(t, rep, "C-HOST")), "Verify sees the rule gone")
+	})
 	t.Run("a hosts-file name, no-hosts taken out by hand", func(t *testing.T) {
 		cfg := config(t)
 		restoreAfter(t, cfg)
+		ensured(t, cfg)
 		st, _ := testenv.Incus(t)
 		// Appended in place: the file is bind-mounted into incusd's view.
 		hosts := st.Names.HostsFile()
@@ -496,6 +541,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 	t.Run("a port forwarded to the LAN, the ACL detached by hand", func(t *testing.T) {
 		cfg := config(t)
 		restoreAfter(t, cfg)
+		ensured(t, cfg)
 		lan := world.LANHosts[2] // on the LAN link: reachable from the host
 		inHost(t, cfg, "nft", "add table ip portfwd; add chain ip portfwd prerouting { type nat hook prerouting priority dstnat; }; "+
 			"add rule ip portfwd prerouting tcp dport 2222 dnat to "+lan.Addr.String()+":"+strconv.Itoa(world.LANTCPPort))
