@@ -75,33 +75,14 @@ func startOutbound(spec WitnessSpec) (*Witness, error) {
 }
 
 func (t *outTap) read(w *Witness) {
-	buf := make([]byte, 65536)
-	for {
-		select {
-		case <-w.stopped:
-			return
-		default:
-		}
-		if !time.Now().Before(w.until) {
-			return
-		}
+	w.readLoop(func(buf []byte) error {
 		n, from, err := t.sock.recv(buf)
 		if err != nil {
-			select {
-			case <-w.stopped:
-				return
-			default:
-			}
-			if isTimeout(err) {
-				continue
-			}
-			w.mu.Lock()
-			w.readErr = fmt.Errorf("%s: %w", t.ifi.Name, err)
-			w.mu.Unlock()
-			return
+			return fmt.Errorf("%s: %w", t.ifi.Name, err)
 		}
 		w.recordOut(buf[:n], from, t.ifi.Name)
-	}
+		return nil
+	})
 }
 
 func (t *outTap) drain(w *Witness) {

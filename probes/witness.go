@@ -127,6 +127,19 @@ func (w *Witness) Interface() string { return w.name }
 
 func (w *Witness) read() {
 	defer close(w.finished)
+	w.readLoop(func(buf []byte) error {
+		n, _, err := w.conn.ReadFrom(buf)
+		if err == nil {
+			w.record(buf[:n])
+		}
+		return err
+	})
+}
+
+// readLoop reads frames with next (which records what it read) until the
+// window ends or Stop is called; a read timeout only wakes it to look at
+// the clock, any other error ends the capture and is kept.
+func (w *Witness) readLoop(next func(buf []byte) error) {
 	buf := make([]byte, 65536)
 	for {
 		select {
@@ -137,8 +150,7 @@ func (w *Witness) read() {
 		if !time.Now().Before(w.until) {
 			return
 		}
-		n, _, err := w.conn.ReadFrom(buf)
-		if err != nil {
+		if err := next(buf); err != nil {
 			select {
 			case <-w.stopped:
 				return
@@ -152,7 +164,6 @@ func (w *Witness) read() {
 			w.mu.Unlock()
 			return
 		}
-		w.record(buf[:n])
 	}
 }
 
