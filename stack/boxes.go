@@ -78,6 +78,11 @@ type Box struct {
 	Created    time.Time         `json:"created"`
 	Stamps     map[string]string `json:"stamps"`
 	Profiles   []string          `json:"profiles"`
+	// OnStack is what the fleet census says (nil when it could not be
+	// taken, e.g. without the privileges to read nft); OffStack says why
+	// not.
+	OnStack  *bool    `json:"on_stack,omitempty"`
+	OffStack []string `json:"off_stack,omitempty"`
 }
 
 // isBox reports whether an instance carries either ownership tag, and which.

@@ -34,6 +34,8 @@ type Verification struct {
 	BridgeMode nft.BridgeMode `json:"bridge_mode,omitempty"`
 	DnsmasqPID int            `json:"dnsmasq_pid,omitempty"`
 	Ports      []Port         `json:"ports"`
+	// Fleet is the census of every instance and port on the bridge.
+	Fleet *Census `json:"fleet,omitempty"`
 }
 
 // Clean reports whether nothing differs.
@@ -150,6 +152,11 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 			find("L-PORTISO", "bridge port "+p.Name, "isolated is off")
 		}
 	}
+
+	if v.Fleet, err = host.census(ctx, g); err != nil {
+		return nil, fmt.Errorf("taking the fleet census: %w", err)
+	}
+	v.Findings = append(v.Findings, v.Fleet.Findings()...)
 
 	ncfg := g.nftConfig(gen)
 	ncfg.Gateway = p.Addr()

@@ -351,6 +351,10 @@ func setupList(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
+		census, cerr := h.Census(c.ctx)
+		if cerr == nil {
+			census.Mark(h.Incus.ProjectName(), boxes)
+		}
 		if *asJSON {
 			return c.printJSON(boxes)
 		}
@@ -359,12 +363,33 @@ func setupList(fs *flag.FlagSet) action {
 			return nil
 		}
 		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tSTATUS\tTYPE\tTEMPLATE\tUSER\tMINTED\tORIGIN")
+		fmt.Fprintln(tw, "NAME\tSTATUS\tTYPE\tSTACK\tTEMPLATE\tUSER\tMINTED\tORIGIN")
+		off := 0
 		for _, b := range boxes {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b.Name, b.Status, b.Type,
+			onStack := "?"
+			if b.OnStack != nil && *b.OnStack {
+				onStack = "on"
+			} else if b.OnStack != nil {
+				onStack, off = "OFF", off+1
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b.Name, b.Status, b.Type, onStack,
 				stamp(b, stack.StampTemplate), stamp(b, stack.StampUser), stamp(b, stack.StampMinted), stamp(b, stack.StampOrigin))
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		for _, b := range boxes {
+			for _, why := range b.OffStack {
+				fmt.Fprintf(c.err, "box: %s is off the stack: %s\n", b.Name, why)
+			}
+		}
+		switch {
+		case cerr != nil:
+			fmt.Fprintf(c.err, "box: STACK is ? because the fleet census could not be taken (%v): box doctor, as root, checks every box\n", cerr)
+		case off > 0:
+			fmt.Fprintf(c.err, "box: %d box(es) off the stack: box doctor names the fix for each\n", off)
+		}
+		return nil
 	}
 }
 

@@ -99,7 +99,11 @@ func setupDoctor(fs *flag.FlagSet) action {
 			}
 		}
 		if !v.Clean() {
-			if !*asJSON {
+			switch {
+			case *asJSON:
+			case *fix:
+				fmt.Fprintf(c.err, "box: %d findings left that box does not own (it never changes or deletes a user's box): run the fix each names\n", len(v.Findings))
+			default:
 				fmt.Fprintf(c.err, "box: %d findings; box doctor --fix converges what box owns\n", len(v.Findings))
 			}
 			return exitError{exitFailed}

@@ -291,3 +291,14 @@ func (c *Client) WaitAddress(ctx context.Context, name string, subnet netip.Pref
 		}
 	}
 }
+
+// AllInstances lists every instance of every project (all-projects=true),
+// each naming its Project: what a census of a bridge must start from, since
+// any project's instance may have a NIC on it.
+func (c *Client) AllInstances(ctx context.Context) ([]Instance, error) {
+	var out []Instance
+	if err := c.list(ctx, apiPath("instances"), url.Values{"all-projects": {"true"}}, &out); err != nil {
+		return nil, fmt.Errorf("listing instances of all projects: %w", err)
+	}
+	return out, nil
+}

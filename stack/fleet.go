@@ -1,0 +1,374 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// The fleet census (claim C-FLEET). The probes meet only the drill's own
+// fresh boxes; the boxes people work in were minted weeks ago and may have
+// been changed since (a profile edit re-plugs their NICs, the escape hatch
+// or plain incus adds devices). The census starts from the bridge, not
+// from box's tag: every instance of any project whose NIC uses the bridge,
+// running or stopped (stopped ones by their config), and every port the
+// kernel has on the bridge, is a sibling, and each is checked for what
+// could take it off the stack.
+
+// LayerFleet is the layer of the census's findings: a sibling off the
+// stack. Claim C-FLEET rests on it.
+const LayerFleet = "fleet"
+
+// Sibling is one instance on the stack's bridge, or a port on it that no
+// instance claims.
+type Sibling struct {
+	Name    string `json:"name,omitempty"` // empty for a port no instance claims
+	Project string `json:"project,omitempty"`
+	Status  string `json:"status,omitempty"`
+	Type    string `json:"type,omitempty"`
+	Box     bool   `json:"box"`            // carries box's tag
+	Port    string `json:"port,omitempty"` // its port on the bridge, while it runs
+	// Problems is what takes it off the stack, each with its fix.
+	Problems []Problem `json:"problems"`
+	// Allowed is what the census reports as it is, with why it is allowed.
+	Allowed []string `json:"allowed,omitempty"`
+}
+
+// Problem is one way a sibling is off the stack.
+type Problem struct {
+	What string `json:"what"`
+	Fix  string `json:"fix"`
+}
+
+// OnStack reports whether the census found nothing wrong with the sibling.
+func (s Sibling) OnStack() bool { return len(s.Problems) == 0 }
+
+// Label names the sibling for people: "box web", "instance db (project
+// p)", "port veth1234".
+func (s Sibling) Label() string {
+	what := "instance"
+	if s.Box {
+		what = "box"
+	}
+	switch {
+	case s.Name == "":
+		return "port " + s.Port
+	case s.Project != "" && s.Project != "default":
+		return fmt.Sprintf("%s %s (project %s)", what, s.Name, s.Project)
+	}
+	return what + " " + s.Name
+}
+
+// Census is what the fleet census saw.
+type Census struct {
+	Bridge string `json:"bridge"`
+	// Ports are the bridge's ports as the kernel lists them.
+	Ports []string `json:"ports"`
+	// SetChecked says port-set membership was checked (the bridge drop
+	// matches a set of ports on this kernel, and the set exists).
+	SetChecked bool      `json:"set_checked"`
+	Siblings   []Sibling `json:"siblings"`
+}
+
+// Sibling finds an instance of the census by project and name.
+func (c *Census) Sibling(project, name string) (Sibling, bool) {
+	for _, s := range c.Siblings {
+		if s.Name == name && projectOf(s.Project) == projectOf(project) {
+			return s, true
+		}
+	}
+	return Sibling{}, false
+}
+
+func projectOf(p string) string {
+	if p == "" {
+		return "default"
+	}
+	return p
+}
+
+// Findings turns the census's problems into Verify findings, one per
+// problem, each naming the sibling.
+func (c *Census) Findings() []Finding {
+	var out []Finding
+	for _, s := range c.Siblings {
+		for _, p := range s.Problems {
+			out = append(out, Finding{Layer: LayerFleet, Object: s.Label(), Problem: p.What, Fix: p.Fix})
+		}
+	}
+	return out
+}
+
+// kernelPort is a link as the census needs it.
+type kernelPort struct {
+	exists   bool
+	master   string // the name of the bridge it is a port of, "" for none
+	isolated bool
+}
+
+// Census takes the fleet census of the stack's bridge.
+func (host *Host) Census(ctx context.Context) (*Census, error) {
+	g, err := host.ground()
+	if err != nil {
+		return nil, err
+	}
+	defer g.close()
+	return host.census(ctx, g)
+}
+
+func (host *Host) census(ctx context.Context, g *ground) (*Census, error) {
+	bridge := Current.Network
+	insts, err := host.Incus.AllInstances(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ports, err := g.bridgePorts(bridge)
+	if err != nil {
+		return nil, err
+	}
+	members, setOK, err := nft.PortSetMembers(g.nftConfig(Current))
+	if err != nil {
+		return nil, fmt.Errorf("reading the bridge drop's port set: %w", err)
+	}
+	links := map[string]kernelPort{}
+	for _, p := range ports {
+		links[p.Name] = kernelPort{exists: true, master: bridge, isolated: p.Isolated}
+	}
+	// A sibling's port that is not on the bridge: where is it?
+	for _, i := range insts {
+		for _, port := range portsOf(bridge, &i) {
+			if _, ok := links[port]; ok || port == "" {
+				continue
+			}
+			links[port] = g.linkState(port)
+		}
+	}
+	return takeCensus(bridge, insts, portNames(ports), links, members, setOK), nil
+}
+
+// linkState reads one link's bridge membership and isolated flag.
+func (g *ground) linkState(name string) kernelPort {
+	l, err := g.h.LinkByName(name)
+	if err != nil {
+		return kernelPort{}
+	}
+	kp := kernelPort{exists: true}
+	if m := l.Attrs().MasterIndex; m > 0 {
+		if ml, err := g.h.LinkByIndex(m); err == nil {
+			kp.master = ml.Attrs().Name
+		}
+		if pi, err := g.h.LinkGetProtinfo(l); err == nil {
+			kp.isolated = pi.Isolated
+		}
+	}
+	return kp
+}
+
+// portsOf lists the host-side ports of an instance's NICs on bridge, as
+// Incus recorded them (volatile.<nic>.host_name; empty while stopped).
+func portsOf(bridge string, i *incus.Instance) []string {
+	var out []string
+	for _, name := range sortedKeys(i.ExpandedDevices) {
+		if d := i.ExpandedDevices[name]; isNIC(d) && onBridge(bridge, d) {
+			out = append(out, i.Config["volatile."+name+".host_name"])
+		}
+	}
+	return out
+}
+
+func isNIC(d map[string]string) bool { return d["type"] == "nic" }
+
+func onBridge(bridge string, d map[string]string) bool {
+	return d["network"] == bridge || d["parent"] == bridge
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := slices.Collect(maps.Keys(m))
+	sort.Strings(ks)
+	return ks
+}
+
+// nicOptions are the NIC settings that keep a box on the stack; anything
+// else on its NIC was put there by someone (routes, its own ACLs, a VLAN).
+var nicOptions = map[string]bool{
+	"type": true, "name": true, "network": true, "security.port_isolation": true,
+	"hwaddr": true, "host_name": true, "mtu": true, "ipv4.address": true,
+	"boot.priority": true, "queue.tx.length": true,
+	"limits.ingress": true, "limits.egress": true, "limits.max": true, "limits.priority": true,
+}
+
+// takeCensus judges every instance on the bridge and every port on it.
+// ports are the bridge's ports, links the kernel's view of every port
+// named, members the bridge drop's port set (checked when setOK).
+func takeCensus(bridge string, insts []incus.Instance, ports []string, links map[string]kernelPort, members []string, setOK bool) *Census {
+	c := &Census{Bridge: bridge, Ports: append([]string{}, ports...), SetChecked: setOK, Siblings: []Sibling{}}
+	claimed := map[string]bool{}
+	for i := range insts {
+		inst := &insts[i]
+		if len(portsOf(bridge, inst)) == 0 {
+			continue
+		}
+		s := judgeInstance(bridge, inst, links, members, setOK)
+		if s.Port != "" {
+			claimed[s.Port] = true
+		}
+		c.Siblings = append(c.Siblings, s)
+	}
+	for _, p := range ports {
+		if claimed[p] {
+			continue
+		}
+		c.Siblings = append(c.Siblings, Sibling{Port: p, Problems: []Problem{{
+			What: "is on " + bridge + " but no instance claims it: something outside Incus attached it",
+			Fix:  fmt.Sprintf("ip link set %s nomaster (or delete it)", p)}}})
+	}
+	sort.SliceStable(c.Siblings, func(a, b int) bool {
+		sa, sb := c.Siblings[a], c.Siblings[b]
+		if sa.Project != sb.Project {
+			return sa.Project < sb.Project
+		}
+		return sa.Name < sb.Name
+	})
+	return c
+}
+
+// judgeInstance checks one instance's expanded devices and config, and,
+// while it runs, its port as the kernel has it.
+func judgeInstance(bridge string, inst *incus.Instance, links map[string]kernelPort, members []string, setOK bool) Sibling {
+	_, box := isBox(inst)
+	s := Sibling{Name: inst.Name, Project: projectOf(inst.Project), Status: inst.Status, Type: inst.Type, Box: box, Problems: []Problem{}}
+	// incusCmd renders an incus command line for this instance's project.
+	incusCmd := func(format string, args ...any) string {
+		cmd := fmt.Sprintf(format, args...)
+		if s.Project != "default" {
+			cmd += " --project " + s.Project
+		}
+		return cmd
+	}
+	bad := func(what, fix string) { s.Problems = append(s.Problems, Problem{What: what, Fix: fix}) }
+	// Where a device comes from decides how to change it: args follow the
+	// device name (key=value, or a key to unset).
+	devFix := func(dev, change, args string) string {
+		if _, local := inst.Devices[dev]; local {
+			return incusCmd("incus config device %s %s %s %s", change, inst.Name, dev, args)
+		}
+		return incusCmd("incus config device override %s %s %s", inst.Name, dev, args) +
+			fmt.Sprintf(" (it comes from a profile: %s)", strings.Join(inst.Profiles, ", "))
+	}
+	nics := 0
+	for _, name := range sortedKeys(inst.ExpandedDevices) {
+		d := inst.ExpandedDevices[name]
+		switch d["type"] {
+		case "nic":
+			nics++
+			if !onBridge(bridge, d) {
+				bad(fmt.Sprintf("has a second NIC %s on %s: a path off the stack", name, nicWhere(d)), incusCmd("incus config device remove %s %s", inst.Name, name))
+				continue
+			}
+			if d["network"] != bridge {
+				bad(fmt.Sprintf("NIC %s joins %s as a plain %s NIC (parent=%s), past the network's ACL", name, bridge, d["nictype"], bridge),
+					incusCmd("incus config device remove %s %s", inst.Name, name)+"; give it network="+bridge+" (the box-net profile does)")
+			}
+			if d["security.port_isolation"] != "true" {
+				bad(fmt.Sprintf("NIC %s has port isolation off (security.port_isolation=%q)", name, d["security.port_isolation"]),
+					devFix(name, "set", "security.port_isolation=true"))
+			}
+			for _, k := range sortedKeys(d) {
+				if !nicOptions[k] {
+					bad(fmt.Sprintf("NIC %s sets %s=%s, which box does not make", name, k, d[k]), devFix(name, "unset", k))
+				}
+			}
+		case "disk":
+			if d["pool"] == "" || strings.HasPrefix(d["source"], "/") {
+				bad(fmt.Sprintf("disk %s passes host path %q through", name, d["source"]), incusCmd("incus config device remove %s %s", inst.Name, name))
+			}
+		case "proxy":
+			bad(fmt.Sprintf("proxy device %s (listen %s, connect %s) is a door between the box and the host", name, d["listen"], d["connect"]),
+				incusCmd("incus config device remove %s %s", inst.Name, name))
+		case "none":
+		case "tpm":
+			s.Allowed = append(s.Allowed, fmt.Sprintf("device %s (tpm): an emulated TPM, nothing of the host's", name))
+		default:
+			bad(fmt.Sprintf("device %s (%s) passes host hardware or sockets through", name, d["type"]), incusCmd("incus config device remove %s %s", inst.Name, name))
+		}
+	}
+	if nics != 1 {
+		bad(fmt.Sprintf("has %d NICs, want exactly one on %s", nics, bridge), "remove every NIC but the one from the box-net profile")
+	}
+	for _, k := range sortedKeys(inst.ExpandedConfig) {
+		v := inst.ExpandedConfig[k]
+		switch {
+		case k == "raw.lxc" || strings.HasPrefix(k, "raw.qemu"):
+			bad(fmt.Sprintf("sets %s: raw configuration can add devices and mounts no census sees", k), incusCmd("incus config unset %s %s", inst.Name, k))
+		case k == "security.privileged" && v == "true":
+			bad("is privileged (security.privileged=true): root in the box is root on the host", incusCmd("incus config unset %s security.privileged", inst.Name))
+		case k == "security.nesting" && v == "true":
+			s.Allowed = append(s.Allowed, "security.nesting=true: allowed, in-box Docker needs it; it changes no device and no NIC")
+		}
+	}
+	if v, ok := inst.ExpandedConfig["security.guestapi"]; !ok || v != "false" {
+		s.Allowed = append(s.Allowed, "security.guestapi on: allowed, /dev/incus answers only about the box itself and reaches no network")
+	}
+	if inst.Status != "Running" {
+		return s
+	}
+	for _, port := range portsOf(bridge, inst) {
+		if port == "" {
+			bad("runs, but Incus records no port for its NIC", "box doctor, after restarting it (box down/up)")
+			continue
+		}
+		s.Port = port
+		k := links[port]
+		switch {
+		case !k.exists:
+			bad(fmt.Sprintf("its port %s does not exist", port), "restart it (box down, box up) so its NIC is plugged again")
+		case k.master != bridge:
+			bad(fmt.Sprintf("its port %s is not on %s (master %q)", port, bridge, k.master), "restart it (box down, box up) so its NIC is plugged again")
+		default:
+			if !k.isolated {
+				bad(fmt.Sprintf("its port %s is not isolated (kernel flag)", port), fixEnsure)
+			}
+			if setOK && !slices.Contains(members, port) {
+				bad(fmt.Sprintf("its port %s is not in the bridge drop's port set", port), fixEnsure)
+			}
+		}
+	}
+	return s
+}
+
+func nicWhere(d map[string]string) string {
+	switch {
+	case d["network"] != "":
+		return "network " + d["network"]
+	case d["parent"] != "":
+		return d["nictype"] + " " + d["parent"]
+	}
+	return d["nictype"]
+}
+
+// Mark records the census's verdict on each box of project (as `box list`
+// shows it): a box the census did not meet has no NIC on the bridge.
+func (c *Census) Mark(project string, boxes []Box) {
+	for i := range boxes {
+		b := &boxes[i]
+		on := false
+		s, ok := c.Sibling(project, b.Name)
+		switch {
+		case !ok:
+			b.OffStack = []string{"has no NIC on " + c.Bridge}
+		case s.OnStack():
+			on = true
+		default:
+			for _, p := range s.Problems {
+				b.OffStack = append(b.OffStack, p.What)
+			}
+		}
+		b.OnStack = &on
+	}
+}

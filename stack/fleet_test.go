@@ -1,0 +1,148 @@
+package stack
+
+import (
+	"maps"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// fleetInst is an instance as the box-net profile makes it, running on
+// port veth-<name>; edit changes it.
+func fleetInst(name string, edit func(i *incus.Instance)) incus.Instance {
+	i := incus.Instance{Name: name, Project: "default", Status: "Running", Type: "container",
+		Profiles: []string{"box-net"},
+		Config:   map[string]string{Current.Tag: "1", "volatile.eth0.host_name": "veth-" + name},
+		Devices:  map[string]map[string]string{},
+		ExpandedDevices: map[string]map[string]string{
+			"eth0": {"type": "nic", "name": "eth0", "network": "boxnet", "security.port_isolation": "true"},
+			"root": {"type": "disk", "path": "/", "pool": "default"},
+		}}
+	if edit != nil {
+		edit(&i)
+	}
+	i.ExpandedConfig = maps.Clone(i.Config)
+	return i
+}
+
+func TestCensusJudgesEverySibling(t *testing.T) {
+	good := kernelPort{exists: true, master: "boxnet", isolated: true}
+	for _, tc := range []struct {
+		name     string
+		inst     incus.Instance
+		port     *kernelPort // the kernel's view of its port (nil: as good)
+		notInSet bool
+		want     string // a problem that must be named; "" for on the stack
+		allowed  string
+	}{
+		{name: "on the stack", inst: fleetInst("ok", nil), allowed: "security.guestapi on"},
+		{name: "nesting is allowed and said why", inst: fleetInst("dock", func(i *incus.Instance) { i.Config["security.nesting"] = "true" }), allowed: "in-box Docker needs it"},
+		{name: "isolation off on the NIC", inst: fleetInst("a", func(i *incus.Instance) {
+			i.ExpandedDevices["eth0"]["security.port_isolation"] = "false"
+			i.Devices["eth0"] = i.ExpandedDevices["eth0"]
+		}), want: "incus config device set a eth0 security.port_isolation=true"},
+		{name: "isolation off from a profile", inst: fleetInst("b", func(i *incus.Instance) { delete(i.ExpandedDevices["eth0"], "security.port_isolation") }),
+			want: "incus config device override b eth0 security.port_isolation=true"},
+		{name: "a second NIC", inst: fleetInst("c", func(i *incus.Instance) {
+			i.ExpandedDevices["eth1"] = map[string]string{"type": "nic", "nictype": "bridged", "parent": "lanbr0"}
+		}), want: "second NIC eth1 on bridged lanbr0"},
+		{name: "boxnet as a plain parent", inst: fleetInst("d", func(i *incus.Instance) {
+			i.ExpandedDevices["eth0"] = map[string]string{"type": "nic", "nictype": "bridged", "parent": "boxnet", "security.port_isolation": "true"}
+		}), want: "past the network's ACL"},
+		{name: "a NIC option box does not make", inst: fleetInst("e", func(i *incus.Instance) { i.ExpandedDevices["eth0"]["ipv4.routes"] = "192.168.1.0/24" }), want: "sets ipv4.routes"},
+		{name: "a proxy", inst: fleetInst("f", func(i *incus.Instance) {
+			i.ExpandedDevices["p"] = map[string]string{"type": "proxy", "listen": "tcp:0.0.0.0:80", "connect": "tcp:127.0.0.1:80"}
+		}), want: "proxy device p"},
+		{name: "a host path", inst: fleetInst("g", func(i *incus.Instance) {
+			i.ExpandedDevices["home"] = map[string]string{"type": "disk", "source": "/home/me", "path": "/mnt"}
+		}), want: `host path "/home/me"`},
+		{name: "a managed volume is fine", inst: fleetInst("h", func(i *incus.Instance) {
+			i.ExpandedDevices["data"] = map[string]string{"type": "disk", "pool": "default", "source": "vol1", "path": "/data"}
+		})},
+		{name: "a socket", inst: fleetInst("i", func(i *incus.Instance) {
+			i.ExpandedDevices["s"] = map[string]string{"type": "unix-char", "source": "/dev/kvm"}
+		}), want: "device s (unix-char)"},
+		{name: "raw.lxc", inst: fleetInst("j", func(i *incus.Instance) { i.Config["raw.lxc"] = "lxc.mount.entry = /srv srv none bind" }), want: "sets raw.lxc"},
+		{name: "privileged", inst: fleetInst("k", func(i *incus.Instance) { i.Config["security.privileged"] = "true" }), want: "is privileged"},
+		{name: "port not isolated", inst: fleetInst("l", nil), port: &kernelPort{exists: true, master: "boxnet"}, want: "is not isolated"},
+		{name: "port not in the set", inst: fleetInst("m", nil), notInSet: true, want: "not in the bridge drop's port set"},
+		{name: "port gone", inst: fleetInst("n", nil), port: &kernelPort{}, want: "does not exist"},
+		{name: "port elsewhere", inst: fleetInst("o", nil), port: &kernelPort{exists: true, master: "docker0", isolated: true}, want: `not on boxnet (master "docker0")`},
+		{name: "stopped: judged by config only", inst: fleetInst("p", func(i *incus.Instance) {
+			i.Status = "Stopped"
+			delete(i.Config, "volatile.eth0.host_name")
+			i.ExpandedDevices["eth0"]["security.port_isolation"] = "false"
+		}), want: "port isolation off"},
+		{name: "untagged in another project is a sibling too", inst: fleetInst("q", func(i *incus.Instance) {
+			delete(i.Config, Current.Tag)
+			i.Project = "user-1000"
+			i.ExpandedDevices["eth0"]["security.port_isolation"] = "false"
+		}), want: "--project user-1000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port := "veth-" + tc.inst.Name
+			links := map[string]kernelPort{port: good}
+			if tc.port != nil {
+				links[port] = *tc.port
+			}
+			var members []string
+			if !tc.notInSet {
+				members = []string{port}
+			}
+			var ports []string
+			if links[port].master == "boxnet" && tc.inst.Status == "Running" {
+				ports = []string{port}
+			}
+			c := takeCensus("boxnet", []incus.Instance{tc.inst}, ports, links, members, true)
+			require.Len(t, c.Siblings, 1, "the instance is a sibling")
+			s := c.Siblings[0]
+			problems := ""
+			for _, p := range s.Problems {
+				problems += p.What + " (fix: " + p.Fix + ")\n"
+			}
+			if tc.want == "" {
+				assert.True(t, s.OnStack(), "problems: %s", problems)
+			} else {
+				assert.False(t, s.OnStack())
+				assert.Contains(t, problems, tc.want)
+				assert.Len(t, c.Findings(), len(s.Problems), "one finding per problem")
+				assert.Equal(t, LayerFleet, c.Findings()[0].Layer)
+				assert.Contains(t, c.Findings()[0].Object, tc.inst.Name, "the finding names the instance")
+			}
+			if tc.allowed != "" {
+				assert.Contains(t, strings.Join(s.Allowed, "\n"), tc.allowed)
+			}
+		})
+	}
+}
+
+func TestCensusStartsFromTheBridge(t *testing.T) {
+	elsewhere := fleetInst("lan", func(i *incus.Instance) {
+		i.ExpandedDevices["eth0"] = map[string]string{"type": "nic", "network": "incusbr0"}
+	})
+	c := takeCensus("boxnet", []incus.Instance{fleetInst("a", nil), elsewhere},
+		[]string{"veth-a", "vethstray"}, map[string]kernelPort{"veth-a": {exists: true, master: "boxnet", isolated: true}},
+		[]string{"veth-a", "vethstray"}, true)
+	require.Len(t, c.Siblings, 2, "the box on boxnet and the stray port; the instance on another bridge is none of the census's business")
+	stray := c.Siblings[0]
+	assert.Equal(t, "port vethstray", stray.Label())
+	assert.Contains(t, stray.Problems[0].What, "no instance claims it")
+
+	boxes := []Box{{Name: "a"}, {Name: "lan"}}
+	c.Mark("", boxes)
+	require.NotNil(t, boxes[0].OnStack)
+	assert.True(t, *boxes[0].OnStack)
+	require.NotNil(t, boxes[1].OnStack)
+	assert.False(t, *boxes[1].OnStack)
+	assert.Equal(t, []string{"has no NIC on boxnet"}, boxes[1].OffStack)
+}
+
+func TestCensusWithoutAPortSetChecksNoMembership(t *testing.T) {
+	c := takeCensus("boxnet", []incus.Instance{fleetInst("a", nil)}, []string{"veth-a"},
+		map[string]kernelPort{"veth-a": {exists: true, master: "boxnet", isolated: true}}, nil, false)
+	assert.True(t, c.Siblings[0].OnStack(), "bridge-meta mode has no set to be missing from")
+}
