@@ -18,6 +18,8 @@ import (
 	"fmt"
 	"path"
 	"strings"
+
+	"github.com/box-isolation/box/stack"
 )
 
 // Claim is one isolation claim of SPEC section 4.
@@ -57,6 +59,8 @@ var Catalogue = []Claim{
 		Why: "nothing outside may open a connection into a box"},
 	{ID: "C-CLONE", From: "clone", To: "its source", Channels: []string{"address", "mac", "machine-id"}, Expect: "distinct", Layers: []string{"stack"},
 		Why: "two boxes with one identity share one lease and both lose the network"},
+	{ID: "C-FLEET", From: "every instance on boxnet (any project, tagged or not, running or stopped) and every port on it", To: "the stack", Channels: []string{ChannelCensus}, Expect: "exactly one NIC, on boxnet, isolated (config and kernel flag), in the bridge drop's port set; no other NIC, proxy, host path or device passed through, no raw.lxc/raw.qemu, not privileged", Layers: []string{stack.LayerFleet},
+		Why: "the boxes people work in were minted weeks ago and changed since: a re-plugged NIC or a device added by hand takes one off the stack while fresh probe boxes pass"},
 }
 
 // ClaimByID finds a claim.

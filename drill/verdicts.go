@@ -2,6 +2,8 @@ package drill
 
 import (
 	"context"
+
+	"github.com/box-isolation/box/stack"
 )
 
 // judgeAll gives every action its verdict, the baselines first, for they
@@ -36,7 +38,14 @@ func (r *run) judgeAll(context.Context) error {
 				rs = append(rs, judged[a.ID])
 			}
 		}
-		if len(rs) > 0 {
+		switch {
+		case cl.ID == "C-FLEET":
+			var census *stack.Census
+			if r.v != nil {
+				census = r.v.Fleet
+			}
+			rs = fleetResults(cl, census, r.cfg.Host.Incus.ProjectName(), r.names, r.findings)
+		case len(rs) > 0:
 			rs = append(rs, stackResults(cl, r.findings)...)
 		}
 		cr := aggregate(cl, rs)
