@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,6 +23,10 @@ const (
 
 // agentPath is where the agent binary is pushed inside a box.
 const agentPath = "/usr/bin/drill-agent"
+
+// probeType is what the probe boxes are minted as, whatever box new makes on
+// the host: the probe image is a container image.
+const probeType = stack.TypeContainer
 
 // mintBoxes mints box-a and box-b, clones box-a, applies the mutations
 // that act on live boxes, and reads the stack as the probes will find it.
@@ -46,7 +52,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			mintErr[i] = mintProbeBox(mctx, cfg, stack.MintRequest{Name: names[p], Image: cfg.Image, Stamps: stamps})
+			mintErr[i] = mintProbeBox(mctx, cfg, stack.MintRequest{Name: names[p], Image: cfg.Image, Type: probeType, Stamps: stamps})
 		}()
 	}
 	wg.Wait()
@@ -68,6 +74,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		r.ends[p] = e
 		rep.Boxes = append(rep.Boxes, *e)
 	}
+	rep.noteInstanceType(r.boxNew)
 	actx, cancelAfter := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancelAfter()
 	if err := applyMutations(actx, cfg, true, names); err != nil {
@@ -94,6 +101,26 @@ func mintProbeBox(ctx context.Context, cfg *Config, req stack.MintRequest) error
 	return err
 }
 
+// noteInstanceType records the kind of box the run proved, as Incus reports
+// the minted probe boxes, beside the kind box new makes on this host
+// (boxNew, the decision box new acts on), and a note where they differ: a
+// claim proved on a container is not proved on a virtual machine.
+func (rep *Report) noteInstanceType(boxNew stack.TypeDecision) {
+	var types []string
+	for _, b := range rep.Boxes {
+		if !slices.Contains(types, b.Type) {
+			types = append(types, b.Type)
+		}
+	}
+	slices.Sort(types)
+	drilled := strings.Join(types, ", ")
+	rep.Environment.InstanceType, rep.Environment.BoxNewType = drilled, boxNew.Type
+	if boxNew.Type != "" && drilled != boxNew.Type {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("instance type: the probe boxes are %s, but box new makes %s on this host (%s): the claims were proved on %s boxes, not on the %s boxes box new makes",
+			drilled, boxNew.Type, boxNew.Reason, drilled, boxNew.Type))
+	}
+}
+
 // boxEnd reads what the scenario needs about a probe box.
 func boxEnd(ctx context.Context, h *stack.Host, place, name string) (*BoxEnd, error) {
 	ip, err := h.WaitAddress(ctx, name, 30*time.Second)
@@ -108,7 +135,7 @@ func boxEnd(ctx context.Context, h *stack.Host, place, name string) (*BoxEnd, er
 	if err != nil {
 		return nil, fmt.Errorf("%s has no usable MAC (volatile.eth0.hwaddr=%q)", name, inst.Config["volatile.eth0.hwaddr"])
 	}
-	return &BoxEnd{Place: place, Instance: name, IP: ip, MAC: mac, LinkLocal: drillLinkLocal(mac)}, nil
+	return &BoxEnd{Place: place, Instance: name, IP: ip, MAC: mac, LinkLocal: drillLinkLocal(mac), Type: inst.Type}, nil
 }
 
 // drillLinkLocal is the link-local address the agent adds on a probe box

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -19,8 +20,13 @@ func (r *run) preflight(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("preflight: %w", err)
 	}
+	// The probe boxes' type is read once they are minted; what box new
+	// would make is decided now, as box new decides it.
+	if r.boxNew, err = stack.DecideType(srv, ""); err != nil {
+		return fmt.Errorf("preflight: %w", err)
+	}
 	r.rep.Environment = Environment{Mode: r.cfg.Topology.Source, Hostname: hostname(), Kernel: srv.Environment.KernelVersion,
-		IncusVersion: srv.Environment.ServerVersion, InstanceType: "container"}
+		IncusVersion: srv.Environment.ServerVersion}
 	if err := cleanLeftovers(pctx, r.cfg.Host, ""); err != nil {
 		return fmt.Errorf("preflight: cleaning an earlier run's boxes: %w", err)
 	}

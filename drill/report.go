@@ -42,11 +42,16 @@ type Report struct {
 
 // Environment is where the run happened.
 type Environment struct {
-	Mode            string `json:"mode"` // "world" (hermetic) or "host"
-	Hostname        string `json:"hostname"`
-	Kernel          string `json:"kernel"`
-	IncusVersion    string `json:"incus_version"`
-	InstanceType    string `json:"instance_type"`
+	Mode         string `json:"mode"` // "world" (hermetic) or "host"
+	Hostname     string `json:"hostname"`
+	Kernel       string `json:"kernel"`
+	IncusVersion string `json:"incus_version"`
+	// InstanceType is the probe boxes' type, as Incus reports them.
+	InstanceType string `json:"instance_type"`
+	// BoxNewType is what box new makes on this host without --vm or
+	// --container; a run proves nothing about another kind of box, and
+	// its Notes say so where the two differ.
+	BoxNewType      string `json:"box_new_type,omitempty"`
 	BridgeNetfilter bool   `json:"bridge_netfilter"`
 }
 

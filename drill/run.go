@@ -147,12 +147,15 @@ type run struct {
 	// as the probes find it; findings merges both.
 	before, v *stack.Verification
 	findings  []stack.Finding
-	names     map[string]string // place -> instance
-	ends      map[string]*BoxEnd
-	scene     Scene
-	sc        *Scenario
-	obs       observations
-	agentErr  map[string]string
+	// boxNew is what box new makes on this host, for the report to
+	// compare the probe boxes with.
+	boxNew   stack.TypeDecision
+	names    map[string]string // place -> instance
+	ends     map[string]*BoxEnd
+	scene    Scene
+	sc       *Scenario
+	obs      observations
+	agentErr map[string]string
 }
 
 func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {

@@ -105,6 +105,9 @@ type BoxEnd struct {
 	IP        netip.Addr       `json:"ip"`
 	MAC       net.HardwareAddr `json:"-"`
 	LinkLocal netip.Addr       `json:"link_local"`
+	// Type is the instance's type as Incus reports it; the report's
+	// environment says it once for all the boxes.
+	Type string `json:"-"`
 }
 
 // HostAddr and Target are the topology's.

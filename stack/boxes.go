@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -157,8 +158,9 @@ func (host *Host) Info(ctx context.Context, name string) (*Box, error) {
 type MintRequest struct {
 	Name  string
 	Image string // alias or fingerprint
-	// VM makes a virtual machine instead of a container.
-	VM bool
+	// Type is TypeContainer (when empty) or TypeVM; DecideType says which
+	// box new makes.
+	Type string
 	// CPU, Memory and Disk are Incus limits (e.g. "2", "4GiB", "20GiB");
 	// empty leaves the default.
 	CPU, Memory, Disk string
@@ -174,6 +176,10 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 	if req.Name == "" || req.Image == "" {
 		return nil, errors.New("minting a box needs a name and an image")
 	}
+	typ := cmp.Or(req.Type, TypeContainer)
+	if err := checkType(typ); err != nil {
+		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
+	}
 	if _, _, err := host.Incus.Instance(ctx, req.Name); err == nil {
 		return nil, fmt.Errorf("minting %s: an instance of that name already exists: pick another --name", req.Name)
 	} else if !incus.IsNotFound(err) {
@@ -182,10 +188,6 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 	fp, err := host.resolveImage(ctx, req.Image)
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
-	}
-	typ := "container"
-	if req.VM {
-		typ = "virtual-machine"
 	}
 	cfg := map[string]string{Current.Tag: "1"}
 	maps.Copy(cfg, req.Stamps)

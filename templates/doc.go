@@ -30,6 +30,7 @@
 //	}
 //	// Create the instance from t.Image (or the --image / BOX_IMAGE override)
 //	// with limits.cpu=res.CPU, limits.memory=res.Memory, root size=res.Disk
+//	// (an empty one, from templates.NoLimit, is left unset)
 //	// and cloud-init.user-data=userData, start it, then wait until
 //	// templates.ReadyMarker exists in it (or templates.FailedMarker, whose
 //	// content says what went wrong).

@@ -36,10 +36,17 @@ func (r Resources) Validate() error {
 	return validSize("disk", r.Disk, minDisk)
 }
 
+// NoLimit, as a resource value from the environment or a flag, leaves that
+// limit unset: for hosts that cannot apply one (a memory cgroup that will not
+// take a limit makes every box fail to start). A template cannot say it.
+const NoLimit = "none"
+
 // MergeResources merges a box's resources: the template's default,
 // overridden by BOX_CPU, BOX_MEMORY and BOX_DISK from env, overridden by
 // non-empty flags. Each value that wins is validated, and an error names where
-// it came from. (It cannot be called Resources: that is the type's name.)
+// it came from. NoLimit winning leaves that field empty: no limit (for the
+// disk, the pool's default size). (It cannot be called Resources: that is
+// the type's name.)
 func MergeResources(t *Template, env func(string) string, flags Resources) (Resources, error) {
 	if t == nil {
 		return Resources{}, errors.New("resources: no template")
@@ -47,34 +54,49 @@ func MergeResources(t *Template, env func(string) string, flags Resources) (Reso
 	if env == nil {
 		env = func(string) string { return "" }
 	}
-	type layer struct {
-		v, from string
-	}
-	pick := func(def, envKey, flag, flagName string) layer {
-		l := layer{def, fmt.Sprintf("template %q", t.Name)}
+	var out Resources
+	for _, f := range []struct {
+		def, envKey, flag, flagName string
+		valid                       func(string) error
+		out                         *string
+	}{
+		{t.Resources.CPU, "BOX_CPU", flags.CPU, "cpu", func(v string) error { _, err := ParseCPU(v); return err }, &out.CPU},
+		{t.Resources.Memory, "BOX_MEMORY", flags.Memory, "memory", func(v string) error { return validSize("memory", v, minMemory) }, &out.Memory},
+		{t.Resources.Disk, "BOX_DISK", flags.Disk, "disk", func(v string) error { return validSize("disk", v, minDisk) }, &out.Disk},
+	} {
+		v, from := f.def, "" // from is empty for the template's default
 		// Whitespace around an environment value is a shell accident, not
 		// part of the value.
-		if v := strings.TrimSpace(env(envKey)); v != "" {
-			l = layer{v, envKey}
+		if e := strings.TrimSpace(env(f.envKey)); e != "" {
+			v, from = e, f.envKey
 		}
-		if flag != "" {
-			l = layer{flag, "--" + flagName}
+		if f.flag != "" {
+			v, from = f.flag, "--"+f.flagName
 		}
-		return l
+		if v == NoLimit && from != "" {
+			continue
+		}
+		if from == "" {
+			from = fmt.Sprintf("template %q", t.Name)
+		}
+		if err := f.valid(v); err != nil {
+			return Resources{}, fmt.Errorf("%s: %w", from, err)
+		}
+		*f.out = v
 	}
-	cpu := pick(t.Resources.CPU, "BOX_CPU", flags.CPU, "cpu")
-	mem := pick(t.Resources.Memory, "BOX_MEMORY", flags.Memory, "memory")
-	disk := pick(t.Resources.Disk, "BOX_DISK", flags.Disk, "disk")
-	if _, err := ParseCPU(cpu.v); err != nil {
-		return Resources{}, fmt.Errorf("%s: %w", cpu.from, err)
+	return out, nil
+}
+
+// String says the resources for people, an empty field being no limit:
+// "2 CPU, 4GiB memory, unlimited disk".
+func (r Resources) String() string {
+	shown := func(v string) string {
+		if v == "" {
+			return "unlimited"
+		}
+		return v
 	}
-	if err := validSize("memory", mem.v, minMemory); err != nil {
-		return Resources{}, fmt.Errorf("%s: %w", mem.from, err)
-	}
-	if err := validSize("disk", disk.v, minDisk); err != nil {
-		return Resources{}, fmt.Errorf("%s: %w", disk.from, err)
-	}
-	return Resources{CPU: cpu.v, Memory: mem.v, Disk: disk.v}, nil
+	return fmt.Sprintf("%s CPU, %s memory, %s disk", shown(r.CPU), shown(r.Memory), shown(r.Disk))
 }
 
 // ParseCPU parses a CPU count: a positive whole number. Incus also takes CPU

@@ -54,6 +54,20 @@ func TestMergeResourcesPrecedence(t *testing.T) {
 			env:     map[string]string{"BOX_MEMORY": "64MiB"},
 			wantErr: "BOX_MEMORY: memory \"64MiB\" is below the 128MiB",
 		},
+		{name: "none in the environment leaves the limit unset",
+			env:  map[string]string{"BOX_MEMORY": " none\n"},
+			want: Resources{"2", "", "20GiB"}},
+		{name: "a flag beats none in the environment",
+			env:   map[string]string{"BOX_MEMORY": "none"},
+			flags: Resources{Memory: "1GiB"},
+			want:  Resources{"2", "1GiB", "20GiB"}},
+		{name: "none as a flag beats the environment",
+			env:   map[string]string{"BOX_MEMORY": "1GiB", "BOX_CPU": "lots"},
+			flags: Resources{Memory: "none", CPU: "none", Disk: "none"},
+			want:  Resources{}},
+		{name: "none does not hide a bad value elsewhere",
+			env:     map[string]string{"BOX_CPU": "none", "BOX_DISK": "big"},
+			wantErr: `BOX_DISK: disk: size "big"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := MergeResources(tp, func(k string) string { return tc.env[k] }, tc.flags)
@@ -74,6 +88,17 @@ func TestMergeResourcesBadTemplateDefault(t *testing.T) {
 
 	_, err = MergeResources(nil, nil, Resources{})
 	require.Error(t, err)
+}
+
+func TestNoLimitIsNotATemplateValue(t *testing.T) {
+	tp := &Template{Name: "t", Resources: Resources{CPU: "2", Memory: NoLimit, Disk: "20GiB"}}
+	_, err := MergeResources(tp, nil, Resources{})
+	require.ErrorContains(t, err, `template "t": memory: size "none"`)
+}
+
+func TestResourcesString(t *testing.T) {
+	require.Equal(t, "2 CPU, 4GiB memory, 20GiB disk", Resources{"2", "4GiB", "20GiB"}.String())
+	require.Equal(t, "unlimited CPU, 4GiB memory, unlimited disk", Resources{Memory: "4GiB"}.String())
 }
 
 func TestParseSize(t *testing.T) {

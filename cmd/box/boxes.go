@@ -92,7 +92,7 @@ func (c *call) newBox(o *newOpts) error {
 	if err != nil {
 		return usagef("new: %v", err)
 	}
-	res, unlimited, err := mergeResources(t, c.getenv, templates.Resources{CPU: o.cpu, Memory: o.memory, Disk: o.disk})
+	res, err := templates.MergeResources(t, c.getenv, templates.Resources{CPU: o.cpu, Memory: o.memory, Disk: o.disk})
 	if err != nil {
 		return usagef("new: %v", err)
 	}
@@ -111,24 +111,29 @@ func (c *call) newBox(o *newOpts) error {
 	if err != nil {
 		return err
 	}
-	vm := o.vm
-	if !o.vm && !o.container {
-		srv, err := h.Incus.Server(c.ctx)
-		if err != nil {
-			return err
+	want := ""
+	switch {
+	case o.vm:
+		want = stack.TypeVM
+	case o.container:
+		want = stack.TypeContainer
+	}
+	typ, err := h.NewBoxType(c.ctx, want)
+	if err != nil {
+		return err
+	}
+	if !typ.Chosen {
+		making := "a container"
+		if typ.Type == stack.TypeVM {
+			making = "a virtual machine (--container for a container)"
 		}
-		vm = srv.CanRunVMs()
-		if vm {
-			fmt.Fprintf(c.err, "box: this host can run VMs: making a virtual machine (--container for a container)\n")
-		} else {
-			fmt.Fprintf(c.err, "box: this host cannot run VMs (incus drivers: %s): making a container\n", strings.Join(srv.Drivers(), ", "))
-		}
+		fmt.Fprintf(c.err, "box: %s: making %s\n", typ.Reason, making)
 	}
 	start := time.Now()
 	c.progressf("minting %s from %s...", o.name, img)
 	b, err := h.Mint(c.ctx, stack.MintRequest{
-		Name: o.name, Image: img, VM: vm,
-		CPU: limit(res.CPU, unlimited["cpu"]), Memory: limit(res.Memory, unlimited["memory"]), Disk: limit(res.Disk, unlimited["disk"]),
+		Name: o.name, Image: img, Type: typ.Type,
+		CPU: res.CPU, Memory: res.Memory, Disk: res.Disk,
 		UserData: userData,
 		Stamps: map[string]string{
 			stack.StampTemplate: t.Name,
@@ -137,8 +142,7 @@ func (c *call) newBox(o *newOpts) error {
 		},
 	})
 	c.progressDone()
-	wanted := fmt.Sprintf("template %s, %s CPU, %s memory, %s disk", t.Name,
-		shown(res.CPU, unlimited["cpu"]), shown(res.Memory, unlimited["memory"]), shown(res.Disk, unlimited["disk"]))
+	wanted := fmt.Sprintf("template %s, %s", t.Name, res)
 	var notStarted *stack.NotStartedError
 	if errors.As(err, &notStarted) {
 		// stack removes a box that was created but would not start; the
@@ -153,53 +157,6 @@ func (c *call) newBox(o *newOpts) error {
 		return err
 	}
 	return c.printNew(r, o.asJSON, wanted)
-}
-
-// noLimit is the resource value that leaves a limit unset, for hosts that
-// cannot apply one (a memory cgroup that will not take a limit makes every
-// box fail to start).
-const noLimit = "none"
-
-// mergeResources is templates.MergeResources (template < BOX_CPU/BOX_MEMORY/
-// BOX_DISK < flags) with one more value: "none", from a flag or the
-// environment, leaves that limit unset. unlimited is keyed cpu, memory, disk.
-func mergeResources(t *templates.Template, getenv func(string) string, flags templates.Resources) (templates.Resources, map[string]bool, error) {
-	unlimited := map[string]bool{}
-	envNone := map[string]bool{}
-	for _, r := range []struct {
-		key, env string
-		flag     *string
-	}{{"cpu", "BOX_CPU", &flags.CPU}, {"memory", "BOX_MEMORY", &flags.Memory}, {"disk", "BOX_DISK", &flags.Disk}} {
-		switch {
-		case *r.flag == noLimit:
-			unlimited[r.key], envNone[r.env] = true, true
-			*r.flag = ""
-		case *r.flag == "" && strings.TrimSpace(getenv(r.env)) == noLimit:
-			unlimited[r.key], envNone[r.env] = true, true
-		}
-	}
-	env := func(k string) string {
-		if envNone[k] {
-			return ""
-		}
-		return getenv(k)
-	}
-	res, err := templates.MergeResources(t, env, flags)
-	return res, unlimited, err
-}
-
-func limit(v string, unlimited bool) string {
-	if unlimited {
-		return ""
-	}
-	return v
-}
-
-func shown(v string, unlimited bool) string {
-	if unlimited {
-		return "unlimited"
-	}
-	return v
 }
 
 func (c *call) cloneBox(o *newOpts) error {

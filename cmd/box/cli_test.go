@@ -205,37 +205,6 @@ func TestLookupPasswd(t *testing.T) {
 	assert.False(t, ok)
 }
 
-func TestResourcePrecedence(t *testing.T) {
-	tpl, err := templates.Get(templates.Default)
-	require.NoError(t, err)
-	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-
-	res, unl, err := mergeResources(tpl, env(nil), templates.Resources{})
-	require.NoError(t, err)
-	assert.Equal(t, tpl.Resources, res, "the template's default")
-	assert.Empty(t, unl)
-
-	e := env(map[string]string{"BOX_CPU": "3", "BOX_MEMORY": "2GiB", "BOX_DISK": "5GiB"})
-	res, _, err = mergeResources(tpl, e, templates.Resources{})
-	require.NoError(t, err)
-	assert.Equal(t, templates.Resources{CPU: "3", Memory: "2GiB", Disk: "5GiB"}, res, "the environment beats the template")
-
-	res, _, err = mergeResources(tpl, e, templates.Resources{CPU: "1", Memory: "512MiB"})
-	require.NoError(t, err)
-	assert.Equal(t, templates.Resources{CPU: "1", Memory: "512MiB", Disk: "5GiB"}, res, "flags beat the environment")
-
-	_, unl, err = mergeResources(tpl, env(map[string]string{"BOX_MEMORY": "none"}), templates.Resources{})
-	require.NoError(t, err)
-	assert.Equal(t, map[string]bool{"memory": true}, unl, "none in the environment leaves the limit unset")
-	res, unl, err = mergeResources(tpl, env(map[string]string{"BOX_MEMORY": "none"}), templates.Resources{Memory: "1GiB"})
-	require.NoError(t, err)
-	assert.Empty(t, unl, "a flag beats none in the environment")
-	assert.Equal(t, "1GiB", res.Memory)
-	_, unl, err = mergeResources(tpl, env(map[string]string{"BOX_MEMORY": "1GiB"}), templates.Resources{Memory: "none", CPU: "none"})
-	require.NoError(t, err)
-	assert.Equal(t, map[string]bool{"memory": true, "cpu": true}, unl, "none as a flag beats the environment")
-}
-
 func TestVersion(t *testing.T) {
 	r := offline.run(t, "version")
 	assert.Equal(t, exitOK, r.code)

@@ -23,6 +23,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/templates"
 )
 
 // The system tier: box end to end against the hermetic world's incusd,
@@ -63,7 +64,7 @@ func worldBox(t *testing.T) (runner, *incus.Client) {
 		// Every template has a memory limit; where the host cannot apply
 		// one, no box would start.
 		t.Log("this host's incusd cannot apply limits.memory (lxc: Failed to setup cgroup limits): minting with BOX_MEMORY=none")
-		r = r.with("BOX_MEMORY", noLimit)
+		r = r.with("BOX_MEMORY", templates.NoLimit)
 	}
 	return r, c
 }

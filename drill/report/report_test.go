@@ -146,6 +146,16 @@ func sampleReport(t *testing.T) *drill.Report {
 	}
 }
 
+// vmHost is the sample run on a host where box new makes virtual machines:
+// its probe boxes are containers all the same.
+func vmHost(t *testing.T) *drill.Report {
+	t.Helper()
+	rep := sampleReport(t)
+	rep.Environment.BoxNewType = "virtual-machine"
+	rep.Notes = append(rep.Notes, "instance type: the probe boxes are container, but box new makes virtual-machine on this host (this host can run VMs): ...")
+	return rep
+}
+
 // withInbound judges C-INBOUND (skipped in sampleReport), from the host and
 // the LAN, so the matrix has those sources too.
 func withInbound(t *testing.T, rep *drill.Report) *drill.Report {
@@ -204,6 +214,7 @@ func TestJSONMatchesSchema(t *testing.T) {
 			r.Mutations, r.Problems = []string{}, []string{}
 			return r
 		}(),
+		"box new makes VMs": vmHost(t),
 	}
 	for name, rep := range reports {
 		t.Run(name, func(t *testing.T) {
@@ -239,6 +250,7 @@ func TestSchemaRejects(t *testing.T) {
 		{"a result without evidence", func(m map[string]any) { delete(resultAt(m, 3, 1), "evidence") }, "evidence"},
 		{"exit code 4", func(m map[string]any) { m["exit_code"] = 4 }, "/exit_code"},
 		{"an unknown mode", func(m map[string]any) { m["environment"].(map[string]any)["mode"] = "cloud" }, "/environment/mode"},
+		{"an unknown box_new_type", func(m map[string]any) { m["environment"].(map[string]any)["box_new_type"] = "vm" }, "/environment/box_new_type"},
 		{"a layer state that is neither", func(m map[string]any) { m["stack"].(map[string]any)["layers"].(map[string]any)["L-ACL"] = "maybe" }, "/stack/layers/L-ACL"},
 		{"a started that is not a time", func(m map[string]any) { m["started"] = "yesterday" }, "/started"},
 	}
@@ -666,6 +678,25 @@ func TestText(t *testing.T) {
 			assert.NotContains(t, out, "\x1b[", "no colour")
 		})
 	}
+}
+
+// The header says which kind of box the run proved, and that it is not the
+// kind box new makes where the two differ.
+func TestTextInstanceType(t *testing.T) {
+	header := func(rep *drill.Report) string {
+		var b bytes.Buffer
+		report.Text(&b, rep)
+		first, _, _ := strings.Cut(b.String(), "\n")
+		return first
+	}
+	same := sampleReport(t)
+	same.Environment.BoxNewType = "container"
+	for name, rep := range map[string]*drill.Report{"box new makes containers": same, "from before box_new_type": sampleReport(t)} {
+		h := header(rep)
+		assert.Contains(t, h, ", container, bridge netfilter", name)
+		assert.NotContains(t, h, "box new makes", name)
+	}
+	assert.Contains(t, header(vmHost(t)), ", container (box new makes virtual-machine here: not drilled), bridge netfilter")
 }
 
 // The example in docs/drill-report.md is a valid report.

@@ -19,9 +19,14 @@ import (
 // channel, source, target, expected, observed, verdict and evidence. Plain
 // ASCII; verdicts are words, never colours.
 func Text(w io.Writer, rep *drill.Report) {
+	env := rep.Environment
+	drilled := env.InstanceType
+	if env.BoxNewType != "" && env.BoxNewType != env.InstanceType {
+		// A run proves the kind of box it minted, and only that.
+		drilled += " (box new makes " + env.BoxNewType + " here: not drilled)"
+	}
 	fmt.Fprintf(w, "drill run %s (%s) on %s: kernel %s, incus %s, %s, bridge netfilter %s\n",
-		rep.RunID, rep.Version, rep.Environment.Mode, rep.Environment.Kernel, rep.Environment.IncusVersion,
-		rep.Environment.InstanceType, onOff(rep.Environment.BridgeNetfilter))
+		rep.RunID, rep.Version, env.Mode, env.Kernel, env.IncusVersion, drilled, onOff(env.BridgeNetfilter))
 	fmt.Fprintf(w, "stack: %s via %s, bridge drop %s\n", rep.Stack.Subnet, rep.Stack.Gateway, rep.Stack.BridgeMode)
 	layers := make([]string, 0, len(rep.Stack.Layers))
 	for l := range rep.Stack.Layers {

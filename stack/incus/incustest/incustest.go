@@ -149,6 +149,16 @@ func isMultipart(r *http.Request) bool {
 	return len(ct) >= 10 && ct[:10] == "multipart/"
 }
 
+// Drivers answers GET /1.0 as a server whose environment.driver is driver:
+// "lxc | qemu" for a host that can run virtual machines, "lxc" for one that
+// cannot (as on the development machines, SPEC 7c).
+func (s *Server) Drivers(driver string) {
+	s.Handle("GET /1.0", func(w http.ResponseWriter, r *http.Request) {
+		Sync(w, map[string]any{"api_version": "1.0", "auth": "trusted",
+			"environment": map[string]any{"driver": driver, "server_version": "6.0.4", "kernel_version": "6.18.0"}})
+	})
+}
+
 // Requests returns every request received so far, in order.
 func (s *Server) Requests() []Request {
 	s.mu.Lock()

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/stack/incus/incustest"
+)
+
+// minting runs box new against a fake incusd that reports driver and
+// refuses to create the instance, and returns what box asked it to create.
+// The refusal keeps the test short of anything past the daemon (the host's
+// firewall), and is what box new then reports.
+func minting(t *testing.T, driver string, env []string, args ...string) (result, map[string]any) {
+	t.Helper()
+	srv := incustest.New(t)
+	srv.Drivers(driver)
+	srv.Handle("GET /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
+		incustest.Error(w, http.StatusNotFound, "Instance not found")
+	})
+	srv.Handle("GET /1.0/images/aliases/{name...}", func(w http.ResponseWriter, r *http.Request) {
+		incustest.Sync(w, map[string]any{"name": r.PathValue("name"), "target": "f00dfeed"})
+	})
+	srv.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
+		srv.Async(w, incustest.Op{Description: "Creating instance", Err: "the fake creates nothing"})
+	})
+	// BOX_NETNS names no namespace: should anything reach for the host's
+	// network, it fails instead of touching this machine's.
+	r := offline.with(append([]string{"INCUS_SOCKET", srv.Socket(), "BOX_NETNS", "box-unit-test-absent"}, env...)...).
+		run(t, append([]string{"new", "--name", "work"}, args...)...)
+	require.Equal(t, exitFailed, r.code, "the fake refuses the instance")
+	assert.Contains(t, r.err, "the fake creates nothing")
+	posts := srv.Find(http.MethodPost, "/1.0/instances")
+	require.Len(t, posts, 1)
+	var body map[string]any
+	require.NoError(t, json.Unmarshal(posts[0].Body, &body))
+	return r, body
+}
+
+func config(t *testing.T, body map[string]any) map[string]any {
+	t.Helper()
+	c, ok := body["config"].(map[string]any)
+	require.True(t, ok, "config in %v", body)
+	return c
+}
+
+// TestNewPicksTheType: box new makes a VM where the server can run one, a
+// container where it cannot, and what the operator asks for regardless.
+func TestNewPicksTheType(t *testing.T) {
+	for _, tc := range []struct {
+		name, driver string
+		args         []string
+		want         string
+		says         string // on stderr; empty: nothing about the type
+	}{
+		{"a host that can run VMs", "lxc | qemu", nil, "virtual-machine", "box: this host can run VMs: making a virtual machine (--container for a container)\n"},
+		{"a host that cannot", "lxc", nil, "container", "box: this host cannot run VMs (incus drivers: lxc): making a container\n"},
+		{"--container on a VM host", "lxc | qemu", []string{"--container"}, "container", ""},
+		{"--vm on a container host", "lxc", []string{"--vm"}, "virtual-machine", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, body := minting(t, tc.driver, nil, tc.args...)
+			assert.Equal(t, tc.want, body["type"])
+			assert.Equal(t, tc.want, config(t, body)["user.box.type"], "the type stamp")
+			if tc.says != "" {
+				assert.Contains(t, r.err, tc.says)
+			} else {
+				assert.NotContains(t, r.err, "run VMs")
+			}
+		})
+	}
+}
+
+// TestNewResources: the limits box new asks incusd for, none leaving one
+// unset (template blank: 2 CPU, 4GiB memory, 20GiB disk).
+func TestNewResources(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		env, args []string
+		cpu, mem  any // nil: no limit set
+		disk      any // the root disk's size; nil: no root device
+	}{
+		{"the template's", nil, nil, "2", "4GiB", "20GiB"},
+		{"the environment's", []string{"BOX_CPU", "3", "BOX_MEMORY", "none"}, nil, "3", nil, "20GiB"},
+		{"flags beat the environment", []string{"BOX_MEMORY", "none", "BOX_DISK", "30GiB"}, []string{"--memory", "1GiB", "--disk", "none"}, "2", "1GiB", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, body := minting(t, "lxc", tc.env, tc.args...)
+			cfg := config(t, body)
+			assert.Equal(t, tc.cpu, cfg["limits.cpu"])
+			assert.Equal(t, tc.mem, cfg["limits.memory"])
+			var size any
+			if devs, _ := body["devices"].(map[string]any); devs != nil {
+				if root, _ := devs["root"].(map[string]any); root != nil {
+					size = root["size"]
+				}
+			}
+			assert.Equal(t, tc.disk, size)
+		})
+	}
+}
