@@ -470,7 +470,8 @@ func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Durat
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("%w: is dnsmasq serving %s? (box doctor)", err, Current.Network)
 	}
-	return ip, nil
+	// The box holds a lease now: its port's pin must carry it.
+	return ip, host.refreshPorts(ctx)
 }
 
 // refreshPorts isolates every port of the bridge and, where the kernel has

@@ -94,3 +94,24 @@ func (c *Client) NetworkState(ctx context.Context, name string) (*NetworkState, 
 	}
 	return &st, nil
 }
+
+// NetworkLease is one DHCP lease of a managed network, as dnsmasq on the
+// host granted it (GET /1.0/networks/{name}/leases): the host's account,
+// not what an instance says about itself.
+type NetworkLease struct {
+	Hostname string `json:"hostname"`
+	Hwaddr   string `json:"hwaddr"`
+	Address  string `json:"address"`
+	Type     string `json:"type"` // "dynamic", "static" or "gateway"
+	Location string `json:"location"`
+	Project  string `json:"project"`
+}
+
+// NetworkLeases lists a managed network's leases.
+func (c *Client) NetworkLeases(ctx context.Context, name string) ([]NetworkLease, error) {
+	var out []NetworkLease
+	if _, err := c.get(ctx, apiPath("networks", name, "leases"), nil, &out); err != nil {
+		return nil, fmt.Errorf("reading leases of network %s: %w", name, err)
+	}
+	return out, nil
+}
