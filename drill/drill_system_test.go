@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,37 +26,8 @@ import (
 // The system tier: whole drill runs in the hermetic world. The agent is the
 // drill binary itself, built once for these tests.
 
-var (
-	agentOnce sync.Once
-	agentPath string
-	agentErr  error
-)
-
-func agent(t *testing.T) string {
-	t.Helper()
-	agentOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "drill-agent-")
-		if err != nil {
-			agentErr = err
-			return
-		}
-		agentPath = filepath.Join(dir, "drill")
-		cmd := exec.Command("go", "build", "-o", agentPath, "github.com/box-isolation/box/cmd/drill")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			agentErr = &buildError{out: string(out), err: err}
-		}
-	})
-	require.NoError(t, agentErr, "building the agent")
-	return agentPath
-}
-
-type buildError struct {
-	out string
-	err error
-}
-
-func (e *buildError) Error() string { return e.err.Error() + ": " + e.out }
+// agent is the drill binary the runs push into their boxes.
+func agent(t *testing.T) string { return testenv.Drill(t) }
 
 func config(t *testing.T, mutations ...string) drill.Config {
 	t.Helper()

@@ -6,6 +6,11 @@
 package testenv
 
 import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/box-isolation/box/fixtures/world"
@@ -48,4 +53,33 @@ func Incus(t testing.TB) (*world.State, *incus.Client) {
 	t.Helper()
 	st := World(t)
 	return st, incus.New(st.IncusSocket)
+}
+
+var (
+	drillOnce sync.Once
+	drillPath string
+	drillErr  error
+)
+
+// Drill builds the drill binary once per test process (CGO_ENABLED=0, as
+// released): the agent a drill run pushes into its boxes.
+func Drill(t testing.TB) string {
+	t.Helper()
+	drillOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "drill-agent-")
+		if err != nil {
+			drillErr = err
+			return
+		}
+		drillPath = filepath.Join(dir, "drill")
+		cmd := exec.Command("go", "build", "-o", drillPath, "github.com/box-isolation/box/cmd/drill")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			drillErr = fmt.Errorf("building the drill: %w: %s", err, out)
+		}
+	})
+	if drillErr != nil {
+		t.Fatal(drillErr)
+	}
+	return drillPath
 }
