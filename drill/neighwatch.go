@@ -17,12 +17,12 @@ import (
 // every change. C-SPOOF reads it: did the host ever hold box-b's address at
 // another MAC, did the bridge ever learn box-b's MAC on another port?
 type neighWatch struct {
-	bridge int
-	names  map[int]string
-	start  time.Time
-	done   chan struct{}
-	wg     sync.WaitGroup
-	mu     sync.Mutex
+	bridge  int
+	names   map[int]string
+	start   time.Time
+	done    chan struct{}
+	wg      sync.WaitGroup
+	mu      sync.Mutex
 	events  []neighEvent
 	err     error
 	stopped bool
