@@ -6,7 +6,6 @@
 package testenv
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,30 +55,32 @@ func Incus(t testing.TB) (*world.State, *incus.Client) {
 }
 
 var (
-	drillOnce sync.Once
-	drillPath string
-	drillErr  error
+	buildMu sync.Mutex
+	built   = map[string]string{}
 )
 
-// Drill builds the drill binary once per test process (CGO_ENABLED=0, as
-// released): the agent a drill run pushes into its boxes.
-func Drill(t testing.TB) string {
+// Binary builds one of the project's commands (cmd/NAME) once per test
+// process, CGO_ENABLED=0 as released, and returns its path.
+func Binary(t testing.TB, name string) string {
 	t.Helper()
-	drillOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "drill-agent-")
-		if err != nil {
-			drillErr = err
-			return
-		}
-		drillPath = filepath.Join(dir, "drill")
-		cmd := exec.Command("go", "build", "-o", drillPath, "github.com/box-isolation/box/cmd/drill")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			drillErr = fmt.Errorf("building the drill: %w: %s", err, out)
-		}
-	})
-	if drillErr != nil {
-		t.Fatal(drillErr)
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if p, ok := built[name]; ok {
+		return p
 	}
-	return drillPath
+	dir, err := os.MkdirTemp("", "box-test-"+name+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", p, "github.com/box-isolation/box/cmd/"+name)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building %s: %v: %s", name, err, out)
+	}
+	built[name] = p
+	return p
 }
+
+// Drill is the drill binary: the agent a drill run pushes into its boxes.
+func Drill(t testing.TB) string { return Binary(t, "drill") }
