@@ -233,20 +233,20 @@ func setShapeProblem(s *nftables.Set, typ string) string {
 }
 
 // staleProblems describes how a set's live elements (have, sorted) differ
-// from the desired ones.
+// from the desired ones: a port set by the ports missing and unexpected, a
+// pin set (ifname . something) port by port.
 func staleProblems(want Set, have []string) []string {
-	noun := "elements"
-	if want.Type == "ifname" {
-		noun = "ports"
+	if want.Type != "ifname" {
+		return stalePinProblems(want, have)
 	}
 	var stale []string
 	if add := without(want.Elements, have); len(add) > 0 {
-		stale = append(stale, "missing "+noun+" "+strings.Join(add, ", "))
+		stale = append(stale, "missing ports "+strings.Join(add, ", "))
 	}
 	if del := without(have, want.Elements); len(del) > 0 {
-		stale = append(stale, "unexpected "+noun+" "+strings.Join(del, ", "))
+		stale = append(stale, "unexpected ports "+strings.Join(del, ", "))
 	}
-	return []string{strings.TrimSuffix(noun, "s") + " set stale: " + strings.Join(stale, "; ")}
+	return []string{"port set stale: " + strings.Join(stale, "; ")}
 }
 
 func chainProblems(family string, want Chain, live *nftables.Chain) []string {
