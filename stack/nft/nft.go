@@ -19,7 +19,8 @@ type Finding struct {
 
 func (f Finding) String() string { return f.Object + ": " + f.Problem }
 
-// ErrNotApplied is returned by SetPorts when the bridge table does not exist.
+// ErrNotApplied is returned by SetPorts and SetPins when their table does
+// not exist.
 var ErrNotApplied = errors.New("table not present: apply the ruleset first")
 
 // dial opens one nftables connection for a whole operation, in cfg's
