@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"encoding/hex"
 	"testing"
 
 	"github.com/google/nftables"
@@ -10,12 +11,12 @@ import (
 
 // liveFrom builds the live view the kernel would report for want, with the
 // kernel's own habits: no set id in lookups.
-func liveFrom(want Table, ports []string) *liveTable {
+func liveFrom(want Table) *liveTable {
 	lt := &liveTable{exists: true, rules: map[string][]*nftables.Rule{}, elems: map[string][]string{}}
 	t := &nftables.Table{Family: familyOf(want.Family), Name: want.Name}
 	for _, s := range want.Sets {
-		lt.sets = append(lt.sets, portSet(t, s.Name, 0))
-		lt.elems[s.Name] = normPorts(ports)
+		lt.sets = append(lt.sets, nftSet(t, s, 0))
+		lt.elems[s.Name] = s.Elements
 	}
 	for i, c := range want.Chains {
 		ch := chainOf(t, c)
@@ -101,17 +102,17 @@ func TestDiffTable(t *testing.T) {
 		{name: "set is interval", want: bridge, mutate: func(l *liveTable) { l.sets[0].Interval = true },
 			rebuild: true, finds: []Finding{{"table bridge box set boxnet_ports", "has flag interval"}}},
 		{name: "leftover set in bridge-meta mode", want: Desired(Config{Gateway: testGW}, bridgeMetaCaps).Tables[1], mutate: func(l *liveTable) {
-			l.sets = []*nftables.Set{portSet(nil, "boxnet_ports", 0)}
+			l.sets = []*nftables.Set{nftSet(nil, Set{Name: "boxnet_ports", Type: "ifname"}, 0)}
 		}, rebuild: true, finds: []Finding{{"table bridge box set boxnet_ports", "unexpected set"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			live := liveFrom(tc.want, ports)
+			live := liveFrom(tc.want.withPorts(ports))
 			tc.mutate(live)
 			want := ports
 			if tc.ports != nil {
 				want = tc.ports
 			}
-			d := diffTable(tc.want, live, want)
+			d := diffTable(tc.want.withPorts(want), live)
 			assert.Equal(t, tc.finds, d.findings)
 			assert.Equal(t, tc.rebuild, len(d.rebuild) > 0, "rebuild: %v", d.rebuild)
 			assert.Equal(t, tc.rules, len(d.chainRules) > 0, "rule fixes: %v", d.chainRules)
@@ -121,6 +122,34 @@ func TestDiffTable(t *testing.T) {
 
 func TestDiffBridgeMetaIgnoresPorts(t *testing.T) {
 	b := Desired(Config{Gateway: testGW}, bridgeMetaCaps).Tables[1]
-	d := diffTable(b, liveFrom(b, nil), []string{"veth0"})
+	d := diffTable(b.withPorts([]string{"veth0"}), liveFrom(b))
 	assert.True(t, d.clean(), "%v", d.findings)
+}
+
+func TestElemCodec(t *testing.T) {
+	for _, tc := range []struct {
+		typ, text string
+		hex       string
+	}{
+		{"ifname", "vA", "76410000000000000000000000000000"},
+		// Each field padded to whole 32-bit words, as nft lays them out.
+		{"ifname . ether_addr", "vA . 02:00:00:00:00:0a", "76410000000000000000000000000000" + "02000000000a" + "0000"},
+		{"ifname . ipv4_addr", "vA . 10.88.0.10", "76410000000000000000000000000000" + "0a58000a"},
+	} {
+		key, err := encodeElem(tc.typ, tc.text)
+		assert.NoError(t, err, tc.text)
+		assert.Equal(t, tc.hex, hex.EncodeToString(key), tc.text)
+		assert.Len(t, key, int(setTypes[tc.typ].Bytes), "key length is the set type's")
+		back, ok := decodeElem(tc.typ, key)
+		assert.True(t, ok)
+		assert.Equal(t, tc.text, back)
+	}
+	for _, bad := range [][2]string{{"ifname . ipv4_addr", "vA"}, {"ifname . ipv4_addr", "vA . ::1"}, {"ifname . ether_addr", "vA . 10.0.0.1"}, {"inet_service", "22"}} {
+		_, err := encodeElem(bad[0], bad[1])
+		assert.Error(t, err, bad[1])
+	}
+	_, ok := decodeElem("ifname . ipv4_addr", make([]byte, 16))
+	assert.False(t, ok, "a short key is not an element")
+	_, ok = decodeElem("ifname", make([]byte, 20))
+	assert.False(t, ok, "a long key is not an element")
 }

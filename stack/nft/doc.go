@@ -1,4 +1,4 @@
-// Package nft keeps box's two nftables tables, written as code through
+// Package nft keeps box's nftables tables, written as code through
 // github.com/google/nftables (netlink; no nft subprocess), in a chosen
 // network namespace.
 //
@@ -18,6 +18,28 @@
 // bridge exchange frames below the L3 hooks, so nothing in the inet family
 // can see box-to-box traffic; only the bridge family can.
 //
+// # The pin table
+//
+// C-SPOOF, table bridge box_pin, chain prerouting (hook prerouting,
+// priority filter, policy accept): pins each port of the bridge to its
+// identity. A frame from a port must carry the port's MAC (from the Incus
+// config, which the box cannot change); its ARP must name that MAC and one
+// of the port's leased IPv4 addresses (dnsmasq's leases), or 0.0.0.0 for
+// an ARP probe; its IPv4 must come from a leased address, or be a DHCP
+// request from 0.0.0.0. 802.1Q-tagged frames are dropped (a priority tag
+// would carry a forged ARP past the ARP rules). The sets are keyed by port
+// name, so a port with no pin has every frame dropped, and a lease change
+// is a set update in one transaction (SetPins), never a flush. It is a
+// table of its own, with its own port set, so that it can be removed
+// without the bridge drop (the drill's pinning mutation does).
+//
+// It hooks prerouting, not forward: a box poisoning the host's neighbour
+// table, or sending to the host with a forged source, sends frames to the
+// host itself, which are never forwarded; every frame from a port passes
+// prerouting, whichever way it goes next. It is done here rather than with
+// Incus's security.ipv4_filtering: measured upstream, it breaks Docker
+// inside the box, and it was rejected for that (SPEC section 3).
+//
 // # Capability probe and fallback
 //
 // The natural rule is "meta ibrname boxnet meta obrname boxnet drop", but
@@ -34,7 +56,10 @@
 // caller reads them from netlink: the stack does, by the bridge's master
 // index). Incus names host-side veths at random and renames them on every
 // start, so the set has to be refreshed whenever a box starts; Verify
-// reports a stale set. A drop with no scope to the bridge is never
+// reports a stale set. The pin table is scoped the same way, by its own
+// set (ApplyPins and SetPins), and its pins name the same ports: until
+// they are refreshed, a new port is neither isolated nor pinned, and a
+// box's new lease is cut off (VerifyPins names both). A drop with no scope to the bridge is never
 // produced: it would cut every other bridge on the host (Docker's among
 // them).
 //
@@ -52,7 +77,8 @@
 // Unit tests need nothing: go test ./stack/nft/
 //
 // The privileged tier (TestPrivileged*) builds throwaway network namespaces
-// named boxnft-*, with two bridges and four "boxes", and needs root:
+// named boxnft-*, with two bridges and up to four "boxes" that send forged
+// frames, and needs root:
 //
 //	sudo go test ./stack/nft/ -run Privileged -v
 package nft

@@ -19,7 +19,8 @@ type Finding struct {
 
 func (f Finding) String() string { return f.Object + ": " + f.Problem }
 
-// ErrNotApplied is returned by SetPorts when the bridge table does not exist.
+// ErrNotApplied is returned by SetPorts and SetPins when their table does
+// not exist.
 var ErrNotApplied = errors.New("table not present: apply the ruleset first")
 
 // dial opens one nftables connection for a whole operation, in cfg's
@@ -112,12 +113,18 @@ func Verify(cfg Config, caps Capabilities, ports []string) ([]Finding, error) {
 	if err != nil {
 		return nil, err
 	}
+	return verifyTables(cfg, Desired(cfg, caps).WithPorts(ports).Tables)
+}
+
+// verifyTables reads each of tables from the kernel and reports how it
+// differs from the desired one.
+func verifyTables(cfg Config, tables []Table) ([]Finding, error) {
 	c, done, err := dial(cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	diffs, err := diffAll(c, cfg, caps, ports)
+	diffs, err := diffAll(c, tables)
 	if err != nil {
 		return nil, err
 	}
@@ -158,14 +165,14 @@ func checkRules(cfg Config, ports []string) (Config, error) {
 	return cfg, err
 }
 
-func diffAll(c *nftables.Conn, cfg Config, caps Capabilities, ports []string) ([]tableState, error) {
+func diffAll(c *nftables.Conn, tables []Table) ([]tableState, error) {
 	var out []tableState
-	for _, t := range Desired(cfg, caps).Tables {
+	for _, t := range tables {
 		live, err := readTable(c, t.Family, t.Name)
 		if err != nil {
 			return nil, fmt.Errorf("reading table %s %s: %w", t.Family, t.Name, err)
 		}
-		out = append(out, tableState{want: t, diff: diffTable(t, live, ports)})
+		out = append(out, tableState{want: t, diff: diffTable(t, live)})
 	}
 	return out, nil
 }
@@ -179,37 +186,47 @@ func Apply(cfg Config, caps Capabilities, ports []string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return converge(cfg, Desired(cfg, caps).WithPorts(ports).Tables)
+}
+
+// converge makes the live tables what tables say, in one batch, and says
+// what it changed.
+func converge(cfg Config, tables []Table) ([]string, error) {
 	c, done, err := dial(cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	states, err := diffAll(c, cfg, caps, ports)
+	states, err := diffAll(c, tables)
 	if err != nil {
 		return nil, err
 	}
 
 	var changes []string
 	for _, st := range states {
-		changes = append(changes, plan(c, st.want, st.diff, ports)...)
+		changes = append(changes, plan(c, st.want, st.diff)...)
 	}
 	if len(changes) == 0 {
 		return nil, nil
 	}
 	if err := c.Flush(); err != nil {
-		return nil, fmt.Errorf("applying tables inet and bridge %s (nothing changed; planned: %s): %w", cfg.Table, strings.Join(changes, "; "), err)
+		var names []string
+		for _, t := range tables {
+			names = append(names, t.Family+" "+t.Name)
+		}
+		return nil, fmt.Errorf("applying table %s (nothing changed; planned: %s): %w", strings.Join(names, " and "), strings.Join(changes, "; "), err)
 	}
 	return changes, nil
 }
 
 // plan queues the messages that turn the live table into want.
-func plan(c *nftables.Conn, want Table, d tableDiff, ports []string) []string {
+func plan(c *nftables.Conn, want Table, d tableDiff) []string {
 	tobj := "table " + want.Family + " " + want.Name
 	switch {
 	case d.clean():
 		return nil
 	case d.missing:
-		addTable(c, want, ports)
+		addTable(c, want)
 		return []string{"created " + tobj}
 	case len(d.rebuild) > 0:
 		// Hooks and sets cannot be changed in place while rules use them;
@@ -218,7 +235,7 @@ func plan(c *nftables.Conn, want Table, d tableDiff, ports []string) []string {
 		t := &nftables.Table{Family: familyOf(want.Family), Name: want.Name}
 		c.AddTable(t)
 		c.DelTable(t)
-		addTable(c, want, ports)
+		addTable(c, want)
 		return []string{"replaced " + tobj + " (" + strings.Join(d.rebuild, "; ") + ")"}
 	}
 	var changes []string
@@ -231,11 +248,9 @@ func plan(c *nftables.Conn, want Table, d tableDiff, ports []string) []string {
 		}
 		changes = append(changes, fmt.Sprintf("replaced the rules of chain %s %s %s (%s)", want.Family, want.Name, f.chain.Name, f.reason))
 	}
-	if len(d.addPorts)+len(d.delPorts) > 0 {
-		for _, s := range want.Sets {
-			if msg := updatePorts(c, t, s.Name, d.addPorts, d.delPorts); msg != "" {
-				changes = append(changes, msg)
-			}
+	for _, f := range d.elemFixes {
+		if msg := updateSet(c, t, f); msg != "" {
+			changes = append(changes, msg)
 		}
 	}
 	return changes
@@ -247,12 +262,12 @@ func chainOf(t *nftables.Table, c Chain) *nftables.Chain {
 		Policy: policyOf(c.Policy)}
 }
 
-// addTable queues want as a new table, its sets filled with ports.
-func addTable(c *nftables.Conn, want Table, ports []string) {
+// addTable queues want as a new table, its sets filled.
+func addTable(c *nftables.Conn, want Table) {
 	t := c.AddTable(&nftables.Table{Family: familyOf(want.Family), Name: want.Name})
 	for _, s := range want.Sets {
 		// AddSet only fails for anonymous sets, which these are not.
-		_ = c.AddSet(portSet(t, s.Name, portSetID), elements(normPorts(ports)))
+		_ = c.AddSet(nftSet(t, s, s.id), elements(s.Type, s.Elements))
 	}
 	for _, wc := range want.Chains {
 		ch := c.AddChain(chainOf(t, wc))
@@ -262,35 +277,45 @@ func addTable(c *nftables.Conn, want Table, ports []string) {
 	}
 }
 
-func portSet(t *nftables.Table, name string, id uint32) *nftables.Set {
-	return &nftables.Set{Table: t, Name: name, ID: id, KeyType: nftables.TypeIFName}
+// nftSet is s in table t; id 0 refers to a set that exists already.
+func nftSet(t *nftables.Table, s Set, id uint32) *nftables.Set {
+	return &nftables.Set{Table: t, Name: s.Name, ID: id, KeyType: setTypes[s.Type], Concatenation: len(fields(s.Type)) > 1}
 }
 
-func elements(names []string) []nftables.SetElement {
-	out := make([]nftables.SetElement, len(names))
-	for i, n := range names {
-		out[i] = nftables.SetElement{Key: ifnameBytes(n)}
+// elements encodes element texts as set keys. The texts are the desired
+// ones (checked when they were made) or decoded from the kernel, so they
+// always encode; one that did not would be left out, and the next Verify
+// would name it.
+func elements(typ string, texts []string) []nftables.SetElement {
+	out := make([]nftables.SetElement, 0, len(texts))
+	for _, e := range texts {
+		if key, err := encodeElem(typ, e); err == nil {
+			out = append(out, nftables.SetElement{Key: key})
+		}
 	}
 	return out
 }
 
-// updatePorts queues adding and removing set elements and describes it.
-func updatePorts(c *nftables.Conn, t *nftables.Table, set string, add, del []string) string {
-	// The set exists already: it is referenced by name, id 0.
-	s := portSet(t, set, 0)
-	var what []string
-	if len(add) > 0 {
-		_ = c.SetAddElements(s, elements(add))
-		what = append(what, "added ports "+strings.Join(add, ", "))
+// updateSet queues adding and removing set elements and describes it.
+func updateSet(c *nftables.Conn, t *nftables.Table, f elemFix) string {
+	s := nftSet(t, f.set, 0)
+	noun := ""
+	if f.set.Type == "ifname" {
+		noun = "ports "
 	}
-	if len(del) > 0 {
-		_ = c.SetDeleteElements(s, elements(del))
-		what = append(what, "removed ports "+strings.Join(del, ", "))
+	var what []string
+	if len(f.add) > 0 {
+		_ = c.SetAddElements(s, elements(f.set.Type, f.add))
+		what = append(what, "added "+noun+strings.Join(f.add, ", "))
+	}
+	if len(f.del) > 0 {
+		_ = c.SetDeleteElements(s, elements(f.set.Type, f.del))
+		what = append(what, "removed "+noun+strings.Join(f.del, ", "))
 	}
 	if len(what) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("updated set %s in table %s %s: %s", set, familyName(t.Family), t.Name, strings.Join(what, "; "))
+	return fmt.Sprintf("updated set %s in table %s %s: %s", f.set.Name, familyName(t.Family), t.Name, strings.Join(what, "; "))
 }
 
 // familyName is nft's name for a table family.
@@ -337,9 +362,9 @@ func SetPorts(cfg Config, ports []string) (bool, error) {
 		return false, nil
 	}
 	want := normPorts(ports)
-	add, del := without(want, live.elems[name]), without(live.elems[name], want)
+	f := elemFix{set: Set{Name: name, Type: "ifname"}, add: without(want, live.elems[name]), del: without(live.elems[name], want)}
 	t := &nftables.Table{Family: nftables.TableFamilyBridge, Name: cfg.Table}
-	if updatePorts(c, t, name, add, del) == "" {
+	if updateSet(c, t, f) == "" {
 		return false, nil
 	}
 	if err := c.Flush(); err != nil {

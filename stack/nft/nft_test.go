@@ -333,8 +333,13 @@ func describeMsg(t *testing.T, m netlink.Message) string {
 				if a.Type&^unix.NLA_F_NESTED == unix.NFTA_SET_ELEM_KEY {
 					kv, err := netlink.UnmarshalAttributes(a.Data)
 					require.NoError(t, err)
-					require.Len(t, kv[0].Data, ifnameSize, "ifname keys are IFNAMSIZ bytes")
-					s += fmt.Sprintf(" %q", str(kv[0].Data))
+					// The message does not say the set's type; box's key
+					// types all differ in length.
+					key := kv[0].Data
+					typ := map[int]string{ifnameSize: "ifname", 24: "ifname . ether_addr", 20: "ifname . ipv4_addr"}[len(key)]
+					text, ok := decodeElem(typ, key)
+					require.True(t, ok, "a key of %d bytes is none of box's set types", len(key))
+					s += " " + elemListing(typ, text)
 				}
 			}
 		}

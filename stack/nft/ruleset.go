@@ -2,8 +2,10 @@ package nft
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/google/nftables"
@@ -116,12 +118,18 @@ type Table struct {
 	Chains []Chain
 }
 
-// Set is a named set. Elements are only known when the Ruleset came from
-// WithPorts; Desired leaves them empty.
+// Set is a named set. Elements are in their nft text, sorted (an ifname
+// set holds interface names, a concatenation "vethA . 10.88.0.2"); a port
+// set's are only known when the Ruleset came from WithPorts, Desired leaves
+// them empty.
 type Set struct {
 	Name     string
-	Type     string // nft type name; only "ifname" is used
+	Type     string // nft type name: a key of setTypes
 	Elements []string
+
+	// id is the batch-local id the rules' lookups name the set by when
+	// it is created in the same batch as they are.
+	id uint32
 }
 
 // Chain is a base chain.
@@ -186,7 +194,7 @@ func Desired(cfg Config, caps Capabilities) Ruleset {
 		fwd.Rules = []Rule{rule(drop(), ibrname(br), obrname(br))}
 	default:
 		set := cfg.PortSet()
-		bridge.Sets = []Set{{Name: set, Type: "ifname"}}
+		bridge.Sets = []Set{{Name: set, Type: "ifname", id: portSetID}}
 		fwd.Rules = []Rule{rule(drop(), ifnameIn("iifname", expr.MetaKeyIIFNAME, set), ifnameIn("oifname", expr.MetaKeyOIFNAME, set))}
 	}
 	bridge.Chains = []Chain{fwd}
@@ -200,17 +208,24 @@ func cmpOr(s, def string) string {
 	return s
 }
 
-// WithPorts returns a copy whose port sets hold ports (sorted, deduplicated),
-// for rendering the state Apply converges to.
+// WithPorts returns a copy whose port sets (type ifname) hold ports
+// (sorted, deduplicated), for rendering the state Apply converges to.
 func (r Ruleset) WithPorts(ports []string) Ruleset {
 	out := Ruleset{Mode: r.Mode, Tables: slices.Clone(r.Tables)}
 	for i := range out.Tables {
-		out.Tables[i].Sets = slices.Clone(out.Tables[i].Sets)
-		for j := range out.Tables[i].Sets {
-			out.Tables[i].Sets[j].Elements = normPorts(ports)
-		}
+		out.Tables[i] = out.Tables[i].withPorts(ports)
 	}
 	return out
+}
+
+func (t Table) withPorts(ports []string) Table {
+	t.Sets = slices.Clone(t.Sets)
+	for j := range t.Sets {
+		if t.Sets[j].Type == "ifname" {
+			t.Sets[j].Elements = normPorts(ports)
+		}
+	}
+	return t
 }
 
 // String renders the ruleset as `nft list table` prints it, so it can be
@@ -227,7 +242,7 @@ func (r Ruleset) String() string {
 			if len(s.Elements) > 0 {
 				q := make([]string, len(s.Elements))
 				for k, e := range s.Elements {
-					q[k] = fmt.Sprintf("%q", e)
+					q[k] = elemListing(s.Type, e)
 				}
 				fmt.Fprintf(&b, "\t\telements = { %s }\n", strings.Join(q, ", "))
 			}
@@ -354,23 +369,36 @@ func ipDaddr(a netip.Addr) part { return ipAddr("daddr", 16, a) }
 // with the nfproto dependency nft adds for it in the inet family.
 func ipAddr(word string, offset uint32, a netip.Addr) part {
 	b := a.As4()
-	return part{"ip " + word + " " + a.String(), []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b[:]},
-	}}
+	return payloadIs("ip "+word+" "+a.String(), expr.PayloadBaseNetworkHeader, offset, b[:]).after(nfproto(unix.NFPROTO_IPV4))
 }
 
 // icmpv6Type matches an ICMPv6 message type, with the nfproto dependency
 // nft adds for it in the inet family.
 func icmpv6Type(t byte, name string) part {
-	p := icmpType(unix.IPPROTO_ICMPV6, t, "icmpv6 type "+name)
-	p.exprs = append([]expr.Any{
+	return icmpType(unix.IPPROTO_ICMPV6, t, "icmpv6 type "+name).after(nfproto(unix.NFPROTO_IPV6))
+}
+
+// nfproto is the inet family's dependency for an IPv4 or IPv6 header
+// field; nft does not print it.
+func nfproto(v byte) part {
+	return part{"", []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}},
-	}, p.exprs...)
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{v}},
+	}}
+}
+
+// after puts a dependency's expressions before p's, keeping p's text.
+func (p part) after(dep part) part {
+	p.exprs = append(slices.Clone(dep.exprs), p.exprs...)
 	return p
+}
+
+// payloadIs matches len(data) bytes of a header at offset.
+func payloadIs(text string, base expr.PayloadBase, offset uint32, data []byte) part {
+	return part{text, []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: base, Offset: offset, Len: uint32(len(data))},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data},
+	}}
 }
 
 // icmpType matches an ICMP (or ICMPv6) message type by the transport
@@ -394,4 +422,92 @@ func normPorts(ports []string) []string {
 	out := slices.Clone(ports)
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// setTypes are the key types of box's sets, by their nft names.
+var setTypes = map[string]nftables.SetDatatype{
+	"ifname":              nftables.TypeIFName,
+	"ifname . ether_addr": nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeEtherAddr),
+	"ifname . ipv4_addr":  nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr),
+}
+
+// fieldSize is how many bytes of a key each field of a set type takes,
+// before the padding to a whole register word.
+var fieldSize = map[string]int{"ifname": ifnameSize, "ether_addr": 6, "ipv4_addr": 4}
+
+// fields splits a concatenated type or element into its parts.
+func fields(s string) []string { return strings.Split(s, " . ") }
+
+// encodeElem turns an element's text into the key the kernel stores: the
+// fields one after the other, each padded to a multiple of 4 bytes as it
+// is in the registers the lookup reads.
+func encodeElem(typ, text string) ([]byte, error) {
+	ts, vs := fields(typ), fields(text)
+	if len(ts) != len(vs) {
+		return nil, fmt.Errorf("element %q does not have the fields of type %s", text, typ)
+	}
+	var key []byte
+	for i, t := range ts {
+		var b []byte
+		switch t {
+		case "ifname":
+			b = ifnameBytes(vs[i])
+		case "ether_addr":
+			mac, err := net.ParseMAC(vs[i])
+			if err != nil || len(mac) != 6 {
+				return nil, fmt.Errorf("element %q: %q is not an Ethernet address", text, vs[i])
+			}
+			b = mac
+		case "ipv4_addr":
+			a, err := netip.ParseAddr(vs[i])
+			if err != nil || !a.Is4() {
+				return nil, fmt.Errorf("element %q: %q is not an IPv4 address", text, vs[i])
+			}
+			a4 := a.As4()
+			b = a4[:]
+		default:
+			return nil, fmt.Errorf("set type %s is not one box uses", typ)
+		}
+		key = append(key, b...)
+		key = append(key, make([]byte, (4-len(b)%4)%4)...)
+	}
+	return key, nil
+}
+
+// decodeElem is encodeElem's inverse, for keys read from the kernel; ok is
+// false for a key of another shape.
+func decodeElem(typ string, key []byte) (text string, ok bool) {
+	var out []string
+	for _, t := range fields(typ) {
+		n, known := fieldSize[t]
+		if !known || len(key) < n+(4-n%4)%4 {
+			return "", false
+		}
+		v := key[:n]
+		key = key[n+(4-n%4)%4:]
+		switch t {
+		case "ifname":
+			out = append(out, strings.TrimRight(string(v), "\x00"))
+		case "ether_addr":
+			out = append(out, net.HardwareAddr(v).String())
+		case "ipv4_addr":
+			out = append(out, netip.AddrFrom4([4]byte(v)).String())
+		}
+	}
+	if len(key) != 0 {
+		return "", false
+	}
+	return strings.Join(out, " . "), true
+}
+
+// elemListing is an element as `nft list` prints it: interface names
+// quoted.
+func elemListing(typ, text string) string {
+	ts, vs := fields(typ), fields(text)
+	for i := range vs {
+		if i < len(ts) && ts[i] == "ifname" {
+			vs[i] = strconv.Quote(vs[i])
+		}
+	}
+	return strings.Join(vs, " . ")
 }

@@ -16,7 +16,7 @@ type liveTable struct {
 	chains  []*nftables.Chain // kernel order
 	rules   map[string][]*nftables.Rule
 	sets    []*nftables.Set
-	elems   map[string][]string // ifname sets only: set name -> interface names
+	elems   map[string][]string // set name -> its elements' text (decodeElem), sorted
 }
 
 func familyOf(name string) nftables.TableFamily {
@@ -38,7 +38,7 @@ func objectName(t Table, kind, name string) string {
 }
 
 // readTable reads one table, its chains, rules, sets and the elements of
-// its ifname sets. A missing table is not an error.
+// the sets whose type box uses. A missing table is not an error.
 func readTable(c *nftables.Conn, family, name string) (*liveTable, error) {
 	fam := familyOf(family)
 	tables, err := c.ListTablesOfFamily(fam)
@@ -84,18 +84,22 @@ func readTable(c *nftables.Conn, family, name string) (*liveTable, error) {
 			continue // belongs to a rule, compared with it
 		}
 		lt.sets = append(lt.sets, s)
-		if s.KeyType.Name != nftables.TypeIFName.Name || s.IsMap || s.Interval {
-			continue
+		if _, known := setTypes[s.KeyType.Name]; !known || s.IsMap || s.Interval {
+			continue // its shape is a finding; its elements are not read
 		}
 		els, err := c.GetSetElements(s)
 		if err != nil {
 			return nil, fmt.Errorf("listing elements of set %s in table %s %s: %w", s.Name, family, name, err)
 		}
-		names := make([]string, 0, len(els))
+		texts := make([]string, 0, len(els))
 		for _, e := range els {
-			names = append(names, strings.TrimRight(string(e.Key), "\x00"))
+			text, ok := decodeElem(s.KeyType.Name, e.Key)
+			if !ok {
+				text = fmt.Sprintf("0x%x", e.Key) // never equal to a desired element
+			}
+			texts = append(texts, text)
 		}
-		lt.elems[s.Name] = normPorts(names)
+		lt.elems[s.Name] = normPorts(texts)
 	}
 	return lt, nil
 }
@@ -110,8 +114,14 @@ type tableDiff struct {
 	rebuild []string
 	// chainRules maps a chain whose rules differ to a short reason.
 	chainRules []chainFix
-	addPorts   []string
-	delPorts   []string
+	// elemFixes are the elements to add to and delete from sets whose
+	// shape is right.
+	elemFixes []elemFix
+}
+
+type elemFix struct {
+	set      Set
+	add, del []string
 }
 
 type chainFix struct {
@@ -121,9 +131,8 @@ type chainFix struct {
 
 func (d tableDiff) clean() bool { return len(d.findings) == 0 }
 
-// diffTable compares live with want. ports is the desired content of the
-// table's ifname sets.
-func diffTable(want Table, live *liveTable, ports []string) tableDiff {
+// diffTable compares live with want, set elements included.
+func diffTable(want Table, live *liveTable) tableDiff {
 	var d tableDiff
 	tobj := objectName(want, "", "")
 	find := func(obj, problem string) { d.findings = append(d.findings, Finding{Object: obj, Problem: problem}) }
@@ -147,24 +156,19 @@ func diffTable(want Table, live *liveTable, ports []string) tableDiff {
 			continue
 		}
 		ls := live.sets[i]
-		if p := setShapeProblem(ls); p != "" {
+		if p := setShapeProblem(ls, ws.Type); p != "" {
 			find(obj, p)
 			d.rebuild = append(d.rebuild, "set "+ws.Name+" "+p)
 			continue
 		}
-		wantPorts := normPorts(ports)
 		have := live.elems[ws.Name]
-		d.addPorts = without(wantPorts, have)
-		d.delPorts = without(have, wantPorts)
-		var stale []string
-		if len(d.addPorts) > 0 {
-			stale = append(stale, "missing ports "+strings.Join(d.addPorts, ", "))
+		fix := elemFix{set: ws, add: without(ws.Elements, have), del: without(have, ws.Elements)}
+		if len(fix.add)+len(fix.del) == 0 {
+			continue
 		}
-		if len(d.delPorts) > 0 {
-			stale = append(stale, "unexpected ports "+strings.Join(d.delPorts, ", "))
-		}
-		if len(stale) > 0 {
-			find(obj, "port set stale: "+strings.Join(stale, "; "))
+		d.elemFixes = append(d.elemFixes, fix)
+		for _, p := range staleProblems(ws, have) {
+			find(obj, p)
 		}
 	}
 	for _, ls := range live.sets {
@@ -206,21 +210,43 @@ func diffTable(want Table, live *liveTable, ports []string) tableDiff {
 	return d
 }
 
-// setShapeProblem says how a live port set is not a plain ifname set.
-func setShapeProblem(s *nftables.Set) string {
+// setShapeProblem says how a live set is not a plain set of type typ (a
+// concatenation has the concatenation flag, nothing else does).
+func setShapeProblem(s *nftables.Set, typ string) string {
 	var p []string
-	if s.KeyType.Name != nftables.TypeIFName.Name {
-		p = append(p, fmt.Sprintf("type is %s, want ifname", s.KeyType.Name))
+	if s.KeyType.Name != typ {
+		p = append(p, fmt.Sprintf("type is %s, want %s", s.KeyType.Name, typ))
 	}
+	concat := len(fields(typ)) > 1
 	for _, f := range []struct {
 		on   bool
 		name string
-	}{{s.IsMap, "map"}, {s.Interval, "interval"}, {s.Constant, "constant"}, {s.HasTimeout, "timeout"}, {s.Dynamic, "dynamic"}, {s.Concatenation, "concatenation"}} {
+	}{{s.IsMap, "map"}, {s.Interval, "interval"}, {s.Constant, "constant"}, {s.HasTimeout, "timeout"}, {s.Dynamic, "dynamic"}, {s.Concatenation && !concat, "concatenation"}} {
 		if f.on {
 			p = append(p, "has flag "+f.name)
 		}
 	}
+	if concat && !s.Concatenation {
+		p = append(p, "lacks flag concatenation")
+	}
 	return strings.Join(p, ", ")
+}
+
+// staleProblems describes how a set's live elements (have, sorted) differ
+// from the desired ones: a port set by the ports missing and unexpected, a
+// pin set (ifname . something) port by port.
+func staleProblems(want Set, have []string) []string {
+	if want.Type != "ifname" {
+		return stalePinProblems(want, have)
+	}
+	var stale []string
+	if add := without(want.Elements, have); len(add) > 0 {
+		stale = append(stale, "missing ports "+strings.Join(add, ", "))
+	}
+	if del := without(have, want.Elements); len(del) > 0 {
+		stale = append(stale, "unexpected ports "+strings.Join(del, ", "))
+	}
+	return []string{"port set stale: " + strings.Join(stale, "; ")}
 }
 
 func chainProblems(family string, want Chain, live *nftables.Chain) []string {
@@ -352,12 +378,14 @@ func hookName(h nftables.ChainHook) string {
 
 func hookNum(name string) *nftables.ChainHook {
 	switch name {
+	case "prerouting":
+		return nftables.ChainHookRef(unix.NF_INET_PRE_ROUTING)
 	case "input":
 		return nftables.ChainHookRef(unix.NF_INET_LOCAL_IN)
 	case "forward":
 		return nftables.ChainHookRef(unix.NF_INET_FORWARD)
 	}
-	panic("nft: unknown hook " + name) // Desired only uses the two above
+	panic("nft: unknown hook " + name) // the desired tables only use the ones above
 }
 
 func policyName(p nftables.ChainPolicy) string {
