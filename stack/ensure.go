@@ -371,6 +371,17 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 		res.changes = append(res.changes, Change{"nft", "updated", a})
 	}
 	res.createdTables = len(applied) > 0 && !inetBefore && !bridgeBefore
+	plan, err := host.planPins(ctx, portNames(ports))
+	if err != nil {
+		return res, fmt.Errorf("reading what to pin: %w", err)
+	}
+	pinned, err := nft.ApplyPins(ncfg, caps, plan.scope, plan.pins)
+	if err != nil {
+		return res, fmt.Errorf("applying the pin table: %w", err)
+	}
+	for _, a := range pinned {
+		res.changes = append(res.changes, Change{"nft", "updated", a})
+	}
 	res.mode = nft.Desired(ncfg, caps).Mode
 	if res.mode != nft.ModeBridgeMeta {
 		res.note = fmt.Sprintf("this kernel has no nft bridge meta (%s): the bridge drop matches a set of %s's ports, refreshed whenever box starts a box; `box doctor` reports a stale set", caps.Detail, bridge)

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -110,6 +112,9 @@ type kernelPort struct {
 	exists   bool
 	master   string // the name of the bridge it is a port of, "" for none
 	isolated bool
+	// peer names a veth's other end when it is in the host's own
+	// namespace: plugged into no instance at all.
+	peer string
 }
 
 // Census takes the fleet census of the stack's bridge.
@@ -138,7 +143,7 @@ func (host *Host) census(ctx context.Context, g *ground) (*Census, error) {
 	}
 	links := map[string]kernelPort{}
 	for _, p := range ports {
-		links[p.Name] = kernelPort{exists: true, master: bridge, isolated: p.Isolated}
+		links[p.Name] = g.linkState(p.Name)
 	}
 	// A sibling's port that is not on the bridge: where is it?
 	for _, i := range insts {
@@ -159,6 +164,11 @@ func (g *ground) linkState(name string) kernelPort {
 		return kernelPort{}
 	}
 	kp := kernelPort{exists: true}
+	if _, veth := l.(*netlink.Veth); veth && l.Attrs().NetNsID < 0 && l.Attrs().ParentIndex > 0 {
+		if p, err := g.h.LinkByIndex(l.Attrs().ParentIndex); err == nil {
+			kp.peer = p.Attrs().Name
+		}
+	}
 	if m := l.Attrs().MasterIndex; m > 0 {
 		if ml, err := g.h.LinkByIndex(m); err == nil {
 			kp.master = ml.Attrs().Name
@@ -224,9 +234,13 @@ func takeCensus(bridge string, insts []incus.Instance, ports []string, links map
 		if claimed[p] {
 			continue
 		}
-		c.Siblings = append(c.Siblings, Sibling{Port: p, Problems: []Problem{{
-			What: "is on " + bridge + " but no instance claims it: something outside Incus attached it",
-			Fix:  fmt.Sprintf("ip link set %s nomaster (or delete it)", p)}}})
+		pr := Problem{What: "is on " + bridge + " but no instance claims it: something outside Incus attached it",
+			Fix: fmt.Sprintf("ip link set %s nomaster (or delete it)", p)}
+		if peer := links[p].peer; peer != "" {
+			pr = Problem{What: fmt.Sprintf("is on %s but no instance claims it, and its other end %s is in the host's namespace, in no instance: left behind by an instance's NIC", bridge, peer),
+				Fix: "ip link del " + p + " (removes both ends)"}
+		}
+		c.Siblings = append(c.Siblings, Sibling{Port: p, Problems: []Problem{pr}})
 	}
 	sort.SliceStable(c.Siblings, func(a, b int) bool {
 		sa, sb := c.Siblings[a], c.Siblings[b]

@@ -132,6 +132,10 @@ func TestCensusStartsFromTheBridge(t *testing.T) {
 	assert.Equal(t, "port vethstray", stray.Label())
 	assert.Contains(t, stray.Problems[0].What, "no instance claims it")
 
+	orphan := takeCensus("boxnet", nil, []string{"vethleft"}, map[string]kernelPort{"vethleft": {exists: true, master: "boxnet", isolated: true, peer: "vethpeer"}}, nil, true)
+	assert.Contains(t, orphan.Siblings[0].Problems[0].What, "its other end vethpeer is in the host's namespace")
+	assert.Equal(t, "ip link del vethleft (removes both ends)", orphan.Siblings[0].Problems[0].Fix)
+
 	boxes := []Box{{Name: "a"}, {Name: "lan"}}
 	c.Mark("", boxes)
 	require.NotNil(t, boxes[0].OnStack)

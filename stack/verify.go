@@ -176,6 +176,15 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		}
 		find(layer, "nft "+f.Object, f.Problem)
 	}
+	plan, err := host.planPins(ctx, portNames(ports))
+	if err != nil {
+		return nil, fmt.Errorf("reading what to pin: %w", err)
+	}
+	pf, err := nft.VerifyPins(ncfg, caps, plan.scope, plan.pins)
+	if err != nil {
+		return nil, fmt.Errorf("reading the pin table: %w", err)
+	}
+	v.Findings = append(v.Findings, pinFindings(pf, plan)...)
 	return v, host.verifyLegacy(ctx, g, v)
 }
 

@@ -373,8 +373,9 @@ func SetPorts(cfg Config, ports []string) (bool, error) {
 	return true, nil
 }
 
-// Delete removes both tables if present and names what it removed; when
-// neither exists it sends nothing.
+// Delete removes the stack's tables (inet, bridge and the pin table) that
+// are present and names what it removed; when none exists it sends
+// nothing.
 func Delete(cfg Config) ([]string, error) {
 	cfg, err := cfg.normalized()
 	if err != nil {
@@ -386,14 +387,15 @@ func Delete(cfg Config) ([]string, error) {
 	}
 	defer done()
 	var removed []string
-	for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyBridge} {
-		ok, err := tableExists(c, fam, cfg.Table)
+	for _, t := range []nftables.Table{{Family: nftables.TableFamilyINet, Name: cfg.Table},
+		{Family: nftables.TableFamilyBridge, Name: cfg.Table}, {Family: nftables.TableFamilyBridge, Name: cfg.PinTable()}} {
+		ok, err := tableExists(c, t.Family, t.Name)
 		if err != nil {
 			return nil, err
 		}
 		if ok {
-			c.DelTable(&nftables.Table{Family: fam, Name: cfg.Table})
-			removed = append(removed, "table "+familyName(fam)+" "+cfg.Table)
+			c.DelTable(&t)
+			removed = append(removed, "table "+familyName(t.Family)+" "+t.Name)
 		}
 	}
 	if len(removed) == 0 {

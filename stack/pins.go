@@ -1,0 +1,123 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// Per-port pinning (layer L-PIN, claim C-SPOOF): each port of the bridge
+// may send only with the MAC Incus gave its instance's NIC and the IPv4
+// addresses dnsmasq leased to that MAC (nft.Pin; the table bridge box_pin).
+// Both come from the host's account, never from the box's: the MAC from
+// the instance's config (volatile.<nic>.hwaddr, which the box cannot
+// change), the addresses from the bridge's leases.
+
+// LayerPin is the pinning layer's name in findings and claims.
+const LayerPin = "L-PIN"
+
+// pinPlan is what the pin table should hold now.
+type pinPlan struct {
+	// scope are the bridge's ports the table pins; pins what each may be.
+	scope []string
+	pins  []nft.Pin
+	// unresolved are ports no instance claims yet (a port is on the bridge
+	// a moment before Incus records whose it is, and a stray port is
+	// nobody's): they are left out of the scope rather than cut off, and a
+	// later refresh pins them; the census names a stray one.
+	unresolved []string
+	// notes say what could not be pinned and why.
+	notes []string
+}
+
+// planPins reads which instance owns each of ports, its NIC's MAC, and
+// the leases, and says what to pin.
+func (host *Host) planPins(ctx context.Context, ports []string) (*pinPlan, error) {
+	bridge := Current.Network
+	insts, err := host.Incus.AllInstances(ctx)
+	if err != nil {
+		return nil, err
+	}
+	leases, err := host.Incus.NetworkLeases(ctx, bridge)
+	if err != nil {
+		return nil, err
+	}
+	byMAC := map[string][]netip.Addr{}
+	for _, l := range leases {
+		if l.Type == "gateway" {
+			continue
+		}
+		a, err := netip.ParseAddr(l.Address)
+		mac, merr := net.ParseMAC(l.Hwaddr)
+		if err != nil || merr != nil || !a.Is4() {
+			continue
+		}
+		byMAC[mac.String()] = append(byMAC[mac.String()], a)
+	}
+	macOf := map[string]net.HardwareAddr{} // port -> its NIC's MAC
+	for i := range insts {
+		inst := &insts[i]
+		for _, dev := range sortedKeys(inst.ExpandedDevices) {
+			d := inst.ExpandedDevices[dev]
+			if !isNIC(d) || !onBridge(bridge, d) {
+				continue
+			}
+			port := inst.Config["volatile."+dev+".host_name"]
+			hw := inst.Config["volatile."+dev+".hwaddr"]
+			if hw == "" {
+				hw = d["hwaddr"]
+			}
+			if mac, err := net.ParseMAC(hw); err == nil && port != "" {
+				macOf[port] = mac
+			}
+		}
+	}
+	p := &pinPlan{}
+	owner := map[netip.Addr]string{}
+	dup := map[netip.Addr]bool{}
+	for _, port := range ports {
+		mac, ok := macOf[port]
+		if !ok {
+			p.unresolved = append(p.unresolved, port)
+			continue
+		}
+		pin := nft.Pin{Port: port, MAC: mac}
+		for _, a := range byMAC[mac.String()] {
+			if other, taken := owner[a]; taken {
+				dup[a] = true
+				p.notes = append(p.notes, fmt.Sprintf("%s is leased to the MACs of both %s and %s: pinned to neither (two boxes with one MAC? box doctor)", a, other, port))
+				continue
+			}
+			owner[a] = port
+			pin.Addrs = append(pin.Addrs, a)
+		}
+		p.scope = append(p.scope, port)
+		p.pins = append(p.pins, pin)
+	}
+	// An address two ports claim is pinned to neither.
+	for i := range p.pins {
+		p.pins[i].Addrs = slices.DeleteFunc(p.pins[i].Addrs, func(a netip.Addr) bool { return dup[a] })
+	}
+	return p, nil
+}
+
+// pinFindings turns the pin table's findings into Verify's.
+func pinFindings(nf []nft.Finding, p *pinPlan) []Finding {
+	var out []Finding
+	for _, f := range nf {
+		out = append(out, Finding{Layer: LayerPin, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
+	}
+	for _, n := range p.notes {
+		out = append(out, Finding{Layer: LayerPin, Object: "pins", Problem: n, Fix: "box doctor names the boxes; give one of them a new MAC (incus config unset N volatile.eth0.hwaddr, then restart it)"})
+	}
+	if len(p.unresolved) > 0 {
+		out = append(out, Finding{Layer: LayerPin, Object: "pins", Advisory: true,
+			Problem: "ports no instance claims are not pinned: " + strings.Join(p.unresolved, ", "), Fix: "box doctor (the census names a stray port)"})
+	}
+	return out
+}
