@@ -219,7 +219,7 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 		}
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	if err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.refreshPorts(ctx); err != nil {
 		// A box that is not isolated is not a box: remove it too.
 		if rerr := host.removeInstance(context.WithoutCancel(ctx), req.Name); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("removing it: %w (remove it by hand: incus delete --force %s)", rerr, req.Name))
@@ -338,7 +338,7 @@ func (host *Host) Clone(ctx context.Context, src, snap, name string) (_ *CloneRe
 	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
 		return nil, fmt.Errorf("starting clone %s: %w", name, err)
 	}
-	if err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.refreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("cloned %s, but isolating its bridge port failed: %w (run box doctor --fix)", name, err)
 	}
 	res.Box, err = host.Info(ctx, name)
@@ -378,7 +378,8 @@ func (host *Host) Restore(ctx context.Context, name, snap string) error {
 	if err := host.Incus.RestoreSnapshot(ctx, name, snap); err != nil {
 		return fmt.Errorf("restoring %s to %s: %w", name, snap, err)
 	}
-	return host.refreshPorts(ctx)
+	_, err := host.refreshPorts(ctx)
+	return err
 }
 
 // Start starts a box.
@@ -389,7 +390,8 @@ func (host *Host) Start(ctx context.Context, name string) error {
 	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	return host.refreshPorts(ctx)
+	_, err := host.refreshPorts(ctx)
+	return err
 }
 
 // Stop stops a box, cleanly within a minute or at once with force.
@@ -412,7 +414,8 @@ func (host *Host) Remove(ctx context.Context, name string) error {
 	if err := host.removeInstance(ctx, name); err != nil {
 		return err
 	}
-	return host.refreshPorts(ctx)
+	_, err := host.refreshPorts(ctx)
+	return err
 }
 
 func (host *Host) removeInstance(ctx context.Context, name string) error {
@@ -466,32 +469,45 @@ func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Durat
 	return ip, nil
 }
 
+// portsRefresh is what one refreshPorts changed.
+type portsRefresh struct {
+	isolated []string // ports whose isolated flag it turned on
+	added    []string // ports it put in the bridge drop's port set
+	removed  []string // names it took out of the set
+}
+
+func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.removed) == 0 }
+
 // refreshPorts isolates every port of the bridge and, where the kernel has
 // no nft bridge meta, refreshes the bridge drop's port set: a box's port
 // name is only known once it has started. Refreshes are serialised across
 // processes, so two box commands at once cannot drop each other's ports.
-func (host *Host) refreshPorts(ctx context.Context) error {
+// It is the one refresh: box commands call it after changing a box, and
+// `box watch-ports` (WatchPorts) on every trigger.
+func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
+	var r portsRefresh
 	unlock, err := lockPorts(ctx)
 	if err != nil {
-		return err
+		return r, err
 	}
 	defer unlock()
 	g, err := host.ground()
 	if err != nil {
-		return err
+		return r, err
 	}
 	defer g.close()
-	ports, _, err := g.isolatePorts(Current.Network)
+	ports, isolated, err := g.isolatePorts(Current.Network)
+	r.isolated = isolated
 	if err != nil {
-		return err
+		return r, err
 	}
 	ncfg := g.nftConfig(Current)
 	_, bridge, err := nft.Present(ncfg)
 	if err != nil || !bridge {
-		return err // no bridge table: nothing to refresh (doctor reports it)
+		return r, err // no bridge table: nothing to refresh (doctor reports it)
 	}
-	_, err = nft.SetPorts(ncfg, portNames(ports))
-	return err
+	r.added, r.removed, err = nft.SyncPorts(ncfg, portNames(ports))
+	return r, err
 }
 
 // portsLock is the file whose flock serialises port-set refreshes.

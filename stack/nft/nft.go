@@ -316,36 +316,43 @@ func familyName(f nftables.TableFamily) string {
 // changed anything. Without a port set (bridge-meta mode) it does nothing.
 // It returns ErrNotApplied when the bridge table is missing altogether.
 func SetPorts(cfg Config, ports []string) (bool, error) {
-	cfg, err := checkArgs(cfg, ports)
+	added, removed, err := SyncPorts(cfg, ports)
+	return len(added)+len(removed) > 0, err
+}
+
+// SyncPorts is SetPorts naming what it added to the port set and what it
+// removed from it, in one batch.
+func SyncPorts(cfg Config, ports []string) (added, removed []string, err error) {
+	cfg, err = checkArgs(cfg, ports)
 	if err != nil {
-		return false, err
+		return nil, nil, err
 	}
 	c, done, err := dial(cfg)
 	if err != nil {
-		return false, err
+		return nil, nil, err
 	}
 	defer done()
 	live, err := readTable(c, "bridge", cfg.Table)
 	if err != nil {
-		return false, fmt.Errorf("reading table bridge %s: %w", cfg.Table, err)
+		return nil, nil, fmt.Errorf("reading table bridge %s: %w", cfg.Table, err)
 	}
 	if !live.exists {
-		return false, fmt.Errorf("setting ports of table bridge %s: %w", cfg.Table, ErrNotApplied)
+		return nil, nil, fmt.Errorf("setting ports of table bridge %s: %w", cfg.Table, ErrNotApplied)
 	}
 	name := cfg.PortSet()
 	if !slices.ContainsFunc(live.sets, func(s *nftables.Set) bool { return s.Name == name }) {
-		return false, nil
+		return nil, nil, nil
 	}
 	want := normPorts(ports)
 	add, del := without(want, live.elems[name]), without(live.elems[name], want)
 	t := &nftables.Table{Family: nftables.TableFamilyBridge, Name: cfg.Table}
 	if updatePorts(c, t, name, add, del) == "" {
-		return false, nil
+		return nil, nil, nil
 	}
 	if err := c.Flush(); err != nil {
-		return false, fmt.Errorf("updating set %s in table bridge %s: %w", name, cfg.Table, err)
+		return nil, nil, fmt.Errorf("updating set %s in table bridge %s: %w", name, cfg.Table, err)
 	}
-	return true, nil
+	return add, del, nil
 }
 
 // Delete removes both tables if present and names what it removed; when
