@@ -474,6 +474,9 @@ type portsRefresh struct {
 	isolated []string // ports whose isolated flag it turned on
 	added    []string // ports it put in the bridge drop's port set
 	removed  []string // names it took out of the set
+	// isolatedAt and addedAt are when the flags were set and when the
+	// additions were committed (zero when there were none).
+	isolatedAt, addedAt time.Time
 }
 
 func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.removed) == 0 }
@@ -497,7 +500,9 @@ func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
 	}
 	defer g.close()
 	ports, isolated, err := g.isolatePorts(Current.Network)
-	r.isolated = isolated
+	if len(isolated) > 0 {
+		r.isolated, r.isolatedAt = isolated, time.Now()
+	}
 	if err != nil {
 		return r, err
 	}
@@ -506,7 +511,8 @@ func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
 	if err != nil || !bridge {
 		return r, err // no bridge table: nothing to refresh (doctor reports it)
 	}
-	r.added, r.removed, err = nft.SyncPorts(ncfg, portNames(ports))
+	ch, err := nft.SyncPorts(ncfg, portNames(ports))
+	r.added, r.removed, r.addedAt = ch.Added, ch.Removed, ch.AddedAt
 	return r, err
 }
 
