@@ -530,6 +530,10 @@ func lockPorts(ctx context.Context) (func(), error) {
 		return nil, fmt.Errorf("locking the port set: %w", err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
+	// A refresh holds the lock about a millisecond: look again soon, then
+	// less often. (At a flat 50 ms, a port watcher racing a box command
+	// left a new port outside the set 50 ms longer.)
+	wait := time.Millisecond
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
@@ -543,8 +547,9 @@ func lockPorts(ctx context.Context) (func(), error) {
 		case <-ctx.Done():
 			f.Close()
 			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(wait):
 		}
+		wait = min(2*wait, 50*time.Millisecond)
 	}
 }
 
