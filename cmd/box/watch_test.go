@@ -39,10 +39,8 @@ func TestPrivilegedWatchPortsCommand(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	out, errw, code := start(ctx)
-	require.Eventually(t, func() bool {
-		return strings.Contains(errw.String(), "watching the ports of bridge boxnet in network namespace "+ns.Name)
-	},
-		5*time.Second, 5*time.Millisecond, "stderr: %s", errw.String())
+	started := "watching the ports of bridge boxnet in network namespace " + ns.Name
+	require.Eventually(t, func() bool { return strings.Contains(errw.String(), started) }, 5*time.Second, 5*time.Millisecond, "stderr: %s", errw.String())
 
 	h := ns.Netlink(t)
 	require.NoError(t, h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "vcmd"}, PeerName: "vcmdp"}))
