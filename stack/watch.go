@@ -90,7 +90,7 @@ func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions)
 	}
 	defer release()
 	w := &watcher{
-		host: host, g: g, o: o, log: &lockedWriter{w: log}, bridge: Current.Network,
+		host: host, g: g, o: o, log: log, bridge: Current.Network,
 		links: map[int]linkInfo{}, timer: time.NewTimer(time.Hour),
 	}
 	w.timer.Stop()
@@ -242,7 +242,7 @@ type watcher struct {
 	host   *Host
 	g      *ground
 	o      watchOptions
-	log    *lockedWriter
+	log    io.Writer // written by the run loop only
 	bridge string
 
 	links   map[int]linkInfo // every link in the namespace, by index
@@ -709,16 +709,4 @@ func (lw *leaseWatch) alive() bool {
 func (lw *leaseWatch) close() {
 	close(lw.stopc)
 	lw.f.Close()
-}
-
-// lockedWriter serialises log lines from the watcher and its subscription.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
