@@ -226,7 +226,7 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 		}
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	if err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.refreshPorts(ctx); err != nil {
 		// A box that is not isolated is not a box: remove it too.
 		if rerr := host.removeInstance(context.WithoutCancel(ctx), req.Name); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("removing it: %w (remove it by hand: incus delete --force %s)", rerr, req.Name))
@@ -345,7 +345,7 @@ func (host *Host) Clone(ctx context.Context, src, snap, name string) (_ *CloneRe
 	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
 		return nil, fmt.Errorf("starting clone %s: %w", name, err)
 	}
-	if err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.refreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("cloned %s, but isolating its bridge port failed: %w (run box doctor --fix)", name, err)
 	}
 	res.Box, err = host.Info(ctx, name)
@@ -385,7 +385,8 @@ func (host *Host) Restore(ctx context.Context, name, snap string) error {
 	if err := host.Incus.RestoreSnapshot(ctx, name, snap); err != nil {
 		return fmt.Errorf("restoring %s to %s: %w", name, snap, err)
 	}
-	return host.refreshPorts(ctx)
+	_, err := host.refreshPorts(ctx)
+	return err
 }
 
 // Start starts a box.
@@ -396,7 +397,8 @@ func (host *Host) Start(ctx context.Context, name string) error {
 	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	return host.refreshPorts(ctx)
+	_, err := host.refreshPorts(ctx)
+	return err
 }
 
 // Stop stops a box, cleanly within a minute or at once with force.
@@ -419,7 +421,8 @@ func (host *Host) Remove(ctx context.Context, name string) error {
 	if err := host.removeInstance(ctx, name); err != nil {
 		return err
 	}
-	return host.refreshPorts(ctx)
+	_, err := host.refreshPorts(ctx)
+	return err
 }
 
 func (host *Host) removeInstance(ctx context.Context, name string) error {
@@ -471,35 +474,85 @@ func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Durat
 		return netip.Addr{}, fmt.Errorf("%w: is dnsmasq serving %s? (box doctor)", err, Current.Network)
 	}
 	// The box holds a lease now: its port's pin must carry it.
-	return ip, host.refreshPorts(ctx)
+	_, err = host.refreshPorts(ctx)
+	return ip, err
 }
+
+// portsRefresh is what one refreshPorts changed.
+type portsRefresh struct {
+	isolated []string // ports whose isolated flag it turned on
+	added    []string // ports it put in the bridge drop's port set
+	removed  []string // names it took out of the set
+	// isolatedAt and addedAt are when the flags were set and when the
+	// additions were committed (zero when there were none).
+	isolatedAt, addedAt time.Time
+	// pinned says the pin table's sets changed; unresolved are ports no
+	// instance claims yet, left unpinned (planPins).
+	pinned     bool
+	unresolved []string
+}
+
+func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.removed) == 0 }
 
 // refreshPorts isolates every port of the bridge and, where the kernel has
 // no nft bridge meta, refreshes the bridge drop's port set: a box's port
 // name is only known once it has started. Refreshes are serialised across
 // processes, so two box commands at once cannot drop each other's ports.
-func (host *Host) refreshPorts(ctx context.Context) error {
+// It is the one refresh: box commands call it after changing a box, and
+// `box watch-ports` (WatchPorts) on every trigger.
+func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
+	var r portsRefresh
 	unlock, err := lockPorts(ctx)
 	if err != nil {
-		return err
+		return r, err
 	}
 	defer unlock()
 	g, err := host.ground()
 	if err != nil {
-		return err
+		return r, err
 	}
 	defer g.close()
-	ports, _, err := g.isolatePorts(Current.Network)
+	ports, isolated, err := g.isolatePorts(Current.Network)
+	if len(isolated) > 0 {
+		r.isolated, r.isolatedAt = isolated, time.Now()
+	}
 	if err != nil {
-		return err
+		return r, err
 	}
 	ncfg := g.nftConfig(Current)
 	_, bridge, err := nft.Present(ncfg)
 	if err != nil || !bridge {
-		return err // no bridge table: nothing to refresh (doctor reports it)
+		return r, err // no bridge table: nothing to refresh (doctor reports it)
 	}
-	_, err = nft.SetPorts(ncfg, portNames(ports))
-	return err
+	ch, err := nft.SyncPorts(ncfg, portNames(ports))
+	r.added, r.removed, r.addedAt = ch.Added, ch.Removed, ch.AddedAt
+	if err != nil {
+		return r, err
+	}
+	return r, host.refreshPins(ctx, ncfg, portNames(ports), &r)
+}
+
+// refreshPins makes the pin table pin the bridge's ports as they are now,
+// with the leases as they are now. Without the table (or an Incus to ask)
+// there is nothing to refresh: doctor reports the missing table.
+func (host *Host) refreshPins(ctx context.Context, ncfg nft.Config, ports []string, r *portsRefresh) error {
+	if host.Incus == nil {
+		return nil
+	}
+	present, err := nft.PinsPresent(ncfg)
+	if err != nil || !present {
+		return err
+	}
+	plan, err := host.planPins(ctx, ports)
+	if err != nil {
+		return fmt.Errorf("reading what to pin: %w", err)
+	}
+	r.unresolved = plan.unresolved
+	r.pinned, err = nft.SetPins(ncfg, plan.scope, plan.pins)
+	if err != nil {
+		return fmt.Errorf("refreshing the pins: %w", err)
+	}
+	return nil
 }
 
 // portsLock is the file whose flock serialises port-set refreshes.
@@ -516,6 +569,10 @@ func lockPorts(ctx context.Context) (func(), error) {
 		return nil, fmt.Errorf("locking the port set: %w", err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
+	// A refresh holds the lock about a millisecond: look again soon, then
+	// less often. (At a flat 50 ms, a port watcher racing a box command
+	// left a new port outside the set 50 ms longer.)
+	wait := time.Millisecond
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
@@ -529,8 +586,9 @@ func lockPorts(ctx context.Context) (func(), error) {
 		case <-ctx.Done():
 			f.Close()
 			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(wait):
 		}
+		wait = min(2*wait, 50*time.Millisecond)
 	}
 }
 

@@ -221,15 +221,13 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 		return rep, err
 	}
 
-	note, ch, err := host.ensureBootUnit()
+	note, chs, err := host.ensureBootUnit()
+	rep.Changes = append(rep.Changes, chs...)
 	if err != nil {
 		return rep, err
 	}
 	if note != "" {
 		rep.Notes = append(rep.Notes, note)
-	}
-	if ch != nil {
-		rep.Changes = append(rep.Changes, *ch)
 	}
 	return rep, nil
 }
@@ -296,35 +294,93 @@ ExecStart=%s setup-host --firewall-only
 WantedBy=multi-user.target
 `
 
-// BootUnitName is the systemd unit Ensure installs on systemd hosts.
-const BootUnitName = "box-firewall.service"
+// portsUnit runs the port watcher, which keeps the bridge's ports isolated
+// and in the bridge drop's port set as boxes restart on their own.
+const portsUnit = `[Unit]
+Description=box: keep boxnet's bridge ports isolated and in the bridge drop's port set
+After=box-firewall.service
 
-// ensureBootUnit writes the boot unit where systemd is, and says what
+[Service]
+Type=simple
+ExecStart=%s watch-ports
+Restart=always
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// BootUnitName and PortsUnitName are the systemd units Ensure installs on
+// systemd hosts.
+const (
+	BootUnitName  = "box-firewall.service"
+	PortsUnitName = "box-ports.service"
+)
+
+// bootUnits are the units, in the order they are written.
+var bootUnits = []struct{ name, text, does string }{
+	{BootUnitName, bootUnit, "re-applies the nft tables at boot"},
+	{PortsUnitName, portsUnit, "runs box watch-ports, which keeps the bridge's ports isolated and in the port set"},
+}
+
+// systemdRunning reports whether systemd is the init system here.
+var systemdRunning = func() bool {
+	_, err := os.Stat("/run/systemd/system")
+	return err == nil
+}
+
+// ensureBootUnit writes the boot units where systemd is, and says what
 // happens where it is not.
-func (host *Host) ensureBootUnit() (string, *Change, error) {
+func (host *Host) ensureBootUnit() (string, []Change, error) {
 	if host.BootUnitDir == "" {
-		return "no boot unit here: the nft tables are not re-applied at boot; run `box setup-host` after a reboot", nil, nil
+		return "no boot unit here: the nft tables are not re-applied at boot and no port watcher runs; run `box setup-host` after a reboot, and keep `box watch-ports` running", nil, nil
 	}
-	if _, err := os.Stat("/run/systemd/system"); err != nil {
-		return "no systemd on this host: the nft tables are not re-applied at boot; run `box setup-host` from your init system after each boot", nil, nil
+	if !systemdRunning() {
+		return "no systemd on this host: the nft tables are not re-applied at boot and no port watcher runs; from your init system, run `box setup-host --firewall-only` after each boot and keep `box watch-ports` running", nil, nil
 	}
-	path := filepath.Join(host.BootUnitDir, BootUnitName)
-	want := fmt.Sprintf(bootUnit, host.Exe)
-	if b, err := os.ReadFile(path); err == nil && string(b) == want {
-		return "", nil, nil
+	var changes []Change
+	for _, u := range bootUnits {
+		path := filepath.Join(host.BootUnitDir, u.name)
+		want := fmt.Sprintf(u.text, host.Exe)
+		if b, err := os.ReadFile(path); err == nil && string(b) == want {
+			continue
+		}
+		if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
+			return "", changes, fmt.Errorf("writing %s: %w", path, err)
+		}
+		link := filepath.Join(host.BootUnitDir, "multi-user.target.wants", u.name)
+		if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+			return "", changes, err
+		}
+		os.Remove(link)
+		if err := os.Symlink(path, link); err != nil {
+			return "", changes, fmt.Errorf("enabling %s: %w", u.name, err)
+		}
+		changes = append(changes, Change{Object: "unit " + u.name, Action: "created", Detail: u.does})
 	}
-	if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
-		return "", nil, fmt.Errorf("writing %s: %w", path, err)
+	if slices.ContainsFunc(changes, func(c Change) bool { return c.Object == "unit "+PortsUnitName }) {
+		// box runs no systemctl: enabled, the watcher starts at the next boot.
+		return "the port watcher starts at the next boot; to start it now: systemctl daemon-reload && systemctl restart " + PortsUnitName, changes, nil
 	}
-	link := filepath.Join(host.BootUnitDir, "multi-user.target.wants", BootUnitName)
-	if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
-		return "", nil, err
+	return "", changes, nil
+}
+
+// removeBootUnits disables and removes the boot units.
+func (host *Host) removeBootUnits() ([]Change, error) {
+	var changes []Change
+	var errs []error
+	if host.BootUnitDir == "" {
+		return nil, nil
 	}
-	os.Remove(link)
-	if err := os.Symlink(path, link); err != nil {
-		return "", nil, fmt.Errorf("enabling %s: %w", BootUnitName, err)
+	for _, u := range bootUnits {
+		os.Remove(filepath.Join(host.BootUnitDir, "multi-user.target.wants", u.name))
+		if err := os.Remove(filepath.Join(host.BootUnitDir, u.name)); err == nil {
+			changes = append(changes, Change{Object: "unit " + u.name, Action: "removed"})
+		} else if !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
-	return "", &Change{Object: "unit " + BootUnitName, Action: "created", Detail: "re-applies the nft tables at boot"}, nil
+	return changes, errors.Join(errs...)
 }
 
 // firewallResult is what ensureFirewall did.
@@ -384,7 +440,7 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 	}
 	res.mode = nft.Desired(ncfg, caps).Mode
 	if res.mode != nft.ModeBridgeMeta {
-		res.note = fmt.Sprintf("this kernel has no nft bridge meta (%s): the bridge drop matches a set of %s's ports, refreshed whenever box starts a box; `box doctor` reports a stale set", caps.Detail, bridge)
+		res.note = fmt.Sprintf("this kernel has no nft bridge meta (%s): the bridge drop matches a set of %s's ports, refreshed whenever box starts a box and, while `box watch-ports` runs, whenever a port comes or goes; `box doctor` reports a stale set", caps.Detail, bridge)
 	}
 	return res, nil
 }

@@ -90,7 +90,7 @@ func (g *ground) nftConfig(gen Generation) nft.Config {
 // route, every local address and the default gateways. Links named in skip
 // (the stack's own bridge) are left out.
 func (g *ground) claims(skip string) ([]Claim, error) {
-	links, err := g.h.LinkList()
+	links, err := g.linkList()
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
 	}
@@ -136,6 +136,19 @@ func (g *ground) claims(skip string) ([]Claim, error) {
 	return out, nil
 }
 
+// linkList lists the links, again when the kernel says a link changed
+// during the dump (links come and go while boxes start): such a list may
+// lack a port.
+func (g *ground) linkList() ([]netlink.Link, error) {
+	for i := 0; ; i++ {
+		links, err := g.h.LinkList()
+		if errors.Is(err, netlink.ErrDumpInterrupted) && i < 10 {
+			continue
+		}
+		return links, err
+	}
+}
+
 func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
 	a, ok := netip.AddrFromSlice(n.IP)
 	if !ok {
@@ -162,7 +175,7 @@ func (g *ground) bridgePorts(bridge string) ([]Port, error) {
 		}
 		return nil, fmt.Errorf("finding bridge %s: %w", bridge, err)
 	}
-	links, err := g.h.LinkList()
+	links, err := g.linkList()
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
 	}
@@ -218,7 +231,7 @@ func (g *ground) globalV6(name string) ([]netlink.Addr, error) {
 
 // gatewayHolders names the links other than the bridge that hold gw.
 func (g *ground) gatewayHolders(bridge string, gw netip.Addr) ([]string, error) {
-	links, err := g.h.LinkList()
+	links, err := g.linkList()
 	if err != nil {
 		return nil, err
 	}
@@ -250,11 +263,7 @@ func (g *ground) dnsmasqFor(bridge string) int {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || !strings.Contains(string(b), "dnsmasq") {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
+		args := procArgs(pid)
 		if len(args) == 0 || !strings.HasSuffix(args[0], "dnsmasq") {
 			continue
 		}
@@ -273,6 +282,32 @@ func (g *ground) dnsmasqFor(bridge string) int {
 		}
 	}
 	return 0
+}
+
+// procArgs is a process's command line; nil when it cannot be read (the
+// process is gone, or is a kernel thread).
+func procArgs(pid int) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || len(b) == 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+}
+
+// dnsmasqLeaseFile finds the lease file of the dnsmasq serving the bridge,
+// as that process was told it (Incus passes --dhcp-leasefile=PATH). pid is
+// 0 when no dnsmasq serves the bridge, path empty when it names none.
+func (g *ground) dnsmasqLeaseFile(bridge string) (path string, pid int) {
+	pid = g.dnsmasqFor(bridge)
+	if pid == 0 {
+		return "", 0
+	}
+	for _, a := range procArgs(pid) {
+		if p, ok := strings.CutPrefix(a, "--dhcp-leasefile="); ok {
+			path = p
+		}
+	}
+	return path, pid
 }
 
 // ipv6Disabled reads the bridge's disable_ipv6 sysctl in the host's

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/box-isolation/box/stack/incus"
@@ -13,7 +11,7 @@ import (
 )
 
 // Teardown removes both generations of the stack: profiles, bridges, ACLs,
-// nft tables and the boot unit. While boxes of either tag exist it refuses
+// nft tables and the boot units. While boxes of either tag exist it refuses
 // and names them, unless removeBoxes is set, in which case they are
 // deleted (with their snapshots) first. A second Teardown finds nothing and
 // changes nothing.
@@ -57,14 +55,10 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, err
 			}
 		}
 	}
-	if host.BootUnitDir != "" {
-		unit := filepath.Join(host.BootUnitDir, BootUnitName)
-		os.Remove(filepath.Join(host.BootUnitDir, "multi-user.target.wants", BootUnitName))
-		if err := os.Remove(unit); err == nil {
-			changes = append(changes, Change{Object: "unit " + BootUnitName, Action: "removed"})
-		} else if !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
+	removed, err := host.removeBootUnits()
+	changes = append(changes, removed...)
+	if err != nil {
+		errs = append(errs, err)
 	}
 	return changes, errors.Join(errs...)
 }

@@ -33,7 +33,9 @@ type Verification struct {
 	Gateway    netip.Addr     `json:"gateway,omitempty"`
 	BridgeMode nft.BridgeMode `json:"bridge_mode,omitempty"`
 	DnsmasqPID int            `json:"dnsmasq_pid,omitempty"`
-	Ports      []Port         `json:"ports"`
+	// WatcherPID is the port watcher's (port-set mode), 0 when none runs.
+	WatcherPID int    `json:"watcher_pid,omitempty"`
+	Ports      []Port `json:"ports"`
 	// Fleet is the census of every instance and port on the bridge.
 	Fleet *Census `json:"fleet,omitempty"`
 }
@@ -165,6 +167,17 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		return nil, fmt.Errorf("probing nftables: %w", err)
 	}
 	v.BridgeMode = nft.Desired(ncfg, caps).Mode
+	if v.BridgeMode == nft.ModePortSet {
+		if pid, running, err := host.WatcherRunning(); err != nil {
+			return nil, err
+		} else if running {
+			v.WatcherPID = pid
+		} else {
+			v.Findings = append(v.Findings, Finding{Layer: "L-BRIDGEDROP", Object: "port watcher", Advisory: true,
+				Problem: "none runs: a box that restarts on its own, or whose NIC is re-plugged, stays outside the port set and unpinned until the next box command",
+				Fix:     "start box watch-ports (the boot unit box-ports.service runs it)"})
+		}
+	}
 	nf, err := nft.Verify(ncfg, caps, portNames(ports))
 	if err != nil {
 		return nil, fmt.Errorf("reading nft tables: %w", err)

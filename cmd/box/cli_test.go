@@ -21,7 +21,7 @@ var offline = runner{env: map[string]string{"INCUS_SOCKET": "/nonexistent/box-te
 // grant/revoke, which come later).
 var wantVerbs = []string{
 	"new", "templates", "list", "info", "shell", "exec", "tmux", "snapshot", "restore", "rename",
-	"down", "start", "rm", "incus", "doctor", "setup-host", "teardown-host", "migrate-host", "version", "help",
+	"down", "start", "rm", "incus", "doctor", "setup-host", "watch-ports", "teardown-host", "migrate-host", "version", "help",
 }
 
 func TestTableIsTheTruth(t *testing.T) {
@@ -117,6 +117,7 @@ func TestUsageErrorsNeverReachIncus(t *testing.T) {
 		{"migrate-host"},
 		{"migrate-host", "--all-boxes", "--retire-legacy"},
 		{"list", "--", "x"},
+		{"watch-ports", "extra"},
 	} {
 		r := offline.run(t, args...)
 		assert.Equal(t, exitUsage, r.code, "%v", args)

@@ -38,6 +38,24 @@ func setupSetupHost(fs *flag.FlagSet) action {
 	}
 }
 
+// setupWatchPorts runs the port watcher. Where the kernel has no nft bridge
+// meta, a box that restarts on its own gets a new port outside the bridge
+// drop's port set until something refreshes it; the watcher does, on the
+// kernel's link events. The signal that stops it ends c.ctx (run), so it
+// exits 0.
+func setupWatchPorts(fs *flag.FlagSet) action {
+	return func(c *call) error {
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		if err := h.WatchPorts(c.ctx, c.err); err != nil {
+			return fmt.Errorf("watching the bridge ports: %w", err)
+		}
+		return nil
+	}
+}
+
 func printReport(c *call, rep *stack.Report) {
 	if len(rep.Changes) == 0 {
 		fmt.Fprintln(c.out, "nothing to change: the host already matches")

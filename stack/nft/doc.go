@@ -52,14 +52,16 @@
 //	set boxnet_ports { type ifname }
 //	iifname @boxnet_ports oifname @boxnet_ports drop
 //
-// Apply and SetPorts fill the set with the bridge's current ports (the
+// Apply and SetPorts (SyncPorts) fill the set with the bridge's current ports (the
 // caller reads them from netlink: the stack does, by the bridge's master
 // index). Incus names host-side veths at random and renames them on every
-// start, so the set has to be refreshed whenever a box starts; Verify
-// reports a stale set. The pin table is scoped the same way, by its own
-// set (ApplyPins and SetPins), and its pins name the same ports: until
-// they are refreshed, a new port is neither isolated nor pinned, and a
-// box's new lease is cut off (VerifyPins names both). A drop with no scope to the bridge is never
+// start, so the set has to be refreshed whenever a box starts (the stack
+// does after its own commands, and its port watcher on the kernel's link
+// events); Verify reports a stale set. The pin table is scoped the same
+// way, by its own set (ApplyPins and SetPins), and its pins name the same
+// ports: until they are refreshed, a new port is neither in the set nor
+// pinned, and a box's new lease is cut off (VerifyPins names both). A drop
+// with no scope to the bridge is never
 // produced: it would cut every other bridge on the host (Docker's among
 // them).
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
@@ -341,36 +342,62 @@ func familyName(f nftables.TableFamily) string {
 // changed anything. Without a port set (bridge-meta mode) it does nothing.
 // It returns ErrNotApplied when the bridge table is missing altogether.
 func SetPorts(cfg Config, ports []string) (bool, error) {
+	ch, err := SyncPorts(cfg, ports)
+	return len(ch.Added)+len(ch.Removed) > 0, err
+}
+
+// PortsChange is what SyncPorts did to the port set.
+type PortsChange struct {
+	Added, Removed []string
+	// AddedAt is when the additions were committed: from then on the
+	// bridge drop covers the added ports.
+	AddedAt time.Time
+}
+
+// SyncPorts is SetPorts saying what it added to the port set and what it
+// removed from it. Additions are committed first, in a batch of their own:
+// measured here, a batch that removes an element takes 10 to 20 ms to
+// commit and one that only adds takes under 0.3 ms, and a port just
+// plugged in must not wait for a stale name to go.
+func SyncPorts(cfg Config, ports []string) (PortsChange, error) {
+	var ch PortsChange
 	cfg, err := checkArgs(cfg, ports)
 	if err != nil {
-		return false, err
+		return ch, err
 	}
 	c, done, err := dial(cfg)
 	if err != nil {
-		return false, err
+		return ch, err
 	}
 	defer done()
 	live, err := readTable(c, "bridge", cfg.Table)
 	if err != nil {
-		return false, fmt.Errorf("reading table bridge %s: %w", cfg.Table, err)
+		return ch, fmt.Errorf("reading table bridge %s: %w", cfg.Table, err)
 	}
 	if !live.exists {
-		return false, fmt.Errorf("setting ports of table bridge %s: %w", cfg.Table, ErrNotApplied)
+		return ch, fmt.Errorf("setting ports of table bridge %s: %w", cfg.Table, ErrNotApplied)
 	}
 	name := cfg.PortSet()
 	if !slices.ContainsFunc(live.sets, func(s *nftables.Set) bool { return s.Name == name }) {
-		return false, nil
+		return ch, nil
 	}
 	want := normPorts(ports)
-	f := elemFix{set: Set{Name: name, Type: "ifname"}, add: without(want, live.elems[name]), del: without(live.elems[name], want)}
+	set := Set{Name: name, Type: "ifname"}
+	add, del := without(want, live.elems[name]), without(live.elems[name], want)
 	t := &nftables.Table{Family: nftables.TableFamilyBridge, Name: cfg.Table}
-	if updateSet(c, t, f) == "" {
-		return false, nil
+	if updateSet(c, t, elemFix{set: set, add: add}) != "" {
+		if err := c.Flush(); err != nil {
+			return ch, fmt.Errorf("adding ports to set %s in table bridge %s: %w", name, cfg.Table, err)
+		}
+		ch.Added, ch.AddedAt = add, time.Now()
 	}
-	if err := c.Flush(); err != nil {
-		return false, fmt.Errorf("updating set %s in table bridge %s: %w", name, cfg.Table, err)
+	if updateSet(c, t, elemFix{set: set, del: del}) != "" {
+		if err := c.Flush(); err != nil {
+			return ch, fmt.Errorf("removing ports from set %s in table bridge %s: %w", name, cfg.Table, err)
+		}
+		ch.Removed = del
 	}
-	return true, nil
+	return ch, nil
 }
 
 // Delete removes the stack's tables (inet, bridge and the pin table) that

@@ -212,12 +212,14 @@ func TestPrivilegedTables(t *testing.T) {
 		assert.Equal(t, []Finding{{Object: "table bridge box set boxnet_ports", Problem: "port set stale: missing ports vE"}}, f)
 		assert.Equal(t, reached, e.ping(t, "10.99.0.2"), "a port missing from the set is not isolated: why a stale set is a finding")
 
-		changed, err := SetPorts(cfg, now)
+		ch, err := SyncPorts(cfg, now)
 		require.NoError(t, err)
-		assert.True(t, changed)
+		assert.Equal(t, []string{"vE"}, ch.Added, "SyncPorts names what it added")
+		assert.Empty(t, ch.Removed)
+		assert.False(t, ch.AddedAt.IsZero(), "and when")
 		verifyClean(t, cfg, caps, now)
 		assert.Equal(t, silent, e.ping(t, "10.99.0.2"), "e -> a once the set is current")
-		changed, err = SetPorts(cfg, now)
+		changed, err := SetPorts(cfg, now)
 		require.NoError(t, err)
 		assert.False(t, changed, "second SetPorts is a no-op")
 
@@ -226,9 +228,23 @@ func TestPrivilegedTables(t *testing.T) {
 		f, err = Verify(cfg, caps, w.ports(t))
 		require.NoError(t, err)
 		assert.Equal(t, []Finding{{Object: "table bridge box set boxnet_ports", Problem: "port set stale: unexpected ports vE"}}, f)
-		changed, err = SetPorts(cfg, w.ports(t))
+		ch, err = SyncPorts(cfg, w.ports(t))
 		require.NoError(t, err)
-		assert.True(t, changed)
+		assert.Empty(t, ch.Added)
+		assert.Equal(t, []string{"vE"}, ch.Removed, "SyncPorts names what it removed")
+		verifyClean(t, cfg, caps, w.ports(t))
+
+		// Both at once (a port renamed): additions and removals are
+		// committed in two batches, both land.
+		ch, err = SyncPorts(cfg, []string{"vA", "vZ"})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"vZ"}, ch.Added)
+		assert.Equal(t, []string{"vB"}, ch.Removed)
+		verifyClean(t, cfg, caps, []string{"vA", "vZ"})
+		ch, err = SyncPorts(cfg, w.ports(t))
+		require.NoError(t, err)
+		assert.Equal(t, []string{"vB"}, ch.Added)
+		assert.Equal(t, []string{"vZ"}, ch.Removed)
 		verifyClean(t, cfg, caps, w.ports(t))
 	})
 

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+
+	"github.com/box-isolation/box/internal/nstest"
+	"github.com/box-isolation/box/internal/testenv"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// TestPrivilegedWatchPortsCommand runs `box watch-ports` against a
+// throwaway namespace (BOX_NETNS; never the machine's own) holding a
+// bridge boxnet and box's tables in port-set mode.
+func TestPrivilegedWatchPortsCommand(t *testing.T) {
+	testenv.Root(t)
+	ns := nstest.New(t, "boxpc-"+nstest.RunID()+"-host")
+	ns.AddBridge(t, "boxnet")
+	_, err := nft.Apply(nft.Config{NetNS: int(ns.Handle), Gateway: netip.MustParseAddr("10.99.0.1")}, nft.Capabilities{}, nil)
+	require.NoError(t, err)
+	env := map[string]string{"BOX_NETNS": ns.Name, "INCUS_SOCKET": "/nonexistent/box-test.socket"}
+	start := func(ctx context.Context) (*syncBuffer, *syncBuffer, <-chan int) {
+		out, errw := &syncBuffer{}, &syncBuffer{}
+		a := &app{ctx: ctx, in: strings.NewReader(""), out: out, err: errw, getenv: func(k string) string { return env[k] }}
+		code := make(chan int, 1)
+		go func() { code <- a.run([]string{"watch-ports"}) }()
+		return out, errw, code
+	}
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	out, errw, code := start(ctx)
+	started := "watching the ports of bridge boxnet in network namespace " + ns.Name
+	require.Eventually(t, func() bool { return strings.Contains(errw.String(), started) }, 5*time.Second, 5*time.Millisecond, "stderr: %s", errw.String())
+
+	h := ns.Netlink(t)
+	require.NoError(t, h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "vcmd"}, PeerName: "vcmdp"}))
+	ns.SetMaster(t, "vcmd", "boxnet")
+	require.Eventually(t, func() bool {
+		pi, err := h.LinkGetProtinfo(ns.Link(t, "vcmd"))
+		return err == nil && pi.Isolated
+	}, 5*time.Second, 5*time.Millisecond, "the command's watcher isolates a port that joins")
+	require.Eventually(t, func() bool {
+		return strings.Contains(errw.String(), "vcmd: joined boxnet, isolated and in the port set ")
+	}, 5*time.Second, 5*time.Millisecond, "progress goes to stderr: %s", errw.String())
+
+	// A second watcher in the same namespace is refused, and says why.
+	_, errw2, code2 := start(context.Background())
+	select {
+	case c := <-code2:
+		assert.Equal(t, exitFailed, c)
+		assert.Contains(t, errw2.String(), "box: watching the bridge ports: a port watcher (pid ")
+		assert.Contains(t, errw2.String(), "already watches network namespace "+ns.Name)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a second watch-ports did not give up within 5s")
+	}
+
+	// SIGINT or SIGTERM ends the context run() gives the command: that
+	// stops it with exit 0.
+	stop()
+	select {
+	case c := <-code:
+		assert.Equal(t, exitOK, c, "stderr: %s", errw.String())
+	case <-time.After(5 * time.Second):
+		t.Fatal("watch-ports did not exit within 5s of its context ending")
+	}
+	assert.Empty(t, out.String(), "nothing on stdout: the log is diagnostics")
+}
+
+// syncBuffer is a bytes.Buffer a running command writes while the test
+// reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,96 @@
+package stack
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func withSystemd(t *testing.T, running bool) {
+	t.Helper()
+	old := systemdRunning
+	systemdRunning = func() bool { return running }
+	t.Cleanup(func() { systemdRunning = old })
+}
+
+func TestBootUnits(t *testing.T) {
+	withSystemd(t, true)
+	dir := t.TempDir()
+	h := &Host{BootUnitDir: dir, Exe: "/usr/local/bin/box"}
+
+	note, changes, err := h.ensureBootUnit()
+	require.NoError(t, err)
+	assert.Equal(t, []Change{
+		{Object: "unit box-firewall.service", Action: "created", Detail: "re-applies the nft tables at boot"},
+		{Object: "unit box-ports.service", Action: "created", Detail: "runs box watch-ports, which keeps the bridge's ports isolated and in the port set"},
+	}, changes)
+	assert.Contains(t, note, "systemctl restart box-ports.service", "box starts no service itself: it says how")
+
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		require.NoError(t, err)
+		return string(b)
+	}
+	fw := read(BootUnitName)
+	assert.Contains(t, fw, "Type=oneshot\nExecStart=/usr/local/bin/box setup-host --firewall-only\n")
+	ports := read(PortsUnitName)
+	for _, line := range []string{"After=box-firewall.service", "Type=simple", "ExecStart=/usr/local/bin/box watch-ports", "Restart=always", "WantedBy=multi-user.target"} {
+		assert.Contains(t, ports, line+"\n")
+	}
+	for _, name := range []string{BootUnitName, PortsUnitName} {
+		target, err := os.Readlink(filepath.Join(dir, "multi-user.target.wants", name))
+		require.NoError(t, err, "%s is enabled", name)
+		assert.Equal(t, filepath.Join(dir, name), target)
+	}
+
+	note, changes, err = h.ensureBootUnit()
+	require.NoError(t, err)
+	assert.Empty(t, changes, "a second run changes nothing")
+	assert.Empty(t, note)
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, PortsUnitName), []byte("edited\n"), 0o644))
+	_, changes, err = h.ensureBootUnit()
+	require.NoError(t, err)
+	require.Len(t, changes, 1, "only the drifted unit is rewritten")
+	assert.Equal(t, "unit box-ports.service", changes[0].Object)
+	assert.Equal(t, ports, read(PortsUnitName))
+
+	removed, err := h.removeBootUnits()
+	require.NoError(t, err)
+	assert.Equal(t, []Change{{Object: "unit box-firewall.service", Action: "removed"}, {Object: "unit box-ports.service", Action: "removed"}}, removed)
+	left, err := os.ReadDir(filepath.Join(dir, "multi-user.target.wants"))
+	require.NoError(t, err)
+	assert.Empty(t, left, "both units disabled")
+	removed, err = h.removeBootUnits()
+	require.NoError(t, err)
+	assert.Empty(t, removed, "a second removal finds nothing")
+}
+
+func TestBootUnitsWithoutSystemd(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name    string
+		systemd bool
+		dir     string
+		note    string
+	}{
+		{"no unit directory (the hermetic world)", true, "", "no boot unit here"},
+		{"no systemd", false, dir, "no systemd on this host"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			withSystemd(t, tc.systemd)
+			h := &Host{BootUnitDir: tc.dir, Exe: "/usr/local/bin/box"}
+			note, changes, err := h.ensureBootUnit()
+			require.NoError(t, err)
+			assert.Empty(t, changes)
+			assert.Contains(t, note, tc.note)
+			assert.Contains(t, note, "box watch-ports", "it says the port watcher must be kept running by hand")
+			ents, err := os.ReadDir(dir)
+			require.NoError(t, err)
+			assert.Empty(t, ents, "nothing written")
+		})
+	}
+}

@@ -1,0 +1,742 @@
+package stack
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The port watcher. Where the kernel has no nft bridge meta, the bridge drop
+// matches a set of the bridge's port names, and a port Incus plugs in on its
+// own (a box that restarts itself, a NIC replugged) is outside that set, and
+// not isolated, until something refreshes it. WatchPorts closes that window:
+// it refreshes on the kernel's link events, on changes to dnsmasq's lease
+// file and on a periodic resync, and each time it calls refreshPorts, the
+// same refresh box commands run.
+
+// How the watcher paces itself (watchOptions' defaults).
+const (
+	// watchDebounce coalesces a burst of events (one veth joining sends
+	// several); the first event after a quiet period is never delayed.
+	watchDebounce = 5 * time.Millisecond
+	// watchResync is the safety net: a full refresh whatever was heard.
+	watchResync = 30 * time.Second
+	// watchLeaseRecheck is how often a lost (or not yet found) dnsmasq is
+	// looked for again.
+	watchLeaseRecheck = 2 * time.Second
+	// watchRetry is how soon a failed refresh is tried again.
+	watchRetry = time.Second
+)
+
+// watchLockDir holds one lock file per network namespace watched.
+const watchLockDir = "/run/box"
+
+func watchLockPath(ino uint64) string {
+	return filepath.Join(watchLockDir, fmt.Sprintf("watch-ports-%d.lock", ino))
+}
+
+// watchOptions are WatchPorts' knobs; tests and the benchmark change them.
+type watchOptions struct {
+	debounce, resync, leaseRecheck, retry time.Duration
+	// rcvbuf is the link subscription's socket buffer: a burst larger
+	// than it kills the subscription (ENOBUFS), and the watcher
+	// subscribes again and resyncs.
+	rcvbuf int
+	// refreshed, when set, is called after every successful refresh with
+	// what it changed, the triggers it answered and when it finished.
+	refreshed func(r portsRefresh, causes []trigger, done time.Time)
+}
+
+func defaultWatchOptions() watchOptions {
+	return watchOptions{debounce: watchDebounce, resync: watchResync, leaseRecheck: watchLeaseRecheck, retry: watchRetry, rcvbuf: 1 << 20}
+}
+
+// WatchPorts keeps the stack's bridge ports isolated and the bridge drop's
+// port set exact until ctx ends, when it returns nil. It refreshes (the
+// refresh box commands run after changing a box) when a link joins or
+// leaves the bridge, when the bridge appears, when a port's flags change
+// (someone turned isolated off), when the lease file of the dnsmasq serving
+// the bridge changes, and every 30 s whatever it heard. It logs one line per
+// port a refresh changed, with the delay from the event's arrival.
+//
+// One watcher runs per network namespace: a second one is refused while the
+// first holds /run/box/watch-ports-<namespace inode>.lock.
+func (host *Host) WatchPorts(ctx context.Context, log io.Writer) error {
+	return host.watchPorts(ctx, log, defaultWatchOptions())
+}
+
+func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions) error {
+	g, err := host.ground()
+	if err != nil {
+		return fmt.Errorf("watching ports: %w", err)
+	}
+	defer g.close()
+	release, err := lockWatcher(g.ino, host.nsLabel())
+	if err != nil {
+		return err
+	}
+	defer release()
+	w := &watcher{
+		host: host, g: g, o: o, log: log, bridge: Current.Network,
+		links: map[int]linkInfo{}, timer: time.NewTimer(time.Hour),
+	}
+	w.timer.Stop()
+	return w.run(ctx)
+}
+
+// nsLabel names the host's namespace for messages.
+func (host *Host) nsLabel() string {
+	if host.NetNS == "" {
+		return "this process's network namespace"
+	}
+	return "network namespace " + host.NetNS
+}
+
+// WatcherRunning says whether a port watcher (box watch-ports) holds the
+// lock of the host's namespace, and its PID. It takes the lock shared and
+// at once lets go, so it never waits.
+func (host *Host) WatcherRunning() (pid int, running bool, err error) {
+	g, err := host.ground()
+	if err != nil {
+		return 0, false, err
+	}
+	path := watchLockPath(g.ino)
+	g.close()
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("reading the port watcher's lock: %w", err)
+	}
+	defer f.Close()
+	err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
+	if err == nil {
+		return 0, false, nil
+	}
+	if !errors.Is(err, syscall.EWOULDBLOCK) {
+		return 0, false, fmt.Errorf("testing the port watcher's lock %s: %w", path, err)
+	}
+	b, _ := io.ReadAll(f)
+	pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid, true, nil
+}
+
+// lockWatcher takes the namespace's watcher lock and writes this process's
+// PID into it. The file is removed on release; a lock taken on a file that
+// was meanwhile removed is let go and taken again on the new one.
+func lockWatcher(ino uint64, ns string) (func(), error) {
+	path := watchLockPath(ino)
+	if err := os.MkdirAll(watchLockDir, 0o755); err != nil {
+		return nil, fmt.Errorf("watching ports: %w", err)
+	}
+	// WatcherRunning holds the lock shared for an instant: try for a while.
+	deadline := time.Now().Add(250 * time.Millisecond)
+	for {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("watching ports: opening the lock: %w", err)
+		}
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil && sameFile(f, path) {
+			if err := f.Truncate(0); err == nil {
+				_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+			}
+			if err != nil {
+				f.Close()
+				return nil, fmt.Errorf("watching ports: writing the PID into %s: %w", path, err)
+			}
+			return func() { os.Remove(path); f.Close() }, nil
+		}
+		b, _ := io.ReadAll(f)
+		f.Close()
+		if err != nil && !errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("watching ports: locking %s: %w", path, err)
+		}
+		if err != nil && time.Now().After(deadline) {
+			holder := strings.TrimSpace(string(b))
+			if holder == "" {
+				holder = "unknown"
+			}
+			return nil, fmt.Errorf("a port watcher (pid %s) already watches %s: one runs per namespace (it holds %s); stop it first", holder, ns, path)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// sameFile reports whether the open file is still the one at path.
+func sameFile(f *os.File, path string) bool {
+	a, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	b, err := os.Stat(path)
+	return err == nil && os.SameFile(a, b)
+}
+
+// triggerKind is what made the watcher refresh; the log names it.
+type triggerKind int
+
+const (
+	trigSync   triggerKind = iota // the link subscription (re)started
+	trigLink                      // a kernel link event about the bridge or a port
+	trigLease                     // the dnsmasq lease file changed (or dnsmasq came back)
+	trigResync                    // the periodic resync
+)
+
+func (k triggerKind) String() string {
+	return [...]string{"full sync", "link event", "lease file change", "periodic resync"}[k]
+}
+
+// trigger is one reason to refresh.
+type trigger struct {
+	kind triggerKind
+	at   time.Time // when the event reached the watcher
+	port string    // the port a link event was about, if any
+	what string    // e.g. "joined", "left", "isolated turned off", "bridge boxnet appeared"
+}
+
+// when says how long after its trigger a change took effect.
+func (t trigger) when(done time.Time) string {
+	switch t.kind {
+	case trigLink, trigLease:
+		s := fmt.Sprintf("%.1fms after the %s", float64(done.Sub(t.at))/float64(time.Millisecond), t.kind)
+		if t.port == "" && t.what != "" {
+			s += " (" + t.what + ")"
+		}
+		return s
+	}
+	s := "at the " + t.kind.String()
+	if t.what != "" {
+		s += " (" + t.what + ")"
+	}
+	return s
+}
+
+// linkInfo is what the watcher remembers of a link.
+type linkInfo struct {
+	name   string
+	master int
+}
+
+// linkEvent is a link update stamped with its arrival.
+type linkEvent struct {
+	u  netlink.LinkUpdate
+	at time.Time
+}
+
+type watcher struct {
+	host   *Host
+	g      *ground
+	o      watchOptions
+	log    io.Writer // written by the run loop only
+	bridge string
+
+	links   map[int]linkInfo // every link in the namespace, by index
+	brIndex int              // the bridge's index; 0 while there is none
+
+	pending     []trigger // triggers since the last successful refresh
+	lastRefresh time.Time
+	timer       *time.Timer // the debounced (or retried) refresh
+	armed       bool
+	refreshErr  string // the last refresh failure, said once
+	// unresolvedTries counts the re-checks of unclaimed ports in a row.
+	unresolvedTries int
+
+	lease    *leaseWatch
+	leaseErr string // the last failure to watch it, said once
+}
+
+func (w *watcher) logf(format string, args ...any) { fmt.Fprintf(w.log, format+"\n", args...) }
+
+func (w *watcher) run(ctx context.Context) error {
+	w.logf("watching the ports of bridge %s in %s (pid %d, lock %s)", w.bridge, w.host.nsLabel(), os.Getpid(), watchLockPath(w.g.ino))
+	lease, err := newLeaseWatch()
+	if err != nil {
+		return fmt.Errorf("watching ports: %w", err)
+	}
+	w.lease = lease
+	defer lease.close()
+	w.findLease(ctx, false)
+
+	resync := time.NewTicker(w.o.resync)
+	defer resync.Stop()
+	recheck := time.NewTicker(w.o.leaseRecheck)
+	defer recheck.Stop()
+	resubscribe := time.NewTimer(0)
+	defer resubscribe.Stop()
+	backoff := 100 * time.Millisecond
+
+	var sub *linkSubscription
+	defer func() {
+		if sub != nil {
+			sub.stop()
+		}
+	}()
+	for {
+		var events <-chan linkEvent
+		if sub != nil {
+			events = sub.events
+		}
+		select {
+		case <-ctx.Done():
+			w.logf("stopped")
+			return nil
+
+		case <-resubscribe.C:
+			s, err := subscribeLinks(w.g, w.o.rcvbuf)
+			if err != nil {
+				w.logf("subscribing to link events failed: %v; trying again in %s", err, backoff)
+				resubscribe.Reset(backoff)
+				backoff = min(2*backoff, 5*time.Second)
+				continue
+			}
+			sub, backoff = s, 100*time.Millisecond
+			// The subscription's dump teaches the links afresh.
+			w.links, w.brIndex = map[int]linkInfo{}, 0
+			what := "watcher started"
+			if !w.lastRefresh.IsZero() {
+				what = "link subscription restarted"
+			}
+			w.add(ctx, trigger{kind: trigSync, at: time.Now(), what: what})
+
+		case ev, ok := <-events:
+			if !ok {
+				// The subscription died (its socket overflowed, or an
+				// error): events were lost, so resubscribe and resync.
+				w.logf("link subscription ended (%v); subscribing again", sub.lastErr())
+				sub.stop()
+				sub = nil
+				resubscribe.Reset(100 * time.Millisecond)
+				continue
+			}
+			if t, ok := w.classify(ev); ok {
+				w.add(ctx, t)
+			}
+
+		case ev := <-lease.events:
+			if lease.matches(ev) {
+				w.add(ctx, trigger{kind: trigLease, at: ev.at})
+			}
+
+		case <-recheck.C:
+			if !lease.alive() {
+				w.findLease(ctx, true)
+			}
+
+		case <-resync.C:
+			w.findLease(ctx, true)
+			w.add(ctx, trigger{kind: trigResync, at: time.Now()})
+
+		case <-w.timer.C:
+			w.armed = false
+			w.refresh(ctx)
+		}
+	}
+}
+
+// add queues a trigger and refreshes at once after a quiet period, or at
+// the end of the debounce window inside a burst.
+func (w *watcher) add(ctx context.Context, t trigger) {
+	w.pending = append(w.pending, t)
+	if w.armed {
+		return
+	}
+	if wait := w.o.debounce - time.Since(w.lastRefresh); wait > 0 {
+		w.timer.Reset(wait)
+		w.armed = true
+		return
+	}
+	w.refresh(ctx)
+}
+
+func (w *watcher) refresh(ctx context.Context) {
+	r, err := w.host.refreshPorts(ctx)
+	done := time.Now()
+	w.lastRefresh = done
+	w.report(r, done)
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		// Keep the triggers: the retry's delays still count from them.
+		if len(w.pending) == 0 {
+			w.pending = append(w.pending, trigger{kind: trigSync, at: done, what: "retry"})
+		}
+		// A lasting failure is said once, not at every retry.
+		if msg := err.Error(); msg != w.refreshErr {
+			w.logf("refreshing the ports after a %s failed: %v; trying again every %s", w.pending[0].kind, err, w.o.retry)
+			w.refreshErr = msg
+		}
+		w.timer.Reset(w.o.retry)
+		w.armed = true
+		return
+	}
+	if w.refreshErr != "" {
+		w.logf("refreshing the ports works again")
+		w.refreshErr = ""
+	}
+	if w.o.refreshed != nil {
+		w.o.refreshed(r, slices.Clone(w.pending), done)
+	}
+	w.pending = w.pending[:0]
+	// A port is on the bridge a moment before Incus records whose it is:
+	// look again soon, so its pin does not wait for the next trigger. A
+	// port nobody ever claims (the census names it) is looked at a few
+	// times, then left to the periodic resync.
+	if len(r.unresolved) == 0 {
+		w.unresolvedTries = 0
+		return
+	}
+	if w.unresolvedTries < unresolvedTries {
+		w.unresolvedTries++
+		w.pending = append(w.pending, trigger{kind: trigSync, at: done, what: "ports not yet claimed by an instance: " + strings.Join(r.unresolved, ", ")})
+		w.timer.Reset(unresolvedRecheck)
+		w.armed = true
+	}
+}
+
+// A port no instance claims yet is looked at again every
+// unresolvedRecheck, at most unresolvedTries times in a row.
+const (
+	unresolvedRecheck = 100 * time.Millisecond
+	unresolvedTries   = 50
+)
+
+// report logs one line per port the refresh changed, naming its trigger.
+func (w *watcher) report(r portsRefresh, done time.Time) {
+	for _, l := range reportLines(w.bridge, r, w.pending, done) {
+		w.logf("%s", l)
+	}
+	if r.pinned {
+		cause := trigger{kind: trigSync}
+		if len(w.pending) > 0 {
+			cause = w.pending[0]
+		}
+		w.logf("pins: the ports' MACs and leases re-read and the pin table updated %s", cause.when(done))
+	}
+}
+
+func reportLines(bridge string, r portsRefresh, causes []trigger, done time.Time) []string {
+	isolated, added, removed := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	var names []string
+	for _, s := range []struct {
+		in  []string
+		set map[string]bool
+	}{{r.isolated, isolated}, {r.added, added}, {r.removed, removed}} {
+		for _, n := range s.in {
+			s.set[n] = true
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	var out []string
+	for _, port := range names {
+		cause := trigger{kind: trigSync}
+		if len(causes) > 0 {
+			cause = causes[0]
+		}
+		renamed := ""
+		for _, t := range causes {
+			if t.port == port {
+				cause = t
+				break
+			}
+			if t.what == "renamed from "+port {
+				cause, renamed = t, t.port
+				break
+			}
+		}
+		ownEvent := cause.port == port
+		// When the change took effect: the flag set, the set's addition
+		// committed, or (a removal) the refresh's end.
+		at := done
+		switch {
+		case added[port] && !r.addedAt.IsZero():
+			at = r.addedAt
+		case isolated[port] && !removed[port] && !r.isolatedAt.IsZero():
+			at = r.isolatedAt
+		}
+		var what string
+		switch {
+		case removed[port] && ownEvent && cause.what == "left":
+			what = "left " + bridge + ", removed from the port set"
+		case removed[port] && renamed != "":
+			what = "renamed to " + renamed + ", the old name removed from the port set"
+		case removed[port]:
+			what = "not a port of " + bridge + ", removed from the port set"
+		case added[port] && isolated[port]:
+			what = "joined " + bridge + ", isolated and in the port set"
+		case added[port]:
+			what = "joined " + bridge + ", in the port set (it was isolated already)"
+		case ownEvent && cause.what == "joined":
+			what = "joined " + bridge + ", isolated"
+		default:
+			what = "isolated turned back on"
+		}
+		out = append(out, port+": "+what+" "+cause.when(at))
+	}
+	return out
+}
+
+// classify updates what the watcher knows of the links from one update
+// and says whether it is a reason to refresh. The dump that starts a
+// subscription only teaches; the full sync that comes with it refreshes.
+func (w *watcher) classify(ev linkEvent) (trigger, bool) {
+	u := ev.u
+	a := u.Link.Attrs()
+	idx := a.Index
+	del := u.Header.Type == unix.RTM_DELLINK
+	// An AF_BRIDGE RTM_DELLINK says a port left its bridge; the link stays.
+	gone := del && u.Family != unix.AF_BRIDGE
+	prev, had := w.links[idx]
+	wasPort := had && w.isPort(idx, prev)
+
+	t := trigger{kind: trigLink, at: ev.at}
+	switch {
+	case idx == w.brIndex && (gone || a.Name != w.bridge):
+		w.brIndex = 0
+		t.what = "bridge " + w.bridge + " went away"
+	case !del && a.Name == w.bridge && idx != w.brIndex:
+		w.brIndex = idx
+		t.what = "bridge " + w.bridge + " appeared"
+	}
+	switch {
+	case gone:
+		delete(w.links, idx)
+	case del:
+		w.links[idx] = linkInfo{name: a.Name}
+	default:
+		w.links[idx] = linkInfo{name: a.Name, master: a.MasterIndex}
+	}
+	cur, has := w.links[idx]
+	isPort := has && w.isPort(idx, cur)
+
+	if u.Header.Flags&unix.NLM_F_MULTI != 0 {
+		return t, false
+	}
+	switch {
+	case t.what != "":
+	case !wasPort && isPort:
+		t.port, t.what = cur.name, "joined"
+	case wasPort && !isPort:
+		t.port, t.what = prev.name, "left"
+	case isPort && prev.name != cur.name:
+		t.port, t.what = cur.name, "renamed from "+prev.name
+	case isPort && a.Protinfo != nil && !a.Protinfo.Isolated:
+		t.port, t.what = cur.name, "isolated turned off"
+	default:
+		return t, false
+	}
+	return t, true
+}
+
+func (w *watcher) isPort(idx int, l linkInfo) bool {
+	return w.brIndex != 0 && idx != w.brIndex && l.master == w.brIndex
+}
+
+// findLease (re)finds the lease file from the dnsmasq serving the bridge
+// and watches it; once dnsmasq is back (or changed files) that is a reason
+// to refresh too.
+func (w *watcher) findLease(ctx context.Context, trig bool) {
+	path, pid := w.g.dnsmasqLeaseFile(w.bridge)
+	changed, err := w.lease.watch(path, pid)
+	if err != nil {
+		// Said once, not at every recheck.
+		if msg := err.Error(); msg != w.leaseErr {
+			w.logf("watching the lease file %s (dnsmasq pid %d) failed: %v; looking again every %s", path, pid, err, w.o.leaseRecheck)
+			w.leaseErr = msg
+		}
+		return
+	}
+	w.leaseErr = ""
+	switch {
+	case !changed:
+	case pid == 0:
+		w.logf("no dnsmasq serves %s in %s: its lease file is not watched (looking again every %s)", w.bridge, w.host.nsLabel(), w.o.leaseRecheck)
+	case path == "":
+		w.logf("dnsmasq pid %d serves %s without --dhcp-leasefile: no lease file to watch", pid, w.bridge)
+	default:
+		w.logf("watching the lease file %s (dnsmasq pid %d)", path, pid)
+		if trig {
+			w.add(ctx, trigger{kind: trigLease, at: time.Now(), what: "dnsmasq found again"})
+		}
+	}
+}
+
+// linkSubscription is one netlink link-event subscription.
+type linkSubscription struct {
+	events chan linkEvent
+	done   chan struct{}
+	once   sync.Once
+	mu     sync.Mutex
+	err    error
+}
+
+// subscribeLinks subscribes to link events in the ground's namespace,
+// dumping the existing links first; each event is stamped on arrival.
+func subscribeLinks(g *ground, rcvbuf int) (*linkSubscription, error) {
+	s := &linkSubscription{events: make(chan linkEvent, 1024), done: make(chan struct{})}
+	raw := make(chan netlink.LinkUpdate, 1024)
+	opts := netlink.LinkSubscribeOptions{
+		ListExisting:      true,
+		ReceiveBufferSize: rcvbuf,
+		// The error that ends a subscription is said when its channel
+		// closes; the others (an interrupted dump, a message that did not
+		// parse) cost at most one link's news, which the refresh (it reads
+		// the kernel afresh) and the periodic resync make up for.
+		ErrorCallback: func(err error) {
+			s.mu.Lock()
+			s.err = err
+			s.mu.Unlock()
+		},
+	}
+	if g.ns >= 0 {
+		ns := g.ns
+		opts.Namespace = &ns
+	}
+	if err := netlink.LinkSubscribeWithOptions(raw, s.done, opts); err != nil {
+		close(s.done) // the socket, if one was opened, is closed on done
+		return nil, err
+	}
+	go func() {
+		defer close(s.events)
+		for u := range raw {
+			s.events <- linkEvent{u: u, at: time.Now()}
+		}
+	}()
+	return s, nil
+}
+
+func (s *linkSubscription) lastErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		return errors.New("closed")
+	}
+	return s.err
+}
+
+// stop closes the subscription's socket and drains its events, so no
+// goroutine is left blocked sending; it is also what cleans up after a
+// subscription that died on its own.
+func (s *linkSubscription) stop() {
+	s.once.Do(func() { close(s.done) })
+	for range s.events {
+	}
+}
+
+// leaseWatch watches the lease file's directory with inotify: dnsmasq
+// rewrites the file in place, other writers replace it.
+type leaseWatch struct {
+	f      *os.File
+	fd     int
+	events chan leaseEvent
+	stopc  chan struct{}
+
+	wd         int // -1 when nothing is watched
+	path, name string
+	pid        int
+}
+
+type leaseEvent struct {
+	wd       int
+	name     string
+	overflow bool
+	at       time.Time
+}
+
+const leaseMask = unix.IN_MODIFY | unix.IN_CLOSE_WRITE | unix.IN_MOVED_TO | unix.IN_CREATE | unix.IN_DELETE
+
+func newLeaseWatch() (*leaseWatch, error) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("inotify: %w", err)
+	}
+	lw := &leaseWatch{f: os.NewFile(uintptr(fd), "inotify"), fd: fd, wd: -1,
+		events: make(chan leaseEvent, 64), stopc: make(chan struct{})}
+	go lw.read()
+	return lw, nil
+}
+
+func (lw *leaseWatch) read() {
+	buf := make([]byte, 64*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
+	for {
+		n, err := lw.f.Read(buf)
+		if err != nil {
+			return // closed
+		}
+		at := time.Now()
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			wd := int32(binary.NativeEndian.Uint32(buf[off:]))
+			mask := binary.NativeEndian.Uint32(buf[off+4:])
+			l := int(binary.NativeEndian.Uint32(buf[off+12:]))
+			start := off + unix.SizeofInotifyEvent
+			name := strings.TrimRight(string(buf[start:min(start+l, n)]), "\x00")
+			off = start + l
+			select {
+			case lw.events <- leaseEvent{wd: int(wd), name: name, overflow: mask&unix.IN_Q_OVERFLOW != 0, at: at}:
+			case <-lw.stopc:
+				return
+			}
+		}
+	}
+}
+
+// watch points the watch at path's directory; changed says whether the
+// file or the dnsmasq process is another than before.
+func (lw *leaseWatch) watch(path string, pid int) (changed bool, err error) {
+	changed = path != lw.path || pid != lw.pid
+	lw.pid = pid
+	if path == lw.path {
+		return changed, nil
+	}
+	if lw.wd >= 0 {
+		_, _ = unix.InotifyRmWatch(lw.fd, uint32(lw.wd))
+		lw.wd, lw.path, lw.name = -1, "", ""
+	}
+	if path == "" {
+		return changed, nil
+	}
+	wd, err := unix.InotifyAddWatch(lw.fd, filepath.Dir(path), leaseMask)
+	if err != nil {
+		lw.pid = 0 // looked for again at the next recheck
+		return false, fmt.Errorf("inotify on %s: %w", filepath.Dir(path), err)
+	}
+	lw.wd, lw.path, lw.name = wd, path, filepath.Base(path)
+	return changed, nil
+}
+
+// matches says whether an event is about the lease file (an overflowed
+// queue may have been).
+func (lw *leaseWatch) matches(ev leaseEvent) bool {
+	return lw.wd >= 0 && (ev.overflow || (ev.wd == lw.wd && ev.name == lw.name))
+}
+
+// alive says whether the dnsmasq the lease file came from still runs.
+func (lw *leaseWatch) alive() bool {
+	if lw.pid == 0 {
+		return false
+	}
+	_, err := os.Stat("/proc/" + strconv.Itoa(lw.pid))
+	return err == nil
+}
+
+func (lw *leaseWatch) close() {
+	close(lw.stopc)
+	lw.f.Close()
+}

@@ -1,0 +1,553 @@
+package stack
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+
+	"github.com/box-isolation/box/internal/nstest"
+	"github.com/box-isolation/box/internal/testenv/tier"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// linkUpdate builds a link update as the kernel would send it.
+func linkUpdate(typ uint16, family uint8, idx int, name string, master int, isolated *bool) linkEvent {
+	a := netlink.LinkAttrs{Index: idx, Name: name, MasterIndex: master}
+	if isolated != nil {
+		a.Protinfo = &netlink.Protinfo{Isolated: *isolated}
+	}
+	return linkEvent{at: time.Now(), u: netlink.LinkUpdate{
+		IfInfomsg: nl.IfInfomsg{IfInfomsg: unix.IfInfomsg{Family: family, Index: int32(idx)}},
+		Header:    unix.NlMsghdr{Type: typ},
+		Link:      &netlink.Device{LinkAttrs: a},
+	}}
+}
+
+func TestWatcherClassifiesLinkEvents(t *testing.T) {
+	off, on := false, true
+	w := &watcher{bridge: "boxnet", links: map[int]linkInfo{}}
+	dump := func(ev linkEvent) linkEvent { ev.u.Header.Flags |= unix.NLM_F_MULTI; return ev }
+	for _, step := range []struct {
+		name string
+		ev   linkEvent
+		want string // "" for no trigger, else "port/what"
+	}{
+		{"the dump only teaches: a port listed before its bridge", dump(linkUpdate(unix.RTM_NEWLINK, unix.AF_UNSPEC, 5, "vold", 3, nil)), ""},
+		{"the dump only teaches: the bridge", dump(linkUpdate(unix.RTM_NEWLINK, unix.AF_UNSPEC, 3, "boxnet", 0, nil)), ""},
+		{"a known port changing carrier", linkUpdate(unix.RTM_NEWLINK, unix.AF_UNSPEC, 5, "vold", 3, nil), ""},
+		{"a link elsewhere", linkUpdate(unix.RTM_NEWLINK, unix.AF_UNSPEC, 9, "docker0", 0, nil), ""},
+		{"a port of another bridge", linkUpdate(unix.RTM_NEWLINK, unix.AF_UNSPEC, 10, "vdock", 9, nil), ""},
+		{"a veth made, not yet a port", linkUpdate(unix.RTM_NEWLINK, unix.AF_UNSPEC, 7, "vnew", 0, nil), ""},
+		{"enslaved", linkUpdate(unix.RTM_NEWLINK, unix.AF_UNSPEC, 7, "vnew", 3, nil), "vnew/joined"},
+		{"the bridge's own AF_BRIDGE notice (its master is itself)", linkUpdate(unix.RTM_NEWLINK, unix.AF_BRIDGE, 3, "boxnet", 3, nil), ""},
+		{"the port's AF_BRIDGE notice, isolated", linkUpdate(unix.RTM_NEWLINK, unix.AF_BRIDGE, 7, "vnew", 3, &on), ""},
+		{"isolated turned off", linkUpdate(unix.RTM_NEWLINK, unix.AF_BRIDGE, 7, "vnew", 3, &off), "vnew/isolated turned off"},
+		{"renamed", linkUpdate(unix.RTM_NEWLINK, unix.AF_UNSPEC, 7, "vren", 3, nil), "vren/renamed from vnew"},
+		{"released from the bridge (AF_BRIDGE DELLINK)", linkUpdate(unix.RTM_DELLINK, unix.AF_BRIDGE, 7, "vren", 3, nil), "vren/left"},
+		{"its master cleared after that", linkUpdate(unix.RTM_NEWLINK, unix.AF_UNSPEC, 7, "vren", 0, nil), ""},
+		{"a port deleted", linkUpdate(unix.RTM_DELLINK, unix.AF_UNSPEC, 5, "vold", 3, nil), "vold/left"},
+		{"a deleted non-port", linkUpdate(unix.RTM_DELLINK, unix.AF_UNSPEC, 10, "vdock", 9, nil), ""},
+		{"the bridge deleted", linkUpdate(unix.RTM_DELLINK, unix.AF_UNSPEC, 3, "boxnet", 0, nil), "/bridge boxnet went away"},
+		{"a port of the old index is no port", linkUpdate(unix.RTM_NEWLINK, unix.AF_UNSPEC, 11, "vstale", 3, nil), ""},
+		{"a bridge renamed to boxnet appears", linkUpdate(unix.RTM_NEWLINK, unix.AF_UNSPEC, 12, "boxnet", 0, nil), "/bridge boxnet appeared"},
+		{"and its port joins", linkUpdate(unix.RTM_NEWLINK, unix.AF_UNSPEC, 13, "vb", 12, nil), "vb/joined"},
+		{"the bridge renamed away", linkUpdate(unix.RTM_NEWLINK, unix.AF_UNSPEC, 12, "oldnet", 0, nil), "/bridge boxnet went away"},
+	} {
+		tr, ok := w.classify(step.ev)
+		got := ""
+		if ok {
+			got = tr.port + "/" + tr.what
+			assert.Equal(t, trigLink, tr.kind, step.name)
+			assert.Equal(t, step.ev.at, tr.at, "%s: the trigger keeps the event's arrival", step.name)
+		}
+		assert.Equal(t, step.want, got, step.name)
+	}
+}
+
+func TestWatcherReportLines(t *testing.T) {
+	t0 := time.Now()
+	done := t0.Add(2100 * time.Microsecond)
+	link := func(port, what string) trigger { return trigger{kind: trigLink, at: t0, port: port, what: what} }
+	lines := reportLines("boxnet", portsRefresh{isolated: []string{"vj", "vf"}, added: []string{"vj", "vr"}, removed: []string{"vl", "ghost"}},
+		[]trigger{link("vl", "left"), link("vj", "joined"), link("vf", "isolated turned off")}, done)
+	assert.Equal(t, []string{
+		"ghost: not a port of boxnet, removed from the port set 2.1ms after the link event",
+		"vf: isolated turned back on 2.1ms after the link event",
+		"vj: joined boxnet, isolated and in the port set 2.1ms after the link event",
+		"vl: left boxnet, removed from the port set 2.1ms after the link event",
+		"vr: joined boxnet, in the port set (it was isolated already) 2.1ms after the link event",
+	}, lines)
+
+	lines = reportLines("boxnet", portsRefresh{isolated: []string{"va", "vi"}, added: []string{"va"}, removed: []string{"vr"},
+		isolatedAt: t0.Add(300 * time.Microsecond), addedAt: t0.Add(700 * time.Microsecond)},
+		[]trigger{link("va", "joined"), link("vi", "isolated turned off"), link("vr", "left")}, done)
+	assert.Equal(t, []string{
+		"va: joined boxnet, isolated and in the port set 0.7ms after the link event",
+		"vi: isolated turned back on 0.3ms after the link event",
+		"vr: left boxnet, removed from the port set 2.1ms after the link event",
+	}, lines, "each change is timed when it took effect: the addition's commit, the flag, the refresh's end")
+
+	lines = reportLines("boxnet", portsRefresh{added: []string{"vnew"}, removed: []string{"vold"}}, []trigger{link("vnew", "renamed from vold")}, done)
+	assert.Equal(t, []string{
+		"vnew: joined boxnet, in the port set (it was isolated already) 2.1ms after the link event",
+		"vold: renamed to vnew, the old name removed from the port set 2.1ms after the link event",
+	}, lines)
+
+	lines = reportLines("boxnet", portsRefresh{isolated: []string{"v1"}, added: []string{"v1"}},
+		[]trigger{{kind: trigResync, at: t0}, {kind: trigLease, at: t0}}, done)
+	assert.Equal(t, []string{"v1: joined boxnet, isolated and in the port set at the periodic resync"}, lines, "the earliest trigger is the cause of a port no event named")
+	lines = reportLines("boxnet", portsRefresh{isolated: []string{"v1"}}, []trigger{{kind: trigLease, at: t0}}, done)
+	assert.Equal(t, []string{"v1: isolated turned back on 2.1ms after the lease file change"}, lines)
+	lines = reportLines("boxnet", portsRefresh{isolated: []string{"v1"}, added: []string{"v1"}}, []trigger{{kind: trigSync, at: t0, what: "watcher started"}}, done)
+	assert.Equal(t, []string{"v1: joined boxnet, isolated and in the port set at the full sync (watcher started)"}, lines)
+	assert.Empty(t, reportLines("boxnet", portsRefresh{}, []trigger{link("v", "joined")}, done), "a refresh that changed nothing says nothing")
+}
+
+// The privileged tier: a throwaway namespace boxpw-<run>-host (never the
+// machine's own, never the world's) with a bridge boxnet and box's nft
+// tables in port-set mode.
+
+type watchWorld struct {
+	ns   *nstest.NS
+	h    *netlink.Handle
+	host *Host
+	log  *syncBuffer
+}
+
+func newWatchWorld(t testing.TB) *watchWorld {
+	t.Helper()
+	tier.Root(t)
+	w := &watchWorld{ns: nstest.New(t, "boxpw-"+nstest.RunID()+"-host"), log: &syncBuffer{}}
+	w.h = w.ns.Netlink(t)
+	w.host = &Host{NetNS: w.ns.Name}
+	w.ns.AddBridge(t, "boxnet")
+	w.ns.LinkUp(t, "boxnet")
+	cfg := nft.Config{NetNS: int(w.ns.Handle), Gateway: netip.MustParseAddr("10.99.0.1")}
+	caps := nft.Capabilities{Detail: "port-set mode, as on a kernel without nft bridge meta"}
+	require.Equal(t, nft.ModePortSet, nft.Desired(cfg, caps).Mode)
+	_, err := nft.Apply(cfg, caps, nil)
+	require.NoError(t, err)
+	return w
+}
+
+// watch runs the watcher until the test ends, once its first refresh (the
+// full sync) is done; stop ends it and returns what WatchPorts returned.
+func (w *watchWorld) watch(t testing.TB, o watchOptions) (stop func() error) {
+	t.Helper()
+	first := make(chan struct{})
+	var once sync.Once
+	inner := o.refreshed
+	o.refreshed = func(r portsRefresh, c []trigger, at time.Time) {
+		once.Do(func() { close(first) })
+		if inner != nil {
+			inner(r, c, at)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var err error
+	go func() { err = w.host.watchPorts(ctx, w.log, o); close(done) }()
+	stop = func() error {
+		cancel()
+		select {
+		case <-done:
+			return err
+		case <-time.After(5 * time.Second):
+			return errors.New("the watcher did not stop within 5s of its context ending")
+		}
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	select {
+	case <-first:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the watcher did not refresh within 5s of starting; its log:\n%s", w.log.String())
+	}
+	return stop
+}
+
+func (w *watchWorld) waitLog(t testing.TB, s string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Contains(w.log.String(), s) }, 5*time.Second, 5*time.Millisecond,
+		"the watcher's log never said %q; it said:\n%s", s, w.log.String())
+}
+
+// portSet reads the bridge drop's port set from the kernel.
+func (w *watchWorld) portSet(t testing.TB) []string {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(int(w.ns.Handle)))
+	require.NoError(t, err)
+	s, err := c.GetSetByName(&nftables.Table{Family: nftables.TableFamilyBridge, Name: "box"}, "boxnet_ports")
+	require.NoError(t, err)
+	elems, err := c.GetSetElements(s)
+	require.NoError(t, err)
+	out := []string{}
+	for _, e := range elems {
+		out = append(out, strings.TrimRight(string(e.Key), "\x00"))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// addToSet puts a name in the port set behind the watcher's back: no link
+// event says so.
+func (w *watchWorld) addToSet(t testing.TB, name string) {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(int(w.ns.Handle)))
+	require.NoError(t, err)
+	key := make([]byte, unix.IFNAMSIZ)
+	copy(key, name)
+	s := &nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyBridge, Name: "box"}, Name: "boxnet_ports", KeyType: nftables.TypeIFName}
+	require.NoError(t, c.SetAddElements(s, []nftables.SetElement{{Key: key}}))
+	require.NoError(t, c.Flush())
+}
+
+// veth makes a veth pair name/name+"p", both ends in the world's namespace.
+func (w *watchWorld) veth(t testing.TB, name string) netlink.Link {
+	t.Helper()
+	require.NoError(t, w.h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}))
+	l, err := w.h.LinkByName(name)
+	require.NoError(t, err)
+	return l
+}
+
+func (w *watchWorld) enslave(t testing.TB, l netlink.Link) {
+	t.Helper()
+	br, err := w.h.LinkByName("boxnet")
+	require.NoError(t, err)
+	require.NoError(t, w.h.LinkSetMasterByIndex(l, br.Attrs().Index))
+}
+
+func (w *watchWorld) isolated(t testing.TB, name string) bool {
+	t.Helper()
+	l, err := w.h.LinkByName(name)
+	require.NoError(t, err)
+	pi, err := w.h.LinkGetProtinfo(l)
+	require.NoError(t, err)
+	return pi.Isolated
+}
+
+// settles waits (a bounded while) until cond holds.
+func settles(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	require.Eventually(t, cond, 5*time.Second, 2*time.Millisecond, what)
+}
+
+func TestPrivilegedWatchPorts(t *testing.T) {
+	w := newWatchWorld(t)
+	// A port that is there before the watcher, unisolated and outside the
+	// set: the full sync at the start takes it in.
+	pre := w.veth(t, "vpre")
+	w.enslave(t, pre)
+	require.False(t, w.isolated(t, "vpre"))
+	require.Empty(t, w.portSet(t))
+
+	o := defaultWatchOptions()
+	o.resync = time.Hour // nothing but the events under test refreshes
+	stop := w.watch(t, o)
+	settles(t, "the full sync isolates the existing port and puts it in the set", func() bool {
+		return slices.Equal(w.portSet(t), []string{"vpre"}) && w.isolated(t, "vpre")
+	})
+	w.waitLog(t, "vpre: joined boxnet, isolated and in the port set at the full sync (watcher started)")
+
+	pid, running, err := w.host.WatcherRunning()
+	require.NoError(t, err)
+	assert.True(t, running, "WatcherRunning while it runs")
+	assert.Equal(t, os.Getpid(), pid, "the lock file holds the watcher's PID")
+	err = w.host.WatchPorts(context.Background(), io.Discard)
+	require.Error(t, err, "a second watcher in the same namespace")
+	assert.Contains(t, err.Error(), fmt.Sprintf("a port watcher (pid %d) already watches network namespace %s", os.Getpid(), w.ns.Name))
+
+	// Each step is a kernel change no box command made, so only the
+	// watcher can answer it; the set and the flag are read back from the
+	// kernel.
+	j := w.veth(t, "vjoin")
+	w.enslave(t, j)
+	settles(t, "an enslaved veth is isolated and in the set", func() bool {
+		return slices.Equal(w.portSet(t), []string{"vjoin", "vpre"}) && w.isolated(t, "vjoin")
+	})
+	w.waitLog(t, "vjoin: joined boxnet, isolated and in the port set ")
+	w.waitLog(t, "ms after the link event")
+
+	require.NoError(t, w.h.LinkSetIsolated(j, false))
+	settles(t, "isolated turned off by hand is turned back on", func() bool { return w.isolated(t, "vjoin") })
+	w.waitLog(t, "vjoin: isolated turned back on ")
+
+	require.NoError(t, w.h.LinkSetName(j, "vrenamed"))
+	settles(t, "a renamed port is in the set under its new name only", func() bool {
+		return slices.Equal(w.portSet(t), []string{"vpre", "vrenamed"})
+	})
+	w.waitLog(t, "vjoin: renamed to vrenamed, the old name removed from the port set ")
+
+	require.NoError(t, w.h.LinkSetNoMaster(pre))
+	settles(t, "a port released from the bridge leaves the set", func() bool {
+		return slices.Equal(w.portSet(t), []string{"vrenamed"})
+	})
+	ren, err := w.h.LinkByName("vrenamed")
+	require.NoError(t, err)
+	require.NoError(t, w.h.LinkDel(ren))
+	settles(t, "a deleted port leaves the set", func() bool { return len(w.portSet(t)) == 0 })
+	w.waitLog(t, "vrenamed: left boxnet, removed from the port set ")
+
+	// A bridge that becomes boxnet with a port already on it (renamed
+	// into place): its appearance is the only event.
+	w.ns.AddBridge(t, "boxnew")
+	other := w.veth(t, "vother")
+	newBr, err := w.h.LinkByName("boxnew")
+	require.NoError(t, err)
+	require.NoError(t, w.h.LinkSetMasterByIndex(other, newBr.Attrs().Index))
+	time.Sleep(50 * time.Millisecond)
+	assert.Empty(t, w.portSet(t), "a port of another bridge stays out of the set")
+	assert.False(t, w.isolated(t, "vother"), "and its flags are not box's")
+	old, err := w.h.LinkByName("boxnet")
+	require.NoError(t, err)
+	require.NoError(t, w.h.LinkDel(old))
+	require.NoError(t, w.h.LinkSetName(newBr, "boxnet"))
+	settles(t, "the port of a bridge that appears as boxnet is isolated and in the set", func() bool {
+		return slices.Equal(w.portSet(t), []string{"vother"}) && w.isolated(t, "vother")
+	})
+	w.waitLog(t, "(bridge boxnet appeared)")
+
+	require.NoError(t, stop(), "WatchPorts returns nil when its context ends")
+	_, running, err = w.host.WatcherRunning()
+	require.NoError(t, err)
+	assert.False(t, running, "the lock is released when the watcher stops")
+	t.Logf("watcher log:\n%s", w.log.String())
+}
+
+func TestPrivilegedWatchPortsResubscribes(t *testing.T) {
+	w := newWatchWorld(t)
+	o := defaultWatchOptions()
+	o.resync = time.Hour
+	o.rcvbuf = 1 // the kernel's minimum: a burst of link events overflows it
+	w.watch(t, o)
+	var want []string
+	for i := range 40 {
+		name := fmt.Sprintf("vburst%d", i)
+		w.enslave(t, w.veth(t, name))
+		want = append(want, name)
+	}
+	sort.Strings(want)
+	w.waitLog(t, "link subscription ended (")
+	w.waitLog(t, "subscribing again")
+	settles(t, "every port of the burst is isolated and in the set, lost events or not", func() bool {
+		if !slices.Equal(w.portSet(t), want) {
+			return false
+		}
+		for _, p := range want {
+			if !w.isolated(t, p) {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("watcher log:\n%s", w.log.String())
+}
+
+// fakeDnsmasq starts a process inside the namespace whose command line is
+// what the stack looks for in a dnsmasq serving boxnet (a shell waiting on
+// its stdin), and stops it by its PID.
+func fakeDnsmasq(t *testing.T, ns *nstest.NS, leases string) (pid int, stop func()) {
+	t.Helper()
+	cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{"dnsmasq", "-c", "read x", "--interface=boxnet", "--dhcp-leasefile=" + leases}}
+	in, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	require.NoError(t, ns.Run(cmd.Start), "starting a stand-in dnsmasq (needs /bin/sh)")
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			in.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return cmd.Process.Pid, stop
+}
+
+func TestPrivilegedWatchPortsLeaseFile(t *testing.T) {
+	w := newWatchWorld(t)
+	leases := filepath.Join(t.TempDir(), "dnsmasq.leases")
+	require.NoError(t, os.WriteFile(leases, nil, 0o644))
+	pid, stopDnsmasq := fakeDnsmasq(t, w.ns, leases)
+	g, err := w.host.ground()
+	require.NoError(t, err)
+	path, found := g.dnsmasqLeaseFile("boxnet")
+	g.close()
+	require.Equal(t, pid, found, "the stand-in is found as the dnsmasq serving boxnet in the namespace")
+	require.Equal(t, leases, path, "its lease file is read from --dhcp-leasefile=")
+
+	o := defaultWatchOptions()
+	o.resync = time.Hour
+	o.leaseRecheck = 20 * time.Millisecond
+	causes := make(chan []trigger, 100)
+	o.refreshed = func(r portsRefresh, c []trigger, _ time.Time) {
+		select {
+		case causes <- c:
+		default:
+		}
+	}
+	w.watch(t, o)
+	w.waitLog(t, fmt.Sprintf("watching the lease file %s (dnsmasq pid %d)", leases, pid))
+
+	// A stale name in the set, put there with no link event: only a
+	// refresh removes it, and nothing but the lease file can cause one.
+	ghostGone := func(name, leases string) {
+		t.Helper()
+		w.addToSet(t, name)
+		time.Sleep(100 * time.Millisecond)
+		require.Equal(t, []string{name}, w.portSet(t), "negative control: nothing refreshes before the lease file changes")
+		for len(causes) > 0 {
+			<-causes
+		}
+		f, err := os.OpenFile(leases, os.O_APPEND|os.O_WRONLY, 0)
+		require.NoError(t, err)
+		_, err = fmt.Fprintf(f, "1700000000 00:16:3e:00:00:01 10.99.0.7 %s *\n", name)
+		require.NoError(t, err)
+		require.NoError(t, f.Close())
+		settles(t, "a lease file write refreshes the set", func() bool { return len(w.portSet(t)) == 0 })
+		select {
+		case c := <-causes:
+			require.NotEmpty(t, c)
+			assert.Equal(t, trigLease, c[0].kind, "the refresh answered the lease file")
+		case <-time.After(time.Second):
+			t.Fatal("no refresh reported")
+		}
+		w.waitLog(t, name+": not a port of boxnet, removed from the port set ")
+	}
+	ghostGone("ghost0", leases)
+	w.waitLog(t, "ms after the lease file change")
+
+	// dnsmasq restarts with its lease file elsewhere: found again.
+	stopDnsmasq()
+	leases2 := filepath.Join(t.TempDir(), "dnsmasq.leases")
+	require.NoError(t, os.WriteFile(leases2, nil, 0o644))
+	pid2, _ := fakeDnsmasq(t, w.ns, leases2)
+	w.waitLog(t, fmt.Sprintf("watching the lease file %s (dnsmasq pid %d)", leases2, pid2))
+	for found := false; !found; {
+		select {
+		case c := <-causes:
+			found = slices.ContainsFunc(c, func(t trigger) bool { return t.kind == trigLease && t.what == "dnsmasq found again" })
+		case <-time.After(5 * time.Second):
+			t.Fatal("finding dnsmasq again did not refresh")
+		}
+	}
+	ghostGone("ghost1", leases2)
+	t.Logf("watcher log:\n%s", w.log.String())
+}
+
+// BenchmarkPrivilegedWatchPortsJoin measures how long a veth enslaved to
+// boxnet stays outside the port set with the watcher running: from the
+// enslave call returning (and from the link event reaching the watcher)
+// to the refresh that put it in the set.
+func BenchmarkPrivilegedWatchPortsJoin(b *testing.B) {
+	w := newWatchWorld(b)
+	type done struct {
+		r      portsRefresh
+		causes []trigger
+	}
+	refreshed := make(chan done, 1024)
+	o := defaultWatchOptions()
+	o.resync = time.Hour
+	o.refreshed = func(r portsRefresh, c []trigger, _ time.Time) {
+		select {
+		case refreshed <- done{r, c}:
+		default:
+		}
+	}
+	w.watch(b, o)
+	waitFor := func(port string, added bool) done {
+		for {
+			select {
+			case d := <-refreshed:
+				list := d.r.removed
+				if added {
+					list = d.r.added
+				}
+				if slices.Contains(list, port) {
+					return d
+				}
+			case <-time.After(5 * time.Second):
+				b.Fatalf("%s never reported in or out of the set", port)
+			}
+		}
+	}
+	var fromCall, fromEvent []time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		name := fmt.Sprintf("vb%d", i)
+		l := w.veth(b, name)
+		time.Sleep(3 * o.debounce) // a quiet period, as between box starts
+		b.StartTimer()
+		t0 := time.Now()
+		w.enslave(b, l)
+		d := waitFor(name, true)
+		b.StopTimer()
+		inSet := d.r.addedAt
+		fromCall = append(fromCall, inSet.Sub(t0))
+		for _, c := range d.causes {
+			if c.port == name {
+				fromEvent = append(fromEvent, inSet.Sub(c.at))
+				break
+			}
+		}
+		require.NoError(b, w.h.LinkDel(l))
+		waitFor(name, false)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	ms := func(ds []time.Duration, q float64) float64 {
+		if len(ds) == 0 {
+			return 0
+		}
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		return float64(s[int(q*float64(len(s)-1))]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(ms(fromCall, 0.5), "ms-enslave-to-set-p50")
+	b.ReportMetric(ms(fromCall, 0.99), "ms-enslave-to-set-p99")
+	b.ReportMetric(ms(fromCall, 1), "ms-enslave-to-set-max")
+	b.ReportMetric(ms(fromEvent, 0.5), "ms-event-to-set-p50")
+	b.ReportMetric(ms(fromEvent, 1), "ms-event-to-set-max")
+}
+
+// syncBuffer is a bytes.Buffer the watcher writes while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
