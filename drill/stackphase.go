@@ -71,6 +71,9 @@ func (r *run) verifyForProbes(ctx context.Context) error {
 	rep := r.rep
 	rep.Stack.Subnet, rep.Stack.Gateway, rep.Stack.BridgeMode = v.Subnet.String(), v.Gateway.String(), string(v.BridgeMode)
 	r.findings = mergeFindings(r.before.Findings, v.Findings)
+	for _, n := range v.Notes {
+		rep.Notes = append(rep.Notes, "stack: "+n)
+	}
 	rep.Stack.Findings = r.findings
 	rep.Stack.Layers = layerState(r.findings)
 	if bnf, ok := bridgeNetfilter(r.cfg.Host.NetNS); ok {

@@ -38,6 +38,8 @@ type Verification struct {
 	Ports      []Port `json:"ports"`
 	// Fleet is the census of every instance and port on the bridge.
 	Fleet *Census `json:"fleet,omitempty"`
+	// Notes say what is weaker than it could be without being a finding.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Clean reports whether nothing differs.
@@ -173,9 +175,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		} else if running {
 			v.WatcherPID = pid
 		} else {
-			v.Findings = append(v.Findings, Finding{Layer: "L-BRIDGEDROP", Object: "port watcher", Advisory: true,
-				Problem: "none runs: a box that restarts on its own, or whose NIC is re-plugged, stays outside the port set and unpinned until the next box command",
-				Fix:     "start box watch-ports (the boot unit box-ports.service runs it)"})
+			v.Notes = append(v.Notes, "no port watcher runs here: a box that restarts on its own, or whose NIC is re-plugged, stays outside the port set and unpinned until the next box command; start box watch-ports (the boot unit box-ports.service runs it)")
 		}
 	}
 	nf, err := nft.Verify(ncfg, caps, portNames(ports))

@@ -109,6 +109,9 @@ func setupDoctor(fs *flag.FlagSet) action {
 				return err
 			}
 		} else {
+			for _, n := range v.Notes {
+				fmt.Fprintln(c.err, "box: note: "+n)
+			}
 			for _, f := range v.Findings {
 				fmt.Fprintf(c.out, "%-12s %s: %s\n%-12s fix: %s\n", f.Layer, f.Object, f.Problem, "", f.Fix)
 			}
