@@ -173,17 +173,23 @@ type PacketRecord struct {
 	Matched bool `json:"matched,omitempty"`
 }
 
-// FrameSummary describes one captured frame.
+// FrameSummary describes one captured frame. For an ARP frame SrcIP is
+// the sender protocol address and DstIP the target's, ARPOp the operation
+// ("request", "reply", or "op-N") and ARPSenderMAC the sender hardware
+// address: a frame whose sender is not the frame's source, or whose
+// sender address is not that host's own, is a forgery or a proxy.
 type FrameSummary struct {
-	At        time.Time `json:"at"`
-	EtherType string    `json:"ethertype"`
-	SrcMAC    string    `json:"src_mac"`
-	DstMAC    string    `json:"dst_mac"`
-	SrcIP     string    `json:"src_ip,omitempty"`
-	DstIP     string    `json:"dst_ip,omitempty"`
-	Proto     string    `json:"proto,omitempty"`
-	DstPort   int       `json:"dst_port,omitempty"`
-	MatchedBy string    `json:"matched_by"`
+	At           time.Time `json:"at"`
+	EtherType    string    `json:"ethertype"`
+	SrcMAC       string    `json:"src_mac"`
+	DstMAC       string    `json:"dst_mac"`
+	SrcIP        string    `json:"src_ip,omitempty"`
+	DstIP        string    `json:"dst_ip,omitempty"`
+	Proto        string    `json:"proto,omitempty"`
+	DstPort      int       `json:"dst_port,omitempty"`
+	ARPOp        string    `json:"arp_op,omitempty"`
+	ARPSenderMAC string    `json:"arp_sender_mac,omitempty"`
+	MatchedBy    string    `json:"matched_by"`
 }
 
 // ListenerEvidence is what a listener served.
