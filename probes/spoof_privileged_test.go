@@ -376,3 +376,21 @@ func TestPrivilegedSpoofAgent(t *testing.T) {
 	mac, state := w.entry(t, w.bIP)
 	require.Equal(t, w.aMAC.String(), mac, "the host's entry for b points at a (%s)", state)
 }
+
+// TestPrivilegedForgingOurOwnAddress: claiming or forging one of our own
+// addresses forges nothing; the probes say so and send nothing.
+func TestPrivilegedForgingOurOwnAddress(t *testing.T) {
+	w := newBridgeWorld(t)
+	wit := startWitness(t, w.b, WitnessSpec{ID: "w", Via: w.subnet, WindowMS: 5000, SrcMACs: []string{w.aMAC.String()}})
+	for _, spec := range []ProbeSpec{
+		{ID: "a", Kind: KindARPSpoof, Via: w.subnet, Claim: w.aIP, Op: ARPOpGratuitous, DeadlineMS: 300},
+		{ID: "f", Kind: KindForgedUDP, Target: w.bIP, Port: echoPort, SrcIP: w.aIP, DeadlineMS: 300},
+	} {
+		o := probeIn(t, w.a, spec)
+		require.Equal(t, Error, o.Outcome, o.Reason)
+		require.Contains(t, o.Reason, "one of our own addresses: nothing would be forged")
+		require.Zero(t, o.Evidence.Sent)
+	}
+	seen := wit.Stop()
+	require.Equal(t, Silent, seen.Outcome, "nothing left a: %+v", seen.Evidence.Witness.First)
+}
