@@ -28,13 +28,8 @@ func probeARP(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 	}
 	obs.Evidence.Interface = ifi.Name
 	obs.Evidence.Source = p.Addr().String()
-	pc, err := packet.Listen(ifi, packet.Raw, int(ethernet.EtherTypeARP), nil)
+	c, err := openARP(ifi)
 	if err != nil {
-		return fail(obs, fmt.Sprintf("arp probe %s: packet socket (needs CAP_NET_RAW): %v", obs.Target, err))
-	}
-	c, err := arp.New(ifi, pc)
-	if err != nil {
-		pc.Close()
 		return fail(obs, fmt.Sprintf("arp probe %s: %v", obs.Target, err))
 	}
 	defer c.Close()
@@ -78,4 +73,20 @@ func probeARP(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 	obs.Evidence.From = reply.SenderIP.String()
 	obs.Evidence.MAC = net.HardwareAddr(reply.SenderHardwareAddr).String()
 	return done(obs, Reached, "ARP reply from the target")
+}
+
+// openARP opens an ARP client on a packet socket on ifi. A packet written
+// with its WriteTo leaves from the packet's sender hardware address, which
+// is what lets arp_spoof forge the Ethernet source too.
+func openARP(ifi *net.Interface) (*arp.Client, error) {
+	pc, err := packet.Listen(ifi, packet.Raw, int(ethernet.EtherTypeARP), nil)
+	if err != nil {
+		return nil, fmt.Errorf("packet socket (needs CAP_NET_RAW): %w", err)
+	}
+	c, err := arp.New(ifi, pc)
+	if err != nil {
+		pc.Close()
+		return nil, err
+	}
+	return c, nil
 }

@@ -1,7 +1,8 @@
-// Package probes fires raw L2/L3/DNS/IPv6 probes, runs witnesses (passive
-// captures at a probe's target) and listeners, and holds the in-box agent
-// that reads a JSON plan and writes JSON observations. It knows nothing
-// about Incus: the drill pushes the agent into a box and reads its report.
+// Package probes fires raw L2/L3/DNS/IPv6 probes (forged ones among
+// them), runs witnesses (passive captures at a probe's target) and
+// listeners, and holds the in-box agent that reads a JSON plan and writes
+// JSON observations. It knows nothing about Incus: the drill pushes the
+// agent into a box and reads its report.
 //
 // # Outcomes
 //
@@ -24,7 +25,8 @@
 //	          address that is not the target (an nft "reject" in a router).
 //	          evidence.icmp names the offender, type and code.
 //	silent    nothing came back before the deadline (or only our own stack
-//	          gave up, e.g. no ARP reply for an on-link target).
+//	          gave up, e.g. no ARP reply for an on-link target). For the
+//	          forging probes, which expect nothing: every packet left.
 //	error     the probe could not run, or its answer cannot be classified
 //	          without guessing (reason says why). Never a verdict.
 //
@@ -53,6 +55,40 @@
 // the RST with the target's address, so the sender reads refused. The
 // target's witness saw nothing, and a verdict that needs both (arrived at
 // the sender, seen at the target) exposes it.
+//
+// # Forging probes
+//
+// Claim C-SPOOF (a box cannot take another's identity) uses two probes
+// that expect no answer and report what they sent; the drill judges them
+// by witnesses elsewhere (the host's neighbour table, a witness on the
+// host's bridge, the peer's witness). Their outcome is silent once every
+// packet left, error when one could not be sent or claims our own address.
+//
+//	arp_spoof   forged ARP on the interface holding via, claiming "claim"
+//	            (an address that is not ours) at our MAC, or at "src_mac",
+//	            which forges the Ethernet source too. "op" is gratuitous
+//	            (a request from the claim for the claim, to broadcast),
+//	            reply (to "target" at "dst_mac", required) or request (from
+//	            the claim for "target", to broadcast or "dst_mac").
+//	            Evidence: source (the claim), mac (the sender used),
+//	            interface, sent.
+//	forged_udp  the nonce line to target:port from "src_ip", a forged IPv4
+//	            source, and a random ephemeral port, written whole to a
+//	            raw socket (IPPROTO_RAW) so the kernel routes it and
+//	            resolves the next hop; the UDP checksum is right for the
+//	            forged source. A capture counts the datagrams leaving:
+//	            none left (no next hop) is an error. Evidence: source (the
+//	            forged address), src_port, interface, sent.
+//
+// Each sends three times, about 150 ms apart. Linux ignores an ARP that
+// would change a neighbour entry within its locktime (1 s) of the last
+// change, except a gratuitous ARP or a request for one of its own
+// addresses, so a forged reply takes only on an entry older than that
+// (TestPrivilegedARPSpoofLocktime measures it). A witness's frame summary
+// names an ARP frame's operation (arp_op) and sender hardware address
+// (arp_sender_mac): a frame claiming an address its sender does not hold,
+// or whose ARP sender is not its Ethernet source, is a forgery (or a
+// proxy).
 //
 // # Wire protocol
 //

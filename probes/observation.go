@@ -38,6 +38,8 @@ type Observation struct {
 // are present in JSON.
 type Evidence struct {
 	// Interface and Source: where the probe left from (found by subnet).
+	// For arp_spoof and forged_udp, Source is the address claimed or
+	// forged, never ours.
 	Interface string `json:"interface,omitempty"`
 	Source    string `json:"source,omitempty"`
 	// From is the address that answered; Responders lists every answerer
@@ -46,9 +48,11 @@ type Evidence struct {
 	Responders []string `json:"responders,omitempty"`
 	// Reply is the start of the peer's reply, printable ASCII only.
 	Reply string `json:"reply,omitempty"`
-	// MAC is the hardware address an ARP reply gave.
+	// MAC is the hardware address an ARP reply gave, or the one an
+	// arp_spoof probe's frames came from.
 	MAC string `json:"mac,omitempty"`
-	// Sent is how many packets the probe sent (UDP and ICMP retransmit).
+	// Sent is how many packets the probe sent (UDP and ICMP retransmit;
+	// the forging probes send three).
 	Sent int `json:"sent,omitempty"`
 	// Errno is the socket error the probe saw, e.g. "ECONNREFUSED".
 	Errno string `json:"errno,omitempty"`
@@ -59,7 +63,8 @@ type Evidence struct {
 	// protocol request chosen for its port ("dns", "dhcp", "tftp", "ntp",
 	// "netbios", "snmp", "ssdp"; udpproto.go has the table).
 	Request string `json:"request,omitempty"`
-	// SrcPort is a tcp probe's source port, bound before its SYN left.
+	// SrcPort is a tcp probe's source port, bound before its SYN left, or
+	// the random source port of a forged_udp probe's datagrams.
 	// ISN is the initial sequence number of that SYN, read from a capture
 	// of the SYN as it left (ISNCaptured true); a SYN carries no nonce, so
 	// port and ISN are how a witness past a NAT recognises it. When the
@@ -168,17 +173,23 @@ type PacketRecord struct {
 	Matched bool `json:"matched,omitempty"`
 }
 
-// FrameSummary describes one captured frame.
+// FrameSummary describes one captured frame. For an ARP frame SrcIP is
+// the sender protocol address and DstIP the target's, ARPOp the operation
+// ("request", "reply", or "op-N") and ARPSenderMAC the sender hardware
+// address: a frame whose sender is not the frame's source, or whose
+// sender address is not that host's own, is a forgery or a proxy.
 type FrameSummary struct {
-	At        time.Time `json:"at"`
-	EtherType string    `json:"ethertype"`
-	SrcMAC    string    `json:"src_mac"`
-	DstMAC    string    `json:"dst_mac"`
-	SrcIP     string    `json:"src_ip,omitempty"`
-	DstIP     string    `json:"dst_ip,omitempty"`
-	Proto     string    `json:"proto,omitempty"`
-	DstPort   int       `json:"dst_port,omitempty"`
-	MatchedBy string    `json:"matched_by"`
+	At           time.Time `json:"at"`
+	EtherType    string    `json:"ethertype"`
+	SrcMAC       string    `json:"src_mac"`
+	DstMAC       string    `json:"dst_mac"`
+	SrcIP        string    `json:"src_ip,omitempty"`
+	DstIP        string    `json:"dst_ip,omitempty"`
+	Proto        string    `json:"proto,omitempty"`
+	DstPort      int       `json:"dst_port,omitempty"`
+	ARPOp        string    `json:"arp_op,omitempty"`
+	ARPSenderMAC string    `json:"arp_sender_mac,omitempty"`
+	MatchedBy    string    `json:"matched_by"`
 }
 
 // ListenerEvidence is what a listener served.

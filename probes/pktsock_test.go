@@ -42,6 +42,7 @@ func TestPacketFiltersAssemble(t *testing.T) {
 	for name, f := range map[string][]bpf.Instruction{
 		"syn":      synFilter(40000, 7000),
 		"outbound": outboundFilter(),
+		"forged":   forgedFilter(netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.1"), 40000, 7001),
 	} {
 		prog, err := bpf.Assemble(f)
 		require.NoError(t, err, name)

@@ -56,6 +56,19 @@ const (
 	KindNDPRS     Kind = "ndp_rs"     // router solicitation, expecting no RA
 	KindDHCPLease Kind = "dhcp_lease" // the address held on the box subnet
 	KindControl   Kind = "control"    // control frames for the witnesses on a wire
+	KindARPSpoof  Kind = "arp_spoof"  // forged ARP: claims an address that is not ours
+	KindForgedUDP Kind = "forged_udp" // IPv4 UDP from a source address that is not ours
+)
+
+// The ARP frames an arp_spoof probe forges (its "op").
+const (
+	// ARPOpGratuitous is an ARP request whose sender and target protocol
+	// addresses are both the claim, to broadcast: "claim is at my MAC".
+	ARPOpGratuitous = "gratuitous"
+	// ARPOpReply is an ARP reply from the claim to target at dst_mac.
+	ARPOpReply = "reply"
+	// ARPOpRequest is an ARP request from the claim asking for target.
+	ARPOpRequest = "request"
 )
 
 // Witness and listener kinds (they appear in observations too).
@@ -171,9 +184,22 @@ type ProbeSpec struct {
 	// give an IP address as Name; it is turned into its reverse name.
 	Name  string `json:"name,omitempty"`
 	QType string `json:"qtype,omitempty"`
-	// DstMAC is where a control probe sends its frames; broadcast when
-	// empty (control only).
+	// DstMAC is where a control or arp_spoof probe sends its frames;
+	// broadcast when empty. For an arp_spoof reply it is also the target
+	// hardware address, and required.
 	DstMAC string `json:"dst_mac,omitempty"`
+	// Claim is the address an arp_spoof probe claims: the sender protocol
+	// address of its frames (arp_spoof only).
+	Claim netip.Addr `json:"claim,omitzero"`
+	// Op is which ARP frame an arp_spoof probe forges: gratuitous, reply
+	// or request (ARPOpGratuitous, ARPOpReply, ARPOpRequest).
+	Op string `json:"op,omitempty"`
+	// SrcMAC forges an arp_spoof probe's Ethernet source and ARP sender
+	// hardware address; our interface's MAC when empty (arp_spoof only).
+	SrcMAC string `json:"src_mac,omitempty"`
+	// SrcIP is the forged IPv4 source of a forged_udp probe (required,
+	// forged_udp only).
+	SrcIP netip.Addr `json:"src_ip,omitzero"`
 	// Payload picks what a udp probe sends (udp only). Empty chooses by
 	// destination port: a minimal valid request of the port's protocol
 	// for the well-known ports in udpproto.go (53, 5353, 67, 69, 123, 137,
@@ -564,6 +590,27 @@ func (s *ProbeSpec) Validate() error {
 			}
 		}
 		needsNonce = true
+	case KindARPSpoof:
+		if err := s.validateARPSpoof(); err != nil {
+			return err
+		}
+	case KindForgedUDP:
+		if !s.Target.IsValid() || !isUnicast4(s.Target) {
+			return errors.New("forged_udp needs an IPv4 unicast target")
+		}
+		if s.Port == 0 {
+			return errors.New("forged_udp needs a port")
+		}
+		if !s.SrcIP.IsValid() {
+			return errors.New("forged_udp needs src_ip (the forged source)")
+		}
+		if !isUnicast4(s.SrcIP) {
+			return fmt.Errorf("src_ip %s is not an IPv4 unicast address", s.SrcIP)
+		}
+		if s.Via.IsValid() && !s.Via.Addr().Is4() {
+			return errors.New("forged_udp via must be an IPv4 subnet")
+		}
+		needsNonce = true
 	case KindIPv6State, KindNDPRS, KindDHCPLease:
 		if s.Target.IsValid() || s.Port != 0 || s.Nonce != "" {
 			return fmt.Errorf("%s takes no target, port or nonce", s.Kind)
@@ -577,8 +624,14 @@ func (s *ProbeSpec) Validate() error {
 	if !needsNonce && s.Nonce != "" {
 		return fmt.Errorf("%s carries no nonce", s.Kind)
 	}
-	if s.Kind != KindControl && s.DstMAC != "" {
-		return fmt.Errorf("dst_mac is for control probes, not %s", s.Kind)
+	if s.Kind != KindControl && s.Kind != KindARPSpoof && s.DstMAC != "" {
+		return fmt.Errorf("dst_mac is for control and arp_spoof probes, not %s", s.Kind)
+	}
+	if s.Kind != KindARPSpoof && (s.Claim.IsValid() || s.Op != "" || s.SrcMAC != "") {
+		return fmt.Errorf("claim, op and src_mac are for arp_spoof probes, not %s", s.Kind)
+	}
+	if s.Kind != KindForgedUDP && s.SrcIP.IsValid() {
+		return fmt.Errorf("src_ip is for forged_udp probes, not %s", s.Kind)
 	}
 	if s.Kind != KindUDP && s.Payload != "" {
 		return fmt.Errorf("payload is for udp probes, not %s", s.Kind)
@@ -587,6 +640,72 @@ func (s *ProbeSpec) Validate() error {
 		return fmt.Errorf("name and qtype are for dns probes, not %s", s.Kind)
 	}
 	return nil
+}
+
+// validateARPSpoof checks what only an arp_spoof probe has.
+func (s *ProbeSpec) validateARPSpoof() error {
+	if !s.Via.IsValid() || !s.Via.Addr().Is4() {
+		return errors.New("arp_spoof needs via, an IPv4 subnet (its interface sends the frames)")
+	}
+	if !s.Claim.IsValid() {
+		return errors.New("arp_spoof needs claim (the address it claims)")
+	}
+	if !isUnicast4(s.Claim) {
+		return fmt.Errorf("claim %s is not an IPv4 unicast address", s.Claim)
+	}
+	if s.Port != 0 || s.Nonce != "" {
+		return errors.New("arp_spoof takes no port and carries no nonce")
+	}
+	switch s.Op {
+	case ARPOpGratuitous:
+		if s.Target.IsValid() && s.Target != s.Claim {
+			return errors.New("a gratuitous arp_spoof asks for the claim itself: give no target, or the claim")
+		}
+	case ARPOpReply, ARPOpRequest:
+		if !s.Target.IsValid() || !s.Target.Is4() {
+			return fmt.Errorf("an arp_spoof %s needs an IPv4 target (the ARP target protocol address)", s.Op)
+		}
+		if s.Op == ARPOpReply && s.DstMAC == "" {
+			return errors.New("an arp_spoof reply needs dst_mac (its Ethernet destination and target hardware address)")
+		}
+	case "":
+		return errors.New("arp_spoof needs op: gratuitous, reply or request")
+	default:
+		return fmt.Errorf("op %q is not one of gratuitous, reply, request", truncate(s.Op, 32))
+	}
+	if s.DstMAC != "" {
+		if _, err := ethernetMAC(s.DstMAC); err != nil {
+			return fmt.Errorf("dst_mac: %w", err)
+		}
+	}
+	if s.SrcMAC != "" {
+		hw, err := ethernetMAC(s.SrcMAC)
+		if err != nil {
+			return fmt.Errorf("src_mac: %w", err)
+		}
+		// A bridge drops a frame from a group or all-zero address.
+		if hw[0]&1 != 0 || bytes.Equal(hw, make(net.HardwareAddr, 6)) {
+			return fmt.Errorf("src_mac %s is not a unicast Ethernet address", hw)
+		}
+	}
+	return nil
+}
+
+// ethernetMAC parses a 6-byte hardware address from a plan.
+func ethernetMAC(m string) (net.HardwareAddr, error) {
+	if err := checkMAC(m); err != nil {
+		return nil, err
+	}
+	hw, _ := net.ParseMAC(m)
+	if len(hw) != 6 {
+		return nil, fmt.Errorf("%s is not an Ethernet (6-byte) address", hw)
+	}
+	return hw, nil
+}
+
+// isUnicast4 reports whether a is an IPv4 address a host can hold.
+func isUnicast4(a netip.Addr) bool {
+	return a.Is4() && !a.IsUnspecified() && !a.IsMulticast() && a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
 }
 
 // dnsQuestion turns a plan's name and qtype into a DNS question.

@@ -40,14 +40,20 @@ const validPlan = `{
     {"id": "v6", "kind": "ipv6_state", "deadline_ms": 100},
     {"id": "rs", "kind": "ndp_rs", "via": "10.88.0.0/24", "deadline_ms": 1000},
     {"id": "lease", "kind": "dhcp_lease", "via": "10.88.0.0/24", "deadline_ms": 100},
-    {"id": "ctl", "kind": "control", "via": "10.88.0.0/24", "nonce": "0123456789abcdef", "dst_mac": "02:00:00:00:00:06", "deadline_ms": 1000}
+    {"id": "ctl", "kind": "control", "via": "10.88.0.0/24", "nonce": "0123456789abcdef", "dst_mac": "02:00:00:00:00:06", "deadline_ms": 1000},
+    {"id": "garp", "kind": "arp_spoof", "via": "10.88.0.0/24", "claim": "10.88.0.12", "op": "gratuitous", "deadline_ms": 1000},
+    {"id": "arpreply", "kind": "arp_spoof", "via": "10.88.0.0/24", "claim": "10.88.0.12", "op": "reply", "target": "10.88.0.1",
+     "dst_mac": "02:00:00:00:00:01", "src_mac": "02:00:00:00:00:66", "deadline_ms": 1000},
+    {"id": "arpreq", "kind": "arp_spoof", "via": "10.88.0.0/24", "claim": "10.88.0.12", "op": "request", "target": "10.88.0.1", "deadline_ms": 1000},
+    {"id": "forged", "kind": "forged_udp", "target": "10.88.0.1", "port": 7001, "src_ip": "10.88.0.12", "via": "10.88.0.0/24",
+     "nonce": "forged0123456789", "deadline_ms": 1000}
   ]
 }`
 
 func TestDecodePlanValid(t *testing.T) {
 	p, err := DecodePlan(strings.NewReader(validPlan))
 	require.NoError(t, err)
-	require.Len(t, p.Probes, 12)
+	require.Len(t, p.Probes, 16)
 	require.Len(t, p.Witnesses, 4)
 	require.Len(t, p.Neighbors, 1)
 	require.Len(t, p.Listeners, 2)
@@ -89,7 +95,42 @@ func TestDecodePlanErrors(t *testing.T) {
 		{"control without via", probe(`"kind":"control","nonce":"0123456789abcdef"`), "control needs via"},
 		{"control with a target", probe(`"kind":"control","via":"10.0.0.0/8","nonce":"0123456789abcdef","target":"10.0.0.1"`), "takes no target"},
 		{"control with a bad mac", probe(`"kind":"control","via":"10.0.0.0/8","nonce":"0123456789abcdef","dst_mac":"nope"`), "dst_mac"},
-		{"dst_mac on another kind", probe(`"kind":"icmp","target":"10.0.0.1","dst_mac":"02:00:00:00:00:01"`), "dst_mac is for control probes"},
+		{"dst_mac on another kind", probe(`"kind":"icmp","target":"10.0.0.1","dst_mac":"02:00:00:00:00:01"`), "dst_mac is for control and arp_spoof probes"},
+		{"claim on tcp", probe(`"kind":"tcp","target":"10.0.0.1","port":1,"claim":"10.0.0.2"`), "claim, op and src_mac are for arp_spoof probes, not tcp"},
+		{"op on arp", probe(`"kind":"arp","target":"10.0.0.1","via":"10.0.0.0/8","op":"reply"`), "are for arp_spoof probes, not arp"},
+		{"src_mac on control", probe(`"kind":"control","via":"10.0.0.0/8","nonce":"0123456789abcdef","src_mac":"02:00:00:00:00:01"`), "are for arp_spoof probes, not control"},
+		{"src_ip on udp", probe(`"kind":"udp","target":"10.0.0.1","port":1,"src_ip":"10.0.0.2"`), "src_ip is for forged_udp probes, not udp"},
+		{"src_ip on arp_spoof", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2","op":"gratuitous","src_ip":"10.0.0.3"`), "src_ip is for forged_udp probes"},
+		{"claim on forged_udp", probe(`"kind":"forged_udp","target":"10.0.0.1","port":1,"src_ip":"10.0.0.2","claim":"10.0.0.2"`), "are for arp_spoof probes, not forged_udp"},
+		{"arp_spoof no via", probe(`"kind":"arp_spoof","claim":"10.0.0.2","op":"gratuitous"`), "arp_spoof needs via"},
+		{"arp_spoof ipv6 via", probe(`"kind":"arp_spoof","via":"2001:db8::/64","claim":"10.0.0.2","op":"gratuitous"`), "arp_spoof needs via, an IPv4 subnet"},
+		{"arp_spoof no claim", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","op":"gratuitous"`), "arp_spoof needs claim"},
+		{"arp_spoof ipv6 claim", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"2001:db8::1","op":"gratuitous"`), "claim 2001:db8::1 is not an IPv4 unicast address"},
+		{"arp_spoof mapped claim", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"::ffff:10.0.0.2","op":"gratuitous"`), "is not an IPv4 unicast address"},
+		{"arp_spoof broadcast claim", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"255.255.255.255","op":"gratuitous"`), "not an IPv4 unicast address"},
+		{"arp_spoof zero claim", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"0.0.0.0","op":"gratuitous"`), "not an IPv4 unicast address"},
+		{"arp_spoof no op", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2"`), "arp_spoof needs op"},
+		{"arp_spoof bad op", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2","op":"announce"`), "op \"announce\" is not one of gratuitous, reply, request"},
+		{"arp_spoof gratuitous elsewhere", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2","op":"gratuitous","target":"10.0.0.1"`), "give no target, or the claim"},
+		{"arp_spoof reply no target", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2","op":"reply","dst_mac":"02:00:00:00:00:01"`), "arp_spoof reply needs an IPv4 target"},
+		{"arp_spoof request ipv6 target", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2","op":"request","target":"2001:db8::1"`), "arp_spoof request needs an IPv4 target"},
+		{"arp_spoof reply no dst_mac", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2","op":"reply","target":"10.0.0.1"`), "reply needs dst_mac"},
+		{"arp_spoof bad dst_mac", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2","op":"gratuitous","dst_mac":"zz"`), "dst_mac"},
+		{"arp_spoof long dst_mac", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2","op":"gratuitous","dst_mac":"02:00:00:00:00:00:00:01"`), "not an Ethernet (6-byte) address"},
+		{"arp_spoof bad src_mac", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2","op":"gratuitous","src_mac":"nope"`), "src_mac"},
+		{"arp_spoof group src_mac", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2","op":"gratuitous","src_mac":"ff:ff:ff:ff:ff:ff"`), "not a unicast Ethernet address"},
+		{"arp_spoof zero src_mac", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2","op":"gratuitous","src_mac":"00:00:00:00:00:00"`), "not a unicast Ethernet address"},
+		{"arp_spoof port", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2","op":"gratuitous","port":1`), "takes no port"},
+		{"arp_spoof nonce", probe(`"kind":"arp_spoof","via":"10.0.0.0/8","claim":"10.0.0.2","op":"gratuitous","nonce":"abcdefgh"`), "carries no nonce"},
+		{"forged_udp no src_ip", probe(`"kind":"forged_udp","target":"10.0.0.1","port":1`), "forged_udp needs src_ip"},
+		{"forged_udp ipv6 src_ip", probe(`"kind":"forged_udp","target":"10.0.0.1","port":1,"src_ip":"2001:db8::1"`), "src_ip 2001:db8::1 is not an IPv4 unicast address"},
+		{"forged_udp multicast src_ip", probe(`"kind":"forged_udp","target":"10.0.0.1","port":1,"src_ip":"224.0.0.1"`), "not an IPv4 unicast address"},
+		{"forged_udp no target", probe(`"kind":"forged_udp","port":1,"src_ip":"10.0.0.2"`), "forged_udp needs an IPv4 unicast target"},
+		{"forged_udp ipv6 target", probe(`"kind":"forged_udp","target":"2001:db8::1","port":1,"src_ip":"10.0.0.2"`), "forged_udp needs an IPv4 unicast target"},
+		{"forged_udp no port", probe(`"kind":"forged_udp","target":"10.0.0.1","src_ip":"10.0.0.2"`), "forged_udp needs a port"},
+		{"forged_udp ipv6 via", probe(`"kind":"forged_udp","target":"10.0.0.1","port":1,"src_ip":"10.0.0.2","via":"2001:db8::/64"`), "via must be an IPv4 subnet"},
+		{"forged_udp payload", probe(`"kind":"forged_udp","target":"10.0.0.1","port":53,"src_ip":"10.0.0.2","payload":"dns"`), "payload is for udp probes"},
+		{"forged_udp dst_mac", probe(`"kind":"forged_udp","target":"10.0.0.1","port":1,"src_ip":"10.0.0.2","dst_mac":"02:00:00:00:00:01"`), "dst_mac is for control and arp_spoof"},
 		{"witness control not a nonce", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":100,"src_ips":["10.0.0.1"],"control":"x y"}]}`, "control"},
 		{"neighbor with a bad mac", `{"version":1,"deadline_ms":2000,"neighbors":[{"via":"10.0.0.0/8","address":"10.0.0.1","mac":"zz"}]}`, "neighbor 0: mac"},
 		{"neighbor without an address", `{"version":1,"deadline_ms":2000,"neighbors":[{"via":"10.0.0.0/8","mac":"02:00:00:00:00:01"}]}`, "neighbor 0: address"},

@@ -55,7 +55,8 @@ func RunProbe(ctx context.Context, spec ProbeSpec) Observation {
 			return fail(obs, "cancelled before the probe started: "+ctx.Err().Error())
 		}
 	}
-	if obs.Nonce == "" && (spec.Kind == KindICMP || spec.Kind == KindTCP || spec.Kind == KindUDP || spec.Kind == KindBroadcast) {
+	if obs.Nonce == "" && (spec.Kind == KindICMP || spec.Kind == KindTCP || spec.Kind == KindUDP || spec.Kind == KindBroadcast ||
+		spec.Kind == KindForgedUDP) {
 		obs.Nonce = NewNonce()
 		spec.Nonce = obs.Nonce
 	}
@@ -84,6 +85,10 @@ func RunProbe(ctx context.Context, spec ProbeSpec) Observation {
 		obs = probeDHCPLease(pctx, spec, obs)
 	case KindControl:
 		obs = probeControl(pctx, spec, obs)
+	case KindARPSpoof:
+		obs = probeARPSpoof(pctx, spec, obs)
+	case KindForgedUDP:
+		obs = probeForgedUDP(pctx, spec, obs)
 	}
 	end := time.Now()
 	obs.ElapsedMS = end.Sub(obs.StartedAt).Milliseconds()
@@ -97,13 +102,17 @@ func RunProbe(ctx context.Context, spec ProbeSpec) Observation {
 
 func targetString(s *ProbeSpec) string {
 	switch s.Kind {
-	case KindTCP, KindUDP, KindDNS:
+	case KindTCP, KindUDP, KindDNS, KindForgedUDP:
 		port := s.Port
 		if s.Kind == KindDNS && port == 0 {
 			port = 53
 		}
 		if s.Target.IsValid() {
 			return netip.AddrPortFrom(s.Target, uint16(port)).String()
+		}
+	case KindARPSpoof:
+		if !s.Target.IsValid() && s.Claim.IsValid() {
+			return s.Claim.String() // a gratuitous ARP asks for the claim
 		}
 	case KindBroadcast:
 		if s.Target.IsValid() {

@@ -293,7 +293,23 @@ func TestWitnessMatch(t *testing.T) {
 			require.True(t, strings.HasPrefix(s.MatchedBy, tt.by), s.MatchedBy)
 		})
 	}
-	s, _ := w(WitnessSpec{SrcIPs: []netip.Addr{a}}).match(tcpFromA)
+	s, _ := w(WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "arp"}).match(arpFromA)
+	require.Equal(t, FrameSummary{EtherType: "arp", SrcMAC: macA.String(), DstMAC: ethernet.Broadcast.String(), SrcIP: a.String(),
+		DstIP: b.String(), Proto: "arp", ARPOp: "request", ARPSenderMAC: macA.String(), MatchedBy: "src_ip 10.201.1.2"}, s)
+	// A forged reply: b's MAC sends a's address at a third MAC. The summary
+	// shows the sender is neither the frame's source nor a's own MAC.
+	macX, _ := net.ParseMAC("02:00:00:00:00:99")
+	forged, _ := arp.NewPacket(arp.OperationReply, macX, a, macA, b)
+	forgedBytes, _ := forged.MarshalBinary()
+	s, ok := w(WitnessSpec{SrcMACs: []string{macX.String()}}).match(frame(macB, macA, ethernet.EtherTypeARP, forgedBytes))
+	require.True(t, ok)
+	require.Equal(t, "reply", s.ARPOp)
+	require.Equal(t, macX.String(), s.ARPSenderMAC)
+	require.Equal(t, macB.String(), s.SrcMAC)
+	require.Equal(t, "arp sender "+macX.String(), s.MatchedBy, "names the ARP sender it matched, not the frame source")
+	require.Equal(t, "op-9", arpOpName(9))
+
+	s, _ = w(WitnessSpec{SrcIPs: []netip.Addr{a}}).match(tcpFromA)
 	require.Equal(t, FrameSummary{EtherType: "ipv4", SrcMAC: macB.String(), DstMAC: macB.String(), SrcIP: a.String(),
 		DstIP: b.String(), Proto: "tcp", DstPort: 7000, MatchedBy: "src_ip 10.201.1.2"}, s)
 }

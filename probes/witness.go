@@ -295,10 +295,13 @@ func (w *Witness) match(f []byte) (FrameSummary, bool) {
 	case unix.ETH_P_ARP:
 		s.EtherType = "arp"
 		proto = "arp"
-		// Ethernet/IPv4 ARP: sender IP at 14, target IP at 24.
+		// Ethernet/IPv4 ARP: operation at 6, sender MAC at 8, sender IP
+		// at 14, target IP at 24.
 		if len(l3) >= 28 && l3[4] == 6 && l3[5] == 4 {
 			src = netip.AddrFrom4([4]byte(l3[14:18]))
 			s.DstIP = netip.AddrFrom4([4]byte(l3[24:28])).String()
+			s.ARPOp = arpOpName(binary.BigEndian.Uint16(l3[6:8]))
+			s.ARPSenderMAC = net.HardwareAddr(l3[8:14]).String()
 		}
 	case unix.ETH_P_IP:
 		s.EtherType = "ipv4"
@@ -356,11 +359,22 @@ func (w *Witness) match(f []byte) (FrameSummary, bool) {
 		// An ARP sender hardware address can differ from the frame's source
 		// (a proxy); match either.
 		if et == unix.ETH_P_ARP && len(l3) >= 14 && bytes.Equal(l3[8:14], m) {
-			s.MatchedBy = "arp sender " + s.SrcMAC
+			s.MatchedBy = "arp sender " + net.HardwareAddr(m).String()
 			return s, true
 		}
 	}
 	return s, false
+}
+
+// arpOpName names an ARP operation as FrameSummary.ARPOp spells it.
+func arpOpName(op uint16) string {
+	switch op {
+	case 1:
+		return "request"
+	case 2:
+		return "reply"
+	}
+	return fmt.Sprintf("op-%d", op)
 }
 
 // ProtoIPv6Config is the witness proto that matches IPv6 configuration
