@@ -121,8 +121,9 @@ type ListenerSpec struct {
 // WitnessSpec is a passive capture on the interface holding an address in
 // Via. A frame matches when it carries one of Nonces anywhere in its bytes,
 // or comes from one of SrcIPs (IPv4/IPv6 source or ARP sender) or SrcMACs;
-// Proto, Port and DstIP, when set, narrow every match to that protocol,
-// destination port and destination address. Proto "ipv6-config" matches
+// Proto, Port, DstIP and ARPSender, when set, narrow every match to that
+// protocol, destination port, destination address and ARP sender
+// hardware address. Proto "ipv6-config" matches
 // every frame that configures IPv6 (a router advertisement, a redirect, a
 // DHCPv6 message to a client) with no other key.
 //
@@ -161,8 +162,12 @@ type WitnessSpec struct {
 	// DstIP, when set, narrows every match to frames for that address (the
 	// ARP target for ARP), so witnesses for several hosts behind one
 	// interface never take each other's frames.
-	DstIP   netip.Addr `json:"dst_ip,omitzero"`
-	Control string     `json:"control,omitempty"`
+	DstIP netip.Addr `json:"dst_ip,omitzero"`
+	// ARPSender, when set (proto arp only), narrows every match to ARP
+	// frames whose sender hardware address it is: a forged ARP from one
+	// box tells from the genuine ARP of the box whose address it claims.
+	ARPSender string `json:"arp_sender,omitempty"`
+	Control   string `json:"control,omitempty"`
 }
 
 // ProbeSpec is one probe. Which fields apply depends on Kind; a field a
@@ -420,6 +425,14 @@ func (w *WitnessSpec) validate(budget time.Duration) error {
 	}
 	if w.Port != 0 && w.Proto != "tcp" && w.Proto != "udp" {
 		return errors.New("port needs proto tcp or udp")
+	}
+	if w.ARPSender != "" {
+		if w.Proto != "arp" {
+			return errors.New("arp_sender needs proto arp")
+		}
+		if err := checkMAC(w.ARPSender); err != nil {
+			return fmt.Errorf("arp_sender: %w", err)
+		}
 	}
 	return nil
 }

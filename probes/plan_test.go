@@ -187,6 +187,8 @@ func TestDecodePlanErrors(t *testing.T) {
 		{"state with target", probe(`"kind":"dhcp_lease","target":"10.0.0.1","via":"10.0.0.0/8"`), "takes no target"},
 		{"lease without via", probe(`"kind":"dhcp_lease"`), "needs via"},
 		{"witness no keys", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":100}]}`, "nothing to match"},
+		{"witness arp_sender without arp", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":100,"src_ips":["10.0.0.2"],"arp_sender":"02:00:00:00:00:01"}]}`, "arp_sender needs proto arp"},
+		{"witness arp_sender not a MAC", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":100,"src_ips":["10.0.0.2"],"proto":"arp","arp_sender":"nope"}]}`, "arp_sender"},
 		{"witness no via", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","window_ms":100,"src_ips":["10.0.0.1"]}]}`, "via: a subnet is required"},
 		{"witness window", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":1990,"src_ips":["10.0.0.1"]}]}`, "window_ms 1990 out of range"},
 		{"witness bad mac", `{"version":1,"deadline_ms":2000,"witnesses":[{"id":"w","via":"10.0.0.0/8","window_ms":100,"src_macs":["zz"]}]}`, "src_macs"},

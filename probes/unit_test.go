@@ -308,6 +308,12 @@ func TestWitnessMatch(t *testing.T) {
 	require.Equal(t, macB.String(), s.SrcMAC)
 	require.Equal(t, "arp sender "+macX.String(), s.MatchedBy, "names the ARP sender it matched, not the frame source")
 	require.Equal(t, "op-9", arpOpName(9))
+	// arp_sender narrows: the forged frame claims a, but a's own ARP does
+	// not match a witness for the forger's frames.
+	_, ok = w(WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "arp", ARPSender: macX.String()}).match(frame(macB, macA, ethernet.EtherTypeARP, forgedBytes))
+	require.True(t, ok, "the forged ARP matches")
+	_, ok = w(WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "arp", ARPSender: macX.String()}).match(arpFromA)
+	require.False(t, ok, "a's genuine ARP does not")
 
 	s, _ = w(WitnessSpec{SrcIPs: []netip.Addr{a}}).match(tcpFromA)
 	require.Equal(t, FrameSummary{EtherType: "ipv4", SrcMAC: macB.String(), DstMAC: macB.String(), SrcIP: a.String(),

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -339,6 +340,9 @@ func (w *Witness) match(f []byte) (FrameSummary, bool) {
 		return s, false
 	}
 	if w.spec.DstIP.IsValid() && w.spec.DstIP.String() != s.DstIP {
+		return s, false
+	}
+	if w.spec.ARPSender != "" && !strings.EqualFold(w.spec.ARPSender, s.ARPSenderMAC) {
 		return s, false
 	}
 	for _, n := range w.nonces {
