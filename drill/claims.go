@@ -59,6 +59,8 @@ var Catalogue = []Claim{
 		Why: "nothing outside may open a connection into a box"},
 	{ID: "C-CLONE", From: "clone", To: "its source", Channels: []string{"address", "mac", "machine-id"}, Expect: "distinct", Layers: []string{"stack"},
 		Why: "two boxes with one identity share one lease and both lose the network"},
+	{ID: "C-SPOOF", From: "box-a, lying about who it is", To: "the host, box-b, the internet", Channels: []string{"arp", "mac", "ipv4-source", "return-traffic"}, Expect: "no forged ARP or IPv4 source reaches the host's bridge or a peer, the host never holds box-b's address at another MAC, box-b's return traffic keeps reaching it", Layers: []string{"L-PIN"},
+		Why: "a box that takes a sibling's address steals its return traffic, and one that takes the gateway's misleads every box that believes it"},
 	{ID: "C-FLEET", From: "every instance on boxnet (any project, tagged or not, running or stopped) and every port on it", To: "the stack", Channels: []string{ChannelCensus}, Expect: "exactly one NIC, on boxnet, isolated (config and kernel flag), in the bridge drop's port set; no other NIC, proxy, host path or device passed through, no raw.lxc/raw.qemu, not privileged", Layers: []string{stack.LayerFleet},
 		Why: "the boxes people work in were minted weeks ago and changed since: a re-plugged NIC or a device added by hand takes one off the stack while fresh probe boxes pass"},
 }

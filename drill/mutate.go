@@ -35,13 +35,17 @@ type Mutation struct {
 // Mutations is every layer the drill knows how to knock out.
 var Mutations = []Mutation{
 	{Name: "bridge-drop", Layers: []string{"L-BRIDGEDROP"}, What: "delete the nft table bridge box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
-		return deleteTable(h, nftables.TableFamilyBridge)
+		return deleteTable(h, nftables.TableFamilyBridge, stack.Current.NFTTable)
+	}},
+	// Its own table, so it is knocked out apart from the sibling layers.
+	{Name: "pinning", Layers: []string{stack.LayerPin}, What: "delete the nft table bridge box_pin (per-port pinning)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+		return deleteTable(h, nftables.TableFamilyBridge, stack.Current.NFTTable+"_pin")
 	}},
 	// Only the kernel flag: changing the profile under live boxes re-plugs
 	// their NICs, and they lose their leases.
 	{Name: "port-isolation", Layers: []string{"L-PORTISO"}, What: "turn the isolated flag off on every boxnet port", AfterBoxes: true, apply: portIsolationOff},
 	{Name: "host-fw", Layers: []string{"L-HOSTFW"}, What: "delete the nft table inet box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
-		return deleteTable(h, nftables.TableFamilyINet)
+		return deleteTable(h, nftables.TableFamilyINet, stack.Current.NFTTable)
 	}},
 	{Name: "acl", Layers: []string{"L-ACL"}, What: "detach the box-isolate ACL from boxnet", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"security.acls": "", "security.acls.default.egress.action": "", "security.acls.default.ingress.action": ""})
@@ -94,7 +98,7 @@ func firstDNS(h *stack.Host) string {
 	return stack.DefaultDNS[0].String()
 }
 
-func deleteTable(h *stack.Host, family nftables.TableFamily) error {
+func deleteTable(h *stack.Host, family nftables.TableFamily, name string) error {
 	return withNetNS(h.NetNS, func(fd int) error {
 		var opts []nftables.ConnOption
 		if fd > 0 {
@@ -104,7 +108,7 @@ func deleteTable(h *stack.Host, family nftables.TableFamily) error {
 		if err != nil {
 			return err
 		}
-		conn.DelTable(&nftables.Table{Family: family, Name: stack.Current.NFTTable})
+		conn.DelTable(&nftables.Table{Family: family, Name: name})
 		return conn.Flush()
 	})
 }

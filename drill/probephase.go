@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/box-isolation/box/drill/topo"
@@ -48,8 +49,20 @@ func (r *run) runProbes(ctx context.Context) error {
 			})
 		})
 	}
+	var nw *neighWatch
+	if slices.ContainsFunc(r.cfg.Claims, func(c Claim) bool { return c.ID == "C-SPOOF" }) {
+		if nw, err = watchNeighbours(r.cfg.Host.NetNS, stack.Current.Network); err != nil {
+			r.neighErr = err.Error()
+		}
+	}
 	t0 := time.Now()
 	r.obs, r.agentErr = runPlans(ctx, r.cfg, r.cfg.Host.Incus, r.names, r.sc.Plans)
+	if nw != nil {
+		var werr error
+		if r.neigh, werr = nw.stop(); werr != nil {
+			r.neighErr = "the watch was cut short: " + werr.Error()
+		}
+	}
 	rep.Summary.ProbePhaseMS = time.Since(t0).Milliseconds()
 	if rep.Summary.Probes > 0 {
 		rep.Summary.MSPerProbe = float64(rep.Summary.ProbePhaseMS) / float64(rep.Summary.Probes)
@@ -120,6 +133,30 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	v := r.v
 	s := Scene{Topology: r.cfg.Topology, Subnet: v.Subnet, Gateway: v.Gateway,
 		A: *r.ends[PlaceA], B: *r.ends[PlaceB], C: *r.ends[PlaceC], DNSDomain: "incus"}
+	if v.Fleet != nil {
+		for _, e := range []*BoxEnd{&s.A, &s.B, &s.C} {
+			if sib, ok := v.Fleet.Sibling(r.cfg.Host.Incus.ProjectName(), e.Instance); ok {
+				e.Port = sib.Port
+			}
+		}
+	}
+	if err := withNetNS(r.cfg.Host.NetNS, func(fd int) error {
+		h, err := netlink.NewHandleAt(netns.NsHandle(fd))
+		if fd == 0 {
+			h, err = netlink.NewHandle()
+		}
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		br, err := h.LinkByName(stack.Current.Network)
+		if err == nil {
+			s.GatewayMAC = br.Attrs().HardwareAddr
+		}
+		return err
+	}); err != nil {
+		r.rep.Notes = append(r.rep.Notes, "C-SPOOF: the bridge's MAC was not read ("+err.Error()+"): box-a's lies are not sent")
+	}
 	if n, _, err := r.cfg.Host.Incus.Network(ctx, stack.Current.Network); err == nil && n.Config["dns.domain"] != "" {
 		s.DNSDomain = n.Config["dns.domain"]
 	}

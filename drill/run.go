@@ -156,6 +156,11 @@ type run struct {
 	sc       *Scenario
 	obs      observations
 	agentErr map[string]string
+	// neigh is what the host's neighbour table and the bridge's forwarding
+	// database did over the probe phase (C-SPOOF); neighErr why it was not
+	// watched.
+	neigh    []neighEvent
+	neighErr string
 }
 
 func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {

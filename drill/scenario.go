@@ -108,6 +108,8 @@ type BoxEnd struct {
 	// Type is the instance's type as Incus reports it; the report's
 	// environment says it once for all the boxes.
 	Type string `json:"-"`
+	// Port is its port on the bridge, as the census met it.
+	Port string `json:"-"`
 }
 
 // HostAddr and Target are the topology's.
@@ -122,10 +124,13 @@ type (
 type Scene struct {
 	topo.Topology
 
-	Subnet    netip.Prefix
-	Gateway   netip.Addr
-	A, B, C   BoxEnd
-	DNSDomain string // the bridge's DNS domain, for sibling name forms
+	Subnet  netip.Prefix
+	Gateway netip.Addr
+	// GatewayMAC is the bridge's own MAC, where a box's frames to the
+	// host go.
+	GatewayMAC net.HardwareAddr
+	A, B, C    BoxEnd
+	DNSDomain  string // the bridge's DNS domain, for sibling name forms
 
 	// HostAddrs are the host's own addresses, the gateway first.
 	HostAddrs []HostAddr
@@ -305,6 +310,7 @@ func BuildScenario(t Scene, claims []Claim) *Scenario {
 	b.v6()
 	b.inbound()
 	b.clone()
+	b.spoof()
 	return b.sc
 }
 

@@ -33,12 +33,14 @@ func testBox(place, instance, ip, mac string) BoxEnd {
 func testTopology() Scene {
 	subnet := netip.MustParsePrefix("10.88.0.0/24")
 	gw := netip.MustParseAddr("10.88.0.1")
+	gwMAC, _ := net.ParseMAC("00:16:3e:00:00:01")
 	t := Scene{
-		Subnet:  subnet,
-		Gateway: gw,
-		A:       testBox(PlaceA, "drill-0a1b2c-a", "10.88.0.11", "00:16:3e:00:00:0a"),
-		B:       testBox(PlaceB, "drill-0a1b2c-b", "10.88.0.12", "00:16:3e:00:00:0b"),
-		C:       testBox(PlaceC, "drill-0a1b2c-c", "10.88.0.13", "00:16:3e:00:00:0c"),
+		Subnet:     subnet,
+		Gateway:    gw,
+		GatewayMAC: gwMAC,
+		A:          testBox(PlaceA, "drill-0a1b2c-a", "10.88.0.11", "00:16:3e:00:00:0a"),
+		B:          testBox(PlaceB, "drill-0a1b2c-b", "10.88.0.12", "00:16:3e:00:00:0b"),
+		C:          testBox(PlaceC, "drill-0a1b2c-c", "10.88.0.13", "00:16:3e:00:00:0c"),
 
 		Topology: topo.Topology{
 			Source:         topo.SourceWorld,
@@ -239,6 +241,8 @@ func controlledTarget(t Scene, a Action) (string, bool) {
 	switch a.TargetKey {
 	case PlaceB, PlaceC, PlaceA:
 		return a.TargetKey, true
+	case TargetHostBridge:
+		return PlaceHost, true
 	}
 	for _, h := range t.LANHosts {
 		if a.TargetKey == h.Name {
@@ -327,6 +331,11 @@ func TestBuildScenarioTiming(t *testing.T) {
 					assert.GreaterOrEqual(t, a.Witness.WindowMS, total, "%s: the witness window covers the probe's delay and deadline", a.ID)
 				}
 				switch {
+				case a.Expect == ExpectBlocked && a.Claim == "C-SPOOF":
+					// The lies come past the ARP locktime after box-b's
+					// first traffic, which the host must have seen.
+					assert.Equal(t, int(spoofDelay.Milliseconds()), a.Probe.DelayMS, a.ID)
+					assert.GreaterOrEqual(t, spoofDelay, probeDelay+time.Second+100*time.Millisecond, "%s: past the ARP locktime after box-b's first traffic", a.ID)
 				case a.Expect == ExpectBlocked:
 					// All blocked probes fire together: the scenario costs
 					// one deadline, not one per probe.
@@ -368,15 +377,18 @@ func TestBuildScenarioTiming(t *testing.T) {
 func TestBuildScenarioWitnessesHaveControls(t *testing.T) {
 	topo := testTopology()
 	sc := BuildScenario(topo, Catalogue)
-	host := sc.Plans[PlaceHost]
-	require.NotNil(t, host)
+	require.NotNil(t, sc.Plans[PlaceHost])
+	// The host sends the boxes' and the LAN's controls; box-a sends the
+	// host's bridge witnesses theirs (C-SPOOF).
 	ctl := map[string]probes.ProbeSpec{}
-	for _, s := range host.Probes {
-		if s.Kind == probes.KindControl {
-			ctl[s.Nonce] = s
+	for _, place := range []string{PlaceHost, PlaceA} {
+		for _, s := range sc.Plans[place].Probes {
+			if s.Kind == probes.KindControl {
+				ctl[s.Nonce] = s
+			}
 		}
 	}
-	macs := map[string]string{PlaceA: topo.A.MAC.String(), PlaceB: topo.B.MAC.String(), PlaceC: topo.C.MAC.String()}
+	macs := map[string]string{PlaceA: topo.A.MAC.String(), PlaceB: topo.B.MAC.String(), PlaceC: topo.C.MAC.String(), PlaceHost: topo.GatewayMAC.String()}
 	n := 0
 	for _, a := range sc.Actions {
 		if a.Witness == nil {

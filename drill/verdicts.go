@@ -23,7 +23,7 @@ func (r *run) judgeAll(context.Context) error {
 	}
 	for _, a := range sc.Actions {
 		if !a.Baseline {
-			judged[a.ID] = judge(a, obs, t, baselineOK, r.agentErr)
+			judged[a.ID] = judgeSpoof(judge(a, obs, t, baselineOK, r.agentErr), obs, t, r.neigh, r.neighErr)
 		}
 	}
 	selected := map[string]bool{}

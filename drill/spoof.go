@@ -1,0 +1,188 @@
+package drill
+
+import (
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/box-isolation/box/probes"
+)
+
+// C-SPOOF: box-a lies about who it is. It claims box-b's address and the
+// gateway's in forged ARP (gratuitous, replies and requests, once from a
+// forged MAC too) and sends IPv4 from both addresses to the canary and to
+// the host. The first witness of each lie is on the host's bridge device:
+// a forged frame that reaches it got past every layer that could have
+// stopped it (the pin table, on the bridge's prerouting hook), and the
+// host's stack is where a lie does its harm. That witness proves it was
+// capturing by box-a's own control frames to the bridge's MAC, which only
+// the pin table's MAC check applies to. A forged ARP reply to box-b is
+// witnessed in box-b. Besides the witnesses: the host's neighbour table and
+// the bridge's forwarding database, watched over the whole probe phase
+// (did the host ever hold box-b's address at another MAC, did the bridge
+// learn box-b's MAC on another port?), and box-b's own traffic to the
+// canary after the lies (did its return traffic go missing?).
+//
+// Linux ignores an unsolicited ARP for an address it holds no entry for,
+// and an update within a second (its locktime) of the last one: so box-b
+// talks to the canary first, and the lies come more than a second later.
+
+var (
+	// spoofDelay is when box-a lies: past box-b's first traffic to the
+	// canary (at probeDelay) by more than the kernel's ARP locktime.
+	spoofDelay = probeDelay + 1200*time.Millisecond
+	// returnDelay is when box-b talks to the canary again, after the lies.
+	returnDelay = spoofDelay + 1100*time.Millisecond
+	// returnDeadline fits the return check in the plan.
+	returnDeadline = 1500 * time.Millisecond
+	// spoofBeforeID is box-b's traffic to the canary before the lies.
+	spoofBeforeID = "ctl-spoof-before"
+)
+
+// TargetHostBridge is the matrix column of what a witness on the host's
+// bridge device sees arrive: frames past every layer of the bridge.
+const TargetHostBridge = "host-bridge"
+
+func (b *builder) spoof() {
+	if !b.claims["C-SPOOF"] {
+		return
+	}
+	t := b.t
+	if t.A.MAC == nil || t.B.MAC == nil || t.GatewayMAC == nil || !t.B.IP.IsValid() {
+		return
+	}
+	// The host bridge witnesses' control: box-a's own frames to the bridge.
+	b.controls[PlaceHost] = probes.NewNonce()
+	dur := planDeadline - controlDelay - probes.AgentMargin - passiveCushion
+	b.plan(PlaceA).Probes = append(b.plan(PlaceA).Probes, probes.ProbeSpec{ID: controlID(PlaceHost), Kind: probes.KindControl,
+		Via: t.Subnet, Nonce: b.controls[PlaceHost], DstMAC: t.GatewayMAC.String(),
+		DelayMS: int(controlDelay.Milliseconds()), DeadlineMS: int(dur.Milliseconds())})
+	// box-b talks to the canary first: the host learns its MAC.
+	b.plan(PlaceB).Probes = append(b.plan(PlaceB).Probes, probes.ProbeSpec{ID: spoofBeforeID, Kind: probes.KindTCP,
+		Target: t.Canary, Port: t.CanaryTCP, Via: t.Subnet, DelayMS: int(probeDelay.Milliseconds()), DeadlineMS: int(probeDeadline.Milliseconds())})
+
+	gw, bIP := t.Gateway, t.B.IP
+	aMAC, bMAC, gwMAC := t.A.MAC.String(), t.B.MAC.String(), t.GatewayMAC.String()
+	// Each forged ARP gets a target address of its own, so its witness
+	// keys on it and never on another's frames or a genuine one.
+	for _, l := range []struct {
+		what    string
+		op      string
+		claim   netip.Addr
+		target  netip.Addr
+		dstMAC  string
+		srcMAC  string
+		witness string
+	}{
+		{"gratuitous ARP claiming box-b's address", probes.ARPOpGratuitous, bIP, netip.Addr{}, "", "", PlaceHost},
+		{"ARP reply to the host claiming box-b's address", probes.ARPOpReply, bIP, gw, gwMAC, "", PlaceHost},
+		{"ARP request claiming box-b's address", probes.ARPOpRequest, bIP, t.A.IP, "", "", PlaceHost},
+		{"ARP request as box-b, from box-b's MAC", probes.ARPOpRequest, bIP, t.C.IP, "", bMAC, PlaceHost},
+		{"gratuitous ARP claiming the gateway's address", probes.ARPOpGratuitous, gw, netip.Addr{}, "", "", PlaceHost},
+		{"ARP request claiming the gateway's address", probes.ARPOpRequest, gw, t.C.IP, "", "", PlaceHost},
+		{"ARP reply to box-b claiming the gateway's address", probes.ARPOpReply, gw, bIP, bMAC, "", PlaceB},
+	} {
+		if !l.claim.IsValid() || (l.op != probes.ARPOpGratuitous && !l.target.IsValid()) {
+			continue
+		}
+		channel := "arp"
+		if l.srcMAC != "" {
+			channel = "mac"
+		}
+		key := TargetHostBridge
+		if l.witness == PlaceB {
+			key = PlaceB
+		}
+		a := b.probe(Action{ID: b.id(), Claim: "C-SPOOF", Channel: channel, From: PlaceA, Target: l.what, TargetKey: key, Expect: ExpectBlocked},
+			probes.ProbeSpec{Kind: probes.KindARPSpoof, Via: t.Subnet, Op: l.op, Claim: l.claim, Target: l.target, DstMAC: l.dstMAC, SrcMAC: l.srcMAC,
+				DelayMS: int(spoofDelay.Milliseconds())})
+		sender := aMAC
+		if l.srcMAC != "" {
+			sender = l.srcMAC
+		}
+		dst := l.target
+		if l.op == probes.ARPOpGratuitous {
+			dst = l.claim
+		}
+		b.witness(a, l.witness, probes.WitnessSpec{Via: t.Subnet, Proto: "arp", SrcIPs: []netip.Addr{l.claim}, DstIP: dst, ARPSender: sender})
+	}
+	// Forged IPv4 sources, to the canary and to the host.
+	canaryPort := t.CanaryUDP
+	if canaryPort == 0 {
+		canaryPort = 53
+	}
+	_, hostUDP := t.hostPorts()
+	for _, f := range []struct {
+		what   string
+		src    netip.Addr
+		target netip.Addr
+		port   int
+	}{
+		{"IPv4 from box-b's address to the canary", bIP, t.Canary, canaryPort},
+		{"IPv4 from the gateway's address to the canary", gw, t.Canary, canaryPort},
+		{"IPv4 from box-b's address to the host", bIP, gw, hostUDP},
+		{"IPv4 from the gateway's address to the host", gw, gw, hostUDP},
+	} {
+		nonce := probes.NewNonce()
+		a := b.probe(Action{ID: b.id(), Claim: "C-SPOOF", Channel: "ipv4-source", From: PlaceA, Target: f.what, TargetKey: TargetHostBridge, Expect: ExpectBlocked},
+			probes.ProbeSpec{Kind: probes.KindForgedUDP, Via: t.Subnet, SrcIP: f.src, Target: f.target, Port: f.port, Nonce: nonce,
+				DelayMS: int(spoofDelay.Milliseconds())})
+		b.witness(a, PlaceHost, probes.WitnessSpec{Via: t.Subnet, Nonces: []string{nonce}, Proto: "udp"})
+	}
+	// box-b's traffic to the canary after the lies: a host that believed
+	// one sends box-b's return traffic to box-a.
+	a := b.probe(Action{ID: b.id(), Claim: "C-SPOOF", Channel: "return-traffic", From: PlaceB, Target: "canary " + t.Canary.String() + ", after box-a's lies", TargetKey: "internet", Expect: ExpectReach},
+		probes.ProbeSpec{Kind: probes.KindTCP, Target: t.Canary, Port: t.CanaryTCP, Via: t.Subnet,
+			DelayMS: int(returnDelay.Milliseconds()), DeadlineMS: int(returnDeadline.Milliseconds())})
+	a.ControlAt, a.ControlID = PlaceB, spoofBeforeID
+}
+
+// judgeSpoof adds to a C-SPOOF verdict what the host's neighbour table and
+// the bridge's forwarding database showed over the probe phase, and ties
+// box-b's return traffic to its traffic before the lies.
+func judgeSpoof(r Result, obs observations, t Scene, neigh []neighEvent, neighErr string) Result {
+	if r.Claim != "C-SPOOF" {
+		return r
+	}
+	if r.Channel == "return-traffic" {
+		if r.Verdict == Pass {
+			return r
+		}
+		before, ok := obs.get(PlaceB, spoofBeforeID)
+		if !ok || before.Outcome != probes.Reached {
+			return verdict(r, Inconclusive, r.Evidence+"; but box-b did not reach the canary before the lies either ("+reportOf(before, ok)+"), so this proves nothing about them")
+		}
+		return verdict(r, Fail, "box-b reached the canary before box-a's lies and not after: its return traffic went missing ("+r.Evidence+")"+neighSummary(t, neigh))
+	}
+	if r.Probe.Kind != probes.KindARPSpoof || r.Probe.Claim != t.B.IP {
+		return r
+	}
+	if neighErr != "" {
+		r.Evidence += "; the host's neighbour table was not watched (" + neighErr + ")"
+		return r
+	}
+	for _, e := range neigh {
+		switch {
+		case !e.FDB && e.IP == t.B.IP && !e.Deleted && e.MAC != t.B.MAC.String() && e.MAC != "":
+			return verdict(r, Fail, "the host's neighbour entry for box-b "+e.String()+" (box-b is "+t.B.MAC.String()+"); "+r.Evidence)
+		case e.FDB && !e.Deleted && e.MAC == t.B.MAC.String() && t.B.Port != "" && e.Port != t.B.Port:
+			return verdict(r, Fail, "the bridge learned box-b's MAC on another port: "+e.String()+" (box-b's is "+t.B.Port+"); "+r.Evidence)
+		}
+	}
+	r.Evidence += neighSummary(t, neigh)
+	return r
+}
+
+// neighSummary says what the host held for box-b over the phase.
+func neighSummary(t Scene, neigh []neighEvent) string {
+	var held []string
+	for _, e := range neigh {
+		if !e.FDB && e.IP == t.B.IP {
+			held = append(held, e.String())
+		}
+	}
+	if len(held) == 0 {
+		return "; the host held no neighbour entry for box-b during the phase"
+	}
+	return "; the host's neighbour entry for box-b: " + strings.Join(held, ", ")
+}
