@@ -285,6 +285,20 @@ func TestSystemDrillCanFail(t *testing.T) {
 		{"ipv6 on", []string{"ipv6-on"}, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-V6")
 		}},
+		{"pinning", []string{"pinning"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-SPOOF")
+			assert.Equal(t, []string{"C-SPOOF"}, rep.MutationResults[0].Flipped, "pinning is a layer of its own: no sibling probe flips")
+			poisoned, hostSaw, returnLost := false, false, false
+			for _, r := range probeFailures(claim(t, rep, "C-SPOOF")) {
+				poisoned = poisoned || strings.Contains(r.Evidence, "the host's neighbour entry for box-b")
+				hostSaw = hostSaw || (r.Channel == "ipv4-source" && strings.Contains(r.Evidence, "the target saw the traffic arrive"))
+				returnLost = returnLost || r.Channel == "return-traffic"
+			}
+			assert.True(t, poisoned, "the host's neighbour entry for box-b is the evidence")
+			assert.True(t, hostSaw, "a forged source reached the host's bridge")
+			assert.True(t, returnLost, "box-b's return traffic went missing")
+			assert.Contains(t, rep.Stack.Layers["L-PIN"], "absent")
+		}},
 		{"egress broken", []string{"nat-off"}, func(t *testing.T, rep *drill.Report) {
 			// One exit rule: a failed baseline is a violated claim (exit 1),
 			// and the claims it leaves unjudgeable are inconclusive.
