@@ -1,10 +1,10 @@
 package stack
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/box-isolation/box/internal/syncbuf"
 	"io"
 	"net/netip"
 	"os"
@@ -130,13 +130,13 @@ type watchWorld struct {
 	ns   *nstest.NS
 	h    *netlink.Handle
 	host *Host
-	log  *syncBuffer
+	log  *syncbuf.Buffer
 }
 
 func newWatchWorld(t testing.TB) *watchWorld {
 	t.Helper()
 	tier.Root(t)
-	w := &watchWorld{ns: nstest.New(t, "boxpw-"+nstest.RunID()+"-host"), log: &syncBuffer{}}
+	w := &watchWorld{ns: nstest.New(t, "boxpw-"+nstest.RunID()+"-host"), log: &syncbuf.Buffer{}}
 	w.h = w.ns.Netlink(t)
 	w.host = &Host{NetNS: w.ns.Name}
 	w.ns.AddBridge(t, "boxnet")
@@ -532,22 +532,4 @@ func BenchmarkPrivilegedWatchPortsJoin(b *testing.B) {
 	b.ReportMetric(ms(fromCall, 1), "ms-enslave-to-set-max")
 	b.ReportMetric(ms(fromEvent, 0.5), "ms-event-to-set-p50")
 	b.ReportMetric(ms(fromEvent, 1), "ms-event-to-set-max")
-}
-
-// syncBuffer is a bytes.Buffer the watcher writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

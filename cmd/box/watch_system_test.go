@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"github.com/box-isolation/box/internal/syncbuf"
 	"net"
 	"os/exec"
 	"runtime"
@@ -63,7 +64,7 @@ func TestSystemRestartedBoxStaysInTheSet(t *testing.T) {
 	require.Equal(t, exitOK, r.run(t, "setup-host").code)
 
 	// With the watcher, started as the boot unit would start it.
-	var logBuf safeBuffer
+	var logBuf syncbuf.Buffer
 	cmd := exec.Command(testenv.Binary(t, "box"), "watch-ports")
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "INCUS_SOCKET=" + st.IncusSocket, "BOX_NETNS=" + st.Names.HostNS}
 	cmd.Stdout, cmd.Stderr = &logBuf, &logBuf
@@ -310,21 +311,3 @@ func portSetMembers(hostNS string) ([]string, bool, error) {
 }
 
 func htons16(v uint16) uint16 { return v<<8 | v>>8 }
-
-// safeBuffer is a bytes.Buffer two goroutines may use.
-type safeBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}

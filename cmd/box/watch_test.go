@@ -1,11 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
+	"github.com/box-isolation/box/internal/syncbuf"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,8 +27,8 @@ func TestPrivilegedWatchPortsCommand(t *testing.T) {
 	_, err := nft.Apply(nft.Config{NetNS: int(ns.Handle), Gateway: netip.MustParseAddr("10.99.0.1")}, nft.Capabilities{}, nil)
 	require.NoError(t, err)
 	env := map[string]string{"BOX_NETNS": ns.Name, "INCUS_SOCKET": "/nonexistent/box-test.socket"}
-	start := func(ctx context.Context) (*syncBuffer, *syncBuffer, <-chan int) {
-		out, errw := &syncBuffer{}, &syncBuffer{}
+	start := func(ctx context.Context) (*syncbuf.Buffer, *syncbuf.Buffer, <-chan int) {
+		out, errw := &syncbuf.Buffer{}, &syncbuf.Buffer{}
 		a := &app{ctx: ctx, in: strings.NewReader(""), out: out, err: errw, getenv: func(k string) string { return env[k] }}
 		code := make(chan int, 1)
 		go func() { code <- a.run([]string{"watch-ports"}) }()
@@ -74,23 +73,4 @@ func TestPrivilegedWatchPortsCommand(t *testing.T) {
 		t.Fatal("watch-ports did not exit within 5s of its context ending")
 	}
 	assert.Empty(t, out.String(), "nothing on stdout: the log is diagnostics")
-}
-
-// syncBuffer is a bytes.Buffer a running command writes while the test
-// reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
