@@ -495,14 +495,25 @@ type portsRefresh struct {
 func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.removed) == 0 }
 
 // refreshPorts isolates every port of the bridge and, where the kernel has
-// no nft bridge meta, refreshes the bridge drop's port set: a box's port
-// name is only known once it has started. Refreshes are serialised across
-// processes, so two box commands at once cannot drop each other's ports.
-// It is the one refresh: box commands call it after changing a box, and
-// `box watch-ports` (WatchPorts) on every trigger.
+// no nft bridge meta, refreshes the bridge drop's port set (syncPorts),
+// then the pins (refreshPins): a box's port name is only known once it has
+// started, its lease once it has asked. It is the one refresh box commands
+// call after changing a box; `box watch-ports` (WatchPorts) calls the two
+// halves apart, so a new port never waits for Incus's answers.
 func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
+	r, err := host.syncPorts(ctx)
+	if err != nil {
+		return r, err
+	}
+	return r, host.refreshPins(ctx, &r)
+}
+
+// syncPorts is the kernel-only half of a refresh: every port isolated, the
+// port set exact. Refreshes are serialised across processes, so two box
+// commands at once cannot drop each other's ports.
+func (host *Host) syncPorts(ctx context.Context) (portsRefresh, error) {
 	var r portsRefresh
-	unlock, err := lockPorts(ctx)
+	unlock, err := lockFile(ctx, portsLock, "the port set")
 	if err != nil {
 		return r, err
 	}
@@ -526,24 +537,37 @@ func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
 	}
 	ch, err := nft.SyncPorts(ncfg, portNames(ports))
 	r.added, r.removed, r.addedAt = ch.Added, ch.Removed, ch.AddedAt
-	if err != nil {
-		return r, err
-	}
-	return r, host.refreshPins(ctx, ncfg, portNames(ports), &r)
+	return r, err
 }
 
 // refreshPins makes the pin table pin the bridge's ports as they are now,
-// with the leases as they are now. Without the table (or an Incus to ask)
-// there is nothing to refresh: doctor reports the missing table.
-func (host *Host) refreshPins(ctx context.Context, ncfg nft.Config, ports []string, r *portsRefresh) error {
+// with the leases as they are now: it asks Incus whose each port is and
+// what the leases are. Without the table (or an Incus to ask) there is
+// nothing to refresh: doctor reports the missing table.
+func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	if host.Incus == nil {
 		return nil
 	}
+	unlock, err := lockFile(ctx, pinsLock, "the pins")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	g, err := host.ground()
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	ncfg := g.nftConfig(Current)
 	present, err := nft.PinsPresent(ncfg)
 	if err != nil || !present {
 		return err
 	}
-	plan, err := host.planPins(ctx, ports)
+	ports, err := g.bridgePorts(Current.Network)
+	if err != nil {
+		return err
+	}
+	plan, err := host.planPins(ctx, portNames(ports))
 	if err != nil {
 		return fmt.Errorf("reading what to pin: %w", err)
 	}
@@ -555,18 +579,26 @@ func (host *Host) refreshPins(ctx context.Context, ncfg nft.Config, ports []stri
 	return nil
 }
 
-// portsLock is the file whose flock serialises port-set refreshes.
-const portsLock = "/run/lock/box-ports.lock"
+// portsLock and pinsLock are the files whose flocks serialise port-set
+// and pin refreshes.
+const (
+	portsLock = "/run/lock/box-ports.lock"
+	pinsLock  = "/run/lock/box-pins.lock"
+)
 
-// lockPorts takes the lock without blocking forever: a stuck holder makes
-// the caller fail with a message, not hang, and ctx is honoured.
-func lockPorts(ctx context.Context) (func(), error) {
-	if err := os.MkdirAll(filepath.Dir(portsLock), 0o755); err != nil {
+// lockPorts takes the port set's lock (lockFile).
+func lockPorts(ctx context.Context) (func(), error) { return lockFile(ctx, portsLock, "the port set") }
+
+// lockFile takes an exclusive flock on path without blocking forever: a
+// stuck holder makes the caller fail with a message, not hang, and ctx is
+// honoured. what names what the lock guards, for that message.
+func lockFile(ctx context.Context, path, what string) (func(), error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(portsLock, os.O_CREATE|os.O_RDONLY, 0o644)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("locking the port set: %w", err)
+		return nil, fmt.Errorf("locking %s: %w", what, err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	// A refresh holds the lock about a millisecond: look again soon, then
@@ -580,7 +612,7 @@ func lockPorts(ctx context.Context) (func(), error) {
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
 			f.Close()
-			return nil, fmt.Errorf("locking the port set (%s, held by another box command?): %w", portsLock, err)
+			return nil, fmt.Errorf("locking %s (%s, held by another box command?): %w", what, path, err)
 		}
 		select {
 		case <-ctx.Done():

@@ -427,6 +427,11 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 		res.changes = append(res.changes, Change{"nft", "updated", a})
 	}
 	res.createdTables = len(applied) > 0 && !inetBefore && !bridgeBefore
+	unlockPins, err := lockFile(ctx, pinsLock, "the pins")
+	if err != nil {
+		return res, err
+	}
+	defer unlockPins()
 	plan, err := host.planPins(ctx, portNames(ports))
 	if err != nil {
 		return res, fmt.Errorf("reading what to pin: %w", err)

@@ -128,11 +128,16 @@ func (host *Host) Census(ctx context.Context) (*Census, error) {
 }
 
 func (host *Host) census(ctx context.Context, g *ground) (*Census, error) {
-	bridge := Current.Network
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
 		return nil, err
 	}
+	return censusOf(g, insts)
+}
+
+// censusOf takes the census from a listing of every instance.
+func censusOf(g *ground, insts []incus.Instance) (*Census, error) {
+	bridge := Current.Network
 	ports, err := g.bridgePorts(bridge)
 	if err != nil {
 		return nil, err
@@ -364,6 +369,39 @@ func nicWhere(d map[string]string) string {
 		return d["nictype"] + " " + d["parent"]
 	}
 	return d["nictype"]
+}
+
+// BoxesOnStack lists the boxes of the client's project as Boxes does,
+// each marked by the fleet census, from one listing of every project's
+// instances (the census needs them all). censusErr says why the boxes are
+// unmarked when the census could not be taken (reading the kernel's view
+// of the ports needs root).
+func (host *Host) BoxesOnStack(ctx context.Context) (boxes []Box, censusErr, err error) {
+	insts, err := host.Incus.AllInstances(ctx)
+	if err != nil {
+		// A client that may not list every project still lists its own.
+		boxes, berr := host.Boxes(ctx)
+		return boxes, err, berr
+	}
+	project := projectOf(host.Incus.ProjectName())
+	boxes = []Box{}
+	for i := range insts {
+		if gen, ok := isBox(&insts[i]); ok && projectOf(insts[i].Project) == project {
+			boxes = append(boxes, boxOf(&insts[i], gen))
+		}
+	}
+	sort.Slice(boxes, func(a, b int) bool { return boxes[a].Name < boxes[b].Name })
+	g, err := host.ground()
+	if err != nil {
+		return boxes, err, nil
+	}
+	defer g.close()
+	c, err := censusOf(g, insts)
+	if err != nil {
+		return boxes, err, nil
+	}
+	c.Mark(project, boxes)
+	return boxes, nil, nil
 }
 
 // Mark records the census's verdict on each box of project (as `box list`

@@ -91,9 +91,18 @@ func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions)
 	defer release()
 	w := &watcher{
 		host: host, g: g, o: o, log: log, bridge: Current.Network,
-		links: map[int]linkInfo{}, timer: time.NewTimer(time.Hour),
+		links: map[int]linkInfo{}, timer: time.NewTimer(time.Hour), pins: make(chan trigger, 1),
 	}
 	w.timer.Stop()
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.pinWorker(ctx)
+	}()
+	defer wg.Wait()
+	defer cancel()
 	return w.run(ctx)
 }
 
@@ -242,7 +251,8 @@ type watcher struct {
 	host   *Host
 	g      *ground
 	o      watchOptions
-	log    io.Writer // written by the run loop only
+	log    io.Writer // written through logf: the run loop and the pin worker
+	logMu  sync.Mutex
 	bridge string
 
 	links   map[int]linkInfo // every link in the namespace, by index
@@ -253,14 +263,19 @@ type watcher struct {
 	timer       *time.Timer // the debounced (or retried) refresh
 	armed       bool
 	refreshErr  string // the last refresh failure, said once
-	// unresolvedTries counts the re-checks of unclaimed ports in a row.
-	unresolvedTries int
+	// pins wakes the pin worker (refreshPins asks Incus, which takes tens
+	// of milliseconds: a new port must never wait for that).
+	pins chan trigger
 
 	lease    *leaseWatch
 	leaseErr string // the last failure to watch it, said once
 }
 
-func (w *watcher) logf(format string, args ...any) { fmt.Fprintf(w.log, format+"\n", args...) }
+func (w *watcher) logf(format string, args ...any) {
+	w.logMu.Lock()
+	defer w.logMu.Unlock()
+	fmt.Fprintf(w.log, format+"\n", args...)
+}
 
 func (w *watcher) run(ctx context.Context) error {
 	w.logf("watching the ports of bridge %s in %s (pid %d, lock %s)", w.bridge, w.host.nsLabel(), os.Getpid(), watchLockPath(w.g.ino))
@@ -364,7 +379,7 @@ func (w *watcher) add(ctx context.Context, t trigger) {
 }
 
 func (w *watcher) refresh(ctx context.Context) {
-	r, err := w.host.refreshPorts(ctx)
+	r, err := w.host.syncPorts(ctx)
 	done := time.Now()
 	w.lastRefresh = done
 	w.report(r, done)
@@ -392,20 +407,14 @@ func (w *watcher) refresh(ctx context.Context) {
 	if w.o.refreshed != nil {
 		w.o.refreshed(r, slices.Clone(w.pending), done)
 	}
-	w.pending = w.pending[:0]
-	// A port is on the bridge a moment before Incus records whose it is:
-	// look again soon, so its pin does not wait for the next trigger. A
-	// port nobody ever claims (the census names it) is looked at a few
-	// times, then left to the periodic resync.
-	if len(r.unresolved) == 0 {
-		w.unresolvedTries = 0
-		return
+	cause := trigger{kind: trigSync, at: done}
+	if len(w.pending) > 0 {
+		cause = w.pending[0]
 	}
-	if w.unresolvedTries < unresolvedTries {
-		w.unresolvedTries++
-		w.pending = append(w.pending, trigger{kind: trigSync, at: done, what: "ports not yet claimed by an instance: " + strings.Join(r.unresolved, ", ")})
-		w.timer.Reset(unresolvedRecheck)
-		w.armed = true
+	w.pending = w.pending[:0]
+	select { // the worker refreshes the pins once for any number of kicks
+	case w.pins <- cause:
+	default:
 	}
 }
 
@@ -416,17 +425,53 @@ const (
 	unresolvedTries   = 50
 )
 
+// pinWorker refreshes the pins after every port refresh, apart from the
+// run loop. A port is on the bridge a moment before Incus records whose it
+// is: it looks again soon, so that port's pin does not wait for the next
+// trigger; a port nobody ever claims (the census names it) is looked at a
+// few times, then left to the periodic resync.
+func (w *watcher) pinWorker(ctx context.Context) {
+	failed := ""
+	for {
+		var cause trigger
+		select {
+		case <-ctx.Done():
+			return
+		case cause = <-w.pins:
+		}
+		for try := 0; ; try++ {
+			var r portsRefresh
+			err := w.host.refreshPins(ctx, &r)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil && err.Error() != failed:
+				failed = err.Error()
+				w.logf("refreshing the pins after a %s failed: %v; trying again at the next trigger", cause.kind, err)
+			case err == nil && failed != "":
+				failed = ""
+				w.logf("refreshing the pins works again")
+			}
+			if r.pinned {
+				w.logf("pins: the ports' MACs and leases re-read and the pin table updated %s", cause.when(time.Now()))
+			}
+			if err != nil || len(r.unresolved) == 0 || try >= unresolvedTries {
+				break
+			}
+			cause = trigger{kind: trigSync, at: time.Now(), what: "ports not yet claimed by an instance: " + strings.Join(r.unresolved, ", ")}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(unresolvedRecheck):
+			}
+		}
+	}
+}
+
 // report logs one line per port the refresh changed, naming its trigger.
 func (w *watcher) report(r portsRefresh, done time.Time) {
 	for _, l := range reportLines(w.bridge, r, w.pending, done) {
 		w.logf("%s", l)
-	}
-	if r.pinned {
-		cause := trigger{kind: trigSync}
-		if len(w.pending) > 0 {
-			cause = w.pending[0]
-		}
-		w.logf("pins: the ports' MACs and leases re-read and the pin table updated %s", cause.when(done))
 	}
 }
 

@@ -304,13 +304,9 @@ func setupList(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		boxes, err := h.Boxes(c.ctx)
+		boxes, cerr, err := h.BoxesOnStack(c.ctx)
 		if err != nil {
 			return err
-		}
-		census, cerr := h.Census(c.ctx)
-		if cerr == nil {
-			census.Mark(h.Incus.ProjectName(), boxes)
 		}
 		if *asJSON {
 			return c.printJSON(boxes)

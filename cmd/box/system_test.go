@@ -160,7 +160,7 @@ func TestSystemBoxLifecycle(t *testing.T) {
 	require.NotNil(t, mine, "list shows the box")
 	assert.Equal(t, "blank", mine.Stamps[stack.StampTemplate])
 	res = r.run(t, "list")
-	assert.Regexp(t, a+`\s+Running\s+container\s+blank\s+dev\s`, res.out)
+	assert.Regexp(t, a+`\s+Running\s+container\s+on\s+blank\s+dev\s`, res.out, "a fresh box is on the stack")
 	info := infoOf(t, r, a)
 	for k, want := range map[string]string{
 		stack.StampTemplate: "blank", stack.StampUser: "dev", stack.StampVersion: version,
@@ -439,7 +439,8 @@ func TestSystemListIsOneRequest(t *testing.T) {
 	for _, n := range names {
 		assert.Contains(t, res.out, `"name": "`+n+`"`)
 	}
-	assert.Equal(t, int64(1), count.Load(), "one API call for the whole list")
+	assert.Contains(t, res.out, `"on_stack": true`, "the fleet census marked them from the same listing")
+	assert.Equal(t, int64(1), count.Load(), "one API call for the whole list, the fleet census included")
 	const rounds = 20
 	start = time.Now()
 	for range rounds {
