@@ -220,8 +220,12 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 		// rather than leave a tagged, stopped half-box behind (also when
 		// the caller gave up: the check runs past its cancellation).
 		cctx := context.WithoutCancel(ctx)
-		if _, _, gerr := host.Incus.Instance(cctx, req.Name); gerr == nil {
+		if inst, _, gerr := host.Incus.Instance(cctx, req.Name); gerr == nil {
 			rerr := host.removeInstance(cctx, req.Name)
+			if rerr == nil {
+				// Incus leaves the NIC's veth pair when a start fails.
+				host.removeLeftPorts(inst)
+			}
 			return nil, &NotStartedError{Name: req.Name, Err: err, RemoveErr: rerr}
 		}
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)

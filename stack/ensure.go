@@ -402,6 +402,13 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 		return res, err
 	}
 	defer unlock()
+	leaked, err := host.sweepLeaks(ctx, g)
+	for _, name := range leaked {
+		res.changes = append(res.changes, Change{"bridge port " + name, "removed", "a veth pair an instance's NIC left behind (both ends in the host's namespace, claimed by no instance)"})
+	}
+	if err != nil {
+		return res, err
+	}
 	ports, isolated, err := g.isolatePorts(bridge)
 	if err != nil {
 		return res, err

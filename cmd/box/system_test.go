@@ -51,6 +51,9 @@ func worldBox(t *testing.T) (runner, *incus.Client) {
 		"BOX_DNS":      world.Resolver.String(),
 		"BOX_IMAGE":    image.DefaultAlias,
 	}}
+	// A start that fails leaves its NIC's veth pair on the bridge (Incus
+	// 6.0): find out first, so setup-host below sweeps it away.
+	memOnce.Do(func() { memOK = memoryLimitsWork(t, c) })
 	// Other packages' tests share the world and may be changing the stack
 	// at this moment (dnsmasq restarting under us): converge again.
 	setup := r.run(t, "setup-host")
@@ -59,7 +62,6 @@ func worldBox(t *testing.T) (runner, *incus.Client) {
 		setup = r.run(t, "setup-host")
 	}
 	require.Equal(t, exitOK, setup.code, "setup-host: %s", setup.err)
-	memOnce.Do(func() { memOK = memoryLimitsWork(t, c) })
 	if !memOK {
 		// Every template has a memory limit; where the host cannot apply
 		// one, no box would start.
