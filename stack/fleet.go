@@ -3,8 +3,8 @@ package stack
 import (
 	"context"
 	"fmt"
-	"net"
 	"maps"
+	"net"
 	"slices"
 	"sort"
 	"strings"
