@@ -81,6 +81,37 @@ type Options struct {
 	Pool string
 }
 
+// The operator's choices are stored on the bridge, so a later doctor or
+// setup-host run without the same environment compares with, and keeps,
+// what was chosen.
+const (
+	KeyDNS    = "user.box.dns"    // BOX_DNS at setup-host, comma separated
+	KeySubnet = "user.box.subnet" // BOX_SUBNET at setup-host
+)
+
+// With returns o with what the operator left unset taken from the choices
+// stored on the bridge's config: what the environment says now wins, what
+// it does not say stays as chosen.
+func (o Options) With(stored map[string]string) (Options, error) {
+	if len(o.DNS) == 0 && stored[KeyDNS] != "" {
+		for _, f := range strings.Split(stored[KeyDNS], ",") {
+			a, err := netip.ParseAddr(strings.TrimSpace(f))
+			if err != nil {
+				return o, fmt.Errorf("the stack's stored %s=%q is not a list of addresses: fix it with BOX_DNS=... box setup-host", KeyDNS, stored[KeyDNS])
+			}
+			o.DNS = append(o.DNS, a)
+		}
+	}
+	if !o.Subnet.IsValid() && stored[KeySubnet] != "" {
+		p, err := netip.ParsePrefix(stored[KeySubnet])
+		if err != nil {
+			return o, fmt.Errorf("the stack's stored %s=%q is not a prefix: fix it with BOX_SUBNET=... box setup-host", KeySubnet, stored[KeySubnet])
+		}
+		o.Subnet = p
+	}
+	return o, nil
+}
+
 // OptionsFromEnv reads BOX_SUBNET and BOX_DNS (comma or space separated).
 func OptionsFromEnv(getenv func(string) string) (Options, error) {
 	var o Options
@@ -157,6 +188,16 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 			"security.acls.default.egress.action":  "allow",
 			"security.acls.default.ingress.action": "drop",
 		},
+	}
+	if len(opts.DNS) > 0 {
+		strs := make([]string, len(opts.DNS))
+		for i, a := range opts.DNS {
+			strs[i] = a.String()
+		}
+		d.Network.Config[KeyDNS] = strings.Join(strs, ",")
+	}
+	if opts.Subnet.IsValid() {
+		d.Network.Config[KeySubnet] = opts.Subnet.String()
 	}
 
 	acl := incus.NetworkACL{Name: g.ACL, Description: "box: boxes reach the internet and nothing private"}

@@ -102,7 +102,13 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 			rep.Notes = append(rep.Notes, "NOTE: "+rep.Subnet.Reason)
 		}
 	}
-	d := BuildDesired(rep.Subnet.Subnet, host.Options)
+	opts := host.Options
+	if net != nil {
+		if opts, err = opts.With(net.Config); err != nil {
+			return nil, err
+		}
+	}
+	d := BuildDesired(rep.Subnet.Subnet, opts)
 	rep.Gateway = d.Gateway
 
 	// The ACL first: the network refers to it.

@@ -111,3 +111,32 @@ func TestProfileDiffNamesEveryDrift(t *testing.T) {
 	assert.Contains(t, diff, "extra config security.privileged")
 	assert.Empty(t, profileDiff(&d.Profile, d.Profile))
 }
+
+// The operator's choices are stored on the bridge and are what a later run
+// without the environment converges on; what the environment says wins.
+func TestOptionsStoredOnTheBridge(t *testing.T) {
+	chosen := Options{DNS: []netip.Addr{netip.MustParseAddr("192.168.20.53"), netip.MustParseAddr("10.0.0.53")},
+		Subnet: netip.MustParsePrefix("10.99.0.0/24")}
+	d := BuildDesired(chosen.Subnet, chosen)
+	stored := d.Network.Config
+	require.Equal(t, "192.168.20.53,10.0.0.53", stored[KeyDNS])
+	require.Equal(t, "10.99.0.0/24", stored[KeySubnet])
+
+	none, err := Options{}.With(stored)
+	require.NoError(t, err)
+	assert.Equal(t, chosen.DNS, none.DNS, "no BOX_DNS: the stored choice")
+	assert.Equal(t, chosen.Subnet, none.Subnet)
+	again := BuildDesired(chosen.Subnet, none)
+	assert.Equal(t, d.Network.Config["raw.dnsmasq"], again.Network.Config["raw.dnsmasq"], "doctor without the environment wants what setup-host made")
+
+	now, err := Options{DNS: []netip.Addr{netip.MustParseAddr("9.9.9.9")}}.With(stored)
+	require.NoError(t, err)
+	assert.Equal(t, []netip.Addr{netip.MustParseAddr("9.9.9.9")}, now.DNS, "BOX_DNS given now wins")
+
+	def := BuildDesired(chosen.Subnet, Options{})
+	assert.NotContains(t, def.Network.Config, KeyDNS, "nothing chosen, nothing stored: the defaults stay the defaults")
+	assert.Contains(t, def.Network.Config["raw.dnsmasq"], "server=1.1.1.1")
+
+	_, err = Options{}.With(map[string]string{KeyDNS: "not-an-address"})
+	assert.ErrorContains(t, err, "BOX_DNS=... box setup-host")
+}

@@ -77,11 +77,19 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		find("L-NAT", "network "+gen.Network, fmt.Sprintf("ipv4.address=%q is not an address box can use", net.Config["ipv4.address"]))
 		return v, nil
 	}
-	d := BuildDesired(p.Masked(), host.Options)
+	opts, err := host.Options.With(net.Config)
+	if err != nil {
+		find("L-NAT", "network "+gen.Network, err.Error())
+		return v, nil
+	}
+	if opts.Subnet.IsValid() && opts.Subnet != p.Masked() {
+		find("L-NAT", "network "+gen.Network, fmt.Sprintf("it is on %s, but the subnet chosen at setup-host is %s", p.Masked(), opts.Subnet))
+	}
+	d := BuildDesired(p.Masked(), opts)
 	v.Subnet, v.Gateway = d.Subnet, d.Gateway
 
 	layerOf := map[string]string{
-		"ipv4.address": "L-NAT", "ipv4.nat": "L-NAT", "dns.mode": "L-DNS", "raw.dnsmasq": "L-DNS",
+		"ipv4.address": "L-NAT", "ipv4.nat": "L-NAT", "dns.mode": "L-DNS", "raw.dnsmasq": "L-DNS", KeyDNS: "L-DNS", KeySubnet: "L-NAT",
 		"ipv6.address": "L-V6", "ipv6.nat": "L-V6", "security.acls": "L-ACL",
 		"security.acls.default.egress.action": "L-ACL", "security.acls.default.ingress.action": "L-ACL",
 	}
