@@ -474,3 +474,19 @@ func countingProxy(t *testing.T, target string) (string, *atomic.Int64) {
 	t.Cleanup(func() { srv.Close() })
 	return sock, &n
 }
+
+// TestSystemChosenSettingsStay: BOX_DNS given at setup-host is stored with
+// the stack, so doctor run with no environment finds nothing to fix (it
+// used to call the operator's resolver drift and --fix would replace it).
+func TestSystemChosenSettingsStay(t *testing.T) {
+	r, _ := worldBox(t) // setup-host with BOX_DNS set
+	bare := runner{env: map[string]string{"INCUS_SOCKET": r.env["INCUS_SOCKET"], "BOX_NETNS": r.env["BOX_NETNS"]}}
+	res := bare.run(t, "doctor", "--json")
+	require.Equal(t, exitOK, res.code, "no finding without BOX_DNS: %s", res.out)
+	var d doctorResult
+	require.NoError(t, json.Unmarshal([]byte(res.out), &d))
+	assert.Empty(t, d.Verification.Findings)
+	res = bare.run(t, "doctor", "--fix")
+	require.Equal(t, exitOK, res.code)
+	assert.NotContains(t, res.out, "raw.dnsmasq", "--fix leaves the chosen resolver alone")
+}
