@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill"
-	"github.com/box-isolation/box/fixtures/image"
+	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack/incus"
@@ -45,10 +45,14 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 	defer cancel()
 	st, err := world.Up(ctx, cfg, testWriter{t})
 	require.NoError(t, err)
-	_, err = image.Ensure(ctx, incus.New(st.IncusSocket), image.DefaultAlias, image.Options{})
+	// A fresh host: no probe image, no image server. The run imports its
+	// own.
+	imgs, err := incus.New(st.IncusSocket).Images(ctx)
 	require.NoError(t, err)
+	require.Empty(t, imgs, "the test world starts with no image")
 
 	env := append(os.Environ(), "BOX_NETNS="+st.Names.HostNS, "INCUS_DIR="+st.IncusDir, "BOX_DNS="+world.Resolver.String())
+	var firstStderr string
 	hostRun := func(extra ...string) *drill.Report {
 		t.Helper()
 		// The canary must answer TCP, ICMP and DNS, like a public resolver:
@@ -59,6 +63,9 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
+		if firstStderr == "" {
+			firstStderr = stderr.String()
+		}
 		var exit *exec.ExitError
 		if err != nil && !(errors.As(err, &exit) && exit.ExitCode() != drill.ExitUsage) {
 			t.Fatalf("drill %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
@@ -83,6 +90,7 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 	}
 
 	rep := hostRun()
+	assert.Contains(t, firstStderr, "probe image "+image.DefaultAlias+" imported", "drill run --host imported its own probe image")
 	assert.Equal(t, "host", rep.Environment.Mode)
 	for _, id := range []string{"C-EGRESS", "C-DNS", "C-DHCP", "C-LAN", "C-INBOUND"} {
 		assert.Equal(t, drill.Pass, claim(t, rep, id).Verdict, "%s with the stack whole", id)

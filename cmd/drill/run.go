@@ -13,7 +13,7 @@ import (
 	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/report"
 	"github.com/box-isolation/box/drill/topo"
-	"github.com/box-isolation/box/fixtures/image"
+	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
@@ -123,6 +123,17 @@ func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, 
 		}
 		if len(boxes) > 0 {
 			return fail(s, fmt.Errorf("--mutate would weaken the isolation of %d boxes on this host (box list): run mutations where no other box lives", len(boxes)))
+		}
+	}
+	if img == image.DefaultAlias {
+		// A fresh host has no image server for the probe image: build it
+		// here from busybox-static, as `drill image` does.
+		res, err := image.Ensure(ctx, host.Incus, img, image.Options{})
+		if err != nil {
+			return fail(s, fmt.Errorf("the probe image: %w (or import one yourself and pass --image)", err))
+		}
+		if res.Imported || res.AliasMoved {
+			fmt.Fprintf(s.err, "drill: probe image %s %s: %s\n", res.Alias, imageVerb(res), res.Fingerprint[:12])
 		}
 	}
 	upstream := stack.DefaultDNS[0]

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/box-isolation/box/fixtures/image"
+	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/stack/incus"
 )
@@ -138,19 +138,31 @@ func worldStatus(ctx context.Context, s stdio, args []string) int {
 }
 
 func worldImage(ctx context.Context, s stdio, args []string) int {
-	fs := newFlags(s, "world image", "world image [--alias A] [--json]")
+	st, err := world.Load()
+	if err != nil {
+		return fail(s, err)
+	}
+	return ensureImage(ctx, s, "world image", incus.New(st.IncusSocket), args)
+}
+
+// runImage is `drill image`: the probe image imported into this host's
+// Incus (INCUS_SOCKET or INCUS_DIR say which), built from the host's
+// busybox-static with no image server, for an operator who wants to look
+// before a run (`drill run --host` does the same when it is missing).
+func runImage(ctx context.Context, s stdio, args []string) int {
+	return ensureImage(ctx, s, "image", incus.New(""), args)
+}
+
+func ensureImage(ctx context.Context, s stdio, name string, c *incus.Client, args []string) int {
+	fs := newFlags(s, name, name+" [--alias A] [--json]")
 	alias := fs.String("alias", image.DefaultAlias, "image alias")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if code, ok := parse(fs, args, 0); !ok {
 		return code
 	}
-	st, err := world.Load()
+	res, err := image.Ensure(ctx, c, *alias, image.Options{})
 	if err != nil {
-		return fail(s, err)
-	}
-	res, err := image.Ensure(ctx, incus.New(st.IncusSocket), *alias, image.Options{})
-	if err != nil {
-		return fail(s, err)
+		return fail(s, fmt.Errorf("the probe image: %w", err))
 	}
 	emit(s, *asJSON, res, func(w io.Writer) {
 		fmt.Fprintf(w, "image %s %s: %s\n", res.Alias, imageVerb(res), res.Fingerprint[:12])

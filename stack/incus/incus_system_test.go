@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/box-isolation/box/fixtures/image"
+	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack/incus"
 )
