@@ -11,9 +11,9 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/drill/report"
 	"github.com/box-isolation/box/drill/topo"
-	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
