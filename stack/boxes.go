@@ -84,6 +84,8 @@ type Box struct {
 	// not.
 	OnStack  *bool    `json:"on_stack,omitempty"`
 	OffStack []string `json:"off_stack,omitempty"`
+	// Notes say what minting it decided on its own (no memory limit).
+	Notes []string `json:"notes,omitempty"`
 }
 
 // isBox reports whether an instance carries either ownership tag, and which.
@@ -170,8 +172,58 @@ type MintRequest struct {
 	Stamps map[string]string
 }
 
+// NoStackError is a box verb on a host with no isolation stack.
+type NoStackError struct{ Missing string }
+
+func (e *NoStackError) Error() string {
+	return fmt.Sprintf("there is no isolation stack on this host (%s is missing): run `box setup-host` first (as root)", e.Missing)
+}
+
+// requireStack returns the stack's bridge, or a NoStackError naming what
+// is missing; a daemon that does not answer is incus's own error.
+func (host *Host) requireStack(ctx context.Context) (*incus.Network, error) {
+	net, _, err := host.Incus.Network(ctx, Current.Network)
+	if incus.IsNotFound(err) {
+		return nil, &NoStackError{Missing: "network " + Current.Network}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := host.Incus.Profile(ctx, Current.Profile); incus.IsNotFound(err) {
+		return nil, &NoStackError{Missing: "profile " + Current.Profile}
+	} else if err != nil {
+		return nil, err
+	}
+	return net, nil
+}
+
+// KeyMemoryLimits on the bridge records that this host cannot apply a
+// memory limit (memoryUnsupported), found by a mint that failed to start
+// with one and started without.
+const (
+	KeyMemoryLimits   = "user.box.memory_limits"
+	memoryUnsupported = "unsupported"
+	// NoteNoMemoryLimit starts the note of a box minted without its
+	// memory limit.
+	NoteNoMemoryLimit = "no memory limit"
+)
+
+// rememberNoMemoryLimits stores the finding on the bridge (best effort: a
+// later mint finds it out again).
+func (host *Host) rememberNoMemoryLimits(ctx context.Context) {
+	net, etag, err := host.Incus.Network(ctx, Current.Network)
+	if err != nil {
+		return
+	}
+	cfg := maps.Clone(net.Config)
+	cfg[KeyMemoryLimits] = memoryUnsupported
+	_ = host.Incus.UpdateNetwork(ctx, Current.Network, incus.NetworkPut{Description: net.Description, Config: cfg}, etag)
+}
+
 // Mint creates and starts a box on the isolation stack: the box-net
-// profile only, the ownership tag and the stamps.
+// profile only, the ownership tag and the stamps. On a host that cannot
+// apply a memory limit it mints without one and says so in the box's
+// Notes.
 func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 	if req.Name == "" || req.Image == "" {
 		return nil, errors.New("minting a box needs a name and an image")
@@ -185,6 +237,39 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 	} else if !incus.IsNotFound(err) {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
+	net, err := host.requireStack(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
+	}
+	var notes []string
+	if req.Memory != "" && net.Config[KeyMemoryLimits] == memoryUnsupported {
+		notes = append(notes, fmt.Sprintf("%s: this host cannot apply one (%s=%s on %s, found at an earlier mint)", NoteNoMemoryLimit, KeyMemoryLimits, memoryUnsupported, Current.Network))
+		req.Memory = ""
+	}
+	b, err := host.mint(ctx, req)
+	var ns *NotStartedError
+	if req.Memory != "" && errors.As(err, &ns) && ns.RemoveErr == nil {
+		// The usual reason a fresh box will not start on a small host: a
+		// memory cgroup that takes no limit. Try once without; if that
+		// starts, the host cannot apply memory limits: say so once and
+		// remember it on the stack.
+		wanted := req.Memory
+		req.Memory = ""
+		if b, err2 := host.mint(ctx, req); err2 == nil {
+			b.Notes = append(notes, fmt.Sprintf("%s: this host cannot apply one (the start with limits.memory=%s failed, the same box without it started); later mints skip it", NoteNoMemoryLimit, wanted))
+			host.rememberNoMemoryLimits(ctx)
+			return b, nil
+		}
+	}
+	if b != nil {
+		b.Notes = append(notes, b.Notes...)
+	}
+	return b, err
+}
+
+// mint creates and starts one box as asked.
+func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
+	typ := cmp.Or(req.Type, TypeContainer)
 	fp, err := host.resolveImage(ctx, req.Image)
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)

@@ -142,12 +142,20 @@ func (c *call) newBox(o *newOpts) error {
 		},
 	})
 	c.progressDone()
+	if b != nil {
+		for _, n := range b.Notes {
+			fmt.Fprintf(c.err, "box: %s: %s\n", o.name, n)
+			if strings.HasPrefix(n, stack.NoteNoMemoryLimit) {
+				res.Memory = ""
+			}
+		}
+	}
 	wanted := fmt.Sprintf("template %s, %s", t.Name, res)
 	var notStarted *stack.NotStartedError
 	if errors.As(err, &notStarted) {
-		// stack removes a box that was created but would not start; the
-		// usual cause on small hosts is a memory cgroup that takes no limit.
-		return fmt.Errorf("%w\n%s (%s) did not come up and was removed; if incusd's log says \"Failed to setup cgroup limits\", this host cannot apply a memory limit: mint again with --memory none (or BOX_MEMORY=none)", err, o.name, wanted)
+		// stack removes a box that was created but would not start (and
+		// has already tried without a memory limit).
+		return fmt.Errorf("%w\n%s (%s) did not come up and was removed: incusd's log says why", err, o.name, wanted)
 	}
 	if err != nil {
 		return err

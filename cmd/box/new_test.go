@@ -28,6 +28,7 @@ func minting(t *testing.T, driver string, env []string, args ...string) (result,
 	srv.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
 		srv.Async(w, incustest.Op{Description: "Creating instance", Err: "the fake creates nothing"})
 	})
+	withStack(srv)
 	// BOX_NETNS names no namespace: should anything reach for the host's
 	// network, it fails instead of touching this machine's.
 	r := offline.with(append([]string{"INCUS_SOCKET", srv.Socket(), "BOX_NETNS", "box-unit-test-absent"}, env...)...).
@@ -39,6 +40,35 @@ func minting(t *testing.T, driver string, env []string, args ...string) (result,
 	var body map[string]any
 	require.NoError(t, json.Unmarshal(posts[0].Body, &body))
 	return r, body
+}
+
+// withStack makes the fake serve the stack's bridge and profile.
+func withStack(srv *incustest.Server) {
+	srv.Handle("GET /1.0/networks/boxnet", func(w http.ResponseWriter, r *http.Request) {
+		incustest.Sync(w, map[string]any{"name": "boxnet", "config": map[string]string{"ipv4.address": "10.88.0.1/24"}})
+	})
+	srv.Handle("GET /1.0/profiles/box-net", func(w http.ResponseWriter, r *http.Request) {
+		incustest.Sync(w, map[string]any{"name": "box-net"})
+	})
+}
+
+// TestNewWithoutTheStack: box new on a host with incusd but no stack says
+// to run setup-host; with no incusd it says the daemon is not there.
+func TestNewWithoutTheStack(t *testing.T) {
+	srv := incustest.New(t)
+	srv.Drivers("lxc")
+	srv.Handle("GET /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
+		incustest.Error(w, http.StatusNotFound, "Instance not found")
+	})
+	r := offline.with("INCUS_SOCKET", srv.Socket(), "BOX_NETNS", "box-unit-test-absent").run(t, "new", "--name", "work", "--container")
+	assert.Equal(t, exitFailed, r.code)
+	assert.Contains(t, r.err, "there is no isolation stack on this host (network boxnet is missing): run `box setup-host` first")
+	assert.Empty(t, srv.Find(http.MethodPost, "/1.0/instances"), "nothing is created")
+
+	r = offline.with("INCUS_SOCKET", t.TempDir()+"/no.socket", "BOX_NETNS", "box-unit-test-absent").run(t, "new", "--name", "work", "--container")
+	assert.Equal(t, exitFailed, r.code)
+	assert.Contains(t, r.err, "cannot reach incusd", "a dead daemon is not a missing stack")
+	assert.NotContains(t, r.err, "setup-host")
 }
 
 func config(t *testing.T, body map[string]any) map[string]any {

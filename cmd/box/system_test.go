@@ -490,3 +490,42 @@ func TestSystemChosenSettingsStay(t *testing.T) {
 	require.Equal(t, exitOK, res.code)
 	assert.NotContains(t, res.out, "raw.dnsmasq", "--fix leaves the chosen resolver alone")
 }
+
+// TestSystemMemoryLimitFallback: on a host that cannot apply a memory
+// limit (the world's), box new mints without one and says so, and
+// remembers it on the stack so the next mint skips it at once; the failed
+// start leaves nothing on the bridge.
+func TestSystemMemoryLimitFallback(t *testing.T) {
+	r, c := worldBox(t)
+	if memOK {
+		t.Skip("this host applies memory limits: there is nothing to fall back from")
+	}
+	ctx := context.Background()
+	forget := func() {
+		n, etag, err := c.Network(ctx, stack.Current.Network)
+		require.NoError(t, err)
+		delete(n.Config, stack.KeyMemoryLimits)
+		require.NoError(t, c.UpdateNetwork(ctx, stack.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
+	}
+	forget()
+	t.Cleanup(forget)
+	withMemory := r.with("BOX_MEMORY", "")
+	first, second := uniq(t), uniq(t)
+	cleanup(t, c, first, second)
+	res := withMemory.run(t, "new", "--name", first)
+	require.Equal(t, exitOK, res.code, res.err)
+	assert.Contains(t, res.err, "no memory limit: this host cannot apply one (the start with limits.memory=4GiB failed")
+	assert.Contains(t, res.out, "unlimited memory", "the summary says what was made")
+	inst, _, err := c.Instance(ctx, first)
+	require.NoError(t, err)
+	assert.NotContains(t, inst.Config, "limits.memory")
+	n, _, err := c.Network(ctx, stack.Current.Network)
+	require.NoError(t, err)
+	assert.Equal(t, "unsupported", n.Config[stack.KeyMemoryLimits], "remembered on the stack")
+
+	res = withMemory.run(t, "new", "--name", second)
+	require.Equal(t, exitOK, res.code, res.err)
+	assert.Contains(t, res.err, "found at an earlier mint", "the next mint skips the limit at once")
+	d := r.run(t, "doctor", "--json")
+	assert.Equal(t, exitOK, d.code, "the failed start left nothing on the bridge: %s", d.out)
+}
