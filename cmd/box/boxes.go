@@ -319,39 +319,45 @@ func setupList(fs *flag.FlagSet) action {
 		if *asJSON {
 			return c.printJSON(boxes)
 		}
-		if len(boxes) == 0 {
-			fmt.Fprintln(c.err, "no boxes yet: box new --name N mints one")
-			return nil
-		}
-		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tSTATUS\tTYPE\tSTACK\tTEMPLATE\tUSER\tMINTED\tORIGIN")
-		off := 0
-		for _, b := range boxes {
-			onStack := "?"
-			if b.OnStack != nil && *b.OnStack {
-				onStack = "on"
-			} else if b.OnStack != nil {
-				onStack, off = "OFF", off+1
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b.Name, b.Status, b.Type, onStack,
-				stamp(b, stack.StampTemplate), stamp(b, stack.StampUser), stamp(b, stack.StampMinted), stamp(b, stack.StampOrigin))
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		for _, b := range boxes {
-			for _, why := range b.OffStack {
-				fmt.Fprintf(c.err, "box: %s is off the stack: %s\n", b.Name, why)
-			}
-		}
-		switch {
-		case cerr != nil:
-			fmt.Fprintf(c.err, "box: STACK is ? because the fleet census could not be taken (%v): box doctor, as root, checks every box\n", cerr)
-		case off > 0:
-			fmt.Fprintf(c.err, "box: %d box(es) off the stack: box doctor names the fix for each\n", off)
-		}
+		return c.printBoxes(boxes, cerr)
+	}
+}
+
+// printBoxes is the table of `box list` (and `box status`), with why a box
+// is off the stack on stderr.
+func (c *call) printBoxes(boxes []stack.Box, censusErr error) error {
+	if len(boxes) == 0 {
+		fmt.Fprintln(c.err, "no boxes yet: box new --name N mints one")
 		return nil
 	}
+	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSTATUS\tTYPE\tSTACK\tTEMPLATE\tUSER\tMINTED\tORIGIN")
+	off := 0
+	for _, b := range boxes {
+		onStack := "?"
+		if b.OnStack != nil && *b.OnStack {
+			onStack = "on"
+		} else if b.OnStack != nil {
+			onStack, off = "OFF", off+1
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b.Name, b.Status, b.Type, onStack,
+			stamp(b, stack.StampTemplate), stamp(b, stack.StampUser), stamp(b, stack.StampMinted), stamp(b, stack.StampOrigin))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, b := range boxes {
+		for _, why := range b.OffStack {
+			fmt.Fprintf(c.err, "box: %s is off the stack: %s\n", b.Name, why)
+		}
+	}
+	switch {
+	case censusErr != nil:
+		fmt.Fprintf(c.err, "box: STACK is ? because the fleet census could not be taken (%v): box doctor, as root, checks every box\n", censusErr)
+	case off > 0:
+		fmt.Fprintf(c.err, "box: %d box(es) off the stack: box doctor names the fix for each\n", off)
+	}
+	return nil
 }
 
 // stamp reads a stamp for display; a box minted before the key existed

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"flag"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/nft"
 	"github.com/box-isolation/box/templates"
 )
 
@@ -20,7 +23,7 @@ var offline = runner{env: map[string]string{"INCUS_SOCKET": "/nonexistent/box-te
 // The verbs of this issue (SPEC section 7, without export/import, expose and
 // grant/revoke, which come later).
 var wantVerbs = []string{
-	"new", "templates", "list", "info", "shell", "exec", "tmux", "snapshot", "restore", "rename",
+	"new", "templates", "list", "status", "info", "shell", "exec", "tmux", "snapshot", "restore", "rename",
 	"down", "start", "rm", "incus", "doctor", "setup-host", "watch-ports", "teardown-host", "migrate-host", "version", "help",
 }
 
@@ -235,4 +238,27 @@ func TestInfoRendersBoxesMintedBeforeTheStamps(t *testing.T) {
 	assert.Regexp(t, `(?m)^template: +-$`, out.String())
 	assert.Regexp(t, `(?m)^origin: +-$`, out.String())
 	assert.Contains(t, out.String(), "snapshots: none")
+}
+
+func TestStatusLine(t *testing.T) {
+	sub := netip.MustParsePrefix("10.88.0.0/24")
+	for _, tc := range []struct {
+		name string
+		v    *stack.Verification
+		err  error
+		ok   bool
+		line string
+	}{
+		{"healthy", &stack.Verification{Subnet: sub, BridgeMode: nft.ModePortSet, Ports: []stack.Port{{Name: "v1", Isolated: true}}, WatcherPID: 42}, nil, true, "stack: ok: subnet 10.88.0.0/24, bridge drop port-set, 1 port(s) isolated, port watcher pid 42"},
+		{"advisory only", &stack.Verification{Subnet: sub, BridgeMode: nft.ModeBridgeMeta, Findings: []stack.Finding{{Advisory: true}}}, nil, true, "no port watcher needed"},
+		{"findings", &stack.Verification{Subnet: sub, Findings: []stack.Finding{{Layer: "L-ACL"}, {Layer: "fleet"}}}, nil, false, "stack: 2 finding(s): box doctor names them"},
+		{"no stack", &stack.Verification{Findings: []stack.Finding{{Layer: "L-NAT"}}}, nil, false, "stack: not set up: run box setup-host"},
+		{"no daemon", nil, errors.New("cannot reach incusd"), false, "stack: unknown: cannot reach incusd"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := statusOf(tc.v, tc.err)
+			assert.Equal(t, tc.ok, st.OK)
+			assert.Contains(t, st.Line, tc.line)
+		})
+	}
 }

@@ -50,6 +50,8 @@ func commands() []command {
 			maxArgs: 0, setup: setupTemplates},
 		{name: "list", synopsis: "list [--json]", help: "list your boxes with their stamps",
 			maxArgs: 0, setup: setupList},
+		{name: "status", synopsis: "status [--json]", help: "the host's isolation stack in one line, then your boxes as list shows them",
+			maxArgs: 0, setup: setupStatus},
 		{name: "info", synopsis: "info N [--json]", help: "show a box: status, addresses, stamps, snapshots",
 			box: anyBox, minArgs: 1, maxArgs: 1, setup: setupInfo},
 		{name: "shell", synopsis: "shell N", help: "open a login shell in a box as its template's user",

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/nft"
 )
 
 // The host verbs: they act on the isolation stack itself, through stack's
@@ -205,6 +206,75 @@ func setupMigrateHost(fs *flag.FlagSet) action {
 		}
 		if len(changes) == 0 && !*asJSON {
 			fmt.Fprintln(c.out, "nothing to migrate")
+		}
+		return nil
+	}
+}
+
+// statusResult is what `box status --json` prints.
+type statusResult struct {
+	Stack stackStatus `json:"stack"`
+	Boxes []stack.Box `json:"boxes"`
+}
+
+// stackStatus is the stack's health in one line.
+type stackStatus struct {
+	OK       bool   `json:"ok"`
+	Line     string `json:"line"`
+	Findings int    `json:"findings"`
+}
+
+// statusOf sums Verify up in one line.
+func statusOf(v *stack.Verification, err error) stackStatus {
+	switch {
+	case err != nil:
+		return stackStatus{Line: fmt.Sprintf("stack: unknown: %v", err)}
+	case !v.Subnet.IsValid():
+		return stackStatus{Line: "stack: not set up: run box setup-host", Findings: len(v.Findings)}
+	}
+	n := 0
+	for _, f := range v.Findings {
+		if !f.Advisory {
+			n++
+		}
+	}
+	if n > 0 {
+		return stackStatus{Line: fmt.Sprintf("stack: %d finding(s): box doctor names them, box doctor --fix converges what box owns", n), Findings: n}
+	}
+	watcher := "no port watcher"
+	if v.WatcherPID > 0 {
+		watcher = fmt.Sprintf("port watcher pid %d", v.WatcherPID)
+	}
+	if v.BridgeMode != nft.ModePortSet {
+		watcher = "no port watcher needed"
+	}
+	return stackStatus{OK: true, Line: fmt.Sprintf("stack: ok: subnet %s, bridge drop %s, %d port(s) isolated, %s", v.Subnet, v.BridgeMode, len(v.Ports), watcher)}
+}
+
+func setupStatus(fs *flag.FlagSet) action {
+	asJSON := fs.Bool("json", false, "print JSON")
+	return func(c *call) error {
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		st := statusOf(h.Verify(c.ctx))
+		boxes, cerr, err := h.BoxesOnStack(c.ctx)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			if err := c.printJSON(statusResult{Stack: st, Boxes: boxes}); err != nil {
+				return err
+			}
+		} else {
+			fmt.Fprintln(c.out, st.Line)
+			if err := c.printBoxes(boxes, cerr); err != nil {
+				return err
+			}
+		}
+		if !st.OK {
+			return exitError{exitFailed}
 		}
 		return nil
 	}

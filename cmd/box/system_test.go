@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -528,4 +529,22 @@ func TestSystemMemoryLimitFallback(t *testing.T) {
 	assert.Contains(t, res.err, "found at an earlier mint", "the next mint skips the limit at once")
 	d := r.run(t, "doctor", "--json")
 	assert.Equal(t, exitOK, d.code, "the failed start left nothing on the bridge: %s", d.out)
+}
+
+// TestSystemStatus: box status is the stack in one line, then the boxes.
+func TestSystemStatus(t *testing.T) {
+	r, c := worldBox(t)
+	name := uniq(t)
+	cleanup(t, c, name)
+	require.Equal(t, exitOK, r.run(t, "new", "--name", name).code)
+	res := r.run(t, "status")
+	require.Equal(t, exitOK, res.code, res.err)
+	first, rest, _ := strings.Cut(res.out, "\n")
+	assert.True(t, strings.HasPrefix(first, "stack: ok: subnet "), first)
+	assert.Regexp(t, name+`\s+Running\s+container\s+on\s`, rest)
+	var st statusResult
+	res = r.run(t, "status", "--json")
+	require.NoError(t, json.Unmarshal([]byte(res.out), &st))
+	assert.True(t, st.Stack.OK)
+	assert.NotEmpty(t, st.Boxes)
 }
