@@ -21,6 +21,10 @@ func TestHelpListsEveryCommand(t *testing.T) {
 	code, out, _ := runCLI("help")
 	assert.Equal(t, exitOK, code)
 	for _, c := range commands() {
+		if c.hidden {
+			assert.NotContains(t, out, "  "+c.name+" ")
+			continue
+		}
 		assert.Contains(t, out, "  "+c.name+" ")
 		hcode, hout, _ := runCLI("help", c.name)
 		assert.Equal(t, exitOK, hcode)
@@ -38,6 +42,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"help", "verison"}, exitUsage, `did you mean "version"`},
 		{[]string{"world"}, exitUsage, "usage: drill world up"},
 		{[]string{"world", "sideways"}, exitUsage, "unknown subcommand"},
+		{[]string{"world", "sideways"}, exitUsage, "(up, down, status, image, check)"},
+		{[]string{"completion", "tcsh"}, exitUsage, `no completion for shell "tcsh": one of bash, zsh, fish`},
+		{[]string{"completion"}, exitUsage, "completion needs a shell"},
 		{[]string{"world", "up", "--bridge-netfiter"}, exitUsage, "flag provided but not defined"},
 		{[]string{"world", "status", "extra"}, exitUsage, `unexpected argument "extra"`},
 		{[]string{"world", "serve"}, exitUsage, "--state is required"},
@@ -69,4 +76,64 @@ func TestHostModeGuard(t *testing.T) {
 	assert.Error(t, hostModeGuard("network namespace boxw-host", "bxr-host"), "a namespace that does not exist")
 	require.NoError(t, os.WriteFile(filepath.Join(netnsDir, "bxr-host"), nil, 0o644))
 	assert.NoError(t, hostModeGuard("network namespace boxw-host", "bxr-host"), "aimed at a namespace world's host namespace")
+}
+
+// world's synopsis and usage name every subcommand that is shown; help
+// shows a command's options from its flags.
+func TestWorldAndOptionsHelp(t *testing.T) {
+	var world command
+	for _, c := range commands() {
+		if c.name == "world" {
+			world = c
+		}
+	}
+	_, usage, _ := runCLI("world", "--help")
+	for _, sc := range world.sub {
+		if sc.hidden {
+			assert.NotContains(t, world.synopsis, sc.name)
+			assert.NotContains(t, usage, "drill world "+sc.name)
+			continue
+		}
+		assert.Contains(t, world.synopsis, sc.name)
+		assert.Contains(t, usage, "drill "+sc.synopsis+"\n")
+	}
+	code, out, _ := runCLI("help", "run")
+	assert.Equal(t, exitOK, code)
+	assert.Contains(t, out, "Options:\n")
+	assert.Contains(t, out, "-canary")
+	for _, m := range mutationNames() {
+		assert.Contains(t, out, m, "--mutate's help names every mutation")
+	}
+}
+
+// The man page and the completions come from the table: every command
+// shown, and its subcommands, have an entry; hidden ones have none.
+func TestManAndCompletion(t *testing.T) {
+	code, page, _ := runCLI("man")
+	require.Equal(t, exitOK, code)
+	assert.Contains(t, page, ".TH DRILL 1 ")
+	roff := func(s string) string { return strings.ReplaceAll(s, "-", `\-`) }
+	for _, c := range commands() {
+		entry := "\n.B drill " + roff(c.synopsis) + "\n"
+		if c.hidden {
+			assert.NotContains(t, page, "\n.B drill "+c.name)
+			continue
+		}
+		assert.Contains(t, page, entry)
+		for _, sc := range c.sub {
+			if !sc.hidden {
+				assert.Contains(t, page, "\n.B drill "+roff(sc.synopsis)+"\n")
+			}
+		}
+	}
+	assert.NotContains(t, page, "world serve")
+	assert.Contains(t, page, ".BI \\-\\-canary \" CANARY\"\n")
+
+	for _, sh := range []string{"bash", "zsh", "fish"} {
+		code, out, errOut := runCLI("completion", sh)
+		require.Equal(t, exitOK, code, errOut)
+		assert.Contains(t, out, "completion for drill")
+		assert.Contains(t, out, "C-SIBLING", "claim ids complete for --claim")
+		assert.NotContains(t, out, "serve")
+	}
 }
