@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -135,5 +136,47 @@ func TestManAndCompletion(t *testing.T) {
 		assert.Contains(t, out, "completion for drill")
 		assert.Contains(t, out, "C-SIBLING", "claim ids complete for --claim")
 		assert.NotContains(t, out, "serve")
+	}
+}
+
+// drill's bash completion, sourced in bash as on TAB: subcommands,
+// their flags, and the values --mutate and --claim take.
+func TestBashCompletion(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("no bash here")
+	}
+	code, script, _ := runCLI("completion", "bash")
+	require.Equal(t, exitOK, code)
+	file := filepath.Join(t.TempDir(), "drill.bash")
+	require.NoError(t, os.WriteFile(file, []byte(script), 0o644))
+	for _, tc := range []struct {
+		words string
+		want  []string
+	}{
+		{"drill w", []string{"world"}},
+		{"drill world ", []string{"up", "down", "status", "image", "check"}},
+		{"drill world up --n", []string{"--no-incus"}},
+		{"drill run --mutate p", []string{"pinning", "port-isolation"}},
+		{"drill run --claim C-SI", []string{"C-SIBLING"}},
+		{"drill run --json --skip C-E", []string{"C-EGRESS"}},
+		{"drill help wo", []string{"world"}},
+		{"drill ma", nil},
+	} {
+		// The word being completed comes in as $2 (it may be empty).
+		words := strings.Split(tc.words, " ")
+		last := words[len(words)-1]
+		src := `source "$1" || exit 9
+COMP_WORDS=(` + strings.Join(words[:len(words)-1], " ") + ` "$2")
+COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+_drill
+printf '%s\n' "${COMPREPLY[@]}"`
+		out, err := exec.Command(bash, "--norc", "--noprofile", "-c", src, "bash", file, last).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		got := strings.Fields(string(out))
+		if len(got) == 0 {
+			got = nil
+		}
+		assert.Equal(t, tc.want, got, tc.words)
 	}
 }
