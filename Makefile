@@ -2,13 +2,14 @@
 #
 #   make drill   build the hermetic world and run the drill in it
 #   make test    install what is missing and run every test tier
+#   make package .debs for box and drill, a tarball and SHA256SUMS in dist/
 #
 GO       ?= go
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 export CGO_ENABLED = 0
 
-.PHONY: all deps build drill world world-down test unit bench soak clean
+.PHONY: all deps build drill world world-down test unit bench soak package clean
 
 all: build
 
@@ -47,5 +48,10 @@ bench:
 soak:
 	scripts/soak.sh $(SOAK_ARGS)
 
+# Static binaries with the version, man pages, completions and the boot
+# units, as .debs (box, drill), a tarball and SHA256SUMS, in dist/.
+package:
+	VERSION=$(VERSION) scripts/package.sh dist
+
 clean:
-	rm -rf bin
+	rm -rf bin dist

@@ -94,3 +94,21 @@ func TestBootUnitsWithoutSystemd(t *testing.T) {
 		})
 	}
 }
+
+// The packages ship the units from BootUnits: the same text Ensure writes.
+func TestBootUnitsExported(t *testing.T) {
+	withSystemd(t, true)
+	dir := t.TempDir()
+	h := &Host{BootUnitDir: dir, Exe: "/usr/bin/box"}
+	_, _, err := h.ensureBootUnit()
+	require.NoError(t, err)
+	units := BootUnits("/usr/bin/box")
+	require.Len(t, units, 2)
+	for _, u := range units {
+		b, err := os.ReadFile(filepath.Join(dir, u.Name))
+		require.NoError(t, err)
+		assert.Equal(t, string(b), u.Text, u.Name)
+		assert.Contains(t, u.Text, "ExecStart=/usr/bin/box ")
+		assert.NotEmpty(t, u.Does)
+	}
+}

@@ -329,6 +329,23 @@ var bootUnits = []struct{ name, text, does string }{
 	{PortsUnitName, portsUnit, "runs box watch-ports, which keeps the bridge's ports isolated and in the port set"},
 }
 
+// BootUnit is one systemd unit as Ensure writes it.
+type BootUnit struct {
+	Name string // e.g. box-firewall.service
+	Text string // the unit file
+	Does string // what it is for, one line
+}
+
+// BootUnits are the units Ensure writes, for the box binary at exe: the
+// packages ship the same text, so the two never drift.
+func BootUnits(exe string) []BootUnit {
+	var out []BootUnit
+	for _, u := range bootUnits {
+		out = append(out, BootUnit{Name: u.name, Text: fmt.Sprintf(u.text, exe), Does: u.does})
+	}
+	return out
+}
+
 // systemdRunning reports whether systemd is the init system here.
 var systemdRunning = func() bool {
 	_, err := os.Stat("/run/systemd/system")
@@ -345,24 +362,23 @@ func (host *Host) ensureBootUnit() (string, []Change, error) {
 		return "no systemd on this host: the nft tables are not re-applied at boot and no port watcher runs; from your init system, run `box setup-host --firewall-only` after each boot and keep `box watch-ports` running", nil, nil
 	}
 	var changes []Change
-	for _, u := range bootUnits {
-		path := filepath.Join(host.BootUnitDir, u.name)
-		want := fmt.Sprintf(u.text, host.Exe)
-		if b, err := os.ReadFile(path); err == nil && string(b) == want {
+	for _, u := range BootUnits(host.Exe) {
+		path := filepath.Join(host.BootUnitDir, u.Name)
+		if b, err := os.ReadFile(path); err == nil && string(b) == u.Text {
 			continue
 		}
-		if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(u.Text), 0o644); err != nil {
 			return "", changes, fmt.Errorf("writing %s: %w", path, err)
 		}
-		link := filepath.Join(host.BootUnitDir, "multi-user.target.wants", u.name)
+		link := filepath.Join(host.BootUnitDir, "multi-user.target.wants", u.Name)
 		if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
 			return "", changes, err
 		}
 		os.Remove(link)
 		if err := os.Symlink(path, link); err != nil {
-			return "", changes, fmt.Errorf("enabling %s: %w", u.name, err)
+			return "", changes, fmt.Errorf("enabling %s: %w", u.Name, err)
 		}
-		changes = append(changes, Change{Object: "unit " + u.name, Action: "created", Detail: u.does})
+		changes = append(changes, Change{Object: "unit " + u.Name, Action: "created", Detail: u.Does})
 	}
 	if slices.ContainsFunc(changes, func(c Change) bool { return c.Object == "unit "+PortsUnitName }) {
 		// box runs no systemctl: enabled, the watcher starts at the next boot.

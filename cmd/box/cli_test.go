@@ -24,14 +24,18 @@ var offline = runner{env: map[string]string{"INCUS_SOCKET": "/nonexistent/box-te
 // grant/revoke, which come later).
 var wantVerbs = []string{
 	"new", "templates", "list", "status", "info", "shell", "exec", "tmux", "snapshot", "restore", "rename",
-	"down", "start", "rm", "incus", "doctor", "setup-host", "watch-ports", "teardown-host", "migrate-host", "version", "help",
+	"down", "start", "rm", "incus", "doctor", "setup-host", "watch-ports", "teardown-host", "migrate-host",
+	"completion", "man", "version", "help",
 }
 
 func TestTableIsTheTruth(t *testing.T) {
-	var names []string
+	var names, shown []string
 	for _, c := range commands() {
 		assert.NotContains(t, names, c.name, "listed twice")
 		names = append(names, c.name)
+		if !c.hidden {
+			shown = append(shown, c.name)
+		}
 		assert.True(t, strings.HasPrefix(c.synopsis, c.name), "%s: synopsis starts with the name", c.name)
 		assert.NotEmpty(t, c.help, c.name)
 		require.NotNil(t, c.setup, c.name)
@@ -46,11 +50,15 @@ func TestTableIsTheTruth(t *testing.T) {
 	for line := range strings.SplitSeq(cmds, "\n") {
 		listed = append(listed, strings.Fields(line)[0])
 	}
-	assert.Equal(t, names, listed, "box help lists the table, in order")
+	assert.Equal(t, shown, listed, "box help lists the table, in order, but for its hidden rows")
 	for _, c := range commands() {
-		// Listed: box help shows it, and help CMD and CMD --help render
-		// its row.
-		assert.Contains(t, help.out, "  "+c.name+" ", "box help lists %s", c.name)
+		// Listed: box help shows it (unless hidden), and help CMD and
+		// CMD --help render its row.
+		if c.hidden {
+			assert.NotContains(t, help.out, "  "+c.name+" ", "box help hides %s", c.name)
+		} else {
+			assert.Contains(t, help.out, "  "+c.name+" ", "box help lists %s", c.name)
+		}
 		for _, args := range [][]string{{"help", c.name}, {c.name, "--help"}, {c.name, "-h"}} {
 			r := offline.run(t, args...)
 			assert.Equal(t, exitOK, r.code, "%v", args)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/box-isolation/box/internal/clidoc"
 	"github.com/box-isolation/box/internal/suggest"
 )
 
@@ -36,6 +37,16 @@ type command struct {
 	minArgs, maxArgs int
 	// dashdash: the command takes arguments after "--".
 	dashdash bool
+	// hidden commands run but are not shown (help, man page, completions):
+	// man is for the packages.
+	hidden bool
+	// For the completions: arg is what the first argument is when it is
+	// not a box (box says when it is); boxFlags are the flags whose value
+	// is a box; flagValues the values a flag takes.
+	arg        clidoc.Arg
+	values     []string
+	boxFlags   []string
+	flagValues map[string]func() []string
 	// setup registers the command's options and returns its action.
 	setup func(fs *flag.FlagSet) action
 }
@@ -45,7 +56,7 @@ func commands() []command {
 	return []command{
 		{name: "new", synopsis: "new --name N [--template T] [--from SRC[/SNAP]] [--cpu C] [--memory M] [--disk D] [--vm|--container] [--image I] [--json]",
 			help:    "mint a box from a template (default blank), or clone one from a box or its snapshot",
-			maxArgs: 0, setup: setupNew},
+			maxArgs: 0, setup: setupNew, boxFlags: []string{"from"}, flagValues: map[string]func() []string{"template": templateNames}},
 		{name: "templates", synopsis: "templates [--json]", help: "list the templates a box can be minted from",
 			maxArgs: 0, setup: setupTemplates},
 		{name: "list", synopsis: "list [--json]", help: "list your boxes with their stamps",
@@ -84,11 +95,15 @@ func commands() []command {
 		{name: "teardown-host", synopsis: "teardown-host [--force] [--yes] [--json]", help: "remove the isolation stack (both generations); refuses while boxes exist unless --force",
 			maxArgs: 0, setup: setupTeardownHost},
 		{name: "migrate-host", synopsis: "migrate-host --box N | --all-boxes | --retire-legacy [--json]", help: "move boxes off the legacy stack (claudenet), then retire it",
-			maxArgs: 0, setup: setupMigrateHost},
+			maxArgs: 0, setup: setupMigrateHost, boxFlags: []string{"box"}},
+		{name: "completion", synopsis: "completion bash|zsh|fish", help: "print a shell completion script (the packages install them)",
+			minArgs: 1, maxArgs: 1, setup: setupCompletion, arg: clidoc.ArgValues, values: clidoc.Shells},
+		{name: "man", synopsis: "man", help: "print box's man page (roff)", hidden: true,
+			maxArgs: 0, setup: setupMan},
 		{name: "version", synopsis: "version [--json]", help: "print box's version",
 			maxArgs: 0, setup: setupVersion},
 		{name: "help", synopsis: "help [COMMAND]", help: "show the commands, or one command's usage",
-			maxArgs: 1, setup: setupHelp},
+			maxArgs: 1, setup: setupHelp, arg: clidoc.ArgCommand},
 	}
 }
 
@@ -106,7 +121,9 @@ func (a *app) printHelp(w io.Writer) {
 	fmt.Fprintln(w, "\nusage: box COMMAND [ARGS] [options]")
 	fmt.Fprintln(w, "\nCommands:")
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-14s %s\n", c.name, c.help)
+		if !c.hidden {
+			fmt.Fprintf(w, "  %-14s %s\n", c.name, c.help)
+		}
 	}
 	fmt.Fprintln(w, "\nRun 'box help COMMAND' or 'box COMMAND --help' for a command's options.")
 	fmt.Fprintln(w, "Exit codes: 0 ok, 1 it went wrong, 2 you asked wrong.")
@@ -134,11 +151,7 @@ func (a *app) commandHelp(w io.Writer, c *command) {
 			fmt.Fprintf(w, "  %s\n", p)
 		}
 	}
-	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
-	c.setup(fs)
-	if c.confirm != "" {
-		fs.Bool("force", false, "do it without asking")
-	}
+	fs := c.flags()
 	first := true
 	fs.VisitAll(func(f *flag.Flag) {
 		if first {
@@ -155,6 +168,17 @@ func (a *app) commandHelp(w io.Writer, c *command) {
 		}
 		fmt.Fprintf(w, "  --%-18s %s%s\n", f.Name+arg, f.Usage, def)
 	})
+}
+
+// flags is the command's flag set as dispatch builds it, for help and
+// the documentation.
+func (c *command) flags() *flag.FlagSet {
+	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+	c.setup(fs)
+	if c.confirm != "" {
+		fs.Bool("force", false, "do it without asking")
+	}
+	return fs
 }
 
 func setupHelp(fs *flag.FlagSet) action {
@@ -187,7 +211,9 @@ func setupVersion(fs *flag.FlagSet) action {
 func didYouMean(typo string) string {
 	var names []string
 	for _, c := range commands() {
-		names = append(names, c.name)
+		if !c.hidden {
+			names = append(names, c.name)
+		}
 	}
 	return suggest.DidYouMean(typo, names)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,6 +22,10 @@ func TestHelpListsEveryCommand(t *testing.T) {
 	code, out, _ := runCLI("help")
 	assert.Equal(t, exitOK, code)
 	for _, c := range commands() {
+		if c.hidden {
+			assert.NotContains(t, out, "  "+c.name+" ")
+			continue
+		}
 		assert.Contains(t, out, "  "+c.name+" ")
 		hcode, hout, _ := runCLI("help", c.name)
 		assert.Equal(t, exitOK, hcode)
@@ -38,6 +43,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"help", "verison"}, exitUsage, `did you mean "version"`},
 		{[]string{"world"}, exitUsage, "usage: drill world up"},
 		{[]string{"world", "sideways"}, exitUsage, "unknown subcommand"},
+		{[]string{"world", "sideways"}, exitUsage, "(up, down, status, image, check)"},
+		{[]string{"completion", "tcsh"}, exitUsage, `no completion for shell "tcsh": one of bash, zsh, fish`},
+		{[]string{"completion"}, exitUsage, "completion needs a shell"},
 		{[]string{"world", "up", "--bridge-netfiter"}, exitUsage, "flag provided but not defined"},
 		{[]string{"world", "status", "extra"}, exitUsage, `unexpected argument "extra"`},
 		{[]string{"world", "serve"}, exitUsage, "--state is required"},
@@ -69,4 +77,106 @@ func TestHostModeGuard(t *testing.T) {
 	assert.Error(t, hostModeGuard("network namespace boxw-host", "bxr-host"), "a namespace that does not exist")
 	require.NoError(t, os.WriteFile(filepath.Join(netnsDir, "bxr-host"), nil, 0o644))
 	assert.NoError(t, hostModeGuard("network namespace boxw-host", "bxr-host"), "aimed at a namespace world's host namespace")
+}
+
+// world's synopsis and usage name every subcommand that is shown; help
+// shows a command's options from its flags.
+func TestWorldAndOptionsHelp(t *testing.T) {
+	var world command
+	for _, c := range commands() {
+		if c.name == "world" {
+			world = c
+		}
+	}
+	_, usage, _ := runCLI("world", "--help")
+	for _, sc := range world.sub {
+		if sc.hidden {
+			assert.NotContains(t, world.synopsis, sc.name)
+			assert.NotContains(t, usage, "drill world "+sc.name)
+			continue
+		}
+		assert.Contains(t, world.synopsis, sc.name)
+		assert.Contains(t, usage, "drill "+sc.synopsis+"\n")
+	}
+	code, out, _ := runCLI("help", "run")
+	assert.Equal(t, exitOK, code)
+	assert.Contains(t, out, "Options:\n")
+	assert.Contains(t, out, "-canary")
+	for _, m := range mutationNames() {
+		assert.Contains(t, out, m, "--mutate's help names every mutation")
+	}
+}
+
+// The man page and the completions come from the table: every command
+// shown, and its subcommands, have an entry; hidden ones have none.
+func TestManAndCompletion(t *testing.T) {
+	code, page, _ := runCLI("man")
+	require.Equal(t, exitOK, code)
+	assert.Contains(t, page, ".TH DRILL 1 ")
+	roff := func(s string) string { return strings.ReplaceAll(s, "-", `\-`) }
+	for _, c := range commands() {
+		entry := "\n.B drill " + roff(c.synopsis) + "\n"
+		if c.hidden {
+			assert.NotContains(t, page, "\n.B drill "+c.name)
+			continue
+		}
+		assert.Contains(t, page, entry)
+		for _, sc := range c.sub {
+			if !sc.hidden {
+				assert.Contains(t, page, "\n.B drill "+roff(sc.synopsis)+"\n")
+			}
+		}
+	}
+	assert.NotContains(t, page, "world serve")
+	assert.Contains(t, page, ".BI \\-\\-canary \" CANARY\"\n")
+
+	for _, sh := range []string{"bash", "zsh", "fish"} {
+		code, out, errOut := runCLI("completion", sh)
+		require.Equal(t, exitOK, code, errOut)
+		assert.Contains(t, out, "completion for drill")
+		assert.Contains(t, out, "C-SIBLING", "claim ids complete for --claim")
+		assert.NotContains(t, out, "serve")
+	}
+}
+
+// drill's bash completion, sourced in bash as on TAB: subcommands,
+// their flags, and the values --mutate and --claim take.
+func TestBashCompletion(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("no bash here")
+	}
+	code, script, _ := runCLI("completion", "bash")
+	require.Equal(t, exitOK, code)
+	file := filepath.Join(t.TempDir(), "drill.bash")
+	require.NoError(t, os.WriteFile(file, []byte(script), 0o644))
+	for _, tc := range []struct {
+		words string
+		want  []string
+	}{
+		{"drill w", []string{"world"}},
+		{"drill world ", []string{"up", "down", "status", "image", "check"}},
+		{"drill world up --n", []string{"--no-incus"}},
+		{"drill run --mutate p", []string{"pinning", "port-isolation"}},
+		{"drill run --claim C-SI", []string{"C-SIBLING"}},
+		{"drill run --json --skip C-E", []string{"C-EGRESS"}},
+		{"drill help wo", []string{"world"}},
+		{"drill ma", nil},
+	} {
+		// The word being completed comes in as $2 (it may be empty).
+		words := strings.Split(tc.words, " ")
+		last := words[len(words)-1]
+		src := `source "$1" || exit 9
+COMP_WORDS=(` + strings.Join(words[:len(words)-1], " ") + ` "$2")
+COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+_drill
+printf '%s\n' "${COMPREPLY[@]}"`
+		out, err := exec.Command(bash, "--norc", "--noprofile", "-c", src, "bash", file, last).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		got := strings.Fields(string(out))
+		if len(got) == 0 {
+			got = nil
+		}
+		assert.Equal(t, tc.want, got, tc.words)
+	}
 }

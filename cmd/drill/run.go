@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -35,8 +36,7 @@ func (l *listFlag) Set(v string) error {
 
 const runSynopsis = "run [--claim ID]... [--skip ID]... [--no-setup] [--mutate LAYER]... [--host --canary ADDR:PORT] [--json] [--junit FILE] [--matrix FILE] [--record FILE]"
 
-func runRun(ctx context.Context, s stdio, args []string) int {
-	fs := newFlags(s, "run", runSynopsis)
+func setupRun(fs *flag.FlagSet) runner {
 	var claims, skips listFlag
 	fs.Var(&claims, "claim", "run only these claims (id or glob, repeatable; !ID excludes)")
 	fs.Var(&skips, "skip", "leave these claims out (id or glob, repeatable)")
@@ -47,42 +47,41 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 	record := fs.String("record", "", "append a row to this RUNS.md")
 	img := fs.String("image", image.DefaultAlias, "image alias of the probe boxes")
 	var mutate listFlag
-	fs.Var(&mutate, "mutate", "knock out a layer for this run to prove the drill fails (bridge-drop, port-isolation, host-fw, acl, dns-managed, ipv6-on, nat-off); the stack is restored afterwards")
+	fs.Var(&mutate, "mutate", "knock out a layer for this run to prove the drill fails ("+strings.Join(mutationNames(), ", ")+"); the stack is restored afterwards")
 	onHost := fs.Bool("host", false, "run on this real Incus host instead of the hermetic world (never on a development or CI machine)")
 	canary := fs.String("canary", "", "with --host: a public resolver that also takes TCP, as ADDR:PORT (e.g. 1.1.1.1:443)")
 	publicName := fs.String("public-name", "example.com.", "with --host: a public name the box's resolver must resolve")
-	if code, ok := parse(fs, args, 0); !ok {
-		return code
+	return func(ctx context.Context, s stdio, _ []string) int {
+		if *onHost {
+			return runOnHost(ctx, s, *canary, *publicName, claims, skips, *noSetup, *asJSON, *junit, *matrix, *record, *img, mutate)
+		}
+		if *canary != "" {
+			return fail(s, fmt.Errorf("--canary goes with --host; the hermetic world has its own canary"))
+		}
+		selected, err := drill.Select(claims, skips)
+		if err != nil {
+			return fail(s, err)
+		}
+		mutations, err := drill.SelectMutations(mutate)
+		if err != nil {
+			return fail(s, err)
+		}
+		st, err := world.Load()
+		if err != nil {
+			return fail(s, fmt.Errorf("%w (on a real Incus host, use --host --canary ADDR:PORT)", err))
+		}
+		opts, err := stack.OptionsFromEnv(os.Getenv)
+		if err != nil {
+			return fail(s, err)
+		}
+		if len(opts.DNS) == 0 {
+			// The world's own resolver stands in for the public ones.
+			opts.DNS = []netip.Addr{world.Resolver}
+		}
+		host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts}
+		return runAndReport(ctx, s, drill.Config{Host: host, Topology: st.Topology(), Image: *img, NoSetup: *noSetup,
+			Claims: selected, Log: s.err, Version: version, Mutations: mutations}, *asJSON, *junit, *matrix, *record)
 	}
-	if *onHost {
-		return runOnHost(ctx, s, *canary, *publicName, claims, skips, *noSetup, *asJSON, *junit, *matrix, *record, *img, mutate)
-	}
-	if *canary != "" {
-		return fail(s, fmt.Errorf("--canary goes with --host; the hermetic world has its own canary"))
-	}
-	selected, err := drill.Select(claims, skips)
-	if err != nil {
-		return fail(s, err)
-	}
-	mutations, err := drill.SelectMutations(mutate)
-	if err != nil {
-		return fail(s, err)
-	}
-	st, err := world.Load()
-	if err != nil {
-		return fail(s, fmt.Errorf("%w (on a real Incus host, use --host --canary ADDR:PORT)", err))
-	}
-	opts, err := stack.OptionsFromEnv(os.Getenv)
-	if err != nil {
-		return fail(s, err)
-	}
-	if len(opts.DNS) == 0 {
-		// The world's own resolver stands in for the public ones.
-		opts.DNS = []netip.Addr{world.Resolver}
-	}
-	host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts}
-	return runAndReport(ctx, s, drill.Config{Host: host, Topology: st.Topology(), Image: *img, NoSetup: *noSetup,
-		Claims: selected, Log: s.err, Version: version, Mutations: mutations}, *asJSON, *junit, *matrix, *record)
 }
 
 // runOnHost is --host: the drill on a real Incus host, whose own addresses,
@@ -200,50 +199,64 @@ func writeFile(path string, rep *drill.Report, write func(io.Writer, *drill.Repo
 	return f.Close()
 }
 
-func runList(_ context.Context, s stdio, args []string) int {
-	fs := newFlags(s, "list", "list [--json]")
-	asJSON := fs.Bool("json", false, "print the claims as JSON")
-	if code, ok := parse(fs, args, 0); !ok {
-		return code
-	}
-	type listed struct {
-		drill.Claim
-		StackRule string `json:"stack_rule"`
-	}
-	var out []listed
+// claimIDs are the catalogue's claim ids, and mutationNames the
+// mutations' names, as the completions offer them.
+func claimIDs() []string {
+	var out []string
 	for _, c := range drill.Catalogue {
-		out = append(out, listed{c, c.StackRule()})
+		out = append(out, c.ID)
 	}
-	emit(s, *asJSON, out, func(w io.Writer) {
-		for _, c := range drill.Catalogue {
-			fmt.Fprintf(w, "%-10s %s -> %s over %s: %s [%s]\n           %s\n           stack channel: %s\n", c.ID, c.From, c.To,
-				strings.Join(c.Channels, ", "), c.Expect, strings.Join(c.Layers, ", "), c.Why, c.StackRule())
+	return out
+}
+
+func mutationNames() []string {
+	var out []string
+	for _, m := range drill.Mutations {
+		out = append(out, m.Name)
+	}
+	return out
+}
+
+func setupList(fs *flag.FlagSet) runner {
+	asJSON := fs.Bool("json", false, "print the claims as JSON")
+	return func(_ context.Context, s stdio, _ []string) int {
+		type listed struct {
+			drill.Claim
+			StackRule string `json:"stack_rule"`
 		}
-	})
-	return exitOK
+		var out []listed
+		for _, c := range drill.Catalogue {
+			out = append(out, listed{c, c.StackRule()})
+		}
+		emit(s, *asJSON, out, func(w io.Writer) {
+			for _, c := range drill.Catalogue {
+				fmt.Fprintf(w, "%-10s %s -> %s over %s: %s [%s]\n           %s\n           stack channel: %s\n", c.ID, c.From, c.To,
+					strings.Join(c.Channels, ", "), c.Expect, strings.Join(c.Layers, ", "), c.Why, c.StackRule())
+			}
+		})
+		return exitOK
+	}
 }
 
 // runAgent is the in-box agent: a JSON plan in (stdin or --plan FILE),
 // JSON observations out, within the plan's deadline.
-func runAgent(ctx context.Context, s stdio, args []string) int {
-	fs := newFlags(s, "agent", "agent [--plan FILE]")
+func setupAgent(fs *flag.FlagSet) runner {
 	planPath := fs.String("plan", "", "read the plan from FILE instead of stdin (exec has no stdin)")
-	if code, ok := parse(fs, args, 0); !ok {
-		return code
-	}
-	in := s.in
-	if *planPath != "" {
-		f, err := os.Open(*planPath)
-		if err != nil {
+	return func(ctx context.Context, s stdio, _ []string) int {
+		in := s.in
+		if *planPath != "" {
+			f, err := os.Open(*planPath)
+			if err != nil {
+				return fail(s, err)
+			}
+			defer f.Close()
+			in = f
+		}
+		if err := probes.RunAgent(ctx, in, s.out); err != nil {
 			return fail(s, err)
 		}
-		defer f.Close()
-		in = f
+		return exitOK
 	}
-	if err := probes.RunAgent(ctx, in, s.out); err != nil {
-		return fail(s, err)
-	}
-	return exitOK
 }
 
 // netnsDir is where `ip netns` keeps named namespaces.

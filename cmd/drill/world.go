@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -13,30 +14,16 @@ import (
 	"github.com/box-isolation/box/stack/incus"
 )
 
-const worldSynopsis = `world up [--bridge-netfilter] [--no-incus] [--json]
-       drill world down [--purge]
-       drill world status [--json]
-       drill world image [--alias A] [--json]
-       drill world check [--json]`
-
-func runWorld(ctx context.Context, s stdio, args []string) int {
-	if len(args) == 0 || args[0] == "--help" || args[0] == "-h" {
-		fmt.Fprintf(s.out, "usage: drill %s\n", worldSynopsis)
-		if len(args) == 0 {
-			return exitUsage
-		}
-		return exitOK
+// worldCommands are world's subcommands.
+func worldCommands() []command {
+	return []command{
+		{name: "up", synopsis: "world up [--bridge-netfilter] [--no-incus] [--json]", help: "build the world (or find it up) and import the probe image", setup: setupWorldUp},
+		{name: "down", synopsis: "world down [--purge]", help: "tear the world down, leaving nothing of it", setup: setupWorldDown},
+		{name: "status", synopsis: "world status [--json]", help: "say whether a world is up (exit 1 when not), and what is left of one that is not", setup: setupWorldStatus},
+		{name: "image", synopsis: "world image [--alias A] [--json]", help: "import the probe image into the world's incusd (built from busybox-static)", setup: setupWorldImage},
+		{name: "check", synopsis: "world check [--json]", help: "mint a box in the world and prove it leases an address and reaches the canary", setup: setupWorldCheck},
+		{name: "serve", synopsis: "world serve --state FILE", help: "hold the world's services (runs under world up)", hidden: true, setup: setupWorldServe},
 	}
-	sub := map[string]func(context.Context, stdio, []string) int{
-		"up": worldUp, "down": worldDown, "status": worldStatus,
-		"image": worldImage, "check": worldCheck, "serve": worldServe,
-	}
-	fn, ok := sub[args[0]]
-	if !ok {
-		fmt.Fprintf(s.err, "drill world: unknown subcommand %q (up, down, status, image, check)\n", args[0])
-		return exitUsage
-	}
-	return fn(ctx, s, args[1:])
 }
 
 // worldUpReport is `world up --json`.
@@ -47,54 +34,50 @@ type worldUpReport struct {
 	ImageNS int64         `json:"image_ns"` // time to ensure the probe image
 }
 
-func worldUp(ctx context.Context, s stdio, args []string) int {
-	fs := newFlags(s, "world up", "world up [--bridge-netfilter] [--no-incus] [--json]")
+func setupWorldUp(fs *flag.FlagSet) runner {
 	brnf := fs.Bool("bridge-netfilter", false, "turn br_netfilter's bridge-nf-call-* on in the host namespace (off, like a plain Incus host)")
 	noIncus := fs.Bool("no-incus", false, "namespaces and services only, no incusd")
 	asJSON := fs.Bool("json", false, "print the world's state as JSON")
-	if code, ok := parse(fs, args, 0); !ok {
-		return code
-	}
-	cfg := world.Config{BridgeNetfilter: *brnf, NoIncus: *noIncus}
-	t0 := time.Now()
-	st, err := world.Up(ctx, cfg, s.err)
-	if err != nil {
-		return fail(s, err)
-	}
-	rep := worldUpReport{World: st, WorldNS: int64(time.Since(t0))}
-	if !*noIncus {
-		t1 := time.Now()
-		rep.Image, err = image.Ensure(ctx, incus.New(st.IncusSocket), image.DefaultAlias, image.Options{})
+	return func(ctx context.Context, s stdio, _ []string) int {
+		cfg := world.Config{BridgeNetfilter: *brnf, NoIncus: *noIncus}
+		t0 := time.Now()
+		st, err := world.Up(ctx, cfg, s.err)
 		if err != nil {
-			return fail(s, fmt.Errorf("importing the probe image: %w (tear down with `drill world down`)", err))
+			return fail(s, err)
 		}
-		rep.ImageNS = int64(time.Since(t1))
+		rep := worldUpReport{World: st, WorldNS: int64(time.Since(t0))}
+		if !*noIncus {
+			t1 := time.Now()
+			rep.Image, err = image.Ensure(ctx, incus.New(st.IncusSocket), image.DefaultAlias, image.Options{})
+			if err != nil {
+				return fail(s, fmt.Errorf("importing the probe image: %w (tear down with `drill world down`)", err))
+			}
+			rep.ImageNS = int64(time.Since(t1))
+		}
+		emit(s, *asJSON, rep, func(w io.Writer) {
+			fmt.Fprintf(w, "world %s is up (%.2fs)\n", st.Name, time.Duration(rep.WorldNS).Seconds())
+			if rep.Image != nil {
+				fmt.Fprintf(w, "image %s %s: %s (%.2fs)\n", rep.Image.Alias, imageVerb(rep.Image), rep.Image.Fingerprint[:12], time.Duration(rep.ImageNS).Seconds())
+				fmt.Fprintf(w, "incus: INCUS_DIR=%s incus list\n", st.IncusDir)
+			}
+			fmt.Fprintf(w, "tear down with: drill world down\n")
+		})
+		return exitOK
 	}
-	emit(s, *asJSON, rep, func(w io.Writer) {
-		fmt.Fprintf(w, "world %s is up (%.2fs)\n", st.Name, time.Duration(rep.WorldNS).Seconds())
-		if rep.Image != nil {
-			fmt.Fprintf(w, "image %s %s: %s (%.2fs)\n", rep.Image.Alias, imageVerb(rep.Image), rep.Image.Fingerprint[:12], time.Duration(rep.ImageNS).Seconds())
-			fmt.Fprintf(w, "incus: INCUS_DIR=%s incus list\n", st.IncusDir)
-		}
-		fmt.Fprintf(w, "tear down with: drill world down\n")
-	})
-	return exitOK
 }
 
-func worldDown(ctx context.Context, s stdio, args []string) int {
-	fs := newFlags(s, "world down", "world down [--purge]")
+func setupWorldDown(fs *flag.FlagSet) runner {
 	purge := fs.Bool("purge", false, "also delete the world's incusd data (imported images)")
-	if code, ok := parse(fs, args, 0); !ok {
-		return code
+	return func(ctx context.Context, s stdio, _ []string) int {
+		if os.Geteuid() != 0 {
+			return fail(s, fmt.Errorf("tearing the world down needs root: run as root"))
+		}
+		if err := world.Down(context.WithoutCancel(ctx), world.Config{}, *purge, s.err); err != nil {
+			return fail(s, err)
+		}
+		fmt.Fprintln(s.out, "world is down; nothing of it is left")
+		return exitOK
 	}
-	if os.Geteuid() != 0 {
-		return fail(s, fmt.Errorf("tearing the world down needs root: run as root"))
-	}
-	if err := world.Down(context.WithoutCancel(ctx), world.Config{}, *purge, s.err); err != nil {
-		return fail(s, err)
-	}
-	fmt.Fprintln(s.out, "world is down; nothing of it is left")
-	return exitOK
 }
 
 // worldStatusReport is `world status --json`.
@@ -105,107 +88,105 @@ type worldStatusReport struct {
 	Leftovers []string     `json:"leftovers"`
 }
 
-func worldStatus(ctx context.Context, s stdio, args []string) int {
-	fs := newFlags(s, "world status", "world status [--json]")
+func setupWorldStatus(fs *flag.FlagSet) runner {
 	asJSON := fs.Bool("json", false, "print JSON")
-	if code, ok := parse(fs, args, 0); !ok {
-		return code
-	}
-	rep := worldStatusReport{Leftovers: world.Leftovers(world.Config{})}
-	st, err := world.Load()
-	if err == nil {
-		rep.Up, rep.State = true, st
-	} else {
-		rep.Error = err.Error()
-	}
-	if rep.Leftovers == nil {
-		rep.Leftovers = []string{}
-	}
-	emit(s, *asJSON, rep, func(w io.Writer) {
-		if rep.Up {
-			fmt.Fprintf(w, "world %s is up since %s (incusd pid %d, services pid %d)\n", st.Name, st.Created.Format(time.RFC3339), st.IncusdPID, st.ServicesPID)
-			return
+	return func(ctx context.Context, s stdio, _ []string) int {
+		rep := worldStatusReport{Leftovers: world.Leftovers(world.Config{})}
+		st, err := world.Load()
+		if err == nil {
+			rep.Up, rep.State = true, st
+		} else {
+			rep.Error = err.Error()
 		}
-		fmt.Fprintf(w, "no world is up: %s\n", rep.Error)
-		if len(rep.Leftovers) > 0 {
-			fmt.Fprintf(w, "leftovers: %s\nclean them with: drill world down\n", strings.Join(rep.Leftovers, ", "))
+		if rep.Leftovers == nil {
+			rep.Leftovers = []string{}
 		}
+		emit(s, *asJSON, rep, func(w io.Writer) {
+			if rep.Up {
+				fmt.Fprintf(w, "world %s is up since %s (incusd pid %d, services pid %d)\n", st.Name, st.Created.Format(time.RFC3339), st.IncusdPID, st.ServicesPID)
+				return
+			}
+			fmt.Fprintf(w, "no world is up: %s\n", rep.Error)
+			if len(rep.Leftovers) > 0 {
+				fmt.Fprintf(w, "leftovers: %s\nclean them with: drill world down\n", strings.Join(rep.Leftovers, ", "))
+			}
+		})
+		if !rep.Up {
+			return 1 // like `systemctl is-active`: scripts test "is a world up?"
+		}
+		return exitOK
+	}
+}
+
+func setupWorldImage(fs *flag.FlagSet) runner {
+	return imageRunner(fs, func() (*incus.Client, error) {
+		st, err := world.Load()
+		if err != nil {
+			return nil, err
+		}
+		return incus.New(st.IncusSocket), nil
 	})
-	if !rep.Up {
-		return 1 // like `systemctl is-active`: scripts test "is a world up?"
-	}
-	return exitOK
 }
 
-func worldImage(ctx context.Context, s stdio, args []string) int {
-	st, err := world.Load()
-	if err != nil {
-		return fail(s, err)
-	}
-	return ensureImage(ctx, s, "world image", incus.New(st.IncusSocket), args)
-}
-
-// runImage is `drill image`: the probe image imported into this host's
+// setupImage is `drill image`: the probe image imported into this host's
 // Incus (INCUS_SOCKET or INCUS_DIR say which), built from the host's
 // busybox-static with no image server, for an operator who wants to look
 // before a run (`drill run --host` does the same when it is missing).
-func runImage(ctx context.Context, s stdio, args []string) int {
-	return ensureImage(ctx, s, "image", incus.New(""), args)
+func setupImage(fs *flag.FlagSet) runner {
+	return imageRunner(fs, func() (*incus.Client, error) { return incus.New(""), nil })
 }
 
-func ensureImage(ctx context.Context, s stdio, name string, c *incus.Client, args []string) int {
-	fs := newFlags(s, name, name+" [--alias A] [--json]")
+func imageRunner(fs *flag.FlagSet, client func() (*incus.Client, error)) runner {
 	alias := fs.String("alias", image.DefaultAlias, "image alias")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if code, ok := parse(fs, args, 0); !ok {
-		return code
+	return func(ctx context.Context, s stdio, _ []string) int {
+		c, err := client()
+		if err != nil {
+			return fail(s, err)
+		}
+		res, err := image.Ensure(ctx, c, *alias, image.Options{})
+		if err != nil {
+			return fail(s, fmt.Errorf("the probe image: %w", err))
+		}
+		emit(s, *asJSON, res, func(w io.Writer) {
+			fmt.Fprintf(w, "image %s %s: %s\n", res.Alias, imageVerb(res), res.Fingerprint[:12])
+		})
+		return exitOK
 	}
-	res, err := image.Ensure(ctx, c, *alias, image.Options{})
-	if err != nil {
-		return fail(s, fmt.Errorf("the probe image: %w", err))
-	}
-	emit(s, *asJSON, res, func(w io.Writer) {
-		fmt.Fprintf(w, "image %s %s: %s\n", res.Alias, imageVerb(res), res.Fingerprint[:12])
-	})
-	return exitOK
 }
 
-func worldCheck(ctx context.Context, s stdio, args []string) int {
-	fs := newFlags(s, "world check", "world check [--json]")
+func setupWorldCheck(fs *flag.FlagSet) runner {
 	asJSON := fs.Bool("json", false, "print JSON")
-	if code, ok := parse(fs, args, 0); !ok {
-		return code
+	return func(ctx context.Context, s stdio, _ []string) int {
+		st, err := world.Load()
+		if err != nil {
+			return fail(s, err)
+		}
+		res, err := world.Check(ctx, st, incus.New(st.IncusSocket), image.DefaultAlias)
+		if err != nil {
+			return fail(s, fmt.Errorf("world check: %w", err))
+		}
+		emit(s, *asJSON, res, func(w io.Writer) {
+			fmt.Fprintf(w, "box %s leased %s and reached the canary %s: %q, %q (%.2fs)\n",
+				res.Instance, res.Lease, world.Canary, res.Greeting, res.Echo, res.Elapsed.Seconds())
+		})
+		return exitOK
 	}
-	st, err := world.Load()
-	if err != nil {
-		return fail(s, err)
-	}
-	res, err := world.Check(ctx, st, incus.New(st.IncusSocket), image.DefaultAlias)
-	if err != nil {
-		return fail(s, fmt.Errorf("world check: %w", err))
-	}
-	emit(s, *asJSON, res, func(w io.Writer) {
-		fmt.Fprintf(w, "box %s leased %s and reached the canary %s: %q, %q (%.2fs)\n",
-			res.Instance, res.Lease, world.Canary, res.Greeting, res.Echo, res.Elapsed.Seconds())
-	})
-	return exitOK
 }
 
 // worldServe is the detached process that holds the world's services.
-func worldServe(ctx context.Context, s stdio, args []string) int {
-	fs := newFlags(s, "world serve", "world serve --state FILE")
+func setupWorldServe(fs *flag.FlagSet) runner {
 	state := fs.String("state", "", "the world's state file")
-	if code, ok := parse(fs, args, 0); !ok {
-		return code
+	return func(ctx context.Context, s stdio, _ []string) int {
+		if *state == "" {
+			fmt.Fprintln(s.err, "drill world serve: --state is required (this runs under `drill world up`)")
+			return exitUsage
+		}
+		if err := world.Serve(ctx, *state, s.err); err != nil {
+			return fail(s, err)
+		}
+		return exitOK
 	}
-	if *state == "" {
-		fmt.Fprintln(s.err, "drill world serve: --state is required (this runs under `drill world up`)")
-		return exitUsage
-	}
-	if err := world.Serve(ctx, *state, s.err); err != nil {
-		return fail(s, err)
-	}
-	return exitOK
 }
 
 // imageVerb says what Ensure did to the probe image.
