@@ -4,7 +4,11 @@
 #   make test    install what is missing and run every test tier
 #
 GO       ?= go
-VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+# The commit the binaries are built from, -dirty when the tree has changes
+# (untracked files included: they can be code). A recorded drill run names
+# it.
+VERSION  ?= $(shell v=$$(git describe --always 2>/dev/null) || v=dev; \
+	[ -z "$$(git status --porcelain 2>/dev/null)" ] || v=$$v-dirty; echo $$v)
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 export CGO_ENABLED = 0
 

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/box-isolation/box/internal/suggest"
@@ -20,8 +21,43 @@ const (
 	exitUsage = 2
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
+// version is set at build time with -ldflags "-X main.version=..." (the
+// Makefile: git describe, -dirty for a tree with changes).
+// (-X only sets a variable initialised to a constant, hence init.)
 var version = "dev"
+
+func init() { version = buildVersion(version, debug.ReadBuildInfo) }
+
+// buildVersion is the version a build reports: the one set at build time,
+// or else the commit the go tool stamped into the binary (-dirty when its
+// tree had changes), so that a recorded run names its commit even from a
+// plain go build.
+func buildVersion(set string, read func() (*debug.BuildInfo, bool)) string {
+	if set != "dev" {
+		return set
+	}
+	info, ok := read()
+	if !ok {
+		return set
+	}
+	var rev string
+	modified := false
+	for _, kv := range info.Settings {
+		switch kv.Key {
+		case "vcs.revision":
+			rev = kv.Value
+		case "vcs.modified":
+			modified = kv.Value == "true"
+		}
+	}
+	if len(rev) < 12 {
+		return set
+	}
+	if modified {
+		return rev[:12] + "-dirty"
+	}
+	return rev[:12]
+}
 
 // stdio is where a command reads and writes; tests pass buffers.
 type stdio struct {
@@ -43,6 +79,7 @@ func commands() []command {
 		{"run", runSynopsis, "run the drill: mint probe boxes, fire every probe, judge every claim", runRun},
 		{"list", "list [--json]", "list the isolation claims the drill proves", runList},
 		{"agent", "agent [--plan FILE]", "run a probe plan (inside a box; JSON in, JSON out)", runAgent},
+		{"record", recordSynopsis, "check RUNS.md's rows against their reports under drills/ (verify)", runRecord},
 		{"world", "world up|down|status|check [options]", "build, inspect or tear down the hermetic world (namespaces, incusd, probe image)", runWorld},
 		{"version", "version", "print drill's version", func(_ context.Context, s stdio, _ []string) int {
 			fmt.Fprintf(s.out, "drill %s\n", version)
