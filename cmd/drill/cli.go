@@ -79,7 +79,7 @@ func commands() []command {
 		{"run", runSynopsis, "run the drill: mint probe boxes, fire every probe, judge every claim", runRun},
 		{"list", "list [--json]", "list the isolation claims the drill proves", runList},
 		{"agent", "agent [--plan FILE]", "run a probe plan (inside a box; JSON in, JSON out)", runAgent},
-		{"record", recordSynopsis, "check RUNS.md's rows against their reports under drills/ (verify)", runRecord},
+		{"record", recordSynopsis, "check RUNS.md's rows against their reports under drills/ (verify), or whether HEAD may be released (gate)", runRecord},
 		{"world", "world up|down|status|check [options]", "build, inspect or tear down the hermetic world (namespaces, incusd, probe image)", runWorld},
 		{"version", "version", "print drill's version", func(_ context.Context, s stdio, _ []string) int {
 			fmt.Fprintf(s.out, "drill %s\n", version)

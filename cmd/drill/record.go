@@ -10,10 +10,11 @@ import (
 	"github.com/box-isolation/box/drill/report"
 )
 
-const recordSynopsis = `record verify [--json] [RUNS.md]`
+const recordSynopsis = `record verify [--json] [RUNS.md]
+       drill record gate [--json] [RUNS.md]`
 
-// exitMismatch is record's answer when a row does not hold: 1, as a
-// violated claim is for run.
+// exitMismatch is record's answer when a row does not hold (or HEAD may
+// not ship): 1, as a violated claim is for run.
 const exitMismatch = 1
 
 func runRecord(ctx context.Context, s stdio, args []string) int {
@@ -24,10 +25,10 @@ func runRecord(ctx context.Context, s stdio, args []string) int {
 		}
 		return exitOK
 	}
-	sub := map[string]func(context.Context, stdio, []string) int{"verify": recordVerify}
+	sub := map[string]func(context.Context, stdio, []string) int{"verify": recordVerify, "gate": recordGate}
 	fn, ok := sub[args[0]]
 	if !ok {
-		fmt.Fprintf(s.err, "drill record: unknown subcommand %q (verify)\n", args[0])
+		fmt.Fprintf(s.err, "drill record: unknown subcommand %q (verify, gate)\n", args[0])
 		return exitUsage
 	}
 	return fn(ctx, s, args[1:])

@@ -38,10 +38,11 @@ never edited by hand. Each run's full JSON report is stored under
 - exit: the drill's exit code; passed to skipped: claims by verdict.
 - report, sha256: the report's path and the SHA-256 of its bytes.
 
-A release (` + "`make release VERSION=x.y.z`" + `) ships only with a row for a
-host run that exited 0 with every claim passed (none failed, inconclusive
-or skipped), built from a clean tree at a commit that HEAD differs from in
-nothing but this file and ` + "`drills/`" + `. There is no waiver.
+A release (` + "`make release VERSION=x.y.z`" + `) ships only on a host run of its
+code: built from a clean tree at a commit that HEAD differs from in nothing
+but this file and ` + "`drills/`" + `. The newest such run decides, and it must
+have exited 0 with every claim passed (none failed, inconclusive or
+skipped). There is no waiver.
 
 ` + tableHeader()
 

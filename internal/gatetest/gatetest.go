@@ -15,6 +15,7 @@ import (
 
 	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/report"
+	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/box-isolation/box/stack"
 )
 
@@ -106,24 +107,30 @@ func Record(t testing.TB, path string, rep *drill.Report) report.Recorded {
 	return rec
 }
 
-// NeedGit skips a test when git is not installed.
-func NeedGit(t testing.TB) {
+// Need skips a test (fails it under BOX_REQUIRE_TIERS=1) when a tool
+// the release gate runs is not installed.
+func Need(t testing.TB, tools ...string) {
 	t.Helper()
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("needs git on PATH (apt-get install git) to test the release gate")
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			tier.Unavailable(t, "needs "+tool+" on PATH to test the release gate: install it (git, make, golang-go on Debian)")
+		}
 	}
 }
 
-// GitEnv is the environment for git in a test: no user configuration,
-// a fixed identity.
-func GitEnv(home string) []string {
+// Env is the environment for git and make in a test: no user or system
+// git configuration, a fixed identity, and no make flags from a make the
+// tests may run under.
+func Env() []string {
 	env := []string{}
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GIT_") && !strings.HasPrefix(kv, "HOME=") && !strings.HasPrefix(kv, "MAKEFLAGS=") && !strings.HasPrefix(kv, "MFLAGS=") && !strings.HasPrefix(kv, "MAKELEVEL=") {
-			env = append(env, kv)
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "GIT_") || name == "MAKEFLAGS" || name == "MFLAGS" || name == "MAKELEVEL" {
+			continue
 		}
+		env = append(env, kv)
 	}
-	return append(env, "HOME="+home, "GIT_CONFIG_NOSYSTEM=1",
+	return append(env, "GIT_CONFIG_GLOBAL="+os.DevNull, "GIT_CONFIG_NOSYSTEM=1",
 		"GIT_AUTHOR_NAME=gate test", "GIT_AUTHOR_EMAIL=gate@example.invalid",
 		"GIT_COMMITTER_NAME=gate test", "GIT_COMMITTER_EMAIL=gate@example.invalid")
 }
@@ -133,7 +140,7 @@ func GitEnv(home string) []string {
 func Git(t testing.TB, dir string, args ...string) string {
 	t.Helper()
 	c := exec.Command("git", append([]string{"-C", dir}, args...)...)
-	c.Env = GitEnv(filepath.Join(dir, "..", "home"))
+	c.Env = Env()
 	out, err := c.CombinedOutput()
 	if err != nil {
 		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
@@ -141,18 +148,10 @@ func Git(t testing.TB, dir string, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// NewRepo makes a git repository in a new directory under a temporary
-// one, with files (path -> content) committed, and returns it.
+// NewRepo makes a git repository in a temporary directory, with files (path -> content) committed, and returns it.
 func NewRepo(t testing.TB, files map[string]string) string {
 	t.Helper()
-	root := t.TempDir()
-	dir := filepath.Join(root, "repo")
-	if err := os.MkdirAll(filepath.Join(root, "home"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir := t.TempDir()
 	Git(t, dir, "init", "-q", "-b", "main")
 	WriteFiles(t, dir, files)
 	Commit(t, dir, "the code")
@@ -179,4 +178,24 @@ func Commit(t testing.TB, dir, msg string) string {
 	Git(t, dir, "add", "-A")
 	Git(t, dir, "commit", "-q", "-m", msg)
 	return Git(t, dir, "rev-parse", "HEAD")
+}
+
+// Header is the RUNS.md at path without its rows: everything up to the
+// table's separator line.
+func Header(t testing.TB, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(data)
+	i := strings.Index(s, "\n| --- |")
+	if i < 0 {
+		t.Fatalf("%s has no table", path)
+	}
+	j := strings.Index(s[i+1:], "\n")
+	if j < 0 {
+		return s + "\n"
+	}
+	return s[:i+1+j+1]
 }
