@@ -3,13 +3,19 @@
 #   make drill   build the hermetic world and run the drill in it
 #   make test    install what is missing and run every test tier
 #   make package .debs for box and drill, a tarball and SHA256SUMS in dist/
+#   make release VERSION=x.y.z
+#                tag vx.y.z if RUNS.md proves HEAD (README "Release")
 #
 GO       ?= go
-VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+# The commit the binaries are built from, -dirty when the tree has changes
+# (untracked files included: they can be code). A recorded drill run names
+# it, and the release gate refuses a dirty one.
+VERSION  ?= $(shell v=$$(git describe --always 2>/dev/null) || v=dev; \
+	[ -z "$$(git status --porcelain 2>/dev/null)" ] || v=$$v-dirty; echo $$v)
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 export CGO_ENABLED = 0
 
-.PHONY: all deps build drill world world-down test unit bench soak package clean
+.PHONY: all deps build drill world world-down test unit bench soak package release clean
 
 all: build
 
@@ -52,6 +58,11 @@ soak:
 # units, as .debs (box, drill), a tarball and SHA256SUMS, in dist/.
 package:
 	VERSION=$(VERSION) scripts/package.sh dist
+
+# The release gate: refuses unless RUNS.md records a passing host run of
+# HEAD's code (scripts/release.sh says what is missing). No waiver.
+release:
+	GO=$(GO) scripts/release.sh $(if $(filter file,$(origin VERSION)),,$(VERSION))
 
 clean:
 	rm -rf bin dist

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -22,8 +23,43 @@ const (
 	exitUsage = 2
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
+// version is set at build time with -ldflags "-X main.version=..." (the
+// Makefile: git describe, -dirty for a tree with changes).
+// (-X only sets a variable initialised to a constant, hence init.)
 var version = "dev"
+
+func init() { version = buildVersion(version, debug.ReadBuildInfo) }
+
+// buildVersion is the version a build reports: the one set at build time,
+// or else the commit the go tool stamped into the binary (-dirty when its
+// tree had changes), so that a recorded run names its commit even from a
+// plain go build.
+func buildVersion(set string, read func() (*debug.BuildInfo, bool)) string {
+	if set != "dev" {
+		return set
+	}
+	info, ok := read()
+	if !ok {
+		return set
+	}
+	var rev string
+	modified := false
+	for _, kv := range info.Settings {
+		switch kv.Key {
+		case "vcs.revision":
+			rev = kv.Value
+		case "vcs.modified":
+			modified = kv.Value == "true"
+		}
+	}
+	if len(rev) < 12 {
+		return set
+	}
+	if modified {
+		return rev[:12] + "-dirty"
+	}
+	return rev[:12]
+}
 
 // stdio is where a command reads and writes; tests pass buffers.
 type stdio struct {
@@ -65,6 +101,7 @@ func commands() []command {
 		{name: "list", synopsis: "list [--json]", help: "list the isolation claims the drill proves", setup: setupList},
 		{name: "image", synopsis: "image [--alias A] [--json]", help: "import the probe image into this host's Incus (built here from busybox-static; nothing is downloaded)", setup: setupImage},
 		{name: "agent", synopsis: "agent [--plan FILE]", help: "run a probe plan (inside a box; JSON in, JSON out)", setup: setupAgent},
+		{name: "record", synopsis: "record verify|gate [--json] [RUNS.md]", help: "check RUNS.md's rows against their reports under drills/ (verify), or whether HEAD may be released (gate)", sub: recordCommands()},
 		{name: "world", synopsis: "world up|down|status|image|check [options]", help: "build, inspect or tear down the hermetic world (namespaces, incusd, probe image)", sub: worldCommands()},
 		{name: "completion", synopsis: "completion bash|zsh|fish", help: "print a shell completion script (the packages install them)",
 			maxArgs: 1, setup: setupCompletion, arg: clidoc.ArgValues, values: clidoc.Shells},

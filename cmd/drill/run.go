@@ -44,7 +44,7 @@ func setupRun(fs *flag.FlagSet) runner {
 	asJSON := fs.Bool("json", false, "print the versioned JSON report instead of the table")
 	junit := fs.String("junit", "", "also write a JUnit XML file")
 	matrix := fs.String("matrix", "", "also write the reachability matrix (SVG)")
-	record := fs.String("record", "", "append a row to this RUNS.md")
+	record := fs.String("record", "", "append a row to this RUNS.md and store the JSON report under drills/ beside it")
 	img := fs.String("image", image.DefaultAlias, "image alias of the probe boxes")
 	var mutate listFlag
 	fs.Var(&mutate, "mutate", "knock out a layer for this run to prove the drill fails ("+strings.Join(mutationNames(), ", ")+"); the stack is restored afterwards")
@@ -88,8 +88,14 @@ func setupRun(fs *flag.FlagSet) runner {
 // routes and LAN are the targets. It refuses where a hermetic world is up:
 // that is a development or CI machine, where no probe may leave the world.
 func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, skips []string, noSetup, asJSON bool, junit, matrix, record, img string, mutate []string) int {
-	if err := hostModeGuard(worldTraces(), os.Getenv("BOX_NETNS")); err != nil {
+	traces := worldTraces()
+	if err := hostModeGuard(traces, os.Getenv("BOX_NETNS")); err != nil {
 		return fail(s, err)
+	}
+	// A host-mode row is what a release rests on: a namespace world on a
+	// development machine is no real host.
+	if record != "" && traces != "" {
+		return fail(s, fmt.Errorf("--record: this machine has a hermetic world (%s), so it is a development or CI machine, not a real host: record host runs on a real Incus host", traces))
 	}
 	if canary == "" {
 		return fail(s, fmt.Errorf("--host needs --canary ADDR:PORT, a public resolver that also takes TCP (e.g. 1.1.1.1:443)"))
@@ -154,6 +160,12 @@ func runAndReport(ctx context.Context, s stdio, cfg drill.Config, asJSON bool, j
 	if record != "" && (len(cfg.Mutations) > 0 || len(cfg.Claims) != len(drill.Catalogue)) {
 		return fail(s, fmt.Errorf("--record needs a whole run: drop --claim, --skip and --mutate"))
 	}
+	// Found out now, not after the run: a row it could not take.
+	if record != "" {
+		if err := report.CheckRecordTarget(record); err != nil {
+			return fail(s, err)
+		}
+	}
 	rep, err := drill.Run(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(s.err, "drill: %v\n", err)
@@ -179,7 +191,7 @@ func runAndReport(ctx context.Context, s stdio, cfg drill.Config, asJSON bool, j
 		}
 	}
 	if record != "" {
-		if err := report.Record(record, rep); err != nil {
+		if err := recordRun(s, record, rep); err != nil {
 			fmt.Fprintf(s.err, "drill: recording the run: %v\n", err)
 			return drill.ExitUsage
 		}
@@ -292,6 +304,35 @@ func worldTraces() string {
 	}
 	if m, _ := filepath.Glob("/run/netns/" + world.DefaultName + "-*"); len(m) > 0 {
 		return "network namespace " + filepath.Base(m[0])
+	}
+	return ""
+}
+
+// recordRun records a finished run into RUNS.md and says where, and what
+// the release gate will make of a build that names no clean commit.
+func recordRun(s stdio, path string, rep *drill.Report) error {
+	rec, err := report.Record(path, rep)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(s.err, "drill: recorded %s line %d: report %s sha256 %s (commit both)\n", path, rec.Line, rec.Report, rec.SHA256)
+	if why := versionProblem(rep.Version); why != "" {
+		fmt.Fprintf(s.err, "drill: this row can never let a release ship: %s\n", why)
+	}
+	if rep.Environment.Mode != "host" {
+		fmt.Fprintf(s.err, "drill: this row can never let a release ship: a %s-mode run (only a --host run on a real Incus host can)\n", rep.Environment.Mode)
+	}
+	return nil
+}
+
+// versionProblem says why a build's version cannot name the clean commit
+// it was built from, or "".
+func versionProblem(v string) string {
+	switch {
+	case v == "" || v == "dev":
+		return fmt.Sprintf("version %q names no commit (build with make build)", v)
+	case strings.HasSuffix(v, "-dirty"):
+		return fmt.Sprintf("version %s was built from a tree with changes (build from a clean checkout)", v)
 	}
 	return ""
 }

@@ -3,14 +3,11 @@ package report
 import (
 	"encoding/json"
 	"encoding/xml"
-	"errors"
 	"fmt"
 	"html"
 	"io"
-	"os"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/box-isolation/box/drill"
 )
@@ -244,49 +241,3 @@ func layerLine(rep *drill.Report) string {
 }
 
 func esc(s string) string { return html.EscapeString(s) }
-
-// runsHeader starts a RUNS.md that does not exist yet.
-const runsHeader = `# Drill runs
-
-One row per ` + "`drill run --record RUNS.md`" + `: the record that a commit's
-isolation claims were proven on a real host. A release ships only with a
-passing row for its exact commit. Rows are appended by the drill, never
-edited by hand.
-
-| date | commit | host | kernel | incus | instance type | passed | failed | inconclusive | duration |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-`
-
-// Record appends the run's row to a RUNS.md, creating it with its header
-// when it does not exist.
-func Record(path string, rep *drill.Report) error {
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		if err := os.WriteFile(path, []byte(runsHeader), 0o644); err != nil {
-			return err
-		}
-	}
-	// A file whose last line lacks its newline would glue the row onto it.
-	prefix := ""
-	if b, err := os.ReadFile(path); err == nil && len(b) > 0 && b[len(b)-1] != '\n' {
-		prefix = "\n"
-	}
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(f, prefix+Row(rep))
-	return errors.Join(err, f.Close())
-}
-
-// Row is the run's RUNS.md table row.
-func Row(rep *drill.Report) string {
-	cell := func(s string) string { return strings.ReplaceAll(s, "|", "/") }
-	host := rep.Environment.Hostname
-	if rep.Environment.Mode == "world" {
-		host += " (hermetic world)"
-	}
-	return fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %d | %d | %d | %.1fs |",
-		rep.Started.UTC().Format(time.DateOnly), cell(rep.Version), cell(host), cell(rep.Environment.Kernel),
-		cell(rep.Environment.IncusVersion), cell(rep.Environment.InstanceType),
-		rep.Summary.Passed, rep.Summary.Failed, rep.Summary.Inconclusive, float64(rep.DurationMS)/1000)
-}
