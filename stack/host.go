@@ -33,6 +33,16 @@ type Host struct {
 	BootUnitDir string
 	// Exe is the box binary the boot unit runs.
 	Exe string
+	// Progress, when set, hears what a long operation is doing (one box
+	// of many removed); box shows it on a terminal only.
+	Progress func(format string, args ...any)
+}
+
+// progressf tells Progress, if anyone listens.
+func (host *Host) progressf(format string, args ...any) {
+	if host.Progress != nil {
+		host.Progress(format, args...)
+	}
 }
 
 // ground opens netlink (and nftables) inside the host's namespace.

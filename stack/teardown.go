@@ -25,7 +25,8 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, err
 		if !removeBoxes {
 			return nil, fmt.Errorf("%d boxes still exist (%s): remove them with `box rm`, or pass --force to delete them with the stack", len(boxes), strings.Join(names(boxes), ", "))
 		}
-		for _, b := range boxes {
+		for i, b := range boxes {
+			host.progressf("removing box %d of %d: %s", i+1, len(boxes), b.Name)
 			if err := host.removeInstance(ctx, b.Name); err != nil {
 				return changes, err
 			}
@@ -87,4 +88,30 @@ func (host *Host) removeObjects(ctx context.Context, gen Generation) ([]Change, 
 		}
 	}
 	return changes, errors.Join(errs...)
+}
+
+// ProbeImagePrefix starts the description of the probe image that box's
+// drill builds and imports (drill/image): what PurgeIncus removes.
+const ProbeImagePrefix = "box probe image"
+
+// PurgeIncus removes what box and its drill put into Incus beyond the
+// stack: the probe images they imported. box installs no Incus package and
+// initialises nothing in Incus (no storage pool, no default profile), so
+// that is all; the Incus package itself is the operator's to remove.
+func (host *Host) PurgeIncus(ctx context.Context) ([]Change, error) {
+	imgs, err := host.Incus.Images(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing images: %w", err)
+	}
+	var changes []Change
+	for _, img := range imgs {
+		if !strings.HasPrefix(img.Properties["description"], ProbeImagePrefix) {
+			continue
+		}
+		if err := host.Incus.DeleteImage(ctx, img.Fingerprint); err != nil && !incus.IsNotFound(err) {
+			return changes, fmt.Errorf("removing the probe image %.12s: %w", img.Fingerprint, err)
+		}
+		changes = append(changes, Change{Object: "image " + img.Fingerprint[:12], Action: "removed", Detail: img.Properties["description"]})
+	}
+	return changes, nil
 }

@@ -251,7 +251,7 @@ func (a *app) host() (*stack.Host, error) {
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
-	h := &stack.Host{Incus: incus.New(a.socket()), NetNS: a.getenv("BOX_NETNS"), Options: opts}
+	h := &stack.Host{Incus: incus.New(a.socket()), NetNS: a.getenv("BOX_NETNS"), Options: opts, Progress: a.progressf}
 	if h.NetNS == "" {
 		// A real host: the firewall is re-applied at boot by a unit that
 		// runs this binary (Ensure checks that systemd is there).

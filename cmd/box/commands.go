@@ -92,7 +92,7 @@ func commands() []command {
 		{name: "watch-ports", synopsis: "watch-ports",
 			help:    "keep boxnet's bridge ports isolated and in the bridge drop's port set as boxes come and go, until SIGINT or SIGTERM (the boot unit box-ports.service runs it)",
 			maxArgs: 0, setup: setupWatchPorts},
-		{name: "teardown-host", synopsis: "teardown-host [--force] [--yes] [--json]", help: "remove the isolation stack (both generations); refuses while boxes exist unless --force",
+		{name: "teardown-host", synopsis: "teardown-host [--force] [--purge-incus] [--yes] [--json]", help: "remove the isolation stack (both generations); refuses while boxes exist unless --force",
 			maxArgs: 0, setup: setupTeardownHost},
 		{name: "migrate-host", synopsis: "migrate-host --box N | --all-boxes | --retire-legacy [--json]", help: "move boxes off the legacy stack (claudenet), then retire it",
 			maxArgs: 0, setup: setupMigrateHost, boxFlags: []string{"box"}},

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/nft"
@@ -137,6 +138,7 @@ func setupDoctor(fs *flag.FlagSet) action {
 func setupTeardownHost(fs *flag.FlagSet) action {
 	force := fs.Bool("force", false, "delete every box (with its snapshots) along with the stack")
 	yes := fs.Bool("yes", false, "do not ask (needed where there is no terminal)")
+	purge := fs.Bool("purge-incus", false, "then remove what box and drill put into Incus (the probe images they imported; box installs and initialises nothing else)")
 	asJSON := fs.Bool("json", false, "print what was removed as JSON")
 	return func(c *call) error {
 		h, err := c.host()
@@ -148,11 +150,20 @@ func setupTeardownHost(fs *flag.FlagSet) action {
 			if *force {
 				q = "remove the isolation stack AND every box with its snapshots?"
 			}
+			if *purge {
+				q = strings.TrimSuffix(q, "?") + ", and the probe images box and drill imported into Incus?"
+			}
 			if err := c.confirm(q, "--yes"); err != nil {
 				return err
 			}
 		}
 		changes, err := h.Teardown(c.ctx, *force)
+		c.progressDone()
+		if err == nil && *purge {
+			var more []stack.Change
+			more, err = h.PurgeIncus(c.ctx)
+			changes = append(changes, more...)
+		}
 		if *asJSON && changes != nil {
 			if jerr := c.printJSON(changes); jerr != nil {
 				return errors.Join(err, jerr)

@@ -548,3 +548,27 @@ func TestSystemStatus(t *testing.T) {
 	assert.True(t, st.Stack.OK)
 	assert.NotEmpty(t, st.Boxes)
 }
+
+// TestSystemTeardownPurgeIncus: teardown-host --purge-incus removes the
+// stack, then the probe image; without a terminal it needs --yes. The
+// stack and the image are put back for the tests after it.
+func TestSystemTeardownPurgeIncus(t *testing.T) {
+	r, c := worldBox(t)
+	ctx := context.Background()
+	t.Cleanup(func() {
+		_, err := image.Ensure(ctx, c, image.DefaultAlias, image.Options{})
+		assert.NoError(t, err, "the probe image back")
+		assert.Equal(t, exitOK, r.run(t, "setup-host").code, "the stack back")
+	})
+	res := r.run(t, "teardown-host", "--purge-incus")
+	assert.Equal(t, exitUsage, res.code, "no terminal, no --yes: refused")
+	res = r.run(t, "teardown-host", "--purge-incus", "--yes")
+	require.Equal(t, exitOK, res.code, res.err)
+	assert.Contains(t, res.out, "network boxnet")
+	assert.Contains(t, res.out, "removed image ")
+	imgs, err := c.Images(ctx)
+	require.NoError(t, err)
+	for _, img := range imgs {
+		assert.NotContains(t, img.Properties["description"], stack.ProbeImagePrefix, "the probe image is gone")
+	}
+}
