@@ -237,9 +237,11 @@ func failedControls(sc *Scenario, obs observations) []string {
 	for _, place := range slices.Sorted(maps.Keys(sc.Plans)) {
 		for _, p := range sc.Plans[place].Probes {
 			// The upstream's answers are compared with the box's, whatever
-			// they are (NXDOMAIN is no failed control), and the host's echo
-			// to a LAN target need only be seen leaving.
-			if actions[p.ID] || strings.HasPrefix(p.ID, upstreamPrefix) || strings.HasPrefix(p.ID, outControlPrefix) {
+			// they are (NXDOMAIN is no failed control), the host's echo to a
+			// LAN target need only be seen leaving, and box-b's traffic
+			// before box-a's lies is judged with its return traffic (a
+			// broken egress already fails the baseline).
+			if actions[p.ID] || strings.HasPrefix(p.ID, upstreamPrefix) || strings.HasPrefix(p.ID, outControlPrefix) || p.ID == spoofBeforeID {
 				continue
 			}
 			if o, ok := obs.get(place, p.ID); !ok || o.Outcome != probes.Reached {
