@@ -159,6 +159,23 @@ func TestSystemHTMLReportInChromium(t *testing.T) {
 		require.NoError(t, os.WriteFile(out, shot, 0o644))
 	}
 
+	// The SVG matrix (--matrix) of the same run, at the same size.
+	svg := filepath.Join(dir, "matrix.svg")
+	b.Reset()
+	require.NoError(t, report.Matrix(&b, rep))
+	require.NoError(t, os.WriteFile(svg, b.Bytes(), 0o644))
+	require.NoError(t, chromedp.Do(tabCtx, chromedp.Navigate("file://"+svg)))
+	size, err := chromedp.Run(tabCtx, chromedp.Evaluate[[]int](`(() => { const r = document.documentElement.getBoundingClientRect(); return [Math.ceil(r.width), Math.ceil(r.height)]; })()`))
+	require.NoError(t, err)
+	t.Logf("matrix.svg: %dx%d px", size[0], size[1])
+	assert.LessOrEqual(t, size[0], 1366, "the SVG is wider than the screen")
+	shot, err = chromedp.Run(tabCtx, chromedp.CaptureScreenshot())
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "matrix.png"), shot, 0o644))
+	if out := os.Getenv("BOX_SVG_SCREENSHOT"); out != "" {
+		require.NoError(t, os.WriteFile(out, shot, 0o644))
+	}
+
 	stopConsole()
 	<-done
 	mu.Lock()
