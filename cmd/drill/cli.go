@@ -42,6 +42,7 @@ func commands() []command {
 	return []command{
 		{"run", runSynopsis, "run the drill: mint probe boxes, fire every probe, judge every claim", runRun},
 		{"list", "list [--json]", "list the isolation claims the drill proves", runList},
+		{"report", reportSynopsis, "render a recorded JSON report (drill run --json) again: as an HTML page, the SVG matrix, JUnit, the table or JSON; to OUT or stdout", runReport},
 		{"agent", "agent [--plan FILE]", "run a probe plan (inside a box; JSON in, JSON out)", runAgent},
 		{"world", "world up|down|status|check [options]", "build, inspect or tear down the hermetic world (namespaces, incusd, probe image)", runWorld},
 		{"version", "version", "print drill's version", func(_ context.Context, s stdio, _ []string) int {

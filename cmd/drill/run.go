@@ -33,7 +33,12 @@ func (l *listFlag) Set(v string) error {
 	return nil
 }
 
-const runSynopsis = "run [--claim ID]... [--skip ID]... [--no-setup] [--mutate LAYER]... [--host --canary ADDR:PORT] [--json] [--junit FILE] [--matrix FILE] [--record FILE]"
+const runSynopsis = "run [--claim ID]... [--skip ID]... [--no-setup] [--mutate LAYER]... [--host --canary ADDR:PORT] [--json] [--html FILE] [--junit FILE] [--matrix FILE] [--record FILE]"
+
+// outputs are the files a run writes besides stdout.
+type outputs struct {
+	html, junit, matrix, record string
+}
 
 func runRun(ctx context.Context, s stdio, args []string) int {
 	fs := newFlags(s, "run", runSynopsis)
@@ -42,9 +47,11 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 	fs.Var(&skips, "skip", "leave these claims out (id or glob, repeatable)")
 	noSetup := fs.Bool("no-setup", false, "verify the isolation stack instead of ensuring it")
 	asJSON := fs.Bool("json", false, "print the versioned JSON report instead of the table")
-	junit := fs.String("junit", "", "also write a JUnit XML file")
-	matrix := fs.String("matrix", "", "also write the reachability matrix (SVG)")
-	record := fs.String("record", "", "append a row to this RUNS.md")
+	var out outputs
+	fs.StringVar(&out.html, "html", "", "also write the report as one self-contained HTML page")
+	fs.StringVar(&out.junit, "junit", "", "also write a JUnit XML file")
+	fs.StringVar(&out.matrix, "matrix", "", "also write the reachability matrix (SVG)")
+	fs.StringVar(&out.record, "record", "", "append a row to this RUNS.md")
 	img := fs.String("image", image.DefaultAlias, "image alias of the probe boxes")
 	var mutate listFlag
 	fs.Var(&mutate, "mutate", "knock out a layer for this run to prove the drill fails (bridge-drop, port-isolation, host-fw, acl, dns-managed, ipv6-on, nat-off); the stack is restored afterwards")
@@ -55,7 +62,7 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 		return code
 	}
 	if *onHost {
-		return runOnHost(ctx, s, *canary, *publicName, claims, skips, *noSetup, *asJSON, *junit, *matrix, *record, *img, mutate)
+		return runOnHost(ctx, s, *canary, *publicName, claims, skips, *noSetup, *asJSON, out, *img, mutate)
 	}
 	if *canary != "" {
 		return fail(s, fmt.Errorf("--canary goes with --host; the hermetic world has its own canary"))
@@ -82,13 +89,13 @@ func runRun(ctx context.Context, s stdio, args []string) int {
 	}
 	host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts}
 	return runAndReport(ctx, s, drill.Config{Host: host, Topology: st.Topology(), Image: *img, NoSetup: *noSetup,
-		Claims: selected, Log: s.err, Version: version, Mutations: mutations}, *asJSON, *junit, *matrix, *record)
+		Claims: selected, Log: s.err, Version: version, Mutations: mutations}, *asJSON, out)
 }
 
 // runOnHost is --host: the drill on a real Incus host, whose own addresses,
 // routes and LAN are the targets. It refuses where a hermetic world is up:
 // that is a development or CI machine, where no probe may leave the world.
-func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, skips []string, noSetup, asJSON bool, junit, matrix, record, img string, mutate []string) int {
+func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, skips []string, noSetup, asJSON bool, out outputs, img string, mutate []string) int {
 	if err := hostModeGuard(worldTraces(), os.Getenv("BOX_NETNS")); err != nil {
 		return fail(s, err)
 	}
@@ -134,14 +141,14 @@ func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, 
 		return fail(s, fmt.Errorf("discovering this host's targets: %w", err))
 	}
 	return runAndReport(ctx, s, drill.Config{Host: host, Topology: t,
-		Image: img, NoSetup: noSetup, Claims: selected, Log: s.err, Version: version, Mutations: mutations}, asJSON, junit, matrix, record)
+		Image: img, NoSetup: noSetup, Claims: selected, Log: s.err, Version: version, Mutations: mutations}, asJSON, out)
 }
 
 // runAndReport runs the drill and writes its reports.
-func runAndReport(ctx context.Context, s stdio, cfg drill.Config, asJSON bool, junit, matrix, record string) int {
+func runAndReport(ctx context.Context, s stdio, cfg drill.Config, asJSON bool, out outputs) int {
 	// A RUNS.md row says "this commit's claims held": only a whole,
 	// unmutated run can say it.
-	if record != "" && (len(cfg.Mutations) > 0 || len(cfg.Claims) != len(drill.Catalogue)) {
+	if out.record != "" && (len(cfg.Mutations) > 0 || len(cfg.Claims) != len(drill.Catalogue)) {
 		return fail(s, fmt.Errorf("--record needs a whole run: drop --claim, --skip and --mutate"))
 	}
 	rep, err := drill.Run(ctx, cfg)
@@ -156,20 +163,20 @@ func runAndReport(ctx context.Context, s stdio, cfg drill.Config, asJSON bool, j
 	} else {
 		report.Text(s.out, rep)
 	}
-	for _, out := range []struct {
+	for _, f := range []struct {
 		path  string
 		write func(io.Writer, *drill.Report) error
-	}{{junit, report.JUnit}, {matrix, report.Matrix}} {
-		if out.path == "" {
+	}{{out.html, report.HTML}, {out.junit, report.JUnit}, {out.matrix, report.Matrix}} {
+		if f.path == "" {
 			continue
 		}
-		if err := writeFile(out.path, rep, out.write); err != nil {
+		if err := writeFile(f.path, rep, f.write); err != nil {
 			fmt.Fprintf(s.err, "drill: %v\n", err)
 			return drill.ExitUsage
 		}
 	}
-	if record != "" {
-		if err := report.Record(record, rep); err != nil {
+	if out.record != "" {
+		if err := report.Record(out.record, rep); err != nil {
 			fmt.Fprintf(s.err, "drill: recording the run: %v\n", err)
 			return drill.ExitUsage
 		}

@@ -2,6 +2,7 @@ package report_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -293,4 +294,45 @@ func TestHTMLEscapes(t *testing.T) {
 
 func stackFinding(s string) stack.Finding {
 	return stack.Finding{Layer: "L-ACL", Object: s, Problem: s, Fix: s}
+}
+
+// A recorded report draws the same page as the run that wrote it: what
+// the page shows is all in the JSON (target_key included).
+func TestHTMLFromJSON(t *testing.T) {
+	for name, rep := range map[string]*drill.Report{"sample": withInbound(t, sampleReport(t)), "full": fullReport(t)} {
+		t.Run(name, func(t *testing.T) {
+			var back drill.Report
+			require.NoError(t, json.Unmarshal(reportJSON(t, rep), &back))
+			var want, got bytes.Buffer
+			require.NoError(t, report.HTML(&want, rep))
+			require.NoError(t, report.HTML(&got, &back))
+			assert.Equal(t, want.String(), got.String())
+			want.Reset()
+			got.Reset()
+			require.NoError(t, report.Matrix(&want, rep))
+			require.NoError(t, report.Matrix(&got, &back))
+			assert.Equal(t, want.String(), got.String())
+		})
+	}
+}
+
+// A report from before target_key: the first word of a target is its
+// column.
+func TestHTMLWithoutTargetKey(t *testing.T) {
+	rep := withInbound(t, sampleReport(t))
+	for i := range rep.Claims {
+		for j := range rep.Claims[i].Results {
+			rep.Claims[i].Results[j].TargetKey = ""
+		}
+	}
+	_, doc := renderHTML(t, rep)
+	var heads []string
+	walk(byID(doc)["grid"], func(n *html.Node) {
+		if n.Type == html.ElementNode && n.Data == "th" && hasClass(n, "tgt") {
+			heads = append(heads, text(n))
+		}
+	})
+	require.GreaterOrEqual(t, len(heads), 3)
+	assert.Equal(t, []string{"canary", "gateway", "lease"}, heads[:3])
+	assert.Contains(t, heads, "host", `"host gateway 10.88.0.1" and "host uplink 198.51.100.2" share a column`)
 }
