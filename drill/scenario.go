@@ -151,12 +151,15 @@ type Scene struct {
 
 // Action is one probe with its expected result.
 type Action struct {
-	ID        string      `json:"id"`
-	Claim     string      `json:"claim"`
-	Channel   string      `json:"channel"`
-	From      string      `json:"from"`   // a place
-	Target    string      `json:"target"` // who, for people: "box-b 10.88.0.12"
-	TargetKey string      `json:"-"`      // the matrix column
+	ID      string `json:"id"`
+	Claim   string `json:"claim"`
+	Channel string `json:"channel"`
+	From    string `json:"from"`   // a place
+	Target  string `json:"target"` // who, for people: "box-b 10.88.0.12"
+	// TargetKey is the matrix column: the target's name without its
+	// address or port ("host-gateway", "lan-10"). In the JSON so that a
+	// recorded report draws the same matrix.
+	TargetKey string      `json:"target_key,omitempty"`
 	Expect    Expectation `json:"expect"`
 	// Provenance says why the target was probed (topo's provenances: a
 	// listener, a route, a neighbour, a hosts file...), when it was found

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # deps.sh installs what box's tests and the hermetic world need on a Debian
 # bookworm machine: Incus (containers only) from bookworm-backports, dnsmasq,
-# nftables, iproute2, busybox-static for the probe image, and the Go modules.
+# nftables, iproute2, busybox-static for the probe image, chromium (headless,
+# for the HTML report's browser test), and the Go modules.
 # It is idempotent: a second run installs nothing.
 set -euo pipefail
 
@@ -12,7 +13,7 @@ need_root() {
 	fi
 }
 
-pkgs=(incus-base dnsmasq-base nftables iproute2 busybox-static squashfs-tools xz-utils)
+pkgs=(incus-base dnsmasq-base nftables iproute2 busybox-static squashfs-tools xz-utils chromium)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -101,6 +101,8 @@ func commands() []command {
 		{name: "list", synopsis: "list [--json]", help: "list the isolation claims the drill proves", setup: setupList},
 		{name: "image", synopsis: "image [--alias A] [--json]", help: "import the probe image into this host's Incus (built here from busybox-static; nothing is downloaded)", setup: setupImage},
 		{name: "agent", synopsis: "agent [--plan FILE]", help: "run a probe plan (inside a box; JSON in, JSON out)", setup: setupAgent},
+		{name: "report", synopsis: reportSynopsis, help: "render a recorded JSON report (drill run --json) again: html, matrix, junit, text or json", maxArgs: 3, setup: setupReport,
+			arg: clidoc.ArgValues, values: []string{"html", "matrix", "junit", "text", "json"}},
 		{name: "record", synopsis: "record verify|gate [--json] [RUNS.md]", help: "check RUNS.md's rows against their reports under drills/ (verify), or whether HEAD may be released (gate)", sub: recordCommands()},
 		{name: "world", synopsis: "world up|down|status|image|check [options]", help: "build, inspect or tear down the hermetic world (namespaces, incusd, probe image)", sub: worldCommands()},
 		{name: "completion", synopsis: "completion bash|zsh|fish", help: "print a shell completion script (the packages install them)",

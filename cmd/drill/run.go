@@ -34,7 +34,12 @@ func (l *listFlag) Set(v string) error {
 	return nil
 }
 
-const runSynopsis = "run [--claim ID]... [--skip ID]... [--no-setup] [--mutate LAYER]... [--host --canary ADDR:PORT] [--json] [--junit FILE] [--matrix FILE] [--record FILE]"
+const runSynopsis = "run [--claim ID]... [--skip ID]... [--no-setup] [--mutate LAYER]... [--host --canary ADDR:PORT] [--json] [--html FILE] [--junit FILE] [--matrix FILE] [--record FILE]"
+
+// outputs are the files a run writes besides stdout.
+type outputs struct {
+	html, junit, matrix, record string
+}
 
 func setupRun(fs *flag.FlagSet) runner {
 	var claims, skips listFlag
@@ -42,9 +47,11 @@ func setupRun(fs *flag.FlagSet) runner {
 	fs.Var(&skips, "skip", "leave these claims out (id or glob, repeatable)")
 	noSetup := fs.Bool("no-setup", false, "verify the isolation stack instead of ensuring it")
 	asJSON := fs.Bool("json", false, "print the versioned JSON report instead of the table")
-	junit := fs.String("junit", "", "also write a JUnit XML file")
-	matrix := fs.String("matrix", "", "also write the reachability matrix (SVG)")
-	record := fs.String("record", "", "append a row to this RUNS.md and store the JSON report under drills/ beside it")
+	var out outputs
+	fs.StringVar(&out.html, "html", "", "also write the report as one self-contained HTML page")
+	fs.StringVar(&out.junit, "junit", "", "also write a JUnit XML file")
+	fs.StringVar(&out.matrix, "matrix", "", "also write the reachability matrix (SVG)")
+	fs.StringVar(&out.record, "record", "", "append a row to this RUNS.md and store the JSON report under drills/ beside it")
 	img := fs.String("image", image.DefaultAlias, "image alias of the probe boxes")
 	var mutate listFlag
 	fs.Var(&mutate, "mutate", "knock out a layer for this run to prove the drill fails ("+strings.Join(mutationNames(), ", ")+"); the stack is restored afterwards")
@@ -53,7 +60,7 @@ func setupRun(fs *flag.FlagSet) runner {
 	publicName := fs.String("public-name", "example.com.", "with --host: a public name the box's resolver must resolve")
 	return func(ctx context.Context, s stdio, _ []string) int {
 		if *onHost {
-			return runOnHost(ctx, s, *canary, *publicName, claims, skips, *noSetup, *asJSON, *junit, *matrix, *record, *img, mutate)
+			return runOnHost(ctx, s, *canary, *publicName, claims, skips, *noSetup, *asJSON, out, *img, mutate)
 		}
 		if *canary != "" {
 			return fail(s, fmt.Errorf("--canary goes with --host; the hermetic world has its own canary"))
@@ -80,21 +87,21 @@ func setupRun(fs *flag.FlagSet) runner {
 		}
 		host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts}
 		return runAndReport(ctx, s, drill.Config{Host: host, Topology: st.Topology(), Image: *img, NoSetup: *noSetup,
-			Claims: selected, Log: s.err, Version: version, Mutations: mutations}, *asJSON, *junit, *matrix, *record)
+			Claims: selected, Log: s.err, Version: version, Mutations: mutations}, *asJSON, out)
 	}
 }
 
 // runOnHost is --host: the drill on a real Incus host, whose own addresses,
 // routes and LAN are the targets. It refuses where a hermetic world is up:
 // that is a development or CI machine, where no probe may leave the world.
-func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, skips []string, noSetup, asJSON bool, junit, matrix, record, img string, mutate []string) int {
+func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, skips []string, noSetup, asJSON bool, out outputs, img string, mutate []string) int {
 	traces := worldTraces()
 	if err := hostModeGuard(traces, os.Getenv("BOX_NETNS")); err != nil {
 		return fail(s, err)
 	}
 	// A host-mode row is what a release rests on: a namespace world on a
 	// development machine is no real host.
-	if record != "" && traces != "" {
+	if out.record != "" && traces != "" {
 		return fail(s, fmt.Errorf("--record: this machine has a hermetic world (%s), so it is a development or CI machine, not a real host: record host runs on a real Incus host", traces))
 	}
 	if canary == "" {
@@ -150,11 +157,12 @@ func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, 
 		return fail(s, fmt.Errorf("discovering this host's targets: %w", err))
 	}
 	return runAndReport(ctx, s, drill.Config{Host: host, Topology: t,
-		Image: img, NoSetup: noSetup, Claims: selected, Log: s.err, Version: version, Mutations: mutations}, asJSON, junit, matrix, record)
+		Image: img, NoSetup: noSetup, Claims: selected, Log: s.err, Version: version, Mutations: mutations}, asJSON, out)
 }
 
 // runAndReport runs the drill and writes its reports.
-func runAndReport(ctx context.Context, s stdio, cfg drill.Config, asJSON bool, junit, matrix, record string) int {
+func runAndReport(ctx context.Context, s stdio, cfg drill.Config, asJSON bool, out outputs) int {
+	record := out.record
 	// A RUNS.md row says "this commit's claims held": only a whole,
 	// unmutated run can say it.
 	if record != "" && (len(cfg.Mutations) > 0 || len(cfg.Claims) != len(drill.Catalogue)) {
@@ -178,14 +186,14 @@ func runAndReport(ctx context.Context, s stdio, cfg drill.Config, asJSON bool, j
 	} else {
 		report.Text(s.out, rep)
 	}
-	for _, out := range []struct {
+	for _, f := range []struct {
 		path  string
 		write func(io.Writer, *drill.Report) error
-	}{{junit, report.JUnit}, {matrix, report.Matrix}} {
-		if out.path == "" {
+	}{{out.html, report.HTML}, {out.junit, report.JUnit}, {out.matrix, report.Matrix}} {
+		if f.path == "" {
 			continue
 		}
-		if err := writeFile(out.path, rep, out.write); err != nil {
+		if err := writeFile(f.path, rep, f.write); err != nil {
 			fmt.Fprintf(s.err, "drill: %v\n", err)
 			return drill.ExitUsage
 		}

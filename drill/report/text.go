@@ -1,8 +1,9 @@
 // Package report renders a drill run for people and machines: a readable
 // table grouped by claim, the versioned JSON report (see
-// docs/drill-report.md and schema.json), a JUnit file with one test case
-// per claim and channel, a reachability matrix picture (SVG), and the
-// RUNS.md record row.
+// docs/drill-report.md and schema.json), a self-contained HTML page (the
+// claims, the reachability matrix, the stack, every probe with its
+// evidence), a JUnit file with one test case per claim and channel, a
+// reachability matrix picture (SVG), and the RUNS.md record row.
 package report
 
 import (
