@@ -393,6 +393,9 @@ func TestSystemFirewallOnly(t *testing.T) {
 	box := uniq(t, "t-fw-")
 	_, err = h.Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
 	require.NoError(t, err)
+	// Its lease taken (and pinned), as box new and the drill wait for.
+	_, err = h.WaitAddress(ctx, box, 30*time.Second)
+	require.NoError(t, err)
 	_, ncfg := nftIn(t, st)
 	_, err = nft.Delete(ncfg)
 	require.NoError(t, err)
