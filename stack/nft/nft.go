@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -280,7 +281,13 @@ func addTable(c *nftables.Conn, want Table) {
 
 // nftSet is s in table t; id 0 refers to a set that exists already.
 func nftSet(t *nftables.Table, s Set, id uint32) *nftables.Set {
-	return &nftables.Set{Table: t, Name: s.Name, ID: id, KeyType: setTypes[s.Type], Concatenation: len(fields(s.Type)) > 1}
+	set := &nftables.Set{Table: t, Name: s.Name, ID: id, KeyType: setTypes[s.Type], Concatenation: len(fields(s.Type)) > 1}
+	if s.Type == "ifname" {
+		// Told nothing, nft reads a plain ifname key as big endian and
+		// lists every name as "" (measured); it writes host order itself.
+		set.KeyByteOrder = binaryutil.NativeEndian
+	}
+	return set
 }
 
 // elements encodes element texts as set keys. The texts are the desired
