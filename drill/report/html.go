@@ -155,22 +155,7 @@ func HTML(w io.Writer, rep *drill.Report) error {
 	}
 	if len(rep.MutationResults) > 0 {
 		m := rep.MutationResults[0]
-		var names, ls []string
-		for _, r := range rep.MutationResults {
-			names = append(names, r.Name)
-			ls = append(ls, r.Layers...)
-		}
-		what := "mutation " + names[0]
-		if len(names) > 1 {
-			what = "mutations " + strings.Join(names, " + ") + " (applied together)"
-		}
-		if m.Detected {
-			p.Mutation = fmt.Sprintf("%s (%s): detected by probes, %d probe verdict(s) changed from the clean run; flipped %s",
-				what, strings.Join(ls, ", "), len(m.Changed), strings.Join(m.Flipped, ", "))
-		} else {
-			p.Mutation = fmt.Sprintf("%s (%s): no probe flipped from pass to fail (%d changed): redundant (another layer holds alone) or untested",
-				what, strings.Join(ls, ", "), len(m.Changed))
-		}
+		p.Mutation = mutationLine(rep)
 		ids := map[string]bool{}
 		for _, cr := range rep.Claims {
 			for _, r := range cr.Results {

@@ -71,22 +71,7 @@ func Text(w io.Writer, rep *drill.Report) {
 	// them all, and it is printed once.
 	if len(rep.MutationResults) > 0 {
 		m := rep.MutationResults[0]
-		var names, layers []string
-		for _, r := range rep.MutationResults {
-			names = append(names, r.Name)
-			layers = append(layers, r.Layers...)
-		}
-		what := "mutation " + names[0]
-		if len(names) > 1 {
-			what = "mutations " + strings.Join(names, " + ") + " (applied together)"
-		}
-		if m.Detected {
-			fmt.Fprintf(w, "%s (%s): detected by probes, %d probe verdict(s) changed from the clean run; flipped %s\n",
-				what, strings.Join(layers, ", "), len(m.Changed), strings.Join(m.Flipped, ", "))
-		} else {
-			fmt.Fprintf(w, "%s (%s): no probe flipped from pass to fail (%d changed): redundant (another layer holds alone) or untested\n",
-				what, strings.Join(layers, ", "), len(m.Changed))
-		}
+		fmt.Fprintln(w, mutationLine(rep))
 		for _, c := range m.Changed {
 			fmt.Fprintf(w, "  changed: %s %s %s -> %s: %s in the clean run, %s mutated\n", c.Claim, c.Channel, c.From, c.Target, c.Clean, c.Mutated)
 		}
@@ -109,4 +94,26 @@ func clip(s string, n int) string {
 		return s
 	}
 	return s[:n-3] + "..."
+}
+
+// mutationLine sums up a mutated run's comparison with its clean run in
+// one line (the mutations of a run are applied together: one comparison
+// serves them all).
+func mutationLine(rep *drill.Report) string {
+	m := rep.MutationResults[0]
+	var names, layers []string
+	for _, r := range rep.MutationResults {
+		names = append(names, r.Name)
+		layers = append(layers, r.Layers...)
+	}
+	what := "mutation " + names[0]
+	if len(names) > 1 {
+		what = "mutations " + strings.Join(names, " + ") + " (applied together)"
+	}
+	if m.Detected {
+		return fmt.Sprintf("%s (%s): detected by probes, %d probe verdict(s) changed from the clean run; flipped %s",
+			what, strings.Join(layers, ", "), len(m.Changed), strings.Join(m.Flipped, ", "))
+	}
+	return fmt.Sprintf("%s (%s): no probe flipped from pass to fail (%d changed): redundant (another layer holds alone) or untested",
+		what, strings.Join(layers, ", "), len(m.Changed))
 }
