@@ -119,16 +119,8 @@ type kernelPort struct {
 	peer string
 }
 
-// Census takes the fleet census of the stack's bridge.
-func (host *Host) Census(ctx context.Context) (*Census, error) {
-	g, err := host.ground()
-	if err != nil {
-		return nil, err
-	}
-	defer g.close()
-	return host.census(ctx, g)
-}
-
+// census takes the fleet census of the stack's bridge (Verify's, and
+// BoxesOnStack's from the listing it has made).
 func (host *Host) census(ctx context.Context, g *ground) (*Census, error) {
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
