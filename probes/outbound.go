@@ -110,12 +110,7 @@ func (w *Witness) recordOut(f []byte, from *unix.SockaddrLinklayer, ifname strin
 		return // the filter passes only outgoing frames; never count others
 	}
 	f = ethernetFrame(f, from)
-	if w.control != nil && bytes.Contains(f, w.control) {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.captured++
-		w.controls++
-		w.controlLast = at
+	if w.countControl(f, at) {
 		return
 	}
 	rec, ok := w.outRecord(f)

@@ -168,14 +168,23 @@ func (w *Witness) readLoop(next func(buf []byte) error) {
 	}
 }
 
+// countControl counts f as a positive-control frame if it carries the
+// control nonce, and says whether it did: a control is never a match.
+func (w *Witness) countControl(f []byte, at time.Time) bool {
+	if w.control == nil || !bytes.Contains(f, w.control) {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.captured++
+	w.controls++
+	w.controlLast = at
+	return true
+}
+
 func (w *Witness) record(f []byte) {
 	at := time.Now()
-	if w.control != nil && bytes.Contains(f, w.control) {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.captured++
-		w.controls++
-		w.controlLast = at
+	if w.countControl(f, at) {
 		return
 	}
 	sum, ok := w.match(f)
