@@ -119,17 +119,8 @@ type kernelPort struct {
 	peer string
 }
 
-// census takes the fleet census of the stack's bridge (Verify's, and
-// BoxesOnStack's from the listing it has made).
-func (host *Host) census(ctx context.Context, g *ground) (*Census, error) {
-	insts, err := host.Incus.AllInstances(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return censusOf(g, insts)
-}
-
-// censusOf takes the census from a listing of every instance.
+// censusOf takes the fleet census of the stack's bridge from a listing of
+// every instance (Verify's, and BoxesOnStack's).
 func censusOf(g *ground, insts []incus.Instance) (*Census, error) {
 	bridge := Current.Network
 	ports, err := g.bridgePorts(bridge)
@@ -179,14 +170,36 @@ func (g *ground) linkState(name string) kernelPort {
 	return kp
 }
 
-// portsOf lists the host-side ports of an instance's NICs on bridge, as
-// Incus recorded them (volatile.<nic>.host_name; empty while stopped).
+// bridgeNIC is one of an instance's NICs on the bridge, as Incus recorded
+// it: the host-side port (volatile.<nic>.host_name, empty while stopped)
+// and the MAC it gave the NIC (volatile.<nic>.hwaddr, or the NIC's own
+// hwaddr), which the box cannot change.
+type bridgeNIC struct {
+	dev, port, mac string
+}
+
+// bridgeNICs lists an instance's NICs on bridge, in device name order.
+func bridgeNICs(bridge string, i *incus.Instance) []bridgeNIC {
+	var out []bridgeNIC
+	for _, name := range sortedKeys(i.ExpandedDevices) {
+		d := i.ExpandedDevices[name]
+		if !isNIC(d) || !onBridge(bridge, d) {
+			continue
+		}
+		mac := i.Config["volatile."+name+".hwaddr"]
+		if mac == "" {
+			mac = d["hwaddr"]
+		}
+		out = append(out, bridgeNIC{dev: name, port: i.Config["volatile."+name+".host_name"], mac: mac})
+	}
+	return out
+}
+
+// portsOf lists the host-side ports of an instance's NICs on bridge.
 func portsOf(bridge string, i *incus.Instance) []string {
 	var out []string
-	for _, name := range sortedKeys(i.ExpandedDevices) {
-		if d := i.ExpandedDevices[name]; isNIC(d) && onBridge(bridge, d) {
-			out = append(out, i.Config["volatile."+name+".host_name"])
-		}
+	for _, n := range bridgeNICs(bridge, i) {
+		out = append(out, n.port)
 	}
 	return out
 }

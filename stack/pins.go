@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -38,15 +39,26 @@ type pinPlan struct {
 // planPins reads which instance owns each of ports, its NIC's MAC, and
 // the leases, and says what to pin.
 func (host *Host) planPins(ctx context.Context, ports []string) (*pinPlan, error) {
-	bridge := Current.Network
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
 		return nil, err
 	}
-	leases, err := host.Incus.NetworkLeases(ctx, bridge)
+	return host.planPinsWith(ctx, insts, ports)
+}
+
+// planPinsWith is planPins from a listing of every instance already made.
+func (host *Host) planPinsWith(ctx context.Context, insts []incus.Instance, ports []string) (*pinPlan, error) {
+	leases, err := host.Incus.NetworkLeases(ctx, Current.Network)
 	if err != nil {
 		return nil, err
 	}
+	return pinPlanOf(Current.Network, insts, leases, ports), nil
+}
+
+// pinPlanOf pins each of ports to the MAC of the instance NIC it belongs
+// to and the addresses leased to that MAC. An address leased to the MACs
+// of two ports is pinned to neither, with a note.
+func pinPlanOf(bridge string, insts []incus.Instance, leases []incus.NetworkLease, ports []string) *pinPlan {
 	byMAC := map[string][]netip.Addr{}
 	for _, l := range leases {
 		if l.Type == "gateway" {
@@ -61,19 +73,9 @@ func (host *Host) planPins(ctx context.Context, ports []string) (*pinPlan, error
 	}
 	macOf := map[string]net.HardwareAddr{} // port -> its NIC's MAC
 	for i := range insts {
-		inst := &insts[i]
-		for _, dev := range sortedKeys(inst.ExpandedDevices) {
-			d := inst.ExpandedDevices[dev]
-			if !isNIC(d) || !onBridge(bridge, d) {
-				continue
-			}
-			port := inst.Config["volatile."+dev+".host_name"]
-			hw := inst.Config["volatile."+dev+".hwaddr"]
-			if hw == "" {
-				hw = d["hwaddr"]
-			}
-			if mac, err := net.ParseMAC(hw); err == nil && port != "" {
-				macOf[port] = mac
+		for _, n := range bridgeNICs(bridge, &insts[i]) {
+			if mac, err := net.ParseMAC(n.mac); err == nil && n.port != "" {
+				macOf[n.port] = mac
 			}
 		}
 	}
@@ -99,11 +101,10 @@ func (host *Host) planPins(ctx context.Context, ports []string) (*pinPlan, error
 		p.scope = append(p.scope, port)
 		p.pins = append(p.pins, pin)
 	}
-	// An address two ports claim is pinned to neither.
 	for i := range p.pins {
 		p.pins[i].Addrs = slices.DeleteFunc(p.pins[i].Addrs, func(a netip.Addr) bool { return dup[a] })
 	}
-	return p, nil
+	return p
 }
 
 // pinFindings turns the pin table's findings into Verify's.

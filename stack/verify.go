@@ -165,7 +165,12 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		}
 	}
 
-	if v.Fleet, err = host.census(ctx, g); err != nil {
+	// One listing of every instance serves the census and the pins.
+	insts, err := c.AllInstances(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if v.Fleet, err = censusOf(g, insts); err != nil {
 		return nil, fmt.Errorf("taking the fleet census: %w", err)
 	}
 	v.Findings = append(v.Findings, v.Fleet.Findings()...)
@@ -197,7 +202,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		}
 		find(layer, "nft "+f.Object, f.Problem)
 	}
-	plan, err := host.planPins(ctx, portNames(ports))
+	plan, err := host.planPinsWith(ctx, insts, portNames(ports))
 	if err != nil {
 		return nil, fmt.Errorf("reading what to pin: %w", err)
 	}
