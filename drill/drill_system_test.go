@@ -290,11 +290,11 @@ func TestSystemDrillCanFail(t *testing.T) {
 			assert.Equal(t, []string{"C-SPOOF"}, rep.MutationResults[0].Flipped, "pinning is a layer of its own: no sibling probe flips")
 			poisoned, hostSaw, returnLost := false, false, false
 			for _, r := range probeFailures(claim(t, rep, "C-SPOOF")) {
-				poisoned = poisoned || strings.Contains(r.Evidence, "the host's neighbour entry for box-b")
+				poisoned = poisoned || strings.Contains(r.Evidence, "(box-b is ")
 				hostSaw = hostSaw || (r.Channel == "ipv4-source" && strings.Contains(r.Evidence, "the target saw the traffic arrive"))
 				returnLost = returnLost || r.Channel == "return-traffic"
 			}
-			assert.True(t, poisoned, "the host's neighbour entry for box-b is the evidence")
+			assert.True(t, poisoned, "the host's neighbour entry for box-b, at box-a's MAC, is the evidence")
 			assert.True(t, hostSaw, "a forged source reached the host's bridge")
 			assert.True(t, returnLost, "box-b's return traffic went missing")
 			assert.Contains(t, rep.Stack.Layers["L-PIN"], "absent")
@@ -322,6 +322,14 @@ func TestSystemDrillCanFail(t *testing.T) {
 	}
 	rep := run(t, config(t))
 	assert.Equal(t, drill.ExitOK, rep.ExitCode, "a normal run passes again: %v", verdicts(rep))
+}
+
+// hostLied says a C-SPOOF result failed on the host's own state: its
+// neighbour entry for box-b at another MAC, or the bridge's forwarding
+// database holding box-b's MAC on another port (not the summary of what
+// it held, which every result carries).
+func hostLied(r drill.Result) bool {
+	return strings.Contains(r.Evidence, "(box-b is ") || strings.Contains(r.Evidence, "the bridge learned box-b's MAC on another port")
 }
 
 // inHost runs a command in the world's host namespace, as an operator
@@ -401,6 +409,31 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		assert.Contains(t, fails[0].Evidence, "bridge")
 		assert.Empty(t, probeFailures(sib), "port isolation still stops the fresh boxes' probes: only Verify sees the hole")
 		assert.Equal(t, drill.Pass, claim(t, rep, "C-HOST").Verdict, "claims not resting on the layer are untouched")
+	})
+	t.Run("ARP let past the pins by hand", func(t *testing.T) {
+		cfg := config(t)
+		restoreAfter(t, cfg)
+		ensured(t, cfg)
+		// What an operator types while chasing an ARP problem: every ARP
+		// frame accepted ahead of the pin rules. IPv4 stays pinned.
+		inHost(t, cfg, "nft", "insert", "rule", "bridge", stack.Current.NFTTable+"_pin", "prerouting", "ether", "type", "arp", "accept")
+		cfg.NoSetup = true
+		cfg.Claims = []drill.Claim{claimOf(t, "C-SPOOF"), claimOf(t, "C-SIBLING")}
+		rep := run(t, cfg)
+		sp := claim(t, rep, "C-SPOOF")
+		assert.Equal(t, drill.Fail, sp.Verdict)
+		assert.NotEmpty(t, stackFailures(sp), "Verify sees the rule")
+		channels := map[string]bool{}
+		poisoned := false
+		for _, r := range probeFailures(sp) {
+			channels[r.Channel] = true
+			poisoned = poisoned || hostLied(r)
+		}
+		assert.True(t, channels["arp"], "a forged ARP reaches the host: %v", channels)
+		assert.True(t, channels["mac"], "so does one from box-b's MAC: %v", channels)
+		assert.False(t, channels["ipv4-source"], "IPv4 is still pinned: %v", channels)
+		assert.True(t, poisoned, "the host's neighbour table (or the bridge's forwarding database) is the evidence")
+		assert.Equal(t, drill.Pass, claim(t, rep, "C-SIBLING").Verdict, "the sibling layers are apart")
 	})
 	t.Run("ipv6 on at the bridge", func(t *testing.T) {
 		cfg := config(t)

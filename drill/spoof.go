@@ -161,13 +161,21 @@ func judgeSpoof(r Result, obs observations, t Scene, neigh []neighEvent, neighEr
 		r.Evidence += "; the host's neighbour table was not watched (" + neighErr + ")"
 		return r
 	}
+	// Both of the host's tables are said, the first lie each holds.
+	var lies []string
+	var entry, fdb bool
 	for _, e := range neigh {
 		switch {
-		case !e.FDB && e.IP == t.B.IP && !e.Deleted && e.MAC != t.B.MAC.String() && e.MAC != "":
-			return verdict(r, Fail, "the host's neighbour entry for box-b "+e.String()+" (box-b is "+t.B.MAC.String()+"); "+r.Evidence)
-		case e.FDB && !e.Deleted && e.MAC == t.B.MAC.String() && t.B.Port != "" && e.Port != t.B.Port:
-			return verdict(r, Fail, "the bridge learned box-b's MAC on another port: "+e.String()+" (box-b's is "+t.B.Port+"); "+r.Evidence)
+		case !entry && !e.FDB && e.IP == t.B.IP && !e.Deleted && e.MAC != t.B.MAC.String() && e.MAC != "":
+			entry = true
+			lies = append(lies, "the host's neighbour entry for box-b "+e.String()+" (box-b is "+t.B.MAC.String()+")")
+		case !fdb && e.FDB && !e.Deleted && e.MAC == t.B.MAC.String() && t.B.Port != "" && e.Port != t.B.Port:
+			fdb = true
+			lies = append(lies, "the bridge learned box-b's MAC on another port: "+e.String()+" (box-b's is "+t.B.Port+")")
 		}
+	}
+	if len(lies) > 0 {
+		return verdict(r, Fail, strings.Join(lies, "; ")+"; "+r.Evidence)
 	}
 	r.Evidence += neighSummary(t, neigh)
 	return r
