@@ -241,6 +241,11 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
+	if host.Tier {
+		if err := host.requireWatcher(); err != nil {
+			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
+		}
+	}
 	var notes []string
 	if req.Memory != "" && net.Config[KeyMemoryLimits] == memoryUnsupported {
 		notes = append(notes, fmt.Sprintf("%s: this host cannot apply one (%s=%s on %s, found at an earlier mint)", NoteNoMemoryLimit, KeyMemoryLimits, memoryUnsupported, Current.Network))
@@ -555,6 +560,10 @@ func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Durat
 		return netip.Addr{}, fmt.Errorf("reading network %s: %w", Current.Network, err)
 	}
 	p, err := netip.ParsePrefix(net.Config["ipv4.address"])
+	if err != nil && host.Tier {
+		// A granted user sees no network's config, only its state.
+		p, err = host.bridgeSubnetFromState(ctx)
+	}
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("network %s has no usable ipv4.address", Current.Network)
 	}
@@ -590,6 +599,11 @@ func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.r
 // call after changing a box; `box watch-ports` (WatchPorts) calls the two
 // halves apart, so a new port never waits for Incus's answers.
 func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
+	if host.Tier {
+		// A granted user cannot touch the kernel: the port watcher (root)
+		// puts the port in the set and pins it, as it does for any box.
+		return portsRefresh{}, host.requireWatcher()
+	}
 	r, err := host.syncPorts(ctx)
 	if err != nil {
 		return r, err
@@ -720,4 +734,32 @@ func names(bs []Box) []string {
 		out[i] = b.Name
 	}
 	return out
+}
+
+// requireWatcher refuses, on a granted user's behalf, when no port watcher
+// runs: without one a new box's port stays outside the bridge drop and the
+// pins.
+func (host *Host) requireWatcher() error {
+	_, running, err := host.WatcherRunning()
+	if err != nil {
+		return err
+	}
+	if !running {
+		return errors.New("no port watcher (box watch-ports) runs on this host, so a new box's bridge port would stay outside the bridge drop and the pins: ask the host's admin to start box-ports.service")
+	}
+	return nil
+}
+
+// bridgeSubnetFromState reads the bridge's IPv4 subnet from its state.
+func (host *Host) bridgeSubnetFromState(ctx context.Context) (netip.Prefix, error) {
+	st, err := host.Incus.NetworkState(ctx, Current.Network)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	for _, a := range st.Addresses {
+		if a.Family == "inet" && a.Scope == "global" {
+			return netip.ParsePrefix(a.Address + "/" + a.Netmask)
+		}
+	}
+	return netip.Prefix{}, fmt.Errorf("%s has no IPv4 address", Current.Network)
 }

@@ -47,6 +47,24 @@ type undo struct {
 	fn   func(context.Context) error
 }
 
+// undoStack holds the back-out steps of a run, undone newest first.
+type undoStack []undo
+
+func (u *undoStack) push(what string, fn func(context.Context) error) {
+	*u = append(*u, undo{what, fn})
+}
+
+// run backs out every step, newest first, and says which failed.
+func (u undoStack) run(ctx context.Context) error {
+	var errs []error
+	for i := len(u) - 1; i >= 0; i-- {
+		if err := u[i].fn(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("backing out (%s): %w", u[i].what, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Ensure converges the host to the desired stack. Each object it creates
 // or changes is reported; on a host that already matches, it changes
 // nothing and says so (an empty Changes). If a step fails, what this run
@@ -60,16 +78,13 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 	c := host.Incus
 	rep = &Report{Changes: []Change{}, Notes: []string{}}
 
-	var undos []undo
+	var undos undoStack
 	defer func() {
 		if err == nil {
 			return
 		}
-		uctx := context.WithoutCancel(ctx)
-		for i := len(undos) - 1; i >= 0; i-- {
-			if uerr := undos[i].fn(uctx); uerr != nil {
-				err = errors.Join(err, fmt.Errorf("backing out (%s): %w", undos[i].what, uerr))
-			}
+		if uerr := undos.run(context.WithoutCancel(ctx)); uerr != nil {
+			err = errors.Join(err, uerr)
 		}
 	}()
 	changed := func(obj, action, detail string) { rep.Changes = append(rep.Changes, Change{obj, action, detail}) }

@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -384,6 +385,10 @@ func nicWhere(d map[string]string) string {
 // unmarked when the census could not be taken (reading the kernel's view
 // of the ports needs root).
 func (host *Host) BoxesOnStack(ctx context.Context) (boxes []Box, censusErr, err error) {
+	if host.Tier {
+		boxes, err := host.Boxes(ctx)
+		return boxes, errors.New("a granted user sees only their own project"), err
+	}
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
 		// A client that may not list every project still lists its own.

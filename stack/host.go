@@ -33,6 +33,15 @@ type Host struct {
 	BootUnitDir string
 	// Exe is the box binary the boot unit runs.
 	Exe string
+	// IncusUserSocket is incus-user's socket (BOX_INCUS_USER_SOCKET); empty
+	// is unix.socket.user beside incusd's.
+	IncusUserSocket string
+	// Tier: box acts for a granted user, through incus-user's socket, on
+	// their project only; the kernel's layers are left to the watcher.
+	Tier bool
+	// TierGroup is the group incus-user serves (BOX_TIER_GROUP);
+	// DefaultTierGroup when empty.
+	TierGroup string
 	// Progress, when set, hears what a long operation is doing (one box
 	// of many removed); box shows it on a terminal only.
 	Progress func(format string, args ...any)

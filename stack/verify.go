@@ -38,6 +38,8 @@ type Verification struct {
 	Ports      []Port `json:"ports"`
 	// Fleet is the census of every instance and port on the bridge.
 	Fleet *Census `json:"fleet,omitempty"`
+	// Tiers are the user projects (access tiers) and their state.
+	Tiers []Tier `json:"tiers"`
 	// Notes say what is weaker than it could be without being a finding.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -211,6 +213,12 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		return nil, fmt.Errorf("reading the pin table: %w", err)
 	}
 	v.Findings = append(v.Findings, pinFindings(pf, plan)...)
+	if v.Tiers, err = host.Tiers(ctx, host.TierGroup); err != nil {
+		return nil, fmt.Errorf("reading the access tiers: %w", err)
+	}
+	for _, t := range v.Tiers {
+		v.Findings = append(v.Findings, t.Findings...)
+	}
 	return v, host.verifyLegacy(ctx, g, v)
 }
 

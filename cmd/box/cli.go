@@ -251,7 +251,13 @@ func (a *app) host() (*stack.Host, error) {
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
-	h := &stack.Host{Incus: incus.New(a.socket()), NetNS: a.getenv("BOX_NETNS"), Options: opts, Progress: a.progressf}
+	h := &stack.Host{Incus: incus.New(a.socket()), NetNS: a.getenv("BOX_NETNS"), Options: opts, Progress: a.progressf,
+		IncusUserSocket: a.getenv("BOX_INCUS_USER_SOCKET"), TierGroup: a.getenv("BOX_TIER_GROUP")}
+	if tierSock, ok := a.tierSocket(); ok {
+		// A granted user: incus-user's socket, their own project.
+		h.Incus = incus.New(tierSock).Project(stack.TierProject(uint32(os.Geteuid())))
+		h.Tier = true
+	}
 	if h.NetNS == "" {
 		// A real host: the firewall is re-applied at boot by a unit that
 		// runs this binary (Ensure checks that systemd is there).
@@ -262,6 +268,25 @@ func (a *app) host() (*stack.Host, error) {
 	}
 	a.h = h
 	return h, nil
+}
+
+// tierSocket says whether box runs for a granted user: not root, no
+// socket named, incusd's socket closed to them and incus-user's there.
+func (a *app) tierSocket() (string, bool) {
+	if os.Geteuid() == 0 || a.getenv("INCUS_SOCKET") != "" {
+		return "", false
+	}
+	if syscall.Access(a.socket(), 2 /* W_OK */) == nil {
+		return "", false
+	}
+	sock := a.getenv("BOX_INCUS_USER_SOCKET")
+	if sock == "" {
+		sock = filepath.Join(filepath.Dir(a.socket()), "unix.socket.user")
+	}
+	if _, err := os.Stat(sock); err != nil {
+		return "", false
+	}
+	return sock, true
 }
 
 // socket is incusd's socket, honouring the variables the incus CLI does.

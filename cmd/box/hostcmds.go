@@ -117,6 +117,7 @@ func setupDoctor(fs *flag.FlagSet) action {
 			for _, f := range v.Findings {
 				fmt.Fprintf(c.out, "%-12s %s: %s\n%-12s fix: %s\n", f.Layer, f.Object, f.Problem, "", f.Fix)
 			}
+			printTiers(c, v.Tiers)
 			if v.Clean() {
 				fmt.Fprintf(c.out, "ok: the host matches the isolation stack (subnet %s, bridge drop: %s, %d bridge ports isolated)\n", v.Subnet, v.BridgeMode, len(v.Ports))
 			}
@@ -288,5 +289,28 @@ func setupStatus(fs *flag.FlagSet) action {
 			return exitError{exitFailed}
 		}
 		return nil
+	}
+}
+
+// printTiers lists the access tiers, one line each.
+func printTiers(c *call, tiers []stack.Tier) {
+	if len(tiers) == 0 {
+		return
+	}
+	fmt.Fprintln(c.out, "access tiers:")
+	for _, t := range tiers {
+		who := t.User
+		if who == "" {
+			who = "(no account)"
+		}
+		group := "not in the group"
+		if t.InGroup {
+			group = "in the group"
+		}
+		state := t.State
+		if len(t.Findings) > 0 {
+			state += fmt.Sprintf(", %d findings", len(t.Findings))
+		}
+		fmt.Fprintf(c.out, "  %-12s uid %-7d %-12s %s, %d boxes, %s\n", who, t.UID, t.Project, state, t.Boxes, group)
 	}
 }

@@ -48,12 +48,21 @@ func New(socketPath string) *Client {
 	if socketPath == "" {
 		socketPath = DefaultSocket()
 	}
+	return NewDialer(socketPath, func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socketPath)
+	})
+}
+
+// NewDialer returns a client that opens its connections with dial (to the
+// unix socket at socketPath, which names it in errors): incus-user's
+// socket dialled under a granted user's credentials, for one.
+func NewDialer(socketPath string, dial func(ctx context.Context) (net.Conn, error)) *Client {
 	// No Proxy: "incus" is not a real host, and $HTTP_PROXY must never see
 	// these requests.
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			conn, err := d.DialContext(ctx, "unix", socketPath)
+			conn, err := dial(ctx)
 			if err != nil && ctx.Err() == nil {
 				return nil, &UnreachableError{Socket: socketPath, Err: err}
 			}

@@ -52,3 +52,27 @@ func (c *Client) DeleteStoragePool(ctx context.Context, name string) error {
 	}
 	return nil
 }
+
+// StorageVolume is a storage volume (GET /1.0/storage-pools/{pool}/volumes).
+type StorageVolume struct {
+	Name string `json:"name"`
+	Type string `json:"type"` // custom, container, virtual-machine, image
+}
+
+// CustomVolumes lists the custom volumes of a pool (in the client's
+// project).
+func (c *Client) CustomVolumes(ctx context.Context, pool string) ([]StorageVolume, error) {
+	var out []StorageVolume
+	if err := c.list(ctx, apiPath("storage-pools", pool, "volumes", "custom"), nil, &out); err != nil {
+		return nil, fmt.Errorf("listing custom volumes of pool %s: %w", pool, err)
+	}
+	return out, nil
+}
+
+// DeleteCustomVolume deletes a custom volume (and its snapshots).
+func (c *Client) DeleteCustomVolume(ctx context.Context, pool, name string) error {
+	if _, err := c.do(ctx, request{method: http.MethodDelete, path: apiPath("storage-pools", pool, "volumes", "custom", name)}); err != nil {
+		return fmt.Errorf("deleting volume %s of pool %s: %w", name, pool, err)
+	}
+	return nil
+}

@@ -1,0 +1,82 @@
+// Package ascred opens unix-socket connections under another user's
+// credentials, from a process running as root.
+//
+// A unix socket's peer learns who connected from the credentials of the
+// connecting thread at connect(2) (SO_PEERCRED), and its filesystem
+// permissions are checked against that thread's fsuid and groups. Linux
+// keeps credentials per thread; the raw setresuid/setresgid/setgroups
+// system calls change only the calling thread (glibc and Go's syscall
+// package broadcast them to every thread, the raw calls do not). So
+// DialUnix locks a fresh goroutine to its thread, gives that thread the
+// user's credentials, connects, and lets the goroutine end still locked:
+// the Go runtime then retires the thread, and no other goroutine ever runs
+// with the borrowed identity.
+//
+// box uses it to act as a granted user towards incus-user (which keys a
+// connection to a project by the peer's uid) without starting a process.
+package ascred
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+	"syscall"
+	"unsafe"
+)
+
+// Cred is who a connection claims to be.
+type Cred struct {
+	UID, GID uint32
+	// Groups are the supplementary groups (nil: none).
+	Groups []uint32
+}
+
+func (c Cred) String() string { return fmt.Sprintf("uid %d gid %d groups %v", c.UID, c.GID, c.Groups) }
+
+type result struct {
+	conn net.Conn
+	err  error
+}
+
+// DialUnix connects to the unix socket at path as cred. It needs
+// CAP_SETUID and CAP_SETGID (root).
+func DialUnix(ctx context.Context, path string, cred Cred) (net.Conn, error) {
+	ch := make(chan result, 1)
+	go func() {
+		// Never unlocked: the thread ends with this goroutine.
+		runtime.LockOSThread()
+		if err := become(cred); err != nil {
+			ch <- result{err: fmt.Errorf("taking on %s: %w", cred, err)}
+			return
+		}
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, "unix", path)
+		ch <- result{conn, err}
+	}()
+	r := <-ch
+	return r.conn, r.err
+}
+
+// become gives the calling thread cred as its effective (and filesystem)
+// identity. Groups first and the uid last: after the uid changes the
+// thread may no longer change the others.
+func become(cred Cred) error {
+	var gp unsafe.Pointer
+	groups := make([]uint32, len(cred.Groups))
+	copy(groups, cred.Groups)
+	if len(groups) > 0 {
+		gp = unsafe.Pointer(&groups[0])
+	}
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETGROUPS, uintptr(len(groups)), uintptr(gp), 0); e != 0 {
+		return fmt.Errorf("setgroups: %w", e)
+	}
+	keep := ^uintptr(0) // -1: leave unchanged
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESGID, keep, uintptr(cred.GID), keep); e != 0 {
+		return fmt.Errorf("setresgid: %w", e)
+	}
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, keep, uintptr(cred.UID), keep); e != 0 {
+		return fmt.Errorf("setresuid: %w", e)
+	}
+	return nil
+}

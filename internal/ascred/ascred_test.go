@@ -1,0 +1,97 @@
+package ascred
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+)
+
+// peer accepts one connection on ln and returns the credentials the
+// kernel recorded for its peer.
+func peer(t *testing.T, ln *net.UnixListener) *syscall.Ucred {
+	t.Helper()
+	c, err := ln.AcceptUnix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cred *syscall.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if cerr != nil {
+		t.Fatal(cerr)
+	}
+	return cred
+}
+
+func TestDialUnixAsAnotherUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_SETUID) to connect as another user")
+	}
+	dir := t.TempDir()
+	// The borrowed identity must be able to walk to the socket.
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(dir, "s")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	// Group 4242 only: a socket owned by it with mode 0660 admits the
+	// borrowed identity only through the supplementary group.
+	if err := os.Chown(path, 0, 4242); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		t.Fatal(err)
+	}
+
+	cred := Cred{UID: 4241, GID: 4241, Groups: []uint32{4242}}
+	conn, err := DialUnix(context.Background(), path, cred)
+	if err != nil {
+		t.Fatalf("dialling as %s: %v", cred, err)
+	}
+	got := peer(t, ln)
+	conn.Close()
+	if got.Uid != cred.UID || got.Gid != cred.GID {
+		t.Errorf("peer is uid %d gid %d, want %d/%d", got.Uid, got.Gid, cred.UID, cred.GID)
+	}
+
+	// Without the group the mode keeps the user out.
+	if c, err := DialUnix(context.Background(), path, Cred{UID: 4241, GID: 4241}); err == nil {
+		c.Close()
+		t.Error("a user outside the socket's group connected")
+	}
+
+	// This process kept its own identity: only the retired thread changed.
+	if os.Geteuid() != 0 || os.Getegid() != 0 {
+		t.Errorf("the process itself changed identity: euid %d egid %d", os.Geteuid(), os.Getegid())
+	}
+	if groups, err := os.Getgroups(); err == nil && slices.Contains(groups, 4242) {
+		t.Errorf("the process itself gained group 4242: %v", groups)
+	}
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := peer(t, ln); got.Uid != 0 {
+		t.Errorf("a later plain dial was uid %d, want 0", got.Uid)
+	}
+	c.Close()
+}
