@@ -52,6 +52,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"world", "up", "--bridge-netfiter"}, exitUsage, "flag provided but not defined"},
 		{[]string{"world", "status", "extra"}, exitUsage, `unexpected argument "extra"`},
 		{[]string{"world", "serve"}, exitUsage, "--state is required"},
+		{[]string{"world", "incus-user"}, exitUsage, "--state is required"},
 		{[]string{"run", "--canary", "1.1.1.1:443"}, exitUsage, "--canary goes with --host"},
 		{[]string{"run", "--claim", "C-NOPE"}, exitUsage, `"C-NOPE" matches no claim`},
 		{[]string{"run", "--mutate", "gravity"}, exitUsage, `no mutation "gravity"`},
@@ -131,6 +132,7 @@ func TestManAndCompletion(t *testing.T) {
 		}
 	}
 	assert.NotContains(t, page, "world serve")
+	assert.NotContains(t, page, "world incus-user")
 	assert.Contains(t, page, ".BI \\-\\-canary \" CANARY\"\n")
 
 	for _, sh := range []string{"bash", "zsh", "fish"} {

@@ -23,6 +23,7 @@ func worldCommands() []command {
 		{name: "image", synopsis: "world image [--alias A] [--json]", help: "import the probe image into the world's incusd (built from busybox-static)", setup: setupWorldImage},
 		{name: "check", synopsis: "world check [--json]", help: "mint a box in the world and prove it leases an address and reaches the canary", setup: setupWorldCheck},
 		{name: "serve", synopsis: "world serve --state FILE", help: "hold the world's services (runs under world up)", hidden: true, setup: setupWorldServe},
+		{name: "incus-user", synopsis: "world incus-user --state FILE", help: "hold the world's incus-user socket, starting incus-user on demand (runs under world up)", hidden: true, setup: setupWorldIncusUser},
 	}
 }
 
@@ -183,6 +184,26 @@ func setupWorldServe(fs *flag.FlagSet) runner {
 			return exitUsage
 		}
 		if err := world.Serve(ctx, *state, s.err); err != nil {
+			return fail(s, err)
+		}
+		return exitOK
+	}
+}
+
+// setupWorldIncusUser is the detached process that socket-activates the
+// world's incus-user, until SIGTERM.
+func setupWorldIncusUser(fs *flag.FlagSet) runner {
+	state := fs.String("state", "", "the world's state file")
+	return func(ctx context.Context, s stdio, _ []string) int {
+		if *state == "" {
+			fmt.Fprintln(s.err, "drill world incus-user: --state is required (this runs under `drill world up`)")
+			return exitUsage
+		}
+		st, err := world.LoadFile(*state)
+		if err != nil {
+			return fail(s, err)
+		}
+		if err := world.ServeIncusUser(ctx, world.ActivatorConfig{IncusDir: st.IncusDir, Log: s.err}); err != nil {
 			return fail(s, err)
 		}
 		return exitOK
