@@ -24,17 +24,29 @@ func (r *run) pushAgents(ctx context.Context) error {
 	r.cfg.logf("agent: pushing %s into the boxes", filepath.Base(r.cfg.Agent))
 	actx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if err := pushAgent(actx, r.cfg.Host.Incus, r.cfg.Agent, r.names); err != nil {
+	if err := pushAgent(actx, r.boxClient, r.cfg.Agent, r.names); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
 	return nil
 }
 
-func pushAgent(ctx context.Context, c *incus.Client, agent string, names map[string]string) error {
+// boxClient is the admin's client for the project a probe box lives in.
+func (r *run) boxClient(place string) *incus.Client {
+	if place == PlaceT && r.tier != nil {
+		return r.cfg.Host.Incus.Project(r.tier.project)
+	}
+	return r.cfg.Host.Incus
+}
+
+func pushAgent(ctx context.Context, client func(place string) *incus.Client, agent string, names map[string]string) error {
 	var wg sync.WaitGroup
-	errs := make([]error, 0, 3)
+	errs := make([]error, 0, 4)
 	var mu sync.Mutex
-	for _, p := range []string{PlaceA, PlaceB, PlaceC} {
+	for _, p := range []string{PlaceA, PlaceB, PlaceC, PlaceT} {
+		if _, ok := names[p]; !ok {
+			continue
+		}
+		c := client(p)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -55,7 +67,7 @@ func pushAgent(ctx context.Context, c *incus.Client, agent string, names map[str
 }
 
 // runPlans runs every place's plan at once and collects the observations.
-func runPlans(ctx context.Context, cfg Config, c *incus.Client, names map[string]string, plans map[string]*probes.Plan) (observations, map[string]string) {
+func runPlans(ctx context.Context, cfg Config, client func(place string) *incus.Client, names map[string]string, plans map[string]*probes.Plan) (observations, map[string]string) {
 	obs := observations{}
 	agentErr := map[string]string{}
 	var mu sync.Mutex
@@ -70,7 +82,7 @@ func runPlans(ctx context.Context, cfg Config, c *incus.Client, names map[string
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rep, err := runPlan(ctx, cfg, c, names, place, plan)
+			rep, err := runPlan(ctx, cfg, client(place), names, place, plan)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

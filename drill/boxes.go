@@ -34,6 +34,9 @@ const probeType = stack.TypeContainer
 func (r *run) mintBoxes(ctx context.Context) error {
 	cfg, rep := &r.cfg, r.rep
 	names := map[string]string{PlaceA: "drill-" + rep.RunID + "-a", PlaceB: "drill-" + rep.RunID + "-b", PlaceC: "drill-" + rep.RunID + "-c"}
+	if r.tierSelected() {
+		names[PlaceT] = "drill-" + rep.RunID + "-t"
+	}
 	r.names = names
 	r.later(func(ctx context.Context) error {
 		cfg.logf("teardown: removing this run's boxes")
@@ -74,12 +77,18 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		r.ends[p] = e
 		rep.Boxes = append(rep.Boxes, *e)
 	}
+	if r.tierSelected() {
+		if err := r.mintTierBox(mctx); err != nil {
+			return err
+		}
+	}
 	rep.noteInstanceType(r.boxNew)
 	actx, cancelAfter := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancelAfter()
 	if err := applyMutations(actx, cfg, true, names); err != nil {
 		return err
 	}
+	r.tryEscapes(actx)
 	return r.verifyForProbes(actx)
 }
 

@@ -63,6 +63,8 @@ var Catalogue = []Claim{
 		Why: "a box that takes a sibling's address steals its return traffic, and one that takes the gateway's misleads every box that believes it"},
 	{ID: "C-FLEET", From: "every instance on boxnet (any project, tagged or not, running or stopped) and every port on it", To: "the stack", Channels: []string{ChannelCensus}, Expect: "exactly one NIC, on boxnet, isolated (config and kernel flag), in the bridge drop's port set; no other NIC, proxy, host path or device passed through, no raw.lxc/raw.qemu, not privileged", Layers: []string{stack.LayerFleet},
 		Why: "the boxes people work in were minted weeks ago and changed since: a re-plugged NIC or a device added by hand takes one off the stack while fresh probe boxes pass"},
+	{ID: "C-TIER", From: "box-t, minted by a granted local user through incus-user with port isolation turned off in its own NIC, and that user", To: "peer boxes, the host, the LAN, the resolver; Incus (other networks, host paths, proxies, privilege)", Channels: []string{"arp", "icmp", "tcp", "udp", "broadcast", "icmpv6-link-local", "icmpv6-all-nodes", "dns", ChannelIsolOff, ChannelRestriction, ChannelCensus}, Expect: "isolated like box-a (the host's layers hold though the user may turn port isolation off, and the census names that box); every attempt to leave boxnet refused by Incus for the restriction", Layers: []string{stack.LayerTier},
+		Why: "a granted user holds an Incus socket: the grant's narrowing to boxnet and the host-owned layers are all that stand between their agent and the host's networks"},
 }
 
 // ClaimByID finds a claim.

@@ -68,6 +68,9 @@ var Mutations = []Mutation{
 			return os.WriteFile("/proc/sys/net/ipv6/conf/"+stack.Current.Network+"/disable_ipv6", []byte("0"), 0o644)
 		})
 	}},
+	// The grant's load-bearing key: without it the user may attach any
+	// network (C-TIER's attempts must then succeed, and fail the claim).
+	{Name: "tier", Layers: []string{stack.LayerTier}, What: "lift restricted.networks.access from the run's granted user's project", AfterBoxes: true, apply: liftTierRestriction},
 	{Name: "nat-off", Layers: []string{"L-NAT"}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"ipv4.nat": "false"})
 	}},

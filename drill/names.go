@@ -88,12 +88,19 @@ func nameQuestions(s Scene, hosts []hostscan.HostsEntry) (out []topo.Name, dropp
 // the pinned public upstream asked directly from the host: a name the box
 // is told about and the upstream is not (or differently) is leaked.
 func (b *builder) names() {
-	if !b.claims["C-NAMES"] {
-		return
+	if b.claims["C-NAMES"] {
+		b.namesFrom("C-NAMES", b.t.A)
 	}
+	if b.claims["C-TIER"] && b.t.T.IP.IsValid() {
+		b.namesFrom("C-TIER", b.t.T)
+	}
+}
+
+// namesFrom asks one box's resolver every question for a claim.
+func (b *builder) namesFrom(claim string, from BoxEnd) {
 	t := b.t
 	ask := func(name, qtype, label string, why topo.Provenance) *Action {
-		return b.probe(Action{ID: b.id(), Claim: "C-NAMES", Channel: "dns", From: PlaceA, Target: label, TargetKey: "gateway", Expect: ExpectNoName, Provenance: why},
+		return b.probe(Action{ID: b.id(), Claim: claim, Channel: "dns", From: from.Place, Target: label, TargetKey: "gateway", Expect: ExpectNoName, Provenance: why},
 			probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: name, QType: qtype, Via: t.Subnet})
 	}
 	for _, peer := range []BoxEnd{t.B, t.C} {

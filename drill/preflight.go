@@ -30,6 +30,9 @@ func (r *run) preflight(ctx context.Context) error {
 	if err := cleanLeftovers(pctx, r.cfg.Host, ""); err != nil {
 		return fmt.Errorf("preflight: cleaning an earlier run's boxes: %w", err)
 	}
+	if err := cleanTierLeftovers(pctx, r.cfg.Host, r.cfg.logf); err != nil {
+		return fmt.Errorf("preflight: removing an earlier run's tier user: %w", err)
+	}
 	removed, err := removeLANSims()
 	if len(removed) > 0 {
 		r.cfg.logf("preflight: removed an earlier run's %s", strings.Join(removed, ", "))

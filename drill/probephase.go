@@ -56,7 +56,7 @@ func (r *run) runProbes(ctx context.Context) error {
 		}
 	}
 	t0 := time.Now()
-	r.obs, r.agentErr = runPlans(ctx, r.cfg, r.cfg.Host.Incus, r.names, r.sc.Plans)
+	r.obs, r.agentErr = runPlans(ctx, r.cfg, r.boxClient, r.names, r.sc.Plans)
 	if nw != nil {
 		var werr error
 		if r.neigh, werr = nw.stop(); werr != nil {
@@ -133,6 +133,9 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	v := r.v
 	s := Scene{Topology: r.cfg.Topology, Subnet: v.Subnet, Gateway: v.Gateway,
 		A: *r.ends[PlaceA], B: *r.ends[PlaceB], C: *r.ends[PlaceC], DNSDomain: "incus"}
+	if e, ok := r.ends[PlaceT]; ok {
+		s.T = *e
+	}
 	if v.Fleet != nil {
 		for _, e := range []*BoxEnd{&s.A, &s.B, &s.C} {
 			if sib, ok := v.Fleet.Sibling(r.cfg.Host.Incus.ProjectName(), e.Instance); ok {

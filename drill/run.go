@@ -161,6 +161,8 @@ type run struct {
 	// watched.
 	neigh    []neighEvent
 	neighErr string
+	// tier is the granted user's side (C-TIER); nil when not selected.
+	tier *tierRun
 }
 
 func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {

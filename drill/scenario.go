@@ -20,6 +20,7 @@ const (
 	PlaceA    = "box-a"   // the prober
 	PlaceB    = "box-b"   // its peer
 	PlaceC    = "clone-a" // a clone of box-a
+	PlaceT    = "box-t"   // a granted user's box (C-TIER)
 	PlaceHost = "host"    // the host namespace (listeners on host addresses)
 	PlaceLAN  = "lan"     // the LAN namespace (witnesses at LAN hosts)
 	// PlaceFilter holds the counting chain's counts, read by the drill
@@ -130,7 +131,9 @@ type Scene struct {
 	// host go.
 	GatewayMAC net.HardwareAddr
 	A, B, C    BoxEnd
-	DNSDomain  string // the bridge's DNS domain, for sibling name forms
+	// T is the granted user's box (C-TIER); zero when C-TIER is not run.
+	T         BoxEnd
+	DNSDomain string // the bridge's DNS domain, for sibling name forms
 
 	// HostAddrs are the host's own addresses, the gateway first.
 	HostAddrs []HostAddr
@@ -289,12 +292,12 @@ func BuildScenario(t Scene, claims []Claim) *Scenario {
 	}
 	// Every box gets a usable IPv6 link-local address, as an attacker
 	// would give itself one (SPEC 7c).
-	for _, e := range []BoxEnd{t.A, t.B, t.C} {
+	for _, e := range []BoxEnd{t.A, t.B, t.C, t.T} {
 		if e.LinkLocal.IsValid() {
 			b.plan(e.Place).LinkLocal = &probes.LinkLocalSpec{Via: t.Subnet, Address: e.LinkLocal}
 		}
 	}
-	if b.claims["C-HOST"] {
+	if b.claims["C-HOST"] || (b.claims["C-TIER"] && t.T.IP.IsValid()) {
 		tcp, udp := t.hostPorts()
 		for _, h := range t.HostAddrs {
 			p := b.plan(PlaceHost)
@@ -350,10 +353,17 @@ func (b *builder) controlFrames() {
 // ones the drill gives them) to their MACs, so the sibling probes over ICMP,
 // TCP and UDP test the L3 path on their own, not ARP again.
 func (b *builder) pinPeers() {
-	if !b.claims["C-SIBLING"] {
-		return
+	if b.claims["C-SIBLING"] {
+		b.pinPeersAt(PlaceA)
 	}
-	p := b.plan(PlaceA)
+	if b.claims["C-TIER"] && b.t.T.IP.IsValid() {
+		b.pinPeersAt(PlaceT)
+	}
+}
+
+// pinPeersAt pins the peers' addresses in one prober's neighbour table.
+func (b *builder) pinPeersAt(place string) {
+	p := b.plan(place)
 	for _, e := range []BoxEnd{b.t.B, b.t.C} {
 		if e.MAC == nil {
 			continue
@@ -434,12 +444,19 @@ func (b *builder) toBox(claim string, from BoxEnd, to BoxEnd) {
 }
 
 func (b *builder) sibling() {
-	if !b.claims["C-SIBLING"] {
-		return
+	if b.claims["C-SIBLING"] {
+		b.siblingFrom("C-SIBLING", b.t.A)
 	}
+	if b.claims["C-TIER"] && b.t.T.IP.IsValid() {
+		b.siblingFrom("C-TIER", b.t.T)
+	}
+}
+
+// siblingFrom probes every peer from one box for a claim.
+func (b *builder) siblingFrom(claim string, from BoxEnd) {
 	t := b.t
-	b.toBox("C-SIBLING", t.A, t.B)
-	b.toBox("C-SIBLING", t.A, t.C)
+	b.toBox(claim, from, t.B)
+	b.toBox(claim, from, t.C)
 	// Broadcast and all-nodes multicast reach every peer at once; one probe
 	// per peer, so each has its own nonce and its own witness there.
 	for _, peer := range []BoxEnd{t.B, t.C} {
@@ -452,26 +469,37 @@ func (b *builder) sibling() {
 			{"icmpv6-all-nodes", probes.ProbeSpec{Kind: probes.KindICMP, Target: netip.MustParseAddr("ff02::1"), Via: t.Subnet}, "icmpv6"},
 		} {
 			ch.spec.Nonce = probes.NewNonce()
-			a := b.probe(Action{ID: b.id(), Claim: "C-SIBLING", Channel: ch.channel, From: PlaceA, Target: "every peer on " + t.Subnet.String() + ", witnessed at " + peer.Place, TargetKey: peer.Place, Expect: ExpectBlocked}, ch.spec)
-			b.witness(a, peer.Place, probes.WitnessSpec{Via: t.Subnet, Nonces: []string{ch.spec.Nonce}, SrcMACs: []string{t.A.MAC.String()}, Proto: ch.proto})
+			a := b.probe(Action{ID: b.id(), Claim: claim, Channel: ch.channel, From: from.Place, Target: "every peer on " + t.Subnet.String() + ", witnessed at " + peer.Place, TargetKey: peer.Place, Expect: ExpectBlocked}, ch.spec)
+			b.witness(a, peer.Place, probes.WitnessSpec{Via: t.Subnet, Nonces: []string{ch.spec.Nonce}, SrcMACs: []string{from.MAC.String()}, Proto: ch.proto})
 		}
 	}
 }
 
 func (b *builder) host() {
-	if !b.claims["C-HOST"] {
-		return
+	if b.claims["C-HOST"] {
+		b.hostFrom("C-HOST", b.t.A)
 	}
+	if b.claims["C-TIER"] && b.t.T.IP.IsValid() {
+		b.hostFrom("C-TIER", b.t.T)
+	}
+	if len(b.sc.Counters) > 0 {
+		b.sc.CountControl = nft.CountKey{Src: b.t.A.IP, Dst: b.t.Gateway, Proto: "udp", Port: 53}
+		b.sc.Counters = append(b.sc.Counters, b.sc.CountControl)
+	}
+}
+
+// hostFrom probes every host address from one box for a claim.
+func (b *builder) hostFrom(claim string, from BoxEnd) {
 	t := b.t
 	tcp, udp := t.hostPorts()
 	for _, h := range t.HostAddrs {
 		label := "host " + h.Name + " " + h.Addr.String()
 		key := "host-" + h.Name
-		a := b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "tcp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
+		a := b.probe(Action{ID: b.id(), Claim: claim, Channel: "tcp", From: from.Place, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindTCP, Target: h.Addr, Port: tcp, Via: t.Subnet, Nonce: probes.NewNonce()})
 		a.ListenerAt, a.ListenerID = PlaceHost, "l-tcp-"+h.Name
 		a.ControlAt, a.ControlID = PlaceHost, b.selfControl("ctl-tcp-"+h.Name, probes.KindTCP, h.Addr, tcp)
-		a = b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "udp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
+		a = b.probe(Action{ID: b.id(), Claim: claim, Channel: "udp", From: from.Place, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindUDP, Target: h.Addr, Port: udp, Via: t.Subnet, Nonce: probes.NewNonce()})
 		a.ListenerAt, a.ListenerID = PlaceHost, "l-udp-"+h.Name
 		a.ControlAt, a.ControlID = PlaceHost, b.selfControl("ctl-udp-"+h.Name, probes.KindUDP, h.Addr, udp)
@@ -479,7 +507,7 @@ func (b *builder) host() {
 		// it answers the host's own), so silence is the firewall's doing; a
 		// capture on the box side would see the request before the
 		// firewall drops it and prove nothing.
-		a = b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: label, TargetKey: key, Expect: ExpectBlocked},
+		a = b.probe(Action{ID: b.id(), Claim: claim, Channel: "icmp", From: from.Place, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindICMP, Target: h.Addr, Via: t.Subnet, Nonce: probes.NewNonce()})
 		a.ControlAt, a.ControlID = PlaceHost, b.selfControl("ctl-icmp-"+h.Name, probes.KindICMP, h.Addr, 0)
 		for _, sv := range b.hostServices(h) {
@@ -487,16 +515,12 @@ func (b *builder) host() {
 			if sv.proto == "udp" {
 				kind = probes.KindUDP
 			}
-			a := b.probe(Action{ID: b.id(), Claim: "C-HOST", Channel: sv.proto, From: PlaceA, Target: fmt.Sprintf("%s %s/%d (%s)", label, sv.proto, sv.port, sv.what), TargetKey: key, Expect: ExpectBlocked, Provenance: sv.why},
+			a := b.probe(Action{ID: b.id(), Claim: claim, Channel: sv.proto, From: from.Place, Target: fmt.Sprintf("%s %s/%d (%s)", label, sv.proto, sv.port, sv.what), TargetKey: key, Expect: ExpectBlocked, Provenance: sv.why},
 				probes.ProbeSpec{Kind: kind, Target: h.Addr, Port: int(sv.port), Via: t.Subnet, Nonce: probes.NewNonce()})
-			k := nft.CountKey{Src: t.A.IP, Dst: h.Addr, Proto: sv.proto, Port: sv.port}
+			k := nft.CountKey{Src: from.IP, Dst: h.Addr, Proto: sv.proto, Port: sv.port}
 			a.Count = k.String()
 			b.sc.Counters = append(b.sc.Counters, k)
 		}
-	}
-	if len(b.sc.Counters) > 0 {
-		b.sc.CountControl = nft.CountKey{Src: t.A.IP, Dst: t.Gateway, Proto: "udp", Port: 53}
-		b.sc.Counters = append(b.sc.Counters, b.sc.CountControl)
 	}
 }
 
@@ -584,17 +608,28 @@ func forwardsFromBoxes(f hostscan.Forward, addr netip.Addr) bool {
 // all along, so its silence to a box means something.
 func (b *builder) selfControl(id string, kind probes.Kind, addr netip.Addr, port int) string {
 	p := b.plan(PlaceHost)
+	// One control serves every source that aims at the target.
+	if slices.ContainsFunc(p.Probes, func(s probes.ProbeSpec) bool { return s.ID == id }) {
+		return id
+	}
 	p.Probes = append(p.Probes, probes.ProbeSpec{ID: id, Kind: kind, Target: addr, Port: port, Nonce: probes.NewNonce(),
 		DelayMS: int(selfControlAt.Milliseconds()), DeadlineMS: int(selfControlDeadline.Milliseconds())})
 	return id
 }
 
 func (b *builder) lan() {
-	if !b.claims["C-LAN"] {
-		return
+	if b.claims["C-LAN"] {
+		b.lanFrom("C-LAN", b.t.A)
 	}
+	if b.claims["C-TIER"] && b.t.T.IP.IsValid() {
+		b.lanFrom("C-TIER", b.t.T)
+	}
+}
+
+// lanFrom probes every LAN target from one box for a claim.
+func (b *builder) lanFrom(claim string, from BoxEnd) {
 	t := b.t
-	srcs := []netip.Addr{t.A.IP}
+	srcs := []netip.Addr{from.IP}
 	if t.LANNAT.IsValid() {
 		srcs = append(srcs, t.LANNAT)
 	}
@@ -608,10 +643,15 @@ func (b *builder) lan() {
 		label := h.Name + " " + h.Addr.String()
 		var ctl string
 		if outbound {
-			ctl = probes.NewNonce()
 			p := b.plan(PlaceHost)
-			p.Probes = append(p.Probes, probes.ProbeSpec{ID: outControlID(h.Addr), Kind: probes.KindICMP, Target: h.Addr, Nonce: ctl,
-				DelayMS: int(selfControlAt.Milliseconds()), DeadlineMS: int(selfControlDeadline.Milliseconds())})
+			// One echo per target serves every source.
+			if i := slices.IndexFunc(p.Probes, func(s probes.ProbeSpec) bool { return s.ID == outControlID(h.Addr) }); i >= 0 {
+				ctl = p.Probes[i].Nonce
+			} else {
+				ctl = probes.NewNonce()
+				p.Probes = append(p.Probes, probes.ProbeSpec{ID: outControlID(h.Addr), Kind: probes.KindICMP, Target: h.Addr, Nonce: ctl,
+					DelayMS: int(selfControlAt.Milliseconds()), DeadlineMS: int(selfControlDeadline.Milliseconds())})
+			}
 		}
 		for _, ch := range []struct {
 			channel string
@@ -622,7 +662,7 @@ func (b *builder) lan() {
 				continue
 			}
 			nonce := probes.NewNonce()
-			a := b.probe(Action{ID: b.id(), Claim: "C-LAN", Channel: ch.channel, From: PlaceA, Target: label, TargetKey: h.Name, Expect: ExpectBlocked, Provenance: h.Provenance},
+			a := b.probe(Action{ID: b.id(), Claim: claim, Channel: ch.channel, From: from.Place, Target: label, TargetKey: h.Name, Expect: ExpectBlocked, Provenance: h.Provenance},
 				probes.ProbeSpec{Kind: ch.kind, Target: h.Addr, Port: ch.port, Via: t.Subnet, Nonce: nonce})
 			switch {
 			case t.LANVia.IsValid():
@@ -664,7 +704,7 @@ func (b *builder) lan() {
 	for _, i := range out {
 		a := &b.sc.Actions[i]
 		for _, w := range hp.Witnesses {
-			if len(w.Ifaces) > 0 && slices.Contains(w.Nonces, a.OutControl) {
+			if len(w.Ifaces) > 0 && slices.Contains(w.Nonces, a.OutControl) && (a.Probe.Kind == probes.KindTCP || slices.Contains(w.Nonces, a.Probe.Nonce)) {
 				a.WitnessAt, a.Witness = PlaceHost, &w
 			}
 		}

@@ -2,6 +2,7 @@ package drill
 
 import (
 	"context"
+	"maps"
 
 	"github.com/box-isolation/box/stack"
 )
@@ -44,7 +45,13 @@ func (r *run) judgeAll(context.Context) error {
 			if r.v != nil {
 				census = r.v.Fleet
 			}
-			rs = fleetResults(cl, census, r.cfg.Host.Incus.ProjectName(), r.names, r.findings)
+			// box-t lives in its user's project, and its isolation is off on
+			// purpose: C-TIER judges it.
+			own := maps.Clone(r.names)
+			delete(own, PlaceT)
+			rs = fleetResults(cl, census, r.cfg.Host.Incus.ProjectName(), own, r.withoutTierBox(r.findings))
+		case cl.ID == "C-TIER":
+			rs = r.tierResults(cl, rs)
 		case len(rs) > 0:
 			rs = append(rs, stackResults(cl, r.findings)...)
 		}

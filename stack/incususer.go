@@ -47,6 +47,9 @@ func (host *Host) userState(uid uint32) string {
 	return filepath.Join(host.incusDir(), "users", strconv.FormatUint(uint64(uid), 10))
 }
 
+// UserStatePath is incus-user's state (or box's purge tombstone) for uid.
+func (host *Host) UserStatePath(uid uint32) string { return host.userState(uid) }
+
 // tombstoned reports whether uid's state is box's purge tombstone.
 func (host *Host) tombstoned(uid uint32) bool {
 	fi, err := os.Lstat(host.userState(uid))

@@ -48,11 +48,38 @@ func (host *Host) planPins(ctx context.Context, ports []string) (*pinPlan, error
 
 // planPinsWith is planPins from a listing of every instance already made.
 func (host *Host) planPinsWith(ctx context.Context, insts []incus.Instance, ports []string) (*pinPlan, error) {
-	leases, err := host.Incus.NetworkLeases(ctx, Current.Network)
+	leases, err := host.bridgeLeases(ctx, insts)
 	if err != nil {
 		return nil, err
 	}
 	return pinPlanOf(Current.Network, insts, leases, ports), nil
+}
+
+// bridgeLeases reads the bridge's leases in every project with an instance
+// (Incus lists a network's leases per project, and has no all-projects
+// form: a granted user's box's lease is only listed in its project).
+func (host *Host) bridgeLeases(ctx context.Context, insts []incus.Instance) ([]incus.NetworkLease, error) {
+	projects := []string{"default"}
+	for i := range insts {
+		if p := projectOf(insts[i].Project); !slices.Contains(projects, p) {
+			projects = append(projects, p)
+		}
+	}
+	var out []incus.NetworkLease
+	seen := map[string]bool{}
+	for _, p := range projects {
+		ls, err := host.Incus.Project(p).NetworkLeases(ctx, Current.Network)
+		if err != nil {
+			return nil, fmt.Errorf("project %s: %w", p, err)
+		}
+		for _, l := range ls {
+			if k := l.Hwaddr + " " + l.Address; !seen[k] {
+				seen[k] = true
+				out = append(out, l)
+			}
+		}
+	}
+	return out, nil
 }
 
 // pinPlanOf pins each of ports to the MAC of the instance NIC it belongs

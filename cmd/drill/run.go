@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/box-isolation/box/drill"
@@ -114,6 +115,14 @@ func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, 
 	selected, err := drill.Select(claims, skips)
 	if err != nil {
 		return fail(s, err)
+	}
+	// C-TIER makes (and deletes) a local account: on a real host only
+	// when asked for by name.
+	if !slices.Contains(claims, "C-TIER") {
+		selected = slices.DeleteFunc(selected, func(c drill.Claim) bool { return c.ID == "C-TIER" })
+		if len(selected) == 0 {
+			return fail(s, fmt.Errorf("on a real host C-TIER runs only when named: --claim C-TIER"))
+		}
 	}
 	mutations, err := drill.SelectMutations(mutate)
 	if err != nil {

@@ -297,7 +297,8 @@ func (c *Client) WaitAddress(ctx context.Context, name string, subnet netip.Pref
 // any project's instance may have a NIC on it.
 func (c *Client) AllInstances(ctx context.Context) ([]Instance, error) {
 	var out []Instance
-	if err := c.list(ctx, apiPath("instances"), url.Values{"all-projects": {"true"}}, &out); err != nil {
+	// Incus refuses a project alongside all-projects.
+	if err := c.Project("").list(ctx, apiPath("instances"), url.Values{"all-projects": {"true"}}, &out); err != nil {
 		return nil, fmt.Errorf("listing instances of all projects: %w", err)
 	}
 	return out, nil

@@ -1,0 +1,421 @@
+package drill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"os/user"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/box-isolation/box/internal/accounts"
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// C-TIER: a granted user's box is isolated as every box is, and the user
+// cannot take it off boxnet. The drill makes a throwaway local user,
+// grants them (box grant's code), and as that user, through incus-user,
+// mints box-t with port isolation turned off in its own NIC: Incus's
+// project restrictions do not cover that key, so Incus must allow it, and
+// the host's layers (the bridge drop, the ports' flag the watcher keeps)
+// must still keep box-t from its siblings; the census must name it. Then,
+// still as the user, it tries to leave boxnet: each attempt must be
+// refused by Incus for the restriction, and a refusal for another reason
+// proves nothing. At teardown the user is purged and deleted.
+
+// Channels of C-TIER's non-packet actions.
+const (
+	ChannelRestriction = "restriction"   // an attempt to leave boxnet
+	ChannelIsolOff     = "isolation-off" // the user turning port isolation off
+)
+
+// ExpectRefused: Incus refuses the request for the restriction named.
+const ExpectRefused Expectation = "refused for the restriction"
+
+// tierUserComment marks the accounts the drill makes, so a later run finds
+// an aborted run's and removes them, and nothing else.
+const tierUserComment = "box drill C-TIER throwaway"
+
+// tierRun is the granted user's side of a run.
+type tierRun struct {
+	user    accounts.User
+	gid     uint32
+	project string
+	decoy   string // a managed network the user must not reach
+	client  *incus.Client
+	// results are the non-packet actions, judged as they ran.
+	results []Result
+	// skip says why C-TIER could not run here (its verdict is then
+	// inconclusive).
+	skip string
+}
+
+// tierSelected reports whether the run includes C-TIER.
+func (r *run) tierSelected() bool {
+	return slices.ContainsFunc(r.cfg.Claims, func(c Claim) bool { return c.ID == "C-TIER" })
+}
+
+// tierPrereqs says what this machine lacks for C-TIER ("" when nothing).
+func tierPrereqs(h *stack.Host) string {
+	if _, err := os.Stat(h.UserSocket()); err != nil {
+		return "no incus-user socket at " + h.UserSocket() + " (enable incus-user.socket; the world runs one)"
+	}
+	if _, err := accounts.GroupGID(stack.DefaultTierGroup); h.TierGroup == "" && err != nil {
+		return err.Error()
+	}
+	for _, bin := range []string{"useradd", "userdel", "gpasswd"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return bin + " is not installed (the passwd package)"
+		}
+	}
+	return ""
+}
+
+// mintTierBox makes the run's tier user, grants them and mints box-t as
+// them. What it could not do makes C-TIER inconclusive, not the run fail.
+func (r *run) mintTierBox(ctx context.Context) error {
+	cfg := &r.cfg
+	r.tier = &tierRun{}
+	if why := tierPrereqs(cfg.Host); why != "" {
+		r.tier.skip = why
+		return nil
+	}
+	name := "bxd" + r.rep.RunID
+	cfg.logf("tier: making local user %s, granting it, minting box-t as it through incus-user", name)
+	out, err := exec.CommandContext(ctx, "useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", tierUserComment+" "+r.rep.RunID, name).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("tier: useradd %s: %w: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	r.later(func(ctx context.Context) error { return removeTierUser(ctx, cfg.Host, name) })
+	u, err := accounts.Lookup(name)
+	if err != nil {
+		return fmt.Errorf("tier: %w", err)
+	}
+	t := r.tier
+	t.user, t.project = u, stack.TierProject(u.UID)
+	group := cmpOr(cfg.Host.TierGroup, stack.DefaultTierGroup)
+	if t.gid, err = accounts.GroupGID(group); err != nil {
+		return fmt.Errorf("tier: %w", err)
+	}
+
+	// A granted user's boxes join the port set through the watcher; run
+	// one for the grant and box-t, as box-ports.service does on a host,
+	// and stop it before the mutations (its resync would undo them).
+	stopWatcher, err := ensureWatcher(ctx, cfg.Host, cfg.logf)
+	if err != nil {
+		return fmt.Errorf("tier: %w", err)
+	}
+	defer stopWatcher()
+	if _, err := cfg.Host.Grant(ctx, stack.GrantRequest{User: u, Group: group}); err != nil {
+		return fmt.Errorf("tier: %w", err)
+	}
+	t.client = cfg.Host.AsUser(u, t.gid)
+
+	t.decoy = name
+	err = cfg.Host.Incus.CreateNetwork(ctx, incus.NetworksPost{Name: t.decoy, Type: "bridge", Description: "box drill decoy " + r.rep.RunID,
+		Config: map[string]string{"ipv4.address": "none", "ipv6.address": "none"}})
+	if err != nil {
+		return fmt.Errorf("tier: the decoy network: %w", err)
+	}
+	r.later(func(ctx context.Context) error { return deleteNetworkEventually(ctx, cfg.Host.Incus, t.decoy) })
+
+	// box-t, with port isolation off in its own NIC: the one key of the
+	// NIC the project's restrictions leave to the user.
+	box := r.names[PlaceT]
+	a := Action{ID: "t-isolation-off", Claim: "C-TIER", Channel: ChannelIsolOff, From: "user " + u.Name, Target: "create " + box + " with security.port_isolation=false",
+		TargetKey: "incus", Expect: ExpectReach}
+	err = t.client.CreateInstance(ctx, incus.InstancesPost{Name: box, Type: probeType,
+		Config:   map[string]string{stack.Current.Tag: "1", TagDrill: "1", TagRun: r.rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version},
+		Devices:  map[string]map[string]string{"eth0": {"type": "nic", "name": "eth0", "network": stack.Current.Network, "security.port_isolation": "false"}},
+		Profiles: []string{stack.Current.Profile}, Source: incus.InstanceSource{Type: "image", Alias: cfg.Image}, Start: true})
+	if err != nil {
+		// Not the premise C-TIER tests: the escape attempts still run.
+		t.results = append(t.results, Result{Action: a, Verdict: Inconclusive, Observed: "refused",
+			Evidence: "Incus refused the user a box with port isolation off (" + err.Error() + "): the claim that it would not help is untested"})
+		return nil
+	}
+	t.results = append(t.results, Result{Action: a, Verdict: Pass, Observed: "allowed",
+		Evidence: "Incus let the granted user mint " + box + " with port isolation off; the probes from it show whether that helped"})
+	th := *cfg.Host
+	th.Incus = cfg.Host.Incus.Project(t.project)
+	e, err := boxEnd(ctx, &th, PlaceT, box)
+	if err != nil {
+		return fmt.Errorf("tier: %w", err)
+	}
+	r.ends[PlaceT] = e
+	r.rep.Boxes = append(r.rep.Boxes, *e)
+	return nil
+}
+
+// ensureWatcher starts a port watcher in this process when none runs; the
+// returned function stops it (and does nothing when one ran already).
+func ensureWatcher(ctx context.Context, h *stack.Host, logf func(string, ...any)) (func(), error) {
+	if _, running, err := h.WatcherRunning(); err != nil {
+		return nil, err
+	} else if running {
+		return func() {}, nil
+	}
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, 1)
+	go func() { done <- h.WatchPorts(wctx, discard{}) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, running, _ := h.WatcherRunning(); running {
+			logf("tier: no port watcher ran; the drill runs one while it grants and mints box-t")
+			return func() { cancel(); <-done }, nil
+		}
+		select {
+		case err := <-done:
+			cancel()
+			return nil, fmt.Errorf("starting a port watcher: %w", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			return nil, errors.New("the port watcher did not start within 5 s")
+		}
+	}
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// escape is one attempt to leave boxnet and the refusal it must meet.
+type escape struct {
+	id, what, reason string
+	// try makes the attempt as the user; undo takes a success back (as
+	// the admin).
+	try func(ctx context.Context) error
+}
+
+// tryEscapes makes the granted user's attempts to leave boxnet, after the
+// mutations (a lifted restriction must show here).
+func (r *run) tryEscapes(ctx context.Context) {
+	t := r.tier
+	if t == nil || t.client == nil {
+		return
+	}
+	box := r.names[PlaceT]
+	if _, ok := r.ends[PlaceT]; !ok {
+		// Without box-t the device attempts have no instance: the network
+		// creation still runs.
+		box = ""
+	}
+	withDevice := func(dev string, d map[string]string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			inst, etag, err := t.client.Instance(ctx, box)
+			if err != nil {
+				return err
+			}
+			put := inst.Writable()
+			if put.Devices == nil {
+				put.Devices = map[string]map[string]string{}
+			}
+			put.Devices[dev] = d
+			return t.client.UpdateInstance(ctx, box, put, etag)
+		}
+	}
+	var escapes []escape
+	if box != "" {
+		escapes = append(escapes,
+			escape{"t-nic-decoy", "a NIC on managed network " + t.decoy, "Network not allowed in project",
+				withDevice("eth1", map[string]string{"type": "nic", "network": t.decoy, "name": "eth1"})},
+			escape{"t-nic-bridged", "a NIC bridged straight onto " + stack.Current.Network, "Only managed network devices are allowed",
+				withDevice("eth1", map[string]string{"type": "nic", "nictype": "bridged", "parent": stack.Current.Network, "name": "eth1"})},
+			escape{"t-disk-host", "the host's / as a disk", "Attaching disks not backed by a pool is forbidden",
+				withDevice("hostroot", map[string]string{"type": "disk", "source": "/", "path": "/mnt/host"})},
+			escape{"t-proxy", "a proxy device to the host's loopback", "Proxy devices are forbidden",
+				withDevice("door", map[string]string{"type": "proxy", "listen": "tcp:127.0.0.1:9", "connect": "tcp:127.0.0.1:22"})},
+			escape{"t-privileged", "security.privileged=true", "Privileged containers are forbidden", func(ctx context.Context) error {
+				inst, etag, err := t.client.Instance(ctx, box)
+				if err != nil {
+					return err
+				}
+				put := inst.Writable()
+				put.Config = maps.Clone(put.Config)
+				put.Config["security.privileged"] = "true"
+				return t.client.UpdateInstance(ctx, box, put, etag)
+			}},
+		)
+	}
+	escapes = append(escapes, escape{"t-net-create", "a network of its own (" + t.decoy + "x)", "Network not allowed in project", func(ctx context.Context) error {
+		return t.client.CreateNetwork(ctx, incus.NetworksPost{Name: t.decoy + "x", Type: "bridge", Config: map[string]string{"ipv4.address": "none", "ipv6.address": "none"}})
+	}})
+	for _, e := range escapes {
+		a := Action{ID: e.id, Claim: "C-TIER", Channel: ChannelRestriction, From: "user " + t.user.Name, Target: e.what, TargetKey: "incus", Expect: ExpectRefused}
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := e.try(actx)
+		cancel()
+		t.results = append(t.results, judgeEscape(a, e.reason, err))
+		if err == nil {
+			r.undoEscape(ctx, box)
+		}
+	}
+}
+
+// judgeEscape: refused for the restriction passes, allowed fails, refused
+// for anything else proves nothing.
+func judgeEscape(a Action, reason string, err error) Result {
+	switch {
+	case err == nil:
+		return Result{Action: a, Verdict: Fail, Observed: "allowed", Evidence: "Incus did what the granted user asked: " + a.Target}
+	case strings.Contains(strings.ToLower(err.Error()), strings.ToLower(reason)):
+		return Result{Action: a, Verdict: Pass, Observed: "refused", Evidence: "Incus refused: " + err.Error()}
+	default:
+		return Result{Action: a, Verdict: Inconclusive, Observed: "refused for another reason",
+			Evidence: fmt.Sprintf("Incus refused, but not with %q: %v; a refusal for another reason says nothing about the restriction", reason, err)}
+	}
+}
+
+// undoEscape takes back what an attempt that should have been refused did.
+func (r *run) undoEscape(ctx context.Context, box string) {
+	t, c := r.tier, r.cfg.Host.Incus
+	_ = deleteNetworkEventually(ctx, c, t.decoy+"x")
+	if box == "" {
+		return
+	}
+	pc := c.Project(t.project)
+	inst, etag, err := pc.Instance(ctx, box)
+	if err != nil {
+		return
+	}
+	put := inst.Writable()
+	for _, dev := range []string{"eth1", "hostroot", "door"} {
+		delete(put.Devices, dev)
+	}
+	delete(put.Config, "security.privileged")
+	if err := pc.UpdateInstance(ctx, box, put, etag); err != nil {
+		r.rep.Problems = append(r.rep.Problems, "C-TIER: taking back what the granted user was allowed to do: "+err.Error())
+	}
+}
+
+// tierResults judges C-TIER: its probes from box-t (rs), the non-packet
+// actions, the census naming box-t, and the stack channel.
+func (r *run) tierResults(c Claim, rs []Result) []Result {
+	t := r.tier
+	a := Action{ID: "t-census", Claim: c.ID, Channel: ChannelCensus, From: "verify", Target: "box-t named by the census", TargetKey: ChannelCensus, Expect: ExpectPresent}
+	switch {
+	case t == nil:
+		return rs
+	case t.skip != "":
+		a := Action{ID: "t-skip", Claim: c.ID, Channel: ChannelRestriction, From: "drill", Target: "a granted user", TargetKey: "incus", Expect: ExpectRefused}
+		return []Result{{Action: a, Verdict: Inconclusive, Observed: "not run", Evidence: "C-TIER could not run here: " + t.skip}}
+	}
+	rs = append(rs, t.results...)
+	if e, ok := r.ends[PlaceT]; ok {
+		named := tierBoxFindings(r.findings, t.project, e.Instance)
+		if len(named) > 0 {
+			rs = append(rs, Result{Action: a, Verdict: Pass, Observed: "named", Evidence: "the census names it: " + named[0].Problem})
+		} else {
+			rs = append(rs, Result{Action: a, Verdict: Fail, Observed: "not named",
+				Evidence: "the census did not name " + e.Instance + ", whose NIC has port isolation off: doctor is blind to a granted user's box"})
+		}
+	}
+	return append(rs, stackResults(c, r.findings)...)
+}
+
+// tierBoxFindings are the census findings on box-t's port isolation: the
+// drill turned it off on purpose, so they are C-TIER's evidence, not
+// C-FLEET's failure.
+func tierBoxFindings(fs []stack.Finding, project, box string) []stack.Finding {
+	var out []stack.Finding
+	for _, f := range fs {
+		if f.Layer == stack.LayerFleet && strings.Contains(f.Object, box) && strings.Contains(f.Object, project) && strings.Contains(f.Problem, "port isolation off") {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// withoutTierBox drops those findings (for every claim but C-TIER).
+func (r *run) withoutTierBox(fs []stack.Finding) []stack.Finding {
+	e, ok := r.ends[PlaceT]
+	if r.tier == nil || !ok {
+		return fs
+	}
+	drop := tierBoxFindings(fs, r.tier.project, e.Instance)
+	return slices.DeleteFunc(slices.Clone(fs), func(f stack.Finding) bool { return slices.Contains(drop, f) })
+}
+
+// removeTierUser purges a drill tier user and deletes the account.
+func removeTierUser(ctx context.Context, h *stack.Host, name string) error {
+	u, err := accounts.Lookup(name)
+	if err != nil {
+		return nil // gone already
+	}
+	if _, err := h.Revoke(ctx, u, "", true); err != nil {
+		return fmt.Errorf("teardown: purging tier user %s: %w", name, err)
+	}
+	// The purge leaves a tombstone for the uid; the account goes, so does it.
+	_ = os.Remove(h.UserStatePath(u.UID))
+	if out, err := exec.CommandContext(ctx, "userdel", name).CombinedOutput(); err != nil {
+		return fmt.Errorf("teardown: userdel %s: %w: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// cleanTierLeftovers removes an aborted run's tier users and decoys.
+func cleanTierLeftovers(ctx context.Context, h *stack.Host, logf func(string, ...any)) error {
+	b, err := os.ReadFile("/etc/passwd")
+	if err != nil {
+		return nil
+	}
+	var errs []error
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) < 5 || !strings.HasPrefix(f[4], tierUserComment) {
+			continue
+		}
+		if _, err := user.Lookup(f[0]); err != nil {
+			continue
+		}
+		logf("preflight: removing an earlier run's tier user %s", f[0])
+		errs = append(errs, removeTierUser(ctx, h, f[0]))
+		errs = append(errs, deleteNetworkEventually(ctx, h.Incus, f[0]))
+	}
+	return errors.Join(errs...)
+}
+
+// deleteNetworkEventually deletes a network if it exists.
+func deleteNetworkEventually(ctx context.Context, c *incus.Client, name string) error {
+	if _, _, err := c.Network(ctx, name); incus.IsNotFound(err) {
+		return nil
+	}
+	if err := c.DeleteNetwork(ctx, name); err != nil && !incus.IsNotFound(err) {
+		return fmt.Errorf("deleting network %s: %w", name, err)
+	}
+	return nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// liftTierRestriction is the mutation "tier": the run's tier project may
+// use every network.
+func liftTierRestriction(ctx context.Context, h *stack.Host, _ []string) error {
+	ps, err := h.Incus.Projects(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		if p.Config[stack.KeyTier] != stack.TierGranted || !strings.HasPrefix(p.Config[stack.KeyTierUser], "bxd") {
+			continue
+		}
+		np := p
+		np.Config = maps.Clone(p.Config)
+		delete(np.Config, "restricted.networks.access")
+		return h.Incus.UpdateProject(ctx, p.Name, np, "")
+	}
+	return errors.New("no drill tier project to lift the restriction of (C-TIER must be selected)")
+}
