@@ -398,6 +398,14 @@ func (b *builder) baselines() {
 		probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: t.PublicName, QType: "A", Via: t.Subnet})
 	b.probe(Action{ID: b.id(), Claim: "C-DHCP", Channel: "dhcp", From: PlaceA, Target: "lease on " + t.Subnet.String(), TargetKey: "lease", Expect: ExpectLease, Baseline: true},
 		probes.ProbeSpec{Kind: probes.KindDHCPLease, Via: t.Subnet})
+	if b.claims["C-TIER"] && t.T.IP.IsValid() {
+		// box-t's own controls: its blocks prove something only if it can
+		// reach what a box may (box-a's baselines say nothing about it).
+		b.probe(Action{ID: b.id(), Claim: "C-TIER", Channel: "tcp", From: PlaceT, Target: canary, TargetKey: "internet", Expect: ExpectReach},
+			probes.ProbeSpec{Kind: probes.KindTCP, Target: t.Canary, Port: t.CanaryTCP, Via: t.Subnet})
+		b.probe(Action{ID: b.id(), Claim: "C-TIER", Channel: "dns", From: PlaceT, Target: "gateway " + t.Gateway.String() + " " + t.PublicName, TargetKey: "gateway", Expect: ExpectResolve},
+			probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: t.PublicName, QType: "A", Via: t.Subnet})
+	}
 }
 
 // toBox probes a peer box over ARP, ICMP, TCP, UDP and IPv6 link-local,

@@ -34,6 +34,11 @@ const (
 	ChannelIsolOff     = "isolation-off" // the user turning port isolation off
 )
 
+// placeUser is where C-TIER's requests come from: the granted user,
+// through incus-user (one name for every run, so a mutated run's results
+// match the clean run's).
+const placeUser = "granted-user"
+
 // ExpectRefused: Incus refuses the request for the restriction named.
 const ExpectRefused Expectation = "refused for the restriction"
 
@@ -127,7 +132,7 @@ func (r *run) mintTierBox(ctx context.Context) error {
 	// box-t, with port isolation off in its own NIC: the one key of the
 	// NIC the project's restrictions leave to the user.
 	box := r.names[PlaceT]
-	a := Action{ID: "t-isolation-off", Claim: "C-TIER", Channel: ChannelIsolOff, From: "user " + u.Name, Target: "create " + box + " with security.port_isolation=false",
+	a := Action{ID: "t-isolation-off", Claim: "C-TIER", Channel: ChannelIsolOff, From: placeUser, Target: "create " + box + " with security.port_isolation=false",
 		TargetKey: "incus", Expect: ExpectReach}
 	err = t.client.CreateInstance(ctx, incus.InstancesPost{Name: box, Type: probeType,
 		Config:   map[string]string{stack.Current.Tag: "1", TagDrill: "1", TagRun: r.rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version},
@@ -249,7 +254,7 @@ func (r *run) tryEscapes(ctx context.Context) {
 		return t.client.CreateNetwork(ctx, incus.NetworksPost{Name: t.decoy + "x", Type: "bridge", Config: map[string]string{"ipv4.address": "none", "ipv6.address": "none"}})
 	}})
 	for _, e := range escapes {
-		a := Action{ID: e.id, Claim: "C-TIER", Channel: ChannelRestriction, From: "user " + t.user.Name, Target: e.what, TargetKey: "incus", Expect: ExpectRefused}
+		a := Action{ID: e.id, Claim: "C-TIER", Channel: ChannelRestriction, From: placeUser, Target: e.what, TargetKey: "incus", Expect: ExpectRefused}
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := e.try(actx)
 		cancel()
@@ -265,7 +270,7 @@ func (r *run) tryEscapes(ctx context.Context) {
 func judgeEscape(a Action, reason string, err error) Result {
 	switch {
 	case err == nil:
-		return Result{Action: a, Verdict: Fail, Observed: "allowed", Evidence: "Incus did what the granted user asked: " + a.Target}
+		return Result{Action: a, Verdict: Fail, Observed: "allowed", Evidence: "Incus did what the granted user asked (through incus-user): " + a.Target}
 	case strings.Contains(strings.ToLower(err.Error()), strings.ToLower(reason)):
 		return Result{Action: a, Verdict: Pass, Observed: "refused", Evidence: "Incus refused: " + err.Error()}
 	default:
@@ -308,6 +313,7 @@ func (r *run) tierResults(c Claim, rs []Result) []Result {
 		a := Action{ID: "t-skip", Claim: c.ID, Channel: ChannelRestriction, From: "drill", Target: "a granted user", TargetKey: "incus", Expect: ExpectRefused}
 		return []Result{{Action: a, Verdict: Inconclusive, Observed: "not run", Evidence: "C-TIER could not run here: " + t.skip}}
 	}
+	rs = tierControlled(rs)
 	rs = append(rs, t.results...)
 	if e, ok := r.ends[PlaceT]; ok {
 		named := tierBoxFindings(r.findings, t.project, e.Instance)
@@ -319,6 +325,36 @@ func (r *run) tierResults(c Claim, rs []Result) []Result {
 		}
 	}
 	return append(rs, stackResults(c, r.findings)...)
+}
+
+// tierControlled makes box-t's blocks inconclusive unless box-t's own
+// controls (the canary, and DNS at the gateway) passed: a box that reaches
+// nothing "blocks" everything.
+func tierControlled(rs []Result) []Result {
+	var failed []string
+	controls := 0
+	for _, r := range rs {
+		if r.From == PlaceT && (r.Expect == ExpectReach || r.Expect == ExpectResolve) {
+			controls++
+			if r.Verdict != Pass {
+				failed = append(failed, r.Target+": "+r.Evidence)
+			}
+		}
+	}
+	if controls == 0 {
+		failed = append(failed, "box-t ran no control")
+	}
+	if len(failed) == 0 {
+		return rs
+	}
+	out := slices.Clone(rs)
+	for i, r := range out {
+		if r.From == PlaceT && r.Verdict == Pass && (r.Expect == ExpectBlocked || r.Expect == ExpectNoName) {
+			out[i].Verdict = Inconclusive
+			out[i].Evidence = "looked blocked, but box-t's own control failed (" + strings.Join(failed, "; ") + "), so the block proves nothing"
+		}
+	}
+	return out
 }
 
 // tierBoxFindings are the census findings on box-t's port isolation: the
