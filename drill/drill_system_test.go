@@ -265,7 +265,7 @@ func TestSystemDrillCanFail(t *testing.T) {
 			for _, svc := range []string{"tcp/22", "tcp/3000", "tcp/53", "udp/53"} {
 				assert.True(t, failed[svc], "the host's %s on the uplink address is reached: %v", svc, failed)
 			}
-			assert.Equal(t, []string{"C-HOST"}, rep.MutationResults[0].Flipped, "and no probe of another claim")
+			assert.ElementsMatch(t, []string{"C-HOST", "C-TIER"}, rep.MutationResults[0].Flipped, "box-t's host probes flip too (C-TIER), and no probe of another claim")
 		}},
 		{"hosts file", []string{"hosts-file"}, func(t *testing.T, rep *drill.Report) {
 			leaked := map[string]bool{}
@@ -298,6 +298,18 @@ func TestSystemDrillCanFail(t *testing.T) {
 			assert.True(t, hostSaw, "a forged source reached the host's bridge")
 			assert.True(t, returnLost, "box-b's return traffic went missing")
 			assert.Contains(t, rep.Stack.Layers["L-PIN"], "absent")
+		}},
+		{"tier", []string{"tier"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-TIER")
+			assert.Equal(t, []string{"C-TIER"}, rep.MutationResults[0].Flipped, "only the granted user's attempts flip")
+			allowed := map[string]bool{}
+			for _, r := range probeFailures(claim(t, rep, "C-TIER")) {
+				if r.Channel == drill.ChannelRestriction {
+					allowed[r.ID] = true
+				}
+			}
+			assert.True(t, allowed["t-nic-decoy"], "the user attached a NIC on another managed network: %v", allowed)
+			assert.False(t, allowed["t-proxy"] || allowed["t-disk-host"] || allowed["t-privileged"], "the other restrictions still hold: %v", allowed)
 		}},
 		{"egress broken", []string{"nat-off"}, func(t *testing.T, rep *drill.Report) {
 			// One exit rule: a failed baseline is a violated claim (exit 1),

@@ -125,7 +125,7 @@ func TestBashCompletion(t *testing.T) {
 		want  []string
 	}{
 		{[]string{"box", "n"}, []string{"new"}},
-		{[]string{"box", "re"}, []string{"restore", "rename"}},
+		{[]string{"box", "re"}, []string{"restore", "rename", "revoke"}},
 		{[]string{"box", "rm", ""}, []string{"alpha", "beta-2"}},
 		{[]string{"box", "shell", "b"}, []string{"beta-2"}},
 		{[]string{"box", "rm", "--force", ""}, []string{"alpha", "beta-2"}},
