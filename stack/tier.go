@@ -662,6 +662,12 @@ func (host *Host) Revoke(ctx context.Context, u accounts.User, group string, pur
 		return res, nil
 	}
 
+	// What runs now is what the purge ends (EndSessions says only what
+	// survived).
+	running, err := accounts.Processes(u.UID)
+	if err != nil {
+		return nil, fmt.Errorf("purging %s: %w", u.Name, err)
+	}
 	left, err := accounts.EndSessions(u, 5*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("purging %s: %w", u.Name, err)
@@ -669,6 +675,7 @@ func (host *Host) Revoke(ctx context.Context, u accounts.User, group string, pur
 	if len(left) > 0 {
 		return res, &SessionsLeftError{User: u.Name, Procs: left}
 	}
+	res.Ended = running
 	did("ended every process of %s", u.Name)
 	// The tombstone before anything is deleted, and incus-user restarted
 	// so no connection it proxies outlives the purge.

@@ -3,8 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"maps"
+	"os/exec"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // result is one invocation of box, as a person at a shell would see it.
@@ -23,10 +29,24 @@ type runner struct {
 	env   map[string]string
 	stdin string
 	tty   bool // pretend stdin is a terminal
+	// as, when set, runs box the way another local user does: exe in a
+	// process of its own under these credentials (box decides from its
+	// euid whether it acts as an admin or as a granted user).
+	as  *syscall.Credential
+	exe string
+}
+
+// asUser is r running the binary exe under cred.
+func (r runner) asUser(exe string, cred *syscall.Credential) runner {
+	r.as, r.exe = cred, exe
+	return r
 }
 
 func (r runner) run(t *testing.T, args ...string) result {
 	t.Helper()
+	if r.as != nil {
+		return r.runAs(t, args...)
+	}
 	var o, e bytes.Buffer
 	var res result
 	a := &app{
@@ -57,4 +77,33 @@ func (r runner) with(kv ...string) runner {
 	}
 	r.env = env
 	return r
+}
+
+// runAs runs box as r.as, in a process of its own (a handover is a real
+// exec there, so it is not recorded).
+func (r runner) runAs(t *testing.T, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, r.exe, args...)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	for _, k := range slices.Sorted(maps.Keys(r.env)) {
+		cmd.Env = append(cmd.Env, k+"="+r.env[k])
+	}
+	cmd.Stdin = strings.NewReader(r.stdin)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: r.as}
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	var res result
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee) && ee.Exited():
+		res.code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("running box %s as uid %d: %v: %s", strings.Join(args, " "), r.as.Uid, err, e.String())
+	}
+	res.out, res.err = o.String(), e.String()
+	t.Logf("box %s (as uid %d) -> %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.as.Uid, res.code, res.out, res.err)
+	return res
 }

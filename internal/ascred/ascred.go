@@ -8,9 +8,15 @@
 // system calls change only the calling thread (glibc and Go's syscall
 // package broadcast them to every thread, the raw calls do not). So
 // DialUnix locks a fresh goroutine to its thread, gives that thread the
-// user's credentials, connects, and lets the goroutine end still locked:
-// the Go runtime then retires the thread, and no other goroutine ever runs
-// with the borrowed identity.
+// user's credentials, connects, and gives the thread its own back before
+// unlocking it. Only the effective ids change (the real and saved stay
+// root's), so the way back is always open. Were it to fail, the goroutine
+// ends still locked and the runtime retires the thread; but a retired
+// main thread is not ended, only parked (the runtime cannot end a
+// process's first thread), and it would keep the borrowed identity for
+// the process's life: /proc then shows the whole process as the user's,
+// and a purge of that user (which ends the user's processes) kills it.
+// Hence the restore, rather than relying on retirement alone.
 //
 // box uses it to act as a granted user towards incus-user (which keys a
 // connection to a project by the peer's uid) without starting a process.
@@ -21,6 +27,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"slices"
 	"syscall"
 	"unsafe"
 )
@@ -44,8 +51,14 @@ type result struct {
 func DialUnix(ctx context.Context, path string, cred Cred) (net.Conn, error) {
 	ch := make(chan result, 1)
 	go func() {
-		// Never unlocked: the thread ends with this goroutine.
+		// Unlocked only once the thread is itself again; otherwise it ends
+		// with this goroutine.
 		runtime.LockOSThread()
+		own, err := current()
+		if err != nil {
+			ch <- result{err: fmt.Errorf("reading this thread's identity: %w", err)}
+			return
+		}
 		if err := become(cred); err != nil {
 			ch <- result{err: fmt.Errorf("taking on %s: %w", cred, err)}
 			return
@@ -53,9 +66,55 @@ func DialUnix(ctx context.Context, path string, cred Cred) (net.Conn, error) {
 		var d net.Dialer
 		conn, err := d.DialContext(ctx, "unix", path)
 		ch <- result{conn, err}
+		if restore(own) == nil {
+			runtime.UnlockOSThread()
+		}
 	}()
 	r := <-ch
 	return r.conn, r.err
+}
+
+// current is the calling thread's effective identity.
+func current() (Cred, error) {
+	n, err := syscall.Getgroups() // the raw call: this thread's
+	if err != nil {
+		return Cred{}, err
+	}
+	groups := make([]uint32, len(n))
+	for i, g := range n {
+		groups[i] = uint32(g)
+	}
+	return Cred{UID: uint32(syscall.Geteuid()), GID: uint32(syscall.Getegid()), Groups: groups}, nil
+}
+
+// restore gives the calling thread its own identity back: the uid first,
+// which brings back the capabilities needed for the rest. It reports an
+// error unless the thread is entirely itself again.
+func restore(own Cred) error {
+	keep := ^uintptr(0)
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, keep, uintptr(own.UID), keep); e != 0 {
+		return fmt.Errorf("setresuid: %w", e)
+	}
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESGID, keep, uintptr(own.GID), keep); e != 0 {
+		return fmt.Errorf("setresgid: %w", e)
+	}
+	var gp unsafe.Pointer
+	groups := make([]uint32, len(own.Groups))
+	copy(groups, own.Groups)
+	if len(groups) > 0 {
+		gp = unsafe.Pointer(&groups[0])
+	}
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETGROUPS, uintptr(len(groups)), uintptr(gp), 0); e != 0 {
+		return fmt.Errorf("setgroups: %w", e)
+	}
+	now, err := current()
+	if err != nil {
+		return err
+	}
+	if now.UID != own.UID || now.GID != own.GID || !slices.Equal(now.Groups, own.Groups) {
+		return fmt.Errorf("the thread is %s, not %s", now, own)
+	}
+	return nil
 }
 
 // become gives the calling thread cred as its effective (and filesystem)

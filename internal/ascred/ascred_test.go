@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -94,4 +95,62 @@ func TestDialUnixAsAnotherUser(t *testing.T) {
 		t.Errorf("a later plain dial was uid %d, want 0", got.Uid)
 	}
 	c.Close()
+}
+
+// TestNoThreadKeepsTheIdentity: after dials, no thread of the process,
+// the main thread included, is the borrowed user. The runtime only parks
+// a retired main thread; parked as the user, it made /proc show the whole
+// process as theirs (and a purge of that user killed it).
+func TestNoThreadKeepsTheIdentity(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_SETUID) to connect as another user")
+	}
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(dir, "s")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := os.Chmod(path, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	cred := Cred{UID: 4241, GID: 4241, Groups: []uint32{4242}}
+	for i := range 50 {
+		c, err := DialUnix(context.Background(), path, cred)
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		c.Close()
+	}
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc/self/task", task.Name(), "status"))
+		if err != nil {
+			continue // ended meanwhile
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, _ := strings.Cut(line, ":")
+			if (k == "Uid" || k == "Gid" || k == "Groups") && slices.ContainsFunc(strings.Fields(v), func(f string) bool { return f == "4241" || f == "4242" }) {
+				t.Errorf("thread %s kept the borrowed identity: %s:%s", task.Name(), k, v)
+			}
+		}
+	}
 }
