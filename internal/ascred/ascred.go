@@ -65,10 +65,12 @@ func DialUnix(ctx context.Context, path string, cred Cred) (net.Conn, error) {
 		}
 		var d net.Dialer
 		conn, err := d.DialContext(ctx, "unix", path)
-		ch <- result{conn, err}
+		// Restored before the caller hears back, so no thread is still
+		// the user once DialUnix returns.
 		if restore(own) == nil {
 			runtime.UnlockOSThread()
 		}
+		ch <- result{conn, err}
 	}()
 	r := <-ch
 	return r.conn, r.err
