@@ -352,8 +352,10 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 
 	// 1. The project, narrowed.
 	p, etag, perr := c.GetProject(ctx, project)
+	created := false
 	switch {
 	case incus.IsNotFound(perr):
+		created = true
 		np := incus.Project{Name: project, Description: fmt.Sprintf("box tier for %s (uid %d)", u.Name, u.UID), Config: tierConfig(nil, TierGranted, u.Name)}
 		if err := c.CreateProject(ctx, np); err != nil {
 			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
@@ -444,9 +446,12 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	if err != nil {
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 	}
-	if len(res.Did) > 0 || changedState {
+	if created || changedState {
 		// A running incus-user read the project list before the project
-		// existed (or was set up by it): it would re-run its stock setup.
+		// existed, or holds another certificate for the uid: it would
+		// re-run its stock setup. (A project that existed was in its list
+		// already: it made it, or a grant restarted it after making it.)
+		// The restart drops the connections it proxies, every user's.
 		if res.RestartedIncusUser, err = host.restartIncusUser(ctx); err != nil {
 			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 		}
