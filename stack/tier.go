@@ -718,6 +718,11 @@ func (host *Host) Revoke(ctx context.Context, u accounts.User, group string, pur
 		}
 		did("deleted the private bridge %s", TierBridge(u.UID))
 	}
+	// Their boxes' ports are gone from the bridge: out of the set and the
+	// pins with them.
+	if _, err := host.refreshPorts(ctx); err != nil {
+		return nil, fmt.Errorf("purging %s: refreshing the bridge ports: %w", u.Name, err)
+	}
 	// What must be gone is checked, not assumed.
 	if err := host.checkPurged(ctx, u.UID); err != nil {
 		return nil, fmt.Errorf("purging %s: %w", u.Name, err)
