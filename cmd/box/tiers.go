@@ -28,9 +28,7 @@ func setupGrant(fs *flag.FlagSet) action {
 		if *asJSON {
 			return c.printJSON(res)
 		}
-		for _, d := range res.Did {
-			fmt.Fprintln(c.out, d)
-		}
+		printDid(c, res.Did)
 		if len(res.RestartedIncusUser) > 0 {
 			fmt.Fprintf(c.err, "box: restarted incus-user (ended pid %v; socket activation starts a fresh one)\n", res.RestartedIncusUser)
 		}
@@ -58,9 +56,7 @@ func setupRevoke(fs *flag.FlagSet) action {
 		var left *stack.SessionsLeftError
 		if errors.As(err, &left) {
 			if res != nil {
-				for _, d := range res.Did {
-					fmt.Fprintln(c.out, d)
-				}
+				printDid(c, res.Did) // the group membership went
 			}
 			return err
 		}
@@ -70,9 +66,7 @@ func setupRevoke(fs *flag.FlagSet) action {
 		if *asJSON {
 			return c.printJSON(res)
 		}
-		for _, d := range res.Did {
-			fmt.Fprintln(c.out, d)
-		}
+		printDid(c, res.Did)
 		if *purge {
 			fmt.Fprintf(c.out, "%s (uid %d): purged. No project, box, private bridge or trusted certificate of theirs is left, and incus-user will not set uid %d up again until box grant.\n", res.User, res.UID, res.UID)
 			return nil
@@ -108,4 +102,11 @@ func tierTarget(c *call, group string) (accounts.User, *stack.Host, error) {
 		h.TierGroup = group
 	}
 	return u, h, nil
+}
+
+// printDid says what a tier verb did, one step a line.
+func printDid(c *call, did []string) {
+	for _, d := range did {
+		fmt.Fprintln(c.out, d)
+	}
 }

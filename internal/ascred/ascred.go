@@ -93,21 +93,14 @@ func current() (Cred, error) {
 // which brings back the capabilities needed for the rest. It reports an
 // error unless the thread is entirely itself again.
 func restore(own Cred) error {
-	keep := ^uintptr(0)
-	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, keep, uintptr(own.UID), keep); e != 0 {
-		return fmt.Errorf("setresuid: %w", e)
+	if err := setUID(own.UID); err != nil {
+		return err
 	}
-	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESGID, keep, uintptr(own.GID), keep); e != 0 {
-		return fmt.Errorf("setresgid: %w", e)
+	if err := setGID(own.GID); err != nil {
+		return err
 	}
-	var gp unsafe.Pointer
-	groups := make([]uint32, len(own.Groups))
-	copy(groups, own.Groups)
-	if len(groups) > 0 {
-		gp = unsafe.Pointer(&groups[0])
-	}
-	if _, _, e := syscall.RawSyscall(syscall.SYS_SETGROUPS, uintptr(len(groups)), uintptr(gp), 0); e != 0 {
-		return fmt.Errorf("setgroups: %w", e)
+	if err := setGroups(own.Groups); err != nil {
+		return err
 	}
 	now, err := current()
 	if err != nil {
@@ -123,20 +116,41 @@ func restore(own Cred) error {
 // identity. Groups first and the uid last: after the uid changes the
 // thread may no longer change the others.
 func become(cred Cred) error {
+	if err := setGroups(cred.Groups); err != nil {
+		return err
+	}
+	if err := setGID(cred.GID); err != nil {
+		return err
+	}
+	return setUID(cred.UID)
+}
+
+// The raw calls change only the calling thread. -1 leaves an id as it is:
+// only the effective (and so the filesystem) ids change, and the saved
+// ones keep the way back.
+const keep = ^uintptr(0)
+
+func setGroups(gs []uint32) error {
 	var gp unsafe.Pointer
-	groups := make([]uint32, len(cred.Groups))
-	copy(groups, cred.Groups)
+	groups := slices.Clone(gs)
 	if len(groups) > 0 {
 		gp = unsafe.Pointer(&groups[0])
 	}
 	if _, _, e := syscall.RawSyscall(syscall.SYS_SETGROUPS, uintptr(len(groups)), uintptr(gp), 0); e != 0 {
 		return fmt.Errorf("setgroups: %w", e)
 	}
-	keep := ^uintptr(0) // -1: leave unchanged
-	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESGID, keep, uintptr(cred.GID), keep); e != 0 {
+	return nil
+}
+
+func setGID(gid uint32) error {
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESGID, keep, uintptr(gid), keep); e != 0 {
 		return fmt.Errorf("setresgid: %w", e)
 	}
-	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, keep, uintptr(cred.UID), keep); e != 0 {
+	return nil
+}
+
+func setUID(uid uint32) error {
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, keep, uintptr(uid), keep); e != 0 {
 		return fmt.Errorf("setresuid: %w", e)
 	}
 	return nil

@@ -37,12 +37,10 @@ func peer(t *testing.T, ln *net.UnixListener) *syscall.Ucred {
 	return cred
 }
 
-func TestDialUnixAsAnotherUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_SETUID) to connect as another user")
-	}
+// listen makes a unix socket the borrowed identity can walk to.
+func listen(t *testing.T) (string, *net.UnixListener) {
+	t.Helper()
 	dir := t.TempDir()
-	// The borrowed identity must be able to walk to the socket.
 	for _, d := range []string{filepath.Dir(dir), dir} {
 		if err := os.Chmod(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -53,7 +51,15 @@ func TestDialUnixAsAnotherUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
+	return path, ln
+}
+
+func TestDialUnixAsAnotherUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_SETUID) to connect as another user")
+	}
+	path, ln := listen(t)
 	// Group 4242 only: a socket owned by it with mode 0660 admits the
 	// borrowed identity only through the supplementary group.
 	if err := os.Chown(path, 0, 4242); err != nil {
@@ -105,18 +111,7 @@ func TestNoThreadKeepsTheIdentity(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CAP_SETUID) to connect as another user")
 	}
-	dir := t.TempDir()
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	path := filepath.Join(dir, "s")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	path, ln := listen(t)
 	if err := os.Chmod(path, 0o666); err != nil {
 		t.Fatal(err)
 	}
