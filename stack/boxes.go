@@ -170,6 +170,8 @@ type MintRequest struct {
 	UserData string
 	// Stamps are extra stamp keys (template, user, version).
 	Stamps map[string]string
+	// Egress is the box's allowlist of names; nil leaves it open.
+	Egress []string
 }
 
 // NoStackError is a box verb on a host with no isolation stack.
@@ -245,6 +247,22 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 		if err := host.requireWatcher(); err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 		}
+	}
+	if req.Egress != nil {
+		// The policy exists before the box does, so its first refresh
+		// puts it under the allowlist.
+		names, err := NormalizeNames(req.Egress)
+		if err != nil {
+			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
+		}
+		if _, _, err := host.ensurePolicy(ctx, PolicyID(names), names); err != nil {
+			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
+		}
+		req.Stamps = maps.Clone(req.Stamps)
+		if req.Stamps == nil {
+			req.Stamps = map[string]string{}
+		}
+		req.Stamps[KeyEgress] = PolicyID(names)
 	}
 	var notes []string
 	if req.Memory != "" && net.Config[KeyMemoryLimits] == memoryUnsupported {
@@ -670,7 +688,15 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	if err != nil {
 		return err
 	}
-	plan, err := host.planPins(ctx, portNames(ports))
+	insts, err := host.Incus.AllInstances(ctx)
+	if err != nil {
+		return err
+	}
+	// A box's egress policy follows its lease, as its pins do.
+	if _, err := host.applyEgress(ctx, g, insts); err != nil {
+		return err
+	}
+	plan, err := host.planPinsWith(ctx, insts, portNames(ports))
 	if err != nil {
 		return fmt.Errorf("reading what to pin: %w", err)
 	}

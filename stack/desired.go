@@ -28,6 +28,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/nft"
 )
 
 // Generation names one generation of the stack's objects.
@@ -79,6 +80,9 @@ type Options struct {
 	DNS []netip.Addr
 	// Pool is the storage pool of the profile's root disk.
 	Pool string
+	// Egress are the egress policies (id -> names), as stored on the
+	// bridge: they are not the operator's environment's.
+	Egress map[string][]string
 }
 
 // The operator's choices are stored on the bridge, so a later doctor or
@@ -91,8 +95,12 @@ const (
 
 // With returns o with what the operator left unset taken from the choices
 // stored on the bridge's config: what the environment says now wins, what
-// it does not say stays as chosen.
+// it does not say stays as chosen. The egress policies are always the
+// stored ones.
 func (o Options) With(stored map[string]string) (Options, error) {
+	if ps := policiesOf(stored); len(ps) > 0 {
+		o.Egress = ps
+	}
 	if len(o.DNS) == 0 && stored[KeyDNS] != "" {
 		for _, f := range strings.Split(stored[KeyDNS], ",") {
 			a, err := netip.ParseAddr(strings.TrimSpace(f))
@@ -173,6 +181,7 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 	for _, a := range dns {
 		fmt.Fprintf(&raw, "server=%s\n", a)
 	}
+	raw.WriteString(nftsetLines(opts.Egress, nft.Config{Table: g.NFTTable}.EgressTable()))
 	d.Network = incus.NetworksPost{
 		Name:        g.Network,
 		Type:        "bridge",
@@ -198,6 +207,9 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 	}
 	if opts.Subnet.IsValid() {
 		d.Network.Config[KeySubnet] = opts.Subnet.String()
+	}
+	for id, names := range opts.Egress {
+		d.Network.Config[keyEgressPolicy+id] = strings.Join(names, ",")
 	}
 
 	acl := incus.NetworkACL{Name: g.ACL, Description: "box: boxes reach the internet and nothing private"}

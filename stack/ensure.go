@@ -476,7 +476,11 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 		return res, err
 	}
 	defer unlockPins()
-	plan, err := host.planPins(ctx, portNames(ports))
+	insts, err := host.Incus.AllInstances(ctx)
+	if err != nil {
+		return res, err
+	}
+	plan, err := host.planPinsWith(ctx, insts, portNames(ports))
 	if err != nil {
 		return res, fmt.Errorf("reading what to pin: %w", err)
 	}
@@ -485,6 +489,13 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 		return res, fmt.Errorf("applying the pin table: %w", err)
 	}
 	for _, a := range pinned {
+		res.changes = append(res.changes, Change{"nft", "updated", a})
+	}
+	egress, err := host.applyEgress(ctx, g, insts)
+	if err != nil {
+		return res, err
+	}
+	for _, a := range egress {
 		res.changes = append(res.changes, Change{"nft", "updated", a})
 	}
 	res.mode = nft.Desired(ncfg, caps).Mode

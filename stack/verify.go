@@ -95,6 +95,11 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		"ipv6.address": "L-V6", "ipv6.nat": "L-V6", "security.acls": "L-ACL",
 		"security.acls.default.egress.action": "L-ACL", "security.acls.default.ingress.action": "L-ACL",
 	}
+	for k := range d.Network.Config {
+		if strings.HasPrefix(k, keyEgressPolicy) {
+			layerOf[k] = LayerEgress
+		}
+	}
 	for k, want := range d.Network.Config {
 		if got := net.Config[k]; got != want {
 			find(layerOf[k], "network "+gen.Network, fmt.Sprintf("%s is %q, want %q", k, got, want))
@@ -213,6 +218,11 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		return nil, fmt.Errorf("reading the pin table: %w", err)
 	}
 	v.Findings = append(v.Findings, pinFindings(pf, plan)...)
+	ef, err := host.verifyEgress(ctx, g, insts)
+	if err != nil {
+		return nil, err
+	}
+	v.Findings = append(v.Findings, ef...)
 	if v.Tiers, err = host.Tiers(ctx, host.TierGroup); err != nil {
 		return nil, fmt.Errorf("reading the access tiers: %w", err)
 	}

@@ -28,6 +28,7 @@ const (
 type newOpts struct {
 	name, template, from, image string
 	cpu, memory, disk           string
+	egress                      string
 	vm, container, asJSON       bool
 }
 
@@ -60,6 +61,7 @@ func setupNew(fs *flag.FlagSet) action {
 	fs.BoolVar(&o.vm, "vm", false, "make a virtual machine (default where the host can run one)")
 	fs.BoolVar(&o.container, "container", false, "make a container (default where the host cannot run VMs)")
 	fs.StringVar(&o.image, "image", "", "the image alias or fingerprint (beats BOX_IMAGE, which beats the template's)")
+	fs.StringVar(&o.egress, "egress", "", "open (the default), or allow:FILE: the box reaches only the names in FILE (one name or *.suffix a line)")
 	fs.BoolVar(&o.asJSON, "json", false, "print the result as JSON")
 	return func(c *call) error { return c.newBox(o) }
 }
@@ -78,6 +80,7 @@ func (c *call) newBox(o *newOpts) error {
 		}{
 			{o.cpu != "", "--cpu"}, {o.memory != "", "--memory"}, {o.disk != "", "--disk"},
 			{o.template != "", "--template"}, {o.image != "", "--image"}, {o.vm || o.container, "--vm/--container"},
+			{o.egress != "", "--egress (a clone keeps its source's; change it with box egress)"},
 		} {
 			if f.set {
 				return usagef("new: %s cannot be used with --from: a clone keeps its source's template, image, type and resources (change limits afterwards with box incus %s -- config set {} ...)", f.flag, o.name)
@@ -129,12 +132,16 @@ func (c *call) newBox(o *newOpts) error {
 		}
 		fmt.Fprintf(c.err, "box: %s: making %s\n", typ.Reason, making)
 	}
+	egress, err := egressFlag(o.egress)
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	c.progressf("minting %s from %s...", o.name, img)
 	b, err := h.Mint(c.ctx, stack.MintRequest{
 		Name: o.name, Image: img, Type: typ.Type,
 		CPU: res.CPU, Memory: res.Memory, Disk: res.Disk,
-		UserData: userData,
+		UserData: userData, Egress: egress,
 		Stamps: map[string]string{
 			stack.StampTemplate: t.Name,
 			stack.StampUser:     t.User,

@@ -54,7 +54,7 @@ type command struct {
 // commands is the command table. Order is the order of `box help`.
 func commands() []command {
 	return []command{
-		{name: "new", synopsis: "new --name N [--template T] [--from SRC[/SNAP]] [--cpu C] [--memory M] [--disk D] [--vm|--container] [--image I] [--json]",
+		{name: "new", synopsis: "new --name N [--template T] [--from SRC[/SNAP]] [--cpu C] [--memory M] [--disk D] [--vm|--container] [--image I] [--egress open|allow:FILE] [--json]",
 			help:    "mint a box from a template (default blank), or clone one from a box or its snapshot",
 			maxArgs: 0, setup: setupNew, boxFlags: []string{"from"}, flagValues: map[string]func() []string{"template": templateNames}},
 		{name: "templates", synopsis: "templates [--json]", help: "list the templates a box can be minted from",
@@ -83,6 +83,8 @@ func commands() []command {
 			box: anyBox, minArgs: 1, maxArgs: 1, setup: setupStart},
 		{name: "rm", synopsis: "rm N [--force]", help: "remove a box and its snapshots",
 			box: anyBox, confirm: "remove box %s and all its snapshots?", minArgs: 1, maxArgs: 1, setup: setupRm},
+		{name: "egress", synopsis: "egress N open | allow NAME... | show [--json]", help: "show or change what a box may reach: open (the internet), or only the names allowed (and their subdomains)",
+			box: anyBox, minArgs: 1, maxArgs: -1, setup: setupEgress, flagValues: nil},
 		{name: "incus", synopsis: "incus N -- ARGS...", help: "escape hatch: run the incus CLI on a box (name appended, or put where {} stands)",
 			box: anyBox, minArgs: 1, maxArgs: -1, dashdash: true, setup: setupIncus},
 		{name: "doctor", synopsis: "doctor [--fix] [--json]", help: "check the host's isolation stack against what it should be; --fix converges it",

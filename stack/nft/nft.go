@@ -242,6 +242,12 @@ func plan(c *nftables.Conn, want Table, d tableDiff) []string {
 	}
 	var changes []string
 	t := &nftables.Table{Family: familyOf(want.Family), Name: want.Name}
+	// New sets before the rules that look them up, old ones after the
+	// rules that did are gone: one batch either way.
+	for _, s := range d.addSets {
+		_ = c.AddSet(nftSet(t, s, s.id), elements(s.Type, s.Elements))
+		changes = append(changes, "added set "+s.Name+" to "+tobj)
+	}
 	for _, f := range d.chainRules {
 		ch := chainOf(t, f.chain)
 		c.FlushChain(ch)
@@ -254,6 +260,10 @@ func plan(c *nftables.Conn, want Table, d tableDiff) []string {
 		if msg := updateSet(c, t, f); msg != "" {
 			changes = append(changes, msg)
 		}
+	}
+	for _, name := range d.delSets {
+		c.DelSet(&nftables.Set{Table: t, Name: name})
+		changes = append(changes, "deleted set "+name+" from "+tobj)
 	}
 	return changes
 }
@@ -281,7 +291,8 @@ func addTable(c *nftables.Conn, want Table) {
 
 // nftSet is s in table t; id 0 refers to a set that exists already.
 func nftSet(t *nftables.Table, s Set, id uint32) *nftables.Set {
-	set := &nftables.Set{Table: t, Name: s.Name, ID: id, KeyType: setTypes[s.Type], Concatenation: len(fields(s.Type)) > 1}
+	set := &nftables.Set{Table: t, Name: s.Name, ID: id, KeyType: setTypes[s.Type], Concatenation: len(fields(s.Type)) > 1,
+		HasTimeout: s.Timeout > 0, Timeout: s.Timeout}
 	if s.Type == "ifname" {
 		// Told nothing, nft reads a plain ifname key as big endian and
 		// lists every name as "" (measured); it writes host order itself.
@@ -422,7 +433,8 @@ func Delete(cfg Config) ([]string, error) {
 	defer done()
 	var removed []string
 	for _, t := range []nftables.Table{{Family: nftables.TableFamilyINet, Name: cfg.Table},
-		{Family: nftables.TableFamilyBridge, Name: cfg.Table}, {Family: nftables.TableFamilyBridge, Name: cfg.PinTable()}} {
+		{Family: nftables.TableFamilyBridge, Name: cfg.Table}, {Family: nftables.TableFamilyBridge, Name: cfg.PinTable()},
+		{Family: nftables.TableFamilyINet, Name: cfg.EgressTable()}} {
 		ok, err := tableExists(c, t.Family, t.Name)
 		if err != nil {
 			return nil, err

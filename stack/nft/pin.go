@@ -288,22 +288,14 @@ func SetPins(cfg Config, ports []string, pins []Pin) (bool, error) {
 }
 
 // PinsPresent reports whether the pin table exists.
-func PinsPresent(cfg Config) (bool, error) {
-	cfg, err := cfg.normalized()
-	if err != nil {
-		return false, err
-	}
-	c, done, err := dial(cfg)
-	if err != nil {
-		return false, err
-	}
-	defer done()
-	return tableExists(c, nftables.TableFamilyBridge, cfg.PinTable())
-}
+func PinsPresent(cfg Config) (bool, error) { return tablePresent(cfg, "bridge", cfg.PinTable()) }
 
 // DeletePins removes the pin table and reports whether it was there; when
 // it is not it sends nothing.
-func DeletePins(cfg Config) (bool, error) {
+func DeletePins(cfg Config) (bool, error) { return deleteTable(cfg, "bridge", cfg.PinTable()) }
+
+// tablePresent reports whether a table of box's exists.
+func tablePresent(cfg Config, family, name string) (bool, error) {
 	cfg, err := cfg.normalized()
 	if err != nil {
 		return false, err
@@ -313,16 +305,31 @@ func DeletePins(cfg Config) (bool, error) {
 		return false, err
 	}
 	defer done()
-	ok, err := tableExists(c, nftables.TableFamilyBridge, cfg.PinTable())
+	return tableExists(c, familyOf(family), name)
+}
+
+// deleteTable removes a table of box's and reports whether it was there;
+// when it is not it sends nothing.
+func deleteTable(cfg Config, family, name string) (bool, error) {
+	cfg, err := cfg.normalized()
+	if err != nil {
+		return false, err
+	}
+	c, done, err := dial(cfg)
+	if err != nil {
+		return false, err
+	}
+	defer done()
+	ok, err := tableExists(c, familyOf(family), name)
 	if err != nil || !ok {
 		return false, err
 	}
-	c.DelTable(&nftables.Table{Family: nftables.TableFamilyBridge, Name: cfg.PinTable()})
+	c.DelTable(&nftables.Table{Family: familyOf(family), Name: name})
 	if err := c.Flush(); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return false, nil // gone since it was listed
 		}
-		return false, fmt.Errorf("deleting table bridge %s: %w", cfg.PinTable(), err)
+		return false, fmt.Errorf("deleting table %s %s: %w", family, name, err)
 	}
 	return true, nil
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -116,6 +117,10 @@ type Table struct {
 	Name   string
 	Sets   []Set
 	Chains []Chain
+	// SetsInPlace: a set missing or unexpected is added or deleted in the
+	// batch that fixes the rules, instead of the table being replaced, so
+	// the other sets keep elements box does not own (dnsmasq's).
+	SetsInPlace bool
 }
 
 // Set is a named set. Elements are in their nft text, sorted (an ifname
@@ -126,6 +131,12 @@ type Set struct {
 	Name     string
 	Type     string // nft type name: a key of setTypes
 	Elements []string
+	// Timeout, when set, gives the set the timeout flag and this default
+	// timeout for elements added without one.
+	Timeout time.Duration
+	// Foreign: someone else (dnsmasq) writes the elements; box neither
+	// compares nor touches them.
+	Foreign bool
 
 	// id is the batch-local id the rules' lookups name the set by when
 	// it is created in the same batch as they are.
@@ -429,6 +440,7 @@ var setTypes = map[string]nftables.SetDatatype{
 	"ifname":              nftables.TypeIFName,
 	"ifname . ether_addr": nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeEtherAddr),
 	"ifname . ipv4_addr":  nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr),
+	"ipv4_addr":           nftables.TypeIPAddr,
 }
 
 // fieldSize is how many bytes of a key each field of a set type takes,

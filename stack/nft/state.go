@@ -117,6 +117,10 @@ type tableDiff struct {
 	// elemFixes are the elements to add to and delete from sets whose
 	// shape is right.
 	elemFixes []elemFix
+	// addSets and delSets are sets to add and delete in place
+	// (Table.SetsInPlace).
+	addSets []Set
+	delSets []string
 }
 
 type elemFix struct {
@@ -152,14 +156,21 @@ func diffTable(want Table, live *liveTable) tableDiff {
 		i := slices.IndexFunc(live.sets, func(s *nftables.Set) bool { return s.Name == ws.Name })
 		if i < 0 {
 			find(obj, "missing")
-			d.rebuild = append(d.rebuild, "set "+ws.Name+" missing")
+			if want.SetsInPlace {
+				d.addSets = append(d.addSets, ws)
+			} else {
+				d.rebuild = append(d.rebuild, "set "+ws.Name+" missing")
+			}
 			continue
 		}
 		ls := live.sets[i]
-		if p := setShapeProblem(ls, ws.Type); p != "" {
+		if p := setShapeProblem(ls, ws); p != "" {
 			find(obj, p)
 			d.rebuild = append(d.rebuild, "set "+ws.Name+" "+p)
 			continue
+		}
+		if ws.Foreign {
+			continue // its elements are not box's
 		}
 		have := live.elems[ws.Name]
 		fix := elemFix{set: ws, add: without(ws.Elements, have), del: without(have, ws.Elements)}
@@ -174,7 +185,11 @@ func diffTable(want Table, live *liveTable) tableDiff {
 	for _, ls := range live.sets {
 		if !slices.ContainsFunc(want.Sets, func(s Set) bool { return s.Name == ls.Name }) {
 			find(objectName(want, "set", ls.Name), "unexpected set")
-			d.rebuild = append(d.rebuild, "unexpected set "+ls.Name)
+			if want.SetsInPlace {
+				d.delSets = append(d.delSets, ls.Name)
+			} else {
+				d.rebuild = append(d.rebuild, "unexpected set "+ls.Name)
+			}
 		}
 	}
 
@@ -210,9 +225,11 @@ func diffTable(want Table, live *liveTable) tableDiff {
 	return d
 }
 
-// setShapeProblem says how a live set is not a plain set of type typ (a
-// concatenation has the concatenation flag, nothing else does).
-func setShapeProblem(s *nftables.Set, typ string) string {
+// setShapeProblem says how a live set is not a plain set of want's type
+// (a concatenation has the concatenation flag, nothing else does; a set
+// with a timeout has the timeout flag and that default timeout).
+func setShapeProblem(s *nftables.Set, want Set) string {
+	typ := want.Type
 	var p []string
 	if s.KeyType.Name != typ {
 		p = append(p, fmt.Sprintf("type is %s, want %s", s.KeyType.Name, typ))
@@ -221,13 +238,16 @@ func setShapeProblem(s *nftables.Set, typ string) string {
 	for _, f := range []struct {
 		on   bool
 		name string
-	}{{s.IsMap, "map"}, {s.Interval, "interval"}, {s.Constant, "constant"}, {s.HasTimeout, "timeout"}, {s.Dynamic, "dynamic"}, {s.Concatenation && !concat, "concatenation"}} {
+	}{{s.IsMap, "map"}, {s.Interval, "interval"}, {s.Constant, "constant"}, {s.HasTimeout && want.Timeout == 0, "timeout"}, {s.Dynamic, "dynamic"}, {s.Concatenation && !concat, "concatenation"}} {
 		if f.on {
 			p = append(p, "has flag "+f.name)
 		}
 	}
 	if concat && !s.Concatenation {
 		p = append(p, "lacks flag concatenation")
+	}
+	if want.Timeout > 0 && setTimeoutOf(s) != want.Timeout {
+		p = append(p, fmt.Sprintf("timeout is %s, want %s", setTimeoutOf(s), want.Timeout))
 	}
 	return strings.Join(p, ", ")
 }
@@ -236,17 +256,22 @@ func setShapeProblem(s *nftables.Set, typ string) string {
 // from the desired ones: a port set by the ports missing and unexpected, a
 // pin set (ifname . something) port by port.
 func staleProblems(want Set, have []string) []string {
-	if want.Type != "ifname" {
+	what, noun := "port set", "ports "
+	switch want.Type {
+	case "ifname":
+	case "ipv4_addr":
+		what, noun = "address set", "addresses "
+	default:
 		return stalePinProblems(want, have)
 	}
 	var stale []string
 	if add := without(want.Elements, have); len(add) > 0 {
-		stale = append(stale, "missing ports "+strings.Join(add, ", "))
+		stale = append(stale, "missing "+noun+strings.Join(add, ", "))
 	}
 	if del := without(have, want.Elements); len(del) > 0 {
-		stale = append(stale, "unexpected ports "+strings.Join(del, ", "))
+		stale = append(stale, "unexpected "+noun+strings.Join(del, ", "))
 	}
-	return []string{"port set stale: " + strings.Join(stale, "; ")}
+	return []string{what + " stale: " + strings.Join(stale, "; ")}
 }
 
 func chainProblems(family string, want Chain, live *nftables.Chain) []string {
