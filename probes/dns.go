@@ -81,6 +81,9 @@ func probeDNS(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 		ev.Rcode = fmt.Sprintf("RCODE%d", reply.Rcode)
 	}
 	for _, rr := range reply.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			ev.Addresses = append(ev.Addresses, a.A.String())
+		}
 		// Fields apart by spaces (miekg/dns uses tabs, which printable
 		// would turn into dots): "name. 60 IN A 203.0.113.10".
 		ev.Answers = append(ev.Answers, printable([]byte(strings.ReplaceAll(rr.String(), "\t", " ")), 300))

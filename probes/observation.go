@@ -108,6 +108,9 @@ type DNSEvidence struct {
 	Rcode    string   `json:"rcode,omitempty"`
 	Resolved bool     `json:"resolved"`
 	Answers  []string `json:"answers,omitempty"`
+	// Addresses are the answer's A records, in order (a by-name tcp
+	// probe connects to the first).
+	Addresses []string `json:"addresses,omitempty"`
 }
 
 // IPv6Evidence is the box's IPv6 state or a router solicitation's result.

@@ -187,8 +187,12 @@ type ProbeSpec struct {
 	DelayMS    int          `json:"delay_ms,omitempty"`
 	// Name and QType are the DNS question (dns only). A PTR question may
 	// give an IP address as Name; it is turned into its reverse name.
-	Name  string `json:"name,omitempty"`
-	QType string `json:"qtype,omitempty"`
+	// A tcp probe with a Name and a Resolver (and no Target) asks Resolver
+	// for Name's A record first and connects to the first address: a
+	// connection by name, as a program makes it.
+	Name     string     `json:"name,omitempty"`
+	QType    string     `json:"qtype,omitempty"`
+	Resolver netip.Addr `json:"resolver,omitzero"`
 	// DstMAC is where a control or arp_spoof probe sends its frames;
 	// broadcast when empty. For an arp_spoof reply it is also the target
 	// hardware address, and required.
@@ -542,6 +546,15 @@ func (s *ProbeSpec) Validate() error {
 		}
 		needsNonce = true
 	case KindTCP, KindUDP:
+		if s.Kind == KindTCP && s.Resolver.IsValid() {
+			if s.Name == "" || s.Target.IsValid() || s.QType != "" {
+				return errors.New("a tcp probe with a resolver is one by name: it needs a name, and no target or qtype")
+			}
+			if s.Port == 0 {
+				return fmt.Errorf("%s needs a port", s.Kind)
+			}
+			break
+		}
 		if !s.Target.IsValid() {
 			return fmt.Errorf("%s needs a target", s.Kind)
 		}
@@ -649,8 +662,11 @@ func (s *ProbeSpec) Validate() error {
 	if s.Kind != KindUDP && s.Payload != "" {
 		return fmt.Errorf("payload is for udp probes, not %s", s.Kind)
 	}
-	if s.Kind != KindDNS && (s.Name != "" || s.QType != "") {
-		return fmt.Errorf("name and qtype are for dns probes, not %s", s.Kind)
+	if s.Kind != KindDNS && !(s.Kind == KindTCP && s.Resolver.IsValid()) && (s.Name != "" || s.QType != "") {
+		return fmt.Errorf("name and qtype are for dns probes (and a name for a tcp probe with a resolver), not %s", s.Kind)
+	}
+	if s.Resolver.IsValid() && s.Kind != KindTCP {
+		return fmt.Errorf("resolver is for a tcp probe by name, not %s", s.Kind)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"strconv"
@@ -64,6 +65,13 @@ func RunProbe(ctx context.Context, spec ProbeSpec) Observation {
 	full := obs.StartedAt.Add(spec.Deadline())
 	pctx, cancel := context.WithDeadline(ctx, full)
 	defer cancel()
+	if spec.Kind == KindTCP && spec.Name != "" {
+		var ok bool
+		if spec, obs, ok = resolveFirst(pctx, spec, obs); !ok {
+			obs.ElapsedMS = time.Since(obs.StartedAt).Milliseconds()
+			return obs
+		}
+	}
 	switch spec.Kind {
 	case KindARP:
 		obs = probeARP(pctx, spec, obs)
@@ -249,4 +257,27 @@ func deadlineOf(ctx context.Context) time.Time {
 		return d
 	}
 	return time.Now().Add(MinProbeDeadline)
+}
+
+// resolveFirst turns a tcp probe by name into one by address: it asks the
+// probe's resolver for the name's A record and aims at the first address.
+// A name that does not resolve fails the probe (an error: nothing was
+// sent, so nothing was blocked).
+func resolveFirst(ctx context.Context, spec ProbeSpec, obs Observation) (ProbeSpec, Observation, bool) {
+	q := ProbeSpec{ID: spec.ID, Kind: KindDNS, Target: spec.Resolver, Port: 53, Name: spec.Name, QType: "A", Via: spec.Via, DeadlineMS: spec.DeadlineMS}
+	// Half the deadline at most: the connection needs the rest.
+	dctx, cancel := context.WithTimeout(ctx, spec.Deadline()/2)
+	defer cancel()
+	r := probeDNS(dctx, q, Observation{ID: spec.ID, Kind: KindDNS, Target: targetString(&q)})
+	obs.Evidence.DNS = r.Evidence.DNS
+	if r.Outcome != Reached || r.Evidence.DNS == nil || len(r.Evidence.DNS.Addresses) == 0 {
+		return spec, fail(obs, fmt.Sprintf("%s did not resolve at %s (%s: %s): nothing was sent", spec.Name, spec.Resolver, r.Outcome, r.Reason)), false
+	}
+	a, err := netip.ParseAddr(r.Evidence.DNS.Addresses[0])
+	if err != nil {
+		return spec, fail(obs, "the resolver's answer is not an address: "+r.Evidence.DNS.Addresses[0]), false
+	}
+	spec.Target, spec.Name = a, ""
+	obs.Target = targetString(&spec)
+	return spec, obs, true
 }
