@@ -92,9 +92,36 @@ type Topology struct {
 	FQDN          string   `json:"fqdn,omitempty"`
 	SearchDomains []string `json:"search_domains,omitempty"`
 
+	// Allow is what C-ALLOW needs (the world only; zero on a real host):
+	// a second canary with a name of its own, a name that resolves to a
+	// LAN host (DNS rebinding), and where a witness watches the internet.
+	Allow AllowTargets `json:"allow,omitzero"`
+
 	// Notes are what the discovery could not read, for the report.
 	Notes []string `json:"notes,omitempty"`
 }
+
+// AllowTargets are C-ALLOW's targets.
+type AllowTargets struct {
+	// OtherName resolves (through the stack's resolver) to Other, a second
+	// canary greeting with OtherGreeting on CanaryTCP.
+	OtherName     string     `json:"other_name"`
+	Other         netip.Addr `json:"other"`
+	OtherGreeting string     `json:"-"`
+	// RebindName resolves to RebindAddr, a private address a LAN witness
+	// watches.
+	RebindName string     `json:"rebind_name"`
+	RebindAddr netip.Addr `json:"rebind_addr"`
+	// InetNS is the internet's namespace, where a witness on InetVia
+	// watches for what a box sends there (after the host's NAT, from
+	// InetNAT).
+	InetNS  string       `json:"inet_ns"`
+	InetVia netip.Prefix `json:"inet_via"`
+	InetNAT netip.Addr   `json:"inet_nat"`
+}
+
+// Valid reports whether the targets are there (the world's topology).
+func (a AllowTargets) Valid() bool { return a.Other.IsValid() && a.InetVia.IsValid() }
 
 // Target is a private address the drill probes but does not run.
 type Target struct {
