@@ -42,7 +42,7 @@ func pushAgent(ctx context.Context, client func(place string) *incus.Client, age
 	var wg sync.WaitGroup
 	errs := make([]error, 0, 4)
 	var mu sync.Mutex
-	for _, p := range []string{PlaceA, PlaceB, PlaceC, PlaceT} {
+	for _, p := range []string{PlaceA, PlaceB, PlaceC, PlaceT, PlaceW} {
 		if _, ok := names[p]; !ok {
 			continue
 		}
@@ -134,13 +134,16 @@ func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[string]
 	defer cancel()
 	var stdout, stderr []byte
 	switch place {
-	case PlaceHost, PlaceLAN:
+	case PlaceHost, PlaceLAN, PlaceInet:
 		// The host's agent runs in the namespace the bridge lives in (the
 		// world's host namespace, BOX_NETNS, or the drill's own), the LAN's
-		// in the topology's LAN namespace.
+		// in the topology's LAN namespace, the internet's in the world's.
 		ns := cfg.Host.NetNS
-		if place == PlaceLAN {
+		switch place {
+		case PlaceLAN:
 			ns = cfg.Topology.LANNS
+		case PlaceInet:
+			ns = cfg.Topology.Allow.InetNS
 		}
 		cmd := exec.CommandContext(ctx, cfg.Agent, "agent")
 		if ns != "" {

@@ -37,6 +37,9 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	if r.tierSelected() {
 		names[PlaceT] = "drill-" + rep.RunID + "-t"
 	}
+	if r.allowSelected() {
+		names[PlaceW] = "drill-" + rep.RunID + "-w"
+	}
 	r.names = names
 	r.later(func(ctx context.Context) error {
 		cfg.logf("teardown: removing this run's boxes")
@@ -79,6 +82,11 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	}
 	if r.tierSelected() {
 		if err := r.mintTierBox(mctx); err != nil {
+			return err
+		}
+	}
+	if r.allowSelected() {
+		if err := r.mintAllowBox(mctx, stamps); err != nil {
 			return err
 		}
 	}

@@ -65,6 +65,8 @@ var Catalogue = []Claim{
 		Why: "the boxes people work in were minted weeks ago and changed since: a re-plugged NIC or a device added by hand takes one off the stack while fresh probe boxes pass"},
 	{ID: "C-TIER", From: "box-t, minted by a granted local user through incus-user with port isolation turned off in its own NIC, and that user", To: "peer boxes, the host, the LAN, the resolver; Incus (other networks, host paths, proxies, privilege)", Channels: []string{"arp", "icmp", "tcp", "udp", "broadcast", "icmpv6-link-local", "icmpv6-all-nodes", "dns", ChannelIsolOff, ChannelRestriction, ChannelCensus}, Expect: "isolated like box-a (the host's layers hold though the user may turn port isolation off, and the census names that box); every attempt to leave boxnet refused by Incus for the restriction", Layers: []string{stack.LayerTier},
 		Why: "a granted user holds an Incus socket: the grant's narrowing to boxnet and the host-owned layers are all that stand between their agent and the host's networks"},
+	{ID: "C-ALLOW", From: "box-w, under an egress allowlist (the canary's name, and a name that resolves to a LAN host); box-a, open", To: "the allowed canary by name; a second canary by name and by address; a public resolver straight; the LAN host the allowed name resolves to", Channels: []string{"tcp", "udp"}, Expect: "box-w reaches the allowed canary by name and nothing else; box-a reaches the second canary (it was there to be blocked)", Layers: []string{stack.LayerEgress},
+		Why: "an allowlist that leaks is a false sense of safety, and one that lets an allowed name point at the LAN is a way in (DNS rebinding); it must only ever drop"},
 }
 
 // ClaimByID finds a claim.

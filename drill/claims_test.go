@@ -8,7 +8,7 @@ import (
 )
 
 // specClaims is SPEC section 4's table, in its order.
-var specClaims = []string{"C-EGRESS", "C-DNS", "C-DHCP", "C-SIBLING", "C-HOST", "C-LAN", "C-NAMES", "C-V6", "C-INBOUND", "C-CLONE", "C-SPOOF", "C-FLEET", "C-TIER"}
+var specClaims = []string{"C-EGRESS", "C-DNS", "C-DHCP", "C-SIBLING", "C-HOST", "C-LAN", "C-NAMES", "C-V6", "C-INBOUND", "C-CLONE", "C-SPOOF", "C-FLEET", "C-TIER", "C-ALLOW"}
 
 func TestCatalogueMatchesSpec(t *testing.T) {
 	ids := make([]string, 0, len(Catalogue))

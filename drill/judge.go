@@ -137,6 +137,10 @@ func judgeReach(r Result, o probes.Observation, t Scene) Result {
 		!strings.Contains(o.Evidence.Reply, t.CanaryGreeting) {
 		return verdict(r, Fail, fmt.Sprintf("answered, but not by the canary: reply %q lacks its greeting", o.Evidence.Reply))
 	}
+	// C-ALLOW's canaries are told apart by their greetings.
+	if g := greetingOf(t, o.Target); r.Claim == "C-ALLOW" && g != "" && !strings.Contains(o.Evidence.Reply, g) {
+		return verdict(r, Fail, fmt.Sprintf("answered, but not by the canary at %s: reply %q lacks its greeting", o.Target, o.Evidence.Reply))
+	}
 	ev := "reached " + o.Target
 	if o.Evidence.Reply != "" {
 		ev += fmt.Sprintf(": %q", o.Evidence.Reply)

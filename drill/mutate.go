@@ -71,6 +71,7 @@ var Mutations = []Mutation{
 	// The grant's load-bearing key: without it the user may attach any
 	// network (C-TIER's attempts must then succeed, and fail the claim).
 	{Name: "tier", Layers: []string{stack.LayerTier}, What: "lift restricted.networks.access from the run's granted user's project", AfterBoxes: true, apply: liftTierRestriction},
+	{Name: "egress", Layers: []string{stack.LayerEgress}, What: "delete the nft table inet box_egress (no allowlist is enforced)", AfterBoxes: true, apply: dropEgressTable},
 	{Name: "nat-off", Layers: []string{"L-NAT"}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"ipv4.nat": "false"})
 	}},

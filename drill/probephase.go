@@ -136,6 +136,9 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	if e, ok := r.ends[PlaceT]; ok {
 		s.T = *e
 	}
+	if e, ok := r.ends[PlaceW]; ok {
+		s.W = *e
+	}
 	if v.Fleet != nil {
 		for _, e := range []*BoxEnd{&s.A, &s.B, &s.C} {
 			if sib, ok := v.Fleet.Sibling(r.cfg.Host.Incus.ProjectName(), e.Instance); ok {

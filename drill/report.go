@@ -118,7 +118,7 @@ const (
 )
 
 // Layers is every isolation layer a report accounts for.
-var Layers = []string{"L-NAT", "L-DNS", "L-V6", "L-ACL", "L-HOSTFW", "L-PORTISO", "L-BRIDGEDROP", stack.LayerPin, stack.LayerFleet, stack.LayerTier}
+var Layers = []string{"L-NAT", "L-DNS", "L-V6", "L-ACL", "L-HOSTFW", "L-PORTISO", "L-BRIDGEDROP", stack.LayerPin, stack.LayerFleet, stack.LayerTier, stack.LayerEgress}
 
 // finish counts the claims and sets the exit code (SPEC section 5): any
 // failed claim is 1, a failed baseline included (the claims it leaves

@@ -131,8 +131,9 @@ type Scene struct {
 	// host go.
 	GatewayMAC net.HardwareAddr
 	A, B, C    BoxEnd
-	// T is the granted user's box (C-TIER); zero when C-TIER is not run.
-	T         BoxEnd
+	// T is the granted user's box (C-TIER), W the allowlisted one
+	// (C-ALLOW); zero when their claim is not run.
+	T, W      BoxEnd
 	DNSDomain string // the bridge's DNS domain, for sibling name forms
 
 	// HostAddrs are the host's own addresses, the gateway first.
@@ -317,6 +318,7 @@ func BuildScenario(t Scene, claims []Claim) *Scenario {
 	b.inbound()
 	b.clone()
 	b.spoof()
+	b.allow()
 	return b.sc
 }
 
@@ -346,6 +348,9 @@ func (b *builder) controlFrames() {
 	}
 	if b.t.LANVia.IsValid() {
 		b.lanControl = add(controlID(PlaceLAN), b.t.LANVia, nil)
+	}
+	if b.claims["C-ALLOW"] && b.t.W.IP.IsValid() && b.t.Allow.Valid() {
+		b.controls[PlaceInet] = add(controlID(PlaceInet), b.t.Allow.InetVia, nil)
 	}
 }
 

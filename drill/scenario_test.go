@@ -42,6 +42,7 @@ func testTopology() Scene {
 		B:          testBox(PlaceB, "drill-0a1b2c-b", "10.88.0.12", "00:16:3e:00:00:0b"),
 		C:          testBox(PlaceC, "drill-0a1b2c-c", "10.88.0.13", "00:16:3e:00:00:0c"),
 		T:          testBox(PlaceT, "drill-0a1b2c-t", "10.88.0.14", "00:16:3e:00:00:0d"),
+		W:          testBox(PlaceW, "drill-0a1b2c-w", "10.88.0.15", "00:16:3e:00:00:0e"),
 
 		Topology: topo.Topology{
 			Source:         topo.SourceWorld,
@@ -54,6 +55,10 @@ func testTopology() Scene {
 			LANVia:         netip.MustParsePrefix("192.168.20.0/24"),
 			LANNAT:         netip.MustParseAddr("192.168.20.1"),
 			LANSources:     []netip.Addr{netip.MustParseAddr("192.168.20.2")},
+			Upstream:       netip.MustParseAddr("203.0.113.53"),
+			Allow: topo.AllowTargets{OtherName: "other.example.net.", Other: netip.MustParseAddr("203.0.113.20"), OtherGreeting: "hello from canary2",
+				RebindName: "rebind.example.net.", RebindAddr: netip.MustParseAddr("192.168.20.10"),
+				InetNS: "inet", InetVia: netip.MustParsePrefix("198.51.100.0/24"), InetNAT: netip.MustParseAddr("198.51.100.2")},
 		},
 		DNSDomain: "incus",
 
@@ -191,7 +196,7 @@ func TestBuildScenarioPlansDecode(t *testing.T) {
 
 func TestBuildScenarioActionsAndPlansAgree(t *testing.T) {
 	sc := BuildScenario(testTopology(), Catalogue)
-	places := []string{PlaceA, PlaceB, PlaceC, PlaceT, PlaceHost, PlaceLAN}
+	places := []string{PlaceA, PlaceB, PlaceC, PlaceT, PlaceW, PlaceHost, PlaceLAN, PlaceInet}
 	for p := range sc.Plans {
 		assert.Contains(t, places, p, "a plan for an unknown place")
 	}
@@ -244,6 +249,10 @@ func controlledTarget(t Scene, a Action) (string, bool) {
 		return a.TargetKey, true
 	case TargetHostBridge:
 		return PlaceHost, true
+	case "internet-2", "resolver":
+		return PlaceInet, true // C-ALLOW's witness in the internet
+	case "lan-rebind":
+		return PlaceLAN, true
 	}
 	for _, h := range t.LANHosts {
 		if a.TargetKey == h.Name {
@@ -338,6 +347,11 @@ func TestBuildScenarioTiming(t *testing.T) {
 					// first traffic, which the host must have seen.
 					assert.Equal(t, int(spoofDelay.Milliseconds()), a.Probe.DelayMS, a.ID)
 					assert.GreaterOrEqual(t, spoofDelay, probeDelay+time.Second+100*time.Millisecond, "%s: past the ARP locktime after box-b's first traffic", a.ID)
+				case a.Expect == ExpectBlocked && a.Probe.Name != "":
+					// A connection by name asks the resolver first: it gets
+					// the time for that and TCP's first retransmission.
+					assert.Equal(t, int(probeDelay.Milliseconds()), a.Probe.DelayMS, a.ID)
+					assert.Equal(t, int(allowDeadline.Milliseconds()), a.Probe.DeadlineMS, a.ID)
 				case a.Expect == ExpectBlocked:
 					// All blocked probes fire together: the scenario costs
 					// one deadline, not one per probe.

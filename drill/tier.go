@@ -328,13 +328,17 @@ func (r *run) tierResults(c Claim, rs []Result) []Result {
 }
 
 // tierControlled makes box-t's blocks inconclusive unless box-t's own
-// controls (the canary, and DNS at the gateway) passed: a box that reaches
-// nothing "blocks" everything.
-func tierControlled(rs []Result) []Result {
+// controls (the canary, and DNS at the gateway) passed.
+func tierControlled(rs []Result) []Result { return placeControlled(rs, PlaceT) }
+
+// placeControlled makes the blocks of the probes from place inconclusive
+// unless place's own controls (its probes that expect to reach or
+// resolve) all passed: a box that reaches nothing "blocks" everything.
+func placeControlled(rs []Result, place string) []Result {
 	var failed []string
 	controls := 0
 	for _, r := range rs {
-		if r.From == PlaceT && (r.Expect == ExpectReach || r.Expect == ExpectResolve) {
+		if r.From == place && (r.Expect == ExpectReach || r.Expect == ExpectResolve) {
 			controls++
 			if r.Verdict != Pass {
 				failed = append(failed, r.Target+": "+r.Evidence)
@@ -342,16 +346,16 @@ func tierControlled(rs []Result) []Result {
 		}
 	}
 	if controls == 0 {
-		failed = append(failed, "box-t ran no control")
+		failed = append(failed, place+" ran no control")
 	}
 	if len(failed) == 0 {
 		return rs
 	}
 	out := slices.Clone(rs)
 	for i, r := range out {
-		if r.From == PlaceT && r.Verdict == Pass && (r.Expect == ExpectBlocked || r.Expect == ExpectNoName) {
+		if r.From == place && r.Verdict == Pass && (r.Expect == ExpectBlocked || r.Expect == ExpectNoName) {
 			out[i].Verdict = Inconclusive
-			out[i].Evidence = "looked blocked, but box-t's own control failed (" + strings.Join(failed, "; ") + "), so the block proves nothing"
+			out[i].Evidence = "looked blocked, but " + place + "'s own control failed (" + strings.Join(failed, "; ") + "), so the block proves nothing"
 		}
 	}
 	return out

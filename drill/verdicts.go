@@ -52,6 +52,8 @@ func (r *run) judgeAll(context.Context) error {
 			rs = fleetResults(cl, census, r.cfg.Host.Incus.ProjectName(), own, r.withoutTierBox(r.findings))
 		case cl.ID == "C-TIER":
 			rs = r.tierResults(cl, rs)
+		case cl.ID == "C-ALLOW" && len(rs) > 0:
+			rs = append(allowControlled(rs), stackResults(cl, r.findings)...)
 		case len(rs) > 0:
 			rs = append(rs, stackResults(cl, r.findings)...)
 		}

@@ -24,7 +24,7 @@ var offline = runner{env: map[string]string{"INCUS_SOCKET": "/nonexistent/box-te
 // come later).
 var wantVerbs = []string{
 	"new", "templates", "list", "status", "info", "shell", "exec", "tmux", "snapshot", "restore", "rename",
-	"down", "start", "rm", "incus", "doctor", "setup-host", "watch-ports", "teardown-host", "grant", "revoke",
+	"down", "start", "rm", "egress", "incus", "doctor", "setup-host", "watch-ports", "teardown-host", "grant", "revoke",
 	"migrate-host", "completion", "man", "version", "help",
 }
 

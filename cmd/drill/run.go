@@ -117,12 +117,15 @@ func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, 
 		return fail(s, err)
 	}
 	// C-TIER makes (and deletes) a local account: on a real host only
-	// when asked for by name.
-	if !slices.Contains(claims, "C-TIER") {
-		selected = slices.DeleteFunc(selected, func(c drill.Claim) bool { return c.ID == "C-TIER" })
-		if len(selected) == 0 {
-			return fail(s, fmt.Errorf("on a real host C-TIER runs only when named: --claim C-TIER"))
-		}
+	// when asked for by name. C-ALLOW needs the world's second canary.
+	if slices.Contains(claims, "C-ALLOW") {
+		return fail(s, fmt.Errorf("C-ALLOW runs in the hermetic world only (it needs the world's second canary and a witness in its internet): drop --claim C-ALLOW"))
+	}
+	selected = slices.DeleteFunc(selected, func(c drill.Claim) bool {
+		return c.ID == "C-ALLOW" || (c.ID == "C-TIER" && !slices.Contains(claims, "C-TIER"))
+	})
+	if len(selected) == 0 {
+		return fail(s, fmt.Errorf("on a real host C-TIER runs only when named: --claim C-TIER"))
 	}
 	mutations, err := drill.SelectMutations(mutate)
 	if err != nil {
