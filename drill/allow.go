@@ -35,7 +35,7 @@ const (
 // nonce) knows whose it was after the host's NAT.
 const (
 	allowByNamePort = 80
-	allowByAddrPort = 8080
+	allowByAddrPort = 8080 // the world's Canary2AltPort
 	allowOpenPort   = 443
 )
 
@@ -86,9 +86,15 @@ func (b *builder) allow() {
 		return b.probe(Action{ID: b.id(), Claim: "C-ALLOW", Channel: "tcp", From: from.Place, Target: target, TargetKey: key, Expect: e}, spec)
 	}
 	inetWitness := func(a *Action, dst netip.Addr, proto string, port int, nonce string) {
-		w := probes.WitnessSpec{Via: al.InetVia, SrcIPs: []netip.Addr{al.InetNAT}, Proto: proto, Port: port, DstIP: dst}
+		w := probes.WitnessSpec{Via: al.InetVia, Proto: proto, Port: port, DstIP: dst}
 		if nonce != "" {
+			// By the nonce alone: the gateway's dnsmasq asks the same
+			// resolver from the same (NATed) address.
 			w.Nonces = []string{nonce}
+		} else {
+			// A SYN carries no nonce: by the host's NATed source and a
+			// port only this probe uses.
+			w.SrcIPs = []netip.Addr{al.InetNAT}
 		}
 		b.witness(a, PlaceInet, w)
 	}
