@@ -30,6 +30,12 @@ var boundaryOps = []struct {
 		return err
 	}},
 	{"info", func(ctx context.Context, h *Host, b string) error { _, err := h.Info(ctx, b); return err }},
+	{"expose", func(ctx context.Context, h *Host, b string) error {
+		_, err := h.Expose(ctx, b, DoorSpec{Port: 80, Kind: DoorTCP})
+		return err
+	}},
+	{"doors", func(ctx context.Context, h *Host, b string) error { _, err := h.Doors(ctx, b); return err }},
+	{"unexpose", func(ctx context.Context, h *Host, b string) error { return h.Unexpose(ctx, b, 80) }},
 	{"migrate", func(ctx context.Context, h *Host, b string) error {
 		_, err := h.Migrate(ctx, MigrateRequest{Box: b})
 		return err

@@ -380,6 +380,8 @@ type CloneResult struct {
 	// SourceStopped is set when the source had to be stopped for the copy
 	// (a host that cannot freeze containers cannot copy a running one).
 	SourceStopped bool `json:"source_stopped"`
+	// DoorsDropped names the source's doors the clone did not get.
+	DoorsDropped []string `json:"doors_dropped,omitempty"`
 }
 
 // Clone copies a box (or one of its snapshots) into a new box with a fresh
@@ -441,6 +443,9 @@ func (host *Host) Clone(ctx context.Context, src, snap, name string) (_ *CloneRe
 	put.Config[Current.Tag] = "1"
 	put.Config[StampMinted] = time.Now().UTC().Format(time.RFC3339)
 	put.Config[StampOrigin] = "clone of " + source
+	// The source's doors stay the source's: the clone would take their
+	// host port (and fail to start) or their socket.
+	res.DoorsDropped = withoutDoors(put.Devices)
 	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
 		return nil, fmt.Errorf("re-stamping clone %s: %w", name, err)
 	}
@@ -527,13 +532,19 @@ func (host *Host) Stop(ctx context.Context, name string, force bool) error {
 // Remove deletes a box with its snapshots, stopping it first, and drops
 // its port from the bridge drop's port set.
 func (host *Host) Remove(ctx context.Context, name string) error {
-	if _, _, err := host.resolve(ctx, name); err != nil {
+	inst, _, err := host.resolve(ctx, name)
+	if err != nil {
 		return err
 	}
 	if err := host.removeInstance(ctx, name); err != nil {
 		return err
 	}
-	_, err := host.refreshPorts(ctx)
+	for _, d := range inst.Devices {
+		if d["type"] == "proxy" && d[DoorTag] == "1" {
+			removeDoorSocket(d)
+		}
+	}
+	_, err = host.refreshPorts(ctx)
 	return err
 }
 
@@ -566,6 +577,9 @@ func (host *Host) Rename(ctx context.Context, name, newName string) error {
 	}
 	if err := host.Incus.RenameInstance(ctx, name, newName); err != nil {
 		return fmt.Errorf("renaming %s: %w", name, err)
+	}
+	if err := host.renameDoors(ctx, newName); err != nil {
+		return fmt.Errorf("renamed %s to %s, but: %w", name, newName, err)
 	}
 	return nil
 }

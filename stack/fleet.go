@@ -316,8 +316,23 @@ func judgeInstance(bridge string, inst *incus.Instance, links map[string]kernelP
 				bad(fmt.Sprintf("disk %s passes host path %q through", name, d["source"]), incusCmd("incus config device remove %s %s", inst.Name, name))
 			}
 		case "proxy":
-			bad(fmt.Sprintf("proxy device %s (listen %s, connect %s) is a door between the box and the host", name, d["listen"], d["connect"]),
-				incusCmd("incus config device remove %s %s", inst.Name, name))
+			// box's own doors (box expose) are judged by what they are,
+			// never by their name alone.
+			why := judgeDoor(inst, name)
+			if why == "" {
+				door := doorOf(inst, name)
+				s.Allowed = append(s.Allowed, fmt.Sprintf("door %s: %s on the host to port %d in the box (box expose): one-way, nothing listens inside", name, door.Host, door.Port))
+				continue
+			}
+			what := fmt.Sprintf("proxy device %s (listen %s, connect %s", name, d["listen"], d["connect"])
+			if d["bind"] != "" {
+				what += ", bind " + d["bind"]
+			}
+			what += ") is a door between the box and the host"
+			if strings.HasPrefix(name, DoorPrefix) || d[DoorTag] != "" {
+				what += ", and not one of box's: " + why
+			}
+			bad(what, incusCmd("incus config device remove %s %s", inst.Name, name))
 		case "none":
 		case "tpm":
 			s.Allowed = append(s.Allowed, fmt.Sprintf("device %s (tpm): an emulated TPM, nothing of the host's", name))

@@ -206,6 +206,9 @@ func (c *call) cloneBox(o *newOpts) error {
 	if cr.SourceStopped {
 		fmt.Fprintf(c.err, "box: this host cannot copy a running container: %s was stopped for the copy and started again\n", src)
 	}
+	if len(cr.DoorsDropped) > 0 {
+		fmt.Fprintf(c.err, "box: %s's doors (%s) stay its own: the clone has none (box expose %s PORT makes one)\n", src, strings.Join(cr.DoorsDropped, ", "), o.name)
+	}
 	inherited := map[string]string{}
 	for _, k := range []string{stack.StampTemplate, stack.StampUser, stack.StampImage, stack.StampType, stack.StampVersion} {
 		if v, ok := srcBox.Stamps[k]; ok {
@@ -381,6 +384,8 @@ type infoResult struct {
 	*stack.Box
 	Addresses []string         `json:"addresses"`
 	Snapshots []incus.Snapshot `json:"snapshots"`
+	// Doors are its doors (box expose), and devices that look like one.
+	Doors []stack.Door `json:"doors"`
 }
 
 func setupInfo(fs *flag.FlagSet) action {
@@ -396,6 +401,9 @@ func setupInfo(fs *flag.FlagSet) action {
 		}
 		if r.Snapshots == nil {
 			r.Snapshots = []incus.Snapshot{}
+		}
+		if r.Doors, err = h.Doors(c.ctx, c.name()); err != nil {
+			return err
 		}
 		if st, err := h.Incus.InstanceState(c.ctx, c.name()); err == nil {
 			for nic, n := range st.Network {
@@ -436,6 +444,18 @@ func printInfo(w io.Writer, r infoResult) {
 		fmt.Fprintf(tw, "%s:\t%s\n", strings.TrimPrefix(k, stack.StampPrefix), stamp(*r.Box, k))
 	}
 	tw.Flush()
+	if len(r.Doors) == 0 {
+		fmt.Fprintln(w, "doors: none")
+	} else {
+		fmt.Fprintln(w, "doors:")
+		for _, d := range r.Doors {
+			what := d.Kind
+			if d.Problem != "" {
+				what = "not box's: " + d.Problem
+			}
+			fmt.Fprintf(w, "  %d -> %s	%s (%s)\n", d.Port, d.Host, d.Device, what)
+		}
+	}
 	if len(r.Snapshots) == 0 {
 		fmt.Fprintln(w, "snapshots: none")
 		return

@@ -126,6 +126,9 @@ func TestBashCompletion(t *testing.T) {
 	}{
 		{[]string{"box", "n"}, []string{"new"}},
 		{[]string{"box", "re"}, []string{"restore", "rename", "revoke"}},
+		{[]string{"box", "e"}, []string{"exec", "egress", "expose"}},
+		{[]string{"box", "expose", ""}, []string{"alpha", "beta-2"}},
+		{[]string{"box", "expose", "alpha", "--l"}, []string{"--list", "--listen"}},
 		{[]string{"box", "rm", ""}, []string{"alpha", "beta-2"}},
 		{[]string{"box", "shell", "b"}, []string{"beta-2"}},
 		{[]string{"box", "rm", "--force", ""}, []string{"alpha", "beta-2"}},

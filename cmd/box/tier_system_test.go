@@ -467,6 +467,11 @@ func TestSystemTier(t *testing.T) {
 		require.Equal(t, exitOK, res.code, res.err)
 		assert.Contains(t, res.out, `"name": "`+userBox+`"`, "box list as the user shows their box")
 
+		// No doors for a granted user's box: the project blocks proxies.
+		res = ur.run(t, "expose", userBox, "8080")
+		assert.Equal(t, exitFailed, res.code, "box expose as the granted user")
+		assert.Contains(t, res.err, "restricted.devices.proxy=block")
+
 		// An admin's box is unknown to the user.
 		adminBox := uniq(t)
 		t.Cleanup(func() {
