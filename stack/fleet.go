@@ -367,9 +367,9 @@ func judgeDefinition(bridge string, inst *incus.Instance) Sibling {
 		switch {
 		case k == "raw.lxc" || strings.HasPrefix(k, "raw.qemu"):
 			bad(fmt.Sprintf("sets %s: raw configuration can add devices and mounts no census sees", k), incusCmd("incus config unset %s %s", inst.Name, k))
-		case k == "security.privileged" && v == "true":
+		case k == "security.privileged" && incusTrue(v):
 			bad("is privileged (security.privileged=true): root in the box is root on the host", incusCmd("incus config unset %s security.privileged", inst.Name))
-		case k == "security.nesting" && v == "true":
+		case k == "security.nesting" && incusTrue(v):
 			s.Allowed = append(s.Allowed, "security.nesting=true: allowed, in-box Docker needs it; it changes no device and no NIC")
 		}
 	}
@@ -377,6 +377,17 @@ func judgeDefinition(bridge string, inst *incus.Instance) Sibling {
 		s.Allowed = append(s.Allowed, "security.guestapi on: allowed, /dev/incus answers only about the box itself and reaches no network")
 	}
 	return s
+}
+
+// incusTrue is a boolean config value as Incus reads it: "1", "yes" and
+// "on" are true as well (a privileged box spelt security.privileged=1 is
+// privileged).
+func incusTrue(v string) bool {
+	switch strings.ToLower(v) {
+	case "true", "1", "yes", "on":
+		return true
+	}
+	return false
 }
 
 func nicWhere(d map[string]string) string {
