@@ -3,6 +3,7 @@ package stack
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"testing"
 
@@ -30,6 +31,7 @@ var boundaryOps = []struct {
 		return err
 	}},
 	{"info", func(ctx context.Context, h *Host, b string) error { _, err := h.Info(ctx, b); return err }},
+	{"export", func(ctx context.Context, h *Host, b string) error { _, err := h.Export(ctx, b, io.Discard); return err }},
 	{"migrate", func(ctx context.Context, h *Host, b string) error {
 		_, err := h.Migrate(ctx, MigrateRequest{Box: b})
 		return err
