@@ -139,6 +139,11 @@ func TestBashCompletion(t *testing.T) {
 		{[]string{"box", "help", "setup"}, []string{"setup-host"}},
 		{[]string{"box", "completion", ""}, []string{"bash", "zsh", "fish"}},
 		{[]string{"box", "exec", "alpha", "--", "l"}, nil},
+		{[]string{"box", "ex"}, []string{"exec", "export"}},
+		{[]string{"box", "export", ""}, []string{"alpha", "beta-2"}},
+		{[]string{"box", "export", "alpha", "--f"}, []string{"--force"}},
+		{[]string{"box", "im"}, []string{"import"}},
+		{[]string{"box", "import", "--n"}, []string{"--name"}},
 		{[]string{"box", "ma"}, nil}, // man is hidden
 	} {
 		got, stderr := bashComplete(t, r.out, path, tc.words...)
