@@ -233,10 +233,17 @@ func parseBackupYAML(yamls map[string][]byte) (*BackupFile, error) {
 type ImportRefusedError struct {
 	File    string
 	Reasons []string
+	// Undone: the file passed, but what Incus made of it did not, and was
+	// removed before it ever started.
+	Undone bool
 }
 
 func (e *ImportRefusedError) Error() string {
-	return fmt.Sprintf("refusing to import %s (nothing was created):\n  %s", e.File, strings.Join(e.Reasons, "\n  "))
+	what := "nothing was created"
+	if e.Undone {
+		what = "it was imported, found off the stack as Incus made it, and removed before it ever started"
+	}
+	return fmt.Sprintf("refusing to import %s (%s):\n  %s", e.File, what, strings.Join(e.Reasons, "\n  "))
 }
 
 // judgeBackup says why a backup must not be imported, if it must not: it

@@ -260,7 +260,7 @@ func (host *Host) judgeImported(ctx context.Context, file string, inst *incus.In
 		}
 	}
 	if len(reasons) > 0 {
-		return &ImportRefusedError{File: file, Reasons: reasons}
+		return &ImportRefusedError{File: file, Reasons: reasons, Undone: true}
 	}
 	return nil
 }

@@ -153,6 +153,7 @@ func TestImportUndoesWhatIncusMadeOffTheStack(t *testing.T) {
 	var refused *ImportRefusedError
 	require.ErrorAs(t, err, &refused)
 	assert.Contains(t, err.Error(), "as Incus made it, the box: has a second NIC eth1")
+	assert.Contains(t, err.Error(), "(it was imported, found off the stack as Incus made it, and removed before it ever started)")
 	assert.Equal(t, []string{"POST /1.0/instances", "DELETE /1.0/instances/copy"}, f.writes(), "imported, then removed: never re-tagged, never started")
 	assert.Empty(t, f.insts)
 	post := f.srv.Find(http.MethodPost, "/1.0/instances")[0]
