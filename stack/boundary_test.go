@@ -3,6 +3,7 @@ package stack
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"testing"
 
@@ -36,6 +37,7 @@ var boundaryOps = []struct {
 	}},
 	{"doors", func(ctx context.Context, h *Host, b string) error { _, err := h.Doors(ctx, b); return err }},
 	{"unexpose", func(ctx context.Context, h *Host, b string) error { return h.Unexpose(ctx, b, 80) }},
+	{"export", func(ctx context.Context, h *Host, b string) error { _, err := h.Export(ctx, b, io.Discard); return err }},
 	{"migrate", func(ctx context.Context, h *Host, b string) error {
 		_, err := h.Migrate(ctx, MigrateRequest{Box: b})
 		return err

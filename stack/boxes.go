@@ -435,11 +435,7 @@ func (host *Host) Clone(ctx context.Context, src, snap, name string) (_ *CloneRe
 		return nil, err
 	}
 	put := clone.Writable()
-	for k := range put.Config {
-		if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".hwaddr") {
-			delete(put.Config, k)
-		}
-	}
+	forgetMACs(put.Config)
 	put.Config[Current.Tag] = "1"
 	put.Config[StampMinted] = time.Now().UTC().Format(time.RFC3339)
 	put.Config[StampOrigin] = "clone of " + source
@@ -449,15 +445,8 @@ func (host *Host) Clone(ctx context.Context, src, snap, name string) (_ *CloneRe
 	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
 		return nil, fmt.Errorf("re-stamping clone %s: %w", name, err)
 	}
-	id := make([]byte, 16)
-	if _, err := rand.Read(id); err != nil {
-		return nil, err
-	}
-	mid := hex.EncodeToString(id) + "\n"
-	if clone.Type == "container" {
-		if err := host.Incus.PushFile(ctx, name, "/etc/machine-id", strings.NewReader(mid), 0o444, 0, 0); err != nil {
-			return nil, fmt.Errorf("giving clone %s a machine-id: %w", name, err)
-		}
+	if err := host.freshMachineID(ctx, clone); err != nil {
+		return nil, fmt.Errorf("giving clone %s a machine-id: %w", name, err)
 	}
 	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
 		return nil, fmt.Errorf("starting clone %s: %w", name, err)
@@ -467,6 +456,30 @@ func (host *Host) Clone(ctx context.Context, src, snap, name string) (_ *CloneRe
 	}
 	res.Box, err = host.Info(ctx, name)
 	return res, err
+}
+
+// forgetMACs drops the MACs Incus gave a copy's NICs (volatile.<nic>.hwaddr),
+// so it draws new ones at its first start.
+func forgetMACs(cfg map[string]string) {
+	for k := range cfg {
+		if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".hwaddr") {
+			delete(cfg, k)
+		}
+	}
+}
+
+// freshMachineID writes a new /etc/machine-id into a stopped container
+// (a VM's files cannot be written before its agent runs).
+func (host *Host) freshMachineID(ctx context.Context, inst *incus.Instance) error {
+	if inst.Type != TypeContainer {
+		return nil
+	}
+	id := make([]byte, 16)
+	if _, err := rand.Read(id); err != nil {
+		return err
+	}
+	mid := hex.EncodeToString(id) + "\n"
+	return host.Incus.PushFile(ctx, inst.Name, "/etc/machine-id", strings.NewReader(mid), 0o444, 0, 0)
 }
 
 // Snapshot takes a snapshot; an empty label gets a time-stamped name.

@@ -265,9 +265,43 @@ func takeCensus(bridge string, insts []incus.Instance, ports []string, links map
 	return c
 }
 
-// judgeInstance checks one instance's expanded devices and config, and,
-// while it runs, its port as the kernel has it.
+// judgeInstance checks one instance's expanded devices and config
+// (judgeDefinition), and, while it runs, its port as the kernel has it.
 func judgeInstance(bridge string, inst *incus.Instance, links map[string]kernelPort, members []string, setOK bool) Sibling {
+	s := judgeDefinition(bridge, inst)
+	bad := func(what, fix string) { s.Problems = append(s.Problems, Problem{What: what, Fix: fix}) }
+	if inst.Status != "Running" {
+		return s
+	}
+	for _, port := range portsOf(bridge, inst) {
+		if port == "" {
+			bad("runs, but Incus records no port for its NIC", "box doctor, after restarting it (box down/up)")
+			continue
+		}
+		s.Port = port
+		k := links[port]
+		switch {
+		case !k.exists:
+			bad(fmt.Sprintf("its port %s does not exist", port), "restart it (box down, box up) so its NIC is plugged again")
+		case k.master != bridge:
+			bad(fmt.Sprintf("its port %s is not on %s (master %q)", port, bridge, k.master), "restart it (box down, box up) so its NIC is plugged again")
+		default:
+			if !k.isolated {
+				bad(fmt.Sprintf("its port %s is not isolated (kernel flag)", port), fixEnsure)
+			}
+			if setOK && !slices.Contains(members, port) {
+				bad(fmt.Sprintf("its port %s is not in the bridge drop's port set", port), fixEnsure)
+			}
+		}
+	}
+	return s
+}
+
+// judgeDefinition checks what an instance is made of, whatever its state:
+// its expanded devices and config, by the census's rules. It is pure, so
+// an instance that does not exist yet (a backup to import) is judged the
+// same way.
+func judgeDefinition(bridge string, inst *incus.Instance) Sibling {
 	_, box := isBox(inst)
 	s := Sibling{Name: inst.Name, Project: projectOf(inst.Project), Status: inst.Status, Type: inst.Type, Box: box, Problems: []Problem{}}
 	// incusCmd renders an incus command line for this instance's project.
@@ -348,40 +382,27 @@ func judgeInstance(bridge string, inst *incus.Instance, links map[string]kernelP
 		switch {
 		case k == "raw.lxc" || strings.HasPrefix(k, "raw.qemu"):
 			bad(fmt.Sprintf("sets %s: raw configuration can add devices and mounts no census sees", k), incusCmd("incus config unset %s %s", inst.Name, k))
-		case k == "security.privileged" && v == "true":
+		case k == "security.privileged" && incusTrue(v):
 			bad("is privileged (security.privileged=true): root in the box is root on the host", incusCmd("incus config unset %s security.privileged", inst.Name))
-		case k == "security.nesting" && v == "true":
+		case k == "security.nesting" && incusTrue(v):
 			s.Allowed = append(s.Allowed, "security.nesting=true: allowed, in-box Docker needs it; it changes no device and no NIC")
 		}
 	}
 	if v, ok := inst.ExpandedConfig["security.guestapi"]; !ok || v != "false" {
 		s.Allowed = append(s.Allowed, "security.guestapi on: allowed, /dev/incus answers only about the box itself and reaches no network")
 	}
-	if inst.Status != "Running" {
-		return s
-	}
-	for _, port := range portsOf(bridge, inst) {
-		if port == "" {
-			bad("runs, but Incus records no port for its NIC", "box doctor, after restarting it (box down/up)")
-			continue
-		}
-		s.Port = port
-		k := links[port]
-		switch {
-		case !k.exists:
-			bad(fmt.Sprintf("its port %s does not exist", port), "restart it (box down, box up) so its NIC is plugged again")
-		case k.master != bridge:
-			bad(fmt.Sprintf("its port %s is not on %s (master %q)", port, bridge, k.master), "restart it (box down, box up) so its NIC is plugged again")
-		default:
-			if !k.isolated {
-				bad(fmt.Sprintf("its port %s is not isolated (kernel flag)", port), fixEnsure)
-			}
-			if setOK && !slices.Contains(members, port) {
-				bad(fmt.Sprintf("its port %s is not in the bridge drop's port set", port), fixEnsure)
-			}
-		}
-	}
 	return s
+}
+
+// incusTrue is a boolean config value as Incus reads it: "1", "yes" and
+// "on" are true as well (a privileged box spelt security.privileged=1 is
+// privileged).
+func incusTrue(v string) bool {
+	switch strings.ToLower(v) {
+	case "true", "1", "yes", "on":
+		return true
+	}
+	return false
 }
 
 func nicWhere(d map[string]string) string {

@@ -68,6 +68,8 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 		}), want: "device s (unix-char)"},
 		{name: "raw.lxc", inst: fleetInst("j", func(i *incus.Instance) { i.Config["raw.lxc"] = "lxc.mount.entry = /srv srv none bind" }), want: "sets raw.lxc"},
 		{name: "privileged", inst: fleetInst("k", func(i *incus.Instance) { i.Config["security.privileged"] = "true" }), want: "is privileged"},
+		{name: "privileged, as Incus also spells true", inst: fleetInst("k2", func(i *incus.Instance) { i.Config["security.privileged"] = "Yes" }), want: "is privileged"},
+		{name: "not privileged", inst: fleetInst("k3", func(i *incus.Instance) { i.Config["security.privileged"] = "false" })},
 		{name: "port not isolated", inst: fleetInst("l", nil), port: &kernelPort{exists: true, master: "boxnet"}, want: "is not isolated"},
 		{name: "port not in the set", inst: fleetInst("m", nil), notInSet: true, want: "not in the bridge drop's port set"},
 		{name: "port gone", inst: fleetInst("n", nil), port: &kernelPort{}, want: "does not exist"},

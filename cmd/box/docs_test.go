@@ -126,7 +126,7 @@ func TestBashCompletion(t *testing.T) {
 	}{
 		{[]string{"box", "n"}, []string{"new"}},
 		{[]string{"box", "re"}, []string{"restore", "rename", "revoke"}},
-		{[]string{"box", "e"}, []string{"exec", "egress", "expose"}},
+		{[]string{"box", "e"}, []string{"exec", "egress", "expose", "export"}},
 		{[]string{"box", "expose", ""}, []string{"alpha", "beta-2"}},
 		{[]string{"box", "expose", "alpha", "--l"}, []string{"--list", "--listen"}},
 		{[]string{"box", "rm", ""}, []string{"alpha", "beta-2"}},
@@ -142,6 +142,11 @@ func TestBashCompletion(t *testing.T) {
 		{[]string{"box", "help", "setup"}, []string{"setup-host"}},
 		{[]string{"box", "completion", ""}, []string{"bash", "zsh", "fish"}},
 		{[]string{"box", "exec", "alpha", "--", "l"}, nil},
+		{[]string{"box", "ex"}, []string{"exec", "expose", "export"}},
+		{[]string{"box", "export", ""}, []string{"alpha", "beta-2"}},
+		{[]string{"box", "export", "alpha", "--f"}, []string{"--force"}},
+		{[]string{"box", "im"}, []string{"import"}},
+		{[]string{"box", "import", "--n"}, []string{"--name"}},
 		{[]string{"box", "ma"}, nil}, // man is hidden
 	} {
 		got, stderr := bashComplete(t, r.out, path, tc.words...)

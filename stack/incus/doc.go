@@ -1,7 +1,7 @@
 // Package incus is a small client for the Incus REST API over incusd's unix
 // socket. It covers what box and drill need (instances, exec, files,
-// snapshots, networks, ACLs, profiles, projects, storage pools, images and
-// operations) and nothing box-specific. It does not use
+// snapshots, backups, networks, ACLs, profiles, projects, storage pools,
+// images and operations) and nothing box-specific. It does not use
 // github.com/lxc/incus/v6, which is not to be depended on here (see
 // SPEC.md section 2).
 //

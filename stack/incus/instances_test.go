@@ -332,6 +332,24 @@ func TestSnapshots(t *testing.T) {
 	assert.Equal(t, "1", srv.Requests()[0].Query.Get("recursion"))
 }
 
+func TestSnapshotDefinitions(t *testing.T) {
+	srv, c := newFake(t)
+	srv.Handle("GET /1.0/instances/b1/snapshots", func(w http.ResponseWriter, r *http.Request) {
+		incustest.Sync(w, []map[string]any{{
+			"name": "b1/s1", "profiles": []string{"box-net"}, "config": map[string]string{"user.box": "1"},
+			"devices":          map[string]any{"eth1": map[string]string{"type": "nic", "nictype": "macvlan", "parent": "lo"}},
+			"expanded_devices": map[string]any{"eth0": map[string]string{"type": "nic", "network": "boxnet"}, "eth1": map[string]string{"type": "nic"}},
+		}})
+	})
+	snaps, err := c.SnapshotDefinitions(testCtx(t), "b1")
+	require.NoError(t, err)
+	require.Len(t, snaps, 1)
+	assert.Equal(t, "s1", snaps[0].Name, "names are always short")
+	assert.Equal(t, []string{"box-net"}, snaps[0].Profiles)
+	assert.Equal(t, "macvlan", snaps[0].Devices["eth1"]["nictype"])
+	assert.Len(t, snaps[0].ExpandedDevices, 2, "what restoring it puts back")
+}
+
 // Incus refuses renaming a running instance only inside the operation, as a
 // generic failure; the client checks first and answers with a conflict.
 func TestRenameInstance(t *testing.T) {

@@ -40,6 +40,21 @@ func (c *Client) Snapshots(ctx context.Context, inst string) ([]Snapshot, error)
 	return out, nil
 }
 
+// SnapshotDefinitions lists an instance's snapshots as what restoring each
+// would put back: its config, devices and profiles, plain and expanded, in
+// an Instance (the fields Incus's snapshot shares with an instance; Name
+// is the snapshot's short name).
+func (c *Client) SnapshotDefinitions(ctx context.Context, inst string) ([]Instance, error) {
+	var out []Instance
+	if err := c.list(ctx, apiPath("instances", inst, "snapshots"), nil, &out); err != nil {
+		return nil, fmt.Errorf("listing snapshots of %s: %w", inst, err)
+	}
+	for i := range out {
+		out[i].Name = strings.TrimPrefix(out[i].Name, inst+"/")
+	}
+	return out, nil
+}
+
 // RestoreSnapshot rolls the instance back to a snapshot.
 func (c *Client) RestoreSnapshot(ctx context.Context, inst, snap string) error {
 	body := map[string]any{"restore": snap}

@@ -1,0 +1,277 @@
+package stack
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// Export and import: a box with its snapshots as one file, in Incus's
+// backup format (backupfile.go describes it).
+
+// backupExpiry is how long incusd keeps a backup box made for an export
+// when box could not delete it (it dies, or the delete fails).
+const backupExpiry = 24 * time.Hour
+
+// ExportResult says how an export went.
+type ExportResult struct {
+	Name      string   `json:"name"`
+	Bytes     int64    `json:"bytes"`
+	Snapshots []string `json:"snapshots"`
+	// SourceStopped is set when the box ran: it was stopped for the
+	// export and started again.
+	SourceStopped bool `json:"source_stopped"`
+	// Notes say what went wrong on the side (the server's copy left for
+	// incusd to expire).
+	Notes []string `json:"notes,omitempty"`
+}
+
+// Export writes a box, its snapshots and its stamps (its whole config) to
+// w as an Incus backup tarball, gzip-compressed. incusd writes the backup
+// on its own disk first, then box streams it to w and deletes it.
+//
+// A running box is stopped for the backup and started again as soon as
+// incusd has written it (before the copy to w): Incus 6.0 backs up a
+// running container by reading its files while it keeps writing them (it
+// freezes it for a snapshot, but not for a backup), and this host could
+// not freeze it anyway, so only a stopped box makes a consistent file.
+func (host *Host) Export(ctx context.Context, name string, w io.Writer) (*ExportResult, error) {
+	inst, _, err := host.resolve(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	snaps, err := host.Incus.Snapshots(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("exporting %s: %w", name, err)
+	}
+	res := &ExportResult{Name: name, Snapshots: []string{}}
+	for _, s := range snaps {
+		res.Snapshots = append(res.Snapshots, s.Name)
+	}
+	if inst.Status != "Stopped" {
+		host.progressf("stopping %s for the export...", name)
+		if err := host.Incus.SetInstanceState(ctx, name, "stop", time.Minute, false); err != nil {
+			return nil, fmt.Errorf("exporting %s: stopping it for a consistent copy: %w", name, err)
+		}
+		res.SourceStopped = true
+	}
+	backup := fmt.Sprintf("box-export-%d", time.Now().UnixNano())
+	host.progressf("exporting %s: incusd writes the backup...", name)
+	err = host.Incus.CreateBackup(ctx, name, incus.BackupsPost{
+		Name: backup, ExpiresAt: time.Now().Add(backupExpiry).UTC(),
+		InstanceOnly: false, OptimizedStorage: false, CompressionAlgorithm: "gzip",
+	})
+	if res.SourceStopped {
+		// The copy to w reads incusd's backup, not the box.
+		if serr := host.startAgain(ctx, name); serr != nil {
+			err = errors.Join(err, serr)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("exporting %s: %w", name, err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if derr := host.Incus.DeleteBackup(dctx, name, backup); derr != nil {
+			res.Notes = append(res.Notes, fmt.Sprintf("incusd's copy of the backup was not deleted (%v): it expires by itself within %s", derr, backupExpiry))
+		}
+	}()
+	host.progressf("exporting %s: copying the backup...", name)
+	res.Bytes, err = host.Incus.ExportBackup(ctx, name, backup, w)
+	if err != nil {
+		return res, fmt.Errorf("exporting %s: %w", name, err)
+	}
+	return res, nil
+}
+
+// startAgain starts a box that was stopped for a moment, even if the
+// caller has given up, and isolates its new port.
+func (host *Host) startAgain(ctx context.Context, name string) error {
+	ctx = context.WithoutCancel(ctx)
+	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
+		return fmt.Errorf("starting %s again: %w (start it: box start %s)", name, err, name)
+	}
+	if _, err := host.refreshPorts(ctx); err != nil {
+		return fmt.Errorf("started %s again, but isolating its bridge port failed: %w (run box doctor --fix)", name, err)
+	}
+	return nil
+}
+
+// ImportResult says how an import went.
+type ImportResult struct {
+	Box *Box `json:"box"`
+	// From is the box's name in the file; File the file.
+	From      string   `json:"from"`
+	File      string   `json:"file"`
+	Snapshots []string `json:"snapshots"`
+	// Notes say what the import decided on its own (no memory limit).
+	Notes []string `json:"notes,omitempty"`
+}
+
+// Import makes a new box from a file Export wrote: named name, or as in
+// the file. Before anything is created the file is read and judged
+// (judgeBackup): a file that is not a box's, or whose box or one of whose
+// snapshots would be off the stack on this host, is refused with every
+// reason. What Incus made of it is judged again before it ever starts.
+// The box is re-tagged and re-stamped (minted now, its origin the file;
+// the other stamps are the file's), and gets a new identity: new MACs,
+// machine-id and instance UUID, always, since a file can be imported
+// beside its source or twice, and two boxes with one identity share one
+// DHCP lease. Then it is started and its port isolated.
+func (host *Host) Import(ctx context.Context, file, name string) (res *ImportResult, err error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, fmt.Errorf("importing: %w", err)
+	}
+	defer f.Close()
+	bf, err := ReadBackupFile(f)
+	if err != nil {
+		return nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	name = cmp.Or(name, bf.Name)
+	net, err := host.requireStack(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	if host.Tier {
+		if err := host.requireWatcher(); err != nil {
+			return nil, fmt.Errorf("importing %s: %w", file, err)
+		}
+	}
+	plist, err := host.Incus.Profiles(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	profiles := map[string]incus.Profile{}
+	for _, p := range plist {
+		profiles[p.Name] = p
+	}
+	if reasons := judgeBackup(bf, profiles); len(reasons) > 0 {
+		return nil, &ImportRefusedError{File: file, Reasons: reasons}
+	}
+	if _, _, err := host.Incus.Instance(ctx, name); err == nil {
+		hint := "pass --name NEW"
+		if name == bf.Name {
+			hint = "it is the box this file was exported from, or another import of it: pass --name NEW"
+		}
+		return nil, fmt.Errorf("importing %s: an instance named %s already exists (%s)", file, name, hint)
+	} else if !incus.IsNotFound(err) {
+		return nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	host.progressf("importing %s as %s...", file, name)
+	if err := host.Incus.ImportBackup(ctx, name, f, host.pool()); err != nil {
+		return nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	// From here on a failure leaves an instance that is not a proper box:
+	// remove it.
+	defer func() {
+		if err != nil {
+			if rerr := host.removeInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
+				err = errors.Join(err, fmt.Errorf("removing the half-imported %s: %w (remove it by hand: incus delete --force %s)", name, rerr, name))
+			}
+		}
+	}()
+	res = &ImportResult{From: bf.Name, File: file, Snapshots: []string{}}
+	inst, etag, err := host.Incus.Instance(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	if err := host.judgeImported(ctx, file, inst); err != nil {
+		return nil, err
+	}
+	snaps, err := host.Incus.Snapshots(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	for _, s := range snaps {
+		res.Snapshots = append(res.Snapshots, s.Name)
+	}
+
+	put := inst.Writable()
+	forgetMACs(put.Config)
+	for k := range put.Config {
+		// The source's bridge port, which is not this box's.
+		if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".host_name") {
+			delete(put.Config, k)
+		}
+	}
+	uuid, err := newUUID()
+	if err != nil {
+		return nil, err
+	}
+	put.Config["volatile.uuid"], put.Config["volatile.uuid.generation"] = uuid, uuid
+	put.Config[Current.Tag] = "1"
+	put.Config[StampMinted] = time.Now().UTC().Format(time.RFC3339)
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		abs = file
+	}
+	put.Config[StampOrigin] = fmt.Sprintf("import of %s from %s", bf.Name, abs)
+	if put.Config["limits.memory"] != "" && net.Config[KeyMemoryLimits] == memoryUnsupported {
+		res.Notes = append(res.Notes, fmt.Sprintf("%s: this host cannot apply one (%s=%s on %s), so limits.memory=%s from the file was dropped",
+			NoteNoMemoryLimit, KeyMemoryLimits, memoryUnsupported, Current.Network, put.Config["limits.memory"]))
+		delete(put.Config, "limits.memory")
+	}
+	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
+		return nil, fmt.Errorf("re-stamping %s: %w", name, err)
+	}
+	if err := host.freshMachineID(ctx, inst); err != nil {
+		return nil, fmt.Errorf("giving %s a machine-id: %w", name, err)
+	}
+	host.progressf("starting %s...", name)
+	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	if _, err := host.refreshPorts(ctx); err != nil {
+		return nil, fmt.Errorf("imported %s, but isolating its bridge port failed: %w", name, err)
+	}
+	res.Box, err = host.Info(ctx, name)
+	return res, err
+}
+
+// judgeImported judges the instance Incus made of a file, and its
+// snapshots, as the server expanded them: what was judged in the file is
+// what Incus made, or the import is undone.
+func (host *Host) judgeImported(ctx context.Context, file string, inst *incus.Instance) error {
+	var reasons []string
+	for _, p := range judgeDefinition(Current.Network, inst).Problems {
+		reasons = append(reasons, "as Incus made it, the box: "+p.What)
+	}
+	snaps, err := host.Incus.SnapshotDefinitions(ctx, inst.Name)
+	if err != nil {
+		return fmt.Errorf("importing %s: %w", file, err)
+	}
+	for i := range snaps {
+		for _, p := range judgeDefinition(Current.Network, &snaps[i]).Problems {
+			reasons = append(reasons, fmt.Sprintf("as Incus made it, snapshot %s: %s", snaps[i].Name, p.What))
+		}
+	}
+	if len(reasons) > 0 {
+		return &ImportRefusedError{File: file, Reasons: reasons, Undone: true}
+	}
+	return nil
+}
+
+// newUUID is a random (version 4) UUID, as Incus gives an instance.
+func newUUID() (string, error) {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16]), nil
+}
