@@ -263,6 +263,7 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 			req.Stamps = map[string]string{}
 		}
 		req.Stamps[KeyEgress] = PolicyID(names)
+		req.Stamps[KeyEgressNames] = strings.Join(names, ",")
 	}
 	var notes []string
 	if req.Memory != "" && net.Config[KeyMemoryLimits] == memoryUnsupported {

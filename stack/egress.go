@@ -42,7 +42,10 @@ import (
 // box between policies that exist does not.
 const (
 	// KeyEgress on a box: the id of its policy; absent (or "") is open.
-	KeyEgress = "user.box.egress"
+	// KeyEgressNames beside it: the policy's names, so the box carries its
+	// allowlist to another host (export, import).
+	KeyEgress      = "user.box.egress"
+	KeyEgressNames = "user.box.egress_names"
 	// keyEgressPolicy on the bridge, followed by a policy id: its names.
 	keyEgressPolicy = "user.box.egress."
 	LayerEgress     = "L-EGRESS"
@@ -268,8 +271,10 @@ func (host *Host) SetEgress(ctx context.Context, box string, names []string) (*E
 		put.Config = maps.Clone(put.Config)
 		if id == "" {
 			delete(put.Config, KeyEgress)
+			delete(put.Config, KeyEgressNames)
 		} else {
 			put.Config[KeyEgress] = id
+			put.Config[KeyEgressNames] = strings.Join(names, ",")
 		}
 		if err := host.Incus.UpdateInstance(ctx, box, put, etag); err != nil {
 			return nil, fmt.Errorf("egress of %s: %w", box, err)

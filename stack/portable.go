@@ -201,6 +201,22 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 	}
 
 	put := inst.Writable()
+	// Its doors stay the exporting host's: a host port here may be taken,
+	// and a unix door's socket names the source.
+	if dropped := withoutDoors(put.Devices); len(dropped) > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("its doors (%s) were dropped: box expose %s PORT makes one here", strings.Join(dropped, ", "), name))
+	}
+	// Its egress allowlist travels by its names: this host learns it, or
+	// the box is not made (an allowlisted box must never come up open).
+	if id := put.Config[KeyEgress]; id != "" {
+		names, err := NormalizeNames(strings.Split(put.Config[KeyEgressNames], ","))
+		if err != nil || PolicyID(names) != id {
+			return nil, &ImportRefusedError{File: file, Reasons: []string{fmt.Sprintf("it is under egress allowlist %s, whose names the file does not carry (%s=%q): import it on a host that has the allowlist, or export it again from a box whose allowlist was set with this version", id, KeyEgressNames, put.Config[KeyEgressNames])}}
+		}
+		if _, _, err := host.ensurePolicy(ctx, id, names); err != nil {
+			return nil, fmt.Errorf("importing %s: its egress allowlist: %w", file, err)
+		}
+	}
 	forgetMACs(put.Config)
 	for k := range put.Config {
 		// The source's bridge port, which is not this box's.
