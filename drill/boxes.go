@@ -90,6 +90,9 @@ func (r *run) mintBoxes(ctx context.Context) error {
 			return err
 		}
 	}
+	if r.exposeSelected() {
+		r.openDoor(mctx)
+	}
 	rep.noteInstanceType(r.boxNew)
 	actx, cancelAfter := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancelAfter()

@@ -112,6 +112,8 @@ func judge(a Action, obs observations, t Scene, baselineOK bool, agentErr map[st
 		return verdict(r, Pass, o.Reason)
 	case ExpectDistinct:
 		return judgeDistinct(r, o, obs)
+	case ExpectClosed:
+		return judgeClosed(r, o)
 	}
 	return verdict(r, Inconclusive, "no rule to judge expectation "+string(a.Expect))
 }
@@ -136,6 +138,10 @@ func judgeReach(r Result, o probes.Observation, t Scene) Result {
 	if r.Claim == "C-EGRESS" && t.CanaryGreeting != "" && o.Kind != probes.KindICMP &&
 		!strings.Contains(o.Evidence.Reply, t.CanaryGreeting) {
 		return verdict(r, Fail, fmt.Sprintf("answered, but not by the canary: reply %q lacks its greeting", o.Evidence.Reply))
+	}
+	// The door leads to box-a's own listener, which greets with its name.
+	if r.Claim == "C-EXPOSE" && !strings.Contains(o.Evidence.Reply, probes.GreetPrefix+PlaceA) {
+		return verdict(r, Fail, fmt.Sprintf("answered, but not by box-a's listener: reply %q", o.Evidence.Reply))
 	}
 	// C-ALLOW's canaries are told apart by their greetings.
 	if g := greetingOf(t, o.Target); r.Claim == "C-ALLOW" && g != "" && !strings.Contains(o.Evidence.Reply, g) {

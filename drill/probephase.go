@@ -139,6 +139,7 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	if e, ok := r.ends[PlaceW]; ok {
 		s.W = *e
 	}
+	s.Door = r.door
 	if v.Fleet != nil {
 		for _, e := range []*BoxEnd{&s.A, &s.B, &s.C} {
 			if sib, ok := v.Fleet.Sibling(r.cfg.Host.Incus.ProjectName(), e.Instance); ok {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -163,6 +164,9 @@ type run struct {
 	neighErr string
 	// tier is the granted user's side (C-TIER); nil when not selected.
 	tier *tierRun
+	// door is box-a's door (C-EXPOSE); doorErr why there is none.
+	door    netip.AddrPort
+	doorErr string
 }
 
 func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {

@@ -133,7 +133,10 @@ type Scene struct {
 	A, B, C    BoxEnd
 	// T is the granted user's box (C-TIER), W the allowlisted one
 	// (C-ALLOW); zero when their claim is not run.
-	T, W      BoxEnd
+	T, W BoxEnd
+	// Door is box-a's door on the host's loopback (C-EXPOSE); zero when
+	// there is none.
+	Door      netip.AddrPort
 	DNSDomain string // the bridge's DNS domain, for sibling name forms
 
 	// HostAddrs are the host's own addresses, the gateway first.
@@ -319,6 +322,7 @@ func BuildScenario(t Scene, claims []Claim) *Scenario {
 	b.clone()
 	b.spoof()
 	b.allow()
+	b.expose()
 	return b.sc
 }
 

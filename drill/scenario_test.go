@@ -43,6 +43,7 @@ func testTopology() Scene {
 		C:          testBox(PlaceC, "drill-0a1b2c-c", "10.88.0.13", "00:16:3e:00:00:0c"),
 		T:          testBox(PlaceT, "drill-0a1b2c-t", "10.88.0.14", "00:16:3e:00:00:0d"),
 		W:          testBox(PlaceW, "drill-0a1b2c-w", "10.88.0.15", "00:16:3e:00:00:0e"),
+		Door:       netip.MustParseAddrPort("127.0.0.1:19100"),
 
 		Topology: topo.Topology{
 			Source:         topo.SourceWorld,

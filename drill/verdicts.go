@@ -52,6 +52,9 @@ func (r *run) judgeAll(context.Context) error {
 			rs = fleetResults(cl, census, r.cfg.Host.Incus.ProjectName(), own, r.withoutTierBox(r.findings))
 		case cl.ID == "C-TIER":
 			rs = r.tierResults(cl, rs)
+		case cl.ID == "C-EXPOSE" && len(rs) == 0 && r.doorErr != "":
+			a := Action{ID: "e-door", Claim: cl.ID, Channel: "tcp", From: "drill", Target: "a door to box-a", TargetKey: "door", Expect: ExpectReach}
+			rs = []Result{{Action: a, Verdict: Inconclusive, Observed: "no door", Evidence: "box expose could not open the door here: " + r.doorErr}}
 		case cl.ID == "C-ALLOW" && len(rs) > 0:
 			rs = append(allowControlled(rs), stackResults(cl, r.findings)...)
 		case len(rs) > 0:

@@ -164,7 +164,7 @@ func TestBashCompletion(t *testing.T) {
 		{"drill world up --n", []string{"--no-incus"}},
 		{"drill run --mutate p", []string{"pinning", "port-isolation"}},
 		{"drill run --claim C-SI", []string{"C-SIBLING"}},
-		{"drill run --json --skip C-E", []string{"C-EGRESS"}},
+		{"drill run --json --skip C-E", []string{"C-EGRESS", "C-EXPOSE"}},
 		{"drill help wo", []string{"world"}},
 		{"drill ma", nil},
 	} {

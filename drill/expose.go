@@ -1,0 +1,85 @@
+package drill
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/box-isolation/box/probes"
+	"github.com/box-isolation/box/stack"
+)
+
+// C-EXPOSE: box expose's door (an Incus proxy device box makes) answers on
+// the host's loopback and nowhere else: not on the host's other addresses,
+// not from the LAN, and it opens nothing inside the box. The drill opens a
+// door from the host's 127.0.0.1 to box-a's own TCP listener. "Not
+// answering" is judged from an answer: the host's kernel (or the box's)
+// resets a connection to a port nothing listens on, which tells a closed
+// port from one a door holds; silence proves nothing either way.
+
+// doorHostPort is the door's port on the host's loopback (nothing of the
+// world listens there; box expose refuses a taken one).
+const doorHostPort = 19100
+
+// ExpectClosed: the target's kernel refused the connection (nothing listens).
+const ExpectClosed Expectation = "closed (refused: nothing listens)"
+
+// exposeSelected reports whether the run includes C-EXPOSE.
+func (r *run) exposeSelected() bool {
+	return slices.ContainsFunc(r.cfg.Claims, func(c Claim) bool { return c.ID == "C-EXPOSE" })
+}
+
+// openDoor opens the door to box-a's listener. A door that cannot be
+// opened here makes C-EXPOSE inconclusive, not the run fail.
+func (r *run) openDoor(ctx context.Context) {
+	d, err := r.cfg.Host.Expose(ctx, r.names[PlaceA], stack.DoorSpec{Port: listenTCP, HostPort: doorHostPort, Kind: stack.DoorTCP})
+	if err != nil {
+		r.doorErr = err.Error()
+		return
+	}
+	r.cfg.logf("expose: a door from 127.0.0.1:%d to %s's port %d (%s)", doorHostPort, r.names[PlaceA], listenTCP, d.Device)
+	r.door = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), doorHostPort)
+}
+
+// expose builds C-EXPOSE's probes.
+func (b *builder) expose() {
+	t := b.t
+	if !b.claims["C-EXPOSE"] || !t.Door.IsValid() {
+		return
+	}
+	port := int(t.Door.Port())
+	probe := func(from, target, key string, e Expectation, spec probes.ProbeSpec) {
+		spec.Kind, spec.Port, spec.Nonce = probes.KindTCP, port, probes.NewNonce()
+		b.probe(Action{ID: b.id(), Claim: "C-EXPOSE", Channel: "tcp", From: from, Target: target, TargetKey: key, Expect: e}, spec)
+	}
+	// The door, from the host's loopback: box-a's listener answers.
+	probe(PlaceHost, "the door "+t.Door.String(), "door", ExpectReach, probes.ProbeSpec{Target: t.Door.Addr()})
+	// Every other host address: nothing there.
+	for _, h := range t.HostAddrs {
+		probe(PlaceHost, fmt.Sprintf("host %s %s:%d", h.Name, h.Addr, port), "host-"+h.Name, ExpectClosed, probes.ProbeSpec{Target: h.Addr})
+	}
+	// From the LAN, at the host's address on the LAN's side.
+	if t.LANNAT.IsValid() {
+		for _, src := range t.LANSources {
+			probe(PlaceLAN, fmt.Sprintf("host's LAN side %s:%d from %s", t.LANNAT, port, src), "host-lan-side", ExpectClosed,
+				probes.ProbeSpec{Target: t.LANNAT, Via: netip.PrefixFrom(src, 32)})
+		}
+	}
+	// Inside the box, the door opened nothing: its box side only connects.
+	probe(PlaceA, fmt.Sprintf("box-a's own 127.0.0.1:%d", port), "box-a", ExpectClosed, probes.ProbeSpec{Target: t.Door.Addr()})
+}
+
+// judgeClosed: a refusal from the target is the pass (nothing listens), an
+// answer the failure (a door where none may be), silence proves nothing.
+func judgeClosed(r Result, o probes.Observation) Result {
+	switch {
+	case o.Outcome == probes.Reached || o.Evidence.Connected:
+		return verdict(r, Fail, "answered: something listens there"+replyDetail(o))
+	case o.Outcome == probes.Refused:
+		return verdict(r, Pass, "refused: "+o.Reason)
+	case o.Outcome == probes.Silent:
+		return verdict(r, Inconclusive, "no answer at all: a port nothing listens on is refused, so this one was dropped on the way, which says nothing about a door")
+	}
+	return verdict(r, Inconclusive, o.Reason)
+}
