@@ -311,6 +311,27 @@ func TestSystemDrillCanFail(t *testing.T) {
 			assert.True(t, allowed["t-nic-decoy"], "the user attached a NIC on another managed network: %v", allowed)
 			assert.False(t, allowed["t-proxy"] || allowed["t-disk-host"] || allowed["t-privileged"], "the other restrictions still hold: %v", allowed)
 		}},
+		{"egress allowlist gone", []string{"egress"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-ALLOW")
+			assert.Equal(t, []string{"C-ALLOW"}, rep.MutationResults[0].Flipped, "only the allowlisted box's probes flip")
+			reached := map[string]bool{}
+			for _, r := range probeFailures(claim(t, rep, "C-ALLOW")) {
+				reached[r.TargetKey] = true
+			}
+			assert.True(t, reached["internet-2"], "box-w reached the second canary: %v", reached)
+			assert.True(t, reached["resolver"], "box-w reached a public resolver straight: %v", reached)
+			assert.False(t, reached["lan-rebind"], "the allowed name that points at the LAN stays unreachable without the allowlist too (the ACL): %v", reached)
+			assert.Contains(t, rep.Stack.Layers["L-EGRESS"], "absent")
+		}},
+		{"door widened by hand", []string{"door-wide"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-EXPOSE")
+			lan := false
+			for _, r := range probeFailures(claim(t, rep, "C-EXPOSE")) {
+				lan = lan || r.From == "lan"
+			}
+			assert.True(t, lan, "the LAN reached box-a through the widened door")
+			assert.NotEmpty(t, stackFailures(claim(t, rep, "C-FLEET")), "and the census names the door")
+		}},
 		{"egress broken", []string{"nat-off"}, func(t *testing.T, rep *drill.Report) {
 			// One exit rule: a failed baseline is a violated claim (exit 1),
 			// and the claims it leaves unjudgeable are inconclusive.

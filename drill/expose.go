@@ -83,3 +83,24 @@ func judgeClosed(r Result, o probes.Observation) Result {
 	}
 	return verdict(r, Inconclusive, o.Reason)
 }
+
+// widenDoor is the mutation "door-wide": box-a's door listens on every
+// host address, as an operator's hand edit would make it.
+func widenDoor(ctx context.Context, h *stack.Host, boxes []string) error {
+	if len(boxes) == 0 {
+		return fmt.Errorf("no box-a")
+	}
+	a := boxes[0]
+	inst, etag, err := h.Incus.Instance(ctx, a)
+	if err != nil {
+		return err
+	}
+	put := inst.Writable()
+	dev := stack.DoorDevice(listenTCP)
+	d, ok := put.Devices[dev]
+	if !ok {
+		return fmt.Errorf("%s has no door %s (C-EXPOSE must be selected)", a, dev)
+	}
+	d["listen"] = fmt.Sprintf("tcp:0.0.0.0:%d", doorHostPort)
+	return h.Incus.UpdateInstance(ctx, a, put, etag)
+}

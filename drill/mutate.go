@@ -72,6 +72,8 @@ var Mutations = []Mutation{
 	// network (C-TIER's attempts must then succeed, and fail the claim).
 	{Name: "tier", Layers: []string{stack.LayerTier}, What: "lift restricted.networks.access from the run's granted user's project", AfterBoxes: true, apply: liftTierRestriction},
 	{Name: "egress", Layers: []string{stack.LayerEgress}, What: "delete the nft table inet box_egress (no allowlist is enforced)", AfterBoxes: true, apply: dropEgressTable},
+	// An operator widening box-a's door by hand (C-EXPOSE's box-a only).
+	{Name: "door-wide", Layers: []string{stack.LayerFleet}, What: "make box-a's door listen on every host address (tcp:0.0.0.0)", AfterBoxes: true, apply: widenDoor},
 	{Name: "nat-off", Layers: []string{"L-NAT"}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"ipv4.nat": "false"})
 	}},
