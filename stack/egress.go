@@ -122,15 +122,63 @@ func policiesOf(cfg map[string]string) map[string][]string {
 // dnsmasqDomain is a name as dnsmasq's domain matching takes it.
 func dnsmasqDomain(name string) string { return strings.TrimPrefix(name, "*.") }
 
+// maxDnsmasqLine bounds one dnsmasq settings line: dnsmasq refuses a
+// longer one ("bad option"; measured: an nftset line with 100 names of 17
+// characters was refused, 10 were taken), so names are split over as many
+// lines as it takes.
+const maxDnsmasqLine = 1000
+
 // nftsetLines are the dnsmasq settings that fill the policies' allow sets.
+//
+// dnsmasq takes, for an answer, the one nftset entry whose domain matches
+// the name longest (measured: with a name in two policies, only one
+// policy's set was filled). So each domain's entry names the sets of every
+// policy that allows it, its own names or a name it is under; domains
+// with the same sets share lines.
 func nftsetLines(policies map[string][]string, table string) string {
-	var b strings.Builder
-	for _, id := range slices.Sorted(maps.Keys(policies)) {
-		b.WriteString("nftset=/")
-		for _, n := range policies[id] {
-			b.WriteString(dnsmasqDomain(n) + "/")
+	sets := map[string]map[string]bool{} // domain -> policy ids
+	for id, names := range policies {
+		for _, n := range names {
+			d := dnsmasqDomain(n)
+			if sets[d] == nil {
+				sets[d] = map[string]bool{}
+			}
+			sets[d][id] = true
 		}
-		fmt.Fprintf(&b, "4#inet#%s#%s\n", table, nft.EgressAllowSet(id))
+	}
+	// A domain under another listed one also fills that one's sets.
+	byKey := map[string][]string{} // the sets' text -> domains
+	for d, ids := range sets {
+		all := maps.Clone(ids)
+		for parent := d; ; {
+			_, rest, ok := strings.Cut(parent, ".")
+			if !ok {
+				break
+			}
+			parent = rest
+			maps.Copy(all, sets[parent])
+		}
+		var specs []string
+		for _, id := range slices.Sorted(maps.Keys(all)) {
+			specs = append(specs, fmt.Sprintf("4#inet#%s#%s", table, nft.EgressAllowSet(id)))
+		}
+		key := strings.Join(specs, ",")
+		byKey[key] = append(byKey[key], d)
+	}
+	var b strings.Builder
+	for _, key := range slices.Sorted(maps.Keys(byKey)) {
+		domains := byKey[key]
+		sort.Strings(domains)
+		tail := "/" + key + "\n"
+		line := "nftset="
+		for _, d := range domains {
+			if len(line)+1+len(d)+len(tail) > maxDnsmasqLine && line != "nftset=" {
+				b.WriteString(line + tail)
+				line = "nftset="
+			}
+			line += "/" + d
+		}
+		b.WriteString(line + tail)
 	}
 	return b.String()
 }
@@ -413,4 +461,36 @@ func (host *Host) Egress(ctx context.Context, box string) (*EgressState, error) 
 		return nil, err
 	}
 	return st, nil
+}
+
+// usedPolicies keeps the policies some instance names: the others go at
+// the next converge (their dnsmasq lines and sets with them; that restarts
+// the bridge's resolver, which is why a box leaving a policy does not do
+// it at once).
+func (host *Host) usedPolicies(ctx context.Context, policies map[string][]string) (map[string][]string, error) {
+	if len(policies) == 0 {
+		return policies, nil
+	}
+	insts, err := host.Incus.AllInstances(ctx)
+	if err != nil {
+		return nil, err
+	}
+	used := map[string][]string{}
+	for i := range insts {
+		if id := insts[i].Config[KeyEgress]; policies[id] != nil {
+			used[id] = policies[id]
+		}
+	}
+	return used, nil
+}
+
+// unusedPolicyKeys names the stored policies a converge drops.
+func unusedPolicyKeys(live, want map[string]string) []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(live)) {
+		if _, ok := want[k]; !ok && strings.HasPrefix(k, keyEgressPolicy) {
+			out = append(out, k+" (no box names it)")
+		}
+	}
+	return out
 }

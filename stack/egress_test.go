@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -32,8 +33,31 @@ func TestAllowlistNames(t *testing.T) {
 
 func TestNftsetLines(t *testing.T) {
 	got := nftsetLines(map[string][]string{"pb": {"*.pypi.org", "api.example.com"}, "pa": {"canary.example.net"}}, "box_egress")
-	assert.Equal(t, "nftset=/canary.example.net/4#inet#box_egress#allow_pa\nnftset=/pypi.org/api.example.com/4#inet#box_egress#allow_pb\n", got)
+	assert.Equal(t, "nftset=/canary.example.net/4#inet#box_egress#allow_pa\nnftset=/api.example.com/pypi.org/4#inet#box_egress#allow_pb\n", got)
 	assert.Empty(t, nftsetLines(nil, "box_egress"))
+
+	// One entry per domain, naming every policy that allows it: dnsmasq
+	// uses the longest matching entry only.
+	got = nftsetLines(map[string][]string{"pa": {"canary.example.net"}, "pb": {"canary.example.net", "x.example"}, "pc": {"*.example.net"}}, "t")
+	assert.Equal(t, "nftset=/canary.example.net/4#inet#t#allow_pa,4#inet#t#allow_pb,4#inet#t#allow_pc\n"+
+		"nftset=/x.example/4#inet#t#allow_pb\n"+
+		"nftset=/example.net/4#inet#t#allow_pc\n", got, "a name under another policy's suffix fills that policy's set too")
+
+	// A long allowlist is split over lines dnsmasq takes, all for one set.
+	var many []string
+	for i := range 300 {
+		many = append(many, fmt.Sprintf("n%05d.example.net", i))
+	}
+	lines := strings.Split(strings.TrimSuffix(nftsetLines(map[string][]string{"pl": many}, "box_egress"), "\n"), "\n")
+	assert.Greater(t, len(lines), 5)
+	seen := 0
+	for _, l := range lines {
+		assert.LessOrEqual(t, len(l)+1, maxDnsmasqLine, l)
+		assert.True(t, strings.HasSuffix(l, "/4#inet#box_egress#allow_pl"), l)
+		seen += strings.Count(l, ".example.net")
+	}
+	assert.Equal(t, 300, seen, "every name on some line")
+
 	// Stored on the bridge and back.
 	back := policiesOf(map[string]string{keyEgressPolicy + "pb": "*.pypi.org,api.example.com", KeyDNS: "1.1.1.1", "user.box.egress.x.y": "not a policy"})
 	assert.Equal(t, map[string][]string{"pb": {"*.pypi.org", "api.example.com"}}, back)

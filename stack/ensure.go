@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -122,6 +123,9 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 		if opts, err = opts.With(net.Config); err != nil {
 			return nil, err
 		}
+		if opts.Egress, err = host.usedPolicies(ctx, opts.Egress); err != nil {
+			return nil, err
+		}
 	}
 	d := BuildDesired(rep.Subnet.Subnet, opts)
 	rep.Gateway = d.Gateway
@@ -153,10 +157,15 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 		}
 		changed("network "+d.Network.Name, "created", d.Subnet.String())
 		undos = append(undos, undo{"delete network", func(ctx context.Context) error { return c.DeleteNetwork(ctx, d.Network.Name) }})
-	} else if diff := configDiff(net.Config, d.Network.Config); len(diff) > 0 {
+	} else if diff := append(configDiff(net.Config, d.Network.Config), unusedPolicyKeys(net.Config, d.Network.Config)...); len(diff) > 0 {
 		old := incus.NetworkPut{Description: net.Description, Config: maps.Clone(net.Config)}
 		cfg := maps.Clone(net.Config)
 		maps.Copy(cfg, d.Network.Config)
+		for k := range cfg {
+			if _, ok := d.Network.Config[k]; !ok && strings.HasPrefix(k, keyEgressPolicy) {
+				delete(cfg, k)
+			}
+		}
 		if err := c.UpdateNetwork(ctx, d.Network.Name, incus.NetworkPut{Description: d.Network.Description, Config: cfg}, netETag); err != nil {
 			return rep, fmt.Errorf("updating network %s: %w", d.Network.Name, err)
 		}
@@ -273,10 +282,20 @@ func configDiff(live, want map[string]string) []string {
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(want)) {
 		if live[k] != want[k] {
-			out = append(out, fmt.Sprintf("%s=%q (was %q)", k, want[k], live[k]))
+			out = append(out, fmt.Sprintf("%s=%s (was %s)", k, shortQuote(want[k]), shortQuote(live[k])))
 		}
 	}
 	return out
+}
+
+// shortQuote quotes a config value, cut short when it is long (a bridge's
+// dnsmasq settings with a long allowlist run to hundreds of kilobytes).
+func shortQuote(v string) string {
+	const most = 160
+	if len(v) <= most {
+		return strconv.Quote(v)
+	}
+	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(v[:most]), len(v))
 }
 
 // profileDiff names how a live profile differs from the desired one: a
