@@ -152,11 +152,7 @@ func DeleteEgress(cfg Config) (bool, error) { return deleteTable(cfg, "inet", cf
 // EgressAllowed lists what one policy's allow set holds now (dnsmasq's
 // answers not yet timed out).
 func EgressAllowed(cfg Config, id string) ([]netip.Addr, error) {
-	cfg, err := cfg.normalized()
-	if err != nil {
-		return nil, err
-	}
-	c, done, err := dial(cfg)
+	cfg, c, done, err := connect(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -418,15 +418,11 @@ func SyncPorts(cfg Config, ports []string) (PortsChange, error) {
 	return ch, nil
 }
 
-// Delete removes the stack's tables (inet, bridge and the pin table) that
-// are present and names what it removed; when none exists it sends
-// nothing.
+// Delete removes the stack's tables (inet, bridge, the pin and the egress
+// tables) that are present and names what it removed; when none exists it
+// sends nothing.
 func Delete(cfg Config) ([]string, error) {
-	cfg, err := cfg.normalized()
-	if err != nil {
-		return nil, err
-	}
-	c, done, err := dial(cfg)
+	cfg, c, done, err := connect(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -451,4 +447,14 @@ func Delete(cfg Config) ([]string, error) {
 		return nil, fmt.Errorf("deleting %s: %w", strings.Join(removed, ", "), err)
 	}
 	return removed, nil
+}
+
+// connect normalises cfg and opens a connection in its namespace.
+func connect(cfg Config) (Config, *nftables.Conn, func(), error) {
+	cfg, err := cfg.normalized()
+	if err != nil {
+		return cfg, nil, nil, err
+	}
+	c, done, err := dial(cfg)
+	return cfg, c, done, err
 }

@@ -296,11 +296,7 @@ func DeletePins(cfg Config) (bool, error) { return deleteTable(cfg, "bridge", cf
 
 // tablePresent reports whether a table of box's exists.
 func tablePresent(cfg Config, family, name string) (bool, error) {
-	cfg, err := cfg.normalized()
-	if err != nil {
-		return false, err
-	}
-	c, done, err := dial(cfg)
+	_, c, done, err := connect(cfg)
 	if err != nil {
 		return false, err
 	}
@@ -311,11 +307,7 @@ func tablePresent(cfg Config, family, name string) (bool, error) {
 // deleteTable removes a table of box's and reports whether it was there;
 // when it is not it sends nothing.
 func deleteTable(cfg Config, family, name string) (bool, error) {
-	cfg, err := cfg.normalized()
-	if err != nil {
-		return false, err
-	}
-	c, done, err := dial(cfg)
+	_, c, done, err := connect(cfg)
 	if err != nil {
 		return false, err
 	}
