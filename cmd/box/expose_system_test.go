@@ -238,7 +238,14 @@ func TestSystemExpose(t *testing.T) {
 	put.Devices["box-door-9"] = map[string]string{"type": "proxy", "bind": "instance", "listen": "tcp:127.0.0.1:2223", "connect": "tcp:127.0.0.1:9", stack.DoorTag: "1"}
 	put.Devices["box-door-7"] = map[string]string{"type": "proxy", "listen": "tcp:127.0.0.1:2224", "connect": "tcp:127.0.0.1:7"}
 	require.NoError(t, c.UpdateInstance(ctx, name, put, etag))
-	ex = r.run(t, "exec", name, "--", "sh", "-c", "echo hi | busybox nc -w 2 127.0.0.1 2222")
+	// Incus starts a proxy device about a second after it is added
+	// (measured above): try for a while before calling it closed.
+	for i := 0; i < 20; i++ {
+		if ex = r.run(t, "exec", name, "--", "sh", "-c", "echo hi | busybox nc -w 2 127.0.0.1 2222"); strings.Contains(ex.out, "SSH-") {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 	assert.Contains(t, ex.out, "SSH-", "the hand-made proxy reaches the host's ssh from the box: a hole")
 	_, d = doctorOf(t, r)
 	all, _ := json.Marshal(fleetFindings(d, name))
