@@ -163,7 +163,10 @@ type run struct {
 	neigh    []neighEvent
 	neighErr string
 	// tier is the granted user's side (C-TIER); nil when not selected.
-	tier *tierRun
+	// tierFindings are the census's findings on box-t's port isolation,
+	// which the drill turned off: C-TIER's evidence, kept out of findings.
+	tier         *tierRun
+	tierFindings []stack.Finding
 	// door is box-a's door (C-EXPOSE); doorErr why there is none.
 	door    netip.AddrPort
 	doorErr string

@@ -316,7 +316,7 @@ func (r *run) tierResults(c Claim, rs []Result) []Result {
 	rs = tierControlled(rs)
 	rs = append(rs, t.results...)
 	if e, ok := r.ends[PlaceT]; ok {
-		named := tierBoxFindings(r.findings, t.project, e.Instance)
+		named := r.tierFindings
 		if len(named) > 0 {
 			rs = append(rs, Result{Action: a, Verdict: Pass, Observed: "named", Evidence: "the census names it: " + named[0].Problem})
 		} else {
@@ -374,14 +374,13 @@ func tierBoxFindings(fs []stack.Finding, project, box string) []stack.Finding {
 	return out
 }
 
-// withoutTierBox drops those findings (for every claim but C-TIER).
-func (r *run) withoutTierBox(fs []stack.Finding) []stack.Finding {
+// tierBoxFindings picks those findings for this run's box-t.
+func (r *run) tierBoxFindings(fs []stack.Finding) []stack.Finding {
 	e, ok := r.ends[PlaceT]
 	if r.tier == nil || !ok {
-		return fs
+		return nil
 	}
-	drop := tierBoxFindings(fs, r.tier.project, e.Instance)
-	return slices.DeleteFunc(slices.Clone(fs), func(f stack.Finding) bool { return slices.Contains(drop, f) })
+	return tierBoxFindings(fs, r.tier.project, e.Instance)
 }
 
 // removeTierUser purges a drill tier user and deletes the account.

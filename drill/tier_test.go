@@ -67,5 +67,6 @@ func TestTierBoxFindingsAreOnlyBoxTsIsolation(t *testing.T) {
 	assert.Equal(t, fs[:1], got, "only the isolation the drill turned off on box-t, in its project, is C-TIER's")
 
 	r := &run{tier: &tierRun{project: "user-993"}, ends: map[string]*BoxEnd{PlaceT: {Instance: "drill-1-t"}}}
-	assert.Equal(t, fs[1:], r.withoutTierBox(fs), "everything else still fails C-FLEET")
+	assert.Equal(t, fs[:1], r.tierBoxFindings(fs), "the run's box-t only")
+	assert.Empty(t, (&run{}).tierBoxFindings(fs), "no box-t, no such finding")
 }

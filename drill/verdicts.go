@@ -49,7 +49,7 @@ func (r *run) judgeAll(context.Context) error {
 			// purpose: C-TIER judges it.
 			own := maps.Clone(r.names)
 			delete(own, PlaceT)
-			rs = fleetResults(cl, census, r.cfg.Host.Incus.ProjectName(), own, r.withoutTierBox(r.findings))
+			rs = fleetResults(cl, census, r.cfg.Host.Incus.ProjectName(), own, r.findings)
 		case cl.ID == "C-TIER":
 			rs = r.tierResults(cl, rs)
 		case cl.ID == "C-EXPOSE" && len(rs) == 0 && r.doorErr != "":

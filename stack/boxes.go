@@ -709,19 +709,27 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	defer g.close()
 	ncfg := g.nftConfig(Current)
 	present, err := nft.PinsPresent(ncfg)
-	if err != nil || !present {
+	if err != nil {
 		return err
 	}
-	ports, err := g.bridgePorts(Current.Network)
-	if err != nil {
+	egress, err := nft.EgressPresent(ncfg)
+	if err != nil || (!present && !egress) {
 		return err
 	}
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
 		return err
 	}
-	// A box's egress policy follows its lease, as its pins do.
+	// A box's egress policy follows its lease, as its pins do (also where
+	// the pin table is gone).
 	if _, err := host.applyEgress(ctx, g, insts); err != nil {
+		return err
+	}
+	if !present {
+		return nil
+	}
+	ports, err := g.bridgePorts(Current.Network)
+	if err != nil {
 		return err
 	}
 	plan, err := host.planPinsWith(ctx, insts, portNames(ports))

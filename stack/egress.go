@@ -119,6 +119,17 @@ func policiesOf(cfg map[string]string) map[string][]string {
 	return out
 }
 
+// withoutNftset is dnsmasq settings without their nftset lines.
+func withoutNftset(raw string) string {
+	var b strings.Builder
+	for _, l := range strings.SplitAfter(raw, "\n") {
+		if l != "" && !strings.HasPrefix(l, "nftset=") {
+			b.WriteString(l)
+		}
+	}
+	return b.String()
+}
+
 // dnsmasqDomain is a name as dnsmasq's domain matching takes it.
 func dnsmasqDomain(name string) string { return strings.TrimPrefix(name, "*.") }
 
@@ -368,16 +379,13 @@ func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (
 	}
 	cfg := maps.Clone(n.Config)
 	cfg[keyEgressPolicy+id] = strings.Join(names, ",")
-	opts, err := host.Options.With(cfg)
-	if err != nil {
-		return false, 0, err
-	}
 	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
 	if err != nil {
 		return false, 0, fmt.Errorf("%s has ipv4.address=%q: run box doctor", Current.Network, n.Config["ipv4.address"])
 	}
-	opts.Egress = policies
-	cfg["raw.dnsmasq"] = BuildDesired(p.Masked(), opts).Network.Config["raw.dnsmasq"]
+	// Only the nftset lines change: the rest of the settings stay as they
+	// are (a converge, not this, puts drift right).
+	cfg["raw.dnsmasq"] = withoutNftset(n.Config["raw.dnsmasq"]) + nftsetLines(policies, g.nftConfig(Current).EgressTable())
 	before := g.dnsmasqFor(Current.Network)
 	t0 := time.Now()
 	if err := host.Incus.UpdateNetwork(ctx, Current.Network, incus.NetworkPut{Description: n.Description, Config: cfg}, etag); err != nil {
