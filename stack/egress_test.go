@@ -103,3 +103,10 @@ func TestEgressPlan(t *testing.T) {
 	assert.Equal(t, LayerEgress, fs[0].Layer)
 	assert.Contains(t, fs[0].Problem, "pgone", "a box naming a policy the bridge lacks is named, not silently open")
 }
+
+func TestWithoutNftset(t *testing.T) {
+	raw := "no-resolv\nserver=203.0.113.53\nnftset=/a.example/4#inet#box_egress#allow_pa\nlog-queries\nnftset=/b.example/4#inet#box_egress#allow_pb\n"
+	assert.Equal(t, "no-resolv\nserver=203.0.113.53\nlog-queries\n", withoutNftset(raw),
+		"a new policy rewrites only the nftset lines: everything else (drift included) stays for doctor to see")
+	assert.Empty(t, withoutNftset(""))
+}
