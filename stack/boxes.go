@@ -716,13 +716,13 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	if err != nil || (!present && !egress) {
 		return err
 	}
-	insts, err := host.Incus.AllInstances(ctx)
+	f, err := host.readFleet(ctx)
 	if err != nil {
 		return err
 	}
 	// A box's egress policy follows its lease, as its pins do (also where
 	// the pin table is gone).
-	if _, err := host.applyEgress(ctx, g, insts); err != nil {
+	if _, err := host.applyEgress(ctx, g, f); err != nil {
 		return err
 	}
 	if !present {
@@ -732,10 +732,7 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	if err != nil {
 		return err
 	}
-	plan, err := host.planPinsWith(ctx, insts, portNames(ports))
-	if err != nil {
-		return fmt.Errorf("reading what to pin: %w", err)
-	}
+	plan := f.planPins(portNames(ports))
 	r.unresolved = plan.unresolved
 	r.pinned, err = nft.SetPins(ncfg, plan.scope, plan.pins)
 	if err != nil {

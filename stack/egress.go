@@ -234,25 +234,22 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 	return out, findings
 }
 
-// egressPlan reads what the egress table must hold now.
-func (host *Host) egressPlan(ctx context.Context, insts []incus.Instance) ([]nft.EgressPolicy, []Finding, error) {
+// egressPlan reads the stored policies and says what the egress table
+// must hold now.
+func (host *Host) egressPlan(ctx context.Context, f fleet) ([]nft.EgressPolicy, []Finding, error) {
 	n, _, err := host.Incus.Network(ctx, Current.Network)
 	if err != nil {
 		return nil, nil, err
 	}
-	leases, err := host.bridgeLeases(ctx, insts)
-	if err != nil {
-		return nil, nil, err
-	}
-	ps, fs := egressPlanOf(Current.Network, policiesOf(n.Config), insts, leases)
+	ps, fs := egressPlanOf(Current.Network, policiesOf(n.Config), f.insts, f.leases)
 	return ps, fs, nil
 }
 
 // applyEgress makes the egress table hold the policies and their boxes as
 // they are now: only boxes sets, and new policies' sets and rules, change
 // (dnsmasq's allow elements stay). With no policy there is no table.
-func (host *Host) applyEgress(ctx context.Context, g *ground, insts []incus.Instance) ([]string, error) {
-	ps, _, err := host.egressPlan(ctx, insts)
+func (host *Host) applyEgress(ctx context.Context, g *ground, f fleet) ([]string, error) {
+	ps, _, err := host.egressPlan(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
@@ -272,8 +269,8 @@ func (host *Host) applyEgress(ctx context.Context, g *ground, insts []incus.Inst
 
 // verifyEgress reports how the egress table and the boxes' policies differ
 // from what they should be.
-func (host *Host) verifyEgress(ctx context.Context, g *ground, insts []incus.Instance) ([]Finding, error) {
-	ps, out, err := host.egressPlan(ctx, insts)
+func (host *Host) verifyEgress(ctx context.Context, g *ground, f fleet) ([]Finding, error) {
+	ps, out, err := host.egressPlan(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
@@ -358,7 +355,7 @@ func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (
 	if host.Tier {
 		return false, 0, fmt.Errorf("the allowlist %v is not on this host yet, and only its admin can add one (box egress BOX allow %s, as root, on any box)", names, strings.Join(names, " "))
 	}
-	insts, err := host.Incus.AllInstances(ctx)
+	f, err := host.readFleet(ctx)
 	if err != nil {
 		return false, 0, err
 	}
@@ -369,11 +366,7 @@ func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (
 		return false, 0, err
 	}
 	defer g.close()
-	leases, err := host.bridgeLeases(ctx, insts)
-	if err != nil {
-		return false, 0, err
-	}
-	ps, _ := egressPlanOf(Current.Network, policies, insts, leases)
+	ps, _ := egressPlanOf(Current.Network, policies, f.insts, f.leases)
 	if _, err := nft.ApplyEgress(g.nftConfig(Current), ps); err != nil {
 		return false, 0, fmt.Errorf("adding the policy's sets: %w", err)
 	}

@@ -495,14 +495,11 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 		return res, err
 	}
 	defer unlockPins()
-	insts, err := host.Incus.AllInstances(ctx)
-	if err != nil {
-		return res, err
-	}
-	plan, err := host.planPinsWith(ctx, insts, portNames(ports))
+	f, err := host.readFleet(ctx)
 	if err != nil {
 		return res, fmt.Errorf("reading what to pin: %w", err)
 	}
+	plan := f.planPins(portNames(ports))
 	pinned, err := nft.ApplyPins(ncfg, caps, plan.scope, plan.pins)
 	if err != nil {
 		return res, fmt.Errorf("applying the pin table: %w", err)
@@ -510,7 +507,7 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 	for _, a := range pinned {
 		res.changes = append(res.changes, Change{"nft", "updated", a})
 	}
-	egress, err := host.applyEgress(ctx, g, insts)
+	egress, err := host.applyEgress(ctx, g, f)
 	if err != nil {
 		return res, err
 	}

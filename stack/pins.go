@@ -36,23 +36,34 @@ type pinPlan struct {
 	notes []string
 }
 
-// planPins reads which instance owns each of ports, its NIC's MAC, and
-// the leases, and says what to pin.
-func (host *Host) planPins(ctx context.Context, ports []string) (*pinPlan, error) {
-	insts, err := host.Incus.AllInstances(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return host.planPinsWith(ctx, insts, ports)
+// fleet is every instance and the bridge's leases, read once for what a
+// refresh, Verify or Ensure plans from them (the pins, the egress sets).
+type fleet struct {
+	insts  []incus.Instance
+	leases []incus.NetworkLease
 }
 
-// planPinsWith is planPins from a listing of every instance already made.
-func (host *Host) planPinsWith(ctx context.Context, insts []incus.Instance, ports []string) (*pinPlan, error) {
+// readFleet lists every instance and the bridge's leases.
+func (host *Host) readFleet(ctx context.Context) (fleet, error) {
+	insts, err := host.Incus.AllInstances(ctx)
+	if err != nil {
+		return fleet{}, err
+	}
+	return host.fleetOf(ctx, insts)
+}
+
+// fleetOf is readFleet from a listing of every instance already made.
+func (host *Host) fleetOf(ctx context.Context, insts []incus.Instance) (fleet, error) {
 	leases, err := host.bridgeLeases(ctx, insts)
 	if err != nil {
-		return nil, err
+		return fleet{}, err
 	}
-	return pinPlanOf(Current.Network, insts, leases, ports), nil
+	return fleet{insts: insts, leases: leases}, nil
+}
+
+// planPins says what to pin on ports.
+func (f fleet) planPins(ports []string) *pinPlan {
+	return pinPlanOf(Current.Network, f.insts, f.leases, ports)
 }
 
 // bridgeLeases reads the bridge's leases in every project with an instance

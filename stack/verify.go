@@ -209,16 +209,17 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		}
 		find(layer, "nft "+f.Object, f.Problem)
 	}
-	plan, err := host.planPinsWith(ctx, insts, portNames(ports))
+	f, err := host.fleetOf(ctx, insts)
 	if err != nil {
 		return nil, fmt.Errorf("reading what to pin: %w", err)
 	}
+	plan := f.planPins(portNames(ports))
 	pf, err := nft.VerifyPins(ncfg, caps, plan.scope, plan.pins)
 	if err != nil {
 		return nil, fmt.Errorf("reading the pin table: %w", err)
 	}
 	v.Findings = append(v.Findings, pinFindings(pf, plan)...)
-	ef, err := host.verifyEgress(ctx, g, insts)
+	ef, err := host.verifyEgress(ctx, g, f)
 	if err != nil {
 		return nil, err
 	}
