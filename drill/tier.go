@@ -1,6 +1,7 @@
 package drill
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -103,7 +104,7 @@ func (r *run) mintTierBox(ctx context.Context) error {
 	}
 	t := r.tier
 	t.user, t.project = u, stack.TierProject(u.UID)
-	group := cmpOr(cfg.Host.TierGroup, stack.DefaultTierGroup)
+	group := cmp.Or(cfg.Host.TierGroup, stack.DefaultTierGroup)
 	if t.gid, err = accounts.GroupGID(group); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
@@ -431,13 +432,6 @@ func deleteNetworkEventually(ctx context.Context, c *incus.Client, name string) 
 		return fmt.Errorf("deleting network %s: %w", name, err)
 	}
 	return nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // liftTierRestriction is the mutation "tier": the run's tier project may

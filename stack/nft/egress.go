@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 )
@@ -97,16 +96,8 @@ func ipInSet(word string, offset uint32, set string, id uint32, invert bool) par
 }
 
 // ctStateNew matches a packet that opens a connection: neither established
-// nor related (nor untracked). nft tests it as (state & mask) == 0.
-func ctStateNew() part {
-	return part{"ct state != established,related", []expr.Any{
-		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
-			Xor:  binaryutil.NativeEndian.PutUint32(0)},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
-	}}
-}
+// nor related (nor untracked).
+func ctStateNew() part { return ctStateMask(expr.CmpOpEq, "ct state != established,related") }
 
 // DesiredEgress is the egress table for policies.
 func DesiredEgress(cfg Config, policies []EgressPolicy) (Ruleset, error) {

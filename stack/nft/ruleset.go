@@ -344,13 +344,18 @@ func ifnameIn(word string, key expr.MetaKey, set string) part {
 }
 
 func ctStateEstablishedRelated() part {
-	// ct state is a host-endian bitmask; nft tests it as (state & mask) != 0.
-	return part{"ct state established,related", []expr.Any{
+	return ctStateMask(expr.CmpOpNeq, "ct state established,related")
+}
+
+// ctStateMask tests ct state, a host-endian bitmask, against established
+// and related as nft does: (state & mask) != 0 (CmpOpNeq) or == 0.
+func ctStateMask(op expr.CmpOp, text string) part {
+	return part{text, []expr.Any{
 		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
 			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
 			Xor:  binaryutil.NativeEndian.PutUint32(0)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: op, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
 	}}
 }
 
