@@ -83,6 +83,9 @@ type Options struct {
 	// Egress are the egress policies (id -> names), as stored on the
 	// bridge: they are not the operator's environment's.
 	Egress map[string][]string
+	// Slices are, on a cluster, every member's address slice (cluster.go),
+	// as stored on the bridge; nil on a standalone host.
+	Slices map[string]netip.Prefix
 }
 
 // The operator's choices are stored on the bridge, so a later doctor or
@@ -100,6 +103,13 @@ const (
 func (o Options) With(stored map[string]string) (Options, error) {
 	if ps := policiesOf(stored); len(ps) > 0 {
 		o.Egress = ps
+	}
+	sl, err := slicesOf(stored)
+	if err != nil {
+		return o, err
+	}
+	if len(sl) > 0 {
+		o.Slices = sl
 	}
 	if len(o.DNS) == 0 && stored[KeyDNS] != "" {
 		for _, f := range strings.Split(stored[KeyDNS], ",") {
@@ -150,6 +160,8 @@ type Desired struct {
 	Gateway netip.Addr   // the bridge's own address (.1)
 	DNS     []netip.Addr
 	Pool    string
+	// Slices are, on a cluster, the members' address slices.
+	Slices map[string]netip.Prefix
 
 	Network incus.NetworksPost
 	ACL     incus.NetworkACL
@@ -168,7 +180,7 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 		pool = "default"
 	}
 	g := Current
-	d := Desired{Gen: g, Subnet: subnet.Masked(), Gateway: gw, DNS: dns, Pool: pool}
+	d := Desired{Gen: g, Subnet: subnet.Masked(), Gateway: gw, DNS: dns, Pool: pool, Slices: opts.Slices}
 
 	// dns.mode=none stops Incus from adding per-instance records, but
 	// dnsmasq still answers for the hostnames DHCP clients send it (the
@@ -210,6 +222,12 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 	}
 	for id, names := range opts.Egress {
 		d.Network.Config[keyEgressPolicy+id] = strings.Join(names, ",")
+	}
+	if len(opts.Slices) > 0 {
+		d.Network.Config["ipv4.dhcp.ranges"] = dynamicRange(d.Subnet)
+		for m, p := range opts.Slices {
+			d.Network.Config[keySlice+m] = p.String()
+		}
 	}
 
 	acl := incus.NetworkACL{Name: g.ACL, Description: "box: boxes reach the internet and nothing private"}

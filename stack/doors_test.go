@@ -196,7 +196,7 @@ func TestCensusAcceptsExactlyBoxsDoors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			port := "veth-" + tc.inst.Name
-			c := takeCensus("boxnet", []incus.Instance{tc.inst}, []string{port}, map[string]kernelPort{port: good}, []string{port}, true)
+			c := takeCensus("boxnet", []incus.Instance{tc.inst}, []string{port}, map[string]kernelPort{port: good}, []string{port}, true, "")
 			require.Len(t, c.Siblings, 1)
 			s := c.Siblings[0]
 			var problems []string

@@ -40,6 +40,9 @@ type Report struct {
 	// Notes are things the operator should know that are not changes
 	// (an auto-picked subnet, no systemd to re-apply rules at boot).
 	Notes []string `json:"notes"`
+	// Members says, on a cluster, whether each member's host layers are
+	// in place (this member's were converged by this run).
+	Members []MemberLayers `json:"members,omitempty"`
 }
 
 // undo is a step to back out if a later one fails.
@@ -90,11 +93,25 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 	}()
 	changed := func(obj, action, detail string) { rep.Changes = append(rep.Changes, Change{obj, action, detail}) }
 
+	ci, err := host.Cluster(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if host.MemberOnly && !ci.Clustered() {
+		return nil, errors.New("--member-only is for a member of an Incus cluster, and this incusd is standalone: run box setup-host")
+	}
+
 	// The subnet: an existing bridge is converged on as it is.
 	gen := Current
 	net, netETag, err := c.Network(ctx, gen.Network)
 	if err != nil && !incus.IsNotFound(err) {
 		return nil, fmt.Errorf("reading network %s: %w", gen.Network, err)
+	}
+	if host.MemberOnly {
+		if net == nil {
+			return nil, fmt.Errorf("the cluster has no network %s yet: run box setup-host on any one member first, then box setup-host --member-only here", gen.Network)
+		}
+		return rep, host.ensureMember(ctx, g, net, rep)
 	}
 	if net != nil {
 		p, perr := netip.ParsePrefix(net.Config["ipv4.address"])
@@ -106,7 +123,7 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 		}
 		rep.Subnet = SubnetChoice{Subnet: p.Masked(), Reason: "existing " + gen.Network}
 	} else {
-		claims, err := g.claims(gen.Network)
+		claims, err := host.clusterClaims(ctx, g, ci, rep)
 		if err != nil {
 			return nil, err
 		}
@@ -124,6 +141,11 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 			return nil, err
 		}
 		if opts.Egress, err = host.usedPolicies(ctx, opts.Egress); err != nil {
+			return nil, err
+		}
+	}
+	if ci.Clustered() {
+		if opts.Slices, err = assignSlices(rep.Subnet.Subnet, opts.Slices, ci.Names()); err != nil {
 			return nil, err
 		}
 	}
@@ -152,7 +174,7 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 
 	// The bridge.
 	if net == nil {
-		if err := c.CreateNetwork(ctx, d.Network); err != nil {
+		if err := host.createNetwork(ctx, ci, d.Network); err != nil {
 			return rep, fmt.Errorf("creating network %s on %s: %w", d.Network.Name, d.Subnet, err)
 		}
 		changed("network "+d.Network.Name, "created", d.Subnet.String())
@@ -171,32 +193,6 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 		}
 		changed("network "+d.Network.Name, "updated", strings.Join(diff, ", "))
 		undos = append(undos, undo{"restore network", func(ctx context.Context) error { return c.UpdateNetwork(ctx, d.Network.Name, old, "") }})
-	}
-
-	// IPv6 must be off on the bridge in fact, not only in its config.
-	if disabled, ok, err := g.ipv6Disabled(d.Network.Name); err != nil {
-		return rep, fmt.Errorf("reading IPv6 state of %s: %w", d.Network.Name, err)
-	} else if ok && !disabled {
-		if err := g.disableIPv6(d.Network.Name); err != nil {
-			return rep, fmt.Errorf("turning IPv6 off on %s: %w", d.Network.Name, err)
-		}
-		changed("bridge "+d.Network.Name, "updated", "IPv6 turned off (disable_ipv6=1)")
-	}
-	v6, err := g.globalV6(d.Network.Name)
-	if err != nil {
-		return rep, fmt.Errorf("reading IPv6 addresses of %s: %w", d.Network.Name, err)
-	}
-	if len(v6) > 0 {
-		br, err := g.h.LinkByName(d.Network.Name)
-		if err != nil {
-			return rep, err
-		}
-		for _, a := range v6 {
-			if err := g.h.AddrDel(br, &a); err != nil {
-				return rep, fmt.Errorf("removing IPv6 address %s from %s: %w", a.IPNet, d.Network.Name, err)
-			}
-			changed("bridge "+d.Network.Name, "updated", "removed IPv6 address "+a.IPNet.String())
-		}
 	}
 
 	// The profile: exactly the NIC and the root disk.
@@ -221,43 +217,11 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 		}
 	}
 
-	// The firewall: live ports isolated and the nft tables.
-	fw, err := host.ensureFirewall(ctx, g, d.Gateway)
-	rep.Changes = append(rep.Changes, fw.changes...)
-	rep.BridgeMode = fw.mode
-	if fw.note != "" {
-		rep.Notes = append(rep.Notes, fw.note)
-	}
-	if fw.createdTables {
-		undos = append(undos, undo{"delete nft tables", func(context.Context) error { _, err := nft.Delete(g.nftConfig(gen)); return err }})
-	}
-	if err != nil {
+	if err := host.ensureHostLayers(ctx, g, d, rep, &undos); err != nil {
 		return rep, err
 	}
-
-	// Docker, UFW or another firewall may drop all forwarded traffic: say
-	// so, and what to run; their rules are not box's to rewrite.
-	blockers, err := g.forwardBlockers(d.Network.Name)
-	if err != nil {
-		return rep, err
-	}
-	for _, b := range blockers {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("WARNING: %s %s. Nothing was changed there; to let boxes out, run: %s", b.Object, b.Problem, b.Fix))
-	}
-
-	// dnsmasq restarts when the bridge's DNS settings change: wait for it,
-	// and believe the process, not the network's status.
-	if err := waitDnsmasq(ctx, g, d.Network.Name, 15*time.Second); err != nil {
-		return rep, err
-	}
-
-	note, chs, err := host.ensureBootUnit()
-	rep.Changes = append(rep.Changes, chs...)
-	if err != nil {
-		return rep, err
-	}
-	if note != "" {
-		rep.Notes = append(rep.Notes, note)
+	if ci.Clustered() {
+		rep.Members = host.memberLayers(ctx, ci, d)
 	}
 	return rep, nil
 }
@@ -545,4 +509,77 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 		rep.Notes = append(rep.Notes, fw.note)
 	}
 	return rep, err
+}
+
+// ensureHostLayers converges this host's (this member's) own layers: IPv6
+// off on the bridge, the ports' isolated flags and the nft tables, the
+// forward-policy warnings, dnsmasq serving, and the boot unit.
+func (host *Host) ensureHostLayers(ctx context.Context, g *ground, d Desired, rep *Report, undos *undoStack) error {
+	gen := Current
+	changed := func(obj, action, detail string) { rep.Changes = append(rep.Changes, Change{obj, action, detail}) }
+	// IPv6 must be off on the bridge in fact, not only in its config.
+	if disabled, ok, err := g.ipv6Disabled(d.Network.Name); err != nil {
+		return fmt.Errorf("reading IPv6 state of %s: %w", d.Network.Name, err)
+	} else if ok && !disabled {
+		if err := g.disableIPv6(d.Network.Name); err != nil {
+			return fmt.Errorf("turning IPv6 off on %s: %w", d.Network.Name, err)
+		}
+		changed("bridge "+d.Network.Name, "updated", "IPv6 turned off (disable_ipv6=1)")
+	}
+	v6, err := g.globalV6(d.Network.Name)
+	if err != nil {
+		return fmt.Errorf("reading IPv6 addresses of %s: %w", d.Network.Name, err)
+	}
+	if len(v6) > 0 {
+		br, err := g.h.LinkByName(d.Network.Name)
+		if err != nil {
+			return err
+		}
+		for _, a := range v6 {
+			if err := g.h.AddrDel(br, &a); err != nil {
+				return fmt.Errorf("removing IPv6 address %s from %s: %w", a.IPNet, d.Network.Name, err)
+			}
+			changed("bridge "+d.Network.Name, "updated", "removed IPv6 address "+a.IPNet.String())
+		}
+	}
+
+	// The firewall: live ports isolated and the nft tables.
+	fw, err := host.ensureFirewall(ctx, g, d.Gateway)
+	rep.Changes = append(rep.Changes, fw.changes...)
+	rep.BridgeMode = fw.mode
+	if fw.note != "" {
+		rep.Notes = append(rep.Notes, fw.note)
+	}
+	if fw.createdTables {
+		undos.push("delete nft tables", func(context.Context) error { _, err := nft.Delete(g.nftConfig(gen)); return err })
+	}
+	if err != nil {
+		return err
+	}
+
+	// Docker, UFW or another firewall may drop all forwarded traffic: say
+	// so, and what to run; their rules are not box's to rewrite.
+	blockers, err := g.forwardBlockers(d.Network.Name)
+	if err != nil {
+		return err
+	}
+	for _, b := range blockers {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("WARNING: %s %s. Nothing was changed there; to let boxes out, run: %s", b.Object, b.Problem, b.Fix))
+	}
+
+	// dnsmasq restarts when the bridge's DNS settings change: wait for it,
+	// and believe the process, not the network's status.
+	if err := waitDnsmasq(ctx, g, d.Network.Name, 15*time.Second); err != nil {
+		return err
+	}
+
+	note, chs, err := host.ensureBootUnit()
+	rep.Changes = append(rep.Changes, chs...)
+	if err != nil {
+		return err
+	}
+	if note != "" {
+		rep.Notes = append(rep.Notes, note)
+	}
+	return nil
 }

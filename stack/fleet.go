@@ -39,6 +39,8 @@ type Sibling struct {
 	Type    string `json:"type,omitempty"`
 	Box     bool   `json:"box"`            // carries box's tag
 	Port    string `json:"port,omitempty"` // its port on the bridge, while it runs
+	// Member is the cluster member it is placed on (empty off a cluster).
+	Member string `json:"member,omitempty"`
 	// Problems is what takes it off the stack, each with its fix.
 	Problems []Problem `json:"problems"`
 	// Allowed is what the census reports as it is, with why it is allowed.
@@ -121,8 +123,10 @@ type kernelPort struct {
 }
 
 // censusOf takes the fleet census of the stack's bridge from a listing of
-// every instance (Verify's, and BoxesOnStack's).
-func censusOf(g *ground, insts []incus.Instance) (*Census, error) {
+// every instance (Verify's, and BoxesOnStack's). On a cluster, member is
+// the member g is on: an instance placed elsewhere is judged by what it is
+// made of only, its port being in another member's kernel.
+func censusOf(g *ground, insts []incus.Instance, member string) (*Census, error) {
 	bridge := Current.Network
 	ports, err := g.bridgePorts(bridge)
 	if err != nil {
@@ -145,7 +149,8 @@ func censusOf(g *ground, insts []incus.Instance) (*Census, error) {
 			links[port] = g.linkState(port)
 		}
 	}
-	return takeCensus(bridge, insts, portNames(ports), links, members, setOK), nil
+	c := takeCensus(bridge, insts, portNames(ports), links, members, setOK, member)
+	return c, nil
 }
 
 // linkState reads one link's bridge membership and isolated flag.
@@ -229,7 +234,7 @@ var nicOptions = map[string]bool{
 // takeCensus judges every instance on the bridge and every port on it.
 // ports are the bridge's ports, links the kernel's view of every port
 // named, members the bridge drop's port set (checked when setOK).
-func takeCensus(bridge string, insts []incus.Instance, ports []string, links map[string]kernelPort, members []string, setOK bool) *Census {
+func takeCensus(bridge string, insts []incus.Instance, ports []string, links map[string]kernelPort, members []string, setOK bool, member string) *Census {
 	c := &Census{Bridge: bridge, Ports: append([]string{}, ports...), SetChecked: setOK, Siblings: []Sibling{}}
 	claimed := map[string]bool{}
 	for i := range insts {
@@ -237,7 +242,14 @@ func takeCensus(bridge string, insts []incus.Instance, ports []string, links map
 		if len(portsOf(bridge, inst)) == 0 {
 			continue
 		}
-		s := judgeInstance(bridge, inst, links, members, setOK)
+		var s Sibling
+		if member != "" && inst.Location != member && inst.Location != "" && inst.Location != "none" {
+			s = judgeDefinition(bridge, inst)
+			s.Member = inst.Location
+		} else {
+			s = judgeInstance(bridge, inst, links, members, setOK)
+			s.Member = member
+		}
 		if s.Port != "" {
 			claimed[s.Port] = true
 		}
@@ -444,7 +456,11 @@ func (host *Host) BoxesOnStack(ctx context.Context) (boxes []Box, censusErr, err
 		return boxes, err, nil
 	}
 	defer g.close()
-	c, err := censusOf(g, insts)
+	ci, err := host.Cluster(ctx)
+	if err != nil {
+		return boxes, nil, err
+	}
+	c, err := censusOf(g, insts, ci.Local)
 	if err != nil {
 		return boxes, err, nil
 	}

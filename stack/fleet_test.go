@@ -99,7 +99,7 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 			if links[port].master == "boxnet" && tc.inst.Status == "Running" {
 				ports = []string{port}
 			}
-			c := takeCensus("boxnet", []incus.Instance{tc.inst}, ports, links, members, true)
+			c := takeCensus("boxnet", []incus.Instance{tc.inst}, ports, links, members, true, "")
 			require.Len(t, c.Siblings, 1, "the instance is a sibling")
 			s := c.Siblings[0]
 			problems := ""
@@ -128,13 +128,13 @@ func TestCensusStartsFromTheBridge(t *testing.T) {
 	})
 	c := takeCensus("boxnet", []incus.Instance{fleetInst("a", nil), elsewhere},
 		[]string{"veth-a", "vethstray"}, map[string]kernelPort{"veth-a": {exists: true, master: "boxnet", isolated: true}},
-		[]string{"veth-a", "vethstray"}, true)
+		[]string{"veth-a", "vethstray"}, true, "")
 	require.Len(t, c.Siblings, 2, "the box on boxnet and the stray port; the instance on another bridge is none of the census's business")
 	stray := c.Siblings[0]
 	assert.Equal(t, "port vethstray", stray.Label())
 	assert.Contains(t, stray.Problems[0].What, "no instance claims it")
 
-	orphan := takeCensus("boxnet", nil, []string{"vethleft"}, map[string]kernelPort{"vethleft": {exists: true, master: "boxnet", isolated: true, peer: "vethpeer"}}, nil, true)
+	orphan := takeCensus("boxnet", nil, []string{"vethleft"}, map[string]kernelPort{"vethleft": {exists: true, master: "boxnet", isolated: true, peer: "vethpeer"}}, nil, true, "")
 	assert.Contains(t, orphan.Siblings[0].Problems[0].What, "its other end vethpeer is in the host's namespace")
 	assert.Equal(t, "ip link del vethleft (removes both ends)", orphan.Siblings[0].Problems[0].Fix)
 
@@ -149,6 +149,6 @@ func TestCensusStartsFromTheBridge(t *testing.T) {
 
 func TestCensusWithoutAPortSetChecksNoMembership(t *testing.T) {
 	c := takeCensus("boxnet", []incus.Instance{fleetInst("a", nil)}, []string{"veth-a"},
-		map[string]kernelPort{"veth-a": {exists: true, master: "boxnet", isolated: true}}, nil, false)
+		map[string]kernelPort{"veth-a": {exists: true, master: "boxnet", isolated: true}}, nil, false, "")
 	assert.True(t, c.Siblings[0].OnStack(), "bridge-meta mode has no set to be missing from")
 }

@@ -45,6 +45,17 @@ type Host struct {
 	// Progress, when set, hears what a long operation is doing (one box
 	// of many removed); box shows it on a terminal only.
 	Progress func(format string, args ...any)
+	// MemberNetNS names, on a cluster, the network namespace of other
+	// members (member -> namespace) that this machine can enter: the
+	// hermetic world's members, all on one machine (BOX_MEMBER_NETNS).
+	// Verify reads those members' host layers too.
+	MemberNetNS map[string]string
+	// MemberOnly: Ensure converges only this member's host layers, leaving
+	// the cluster's Incus objects to `box setup-host` on any member.
+	MemberOnly bool
+
+	cluster *ClusterInfo // read once (Cluster)
+	member  string       // the member this Host acts on ("" standalone or local)
 }
 
 // progressf tells Progress, if anyone listens.

@@ -43,22 +43,39 @@ type fleet struct {
 	leases []incus.NetworkLease
 }
 
-// readFleet lists every instance and the bridge's leases.
+// readFleet lists every instance and the bridge's leases: on a cluster,
+// those of this host's member (what its pins and egress sets are made of).
 func (host *Host) readFleet(ctx context.Context) (fleet, error) {
+	f, err := host.readClusterFleet(ctx)
+	if err != nil {
+		return fleet{}, err
+	}
+	return fleet{insts: onMember(f.insts, host.here()), leases: leasesOn(f.leases, host.here())}, nil
+}
+
+// readClusterFleet is readFleet for every member of a cluster.
+func (host *Host) readClusterFleet(ctx context.Context) (fleet, error) {
+	if _, err := host.Cluster(ctx); err != nil {
+		return fleet{}, err
+	}
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
 		return fleet{}, err
 	}
-	return host.fleetOf(ctx, insts)
-}
-
-// fleetOf is readFleet from a listing of every instance already made.
-func (host *Host) fleetOf(ctx context.Context, insts []incus.Instance) (fleet, error) {
 	leases, err := host.bridgeLeases(ctx, insts)
 	if err != nil {
 		return fleet{}, err
 	}
 	return fleet{insts: insts, leases: leases}, nil
+}
+
+// fleetOf is readFleet from a listing of the instances already made.
+func (host *Host) fleetOf(ctx context.Context, insts []incus.Instance) (fleet, error) {
+	leases, err := host.bridgeLeases(ctx, insts)
+	if err != nil {
+		return fleet{}, err
+	}
+	return fleet{insts: insts, leases: leasesOn(leases, host.here())}, nil
 }
 
 // planPins says what to pin on ports.

@@ -16,6 +16,9 @@ type Finding struct {
 	Object  string `json:"object"`  // what is wrong, e.g. "network boxnet"
 	Problem string `json:"problem"` // how
 	Fix     string `json:"fix"`     // the command that fixes it
+	// Member is, on a cluster, the member whose host layers the finding is
+	// about (empty for the cluster's own objects).
+	Member string `json:"member,omitempty"`
 	// Advisory findings do not remove the layer they name: another
 	// firewall's forward policy (the egress probes show its effect), the
 	// legacy generation's leftovers. A drill fails no claim on them.
@@ -23,6 +26,9 @@ type Finding struct {
 }
 
 func (f Finding) String() string {
+	if f.Member != "" {
+		return fmt.Sprintf("%s %s on member %s: %s (fix: %s, on %s)", f.Layer, f.Object, f.Member, f.Problem, f.Fix, f.Member)
+	}
 	return fmt.Sprintf("%s %s: %s (fix: %s)", f.Layer, f.Object, f.Problem, f.Fix)
 }
 
@@ -42,6 +48,10 @@ type Verification struct {
 	Tiers []Tier `json:"tiers"`
 	// Notes say what is weaker than it could be without being a finding.
 	Notes []string `json:"notes,omitempty"`
+	// Cluster and Members are, on an Incus cluster, its members and
+	// whether each one's host layers are in place.
+	Cluster *ClusterInfo   `json:"cluster,omitempty"`
+	Members []MemberLayers `json:"members,omitempty"`
 }
 
 // Clean reports whether nothing differs.
@@ -99,42 +109,15 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		if strings.HasPrefix(k, keyEgressPolicy) {
 			layerOf[k] = LayerEgress
 		}
+		if strings.HasPrefix(k, keySlice) || k == "ipv4.dhcp.ranges" {
+			layerOf[k] = "L-NAT"
+		}
 	}
 	for k, want := range d.Network.Config {
 		if got := net.Config[k]; got != want {
 			find(layerOf[k], "network "+gen.Network, fmt.Sprintf("%s is %q, want %q", k, got, want))
 		}
 	}
-	if disabled, ok, err := g.ipv6Disabled(gen.Network); err != nil {
-		return nil, err
-	} else if ok && !disabled {
-		find("L-V6", "bridge "+gen.Network, "IPv6 is enabled on the bridge interface (disable_ipv6=0)")
-	}
-	v6, err := g.globalV6(gen.Network)
-	if err != nil {
-		return nil, err
-	}
-	for _, a := range v6 {
-		find("L-V6", "bridge "+gen.Network, "has IPv6 address "+a.IPNet.String())
-	}
-	blockers, err := g.forwardBlockers(gen.Network)
-	if err != nil {
-		return nil, err
-	}
-	v.Findings = append(v.Findings, blockers...)
-	holders, err := g.gatewayHolders(gen.Network, d.Gateway)
-	if err != nil {
-		return nil, err
-	}
-	for _, h := range holders {
-		v.Findings = append(v.Findings, Finding{Layer: "L-NAT", Object: "gateway " + d.Gateway.String(),
-			Problem: "also held by " + h, Fix: "remove " + d.Gateway.String() + " from " + h + " (ip addr del)"})
-	}
-	if v.DnsmasqPID = g.dnsmasqFor(gen.Network); v.DnsmasqPID == 0 {
-		v.Findings = append(v.Findings, Finding{Layer: "L-DNS", Object: "dnsmasq for " + gen.Network,
-			Problem: "no dnsmasq process serves the bridge (Incus may still say Created)", Fix: "restart incusd, then box doctor"})
-	}
-
 	acl, _, err := c.NetworkACL(ctx, gen.ACL)
 	switch {
 	case incus.IsNotFound(err):
@@ -161,9 +144,80 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		}
 	}
 
-	ports, err := g.bridgePorts(gen.Network)
+	// One listing of every instance serves the census, the pins and the
+	// cluster's addressing.
+	insts, err := c.AllInstances(ctx)
 	if err != nil {
 		return nil, err
+	}
+	ci, err := host.Cluster(ctx)
+	if err != nil {
+		return nil, err
+	}
+	n0 := len(v.Findings)
+	if err := host.verifyGround(ctx, g, d, p, onMember(insts, ci.Local), v); err != nil {
+		return nil, err
+	}
+	if ci.Clustered() {
+		for i := n0; i < len(v.Findings); i++ {
+			v.Findings[i].Member = ci.Local
+		}
+		v.Cluster = &ci
+		if err := host.verifyMembers(ctx, ci, d, v); err != nil {
+			return nil, err
+		}
+	}
+	if v.Tiers, err = host.Tiers(ctx, host.TierGroup); err != nil {
+		return nil, fmt.Errorf("reading the access tiers: %w", err)
+	}
+	for _, t := range v.Tiers {
+		v.Findings = append(v.Findings, t.Findings...)
+	}
+	return v, host.verifyLegacy(ctx, g, v)
+}
+
+// verifyGround checks the layers that live in this host's (this member's)
+// kernel and processes, for the instances placed here, into v: IPv6 off on
+// the bridge, the forward policy, who holds the gateway, dnsmasq, the
+// ports, the census, the nft tables, the pins and the egress sets.
+func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p netip.Prefix, insts []incus.Instance, v *Verification) error {
+	gen := Current
+	find := func(layer, obj, problem string) {
+		v.Findings = append(v.Findings, Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
+	}
+	if disabled, ok, err := g.ipv6Disabled(gen.Network); err != nil {
+		return err
+	} else if ok && !disabled {
+		find("L-V6", "bridge "+gen.Network, "IPv6 is enabled on the bridge interface (disable_ipv6=0)")
+	}
+	v6, err := g.globalV6(gen.Network)
+	if err != nil {
+		return err
+	}
+	for _, a := range v6 {
+		find("L-V6", "bridge "+gen.Network, "has IPv6 address "+a.IPNet.String())
+	}
+	blockers, err := g.forwardBlockers(gen.Network)
+	if err != nil {
+		return err
+	}
+	v.Findings = append(v.Findings, blockers...)
+	holders, err := g.gatewayHolders(gen.Network, d.Gateway)
+	if err != nil {
+		return err
+	}
+	for _, h := range holders {
+		v.Findings = append(v.Findings, Finding{Layer: "L-NAT", Object: "gateway " + d.Gateway.String(),
+			Problem: "also held by " + h, Fix: "remove " + d.Gateway.String() + " from " + h + " (ip addr del)"})
+	}
+	if v.DnsmasqPID = g.dnsmasqFor(gen.Network); v.DnsmasqPID == 0 {
+		v.Findings = append(v.Findings, Finding{Layer: "L-DNS", Object: "dnsmasq for " + gen.Network,
+			Problem: "no dnsmasq process serves the bridge (Incus may still say Created)", Fix: "restart incusd, then box doctor"})
+	}
+
+	ports, err := g.bridgePorts(gen.Network)
+	if err != nil {
+		return err
 	}
 	v.Ports = append(v.Ports, ports...)
 	for _, p := range ports {
@@ -172,13 +226,8 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		}
 	}
 
-	// One listing of every instance serves the census and the pins.
-	insts, err := c.AllInstances(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if v.Fleet, err = censusOf(g, insts); err != nil {
-		return nil, fmt.Errorf("taking the fleet census: %w", err)
+	if v.Fleet, err = censusOf(g, insts, host.here()); err != nil {
+		return fmt.Errorf("taking the fleet census: %w", err)
 	}
 	v.Findings = append(v.Findings, v.Fleet.Findings()...)
 
@@ -186,12 +235,12 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	ncfg.Gateway = p.Addr()
 	caps, err := nft.Probe(ncfg)
 	if err != nil {
-		return nil, fmt.Errorf("probing nftables: %w", err)
+		return fmt.Errorf("probing nftables: %w", err)
 	}
 	v.BridgeMode = nft.Desired(ncfg, caps).Mode
 	if v.BridgeMode == nft.ModePortSet {
 		if pid, running, err := host.WatcherRunning(); err != nil {
-			return nil, err
+			return err
 		} else if running {
 			v.WatcherPID = pid
 		} else {
@@ -200,7 +249,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	}
 	nf, err := nft.Verify(ncfg, caps, portNames(ports))
 	if err != nil {
-		return nil, fmt.Errorf("reading nft tables: %w", err)
+		return fmt.Errorf("reading nft tables: %w", err)
 	}
 	for _, f := range nf {
 		layer := "L-HOSTFW"
@@ -211,26 +260,20 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	}
 	f, err := host.fleetOf(ctx, insts)
 	if err != nil {
-		return nil, fmt.Errorf("reading what to pin: %w", err)
+		return fmt.Errorf("reading what to pin: %w", err)
 	}
 	plan := f.planPins(portNames(ports))
 	pf, err := nft.VerifyPins(ncfg, caps, plan.scope, plan.pins)
 	if err != nil {
-		return nil, fmt.Errorf("reading the pin table: %w", err)
+		return fmt.Errorf("reading the pin table: %w", err)
 	}
 	v.Findings = append(v.Findings, pinFindings(pf, plan)...)
 	ef, err := host.verifyEgress(ctx, g, f)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	v.Findings = append(v.Findings, ef...)
-	if v.Tiers, err = host.Tiers(ctx, host.TierGroup); err != nil {
-		return nil, fmt.Errorf("reading the access tiers: %w", err)
-	}
-	for _, t := range v.Tiers {
-		v.Findings = append(v.Findings, t.Findings...)
-	}
-	return v, host.verifyLegacy(ctx, g, v)
+	return nil
 }
 
 // verifyLegacy reports legacy objects still on the host.

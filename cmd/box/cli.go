@@ -253,6 +253,9 @@ func (a *app) host() (*stack.Host, error) {
 	}
 	h := &stack.Host{Incus: incus.New(a.socket()), NetNS: a.getenv("BOX_NETNS"), Options: opts, Progress: a.progressf,
 		IncusUserSocket: a.getenv("BOX_INCUS_USER_SOCKET"), TierGroup: a.getenv("BOX_TIER_GROUP")}
+	if h.MemberNetNS, err = stack.ParseMemberNetNS(a.getenv("BOX_MEMBER_NETNS")); err != nil {
+		return nil, usagef("%v", err)
+	}
 	if tierSock, ok := a.tierSocket(); ok {
 		// A granted user: incus-user's socket, their own project.
 		h.Incus = incus.New(tierSock).Project(stack.TierProject(uint32(os.Geteuid())))

@@ -19,11 +19,16 @@ func setupSetupHost(fs *flag.FlagSet) action {
 	// the nft tables and the ports' isolated flag do not survive a reboot,
 	// Incus's objects do.
 	firewallOnly := fs.Bool("firewall-only", false, "converge only the nft tables and the bridge ports' isolation (what the boot unit runs)")
+	memberOnly := fs.Bool("member-only", false, "on an Incus cluster: converge only this member's host layers (nft tables, ports, boot unit), after setup-host ran on any member")
 	return func(c *call) error {
 		h, err := c.host()
 		if err != nil {
 			return err
 		}
+		if *memberOnly && *firewallOnly {
+			return usagef("--member-only and --firewall-only: pick one (--member-only also installs the boot unit)")
+		}
+		h.MemberOnly = *memberOnly
 		ensure := h.Ensure
 		if *firewallOnly {
 			ensure = h.EnsureFirewall
@@ -74,8 +79,31 @@ func printReport(c *call, rep *stack.Report) {
 	} else {
 		fmt.Fprintf(c.out, "bridge drop: %s\n", rep.BridgeMode)
 	}
+	printMembers(c, rep.Members)
 	for _, n := range rep.Notes {
 		fmt.Fprintln(c.err, n)
+	}
+}
+
+// printMembers says, on a cluster, where each member's host layers stand.
+func printMembers(c *call, ms []stack.MemberLayers) {
+	for _, m := range ms {
+		var state string
+		switch m.State {
+		case stack.MemberConverged:
+			state = "host layers converged by this run"
+		case stack.MemberClean:
+			state = "host layers present (read from here)"
+		case stack.MemberFindings:
+			state = fmt.Sprintf("host layers NOT in place (%d findings): run box setup-host --member-only on %s", len(m.Findings), m.Member)
+		default:
+			state = fmt.Sprintf("host layers not read from here (another machine): run box setup-host --member-only on %s", m.Member)
+		}
+		slice := ""
+		if m.Slice != "" {
+			slice = ", addresses " + m.Slice
+		}
+		fmt.Fprintf(c.out, "member %s%s: %s\n", m.Member, slice, state)
 	}
 }
 
@@ -115,8 +143,13 @@ func setupDoctor(fs *flag.FlagSet) action {
 				fmt.Fprintln(c.err, "box: note: "+n)
 			}
 			for _, f := range v.Findings {
-				fmt.Fprintf(c.out, "%-12s %s: %s\n%-12s fix: %s\n", f.Layer, f.Object, f.Problem, "", f.Fix)
+				obj := f.Object
+				if f.Member != "" {
+					obj += " (member " + f.Member + ")"
+				}
+				fmt.Fprintf(c.out, "%-12s %s: %s\n%-12s fix: %s\n", f.Layer, obj, f.Problem, "", f.Fix)
 			}
+			printMembers(c, v.Members)
 			printTiers(c, v.Tiers)
 			if v.Clean() {
 				fmt.Fprintf(c.out, "ok: the host matches the isolation stack (subnet %s, bridge drop: %s, %d bridge ports isolated)\n", v.Subnet, v.BridgeMode, len(v.Ports))

@@ -17,7 +17,7 @@ import (
 // worldCommands are world's subcommands.
 func worldCommands() []command {
 	return []command{
-		{name: "up", synopsis: "world up [--bridge-netfilter] [--no-incus] [--json]", help: "build the world (or find it up) and import the probe image", setup: setupWorldUp},
+		{name: "up", synopsis: "world up [--bridge-netfilter] [--no-incus] [--cluster N] [--json]", help: "build the world (or find it up) and import the probe image", setup: setupWorldUp},
 		{name: "down", synopsis: "world down [--purge]", help: "tear the world down, leaving nothing of it", setup: setupWorldDown},
 		{name: "status", synopsis: "world status [--json]", help: "say whether a world is up (exit 1 when not), and what is left of one that is not", setup: setupWorldStatus},
 		{name: "image", synopsis: "world image [--alias A] [--json]", help: "import the probe image into the world's incusd (built from busybox-static)", setup: setupWorldImage},
@@ -38,9 +38,10 @@ type worldUpReport struct {
 func setupWorldUp(fs *flag.FlagSet) runner {
 	brnf := fs.Bool("bridge-netfilter", false, "turn br_netfilter's bridge-nf-call-* on in the host namespace (off, like a plain Incus host)")
 	noIncus := fs.Bool("no-incus", false, "namespaces and services only, no incusd")
+	cluster := fs.Int("cluster", 0, "build an Incus cluster of `N` members (3 is the usual), each its own host namespace and incusd")
 	asJSON := fs.Bool("json", false, "print the world's state as JSON")
 	return func(ctx context.Context, s stdio, _ []string) int {
-		cfg := world.Config{BridgeNetfilter: *brnf, NoIncus: *noIncus}
+		cfg := world.Config{BridgeNetfilter: *brnf, NoIncus: *noIncus, Cluster: *cluster}
 		t0 := time.Now()
 		st, err := world.Up(ctx, cfg, s.err)
 		if err != nil {
@@ -60,6 +61,9 @@ func setupWorldUp(fs *flag.FlagSet) runner {
 			if rep.Image != nil {
 				fmt.Fprintf(w, "image %s %s: %s (%.2fs)\n", rep.Image.Alias, imageVerb(rep.Image), rep.Image.Fingerprint[:12], time.Duration(rep.ImageNS).Seconds())
 				fmt.Fprintf(w, "incus: INCUS_DIR=%s incus list\n", st.IncusDir)
+			}
+			for _, m := range st.Members {
+				fmt.Fprintf(w, "member %s: %s:%d, INCUS_DIR=%s\n", m.Name, m.ClusterAddr, world.ClusterPort, m.IncusDir)
 			}
 			fmt.Fprintf(w, "tear down with: drill world down\n")
 		})

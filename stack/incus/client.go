@@ -25,6 +25,7 @@ const maxResponseSize = 64 << 20
 type Client struct {
 	socket  string
 	project string
+	target  string
 	http    *http.Client
 }
 
@@ -132,6 +133,9 @@ func (c *Client) roundTrip(ctx context.Context, r request) (*http.Response, erro
 	}
 	if c.project != "" {
 		q.Set("project", c.project)
+	}
+	if c.target != "" && q.Get("target") == "" {
+		q.Set("target", c.target)
 	}
 	u := "http://incus" + r.path
 	if len(q) > 0 {

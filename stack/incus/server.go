@@ -22,6 +22,7 @@ type Server struct {
 type ServerEnvironment struct {
 	Addresses          []string          `json:"addresses"`
 	Architectures      []string          `json:"architectures"`
+	Certificate        string            `json:"certificate"`
 	Driver             string            `json:"driver"` // e.g. "lxc | qemu"; see Drivers
 	DriverVersion      string            `json:"driver_version"`
 	Firewall           string            `json:"firewall"`

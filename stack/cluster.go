@@ -1,0 +1,544 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// On an Incus cluster the stack has two halves.
+//
+// The Incus objects are the cluster's, made once from any member: the ACL,
+// the profile and the bridge boxnet, which Incus defines on every member
+// (created per member with ?target=, then committed) with one config for
+// all. Incus keeps a bridge's addressing the same on every member, but
+// each member's bridge is its own L2 segment with its own dnsmasq, and
+// Incus checks a fixed address's uniqueness on one member only. So the
+// subnet is cut into slices of 32 (ClusterSlice): the first holds the
+// gateway and the only dynamic DHCP range, every member gets a slice of
+// its own for good (user.box.slice.MEMBER on the bridge), and every box
+// gets a fixed address (its NIC's ipv4.address) from the slice of the
+// member it is minted on, picked against every instance and lease of the
+// cluster. Two members can then never lease the same address to a box:
+// their slices do not overlap, and within a member Incus's own check
+// refuses a duplicate. A box moved to another member keeps its address,
+// which no member hands out again. Only an instance box did not mint can
+// take a dynamic lease, in the first slice, which two members may both
+// hand out: Verify names any address leased on two members.
+//
+// The host layers (the nft tables, the ports' isolated flags, IPv6 off on
+// the bridge, the boot unit, the port watcher) are each member's own:
+// `box setup-host` converges them where it runs, `box setup-host
+// --member-only` (or the boot unit) on every other member. Verify reads
+// them on its own member and on every member whose network namespace it
+// is told (Host.MemberNetNS: the hermetic world's members, all on one
+// machine); for any other member it says it could not look.
+
+// ClusterSliceBits is the size of a member's address slice in a /24.
+const ClusterSliceBits = 27
+
+// keySlice prefixes a member's slice on the bridge's config.
+const keySlice = "user.box.slice."
+
+// MaxMembers is how many members a /24 has slices for: the first slice is
+// the gateway's and the dynamic range's.
+const MaxMembers = 1<<(ClusterSliceBits-24) - 1
+
+// slicesOf reads the members' slices stored on the bridge's config.
+func slicesOf(cfg map[string]string) (map[string]netip.Prefix, error) {
+	out := map[string]netip.Prefix{}
+	for k, v := range cfg {
+		if m, ok := strings.CutPrefix(k, keySlice); ok {
+			p, err := netip.ParsePrefix(v)
+			if err != nil || p.Bits() != ClusterSliceBits {
+				return nil, fmt.Errorf("the bridge's %s=%q is not a /%d: fix it with box setup-host after removing the key", k, v, ClusterSliceBits)
+			}
+			out[m] = p
+		}
+	}
+	return out, nil
+}
+
+// assignSlices gives every member without a slice the first free one of
+// subnet, keeping every slice already given (boxes hold addresses in it).
+func assignSlices(subnet netip.Prefix, have map[string]netip.Prefix, members []string) (map[string]netip.Prefix, error) {
+	out := map[string]netip.Prefix{}
+	taken := map[netip.Prefix]bool{}
+	for m, p := range have {
+		out[m] = p
+		taken[p] = true
+	}
+	all := allSlices(subnet)
+	for _, m := range sortedCopy(members) {
+		if _, ok := out[m]; ok {
+			continue
+		}
+		i := slices.IndexFunc(all[1:], func(p netip.Prefix) bool { return !taken[p] })
+		if i < 0 {
+			return nil, fmt.Errorf("member %s: every address slice of %s is given (a /24 has slices for %d members)", m, subnet, MaxMembers)
+		}
+		out[m] = all[1+i]
+		taken[all[1+i]] = true
+	}
+	return out, nil
+}
+
+// allSlices cuts subnet into its /27s.
+func allSlices(subnet netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	a := subnet.Masked().Addr()
+	for i := 0; i < 1<<(ClusterSliceBits-subnet.Bits()); i++ {
+		out = append(out, netip.PrefixFrom(a, ClusterSliceBits))
+		for range 1 << (32 - ClusterSliceBits) {
+			a = a.Next()
+		}
+	}
+	return out
+}
+
+// dynamicRange is ipv4.dhcp.ranges on a cluster: the first slice after
+// the gateway.
+func dynamicRange(subnet netip.Prefix) string {
+	first := allSlices(subnet)[0]
+	lo := first.Addr().Next().Next() // .1 is the gateway
+	hi := lastOf(first)
+	return lo.String() + "-" + hi.String()
+}
+
+// lastOf is the last address of p.
+func lastOf(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr()
+	for range 1<<(32-p.Bits()) - 1 {
+		a = a.Next()
+	}
+	return a
+}
+
+func sortedCopy(s []string) []string {
+	out := slices.Clone(s)
+	sort.Strings(out)
+	return out
+}
+
+// ClusterInfo is what a host knows of its cluster.
+type ClusterInfo struct {
+	// Local is the member this incusd is; "" on a standalone server.
+	Local string `json:"local,omitempty"`
+	// Members are every member's name, sorted, with its status.
+	Members []incus.ClusterMember `json:"members,omitempty"`
+}
+
+// Clustered says whether the host is a cluster member.
+func (ci ClusterInfo) Clustered() bool { return ci.Local != "" }
+
+// Names lists the members' names, sorted.
+func (ci ClusterInfo) Names() []string {
+	var out []string
+	for _, m := range ci.Members {
+		out = append(out, m.ServerName)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Cluster reads whether incusd is clustered and its members. A granted
+// user's project sees no cluster: its host is taken as standalone.
+func (host *Host) Cluster(ctx context.Context) (ClusterInfo, error) {
+	if host.cluster != nil {
+		return *host.cluster, nil
+	}
+	var ci ClusterInfo
+	srv, err := host.Incus.Server(ctx)
+	if err != nil {
+		return ci, err
+	}
+	if srv.Environment.ServerClustered && !host.Tier {
+		ci.Local = srv.Environment.ServerName
+		if ci.Members, err = host.Incus.ClusterMembers(ctx); err != nil {
+			return ci, err
+		}
+		sort.Slice(ci.Members, func(i, j int) bool { return ci.Members[i].ServerName < ci.Members[j].ServerName })
+	}
+	host.cluster = &ci
+	return ci, nil
+}
+
+// memberHost is host acting on another member: the Incus client aimed at
+// it, and its network namespace when MemberNetNS names one (ok false
+// when it does not: its host layers cannot be read from here).
+func (host *Host) memberHost(member string) (mh *Host, ok bool) {
+	ns, ok := host.MemberNetNS[member]
+	cp := *host
+	cp.Incus = host.Incus.Target(member)
+	cp.NetNS = ns
+	cp.BootUnitDir = "" // another machine's boot unit is its own business
+	cp.member = member
+	return &cp, ok
+}
+
+// onMember keeps the instances placed on member (all of them on a
+// standalone host, where member is "").
+func onMember(insts []incus.Instance, member string) []incus.Instance {
+	if member == "" {
+		return insts
+	}
+	var out []incus.Instance
+	for _, i := range insts {
+		if i.Location == member || i.Location == "" || i.Location == "none" {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// leasesOn keeps the leases a member's dnsmasq holds (all on a standalone
+// host).
+func leasesOn(leases []incus.NetworkLease, member string) []incus.NetworkLease {
+	if member == "" {
+		return leases
+	}
+	var out []incus.NetworkLease
+	for _, l := range leases {
+		if l.Location == member || l.Location == "" || l.Location == "none" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// AddressFor picks a fixed address for a new box on member: the first of
+// the member's slice that no instance's NIC on the bridge holds or asks
+// for, and no lease holds, anywhere in the cluster.
+func (host *Host) AddressFor(ctx context.Context, member string) (netip.Addr, error) {
+	n, _, err := host.Incus.Network(ctx, Current.Network)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("reading network %s: %w", Current.Network, err)
+	}
+	sl, err := slicesOf(n.Config)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	slice, ok := sl[member]
+	if !ok {
+		return netip.Addr{}, fmt.Errorf("member %s has no address slice on %s: run box setup-host", member, Current.Network)
+	}
+	f, err := host.readClusterFleet(ctx)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	used := usedAddresses(f)
+	gw, _ := netip.ParsePrefix(n.Config["ipv4.address"])
+	for a := slice.Addr(); slice.Contains(a); a = a.Next() {
+		if a == gw.Addr() || a == gw.Masked().Addr() || a == lastOf(gw) || used[a] {
+			continue
+		}
+		return a, nil
+	}
+	return netip.Addr{}, fmt.Errorf("member %s's slice %s of %s is full: remove a box there, or mint on another member (--target)", member, slice, Current.Network)
+}
+
+// usedAddresses is every address a NIC on the bridge asks for or a lease
+// holds, in every project on every member.
+func usedAddresses(f fleet) map[netip.Addr]bool {
+	used := map[netip.Addr]bool{}
+	for i := range f.insts {
+		for _, d := range f.insts[i].ExpandedDevices {
+			if isNIC(d) && onBridge(Current.Network, d) {
+				if a, err := netip.ParseAddr(d["ipv4.address"]); err == nil {
+					used[a] = true
+				}
+			}
+		}
+	}
+	for _, l := range f.leases {
+		if a, err := netip.ParseAddr(l.Address); err == nil {
+			used[a] = true
+		}
+	}
+	return used
+}
+
+// addressFindings names every address two members hand out (a lease on
+// each, or a fixed address asked for on each), and every box on a cluster
+// with no fixed address.
+func addressFindings(f fleet) []Finding {
+	where := map[netip.Addr]map[string]bool{}
+	add := func(a netip.Addr, member string) {
+		if where[a] == nil {
+			where[a] = map[string]bool{}
+		}
+		where[a][member] = true
+	}
+	var out []Finding
+	for i := range f.insts {
+		inst := &f.insts[i]
+		for name, d := range inst.ExpandedDevices {
+			if !isNIC(d) || !onBridge(Current.Network, d) {
+				continue
+			}
+			a, err := netip.ParseAddr(d["ipv4.address"])
+			if err != nil {
+				if inst.Config[Current.Tag] == "1" {
+					out = append(out, Finding{Layer: "L-NAT", Object: "box " + inst.Name,
+						Problem: fmt.Sprintf("its NIC %s has no fixed address on a cluster, so two members' dnsmasq may lease it the same one", name),
+						Fix:     fmt.Sprintf("box down %s && box start %s (box gives it a fixed address)", inst.Name, inst.Name)})
+				}
+				continue
+			}
+			add(a, inst.Location)
+		}
+	}
+	for _, l := range f.leases {
+		if a, err := netip.ParseAddr(l.Address); err == nil && l.Type != "gateway" {
+			add(a, l.Location)
+		}
+	}
+	var addrs []netip.Addr
+	for a, ms := range where {
+		if len(ms) > 1 {
+			addrs = append(addrs, a)
+		}
+	}
+	slices.SortFunc(addrs, func(a, b netip.Addr) int { return a.Compare(b) })
+	for _, a := range addrs {
+		var ms []string
+		for m := range where[a] {
+			ms = append(ms, m)
+		}
+		sort.Strings(ms)
+		out = append(out, Finding{Layer: "L-NAT", Object: "address " + a.String(),
+			Problem: "handed out on more than one member: " + strings.Join(ms, ", "),
+			Fix:     "remove or re-address the instance box did not mint (box doctor lists them)"})
+	}
+	return out
+}
+
+// here is the member this Host acts on: one memberHost aims at, else the
+// incusd's own (once Cluster was read); "" off a cluster.
+func (host *Host) here() string {
+	if host.member != "" {
+		return host.member
+	}
+	if host.cluster != nil {
+		return host.cluster.Local
+	}
+	return ""
+}
+
+// MemberLayers says whether one member's host layers are in place.
+type MemberLayers struct {
+	Member string `json:"member"`
+	Local  bool   `json:"local,omitempty"` // the member box ran on
+	// State is "converged" (this run converged them), "clean" (read, and
+	// nothing differs), "findings" (read, and Findings say what differs)
+	// or "not-read" (another machine's: run box on it).
+	State    string    `json:"state"`
+	Findings []Finding `json:"findings,omitempty"`
+	Slice    string    `json:"slice,omitempty"` // its address slice
+}
+
+// Member layer states.
+const (
+	MemberConverged = "converged"
+	MemberClean     = "clean"
+	MemberFindings  = "findings"
+	MemberNotRead   = "not-read"
+)
+
+// clusterClaims is what uses addresses on this member and on every member
+// whose namespace is known, so an auto-picked subnet is free on all of
+// them; members not read are noted.
+func (host *Host) clusterClaims(ctx context.Context, g *ground, ci ClusterInfo, rep *Report) ([]Claim, error) {
+	claims, err := g.claims(Current.Network)
+	if err != nil || !ci.Clustered() {
+		return claims, err
+	}
+	var unread []string
+	for _, m := range ci.Names() {
+		if m == ci.Local {
+			continue
+		}
+		mh, ok := host.memberHost(m)
+		if !ok {
+			unread = append(unread, m)
+			continue
+		}
+		mg, err := mh.ground()
+		if err != nil {
+			return nil, fmt.Errorf("member %s: %w", m, err)
+		}
+		mc, err := mg.claims(Current.Network)
+		mg.close()
+		if err != nil {
+			return nil, fmt.Errorf("member %s: %w", m, err)
+		}
+		claims = append(claims, mc...)
+	}
+	if len(unread) > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("NOTE: the subnet was checked free here, not on %s (another machine): if one of them routes it, pick another with BOX_SUBNET", strings.Join(unread, ", ")))
+	}
+	return claims, nil
+}
+
+// createNetwork creates the bridge: on a cluster, defined on every member
+// first (?target=), then committed with its config.
+func (host *Host) createNetwork(ctx context.Context, ci ClusterInfo, req incus.NetworksPost) error {
+	c := host.Incus
+	if !ci.Clustered() || len(ci.Members) < 2 {
+		return c.CreateNetwork(ctx, req)
+	}
+	for _, m := range ci.Names() {
+		pending := incus.NetworksPost{Name: req.Name, Type: req.Type, Config: map[string]string{}}
+		if err := c.Target(m).CreateNetwork(ctx, pending); err != nil && !incus.IsConflict(err) {
+			return fmt.Errorf("defining it on member %s: %w", m, err)
+		}
+	}
+	return c.CreateNetwork(ctx, req)
+}
+
+// ensureMember converges this member's host layers only (setup-host
+// --member-only), on the cluster's bridge as it is.
+func (host *Host) ensureMember(ctx context.Context, g *ground, net *incus.Network, rep *Report) (err error) {
+	p, err := netip.ParsePrefix(net.Config["ipv4.address"])
+	if err != nil {
+		return fmt.Errorf("network %s has ipv4.address=%q, which box cannot build on: run box setup-host on any member", Current.Network, net.Config["ipv4.address"])
+	}
+	opts, err := host.Options.With(net.Config)
+	if err != nil {
+		return err
+	}
+	d := BuildDesired(p.Masked(), opts)
+	rep.Subnet = SubnetChoice{Subnet: p.Masked(), Reason: "the cluster's " + Current.Network}
+	rep.Gateway = d.Gateway
+	if _, ok := opts.Slices[host.here()]; !ok {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("NOTE: member %s has no address slice on %s yet, so no box can be minted here: run box setup-host (without --member-only) on any member", host.here(), Current.Network))
+	}
+	var undos undoStack
+	defer func() {
+		if err != nil {
+			if uerr := undos.run(context.WithoutCancel(ctx)); uerr != nil {
+				err = errors.Join(err, uerr)
+			}
+		}
+	}()
+	return host.ensureHostLayers(ctx, g, d, rep, &undos)
+}
+
+// memberLayers reads, after a converge, whether every member's host
+// layers are in place.
+func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d Desired) []MemberLayers {
+	var out []MemberLayers
+	for _, m := range ci.Names() {
+		ml := MemberLayers{Member: m, Local: m == ci.Local}
+		if sl, ok := d.Slices[m]; ok {
+			ml.Slice = sl.String()
+		}
+		switch {
+		case m == ci.Local:
+			ml.State = MemberConverged
+		default:
+			fs, read, err := host.readMember(ctx, m, d)
+			switch {
+			case err != nil:
+				ml.State = MemberFindings
+				ml.Findings = []Finding{{Layer: "stack", Object: "member " + m, Problem: err.Error(), Fix: "box doctor on " + m}}
+			case !read:
+				ml.State = MemberNotRead
+			case len(fs) == 0:
+				ml.State = MemberClean
+			default:
+				ml.State, ml.Findings = MemberFindings, fs
+			}
+		}
+		out = append(out, ml)
+	}
+	return out
+}
+
+// readMember verifies another member's host layers where its namespace is
+// known (read false where it is not), its findings naming it.
+func (host *Host) readMember(ctx context.Context, member string, d Desired) (fs []Finding, read bool, err error) {
+	mh, ok := host.memberHost(member)
+	if !ok {
+		return nil, false, nil
+	}
+	g, err := mh.ground()
+	if err != nil {
+		return nil, true, err
+	}
+	defer g.close()
+	insts, err := host.Incus.AllInstances(ctx)
+	if err != nil {
+		return nil, true, err
+	}
+	v := &Verification{Findings: []Finding{}}
+	if err := mh.verifyGround(ctx, g, d, netip.PrefixFrom(d.Gateway, d.Subnet.Bits()), onMember(insts, member), v); err != nil {
+		return nil, true, fmt.Errorf("member %s: %w", member, err)
+	}
+	for i := range v.Findings {
+		v.Findings[i].Member = member
+	}
+	return v.Findings, true, nil
+}
+
+// verifyMembers adds, on a cluster, every other member's host layers that
+// can be read from here, and the cluster's addressing, to v.
+func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d Desired, v *Verification) error {
+	for _, m := range ci.Names() {
+		ml := MemberLayers{Member: m, Local: m == ci.Local, State: MemberClean}
+		if sl, ok := d.Slices[m]; ok {
+			ml.Slice = sl.String()
+		} else {
+			v.Findings = append(v.Findings, Finding{Layer: "L-NAT", Object: "member " + m, Member: m,
+				Problem: "has no address slice on " + Current.Network + ": no box can be minted there", Fix: "box setup-host"})
+		}
+		if m == ci.Local {
+			for _, f := range v.Findings {
+				if f.Member == m {
+					ml.Findings = append(ml.Findings, f)
+				}
+			}
+		} else {
+			fs, read, err := host.readMember(ctx, m, d)
+			if err != nil {
+				return err
+			}
+			if !read {
+				ml.State = MemberNotRead
+				v.Notes = append(v.Notes, fmt.Sprintf("member %s's host layers were not read from here (another machine): run box doctor on %s", m, m))
+			}
+			ml.Findings = fs
+			v.Findings = append(v.Findings, fs...)
+		}
+		if len(ml.Findings) > 0 {
+			ml.State = MemberFindings
+		}
+		v.Members = append(v.Members, ml)
+	}
+	f, err := host.readClusterFleet(ctx)
+	if err != nil {
+		return err
+	}
+	v.Findings = append(v.Findings, addressFindings(f)...)
+	return nil
+}
+
+// ParseMemberNetNS reads BOX_MEMBER_NETNS: "member=namespace" pairs,
+// comma or space separated.
+func ParseMemberNetNS(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' }) {
+		m, ns, ok := strings.Cut(f, "=")
+		if !ok || m == "" || ns == "" {
+			return nil, fmt.Errorf("BOX_MEMBER_NETNS: %q is not member=namespace", f)
+		}
+		out[m] = ns
+	}
+	return out, nil
+}
