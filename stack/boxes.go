@@ -172,6 +172,9 @@ type MintRequest struct {
 	Stamps map[string]string
 	// Egress is the box's allowlist of names; nil leaves it open.
 	Egress []string
+	// Target is, on a cluster, the member to mint it on; empty leaves the
+	// placement to Incus.
+	Target string
 }
 
 // NoStackError is a box verb on a host with no isolation stack.
@@ -318,7 +321,7 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	if req.Disk != "" {
 		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.pool(), "size": req.Disk}
 	}
-	err = host.Incus.CreateInstance(ctx, incus.InstancesPost{
+	err = host.create(ctx, req, incus.InstancesPost{
 		Name: req.Name, Type: typ, Config: cfg, Devices: devices,
 		Profiles: []string{Current.Profile},
 		Source:   incus.InstanceSource{Type: "image", Fingerprint: fp},
@@ -644,7 +647,34 @@ func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.r
 // started, its lease once it has asked. It is the one refresh box commands
 // call after changing a box; `box watch-ports` (WatchPorts) calls the two
 // halves apart, so a new port never waits for Incus's answers.
+//
+// On a cluster it refreshes every member it can reach (its own, and those
+// MemberNetNS names): a box minted, started or moved from here may live on
+// any of them. Another machine's member is its port watcher's to refresh.
 func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
+	if host.Tier || host.member != "" {
+		return host.refreshPortsHere(ctx)
+	}
+	ci, err := host.Cluster(ctx)
+	if err != nil {
+		return portsRefresh{}, err
+	}
+	r, err := host.refreshPortsHere(ctx)
+	if err != nil || !ci.Clustered() {
+		return r, err
+	}
+	for _, m := range ci.Names() {
+		if mh, ok := host.memberHost(m); ok && m != ci.Local {
+			if _, err := mh.refreshPortsHere(ctx); err != nil {
+				return r, fmt.Errorf("member %s: %w", m, err)
+			}
+		}
+	}
+	return r, nil
+}
+
+// refreshPortsHere is refreshPorts on this host's member only.
+func (host *Host) refreshPortsHere(ctx context.Context) (portsRefresh, error) {
 	if host.Tier {
 		// A granted user cannot touch the kernel: the port watcher (root)
 		// puts the port in the set and pins it, as it does for any box.

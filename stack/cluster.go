@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -541,4 +542,82 @@ func ParseMemberNetNS(s string) (map[string]string, error) {
 		out[m] = ns
 	}
 	return out, nil
+}
+
+// create creates (and starts) a box's instance. On a cluster the box gets
+// a fixed address from its member's slice: with a target it is created
+// there with it; without one Incus places it first (stopped), then it is
+// given the address of the member it landed on, then started.
+func (host *Host) create(ctx context.Context, req MintRequest, post incus.InstancesPost) error {
+	ci, err := host.Cluster(ctx)
+	if err != nil {
+		return err
+	}
+	if !ci.Clustered() {
+		if req.Target != "" {
+			return fmt.Errorf("minting %s: --target %s: this incusd is not a cluster member", req.Name, req.Target)
+		}
+		return host.Incus.CreateInstance(ctx, post)
+	}
+	if req.Target != "" && !slices.Contains(ci.Names(), req.Target) {
+		return fmt.Errorf("minting %s: no cluster member %s (members: %s)", req.Name, req.Target, strings.Join(ci.Names(), ", "))
+	}
+	start := post.Start
+	member := req.Target
+	if member == "" {
+		post.Start = false
+		if err := host.Incus.CreateInstance(ctx, post); err != nil {
+			return err
+		}
+		inst, _, err := host.Incus.Instance(ctx, post.Name)
+		if err != nil {
+			return err
+		}
+		member = inst.Location
+	}
+	// Incus refuses a fixed address another NIC on the member asks for:
+	// a box minted at the same moment may have taken it; pick again.
+	for try := 0; ; try++ {
+		addr, err := host.AddressFor(ctx, member)
+		if err != nil {
+			return err
+		}
+		if req.Target != "" {
+			post.Devices = maps.Clone(post.Devices)
+			post.Devices["eth0"] = fixedNIC(addr)
+			err = host.Incus.Target(member).CreateInstance(ctx, post)
+		} else {
+			err = host.setFixedAddress(ctx, post.Name, addr)
+		}
+		if err != nil && try < 2 && strings.Contains(err.Error(), "already defined on another NIC") {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		break
+	}
+	if req.Target == "" && start {
+		return host.Incus.SetInstanceState(ctx, post.Name, "start", 0, false)
+	}
+	return nil
+}
+
+// fixedNIC is the profile's NIC with a fixed address.
+func fixedNIC(addr netip.Addr) map[string]string {
+	return map[string]string{"type": "nic", "network": Current.Network, "name": "eth0", "security.port_isolation": "true", "ipv4.address": addr.String()}
+}
+
+// setFixedAddress gives an instance's NIC (the profile's) a fixed address.
+func (host *Host) setFixedAddress(ctx context.Context, name string, addr netip.Addr) error {
+	inst, etag, err := host.Incus.Instance(ctx, name)
+	if err != nil {
+		return err
+	}
+	put := inst.Writable()
+	if put.Devices == nil {
+		put.Devices = map[string]map[string]string{}
+	}
+	put.Devices["eth0"] = fixedNIC(addr)
+	return host.Incus.UpdateInstance(ctx, name, put, etag)
 }

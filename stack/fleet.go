@@ -536,6 +536,13 @@ func (host *Host) sweepLeaks(ctx context.Context, g *ground) ([]string, error) {
 // bridge with their other end in the host's namespace (best effort: a
 // port left behind is what Ensure's sweep and the census are for).
 func (host *Host) removeLeftPorts(inst *incus.Instance) {
+	if h := host.here(); h != "" && inst.Location != "" && inst.Location != h {
+		// On another member: its kernel holds the pair, where reachable.
+		if mh, ok := host.memberHost(inst.Location); ok {
+			mh.removeLeftPorts(inst)
+		}
+		return
+	}
 	g, err := host.ground()
 	if err != nil {
 		return

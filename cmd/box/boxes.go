@@ -28,7 +28,7 @@ const (
 type newOpts struct {
 	name, template, from, image string
 	cpu, memory, disk           string
-	egress                      string
+	egress, target              string
 	vm, container, asJSON       bool
 }
 
@@ -61,6 +61,7 @@ func setupNew(fs *flag.FlagSet) action {
 	fs.BoolVar(&o.vm, "vm", false, "make a virtual machine (default where the host can run one)")
 	fs.BoolVar(&o.container, "container", false, "make a container (default where the host cannot run VMs)")
 	fs.StringVar(&o.image, "image", "", "the image alias or fingerprint (beats BOX_IMAGE, which beats the template's)")
+	fs.StringVar(&o.target, "target", "", "on an Incus cluster: the member to mint it on (default: where Incus places it)")
 	fs.StringVar(&o.egress, "egress", "", "open (the default), or allow:FILE: the box reaches only the names in FILE (one name or *.suffix a line)")
 	fs.BoolVar(&o.asJSON, "json", false, "print the result as JSON")
 	return func(c *call) error { return c.newBox(o) }
@@ -141,7 +142,7 @@ func (c *call) newBox(o *newOpts) error {
 	b, err := h.Mint(c.ctx, stack.MintRequest{
 		Name: o.name, Image: img, Type: typ.Type,
 		CPU: res.CPU, Memory: res.Memory, Disk: res.Disk,
-		UserData: userData, Egress: egress,
+		UserData: userData, Egress: egress, Target: o.target,
 		Stamps: map[string]string{
 			stack.StampTemplate: t.Name,
 			stack.StampUser:     t.User,
