@@ -84,3 +84,30 @@ func Binary(t testing.TB, name string) string {
 
 // Drill is the drill binary: the agent a drill run pushes into its boxes.
 func Drill(t testing.TB) string { return Binary(t, "drill") }
+
+// ClusterStateEnv names the state file of the cluster world the cluster
+// tests use; ClusterWorld's default otherwise.
+const ClusterStateEnv = "BOX_CLUSTER_STATE"
+
+// ClusterWorld is the default name of the cluster world the tests use
+// (`drill world up --name boxc --cluster 3`, which `make test` builds).
+const ClusterWorld = "boxc"
+
+// Cluster returns the running cluster world (a world of 3 or more members)
+// or skips (or fails) when none is up: the system tier, on a cluster.
+func Cluster(t testing.TB) *world.State {
+	t.Helper()
+	Root(t)
+	path := os.Getenv(ClusterStateEnv)
+	if path == "" {
+		path = world.StatePath(filepath.Join(world.StateRoot, ClusterWorld))
+	}
+	st, err := world.LoadFile(path)
+	if err != nil {
+		unavailable(t, "needs a cluster world of 3 members: run `make test` (it builds one) or `bin/drill world up --name "+ClusterWorld+" --cluster 3`: "+err.Error())
+	}
+	if len(st.Members) < 3 {
+		unavailable(t, "the world at "+path+" is not a cluster of 3 members: rebuild it with `bin/drill world down --name "+st.Name+" && bin/drill world up --name "+st.Name+" --cluster 3`")
+	}
+	return st
+}
