@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -17,9 +18,9 @@ import (
 // worldCommands are world's subcommands.
 func worldCommands() []command {
 	return []command{
-		{name: "up", synopsis: "world up [--bridge-netfilter] [--no-incus] [--cluster N] [--json]", help: "build the world (or find it up) and import the probe image", setup: setupWorldUp},
-		{name: "down", synopsis: "world down [--purge]", help: "tear the world down, leaving nothing of it", setup: setupWorldDown},
-		{name: "status", synopsis: "world status [--json]", help: "say whether a world is up (exit 1 when not), and what is left of one that is not", setup: setupWorldStatus},
+		{name: "up", synopsis: "world up [--name W] [--bridge-netfilter] [--no-incus] [--cluster N] [--json]", help: "build the world (or find it up) and import the probe image", setup: setupWorldUp},
+		{name: "down", synopsis: "world down [--name W] [--purge]", help: "tear the world down, leaving nothing of it", setup: setupWorldDown},
+		{name: "status", synopsis: "world status [--name W] [--json]", help: "say whether a world is up (exit 1 when not), and what is left of one that is not", setup: setupWorldStatus},
 		{name: "image", synopsis: "world image [--alias A] [--json]", help: "import the probe image into the world's incusd (built from busybox-static)", setup: setupWorldImage},
 		{name: "check", synopsis: "world check [--json]", help: "mint a box in the world and prove it leases an address and reaches the canary", setup: setupWorldCheck},
 		{name: "serve", synopsis: "world serve --state FILE", help: "hold the world's services (runs under world up)", hidden: true, setup: setupWorldServe},
@@ -38,10 +39,11 @@ type worldUpReport struct {
 func setupWorldUp(fs *flag.FlagSet) runner {
 	brnf := fs.Bool("bridge-netfilter", false, "turn br_netfilter's bridge-nf-call-* on in the host namespace (off, like a plain Incus host)")
 	noIncus := fs.Bool("no-incus", false, "namespaces and services only, no incusd")
+	name := fs.String("name", world.DefaultName, "the world's `name` (at most 6 characters): its namespaces, links and state are named after it")
 	cluster := fs.Int("cluster", 0, "build an Incus cluster of `N` members (3 is the usual), each its own host namespace and incusd")
 	asJSON := fs.Bool("json", false, "print the world's state as JSON")
 	return func(ctx context.Context, s stdio, _ []string) int {
-		cfg := world.Config{BridgeNetfilter: *brnf, NoIncus: *noIncus, Cluster: *cluster}
+		cfg := world.Config{Name: *name, BridgeNetfilter: *brnf, NoIncus: *noIncus, Cluster: *cluster}
 		t0 := time.Now()
 		st, err := world.Up(ctx, cfg, s.err)
 		if err != nil {
@@ -65,6 +67,11 @@ func setupWorldUp(fs *flag.FlagSet) runner {
 			for _, m := range st.Members {
 				fmt.Fprintf(w, "member %s: %s:%d, INCUS_DIR=%s\n", m.Name, m.ClusterAddr, world.ClusterPort, m.IncusDir)
 			}
+			if st.Name != world.DefaultName {
+				fmt.Fprintf(w, "drill run in it: BOX_WORLD_STATE=%s drill run\n", world.StatePath(st.StateDir))
+				fmt.Fprintf(w, "tear down with: drill world down --name %s\n", st.Name)
+				return
+			}
 			fmt.Fprintf(w, "tear down with: drill world down\n")
 		})
 		return exitOK
@@ -73,11 +80,12 @@ func setupWorldUp(fs *flag.FlagSet) runner {
 
 func setupWorldDown(fs *flag.FlagSet) runner {
 	purge := fs.Bool("purge", false, "also delete the world's incusd data (imported images)")
+	name := fs.String("name", world.DefaultName, "the world's `name`")
 	return func(ctx context.Context, s stdio, _ []string) int {
 		if os.Geteuid() != 0 {
 			return fail(s, fmt.Errorf("tearing the world down needs root: run as root"))
 		}
-		if err := world.Down(context.WithoutCancel(ctx), world.Config{}, *purge, s.err); err != nil {
+		if err := world.Down(context.WithoutCancel(ctx), world.Config{Name: *name}, *purge, s.err); err != nil {
 			return fail(s, err)
 		}
 		fmt.Fprintln(s.out, "world is down; nothing of it is left")
@@ -95,9 +103,16 @@ type worldStatusReport struct {
 
 func setupWorldStatus(fs *flag.FlagSet) runner {
 	asJSON := fs.Bool("json", false, "print JSON")
+	name := fs.String("name", "", "the world's `name` (default: $BOX_WORLD_STATE's, else "+world.DefaultName+")")
 	return func(ctx context.Context, s stdio, _ []string) int {
-		rep := worldStatusReport{Leftovers: world.Leftovers(world.Config{})}
-		st, err := world.Load()
+		rep := worldStatusReport{Leftovers: world.Leftovers(world.Config{Name: *name})}
+		load := world.Load
+		if *name != "" {
+			load = func() (*world.State, error) {
+				return world.LoadFile(world.StatePath(filepath.Join(world.StateRoot, *name)))
+			}
+		}
+		st, err := load()
 		if err == nil {
 			rep.Up, rep.State = true, st
 		} else {
@@ -109,6 +124,9 @@ func setupWorldStatus(fs *flag.FlagSet) runner {
 		emit(s, *asJSON, rep, func(w io.Writer) {
 			if rep.Up {
 				fmt.Fprintf(w, "world %s is up since %s (incusd pid %d, services pid %d)\n", st.Name, st.Created.Format(time.RFC3339), st.IncusdPID, st.ServicesPID)
+				for _, m := range st.Members {
+					fmt.Fprintf(w, "member %s: %s:%d, incusd pid %d\n", m.Name, m.ClusterAddr, world.ClusterPort, m.IncusdPID)
+				}
 				return
 			}
 			fmt.Fprintf(w, "no world is up: %s\n", rep.Error)
