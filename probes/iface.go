@@ -125,10 +125,11 @@ type source struct {
 	ifi    *net.Interface
 	local  netip.Addr // our address to bind to, or invalid
 	target netip.Addr // with zone when link-scoped
+	port   int        // the source port to bind (tcp and udp), 0: the kernel's pick
 }
 
 func resolveSource(spec *ProbeSpec) (source, error) {
-	src := source{target: spec.Target}
+	src := source{target: spec.Target, port: spec.SrcPort}
 	if !spec.Via.IsValid() {
 		return src, nil
 	}

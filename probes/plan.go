@@ -209,6 +209,10 @@ type ProbeSpec struct {
 	// SrcIP is the forged IPv4 source of a forged_udp probe (required,
 	// forged_udp only).
 	SrcIP netip.Addr `json:"src_ip,omitzero"`
+	// SrcPort is the source port a tcp or udp probe binds (0: the
+	// kernel's pick): a witness past a NAT, which keeps the port, can then
+	// count this probe's packets and no one else's.
+	SrcPort int `json:"src_port,omitempty"`
 	// Payload picks what a udp probe sends (udp only). Empty chooses by
 	// destination port: a minimal valid request of the port's protocol
 	// for the well-known ports in udpproto.go (53, 5353, 67, 69, 123, 137,

@@ -97,7 +97,7 @@ func probeTCP(ctx context.Context, spec ProbeSpec, obs Observation) (out Observa
 				if src.ifi != nil {
 					ifindex = src.ifi.Index
 				}
-				if serr = unix.Bind(int(fd), sockaddrOf(bindAddr, 0, ifindex)); serr != nil {
+				if serr = unix.Bind(int(fd), sockaddrOf(bindAddr, src.port, ifindex)); serr != nil {
 					serr = fmt.Errorf("bind %s: %w", bindAddr, serr)
 					return
 				}

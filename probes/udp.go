@@ -77,7 +77,9 @@ func dialUDP(ctx context.Context, src source, port int, anyPort bool) (udpSock, 
 	if !anyPort {
 		d := net.Dialer{Control: ctl}
 		if src.local.IsValid() {
-			d.LocalAddr = net.UDPAddrFromAddrPort(netip.AddrPortFrom(src.local, 0))
+			d.LocalAddr = net.UDPAddrFromAddrPort(netip.AddrPortFrom(src.local, uint16(src.port)))
+		} else if src.port != 0 {
+			d.LocalAddr = &net.UDPAddr{Port: src.port}
 		}
 		c, err := d.DialContext(ctx, network, dst.String())
 		if err != nil {

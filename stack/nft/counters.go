@@ -34,11 +34,17 @@ type CountKey struct {
 	Dst   netip.Addr
 	Proto string // tcp, udp or icmp
 	Port  uint16
+	// SrcPort, when set, counts only the connection from that source port
+	// (tcp and udp): one probe's, past a NAT that kept its port.
+	SrcPort uint16
 }
 
 func (k CountKey) String() string {
 	if k.Proto == "icmp" {
 		return fmt.Sprintf("icmp %s>%s", k.Src, k.Dst)
+	}
+	if k.SrcPort != 0 {
+		return fmt.Sprintf("%s %s:%d>%s:%d", k.Proto, k.Src, k.SrcPort, k.Dst, k.Port)
 	}
 	return fmt.Sprintf("%s %s>%s:%d", k.Proto, k.Src, k.Dst, k.Port)
 }
@@ -52,7 +58,10 @@ func (k CountKey) rule() (Rule, error) {
 	case "tcp", "udp":
 		// The connection's original destination, so a packet the host
 		// forwards (DNAT) or redirects is counted by what the box aimed at.
-		parts = append(parts, ctOriginalDst(k.Dst), l4proto(k.Proto), ctOriginalDport(k.Port))
+		parts = append(parts, ctOriginalDst(k.Dst), l4proto(k.Proto), ctOriginalPort(k.Port, expr.CtKeyPROTODST, "proto-dst"))
+		if k.SrcPort != 0 {
+			parts = append(parts, ctOriginalPort(k.SrcPort, expr.CtKeyPROTOSRC, "proto-src"))
+		}
 	case "icmp":
 		parts = append(parts, ipAddr("daddr", 16, k.Dst), icmpType(unix.IPPROTO_ICMP, 8, "icmp type echo-request"))
 	default:
@@ -77,10 +86,11 @@ func ctOriginalDst(a netip.Addr) part {
 	}}
 }
 
-// ctOriginalDport matches the connection's original destination port.
-func ctOriginalDport(port uint16) part {
-	return part{fmt.Sprintf("ct original proto-dst %d", port), []expr.Any{
-		&expr.Ct{Register: 1, Key: expr.CtKeyPROTODST, Direction: 0},
+// ctOriginalPort matches the connection's original destination (or
+// source) port.
+func ctOriginalPort(port uint16, key expr.CtKey, name string) part {
+	return part{fmt.Sprintf("ct original %s %d", name, port), []expr.Any{
+		&expr.Ct{Register: 1, Key: key, Direction: 0},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
 	}}
 }
