@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -42,10 +44,7 @@ func pushAgent(ctx context.Context, client func(place string) *incus.Client, age
 	var wg sync.WaitGroup
 	errs := make([]error, 0, 4)
 	var mu sync.Mutex
-	for _, p := range []string{PlaceA, PlaceB, PlaceC, PlaceT, PlaceW} {
-		if _, ok := names[p]; !ok {
-			continue
-		}
+	for _, p := range slices.Sorted(maps.Keys(names)) {
 		c := client(p)
 		wg.Add(1)
 		go func() {
@@ -133,6 +132,11 @@ func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[string]
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var stdout, stderr []byte
+	if m := memberOfPlace(place); m != "" && !isMemberBox(place) {
+		// Another member's agent runs in that member's namespace.
+		place = PlaceHost
+		cfg.Host = cfg.Host.ForMember(m)
+	}
 	switch place {
 	case PlaceHost, PlaceLAN, PlaceInet:
 		// The host's agent runs in the namespace the bridge lives in (the

@@ -58,7 +58,7 @@ func (r *run) mintAllowBox(ctx context.Context, stamps map[string]string) error 
 	cfg := &r.cfg
 	names := allowNames(Scene{Topology: cfg.Topology})
 	cfg.logf("allow: minting %s under the allowlist %s", r.names[PlaceW], strings.Join(names, " "))
-	req := stack.MintRequest{Name: r.names[PlaceW], Image: cfg.Image, Type: probeType, Stamps: stamps, Egress: names}
+	req := stack.MintRequest{Name: r.names[PlaceW], Image: cfg.Image, Type: probeType, Stamps: stamps, Egress: names, Target: r.localMember()}
 	if err := mintProbeBox(ctx, cfg, req); err != nil {
 		return fmt.Errorf("allow: %w", err)
 	}

@@ -40,6 +40,11 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	if r.allowSelected() {
 		names[PlaceW] = "drill-" + rep.RunID + "-w"
 	}
+	for _, m := range r.members {
+		if !m.Local {
+			names[memberBoxPlace(m.Name)] = "drill-" + rep.RunID + "-" + memberSuffix(m.Name)
+		}
+	}
 	r.names = names
 	r.later(func(ctx context.Context) error {
 		cfg.logf("teardown: removing this run's boxes")
@@ -52,17 +57,29 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	stamps := map[string]string{TagDrill: "1", TagRun: rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version}
 	mctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	var mintErr [2]error
+	// On a cluster, box-a, box-b and the clone live on the member the
+	// drill talks to, one more box on every other member it can enter.
+	mints := map[string]string{PlaceA: r.localMember(), PlaceB: r.localMember()}
+	for _, m := range r.members {
+		if !m.Local {
+			mints[memberBoxPlace(m.Name)] = m.Name
+		}
+	}
+	mintErr := make([]error, 0, len(mints))
+	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for i, p := range []string{PlaceA, PlaceB} {
+	for p, target := range mints {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			mintErr[i] = mintProbeBox(mctx, cfg, stack.MintRequest{Name: names[p], Image: cfg.Image, Type: probeType, Stamps: stamps})
+			err := mintProbeBox(mctx, cfg, stack.MintRequest{Name: names[p], Image: cfg.Image, Type: probeType, Stamps: stamps, Target: target})
+			mu.Lock()
+			mintErr = append(mintErr, err)
+			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(mintErr[:]...); err != nil {
+	if err := errors.Join(mintErr...); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
 	if _, err := cfg.Host.WaitAddress(mctx, names[PlaceA], 30*time.Second); err != nil {
@@ -72,13 +89,16 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		return fmt.Errorf("boxes: %w", err)
 	}
 	r.ends = map[string]*BoxEnd{}
-	for _, p := range []string{PlaceA, PlaceB, PlaceC} {
+	for _, p := range append([]string{PlaceA, PlaceB, PlaceC}, r.memberBoxPlaces()...) {
 		e, err := boxEnd(mctx, cfg.Host, p, names[p])
 		if err != nil {
 			return fmt.Errorf("boxes: %w", err)
 		}
 		r.ends[p] = e
 		rep.Boxes = append(rep.Boxes, *e)
+	}
+	if err := r.checkPlacement(mctx); err != nil {
+		return fmt.Errorf("boxes: %w", err)
 	}
 	if r.tierSelected() {
 		if err := r.mintTierBox(mctx); err != nil {
@@ -155,7 +175,7 @@ func boxEnd(ctx context.Context, h *stack.Host, place, name string) (*BoxEnd, er
 	if err != nil {
 		return nil, fmt.Errorf("%s has no usable MAC (volatile.eth0.hwaddr=%q)", name, inst.Config["volatile.eth0.hwaddr"])
 	}
-	return &BoxEnd{Place: place, Instance: name, IP: ip, MAC: mac, LinkLocal: drillLinkLocal(mac), Type: inst.Type}, nil
+	return &BoxEnd{Place: place, Instance: name, IP: ip, MAC: mac, LinkLocal: drillLinkLocal(mac), Type: inst.Type, Member: inst.Location}, nil
 }
 
 // drillLinkLocal is the link-local address the agent adds on a probe box

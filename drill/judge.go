@@ -1,6 +1,7 @@
 package drill
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -340,7 +341,8 @@ func leftTheHost(r *Result, o probes.Observation, obs observations) (arrived boo
 // if it counted its control, box-a's DNS to the gateway, which the filter
 // lets through.
 func counted(r *Result, obs observations) (arrived bool, problem string) {
-	c, ok := obs.get(PlaceFilter, r.Count)
+	at := cmp.Or(r.CountAt, PlaceFilter)
+	c, ok := obs.get(at, r.Count)
 	if !ok {
 		return false, "no count from the counting chain after the host's filter (" + reportOf(c, ok) + ")"
 	}
@@ -348,9 +350,13 @@ func counted(r *Result, obs observations) (arrived bool, problem string) {
 		r.AtTarget = c.Reason
 		return true, ""
 	}
-	ctl, ok := obs.get(PlaceFilter, countControlID)
+	ctl, ok := obs.get(at, countControlID)
 	if !ok || ctl.Outcome != probes.Reached {
-		return false, "the counting chain after the host's filter did not count its control, box-a's DNS to the gateway (" + reportOf(ctl, ok) + "), so its zero proves nothing"
+		whose := "box-a's"
+		if m := memberOfPlace(at); m != "" {
+			whose = "member " + m + "'s box's"
+		}
+		return false, "the counting chain after the host's filter did not count its control, " + whose + " DNS to the gateway (" + reportOf(ctl, ok) + "), so its zero proves nothing"
 	}
 	r.AtTarget = "nothing counted after the host's filter (alive: " + ctl.Reason + ")"
 	return false, ""
@@ -477,7 +483,9 @@ func aggregate(c Claim, results []Result) ClaimResult {
 }
 
 // isBox reports whether a place is one of the probe boxes.
-func isBox(place string) bool { return place == PlaceA || place == PlaceB || place == PlaceC }
+func isBox(place string) bool {
+	return place == PlaceA || place == PlaceB || place == PlaceC || isMemberBox(place)
+}
 
 // answersHold reports whether one of the DNS answer records (rendered as
 // text, the address last) carries exactly addr.

@@ -49,6 +49,19 @@ func (r *run) runProbes(ctx context.Context) error {
 			})
 		})
 	}
+	for place, keys := range r.sc.MemberCounters {
+		ns := r.cfg.Host.ForMember(memberOfPlace(place)).NetNS
+		err := withNetNS(ns, func(fd int) error { return nft.InstallCounters(fd, table, keys) })
+		if err != nil {
+			return fmt.Errorf("the witness after member %s's filter: %w", memberOfPlace(place), err)
+		}
+		r.later(func(context.Context) error {
+			return withNetNS(ns, func(fd int) error {
+				_, err := nft.DeleteCounters(fd, table)
+				return err
+			})
+		})
+	}
 	var nw *neighWatch
 	if slices.ContainsFunc(r.cfg.Claims, func(c Claim) bool { return c.ID == "C-SPOOF" }) {
 		if nw, err = watchNeighbours(r.cfg.Host.NetNS, stack.Current.Network); err != nil {
@@ -72,16 +85,19 @@ func (r *run) runProbes(ctx context.Context) error {
 	}
 	rep.Problems = append(rep.Problems, failedControls(r.sc, r.obs)...)
 	if len(r.sc.Counters) > 0 {
-		r.obs[PlaceFilter] = r.readCounters(table)
+		r.obs[PlaceFilter] = r.readCounters(r.cfg.Host.NetNS, table, r.sc.Counters, r.sc.CountControl)
+	}
+	for place, keys := range r.sc.MemberCounters {
+		r.obs[place] = r.readCounters(r.cfg.Host.ForMember(memberOfPlace(place)).NetNS, table, keys, r.sc.CountControls[place])
 	}
 	return nil
 }
 
 // readCounters turns the counting chain's counts into observations; a
 // chain that cannot be read leaves them missing (inconclusive).
-func (r *run) readCounters(table string) map[string]probes.Observation {
+func (r *run) readCounters(ns, table string, keys []nft.CountKey, control nft.CountKey) map[string]probes.Observation {
 	var got map[string]uint64
-	err := withNetNS(r.cfg.Host.NetNS, func(fd int) error {
+	err := withNetNS(ns, func(fd int) error {
 		var err error
 		got, err = nft.ReadCounters(fd, table)
 		return err
@@ -91,9 +107,9 @@ func (r *run) readCounters(table string) map[string]probes.Observation {
 		return nil
 	}
 	m := map[string]probes.Observation{}
-	for _, k := range r.sc.Counters {
+	for _, k := range keys {
 		id := k.String()
-		if k == r.sc.CountControl {
+		if k == control {
 			id = countControlID
 		}
 		o := probes.Observation{ID: id, Kind: "counter", Target: k.String(), Outcome: probes.Silent, Reason: "no packet counted after the filter"}
@@ -193,6 +209,17 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 		if f.PortUnknown || (f.AllPorts() && (f.Proto == "tcp" || f.Proto == "udp")) {
 			r.rep.Notes = append(r.rep.Notes, "C-HOST: the ports of "+f.String()+" could not be listed, so they are not targets")
 		}
+	}
+	for _, m := range r.members {
+		if m.Local {
+			m.HostAddrs, m.Listeners, m.Forwards = s.HostAddrs, s.Listeners, s.Forwards
+		} else if err := r.readMember(&m, v.Subnet, v.Gateway); err != nil {
+			return s, err
+		}
+		if e, ok := r.ends[memberBoxPlace(m.Name)]; ok {
+			m.Box = *e
+		}
+		s.Members = append(s.Members, m)
 	}
 	// Boxes are not LAN targets.
 	s.LANHosts = slices.DeleteFunc(slices.Clone(s.LANHosts), func(t topo.Target) bool { return v.Subnet.Contains(t.Addr) })

@@ -53,6 +53,9 @@ type Environment struct {
 	// its Notes say so where the two differ.
 	BoxNewType      string `json:"box_new_type,omitempty"`
 	BridgeNetfilter bool   `json:"bridge_netfilter"`
+	// Members are, on an Incus cluster, the members the run drilled (a
+	// probe box on each, the first the one the drill talks to).
+	Members []string `json:"members,omitempty"`
 }
 
 // StackFacts is the isolation stack as the run found it.

@@ -170,6 +170,8 @@ type run struct {
 	// door is box-a's door (C-EXPOSE); doorErr why there is none.
 	door    netip.AddrPort
 	doorErr string
+	// members are, on a cluster, the members the drill can enter.
+	members []MemberScene
 }
 
 func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {

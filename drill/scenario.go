@@ -111,6 +111,8 @@ type BoxEnd struct {
 	Type string `json:"-"`
 	// Port is its port on the bridge, as the census met it.
 	Port string `json:"-"`
+	// Member is, on a cluster, the member it runs on.
+	Member string `json:"member,omitempty"`
 }
 
 // HostAddr and Target are the topology's.
@@ -150,6 +152,9 @@ type Scene struct {
 	// questions are the names C-NAMES asks besides the siblings'
 	// (nameQuestions).
 	questions []topo.Name
+	// Members are, on a cluster, its members the drill can enter (the
+	// local one, where box-a runs, among them); empty off a cluster.
+	Members []MemberScene
 	// HostTCP and HostUDP are the ports of the drill's listeners on the
 	// host's addresses (9100 and 9101 when zero); on a real host they are
 	// picked per run, so a service of the host's own is never in the way.
@@ -161,8 +166,11 @@ type Action struct {
 	ID      string `json:"id"`
 	Claim   string `json:"claim"`
 	Channel string `json:"channel"`
-	From    string `json:"from"`   // a place
-	Target  string `json:"target"` // who, for people: "box-b 10.88.0.12"
+	From    string `json:"from"` // a place
+	// Member is, on a cluster, the member whose host the probe is aimed
+	// at (or, for a probe box's own controls, the member it runs on).
+	Member string `json:"member,omitempty"`
+	Target string `json:"target"` // who, for people: "box-b 10.88.0.12"
 	// TargetKey is the matrix column: the target's name without its
 	// address or port ("host-gateway", "lan-10"). In the JSON so that a
 	// recorded report draws the same matrix.
@@ -190,8 +198,10 @@ type Action struct {
 	Pinned netip.Addr `json:"-"`
 	// Count is the key of the counting chain after the host's filter that
 	// witnesses this probe (host addresses, where a service of the host's
-	// own answers, or nothing does).
-	Count string `json:"-"`
+	// own answers, or nothing does); CountAt the chain's place (a cluster
+	// member's; PlaceFilter when empty).
+	Count   string `json:"-"`
+	CountAt string `json:"-"`
 	// OutControl is the nonce of the host's own echo to the action's LAN
 	// target: an outbound witness that saw it leave was watching the way
 	// the action's packets would take.
@@ -212,6 +222,10 @@ type Scenario struct {
 	// chain that counted nothing was not counting.
 	Counters     []nft.CountKey
 	CountControl nft.CountKey
+	// MemberCounters and CountControls are, on a cluster, other members'
+	// counting chains (by their filter place) and each one's control.
+	MemberCounters map[string][]nft.CountKey
+	CountControls  map[string]nft.CountKey
 }
 
 type builder struct {
@@ -276,7 +290,7 @@ func (b *builder) witness(a *Action, place string, spec probes.WitnessSpec) {
 // plans. Baseline claims are always built: without them no blocked verdict
 // can be trusted.
 func BuildScenario(t Scene, claims []Claim) *Scenario {
-	b := &builder{t: t, sc: &Scenario{Plans: map[string]*probes.Plan{}}, claims: map[string]bool{},
+	b := &builder{t: t, sc: &Scenario{Plans: map[string]*probes.Plan{}, CountControls: map[string]nft.CountKey{}}, claims: map[string]bool{},
 		window: int((planDeadline - probes.AgentMargin - passiveCushion).Milliseconds()), controls: map[string]string{}}
 	for _, c := range claims {
 		b.claims[c.ID] = true
@@ -315,6 +329,7 @@ func BuildScenario(t Scene, claims []Claim) *Scenario {
 	b.baselines()
 	b.sibling()
 	b.host()
+	b.cluster()
 	b.lan()
 	b.names()
 	b.v6()
@@ -507,36 +522,55 @@ func (b *builder) host() {
 
 // hostFrom probes every host address from one box for a claim.
 func (b *builder) hostFrom(claim string, from BoxEnd) {
+	b.hostAt(claim, from, b.t.localMember(), b.t.HostAddrs, from.IP, false)
+}
+
+// hostAt probes addrs, addresses of member m, from one box for a claim,
+// judged at m: by its listeners, its own probes of them (the controls) and
+// its counting chain. natSrc is where the box's packets come from at m (the
+// box itself on its own member, its member's cluster address at another);
+// cross pins each counted probe's source port, so m's chain counts that
+// probe and nothing else from natSrc (the cluster's own traffic, say).
+func (b *builder) hostAt(claim string, from BoxEnd, m MemberScene, addrs []HostAddr, natSrc netip.Addr, cross bool) {
 	t := b.t
 	tcp, udp := t.hostPorts()
-	for _, h := range t.HostAddrs {
+	member := m.Name
+	for _, h := range addrs {
 		label := "host " + h.Name + " " + h.Addr.String()
 		key := "host-" + h.Name
-		a := b.probe(Action{ID: b.id(), Claim: claim, Channel: "tcp", From: from.Place, Target: label, TargetKey: key, Expect: ExpectBlocked},
+		if !m.Local {
+			label = "member " + m.Name + " " + h.Name + " " + h.Addr.String()
+			key = "member-" + h.Name
+		}
+		a := b.probe(Action{ID: b.id(), Claim: claim, Channel: "tcp", From: from.Place, Member: member, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindTCP, Target: h.Addr, Port: tcp, Via: t.Subnet, Nonce: probes.NewNonce()})
-		a.ListenerAt, a.ListenerID = PlaceHost, "l-tcp-"+h.Name
-		a.ControlAt, a.ControlID = PlaceHost, b.selfControl("ctl-tcp-"+h.Name, probes.KindTCP, h.Addr, tcp)
-		a = b.probe(Action{ID: b.id(), Claim: claim, Channel: "udp", From: from.Place, Target: label, TargetKey: key, Expect: ExpectBlocked},
+		a.ListenerAt, a.ListenerID = m.hostPlace(), "l-tcp-"+h.Name
+		a.ControlAt, a.ControlID = m.hostPlace(), b.selfControl(m.hostPlace(), "ctl-tcp-"+h.Name, probes.KindTCP, h.Addr, tcp)
+		a = b.probe(Action{ID: b.id(), Claim: claim, Channel: "udp", From: from.Place, Member: member, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindUDP, Target: h.Addr, Port: udp, Via: t.Subnet, Nonce: probes.NewNonce()})
-		a.ListenerAt, a.ListenerID = PlaceHost, "l-udp-"+h.Name
-		a.ControlAt, a.ControlID = PlaceHost, b.selfControl("ctl-udp-"+h.Name, probes.KindUDP, h.Addr, udp)
+		a.ListenerAt, a.ListenerID = m.hostPlace(), "l-udp-"+h.Name
+		a.ControlAt, a.ControlID = m.hostPlace(), b.selfControl(m.hostPlace(), "ctl-udp-"+h.Name, probes.KindUDP, h.Addr, udp)
 		// The host's kernel answers every echo that reaches it (its control:
 		// it answers the host's own), so silence is the firewall's doing; a
 		// capture on the box side would see the request before the
 		// firewall drops it and prove nothing.
-		a = b.probe(Action{ID: b.id(), Claim: claim, Channel: "icmp", From: from.Place, Target: label, TargetKey: key, Expect: ExpectBlocked},
+		a = b.probe(Action{ID: b.id(), Claim: claim, Channel: "icmp", From: from.Place, Member: member, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindICMP, Target: h.Addr, Via: t.Subnet, Nonce: probes.NewNonce()})
-		a.ControlAt, a.ControlID = PlaceHost, b.selfControl("ctl-icmp-"+h.Name, probes.KindICMP, h.Addr, 0)
-		for _, sv := range b.hostServices(h) {
+		a.ControlAt, a.ControlID = m.hostPlace(), b.selfControl(m.hostPlace(), "ctl-icmp-"+h.Name, probes.KindICMP, h.Addr, 0)
+		for _, sv := range b.hostServices(h, m.Listeners, m.Forwards) {
 			kind := probes.KindTCP
 			if sv.proto == "udp" {
 				kind = probes.KindUDP
 			}
-			a := b.probe(Action{ID: b.id(), Claim: claim, Channel: sv.proto, From: from.Place, Target: fmt.Sprintf("%s %s/%d (%s)", label, sv.proto, sv.port, sv.what), TargetKey: key, Expect: ExpectBlocked, Provenance: sv.why},
-				probes.ProbeSpec{Kind: kind, Target: h.Addr, Port: int(sv.port), Via: t.Subnet, Nonce: probes.NewNonce()})
-			k := nft.CountKey{Src: from.IP, Dst: h.Addr, Proto: sv.proto, Port: sv.port}
-			a.Count = k.String()
-			b.sc.Counters = append(b.sc.Counters, k)
+			spec := probes.ProbeSpec{Kind: kind, Target: h.Addr, Port: int(sv.port), Via: t.Subnet, Nonce: probes.NewNonce()}
+			k := nft.CountKey{Src: natSrc, Dst: h.Addr, Proto: sv.proto, Port: sv.port}
+			if cross {
+				spec.SrcPort = srcPort()
+				k.SrcPort = uint16(spec.SrcPort)
+			}
+			a := b.probe(Action{ID: b.id(), Claim: claim, Channel: sv.proto, From: from.Place, Member: member, Target: fmt.Sprintf("%s %s/%d (%s)", label, sv.proto, sv.port, sv.what), TargetKey: key, Expect: ExpectBlocked, Provenance: sv.why}, spec)
+			a.Count, a.CountAt = k.String(), m.filterPlace()
+			b.countAt(m.filterPlace(), k)
 		}
 	}
 }
@@ -553,7 +587,7 @@ type hostService struct {
 // drill's own listeners: every socket listening on it (or on every
 // address) that a box could reach, and DNS and DHCP on every address but
 // the gateway, where they are the only exceptions, listener or not.
-func (b *builder) hostServices(h HostAddr) []hostService {
+func (b *builder) hostServices(h HostAddr, listeners []hostscan.Listener, forwards []hostscan.Forward) []hostService {
 	t := b.t
 	type key struct {
 		proto string
@@ -573,7 +607,7 @@ func (b *builder) hostServices(h HostAddr) []hostService {
 			out = append(out, hostService{proto, port, what, why})
 		}
 	}
-	for _, l := range t.Listeners {
+	for _, l := range listeners {
 		if l.Loopback || (l.Family == 6 && !l.Addr.IsUnspecified()) || (!l.Addr.IsUnspecified() && l.Addr != h.Addr) {
 			continue
 		}
@@ -583,7 +617,7 @@ func (b *builder) hostServices(h HostAddr) []hostService {
 		}
 		add(l.Proto, l.Port, what, topo.FromListener)
 	}
-	for _, f := range t.Forwards {
+	for _, f := range forwards {
 		if !forwardsFromBoxes(f, h.Addr) {
 			continue
 		}
@@ -623,8 +657,8 @@ func forwardsFromBoxes(f hostscan.Forward, addr netip.Addr) bool {
 // selfControl has the host probe its own listener (or its own kernel, for
 // ICMP) after the boxes' probes ended: a target that answers it was serving
 // all along, so its silence to a box means something.
-func (b *builder) selfControl(id string, kind probes.Kind, addr netip.Addr, port int) string {
-	p := b.plan(PlaceHost)
+func (b *builder) selfControl(place, id string, kind probes.Kind, addr netip.Addr, port int) string {
+	p := b.plan(place)
 	// One control serves every source that aims at the target.
 	if slices.ContainsFunc(p.Probes, func(s probes.ProbeSpec) bool { return s.ID == id }) {
 		return id
@@ -820,6 +854,18 @@ func (b *builder) clone() {
 }
 
 // hostPorts are the ports of the drill's listeners on host addresses.
+// localMember is the host box-a runs on, as a member (named when on a
+// cluster).
+func (t Scene) localMember() MemberScene {
+	m := MemberScene{Local: true, Listeners: t.Listeners, Forwards: t.Forwards, HostAddrs: t.HostAddrs}
+	for _, c := range t.Members {
+		if c.Local {
+			m.Name, m.ClusterAddr, m.NetNS = c.Name, c.ClusterAddr, c.NetNS
+		}
+	}
+	return m
+}
+
 func (t Scene) hostPorts() (tcp, udp int) {
 	tcp, udp = t.HostTCP, t.HostUDP
 	if tcp == 0 {

@@ -30,6 +30,26 @@ func (r *run) ensureStack(ctx context.Context) error {
 		}
 		rep.Stack.Ensured = true
 		rep.Stack.Changes = er.Changes
+		// On a cluster, every other member's host layers too (what
+		// setup-host --member-only does there).
+		mrs, err := cfg.Host.EnsureMembers(sctx)
+		if err != nil {
+			return fmt.Errorf("stack: %w", err)
+		}
+		for _, mr := range mrs {
+			for _, ch := range mr.Report.Changes {
+				ch.Object += " (member " + mr.Member + ")"
+				rep.Stack.Changes = append(rep.Stack.Changes, ch)
+			}
+		}
+	}
+	members, err := r.clusterMembers(sctx)
+	if err != nil {
+		return fmt.Errorf("stack: reading the cluster: %w", err)
+	}
+	r.members = members
+	for _, m := range members {
+		rep.Environment.Members = append(rep.Environment.Members, m.Name)
 	}
 	if _, _, err := cfg.Host.Incus.Network(sctx, stack.Current.Network); incus.IsNotFound(err) {
 		return fmt.Errorf("stack: there is no isolation stack to drill (no network %s): run box setup-host, or drop --no-setup", stack.Current.Network)

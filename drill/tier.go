@@ -335,10 +335,15 @@ func tierControlled(rs []Result) []Result { return placeControlled(rs, PlaceT) }
 // placeControlled makes the blocks of the probes from place inconclusive
 // unless place's own controls (its probes that expect to reach or
 // resolve) all passed: a box that reaches nothing "blocks" everything.
-func placeControlled(rs []Result, place string) []Result {
+func placeControlled(rs []Result, place string) []Result { return controlledBy(rs, rs, place) }
+
+// controlledBy is placeControlled with place's controls taken from all
+// (another claim's results, for a member's box: its controls are C-EGRESS's
+// and C-DNS's).
+func controlledBy(rs, all []Result, place string) []Result {
 	var failed []string
 	controls := 0
-	for _, r := range rs {
+	for _, r := range all {
 		if r.From == place && (r.Expect == ExpectReach || r.Expect == ExpectResolve) {
 			controls++
 			if r.Verdict != Pass {

@@ -55,6 +55,17 @@ func (r *run) judgeAll(context.Context) error {
 		case cl.ID == "C-EXPOSE" && len(rs) == 0 && r.doorErr != "":
 			a := Action{ID: "e-door", Claim: cl.ID, Channel: "tcp", From: "drill", Target: "a door to box-a", TargetKey: "door", Expect: ExpectReach}
 			rs = []Result{{Action: a, Verdict: Inconclusive, Observed: "no door", Evidence: "box expose could not open the door here: " + r.doorErr}}
+		case cl.ID == "C-HOST" && len(rs) > 0 && len(r.members) > 0:
+			// Another member's box's blocks count only if its own
+			// controls held.
+			var all []Result
+			for _, a := range sc.Actions {
+				all = append(all, judged[a.ID])
+			}
+			for _, p := range r.memberBoxPlaces() {
+				rs = controlledBy(rs, all, p)
+			}
+			rs = append(rs, stackResults(cl, r.findings)...)
 		case cl.ID == "C-ALLOW" && len(rs) > 0:
 			rs = append(allowControlled(rs), stackResults(cl, r.findings)...)
 		case len(rs) > 0:

@@ -51,8 +51,12 @@ func stackResults(c Claim, findings []stack.Finding) []Result {
 		if !c.rests(f) {
 			continue
 		}
-		a := Action{ID: fmt.Sprintf("s-%s-%d", c.ID, len(out)+1), Claim: c.ID, Channel: ChannelStack, From: "verify",
-			Target: f.Layer + " " + f.Object, TargetKey: ChannelStack, Expect: ExpectPresent}
+		target := f.Layer + " " + f.Object
+		if f.Member != "" {
+			target += " on member " + f.Member
+		}
+		a := Action{ID: fmt.Sprintf("s-%s-%d", c.ID, len(out)+1), Claim: c.ID, Channel: ChannelStack, From: "verify", Member: f.Member,
+			Target: target, TargetKey: ChannelStack, Expect: ExpectPresent}
 		out = append(out, Result{Action: a, Verdict: Fail, Observed: "absent",
 			Evidence: fmt.Sprintf("Verify: %s: %s (fix: %s)", f.Object, f.Problem, f.Fix)})
 	}

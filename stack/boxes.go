@@ -405,7 +405,7 @@ func (host *Host) Clone(ctx context.Context, src, snap, name string) (_ *CloneRe
 	}
 	res := &CloneResult{}
 	copyReq := incus.InstancesPost{Name: name, Type: inst.Type, Source: incus.InstanceSource{Type: "copy", Source: source}}
-	err = host.Incus.CreateInstance(ctx, copyReq)
+	err = host.copyInstance(ctx, inst, copyReq)
 	if err != nil && snap == "" && inst.Status == "Running" && strings.Contains(err.Error(), "freezing") {
 		// This host cannot freeze a running container to copy it
 		// consistently: stop the source for the copy and start it again.
@@ -413,7 +413,7 @@ func (host *Host) Clone(ctx context.Context, src, snap, name string) (_ *CloneRe
 			return nil, fmt.Errorf("cloning %s: %w; stopping it for a cold copy: %v", src, err, serr)
 		}
 		res.SourceStopped = true
-		err = host.Incus.CreateInstance(ctx, copyReq)
+		err = host.copyInstance(ctx, inst, copyReq)
 		if serr := host.Incus.SetInstanceState(context.WithoutCancel(ctx), src, "start", 0, false); serr != nil {
 			err = errors.Join(err, fmt.Errorf("restarting %s after the copy: %w", src, serr))
 		}

@@ -562,10 +562,33 @@ func (host *Host) create(ctx context.Context, req MintRequest, post incus.Instan
 	if req.Target != "" && !slices.Contains(ci.Names(), req.Target) {
 		return fmt.Errorf("minting %s: no cluster member %s (members: %s)", req.Name, req.Target, strings.Join(ci.Names(), ", "))
 	}
+	// Picking an address and creating the instance that holds it are one
+	// step for every box command on this machine (two mints at once would
+	// pick the same one); the start, which is slow, comes after.
+	unlock, err := lockFile(ctx, addressLock, "the address slices")
+	if err != nil {
+		return err
+	}
 	start := post.Start
-	member := req.Target
+	post.Start = false
+	err = host.createFixed(ctx, req.Target, post)
+	unlock()
+	if err != nil || !start {
+		return err
+	}
+	return host.Incus.SetInstanceState(ctx, post.Name, "start", 0, false)
+}
+
+// addressLock serialises picking a fixed address with creating its box.
+const addressLock = "/run/lock/box-addresses.lock"
+
+// createFixed creates a stopped instance with a fixed address: on target,
+// or where Incus places it. Incus refuses an address another NIC on the
+// same member asks for (a box minted from another machine at the same
+// moment): it is picked again.
+func (host *Host) createFixed(ctx context.Context, target string, post incus.InstancesPost) error {
+	member := target
 	if member == "" {
-		post.Start = false
 		if err := host.Incus.CreateInstance(ctx, post); err != nil {
 			return err
 		}
@@ -575,32 +598,25 @@ func (host *Host) create(ctx context.Context, req MintRequest, post incus.Instan
 		}
 		member = inst.Location
 	}
-	// Incus refuses a fixed address another NIC on the member asks for:
-	// a box minted at the same moment may have taken it; pick again.
 	for try := 0; ; try++ {
 		addr, err := host.AddressFor(ctx, member)
 		if err != nil {
 			return err
 		}
-		if req.Target != "" {
+		if target != "" {
 			post.Devices = maps.Clone(post.Devices)
+			if post.Devices == nil {
+				post.Devices = map[string]map[string]string{}
+			}
 			post.Devices["eth0"] = fixedNIC(addr)
 			err = host.Incus.Target(member).CreateInstance(ctx, post)
 		} else {
 			err = host.setFixedAddress(ctx, post.Name, addr)
 		}
-		if err != nil && try < 2 && strings.Contains(err.Error(), "already defined on another NIC") {
-			continue
-		}
-		if err != nil {
+		if err == nil || try == 2 || !strings.Contains(err.Error(), "already defined on another NIC") {
 			return err
 		}
-		break
 	}
-	if req.Target == "" && start {
-		return host.Incus.SetInstanceState(ctx, post.Name, "start", 0, false)
-	}
-	return nil
 }
 
 // fixedNIC is the profile's NIC with a fixed address.
@@ -620,4 +636,89 @@ func (host *Host) setFixedAddress(ctx context.Context, name string, addr netip.A
 	}
 	put.Devices["eth0"] = fixedNIC(addr)
 	return host.Incus.UpdateInstance(ctx, name, put, etag)
+}
+
+// MemberReport is one member's host layers converged (EnsureMembers).
+type MemberReport struct {
+	Member string  `json:"member"`
+	Report *Report `json:"report"`
+}
+
+// EnsureMembers converges the host layers of every other member whose
+// namespace MemberNetNS names (setup-host --member-only there), after
+// Ensure converged the cluster's objects and this member's. A standalone
+// host has none.
+func (host *Host) EnsureMembers(ctx context.Context) ([]MemberReport, error) {
+	ci, err := host.Cluster(ctx)
+	if err != nil || !ci.Clustered() {
+		return nil, err
+	}
+	var out []MemberReport
+	for _, m := range ci.Names() {
+		mh, ok := host.memberHost(m)
+		if !ok || m == ci.Local {
+			continue
+		}
+		mh.MemberOnly = true
+		rep, err := mh.Ensure(ctx)
+		if err != nil {
+			return out, fmt.Errorf("member %s: %w", m, err)
+		}
+		out = append(out, MemberReport{Member: m, Report: rep})
+	}
+	return out, nil
+}
+
+// ClusterMemberAddr is a member's name and cluster address.
+type ClusterMemberAddr struct {
+	Name string
+	Addr netip.Addr
+}
+
+// MemberAddrs reads every member's cluster address from its URL.
+func (ci ClusterInfo) MemberAddrs() []ClusterMemberAddr {
+	var out []ClusterMemberAddr
+	for _, m := range ci.Members {
+		hp := strings.TrimPrefix(strings.TrimPrefix(m.URL, "https://"), "http://")
+		ap, err := netip.ParseAddrPort(hp)
+		a := ap.Addr()
+		if err != nil {
+			a, _ = netip.ParseAddr(hp)
+		}
+		out = append(out, ClusterMemberAddr{Name: m.ServerName, Addr: a})
+	}
+	return out
+}
+
+// ForMember is host acting on another member of its cluster: its Incus
+// client aimed there, and its network namespace when MemberNetNS names
+// one (the same namespace as host's otherwise: check MemberNetNS first).
+func (host *Host) ForMember(member string) *Host {
+	mh, _ := host.memberHost(member)
+	return mh
+}
+
+// copyInstance copies src as req asks: on a cluster onto src's member (a
+// copy Incus places elsewhere goes through a migration, and is refused for
+// an image the other member lacks), with a fixed address of its own from
+// that member's slice (the copy would carry src's).
+func (host *Host) copyInstance(ctx context.Context, src *incus.Instance, req incus.InstancesPost) error {
+	ci, err := host.Cluster(ctx)
+	if err != nil {
+		return err
+	}
+	if !ci.Clustered() || src.Location == "" {
+		return host.Incus.CreateInstance(ctx, req)
+	}
+	unlock, err := lockFile(ctx, addressLock, "the address slices")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	addr, err := host.AddressFor(ctx, src.Location)
+	if err != nil {
+		return err
+	}
+	req.Devices = map[string]map[string]string{"eth0": fixedNIC(addr)}
+	return host.Incus.Target(src.Location).CreateInstance(ctx, req)
 }

@@ -86,7 +86,7 @@ func setupRun(fs *flag.FlagSet) runner {
 			// The world's own resolver stands in for the public ones.
 			opts.DNS = []netip.Addr{world.Resolver}
 		}
-		host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts}
+		host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts, MemberNetNS: st.MemberNetNS()}
 		return runAndReport(ctx, s, drill.Config{Host: host, Topology: st.Topology(), Image: *img, NoSetup: *noSetup,
 			Claims: selected, Log: s.err, Version: version, Mutations: mutations}, *asJSON, out)
 	}

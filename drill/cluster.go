@@ -1,0 +1,292 @@
+package drill
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/box-isolation/box/drill/topo"
+	"github.com/box-isolation/box/internal/hostscan"
+	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/probes"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// On an Incus cluster the drill runs its usual probe boxes (box-a, box-b,
+// clone-a, box-t, box-w) on the member it talks to, and one more probe box
+// on every other member whose network namespace it can enter (the world's
+// members; Host.MemberNetNS). Each member's bridge is its own L2 segment
+// with the same subnet and gateway address, so a box can reach another
+// member only through routing: from its own member's bridge, NATed to that
+// member's cluster address, to another member's cluster address. Those are
+// the cross-member pairs that could really be reached if isolation broke
+// (the ACL drops private ranges on every member's bridge, and a member's
+// host firewall drops only what arrives on its own boxnet, so another
+// member's box arrives on the cluster interface): every member's box
+// probes every other member's cluster address, the cluster API port among
+// the listeners found there, each judged by that member's witnesses (the
+// drill's listeners, the member's own probes of them, and a counting chain
+// in that member's namespace keyed by the probe's source port, which the
+// NAT keeps). A member's box also probes its own member's host addresses,
+// as box-a does, so a member whose host layers are gone fails for that
+// member.
+//
+// Box to box across members is not probed: box-a's and another member's
+// box's addresses are in the same subnet, so box-a's kernel looks for the
+// peer on its own member's bridge, where it is not; no route, NAT or
+// bridge joins two members' bridges. A probe there could not fail whatever
+// the stack did, so it would prove nothing (SPEC 4, evidence rules).
+
+// MemberScene is one cluster member as the scenario knows it.
+type MemberScene struct {
+	Name        string     `json:"name"`
+	NetNS       string     `json:"netns"`
+	Local       bool       `json:"local,omitempty"`
+	ClusterAddr netip.Addr `json:"cluster_addr"`
+	// Box is its probe box (box-a plays it on the local member); zero
+	// when none runs there.
+	Box BoxEnd `json:"box"`
+	// HostAddrs, Listeners and Forwards are read in its namespace.
+	HostAddrs []HostAddr          `json:"-"`
+	Listeners []hostscan.Listener `json:"-"`
+	Forwards  []hostscan.Forward  `json:"-"`
+}
+
+// Place names of another member's probe box, agent and counting chain.
+func memberBoxPlace(m string) string    { return "box@" + m }
+func memberHostPlace(m string) string   { return "host@" + m }
+func memberFilterPlace(m string) string { return "filter@" + m }
+
+// hostPlace, filterPlace and boxPlace are where the member's host agent,
+// counting chain and probe box are.
+func (m MemberScene) hostPlace() string {
+	if m.Local {
+		return PlaceHost
+	}
+	return memberHostPlace(m.Name)
+}
+
+func (m MemberScene) filterPlace() string {
+	if m.Local {
+		return PlaceFilter
+	}
+	return memberFilterPlace(m.Name)
+}
+
+// isMemberBox says whether a place is another member's probe box.
+func isMemberBox(place string) bool { return strings.HasPrefix(place, "box@") }
+
+// memberOfPlace is the member a member place names ("" for any other).
+func memberOfPlace(place string) string {
+	if _, m, ok := strings.Cut(place, "@"); ok {
+		return m
+	}
+	return ""
+}
+
+// clusterMembers reads the cluster the drill runs on: every member with
+// its namespace (where known) and cluster address; nil off a cluster.
+func (r *run) clusterMembers(ctx context.Context) ([]MemberScene, error) {
+	h := r.cfg.Host
+	ci, err := h.Cluster(ctx)
+	if err != nil || !ci.Clustered() {
+		return nil, err
+	}
+	var out []MemberScene
+	for _, ma := range ci.MemberAddrs() {
+		m := MemberScene{Name: ma.Name, ClusterAddr: ma.Addr, Local: ma.Name == ci.Local}
+		if m.Local {
+			m.NetNS = h.NetNS
+		} else if ns, ok := h.MemberNetNS[ma.Name]; ok {
+			m.NetNS = ns
+		} else {
+			r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("cluster: member %s's namespace is not known here (another machine): no probe box runs there and nothing there witnesses, so its cluster address is not a target", ma.Name))
+			continue
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// readMember reads a member's addresses, listeners and forwarding rules in
+// its namespace, as buildScene reads the local host's.
+func (r *run) readMember(m *MemberScene, subnet netip.Prefix, gw netip.Addr) error {
+	addrs, _, err := topo.ReadInterfaces(m.NetNS)
+	if err != nil {
+		return fmt.Errorf("member %s: %w", m.Name, err)
+	}
+	m.HostAddrs = topo.HostAddrs(addrs, subnet, gw)
+	return nsrun.Do(m.NetNS, func() error {
+		var err error
+		if m.Listeners, err = hostscan.Listeners(); err != nil {
+			return fmt.Errorf("member %s: %w", m.Name, err)
+		}
+		if fw, err := hostscan.Forwards(); err == nil {
+			m.Forwards = fw.Forwards
+		}
+		return nil
+	})
+}
+
+// clusterAddrOf is a member's host address entry for its cluster address.
+func (m MemberScene) clusterAddrOf() (HostAddr, bool) {
+	for _, h := range m.HostAddrs {
+		if h.Addr == m.ClusterAddr {
+			return h, true
+		}
+	}
+	return HostAddr{}, false
+}
+
+// srcPort is a source port for a probe a counting chain past a NAT keys
+// on: in the dynamic range, so no service's port.
+func srcPort() int {
+	var b [2]byte
+	_, _ = rand.Read(b[:])
+	return 32768 + int(binary.BigEndian.Uint16(b[:]))%28000
+}
+
+// cluster adds the cross-member probes (see the top of this file).
+func (b *builder) cluster() {
+	t := b.t
+	if len(t.Members) == 0 || !b.claims["C-HOST"] {
+		return
+	}
+	tcp, udp := t.hostPorts()
+	// The drill's listeners on every other member's addresses.
+	for _, m := range t.Members {
+		if m.Local {
+			continue
+		}
+		p := b.plan(m.hostPlace())
+		for _, h := range m.HostAddrs {
+			p.Listeners = append(p.Listeners,
+				probes.ListenerSpec{ID: "l-tcp-" + h.Name, Kind: probes.KindTCPGreeter, Name: m.Name + "-" + h.Name, Port: tcp, Via: h.Via, WindowMS: b.window},
+				probes.ListenerSpec{ID: "l-udp-" + h.Name, Kind: probes.KindUDPEcho, Name: m.Name + "-" + h.Name, Port: udp, Via: h.Via, WindowMS: b.window})
+		}
+	}
+	for _, m := range t.Members {
+		if m.Local || !m.Box.IP.IsValid() {
+			continue
+		}
+		b.memberControls(m)
+		// Its own member's host, as box-a probes the local one.
+		b.hostAt("C-HOST", m.Box, m, m.HostAddrs, m.Box.IP, false)
+	}
+	// Every member's box to every other member's cluster address.
+	for _, from := range t.Members {
+		box := from.Box
+		if from.Local {
+			box = t.A
+		}
+		if !box.IP.IsValid() {
+			continue
+		}
+		for _, to := range t.Members {
+			if to.Name == from.Name {
+				continue
+			}
+			h, ok := to.clusterAddrOf()
+			if !ok {
+				continue
+			}
+			// Past from's NAT the packet comes from from's cluster address.
+			b.hostAt("C-HOST", box, to, []HostAddr{h}, from.ClusterAddr, true)
+		}
+	}
+}
+
+// memberControls gives another member's box its controls: it reaches the
+// canary (egress works from there, so its silences mean something) and
+// resolves the public name at its own gateway, which its member's counting
+// chain counts (so that chain's zeros mean something).
+func (b *builder) memberControls(m MemberScene) {
+	t := b.t
+	from := m.Box.Place
+	b.probe(Action{ID: b.id(), Claim: "C-EGRESS", Channel: "tcp", From: from, Member: m.Name, Target: "canary " + t.Canary.String(), TargetKey: "internet", Expect: ExpectReach, Baseline: true},
+		probes.ProbeSpec{Kind: probes.KindTCP, Target: t.Canary, Port: t.CanaryTCP, Via: t.Subnet})
+	b.probe(Action{ID: b.id(), Claim: "C-DNS", Channel: "udp", From: from, Member: m.Name, Target: "gateway " + t.Gateway.String() + ":53 " + t.PublicName, TargetKey: "host-gateway", Expect: ExpectResolve},
+		probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: t.PublicName, QType: "A", Via: t.Subnet})
+	k := nft.CountKey{Src: m.Box.IP, Dst: t.Gateway, Proto: "udp", Port: 53}
+	b.countAt(m.filterPlace(), k)
+	b.sc.CountControls[m.filterPlace()] = k
+}
+
+// countAt has a member's counting chain count k.
+func (b *builder) countAt(place string, k nft.CountKey) {
+	if place == PlaceFilter {
+		b.sc.Counters = append(b.sc.Counters, k)
+		return
+	}
+	if b.sc.MemberCounters == nil {
+		b.sc.MemberCounters = map[string][]nft.CountKey{}
+	}
+	b.sc.MemberCounters[place] = append(b.sc.MemberCounters[place], k)
+}
+
+// localMember is the member the drill talks to ("" off a cluster).
+func (r *run) localMember() string {
+	for _, m := range r.members {
+		if m.Local {
+			return m.Name
+		}
+	}
+	return ""
+}
+
+// memberBoxPlaces are the other members' probe boxes' places, sorted.
+func (r *run) memberBoxPlaces() []string {
+	var out []string
+	for _, m := range r.members {
+		if !m.Local {
+			out = append(out, memberBoxPlace(m.Name))
+		}
+	}
+	return out
+}
+
+// memberSuffix names a member's probe box after the member's last
+// characters (instance names are short, members' names are not).
+func memberSuffix(member string) string {
+	s := strings.ToLower(member)
+	s = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return -1
+	}, s)
+	if len(s) > 12 {
+		s = s[len(s)-12:]
+	}
+	return "m" + s
+}
+
+// checkPlacement makes sure every probe box is where the scenario says:
+// box-a, box-b and the clone on the local member, each member's box on
+// its member. A box elsewhere would be judged against the wrong host.
+func (r *run) checkPlacement(ctx context.Context) error {
+	local := r.localMember()
+	if local == "" {
+		return nil
+	}
+	var wrong []string
+	for place, e := range r.ends {
+		want := local
+		if m := memberOfPlace(place); m != "" {
+			want = m
+		}
+		if place == PlaceT {
+			continue // placed by Incus for its user (tier.go moves it)
+		}
+		if e.Member != want {
+			wrong = append(wrong, fmt.Sprintf("%s (%s) is on %s, not %s", place, e.Instance, e.Member, want))
+		}
+	}
+	if len(wrong) > 0 {
+		return fmt.Errorf("probe boxes placed on the wrong member: %s", strings.Join(wrong, "; "))
+	}
+	return nil
+}
