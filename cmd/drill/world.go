@@ -53,6 +53,7 @@ func setupWorldUp(fs *flag.FlagSet) runner {
 		if !*noIncus {
 			t1 := time.Now()
 			rep.Image, err = image.Ensure(ctx, incus.New(st.IncusSocket), image.DefaultAlias, image.Options{})
+
 			if err != nil {
 				return fail(s, fmt.Errorf("importing the probe image: %w (tear down with `drill world down`)", err))
 			}

@@ -151,3 +151,11 @@ func (c *Client) UpdateServerConfig(ctx context.Context, config map[string]strin
 	}
 	return nil
 }
+
+// Ready reports whether incusd has finished starting (GET /internal/ready,
+// what `incus admin waitready` polls): its API answers before it serves
+// everything, a cluster member's image transfers among them.
+func (c *Client) Ready(ctx context.Context) bool {
+	_, _, err := c.call(ctx, request{method: http.MethodGet, path: "/internal/ready"})
+	return err == nil
+}
