@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # test.sh runs every test tier (SPEC section 8) from a bare Debian machine:
 # it installs what is missing, builds static binaries, brings up the
-# hermetic world (incusd in its own namespace), runs unit, privileged and
-# system tests with BOX_REQUIRE_TIERS=1 (a tier that cannot run fails
-# instead of skipping), and tears the world down again, also on failure.
-# A world that was already up before is left up.
+# hermetic world (incusd in its own namespace) and the cluster world boxc
+# (three members, for the cluster tests), runs unit, privileged and system
+# tests with BOX_REQUIRE_TIERS=1 (a tier that cannot run fails instead of
+# skipping), and tears the worlds down again, also on failure. A world
+# that was already up before is left up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,18 +25,38 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 
-owned=0
-if ! bin/drill world status >/dev/null 2>&1; then
-	owned=1
-	trap 'bin/drill world down >&2 || echo "test: world teardown failed; run: bin/drill world down" >&2' EXIT
+# The worlds this run built are torn down on exit (also on failure); a
+# world that was already up is left up.
+owned=() kept=()
+teardown() {
+	local w
+	for w in ${owned[@]+"${owned[@]}"}; do
+		bin/drill world down --name "$w" >&2 || echo "test: world $w teardown failed; run: bin/drill world down --name $w" >&2
+	done
+}
+trap teardown EXIT
+if bin/drill world status >/dev/null 2>&1; then
+	kept+=(boxw)
+else
+	owned+=(boxw)
 	bin/drill world up >&2
 fi
 bin/drill world image >&2
+# The cluster tests' world (internal/testenv.Cluster): a cluster of 3
+# beside the standalone world, unless $BOX_CLUSTER_STATE names another.
+if [ -n "${BOX_CLUSTER_STATE:-}" ]; then
+	:
+elif bin/drill world status --name boxc >/dev/null 2>&1; then
+	kept+=(boxc)
+else
+	owned+=(boxc)
+	bin/drill world up --name boxc --cluster 3 >&2
+fi
 
 # One package at a time: the system tests of several packages share the
 # world's one incusd and its one boxnet.
 export BOX_REQUIRE_TIERS=1
 go test -p 1 -count=1 -timeout 30m ./...
-if [ "$owned" = 0 ]; then
-	echo "test: the world was up before this run and is left up (bin/drill world down removes it)" >&2
-fi
+for w in ${kept[@]+"${kept[@]}"}; do
+	echo "test: world $w was up before this run and is left up (bin/drill world down --name $w removes it)" >&2
+done

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/nft"
 )
 
 // On an Incus cluster the stack has two halves.
@@ -721,4 +722,44 @@ func (host *Host) copyInstance(ctx context.Context, src *incus.Instance, req inc
 	}
 	req.Devices = map[string]map[string]string{"eth0": fixedNIC(addr)}
 	return host.Incus.Target(src.Location).CreateInstance(ctx, req)
+}
+// teardownMembers removes, on a cluster, both generations' nft tables on
+// every other member whose namespace is known (Host.MemberNetNS). The
+// cluster's Incus objects went with Teardown's own calls; a member on
+// another machine keeps its tables until `box teardown-host` runs there.
+func (host *Host) teardownMembers(ctx context.Context) ([]Change, error) {
+	ci, err := host.Cluster(ctx)
+	if err != nil || !ci.Clustered() {
+		return nil, err
+	}
+	var changes []Change
+	var errs []error
+	for _, m := range ci.Names() {
+		if m == ci.Local {
+			continue
+		}
+		mh, ok := host.memberHost(m)
+		if !ok {
+			continue
+		}
+		g, err := mh.ground()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("member %s: %w", m, err))
+			continue
+		}
+		for _, gen := range []Generation{Current, Legacy} {
+			if gen.NFTTable == "" {
+				continue
+			}
+			removed, err := nft.Delete(g.nftConfig(gen))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("removing member %s's nft tables: %w", m, err))
+			}
+			for _, r := range removed {
+				changes = append(changes, Change{Object: "nft " + r + " on member " + m, Action: "removed"})
+			}
+		}
+		g.close()
+	}
+	return changes, errors.Join(errs...)
 }

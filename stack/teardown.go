@@ -11,7 +11,8 @@ import (
 )
 
 // Teardown removes both generations of the stack: profiles, bridges, ACLs,
-// nft tables and the boot units. While boxes of either tag exist it refuses
+// nft tables and the boot units. On a cluster it also removes the nft
+// tables of every other member whose namespace it knows (MemberNetNS). While boxes of either tag exist it refuses
 // and names them, unless removeBoxes is set, in which case they are
 // deleted (with their snapshots) first. A second Teardown finds nothing and
 // changes nothing.
@@ -56,7 +57,12 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, err
 			}
 		}
 	}
-	removed, err := host.removeBootUnits()
+	removed, err := host.teardownMembers(ctx)
+	changes = append(changes, removed...)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	removed, err = host.removeBootUnits()
 	changes = append(changes, removed...)
 	if err != nil {
 		errs = append(errs, err)

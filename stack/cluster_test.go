@@ -1,0 +1,220 @@
+package stack
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/stack/incus"
+)
+
+func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+
+func TestAllSlices(t *testing.T) {
+	got := allSlices(pfx("10.88.0.0/24"))
+	want := []netip.Prefix{
+		pfx("10.88.0.0/27"), pfx("10.88.0.32/27"), pfx("10.88.0.64/27"), pfx("10.88.0.96/27"),
+		pfx("10.88.0.128/27"), pfx("10.88.0.160/27"), pfx("10.88.0.192/27"), pfx("10.88.0.224/27"),
+	}
+	assert.Equal(t, want, got)
+	assert.Equal(t, want, allSlices(pfx("10.88.0.1/24")), "the gateway's address stands for its subnet")
+	assert.Len(t, allSlices(pfx("10.88.0.0/23")), 16)
+	assert.Equal(t, 7, MaxMembers, "a /24 has a slice for each of 7 members after the first")
+}
+
+func TestDynamicRange(t *testing.T) {
+	assert.Equal(t, "10.88.0.2-10.88.0.31", dynamicRange(pfx("10.88.0.0/24")), "the first slice, without the network and the gateway")
+	assert.Equal(t, "10.99.7.2-10.99.7.31", dynamicRange(pfx("10.99.7.1/24")))
+	// No member's slice holds a dynamic address.
+	lo, hi, _ := strings.Cut(dynamicRange(pfx("10.88.0.0/24")), "-")
+	for _, s := range allSlices(pfx("10.88.0.0/24"))[1:] {
+		assert.False(t, s.Contains(netip.MustParseAddr(lo)) || s.Contains(netip.MustParseAddr(hi)), "the dynamic range reaches into %s", s)
+	}
+}
+
+func TestAssignSlices(t *testing.T) {
+	subnet := pfx("10.88.0.0/24")
+	got, err := assignSlices(subnet, nil, []string{"m3", "m1", "m2"})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]netip.Prefix{"m1": pfx("10.88.0.32/27"), "m2": pfx("10.88.0.64/27"), "m3": pfx("10.88.0.96/27")}, got,
+		"in name order, never the first slice (the gateway's and the dynamic range's)")
+
+	// Stable: a member keeps its slice (its boxes hold addresses in it),
+	// a new member takes the first free one, also one a member that left
+	// gave up, and a slice given to a member no longer listed stays given.
+	have := map[string]netip.Prefix{"m2": pfx("10.88.0.64/27"), "gone": pfx("10.88.0.96/27")}
+	got, err = assignSlices(subnet, have, []string{"m1", "m2", "m4"})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]netip.Prefix{
+		"m1": pfx("10.88.0.32/27"), "m2": pfx("10.88.0.64/27"), "gone": pfx("10.88.0.96/27"), "m4": pfx("10.88.0.128/27"),
+	}, got)
+	assert.Equal(t, map[string]netip.Prefix{"m2": pfx("10.88.0.64/27"), "gone": pfx("10.88.0.96/27")}, have, "the slices read are not changed in place")
+	again, err := assignSlices(subnet, got, []string{"m1", "m2", "m4"})
+	require.NoError(t, err)
+	assert.Equal(t, got, again, "a second run gives nothing new")
+
+	// Seven members fill a /24; the eighth is refused, by name.
+	var seven []string
+	for i := 1; i <= MaxMembers; i++ {
+		seven = append(seven, fmt.Sprintf("m%d", i))
+	}
+	full, err := assignSlices(subnet, nil, seven)
+	require.NoError(t, err)
+	seen := map[netip.Prefix]bool{}
+	for m, p := range full {
+		assert.False(t, seen[p], "slice %s given twice", p)
+		seen[p] = true
+		assert.NotEqual(t, pfx("10.88.0.0/27"), p, "member %s got the first slice", m)
+	}
+	_, err = assignSlices(subnet, full, append(seven, "m8"))
+	assert.ErrorContains(t, err, "member m8: every address slice of 10.88.0.0/24 is given (a /24 has slices for 7 members)")
+}
+
+func TestSlicesOf(t *testing.T) {
+	got, err := slicesOf(map[string]string{"ipv4.address": "10.88.0.1/24", keySlice + "m1": "10.88.0.32/27", keySlice + "m2": "10.88.0.64/27"})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]netip.Prefix{"m1": pfx("10.88.0.32/27"), "m2": pfx("10.88.0.64/27")}, got)
+	got, err = slicesOf(map[string]string{"ipv4.address": "10.88.0.1/24"})
+	require.NoError(t, err)
+	assert.Empty(t, got)
+	for _, bad := range []string{"10.88.0.32/26", "10.88.0.32", "", "nonsense"} {
+		_, err := slicesOf(map[string]string{keySlice + "m1": bad})
+		assert.ErrorContains(t, err, fmt.Sprintf("the bridge's %sm1=%q is not a /27", keySlice, bad))
+	}
+	// Options.With carries them, and a bad one fails it.
+	o, err := Options{}.With(map[string]string{keySlice + "m1": "10.88.0.32/27"})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]netip.Prefix{"m1": pfx("10.88.0.32/27")}, o.Slices)
+	_, err = Options{}.With(map[string]string{keySlice + "m1": "10.88.0.32/28"})
+	assert.Error(t, err)
+}
+
+func TestParseMemberNetNS(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want map[string]string
+	}{
+		{"", map[string]string{}},
+		{"boxc-m2=boxc-m2", map[string]string{"boxc-m2": "boxc-m2"}},
+		{"m2=ns2,m3=ns3", map[string]string{"m2": "ns2", "m3": "ns3"}},
+		{" m2=ns2  m3=ns3 ,", map[string]string{"m2": "ns2", "m3": "ns3"}},
+	} {
+		got, err := ParseMemberNetNS(tc.in)
+		require.NoError(t, err, "%q", tc.in)
+		assert.Equal(t, tc.want, got, "%q", tc.in)
+	}
+	for _, bad := range []string{"m2", "m2=", "=ns2", "m2=ns2,m3"} {
+		_, err := ParseMemberNetNS(bad)
+		assert.ErrorContains(t, err, "is not member=namespace", "%q", bad)
+	}
+}
+
+// clusterInst is a box on a member; addr "" leaves its NIC without a
+// fixed address.
+func clusterInst(name, member, addr string, box bool) incus.Instance {
+	return fleetInst(name, func(i *incus.Instance) {
+		i.Location = member
+		if addr != "" {
+			i.ExpandedDevices["eth0"]["ipv4.address"] = addr
+		}
+		if !box {
+			delete(i.Config, Current.Tag)
+		}
+	})
+}
+
+func TestOnMember(t *testing.T) {
+	insts := []incus.Instance{
+		clusterInst("a", "m1", "", true), clusterInst("b", "m2", "", true),
+		clusterInst("c", "", "", true), clusterInst("d", "none", "", true),
+	}
+	namesOf := func(is []incus.Instance) []string {
+		var out []string
+		for _, i := range is {
+			out = append(out, i.Name)
+		}
+		return out
+	}
+	assert.Equal(t, []string{"a", "b", "c", "d"}, namesOf(onMember(insts, "")), "standalone: every instance")
+	assert.Equal(t, []string{"a", "c", "d"}, namesOf(onMember(insts, "m1")), "m1's, and those placed nowhere in particular")
+	assert.Equal(t, []string{"b", "c", "d"}, namesOf(onMember(insts, "m2")))
+	assert.Equal(t, []string{"c", "d"}, namesOf(onMember(insts, "m9")))
+
+	leases := []incus.NetworkLease{
+		{Address: "10.88.0.33", Location: "m1"}, {Address: "10.88.0.65", Location: "m2"},
+		{Address: "10.88.0.1", Location: "", Type: "gateway"}, {Address: "10.88.0.2", Location: "none"},
+	}
+	addrsOf := func(ls []incus.NetworkLease) []string {
+		var out []string
+		for _, l := range ls {
+			out = append(out, l.Address)
+		}
+		return out
+	}
+	assert.Equal(t, []string{"10.88.0.33", "10.88.0.65", "10.88.0.1", "10.88.0.2"}, addrsOf(leasesOn(leases, "")))
+	assert.Equal(t, []string{"10.88.0.33", "10.88.0.1", "10.88.0.2"}, addrsOf(leasesOn(leases, "m1")))
+	assert.Equal(t, []string{"10.88.0.65", "10.88.0.1", "10.88.0.2"}, addrsOf(leasesOn(leases, "m2")))
+}
+
+func TestAddressFindings(t *testing.T) {
+	t.Run("clean", func(t *testing.T) {
+		f := fleet{
+			insts: []incus.Instance{clusterInst("cb-a", "m1", "10.88.0.32", true), clusterInst("cb-b", "m2", "10.88.0.64", true)},
+			leases: []incus.NetworkLease{
+				{Address: "10.88.0.32", Location: "m1", Type: "static"}, {Address: "10.88.0.64", Location: "m2", Type: "static"},
+				// Every member's bridge holds the gateway: not a duplicate.
+				{Address: "10.88.0.1", Location: "m1", Type: "gateway"}, {Address: "10.88.0.1", Location: "m2", Type: "gateway"},
+			},
+		}
+		assert.Empty(t, addressFindings(f))
+	})
+
+	t.Run("an address on two members", func(t *testing.T) {
+		f := fleet{
+			insts: []incus.Instance{
+				clusterInst("cb-a", "m1", "10.88.0.32", true),
+				clusterInst("other", "m3", "", false), // not box's: no finding for its dynamic address itself
+			},
+			leases: []incus.NetworkLease{
+				{Address: "10.88.0.32", Location: "m1", Type: "static"},
+				{Address: "10.88.0.5", Location: "m3", Type: "dynamic"},
+				{Address: "10.88.0.5", Location: "m2", Type: "dynamic"},
+				{Address: "10.88.0.6", Location: "m2", Type: "dynamic"},
+			},
+		}
+		fs := addressFindings(f)
+		require.Len(t, fs, 1, "%v", fs)
+		assert.Equal(t, "address 10.88.0.5", fs[0].Object)
+		assert.Contains(t, fs[0].Problem, "m2, m3")
+		assert.Equal(t, "L-NAT", fs[0].Layer)
+		assert.NotEmpty(t, fs[0].Fix)
+	})
+
+	t.Run("a fixed address asked for on two members", func(t *testing.T) {
+		f := fleet{insts: []incus.Instance{
+			clusterInst("cb-a", "m1", "10.88.0.40", true), clusterInst("cb-b", "m2", "10.88.0.40", true),
+			clusterInst("cb-c", "m2", "10.88.0.41", true), clusterInst("cb-d", "m2", "10.88.0.41", true), // one member: Incus's own check
+		}}
+		fs := addressFindings(f)
+		require.Len(t, fs, 1, "%v", fs)
+		assert.Equal(t, "address 10.88.0.40", fs[0].Object)
+		assert.Contains(t, fs[0].Problem, "m1, m2")
+	})
+
+	t.Run("a box without a fixed address", func(t *testing.T) {
+		f := fleet{insts: []incus.Instance{
+			clusterInst("cb-loose", "m2", "", true),
+			clusterInst("not-a-box", "m2", "", false),
+			fleetInst("cb-elsewhere", func(i *incus.Instance) { i.ExpandedDevices["eth0"]["network"] = "lxdbr0" }),
+		}}
+		fs := addressFindings(f)
+		require.Len(t, fs, 1, "%v", fs)
+		assert.Equal(t, "box cb-loose", fs[0].Object)
+		assert.Contains(t, fs[0].Problem, "eth0 has no fixed address")
+		assert.Contains(t, fs[0].Fix, "cb-loose")
+	})
+}
