@@ -723,6 +723,7 @@ func (host *Host) copyInstance(ctx context.Context, src *incus.Instance, req inc
 	req.Devices = map[string]map[string]string{"eth0": fixedNIC(addr)}
 	return host.Incus.Target(src.Location).CreateInstance(ctx, req)
 }
+
 // teardownMembers removes, on a cluster, both generations' nft tables on
 // every other member whose namespace is known (Host.MemberNetNS). The
 // cluster's Incus objects went with Teardown's own calls; a member on
