@@ -278,9 +278,6 @@ func (r *run) checkPlacement(ctx context.Context) error {
 		if m := memberOfPlace(place); m != "" {
 			want = m
 		}
-		if place == PlaceT {
-			continue // placed by Incus for its user (tier.go moves it)
-		}
 		if e.Member != want {
 			wrong = append(wrong, fmt.Sprintf("%s (%s) is on %s, not %s", place, e.Instance, e.Member, want))
 		}

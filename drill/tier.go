@@ -123,7 +123,7 @@ func (r *run) mintTierBox(ctx context.Context) error {
 	t.client = cfg.Host.AsUser(u, t.gid)
 
 	t.decoy = name
-	err = cfg.Host.Incus.CreateNetwork(ctx, incus.NetworksPost{Name: t.decoy, Type: "bridge", Description: "box drill decoy " + r.rep.RunID,
+	err = cfg.Host.CreateNetwork(ctx, incus.NetworksPost{Name: t.decoy, Type: "bridge", Description: "box drill decoy " + r.rep.RunID,
 		Config: map[string]string{"ipv4.address": "none", "ipv6.address": "none"}})
 	if err != nil {
 		return fmt.Errorf("tier: the decoy network: %w", err)
@@ -149,6 +149,9 @@ func (r *run) mintTierBox(ctx context.Context) error {
 		Evidence: "Incus let the granted user mint " + box + " with port isolation off; the probes from it show whether that helped"})
 	th := *cfg.Host
 	th.Incus = cfg.Host.Incus.Project(t.project)
+	if err := r.placeTierBox(ctx, th.Incus, box); err != nil {
+		return fmt.Errorf("tier: %w", err)
+	}
 	e, err := boxEnd(ctx, &th, PlaceT, box)
 	if err != nil {
 		return fmt.Errorf("tier: %w", err)
@@ -456,4 +459,31 @@ func liftTierRestriction(ctx context.Context, h *stack.Host, _ []string) error {
 		return h.Incus.UpdateProject(ctx, p.Name, np, "")
 	}
 	return errors.New("no drill tier project to lift the restriction of (C-TIER must be selected)")
+}
+
+// placeTierBox moves box-t, on a cluster, to the member the drill talks
+// to: Incus placed it for its user (whose project may not pick a
+// member), and its probes are judged by that member's witnesses; from
+// another member some of them could not fail (that member's uplink is not
+// the local one's).
+func (r *run) placeTierBox(ctx context.Context, c *incus.Client, box string) error {
+	local := r.localMember()
+	if local == "" {
+		return nil
+	}
+	inst, _, err := c.Instance(ctx, box)
+	if err != nil {
+		return err
+	}
+	if inst.Location == local {
+		return nil
+	}
+	r.cfg.logf("tier: Incus placed %s on %s; moving it to %s, where the drill's witnesses are", box, inst.Location, local)
+	if err := c.SetInstanceState(ctx, box, "stop", 0, true); err != nil {
+		return err
+	}
+	if err := c.MoveInstance(ctx, box, local); err != nil {
+		return err
+	}
+	return c.SetInstanceState(ctx, box, "start", 0, false)
 }

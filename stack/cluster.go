@@ -286,10 +286,10 @@ func addressFindings(f fleet) []Finding {
 			}
 			a, err := netip.ParseAddr(d["ipv4.address"])
 			if err != nil {
-				if inst.Config[Current.Tag] == "1" {
+				if inst.Config[Current.Tag] == "1" && projectOf(inst.Project) == "default" {
 					out = append(out, Finding{Layer: "L-NAT", Object: "box " + inst.Name,
 						Problem: fmt.Sprintf("its NIC %s has no fixed address on a cluster, so two members' dnsmasq may lease it the same one", name),
-						Fix:     fmt.Sprintf("box down %s && box start %s (box gives it a fixed address)", inst.Name, inst.Name)})
+						Fix:     fmt.Sprintf("box down %s, then box incus %s -- config device override {} eth0 ipv4.address=ADDR with a free address of its member's slice (box doctor names the slices)", inst.Name, inst.Name)})
 				}
 				continue
 			}
@@ -445,7 +445,7 @@ func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d Desired) [
 		case m == ci.Local:
 			ml.State = MemberConverged
 		default:
-			fs, read, err := host.readMember(ctx, m, d)
+			fs, _, read, err := host.readMember(ctx, m, d)
 			switch {
 			case err != nil:
 				ml.State = MemberFindings
@@ -464,29 +464,50 @@ func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d Desired) [
 }
 
 // readMember verifies another member's host layers where its namespace is
-// known (read false where it is not), its findings naming it.
-func (host *Host) readMember(ctx context.Context, member string, d Desired) (fs []Finding, read bool, err error) {
+// known (read false where it is not), its findings naming it, and returns
+// its census of the instances placed there.
+func (host *Host) readMember(ctx context.Context, member string, d Desired) (fs []Finding, census *Census, read bool, err error) {
 	mh, ok := host.memberHost(member)
 	if !ok {
-		return nil, false, nil
+		return nil, nil, false, nil
 	}
 	g, err := mh.ground()
 	if err != nil {
-		return nil, true, err
+		return nil, nil, true, err
 	}
 	defer g.close()
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
-		return nil, true, err
+		return nil, nil, true, err
 	}
 	v := &Verification{Findings: []Finding{}}
 	if err := mh.verifyGround(ctx, g, d, netip.PrefixFrom(d.Gateway, d.Subnet.Bits()), onMember(insts, member), v); err != nil {
-		return nil, true, fmt.Errorf("member %s: %w", member, err)
+		return nil, nil, true, fmt.Errorf("member %s: %w", member, err)
 	}
 	for i := range v.Findings {
 		v.Findings[i].Member = member
 	}
-	return v.Findings, true, nil
+	return v.Findings, v.Fleet, true, nil
+}
+
+// joinCensus puts another member's census into the local one: its
+// instances as that member's kernel has them (the local census judged
+// them by their definition only), and its bridge's ports.
+func (c *Census) joinCensus(m *Census) {
+	if c == nil || m == nil {
+		return
+	}
+	for _, s := range m.Siblings {
+		i := slices.IndexFunc(c.Siblings, func(o Sibling) bool {
+			return s.Name != "" && o.Name == s.Name && o.Project == s.Project
+		})
+		if i >= 0 {
+			c.Siblings[i] = s
+		} else {
+			c.Siblings = append(c.Siblings, s)
+		}
+	}
+	c.Ports = append(c.Ports, m.Ports...)
 }
 
 // verifyMembers adds, on a cluster, every other member's host layers that
@@ -507,10 +528,11 @@ func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d Desired, 
 				}
 			}
 		} else {
-			fs, read, err := host.readMember(ctx, m, d)
+			fs, census, read, err := host.readMember(ctx, m, d)
 			if err != nil {
 				return err
 			}
+			v.Fleet.joinCensus(census)
 			if !read {
 				ml.State = MemberNotRead
 				v.Notes = append(v.Notes, fmt.Sprintf("member %s's host layers were not read from here (another machine): run box doctor on %s", m, m))
@@ -763,4 +785,15 @@ func (host *Host) teardownMembers(ctx context.Context) ([]Change, error) {
 		g.close()
 	}
 	return changes, errors.Join(errs...)
+}
+
+// CreateNetwork creates a managed network as req says: on a cluster,
+// defined on every member first, then committed (what Ensure does for the
+// bridge; the drill's decoy network uses it too).
+func (host *Host) CreateNetwork(ctx context.Context, req incus.NetworksPost) error {
+	ci, err := host.Cluster(ctx)
+	if err != nil {
+		return err
+	}
+	return host.createNetwork(ctx, ci, req)
 }
