@@ -21,6 +21,10 @@ type Report struct {
 	Boxes         []BoxEnd      `json:"boxes"`
 	Claims        []ClaimResult `json:"claims"`
 	Summary       Summary       `json:"summary"`
+	// Members groups the results by cluster member (the member a probe
+	// was aimed at, or whose host layers a finding is about); empty off a
+	// cluster.
+	Members []MemberResult `json:"members,omitempty"`
 	Mutations     []string      `json:"mutations"`
 	// MutationResults says, for each mutation, which probe verdicts changed
 	// from a clean run made first in the same invocation; one that flipped
@@ -126,7 +130,46 @@ var Layers = []string{"L-NAT", "L-DNS", "L-V6", "L-ACL", "L-HOSTFW", "L-PORTISO"
 // finish counts the claims and sets the exit code (SPEC section 5): any
 // failed claim is 1, a failed baseline included (the claims it leaves
 // unjudgeable are inconclusive); otherwise anything inconclusive is 3.
+// MemberResult is one cluster member's share of a run.
+type MemberResult struct {
+	Member       string   `json:"member"`
+	Boxes        []string `json:"boxes"` // the probe boxes that ran there (places)
+	Passed       int      `json:"passed"`
+	Failed       int      `json:"failed"`
+	Inconclusive int      `json:"inconclusive"`
+}
+
+// groupByMember sums the results about each member.
+func (rep *Report) groupByMember() {
+	rep.Members = nil
+	for _, m := range rep.Environment.Members {
+		mr := MemberResult{Member: m, Boxes: []string{}}
+		for _, b := range rep.Boxes {
+			if b.Member == m {
+				mr.Boxes = append(mr.Boxes, b.Place)
+			}
+		}
+		for _, cr := range rep.Claims {
+			for _, r := range cr.Results {
+				if r.Member != m {
+					continue
+				}
+				switch r.Verdict {
+				case Pass:
+					mr.Passed++
+				case Fail:
+					mr.Failed++
+				case Inconclusive:
+					mr.Inconclusive++
+				}
+			}
+		}
+		rep.Members = append(rep.Members, mr)
+	}
+}
+
 func (rep *Report) finish() {
+	rep.groupByMember()
 	violated, inconclusive := false, false
 	for _, cr := range rep.Claims {
 		switch cr.Verdict {

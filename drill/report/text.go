@@ -59,6 +59,20 @@ func Text(w io.Writer, rep *drill.Report) {
 	for _, cr := range rep.Claims {
 		fmt.Fprintf(w, "%-10s %-12s %s\n", cr.ID, strings.ToUpper(string(cr.Verdict)), cr.Expect)
 	}
+	if len(rep.Members) > 0 {
+		fmt.Fprintln(w)
+		for _, m := range rep.Members {
+			fmt.Fprintf(w, "member %-16s %d passed, %d failed, %d inconclusive; probe boxes there: %s\n",
+				m.Member, m.Passed, m.Failed, m.Inconclusive, strings.Join(m.Boxes, ", "))
+			for _, cr := range rep.Claims {
+				for _, r := range cr.Results {
+					if r.Member == m.Member && r.Verdict != drill.Pass {
+						fmt.Fprintf(w, "  %s %s %s -> %s: %s\n", strings.ToUpper(string(r.Verdict)), cr.ID, r.From, r.Target, clip(r.Evidence, 120))
+					}
+				}
+			}
+		}
+	}
 	s := rep.Summary
 	fmt.Fprintf(w, "\n%d passed, %d failed, %d inconclusive, %d skipped; %d probes in %.1fs (%.0f ms per probe); run %.1fs; exit %d\n",
 		s.Passed, s.Failed, s.Inconclusive, s.Skipped, s.Probes, float64(s.ProbePhaseMS)/1000, s.MSPerProbe,
