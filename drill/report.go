@@ -24,8 +24,8 @@ type Report struct {
 	// Members groups the results by cluster member (the member a probe
 	// was aimed at, or whose host layers a finding is about); empty off a
 	// cluster.
-	Members []MemberResult `json:"members,omitempty"`
-	Mutations     []string      `json:"mutations"`
+	Members   []MemberResult `json:"members,omitempty"`
+	Mutations []string       `json:"mutations"`
 	// MutationResults says, for each mutation, which probe verdicts changed
 	// from a clean run made first in the same invocation; one that flipped
 	// no probe to fail is redundant (another layer holds alone) or
