@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/box-isolation/box/stack"
@@ -39,15 +40,26 @@ func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
 	if err != nil {
 		return err
 	}
+	// All at once: on a cluster the boxes are on several members, and one
+	// after the other their removal grew with the members.
 	var errs []error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for _, i := range insts {
 		if i.Config[stack.Current.Tag] != "1" {
 			continue
 		}
-		if err := removeWhenIdle(ctx, h, i.Name); err != nil && !isGone(err) {
-			errs = append(errs, err)
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := removeWhenIdle(ctx, h, i.Name); err != nil && !isGone(err) {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
 	}
+	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
