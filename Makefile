@@ -15,7 +15,7 @@ VERSION  ?= $(shell v=$$(git describe --always 2>/dev/null) || v=dev; \
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 export CGO_ENABLED = 0
 
-.PHONY: all deps build drill world world-down test unit bench soak package release clean
+.PHONY: all deps build drill drill-cluster world world-down test unit bench soak package release clean
 
 all: build
 
@@ -38,6 +38,12 @@ world-down: build
 # DRILL_ARGS="--mutate bridge-drop,port-isolation".
 drill: world
 	bin/drill run $(DRILL_ARGS)
+
+# The drill on a cluster world of 3 members (README "An Incus cluster");
+# `bin/drill world down --name boxc` removes it.
+drill-cluster: deps build
+	bin/drill world up --name boxc --cluster 3
+	BOX_WORLD_STATE=/run/box-world/boxc/state.json bin/drill run $(DRILL_ARGS)
 
 test:
 	scripts/test.sh
