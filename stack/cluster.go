@@ -187,28 +187,25 @@ func (host *Host) memberHost(member string) (mh *Host, ok bool) {
 // onMember keeps the instances placed on member (all of them on a
 // standalone host, where member is "").
 func onMember(insts []incus.Instance, member string) []incus.Instance {
-	if member == "" {
-		return insts
-	}
-	var out []incus.Instance
-	for _, i := range insts {
-		if i.Location == member || i.Location == "" || i.Location == "none" {
-			out = append(out, i)
-		}
-	}
-	return out
+	return placedOn(insts, member, func(i incus.Instance) string { return i.Location })
 }
 
 // leasesOn keeps the leases a member's dnsmasq holds (all on a standalone
 // host).
 func leasesOn(leases []incus.NetworkLease, member string) []incus.NetworkLease {
+	return placedOn(leases, member, func(l incus.NetworkLease) string { return l.Location })
+}
+
+// placedOn keeps what is located on member, or located nowhere in
+// particular (a standalone server says "none").
+func placedOn[T any](xs []T, member string, location func(T) string) []T {
 	if member == "" {
-		return leases
+		return xs
 	}
-	var out []incus.NetworkLease
-	for _, l := range leases {
-		if l.Location == member || l.Location == "" || l.Location == "none" {
-			out = append(out, l)
+	var out []T
+	for _, x := range xs {
+		if l := location(x); l == member || l == "" || l == "none" {
+			out = append(out, x)
 		}
 	}
 	return out
