@@ -134,8 +134,11 @@ func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[string]
 	var stdout, stderr []byte
 	if m := memberOfPlace(place); m != "" && !isMemberBox(place) {
 		// Another member's agent runs in that member's namespace.
-		place = PlaceHost
-		cfg.Host = cfg.Host.ForMember(m)
+		mh, ok := cfg.Host.ForMember(m)
+		if !ok {
+			return nil, fmt.Errorf("member %s's namespace is not known here", m)
+		}
+		place, cfg.Host = PlaceHost, mh
 	}
 	switch place {
 	case PlaceHost, PlaceLAN, PlaceInet:

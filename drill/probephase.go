@@ -50,7 +50,11 @@ func (r *run) runProbes(ctx context.Context) error {
 		})
 	}
 	for place, keys := range r.sc.MemberCounters {
-		ns := r.cfg.Host.ForMember(memberOfPlace(place)).NetNS
+		mh, ok := r.cfg.Host.ForMember(memberOfPlace(place))
+		if !ok {
+			return fmt.Errorf("the witness after member %s's filter: its namespace is not known here", memberOfPlace(place))
+		}
+		ns := mh.NetNS
 		err := withNetNS(ns, func(fd int) error { return nft.InstallCounters(fd, table, keys) })
 		if err != nil {
 			return fmt.Errorf("the witness after member %s's filter: %w", memberOfPlace(place), err)
@@ -88,7 +92,9 @@ func (r *run) runProbes(ctx context.Context) error {
 		r.obs[PlaceFilter] = r.readCounters(r.cfg.Host.NetNS, table, r.sc.Counters, r.sc.CountControl)
 	}
 	for place, keys := range r.sc.MemberCounters {
-		r.obs[place] = r.readCounters(r.cfg.Host.ForMember(memberOfPlace(place)).NetNS, table, keys, r.sc.CountControls[place])
+		if mh, ok := r.cfg.Host.ForMember(memberOfPlace(place)); ok {
+			r.obs[place] = r.readCounters(mh.NetNS, table, keys, r.sc.CountControls[place])
+		}
 	}
 	return nil
 }

@@ -22,7 +22,7 @@ import (
 // all. Incus keeps a bridge's addressing the same on every member, but
 // each member's bridge is its own L2 segment with its own dnsmasq, and
 // Incus checks a fixed address's uniqueness on one member only. So the
-// subnet is cut into slices of 32 (ClusterSlice): the first holds the
+// subnet is cut into slices of 32 (ClusterSliceBits): the first holds the
 // gateway and the only dynamic DHCP range, every member gets a slice of
 // its own for good (user.box.slice.MEMBER on the bridge), and every box
 // gets a fixed address (its NIC's ipv4.address) from the slice of the
@@ -30,9 +30,10 @@ import (
 // cluster. Two members can then never lease the same address to a box:
 // their slices do not overlap, and within a member Incus's own check
 // refuses a duplicate. A box moved to another member keeps its address,
-// which no member hands out again. Only an instance box did not mint can
-// take a dynamic lease, in the first slice, which two members may both
-// hand out: Verify names any address leased on two members.
+// which no member hands out again. Only an instance box did not mint, or
+// a granted user's box (its user sees no cluster to pick from), takes a
+// dynamic lease, in the first slice, which two members may both hand out:
+// Verify names any address handed out on two members.
 //
 // The host layers (the nft tables, the ports' isolated flags, IPv6 off on
 // the bridge, the boot unit, the port watcher) are each member's own:
@@ -711,11 +712,11 @@ func (ci ClusterInfo) MemberAddrs() []ClusterMemberAddr {
 }
 
 // ForMember is host acting on another member of its cluster: its Incus
-// client aimed there, and its network namespace when MemberNetNS names
-// one (the same namespace as host's otherwise: check MemberNetNS first).
-func (host *Host) ForMember(member string) *Host {
-	mh, _ := host.memberHost(member)
-	return mh
+// client aimed there, and its network namespace, which MemberNetNS must
+// name (ok false otherwise: the member is another machine's, and nothing
+// here may act in its place).
+func (host *Host) ForMember(member string) (*Host, bool) {
+	return host.memberHost(member)
 }
 
 // copyInstance copies src as req asks: on a cluster onto src's member (a
