@@ -709,3 +709,28 @@ func TestDocExampleMatchesSchema(t *testing.T) {
 	require.NotNil(t, m, "no json example in the doc")
 	assert.NoError(t, compileSchema(t).Validate(instance(t, m[1])))
 }
+
+// TestMembers: a cluster run's table and page group the results by
+// member, each member's failures under it.
+func TestMembers(t *testing.T) {
+	rep := fullReport(t)
+	rep.Environment.Members = []string{"m1", "m2"}
+	cr := &rep.Claims[0]
+	bad := drill.Result{Action: drill.Action{ID: "p900", Claim: cr.ID, Channel: "tcp", From: "box@m2", Member: "m2",
+		Target: "member m2 uplink 192.0.2.2 tcp/22", Expect: drill.ExpectBlocked}, Verdict: drill.Fail, Evidence: "unexpected success: the ssh banner"}
+	cr.Results = append(cr.Results, bad)
+	rep.Members = []drill.MemberResult{{Member: "m1", Boxes: []string{"box-a"}, Passed: 3}, {Member: "m2", Boxes: []string{"box@m2"}, Failed: 1}}
+	var b strings.Builder
+	report.Text(&b, rep)
+	out := b.String()
+	assert.Contains(t, out, "member m1               3 passed, 0 failed, 0 inconclusive; probe boxes there: box-a")
+	assert.Contains(t, out, "member m2               0 passed, 1 failed, 0 inconclusive; probe boxes there: box@m2\n  FAIL "+cr.ID+" box@m2 -> member m2 uplink 192.0.2.2 tcp/22: unexpected success")
+	raw, _ := renderHTML(t, rep)
+	assert.Contains(t, raw, `<h2 id="members">Cluster members</h2>`)
+	assert.Contains(t, raw, `<td class="mono">box@m2</td>`)
+
+	rep.Members = nil
+	b.Reset()
+	report.Text(&b, rep)
+	assert.NotContains(t, b.String(), "member m1", "off a cluster there is no member section")
+}
