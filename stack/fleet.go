@@ -456,11 +456,18 @@ func (host *Host) BoxesOnStack(ctx context.Context) (boxes []Box, censusErr, err
 		return boxes, err, nil
 	}
 	defer g.close()
-	ci, err := host.Cluster(ctx)
-	if err != nil {
-		return boxes, nil, err
+	// Which member this is matters only on a cluster, which the listing
+	// already shows (a standalone server places everything "none"): a
+	// standalone list stays one request.
+	member := ""
+	if slices.ContainsFunc(insts, func(i incus.Instance) bool { return i.Location != "" && i.Location != "none" }) {
+		ci, err := host.Cluster(ctx)
+		if err != nil {
+			return boxes, nil, err
+		}
+		member = ci.Local
 	}
-	c, err := censusOf(g, insts, ci.Local)
+	c, err := censusOf(g, insts, member)
 	if err != nil {
 		return boxes, err, nil
 	}
