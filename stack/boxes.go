@@ -79,6 +79,8 @@ type Box struct {
 	Created    time.Time         `json:"created"`
 	Stamps     map[string]string `json:"stamps"`
 	Profiles   []string          `json:"profiles"`
+	// Member is the cluster member the box is on; empty off a cluster.
+	Member string `json:"member,omitempty"`
 	// OnStack is what the fleet census says (nil when it could not be
 	// taken, e.g. without the privileges to read nft); OffStack says why
 	// not.
@@ -101,6 +103,10 @@ func isBox(i *incus.Instance) (string, bool) {
 
 func boxOf(i *incus.Instance, gen string) Box {
 	b := Box{Name: i.Name, Status: i.Status, Type: i.Type, Generation: gen, Created: i.CreatedAt, Stamps: map[string]string{}, Profiles: i.Profiles}
+	if i.Location != "none" {
+		// A standalone incusd says "none".
+		b.Member = i.Location
+	}
 	for k, v := range i.Config {
 		if strings.HasPrefix(k, StampPrefix) {
 			b.Stamps[k] = v

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -289,7 +290,11 @@ func (c *call) printNew(r *newResult, asJSON bool, what string) error {
 	if asJSON {
 		return c.printJSON(r)
 	}
-	fmt.Fprintf(c.out, "%s: %s %s at %s (%s)\n", r.Box.Name, r.Box.Type, strings.ToLower(r.Box.Status), r.Address, what)
+	where := r.Address
+	if r.Box.Member != "" {
+		where += " on member " + r.Box.Member
+	}
+	fmt.Fprintf(c.out, "%s: %s %s at %s (%s)\n", r.Box.Name, r.Box.Type, strings.ToLower(r.Box.Status), where, what)
 	return nil
 }
 
@@ -341,8 +346,17 @@ func (c *call) printBoxes(boxes []stack.Box, censusErr error) error {
 		fmt.Fprintln(c.err, "no boxes yet: box new --name N mints one")
 		return nil
 	}
+	// A cluster's boxes each name their member: only then is there a
+	// MEMBER column.
+	clustered := slices.ContainsFunc(boxes, func(b stack.Box) bool { return b.Member != "" })
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATUS\tTYPE\tSTACK\tTEMPLATE\tUSER\tMINTED\tORIGIN")
+	member := func(b stack.Box) string {
+		if !clustered {
+			return ""
+		}
+		return cmp.Or(b.Member, "-") + "\t"
+	}
+	fmt.Fprintln(tw, "NAME\tSTATUS\tTYPE\t"+member(stack.Box{Member: "MEMBER"})+"STACK\tTEMPLATE\tUSER\tMINTED\tORIGIN")
 	off := 0
 	for _, b := range boxes {
 		onStack := "?"
@@ -351,7 +365,7 @@ func (c *call) printBoxes(boxes []stack.Box, censusErr error) error {
 		} else if b.OnStack != nil {
 			onStack, off = "OFF", off+1
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b.Name, b.Status, b.Type, onStack,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s%s\t%s\t%s\t%s\t%s\n", b.Name, b.Status, b.Type, member(b), onStack,
 			stamp(b, stack.StampTemplate), stamp(b, stack.StampUser), stamp(b, stack.StampMinted), stamp(b, stack.StampOrigin))
 	}
 	if err := tw.Flush(); err != nil {
@@ -436,6 +450,9 @@ func printInfo(w io.Writer, r infoResult) {
 	fmt.Fprintf(tw, "name:\t%s\n", r.Name)
 	fmt.Fprintf(tw, "status:\t%s\n", r.Status)
 	fmt.Fprintf(tw, "type:\t%s\n", r.Type)
+	if r.Member != "" {
+		fmt.Fprintf(tw, "member:\t%s\n", r.Member)
+	}
 	fmt.Fprintf(tw, "generation:\t%s\n", r.Generation)
 	fmt.Fprintf(tw, "created:\t%s\n", r.Created.UTC().Format(time.RFC3339))
 	fmt.Fprintf(tw, "addresses:\t%s\n", addrs)

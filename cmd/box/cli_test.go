@@ -270,3 +270,33 @@ func TestStatusLine(t *testing.T) {
 		})
 	}
 }
+
+// On a cluster, list has a MEMBER column and info a member line; off a
+// cluster neither.
+func TestListAndInfoNameTheMember(t *testing.T) {
+	yes := true
+	boxes := []stack.Box{
+		{Name: "a", Status: "Running", Type: "container", Member: "m1", OnStack: &yes, Stamps: map[string]string{}},
+		{Name: "b", Status: "Stopped", Type: "container", Member: "m2", OnStack: &yes, Stamps: map[string]string{}},
+	}
+	var out, errw strings.Builder
+	c := &call{app: &app{out: &out, err: &errw}}
+	require.NoError(t, c.printBoxes(boxes, nil))
+	assert.Regexp(t, `(?m)^NAME +STATUS +TYPE +MEMBER +STACK `, out.String())
+	assert.Regexp(t, `(?m)^b +Stopped +container +m2 +on `, out.String())
+
+	out.Reset()
+	for i := range boxes {
+		boxes[i].Member = ""
+	}
+	require.NoError(t, c.printBoxes(boxes, nil))
+	assert.NotContains(t, out.String(), "MEMBER")
+	assert.Regexp(t, `(?m)^a +Running +container +on `, out.String())
+
+	out.Reset()
+	printInfo(&out, infoResult{Box: &stack.Box{Name: "a", Member: "m2", Stamps: map[string]string{}}})
+	assert.Regexp(t, `(?m)^member: +m2$`, out.String())
+	out.Reset()
+	printInfo(&out, infoResult{Box: &stack.Box{Name: "a", Stamps: map[string]string{}}})
+	assert.NotContains(t, out.String(), "member:")
+}
