@@ -529,16 +529,41 @@ func (host *Host) Restore(ctx context.Context, name, snap string) error {
 	return err
 }
 
-// Start starts a box.
+// Start starts a box. On a cluster a box without a fixed address (minted
+// before box gave them) gets one of its member's slice first.
 func (host *Host) Start(ctx context.Context, name string) error {
-	if _, _, err := host.resolve(ctx, name); err != nil {
+	inst, _, err := host.resolve(ctx, name)
+	if err != nil {
 		return err
 	}
-	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
+	member, err := host.memberOf(ctx, inst)
+	if err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	_, err := host.refreshPorts(ctx)
+	if member == "" {
+		err = host.Incus.SetInstanceState(ctx, name, "start", 0, false)
+	} else {
+		if !fixedAddressOf(inst).IsValid() {
+			if _, err := host.fixAddress(ctx, name, member); err != nil {
+				return fmt.Errorf("starting %s: %w", name, err)
+			}
+		}
+		err = host.startFixed(ctx, name, member)
+	}
+	if err != nil {
+		return fmt.Errorf("starting %s: %w", name, err)
+	}
+	_, err = host.refreshPorts(ctx)
 	return err
+}
+
+// memberOf is the cluster member an instance is on; "" off a cluster.
+func (host *Host) memberOf(ctx context.Context, inst *incus.Instance) (string, error) {
+	ci, err := host.Cluster(ctx)
+	if err != nil || !ci.Clustered() {
+		return "", err
+	}
+	return inst.Location, nil
 }
 
 // Stop stops a box, cleanly within a minute or at once with force.
@@ -658,6 +683,9 @@ func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.r
 // MemberNetNS names): a box minted, started or moved from here may live on
 // any of them. Another machine's member is its port watcher's to refresh.
 func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
+	if host.kernelless {
+		return portsRefresh{}, nil
+	}
 	if host.Tier || host.member != "" {
 		return host.refreshPortsHere(ctx)
 	}

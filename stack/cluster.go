@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -544,10 +543,10 @@ func ParseMemberNetNS(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// create creates (and starts) a box's instance. On a cluster the box gets
-// a fixed address from its member's slice: with a target it is created
-// there with it; without one Incus places it first (stopped), then it is
-// given the address of the member it landed on, then started.
+// create creates (and, with post.Start, starts) a box's instance. On a
+// cluster the box gets a fixed address from its member's slice: it is
+// created stopped on the member asked for (or where Incus places it),
+// given the address (fixAddress), then started (startFixed).
 func (host *Host) create(ctx context.Context, req MintRequest, post incus.InstancesPost) error {
 	ci, err := host.Cluster(ctx)
 	if err != nil {
@@ -559,53 +558,114 @@ func (host *Host) create(ctx context.Context, req MintRequest, post incus.Instan
 		}
 		return host.Incus.CreateInstance(ctx, post)
 	}
-	if req.Target != "" && !slices.Contains(ci.Names(), req.Target) {
-		return fmt.Errorf("minting %s: no cluster member %s (members: %s)", req.Name, req.Target, strings.Join(ci.Names(), ", "))
+	if err := ci.checkMember(req.Target); err != nil {
+		return fmt.Errorf("minting %s: %w", req.Name, err)
 	}
 	start := post.Start
+	post.Start = false
+	cl := host.Incus
+	if req.Target != "" {
+		cl = cl.Target(req.Target)
+	}
+	if err := cl.CreateInstance(ctx, post); err != nil {
+		return err
+	}
 	member := req.Target
 	if member == "" {
-		post.Start = false
-		if err := host.Incus.CreateInstance(ctx, post); err != nil {
-			return err
-		}
 		inst, _, err := host.Incus.Instance(ctx, post.Name)
 		if err != nil {
 			return err
 		}
 		member = inst.Location
 	}
-	// Incus refuses a fixed address another NIC on the member asks for:
-	// a box minted at the same moment may have taken it; pick again.
-	for try := 0; ; try++ {
-		addr, err := host.AddressFor(ctx, member)
-		if err != nil {
-			return err
-		}
-		if req.Target != "" {
-			post.Devices = maps.Clone(post.Devices)
-			post.Devices["eth0"] = fixedNIC(addr)
-			err = host.Incus.Target(member).CreateInstance(ctx, post)
-		} else {
-			err = host.setFixedAddress(ctx, post.Name, addr)
-		}
-		if err != nil && try < 2 && strings.Contains(err.Error(), "already defined on another NIC") {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		break
+	if _, err := host.fixAddress(ctx, post.Name, member); err != nil {
+		return err
 	}
-	if req.Target == "" && start {
-		return host.Incus.SetInstanceState(ctx, post.Name, "start", 0, false)
+	if !start {
+		return nil
+	}
+	return host.startFixed(ctx, post.Name, member)
+}
+
+// checkMember refuses a --target that names no member ("" is Incus's
+// choice).
+func (ci ClusterInfo) checkMember(member string) error {
+	if member != "" && !slices.Contains(ci.Names(), member) {
+		return fmt.Errorf("no cluster member %s (members: %s)", member, strings.Join(ci.Names(), ", "))
 	}
 	return nil
 }
 
+// addressTries is how often box picks a fixed address when Incus says
+// another NIC on the member asks for it.
+const addressTries = 3
+
+// isAddressConflict is Incus refusing a fixed address another NIC on the
+// member asks for, when it is set ("Failed update validation") or when
+// the instance starts ("Failed start validation"); a copy is not checked.
+func isAddressConflict(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "already defined on another NIC")
+}
+
+// fixAddress gives an instance on a cluster member a fixed address of the
+// member's slice. A box minted at the same moment on the same member may
+// have taken the address between AddressFor and the update: Incus refuses
+// it, and box picks again.
+func (host *Host) fixAddress(ctx context.Context, name, member string) (netip.Addr, error) {
+	for try := 1; ; try++ {
+		addr, err := host.AddressFor(ctx, member)
+		if err != nil {
+			return netip.Addr{}, err
+		}
+		err = host.setFixedAddress(ctx, name, addr)
+		if err == nil {
+			return addr, nil
+		}
+		if !isAddressConflict(err) || try == addressTries {
+			return netip.Addr{}, fmt.Errorf("giving %s a fixed address on member %s: %w", name, member, err)
+		}
+	}
+}
+
+// startFixed starts an instance on a cluster member. Incus checks its
+// fixed address again at the start: one another NIC on the member asks
+// for by then is replaced by a fresh one (fixAddress), and it starts.
+func (host *Host) startFixed(ctx context.Context, name, member string) error {
+	for try := 1; ; try++ {
+		err := host.Incus.SetInstanceState(ctx, name, "start", 0, false)
+		if !isAddressConflict(err) || try == addressTries {
+			return err
+		}
+		if _, err := host.fixAddress(ctx, name, member); err != nil {
+			return err
+		}
+	}
+}
+
+// boxNIC is the profile's NIC as a box's own device, without a fixed
+// address: what a copy or an import gets before fixAddress gives it one.
+func boxNIC() map[string]string {
+	return map[string]string{"type": "nic", "network": Current.Network, "name": "eth0", "security.port_isolation": "true"}
+}
+
 // fixedNIC is the profile's NIC with a fixed address.
 func fixedNIC(addr netip.Addr) map[string]string {
-	return map[string]string{"type": "nic", "network": Current.Network, "name": "eth0", "security.port_isolation": "true", "ipv4.address": addr.String()}
+	d := boxNIC()
+	d["ipv4.address"] = addr.String()
+	return d
+}
+
+// fixedAddressOf is the fixed address of an instance's NIC on the bridge
+// (invalid when it has none).
+func fixedAddressOf(inst *incus.Instance) netip.Addr {
+	for _, d := range inst.ExpandedDevices {
+		if isNIC(d) && onBridge(Current.Network, d) {
+			if a, err := netip.ParseAddr(d["ipv4.address"]); err == nil {
+				return a
+			}
+		}
+	}
+	return netip.Addr{}
 }
 
 // setFixedAddress gives an instance's NIC (the profile's) a fixed address.

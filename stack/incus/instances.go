@@ -86,15 +86,17 @@ type InstanceSource struct {
 // InstancesPost creates an instance. A nil Profiles gets the project's
 // "default" profile; an empty non-nil slice gets no profile at all.
 type InstancesPost struct {
-	Name        string                       `json:"name"`
-	Type        string                       `json:"type,omitempty"` // "container" or "virtual-machine"
-	Description string                       `json:"description,omitempty"`
-	Source      InstanceSource               `json:"source"`
-	Config      map[string]string            `json:"config,omitempty"`
-	Devices     map[string]map[string]string `json:"devices,omitempty"`
-	Profiles    []string                     `json:"profiles"`
-	Ephemeral   bool                         `json:"ephemeral"`
-	Start       bool                         `json:"start"`
+	Name        string `json:"name"`
+	Type        string `json:"type,omitempty"` // "container" or "virtual-machine"
+	Description string `json:"description,omitempty"`
+	// Architecture is needed by a copy to another cluster member.
+	Architecture string                       `json:"architecture,omitempty"`
+	Source       InstanceSource               `json:"source"`
+	Config       map[string]string            `json:"config,omitempty"`
+	Devices      map[string]map[string]string `json:"devices,omitempty"`
+	Profiles     []string                     `json:"profiles"`
+	Ephemeral    bool                         `json:"ephemeral"`
+	Start        bool                         `json:"start"`
 }
 
 // InstanceState is the runtime state (GET /1.0/instances/{name}/state).
