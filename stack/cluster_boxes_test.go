@@ -133,6 +133,9 @@ func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 		if inst.Config == nil {
 			inst.Config = map[string]string{}
 		}
+		if !f.clustered {
+			inst.Location = ""
+		}
 		if req.Source.Type == "copy" {
 			srcName, snap, _ := strings.Cut(req.Source.Source, "/")
 			src, ok := f.insts[srcName]
@@ -432,4 +435,76 @@ func TestStartGivesAFixedAddress(t *testing.T) {
 	b := f.inst(t, "old")
 	assert.Equal(t, "Running", b.Status)
 	inSlice(t, "m2", fixedAddressOf(b))
+}
+
+// A clone on a cluster gets a fixed address of its own member's slice,
+// never its source's: the copy request carries the source's whole
+// definition (Incus copies across members only so), its NIC without the
+// address.
+func TestCloneOnAClusterGetsItsOwnAddress(t *testing.T) {
+	for _, tc := range []struct {
+		name, target, place, snap, member string
+		srcStatus                         string
+		coldCopy                          bool
+	}{
+		{name: "to another member", target: "m3", member: "m3", srcStatus: "Stopped"},
+		{name: "placed by incus beside its source", place: "m1", member: "m1", srcStatus: "Stopped"},
+		{name: "from a snapshot", target: "m2", snap: "s1", member: "m2", srcStatus: "Stopped"},
+		{name: "running source, to another member", target: "m3", member: "m3", srcStatus: "Running", coldCopy: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, h := newClusterFake(t)
+			f.place = cmp.Or(tc.place, "m2")
+			f.add("src", "m1", tc.srcStatus, "10.88.0.32")
+			f.snaps["src"] = []incus.Instance{{Name: "s1", Architecture: "x86_64", Profiles: []string{"box-net"},
+				Config:  map[string]string{Current.Tag: "1", StampTemplate: "older"},
+				Devices: map[string]map[string]string{"eth0": fixedNIC(netip.MustParseAddr("10.88.0.32")), "root": {"type": "disk", "path": "/", "pool": "default", "size": "20GiB"}}}}
+			res, err := h.CloneTo(context.Background(), "src", tc.snap, "c", tc.target)
+			require.NoError(t, err)
+			assert.Equal(t, tc.coldCopy, res.SourceStopped)
+			assert.Equal(t, tc.member, res.Box.Member)
+
+			c := f.inst(t, "c")
+			assert.Equal(t, "Running", c.Status)
+			a := fixedAddressOf(c)
+			inSlice(t, tc.member, a)
+			assert.NotEqual(t, "10.88.0.32", a.String(), "not its source's address")
+			assert.Equal(t, "10.88.0.32", fixedAddressOf(f.inst(t, "src")).String(), "the source keeps its own")
+			assert.Equal(t, tc.srcStatus, f.inst(t, "src").Status)
+			assert.Equal(t, "20GiB", c.Devices["root"]["size"], "the source's other devices come along")
+			if tc.snap != "" {
+				assert.Equal(t, "older", c.Config[StampTemplate], "the snapshot's definition")
+			}
+
+			creates := f.srv.Find(http.MethodPost, "/1.0/instances")
+			last := creates[len(creates)-1]
+			assert.Equal(t, tc.target, last.Query.Get("target"))
+			var sent incus.InstancesPost
+			require.NoError(t, json.Unmarshal(last.Body, &sent))
+			assert.Equal(t, "x86_64", sent.Architecture)
+			assert.Equal(t, boxNIC(), sent.Devices["eth0"], "the copy's NIC asks for no address")
+			for k := range sent.Config {
+				assert.False(t, strings.HasPrefix(k, "volatile."), "the source's %s stays the source's", k)
+			}
+			assert.Equal(t, "copy", sent.Source.Type)
+			assert.Equal(t, strings.TrimSuffix("src/"+tc.snap, "/"), sent.Source.Source)
+		})
+	}
+}
+
+// Off a cluster a clone is a plain copy, and --target is refused.
+func TestCloneOffAClusterIsAPlainCopy(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.clustered = false
+	f.add("src", "", "Stopped", "")
+	_, err := h.CloneTo(context.Background(), "src", "", "c", "m2")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--target m2: this incusd is not a cluster member")
+	_, err = h.Clone(context.Background(), "src", "", "c")
+	require.NoError(t, err)
+	var sent incus.InstancesPost
+	require.NoError(t, json.Unmarshal(f.srv.Find(http.MethodPost, "/1.0/instances")[0].Body, &sent))
+	assert.Nil(t, sent.Devices)
+	assert.Empty(t, sent.Architecture)
+	assert.False(t, fixedAddressOf(f.inst(t, "c")).IsValid())
 }

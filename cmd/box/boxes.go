@@ -62,7 +62,7 @@ func setupNew(fs *flag.FlagSet) action {
 	fs.BoolVar(&o.vm, "vm", false, "make a virtual machine (default where the host can run one)")
 	fs.BoolVar(&o.container, "container", false, "make a container (default where the host cannot run VMs)")
 	fs.StringVar(&o.image, "image", "", "the image alias or fingerprint (beats BOX_IMAGE, which beats the template's)")
-	fs.StringVar(&o.target, "target", "", "on an Incus cluster: the member to mint it on (default: where Incus places it)")
+	fs.StringVar(&o.target, "target", "", "on an Incus cluster: the member to mint (or clone) it on (default: where Incus places it)")
 	fs.StringVar(&o.egress, "egress", "", "open (the default), or allow:FILE: the box reaches only the names in FILE (one name or *.suffix a line)")
 	fs.BoolVar(&o.asJSON, "json", false, "print the result as JSON")
 	return func(c *call) error { return c.newBox(o) }
@@ -200,7 +200,7 @@ func (c *call) cloneBox(o *newOpts) error {
 	}
 	start := time.Now()
 	c.progressf("cloning %s into %s...", o.from, o.name)
-	cr, err := h.Clone(c.ctx, src, snap, o.name)
+	cr, err := h.CloneTo(c.ctx, src, snap, o.name, o.target)
 	c.progressDone()
 	if err != nil {
 		return err
