@@ -49,6 +49,7 @@ type clusterFake struct {
 	insts     map[string]*incus.Instance
 	snaps     map[string][]incus.Instance // by instance
 	place     string                      // where Incus puts an instance asked for no member
+	members   []string
 	// setRace and startRace, while above zero, make the next address set
 	// (or start) lose a race: a box minted at the same moment on the same
 	// member takes the address first.
@@ -61,13 +62,17 @@ var fakeSlices = map[string]string{"m1": "10.88.0.32/27", "m2": "10.88.0.64/27",
 
 func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 	t.Helper()
-	f := &clusterFake{srv: incustest.New(t), clustered: true, insts: map[string]*incus.Instance{}, snaps: map[string][]incus.Instance{}, place: "m2"}
+	f := &clusterFake{srv: incustest.New(t), clustered: true, insts: map[string]*incus.Instance{}, snaps: map[string][]incus.Instance{}, place: "m2", members: []string{"m1", "m2", "m3"}}
 	s := f.srv
 	s.Handle("GET /1.0", func(w http.ResponseWriter, r *http.Request) {
 		incustest.Sync(w, map[string]any{"environment": map[string]any{"server_clustered": f.clustered, "server_name": map[bool]string{true: "m1", false: "none"}[f.clustered]}})
 	})
 	s.Handle("GET /1.0/cluster/members", func(w http.ResponseWriter, r *http.Request) {
-		incustest.Sync(w, []map[string]any{{"server_name": "m1", "status": "Online"}, {"server_name": "m2", "status": "Online"}, {"server_name": "m3", "status": "Online"}})
+		var out []map[string]any
+		for _, m := range f.members {
+			out = append(out, map[string]any{"server_name": m, "status": "Online"})
+		}
+		incustest.Sync(w, out)
 	})
 	s.Handle("GET /1.0/networks/boxnet", func(w http.ResponseWriter, r *http.Request) {
 		cfg := map[string]string{"ipv4.address": "10.88.0.1/24"}
@@ -507,4 +512,70 @@ func TestCloneOffAClusterIsAPlainCopy(t *testing.T) {
 	assert.Nil(t, sent.Devices)
 	assert.Empty(t, sent.Architecture)
 	assert.False(t, fixedAddressOf(f.inst(t, "c")).IsValid())
+}
+
+func TestMoveKeepsTheAddress(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.add("b", "m1", "Stopped", "10.88.0.33")
+	res, err := h.Move(context.Background(), "b", "m3")
+	require.NoError(t, err)
+	assert.Equal(t, "m1", res.From)
+	assert.Equal(t, "m3", res.To)
+	assert.Equal(t, "10.88.0.33", res.Address)
+	assert.Equal(t, "m3", res.Box.Member)
+	b := f.inst(t, "b")
+	assert.Equal(t, "m3", b.Location)
+	assert.Equal(t, "10.88.0.33", fixedAddressOf(b).String(), "its address goes with it: no member hands it out again")
+	assert.Equal(t, "Stopped", b.Status, "moved, not started")
+	moves := f.srv.Find(http.MethodPost, "/1.0/instances/b")
+	require.Len(t, moves, 1)
+	assert.Equal(t, "m3", moves[0].Query.Get("target"))
+	assert.Empty(t, f.srv.Find(http.MethodPut, "/1.0/instances/b"), "nothing else changed")
+
+	// Where it is already, nothing moves.
+	res, err = h.Move(context.Background(), "b", "m3")
+	require.NoError(t, err)
+	assert.Contains(t, res.Notes[0], "it is on m3 already")
+	assert.Len(t, f.srv.Find(http.MethodPost, "/1.0/instances/b"), 1)
+}
+
+// A box minted before box gave boxes on a cluster a fixed address gets one
+// of its new member's slice.
+func TestMoveGivesAnAddressToABoxWithout(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.add("old", "m1", "Stopped", "")
+	res, err := h.Move(context.Background(), "old", "m2")
+	require.NoError(t, err)
+	inSlice(t, "m2", netip.MustParseAddr(res.Address))
+	assert.Equal(t, res.Address, fixedAddressOf(f.inst(t, "old")).String())
+	assert.Contains(t, res.Notes[0], "it had no fixed address")
+}
+
+func TestMoveRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name, box, status, member string
+		standalone, noSlice       bool
+		want                      string
+	}{
+		{name: "running", box: "b", status: "Running", member: "m2", want: "b is running: stop it first (box down b), then move it"},
+		{name: "unknown member", box: "b", status: "Stopped", member: "m9", want: "no cluster member m9 (members: m1, m2, m3)"},
+		{name: "no member", box: "b", status: "Stopped", want: "which member? (members: m1, m2, m3)"},
+		{name: "standalone", box: "b", status: "Running", member: "m2", standalone: true, want: "this incusd is not a member of a cluster, so there is no member to move it to (box export and box import carry a box to another host)"},
+		{name: "a member box has not set up", box: "b", status: "Stopped", member: "m4", noSlice: true, want: "member m4 has no address slice on boxnet"},
+		{name: "no such box", box: "nobody", member: "m2", want: "no box named nobody"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, h := newClusterFake(t)
+			f.clustered = !tc.standalone
+			if tc.noSlice {
+				f.members = append(f.members, "m4")
+			}
+			f.add("b", "m1", tc.status, "10.88.0.33")
+			_, err := h.Move(context.Background(), tc.box, tc.member)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Empty(t, f.srv.Find(http.MethodPost, "/1.0/instances/"+tc.box), "nothing was moved")
+			assert.Equal(t, "m1", f.insts["b"].Location)
+		})
+	}
 }

@@ -675,3 +675,36 @@ func setupRm(fs *flag.FlagSet) action {
 		return nil
 	}
 }
+
+func setupMove(fs *flag.FlagSet) action {
+	target := fs.String("target", "", "the cluster member to move it to (required)")
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	return func(c *call) error {
+		if *target == "" {
+			return usagef("move: --target is required (box move %s --target MEMBER)", c.name())
+		}
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		c.progressf("moving %s to %s...", c.name(), *target)
+		res, err := h.Move(c.ctx, c.name(), *target)
+		c.progressDone()
+		if err != nil {
+			return err
+		}
+		for _, n := range res.Notes {
+			fmt.Fprintf(c.err, "box: %s: %s\n", c.name(), n)
+		}
+		if *asJSON {
+			return c.printJSON(res)
+		}
+		if res.From == res.To {
+			fmt.Fprintf(c.out, "%s is on %s (address %s)\n", c.name(), res.To, res.Address)
+			return nil
+		}
+		fmt.Fprintf(c.out, "%s moved from %s to %s in %s, address %s kept (box start %s)\n", c.name(), res.From, res.To, time.Since(start).Round(time.Millisecond), res.Address, c.name())
+		return nil
+	}
+}

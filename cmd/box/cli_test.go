@@ -24,7 +24,7 @@ var offline = runner{env: map[string]string{"INCUS_SOCKET": "/nonexistent/box-te
 // later).
 var wantVerbs = []string{
 	"new", "templates", "list", "status", "info", "shell", "exec", "tmux", "snapshot", "restore", "rename",
-	"down", "start", "rm", "egress", "expose", "export", "import", "incus", "doctor", "setup-host", "watch-ports", "teardown-host", "grant", "revoke",
+	"move", "down", "start", "rm", "egress", "expose", "export", "import", "incus", "doctor", "setup-host", "watch-ports", "teardown-host", "grant", "revoke",
 	"migrate-host", "completion", "man", "version", "help",
 }
 
@@ -86,6 +86,9 @@ func TestHelpRendersPreconditionsAndOptions(t *testing.T) {
 	assert.Contains(t, r.out, "--force")
 	r = offline.run(t, "rename", "--help")
 	assert.Contains(t, r.out, "and stopped (box down N)")
+	r = offline.run(t, "help", "move")
+	assert.Contains(t, r.out, "--target M")
+	assert.Contains(t, r.out, "move a stopped box to another member")
 	r = offline.run(t, "help", "new")
 	for _, opt := range []string{"--name N", "--template T", "--from F", "--cpu C", "--memory M", "--disk D", "--vm", "--container", "--image I", "--json"} {
 		assert.Contains(t, r.out, opt)

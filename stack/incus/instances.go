@@ -305,3 +305,18 @@ func (c *Client) AllInstances(ctx context.Context) ([]Instance, error) {
 	}
 	return out, nil
 }
+
+// MoveInstance moves a stopped instance to another cluster member and
+// waits: POST /1.0/instances/NAME?target=MEMBER with {"migration": true}.
+// On local storage the member pulls it, snapshots and all; its config and
+// devices stay as they are.
+func (c *Client) MoveInstance(ctx context.Context, name, member string) error {
+	if member == "" {
+		return fmt.Errorf("moving instance %s: no member given", name)
+	}
+	body := map[string]any{"migration": true}
+	if _, err := c.Target(member).do(ctx, request{method: http.MethodPost, path: apiPath("instances", name), json: body}); err != nil {
+		return fmt.Errorf("moving instance %s to member %s: %w", name, member, err)
+	}
+	return nil
+}
