@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"net/netip"
@@ -50,6 +51,8 @@ type clusterFake struct {
 	snaps     map[string][]incus.Instance // by instance
 	place     string                      // where Incus puts an instance asked for no member
 	members   []string
+	// importFile is what a backup import makes (name is X-Incus-name).
+	importFile func(name string) *incus.Instance
 	// setRace and startRace, while above zero, make the next address set
 	// (or start) lose a race: a box minted at the same moment on the same
 	// member takes the address first.
@@ -121,7 +124,26 @@ func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 		}
 		incustest.Sync(w, out)
 	})
+	s.Handle("GET /1.0/profiles", func(w http.ResponseWriter, r *http.Request) {
+		var out []incus.Profile
+		for _, p := range hostProfiles() {
+			out = append(out, p)
+		}
+		incustest.Sync(w, out)
+	})
 	s.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Content-Type") == "application/octet-stream" {
+			// A backup lands on the member that received it, with the
+			// devices in the file: importFile's.
+			_, _ = io.Copy(io.Discard, r.Body)
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			i := f.importFile(r.Header.Get("X-Incus-name"))
+			i.Location = "m1"
+			f.insts[i.Name] = i
+			f.srv.Async(w, incustest.Op{Description: "Restoring backup"})
+			return
+		}
 		var req incus.InstancesPost
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 			incustest.Error(w, http.StatusBadRequest, err.Error())
@@ -576,6 +598,40 @@ func TestMoveRefuses(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 			assert.Empty(t, f.srv.Find(http.MethodPost, "/1.0/instances/"+tc.box), "nothing was moved")
 			assert.Equal(t, "m1", f.insts["b"].Location)
+		})
+	}
+}
+
+// An import on a cluster lands on the member that received it and gets a
+// fixed address of that member's slice before it starts, whatever address
+// its file carries (here the one its source, on the same member, holds);
+// off a cluster that address is dropped and it leases one.
+func TestImportOnAClusterGetsAnAddressOfItsMember(t *testing.T) {
+	for _, clustered := range []bool{true, false} {
+		t.Run(fmt.Sprintf("clustered %v", clustered), func(t *testing.T) {
+			f, h := newClusterFake(t)
+			f.clustered = clustered
+			f.add("work", "m1", "Running", "10.88.0.32")
+			fixture := newBackupFixture()
+			fixture.backup.Container.Devices["eth0"] = fixedNIC(netip.MustParseAddr("10.88.0.32"))
+			f.importFile = func(name string) *incus.Instance {
+				return &incus.Instance{Name: name, Type: "container", Status: "Stopped", Profiles: []string{"box-net"},
+					Config:  map[string]string{Current.Tag: "1", "volatile.eth0.hwaddr": "10:66:6a:00:00:01"},
+					Devices: map[string]map[string]string{"eth0": fixedNIC(netip.MustParseAddr("10.88.0.32"))}}
+			}
+			res, err := h.Import(context.Background(), fixtureFile(t, fixture), "copy")
+			require.NoError(t, err)
+			c := f.inst(t, "copy")
+			assert.Equal(t, "Running", c.Status)
+			if clustered {
+				assert.Equal(t, "m1", res.Box.Member)
+				a := fixedAddressOf(c)
+				inSlice(t, "m1", a)
+				assert.NotEqual(t, "10.88.0.32", a.String(), "not the address in the file")
+				return
+			}
+			assert.False(t, fixedAddressOf(c).IsValid(), "it leases one")
+			assert.Contains(t, strings.Join(res.Notes, "\n"), "its fixed address 10.88.0.32 was the cluster's it came from: dropped")
 		})
 	}
 }
