@@ -223,14 +223,11 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 	}
 	// A fixed address in the file is the one of the host it came from. On
 	// a cluster the box gets one of the member it landed on (a backup
-	// lands on the member that received it, whatever ?target= says) before
-	// it starts; elsewhere it leases one.
-	if ci.Clustered() {
-		if put.Devices == nil {
-			put.Devices = map[string]map[string]string{}
-		}
-		put.Devices["eth0"] = boxNIC()
-	} else if d := put.Devices["eth0"]; d["ipv4.address"] != "" {
+	// lands on the member that received it, whatever ?target= says) once
+	// it has its own MAC (below: Incus checks the NIC's MAC when the NIC
+	// changes, and the file's is its source's), before it starts;
+	// elsewhere it leases one.
+	if d := put.Devices["eth0"]; !ci.Clustered() && d["ipv4.address"] != "" {
 		res.Notes = append(res.Notes, fmt.Sprintf("its fixed address %s was the cluster's it came from: dropped, it leases one here", d["ipv4.address"]))
 		delete(d, "ipv4.address")
 	}
