@@ -615,8 +615,9 @@ func (host *Host) Restore(ctx context.Context, name, snap string) error {
 	return err
 }
 
-// Start starts a box. On a cluster a box without a fixed address (minted
-// before box gave them) gets one of its member's slice first.
+// Start starts a box. On a cluster a box without a fixed address gets
+// one first: the one it held when a move of it stopped half-way, else one
+// of its member's slice (a box minted before box gave them).
 func (host *Host) Start(ctx context.Context, name string) error {
 	inst, _, err := host.resolve(ctx, name)
 	if err != nil {
@@ -630,7 +631,7 @@ func (host *Host) Start(ctx context.Context, name string) error {
 		err = host.Incus.SetInstanceState(ctx, name, "start", 0, false)
 	} else {
 		if !fixedAddressOf(inst).IsValid() {
-			if _, err := host.fixAddress(ctx, name, member); err != nil {
+			if _, err := host.landAddress(ctx, name, member, movingAddress(inst)); err != nil {
 				return fmt.Errorf("starting %s: %w", name, err)
 			}
 		}

@@ -243,11 +243,16 @@ func (host *Host) AddressFor(ctx context.Context, member string) (netip.Addr, er
 	return netip.Addr{}, fmt.Errorf("member %s's slice %s of %s is full: remove a box there, or mint on another member (--target)", member, slice, Current.Network)
 }
 
-// usedAddresses is every address a NIC on the bridge asks for or a lease
-// holds, in every project on every member.
+// usedAddresses is every address a NIC on the bridge asks for, a box
+// being moved holds (keyMoving) or a lease holds, in every project on
+// every member.
 func usedAddresses(f fleet) map[netip.Addr]bool {
 	used := map[netip.Addr]bool{}
 	for i := range f.insts {
+		// A box on its way to another member holds its address here.
+		if a, err := netip.ParseAddr(f.insts[i].Config[keyMoving]); err == nil {
+			used[a] = true
+		}
 		for _, d := range f.insts[i].ExpandedDevices {
 			if isNIC(d) && onBridge(Current.Network, d) {
 				if a, err := netip.ParseAddr(d["ipv4.address"]); err == nil {
@@ -679,5 +684,6 @@ func (host *Host) setFixedAddress(ctx context.Context, name string, addr netip.A
 		put.Devices = map[string]map[string]string{}
 	}
 	put.Devices["eth0"] = fixedNIC(addr)
+	delete(put.Config, keyMoving)
 	return host.Incus.UpdateInstance(ctx, name, put, etag)
 }

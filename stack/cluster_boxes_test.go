@@ -51,6 +51,7 @@ type clusterFake struct {
 	snaps     map[string][]incus.Instance // by instance
 	place     string                      // where Incus puts an instance asked for no member
 	members   []string
+	moveErr   string // a move fails so
 	// importFile is what a backup import makes (name is X-Incus-name).
 	importFile func(name string) *incus.Instance
 	// setRace and startRace, while above zero, make the next address set
@@ -268,6 +269,8 @@ func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 			incustest.Error(w, http.StatusBadRequest, "this fake only moves")
 		case inst.Status != "Stopped":
 			incustest.Error(w, http.StatusBadRequest, "Instance is running")
+		case f.moveErr != "":
+			f.srv.Async(w, incustest.Op{Description: "Migrating instance", Err: f.moveErr})
 		default:
 			inst.Location = r.URL.Query().Get("target")
 			f.srv.Async(w, incustest.Op{Description: "Migrating instance"})
@@ -551,16 +554,66 @@ func TestMoveKeepsTheAddress(t *testing.T) {
 	assert.Equal(t, "m3", b.Location)
 	assert.Equal(t, "10.88.0.33", fixedAddressOf(b).String(), "its address goes with it: no member hands it out again")
 	assert.Equal(t, "Stopped", b.Status, "moved, not started")
-	moves := f.srv.Find(http.MethodPost, "/1.0/instances/b")
-	require.Len(t, moves, 1)
-	assert.Equal(t, "m3", moves[0].Query.Get("target"))
-	assert.Empty(t, f.srv.Find(http.MethodPut, "/1.0/instances/b"), "nothing else changed")
+	assert.NotContains(t, b.Config, keyMoving)
+
+	// Its NIC loses its address on m1 before the move (so Incus clears its
+	// DHCP state there), the address held under keyMoving meanwhile, and
+	// gets it back on m3, as it was.
+	var writes []incustest.Request
+	for _, r := range f.srv.Requests() {
+		if r.Method != http.MethodGet && strings.HasPrefix(r.Path, "/1.0/instances/b") {
+			writes = append(writes, r)
+		}
+	}
+	require.Len(t, writes, 3)
+	var leave, land incus.InstancePut
+	require.NoError(t, json.Unmarshal(writes[0].Body, &leave))
+	assert.Equal(t, http.MethodPut, writes[0].Method)
+	assert.Equal(t, map[string]string{"type": "nic", "network": "boxnet", "name": transitName, "security.port_isolation": "true"}, leave.Devices["eth0"],
+		"on m1, a NIC without an address, renamed: a change Incus applies by removing the NIC")
+	assert.Equal(t, "10.88.0.33", leave.Config[keyMoving])
+	assert.Equal(t, http.MethodPost, writes[1].Method)
+	assert.Equal(t, "m3", writes[1].Query.Get("target"))
+	require.NoError(t, json.Unmarshal(writes[2].Body, &land))
+	assert.Equal(t, fixedNIC(netip.MustParseAddr("10.88.0.33")), land.Devices["eth0"])
+	assert.NotContains(t, land.Config, keyMoving)
 
 	// Where it is already, nothing moves.
 	res, err = h.Move(context.Background(), "b", "m3")
 	require.NoError(t, err)
 	assert.Contains(t, res.Notes[0], "it is on m3 already")
 	assert.Len(t, f.srv.Find(http.MethodPost, "/1.0/instances/b"), 1)
+}
+
+// While a box moves, its address is its own: a box minted on the member
+// it leaves does not get it.
+func TestAMovingBoxKeepsItsAddress(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.add("b", "m1", "Stopped", "")
+	f.insts["b"].Config[keyMoving] = "10.88.0.32"
+	a, err := h.AddressFor(context.Background(), "m1")
+	require.NoError(t, err)
+	assert.Equal(t, "10.88.0.33", a.String())
+
+	// A move that stopped half-way: box start puts it back.
+	require.NoError(t, h.Start(context.Background(), "b"))
+	b := f.inst(t, "b")
+	assert.Equal(t, "10.88.0.32", fixedAddressOf(b).String())
+	assert.NotContains(t, b.Config, keyMoving)
+}
+
+// A move Incus refuses leaves the box where it was, with its address.
+func TestAFailedMoveGivesTheAddressBack(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.add("b", "m1", "Stopped", "10.88.0.33")
+	f.moveErr = "Failed migration on target: no space left"
+	_, err := h.Move(context.Background(), "b", "m2")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no space left")
+	b := f.inst(t, "b")
+	assert.Equal(t, "m1", b.Location)
+	assert.Equal(t, "10.88.0.33", fixedAddressOf(b).String())
+	assert.NotContains(t, b.Config, keyMoving)
 }
 
 // A box minted before box gave boxes on a cluster a fixed address gets one
