@@ -653,13 +653,21 @@ func (host *Host) memberOf(ctx context.Context, inst *incus.Instance) (string, e
 	return inst.Location, nil
 }
 
-// Stop stops a box, cleanly within a minute or at once with force.
+// Stop stops a box, cleanly within a minute or at once with force, and
+// takes its port out of the bridge drop's port set (on whatever member it
+// is: a stale name there is a doctor finding).
 func (host *Host) Stop(ctx context.Context, name string, force bool) error {
 	if _, _, err := host.resolve(ctx, name); err != nil {
 		return err
 	}
 	if err := host.Incus.SetInstanceState(ctx, name, "stop", time.Minute, force); err != nil {
 		return fmt.Errorf("stopping %s: %w", name, err)
+	}
+	if host.Tier {
+		return nil // the port watcher's to refresh
+	}
+	if _, err := host.refreshPorts(ctx); err != nil {
+		return fmt.Errorf("stopped %s, but refreshing the bridge ports failed: %w (run box doctor --fix)", name, err)
 	}
 	return nil
 }
