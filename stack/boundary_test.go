@@ -22,6 +22,7 @@ var boundaryOps = []struct {
 	{"start", func(ctx context.Context, h *Host, b string) error { return h.Start(ctx, b) }},
 	{"stop", func(ctx context.Context, h *Host, b string) error { return h.Stop(ctx, b, true) }},
 	{"rename", func(ctx context.Context, h *Host, b string) error { return h.Rename(ctx, b, b+"-new") }},
+	{"move", func(ctx context.Context, h *Host, b string) error { _, err := h.Move(ctx, b, "m2"); return err }},
 	{"snapshot", func(ctx context.Context, h *Host, b string) error { _, err := h.Snapshot(ctx, b, "s"); return err }},
 	{"snapshots", func(ctx context.Context, h *Host, b string) error { _, err := h.Snapshots(ctx, b); return err }},
 	{"restore", func(ctx context.Context, h *Host, b string) error { return h.Restore(ctx, b, "s") }},

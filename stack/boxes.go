@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -79,6 +80,8 @@ type Box struct {
 	Created    time.Time         `json:"created"`
 	Stamps     map[string]string `json:"stamps"`
 	Profiles   []string          `json:"profiles"`
+	// Member is the cluster member the box is on; empty off a cluster.
+	Member string `json:"member,omitempty"`
 	// OnStack is what the fleet census says (nil when it could not be
 	// taken, e.g. without the privileges to read nft); OffStack says why
 	// not.
@@ -101,6 +104,10 @@ func isBox(i *incus.Instance) (string, bool) {
 
 func boxOf(i *incus.Instance, gen string) Box {
 	b := Box{Name: i.Name, Status: i.Status, Type: i.Type, Generation: gen, Created: i.CreatedAt, Stamps: map[string]string{}, Profiles: i.Profiles}
+	if i.Location != "none" {
+		// A standalone incusd says "none".
+		b.Member = i.Location
+	}
 	for k, v := range i.Config {
 		if strings.HasPrefix(k, StampPrefix) {
 			b.Stamps[k] = v
@@ -390,8 +397,16 @@ type CloneResult struct {
 
 // Clone copies a box (or one of its snapshots) into a new box with a fresh
 // MAC address and machine identity, re-stamped with its own coming into
-// being and its lineage, and starts it.
-func (host *Host) Clone(ctx context.Context, src, snap, name string) (_ *CloneResult, err error) {
+// being and its lineage, and starts it (CloneTo, where Incus places it).
+func (host *Host) Clone(ctx context.Context, src, snap, name string) (*CloneResult, error) {
+	return host.CloneTo(ctx, src, snap, name, "")
+}
+
+// CloneTo is Clone onto a cluster member (target; "" is where Incus places
+// it). On a cluster the clone gets a fixed address of its own member's
+// slice: a copy carries its source's NIC with the source's address, which
+// another member would accept as it is.
+func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (_ *CloneResult, err error) {
 	inst, _, err := host.resolve(ctx, src)
 	if err != nil {
 		return nil, err
@@ -399,21 +414,41 @@ func (host *Host) Clone(ctx context.Context, src, snap, name string) (_ *CloneRe
 	if _, _, err := host.Incus.Instance(ctx, name); err == nil {
 		return nil, fmt.Errorf("cloning %s: an instance named %s already exists: pick another --name", src, name)
 	}
+	ci, err := host.Cluster(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cloning %s: %w", src, err)
+	}
+	if target != "" && !ci.Clustered() {
+		return nil, fmt.Errorf("cloning %s: --target %s: this incusd is not a cluster member", src, target)
+	}
+	if err := ci.checkMember(target); err != nil {
+		return nil, fmt.Errorf("cloning %s: %w", src, err)
+	}
 	source := src
 	if snap != "" {
 		source = src + "/" + snap
 	}
 	res := &CloneResult{}
 	copyReq := incus.InstancesPost{Name: name, Type: inst.Type, Source: incus.InstanceSource{Type: "copy", Source: source}}
-	err = host.copyInstance(ctx, inst, copyReq)
-	if err != nil && snap == "" && inst.Status == "Running" && strings.Contains(err.Error(), "freezing") {
+	cl := host.Incus
+	if ci.Clustered() {
+		if copyReq, err = host.clusterCopy(ctx, inst, snap, copyReq); err != nil {
+			return nil, fmt.Errorf("cloning %s: %w", source, err)
+		}
+		if target != "" {
+			cl = cl.Target(target)
+		}
+	}
+	err = cl.CreateInstance(ctx, copyReq)
+	if err != nil && snap == "" && inst.Status == "Running" && needsColdCopy(err) {
 		// This host cannot freeze a running container to copy it
-		// consistently: stop the source for the copy and start it again.
+		// consistently (nor, on a cluster, migrate it live to another
+		// member): stop the source for the copy and start it again.
 		if serr := host.Incus.SetInstanceState(ctx, src, "stop", 60*time.Second, false); serr != nil {
 			return nil, fmt.Errorf("cloning %s: %w; stopping it for a cold copy: %v", src, err, serr)
 		}
 		res.SourceStopped = true
-		err = host.copyInstance(ctx, inst, copyReq)
+		err = cl.CreateInstance(ctx, copyReq)
 		if serr := host.Incus.SetInstanceState(context.WithoutCancel(ctx), src, "start", 0, false); serr != nil {
 			err = errors.Join(err, fmt.Errorf("restarting %s after the copy: %w", src, serr))
 		}
@@ -449,10 +484,22 @@ func (host *Host) Clone(ctx context.Context, src, snap, name string) (_ *CloneRe
 	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
 		return nil, fmt.Errorf("re-stamping clone %s: %w", name, err)
 	}
+	member := ""
+	if ci.Clustered() {
+		member = clone.Location
+		if _, err := host.fixAddress(ctx, name, member); err != nil {
+			return nil, fmt.Errorf("cloning %s into %s: %w", source, name, err)
+		}
+	}
 	if err := host.freshMachineID(ctx, clone); err != nil {
 		return nil, fmt.Errorf("giving clone %s a machine-id: %w", name, err)
 	}
-	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
+	if member != "" {
+		err = host.startFixed(ctx, name, member)
+	} else {
+		err = host.Incus.SetInstanceState(ctx, name, "start", 0, false)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("starting clone %s: %w", name, err)
 	}
 	if _, err := host.refreshPorts(ctx); err != nil {
@@ -460,6 +507,51 @@ func (host *Host) Clone(ctx context.Context, src, snap, name string) (_ *CloneRe
 	}
 	res.Box, err = host.Info(ctx, name)
 	return res, err
+}
+
+// needsColdCopy says a copy of a running container failed only because it
+// ran: this host cannot freeze it, or (to another member) migrate it live.
+func needsColdCopy(err error) bool {
+	return strings.Contains(err.Error(), "freezing") || strings.Contains(err.Error(), "live container migration")
+}
+
+// clusterCopy is a copy request on a cluster: Incus copies across members
+// only from a whole definition (a bare copy is refused, "Architecture
+// isn't supported"), so the request carries the source's (or its
+// snapshot's) config, devices and profiles, as the incus CLI sends them,
+// with the NIC's fixed address left out: the source's stays the source's.
+func (host *Host) clusterCopy(ctx context.Context, inst *incus.Instance, snap string, req incus.InstancesPost) (incus.InstancesPost, error) {
+	def := inst
+	if snap != "" {
+		snaps, err := host.Incus.SnapshotDefinitions(ctx, inst.Name)
+		if err != nil {
+			return req, err
+		}
+		i := slices.IndexFunc(snaps, func(s incus.Instance) bool { return s.Name == snap })
+		if i < 0 {
+			return req, fmt.Errorf("%s has no snapshot %s (box info %s lists them)", inst.Name, snap, inst.Name)
+		}
+		def = &snaps[i]
+	}
+	w := def.Writable()
+	req.Architecture = w.Architecture
+	req.Profiles = w.Profiles
+	if req.Profiles == nil {
+		req.Profiles = []string{} // nil would be the "default" profile
+	}
+	req.Config = map[string]string{}
+	for k, v := range w.Config {
+		// The copy's own volatile state is Incus's to make.
+		if !strings.HasPrefix(k, "volatile.") || k == "volatile.base_image" {
+			req.Config[k] = v
+		}
+	}
+	req.Devices = w.Devices
+	if req.Devices == nil {
+		req.Devices = map[string]map[string]string{}
+	}
+	req.Devices["eth0"] = boxNIC()
+	return req, nil
 }
 
 // forgetMACs drops the MACs Incus gave a copy's NICs (volatile.<nic>.hwaddr),
@@ -523,25 +615,59 @@ func (host *Host) Restore(ctx context.Context, name, snap string) error {
 	return err
 }
 
-// Start starts a box.
+// Start starts a box. On a cluster a box without a fixed address gets
+// one first: the one it held when a move of it stopped half-way, else one
+// of its member's slice (a box minted before box gave them).
 func (host *Host) Start(ctx context.Context, name string) error {
-	if _, _, err := host.resolve(ctx, name); err != nil {
+	inst, _, err := host.resolve(ctx, name)
+	if err != nil {
 		return err
 	}
-	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
+	member, err := host.memberOf(ctx, inst)
+	if err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	_, err := host.refreshPorts(ctx)
+	if member == "" {
+		err = host.Incus.SetInstanceState(ctx, name, "start", 0, false)
+	} else {
+		if !fixedAddressOf(inst).IsValid() {
+			if _, err := host.landAddress(ctx, name, member, movingAddress(inst)); err != nil {
+				return fmt.Errorf("starting %s: %w", name, err)
+			}
+		}
+		err = host.startFixed(ctx, name, member)
+	}
+	if err != nil {
+		return fmt.Errorf("starting %s: %w", name, err)
+	}
+	_, err = host.refreshPorts(ctx)
 	return err
 }
 
-// Stop stops a box, cleanly within a minute or at once with force.
+// memberOf is the cluster member an instance is on; "" off a cluster.
+func (host *Host) memberOf(ctx context.Context, inst *incus.Instance) (string, error) {
+	ci, err := host.Cluster(ctx)
+	if err != nil || !ci.Clustered() {
+		return "", err
+	}
+	return inst.Location, nil
+}
+
+// Stop stops a box, cleanly within a minute or at once with force, and
+// takes its port out of the bridge drop's port set (on whatever member it
+// is: a stale name there is a doctor finding).
 func (host *Host) Stop(ctx context.Context, name string, force bool) error {
 	if _, _, err := host.resolve(ctx, name); err != nil {
 		return err
 	}
 	if err := host.Incus.SetInstanceState(ctx, name, "stop", time.Minute, force); err != nil {
 		return fmt.Errorf("stopping %s: %w", name, err)
+	}
+	if host.Tier {
+		return nil // the port watcher's to refresh
+	}
+	if _, err := host.refreshPorts(ctx); err != nil {
+		return fmt.Errorf("stopped %s, but refreshing the bridge ports failed: %w (run box doctor --fix)", name, err)
 	}
 	return nil
 }
@@ -652,6 +778,9 @@ func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.r
 // MemberNetNS names): a box minted, started or moved from here may live on
 // any of them. Another machine's member is its port watcher's to refresh.
 func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
+	if host.kernelless {
+		return portsRefresh{}, nil
+	}
 	if host.Tier || host.member != "" {
 		return host.refreshPortsHere(ctx)
 	}

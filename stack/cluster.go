@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -243,11 +242,16 @@ func (host *Host) AddressFor(ctx context.Context, member string) (netip.Addr, er
 	return netip.Addr{}, fmt.Errorf("member %s's slice %s of %s is full: remove a box there, or mint on another member (--target)", member, slice, Current.Network)
 }
 
-// usedAddresses is every address a NIC on the bridge asks for or a lease
-// holds, in every project on every member.
+// usedAddresses is every address a NIC on the bridge asks for, a box
+// being moved holds (keyMoving) or a lease holds, in every project on
+// every member.
 func usedAddresses(f fleet) map[netip.Addr]bool {
 	used := map[netip.Addr]bool{}
 	for i := range f.insts {
+		// A box on its way to another member holds its address here.
+		if a, err := netip.ParseAddr(f.insts[i].Config[keyMoving]); err == nil {
+			used[a] = true
+		}
 		for _, d := range f.insts[i].ExpandedDevices {
 			if isNIC(d) && onBridge(Current.Network, d) {
 				if a, err := netip.ParseAddr(d["ipv4.address"]); err == nil {
@@ -565,10 +569,10 @@ func ParseMemberNetNS(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// create creates (and starts) a box's instance. On a cluster the box gets
-// a fixed address from its member's slice: with a target it is created
-// there with it; without one Incus places it first (stopped), then it is
-// given the address of the member it landed on, then started.
+// create creates (and, with post.Start, starts) a box's instance. On a
+// cluster the box gets a fixed address from its member's slice: it is
+// created stopped on the member asked for (or where Incus places it),
+// given the address (fixAddress), then started (startFixed).
 func (host *Host) create(ctx context.Context, req MintRequest, post incus.InstancesPost) error {
 	ci, err := host.Cluster(ctx)
 	if err != nil {
@@ -580,69 +584,125 @@ func (host *Host) create(ctx context.Context, req MintRequest, post incus.Instan
 		}
 		return host.Incus.CreateInstance(ctx, post)
 	}
-	if req.Target != "" && !slices.Contains(ci.Names(), req.Target) {
-		return fmt.Errorf("minting %s: no cluster member %s (members: %s)", req.Name, req.Target, strings.Join(ci.Names(), ", "))
-	}
-	// Picking an address and creating the instance that holds it are one
-	// step for every box command on this machine (two mints at once would
-	// pick the same one); the start, which is slow, comes after.
-	unlock, err := lockFile(ctx, addressLock, "the address slices")
-	if err != nil {
-		return err
+	if err := ci.checkMember(req.Target); err != nil {
+		return fmt.Errorf("minting %s: %w", req.Name, err)
 	}
 	start := post.Start
 	post.Start = false
-	err = host.createFixed(ctx, req.Target, post)
-	unlock()
-	if err != nil || !start {
+	cl := host.Incus
+	if req.Target != "" {
+		cl = cl.Target(req.Target)
+	}
+	if err := cl.CreateInstance(ctx, post); err != nil {
 		return err
 	}
-	return host.Incus.SetInstanceState(ctx, post.Name, "start", 0, false)
-}
-
-// addressLock serialises picking a fixed address with creating its box.
-const addressLock = "/run/lock/box-addresses.lock"
-
-// createFixed creates a stopped instance with a fixed address: on target,
-// or where Incus places it. Incus refuses an address another NIC on the
-// same member asks for (a box minted from another machine at the same
-// moment): it is picked again.
-func (host *Host) createFixed(ctx context.Context, target string, post incus.InstancesPost) error {
-	member := target
+	member := req.Target
 	if member == "" {
-		if err := host.Incus.CreateInstance(ctx, post); err != nil {
-			return err
-		}
 		inst, _, err := host.Incus.Instance(ctx, post.Name)
 		if err != nil {
 			return err
 		}
 		member = inst.Location
 	}
-	for try := 0; ; try++ {
-		addr, err := host.AddressFor(ctx, member)
+	if _, err := host.fixAddress(ctx, post.Name, member); err != nil {
+		return err
+	}
+	if !start {
+		return nil
+	}
+	return host.startFixed(ctx, post.Name, member)
+}
+
+// checkMember refuses a --target that names no member ("" is Incus's
+// choice).
+func (ci ClusterInfo) checkMember(member string) error {
+	if member != "" && !slices.Contains(ci.Names(), member) {
+		return fmt.Errorf("no cluster member %s (members: %s)", member, strings.Join(ci.Names(), ", "))
+	}
+	return nil
+}
+
+// addressTries is how often box picks a fixed address when Incus says
+// another NIC on the member asks for it.
+const addressTries = 3
+
+// isAddressConflict is Incus refusing a fixed address another NIC on the
+// member asks for, when it is set ("Failed update validation") or when
+// the instance starts ("Failed start validation"); a copy is not checked.
+func isAddressConflict(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "already defined on another NIC")
+}
+
+// fixAddress gives an instance on a cluster member a fixed address of the
+// member's slice. A box minted at the same moment on the same member may
+// have taken the address between AddressFor and the update: Incus refuses
+// it, and box picks again.
+//
+// Picking an address and setting it are one step for every box command on
+// this machine: two mints at once picked the same one (measured, before
+// this lock), which Incus refused to one of them only at its start.
+func (host *Host) fixAddress(ctx context.Context, name, member string) (netip.Addr, error) {
+	for try := 1; ; try++ {
+		unlock, err := lockFile(ctx, addressLock, "the address slices")
 		if err != nil {
+			return netip.Addr{}, err
+		}
+		addr, err := host.AddressFor(ctx, member)
+		if err == nil {
+			err = host.setFixedAddress(ctx, name, addr)
+		}
+		unlock()
+		if err == nil {
+			return addr, nil
+		}
+		if !isAddressConflict(err) || try == addressTries {
+			return netip.Addr{}, fmt.Errorf("giving %s a fixed address on member %s: %w", name, member, err)
+		}
+	}
+}
+
+// addressLock serialises picking a fixed address with setting it.
+const addressLock = "/run/lock/box-addresses.lock"
+
+// startFixed starts an instance on a cluster member. Incus checks its
+// fixed address again at the start: one another NIC on the member asks
+// for by then is replaced by a fresh one (fixAddress), and it starts.
+func (host *Host) startFixed(ctx context.Context, name, member string) error {
+	for try := 1; ; try++ {
+		err := host.Incus.SetInstanceState(ctx, name, "start", 0, false)
+		if !isAddressConflict(err) || try == addressTries {
 			return err
 		}
-		if target != "" {
-			post.Devices = maps.Clone(post.Devices)
-			if post.Devices == nil {
-				post.Devices = map[string]map[string]string{}
-			}
-			post.Devices["eth0"] = fixedNIC(addr)
-			err = host.Incus.Target(member).CreateInstance(ctx, post)
-		} else {
-			err = host.setFixedAddress(ctx, post.Name, addr)
-		}
-		if err == nil || try == 2 || !strings.Contains(err.Error(), "already defined on another NIC") {
+		if _, err := host.fixAddress(ctx, name, member); err != nil {
 			return err
 		}
 	}
 }
 
+// boxNIC is the profile's NIC as a box's own device, without a fixed
+// address: what a copy or an import gets before fixAddress gives it one.
+func boxNIC() map[string]string {
+	return map[string]string{"type": "nic", "network": Current.Network, "name": "eth0", "security.port_isolation": "true"}
+}
+
 // fixedNIC is the profile's NIC with a fixed address.
 func fixedNIC(addr netip.Addr) map[string]string {
-	return map[string]string{"type": "nic", "network": Current.Network, "name": "eth0", "security.port_isolation": "true", "ipv4.address": addr.String()}
+	d := boxNIC()
+	d["ipv4.address"] = addr.String()
+	return d
+}
+
+// fixedAddressOf is the fixed address of an instance's NIC on the bridge
+// (invalid when it has none).
+func fixedAddressOf(inst *incus.Instance) netip.Addr {
+	for _, d := range inst.ExpandedDevices {
+		if isNIC(d) && onBridge(Current.Network, d) {
+			if a, err := netip.ParseAddr(d["ipv4.address"]); err == nil {
+				return a
+			}
+		}
+	}
+	return netip.Addr{}
 }
 
 // setFixedAddress gives an instance's NIC (the profile's) a fixed address.
@@ -656,6 +716,7 @@ func (host *Host) setFixedAddress(ctx context.Context, name string, addr netip.A
 		put.Devices = map[string]map[string]string{}
 	}
 	put.Devices["eth0"] = fixedNIC(addr)
+	delete(put.Config, keyMoving)
 	return host.Incus.UpdateInstance(ctx, name, put, etag)
 }
 
@@ -717,31 +778,6 @@ func (ci ClusterInfo) MemberAddrs() []ClusterMemberAddr {
 // here may act in its place).
 func (host *Host) ForMember(member string) (*Host, bool) {
 	return host.memberHost(member)
-}
-
-// copyInstance copies src as req asks: on a cluster onto src's member (a
-// copy Incus places elsewhere goes through a migration, and is refused for
-// an image the other member lacks), with a fixed address of its own from
-// that member's slice (the copy would carry src's).
-func (host *Host) copyInstance(ctx context.Context, src *incus.Instance, req incus.InstancesPost) error {
-	ci, err := host.Cluster(ctx)
-	if err != nil {
-		return err
-	}
-	if !ci.Clustered() || src.Location == "" {
-		return host.Incus.CreateInstance(ctx, req)
-	}
-	unlock, err := lockFile(ctx, addressLock, "the address slices")
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	addr, err := host.AddressFor(ctx, src.Location)
-	if err != nil {
-		return err
-	}
-	req.Devices = map[string]map[string]string{"eth0": fixedNIC(addr)}
-	return host.Incus.Target(src.Location).CreateInstance(ctx, req)
 }
 
 // teardownMembers removes, on a cluster, both generations' nft tables on

@@ -56,6 +56,9 @@ type Host struct {
 
 	cluster *ClusterInfo // read once (Cluster)
 	member  string       // the member this Host acts on ("" standalone or local)
+	// kernelless hosts (unit tests against a fake incusd) leave this
+	// machine's kernel alone: refreshPorts does nothing.
+	kernelless bool
 }
 
 // progressf tells Progress, if anyone listens.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -61,7 +62,7 @@ func setupNew(fs *flag.FlagSet) action {
 	fs.BoolVar(&o.vm, "vm", false, "make a virtual machine (default where the host can run one)")
 	fs.BoolVar(&o.container, "container", false, "make a container (default where the host cannot run VMs)")
 	fs.StringVar(&o.image, "image", "", "the image alias or fingerprint (beats BOX_IMAGE, which beats the template's)")
-	fs.StringVar(&o.target, "target", "", "on an Incus cluster: the member to mint it on (default: where Incus places it)")
+	fs.StringVar(&o.target, "target", "", "on an Incus cluster: the member to mint (or clone) it on (default: where Incus places it)")
 	fs.StringVar(&o.egress, "egress", "", "open (the default), or allow:FILE: the box reaches only the names in FILE (one name or *.suffix a line)")
 	fs.BoolVar(&o.asJSON, "json", false, "print the result as JSON")
 	return func(c *call) error { return c.newBox(o) }
@@ -199,7 +200,7 @@ func (c *call) cloneBox(o *newOpts) error {
 	}
 	start := time.Now()
 	c.progressf("cloning %s into %s...", o.from, o.name)
-	cr, err := h.Clone(c.ctx, src, snap, o.name)
+	cr, err := h.CloneTo(c.ctx, src, snap, o.name, o.target)
 	c.progressDone()
 	if err != nil {
 		return err
@@ -289,7 +290,11 @@ func (c *call) printNew(r *newResult, asJSON bool, what string) error {
 	if asJSON {
 		return c.printJSON(r)
 	}
-	fmt.Fprintf(c.out, "%s: %s %s at %s (%s)\n", r.Box.Name, r.Box.Type, strings.ToLower(r.Box.Status), r.Address, what)
+	where := r.Address
+	if r.Box.Member != "" {
+		where += " on member " + r.Box.Member
+	}
+	fmt.Fprintf(c.out, "%s: %s %s at %s (%s)\n", r.Box.Name, r.Box.Type, strings.ToLower(r.Box.Status), where, what)
 	return nil
 }
 
@@ -341,8 +346,17 @@ func (c *call) printBoxes(boxes []stack.Box, censusErr error) error {
 		fmt.Fprintln(c.err, "no boxes yet: box new --name N mints one")
 		return nil
 	}
+	// A cluster's boxes each name their member: only then is there a
+	// MEMBER column.
+	clustered := slices.ContainsFunc(boxes, func(b stack.Box) bool { return b.Member != "" })
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATUS\tTYPE\tSTACK\tTEMPLATE\tUSER\tMINTED\tORIGIN")
+	member := func(b stack.Box) string {
+		if !clustered {
+			return ""
+		}
+		return cmp.Or(b.Member, "-") + "\t"
+	}
+	fmt.Fprintln(tw, "NAME\tSTATUS\tTYPE\t"+member(stack.Box{Member: "MEMBER"})+"STACK\tTEMPLATE\tUSER\tMINTED\tORIGIN")
 	off := 0
 	for _, b := range boxes {
 		onStack := "?"
@@ -351,7 +365,7 @@ func (c *call) printBoxes(boxes []stack.Box, censusErr error) error {
 		} else if b.OnStack != nil {
 			onStack, off = "OFF", off+1
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b.Name, b.Status, b.Type, onStack,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s%s\t%s\t%s\t%s\t%s\n", b.Name, b.Status, b.Type, member(b), onStack,
 			stamp(b, stack.StampTemplate), stamp(b, stack.StampUser), stamp(b, stack.StampMinted), stamp(b, stack.StampOrigin))
 	}
 	if err := tw.Flush(); err != nil {
@@ -436,6 +450,9 @@ func printInfo(w io.Writer, r infoResult) {
 	fmt.Fprintf(tw, "name:\t%s\n", r.Name)
 	fmt.Fprintf(tw, "status:\t%s\n", r.Status)
 	fmt.Fprintf(tw, "type:\t%s\n", r.Type)
+	if r.Member != "" {
+		fmt.Fprintf(tw, "member:\t%s\n", r.Member)
+	}
 	fmt.Fprintf(tw, "generation:\t%s\n", r.Generation)
 	fmt.Fprintf(tw, "created:\t%s\n", r.Created.UTC().Format(time.RFC3339))
 	fmt.Fprintf(tw, "addresses:\t%s\n", addrs)
@@ -655,6 +672,39 @@ func setupRm(fs *flag.FlagSet) action {
 			return err
 		}
 		fmt.Fprintf(c.out, "%s removed (with %d snapshots)\n", c.name(), len(snaps))
+		return nil
+	}
+}
+
+func setupMove(fs *flag.FlagSet) action {
+	target := fs.String("target", "", "the cluster member to move it to (required)")
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	return func(c *call) error {
+		if *target == "" {
+			return usagef("move: --target is required (box move %s --target MEMBER)", c.name())
+		}
+		h, err := c.host()
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		c.progressf("moving %s to %s...", c.name(), *target)
+		res, err := h.Move(c.ctx, c.name(), *target)
+		c.progressDone()
+		if err != nil {
+			return err
+		}
+		for _, n := range res.Notes {
+			fmt.Fprintf(c.err, "box: %s: %s\n", c.name(), n)
+		}
+		if *asJSON {
+			return c.printJSON(res)
+		}
+		if res.From == res.To {
+			fmt.Fprintf(c.out, "%s is on %s (address %s)\n", c.name(), res.To, res.Address)
+			return nil
+		}
+		fmt.Fprintf(c.out, "%s moved from %s to %s in %s, address %s kept (box start %s)\n", c.name(), res.From, res.To, time.Since(start).Round(time.Millisecond), res.Address, c.name())
 		return nil
 	}
 }

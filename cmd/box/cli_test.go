@@ -24,7 +24,7 @@ var offline = runner{env: map[string]string{"INCUS_SOCKET": "/nonexistent/box-te
 // later).
 var wantVerbs = []string{
 	"new", "templates", "list", "status", "info", "shell", "exec", "tmux", "snapshot", "restore", "rename",
-	"down", "start", "rm", "egress", "expose", "export", "import", "incus", "doctor", "setup-host", "watch-ports", "teardown-host", "grant", "revoke",
+	"move", "down", "start", "rm", "egress", "expose", "export", "import", "incus", "doctor", "setup-host", "watch-ports", "teardown-host", "grant", "revoke",
 	"migrate-host", "completion", "man", "version", "help",
 }
 
@@ -86,6 +86,9 @@ func TestHelpRendersPreconditionsAndOptions(t *testing.T) {
 	assert.Contains(t, r.out, "--force")
 	r = offline.run(t, "rename", "--help")
 	assert.Contains(t, r.out, "and stopped (box down N)")
+	r = offline.run(t, "help", "move")
+	assert.Contains(t, r.out, "--target M")
+	assert.Contains(t, r.out, "move a stopped box to another member")
 	r = offline.run(t, "help", "new")
 	for _, opt := range []string{"--name N", "--template T", "--from F", "--cpu C", "--memory M", "--disk D", "--vm", "--container", "--image I", "--json"} {
 		assert.Contains(t, r.out, opt)
@@ -269,4 +272,34 @@ func TestStatusLine(t *testing.T) {
 			assert.Contains(t, st.Line, tc.line)
 		})
 	}
+}
+
+// On a cluster, list has a MEMBER column and info a member line; off a
+// cluster neither.
+func TestListAndInfoNameTheMember(t *testing.T) {
+	yes := true
+	boxes := []stack.Box{
+		{Name: "a", Status: "Running", Type: "container", Member: "m1", OnStack: &yes, Stamps: map[string]string{}},
+		{Name: "b", Status: "Stopped", Type: "container", Member: "m2", OnStack: &yes, Stamps: map[string]string{}},
+	}
+	var out, errw strings.Builder
+	c := &call{app: &app{out: &out, err: &errw}}
+	require.NoError(t, c.printBoxes(boxes, nil))
+	assert.Regexp(t, `(?m)^NAME +STATUS +TYPE +MEMBER +STACK `, out.String())
+	assert.Regexp(t, `(?m)^b +Stopped +container +m2 +on `, out.String())
+
+	out.Reset()
+	for i := range boxes {
+		boxes[i].Member = ""
+	}
+	require.NoError(t, c.printBoxes(boxes, nil))
+	assert.NotContains(t, out.String(), "MEMBER")
+	assert.Regexp(t, `(?m)^a +Running +container +on `, out.String())
+
+	out.Reset()
+	printInfo(&out, infoResult{Box: &stack.Box{Name: "a", Member: "m2", Stamps: map[string]string{}}})
+	assert.Regexp(t, `(?m)^member: +m2$`, out.String())
+	out.Reset()
+	printInfo(&out, infoResult{Box: &stack.Box{Name: "a", Stamps: map[string]string{}}})
+	assert.NotContains(t, out.String(), "member:")
 }

@@ -54,7 +54,7 @@ type command struct {
 // commands is the command table. Order is the order of `box help`.
 func commands() []command {
 	return []command{
-		{name: "new", synopsis: "new --name N [--template T] [--from SRC[/SNAP]] [--cpu C] [--memory M] [--disk D] [--vm|--container] [--image I] [--egress open|allow:FILE] [--json]",
+		{name: "new", synopsis: "new --name N [--template T] [--from SRC[/SNAP]] [--cpu C] [--memory M] [--disk D] [--vm|--container] [--image I] [--egress open|allow:FILE] [--target M] [--json]",
 			help:    "mint a box from a template (default blank), or clone one from a box or its snapshot",
 			maxArgs: 0, setup: setupNew, boxFlags: []string{"from"}, flagValues: map[string]func() []string{"template": templateNames}},
 		{name: "templates", synopsis: "templates [--json]", help: "list the templates a box can be minted from",
@@ -77,6 +77,8 @@ func commands() []command {
 			box: anyBox, confirm: "restore %s to a snapshot, losing every change since?", minArgs: 2, maxArgs: 2, setup: setupRestore},
 		{name: "rename", synopsis: "rename N NEW", help: "rename a stopped box (its snapshots follow)",
 			box: stoppedBox, minArgs: 2, maxArgs: 2, setup: setupRename},
+		{name: "move", synopsis: "move N --target MEMBER [--json]", help: "on an Incus cluster: move a stopped box to another member (its address, snapshots and stamps go with it)",
+			box: anyBox, minArgs: 1, maxArgs: 1, setup: setupMove},
 		{name: "down", synopsis: "down N [--force]", help: "stop a box (cleanly within a minute; --force kills it at once)",
 			box: anyBox, minArgs: 1, maxArgs: 1, setup: setupDown},
 		{name: "start", synopsis: "start N", help: "start a stopped box",

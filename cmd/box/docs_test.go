@@ -146,6 +146,9 @@ func TestBashCompletion(t *testing.T) {
 		{[]string{"box", "export", ""}, []string{"alpha", "beta-2"}},
 		{[]string{"box", "export", "alpha", "--f"}, []string{"--force"}},
 		{[]string{"box", "im"}, []string{"import"}},
+		{[]string{"box", "mo"}, []string{"move"}},
+		{[]string{"box", "move", ""}, []string{"alpha", "beta-2"}},
+		{[]string{"box", "move", "alpha", "--t"}, []string{"--target"}},
 		{[]string{"box", "import", "--n"}, []string{"--name"}},
 		{[]string{"box", "ma"}, nil}, // man is hidden
 	} {

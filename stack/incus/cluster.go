@@ -159,13 +159,3 @@ func (c *Client) Ready(ctx context.Context) bool {
 	_, _, err := c.call(ctx, request{method: http.MethodGet, path: "/internal/ready"})
 	return err == nil
 }
-
-// MoveInstance moves a stopped instance to another cluster member
-// (POST /1.0/instances/NAME?target=MEMBER with migration) and waits.
-func (c *Client) MoveInstance(ctx context.Context, name, member string) error {
-	body := map[string]any{"name": name, "migration": true}
-	if _, err := c.Target(member).do(ctx, request{method: http.MethodPost, path: apiPath("instances", name), json: body}); err != nil {
-		return fmt.Errorf("moving instance %s to member %s: %w", name, member, err)
-	}
-	return nil
-}

@@ -86,15 +86,17 @@ type InstanceSource struct {
 // InstancesPost creates an instance. A nil Profiles gets the project's
 // "default" profile; an empty non-nil slice gets no profile at all.
 type InstancesPost struct {
-	Name        string                       `json:"name"`
-	Type        string                       `json:"type,omitempty"` // "container" or "virtual-machine"
-	Description string                       `json:"description,omitempty"`
-	Source      InstanceSource               `json:"source"`
-	Config      map[string]string            `json:"config,omitempty"`
-	Devices     map[string]map[string]string `json:"devices,omitempty"`
-	Profiles    []string                     `json:"profiles"`
-	Ephemeral   bool                         `json:"ephemeral"`
-	Start       bool                         `json:"start"`
+	Name        string `json:"name"`
+	Type        string `json:"type,omitempty"` // "container" or "virtual-machine"
+	Description string `json:"description,omitempty"`
+	// Architecture is needed by a copy to another cluster member.
+	Architecture string                       `json:"architecture,omitempty"`
+	Source       InstanceSource               `json:"source"`
+	Config       map[string]string            `json:"config,omitempty"`
+	Devices      map[string]map[string]string `json:"devices,omitempty"`
+	Profiles     []string                     `json:"profiles"`
+	Ephemeral    bool                         `json:"ephemeral"`
+	Start        bool                         `json:"start"`
 }
 
 // InstanceState is the runtime state (GET /1.0/instances/{name}/state).
@@ -302,4 +304,19 @@ func (c *Client) AllInstances(ctx context.Context) ([]Instance, error) {
 		return nil, fmt.Errorf("listing instances of all projects: %w", err)
 	}
 	return out, nil
+}
+
+// MoveInstance moves a stopped instance to another cluster member and
+// waits: POST /1.0/instances/NAME?target=MEMBER with {"migration": true}.
+// On local storage the member pulls it, snapshots and all; its config and
+// devices stay as they are.
+func (c *Client) MoveInstance(ctx context.Context, name, member string) error {
+	if member == "" {
+		return fmt.Errorf("moving instance %s: no member given", name)
+	}
+	body := map[string]any{"migration": true}
+	if _, err := c.Target(member).do(ctx, request{method: http.MethodPost, path: apiPath("instances", name), json: body}); err != nil {
+		return fmt.Errorf("moving instance %s to member %s: %w", name, member, err)
+	}
+	return nil
 }

@@ -380,3 +380,27 @@ func TestRenameInstance(t *testing.T) {
 		})
 	}
 }
+
+func TestMoveInstance(t *testing.T) {
+	srv, c := newFake(t)
+	srv.Handle("POST /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
+		srv.Async(w, incustest.Op{Description: "Migrating instance"})
+	})
+	require.NoError(t, c.MoveInstance(testCtx(t), "b1", "m2"))
+	posts := srv.Find(http.MethodPost, "/1.0/instances/b1")
+	require.Len(t, posts, 1)
+	assert.Equal(t, "m2", posts[0].Query.Get("target"), "the member it moves to")
+	assert.Equal(t, map[string]any{"migration": true}, jsonBody(t, posts[0]), "a move within the cluster, under its own name")
+
+	require.Error(t, c.MoveInstance(testCtx(t), "b1", ""))
+	assert.Len(t, srv.Find(http.MethodPost, "/1.0/instances/b1"), 1, "no member, no request")
+
+	srv2, c2 := newFake(t)
+	srv2.Handle("POST /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
+		srv2.Async(w, incustest.Op{Description: "Migrating instance", Err: "Instance is running"})
+	})
+	err := c2.MoveInstance(testCtx(t), "b1", "m2")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "moving instance b1 to member m2")
+	assert.Contains(t, err.Error(), "instance is running")
+}
