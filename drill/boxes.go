@@ -85,7 +85,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	if _, err := cfg.Host.WaitAddress(mctx, names[PlaceA], 30*time.Second); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
-	if _, err := cfg.Host.Clone(mctx, names[PlaceA], "", names[PlaceC]); err != nil {
+	if _, err := cfg.Host.CloneTo(mctx, names[PlaceA], "", names[PlaceC], r.localMember()); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
 	r.ends = map[string]*BoxEnd{}
