@@ -611,6 +611,9 @@ func (host *Host) Restore(ctx context.Context, name, snap string) error {
 	if err := host.Incus.RestoreSnapshot(ctx, name, snap); err != nil {
 		return fmt.Errorf("restoring %s to %s: %w", name, snap, err)
 	}
+	if err := host.readdressIfTaken(ctx, name); err != nil {
+		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
+	}
 	_, err := host.refreshPorts(ctx)
 	return err
 }

@@ -831,3 +831,35 @@ func (host *Host) CreateNetwork(ctx context.Context, req incus.NetworksPost) err
 	}
 	return host.createNetwork(ctx, ci, req)
 }
+
+// readdressIfTaken gives a box on a cluster a fresh address of its
+// member's slice when the one it asks for is another instance's: a
+// snapshot a clone or a copy carried holds its source's address, and a
+// restore brings it back (Incus does not let box edit a snapshot's
+// devices).
+func (host *Host) readdressIfTaken(ctx context.Context, name string) error {
+	inst, _, err := host.Incus.Instance(ctx, name)
+	if err != nil {
+		return err
+	}
+	member, err := host.memberOf(ctx, inst)
+	addr := fixedAddressOf(inst)
+	if err != nil || member == "" || !addr.IsValid() {
+		return err
+	}
+	f, err := host.readClusterFleet(ctx)
+	if err != nil {
+		return err
+	}
+	others := f
+	others.insts = slices.DeleteFunc(slices.Clone(f.insts), func(i incus.Instance) bool {
+		return i.Name == inst.Name && projectOf(i.Project) == projectOf(inst.Project)
+	})
+	mac := inst.Config["volatile.eth0.hwaddr"]
+	others.leases = slices.DeleteFunc(slices.Clone(f.leases), func(l incus.NetworkLease) bool { return strings.EqualFold(l.Hwaddr, mac) })
+	if !usedAddresses(others)[addr] {
+		return nil
+	}
+	_, err = host.fixAddress(ctx, name, member)
+	return err
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -209,8 +210,10 @@ func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 		f.srv.Async(w, incustest.Op{Description: "Creating instance"})
 	})
 	s.Handle("PUT /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := io.ReadAll(r.Body)
 		var put incus.InstancePut
-		if err := json.NewDecoder(r.Body).Decode(&put); err != nil {
+		var restore struct{ Restore string }
+		if err := errors.Join(json.Unmarshal(raw, &put), json.Unmarshal(raw, &restore)); err != nil {
 			incustest.Error(w, http.StatusBadRequest, err.Error())
 			return
 		}
@@ -219,6 +222,19 @@ func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 		inst, ok := f.insts[r.PathValue("name")]
 		if !ok {
 			incustest.Error(w, http.StatusNotFound, "Instance not found")
+			return
+		}
+		if restore.Restore != "" {
+			// Like Incus: the snapshot's config and devices come back as
+			// they were, unchecked.
+			i := slices.IndexFunc(f.snaps[inst.Name], func(s incus.Instance) bool { return s.Name == restore.Restore })
+			if i < 0 {
+				incustest.Error(w, http.StatusNotFound, "Snapshot not found")
+				return
+			}
+			sn := f.snaps[inst.Name][i]
+			inst.Devices = maps.Clone(sn.Devices)
+			f.srv.Async(w, incustest.Op{Description: "Restoring snapshot"})
 			return
 		}
 		next := *inst
@@ -689,4 +705,27 @@ func TestImportOnAClusterGetsAnAddressOfItsMember(t *testing.T) {
 			assert.Contains(t, strings.Join(res.Notes, "\n"), "its fixed address 10.88.0.32 was the cluster's it came from: dropped")
 		})
 	}
+}
+
+// A restore brings back the address a snapshot holds: a clone's snapshot
+// holds its source's, which the clone then asks for again on its own
+// member. The restored box gets a fresh address of its member's slice;
+// one that restores its own address keeps it.
+func TestRestoreOnAClusterReaddressesATakenAddress(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.add("src", "m2", "Stopped", "10.88.0.64")
+	f.add("c", "m3", "Stopped", "10.88.0.96")
+	snap := func(addr string) []incus.Instance {
+		return []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{"eth0": fixedNIC(netip.MustParseAddr(addr))}}}
+	}
+	f.snaps["c"] = snap("10.88.0.64") // carried over from src
+	require.NoError(t, h.Restore(context.Background(), "c", "s1"))
+	a := fixedAddressOf(f.inst(t, "c"))
+	inSlice(t, "m3", a)
+	assert.NotEqual(t, "10.88.0.64", a.String(), "not src's address, which src still has")
+	assert.Equal(t, "10.88.0.64", fixedAddressOf(f.inst(t, "src")).String())
+
+	f.snaps["c"] = snap("10.88.0.97")
+	require.NoError(t, h.Restore(context.Background(), "c", "s1"))
+	assert.Equal(t, "10.88.0.97", fixedAddressOf(f.inst(t, "c")).String(), "its own address, taken by nobody else, stays")
 }
