@@ -144,8 +144,8 @@ func (a *app) printHelp(w io.Writer) {
 	}
 	fmt.Fprintln(w, "\nRun 'box help COMMAND' or 'box COMMAND --help' for a command's options.")
 	fmt.Fprintln(w, "Exit codes: 0 ok, 1 it went wrong, 2 you asked wrong.")
-	fmt.Fprintln(w, "Environment: INCUS_SOCKET, INCUS_DIR, BOX_NETNS, BOX_SUBNET, BOX_DNS, BOX_POOL,")
-	fmt.Fprintln(w, "BOX_IMAGE, BOX_CPU, BOX_MEMORY, BOX_DISK. Output is plain text; --json where offered.")
+	fmt.Fprintln(w, "Environment: INCUS_SOCKET, INCUS_DIR, BOX_NETNS, BOX_MEMBER_NETNS, BOX_SUBNET, BOX_DNS,")
+	fmt.Fprintln(w, "BOX_POOL, BOX_IMAGE, BOX_CPU, BOX_MEMORY, BOX_DISK. Output is plain text; --json where offered.")
 }
 
 // commandHelp renders one command's usage, preconditions and options from

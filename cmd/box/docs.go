@@ -53,6 +53,7 @@ func program() clidoc.Program {
 				"INCUS_SOCKET, INCUS_DIR: where incusd's socket is (default /var/lib/incus/unix.socket).",
 				"BOX_SUBNET, BOX_DNS, BOX_POOL: the isolation stack's subnet, upstream resolvers and storage pool.",
 				"BOX_NETNS: the network namespace incusd's bridges live in (the hermetic world's).",
+				"BOX_MEMBER_NETNS: on an Incus cluster, member=namespace pairs for the other members this machine can enter (the hermetic world's), whose host layers box then reads and refreshes too.",
 				"BOX_IMAGE, BOX_CPU, BOX_MEMORY, BOX_DISK: defaults for box new, between the template's and the flags.",
 			}},
 			{Title: "Files", Paragraphs: []string{
