@@ -141,13 +141,28 @@ func (m MemberScene) clusterAddrOf() (HostAddr, bool) {
 	return HostAddr{}, false
 }
 
-// srcPort is a source port for a probe a counting chain past a NAT keys
-// on: in the dynamic range, so no service's port.
-func srcPort() int {
-	var b [2]byte
-	_, _ = rand.Read(b[:])
-	return 32768 + int(binary.BigEndian.Uint16(b[:]))%28000
+// srcPort is the source port of the next probe a counting chain past a
+// NAT keys on: each probe its own (two probes of one box on one port:
+// "address already in use"), below Linux's ephemeral range (32768 and
+// up by default), where the kernel picks the other probes' ports, and
+// from a random start, so two runs' counts are never confused.
+func (b *builder) srcPort() int {
+	if b.sport == 0 {
+		var r [2]byte
+		_, _ = rand.Read(r[:])
+		b.sport = firstSrcPort + int(binary.BigEndian.Uint16(r[:]))%srcPortSpread
+	}
+	b.sport++
+	return b.sport
 }
+
+// The source ports srcPort hands out: from firstSrcPort plus a random
+// offset below srcPortSpread, a run's few hundred probes upward, all
+// under 32768.
+const (
+	firstSrcPort  = 20000
+	srcPortSpread = 8000
+)
 
 // cluster adds the cross-member probes (see the top of this file).
 func (b *builder) cluster() {

@@ -186,3 +186,23 @@ func TestReportGroupsByMember(t *testing.T) {
 	rep.finish()
 	assert.Empty(t, rep.Members)
 }
+
+// TestClusterSourcePortsAreDistinct: the probes a counting chain past a
+// NAT keys on bind a port each, none twice, all below the kernel's
+// ephemeral range where the other probes' ports come from (one shared
+// with another probe of the same box made it "address already in use").
+func TestClusterSourcePortsAreDistinct(t *testing.T) {
+	sc := BuildScenario(clusterScene(6), Catalogue)
+	seen := map[int]string{}
+	for _, a := range sc.Actions {
+		p := a.Probe.SrcPort
+		if p == 0 {
+			continue
+		}
+		assert.Empty(t, seen[p], "%s and %s both bind %d", a.ID, seen[p], p)
+		seen[p] = a.ID
+		assert.Less(t, p, 32768, "%s binds %d, in the ephemeral range", a.ID, p)
+		assert.GreaterOrEqual(t, p, firstSrcPort)
+	}
+	assert.Equal(t, 30*5, len(seen), "a 6-member run pins a port for each of the 5 counted services of its 30 ordered pairs")
+}

@@ -234,6 +234,8 @@ type builder struct {
 	n      int
 	claims map[string]bool
 	window int
+	// sport is the last source port srcPort handed out (0: none yet).
+	sport int
 	// controls maps a place to the control nonce its witnesses look for
 	// on the box subnet; lanControl is the LAN wire's.
 	controls   map[string]string
@@ -565,7 +567,7 @@ func (b *builder) hostAt(claim string, from BoxEnd, m MemberScene, addrs []HostA
 			spec := probes.ProbeSpec{Kind: kind, Target: h.Addr, Port: int(sv.port), Via: t.Subnet, Nonce: probes.NewNonce()}
 			k := nft.CountKey{Src: natSrc, Dst: h.Addr, Proto: sv.proto, Port: sv.port}
 			if cross {
-				spec.SrcPort = srcPort()
+				spec.SrcPort = b.srcPort()
 				k.SrcPort = uint16(spec.SrcPort)
 			}
 			a := b.probe(Action{ID: b.id(), Claim: claim, Channel: sv.proto, From: from.Place, Member: member, Target: fmt.Sprintf("%s %s/%d (%s)", label, sv.proto, sv.port, sv.what), TargetKey: key, Expect: ExpectBlocked, Provenance: sv.why}, spec)
