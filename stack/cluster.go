@@ -438,6 +438,7 @@ func (host *Host) ensureMember(ctx context.Context, g *ground, net *incus.Networ
 // layers are in place.
 func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d Desired) []MemberLayers {
 	var out []MemberLayers
+	insts, lerr := host.Incus.AllInstances(ctx)
 	for _, m := range ci.Names() {
 		ml := MemberLayers{Member: m, Local: m == ci.Local}
 		if sl, ok := d.Slices[m]; ok {
@@ -447,7 +448,10 @@ func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d Desired) [
 		case m == ci.Local:
 			ml.State = MemberConverged
 		default:
-			fs, _, read, err := host.readMember(ctx, m, d)
+			fs, _, read, err := host.readMember(ctx, m, d, insts)
+			if lerr != nil {
+				err = lerr
+			}
 			switch {
 			case err != nil:
 				ml.State = MemberFindings
@@ -468,7 +472,8 @@ func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d Desired) [
 // readMember verifies another member's host layers where its namespace is
 // known (read false where it is not), its findings naming it, and returns
 // its census of the instances placed there.
-func (host *Host) readMember(ctx context.Context, member string, d Desired) (fs []Finding, census *Census, read bool, err error) {
+// insts is every instance of the cluster, listed once by the caller.
+func (host *Host) readMember(ctx context.Context, member string, d Desired, insts []incus.Instance) (fs []Finding, census *Census, read bool, err error) {
 	mh, ok := host.memberHost(member)
 	if !ok {
 		return nil, nil, false, nil
@@ -478,10 +483,6 @@ func (host *Host) readMember(ctx context.Context, member string, d Desired) (fs 
 		return nil, nil, true, err
 	}
 	defer g.close()
-	insts, err := host.Incus.AllInstances(ctx)
-	if err != nil {
-		return nil, nil, true, err
-	}
 	v := &Verification{Findings: []Finding{}}
 	if err := mh.verifyGround(ctx, g, d, netip.PrefixFrom(d.Gateway, d.Subnet.Bits()), onMember(insts, member), v); err != nil {
 		return nil, nil, true, fmt.Errorf("member %s: %w", member, err)
@@ -514,7 +515,7 @@ func (c *Census) joinCensus(m *Census) {
 
 // verifyMembers adds, on a cluster, every other member's host layers that
 // can be read from here, and the cluster's addressing, to v.
-func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d Desired, v *Verification) error {
+func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d Desired, insts []incus.Instance, v *Verification) error {
 	for _, m := range ci.Names() {
 		ml := MemberLayers{Member: m, Local: m == ci.Local, State: MemberClean}
 		if sl, ok := d.Slices[m]; ok {
@@ -530,7 +531,7 @@ func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d Desired, 
 				}
 			}
 		} else {
-			fs, census, read, err := host.readMember(ctx, m, d)
+			fs, census, read, err := host.readMember(ctx, m, d, insts)
 			if err != nil {
 				return err
 			}
@@ -547,11 +548,11 @@ func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d Desired, 
 		}
 		v.Members = append(v.Members, ml)
 	}
-	f, err := host.readClusterFleet(ctx)
+	leases, err := host.bridgeLeases(ctx, insts)
 	if err != nil {
 		return err
 	}
-	v.Findings = append(v.Findings, addressFindings(f)...)
+	v.Findings = append(v.Findings, addressFindings(fleet{insts: insts, leases: leases})...)
 	return nil
 }
 

@@ -163,7 +163,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 			v.Findings[i].Member = ci.Local
 		}
 		v.Cluster = &ci
-		if err := host.verifyMembers(ctx, ci, d, v); err != nil {
+		if err := host.verifyMembers(ctx, ci, d, insts, v); err != nil {
 			return nil, err
 		}
 	}
