@@ -215,24 +215,15 @@ func placedOn[T any](xs []T, member string, location func(T) string) []T {
 // the member's slice that no instance's NIC on the bridge holds or asks
 // for, and no lease holds, anywhere in the cluster.
 func (host *Host) AddressFor(ctx context.Context, member string) (netip.Addr, error) {
-	n, _, err := host.Incus.Network(ctx, Current.Network)
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("reading network %s: %w", Current.Network, err)
-	}
-	sl, err := slicesOf(n.Config)
+	slice, gw, err := host.memberSlice(ctx, member)
 	if err != nil {
 		return netip.Addr{}, err
-	}
-	slice, ok := sl[member]
-	if !ok {
-		return netip.Addr{}, fmt.Errorf("member %s has no address slice on %s: run box setup-host", member, Current.Network)
 	}
 	f, err := host.readClusterFleet(ctx)
 	if err != nil {
 		return netip.Addr{}, err
 	}
 	used := usedAddresses(f)
-	gw, _ := netip.ParsePrefix(n.Config["ipv4.address"])
 	for a := slice.Addr(); slice.Contains(a); a = a.Next() {
 		if a == gw.Addr() || a == gw.Masked().Addr() || a == lastOf(gw) || used[a] {
 			continue
@@ -240,6 +231,25 @@ func (host *Host) AddressFor(ctx context.Context, member string) (netip.Addr, er
 		return a, nil
 	}
 	return netip.Addr{}, fmt.Errorf("member %s's slice %s of %s is full: remove a box there, or mint on another member (--target)", member, slice, Current.Network)
+}
+
+// memberSlice is member's address slice and the bridge's address; a
+// member without a slice has never been set up by box.
+func (host *Host) memberSlice(ctx context.Context, member string) (slice, gw netip.Prefix, err error) {
+	n, _, err := host.Incus.Network(ctx, Current.Network)
+	if err != nil {
+		return slice, gw, fmt.Errorf("reading network %s: %w", Current.Network, err)
+	}
+	sl, err := slicesOf(n.Config)
+	if err != nil {
+		return slice, gw, err
+	}
+	slice, ok := sl[member]
+	if !ok {
+		return slice, gw, fmt.Errorf("member %s has no address slice on %s, so box has not set it up: run box setup-host on any member, then box setup-host --member-only on %s", member, Current.Network, member)
+	}
+	gw, _ = netip.ParsePrefix(n.Config["ipv4.address"])
+	return slice, gw, nil
 }
 
 // usedAddresses is every address a NIC on the bridge asks for, a box

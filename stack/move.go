@@ -56,7 +56,7 @@ func (host *Host) Move(ctx context.Context, name, member string) (*MoveResult, e
 	} else {
 		// A member without a slice has never had its host layers set up
 		// by box: a box there would be off the stack.
-		if err := host.requireSlice(ctx, member); err != nil {
+		if _, _, err := host.memberSlice(ctx, member); err != nil {
 			return nil, fmt.Errorf("moving %s: %w", name, err)
 		}
 		if err := host.leaveMember(ctx, name, addr); err != nil {
@@ -155,22 +155,6 @@ func (host *Host) landAddress(ctx context.Context, name, member string, addr net
 func movingAddress(inst *incus.Instance) netip.Addr {
 	a, _ := netip.ParseAddr(inst.Config[keyMoving])
 	return a
-}
-
-// requireSlice refuses a member that has no address slice on the bridge.
-func (host *Host) requireSlice(ctx context.Context, member string) error {
-	n, _, err := host.Incus.Network(ctx, Current.Network)
-	if err != nil {
-		return fmt.Errorf("reading network %s: %w", Current.Network, err)
-	}
-	sl, err := slicesOf(n.Config)
-	if err != nil {
-		return err
-	}
-	if _, ok := sl[member]; !ok {
-		return fmt.Errorf("member %s has no address slice on %s, so box has not set it up: run box setup-host on any member, then box setup-host --member-only on %s", member, Current.Network, member)
-	}
-	return nil
 }
 
 // doorDevices names a box's doors (box expose), sorted.
