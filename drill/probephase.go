@@ -37,30 +37,17 @@ func (r *run) runProbes(ctx context.Context) error {
 	}
 	r.cfg.logf("probes: %d probes from %d places, %s deadline each, all at once", rep.Summary.Probes, len(r.sc.Plans), probeDeadline)
 	table := nft.CounterPrefix + rep.RunID
-	if len(r.sc.Counters) > 0 {
-		err := withNetNS(r.cfg.Host.NetNS, func(fd int) error { return nft.InstallCounters(fd, table, r.sc.Counters) })
-		if err != nil {
-			return fmt.Errorf("the witness after the host's filter: %w", err)
-		}
-		r.later(func(context.Context) error {
-			return withNetNS(r.cfg.Host.NetNS, func(fd int) error {
-				_, err := nft.DeleteCounters(fd, table)
-				return err
-			})
-		})
+	chains, err := r.countingChains()
+	if err != nil {
+		return err
 	}
-	for place, keys := range r.sc.MemberCounters {
-		mh, ok := r.cfg.Host.ForMember(memberOfPlace(place))
-		if !ok {
-			return fmt.Errorf("the witness after member %s's filter: its namespace is not known here", memberOfPlace(place))
-		}
-		ns := mh.NetNS
-		err := withNetNS(ns, func(fd int) error { return nft.InstallCounters(fd, table, keys) })
+	for _, ch := range chains {
+		err := withNetNS(ch.ns, func(fd int) error { return nft.InstallCounters(fd, table, ch.keys) })
 		if err != nil {
-			return fmt.Errorf("the witness after member %s's filter: %w", memberOfPlace(place), err)
+			return fmt.Errorf("the witness after %s's filter: %w", ch.whose, err)
 		}
 		r.later(func(context.Context) error {
-			return withNetNS(ns, func(fd int) error {
+			return withNetNS(ch.ns, func(fd int) error {
 				_, err := nft.DeleteCounters(fd, table)
 				return err
 			})
@@ -88,15 +75,36 @@ func (r *run) runProbes(ctx context.Context) error {
 		rep.Problems = append(rep.Problems, "agent at "+place+": "+r.agentErr[place])
 	}
 	rep.Problems = append(rep.Problems, failedControls(r.sc, r.obs)...)
-	if len(r.sc.Counters) > 0 {
-		r.obs[PlaceFilter] = r.readCounters(r.cfg.Host.NetNS, table, r.sc.Counters, r.sc.CountControl)
-	}
-	for place, keys := range r.sc.MemberCounters {
-		if mh, ok := r.cfg.Host.ForMember(memberOfPlace(place)); ok {
-			r.obs[place] = r.readCounters(mh.NetNS, table, keys, r.sc.CountControls[place])
-		}
+	for _, ch := range chains {
+		r.obs[ch.place] = r.readCounters(ch.ns, table, ch.keys, ch.control)
 	}
 	return nil
+}
+
+// countingChain is one namespace's counting chain: the local host's
+// (PlaceFilter), or another cluster member's.
+type countingChain struct {
+	place, ns, whose string
+	keys             []nft.CountKey
+	control          nft.CountKey
+}
+
+// countingChains are the chains the scenario counts in, each in its
+// member's namespace.
+func (r *run) countingChains() ([]countingChain, error) {
+	var out []countingChain
+	if len(r.sc.Counters) > 0 {
+		out = append(out, countingChain{PlaceFilter, r.cfg.Host.NetNS, "the host", r.sc.Counters, r.sc.CountControl})
+	}
+	for _, place := range slices.Sorted(maps.Keys(r.sc.MemberCounters)) {
+		m := memberOfPlace(place)
+		mh, ok := r.cfg.Host.ForMember(m)
+		if !ok {
+			return nil, fmt.Errorf("the witness after member %s's filter: its namespace is not known here", m)
+		}
+		out = append(out, countingChain{place, mh.NetNS, "member " + m, r.sc.MemberCounters[place], r.sc.CountControls[place]})
+	}
+	return out, nil
 }
 
 // readCounters turns the counting chain's counts into observations; a
