@@ -170,17 +170,10 @@ func (b *builder) cluster() {
 	if len(t.Members) == 0 || !b.claims["C-HOST"] {
 		return
 	}
-	tcp, udp := t.hostPorts()
 	// The drill's listeners on every other member's addresses.
 	for _, m := range t.Members {
-		if m.Local {
-			continue
-		}
-		p := b.plan(m.hostPlace())
-		for _, h := range m.HostAddrs {
-			p.Listeners = append(p.Listeners,
-				probes.ListenerSpec{ID: "l-tcp-" + h.Name, Kind: probes.KindTCPGreeter, Name: m.Name + "-" + h.Name, Port: tcp, Via: h.Via, WindowMS: b.window},
-				probes.ListenerSpec{ID: "l-udp-" + h.Name, Kind: probes.KindUDPEcho, Name: m.Name + "-" + h.Name, Port: udp, Via: h.Via, WindowMS: b.window})
+		if !m.Local {
+			b.hostListeners(m.hostPlace(), m.Name, m.HostAddrs)
 		}
 	}
 	for _, m := range t.Members {

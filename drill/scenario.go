@@ -318,13 +318,7 @@ func BuildScenario(t Scene, claims []Claim) *Scenario {
 		}
 	}
 	if b.claims["C-HOST"] || (b.claims["C-TIER"] && t.T.IP.IsValid()) {
-		tcp, udp := t.hostPorts()
-		for _, h := range t.HostAddrs {
-			p := b.plan(PlaceHost)
-			p.Listeners = append(p.Listeners,
-				probes.ListenerSpec{ID: "l-tcp-" + h.Name, Kind: probes.KindTCPGreeter, Name: "host-" + h.Name, Port: tcp, Via: h.Via, WindowMS: b.window},
-				probes.ListenerSpec{ID: "l-udp-" + h.Name, Kind: probes.KindUDPEcho, Name: "host-" + h.Name, Port: udp, Via: h.Via, WindowMS: b.window})
-		}
+		b.hostListeners(PlaceHost, "host", t.HostAddrs)
 	}
 	b.controlFrames()
 	b.pinPeers()
@@ -341,6 +335,19 @@ func BuildScenario(t Scene, claims []Claim) *Scenario {
 	b.allow()
 	b.expose()
 	return b.sc
+}
+
+// hostListeners puts the drill's TCP greeter and UDP echo on every one of
+// addrs, in the plan of the host (or cluster member) that holds them,
+// each named after who answers.
+func (b *builder) hostListeners(place, who string, addrs []HostAddr) {
+	tcp, udp := b.t.hostPorts()
+	p := b.plan(place)
+	for _, h := range addrs {
+		p.Listeners = append(p.Listeners,
+			probes.ListenerSpec{ID: "l-tcp-" + h.Name, Kind: probes.KindTCPGreeter, Name: who + "-" + h.Name, Port: tcp, Via: h.Via, WindowMS: b.window},
+			probes.ListenerSpec{ID: "l-udp-" + h.Name, Kind: probes.KindUDPEcho, Name: who + "-" + h.Name, Port: udp, Via: h.Via, WindowMS: b.window})
+	}
 }
 
 // controlFrames has the host send each box's witnesses their positive
