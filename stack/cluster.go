@@ -445,38 +445,45 @@ func (host *Host) ensureMember(ctx context.Context, g *ground, net *incus.Networ
 }
 
 // memberLayers reads, after a converge, whether every member's host
-// layers are in place.
+// layers are in place (this member's were converged by the run).
 func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d Desired) []MemberLayers {
 	var out []MemberLayers
 	insts, lerr := host.Incus.AllInstances(ctx)
 	for _, m := range ci.Names() {
-		ml := MemberLayers{Member: m, Local: m == ci.Local}
-		if sl, ok := d.Slices[m]; ok {
-			ml.Slice = sl.String()
-		}
+		ml, _, err := host.memberState(ctx, m, d, insts)
 		switch {
 		case m == ci.Local:
 			ml.State = MemberConverged
-		default:
-			fs, _, read, err := host.readMember(ctx, m, d, insts)
-			if lerr != nil {
-				err = lerr
-			}
-			switch {
-			case err != nil:
-				ml.State = MemberFindings
-				ml.Findings = []Finding{{Layer: "stack", Object: "member " + m, Problem: err.Error(), Fix: "box doctor on " + m}}
-			case !read:
-				ml.State = MemberNotRead
-			case len(fs) == 0:
-				ml.State = MemberClean
-			default:
-				ml.State, ml.Findings = MemberFindings, fs
-			}
+		case errors.Join(lerr, err) != nil:
+			ml.State = MemberFindings
+			ml.Findings = []Finding{{Layer: "stack", Object: "member " + m, Problem: errors.Join(lerr, err).Error(), Fix: "box doctor on " + m}}
 		}
 		out = append(out, ml)
 	}
 	return out
+}
+
+// memberState is another member's host layers as read from here (clean,
+// findings, or not read: another machine's), with its slice and its
+// census; for the local member only the slice.
+func (host *Host) memberState(ctx context.Context, member string, d Desired, insts []incus.Instance) (ml MemberLayers, census *Census, err error) {
+	ml = MemberLayers{Member: member, Local: member == host.here(), State: MemberClean}
+	if sl, ok := d.Slices[member]; ok {
+		ml.Slice = sl.String()
+	}
+	if ml.Local {
+		return ml, nil, nil
+	}
+	fs, census, read, err := host.readMember(ctx, member, d, insts)
+	switch {
+	case err != nil:
+		return ml, nil, err
+	case !read:
+		ml.State = MemberNotRead
+	case len(fs) > 0:
+		ml.State, ml.Findings = MemberFindings, fs
+	}
+	return ml, census, nil
 }
 
 // readMember verifies another member's host layers where its namespace is
@@ -527,34 +534,29 @@ func (c *Census) joinCensus(m *Census) {
 // can be read from here, and the cluster's addressing, to v.
 func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d Desired, insts []incus.Instance, v *Verification) error {
 	for _, m := range ci.Names() {
-		ml := MemberLayers{Member: m, Local: m == ci.Local, State: MemberClean}
-		if sl, ok := d.Slices[m]; ok {
-			ml.Slice = sl.String()
-		} else {
+		ml, census, err := host.memberState(ctx, m, d, insts)
+		if err != nil {
+			return err
+		}
+		if ml.Slice == "" {
 			v.Findings = append(v.Findings, Finding{Layer: "L-NAT", Object: "member " + m, Member: m,
 				Problem: "has no address slice on " + Current.Network + ": no box can be minted there", Fix: "box setup-host"})
 		}
-		if m == ci.Local {
+		switch {
+		case ml.Local:
 			for _, f := range v.Findings {
 				if f.Member == m {
 					ml.Findings = append(ml.Findings, f)
 				}
 			}
-		} else {
-			fs, census, read, err := host.readMember(ctx, m, d, insts)
-			if err != nil {
-				return err
+			if len(ml.Findings) > 0 {
+				ml.State = MemberFindings
 			}
+		case ml.State == MemberNotRead:
+			v.Notes = append(v.Notes, fmt.Sprintf("member %s's host layers were not read from here (another machine): run box doctor on %s", m, m))
+		default:
 			v.Fleet.joinCensus(census)
-			if !read {
-				ml.State = MemberNotRead
-				v.Notes = append(v.Notes, fmt.Sprintf("member %s's host layers were not read from here (another machine): run box doctor on %s", m, m))
-			}
-			ml.Findings = fs
-			v.Findings = append(v.Findings, fs...)
-		}
-		if len(ml.Findings) > 0 {
-			ml.State = MemberFindings
+			v.Findings = append(v.Findings, ml.Findings...)
 		}
 		v.Members = append(v.Members, ml)
 	}
