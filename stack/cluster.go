@@ -506,6 +506,10 @@ func (host *Host) readMember(ctx context.Context, member string, d Desired, inst
 	}
 	for i := range v.Findings {
 		v.Findings[i].Member = member
+		if v.Findings[i].Fix == fixEnsure {
+			// doctor --fix here converges this member only.
+			v.Findings[i].Fix = "box setup-host --member-only on " + member
+		}
 	}
 	return v.Findings, v.Fleet, true, nil
 }

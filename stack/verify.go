@@ -27,7 +27,11 @@ type Finding struct {
 
 func (f Finding) String() string {
 	if f.Member != "" {
-		return fmt.Sprintf("%s %s on member %s: %s (fix: %s, on %s)", f.Layer, f.Object, f.Member, f.Problem, f.Fix, f.Member)
+		fix := f.Fix
+		if !strings.Contains(fix, f.Member) {
+			fix += ", on " + f.Member
+		}
+		return fmt.Sprintf("%s %s on member %s: %s (fix: %s)", f.Layer, f.Object, f.Member, f.Problem, fix)
 	}
 	return fmt.Sprintf("%s %s: %s (fix: %s)", f.Layer, f.Object, f.Problem, f.Fix)
 }
