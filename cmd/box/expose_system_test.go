@@ -239,7 +239,7 @@ func TestSystemExpose(t *testing.T) {
 	put.Devices["box-door-7"] = map[string]string{"type": "proxy", "listen": "tcp:127.0.0.1:2224", "connect": "tcp:127.0.0.1:7"}
 	require.NoError(t, c.UpdateInstance(ctx, name, put, etag))
 	// Incus starts a proxy device about a second after it is added
-	// (measured above): try for a while before calling it closed.
+	// (docs/measurements.md, "Doors"): try for a while before calling it closed.
 	for i := 0; i < 20; i++ {
 		if ex = r.run(t, "exec", name, "--", "sh", "-c", "echo hi | busybox nc -w 2 127.0.0.1 2222"); strings.Contains(ex.out, "SSH-") {
 			break

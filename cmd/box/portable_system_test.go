@@ -169,8 +169,8 @@ func TestSystemImportRefusesATamperedExport(t *testing.T) {
 		want []string
 		// incusMakesEth1, when set, says whether Incus itself, given the
 		// tampered file, makes the box with the added NIC: the control
-		// that shows the refusal is box's, not Incus's (measured with
-		// 6.0.4: it makes the box from backup.yaml, not from index.yaml).
+		// that shows the refusal is box's, not Incus's (docs/measurements.md,
+		// "Export and import").
 		incusMakesEth1 *bool
 	}{
 		{"a second NIC in the box's config", map[string]func(*yaml.Node){
