@@ -4,7 +4,7 @@
 #   make test    install what is missing and run every test tier
 #   make package .debs for box and drill, a tarball and SHA256SUMS in dist/
 #   make release VERSION=x.y.z
-#                tag vx.y.z if RUNS.md proves HEAD (README "Release")
+#                tag vx.y.z if RUNS.md proves HEAD (docs/release.md)
 #
 GO       ?= go
 # The commit the binaries are built from, -dirty when the tree has changes
@@ -39,7 +39,7 @@ world-down: build
 drill: world
 	bin/drill run $(DRILL_ARGS)
 
-# The drill on a cluster world of 3 members (README "An Incus cluster");
+# The drill on a cluster world of 3 members (docs/cluster.md);
 # `bin/drill world down --name boxc` removes it.
 drill-cluster: deps build
 	bin/drill world up --name boxc --cluster 3

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# release.sh VERSION: the release gate (README "Release"), run by
+# release.sh VERSION: the release gate (docs/release.md), run by
 # `make release VERSION=x.y.z`. It tags vVERSION only when:
 #   - the work tree is clean (a release is cut from a commit);
 #   - `drill record verify` passes: every row of RUNS.md matches its

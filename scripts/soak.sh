@@ -8,7 +8,8 @@
 # (drill run --mutate, which makes its own clean run first and compares)
 # must exit 1, say the mutation was detected by probes, and its clean run
 # must have passed. Run as root; it brings the world up if it is down and
-# leaves it up. Not part of `make test` (it takes about 20 minutes).
+# leaves it up. Not part of `make test` (it takes about 20 minutes:
+# docs/measurements.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 clean_runs=${1:-20}
