@@ -5,6 +5,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/stack"
 )
 
 // specClaims is SPEC section 4's table, in its order.
@@ -28,7 +30,7 @@ func TestCatalogueMatchesSpec(t *testing.T) {
 			assert.NotEmpty(t, c.Why, "why")
 			assert.Equal(t, baselines[c.ID], c.Baseline, "only C-EGRESS, C-DNS and C-DHCP are positive controls")
 			for _, l := range c.Layers {
-				if l != "stack" {
+				if l != string(stack.LayerStack) {
 					assert.Contains(t, Layers, l, "a claim's layer is one the report accounts for")
 				}
 			}

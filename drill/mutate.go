@@ -38,7 +38,7 @@ var Mutations = []Mutation{
 		return deleteTable(h, nftables.TableFamilyBridge, stack.Current.NFTTable)
 	}},
 	// Its own table, so it is knocked out apart from the sibling layers.
-	{Name: "pinning", Layers: []string{stack.LayerPin}, What: "delete the nft table bridge box_pin (per-port pinning)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+	{Name: "pinning", Layers: []string{string(stack.LayerPin)}, What: "delete the nft table bridge box_pin (per-port pinning)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return deleteTable(h, nftables.TableFamilyBridge, stack.Current.NFTTable+"_pin")
 	}},
 	// Only the kernel flag: changing the profile under live boxes re-plugs
@@ -70,10 +70,10 @@ var Mutations = []Mutation{
 	}},
 	// The grant's load-bearing key: without it the user may attach any
 	// network (C-TIER's attempts must then succeed, and fail the claim).
-	{Name: "tier", Layers: []string{stack.LayerTier}, What: "lift restricted.networks.access from the run's granted user's project", AfterBoxes: true, apply: liftTierRestriction},
-	{Name: "egress", Layers: []string{stack.LayerEgress}, What: "delete the nft table inet box_egress (no allowlist is enforced)", AfterBoxes: true, apply: dropEgressTable},
+	{Name: "tier", Layers: []string{string(stack.LayerTier)}, What: "lift restricted.networks.access from the run's granted user's project", AfterBoxes: true, apply: liftTierRestriction},
+	{Name: "egress", Layers: []string{string(stack.LayerEgress)}, What: "delete the nft table inet box_egress (no allowlist is enforced)", AfterBoxes: true, apply: dropEgressTable},
 	// An operator widening box-a's door by hand (C-EXPOSE's box-a only).
-	{Name: "door-wide", Layers: []string{stack.LayerFleet}, What: "make box-a's door listen on every host address (tcp:0.0.0.0)", AfterBoxes: true, apply: widenDoor},
+	{Name: "door-wide", Layers: []string{string(stack.LayerFleet)}, What: "make box-a's door listen on every host address (tcp:0.0.0.0)", AfterBoxes: true, apply: widenDoor},
 	{Name: "nat-off", Layers: []string{"L-NAT"}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"ipv4.nat": "false"})
 	}},

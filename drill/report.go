@@ -125,7 +125,7 @@ const (
 )
 
 // Layers is every isolation layer a report accounts for.
-var Layers = []string{"L-NAT", "L-DNS", "L-V6", "L-ACL", "L-HOSTFW", "L-PORTISO", "L-BRIDGEDROP", stack.LayerPin, stack.LayerFleet, stack.LayerTier, stack.LayerEgress}
+var Layers = []string{"L-NAT", "L-DNS", "L-V6", "L-ACL", "L-HOSTFW", "L-PORTISO", "L-BRIDGEDROP", string(stack.LayerPin), string(stack.LayerFleet), string(stack.LayerTier), string(stack.LayerEgress)}
 
 // finish counts the claims and sets the exit code (SPEC section 5): any
 // failed claim is 1, a failed baseline included (the claims it leaves
@@ -202,11 +202,12 @@ func layerState(findings []stack.Finding) map[string]string {
 		out[l] = "present"
 	}
 	for _, f := range findings {
-		if _, ok := out[f.Layer]; !ok || f.Advisory {
+		l := string(f.Layer)
+		if _, ok := out[l]; !ok || f.Advisory {
 			continue
 		}
-		if out[f.Layer] == "present" {
-			out[f.Layer] = "absent: " + f.Object + ": " + f.Problem
+		if out[l] == "present" {
+			out[l] = "absent: " + f.Object + ": " + f.Problem
 		}
 	}
 	return out

@@ -21,7 +21,7 @@ func (c Claim) StackRule() string {
 	var layers []string
 	whole := false
 	for _, l := range c.Layers {
-		if l == "stack" {
+		if l == string(stack.LayerStack) {
 			whole = true
 			continue
 		}
@@ -39,7 +39,7 @@ func (c Claim) StackRule() string {
 
 // rests reports whether a finding removes a layer the claim rests on.
 func (c Claim) rests(f stack.Finding) bool {
-	return !f.Advisory && slices.Contains(c.Layers, f.Layer)
+	return !f.Advisory && slices.Contains(c.Layers, string(f.Layer))
 }
 
 // stackResults judges a claim's stack channel: one failed result per
@@ -51,7 +51,7 @@ func stackResults(c Claim, findings []stack.Finding) []Result {
 		if !c.rests(f) {
 			continue
 		}
-		target := f.Layer + " " + f.Object
+		target := string(f.Layer) + " " + f.Object
 		if f.Member != "" {
 			target += " on member " + f.Member
 		}

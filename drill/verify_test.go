@@ -19,8 +19,8 @@ func claimFor(t *testing.T, id string) Claim {
 func TestStackResults(t *testing.T) {
 	bridgeGone := stack.Finding{Layer: "L-BRIDGEDROP", Object: "nft table bridge box", Problem: "missing", Fix: "box doctor --fix"}
 	dockerFwd := stack.Finding{Layer: "L-NAT", Object: "nft ip filter FORWARD", Problem: "drops forwarded traffic", Fix: "iptables -I DOCKER-USER ...", Advisory: true}
-	legacy := stack.Finding{Layer: "stack", Object: "profile claude-dev", Problem: "legacy generation still present", Fix: "box migrate-host", Advisory: true}
-	profileDevice := stack.Finding{Layer: "stack", Object: "profile box-net", Problem: "device gpu is not in the desired profile", Fix: "box doctor --fix"}
+	legacy := stack.Finding{Layer: stack.LayerStack, Object: "profile claude-dev", Problem: "legacy generation still present", Fix: "box migrate-host", Advisory: true}
+	profileDevice := stack.Finding{Layer: stack.LayerStack, Object: "profile box-net", Problem: "device gpu is not in the desired profile", Fix: "box doctor --fix"}
 	all := []stack.Finding{bridgeGone, dockerFwd, legacy, profileDevice}
 
 	sib := stackResults(claimFor(t, "C-SIBLING"), all)

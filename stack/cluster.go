@@ -299,7 +299,7 @@ func addressFindings(f fleet) []Finding {
 			a, err := netip.ParseAddr(d["ipv4.address"])
 			if err != nil {
 				if inst.Config[Current.Tag] == "1" && projectOf(inst.Project) == "default" {
-					out = append(out, Finding{Layer: "L-NAT", Object: "box " + inst.Name,
+					out = append(out, Finding{Layer: LayerNAT, Object: "box " + inst.Name,
 						Problem: fmt.Sprintf("its NIC %s has no fixed address on a cluster, so two members' dnsmasq may lease it the same one", name),
 						Fix:     fmt.Sprintf("box down %s, then box incus %s -- config device override {} eth0 ipv4.address=ADDR with a free address of its member's slice (box doctor names the slices)", inst.Name, inst.Name)})
 				}
@@ -326,7 +326,7 @@ func addressFindings(f fleet) []Finding {
 			ms = append(ms, m)
 		}
 		sort.Strings(ms)
-		out = append(out, Finding{Layer: "L-NAT", Object: "address " + a.String(),
+		out = append(out, Finding{Layer: LayerNAT, Object: "address " + a.String(),
 			Problem: "handed out on more than one member: " + strings.Join(ms, ", "),
 			Fix:     "remove or re-address the instance box did not mint (box doctor lists them)"})
 	}
@@ -456,7 +456,7 @@ func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d Desired) [
 			ml.State = MemberConverged
 		case errors.Join(lerr, err) != nil:
 			ml.State = MemberFindings
-			ml.Findings = []Finding{{Layer: "stack", Object: "member " + m, Problem: errors.Join(lerr, err).Error(), Fix: "box doctor on " + m}}
+			ml.Findings = []Finding{{Layer: LayerStack, Object: "member " + m, Problem: errors.Join(lerr, err).Error(), Fix: "box doctor on " + m}}
 		}
 		out = append(out, ml)
 	}
@@ -543,7 +543,7 @@ func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d Desired, 
 			return err
 		}
 		if ml.Slice == "" {
-			v.Findings = append(v.Findings, Finding{Layer: "L-NAT", Object: "member " + m, Member: m,
+			v.Findings = append(v.Findings, Finding{Layer: LayerNAT, Object: "member " + m, Member: m,
 				Problem: "has no address slice on " + Current.Network + ": no box can be minted there", Fix: "box setup-host"})
 		}
 		switch {

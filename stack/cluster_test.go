@@ -190,7 +190,7 @@ func TestAddressFindings(t *testing.T) {
 		require.Len(t, fs, 1, "%v", fs)
 		assert.Equal(t, "address 10.88.0.5", fs[0].Object)
 		assert.Contains(t, fs[0].Problem, "m2, m3")
-		assert.Equal(t, "L-NAT", fs[0].Layer)
+		assert.Equal(t, LayerNAT, fs[0].Layer)
 		assert.NotEmpty(t, fs[0].Fix)
 	})
 

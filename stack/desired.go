@@ -1,24 +1,3 @@
-// Package stack is the single source of truth for box's isolated network
-// and for how boxes live on it. It knows the desired state as data
-// (Desired), converges a host to it (Ensure), compares a live host with it
-// from ground truth (Verify), removes it (Teardown), moves boxes off the
-// legacy generation (Migrate), and runs the box lifecycle behind the
-// ownership boundary (Boxes). It knows nothing about probes: proving the
-// isolation holds is the drill's job.
-//
-// The isolation layers (SPEC section 3):
-//
-//	L-NAT       bridge boxnet, ipv4.nat, a /24 nobody else claims
-//	L-DNS       dns.mode=none, upstream resolvers pinned in dnsmasq
-//	L-V6        ipv6.address=none, ipv6.nat=false
-//	L-ACL       network ACL box-isolate: private ranges dropped, ingress dropped
-//	L-HOSTFW    nft table inet box: from boxnet only DNS, DHCP and replies
-//	L-PORTISO   security.port_isolation on the box-net profile's NIC
-//	L-BRIDGEDROP nft table bridge box: no frame between two boxnet ports
-//
-// Everything acts on a Host: an Incus client and the network namespace
-// incusd lives in (the machine's own on a real host, the hermetic world's
-// host namespace in tests).
 package stack
 
 import (

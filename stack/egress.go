@@ -48,7 +48,6 @@ const (
 	KeyEgressNames = "user.box.egress_names"
 	// keyEgressPolicy on the bridge, followed by a policy id: its names.
 	keyEgressPolicy = "user.box.egress."
-	LayerEgress     = "L-EGRESS"
 	// EgressOpen is how an open box's policy is shown.
 	EgressOpen = "open"
 )

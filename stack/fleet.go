@@ -26,10 +26,6 @@ import (
 // kernel has on the bridge, is a sibling, and each is checked for what
 // could take it off the stack.
 
-// LayerFleet is the layer of the census's findings: a sibling off the
-// stack. Claim C-FLEET rests on it.
-const LayerFleet = "fleet"
-
 // Sibling is one instance on the stack's bridge, or a port on it that no
 // instance claims.
 type Sibling struct {

@@ -411,7 +411,7 @@ func (g *ground) forwardBlockers(bridge string) ([]Finding, error) {
 		case "ufw":
 			fix = fmt.Sprintf("ufw route allow in on %s; ufw route allow out on %s", bridge, bridge)
 		}
-		out = append(out, Finding{Layer: "L-NAT", Object: "nft " + b.String(),
+		out = append(out, Finding{Layer: LayerNAT, Object: "nft " + b.String(),
 			Problem: "drops forwarded traffic, so boxes lose their egress; box does not change rules it does not own", Fix: fix, Advisory: true})
 	}
 	return out, nil

@@ -19,9 +19,6 @@ import (
 // the instance's config (volatile.<nic>.hwaddr, which the box cannot
 // change), the addresses from the bridge's leases.
 
-// LayerPin is the pinning layer's name in findings and claims.
-const LayerPin = "L-PIN"
-
 // pinPlan is what the pin table should hold now.
 type pinPlan struct {
 	// scope are the bridge's ports the table pins; pins what each may be.

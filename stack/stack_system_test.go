@@ -168,13 +168,13 @@ func TestSystemDriftIsFoundAndHealed(t *testing.T) {
 
 	v, err := h.Verify(ctx)
 	require.NoError(t, err)
-	layers := map[string]bool{}
+	layers := map[stack.LayerID]bool{}
 	for _, f := range v.Findings {
 		layers[f.Layer] = true
 		assert.NotEmpty(t, f.Fix, "finding %s names its fix", f)
 		t.Logf("finding: %s", f)
 	}
-	for _, l := range []string{"L-BRIDGEDROP", "L-PORTISO", "L-DNS", "L-V6"} {
+	for _, l := range []stack.LayerID{stack.LayerBridgeDrop, stack.LayerPortIso, stack.LayerDNS, stack.LayerV6} {
 		assert.True(t, layers[l], "Verify names the %s drift", l)
 	}
 
@@ -463,7 +463,7 @@ func TestSystemDockerForwardDrop(t *testing.T) {
 	for _, f := range v.Findings {
 		if strings.Contains(f.Object, "chain FORWARD") {
 			found = true
-			assert.Equal(t, "L-NAT", f.Layer)
+			assert.Equal(t, stack.LayerNAT, f.Layer)
 		}
 	}
 	assert.True(t, found, "Verify names the blocker: %v", v.Findings)

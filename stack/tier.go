@@ -36,8 +36,6 @@ const (
 	KeyTierUser = "user.box.tier.user"
 	TierGranted = "granted"
 	TierRevoked = "revoked"
-	// LayerTier is the layer of findings about a user project.
-	LayerTier = "tier"
 )
 
 // TierProject is the project incus-user gives uid.

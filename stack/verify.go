@@ -12,10 +12,10 @@ import (
 
 // Finding is one way the live host differs from the desired stack.
 type Finding struct {
-	Layer   string `json:"layer"`   // L-NAT, L-DNS, L-V6, L-ACL, L-HOSTFW, L-PORTISO, L-BRIDGEDROP, stack
-	Object  string `json:"object"`  // what is wrong, e.g. "network boxnet"
-	Problem string `json:"problem"` // how
-	Fix     string `json:"fix"`     // the command that fixes it
+	Layer   LayerID `json:"layer"`   // one of Layers
+	Object  string  `json:"object"`  // what is wrong, e.g. "network boxnet"
+	Problem string  `json:"problem"` // how
+	Fix     string  `json:"fix"`     // the command that fixes it
 	// Member is, on a cluster, the member whose host layers the finding is
 	// about (empty for the cluster's own objects).
 	Member string `json:"member,omitempty"`
@@ -75,14 +75,14 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	defer g.close()
 	c := host.Incus
 	v := &Verification{Findings: []Finding{}, Ports: []Port{}}
-	find := func(layer, obj, problem string) {
+	find := func(layer LayerID, obj, problem string) {
 		v.Findings = append(v.Findings, Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
 	}
 	gen := Current
 
 	net, _, err := c.Network(ctx, gen.Network)
 	if incus.IsNotFound(err) {
-		v.Findings = append(v.Findings, Finding{Layer: "L-NAT", Object: "network " + gen.Network, Problem: "missing: the isolation stack is not set up", Fix: "box setup-host"})
+		v.Findings = append(v.Findings, Finding{Layer: LayerNAT, Object: "network " + gen.Network, Problem: "missing: the isolation stack is not set up", Fix: "box setup-host"})
 		return v, host.verifyLegacy(ctx, g, v)
 	}
 	if err != nil {
@@ -90,31 +90,31 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	}
 	p, err := netip.ParsePrefix(net.Config["ipv4.address"])
 	if err != nil {
-		find("L-NAT", "network "+gen.Network, fmt.Sprintf("ipv4.address=%q is not an address box can use", net.Config["ipv4.address"]))
+		find(LayerNAT, "network "+gen.Network, fmt.Sprintf("ipv4.address=%q is not an address box can use", net.Config["ipv4.address"]))
 		return v, nil
 	}
 	opts, err := host.Options.With(net.Config)
 	if err != nil {
-		find("L-NAT", "network "+gen.Network, err.Error())
+		find(LayerNAT, "network "+gen.Network, err.Error())
 		return v, nil
 	}
 	if opts.Subnet.IsValid() && opts.Subnet != p.Masked() {
-		find("L-NAT", "network "+gen.Network, fmt.Sprintf("it is on %s, but the subnet chosen at setup-host is %s", p.Masked(), opts.Subnet))
+		find(LayerNAT, "network "+gen.Network, fmt.Sprintf("it is on %s, but the subnet chosen at setup-host is %s", p.Masked(), opts.Subnet))
 	}
 	d := BuildDesired(p.Masked(), opts)
 	v.Subnet, v.Gateway = d.Subnet, d.Gateway
 
-	layerOf := map[string]string{
-		"ipv4.address": "L-NAT", "ipv4.nat": "L-NAT", "dns.mode": "L-DNS", "raw.dnsmasq": "L-DNS", KeyDNS: "L-DNS", KeySubnet: "L-NAT",
-		"ipv6.address": "L-V6", "ipv6.nat": "L-V6", "security.acls": "L-ACL",
-		"security.acls.default.egress.action": "L-ACL", "security.acls.default.ingress.action": "L-ACL",
+	layerOf := map[string]LayerID{
+		"ipv4.address": LayerNAT, "ipv4.nat": LayerNAT, "dns.mode": LayerDNS, "raw.dnsmasq": LayerDNS, KeyDNS: LayerDNS, KeySubnet: LayerNAT,
+		"ipv6.address": LayerV6, "ipv6.nat": LayerV6, "security.acls": LayerACL,
+		"security.acls.default.egress.action": LayerACL, "security.acls.default.ingress.action": LayerACL,
 	}
 	for k := range d.Network.Config {
 		if strings.HasPrefix(k, keyEgressPolicy) {
 			layerOf[k] = LayerEgress
 		}
 		if strings.HasPrefix(k, keySlice) || k == "ipv4.dhcp.ranges" {
-			layerOf[k] = "L-NAT"
+			layerOf[k] = LayerNAT
 		}
 	}
 	for k, want := range d.Network.Config {
@@ -125,24 +125,24 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	acl, _, err := c.NetworkACL(ctx, gen.ACL)
 	switch {
 	case incus.IsNotFound(err):
-		find("L-ACL", "acl "+gen.ACL, "missing")
+		find(LayerACL, "acl "+gen.ACL, "missing")
 	case err != nil:
 		return nil, fmt.Errorf("reading ACL %s: %w", gen.ACL, err)
 	case !aclRulesEqual(acl.Egress, d.ACL.Egress) || !aclRulesEqual(acl.Ingress, d.ACL.Ingress):
-		find("L-ACL", "acl "+gen.ACL, "rules differ from the desired ones")
+		find(LayerACL, "acl "+gen.ACL, "rules differ from the desired ones")
 	}
 
 	prof, _, err := c.Profile(ctx, gen.Profile)
 	switch {
 	case incus.IsNotFound(err):
-		find("L-PORTISO", "profile "+gen.Profile, "missing")
+		find(LayerPortIso, "profile "+gen.Profile, "missing")
 	case err != nil:
 		return nil, fmt.Errorf("reading profile %s: %w", gen.Profile, err)
 	default:
 		for _, diff := range profileDiff(prof, d.Profile) {
-			layer := "stack"
+			layer := LayerStack
 			if strings.Contains(diff, "port_isolation") {
-				layer = "L-PORTISO"
+				layer = LayerPortIso
 			}
 			find(layer, "profile "+gen.Profile, diff)
 		}
@@ -186,20 +186,20 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 // ports, the census, the nft tables, the pins and the egress sets.
 func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p netip.Prefix, insts []incus.Instance, v *Verification) error {
 	gen := Current
-	find := func(layer, obj, problem string) {
+	find := func(layer LayerID, obj, problem string) {
 		v.Findings = append(v.Findings, Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
 	}
 	if disabled, ok, err := g.ipv6Disabled(gen.Network); err != nil {
 		return err
 	} else if ok && !disabled {
-		find("L-V6", "bridge "+gen.Network, "IPv6 is enabled on the bridge interface (disable_ipv6=0)")
+		find(LayerV6, "bridge "+gen.Network, "IPv6 is enabled on the bridge interface (disable_ipv6=0)")
 	}
 	v6, err := g.globalV6(gen.Network)
 	if err != nil {
 		return err
 	}
 	for _, a := range v6 {
-		find("L-V6", "bridge "+gen.Network, "has IPv6 address "+a.IPNet.String())
+		find(LayerV6, "bridge "+gen.Network, "has IPv6 address "+a.IPNet.String())
 	}
 	blockers, err := g.forwardBlockers(gen.Network)
 	if err != nil {
@@ -211,11 +211,11 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 		return err
 	}
 	for _, h := range holders {
-		v.Findings = append(v.Findings, Finding{Layer: "L-NAT", Object: "gateway " + d.Gateway.String(),
+		v.Findings = append(v.Findings, Finding{Layer: LayerNAT, Object: "gateway " + d.Gateway.String(),
 			Problem: "also held by " + h, Fix: "remove " + d.Gateway.String() + " from " + h + " (ip addr del)"})
 	}
 	if v.DnsmasqPID = g.dnsmasqFor(gen.Network); v.DnsmasqPID == 0 {
-		v.Findings = append(v.Findings, Finding{Layer: "L-DNS", Object: "dnsmasq for " + gen.Network,
+		v.Findings = append(v.Findings, Finding{Layer: LayerDNS, Object: "dnsmasq for " + gen.Network,
 			Problem: "no dnsmasq process serves the bridge (Incus may still say Created)", Fix: "restart incusd, then box doctor"})
 	}
 
@@ -226,7 +226,7 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 	v.Ports = append(v.Ports, ports...)
 	for _, p := range ports {
 		if !p.Isolated {
-			find("L-PORTISO", "bridge port "+p.Name, "isolated is off")
+			find(LayerPortIso, "bridge port "+p.Name, "isolated is off")
 		}
 	}
 
@@ -256,9 +256,9 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 		return fmt.Errorf("reading nft tables: %w", err)
 	}
 	for _, f := range nf {
-		layer := "L-HOSTFW"
+		layer := LayerHostFW
 		if strings.HasPrefix(f.Object, "table bridge") || strings.Contains(f.Object, "set") {
-			layer = "L-BRIDGEDROP"
+			layer = LayerBridgeDrop
 		}
 		find(layer, "nft "+f.Object, f.Problem)
 	}
@@ -287,7 +287,7 @@ func (host *Host) verifyLegacy(ctx context.Context, g *ground, v *Verification) 
 		return err
 	}
 	for _, o := range objs {
-		v.Findings = append(v.Findings, Finding{Layer: "stack", Object: o, Problem: "legacy generation still present",
+		v.Findings = append(v.Findings, Finding{Layer: LayerStack, Object: o, Problem: "legacy generation still present",
 			Fix: "box migrate-host --all-boxes, then box migrate-host --retire-legacy", Advisory: true})
 	}
 	return nil

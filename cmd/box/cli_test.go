@@ -262,7 +262,7 @@ func TestStatusLine(t *testing.T) {
 	}{
 		{"healthy", &stack.Verification{Subnet: sub, BridgeMode: nft.ModePortSet, Ports: []stack.Port{{Name: "v1", Isolated: true}}, WatcherPID: 42}, nil, true, "stack: ok: subnet 10.88.0.0/24, bridge drop port-set, 1 port(s) isolated, port watcher pid 42"},
 		{"advisory only", &stack.Verification{Subnet: sub, BridgeMode: nft.ModeBridgeMeta, Findings: []stack.Finding{{Advisory: true}}}, nil, true, "no port watcher needed"},
-		{"findings", &stack.Verification{Subnet: sub, Findings: []stack.Finding{{Layer: "L-ACL"}, {Layer: "fleet"}}}, nil, false, "stack: 2 finding(s): box doctor names them"},
+		{"findings", &stack.Verification{Subnet: sub, Findings: []stack.Finding{{Layer: "L-ACL"}, {Layer: stack.LayerFleet}}}, nil, false, "stack: 2 finding(s): box doctor names them"},
 		{"no stack", &stack.Verification{Findings: []stack.Finding{{Layer: "L-NAT"}}}, nil, false, "stack: not set up: run box setup-host"},
 		{"no daemon", nil, errors.New("cannot reach incusd"), false, "stack: unknown: cannot reach incusd"},
 	} {

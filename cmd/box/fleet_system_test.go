@@ -109,7 +109,7 @@ func TestSystemFleet(t *testing.T) {
 	assert.Equal(t, drill.Fail, cr.Verdict, "C-FLEET fails on a box off the stack")
 	named := false
 	for _, res := range cr.Results {
-		named = named || (res.Verdict == drill.Fail && res.Target == stack.LayerFleet+" box "+name)
+		named = named || (res.Verdict == drill.Fail && res.Target == string(stack.LayerFleet)+" box "+name)
 	}
 	assert.True(t, named, "the failure names the box")
 
