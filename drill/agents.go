@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -33,14 +32,14 @@ func (r *run) pushAgents(ctx context.Context) error {
 }
 
 // boxClient is the admin's client for the project a probe box lives in.
-func (r *run) boxClient(place string) *incus.Client {
+func (r *run) boxClient(place Place) *incus.Client {
 	if place == PlaceT && r.tier != nil {
 		return r.cfg.Host.Incus.Project(r.tier.project)
 	}
 	return r.cfg.Host.Incus
 }
 
-func pushAgent(ctx context.Context, client func(place string) *incus.Client, agent string, names map[string]string) error {
+func pushAgent(ctx context.Context, client func(place Place) *incus.Client, agent string, names map[Place]string) error {
 	var wg sync.WaitGroup
 	errs := make([]error, 0, 4)
 	var mu sync.Mutex
@@ -66,17 +65,12 @@ func pushAgent(ctx context.Context, client func(place string) *incus.Client, age
 }
 
 // runPlans runs every place's plan at once and collects the observations.
-func runPlans(ctx context.Context, cfg Config, client func(place string) *incus.Client, names map[string]string, plans map[string]*probes.Plan) (observations, map[string]string) {
+func runPlans(ctx context.Context, cfg Config, client func(place Place) *incus.Client, names map[Place]string, plans map[Place]*probes.Plan) (observations, map[Place]string) {
 	obs := observations{}
-	agentErr := map[string]string{}
+	agentErr := map[Place]string{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	places := make([]string, 0, len(plans))
-	for p := range plans {
-		places = append(places, p)
-	}
-	sort.Strings(places)
-	for _, place := range places {
+	for _, place := range slices.Sorted(maps.Keys(plans)) {
 		plan := plans[place]
 		wg.Add(1)
 		go func() {
@@ -123,7 +117,7 @@ func pinObservation(id string, n probes.NeighborState) probes.Observation {
 	return o
 }
 
-func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[string]string, place string, plan *probes.Plan) (*probes.Report, error) {
+func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[Place]string, place Place, plan *probes.Plan) (*probes.Report, error) {
 	data, err := json.Marshal(plan)
 	if err != nil {
 		return nil, err

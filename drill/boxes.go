@@ -28,21 +28,17 @@ const agentPath = "/usr/bin/drill-agent"
 // the host: the probe image is a container image.
 const probeType = stack.TypeContainer
 
-// mintBoxes mints box-a and box-b, clones box-a, applies the mutations
-// that act on live boxes, and reads the stack as the probes will find it.
-// The boxes are removed at teardown whatever happens.
+// mintBoxes mints box-a and box-b, clones box-a, has each selected claim
+// prepare what it needs of its own (its box, a door, a user), applies the
+// mutations that act on live boxes, makes the claims' requests and reads
+// the stack as the probes will find it. The boxes are removed at teardown
+// whatever happens.
 func (r *run) mintBoxes(ctx context.Context) error {
 	cfg, rep := &r.cfg, r.rep
-	names := map[string]string{PlaceA: "drill-" + rep.RunID + "-a", PlaceB: "drill-" + rep.RunID + "-b", PlaceC: "drill-" + rep.RunID + "-c"}
-	if r.tierSelected() {
-		names[PlaceT] = "drill-" + rep.RunID + "-t"
-	}
-	if r.allowSelected() {
-		names[PlaceW] = "drill-" + rep.RunID + "-w"
-	}
+	names := map[Place]string{PlaceA: r.boxName("a"), PlaceB: r.boxName("b"), PlaceC: r.boxName("c")}
 	for _, m := range r.members {
 		if !m.Local {
-			names[memberBoxPlace(m.Name)] = "drill-" + rep.RunID + "-" + memberSuffix(m.Name)
+			names[memberBoxPlace(m.Name)] = r.boxName(memberSuffix(m.Name))
 		}
 	}
 	r.names = names
@@ -54,12 +50,11 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		return nil
 	})
 	cfg.logf("boxes: minting %s, %s and cloning %s", names[PlaceA], names[PlaceB], names[PlaceC])
-	stamps := map[string]string{TagDrill: "1", TagRun: rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version}
 	mctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	// On a cluster, box-a, box-b and the clone live on the member the
 	// drill talks to, one more box on every other member it can enter.
-	mints := map[string]string{PlaceA: r.localMember(), PlaceB: r.localMember()}
+	mints := map[Place]string{PlaceA: r.localMember(), PlaceB: r.localMember()}
 	for _, m := range r.members {
 		if !m.Local {
 			mints[memberBoxPlace(m.Name)] = m.Name
@@ -72,7 +67,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := mintProbeBox(mctx, cfg, stack.MintRequest{Name: names[p], Image: cfg.Image, Type: probeType, Stamps: stamps, Target: target})
+			err := mintProbeBox(mctx, cfg, stack.MintRequest{Name: names[p], Image: cfg.Image, Type: probeType, Stamps: r.stamps(), Target: target})
 			mu.Lock()
 			mintErr = append(mintErr, err)
 			mu.Unlock()
@@ -88,8 +83,8 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	if _, err := cfg.Host.CloneTo(mctx, names[PlaceA], "", names[PlaceC], r.localMember()); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
-	r.ends = map[string]*BoxEnd{}
-	for _, p := range append([]string{PlaceA, PlaceB, PlaceC}, r.memberBoxPlaces()...) {
+	r.ends = map[Place]*BoxEnd{}
+	for _, p := range append([]Place{PlaceA, PlaceB, PlaceC}, r.memberBoxPlaces()...) {
 		e, err := boxEnd(mctx, cfg.Host, p, names[p])
 		if err != nil {
 			return fmt.Errorf("boxes: %w", err)
@@ -100,18 +95,12 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	if err := r.checkPlacement(mctx); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
-	if r.tierSelected() {
-		if err := r.mintTierBox(mctx); err != nil {
-			return err
+	for _, c := range cfg.Claims {
+		if c.prepare != nil {
+			if err := c.prepare(mctx, r); err != nil {
+				return err
+			}
 		}
-	}
-	if r.allowSelected() {
-		if err := r.mintAllowBox(mctx, stamps); err != nil {
-			return err
-		}
-	}
-	if r.exposeSelected() {
-		r.openDoor(mctx)
 	}
 	rep.noteInstanceType(r.boxNew)
 	actx, cancelAfter := context.WithTimeout(ctx, 2*time.Minute)
@@ -119,8 +108,21 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	if err := applyMutations(actx, cfg, true, names); err != nil {
 		return err
 	}
-	r.tryEscapes(actx)
+	for _, c := range cfg.Claims {
+		if c.requests != nil && r.skipped[c.ID] == "" {
+			c.requests(actx, r)
+		}
+	}
 	return r.verifyForProbes(actx)
+}
+
+// boxName is the name of one of the run's probe boxes.
+func (r *run) boxName(suffix string) string { return "drill-" + r.rep.RunID + "-" + suffix }
+
+// stamps are the config keys every probe box carries: box's stamps, and
+// the drill's tags that find an aborted run's boxes.
+func (r *run) stamps() map[string]string {
+	return map[string]string{TagDrill: "1", TagRun: r.rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: r.cfg.Version}
 }
 
 // mintProbeBox mints one probe box, and once more if incusd created it but
@@ -162,7 +164,7 @@ func (rep *Report) noteInstanceType(boxNew stack.TypeDecision) {
 }
 
 // boxEnd reads what the scenario needs about a probe box.
-func boxEnd(ctx context.Context, h *stack.Host, place, name string) (*BoxEnd, error) {
+func boxEnd(ctx context.Context, h *stack.Host, place Place, name string) (*BoxEnd, error) {
 	ip, err := h.WaitAddress(ctx, name, 30*time.Second)
 	if err != nil {
 		return nil, err

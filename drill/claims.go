@@ -1,91 +1,137 @@
 // Package drill proves box's isolation claims with raw packets fired from
 // inside boxes. It is modelled on cilium-cli's connectivity checks: a Claim
-// (SPEC section 4) expands into Actions, one probe each from a source to a
-// target over one channel, each carrying its expected result; judging turns
-// an action's observations into a Verdict. An unexpected success is a
-// failure with its evidence; an empty or ambiguous answer is inconclusive,
-// never a pass; and a blocked verdict rests on two sides: the sender saw
-// nothing and a witness (or listener) at the target saw nothing.
+// (SPEC section 4) is one value in its own file (claim_<name>.go) that says
+// what it states, the layers it rests on, the modes it runs in and how it
+// gathers its evidence; its probes are Actions, one probe each from a
+// source to a target over one channel, each carrying its expected result;
+// judging turns an action's observations into a Verdict. An unexpected
+// success is a failure with its evidence; an empty or ambiguous answer is
+// inconclusive, never a pass; and a blocked verdict rests on two sides: the
+// sender saw nothing and a witness (or listener, or counter) at the target
+// saw nothing.
 //
 // Run goes through the phases of SPEC section 5: preflight (clean the
 // drill's own leftovers), stack (ensure, or only verify), mint probe boxes
-// (two peers and a clone), push the agent, baseline positive controls, all
-// probes concurrently under one deadline, verdicts, and teardown of its own
-// boxes, also when the caller's context is cancelled.
+// (two peers and a clone, and what each claim prepares for itself), push
+// the agent, all probes concurrently under one deadline, verdicts, and
+// teardown of its own boxes, also when the caller's context is cancelled.
+//
+// The claims are listed once, in Catalogue; drill list, the build order,
+// the judging order and --claim selection all read that table.
 package drill
 
 import (
+	"context"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/box-isolation/box/stack"
 )
 
-// Claim is one isolation claim of SPEC section 4.
+// Claim is one isolation claim of SPEC section 4, with what it does in a
+// run. The exported fields are the claim as people read it (drill list,
+// the report); the phases are how it gathers and judges its evidence.
 type Claim struct {
-	ID       string   `json:"id"`
-	From     string   `json:"from"`
-	To       string   `json:"to"`
-	Channels []string `json:"channels"`
-	Expect   string   `json:"expect"`
-	Layers   []string `json:"layers"`
-	Why      string   `json:"why"`
+	ID       ClaimID         `json:"id"`
+	From     string          `json:"from"`
+	To       string          `json:"to"`
+	Channels []Channel       `json:"channels"`
+	Expect   string          `json:"expect"`
+	Layers   []stack.LayerID `json:"layers"`
+	Why      string          `json:"why"`
 	// Baseline claims are positive controls: if one of their probes fails,
 	// every blocked claim of the run is inconclusive (a failure of their
 	// stack channel alone fails them, and leaves the rest to their probes).
 	Baseline bool `json:"baseline"`
+	// Modes says where the claim runs (Resolve applies it).
+	Modes Modes `json:"-"`
+	// Evidence is where its verdict comes from besides Verify's findings.
+	Evidence []Evidence `json:"-"`
+
+	// The phases a claim may take part in, each optional.
+	//
+	// prepare runs once the common probe boxes exist: it mints the claim's
+	// own box, opens a door, makes a user. What the host cannot offer it
+	// records as the claim's skip reason (r.skip); an error stops the run.
+	prepare func(ctx context.Context, r *run) error
+	// watch starts what runs beside the probes (the neighbour table), and
+	// returns what stops it.
+	watch func(r *run) (stop func())
+	// build adds the claim's actions to the scenario.
+	build func(b *builder)
+	// requests runs after the mutations: attempts through Incus.
+	requests func(ctx context.Context, r *run)
+	// refine adds to one judged action what the claim knows beyond its
+	// observations (the host's neighbour table over the probe phase).
+	refine func(r *run, res Result) Result
+	// judge turns the claim's judged actions into its results; nil means
+	// judgeProbes: the actions and the stack channel.
+	judge func(r *run, c Claim, rs []Result) []Result
 }
 
-// Catalogue is every claim, in report order.
+// Catalogue is every claim, in report order: the order they are built,
+// judged and listed in.
 var Catalogue = []Claim{
-	{ID: "C-EGRESS", From: "box", To: "internet canary", Channels: []string{"tcp", "udp", "icmp"}, Expect: "reachable (the canary's greeting proves who answered)", Layers: []string{"L-NAT"}, Baseline: true,
-		Why: "a box that cannot reach the internet makes every 'blocked' meaningless"},
-	{ID: "C-DNS", From: "box", To: "gateway resolver", Channels: []string{"dns"}, Expect: "a public name resolves", Layers: []string{"L-DNS"}, Baseline: true,
-		Why: "the resolver is the one host service a box may use"},
-	{ID: "C-DHCP", From: "box", To: "lease", Channels: []string{"dhcp"}, Expect: "a lease on the box subnet", Layers: []string{"L-NAT"}, Baseline: true,
-		Why: "without a lease no probe leaves from the address the rules are written for"},
-	{ID: "C-SIBLING", From: "box", To: "peer box and a clone", Channels: []string{"arp", "icmp", "tcp", "udp", "broadcast", "icmpv6-link-local", "icmpv6-all-nodes"}, Expect: "no frame reaches the peer", Layers: []string{"L-PORTISO", "L-BRIDGEDROP"},
-		Why: "two boxes on one bridge exchange frames below netfilter's L3 hooks unless the bridge itself refuses"},
-	{ID: "C-HOST", From: "box", To: "every host address: the drill's listeners, every socket the host listens on (read from the kernel), DNS and DHCP off the gateway", Channels: []string{"tcp", "udp", "icmp"}, Expect: "dropped (DNS and DHCP to the gateway are the only exceptions; router solicitations reach an IPv6 stack the bridge must not have)", Layers: []string{"L-HOSTFW", "L-ACL"},
-		Why: "the host's own services, including those on its public address, are not the box's"},
-	{ID: "C-LAN", From: "box", To: "every private address the host can reach: the world's LAN hosts, or a host's route gateways and hosts, neighbours, resolvers, DHCP servers and a sample per private range", Channels: []string{"tcp", "udp", "icmp"}, Expect: "nothing arrives (a LAN witness, or in host mode an outbound witness on the host's interfaces, proves it)", Layers: []string{"L-ACL"},
-		Why: "the LAN and the cloud metadata service are the first things a hostile agent looks for"},
-	{ID: "C-NAMES", From: "box", To: "its resolver: sibling names, the host's hosts file, hostname and search domains, PTRs of host and LAN addresses, a LAN resolver's names", Channels: []string{"dns"}, Expect: "no private name resolves (a name the pinned public upstream answers the same is public)", Layers: []string{"L-DNS"},
-		Why: "a name is the first step to a target, and a resolver that answers private names tells a box what the host knows"},
-	{ID: "C-V6", From: "box", To: "IPv6", Channels: []string{"global-address", "default-route", "router-advertisement"}, Expect: "none", Layers: []string{"L-V6"},
-		Why: "every other rule is IPv4-only: IPv6 would be an uncovered path"},
-	{ID: "C-INBOUND", From: "host, LAN (in host mode a throwaway namespace behind the host, one source per private range)", To: "box", Channels: []string{"tcp", "icmp"}, Expect: "dropped", Layers: []string{"L-ACL"},
-		Why: "nothing outside may open a connection into a box"},
-	{ID: "C-CLONE", From: "clone", To: "its source", Channels: []string{"address", "mac", "machine-id"}, Expect: "distinct", Layers: []string{string(stack.LayerStack)},
-		Why: "two boxes with one identity share one lease and both lose the network"},
-	{ID: "C-SPOOF", From: "box-a, lying about who it is", To: "the host, box-b, the internet", Channels: []string{"arp", "mac", "ipv4-source", "return-traffic"}, Expect: "no forged ARP or IPv4 source reaches the host's bridge or a peer, the host never holds box-b's address at another MAC, box-b's return traffic keeps reaching it", Layers: []string{"L-PIN"},
-		Why: "a box that takes a sibling's address steals its return traffic, and one that takes the gateway's misleads every box that believes it"},
-	{ID: "C-FLEET", From: "every instance on boxnet (any project, tagged or not, running or stopped) and every port on it", To: "the stack", Channels: []string{ChannelCensus}, Expect: "exactly one NIC, on boxnet, isolated (config and kernel flag), in the bridge drop's port set; no other NIC, no proxy but box's own loopback doors, no host path or device passed through, no raw.lxc/raw.qemu, not privileged", Layers: []string{string(stack.LayerFleet)},
-		Why: "the boxes people work in were minted weeks ago and changed since: a re-plugged NIC or a device added by hand takes one off the stack while fresh probe boxes pass"},
-	{ID: "C-TIER", From: "box-t, minted by a granted local user through incus-user with port isolation turned off in its own NIC, and that user", To: "peer boxes, the host, the LAN, the resolver; Incus (other networks, host paths, proxies, privilege)", Channels: []string{"arp", "icmp", "tcp", "udp", "broadcast", "icmpv6-link-local", "icmpv6-all-nodes", "dns", ChannelIsolOff, ChannelRestriction, ChannelCensus}, Expect: "isolated like box-a (the host's layers hold though the user may turn port isolation off, and the census names that box); every attempt to leave boxnet refused by Incus for the restriction", Layers: []string{string(stack.LayerTier)},
-		Why: "a granted user holds an Incus socket: the grant's narrowing to boxnet and the host-owned layers are all that stand between their agent and the host's networks"},
-	{ID: "C-ALLOW", From: "box-w, under an egress allowlist (the canary's name, and a name that resolves to a LAN host); box-a, open", To: "the allowed canary by name; a second canary by name and by address; a public resolver straight; the LAN host the allowed name resolves to", Channels: []string{"tcp", "udp"}, Expect: "box-w reaches the allowed canary by name and nothing else; box-a reaches the second canary (it was there to be blocked)", Layers: []string{string(stack.LayerEgress)},
-		Why: "an allowlist that leaks is a false sense of safety, and one that lets an allowed name point at the LAN is a way in (DNS rebinding); it must only ever drop"},
-	{ID: "C-EXPOSE", From: "the host's loopback, its other addresses, the LAN; box-a", To: "box expose's door from the host's 127.0.0.1 to box-a's listener", Channels: []string{"tcp"}, Expect: "the door answers on the host's loopback only (elsewhere the port is closed), and opens nothing inside the box", Layers: []string{string(stack.LayerFleet)},
-		Why: "a door is the one thing box puts between a box and the host: on any address but loopback it is a way in from the LAN, and a listener inside would be a way out"},
+	claimEgress, claimDNS, claimDHCP,
+	claimSibling, claimHost, claimLAN, claimNames, claimV6, claimInbound,
+	claimClone, claimSpoof, claimFleet, claimTier, claimAllow, claimExpose,
 }
 
 // ClaimByID finds a claim.
-func ClaimByID(id string) (Claim, bool) {
-	for _, c := range Catalogue {
-		if c.ID == id {
-			return c, true
-		}
+func ClaimByID(id ClaimID) (Claim, bool) {
+	i := slices.IndexFunc(Catalogue, func(c Claim) bool { return c.ID == id })
+	if i < 0 {
+		return Claim{}, false
 	}
-	return Claim{}, false
+	return Catalogue[i], true
 }
 
-// Select picks claims by id or glob pattern (path.Match syntax, case
-// insensitive). No include pattern selects every claim; a skip pattern, or
-// an include pattern starting with "!", removes claims. A pattern that
-// matches nothing is an error, so a typo never silently drops a claim.
-func Select(include, skip []string) ([]Claim, error) {
+// judgeProbes is a claim's default judging: its actions, and the stack
+// channel beside them when there are any.
+func judgeProbes(r *run, c Claim, rs []Result) []Result {
+	if len(rs) == 0 {
+		return rs
+	}
+	return append(rs, stackResults(c, r.findings)...)
+}
+
+// Mode is where a run happens.
+type Mode string
+
+// The modes: the hermetic world (the default) and a real host (--host).
+const (
+	ModeWorld Mode = "world"
+	ModeHost  Mode = "host"
+)
+
+func (c Claim) availability(m Mode) Availability {
+	if m == ModeHost {
+		return c.Modes.Host
+	}
+	return c.Modes.World
+}
+
+// Selection is the claims a run tests and those it leaves out, with why.
+type Selection struct {
+	Claims []Claim
+	// Left says, for every claim of the catalogue not in Claims, why.
+	Left map[ClaimID]string
+	// Whole says no pattern narrowed the selection: every claim the mode
+	// runs is in Claims.
+	Whole bool
+}
+
+// Resolve picks the claims of a run in mode m from --claim patterns
+// (include; "!ID" excludes) and --skip patterns: IDs or globs (path.Match
+// syntax), case-insensitive. No include pattern selects every claim the
+// mode runs. A claim the mode runs only on request (OptIn) is selected
+// only when a pattern names it: matches it and no other claim. A claim the
+// mode cannot run (Never) that a pattern names is an error saying why; one
+// a wider pattern matches is left out, with the reason. A pattern that
+// matches no claim is an error, so a typo never silently drops a claim.
+func Resolve(m Mode, include, skip []string) (Selection, error) {
 	var incl, excl []string
 	for _, p := range include {
 		if strings.HasPrefix(p, "!") {
@@ -95,41 +141,72 @@ func Select(include, skip []string) ([]Claim, error) {
 		}
 	}
 	excl = append(excl, skip...)
-	for _, p := range append(append([]string{}, incl...), excl...) {
-		if !matchesAny(p) {
-			return nil, fmt.Errorf("claim pattern %q matches no claim (drill list shows them)", p)
+	for _, p := range append(slices.Clone(incl), excl...) {
+		if len(matching(p)) == 0 {
+			return Selection{}, fmt.Errorf("claim pattern %q matches no claim (drill list shows them)", p)
 		}
 	}
-	var out []Claim
+	s := Selection{Left: map[ClaimID]string{}, Whole: len(incl) == 0 && len(excl) == 0}
 	for _, c := range Catalogue {
-		if len(incl) > 0 && !match(incl, c.ID) {
+		named := slices.ContainsFunc(incl, func(p string) bool { return names(p, c.ID) })
+		switch {
+		case len(incl) > 0 && !match(incl, c.ID):
+			s.Left[c.ID] = "not selected (--claim); run without it to include it"
+			continue
+		case match(excl, c.ID):
+			s.Left[c.ID] = "left out (--skip or --claim !ID); run without it to include it"
 			continue
 		}
-		if match(excl, c.ID) {
+		switch c.availability(m) {
+		case Never:
+			if named {
+				return Selection{}, fmt.Errorf("%s does not run in %s mode: %s; drop it from --claim", c.ID, m, c.Modes.Why)
+			}
+			s.Left[c.ID] = fmt.Sprintf("not run in %s mode: %s", m, c.Modes.Why)
 			continue
+		case OptIn:
+			if !named {
+				s.Left[c.ID] = fmt.Sprintf("in %s mode only when named (--claim %s): %s", m, c.ID, c.Modes.Why)
+				continue
+			}
 		}
-		out = append(out, c)
+		s.Claims = append(s.Claims, c)
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("the selection leaves no claim to test")
+	if len(s.Claims) == 0 {
+		return Selection{}, fmt.Errorf("the selection leaves no claim to test in %s mode (drill list shows them)", m)
 	}
-	return out, nil
+	return s, nil
 }
 
-func match(patterns []string, id string) bool {
+// Selected reports whether the selection runs a claim.
+func (s Selection) Selected(id ClaimID) bool {
+	return slices.ContainsFunc(s.Claims, func(c Claim) bool { return c.ID == id })
+}
+
+// match reports whether one of the patterns matches id.
+func match(patterns []string, id ClaimID) bool {
 	for _, p := range patterns {
-		if ok, _ := path.Match(strings.ToUpper(p), id); ok {
+		if ok, _ := path.Match(strings.ToUpper(p), string(id)); ok {
 			return true
 		}
 	}
 	return false
 }
 
-func matchesAny(p string) bool {
+// matching is every claim a pattern matches.
+func matching(p string) []ClaimID {
+	var out []ClaimID
 	for _, c := range Catalogue {
 		if match([]string{p}, c.ID) {
-			return true
+			out = append(out, c.ID)
 		}
 	}
-	return false
+	return out
+}
+
+// names reports whether a pattern names one claim: it matches that claim
+// and no other.
+func names(p string, id ClaimID) bool {
+	m := matching(p)
+	return len(m) == 1 && m[0] == id
 }

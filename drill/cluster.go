@@ -11,7 +11,6 @@ import (
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/internal/hostscan"
 	"github.com/box-isolation/box/internal/nsrun"
-	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -56,20 +55,20 @@ type MemberScene struct {
 }
 
 // Place names of another member's probe box, agent and counting chain.
-func memberBoxPlace(m string) string    { return "box@" + m }
-func memberHostPlace(m string) string   { return "host@" + m }
-func memberFilterPlace(m string) string { return "filter@" + m }
+func memberBoxPlace(m string) Place    { return Place("box@" + m) }
+func memberHostPlace(m string) Place   { return Place("host@" + m) }
+func memberFilterPlace(m string) Place { return Place("filter@" + m) }
 
 // hostPlace, filterPlace and boxPlace are where the member's host agent,
 // counting chain and probe box are.
-func (m MemberScene) hostPlace() string {
+func (m MemberScene) hostPlace() Place {
 	if m.Local {
 		return PlaceHost
 	}
 	return memberHostPlace(m.Name)
 }
 
-func (m MemberScene) filterPlace() string {
+func (m MemberScene) filterPlace() Place {
 	if m.Local {
 		return PlaceFilter
 	}
@@ -77,11 +76,11 @@ func (m MemberScene) filterPlace() string {
 }
 
 // isMemberBox says whether a place is another member's probe box.
-func isMemberBox(place string) bool { return strings.HasPrefix(place, "box@") }
+func isMemberBox(place Place) bool { return strings.HasPrefix(string(place), "box@") }
 
 // memberOfPlace is the member a member place names ("" for any other).
-func memberOfPlace(place string) string {
-	if _, m, ok := strings.Cut(place, "@"); ok {
+func memberOfPlace(place Place) string {
+	if _, m, ok := strings.Cut(string(place), "@"); ok {
 		return m
 	}
 	return ""
@@ -164,27 +163,23 @@ const (
 	srcPortSpread = 8000
 )
 
-// cluster adds the cross-member probes (see the top of this file).
-func (b *builder) cluster() {
+// crossMember adds a claim's cross-member probes (see the top of this
+// file): every other member's box to its own member's host, and every
+// member's box to every other member's cluster address.
+func (b *builder) crossMember(claim ClaimID) {
 	t := b.t
-	if len(t.Members) == 0 || !b.claims["C-HOST"] {
-		return
-	}
-	// The drill's listeners on every other member's addresses.
-	for _, m := range t.Members {
-		if !m.Local {
-			b.hostListeners(m.hostPlace(), m.Name, m.HostAddrs)
-		}
-	}
 	for _, m := range t.Members {
 		if m.Local || !m.Box.IP.IsValid() {
 			continue
 		}
-		b.memberControls(m)
+		// Its member's counting chain counts its DNS question to its own
+		// gateway (a C-DNS probe), so that chain's zeros mean something.
+		k := nft.CountKey{Src: m.Box.IP, Dst: t.Gateway, Proto: "udp", Port: 53}
+		b.countAt(m.filterPlace(), k)
+		b.sc.CountControls[m.filterPlace()] = k
 		// Its own member's host, as box-a probes the local one.
-		b.hostAt("C-HOST", m.Box, m, m.HostAddrs, m.Box.IP, false)
+		b.hostAt(claim, m.Box, m, m.HostAddrs, m.Box.IP, false)
 	}
-	// Every member's box to every other member's cluster address.
 	for _, from := range t.Members {
 		box := from.Box
 		if from.Local {
@@ -202,35 +197,19 @@ func (b *builder) cluster() {
 				continue
 			}
 			// Past from's NAT the packet comes from from's cluster address.
-			b.hostAt("C-HOST", box, to, []HostAddr{h}, from.ClusterAddr, true)
+			b.hostAt(claim, box, to, []HostAddr{h}, from.ClusterAddr, true)
 		}
 	}
 }
 
-// memberControls gives another member's box its controls: it reaches the
-// canary (egress works from there, so its silences mean something) and
-// resolves the public name at its own gateway, which its member's counting
-// chain counts (so that chain's zeros mean something).
-func (b *builder) memberControls(m MemberScene) {
-	t := b.t
-	from := m.Box.Place
-	b.probe(Action{ID: b.id(), Claim: "C-EGRESS", Channel: "tcp", From: from, Member: m.Name, Target: "canary " + t.Canary.String(), TargetKey: "internet", Expect: ExpectReach, Baseline: true},
-		probes.ProbeSpec{Kind: probes.KindTCP, Target: t.Canary, Port: t.CanaryTCP, Via: t.Subnet})
-	b.probe(Action{ID: b.id(), Claim: "C-DNS", Channel: "udp", From: from, Member: m.Name, Target: "gateway " + t.Gateway.String() + ":53 " + t.PublicName, TargetKey: "host-gateway", Expect: ExpectResolve},
-		probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: t.PublicName, QType: "A", Via: t.Subnet})
-	k := nft.CountKey{Src: m.Box.IP, Dst: t.Gateway, Proto: "udp", Port: 53}
-	b.countAt(m.filterPlace(), k)
-	b.sc.CountControls[m.filterPlace()] = k
-}
-
 // countAt has a member's counting chain count k.
-func (b *builder) countAt(place string, k nft.CountKey) {
+func (b *builder) countAt(place Place, k nft.CountKey) {
 	if place == PlaceFilter {
 		b.sc.Counters = append(b.sc.Counters, k)
 		return
 	}
 	if b.sc.MemberCounters == nil {
-		b.sc.MemberCounters = map[string][]nft.CountKey{}
+		b.sc.MemberCounters = map[Place][]nft.CountKey{}
 	}
 	b.sc.MemberCounters[place] = append(b.sc.MemberCounters[place], k)
 }
@@ -246,8 +225,8 @@ func (r *run) localMember() string {
 }
 
 // memberBoxPlaces are the other members' probe boxes' places, sorted.
-func (r *run) memberBoxPlaces() []string {
-	var out []string
+func (r *run) memberBoxPlaces() []Place {
+	var out []Place
 	for _, m := range r.members {
 		if !m.Local {
 			out = append(out, memberBoxPlace(m.Name))

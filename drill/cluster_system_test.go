@@ -49,14 +49,14 @@ func TestSystemClusterDrill(t *testing.T) {
 		assert.Equal(t, drill.Pass, v, "%s on a cluster", id)
 	}
 	require.Len(t, rep.Environment.Members, len(st.Members))
-	on := map[string]string{}
+	on := map[drill.Place]string{}
 	for _, b := range rep.Boxes {
 		on[b.Place] = b.Member
 	}
 	for _, m := range st.Members[1:] {
-		assert.Equal(t, m.Name, on["box@"+m.Name], "a probe box ran on %s", m.Name)
+		assert.Equal(t, m.Name, on[drill.Place("box@"+m.Name)], "a probe box ran on %s", m.Name)
 	}
-	for _, p := range []string{drill.PlaceA, drill.PlaceB, drill.PlaceC, drill.PlaceT} {
+	for _, p := range []drill.Place{drill.PlaceA, drill.PlaceB, drill.PlaceC, drill.PlaceT} {
 		assert.Equal(t, st.Members[0].Name, on[p], "%s ran on the member the drill talks to", p)
 	}
 	// Every ordered pair of members: a box on the first to the second's
@@ -64,7 +64,7 @@ func TestSystemClusterDrill(t *testing.T) {
 	// a witness at the target (its counting chain or its listener).
 	host := claim(t, rep, "C-HOST")
 	for _, from := range st.Members {
-		place := "box@" + from.Name
+		place := drill.Place("box@" + from.Name)
 		if from.Index == 1 {
 			place = drill.PlaceA
 		}

@@ -56,7 +56,7 @@ func clusterScene(n int) Scene {
 func TestClusterScenarioPairs(t *testing.T) {
 	scene := clusterScene(3)
 	sc := BuildScenario(scene, Catalogue)
-	byPlace := map[string]MemberScene{}
+	byPlace := map[Place]MemberScene{}
 	for _, m := range scene.Members {
 		byPlace[m.hostPlace()] = m
 	}
@@ -98,7 +98,7 @@ func TestClusterScenarioPairs(t *testing.T) {
 					assert.GreaterOrEqual(t, l, 0, "%s's listener runs at %s", a.Target, to.Name)
 					fallthrough
 				default:
-					assert.Equal(t, to.hostPlace(), a.ControlAt, "%s's control runs at %s", a.Target, to.Name)
+					assert.Equal(t, to.hostPlace(), a.SelfControl.At, "%s's control runs at %s", a.Target, to.Name)
 				}
 			}
 		}
@@ -123,7 +123,7 @@ func TestClusterScenarioPairs(t *testing.T) {
 	}
 	for place := range sc.Plans {
 		if m := memberOfPlace(place); m != "" {
-			assert.Contains(t, []string{memberBoxPlace(m), memberHostPlace(m)}, place)
+			assert.Contains(t, []Place{memberBoxPlace(m), memberHostPlace(m)}, place)
 		}
 	}
 }
@@ -179,8 +179,8 @@ func TestReportGroupsByMember(t *testing.T) {
 	}
 	rep.finish()
 	assert.Equal(t, []MemberResult{
-		{Member: "m1", Boxes: []string{PlaceA, PlaceB}, Passed: 2},
-		{Member: "m2", Boxes: []string{"box@m2"}, Passed: 1, Failed: 1, Inconclusive: 1},
+		{Member: "m1", Boxes: []Place{PlaceA, PlaceB}, Passed: 2},
+		{Member: "m2", Boxes: []Place{"box@m2"}, Passed: 1, Failed: 1, Inconclusive: 1},
 	}, rep.Members)
 	rep.Environment.Members = nil
 	rep.finish()

@@ -77,7 +77,7 @@ func assertNoDrillBoxes(t *testing.T, cfg drill.Config) {
 	assert.Empty(t, left, "the run removed its boxes")
 }
 
-func claim(t *testing.T, rep *drill.Report, id string) drill.ClaimResult {
+func claim(t *testing.T, rep *drill.Report, id drill.ClaimID) drill.ClaimResult {
 	t.Helper()
 	for _, cr := range rep.Claims {
 		if cr.ID == id {
@@ -88,8 +88,8 @@ func claim(t *testing.T, rep *drill.Report, id string) drill.ClaimResult {
 	return drill.ClaimResult{}
 }
 
-func verdicts(rep *drill.Report) map[string]drill.Verdict {
-	out := map[string]drill.Verdict{}
+func verdicts(rep *drill.Report) map[drill.ClaimID]drill.Verdict {
+	out := map[drill.ClaimID]drill.Verdict{}
 	for _, cr := range rep.Claims {
 		out[cr.ID] = cr.Verdict
 	}
@@ -108,7 +108,7 @@ func TestSystemDrillHolds(t *testing.T) {
 	}
 	assert.Equal(t, drill.ExitOK, rep.ExitCode)
 	assert.Greater(t, rep.Summary.Probes, 40)
-	for _, l := range drill.Layers {
+	for _, l := range drill.Layers() {
 		assert.Equal(t, "present", rep.Stack.Layers[l], l)
 	}
 	assert.Empty(t, rep.Stack.Findings, "a run after a successful ensure verifies clean")
@@ -185,7 +185,7 @@ func stackFailures(cr drill.ClaimResult) []drill.Result {
 
 // assertProvenByProbes: the mutation flipped the claim to fail through at
 // least one probe channel, and the comparison with the clean run says so.
-func assertProvenByProbes(t *testing.T, rep *drill.Report, id string) {
+func assertProvenByProbes(t *testing.T, rep *drill.Report, id drill.ClaimID) {
 	t.Helper()
 	assert.Equal(t, drill.ExitViolated, rep.ExitCode)
 	cr := claim(t, rep, id)
@@ -336,7 +336,7 @@ func TestSystemDrillCanFail(t *testing.T) {
 			// One exit rule: a failed baseline is a violated claim (exit 1),
 			// and the claims it leaves unjudgeable are inconclusive.
 			assertProvenByProbes(t, rep, "C-EGRESS")
-			for _, id := range []string{"C-SIBLING", "C-HOST", "C-LAN", "C-INBOUND"} {
+			for _, id := range []drill.ClaimID{"C-SIBLING", "C-HOST", "C-LAN", "C-INBOUND"} {
 				assert.Equal(t, drill.Inconclusive, claim(t, rep, id).Verdict, "%s is not passed on a broken baseline", id)
 			}
 		}},
@@ -456,7 +456,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		sp := claim(t, rep, "C-SPOOF")
 		assert.Equal(t, drill.Fail, sp.Verdict)
 		assert.NotEmpty(t, stackFailures(sp), "Verify sees the rule")
-		channels := map[string]bool{}
+		channels := map[drill.Channel]bool{}
 		poisoned := false
 		for _, r := range probeFailures(sp) {
 			channels[r.Channel] = true
@@ -725,19 +725,19 @@ func TestSystemBridgeNetfilterOn(t *testing.T) {
 
 	rep := run(t, cfg)
 	assert.True(t, rep.Environment.BridgeNetfilter, "the report records bridge netfilter on")
-	got := map[string]drill.Verdict{}
+	got := map[drill.Channel]drill.Verdict{}
 	for _, r := range claim(t, rep, "C-SIBLING").Results {
-		if r.TargetKey == drill.PlaceB && !strings.HasPrefix(r.Target, "every peer") {
+		if r.TargetKey == string(drill.PlaceB) && !strings.HasPrefix(r.Target, "every peer") {
 			got[r.Channel] = r.Verdict
 		}
 	}
-	assert.Equal(t, map[string]drill.Verdict{
+	assert.Equal(t, map[drill.Channel]drill.Verdict{
 		"arp": drill.Fail, "icmpv6-link-local": drill.Fail, // below the inet hooks: through
 		"icmp": drill.Pass, "tcp": drill.Pass, "udp": drill.Pass, // the ACL's 10/8 drop sees bridged IPv4
 	}, got)
 }
 
-func claimOf(t *testing.T, id string) drill.Claim {
+func claimOf(t *testing.T, id drill.ClaimID) drill.Claim {
 	t.Helper()
 	c, ok := drill.ClaimByID(id)
 	require.True(t, ok, id)

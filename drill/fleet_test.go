@@ -11,7 +11,7 @@ import (
 
 func TestFleetResults(t *testing.T) {
 	c := claimFor(t, "C-FLEET")
-	boxes := map[string]string{PlaceA: "drill-a", PlaceB: "drill-b"}
+	boxes := map[Place]string{PlaceA: "drill-a", PlaceB: "drill-b"}
 	met := &stack.Census{Bridge: "boxnet", Ports: []string{"veth1", "veth2"}, SetChecked: true, Siblings: []stack.Sibling{
 		{Name: "drill-a", Project: "default", Status: "Running", Box: true, Port: "veth1", Problems: []stack.Problem{}},
 		{Name: "drill-b", Project: "default", Status: "Running", Box: true, Port: "veth2", Problems: []stack.Problem{}},

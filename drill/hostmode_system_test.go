@@ -92,7 +92,7 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 	rep := hostRun()
 	assert.Contains(t, firstStderr, "probe image "+image.DefaultAlias+" imported", "drill run --host imported its own probe image")
 	assert.Equal(t, "host", rep.Environment.Mode)
-	for _, id := range []string{"C-EGRESS", "C-DNS", "C-DHCP", "C-LAN", "C-INBOUND"} {
+	for _, id := range []drill.ClaimID{"C-EGRESS", "C-DNS", "C-DHCP", "C-LAN", "C-INBOUND"} {
 		assert.Equal(t, drill.Pass, claim(t, rep, id).Verdict, "%s with the stack whole", id)
 	}
 	resolver := false

@@ -62,8 +62,8 @@ func TestReportSaysWhichKindOfBoxItProved(t *testing.T) {
 			boxNew, err := stack.DecideType(srv, "")
 			require.NoError(t, err)
 			rep := &Report{Notes: []string{}}
-			for _, p := range []string{PlaceA, PlaceB, PlaceC} {
-				e, err := boxEnd(ctx, h, p, map[string]string{PlaceA: "drill-0a1b2c-a", PlaceB: "drill-0a1b2c-b", PlaceC: "drill-0a1b2c-c"}[p])
+			for _, p := range []Place{PlaceA, PlaceB, PlaceC} {
+				e, err := boxEnd(ctx, h, p, map[Place]string{PlaceA: "drill-0a1b2c-a", PlaceB: "drill-0a1b2c-b", PlaceC: "drill-0a1b2c-c"}[p])
 				require.NoError(t, err)
 				rep.Boxes = append(rep.Boxes, *e)
 			}

@@ -32,9 +32,9 @@ type Result struct {
 }
 
 // observations indexes every agent's report: place -> observation id.
-type observations map[string]map[string]probes.Observation
+type observations map[Place]map[string]probes.Observation
 
-func (o observations) get(place, id string) (probes.Observation, bool) {
+func (o observations) get(place Place, id string) (probes.Observation, bool) {
 	m, ok := o[place]
 	if !ok {
 		return probes.Observation{}, false
@@ -45,7 +45,7 @@ func (o observations) get(place, id string) (probes.Observation, bool) {
 
 // judge decides one action. baselineOK says whether every positive
 // control held; agentErr explains a missing observation.
-func judge(a Action, obs observations, t Scene, baselineOK bool, agentErr map[string]string) Result {
+func judge(a Action, obs observations, t Scene, baselineOK bool, agentErr map[Place]string) Result {
 	r := Result{Action: a}
 	o, ok := obs.get(a.From, a.ID)
 	if !ok {
@@ -58,11 +58,11 @@ func judge(a Action, obs observations, t Scene, baselineOK bool, agentErr map[st
 		// from the sender.
 		if a.Expect == ExpectBlocked || a.Expect == ExpectNone {
 			if arrived, _ := atTarget(&r, probes.Observation{}, obs, t); arrived {
-				return verdict(r, Fail, "the agent at "+a.From+" returned nothing ("+why+"), but the target saw the traffic arrive")
+				return verdict(r, Fail, "the agent at "+string(a.From)+" returned nothing ("+why+"), but the target saw the traffic arrive")
 			}
 			r.AtTarget = ""
 		}
-		return verdict(r, Inconclusive, "the agent at "+a.From+" returned nothing for this probe ("+why+")")
+		return verdict(r, Inconclusive, "the agent at "+string(a.From)+" returned nothing for this probe ("+why+")")
 	}
 	r.Obs = &o
 	r.Observed = describe(o)
@@ -104,6 +104,10 @@ func judge(a Action, obs observations, t Scene, baselineOK bool, agentErr map[st
 			return verdict(r, Inconclusive, o.Reason)
 		case problem != "":
 			return verdict(r, Inconclusive, o.Reason+", but "+problem)
+		case o.Kind != probes.KindIPv6State && !watched(r.Action):
+			// The box's own IPv6 state is read in the box: evidence in
+			// itself. A solicitation nobody answered is silence.
+			return verdict(r, Inconclusive, o.Reason+", but "+unwatched)
 		case !baselineOK && o.Kind != probes.KindIPv6State:
 			// A solicitation nobody answered proves little from a box
 			// whose network is broken; the box's own IPv6 state does not
@@ -134,19 +138,10 @@ func judgeReach(r Result, o probes.Observation, t Scene) Result {
 	if o.Outcome != probes.Reached {
 		return verdict(r, Fail, "not reached: "+o.Reason)
 	}
-	// The canary's greeting proves the world's own host answered, not
-	// something that merely echoes.
-	if r.Claim == "C-EGRESS" && t.CanaryGreeting != "" && o.Kind != probes.KindICMP &&
-		!strings.Contains(o.Evidence.Reply, t.CanaryGreeting) {
-		return verdict(r, Fail, fmt.Sprintf("answered, but not by the canary: reply %q lacks its greeting", o.Evidence.Reply))
-	}
-	// The door leads to box-a's own listener, which greets with its name.
-	if r.Claim == "C-EXPOSE" && !strings.Contains(o.Evidence.Reply, probes.GreetPrefix+PlaceA) {
-		return verdict(r, Fail, fmt.Sprintf("answered, but not by box-a's listener: reply %q", o.Evidence.Reply))
-	}
-	// C-ALLOW's canaries are told apart by their greetings.
-	if g := greetingOf(t, o.Target); r.Claim == "C-ALLOW" && g != "" && !strings.Contains(o.Evidence.Reply, g) {
-		return verdict(r, Fail, fmt.Sprintf("answered, but not by the canary at %s: reply %q lacks its greeting", o.Target, o.Evidence.Reply))
+	// The greeting proves the intended host answered (the world's canary,
+	// box-a's listener behind a door), not something that merely echoes.
+	if r.Greeting != "" && !strings.Contains(o.Evidence.Reply, r.Greeting) {
+		return verdict(r, Fail, fmt.Sprintf("answered at %s, but not by whom it should be: reply %q lacks the greeting %q", o.Target, o.Evidence.Reply, r.Greeting))
 	}
 	ev := "reached " + o.Target
 	if o.Evidence.Reply != "" {
@@ -176,6 +171,9 @@ func judgeBlocked(r Result, o probes.Observation, obs observations, t Scene, bas
 	}
 	if targetProblem != "" {
 		return verdict(r, Inconclusive, targetProblem)
+	}
+	if !watched(r.Action) {
+		return verdict(r, Inconclusive, unwatched)
 	}
 	if r.Pinned.IsValid() {
 		if p, ok := obs.get(r.From, pinID(r.Pinned)); !ok || p.Outcome != probes.Reached {
@@ -216,13 +214,10 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Scene) (arriv
 	if r.Witness != nil && len(r.Witness.Ifaces) > 0 {
 		return leftTheHost(r, o, obs)
 	}
-	if r.Claim == "C-LAN" && r.WitnessAt == "" {
-		return false, "nothing watched this target or the way to it, and silence from an address nobody answers for proves nothing"
-	}
 	if r.WitnessAt != "" {
 		w, ok := obs.get(r.WitnessAt, r.Witness.ID)
 		if !ok || w.Evidence.Witness == nil {
-			return false, "no witness report from " + r.WitnessAt + " (" + reportOf(w, ok) + ")"
+			return false, "no witness report from " + string(r.WitnessAt) + " (" + reportOf(w, ok) + ")"
 		}
 		we := w.Evidence.Witness
 		// What it saw counts even if it failed later.
@@ -231,7 +226,7 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Scene) (arriv
 			return true, ""
 		}
 		if w.Outcome == probes.Error {
-			return false, "the witness at " + r.WitnessAt + " failed: " + w.Reason
+			return false, "the witness at " + string(r.WitnessAt) + " failed: " + w.Reason
 		}
 		end := o.StartedAt.Add(time.Duration(o.ElapsedMS) * time.Millisecond)
 		if we.ArmedAt.IsZero() || we.ArmedAt.After(o.StartedAt) || we.Until.Before(end) {
@@ -243,10 +238,10 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Scene) (arriv
 		switch {
 		case r.Witness.Control == "":
 			r.AtTarget = fmt.Sprintf("the witness saw nothing (%d frames read), with no control on its wire", we.Captured)
-			return false, "the witness at " + r.WitnessAt + " had no positive control, so its silence proves nothing"
+			return false, "the witness at " + string(r.WitnessAt) + " had no positive control, so its silence proves nothing"
 		case we.Controls == 0 || we.ControlLast.Before(o.StartedAt):
 			r.AtTarget = fmt.Sprintf("the witness saw nothing (%d frames read) and %d control frame(s), none after the probe started", we.Captured, we.Controls)
-			why := "the witness at " + r.WitnessAt + " never saw its positive control after the probe started, so it may not have been capturing"
+			why := "the witness at " + string(r.WitnessAt) + " never saw its positive control after the probe started, so it may not have been capturing"
 			// Blame the sender when the sender failed, not the witness.
 			if c, ok := obs.get(PlaceHost, controlID(r.WitnessAt)); !ok || c.Outcome != probes.Reached {
 				why += "; the control's sender: " + reportOf(c, ok)
@@ -261,7 +256,7 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Scene) (arriv
 	if r.ListenerAt != "" {
 		l, ok := obs.get(r.ListenerAt, r.ListenerID)
 		if !ok || l.Evidence.Listener == nil {
-			return false, "no listener report from " + r.ListenerAt + " (" + reportOf(l, ok) + ")"
+			return false, "no listener report from " + string(r.ListenerAt) + " (" + reportOf(l, ok) + ")"
 		}
 		for _, p := range l.Evidence.Listener.Peers {
 			if p == t.A.IP.String() || strings.HasPrefix(p, t.A.IP.String()+":") {
@@ -270,21 +265,32 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Scene) (arriv
 			}
 		}
 		r.AtTarget = fmt.Sprintf("the listener served nobody from the box (%d in all)", l.Evidence.Listener.Served)
-		if r.ControlAt == "" {
-			return false, "the listener at " + r.ListenerAt + " had no positive control, so serving nobody proves nothing"
+		if !r.SelfControl.Valid() {
+			return false, "the listener at " + string(r.ListenerAt) + " had no positive control, so serving nobody proves nothing"
 		}
 	}
-	if r.ControlAt != "" {
+	if r.SelfControl.Valid() {
 		// The target answers its own control (a listener serving, a kernel
 		// answering echo), so its silence to the box is the path's doing.
-		c, ok := obs.get(r.ControlAt, r.ControlID)
+		c, ok := obs.get(r.SelfControl.At, r.SelfControl.ID)
 		if !ok || c.Outcome != probes.Reached {
-			return false, "the target did not answer its own control probe from " + r.ControlAt + " (" + reportOf(c, ok) + "), so its silence proves nothing"
+			return false, "the target did not answer its own control probe from " + string(r.SelfControl.At) + " (" + reportOf(c, ok) + "), so its silence proves nothing"
 		}
 		r.AtTarget = strings.TrimPrefix(r.AtTarget+"; ", "; ") + "it answered its own control probe"
 	}
 	return false, ""
 }
+
+// watched reports whether something at the action's target (or on the
+// way there) could have seen its packet arrive: a witness, a listener, a
+// counter, or the target's answer to its own control. Without one, the
+// sender's silence alone is no evidence of a block.
+func watched(a Action) bool {
+	return a.WitnessAt != "" || a.ListenerAt != "" || a.Count != "" || a.SelfControl.Valid()
+}
+
+// unwatched is the evidence of an action nothing at its target watched.
+const unwatched = "nothing watched this target or the way to it (no witness, listener, counter or control), and silence from an address nobody answers for proves nothing"
 
 // leftTheHost reads the outbound witness on the host's outward interfaces
 // (host mode): a probe's packet seen leaving toward its LAN target got past
@@ -295,7 +301,7 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Scene) (arriv
 func leftTheHost(r *Result, o probes.Observation, obs observations) (arrived bool, problem string) {
 	w, ok := obs.get(r.WitnessAt, r.Witness.ID)
 	if !ok || w.Evidence.Witness == nil {
-		return false, "no report from the outbound witness at " + r.WitnessAt + " (" + reportOf(w, ok) + ")"
+		return false, "no report from the outbound witness at " + string(r.WitnessAt) + " (" + reportOf(w, ok) + ")"
 	}
 	we := w.Evidence.Witness
 	target := r.Probe.Target.String()
@@ -371,7 +377,7 @@ func pinID(a netip.Addr) string { return "pin-" + a.String() }
 
 // controlID is the id of the host's control probe for the witnesses at a
 // place (the probe boxes, or the LAN wire).
-func controlID(place string) string { return "ctl-" + place }
+func controlID(place Place) string { return "ctl-" + string(place) }
 
 // reportOf says what an observation reported, for an evidence line.
 func reportOf(o probes.Observation, ok bool) string {
@@ -382,10 +388,10 @@ func reportOf(o probes.Observation, ok bool) string {
 }
 
 func judgeDistinct(r Result, o probes.Observation, obs observations) Result {
-	if len(r.Compare) == 0 {
+	if !r.Reference.Valid() {
 		return verdict(r, Inconclusive, "nothing to compare with")
 	}
-	src, ok := obs.get(PlaceA, r.Compare[0])
+	src, ok := obs.get(r.Reference.At, r.Reference.ID)
 	if !ok || src.Evidence.Lease == nil || o.Evidence.Lease == nil {
 		return verdict(r, Inconclusive, "no lease evidence from both boxes")
 	}
@@ -457,33 +463,41 @@ type ClaimResult struct {
 	Verdict Verdict  `json:"verdict"`
 	Reason  string   `json:"reason,omitempty"` // for skipped claims: why and how to enable
 	Results []Result `json:"results"`
+	// Unrun says the claim was selected but could not run here: it proves
+	// nothing, so the run is no pass (exit 3) though nothing failed.
+	Unrun bool `json:"-"`
 }
 
-// aggregate gives a claim the worst verdict of its actions.
+// aggregate gives a claim the worst verdict of its actions. A claim with
+// no result was selected and built nothing: it is skipped, and unrun. A
+// result with a verdict judging never gives is no pass.
 func aggregate(c Claim, results []Result) ClaimResult {
-	if results == nil {
-		results = []Result{}
+	if len(results) == 0 {
+		return ClaimResult{Claim: c, Verdict: Skipped, Results: []Result{}, Unrun: true,
+			Reason: "selected, but it found nothing to probe here (its targets or boxes are not in this run)"}
 	}
 	cr := ClaimResult{Claim: c, Results: results, Verdict: Pass}
-	if len(results) == 0 {
-		cr.Verdict = Skipped
-		return cr
-	}
-	for _, r := range results {
+	for i, r := range results {
 		switch r.Verdict {
+		case Pass:
+			continue
 		case Fail:
 			cr.Verdict = Fail
+			continue
 		case Inconclusive:
-			if cr.Verdict != Fail {
-				cr.Verdict = Inconclusive
-			}
+		default:
+			results[i].Evidence = fmt.Sprintf("no verdict judging gives (%q): %s", r.Verdict, r.Evidence)
+			results[i].Verdict = Inconclusive
+		}
+		if cr.Verdict != Fail {
+			cr.Verdict = Inconclusive
 		}
 	}
 	return cr
 }
 
 // isBox reports whether a place is one of the probe boxes.
-func isBox(place string) bool {
+func isBox(place Place) bool {
 	return place == PlaceA || place == PlaceB || place == PlaceC || isMemberBox(place)
 }
 

@@ -15,7 +15,7 @@ import (
 // Actions judged by comparison or by the counting chain.
 var (
 	actNameUp = Action{ID: "p031", Claim: "C-NAMES", Channel: "dns", From: PlaceA, Target: "git.example.org.", TargetKey: "gateway", Expect: ExpectNoName,
-		ControlAt: PlaceHost, ControlID: "up-p031"}
+		Reference: ProbeRef{At: PlaceHost, ID: "up-p031"}}
 	actHostSSH = Action{ID: "p025", Claim: "C-HOST", Channel: "tcp", From: PlaceA, Target: "host gateway 10.88.0.1 tcp/22 (listener sshd)", TargetKey: "host-gateway", Expect: ExpectBlocked,
 		Count: "tcp 10.88.0.11>10.88.0.1:22"}
 )
@@ -26,7 +26,7 @@ func actLANOut(kind probes.Kind) Action {
 	if kind == probes.KindTCP {
 		port = 80
 	}
-	return Action{ID: "p050", Claim: "C-LAN", Channel: string(kind), From: PlaceA, Target: "router-192.168.1.1 192.168.1.1", TargetKey: "router-192.168.1.1", Expect: ExpectBlocked,
+	return Action{ID: "p050", Claim: "C-LAN", Channel: Channel(kind), From: PlaceA, Target: "router-192.168.1.1 192.168.1.1", TargetKey: "router-192.168.1.1", Expect: ExpectBlocked,
 		Probe:     probes.ProbeSpec{Kind: kind, Target: netip.MustParseAddr("192.168.1.1"), Port: port, Nonce: "lanudpnonce"},
 		WitnessAt: PlaceHost, Witness: &probes.WitnessSpec{ID: "w-outbound", Ifaces: []string{"eth0"}}, OutControl: "ctloutnonce"}
 }
@@ -58,21 +58,25 @@ var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 
 // Actions as BuildScenario makes them, trimmed to what judge reads.
 var (
-	actSiblingTCP = Action{ID: "p010", Claim: "C-SIBLING", Channel: "tcp", From: PlaceA, Target: "box-b 10.88.0.12", TargetKey: PlaceB, Expect: ExpectBlocked,
+	actSiblingTCP = Action{ID: "p010", Claim: "C-SIBLING", Channel: "tcp", From: PlaceA, Target: "box-b 10.88.0.12", TargetKey: string(PlaceB), Expect: ExpectBlocked,
 		WitnessAt: PlaceB, Witness: &probes.WitnessSpec{ID: "wp010", Control: "ctlnonce0b"}, Pinned: netip.MustParseAddr("10.88.0.12")}
 	actHostTCP = Action{ID: "p020", Claim: "C-HOST", Channel: "tcp", From: PlaceA, Target: "host gateway 10.88.0.1", TargetKey: "host-gateway", Expect: ExpectBlocked,
-		ListenerAt: PlaceHost, ListenerID: "l-tcp-gateway", ControlAt: PlaceHost, ControlID: "ctl-tcp-gateway"}
-	actInboundICMP = Action{ID: "p070", Claim: "C-INBOUND", Channel: "icmp", From: PlaceHost, Target: "box-a 10.88.0.11", TargetKey: PlaceA, Expect: ExpectBlocked,
+		ListenerAt: PlaceHost, ListenerID: "l-tcp-gateway", SelfControl: ProbeRef{At: PlaceHost, ID: "ctl-tcp-gateway"}}
+	actInboundICMP = Action{ID: "p070", Claim: "C-INBOUND", Channel: "icmp", From: PlaceHost, Target: "box-a 10.88.0.11", TargetKey: string(PlaceA), Expect: ExpectBlocked,
 		WitnessAt: PlaceA, Witness: &probes.WitnessSpec{ID: "wp070", Control: "ctlnonce0a"}}
 	actHostICMP           = Action{ID: "p021", Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: "host gateway 10.88.0.1", TargetKey: "host-gateway", Expect: ExpectBlocked}
 	actHostICMPControlled = func() Action {
 		a := actHostICMP
-		a.ControlAt, a.ControlID = PlaceHost, "ctl-icmp-gateway"
+		a.SelfControl = ProbeRef{At: PlaceHost, ID: "ctl-icmp-gateway"}
 		return a
 	}()
-	actEgress = func(ch string, kind probes.Kind) Action {
-		return Action{ID: "p001", Claim: "C-EGRESS", Channel: ch, From: PlaceA, Target: "canary 203.0.113.10", TargetKey: "internet", Expect: ExpectReach, Baseline: true,
+	actEgress = func(ch Channel, kind probes.Kind) Action {
+		a := Action{ID: "p001", Claim: "C-EGRESS", Channel: ch, From: PlaceA, Target: "canary 203.0.113.10", TargetKey: "internet", Expect: ExpectReach, Baseline: true,
 			Probe: probes.ProbeSpec{Kind: kind}}
+		if kind != probes.KindICMP {
+			a.Greeting = testTopology().CanaryGreeting
+		}
+		return a
 	}
 	actDNS     = Action{ID: "p004", Claim: "C-DNS", Channel: "dns", From: PlaceA, TargetKey: "gateway", Expect: ExpectResolve, Baseline: true}
 	actDHCP    = Action{ID: "p005", Claim: "C-DHCP", Channel: "dhcp", From: PlaceA, TargetKey: "lease", Expect: ExpectLease, Baseline: true}
@@ -80,7 +84,7 @@ var (
 	actV6      = Action{ID: "p040", Claim: "C-V6", Channel: "global-address+default-route", From: PlaceA, TargetKey: "ipv6", Expect: ExpectNone}
 	actV6Watch = Action{ID: "p041", Claim: "C-V6", Channel: "router-advertisement", From: PlaceA, TargetKey: "ipv6", Expect: ExpectNone,
 		WitnessAt: PlaceA, Witness: &probes.WitnessSpec{ID: "wp041", Control: "ctlnonce0a", Proto: probes.ProtoIPv6Config}}
-	actClone   = Action{ID: "p050", Claim: "C-CLONE", Channel: "address+mac+machine-id", From: PlaceC, TargetKey: PlaceA, Expect: ExpectDistinct, Compare: []string{"p005"}}
+	actClone   = Action{ID: "p050", Claim: "C-CLONE", Channel: "address+mac+machine-id", From: PlaceC, TargetKey: string(PlaceA), Expect: ExpectDistinct, Reference: ProbeRef{At: PlaceA, ID: "p005"}}
 	actUnknown = Action{ID: "p060", Claim: "C-X", Channel: "x", From: PlaceA, Expect: Expectation("teleported")}
 )
 
@@ -119,7 +123,7 @@ func dnsEv(rcode string, resolved bool, answers ...string) probes.Evidence {
 
 // placed is an observation at a place.
 type placed struct {
-	place string
+	place Place
 	obs   *probes.Observation
 }
 
@@ -304,9 +308,9 @@ func TestJudge(t *testing.T) {
 			probe: sent("p020", probes.KindTCP, probes.Rejected, "ICMP admin-prohibited from 10.88.0.1",
 				probes.Evidence{ICMP: &probes.ICMPEvidence{Family: 4, Type: 3, Code: 13, Name: "admin-prohibited", Offender: "10.88.0.1", OffenderIsTarget: true}}),
 			others: []placed{{PlaceHost, served("l-tcp-gateway")}, hostControl}, baselineOK: true, want: Pass, evidence: []string{"blocked by policy", "10.88.0.1 (admin-prohibited)"}},
-		{name: "host: icmp silent, nothing to witness", action: actHostICMP,
+		{name: "host: icmp silent, nothing to witness, is no pass", action: actHostICMP,
 			probe:      sent("p021", probes.KindICMP, probes.Silent, "no echo reply", probes.Evidence{}),
-			baselineOK: true, want: Pass, evidence: []string{"dropped"}},
+			baselineOK: true, want: Inconclusive, evidence: []string{"nothing watched this target"}},
 		{name: "host: icmp echo reply", action: actHostICMP,
 			probe:      sent("p021", probes.KindICMP, probes.Reached, "echo reply from the target with the nonce", probes.Evidence{From: "10.88.0.1"}),
 			baselineOK: true, want: Fail, evidence: []string{"unexpected success"}},
@@ -317,10 +321,10 @@ func TestJudge(t *testing.T) {
 			baselineOK: true, want: Pass, evidence: []string{"reached 203.0.113.10:80", "hello from canary 5f3e"}},
 		{name: "egress: reached without the canary's greeting", action: actEgress("tcp", probes.KindTCP),
 			probe:      &probes.Observation{ID: "p001", Kind: probes.KindTCP, Outcome: probes.Reached, Evidence: probes.Evidence{Reply: "HTTP/1.1 400 Bad Request"}},
-			baselineOK: true, want: Fail, evidence: []string{"not by the canary", "HTTP/1.1 400"}},
+			baselineOK: true, want: Fail, evidence: []string{"lacks the greeting", "HTTP/1.1 400"}},
 		{name: "egress: udp without the greeting", action: actEgress("udp", probes.KindUDP),
 			probe:      &probes.Observation{ID: "p001", Kind: probes.KindUDP, Outcome: probes.Reached, Evidence: probes.Evidence{Reply: "abcd"}},
-			baselineOK: true, want: Fail, evidence: []string{"lacks its greeting"}},
+			baselineOK: true, want: Fail, evidence: []string{"lacks the greeting"}},
 		{name: "egress: icmp needs no greeting", action: actEgress("icmp", probes.KindICMP),
 			probe:      &probes.Observation{ID: "p001", Kind: probes.KindICMP, Outcome: probes.Reached, Target: "203.0.113.10"},
 			baselineOK: true, want: Pass, evidence: []string{"reached 203.0.113.10"}},
@@ -492,7 +496,7 @@ func TestJudge(t *testing.T) {
 		{name: "distinct: no source lease", action: actClone,
 			probe:      lease("p050", "10.88.0.13/24", "00:16:3e:00:00:0c", "fedcba9876543210fedcba9876543210"),
 			baselineOK: true, want: Inconclusive, evidence: []string{"no lease evidence"}},
-		{name: "distinct: nothing to compare", action: func() Action { a := actClone; a.Compare = nil; return a }(),
+		{name: "distinct: nothing to compare", action: func() Action { a := actClone; a.Reference = ProbeRef{}; return a }(),
 			probe:      lease("p050", "10.88.0.13/24", "00:16:3e:00:00:0c", "fedcba9876543210fedcba9876543210"),
 			baselineOK: true, want: Inconclusive, evidence: []string{"nothing to compare"}},
 
@@ -503,7 +507,7 @@ func TestJudge(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			obs := observations{}
-			add := func(place string, o *probes.Observation) {
+			add := func(place Place, o *probes.Observation) {
 				if obs[place] == nil {
 					obs[place] = map[string]probes.Observation{}
 				}
@@ -515,7 +519,7 @@ func TestJudge(t *testing.T) {
 			for _, o := range tt.others {
 				add(o.place, o.obs)
 			}
-			agentErr := map[string]string{}
+			agentErr := map[Place]string{}
 			if tt.probe == nil {
 				agentErr[tt.action.From] = "exec: deadline exceeded"
 			}
@@ -572,12 +576,12 @@ func TestAggregate(t *testing.T) {
 }
 
 func TestReportFinish(t *testing.T) {
-	cr := func(id string, v Verdict) ClaimResult {
+	cr := func(id ClaimID, v Verdict) ClaimResult {
 		c, ok := ClaimByID(id)
 		require.True(t, ok, id)
 		return ClaimResult{Claim: c, Verdict: v}
 	}
-	allPass := func(over map[string]Verdict) []ClaimResult {
+	allPass := func(over map[ClaimID]Verdict) []ClaimResult {
 		var out []ClaimResult
 		for _, id := range specClaims {
 			v := Pass
@@ -596,20 +600,20 @@ func TestReportFinish(t *testing.T) {
 		summary Summary
 	}{
 		{name: "all pass", claims: allPass(nil), exit: ExitOK, summary: Summary{Passed: n}},
-		{name: "skipped claims do not change the exit code", claims: allPass(map[string]Verdict{"C-V6": Skipped, "C-LAN": Skipped}),
+		{name: "skipped claims do not change the exit code", claims: allPass(map[ClaimID]Verdict{"C-V6": Skipped, "C-LAN": Skipped}),
 			exit: ExitOK, summary: Summary{Passed: n - 2, Skipped: 2}},
-		{name: "a blocked claim fails", claims: allPass(map[string]Verdict{"C-SIBLING": Fail}),
+		{name: "a blocked claim fails", claims: allPass(map[ClaimID]Verdict{"C-SIBLING": Fail}),
 			exit: ExitViolated, summary: Summary{Passed: n - 1, Failed: 1}},
-		{name: "a violation wins over a broken baseline", claims: allPass(map[string]Verdict{"C-EGRESS": Fail, "C-SIBLING": Fail, "C-LAN": Inconclusive}),
+		{name: "a violation wins over a broken baseline", claims: allPass(map[ClaimID]Verdict{"C-EGRESS": Fail, "C-SIBLING": Fail, "C-LAN": Inconclusive}),
 			exit: ExitViolated, summary: Summary{Passed: n - 3, Failed: 2, Inconclusive: 1}},
 		// One exit rule (SPEC 5): a failed baseline is a violated claim.
-		{name: "a failed baseline is a violation, the claims it leaves are inconclusive", claims: allPass(map[string]Verdict{"C-EGRESS": Fail, "C-SIBLING": Inconclusive, "C-HOST": Inconclusive}),
+		{name: "a failed baseline is a violation, the claims it leaves are inconclusive", claims: allPass(map[ClaimID]Verdict{"C-EGRESS": Fail, "C-SIBLING": Inconclusive, "C-HOST": Inconclusive}),
 			exit: ExitViolated, summary: Summary{Passed: n - 3, Failed: 1, Inconclusive: 2}},
-		{name: "a failed baseline alone is a violation", claims: allPass(map[string]Verdict{"C-DNS": Fail}),
+		{name: "a failed baseline alone is a violation", claims: allPass(map[ClaimID]Verdict{"C-DNS": Fail}),
 			exit: ExitViolated, summary: Summary{Passed: n - 1, Failed: 1}},
-		{name: "an inconclusive claim", claims: allPass(map[string]Verdict{"C-HOST": Inconclusive}),
+		{name: "an inconclusive claim", claims: allPass(map[ClaimID]Verdict{"C-HOST": Inconclusive}),
 			exit: ExitInconclusive, summary: Summary{Passed: n - 1, Inconclusive: 1}},
-		{name: "an inconclusive baseline", claims: allPass(map[string]Verdict{"C-DHCP": Inconclusive}),
+		{name: "an inconclusive baseline", claims: allPass(map[ClaimID]Verdict{"C-DHCP": Inconclusive}),
 			exit: ExitInconclusive, summary: Summary{Passed: n - 1, Inconclusive: 1}},
 	}
 	for _, tt := range tests {

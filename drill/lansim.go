@@ -49,7 +49,7 @@ func newLANSim(hostNS, runID string, box netip.Addr, taken func(netip.Addr) bool
 	l := &lanSim{ns: lanSimPrefix + runID, hostVeth: "drl" + runID}
 	defer func() {
 		if err != nil {
-			err = fmt.Errorf("the LAN stand-in for C-INBOUND: %w", err)
+			err = fmt.Errorf("the LAN stand-in for %s: %w", InboundID, err)
 			if rerr := l.remove(); rerr != nil {
 				err = fmt.Errorf("%w; and removing it: %v", err, rerr)
 			}

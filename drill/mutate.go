@@ -22,7 +22,7 @@ import (
 // run restores the stack afterwards and verifies it, whatever happened.
 type Mutation struct {
 	Name   string
-	Layers []string // the layers it removes
+	Layers []stack.LayerID // the layers it removes
 	What   string
 	// AfterBoxes mutations act on the probe boxes' live ports, so they run
 	// once the boxes exist; the others change the stack before any box is
@@ -34,33 +34,33 @@ type Mutation struct {
 
 // Mutations is every layer the drill knows how to knock out.
 var Mutations = []Mutation{
-	{Name: "bridge-drop", Layers: []string{"L-BRIDGEDROP"}, What: "delete the nft table bridge box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+	{Name: "bridge-drop", Layers: []stack.LayerID{stack.LayerBridgeDrop}, What: "delete the nft table bridge box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return deleteTable(h, nftables.TableFamilyBridge, stack.Current.NFTTable)
 	}},
 	// Its own table, so it is knocked out apart from the sibling layers.
-	{Name: "pinning", Layers: []string{string(stack.LayerPin)}, What: "delete the nft table bridge box_pin (per-port pinning)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+	{Name: "pinning", Layers: []stack.LayerID{stack.LayerPin}, What: "delete the nft table bridge box_pin (per-port pinning)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return deleteTable(h, nftables.TableFamilyBridge, stack.Current.NFTTable+"_pin")
 	}},
 	// Only the kernel flag: changing the profile under live boxes re-plugs
 	// their NICs, and they lose their leases.
-	{Name: "port-isolation", Layers: []string{"L-PORTISO"}, What: "turn the isolated flag off on every boxnet port", AfterBoxes: true, apply: portIsolationOff},
-	{Name: "host-fw", Layers: []string{"L-HOSTFW"}, What: "delete the nft table inet box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+	{Name: "port-isolation", Layers: []stack.LayerID{stack.LayerPortIso}, What: "turn the isolated flag off on every boxnet port", AfterBoxes: true, apply: portIsolationOff},
+	{Name: "host-fw", Layers: []stack.LayerID{stack.LayerHostFW}, What: "delete the nft table inet box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return deleteTable(h, nftables.TableFamilyINet, stack.Current.NFTTable)
 	}},
-	{Name: "acl", Layers: []string{"L-ACL"}, What: "detach the box-isolate ACL from boxnet", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+	{Name: "acl", Layers: []stack.LayerID{stack.LayerACL}, What: "detach the box-isolate ACL from boxnet", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"security.acls": "", "security.acls.default.egress.action": "", "security.acls.default.ingress.action": ""})
 	}},
-	{Name: "dns-managed", Layers: []string{"L-DNS"}, What: "set dns.mode=managed on boxnet and let DHCP names through", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+	{Name: "dns-managed", Layers: []stack.LayerID{stack.LayerDNS}, What: "set dns.mode=managed on boxnet and let DHCP names through", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"dns.mode": "managed", "raw.dnsmasq": "no-resolv\nserver=" + firstDNS(h) + "\n"})
 	}},
-	{Name: "hosts-file", Layers: []string{"L-DNS"}, What: "take no-hosts out of boxnet's dnsmasq settings (it answers from the host's hosts file)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+	{Name: "hosts-file", Layers: []stack.LayerID{stack.LayerDNS}, What: "take no-hosts out of boxnet's dnsmasq settings (it answers from the host's hosts file)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		n, _, err := h.Incus.Network(ctx, stack.Current.Network)
 		if err != nil {
 			return err
 		}
 		return setNetwork(ctx, h, map[string]string{"raw.dnsmasq": strings.Replace(n.Config["raw.dnsmasq"], "no-hosts\n", "", 1)})
 	}},
-	{Name: "ipv6-on", Layers: []string{"L-V6"}, What: "give boxnet an IPv6 subnet with router advertisements", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+	{Name: "ipv6-on", Layers: []stack.LayerID{stack.LayerV6}, What: "give boxnet an IPv6 subnet with router advertisements", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		if err := setNetwork(ctx, h, map[string]string{"ipv6.address": "fd42:b0c5::1/64", "ipv6.nat": "true"}); err != nil {
 			return err
 		}
@@ -69,12 +69,12 @@ var Mutations = []Mutation{
 		})
 	}},
 	// The grant's load-bearing key: without it the user may attach any
-	// network (C-TIER's attempts must then succeed, and fail the claim).
-	{Name: "tier", Layers: []string{string(stack.LayerTier)}, What: "lift restricted.networks.access from the run's granted user's project", AfterBoxes: true, apply: liftTierRestriction},
-	{Name: "egress", Layers: []string{string(stack.LayerEgress)}, What: "delete the nft table inet box_egress (no allowlist is enforced)", AfterBoxes: true, apply: dropEgressTable},
-	// An operator widening box-a's door by hand (C-EXPOSE's box-a only).
-	{Name: "door-wide", Layers: []string{string(stack.LayerFleet)}, What: "make box-a's door listen on every host address (tcp:0.0.0.0)", AfterBoxes: true, apply: widenDoor},
-	{Name: "nat-off", Layers: []string{"L-NAT"}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+	// network (the granted user's attempts must then succeed).
+	{Name: "tier", Layers: []stack.LayerID{stack.LayerTier}, What: "lift restricted.networks.access from the run's granted user's project", AfterBoxes: true, apply: liftTierRestriction},
+	{Name: "egress", Layers: []stack.LayerID{stack.LayerEgress}, What: "delete the nft table inet box_egress (no allowlist is enforced)", AfterBoxes: true, apply: dropEgressTable},
+	// An operator widening box-a's door by hand (its door only).
+	{Name: "door-wide", Layers: []stack.LayerID{stack.LayerFleet}, What: "make box-a's door listen on every host address (tcp:0.0.0.0)", AfterBoxes: true, apply: widenDoor},
+	{Name: "nat-off", Layers: []stack.LayerID{stack.LayerNAT}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"ipv4.nat": "false"})
 	}},
 }
@@ -184,9 +184,9 @@ func portIsolationOff(ctx context.Context, h *stack.Host, boxes []string) error 
 }
 
 // applyMutations applies those of one phase; names are the run's boxes.
-func applyMutations(ctx context.Context, cfg *Config, afterBoxes bool, names map[string]string) error {
+func applyMutations(ctx context.Context, cfg *Config, afterBoxes bool, names map[Place]string) error {
 	var boxes []string
-	for _, p := range []string{PlaceA, PlaceB, PlaceC} {
+	for _, p := range []Place{PlaceA, PlaceB, PlaceC} {
 		if n, ok := names[p]; ok {
 			boxes = append(boxes, n)
 		}

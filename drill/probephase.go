@@ -53,26 +53,23 @@ func (r *run) runProbes(ctx context.Context) error {
 			})
 		})
 	}
-	var nw *neighWatch
-	if slices.ContainsFunc(r.cfg.Claims, func(c Claim) bool { return c.ID == "C-SPOOF" }) {
-		if nw, err = watchNeighbours(r.cfg.Host.NetNS, stack.Current.Network); err != nil {
-			r.neighErr = err.Error()
+	var stops []func()
+	for _, c := range r.cfg.Claims {
+		if c.watch != nil && r.skipped[c.ID] == "" {
+			stops = append(stops, c.watch(r))
 		}
 	}
 	t0 := time.Now()
 	r.obs, r.agentErr = runPlans(ctx, r.cfg, r.boxClient, r.names, r.sc.Plans)
-	if nw != nil {
-		var werr error
-		if r.neigh, werr = nw.stop(); werr != nil {
-			r.neighErr = "the watch was cut short: " + werr.Error()
-		}
+	for _, stop := range stops {
+		stop()
 	}
 	rep.Summary.ProbePhaseMS = time.Since(t0).Milliseconds()
 	if rep.Summary.Probes > 0 {
 		rep.Summary.MSPerProbe = float64(rep.Summary.ProbePhaseMS) / float64(rep.Summary.Probes)
 	}
 	for _, place := range slices.Sorted(maps.Keys(r.agentErr)) {
-		rep.Problems = append(rep.Problems, "agent at "+place+": "+r.agentErr[place])
+		rep.Problems = append(rep.Problems, "agent at "+string(place)+": "+r.agentErr[place])
 	}
 	rep.Problems = append(rep.Problems, failedControls(r.sc, r.obs)...)
 	for _, ch := range chains {
@@ -84,9 +81,10 @@ func (r *run) runProbes(ctx context.Context) error {
 // countingChain is one namespace's counting chain: the local host's
 // (PlaceFilter), or another cluster member's.
 type countingChain struct {
-	place, ns, whose string
-	keys             []nft.CountKey
-	control          nft.CountKey
+	place     Place
+	ns, whose string
+	keys      []nft.CountKey
+	control   nft.CountKey
 }
 
 // countingChains are the chains the scenario counts in, each in its
@@ -163,11 +161,10 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	v := r.v
 	s := Scene{Topology: r.cfg.Topology, Subnet: v.Subnet, Gateway: v.Gateway,
 		A: *r.ends[PlaceA], B: *r.ends[PlaceB], C: *r.ends[PlaceC], DNSDomain: "incus"}
-	if e, ok := r.ends[PlaceT]; ok {
-		s.T = *e
-	}
-	if e, ok := r.ends[PlaceW]; ok {
-		s.W = *e
+	for p, e := range map[Place]*BoxEnd{PlaceT: &s.T, PlaceW: &s.W} {
+		if end, ok := r.ends[p]; ok {
+			*e = *end
+		}
 	}
 	s.Door = r.door
 	if v.Fleet != nil {
@@ -192,12 +189,12 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 		}
 		return err
 	}); err != nil {
-		r.rep.Notes = append(r.rep.Notes, "C-SPOOF: the bridge's MAC was not read ("+err.Error()+"): box-a's lies are not sent")
+		r.rep.Notes = append(r.rep.Notes, string(SpoofID)+": the bridge's MAC was not read ("+err.Error()+"): box-a's lies are not sent")
 	}
 	if n, _, err := r.cfg.Host.Incus.Network(ctx, stack.Current.Network); err == nil && n.Config["dns.domain"] != "" {
 		s.DNSDomain = n.Config["dns.domain"]
 	}
-	addrs, routes, err := topo.ReadInterfaces(r.cfg.Host.NetNS)
+	addrs, _, err := topo.ReadInterfaces(r.cfg.Host.NetNS)
 	if err != nil {
 		return s, err
 	}
@@ -213,15 +210,15 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 		return s, err
 	}
 	if fwErr != nil {
-		r.rep.Notes = append(r.rep.Notes, "C-HOST: the host's forwarding rules were not read ("+fwErr.Error()+"): the ports they forward are not targets")
+		r.rep.Notes = append(r.rep.Notes, string(HostID)+": the host's forwarding rules were not read ("+fwErr.Error()+"): the ports they forward are not targets")
 	}
 	s.Forwards = fw.Forwards
 	if len(fw.LegacyTables) > 0 {
-		r.rep.Notes = append(r.rep.Notes, "C-HOST: legacy iptables tables exist in the host's namespace ("+strings.Join(fw.LegacyTables, ", ")+"); their rules were not read, so the ports they forward are not targets")
+		r.rep.Notes = append(r.rep.Notes, string(HostID)+": legacy iptables tables exist in the host's namespace ("+strings.Join(fw.LegacyTables, ", ")+"); their rules were not read, so the ports they forward are not targets")
 	}
 	for _, f := range fw.Forwards {
 		if f.PortUnknown || (f.AllPorts() && (f.Proto == "tcp" || f.Proto == "udp")) {
-			r.rep.Notes = append(r.rep.Notes, "C-HOST: the ports of "+f.String()+" could not be listed, so they are not targets")
+			r.rep.Notes = append(r.rep.Notes, string(HostID)+": the ports of "+f.String()+" could not be listed, so they are not targets")
 		}
 	}
 	for _, m := range r.members {
@@ -245,19 +242,7 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	var dropped int
 	s.questions, dropped = nameQuestions(s, hosts)
 	if dropped > 0 {
-		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("C-NAMES: %d more names were not asked (at most %d a run)", dropped, maxNames))
-	}
-	if len(s.LANSources) == 0 && slices.ContainsFunc(r.cfg.Claims, func(c Claim) bool { return c.ID == "C-INBOUND" }) {
-		// Host mode: a throwaway namespace stands in for the LAN.
-		sim, err := newLANSim(r.cfg.Host.NetNS, r.rep.RunID, s.A.IP, takenBy(addrs, routes))
-		if err != nil {
-			r.rep.Problems = append(r.rep.Problems, err.Error())
-			r.rep.Notes = append(r.rep.Notes, "C-INBOUND: nothing probes a box from the LAN here: its LAN side rests on Verify alone (the stack channel, L-ACL)")
-		} else {
-			r.later(func(context.Context) error { return sim.remove() })
-			s.LANNS, s.LANSources = sim.ns, sim.sources
-			r.cfg.Topology.LANNS = sim.ns
-		}
+		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%s: %d more names were not asked (at most %d a run)", NamesID, dropped, maxNames))
 	}
 	if s.Source == topo.SourceHost {
 		// Listener ports picked per run from the dynamic range, so a
@@ -284,12 +269,10 @@ func failedControls(sc *Scenario, obs observations) []string {
 	var out []string
 	for _, place := range slices.Sorted(maps.Keys(sc.Plans)) {
 		for _, p := range sc.Plans[place].Probes {
-			// The upstream's answers are compared with the box's, whatever
-			// they are (NXDOMAIN is no failed control), the host's echo to a
-			// LAN target need only be seen leaving, and box-b's traffic
-			// before box-a's lies is judged with its return traffic (a
-			// broken egress already fails the baseline).
-			if actions[p.ID] || strings.HasPrefix(p.ID, upstreamPrefix) || strings.HasPrefix(p.ID, outControlPrefix) || p.ID == spoofBeforeID {
+			// A reference's answer is compared with a box's, whatever it is
+			// (the upstream's NXDOMAIN, the host's echo to a LAN target that
+			// need only be seen leaving): its failure is no failed control.
+			if actions[p.ID] || sc.References[p.ID] {
 				continue
 			}
 			if o, ok := obs.get(place, p.ID); !ok || o.Outcome != probes.Reached {

@@ -64,22 +64,22 @@ type Environment struct {
 
 // StackFacts is the isolation stack as the run found it.
 type StackFacts struct {
-	Ensured    bool              `json:"ensured"`
-	Changes    []stack.Change    `json:"changes"`
-	Subnet     string            `json:"subnet"`
-	Gateway    string            `json:"gateway"`
-	BridgeMode string            `json:"bridge_mode"`
-	Layers     map[string]string `json:"layers"` // layer -> "present" or "absent: why"
-	Findings   []stack.Finding   `json:"findings"`
+	Ensured    bool                     `json:"ensured"`
+	Changes    []stack.Change           `json:"changes"`
+	Subnet     string                   `json:"subnet"`
+	Gateway    string                   `json:"gateway"`
+	BridgeMode string                   `json:"bridge_mode"`
+	Layers     map[stack.LayerID]string `json:"layers"` // layer -> "present" or "absent: why"
+	Findings   []stack.Finding          `json:"findings"`
 }
 
 // MutationResult is what knocking one layer out did, measured against the
 // clean run: the mutations of one run are applied together, so each names
 // every change of the run.
 type MutationResult struct {
-	Name    string   `json:"name"`
-	Layers  []string `json:"layers"`
-	Flipped []string `json:"flipped"` // claims with a probe verdict that went from pass to fail
+	Name    string          `json:"name"`
+	Layers  []stack.LayerID `json:"layers"`
+	Flipped []ClaimID       `json:"flipped"` // claims with a probe verdict that went from pass to fail
 	// Changed is every probe verdict that differs from the clean run's
 	// (the stack channel is not among them: it is no proof, SPEC 5).
 	Changed  []ProbeChange `json:"changed"`
@@ -89,9 +89,9 @@ type MutationResult struct {
 // ProbeChange is one probe's verdict in the clean run and in the mutated one.
 type ProbeChange struct {
 	ID      string  `json:"id"`
-	Claim   string  `json:"claim"`
-	Channel string  `json:"channel"`
-	From    string  `json:"from"`
+	Claim   ClaimID `json:"claim"`
+	Channel Channel `json:"channel"`
+	From    Place   `json:"from"`
 	Target  string  `json:"target"`
 	Clean   Verdict `json:"clean"`
 	Mutated Verdict `json:"mutated"`
@@ -124,26 +124,33 @@ const (
 	ExitInconclusive = 3
 )
 
-// Layers is every isolation layer a report accounts for.
-var Layers = []string{"L-NAT", "L-DNS", "L-V6", "L-ACL", "L-HOSTFW", "L-PORTISO", "L-BRIDGEDROP", string(stack.LayerPin), string(stack.LayerFleet), string(stack.LayerTier), string(stack.LayerEgress)}
+// Layers is every isolation layer a report accounts for: the stack's,
+// but the stack as a whole (its findings fail the claims resting on it,
+// and no report line is kept for it).
+func Layers() []stack.LayerID {
+	var out []stack.LayerID
+	for _, l := range stack.Layers {
+		if l.ID != stack.LayerStack {
+			out = append(out, l.ID)
+		}
+	}
+	return out
+}
 
-// finish counts the claims and sets the exit code (SPEC section 5): any
-// failed claim is 1, a failed baseline included (the claims it leaves
-// unjudgeable are inconclusive); otherwise anything inconclusive is 3.
 // MemberResult is one cluster member's share of a run.
 type MemberResult struct {
-	Member       string   `json:"member"`
-	Boxes        []string `json:"boxes"` // the probe boxes that ran there (places)
-	Passed       int      `json:"passed"`
-	Failed       int      `json:"failed"`
-	Inconclusive int      `json:"inconclusive"`
+	Member       string  `json:"member"`
+	Boxes        []Place `json:"boxes"` // the probe boxes that ran there (places)
+	Passed       int     `json:"passed"`
+	Failed       int     `json:"failed"`
+	Inconclusive int     `json:"inconclusive"`
 }
 
 // groupByMember sums the results about each member.
 func (rep *Report) groupByMember() {
 	rep.Members = nil
 	for _, m := range rep.Environment.Members {
-		mr := MemberResult{Member: m, Boxes: []string{}}
+		mr := MemberResult{Member: m, Boxes: []Place{}}
 		for _, b := range rep.Boxes {
 			if b.Member == m {
 				mr.Boxes = append(mr.Boxes, b.Place)
@@ -168,9 +175,13 @@ func (rep *Report) groupByMember() {
 	}
 }
 
+// finish counts the claims and sets the exit code (SPEC section 5): any
+// failed claim is 1, a failed baseline included (the claims it leaves
+// unjudgeable are inconclusive); otherwise anything inconclusive, or a
+// selected claim that could not run, is 3.
 func (rep *Report) finish() {
 	rep.groupByMember()
-	violated, inconclusive := false, false
+	violated, unproven := false, false
 	for _, cr := range rep.Claims {
 		switch cr.Verdict {
 		case Pass:
@@ -180,15 +191,18 @@ func (rep *Report) finish() {
 			violated = true
 		case Inconclusive:
 			rep.Summary.Inconclusive++
-			inconclusive = true
+			unproven = true
 		case Skipped:
 			rep.Summary.Skipped++
+			// Left out by the operator's patterns or the mode's rules is
+			// what was asked; selected and unable to run is not.
+			unproven = unproven || cr.Unrun
 		}
 	}
 	switch {
 	case violated:
 		rep.ExitCode = ExitViolated
-	case inconclusive:
+	case unproven:
 		rep.ExitCode = ExitInconclusive
 	default:
 		rep.ExitCode = ExitOK
@@ -196,18 +210,17 @@ func (rep *Report) finish() {
 }
 
 // layerState maps the stack's findings onto layers.
-func layerState(findings []stack.Finding) map[string]string {
-	out := map[string]string{}
-	for _, l := range Layers {
+func layerState(findings []stack.Finding) map[stack.LayerID]string {
+	out := map[stack.LayerID]string{}
+	for _, l := range Layers() {
 		out[l] = "present"
 	}
 	for _, f := range findings {
-		l := string(f.Layer)
-		if _, ok := out[l]; !ok || f.Advisory {
+		if _, ok := out[f.Layer]; !ok || f.Advisory {
 			continue
 		}
-		if out[l] == "present" {
-			out[l] = "absent: " + f.Object + ": " + f.Problem
+		if out[f.Layer] == "present" {
+			out[f.Layer] = "absent: " + f.Object + ": " + f.Problem
 		}
 	}
 	return out

@@ -30,8 +30,11 @@ type Config struct {
 	Agent string
 	// NoSetup only verifies the stack instead of ensuring it.
 	NoSetup bool
-	// Claims are the selected claims (all when empty).
+	// Claims are the selected claims (all when empty); Left says why each
+	// claim of the catalogue that is not among them was left out (Resolve
+	// gives both).
 	Claims []Claim
+	Left   map[ClaimID]string
 	// Log receives progress lines.
 	Log io.Writer
 	// Version names the build, for the report.
@@ -103,7 +106,7 @@ func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) 
 				if r.Channel == ChannelStack {
 					continue
 				}
-				k := strings.Join([]string{r.Claim, r.Channel, r.From, r.TargetKey}, "|")
+				k := strings.Join([]string{string(r.Claim), string(r.Channel), string(r.From), r.TargetKey}, "|")
 				seen[k]++
 				visit(fmt.Sprintf("%s|%d", k, seen[k]), r)
 			}
@@ -112,7 +115,7 @@ func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) 
 	before := map[string]Verdict{}
 	keys(clean, func(k string, r Result) { before[k] = r.Verdict })
 	changed := []ProbeChange{}
-	var flipped []string
+	var flipped []ClaimID
 	unmatched := 0
 	keys(mutated, func(k string, r Result) {
 		was, ok := before[k]
@@ -130,7 +133,7 @@ func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) 
 	})
 	out := []MutationResult{}
 	for _, m := range ms {
-		out = append(out, MutationResult{Name: m.Name, Layers: m.Layers, Flipped: append([]string{}, flipped...), Changed: changed, Detected: len(flipped) > 0})
+		out = append(out, MutationResult{Name: m.Name, Layers: m.Layers, Flipped: append([]ClaimID{}, flipped...), Changed: changed, Detected: len(flipped) > 0})
 	}
 	return out, unmatched
 }
@@ -151,18 +154,22 @@ type run struct {
 	// boxNew is what box new makes on this host, for the report to
 	// compare the probe boxes with.
 	boxNew   stack.TypeDecision
-	names    map[string]string // place -> instance
-	ends     map[string]*BoxEnd
+	names    map[Place]string // place -> instance
+	ends     map[Place]*BoxEnd
 	scene    Scene
 	sc       *Scenario
 	obs      observations
-	agentErr map[string]string
+	agentErr map[Place]string
+	// skipped says why a selected claim could not run here (what the
+	// host lacks); judged is every action's result.
+	skipped map[ClaimID]string
+	judged  []Result
 	// neigh is what the host's neighbour table and the bridge's forwarding
 	// database did over the probe phase (C-SPOOF); neighErr why it was not
 	// watched.
 	neigh    []neighEvent
 	neighErr string
-	// tier is the granted user's side (C-TIER); nil when not selected.
+	// tier is the granted user's side (C-TIER); nil when it did not run.
 	// tierFindings are the census's findings on box-t's port isolation,
 	// which the drill turned off: C-TIER's evidence, kept out of findings.
 	tier         *tierRun
@@ -192,7 +199,7 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
 	if _, err := rand.Read(id); err != nil {
 		return nil, err
 	}
-	r := &run{cfg: cfg, rep: &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
+	r := &run{cfg: cfg, skipped: map[ClaimID]string{}, rep: &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
 		Stack: StackFacts{Changes: []stack.Change{}, Findings: []stack.Finding{}},
 		Boxes: []BoxEnd{}, Problems: []string{}, Notes: []string{}, Claims: []ClaimResult{}, Mutations: []string{}, MutationResults: []MutationResult{}}}
 	for _, m := range cfg.Mutations {
@@ -223,6 +230,13 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
 	}
 	r.rep.DurationMS = time.Since(r.rep.Started).Milliseconds()
 	return r.rep, nil
+}
+
+// skip records why a selected claim cannot run here; it is reported as
+// skipped with the reason, and the run is not a pass.
+func (r *run) skip(id ClaimID, why string) {
+	r.cfg.logf("%s: skipped: %s", id, why)
+	r.skipped[id] = why
 }
 
 // later registers an undo for teardown.

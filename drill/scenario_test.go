@@ -19,7 +19,7 @@ import (
 )
 
 // testBox is a probe box as boxEnd would find it after minting.
-func testBox(place, instance, ip, mac string) BoxEnd {
+func testBox(place Place, instance, ip, mac string) BoxEnd {
 	hw, err := net.ParseMAC(mac)
 	if err != nil {
 		panic(err)
@@ -81,7 +81,7 @@ func testTopology() Scene {
 	return t
 }
 
-func claimsByID(t *testing.T, ids ...string) []Claim {
+func claimsByID(t *testing.T, ids ...ClaimID) []Claim {
 	t.Helper()
 	var out []Claim
 	for _, id := range ids {
@@ -92,7 +92,7 @@ func claimsByID(t *testing.T, ids ...string) []Claim {
 	return out
 }
 
-func actionsOf(sc *Scenario, claim string) []Action {
+func actionsOf(sc *Scenario, claim ClaimID) []Action {
 	var out []Action
 	for _, a := range sc.Actions {
 		if a.Claim == claim {
@@ -103,10 +103,10 @@ func actionsOf(sc *Scenario, claim string) []Action {
 }
 
 // selections are the claim sets every structural check runs on.
-func selections() map[string][]string {
-	m := map[string][]string{"all": specClaims}
+func selections() map[string][]ClaimID {
+	m := map[string][]ClaimID{"all": specClaims}
 	for _, id := range specClaims {
-		m["only "+id] = []string{id}
+		m["only "+string(id)] = []ClaimID{id}
 	}
 	return m
 }
@@ -116,14 +116,14 @@ func TestBuildScenarioCoversEverySelectedClaim(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			sc := BuildScenario(testTopology(), claimsByID(t, ids...))
 			for _, id := range ids {
-				if c, _ := ClaimByID(id); slices.Equal(c.Channels, []string{ChannelCensus}) {
+				if c, _ := ClaimByID(id); !slices.Contains(c.Evidence, EvidenceProbes) {
 					continue // judged from Verify's census, not from a probe
 				}
 				assert.NotEmpty(t, actionsOf(sc, id), "%s has no action", id)
 			}
 			// Baselines are built whatever is selected: they decide what a
 			// block means.
-			for _, id := range []string{"C-EGRESS", "C-DNS", "C-DHCP"} {
+			for _, id := range []ClaimID{"C-EGRESS", "C-DNS", "C-DHCP"} {
 				as := actionsOf(sc, id)
 				assert.NotEmpty(t, as, "baseline %s missing", id)
 				for _, a := range as {
@@ -133,7 +133,7 @@ func TestBuildScenarioCoversEverySelectedClaim(t *testing.T) {
 			// Nothing unselected (other than the baselines) is built.
 			for _, a := range sc.Actions {
 				assert.True(t, a.Baseline || slices.Contains(ids, a.Claim), "%s built for unselected %s", a.ID, a.Claim)
-				assert.Equal(t, a.Baseline, slices.Contains([]string{"C-EGRESS", "C-DNS", "C-DHCP"}, a.Claim), a.ID)
+				assert.Equal(t, a.Baseline, slices.Contains([]ClaimID{"C-EGRESS", "C-DNS", "C-DHCP"}, a.Claim), a.ID)
 			}
 		})
 	}
@@ -141,7 +141,7 @@ func TestBuildScenarioCoversEverySelectedClaim(t *testing.T) {
 
 func TestBuildScenarioOnlySiblingStillHasBaselines(t *testing.T) {
 	sc := BuildScenario(testTopology(), claimsByID(t, "C-SIBLING"))
-	got := map[string]int{}
+	got := map[ClaimID]int{}
 	for _, a := range sc.Actions {
 		got[a.Claim]++
 	}
@@ -157,15 +157,15 @@ func TestBuildScenarioOnlySiblingStillHasBaselines(t *testing.T) {
 func TestBuildScenarioCoversEveryChannel(t *testing.T) {
 	sc := BuildScenario(testTopology(), Catalogue)
 	for _, c := range Catalogue {
-		t.Run(c.ID, func(t *testing.T) {
-			have := map[string]bool{}
+		t.Run(string(c.ID), func(t *testing.T) {
+			have := map[Channel]bool{}
 			for _, a := range actionsOf(sc, c.ID) {
-				for _, ch := range strings.Split(a.Channel, "+") {
-					have[ch] = true
+				for _, ch := range strings.Split(string(a.Channel), "+") {
+					have[Channel(ch)] = true
 				}
 			}
 			for _, ch := range c.Channels {
-				if ch == ChannelCensus || ch == ChannelIsolOff || ch == ChannelRestriction {
+				if !ch.Probe() {
 					continue // judged from Verify's census or Incus's answers, not from a probe
 				}
 				assert.True(t, have[ch], "channel %s of %s has no action (have %v)", ch, c.ID, have)
@@ -197,7 +197,7 @@ func TestBuildScenarioPlansDecode(t *testing.T) {
 
 func TestBuildScenarioActionsAndPlansAgree(t *testing.T) {
 	sc := BuildScenario(testTopology(), Catalogue)
-	places := []string{PlaceA, PlaceB, PlaceC, PlaceT, PlaceW, PlaceHost, PlaceLAN, PlaceInet}
+	places := []Place{PlaceA, PlaceB, PlaceC, PlaceT, PlaceW, PlaceHost, PlaceLAN, PlaceInet}
 	for p := range sc.Plans {
 		assert.Contains(t, places, p, "a plan for an unknown place")
 	}
@@ -206,9 +206,17 @@ func TestBuildScenarioActionsAndPlansAgree(t *testing.T) {
 	probesInPlans, controls := 0, 0
 	controlIDs := map[string]bool{}
 	for _, a := range sc.Actions {
-		if a.ControlID != "" {
-			controlIDs[a.ControlID] = true
+		for _, r := range []ProbeRef{a.SelfControl, a.Reference} {
+			if r.Valid() {
+				controlIDs[r.ID] = true
+			}
 		}
+	}
+	for id := range sc.References {
+		controlIDs[id] = true
+	}
+	for _, a := range sc.Actions {
+		delete(controlIDs, a.ID) // a reference to another action (the clone's to box-a's lease)
 	}
 	for _, p := range sc.Plans {
 		probesInPlans += len(p.Probes)
@@ -244,10 +252,10 @@ func TestBuildScenarioActionsAndPlansAgree(t *testing.T) {
 
 // controlledTarget is where the witness for a blocked action must be, for
 // targets the drill runs something at.
-func controlledTarget(t Scene, a Action) (string, bool) {
-	switch a.TargetKey {
+func controlledTarget(t Scene, a Action) (Place, bool) {
+	switch Place(a.TargetKey) {
 	case PlaceB, PlaceC, PlaceA:
-		return a.TargetKey, true
+		return Place(a.TargetKey), true
 	case TargetHostBridge:
 		return PlaceHost, true
 	case "internet-2", "resolver":
@@ -286,7 +294,7 @@ func TestBuildScenarioBlockedActionsHaveWitnesses(t *testing.T) {
 			continue
 		}
 		blocked++
-		t.Run(a.ID+" "+a.Claim+" "+a.Channel+" "+a.TargetKey, func(t *testing.T) {
+		t.Run(a.ID+" "+string(a.Claim)+" "+string(a.Channel)+" "+a.TargetKey, func(t *testing.T) {
 			// C-TIER's host probes from box-t are judged as C-HOST's are.
 			if a.Claim == "C-HOST" || (a.Claim == "C-TIER" && strings.HasPrefix(a.TargetKey, "host-")) {
 				switch {
@@ -376,10 +384,10 @@ func TestBuildScenarioTiming(t *testing.T) {
 					assert.Equal(t, int((planDeadline - probes.AgentMargin - passiveCushion).Milliseconds()), l.WindowMS,
 						"%s listener %s listens as long as the witnesses, and ends before the agent collects", place, l.ID)
 					for _, a := range sc.Actions {
-						if a.ListenerAt == place && a.ControlID != "" {
-							i := slices.IndexFunc(p.Probes, func(s probes.ProbeSpec) bool { return s.ID == a.ControlID })
+						if a.ListenerAt == place && a.SelfControl.Valid() {
+							i := slices.IndexFunc(p.Probes, func(s probes.ProbeSpec) bool { return s.ID == a.SelfControl.ID })
 							require.GreaterOrEqual(t, i, 0)
-							assert.LessOrEqual(t, p.Probes[i].DelayMS+p.Probes[i].DeadlineMS, l.WindowMS, "%s: the control ends while the listener listens", a.ControlID)
+							assert.LessOrEqual(t, p.Probes[i].DelayMS+p.Probes[i].DeadlineMS, l.WindowMS, "%s: the control ends while the listener listens", a.SelfControl.ID)
 						}
 					}
 				}
@@ -398,14 +406,14 @@ func TestBuildScenarioWitnessesHaveControls(t *testing.T) {
 	// The host sends the boxes' and the LAN's controls; box-a sends the
 	// host's bridge witnesses theirs (C-SPOOF).
 	ctl := map[string]probes.ProbeSpec{}
-	for _, place := range []string{PlaceHost, PlaceA} {
+	for _, place := range []Place{PlaceHost, PlaceA} {
 		for _, s := range sc.Plans[place].Probes {
 			if s.Kind == probes.KindControl {
 				ctl[s.Nonce] = s
 			}
 		}
 	}
-	macs := map[string]string{PlaceA: topo.A.MAC.String(), PlaceB: topo.B.MAC.String(), PlaceC: topo.C.MAC.String(), PlaceHost: topo.GatewayMAC.String()}
+	macs := map[Place]string{PlaceA: topo.A.MAC.String(), PlaceB: topo.B.MAC.String(), PlaceC: topo.C.MAC.String(), PlaceHost: topo.GatewayMAC.String()}
 	n := 0
 	for _, a := range sc.Actions {
 		if a.Witness == nil {
@@ -429,10 +437,10 @@ func TestBuildScenarioWitnessesHaveControls(t *testing.T) {
 	assert.Greater(t, n, 30)
 	for _, a := range sc.Actions {
 		if a.ListenerAt != "" {
-			require.NotEmpty(t, a.ControlID, "%s: a listener needs its control", a.ID)
-			i := slices.IndexFunc(sc.Plans[a.ControlAt].Probes, func(s probes.ProbeSpec) bool { return s.ID == a.ControlID })
-			require.GreaterOrEqual(t, i, 0, "%s: control %s is not in %s's plan", a.ID, a.ControlID, a.ControlAt)
-			c := sc.Plans[a.ControlAt].Probes[i]
+			require.True(t, a.SelfControl.Valid(), "%s: a listener needs its control", a.ID)
+			i := slices.IndexFunc(sc.Plans[a.SelfControl.At].Probes, func(s probes.ProbeSpec) bool { return s.ID == a.SelfControl.ID })
+			require.GreaterOrEqual(t, i, 0, "%s: control %s is not in %s's plan", a.ID, a.SelfControl.ID, a.SelfControl.At)
+			c := sc.Plans[a.SelfControl.At].Probes[i]
 			assert.GreaterOrEqual(t, c.DelayMS, a.Probe.DelayMS+a.Probe.DeadlineMS, "%s: the listener's control comes after the box's probe ended", a.ID)
 		}
 	}
@@ -474,20 +482,20 @@ func TestBuildScenarioCloneComparesWithDHCP(t *testing.T) {
 	assert.Equal(t, PlaceC, c.From, "the clone reads its own lease")
 	assert.Equal(t, ExpectDistinct, c.Expect)
 	assert.Equal(t, probes.KindDHCPLease, c.Probe.Kind)
-	assert.Equal(t, []string{dhcp[0].ID}, c.Compare)
+	assert.Equal(t, ProbeRef{At: PlaceA, ID: dhcp[0].ID}, c.Reference)
 }
 
 func TestBuildScenarioTargets(t *testing.T) {
 	topo := testTopology()
 	sc := BuildScenario(topo, Catalogue)
-	targets := func(claim string) map[string]bool {
+	targets := func(claim ClaimID) map[string]bool {
 		m := map[string]bool{}
 		for _, a := range actionsOf(sc, claim) {
 			m[a.TargetKey] = true
 		}
 		return m
 	}
-	assert.Equal(t, map[string]bool{PlaceB: true, PlaceC: true}, targets("C-SIBLING"), "the peer and the clone")
+	assert.Equal(t, map[string]bool{string(PlaceB): true, string(PlaceC): true}, targets("C-SIBLING"), "the peer and the clone")
 	assert.Equal(t, map[string]bool{"host-gateway": true, "host-lan-side": true, "host-uplink": true}, targets("C-HOST"), "every host address")
 	lan := targets("C-LAN")
 	for _, h := range topo.LANHosts {
@@ -497,12 +505,12 @@ func TestBuildScenarioTargets(t *testing.T) {
 	assert.True(t, slices.ContainsFunc(actionsOf(sc, "C-LAN"), func(a Action) bool {
 		return a.Probe.Kind == probes.KindTCP && a.Probe.Target == netip.MustParseAddr("169.254.169.254") && a.Probe.Port == 80
 	}), "the metadata service on tcp/80")
-	from := map[string]bool{}
+	from := map[Place]bool{}
 	for _, a := range actionsOf(sc, "C-INBOUND") {
 		from[a.From] = true
 		assert.Equal(t, topo.A.IP, a.Probe.Target)
 	}
-	assert.Equal(t, map[string]bool{PlaceHost: true, PlaceLAN: true}, from, "inbound from the host and from the LAN")
+	assert.Equal(t, map[Place]bool{PlaceHost: true, PlaceLAN: true}, from, "inbound from the host and from the LAN")
 	var names []string
 	for _, a := range actionsOf(sc, "C-NAMES") {
 		names = append(names, a.Probe.Name)
@@ -522,7 +530,7 @@ func TestBuildScenarioWitnessesDoNotMatchReplies(t *testing.T) {
 	topo := testTopology()
 	sc := BuildScenario(topo, Catalogue)
 	// The address each place's probes leave from.
-	source := map[string]netip.Addr{PlaceA: topo.A.IP, PlaceB: topo.B.IP, PlaceC: topo.C.IP, PlaceHost: topo.Gateway, PlaceLAN: topo.LANSources[0]}
+	source := map[Place]netip.Addr{PlaceA: topo.A.IP, PlaceB: topo.B.IP, PlaceC: topo.C.IP, PlaceHost: topo.Gateway, PlaceLAN: topo.LANSources[0]}
 	for _, a := range sc.Actions {
 		if a.Witness == nil || a.Witness.Port != 0 || len(a.Witness.SrcIPs) == 0 {
 			continue

@@ -47,7 +47,9 @@ func TestHostModeBaselines(t *testing.T) {
 	assert.Equal(t, Pass, judge(tcp, obs, top, true, nil).Verdict, "a handshake with a public canary is the proof")
 	world := top
 	world.CanaryGreeting = "BOXWORLD canary n"
-	assert.Equal(t, Fail, judge(tcp, obs, world, true, nil).Verdict, "the world's canary must greet")
+	wtcp := BuildScenario(world, []Claim{Catalogue[0]}).Actions[0]
+	require.Equal(t, world.CanaryGreeting, wtcp.Greeting, "the world's canary action carries its greeting")
+	assert.Equal(t, Fail, judge(wtcp, observations{PlaceA: {wtcp.ID: connected}}, world, true, nil).Verdict, "the world's canary must greet")
 	refused := connected
 	refused.Evidence.Connected = false
 	obs[PlaceA][tcp.ID] = refused
@@ -59,7 +61,7 @@ func TestHostModeBaselines(t *testing.T) {
 func TestHostListenerPorts(t *testing.T) {
 	top := Scene{
 		Subnet: netip.MustParsePrefix("10.88.0.0/24"), Gateway: netip.MustParseAddr("10.88.0.1"),
-		A: BoxEnd{Place: PlaceA}, Topology: topo.Topology{Source: topo.SourceHost, Canary: netip.MustParseAddr("1.1.1.1"), CanaryTCP: 443, PublicName: "example.com."},
+		A: BoxEnd{Place: PlaceA, IP: netip.MustParseAddr("10.88.0.11")}, Topology: topo.Topology{Source: topo.SourceHost, Canary: netip.MustParseAddr("1.1.1.1"), CanaryTCP: 443, PublicName: "example.com."},
 		HostAddrs: []HostAddr{{Name: "gateway", Addr: netip.MustParseAddr("10.88.0.1"), Via: netip.MustParsePrefix("10.88.0.1/32")}},
 		HostTCP:   50123, HostUDP: 50124,
 	}
@@ -155,10 +157,10 @@ func TestNameQuestions(t *testing.T) {
 	compared := 0
 	for _, a := range actionsOf(s, "C-NAMES") {
 		if a.Provenance == topo.FromSibling {
-			assert.Empty(t, a.ControlID, "a sibling's name is never public")
+			assert.False(t, a.Reference.Valid(), "a sibling's name is never public")
 			continue
 		}
-		up, ok := upstream[a.ControlID]
+		up, ok := upstream[a.Reference.ID]
 		require.True(t, ok, "%s is compared with the upstream", a.Target)
 		assert.Equal(t, sc.Upstream, up.Target)
 		assert.Equal(t, a.Probe.Name, up.Name)

@@ -13,7 +13,7 @@ func TestJudgeSpoof(t *testing.T) {
 	sc := testTopology()
 	sc.B.Port = "veth-b"
 	b, a := sc.B, sc.A
-	arp := Result{Action: Action{Claim: "C-SPOOF", Channel: "arp", Probe: probes.ProbeSpec{Kind: probes.KindARPSpoof, Claim: b.IP}}, Verdict: Pass, Evidence: "dropped"}
+	arp := Result{Action: Action{Claim: "C-SPOOF", Channel: "arp", Probe: probes.ProbeSpec{Kind: probes.KindARPSpoof, ARPSenderIP: b.IP}}, Verdict: Pass, Evidence: "dropped"}
 	held := neighEvent{IP: b.IP, MAC: b.MAC.String(), State: "stale"}
 	lied := neighEvent{IP: b.IP, MAC: a.MAC.String(), State: "stale"}
 	fdb := neighEvent{FDB: true, MAC: b.MAC.String(), Port: "veth-a", State: "reachable"}
@@ -33,10 +33,10 @@ func TestJudgeSpoof(t *testing.T) {
 	assert.Contains(t, r.Evidence, "was not watched (netlink refused)")
 
 	other := arp
-	other.Probe.Claim = netip.MustParseAddr("10.88.0.1")
+	other.Probe.ARPSenderIP = netip.MustParseAddr("10.88.0.1")
 	assert.Equal(t, Pass, judgeSpoof(other, before, sc, []neighEvent{lied}, "").Verdict, "a lie about the gateway is judged by its witness alone")
 
-	ret := Result{Action: Action{Claim: "C-SPOOF", Channel: "return-traffic"}, Verdict: Fail, Evidence: "not reached"}
+	ret := Result{Action: Action{Claim: "C-SPOOF", Channel: "return-traffic", Reference: ProbeRef{At: PlaceB, ID: spoofBeforeID}}, Verdict: Fail, Evidence: "not reached"}
 	r = judgeSpoof(ret, before, sc, []neighEvent{lied}, "")
 	assert.Equal(t, Fail, r.Verdict)
 	assert.Contains(t, r.Evidence, "its return traffic went missing")

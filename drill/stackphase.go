@@ -96,7 +96,7 @@ func (r *run) verifyForProbes(ctx context.Context) error {
 	// evidence that the census names it, nobody else's finding.
 	if r.tierFindings = r.tierBoxFindings(r.findings); len(r.tierFindings) > 0 {
 		r.findings = slices.DeleteFunc(slices.Clone(r.findings), func(f stack.Finding) bool { return slices.Contains(r.tierFindings, f) })
-		rep.Notes = append(rep.Notes, "C-TIER: box-t's NIC has port isolation off, as the drill made it (the census named it: "+r.tierFindings[0].Object+"); that finding is C-TIER's evidence and fails no other claim")
+		rep.Notes = append(rep.Notes, fmt.Sprintf("%s: box-t's NIC has port isolation off, as the drill made it (the census named it: %s); that finding is %[1]s's evidence and fails no other claim", TierID, r.tierFindings[0].Object))
 	}
 	for _, n := range v.Notes {
 		rep.Notes = append(rep.Notes, "stack: "+n)

@@ -31,8 +31,8 @@ func TestJudgeEscape(t *testing.T) {
 	}
 }
 
-func TestTierControlled(t *testing.T) {
-	res := func(from string, e Expectation, v Verdict) Result {
+func TestPlaceControlled(t *testing.T) {
+	res := func(from Place, e Expectation, v Verdict) Result {
 		return Result{Action: Action{From: from, Expect: e, Target: "x"}, Verdict: v}
 	}
 	blocked := res(PlaceT, ExpectBlocked, Pass)
@@ -41,17 +41,17 @@ func TestTierControlled(t *testing.T) {
 	badCtl := res(PlaceT, ExpectResolve, Fail)
 	fromA := res(PlaceA, ExpectBlocked, Pass)
 
-	got := tierControlled([]Result{okCtl, blocked, noName})
+	got := placeControlled([]Result{okCtl, blocked, noName}, PlaceT)
 	assert.Equal(t, Pass, got[1].Verdict, "controls passed: the block stands")
 	assert.Equal(t, Pass, got[2].Verdict)
 
-	got = tierControlled([]Result{okCtl, badCtl, blocked, noName, fromA})
+	got = placeControlled([]Result{okCtl, badCtl, blocked, noName, fromA}, PlaceT)
 	assert.Equal(t, Inconclusive, got[2].Verdict, "box-t reached nothing: its block proves nothing")
 	assert.Equal(t, Inconclusive, got[3].Verdict)
 	assert.Equal(t, Fail, got[1].Verdict, "the failed control stays a failure")
 	assert.Equal(t, Pass, got[4].Verdict, "box-a's results are not box-t's to judge")
 
-	got = tierControlled([]Result{blocked})
+	got = placeControlled([]Result{blocked}, PlaceT)
 	assert.Equal(t, Inconclusive, got[0].Verdict, "no control at all is no evidence")
 }
 
@@ -66,7 +66,7 @@ func TestTierBoxFindingsAreOnlyBoxTsIsolation(t *testing.T) {
 	got := tierBoxFindings(fs, "user-993", "drill-1-t")
 	assert.Equal(t, fs[:1], got, "only the isolation the drill turned off on box-t, in its project, is C-TIER's")
 
-	r := &run{tier: &tierRun{project: "user-993"}, ends: map[string]*BoxEnd{PlaceT: {Instance: "drill-1-t"}}}
+	r := &run{tier: &tierRun{project: "user-993"}, ends: map[Place]*BoxEnd{PlaceT: {Instance: "drill-1-t"}}}
 	assert.Equal(t, fs[:1], r.tierBoxFindings(fs), "the run's box-t only")
 	assert.Empty(t, (&run{}).tierBoxFindings(fs), "no box-t, no such finding")
 }

@@ -2,13 +2,12 @@ package drill
 
 import (
 	"context"
-	"maps"
-
-	"github.com/box-isolation/box/stack"
 )
 
 // judgeAll gives every action its verdict, the baselines first, for they
-// decide what a block means, and aggregates them into claims.
+// decide what a block means; each claim then turns its actions into its
+// results (its own judging, or its actions and the stack channel), and
+// its results into its verdict.
 func (r *run) judgeAll(context.Context) error {
 	sc, obs, t := r.sc, r.obs, r.scene
 	baselineOK := true
@@ -22,61 +21,56 @@ func (r *run) judgeAll(context.Context) error {
 			}
 		}
 	}
+	claims := map[ClaimID]Claim{}
+	for _, c := range Catalogue {
+		claims[c.ID] = c
+	}
 	for _, a := range sc.Actions {
-		if !a.Baseline {
-			judged[a.ID] = judgeSpoof(judge(a, obs, t, baselineOK, r.agentErr), obs, t, r.neigh, r.neighErr)
+		if a.Baseline {
+			continue
 		}
+		res := judge(a, obs, t, baselineOK, r.agentErr)
+		if c := claims[a.Claim]; c.refine != nil {
+			res = c.refine(r, res)
+		}
+		judged[a.ID] = res
 	}
-	selected := map[string]bool{}
-	for _, cl := range r.cfg.Claims {
-		selected[cl.ID] = true
+	r.judged = r.judged[:0]
+	for _, a := range sc.Actions {
+		r.judged = append(r.judged, judged[a.ID])
 	}
-	rep := r.rep
-	for _, cl := range Catalogue {
-		var rs []Result
-		for _, a := range sc.Actions {
-			if a.Claim == cl.ID {
-				rs = append(rs, judged[a.ID])
-			}
-		}
-		switch {
-		case cl.ID == "C-FLEET":
-			var census *stack.Census
-			if r.v != nil {
-				census = r.v.Fleet
-			}
-			// box-t lives in its user's project, and its isolation is off on
-			// purpose: C-TIER judges it.
-			own := maps.Clone(r.names)
-			delete(own, PlaceT)
-			rs = fleetResults(cl, census, r.cfg.Host.Incus.ProjectName(), own, r.findings)
-		case cl.ID == "C-TIER":
-			rs = r.tierResults(cl, rs)
-		case cl.ID == "C-EXPOSE" && len(rs) == 0 && r.doorErr != "":
-			a := Action{ID: "e-door", Claim: cl.ID, Channel: "tcp", From: "drill", Target: "a door to box-a", TargetKey: "door", Expect: ExpectReach}
-			rs = []Result{{Action: a, Verdict: Inconclusive, Observed: "no door", Evidence: "box expose could not open the door here: " + r.doorErr}}
-		case cl.ID == "C-HOST" && len(rs) > 0 && len(r.members) > 0:
-			// Another member's box's blocks count only if its own
-			// controls held.
-			var all []Result
-			for _, a := range sc.Actions {
-				all = append(all, judged[a.ID])
-			}
-			for _, p := range r.memberBoxPlaces() {
-				rs = controlledBy(rs, all, p)
-			}
-			rs = append(rs, stackResults(cl, r.findings)...)
-		case cl.ID == "C-ALLOW" && len(rs) > 0:
-			rs = append(allowControlled(rs), stackResults(cl, r.findings)...)
-		case len(rs) > 0:
-			rs = append(rs, stackResults(cl, r.findings)...)
-		}
-		cr := aggregate(cl, rs)
-		if !selected[cl.ID] && !cl.Baseline {
-			cr = ClaimResult{Claim: cl, Verdict: Skipped, Reason: "not selected (--claim/--skip); run without them to include it", Results: []Result{}}
-		}
-		rep.Claims = append(rep.Claims, cr)
+	selected := map[ClaimID]bool{}
+	for _, c := range r.cfg.Claims {
+		selected[c.ID] = true
 	}
-	rep.finish()
+	for _, c := range Catalogue {
+		r.rep.Claims = append(r.rep.Claims, r.judgeClaim(c, selected[c.ID]))
+	}
+	r.rep.finish()
 	return nil
+}
+
+// judgeClaim judges one claim of the catalogue from the run's results.
+func (r *run) judgeClaim(c Claim, selected bool) ClaimResult {
+	if !selected && !c.Baseline {
+		why := r.cfg.Left[c.ID]
+		if why == "" {
+			why = "not selected (--claim/--skip); run without them to include it"
+		}
+		return ClaimResult{Claim: c, Verdict: Skipped, Reason: why, Results: []Result{}}
+	}
+	if why := r.skipped[c.ID]; why != "" {
+		return ClaimResult{Claim: c, Verdict: Skipped, Reason: "could not run here: " + why, Results: []Result{}, Unrun: true}
+	}
+	var rs []Result
+	for _, res := range r.judged {
+		if res.Claim == c.ID {
+			rs = append(rs, res)
+		}
+	}
+	judgeFn := c.judge
+	if judgeFn == nil {
+		judgeFn = judgeProbes
+	}
+	return aggregate(c, judgeFn(r, c, rs))
 }

@@ -13,19 +13,16 @@ import (
 // whatever the probes saw. The probes only meet the drill's own fresh
 // boxes; Verify reads what every box on the host lives with.
 
-// ChannelStack is the channel under which Verify's findings are judged.
-const ChannelStack = "stack"
-
 // StackRule says, for people, which of Verify's findings fail the claim.
 func (c Claim) StackRule() string {
 	var layers []string
 	whole := false
 	for _, l := range c.Layers {
-		if l == string(stack.LayerStack) {
+		if l == stack.LayerStack {
 			whole = true
 			continue
 		}
-		layers = append(layers, l)
+		layers = append(layers, string(l))
 	}
 	var parts []string
 	if len(layers) > 0 {
@@ -39,7 +36,7 @@ func (c Claim) StackRule() string {
 
 // rests reports whether a finding removes a layer the claim rests on.
 func (c Claim) rests(f stack.Finding) bool {
-	return !f.Advisory && slices.Contains(c.Layers, string(f.Layer))
+	return !f.Advisory && slices.Contains(c.Layers, f.Layer)
 }
 
 // stackResults judges a claim's stack channel: one failed result per
@@ -55,18 +52,22 @@ func stackResults(c Claim, findings []stack.Finding) []Result {
 		if f.Member != "" {
 			target += " on member " + f.Member
 		}
-		a := Action{ID: fmt.Sprintf("s-%s-%d", c.ID, len(out)+1), Claim: c.ID, Channel: ChannelStack, From: "verify", Member: f.Member,
-			Target: target, TargetKey: ChannelStack, Expect: ExpectPresent}
+		a := Action{ID: fmt.Sprintf("s-%s-%d", c.ID, len(out)+1), Claim: c.ID, Channel: ChannelStack, From: PlaceVerify, Member: f.Member,
+			Target: target, TargetKey: string(ChannelStack), Expect: ExpectPresent}
 		out = append(out, Result{Action: a, Verdict: Fail, Observed: "absent",
 			Evidence: fmt.Sprintf("Verify: %s: %s (fix: %s)", f.Object, f.Problem, f.Fix)})
 	}
 	if len(out) > 0 {
 		return out
 	}
-	a := Action{ID: "s-" + c.ID, Claim: c.ID, Channel: ChannelStack, From: "verify",
-		Target: strings.Join(c.Layers, ", "), TargetKey: ChannelStack, Expect: ExpectPresent}
+	layers := make([]string, len(c.Layers))
+	for i, l := range c.Layers {
+		layers[i] = string(l)
+	}
+	a := Action{ID: "s-" + string(c.ID), Claim: c.ID, Channel: ChannelStack, From: PlaceVerify,
+		Target: strings.Join(layers, ", "), TargetKey: string(ChannelStack), Expect: ExpectPresent}
 	return []Result{{Action: a, Verdict: Pass, Observed: "present",
-		Evidence: "Verify found " + strings.Join(c.Layers, ", ") + " as desired"}}
+		Evidence: "Verify found " + strings.Join(layers, ", ") + " as desired"}}
 }
 
 // mergeFindings is every finding of the Verify passes of one run, each

@@ -9,7 +9,7 @@ import (
 	"github.com/box-isolation/box/stack"
 )
 
-func claimFor(t *testing.T, id string) Claim {
+func claimFor(t *testing.T, id ClaimID) Claim {
 	t.Helper()
 	c, ok := ClaimByID(id)
 	require.True(t, ok, id)
@@ -70,12 +70,12 @@ func TestMergeFindings(t *testing.T) {
 }
 
 func TestCompareRuns(t *testing.T) {
-	res := func(id, claim, ch string, v Verdict) Result {
-		return Result{Action: Action{ID: id, Claim: claim, Channel: ch, From: PlaceA, TargetKey: PlaceB, Target: "box-b"}, Verdict: v}
+	res := func(id string, claim ClaimID, ch Channel, v Verdict) Result {
+		return Result{Action: Action{ID: id, Claim: claim, Channel: ch, From: PlaceA, TargetKey: string(PlaceB), Target: "box-b"}, Verdict: v}
 	}
 	rep := func(rs ...Result) *Report {
-		byClaim := map[string][]Result{}
-		var order []string
+		byClaim := map[ClaimID][]Result{}
+		var order []ClaimID
 		for _, r := range rs {
 			if _, ok := byClaim[r.Claim]; !ok {
 				order = append(order, r.Claim)
@@ -90,7 +90,7 @@ func TestCompareRuns(t *testing.T) {
 	}
 	clean := rep(res("p010", "C-SIBLING", "tcp", Pass), res("p011", "C-SIBLING", "arp", Pass),
 		res("s-C-SIBLING", "C-SIBLING", ChannelStack, Pass), res("p020", "C-HOST", "tcp", Inconclusive))
-	ms := []Mutation{{Name: "bridge-drop", Layers: []string{"L-BRIDGEDROP"}}, {Name: "port-isolation", Layers: []string{"L-PORTISO"}}}
+	ms := []Mutation{{Name: "bridge-drop", Layers: []stack.LayerID{"L-BRIDGEDROP"}}, {Name: "port-isolation", Layers: []stack.LayerID{"L-PORTISO"}}}
 
 	t.Run("a probe flipped", func(t *testing.T) {
 		mutated := rep(res("p010", "C-SIBLING", "tcp", Fail), res("p011", "C-SIBLING", "arp", Pass),
@@ -100,7 +100,7 @@ func TestCompareRuns(t *testing.T) {
 		require.Len(t, out, 2, "one result per mutation")
 		for _, m := range out {
 			assert.True(t, m.Detected, m.Name)
-			assert.Equal(t, []string{"C-SIBLING"}, m.Flipped)
+			assert.Equal(t, []ClaimID{"C-SIBLING"}, m.Flipped)
 			require.Len(t, m.Changed, 2, "the tcp probe, and C-HOST's inconclusive turned pass; never the stack channel")
 			assert.Equal(t, ProbeChange{ID: "p010", Claim: "C-SIBLING", Channel: "tcp", From: PlaceA, Target: "box-b", Clean: Pass, Mutated: Fail}, m.Changed[0])
 		}
@@ -126,7 +126,7 @@ func TestCompareRuns(t *testing.T) {
 		mutated := rep(res("p009", "C-HOST", "tcp", Pass), res("p011", "C-SIBLING", "tcp", Fail), res("p012", "C-SIBLING", "arp", Pass))
 		out, unmatched := compareRuns(ms[:1], clean, mutated)
 		assert.True(t, out[0].Detected)
-		assert.Equal(t, []string{"C-SIBLING"}, out[0].Flipped)
+		assert.Equal(t, []ClaimID{"C-SIBLING"}, out[0].Flipped)
 		assert.Zero(t, unmatched)
 		extra := rep(res("p010", "C-SIBLING", "tcp", Pass), res("p099", "C-SIBLING", "tcp", Fail))
 		_, unmatched = compareRuns(ms[:1], clean, extra)

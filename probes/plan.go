@@ -197,9 +197,9 @@ type ProbeSpec struct {
 	// broadcast when empty. For an arp_spoof reply it is also the target
 	// hardware address, and required.
 	DstMAC string `json:"dst_mac,omitempty"`
-	// Claim is the address an arp_spoof probe claims: the sender protocol
-	// address of its frames (arp_spoof only).
-	Claim netip.Addr `json:"claim,omitzero"`
+	// ARPSenderIP is the address an arp_spoof probe lies about: the sender
+	// protocol address of its frames (arp_spoof only).
+	ARPSenderIP netip.Addr `json:"arp_sender_ip,omitzero"`
 	// Op is which ARP frame an arp_spoof probe forges: gratuitous, reply
 	// or request (ARPOpGratuitous, ARPOpReply, ARPOpRequest).
 	Op string `json:"op,omitempty"`
@@ -657,8 +657,8 @@ func (s *ProbeSpec) Validate() error {
 	if s.Kind != KindControl && s.Kind != KindARPSpoof && s.DstMAC != "" {
 		return fmt.Errorf("dst_mac is for control and arp_spoof probes, not %s", s.Kind)
 	}
-	if s.Kind != KindARPSpoof && (s.Claim.IsValid() || s.Op != "" || s.SrcMAC != "") {
-		return fmt.Errorf("claim, op and src_mac are for arp_spoof probes, not %s", s.Kind)
+	if s.Kind != KindARPSpoof && (s.ARPSenderIP.IsValid() || s.Op != "" || s.SrcMAC != "") {
+		return fmt.Errorf("arp_sender_ip, op and src_mac are for arp_spoof probes, not %s", s.Kind)
 	}
 	if s.Kind != KindForgedUDP && s.SrcIP.IsValid() {
 		return fmt.Errorf("src_ip is for forged_udp probes, not %s", s.Kind)
@@ -680,19 +680,19 @@ func (s *ProbeSpec) validateARPSpoof() error {
 	if !s.Via.IsValid() || !s.Via.Addr().Is4() {
 		return errors.New("arp_spoof needs via, an IPv4 subnet (its interface sends the frames)")
 	}
-	if !s.Claim.IsValid() {
-		return errors.New("arp_spoof needs claim (the address it claims)")
+	if !s.ARPSenderIP.IsValid() {
+		return errors.New("arp_spoof needs arp_sender_ip (the address it lies about)")
 	}
-	if !isUnicast4(s.Claim) {
-		return fmt.Errorf("claim %s is not an IPv4 unicast address", s.Claim)
+	if !isUnicast4(s.ARPSenderIP) {
+		return fmt.Errorf("arp_sender_ip %s is not an IPv4 unicast address", s.ARPSenderIP)
 	}
 	if s.Port != 0 || s.Nonce != "" {
 		return errors.New("arp_spoof takes no port and carries no nonce")
 	}
 	switch s.Op {
 	case ARPOpGratuitous:
-		if s.Target.IsValid() && s.Target != s.Claim {
-			return errors.New("a gratuitous arp_spoof asks for the claim itself: give no target, or the claim")
+		if s.Target.IsValid() && s.Target != s.ARPSenderIP {
+			return errors.New("a gratuitous arp_spoof asks for its sender address itself: give no target, or arp_sender_ip")
 		}
 	case ARPOpReply, ARPOpRequest:
 		if !s.Target.IsValid() || !s.Target.Is4() {

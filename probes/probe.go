@@ -119,8 +119,8 @@ func targetString(s *ProbeSpec) string {
 			return netip.AddrPortFrom(s.Target, uint16(port)).String()
 		}
 	case KindARPSpoof:
-		if !s.Target.IsValid() && s.Claim.IsValid() {
-			return s.Claim.String() // a gratuitous ARP asks for the claim
+		if !s.Target.IsValid() && s.ARPSenderIP.IsValid() {
+			return s.ARPSenderIP.String() // a gratuitous ARP asks for the claim
 		}
 	case KindBroadcast:
 		if s.Target.IsValid() {

@@ -78,9 +78,9 @@ func probeARPSpoof(ctx context.Context, spec ProbeSpec, obs Observation) Observa
 		return fail(obs, fmt.Sprintf("arp_spoof: %v", err))
 	}
 	obs.Evidence.Interface = ifi.Name
-	obs.Evidence.Source = spec.Claim.String()
-	if localAddrs()[spec.Claim] {
-		return fail(obs, fmt.Sprintf("arp_spoof: claim %s is one of our own addresses: nothing would be forged", spec.Claim))
+	obs.Evidence.Source = spec.ARPSenderIP.String()
+	if localAddrs()[spec.ARPSenderIP] {
+		return fail(obs, fmt.Sprintf("arp_spoof: sender address %s is one of our own addresses: nothing would be forged", spec.ARPSenderIP))
 	}
 	sha := ifi.HardwareAddr
 	if spec.SrcMAC != "" {
@@ -109,7 +109,7 @@ func probeARPSpoof(ctx context.Context, spec ProbeSpec, obs Observation) Observa
 		ARPOpReply:      "ARP replies",
 		ARPOpRequest:    "ARP requests",
 	}[spec.Op]
-	why := fmt.Sprintf("sent %d forged %s claiming %s at %s to %s on %s", n, what, spec.Claim, sha, dst, ifi.Name)
+	why := fmt.Sprintf("sent %d forged %s claiming %s at %s to %s on %s", n, what, spec.ARPSenderIP, sha, dst, ifi.Name)
 	if spec.Op != ARPOpGratuitous {
 		why += fmt.Sprintf(" (ARP target %s)", spec.Target)
 	}
@@ -128,11 +128,11 @@ func spoofARP(spec *ProbeSpec, sha net.HardwareAddr) (*arp.Packet, net.HardwareA
 	var err error
 	switch spec.Op {
 	case ARPOpGratuitous:
-		p, err = arp.NewPacket(arp.OperationRequest, sha, spec.Claim, zero, spec.Claim)
+		p, err = arp.NewPacket(arp.OperationRequest, sha, spec.ARPSenderIP, zero, spec.ARPSenderIP)
 	case ARPOpReply:
-		p, err = arp.NewPacket(arp.OperationReply, sha, spec.Claim, dst, spec.Target)
+		p, err = arp.NewPacket(arp.OperationReply, sha, spec.ARPSenderIP, dst, spec.Target)
 	case ARPOpRequest:
-		p, err = arp.NewPacket(arp.OperationRequest, sha, spec.Claim, zero, spec.Target)
+		p, err = arp.NewPacket(arp.OperationRequest, sha, spec.ARPSenderIP, zero, spec.Target)
 	default:
 		err = fmt.Errorf("op %q is not one of gratuitous, reply, request", spec.Op)
 	}

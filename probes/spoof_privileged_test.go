@@ -145,7 +145,7 @@ func (w *spoofWorld) spoof(t *testing.T, r spoofRow) (Observation, Observation, 
 	}
 	wit := startWitness(t, w.br, WitnessSpec{ID: "w", Via: w.subnet, WindowMS: 5000, SrcMACs: []string{sha.String()}, Proto: "arp"})
 	spec := r.spec
-	spec.ID, spec.Kind, spec.Via, spec.Claim, spec.DeadlineMS = "spoof", KindARPSpoof, w.subnet, w.bIP, probeDeadlineMS
+	spec.ID, spec.Kind, spec.Via, spec.ARPSenderIP, spec.DeadlineMS = "spoof", KindARPSpoof, w.subnet, w.bIP, probeDeadlineMS
 	o := probeIn(t, w.a, spec)
 	// The host's stack takes each frame right after its capture does.
 	time.Sleep(50 * time.Millisecond)
@@ -353,7 +353,7 @@ func TestPrivilegedSpoofAgent(t *testing.T) {
 	arpWit := startWitness(t, w.br, WitnessSpec{ID: "arp", Via: w.subnet, WindowMS: 5000, SrcIPs: []netip.Addr{w.bIP}, Proto: "arp"})
 	udpWit := startWitness(t, w.br, WitnessSpec{ID: "udp", Via: w.subnet, WindowMS: 5000, Nonces: []string{nonce}})
 	plan := fmt.Sprintf(`{"version":1,"deadline_ms":1500,"probes":[
-	  {"id":"garp","kind":"arp_spoof","via":"%s","claim":"%s","op":"gratuitous","deadline_ms":1000},
+	  {"id":"garp","kind":"arp_spoof","via":"%s","arp_sender_ip":"%s","op":"gratuitous","deadline_ms":1000},
 	  {"id":"forged","kind":"forged_udp","via":"%s","target":"%s","port":7004,"src_ip":"%s","nonce":"%s","deadline_ms":1000}]}`,
 		w.subnet, w.bIP, w.subnet, w.hostIP, w.bIP, nonce)
 	rep, _, raw := startAgentIn(t, w.a, plan)()
@@ -383,7 +383,7 @@ func TestPrivilegedForgingOurOwnAddress(t *testing.T) {
 	w := newBridgeWorld(t)
 	wit := startWitness(t, w.b, WitnessSpec{ID: "w", Via: w.subnet, WindowMS: 5000, SrcMACs: []string{w.aMAC.String()}})
 	for _, spec := range []ProbeSpec{
-		{ID: "a", Kind: KindARPSpoof, Via: w.subnet, Claim: w.aIP, Op: ARPOpGratuitous, DeadlineMS: 300},
+		{ID: "a", Kind: KindARPSpoof, Via: w.subnet, ARPSenderIP: w.aIP, Op: ARPOpGratuitous, DeadlineMS: 300},
 		{ID: "f", Kind: KindForgedUDP, Target: w.bIP, Port: echoPort, SrcIP: w.aIP, DeadlineMS: 300},
 	} {
 		o := probeIn(t, w.a, spec)

@@ -28,11 +28,11 @@ func TestSpoofARPPackets(t *testing.T) {
 		tpa      netip.Addr
 		ethernet net.HardwareAddr
 	}{
-		{"gratuitous", ProbeSpec{Op: ARPOpGratuitous, Claim: claim}, arp.OperationRequest, zero, claim, ethernet.Broadcast},
-		{"gratuitous to one host", ProbeSpec{Op: ARPOpGratuitous, Claim: claim, DstMAC: peer.String()}, arp.OperationRequest, zero, claim, peer},
-		{"reply", ProbeSpec{Op: ARPOpReply, Claim: claim, Target: target, DstMAC: peer.String()}, arp.OperationReply, peer, target, peer},
-		{"request", ProbeSpec{Op: ARPOpRequest, Claim: claim, Target: target}, arp.OperationRequest, zero, target, ethernet.Broadcast},
-		{"request to one host", ProbeSpec{Op: ARPOpRequest, Claim: claim, Target: target, DstMAC: peer.String()}, arp.OperationRequest, zero, target, peer},
+		{"gratuitous", ProbeSpec{Op: ARPOpGratuitous, ARPSenderIP: claim}, arp.OperationRequest, zero, claim, ethernet.Broadcast},
+		{"gratuitous to one host", ProbeSpec{Op: ARPOpGratuitous, ARPSenderIP: claim, DstMAC: peer.String()}, arp.OperationRequest, zero, claim, peer},
+		{"reply", ProbeSpec{Op: ARPOpReply, ARPSenderIP: claim, Target: target, DstMAC: peer.String()}, arp.OperationReply, peer, target, peer},
+		{"request", ProbeSpec{Op: ARPOpRequest, ARPSenderIP: claim, Target: target}, arp.OperationRequest, zero, target, ethernet.Broadcast},
+		{"request to one host", ProbeSpec{Op: ARPOpRequest, ARPSenderIP: claim, Target: target, DstMAC: peer.String()}, arp.OperationRequest, zero, target, peer},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -51,7 +51,7 @@ func TestSpoofARPPackets(t *testing.T) {
 			require.Equal(t, tt.tpa, got.TargetIP)
 		})
 	}
-	_, _, err := spoofARP(&ProbeSpec{Op: "announce", Claim: claim}, sha)
+	_, _, err := spoofARP(&ProbeSpec{Op: "announce", ARPSenderIP: claim}, sha)
 	require.Error(t, err)
 }
 
@@ -134,8 +134,8 @@ func TestSendSpread(t *testing.T) {
 
 func TestForgingProbeTargets(t *testing.T) {
 	claim := netip.MustParseAddr("10.202.0.2")
-	require.Equal(t, "10.202.0.2", targetString(&ProbeSpec{Kind: KindARPSpoof, Claim: claim, Op: ARPOpGratuitous}))
-	require.Equal(t, "10.202.0.254", targetString(&ProbeSpec{Kind: KindARPSpoof, Claim: claim, Op: ARPOpReply, Target: netip.MustParseAddr("10.202.0.254")}))
+	require.Equal(t, "10.202.0.2", targetString(&ProbeSpec{Kind: KindARPSpoof, ARPSenderIP: claim, Op: ARPOpGratuitous}))
+	require.Equal(t, "10.202.0.254", targetString(&ProbeSpec{Kind: KindARPSpoof, ARPSenderIP: claim, Op: ARPOpReply, Target: netip.MustParseAddr("10.202.0.254")}))
 	require.Equal(t, "10.202.0.254:7001", targetString(&ProbeSpec{Kind: KindForgedUDP, SrcIP: claim, Target: netip.MustParseAddr("10.202.0.254"), Port: 7001}))
 	require.True(t, strings.HasPrefix(string(KindForgedUDP), "forged"))
 }

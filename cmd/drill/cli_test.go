@@ -193,7 +193,7 @@ func sampleJSON(t *testing.T, version int) string {
 	require.True(t, ok)
 	rep := drill.Report{SchemaVersion: version, RunID: "0a1b2c", Version: "e51ae38", Environment: drill.Environment{Mode: "world"},
 		Claims: []drill.ClaimResult{{Claim: c, Verdict: drill.Fail, Results: []drill.Result{{
-			Action:  drill.Action{ID: "p007", Claim: "C-SIBLING", Channel: "tcp", From: drill.PlaceA, Target: "box-b 10.88.0.12", TargetKey: drill.PlaceB, Expect: drill.ExpectBlocked},
+			Action:  drill.Action{ID: "p007", Claim: "C-SIBLING", Channel: "tcp", From: drill.PlaceA, Target: "box-b 10.88.0.12", TargetKey: string(drill.PlaceB), Expect: drill.ExpectBlocked},
 			Verdict: drill.Fail, Observed: "silent", Evidence: "the target saw the traffic arrive <b>",
 		}}}},
 		Summary: drill.Summary{Failed: 1}, ExitCode: drill.ExitViolated}

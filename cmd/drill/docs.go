@@ -25,7 +25,7 @@ func program() clidoc.Program {
 		Commands: docCommands(commands()),
 		Sections: []clidoc.Section{
 			{Title: "Exit status", Paragraphs: []string{
-				"drill run: 0 every claim holds; 1 a claim is violated (a failed baseline is one); 2 usage or tool error; 3 nothing failed but something is inconclusive. " +
+				"drill run: 0 every claim holds; 1 a claim is violated (a failed baseline is one); 2 usage or tool error; 3 nothing failed but something is inconclusive, or a selected claim could not run here. " +
 					"Other commands: 0 ok, 2 usage or tool error; world status exits 1 when no world is up.",
 			}},
 			{Title: "Environment", Paragraphs: []string{

@@ -68,7 +68,7 @@ func recordGate(ctx context.Context, s stdio, asJSON bool, args []string) int {
 func catalogueIDs() []string {
 	var ids []string
 	for _, c := range drill.Catalogue {
-		ids = append(ids, c.ID)
+		ids = append(ids, string(c.ID))
 	}
 	return ids
 }

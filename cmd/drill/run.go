@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/box-isolation/box/drill"
@@ -42,35 +41,47 @@ type outputs struct {
 	html, junit, matrix, record string
 }
 
+// runOptions are the flags of drill run.
+type runOptions struct {
+	claims, skips listFlag
+	mutate        listFlag
+	noSetup       bool
+	asJSON        bool
+	out           outputs
+	image         string
+	// Host mode (--host): the public canary and name.
+	onHost     bool
+	canary     string
+	publicName string
+}
+
 func setupRun(fs *flag.FlagSet) runner {
-	var claims, skips listFlag
-	fs.Var(&claims, "claim", "run only these claims (id or glob, repeatable; !ID excludes)")
-	fs.Var(&skips, "skip", "leave these claims out (id or glob, repeatable)")
-	noSetup := fs.Bool("no-setup", false, "verify the isolation stack instead of ensuring it")
-	asJSON := fs.Bool("json", false, "print the versioned JSON report instead of the table")
-	var out outputs
-	fs.StringVar(&out.html, "html", "", "also write the report as one self-contained HTML page")
-	fs.StringVar(&out.junit, "junit", "", "also write a JUnit XML file")
-	fs.StringVar(&out.matrix, "matrix", "", "also write the reachability matrix (SVG)")
-	fs.StringVar(&out.record, "record", "", "append a row to this RUNS.md and store the JSON report under drills/ beside it")
-	img := fs.String("image", image.DefaultAlias, "image alias of the probe boxes")
-	var mutate listFlag
-	fs.Var(&mutate, "mutate", "knock out a layer for this run to prove the drill fails ("+strings.Join(mutationNames(), ", ")+"); the stack is restored afterwards")
-	onHost := fs.Bool("host", false, "run on this real Incus host instead of the hermetic world (never on a development or CI machine)")
-	canary := fs.String("canary", "", "with --host: a public resolver that also takes TCP, as ADDR:PORT (e.g. 1.1.1.1:443)")
-	publicName := fs.String("public-name", "example.com.", "with --host: a public name the box's resolver must resolve")
+	var o runOptions
+	fs.Var(&o.claims, "claim", "run only these claims (id or glob, repeatable; !ID excludes)")
+	fs.Var(&o.skips, "skip", "leave these claims out (id or glob, repeatable)")
+	fs.BoolVar(&o.noSetup, "no-setup", false, "verify the isolation stack instead of ensuring it")
+	fs.BoolVar(&o.asJSON, "json", false, "print the versioned JSON report instead of the table")
+	fs.StringVar(&o.out.html, "html", "", "also write the report as one self-contained HTML page")
+	fs.StringVar(&o.out.junit, "junit", "", "also write a JUnit XML file")
+	fs.StringVar(&o.out.matrix, "matrix", "", "also write the reachability matrix (SVG)")
+	fs.StringVar(&o.out.record, "record", "", "append a row to this RUNS.md and store the JSON report under drills/ beside it")
+	fs.StringVar(&o.image, "image", image.DefaultAlias, "image alias of the probe boxes")
+	fs.Var(&o.mutate, "mutate", "knock out a layer for this run to prove the drill fails ("+strings.Join(mutationNames(), ", ")+"); the stack is restored afterwards")
+	fs.BoolVar(&o.onHost, "host", false, "run on this real Incus host instead of the hermetic world (never on a development or CI machine)")
+	fs.StringVar(&o.canary, "canary", "", "with --host: a public resolver that also takes TCP, as ADDR:PORT (e.g. 1.1.1.1:443)")
+	fs.StringVar(&o.publicName, "public-name", "example.com.", "with --host: a public name the box's resolver must resolve")
 	return func(ctx context.Context, s stdio, _ []string) int {
-		if *onHost {
-			return runOnHost(ctx, s, *canary, *publicName, claims, skips, *noSetup, *asJSON, out, *img, mutate)
+		if o.onHost {
+			return runOnHost(ctx, s, o)
 		}
-		if *canary != "" {
+		if o.canary != "" {
 			return fail(s, fmt.Errorf("--canary goes with --host; the hermetic world has its own canary"))
 		}
-		selected, err := drill.Select(claims, skips)
+		sel, err := drill.Resolve(drill.ModeWorld, o.claims, o.skips)
 		if err != nil {
 			return fail(s, err)
 		}
-		mutations, err := drill.SelectMutations(mutate)
+		mutations, err := drill.SelectMutations(o.mutate)
 		if err != nil {
 			return fail(s, err)
 		}
@@ -87,47 +98,36 @@ func setupRun(fs *flag.FlagSet) runner {
 			opts.DNS = []netip.Addr{world.Resolver}
 		}
 		host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts, MemberNetNS: st.MemberNetNS()}
-		return runAndReport(ctx, s, drill.Config{Host: host, Topology: st.Topology(), Image: *img, NoSetup: *noSetup,
-			Claims: selected, Log: s.err, Version: version, Mutations: mutations}, *asJSON, out)
+		return runAndReport(ctx, s, drill.Config{Host: host, Topology: st.Topology(), Image: o.image, NoSetup: o.noSetup,
+			Claims: sel.Claims, Left: sel.Left, Log: s.err, Version: version, Mutations: mutations}, sel.Whole, o)
 	}
 }
 
 // runOnHost is --host: the drill on a real Incus host, whose own addresses,
 // routes and LAN are the targets. It refuses where a hermetic world is up:
 // that is a development or CI machine, where no probe may leave the world.
-func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, skips []string, noSetup, asJSON bool, out outputs, img string, mutate []string) int {
+func runOnHost(ctx context.Context, s stdio, o runOptions) int {
 	traces := worldTraces()
 	if err := hostModeGuard(traces, os.Getenv("BOX_NETNS")); err != nil {
 		return fail(s, err)
 	}
 	// A host-mode row is what a release rests on: a namespace world on a
 	// development machine is no real host.
-	if out.record != "" && traces != "" {
+	if o.out.record != "" && traces != "" {
 		return fail(s, fmt.Errorf("--record: this machine has a hermetic world (%s), so it is a development or CI machine, not a real host: record host runs on a real Incus host", traces))
 	}
-	if canary == "" {
+	if o.canary == "" {
 		return fail(s, fmt.Errorf("--host needs --canary ADDR:PORT, a public resolver that also takes TCP (e.g. 1.1.1.1:443)"))
 	}
-	ap, err := netip.ParseAddrPort(canary)
+	ap, err := netip.ParseAddrPort(o.canary)
 	if err != nil {
-		return fail(s, fmt.Errorf("--canary %q: want ADDR:PORT such as 1.1.1.1:443", canary))
+		return fail(s, fmt.Errorf("--canary %q: want ADDR:PORT such as 1.1.1.1:443", o.canary))
 	}
-	selected, err := drill.Select(claims, skips)
+	sel, err := drill.Resolve(drill.ModeHost, o.claims, o.skips)
 	if err != nil {
 		return fail(s, err)
 	}
-	// C-TIER makes (and deletes) a local account: on a real host only
-	// when asked for by name. C-ALLOW needs the world's second canary.
-	if slices.Contains(claims, "C-ALLOW") {
-		return fail(s, fmt.Errorf("C-ALLOW runs in the hermetic world only (it needs the world's second canary and a witness in its internet): drop --claim C-ALLOW"))
-	}
-	selected = slices.DeleteFunc(selected, func(c drill.Claim) bool {
-		return c.ID == "C-ALLOW" || (c.ID == "C-TIER" && !slices.Contains(claims, "C-TIER"))
-	})
-	if len(selected) == 0 {
-		return fail(s, fmt.Errorf("on a real host C-TIER runs only when named: --claim C-TIER"))
-	}
-	mutations, err := drill.SelectMutations(mutate)
+	mutations, err := drill.SelectMutations(o.mutate)
 	if err != nil {
 		return fail(s, err)
 	}
@@ -149,10 +149,10 @@ func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, 
 			return fail(s, fmt.Errorf("--mutate would weaken the isolation of %d boxes on this host (box list): run mutations where no other box lives", len(boxes)))
 		}
 	}
-	if img == image.DefaultAlias {
+	if o.image == image.DefaultAlias {
 		// A fresh host has no image server for the probe image: build it
 		// here from busybox-static, as `drill image` does.
-		res, err := image.Ensure(ctx, host.Incus, img, image.Options{})
+		res, err := image.Ensure(ctx, host.Incus, o.image, image.Options{})
 		if err != nil {
 			return fail(s, fmt.Errorf("the probe image: %w (or import one yourself and pass --image)", err))
 		}
@@ -164,20 +164,22 @@ func runOnHost(ctx context.Context, s stdio, canary, publicName string, claims, 
 	if len(opts.DNS) > 0 {
 		upstream = opts.DNS[0]
 	}
-	t, err := topo.Discover(topo.HostOptions{NetNS: host.NetNS, Canary: ap, PublicName: publicName, Upstream: upstream})
+	t, err := topo.Discover(topo.HostOptions{NetNS: host.NetNS, Canary: ap, PublicName: o.publicName, Upstream: upstream})
 	if err != nil {
 		return fail(s, fmt.Errorf("discovering this host's targets: %w", err))
 	}
-	return runAndReport(ctx, s, drill.Config{Host: host, Topology: t,
-		Image: img, NoSetup: noSetup, Claims: selected, Log: s.err, Version: version, Mutations: mutations}, asJSON, out)
+	return runAndReport(ctx, s, drill.Config{Host: host, Topology: t, Image: o.image, NoSetup: o.noSetup,
+		Claims: sel.Claims, Left: sel.Left, Log: s.err, Version: version, Mutations: mutations}, sel.Whole, o)
 }
 
-// runAndReport runs the drill and writes its reports.
-func runAndReport(ctx context.Context, s stdio, cfg drill.Config, asJSON bool, out outputs) int {
+// runAndReport runs the drill and writes its reports; whole says no
+// pattern narrowed the claims.
+func runAndReport(ctx context.Context, s stdio, cfg drill.Config, whole bool, o runOptions) int {
+	asJSON, out := o.asJSON, o.out
 	record := out.record
 	// A RUNS.md row says "this commit's claims held": only a whole,
 	// unmutated run can say it.
-	if record != "" && (len(cfg.Mutations) > 0 || len(cfg.Claims) != len(drill.Catalogue)) {
+	if record != "" && (len(cfg.Mutations) > 0 || !whole) {
 		return fail(s, fmt.Errorf("--record needs a whole run: drop --claim, --skip and --mutate"))
 	}
 	// Found out now, not after the run: a row it could not take.
@@ -236,7 +238,7 @@ func writeFile(path string, rep *drill.Report, write func(io.Writer, *drill.Repo
 func claimIDs() []string {
 	var out []string
 	for _, c := range drill.Catalogue {
-		out = append(out, c.ID)
+		out = append(out, string(c.ID))
 	}
 	return out
 }
@@ -249,25 +251,36 @@ func mutationNames() []string {
 	return out
 }
 
+// listedClaim is one claim as drill list --json prints it.
+type listedClaim struct {
+	drill.Claim
+	StackRule string `json:"stack_rule"`
+}
+
 func setupList(fs *flag.FlagSet) runner {
 	asJSON := fs.Bool("json", false, "print the claims as JSON")
 	return func(_ context.Context, s stdio, _ []string) int {
-		type listed struct {
-			drill.Claim
-			StackRule string `json:"stack_rule"`
-		}
-		var out []listed
+		var out []listedClaim
 		for _, c := range drill.Catalogue {
-			out = append(out, listed{c, c.StackRule()})
+			out = append(out, listedClaim{c, c.StackRule()})
 		}
 		emit(s, *asJSON, out, func(w io.Writer) {
 			for _, c := range drill.Catalogue {
 				fmt.Fprintf(w, "%-10s %s -> %s over %s: %s [%s]\n           %s\n           stack channel: %s\n", c.ID, c.From, c.To,
-					strings.Join(c.Channels, ", "), c.Expect, strings.Join(c.Layers, ", "), c.Why, c.StackRule())
+					joinWords(c.Channels), c.Expect, joinWords(c.Layers), c.Why, c.StackRule())
 			}
 		})
 		return exitOK
 	}
+}
+
+// joinWords joins typed words (channels, layers) for people.
+func joinWords[T ~string](ws []T) string {
+	out := make([]string, len(ws))
+	for i, w := range ws {
+		out[i] = string(w)
+	}
+	return strings.Join(out, ", ")
 }
 
 // runAgent is the in-box agent: a JSON plan in (stdin or --plan FILE),

@@ -56,12 +56,13 @@ type junitMessage struct {
 func JUnit(w io.Writer, rep *drill.Report) error {
 	out := junitSuites{Name: "drill " + rep.RunID, Time: fmt.Sprintf("%.3f", float64(rep.DurationMS)/1000)}
 	for _, cr := range rep.Claims {
-		s := junitSuite{Name: cr.ID}
+		id := string(cr.ID)
+		s := junitSuite{Name: id}
 		if cr.Verdict == drill.Skipped {
-			s.Cases = append(s.Cases, junitCase{Name: cr.ID, Classname: "drill." + cr.ID, Skipped: &junitMessage{Message: cr.Reason}})
+			s.Cases = append(s.Cases, junitCase{Name: id, Classname: "drill." + id, Skipped: &junitMessage{Message: cr.Reason}})
 		}
-		var channels []string
-		byChannel := map[string][]drill.Result{}
+		var channels []drill.Channel
+		byChannel := map[drill.Channel][]drill.Result{}
 		for _, r := range cr.Results {
 			if _, ok := byChannel[r.Channel]; !ok {
 				channels = append(channels, r.Channel)
@@ -69,7 +70,7 @@ func JUnit(w io.Writer, rep *drill.Report) error {
 			byChannel[r.Channel] = append(byChannel[r.Channel], r)
 		}
 		for _, ch := range channels {
-			tc := junitCase{Name: cr.ID + "/" + ch, Classname: "drill." + cr.ID}
+			tc := junitCase{Name: id + "/" + string(ch), Classname: "drill." + id}
 			var lines, failed, inconclusive []string
 			for _, r := range byChannel[ch] {
 				line := fmt.Sprintf("%s %s -> %s: expected %s, observed %s: %s", strings.ToUpper(string(r.Verdict)), r.From, r.Target, r.Expect, r.Observed, r.Evidence)

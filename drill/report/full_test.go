@@ -50,7 +50,7 @@ func worldScene() drill.Scene {
 		},
 	}
 	for i, e := range []*drill.BoxEnd{&s.A, &s.B, &s.C} {
-		place := []string{drill.PlaceA, drill.PlaceB, drill.PlaceC}[i]
+		place := []drill.Place{drill.PlaceA, drill.PlaceB, drill.PlaceC}[i]
 		*e = drill.BoxEnd{Place: place, Instance: "drill-0a1b2c-" + string(rune('a'+i)), IP: netip.AddrFrom4([4]byte{10, 88, 0, byte(11 + i)}),
 			MAC: net.HardwareAddr{0, 0x16, 0x3e, 0, 0, byte(0xa + i)}, LinkLocal: netip.MustParseAddr(fmt.Sprintf("fe80::b0c5:16:3e00:%x", 0xa+i))}
 	}
@@ -80,7 +80,7 @@ func fullReport(t testing.TB) *drill.Report {
 		actions = append(actions, drill.Action{ID: fmt.Sprintf("p%03d", n), Claim: "C-NAMES", Channel: "dns", From: drill.PlaceA, Target: q,
 			TargetKey: "gateway", Expect: drill.ExpectNoName, Provenance: topo.FromLANZone})
 	}
-	byClaim := map[string][]drill.Result{}
+	byClaim := map[drill.ClaimID][]drill.Result{}
 	for _, a := range actions {
 		r := drill.Result{Action: a, Verdict: drill.Pass}
 		switch a.Expect {
@@ -116,11 +116,11 @@ func fullReport(t testing.TB) *drill.Report {
 		Environment: drill.Environment{Mode: "world", Hostname: "boxw-host", Kernel: "6.12.57+deb13-amd64", IncusVersion: "6.0.4",
 			InstanceType: "container", BoxNewType: "container"},
 		Stack: drill.StackFacts{Ensured: true, Changes: []stack.Change{}, Subnet: "10.88.0.0/24", Gateway: "10.88.0.1", BridgeMode: "bridge-meta",
-			Layers: map[string]string{}, Findings: []stack.Finding{}},
+			Layers: map[stack.LayerID]string{}, Findings: []stack.Finding{}},
 		Mutations: []string{}, MutationResults: []drill.MutationResult{}, Problems: []string{},
 		Notes: []string{"C-NAMES: the hosts file was read; names from it: " + hostile},
 	}
-	for _, l := range drill.Layers {
+	for _, l := range drill.Layers() {
 		rep.Stack.Layers[l] = "present"
 	}
 	for _, e := range []drill.BoxEnd{worldScene().A, worldScene().B, worldScene().C} {
@@ -130,12 +130,12 @@ func fullReport(t testing.TB) *drill.Report {
 		rs := byClaim[c.ID]
 		if c.ID == "C-FLEET" {
 			rs = append(rs, drill.Result{Action: drill.Action{ID: "f-C-FLEET", Claim: c.ID, Channel: drill.ChannelCensus, From: "verify",
-				Target: "every instance and port on boxnet", TargetKey: drill.ChannelCensus, Expect: drill.ExpectPresent},
+				Target: "every instance and port on boxnet", TargetKey: string(drill.ChannelCensus), Expect: drill.ExpectPresent},
 				Verdict: drill.Pass, Observed: "met the drill's own boxes", Evidence: "the census met box-a, box-b and clone-a on their ports"})
 		}
-		rs = append(rs, drill.Result{Action: drill.Action{ID: "s-" + c.ID, Claim: c.ID, Channel: drill.ChannelStack, From: "verify",
-			Target: strings.Join(c.Layers, ", "), TargetKey: drill.ChannelStack, Expect: drill.ExpectPresent},
-			Verdict: drill.Pass, Observed: "present", Evidence: "Verify found " + strings.Join(c.Layers, ", ") + " as desired"})
+		rs = append(rs, drill.Result{Action: drill.Action{ID: "s-" + string(c.ID), Claim: c.ID, Channel: drill.ChannelStack, From: "verify",
+			Target: strings.Join(drill.Strings(c.Layers), ", "), TargetKey: string(drill.ChannelStack), Expect: drill.ExpectPresent},
+			Verdict: drill.Pass, Observed: "present", Evidence: "Verify found " + strings.Join(drill.Strings(c.Layers), ", ") + " as desired"})
 		cr := drill.ClaimResult{Claim: c, Verdict: drill.Pass, Results: rs}
 		for _, r := range rs {
 			if r.Verdict == drill.Fail || (r.Verdict == drill.Inconclusive && cr.Verdict == drill.Pass) {
@@ -180,12 +180,12 @@ func TestFullReportIsRealistic(t *testing.T) {
 	// A world run on e51ae38: 138 probes with their controls and the
 	// upstream's questions, about 120 results.
 	assert(len(rs) >= 110 && len(rs) <= 170, "%d results, want as many as a world run's", len(rs))
-	from, keys := map[string]bool{}, map[string]bool{}
+	from, keys := map[drill.Place]bool{}, map[string]bool{}
 	for _, r := range rs {
 		from[r.From] = true
 		keys[r.TargetKey] = true
 	}
-	for _, p := range []string{drill.PlaceA, drill.PlaceB, drill.PlaceC, drill.PlaceHost, drill.PlaceLAN, "verify"} {
+	for _, p := range []drill.Place{drill.PlaceA, drill.PlaceB, drill.PlaceC, drill.PlaceHost, drill.PlaceLAN, drill.PlaceVerify} {
 		assert(from[p], "no result from %s", p)
 	}
 	for _, k := range []string{"box-b", "clone-a", "host-gateway", "host-uplink", "host-lan-side", "host-bridge", "internet", "gateway", "lease", "lan-10", "ipv6", "stack"} {

@@ -119,14 +119,14 @@ func buildGrid(rep *drill.Report) grid {
 	cells := map[cellKey][]*mark{}
 	for _, cr := range rep.Claims {
 		for _, r := range cr.Results {
-			src, tgt := r.From, targetKey(r)
+			src, tgt := string(r.From), targetKey(r)
 			if !seenS[src] {
 				seenS[src] = true
 				g.Sources = append(g.Sources, src)
 			}
 			if !seenT[tgt] {
 				seenT[tgt] = true
-				if src == "verify" {
+				if src == string(drill.PlaceVerify) {
 					verifyTargets = append(verifyTargets, tgt)
 				} else {
 					targets = append(targets, tgt)
@@ -139,12 +139,12 @@ func buildGrid(rep *drill.Report) grid {
 			k := cellKey{src, tgt}
 			var m *mark
 			for _, x := range cells[k] {
-				if x.Claim == cr.ID && x.Channel == r.Channel {
+				if x.Claim == string(cr.ID) && x.Channel == string(r.Channel) {
 					m = x
 				}
 			}
 			if m == nil {
-				m = &mark{Source: src, Target: tgt, Claim: cr.ID, Channel: r.Channel}
+				m = &mark{Source: src, Target: tgt, Claim: string(cr.ID), Channel: string(r.Channel)}
 				cells[k] = append(cells[k], m)
 			}
 			switch r.Verdict {

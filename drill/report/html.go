@@ -7,11 +7,11 @@ import (
 	"html/template"
 	"io"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/stack"
 )
 
 //go:embed html.tmpl
@@ -130,18 +130,18 @@ func HTML(w io.Writer, rep *drill.Report) error {
 		p.Claims = append(p.Claims, c)
 	}
 	// The layers a report names beyond this build's come after, sorted.
-	layers := slices.Clone(drill.Layers)
-	var extra []string
+	layers := drill.Layers()
+	var extra []stack.LayerID
 	for l := range rep.Stack.Layers {
-		if !slices.Contains(drill.Layers, l) {
+		if !slices.Contains(layers, l) {
 			extra = append(extra, l)
 		}
 	}
-	sort.Strings(extra)
+	slices.Sort(extra)
 	layers = append(layers, extra...)
 	for _, l := range layers {
 		state, ok := rep.Stack.Layers[l]
-		hl := htmlLayer{Name: l, State: state}
+		hl := htmlLayer{Name: string(l), State: state}
 		switch {
 		case !ok:
 			hl.State, hl.Label = "not reported", label{"UNKNOWN", "v-skipped"}

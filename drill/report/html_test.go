@@ -122,7 +122,7 @@ func TestHTML(t *testing.T) {
 			claimsText := text(table)
 			for _, cr := range rep.Claims {
 				assert.Contains(t, claimsText, cr.ID)
-				sec := ids["claim-"+cr.ID]
+				sec := ids["claim-"+string(cr.ID)]
 				require.NotNil(t, sec, "a section for %s", cr.ID)
 				assert.Contains(t, text(sec), strings.ToUpper(string(cr.Verdict)))
 			}
@@ -153,7 +153,7 @@ func TestHTML(t *testing.T) {
 			require.NotNil(t, grid)
 			sources, targets := map[string]bool{}, map[string]bool{}
 			for _, r := range results(rep) {
-				sources[r.From] = true
+				sources[string(r.From)] = true
 				targets[r.TargetKey] = true
 			}
 			var heads, srcs []string

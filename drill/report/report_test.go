@@ -29,7 +29,7 @@ import (
 
 var started = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 
-func claim(t *testing.T, id string) drill.Claim {
+func claim(t *testing.T, id drill.ClaimID) drill.Claim {
 	t.Helper()
 	c, ok := drill.ClaimByID(id)
 	require.True(t, ok, id)
@@ -37,9 +37,9 @@ func claim(t *testing.T, id string) drill.Claim {
 }
 
 // res is a judged action. The observation is optional.
-func res(id, claim, channel, from, target, key string, expect drill.Expectation, v drill.Verdict, observed, evidence, atTarget string, o *probes.Observation) drill.Result {
+func res[K ~string](id string, claim drill.ClaimID, channel drill.Channel, from drill.Place, target string, key K, expect drill.Expectation, v drill.Verdict, observed, evidence, atTarget string, o *probes.Observation) drill.Result {
 	return drill.Result{
-		Action:   drill.Action{ID: id, Claim: claim, Channel: channel, From: from, Target: target, TargetKey: key, Expect: expect},
+		Action:   drill.Action{ID: id, Claim: claim, Channel: channel, From: from, Target: target, TargetKey: string(key), Expect: expect},
 		Verdict:  v,
 		Observed: observed,
 		Evidence: evidence,
@@ -58,7 +58,7 @@ func obs(id string, kind probes.Kind, target string, o probes.Outcome, reason st
 // mutation.
 func sampleReport(t *testing.T) *drill.Report {
 	t.Helper()
-	cr := func(id string, v drill.Verdict, rs ...drill.Result) drill.ClaimResult {
+	cr := func(id drill.ClaimID, v drill.Verdict, rs ...drill.Result) drill.ClaimResult {
 		if rs == nil {
 			rs = []drill.Result{}
 		}
@@ -79,7 +79,7 @@ func sampleReport(t *testing.T) *drill.Report {
 			Ensured: true,
 			Changes: []stack.Change{{Object: "network boxnet", Action: "created", Detail: "10.88.0.0/24"}, {Object: "acl box-isolate", Action: "created"}},
 			Subnet:  "10.88.0.0/24", Gateway: "10.88.0.1", BridgeMode: "bridge-meta",
-			Layers: map[string]string{"L-NAT": "present", "L-DNS": "present", "L-V6": "present", "L-ACL": "present",
+			Layers: map[stack.LayerID]string{"L-NAT": "present", "L-DNS": "present", "L-V6": "present", "L-ACL": "present",
 				"L-HOSTFW": "absent: nft table inet box: missing", "L-PORTISO": "present", "L-BRIDGEDROP": "present"},
 			Findings: []stack.Finding{{Layer: "L-HOSTFW", Object: "nft table inet box", Problem: "missing", Fix: "box setup-host"}},
 		},
@@ -138,7 +138,7 @@ func sampleReport(t *testing.T) *drill.Report {
 		},
 		Summary:   drill.Summary{Passed: 7, Failed: 1, Inconclusive: 1, Skipped: 1, Probes: 92, ProbePhaseMS: 3712, MSPerProbe: 40.35},
 		Mutations: []string{"host-fw"},
-		MutationResults: []drill.MutationResult{{Name: "host-fw", Layers: []string{"L-HOSTFW"}, Flipped: []string{"C-HOST"}, Detected: true,
+		MutationResults: []drill.MutationResult{{Name: "host-fw", Layers: []stack.LayerID{"L-HOSTFW"}, Flipped: []drill.ClaimID{"C-HOST"}, Detected: true,
 			Changed: []drill.ProbeChange{{ID: "p020", Claim: "C-HOST", Channel: "tcp", From: drill.PlaceA, Target: "host uplink 198.51.100.2", Clean: drill.Pass, Mutated: drill.Fail}}}},
 		Clean:    &drill.CleanRun{RunID: "0a1b2d", ExitCode: drill.ExitOK, Summary: drill.Summary{Passed: 10, Probes: 70}, DurationMS: 8000},
 		ExitCode: drill.ExitViolated,
@@ -416,10 +416,10 @@ func TestJUnit(t *testing.T) {
 	want := map[string]string{} // case name -> failure, error, skipped or pass
 	for _, cr := range rep.Claims {
 		if cr.Verdict == drill.Skipped {
-			want[cr.ID] = "skipped"
+			want[string(cr.ID)] = "skipped"
 		}
 		for _, r := range cr.Results {
-			name := cr.ID + "/" + r.Channel
+			name := string(cr.ID) + "/" + string(r.Channel)
 			switch {
 			case r.Verdict == drill.Fail:
 				want[name] = "failure"
@@ -434,7 +434,7 @@ func TestJUnit(t *testing.T) {
 	var fails, errs, skips, tests int
 	require.Len(t, got.Suites, len(rep.Claims), "one suite per claim")
 	for i, s := range got.Suites {
-		assert.Equal(t, rep.Claims[i].ID, s.Name)
+		assert.Equal(t, string(rep.Claims[i].ID), s.Name)
 		var sf, se, ss int
 		for _, c := range s.Cases {
 			assert.NotContains(t, have, c.Name, "duplicate test case")
@@ -571,9 +571,9 @@ func TestMatrix(t *testing.T) {
 			sources, targets, marks := map[string]bool{}, map[string]bool{}, map[string]bool{}
 			for _, cr := range rep.Claims {
 				for _, r := range cr.Results {
-					sources[r.From] = true
+					sources[string(r.From)] = true
 					targets[r.TargetKey] = true
-					marks[strings.Join([]string{r.From, r.TargetKey, cr.ID, r.Channel}, " ")] = true
+					marks[strings.Join([]string{string(r.From), r.TargetKey, string(cr.ID), string(r.Channel)}, " ")] = true
 				}
 			}
 			for s := range sources {
@@ -602,7 +602,7 @@ func TestMatrix(t *testing.T) {
 			for _, cr := range rep.Claims {
 				for _, r := range cr.Results {
 					if r.Verdict == drill.Fail {
-						assert.Contains(t, strings.Join(doc.texts, "\n"), "F "+cr.ID+" "+r.Channel+", "+r.From+" -> "+r.TargetKey+": FAIL")
+						assert.Contains(t, strings.Join(doc.texts, "\n"), "F "+string(cr.ID)+" "+string(r.Channel)+", "+string(r.From)+" -> "+r.TargetKey+": FAIL")
 					}
 				}
 			}
@@ -667,7 +667,7 @@ func TestText(t *testing.T) {
 			}
 			for _, c := range rep.Claims {
 				if c.Verdict == drill.Skipped {
-					assert.Regexp(t, `(?m)^`+c.ID+` +- .*SKIPPED +`+regexp.QuoteMeta(c.Reason), out, "a skipped claim says so in words, with its reason")
+					assert.Regexp(t, `(?m)^`+string(c.ID)+` +- .*SKIPPED +`+regexp.QuoteMeta(c.Reason), out, "a skipped claim says so in words, with its reason")
 				}
 			}
 			assert.Contains(t, out, "FAIL")
@@ -719,7 +719,7 @@ func TestMembers(t *testing.T) {
 	bad := drill.Result{Action: drill.Action{ID: "p900", Claim: cr.ID, Channel: "tcp", From: "box@m2", Member: "m2",
 		Target: "member m2 uplink 192.0.2.2 tcp/22", Expect: drill.ExpectBlocked}, Verdict: drill.Fail, Evidence: "unexpected success: the ssh banner"}
 	cr.Results = append(cr.Results, bad)
-	rep.Members = []drill.MemberResult{{Member: "m1", Boxes: []string{"box-a"}, Passed: 3}, {Member: "m2", Boxes: []string{"box@m2"}, Failed: 1}}
+	rep.Members = []drill.MemberResult{{Member: "m1", Boxes: []drill.Place{"box-a"}, Passed: 3}, {Member: "m2", Boxes: []drill.Place{"box@m2"}, Failed: 1}}
 	var b strings.Builder
 	report.Text(&b, rep)
 	out := b.String()

@@ -186,7 +186,7 @@ func wrap(text string, n int) []string {
 
 func layerLine(rep *drill.Report) string {
 	var parts []string
-	for _, l := range drill.Layers {
+	for _, l := range drill.Layers() {
 		state, ok := rep.Stack.Layers[l]
 		switch {
 		case !ok:
@@ -194,7 +194,7 @@ func layerLine(rep *drill.Report) string {
 		case strings.HasPrefix(state, "absent"):
 			state = "ABSENT"
 		}
-		parts = append(parts, l+"="+state)
+		parts = append(parts, string(l)+"="+state)
 	}
 	return strings.Join(parts, " ")
 }

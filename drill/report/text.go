@@ -9,7 +9,8 @@ package report
 import (
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -29,12 +30,7 @@ func Text(w io.Writer, rep *drill.Report) {
 	fmt.Fprintf(w, "drill run %s (%s) on %s: kernel %s, incus %s, %s, bridge netfilter %s\n",
 		rep.RunID, rep.Version, env.Mode, env.Kernel, env.IncusVersion, drilled, onOff(env.BridgeNetfilter))
 	fmt.Fprintf(w, "stack: %s via %s, bridge drop %s\n", rep.Stack.Subnet, rep.Stack.Gateway, rep.Stack.BridgeMode)
-	layers := make([]string, 0, len(rep.Stack.Layers))
-	for l := range rep.Stack.Layers {
-		layers = append(layers, l)
-	}
-	sort.Strings(layers)
-	for _, l := range layers {
+	for _, l := range slices.Sorted(maps.Keys(rep.Stack.Layers)) {
 		fmt.Fprintf(w, "  %-13s %s\n", l, rep.Stack.Layers[l])
 	}
 	fmt.Fprintln(w)
@@ -63,7 +59,7 @@ func Text(w io.Writer, rep *drill.Report) {
 		fmt.Fprintln(w)
 		for _, m := range rep.Members {
 			fmt.Fprintf(w, "member %-16s %d passed, %d failed, %d inconclusive; probe boxes there: %s\n",
-				m.Member, m.Passed, m.Failed, m.Inconclusive, strings.Join(m.Boxes, ", "))
+				m.Member, m.Passed, m.Failed, m.Inconclusive, strings.Join(drill.Strings(m.Boxes), ", "))
 			for _, cr := range rep.Claims {
 				for _, r := range cr.Results {
 					if r.Member == m.Member && r.Verdict != drill.Pass {
@@ -118,7 +114,7 @@ func mutationLine(rep *drill.Report) string {
 	var names, layers []string
 	for _, r := range rep.MutationResults {
 		names = append(names, r.Name)
-		layers = append(layers, r.Layers...)
+		layers = append(layers, drill.Strings(r.Layers)...)
 	}
 	what := "mutation " + names[0]
 	if len(names) > 1 {
@@ -126,7 +122,7 @@ func mutationLine(rep *drill.Report) string {
 	}
 	if m.Detected {
 		return fmt.Sprintf("%s (%s): detected by probes, %d probe verdict(s) changed from the clean run; flipped %s",
-			what, strings.Join(layers, ", "), len(m.Changed), strings.Join(m.Flipped, ", "))
+			what, strings.Join(layers, ", "), len(m.Changed), strings.Join(drill.Strings(m.Flipped), ", "))
 	}
 	return fmt.Sprintf("%s (%s): no probe flipped from pass to fail (%d changed): redundant (another layer holds alone) or untested",
 		what, strings.Join(layers, ", "), len(m.Changed))

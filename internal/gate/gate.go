@@ -200,7 +200,7 @@ func passReasons(rep *drill.Report, claims []string) []string {
 	}
 	var judged, notPassed []string
 	for _, cr := range rep.Claims {
-		judged = append(judged, cr.ID)
+		judged = append(judged, string(cr.ID))
 		if cr.Verdict != drill.Pass {
 			notPassed = append(notPassed, fmt.Sprintf("%s %s", cr.ID, cr.Verdict))
 		}

@@ -54,7 +54,7 @@ func (r repo) check(t *testing.T, claims []string) *gate.Decision {
 func catalogue() []string {
 	var ids []string
 	for _, c := range drill.Catalogue {
-		ids = append(ids, c.ID)
+		ids = append(ids, string(c.ID))
 	}
 	return ids
 }

@@ -35,7 +35,7 @@ func HostPass(runID, version string) *drill.Report {
 		Environment: drill.Environment{Mode: "host", Hostname: "incus-7", Kernel: "6.1.0-28-amd64", IncusVersion: "6.0.4",
 			InstanceType: "container", BoxNewType: "container"},
 		Stack: drill.StackFacts{Ensured: true, Changes: []stack.Change{}, Subnet: "10.88.0.0/24", Gateway: "10.88.0.1", BridgeMode: "port-set",
-			Layers: map[string]string{}, Findings: nil},
+			Layers: map[stack.LayerID]string{}, Findings: nil},
 		Boxes: []drill.BoxEnd{
 			{Place: drill.PlaceA, Instance: "drill-" + runID + "-a", IP: netip.MustParseAddr("10.88.0.11")},
 			{Place: drill.PlaceB, Instance: "drill-" + runID + "-b", IP: netip.MustParseAddr("10.88.0.12")},
@@ -43,16 +43,16 @@ func HostPass(runID, version string) *drill.Report {
 		},
 		Mutations: []string{}, MutationResults: []drill.MutationResult{}, Problems: []string{}, Notes: []string{},
 	}
-	for _, l := range drill.Layers {
+	for _, l := range drill.Layers() {
 		rep.Stack.Layers[l] = "present"
 	}
 	for i, c := range drill.Catalogue {
 		id := fmt.Sprintf("p%03d", i+1)
 		rep.Claims = append(rep.Claims, drill.ClaimResult{Claim: c, Verdict: drill.Pass, Results: []drill.Result{{
-			Action:   drill.Action{ID: id, Claim: c.ID, Channel: "stack", From: "verify", Target: "the stack", Expect: drill.ExpectPresent},
+			Action:   drill.Action{ID: id, Claim: c.ID, Channel: drill.ChannelStack, From: drill.PlaceVerify, Target: "the stack", Expect: drill.ExpectPresent},
 			Verdict:  drill.Pass,
 			Observed: "present",
-			Evidence: "Verify found every layer " + c.ID + " rests on as desired",
+			Evidence: "Verify found every layer " + string(c.ID) + " rests on as desired",
 		}}})
 	}
 	rep.Summary = drill.Summary{Passed: len(rep.Claims), Probes: len(rep.Claims), ProbePhaseMS: 5100, MSPerProbe: 5100 / float64(len(rep.Claims))}
@@ -63,7 +63,7 @@ func HostPass(runID, version string) *drill.Report {
 // as drill.Run does (fail wins, then inconclusive).
 func Set(rep *drill.Report, id string, v drill.Verdict) {
 	for i := range rep.Claims {
-		if rep.Claims[i].ID == id {
+		if string(rep.Claims[i].ID) == id {
 			rep.Claims[i].Verdict = v
 			for j := range rep.Claims[i].Results {
 				rep.Claims[i].Results[j].Verdict = v

@@ -14,9 +14,48 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/internal/accounts"
+	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
 )
+
+// TierID is C-TIER: a granted user's box is isolated like any other, and
+// the user cannot take it off boxnet.
+const TierID ClaimID = "C-TIER"
+
+var claimTier = Claim{
+	ID: TierID, From: "box-t, minted by a granted local user through incus-user with port isolation turned off in its own NIC, and that user",
+	To:       "peer boxes, the host, the LAN, the resolver; Incus (other networks, host paths, proxies, privilege)",
+	Channels: []Channel{ChannelARP, ChannelICMP, ChannelTCP, ChannelUDP, ChannelBroadcast, ChannelV6LinkLocal, ChannelV6AllNodes, ChannelDNS, ChannelIsolOff, ChannelRestriction, ChannelCensus},
+	Expect:   "isolated like box-a (the host's layers hold though the user may turn port isolation off, and the census names that box); every attempt to leave boxnet refused by Incus for the restriction",
+	Layers:   []stack.LayerID{stack.LayerTier},
+	Why:      "a granted user holds an Incus socket: the grant's narrowing to boxnet and the host-owned layers are all that stand between their agent and the host's networks",
+	Modes:    Modes{World: Runs, Host: OptIn, Why: "it makes (and deletes) a local user account on the host"},
+	Evidence: []Evidence{EvidenceProbes, EvidenceRequests, EvidenceCensus},
+	prepare:  mintTierBox,
+	build:    buildTier,
+	requests: tryEscapes,
+	judge:    judgeTier,
+}
+
+// buildTier: box-t's own controls (the canary, DNS at the gateway), then
+// from box-t what box-a fires for C-SIBLING, C-HOST, C-LAN and C-NAMES.
+func buildTier(b *builder) {
+	t := b.t
+	if !t.T.IP.IsValid() {
+		return
+	}
+	// box-t's blocks prove something only if it can reach what a box may
+	// (box-a's baselines say nothing about it).
+	b.probe(Action{Claim: TierID, Channel: ChannelTCP, From: PlaceT, Target: "canary " + t.Canary.String(), TargetKey: "internet", Expect: ExpectReach},
+		probes.ProbeSpec{Kind: probes.KindTCP, Target: t.Canary, Port: t.CanaryTCP, Via: t.Subnet}).Greeting = t.CanaryGreeting
+	b.probe(Action{Claim: TierID, Channel: ChannelDNS, From: PlaceT, Target: "gateway " + t.Gateway.String() + " " + t.PublicName, TargetKey: "gateway", Expect: ExpectResolve},
+		probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: t.PublicName, QType: "A", Via: t.Subnet})
+	b.siblingFrom(TierID, t.T)
+	b.hostFrom(TierID, t.T)
+	b.lanFrom(TierID, t.T)
+	b.namesFrom(TierID, t.T)
+}
 
 // C-TIER: a granted user's box is isolated as every box is, and the user
 // cannot take it off boxnet. The drill makes a throwaway local user,
@@ -28,20 +67,6 @@ import (
 // still as the user, it tries to leave boxnet: each attempt must be
 // refused by Incus for the restriction, and a refusal for another reason
 // proves nothing. At teardown the user is purged and deleted.
-
-// Channels of C-TIER's non-packet actions.
-const (
-	ChannelRestriction = "restriction"   // an attempt to leave boxnet
-	ChannelIsolOff     = "isolation-off" // the user turning port isolation off
-)
-
-// placeUser is where C-TIER's requests come from: the granted user,
-// through incus-user (one name for every run, so a mutated run's results
-// match the clean run's).
-const placeUser = "granted-user"
-
-// ExpectRefused: Incus refuses the request for the restriction named.
-const ExpectRefused Expectation = "refused for the restriction"
 
 // tierUserComment marks the accounts the drill makes, so a later run finds
 // an aborted run's and removes them, and nothing else.
@@ -56,14 +81,6 @@ type tierRun struct {
 	client  *incus.Client
 	// results are the non-packet actions, judged as they ran.
 	results []Result
-	// skip says why C-TIER could not run here (its verdict is then
-	// inconclusive).
-	skip string
-}
-
-// tierSelected reports whether the run includes C-TIER.
-func (r *run) tierSelected() bool {
-	return slices.ContainsFunc(r.cfg.Claims, func(c Claim) bool { return c.ID == "C-TIER" })
 }
 
 // tierPrereqs says what this machine lacks for C-TIER ("" when nothing).
@@ -83,14 +100,16 @@ func tierPrereqs(h *stack.Host) string {
 }
 
 // mintTierBox makes the run's tier user, grants them and mints box-t as
-// them. What it could not do makes C-TIER inconclusive, not the run fail.
-func (r *run) mintTierBox(ctx context.Context) error {
+// them. A host without what C-TIER needs skips it, saying what is missing;
+// a box-t Incus refuses makes C-TIER inconclusive, not the run fail.
+func mintTierBox(ctx context.Context, r *run) error {
 	cfg := &r.cfg
-	r.tier = &tierRun{}
 	if why := tierPrereqs(cfg.Host); why != "" {
-		r.tier.skip = why
+		r.skip(TierID, why)
 		return nil
 	}
+	r.tier = &tierRun{}
+	r.names[PlaceT] = r.boxName("t")
 	name := "bxd" + r.rep.RunID
 	cfg.logf("tier: making local user %s, granting it, minting box-t as it through incus-user", name)
 	out, err := exec.CommandContext(ctx, "useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", tierUserComment+" "+r.rep.RunID, name).CombinedOutput()
@@ -133,7 +152,7 @@ func (r *run) mintTierBox(ctx context.Context) error {
 	// box-t, with port isolation off in its own NIC: the one key of the
 	// NIC the project's restrictions leave to the user.
 	box := r.names[PlaceT]
-	a := Action{ID: "t-isolation-off", Claim: "C-TIER", Channel: ChannelIsolOff, From: placeUser, Target: "create " + box + " with security.port_isolation=false",
+	a := Action{ID: "t-isolation-off", Claim: TierID, Channel: ChannelIsolOff, From: placeUser, Target: "create " + box + " with security.port_isolation=false",
 		TargetKey: "incus", Expect: ExpectReach}
 	err = t.client.CreateInstance(ctx, incus.InstancesPost{Name: box, Type: probeType,
 		Config:   map[string]string{stack.Current.Tag: "1", TagDrill: "1", TagRun: r.rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version},
@@ -206,7 +225,7 @@ type escape struct {
 
 // tryEscapes makes the granted user's attempts to leave boxnet, after the
 // mutations (a lifted restriction must show here).
-func (r *run) tryEscapes(ctx context.Context) {
+func tryEscapes(ctx context.Context, r *run) {
 	t := r.tier
 	if t == nil || t.client == nil {
 		return
@@ -258,7 +277,7 @@ func (r *run) tryEscapes(ctx context.Context) {
 		return t.client.CreateNetwork(ctx, incus.NetworksPost{Name: t.decoy + "x", Type: "bridge", Config: map[string]string{"ipv4.address": "none", "ipv6.address": "none"}})
 	}})
 	for _, e := range escapes {
-		a := Action{ID: e.id, Claim: "C-TIER", Channel: ChannelRestriction, From: placeUser, Target: e.what, TargetKey: "incus", Expect: ExpectRefused}
+		a := Action{ID: e.id, Claim: TierID, Channel: ChannelRestriction, From: placeUser, Target: e.what, TargetKey: "incus", Expect: ExpectRefused}
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := e.try(actx)
 		cancel()
@@ -301,23 +320,19 @@ func (r *run) undoEscape(ctx context.Context, box string) {
 	}
 	delete(put.Config, "security.privileged")
 	if err := pc.UpdateInstance(ctx, box, put, etag); err != nil {
-		r.rep.Problems = append(r.rep.Problems, "C-TIER: taking back what the granted user was allowed to do: "+err.Error())
+		r.rep.Problems = append(r.rep.Problems, string(TierID)+": taking back what the granted user was allowed to do: "+err.Error())
 	}
 }
 
-// tierResults judges C-TIER: its probes from box-t (rs), the non-packet
+// judgeTier judges C-TIER: its probes from box-t (rs), the non-packet
 // actions, the census naming box-t, and the stack channel.
-func (r *run) tierResults(c Claim, rs []Result) []Result {
+func judgeTier(r *run, c Claim, rs []Result) []Result {
 	t := r.tier
-	a := Action{ID: "t-census", Claim: c.ID, Channel: ChannelCensus, From: "verify", Target: "box-t named by the census", TargetKey: ChannelCensus, Expect: ExpectPresent}
-	switch {
-	case t == nil:
+	a := Action{ID: "t-census", Claim: c.ID, Channel: ChannelCensus, From: PlaceVerify, Target: "box-t named by the census", TargetKey: string(ChannelCensus), Expect: ExpectPresent}
+	if t == nil {
 		return rs
-	case t.skip != "":
-		a := Action{ID: "t-skip", Claim: c.ID, Channel: ChannelRestriction, From: "drill", Target: "a granted user", TargetKey: "incus", Expect: ExpectRefused}
-		return []Result{{Action: a, Verdict: Inconclusive, Observed: "not run", Evidence: "C-TIER could not run here: " + t.skip}}
 	}
-	rs = tierControlled(rs)
+	rs = placeControlled(rs, PlaceT)
 	rs = append(rs, t.results...)
 	if e, ok := r.ends[PlaceT]; ok {
 		named := r.tierFindings
@@ -331,19 +346,15 @@ func (r *run) tierResults(c Claim, rs []Result) []Result {
 	return append(rs, stackResults(c, r.findings)...)
 }
 
-// tierControlled makes box-t's blocks inconclusive unless box-t's own
-// controls (the canary, and DNS at the gateway) passed.
-func tierControlled(rs []Result) []Result { return placeControlled(rs, PlaceT) }
-
 // placeControlled makes the blocks of the probes from place inconclusive
 // unless place's own controls (its probes that expect to reach or
 // resolve) all passed: a box that reaches nothing "blocks" everything.
-func placeControlled(rs []Result, place string) []Result { return controlledBy(rs, rs, place) }
+func placeControlled(rs []Result, place Place) []Result { return controlledBy(rs, rs, place) }
 
 // controlledBy is placeControlled with place's controls taken from all
 // (another claim's results, for a member's box: its controls are C-EGRESS's
 // and C-DNS's).
-func controlledBy(rs, all []Result, place string) []Result {
+func controlledBy(rs, all []Result, place Place) []Result {
 	var failed []string
 	controls := 0
 	for _, r := range all {
@@ -355,7 +366,7 @@ func controlledBy(rs, all []Result, place string) []Result {
 		}
 	}
 	if controls == 0 {
-		failed = append(failed, place+" ran no control")
+		failed = append(failed, string(place)+" ran no control")
 	}
 	if len(failed) == 0 {
 		return rs
@@ -364,7 +375,7 @@ func controlledBy(rs, all []Result, place string) []Result {
 	for i, r := range out {
 		if r.From == place && r.Verdict == Pass && (r.Expect == ExpectBlocked || r.Expect == ExpectNoName) {
 			out[i].Verdict = Inconclusive
-			out[i].Evidence = "looked blocked, but " + place + "'s own control failed (" + strings.Join(failed, "; ") + "), so the block proves nothing"
+			out[i].Evidence = "looked blocked, but " + string(place) + "'s own control failed (" + strings.Join(failed, "; ") + "), so the block proves nothing"
 		}
 	}
 	return out

@@ -83,31 +83,28 @@ func nameQuestions(s Scene, hosts []hostscan.HostsEntry) (out []topo.Name, dropp
 	return out, dropped
 }
 
-// names asks the box's resolver the siblings' names (never public: any
-// answer is a leak) and every question of the scene, each compared with
-// the pinned public upstream asked directly from the host: a name the box
-// is told about and the upstream is not (or differently) is leaked.
-func (b *builder) names() {
-	if b.claims["C-NAMES"] {
-		b.namesFrom("C-NAMES", b.t.A)
-	}
-	if b.claims["C-TIER"] && b.t.T.IP.IsValid() {
-		b.namesFrom("C-TIER", b.t.T)
-	}
-}
-
-// namesFrom asks one box's resolver every question for a claim.
-func (b *builder) namesFrom(claim string, from BoxEnd) {
+// namesFrom asks one box's resolver, for a claim (C-NAMES from box-a,
+// C-TIER from box-t), the siblings' names (never public: any answer is a
+// leak) and every question of the scene, each compared with the pinned
+// public upstream asked directly from the host: a name the box is told
+// about and the upstream is not (or differently) is leaked (judgeNoName).
+func (b *builder) namesFrom(claim ClaimID, from BoxEnd) {
 	t := b.t
+	if !from.IP.IsValid() {
+		return
+	}
 	ask := func(name, qtype, label string, why topo.Provenance) *Action {
-		return b.probe(Action{ID: b.id(), Claim: claim, Channel: "dns", From: from.Place, Target: label, TargetKey: "gateway", Expect: ExpectNoName, Provenance: why},
+		return b.probe(Action{Claim: claim, Channel: ChannelDNS, From: from.Place, Target: label, TargetKey: "gateway", Expect: ExpectNoName, Provenance: why},
 			probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: name, QType: qtype, Via: t.Subnet})
 	}
 	for _, peer := range []BoxEnd{t.B, t.C} {
-		for _, n := range probes.DNSNameForms(peer.Instance, t.DNSDomain) {
-			ask(n, "A", n+" ("+peer.Place+")", topo.FromSibling)
+		if !peer.IP.IsValid() {
+			continue
 		}
-		ask(peer.IP.String(), "PTR", "PTR "+peer.IP.String()+" ("+peer.Place+")", topo.FromSibling)
+		for _, n := range probes.DNSNameForms(peer.Instance, t.DNSDomain) {
+			ask(n, "A", n+" ("+string(peer.Place)+")", topo.FromSibling)
+		}
+		ask(peer.IP.String(), "PTR", "PTR "+peer.IP.String()+" ("+string(peer.Place)+")", topo.FromSibling)
 	}
 	for _, q := range t.questions {
 		label := q.Name
@@ -118,10 +115,7 @@ func (b *builder) namesFrom(claim string, from BoxEnd) {
 		if !t.Upstream.IsValid() {
 			continue
 		}
-		id := upstreamID(a.ID)
-		a.ControlAt, a.ControlID = PlaceHost, id
-		p := b.plan(PlaceHost)
-		p.Probes = append(p.Probes, probes.ProbeSpec{ID: id, Kind: probes.KindDNS, Target: t.Upstream, Port: 53, Name: q.Name, QType: q.QType,
+		a.Reference = b.reference(PlaceHost, probes.ProbeSpec{ID: upstreamID(a.ID), Kind: probes.KindDNS, Target: t.Upstream, Port: 53, Name: q.Name, QType: q.QType,
 			DelayMS: int(probeDelay.Milliseconds()), DeadlineMS: int(probeDeadline.Milliseconds())})
 	}
 }
@@ -137,10 +131,10 @@ func judgeNoName(r Result, o probes.Observation, obs observations, baselineOK bo
 		if d != nil {
 			answers = strings.Join(d.Answers, ", ")
 		}
-		if r.ControlID == "" {
+		if !r.Reference.Valid() {
 			return verdict(r, Fail, "the box's resolver answered a private name: "+answers)
 		}
-		up, ok := obs.get(r.ControlAt, r.ControlID)
+		up, ok := obs.get(r.Reference.At, r.Reference.ID)
 		switch {
 		case ok && up.Outcome == probes.Reached && up.Evidence.DNS != nil && sameAnswers(d, up.Evidence.DNS):
 			r.AtTarget = "the public upstream answers the same: " + strings.Join(up.Evidence.DNS.Answers, ", ")
@@ -196,7 +190,7 @@ func readHosts(path string) ([]hostscan.HostsEntry, string) {
 	}
 	h, err := hostscan.ReadHosts(path)
 	if err != nil {
-		return nil, fmt.Sprintf("C-NAMES: the hosts file %s was not read (%v): its names were not asked", path, err)
+		return nil, fmt.Sprintf("%s: the hosts file %s was not read (%v): its names were not asked", NamesID, path, err)
 	}
 	return h, ""
 }

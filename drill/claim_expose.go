@@ -4,11 +4,26 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"slices"
 
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 )
+
+// ExposeID is C-EXPOSE: a door box opens answers on the host's loopback
+// only.
+const ExposeID ClaimID = "C-EXPOSE"
+
+var claimExpose = Claim{
+	ID: ExposeID, From: "the host's loopback, its other addresses, the LAN; box-a", To: "box expose's door from the host's 127.0.0.1 to box-a's listener",
+	Channels: []Channel{ChannelTCP},
+	Expect:   "the door answers on the host's loopback only (elsewhere the port is closed), and opens nothing inside the box",
+	Layers:   []stack.LayerID{stack.LayerFleet},
+	Why:      "a door is the one thing box puts between a box and the host: on any address but loopback it is a way in from the LAN, and a listener inside would be a way out",
+	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
+	prepare: openDoor,
+	build:   buildExpose,
+	judge:   judgeExpose,
+}
 
 // C-EXPOSE: box expose's door (an Incus proxy device box makes) answers on
 // the host's loopback and nowhere else: not on the host's other addresses,
@@ -22,39 +37,45 @@ import (
 // world listens there; box expose refuses a taken one).
 const doorHostPort = 19100
 
-// ExpectClosed: the target's kernel refused the connection (nothing listens).
-const ExpectClosed Expectation = "closed (refused: nothing listens)"
-
-// exposeSelected reports whether the run includes C-EXPOSE.
-func (r *run) exposeSelected() bool {
-	return slices.ContainsFunc(r.cfg.Claims, func(c Claim) bool { return c.ID == "C-EXPOSE" })
-}
-
 // openDoor opens the door to box-a's listener. A door that cannot be
 // opened here makes C-EXPOSE inconclusive, not the run fail.
-func (r *run) openDoor(ctx context.Context) {
+func openDoor(ctx context.Context, r *run) error {
 	d, err := r.cfg.Host.Expose(ctx, r.names[PlaceA], stack.DoorSpec{Port: listenTCP, HostPort: doorHostPort, Kind: stack.DoorTCP})
 	if err != nil {
 		r.doorErr = err.Error()
-		return
+		return nil
 	}
 	r.cfg.logf("expose: a door from 127.0.0.1:%d to %s's port %d (%s)", doorHostPort, r.names[PlaceA], listenTCP, d.Device)
 	r.door = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), doorHostPort)
+	return nil
 }
 
-// expose builds C-EXPOSE's probes.
-func (b *builder) expose() {
+// judgeExpose: a door that could not be opened leaves the claim
+// inconclusive, saying why.
+func judgeExpose(r *run, c Claim, rs []Result) []Result {
+	if len(rs) == 0 && r.doorErr != "" {
+		a := Action{ID: "e-door", Claim: c.ID, Channel: ChannelTCP, From: PlaceDrill, Target: "a door to box-a", TargetKey: "door", Expect: ExpectReach}
+		return []Result{{Action: a, Verdict: Inconclusive, Observed: "no door", Evidence: "box expose could not open the door here: " + r.doorErr}}
+	}
+	return judgeProbes(r, c, rs)
+}
+
+// buildExpose: the door from the host's loopback (box-a's listener
+// answers, greeting with its name); every other host address, the LAN
+// side and box-a's own loopback (refused: nothing there).
+func buildExpose(b *builder) {
 	t := b.t
-	if !b.claims["C-EXPOSE"] || !t.Door.IsValid() {
+	if !t.Door.IsValid() {
 		return
 	}
 	port := int(t.Door.Port())
-	probe := func(from, target, key string, e Expectation, spec probes.ProbeSpec) {
+	probe := func(from Place, target, key string, e Expectation, spec probes.ProbeSpec) *Action {
 		spec.Kind, spec.Port, spec.Nonce = probes.KindTCP, port, probes.NewNonce()
-		b.probe(Action{ID: b.id(), Claim: "C-EXPOSE", Channel: "tcp", From: from, Target: target, TargetKey: key, Expect: e}, spec)
+		return b.probe(Action{Claim: ExposeID, Channel: ChannelTCP, From: from, Target: target, TargetKey: key, Expect: e}, spec)
 	}
 	// The door, from the host's loopback: box-a's listener answers.
-	probe(PlaceHost, "the door "+t.Door.String(), "door", ExpectReach, probes.ProbeSpec{Target: t.Door.Addr()})
+	door := probe(PlaceHost, "the door "+t.Door.String(), "door", ExpectReach, probes.ProbeSpec{Target: t.Door.Addr()})
+	door.Greeting = probes.GreetPrefix + string(PlaceA)
 	// Every other host address: nothing there.
 	for _, h := range t.HostAddrs {
 		probe(PlaceHost, fmt.Sprintf("host %s %s:%d", h.Name, h.Addr, port), "host-"+h.Name, ExpectClosed, probes.ProbeSpec{Target: h.Addr})

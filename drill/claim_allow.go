@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 	"time"
 
@@ -13,6 +12,26 @@ import (
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 )
+
+// AllowID is C-ALLOW: a box under an egress allowlist reaches what it
+// allows and nothing else.
+const AllowID ClaimID = "C-ALLOW"
+
+var claimAllow = Claim{
+	ID: AllowID, From: "box-w, under an egress allowlist (the canary's name, and a name that resolves to a LAN host); box-a, open",
+	To:       "the allowed canary by name; a second canary by name and by address; a public resolver straight; the LAN host the allowed name resolves to",
+	Channels: []Channel{ChannelTCP, ChannelUDP},
+	Expect:   "box-w reaches the allowed canary by name and nothing else; box-a reaches the second canary (it was there to be blocked)",
+	Layers:   []stack.LayerID{stack.LayerEgress},
+	Why:      "an allowlist that leaks is a false sense of safety, and one that lets an allowed name point at the LAN is a way in (DNS rebinding); it must only ever drop",
+	Modes:    Modes{World: Runs, Host: Never, Why: "it needs the world's second canary and a witness in its internet"},
+	Evidence: []Evidence{EvidenceProbes},
+	prepare:  mintAllowBox,
+	build:    buildAllow,
+	// box-w's blocks count only if its control, the allowed canary, was
+	// reached.
+	judge: func(r *run, c Claim, rs []Result) []Result { return judgeProbes(r, c, placeControlled(rs, PlaceW)) },
+}
 
 // C-ALLOW: a box under an egress allowlist (box-w: the canary's name, and a
 // name that resolves to a LAN host) reaches the allowed canary by name and
@@ -23,12 +42,6 @@ import (
 // canary is there to be blocked. box-w's own reach of the allowed canary
 // is its control: if that fails the claim fails, and its blocks prove
 // nothing.
-
-// Places of C-ALLOW.
-const (
-	PlaceW    = "box-w" // the allowlisted box
-	PlaceInet = "inet"  // the internet's namespace (witnesses at the second canary and the resolver)
-)
 
 // Ports of the second canary: box-w's probes by name and by address, and
 // box-a's, each on its own, so a witness that sees a SYN (which carries no
@@ -41,24 +54,25 @@ const (
 
 // allowDeadline gives a probe by name the time to ask the resolver and
 // still see TCP's first retransmission.
-var allowDeadline = 2500 * time.Millisecond
-
-// allowSelected reports whether the run includes C-ALLOW.
-func (r *run) allowSelected() bool {
-	return slices.ContainsFunc(r.cfg.Claims, func(c Claim) bool { return c.ID == "C-ALLOW" }) && r.cfg.Topology.Allow.Valid()
-}
+const allowDeadline = 2500 * time.Millisecond
 
 // allowNames is box-w's allowlist.
 func allowNames(t Scene) []string {
 	return []string{strings.TrimSuffix(t.PublicName, "."), strings.TrimSuffix(t.Allow.RebindName, ".")}
 }
 
-// mintAllowBox mints box-w under its allowlist.
-func (r *run) mintAllowBox(ctx context.Context, stamps map[string]string) error {
+// mintAllowBox mints box-w under its allowlist; without the world's
+// second canary there is nothing to allow or deny.
+func mintAllowBox(ctx context.Context, r *run) error {
 	cfg := &r.cfg
+	if !cfg.Topology.Allow.Valid() {
+		r.skip(AllowID, "the topology has no second canary and internet witness (the hermetic world's)")
+		return nil
+	}
+	r.names[PlaceW] = r.boxName("w")
 	names := allowNames(Scene{Topology: cfg.Topology})
 	cfg.logf("allow: minting %s under the allowlist %s", r.names[PlaceW], strings.Join(names, " "))
-	req := stack.MintRequest{Name: r.names[PlaceW], Image: cfg.Image, Type: probeType, Stamps: stamps, Egress: names, Target: r.localMember()}
+	req := stack.MintRequest{Name: r.names[PlaceW], Image: cfg.Image, Type: probeType, Stamps: r.stamps(), Egress: names, Target: r.localMember()}
 	if err := mintProbeBox(ctx, cfg, req); err != nil {
 		return fmt.Errorf("allow: %w", err)
 	}
@@ -71,10 +85,14 @@ func (r *run) mintAllowBox(ctx context.Context, stamps map[string]string) error 
 	return nil
 }
 
-// allow builds C-ALLOW's probes.
-func (b *builder) allow() {
+// buildAllow: box-w to the allowed canary by name (its control, which
+// must greet as the canary), to the second canary by name and address, to
+// a public resolver straight and to the LAN host an allowed name resolves
+// to, each witnessed in the internet's namespace or on the LAN; box-a,
+// open, reaches the second canary.
+func buildAllow(b *builder) {
 	t := b.t
-	if !b.claims["C-ALLOW"] || !t.W.IP.IsValid() || !t.Allow.Valid() {
+	if !t.W.IP.IsValid() || !t.Allow.Valid() {
 		return
 	}
 	al := t.Allow
@@ -83,7 +101,7 @@ func (b *builder) allow() {
 			DeadlineMS: int(allowDeadline.Milliseconds())}
 	}
 	probe := func(from BoxEnd, target, key string, e Expectation, spec probes.ProbeSpec) *Action {
-		return b.probe(Action{ID: b.id(), Claim: "C-ALLOW", Channel: "tcp", From: from.Place, Target: target, TargetKey: key, Expect: e}, spec)
+		return b.probe(Action{Claim: AllowID, Channel: ChannelTCP, From: from.Place, Target: target, TargetKey: key, Expect: e}, spec)
 	}
 	inetWitness := func(a *Action, dst netip.Addr, proto string, port int, nonce string) {
 		w := probes.WitnessSpec{Via: al.InetVia, Proto: proto, Port: port, DstIP: dst}
@@ -100,7 +118,7 @@ func (b *builder) allow() {
 	}
 
 	// box-w's control: the allowed canary, by name.
-	probe(t.W, "canary "+t.PublicName+" (allowed)", "internet", ExpectReach, byName(t.W, t.PublicName, t.CanaryTCP))
+	probe(t.W, "canary "+t.PublicName+" (allowed)", "internet", ExpectReach, byName(t.W, t.PublicName, t.CanaryTCP)).Greeting = t.CanaryGreeting
 	// Not the other canary, by name or by address.
 	a := probe(t.W, "second canary "+al.OtherName+" (not allowed)", "internet-2", ExpectBlocked, byName(t.W, al.OtherName, allowByNamePort))
 	inetWitness(a, al.Other, "tcp", allowByNamePort, "")
@@ -110,7 +128,7 @@ func (b *builder) allow() {
 	// Not a public resolver straight (only the gateway's, which the
 	// allowlist works through).
 	nonce := probes.NewNonce()
-	a = b.probe(Action{ID: b.id(), Claim: "C-ALLOW", Channel: "udp", From: t.W.Place, Target: "public resolver " + t.Upstream.String() + ":53, straight", TargetKey: "resolver", Expect: ExpectBlocked},
+	a = b.probe(Action{Claim: AllowID, Channel: ChannelUDP, From: t.W.Place, Target: "public resolver " + t.Upstream.String() + ":53, straight", TargetKey: "resolver", Expect: ExpectBlocked},
 		probes.ProbeSpec{Kind: probes.KindUDP, Target: t.Upstream, Port: 53, Payload: "nonce", Nonce: nonce, Via: t.Subnet})
 	inetWitness(a, t.Upstream, "udp", 53, nonce)
 	// An allowed name that resolves to a LAN host stays unreachable.
@@ -119,29 +137,9 @@ func (b *builder) allow() {
 		b.witness(a, PlaceLAN, probes.WitnessSpec{Via: t.LANVia, SrcIPs: []netip.Addr{t.W.IP, t.LANNAT}, Proto: "tcp", Port: 80, DstIP: al.RebindAddr})
 	}
 	// box-a, open, reaches the second canary: it was there to be blocked.
-	probe(t.A, "second canary "+al.OtherName+" (box-a is open)", "internet-2", ExpectReach, byName(t.A, al.OtherName, allowOpenPort))
+	probe(t.A, "second canary "+al.OtherName+" (box-a is open)", "internet-2", ExpectReach, byName(t.A, al.OtherName, allowOpenPort)).Greeting = al.OtherGreeting
 	probe(t.A, fmt.Sprintf("second canary %s:%d by address (box-a is open)", al.Other, allowOpenPort), "internet-2", ExpectReach,
-		probes.ProbeSpec{Kind: probes.KindTCP, Target: al.Other, Port: allowOpenPort, Via: t.Subnet})
-}
-
-// allowControlled makes box-w's blocks inconclusive unless its control,
-// the allowed canary, was reached.
-func allowControlled(rs []Result) []Result { return placeControlled(rs, PlaceW) }
-
-// greetingOf is the greeting the canary at target answers with ("" when
-// the world gives none: a real host's public canary).
-func greetingOf(t Scene, target string) string {
-	ap, err := netip.ParseAddrPort(target)
-	if err != nil {
-		return ""
-	}
-	switch ap.Addr() {
-	case t.Canary:
-		return t.CanaryGreeting
-	case t.Allow.Other:
-		return t.Allow.OtherGreeting
-	}
-	return ""
+		probes.ProbeSpec{Kind: probes.KindTCP, Target: al.Other, Port: allowOpenPort, Via: t.Subnet}).Greeting = al.OtherGreeting
 }
 
 // dropEgressTable is the mutation "egress": no allowlist is enforced.

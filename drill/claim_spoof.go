@@ -6,7 +6,24 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/probes"
+	"github.com/box-isolation/box/stack"
 )
+
+// SpoofID is C-SPOOF: a box that lies about who it is gets no lie past
+// the bridge.
+const SpoofID ClaimID = "C-SPOOF"
+
+var claimSpoof = Claim{
+	ID: SpoofID, From: "box-a, lying about who it is", To: "the host, box-b, the internet",
+	Channels: []Channel{ChannelARP, ChannelMAC, ChannelIPv4Source, ChannelReturnTraffic},
+	Expect:   "no forged ARP or IPv4 source reaches the host's bridge or a peer, the host never holds box-b's address at another MAC, box-b's return traffic keeps reaching it",
+	Layers:   []stack.LayerID{stack.LayerPin},
+	Why:      "a box that takes a sibling's address steals its return traffic, and one that takes the gateway's misleads every box that believes it",
+	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
+	watch:  watchSpoof,
+	build:  buildSpoof,
+	refine: refineSpoof,
+}
 
 // C-SPOOF: box-a lies about who it is. It claims box-b's address and the
 // gateway's in forged ARP (gratuitous, replies and requests, once from a
@@ -27,7 +44,7 @@ import (
 // and an update within a second (its locktime) of the last one: so box-b
 // talks to the canary first, and the lies come more than a second later.
 
-var (
+const (
 	// spoofDelay is when box-a lies: past box-b's first traffic to the
 	// canary (at probeDelay) by more than the kernel's ARP locktime.
 	spoofDelay = probeDelay + 1200*time.Millisecond
@@ -39,26 +56,36 @@ var (
 	spoofBeforeID = "ctl-spoof-before"
 )
 
+// watchSpoof records the host's neighbour table and the bridge's
+// forwarding database over the probe phase.
+func watchSpoof(r *run) func() {
+	nw, err := watchNeighbours(r.cfg.Host.NetNS, stack.Current.Network)
+	if err != nil {
+		r.neighErr = err.Error()
+		return func() {}
+	}
+	return func() {
+		var werr error
+		if r.neigh, werr = nw.stop(); werr != nil {
+			r.neighErr = "the watch was cut short: " + werr.Error()
+		}
+	}
+}
+
 // TargetHostBridge is the matrix column of what a witness on the host's
 // bridge device sees arrive: frames past every layer of the bridge.
 const TargetHostBridge = "host-bridge"
 
-func (b *builder) spoof() {
-	if !b.claims["C-SPOOF"] {
-		return
-	}
+// buildSpoof: box-a's lies, each witnessed on the host's bridge (whose
+// witnesses' control is box-a's own frames to it) or in box-b; box-b's
+// traffic to the canary before and after them.
+func buildSpoof(b *builder) {
 	t := b.t
 	if t.A.MAC == nil || t.B.MAC == nil || t.GatewayMAC == nil || !t.B.IP.IsValid() {
 		return
 	}
-	// The host bridge witnesses' control: box-a's own frames to the bridge.
-	b.controls[PlaceHost] = probes.NewNonce()
-	dur := planDeadline - controlDelay - probes.AgentMargin - passiveCushion
-	b.plan(PlaceA).Probes = append(b.plan(PlaceA).Probes, probes.ProbeSpec{ID: controlID(PlaceHost), Kind: probes.KindControl,
-		Via: t.Subnet, Nonce: b.controls[PlaceHost], DstMAC: t.GatewayMAC.String(),
-		DelayMS: int(controlDelay.Milliseconds()), DeadlineMS: int(dur.Milliseconds())})
 	// box-b talks to the canary first: the host learns its MAC.
-	b.plan(PlaceB).Probes = append(b.plan(PlaceB).Probes, probes.ProbeSpec{ID: spoofBeforeID, Kind: probes.KindTCP,
+	before := b.reference(PlaceB, probes.ProbeSpec{ID: spoofBeforeID, Kind: probes.KindTCP,
 		Target: t.Canary, Port: t.CanaryTCP, Via: t.Subnet, DelayMS: int(probeDelay.Milliseconds()), DeadlineMS: int(probeDeadline.Milliseconds())})
 
 	gw, bIP := t.Gateway, t.B.IP
@@ -68,11 +95,11 @@ func (b *builder) spoof() {
 	for _, l := range []struct {
 		what    string
 		op      string
-		claim   netip.Addr
+		lie     netip.Addr // the address the frame says is the sender's
 		target  netip.Addr
 		dstMAC  string
 		srcMAC  string
-		witness string
+		witness Place
 	}{
 		{"gratuitous ARP claiming box-b's address", probes.ARPOpGratuitous, bIP, netip.Addr{}, "", "", PlaceHost},
 		{"ARP reply to the host claiming box-b's address", probes.ARPOpReply, bIP, gw, gwMAC, "", PlaceHost},
@@ -82,19 +109,19 @@ func (b *builder) spoof() {
 		{"ARP request claiming the gateway's address", probes.ARPOpRequest, gw, t.C.IP, "", "", PlaceHost},
 		{"ARP reply to box-b claiming the gateway's address", probes.ARPOpReply, gw, bIP, bMAC, "", PlaceB},
 	} {
-		if !l.claim.IsValid() || (l.op != probes.ARPOpGratuitous && !l.target.IsValid()) {
+		if !l.lie.IsValid() || (l.op != probes.ARPOpGratuitous && !l.target.IsValid()) {
 			continue
 		}
-		channel := "arp"
+		channel := ChannelARP
 		if l.srcMAC != "" {
-			channel = "mac"
+			channel = ChannelMAC
 		}
 		key := TargetHostBridge
 		if l.witness == PlaceB {
-			key = PlaceB
+			key = string(PlaceB)
 		}
-		a := b.probe(Action{ID: b.id(), Claim: "C-SPOOF", Channel: channel, From: PlaceA, Target: l.what, TargetKey: key, Expect: ExpectBlocked},
-			probes.ProbeSpec{Kind: probes.KindARPSpoof, Via: t.Subnet, Op: l.op, Claim: l.claim, Target: l.target, DstMAC: l.dstMAC, SrcMAC: l.srcMAC,
+		a := b.probe(Action{Claim: SpoofID, Channel: channel, From: PlaceA, Target: l.what, TargetKey: key, Expect: ExpectBlocked},
+			probes.ProbeSpec{Kind: probes.KindARPSpoof, Via: t.Subnet, Op: l.op, ARPSenderIP: l.lie, Target: l.target, DstMAC: l.dstMAC, SrcMAC: l.srcMAC,
 				DelayMS: int(spoofDelay.Milliseconds())})
 		sender := aMAC
 		if l.srcMAC != "" {
@@ -102,9 +129,9 @@ func (b *builder) spoof() {
 		}
 		dst := l.target
 		if l.op == probes.ARPOpGratuitous {
-			dst = l.claim
+			dst = l.lie
 		}
-		b.witness(a, l.witness, probes.WitnessSpec{Via: t.Subnet, Proto: "arp", SrcIPs: []netip.Addr{l.claim}, DstIP: dst, ARPSender: sender})
+		b.witness(a, l.witness, probes.WitnessSpec{Via: t.Subnet, Proto: "arp", SrcIPs: []netip.Addr{l.lie}, DstIP: dst, ARPSender: sender})
 	}
 	// Forged IPv4 sources, to the canary and to the host.
 	canaryPort := t.CanaryUDP
@@ -124,37 +151,38 @@ func (b *builder) spoof() {
 		{"IPv4 from the gateway's address to the host", gw, gw, hostUDP},
 	} {
 		nonce := probes.NewNonce()
-		a := b.probe(Action{ID: b.id(), Claim: "C-SPOOF", Channel: "ipv4-source", From: PlaceA, Target: f.what, TargetKey: TargetHostBridge, Expect: ExpectBlocked},
+		a := b.probe(Action{Claim: SpoofID, Channel: ChannelIPv4Source, From: PlaceA, Target: f.what, TargetKey: TargetHostBridge, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindForgedUDP, Via: t.Subnet, SrcIP: f.src, Target: f.target, Port: f.port, Nonce: nonce,
 				DelayMS: int(spoofDelay.Milliseconds())})
 		b.witness(a, PlaceHost, probes.WitnessSpec{Via: t.Subnet, Nonces: []string{nonce}, Proto: "udp"})
 	}
 	// box-b's traffic to the canary after the lies: a host that believed
 	// one sends box-b's return traffic to box-a.
-	a := b.probe(Action{ID: b.id(), Claim: "C-SPOOF", Channel: "return-traffic", From: PlaceB, Target: "canary " + t.Canary.String() + ", after box-a's lies", TargetKey: "internet", Expect: ExpectReach},
+	a := b.probe(Action{Claim: SpoofID, Channel: ChannelReturnTraffic, From: PlaceB, Target: "canary " + t.Canary.String() + ", after box-a's lies", TargetKey: "internet", Expect: ExpectReach},
 		probes.ProbeSpec{Kind: probes.KindTCP, Target: t.Canary, Port: t.CanaryTCP, Via: t.Subnet,
 			DelayMS: int(returnDelay.Milliseconds()), DeadlineMS: int(returnDeadline.Milliseconds())})
-	a.ControlAt, a.ControlID = PlaceB, spoofBeforeID
+	a.Greeting, a.Reference = t.CanaryGreeting, before
 }
 
-// judgeSpoof adds to a C-SPOOF verdict what the host's neighbour table and
+// refineSpoof adds to a C-SPOOF verdict what the host's neighbour table and
 // the bridge's forwarding database showed over the probe phase, and ties
 // box-b's return traffic to its traffic before the lies.
+func refineSpoof(ru *run, r Result) Result {
+	return judgeSpoof(r, ru.obs, ru.scene, ru.neigh, ru.neighErr)
+}
+
 func judgeSpoof(r Result, obs observations, t Scene, neigh []neighEvent, neighErr string) Result {
-	if r.Claim != "C-SPOOF" {
-		return r
-	}
-	if r.Channel == "return-traffic" {
+	if r.Channel == ChannelReturnTraffic {
 		if r.Verdict == Pass {
 			return r
 		}
-		before, ok := obs.get(PlaceB, spoofBeforeID)
+		before, ok := obs.get(r.Reference.At, r.Reference.ID)
 		if !ok || before.Outcome != probes.Reached {
 			return verdict(r, Inconclusive, r.Evidence+"; but box-b did not reach the canary before the lies either ("+reportOf(before, ok)+"), so this proves nothing about them")
 		}
 		return verdict(r, Fail, "box-b reached the canary before box-a's lies and not after: its return traffic went missing ("+r.Evidence+")"+neighSummary(t, neigh))
 	}
-	if r.Probe.Kind != probes.KindARPSpoof || r.Probe.Claim != t.B.IP {
+	if r.Probe.Kind != probes.KindARPSpoof || r.Probe.ARPSenderIP != t.B.IP {
 		return r
 	}
 	if neighErr != "" {

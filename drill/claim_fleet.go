@@ -2,12 +2,39 @@ package drill
 
 import (
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/box-isolation/box/stack"
 )
+
+// FleetID is C-FLEET: every box on the host, not only the drill's fresh
+// ones, is on the stack.
+const FleetID ClaimID = "C-FLEET"
+
+var claimFleet = Claim{
+	ID: FleetID, From: "every instance on boxnet (any project, tagged or not, running or stopped) and every port on it", To: "the stack",
+	Channels: []Channel{ChannelCensus},
+	Expect:   "exactly one NIC, on boxnet, isolated (config and kernel flag), in the bridge drop's port set; no other NIC, no proxy but box's own loopback doors, no host path or device passed through, no raw.lxc/raw.qemu, not privileged",
+	Layers:   []stack.LayerID{stack.LayerFleet},
+	Why:      "the boxes people work in were minted weeks ago and changed since: a re-plugged NIC or a device added by hand takes one off the stack while fresh probe boxes pass",
+	Modes:    everywhere, Evidence: []Evidence{EvidenceCensus},
+	judge: judgeFleet,
+}
+
+// judgeFleet judges C-FLEET from the census taken once the drill's boxes
+// ran. box-t lives in its user's project, and its isolation is off on
+// purpose: C-TIER judges it.
+func judgeFleet(r *run, c Claim, _ []Result) []Result {
+	var census *stack.Census
+	if r.v != nil {
+		census = r.v.Fleet
+	}
+	own := maps.Clone(r.names)
+	delete(own, PlaceT)
+	return fleetResults(c, census, r.cfg.Host.Incus.ProjectName(), own, r.findings)
+}
 
 // C-FLEET: the probes meet only the drill's own fresh boxes, the census
 // meets every instance and port on the bridge (stack.Census). Its findings
@@ -15,21 +42,14 @@ import (
 // to have met the drill's own boxes on their ports, for a census blind to
 // them proves nothing about the rest.
 
-// ChannelCensus is the channel of C-FLEET's liveness control.
-const ChannelCensus = "census"
-
 // fleetResults judges C-FLEET from the census taken once the drill's
 // boxes ran (census), the boxes (place -> instance) of project, and every
 // finding of the run.
-func fleetResults(c Claim, census *stack.Census, project string, boxes map[string]string, findings []stack.Finding) []Result {
-	a := Action{ID: "f-" + c.ID, Claim: c.ID, Channel: ChannelCensus, From: "verify", Target: "every instance and port on " + stack.Current.Network,
-		TargetKey: ChannelCensus, Expect: ExpectPresent}
+func fleetResults(c Claim, census *stack.Census, project string, boxes map[Place]string, findings []stack.Finding) []Result {
+	a := Action{ID: "f-" + string(c.ID), Claim: c.ID, Channel: ChannelCensus, From: PlaceVerify, Target: "every instance and port on " + stack.Current.Network,
+		TargetKey: string(ChannelCensus), Expect: ExpectPresent}
 	r := Result{Action: a, Verdict: Pass, Observed: "met the drill's own boxes"}
-	places := make([]string, 0, len(boxes))
-	for p := range boxes {
-		places = append(places, p)
-	}
-	sort.Strings(places)
+	places := slices.Sorted(maps.Keys(boxes))
 	var met, missed []string
 	for _, p := range places {
 		name := boxes[p]

@@ -1,0 +1,22 @@
+package main
+
+import (
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/internal/jsonkeys"
+)
+
+// TestListKeysGolden holds drill list --json's key paths to the golden
+// file: its JSON is a stable interface.
+func TestListKeysGolden(t *testing.T) {
+	b, err := os.ReadFile("testdata/list-keys.golden")
+	require.NoError(t, err)
+	want := strings.Split(strings.TrimSpace(string(b)), "\n")
+	assert.Equal(t, want, jsonkeys.Paths(reflect.TypeFor[[]listedClaim]()))
+}

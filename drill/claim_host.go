@@ -1,0 +1,36 @@
+package drill
+
+import "github.com/box-isolation/box/stack"
+
+// HostID is C-HOST: a box reaches none of the host's own addresses but
+// for DNS and DHCP at the gateway.
+const HostID ClaimID = "C-HOST"
+
+var claimHost = Claim{
+	ID: HostID, From: "box",
+	To:       "every host address: the drill's listeners, every socket the host listens on (read from the kernel), DNS and DHCP off the gateway",
+	Channels: []Channel{ChannelTCP, ChannelUDP, ChannelICMP},
+	Expect:   "dropped (DNS and DHCP to the gateway are the only exceptions; router solicitations reach an IPv6 stack the bridge must not have)",
+	Layers:   []stack.LayerID{stack.LayerHostFW, stack.LayerACL},
+	Why:      "the host's own services, including those on its public address, are not the box's",
+	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
+	build: buildHost,
+	judge: judgeHost,
+}
+
+// buildHost: box-a to every host address (scenario_host.go); on a
+// cluster, every member's box to its own member and to every other
+// member's cluster address (cluster.go).
+func buildHost(b *builder) {
+	b.hostFrom(HostID, b.t.A)
+	b.crossMember(HostID)
+}
+
+// judgeHost: on a cluster, another member's box's blocks count only if
+// its own controls (its C-EGRESS and C-DNS probes) held.
+func judgeHost(r *run, c Claim, rs []Result) []Result {
+	for _, p := range r.memberBoxPlaces() {
+		rs = controlledBy(rs, r.judged, p)
+	}
+	return judgeProbes(r, c, rs)
+}

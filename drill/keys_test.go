@@ -1,0 +1,25 @@
+package drill
+
+import (
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/internal/jsonkeys"
+)
+
+// TestReportKeysGolden holds the JSON report's key paths to those of
+// schema_version 3 (docs/drill-report.md): a key added, renamed or removed
+// must bump SchemaVersion, say what changed in the docs and rewrite the
+// golden file.
+func TestReportKeysGolden(t *testing.T) {
+	b, err := os.ReadFile("testdata/report-keys.golden")
+	require.NoError(t, err)
+	want := strings.Split(strings.TrimSpace(string(b)), "\n")
+	assert.Equal(t, 3, SchemaVersion, "the golden file is schema 3's")
+	assert.Equal(t, want, jsonkeys.Paths(reflect.TypeFor[Report]()))
+}
