@@ -110,20 +110,25 @@ func buildAllow(b *builder) {
 			// resolver from the same (NATed) address.
 			w.Nonces = []string{nonce}
 		} else {
-			// A SYN carries no nonce: by the host's NATed source and a
-			// port only this probe uses.
-			w.SrcIPs = []netip.Addr{al.InetNAT}
+			// A SYN carries no nonce: by the host's NATed source and the
+			// source port this probe pinned.
+			w.SrcIPs, w.SrcPort = []netip.Addr{al.InetNAT}, a.Probe.SrcPort
 		}
 		b.witness(a, PlaceInet, w)
+	}
+	// pinned is a blocked probe's spec with a source port of its own.
+	pinned := func(spec probes.ProbeSpec) probes.ProbeSpec {
+		spec.SrcPort = b.srcPort()
+		return spec
 	}
 
 	// box-w's control: the allowed canary, by name.
 	probe(t.W, "canary "+t.PublicName+" (allowed)", "internet", ExpectReach, byName(t.W, t.PublicName, t.CanaryTCP)).Greeting = t.CanaryGreeting
 	// Not the other canary, by name or by address.
-	a := probe(t.W, "second canary "+al.OtherName+" (not allowed)", "internet-2", ExpectBlocked, byName(t.W, al.OtherName, allowByNamePort))
+	a := probe(t.W, "second canary "+al.OtherName+" (not allowed)", "internet-2", ExpectBlocked, pinned(byName(t.W, al.OtherName, allowByNamePort)))
 	inetWitness(a, al.Other, "tcp", allowByNamePort, "")
 	a = probe(t.W, fmt.Sprintf("second canary %s:%d by address", al.Other, allowByAddrPort), "internet-2", ExpectBlocked,
-		probes.ProbeSpec{Kind: probes.KindTCP, Target: al.Other, Port: allowByAddrPort, Via: t.Subnet})
+		pinned(probes.ProbeSpec{Kind: probes.KindTCP, Target: al.Other, Port: allowByAddrPort, Via: t.Subnet}))
 	inetWitness(a, al.Other, "tcp", allowByAddrPort, "")
 	// Not a public resolver straight (only the gateway's, which the
 	// allowlist works through).
@@ -133,8 +138,8 @@ func buildAllow(b *builder) {
 	inetWitness(a, t.Upstream, "udp", 53, nonce)
 	// An allowed name that resolves to a LAN host stays unreachable.
 	if t.LANVia.IsValid() {
-		a = probe(t.W, al.RebindName+" (allowed, resolves to "+al.RebindAddr.String()+")", "lan-rebind", ExpectBlocked, byName(t.W, al.RebindName, 80))
-		b.witness(a, PlaceLAN, probes.WitnessSpec{Via: t.LANVia, SrcIPs: []netip.Addr{t.W.IP, t.LANNAT}, Proto: "tcp", Port: 80, DstIP: al.RebindAddr})
+		a = probe(t.W, al.RebindName+" (allowed, resolves to "+al.RebindAddr.String()+")", "lan-rebind", ExpectBlocked, pinned(byName(t.W, al.RebindName, 80)))
+		b.witness(a, PlaceLAN, probes.WitnessSpec{Via: t.LANVia, SrcIPs: []netip.Addr{t.W.IP, t.LANNAT}, Proto: "tcp", Port: 80, SrcPort: a.Probe.SrcPort, DstIP: al.RebindAddr})
 	}
 	// box-a, open, reaches the second canary: it was there to be blocked.
 	probe(t.A, "second canary "+al.OtherName+" (box-a is open)", "internet-2", ExpectReach, byName(t.A, al.OtherName, allowOpenPort)).Greeting = al.OtherGreeting

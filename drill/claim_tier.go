@@ -69,8 +69,18 @@ func buildTier(b *builder) {
 // proves nothing. At teardown the user is purged and deleted.
 
 // tierUserComment marks the accounts the drill makes, so a later run finds
-// an aborted run's and removes them, and nothing else.
+// an aborted run's and removes them, and nothing else; tierUserHost
+// names the host (a world's namespace) whose run made it, so a run in one
+// world never removes the user of a run in another.
 const tierUserComment = "box drill C-TIER throwaway"
+
+// tierUserHost is the part of a tier user's comment naming its host.
+func tierUserHost(h *stack.Host) string {
+	if h.NetNS != "" {
+		return " on " + h.NetNS
+	}
+	return " on the host"
+}
 
 // tierRun is the granted user's side of a run.
 type tierRun struct {
@@ -112,7 +122,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 	r.names[PlaceT] = r.boxName("t")
 	name := "bxd" + r.rep.RunID
 	cfg.logf("tier: making local user %s, granting it, minting box-t as it through incus-user", name)
-	out, err := exec.CommandContext(ctx, "useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", tierUserComment+" "+r.rep.RunID, name).CombinedOutput()
+	out, err := exec.CommandContext(ctx, "useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", tierUserComment+" "+r.rep.RunID+tierUserHost(cfg.Host), name).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("tier: useradd %s: %w: %s", name, err, strings.TrimSpace(string(out)))
 	}
@@ -420,6 +430,13 @@ func removeTierUser(ctx context.Context, h *stack.Host, name string) error {
 	return nil
 }
 
+// tierUserOf reports whether an account's comment marks a drill tier user
+// of a run on this host. A comment naming no host is an older build's,
+// taken as this host's.
+func tierUserOf(comment string, h *stack.Host) bool {
+	return strings.HasPrefix(comment, tierUserComment) && (!strings.Contains(comment, " on ") || strings.HasSuffix(comment, tierUserHost(h)))
+}
+
 // cleanTierLeftovers removes an aborted run's tier users and decoys.
 func cleanTierLeftovers(ctx context.Context, h *stack.Host, logf func(string, ...any)) error {
 	b, err := os.ReadFile("/etc/passwd")
@@ -429,7 +446,7 @@ func cleanTierLeftovers(ctx context.Context, h *stack.Host, logf func(string, ..
 	var errs []error
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Split(line, ":")
-		if len(f) < 5 || !strings.HasPrefix(f[4], tierUserComment) {
+		if len(f) < 5 || !tierUserOf(f[4], h) {
 			continue
 		}
 		if _, err := user.Lookup(f[0]); err != nil {

@@ -194,6 +194,7 @@ func TestReportGroupsByMember(t *testing.T) {
 func TestClusterSourcePortsAreDistinct(t *testing.T) {
 	sc := BuildScenario(clusterScene(6), Catalogue)
 	seen := map[int]string{}
+	cross := 0
 	for _, a := range sc.Actions {
 		p := a.Probe.SrcPort
 		if p == 0 {
@@ -203,6 +204,10 @@ func TestClusterSourcePortsAreDistinct(t *testing.T) {
 		seen[p] = a.ID
 		assert.Less(t, p, 32768, "%s binds %d, in the ephemeral range", a.ID, p)
 		assert.GreaterOrEqual(t, p, firstSrcPort)
+		if a.Source.Port() != 0 {
+			assert.Equal(t, p, int(a.Source.Port()), "%s is known at its target by the port it binds", a.ID)
+			cross++
+		}
 	}
-	assert.Equal(t, 30*5, len(seen), "a 6-member run pins a port for each of the 5 counted services of its 30 ordered pairs")
+	assert.Equal(t, 30*(5+2), cross, "a 6-member run pins a port for each of the 5 counted services and the 2 listeners of its 30 ordered pairs")
 }

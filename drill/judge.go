@@ -258,13 +258,21 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Scene) (arriv
 		if !ok || l.Evidence.Listener == nil {
 			return false, "no listener report from " + string(r.ListenerAt) + " (" + reportOf(l, ok) + ")"
 		}
+		if !r.Source.Addr().IsValid() {
+			return false, "the action does not say where its packets arrive from at the listener, so whose the listener served cannot be told"
+		}
+		var others []string
 		for _, p := range l.Evidence.Listener.Peers {
-			if p == t.A.IP.String() || strings.HasPrefix(p, t.A.IP.String()+":") {
+			if fromSource(p, r.Source) {
 				r.AtTarget = "the listener served " + p
 				return true, ""
 			}
+			others = append(others, p)
 		}
-		r.AtTarget = fmt.Sprintf("the listener served nobody from the box (%d in all)", l.Evidence.Listener.Served)
+		r.AtTarget = fmt.Sprintf("the listener served nothing from %s (%d served in all)", sourceString(r.Source), l.Evidence.Listener.Served)
+		if len(others) > 0 {
+			r.AtTarget += ", only other senders: " + strings.Join(others, ", ")
+		}
 		if !r.SelfControl.Valid() {
 			return false, "the listener at " + string(r.ListenerAt) + " had no positive control, so serving nobody proves nothing"
 		}
@@ -291,6 +299,25 @@ func watched(a Action) bool {
 
 // unwatched is the evidence of an action nothing at its target watched.
 const unwatched = "nothing watched this target or the way to it (no witness, listener, counter or control), and silence from an address nobody answers for proves nothing"
+
+// fromSource reports whether a listener's peer ("addr:port", or an
+// address alone) is the action's sender: its address, and its port where
+// it pinned one.
+func fromSource(peer string, src netip.AddrPort) bool {
+	if ap, err := netip.ParseAddrPort(peer); err == nil {
+		return ap.Addr().Unmap() == src.Addr() && (src.Port() == 0 || ap.Port() == src.Port())
+	}
+	a, err := netip.ParseAddr(peer)
+	return err == nil && src.Port() == 0 && a.Unmap() == src.Addr()
+}
+
+// sourceString says where an action's packets arrive from, for people.
+func sourceString(src netip.AddrPort) string {
+	if src.Port() == 0 {
+		return src.Addr().String()
+	}
+	return src.String()
+}
 
 // leftTheHost reads the outbound witness on the host's outward interfaces
 // (host mode): a probe's packet seen leaving toward its LAN target got past

@@ -61,7 +61,8 @@ var (
 	actSiblingTCP = Action{ID: "p010", Claim: "C-SIBLING", Channel: "tcp", From: PlaceA, Target: "box-b 10.88.0.12", TargetKey: string(PlaceB), Expect: ExpectBlocked,
 		WitnessAt: PlaceB, Witness: &probes.WitnessSpec{ID: "wp010", Control: "ctlnonce0b"}, Pinned: netip.MustParseAddr("10.88.0.12")}
 	actHostTCP = Action{ID: "p020", Claim: "C-HOST", Channel: "tcp", From: PlaceA, Target: "host gateway 10.88.0.1", TargetKey: "host-gateway", Expect: ExpectBlocked,
-		ListenerAt: PlaceHost, ListenerID: "l-tcp-gateway", SelfControl: ProbeRef{At: PlaceHost, ID: "ctl-tcp-gateway"}}
+		ListenerAt: PlaceHost, ListenerID: "l-tcp-gateway", SelfControl: ProbeRef{At: PlaceHost, ID: "ctl-tcp-gateway"},
+		Source: netip.AddrPortFrom(netip.MustParseAddr("10.88.0.11"), 0)}
 	actInboundICMP = Action{ID: "p070", Claim: "C-INBOUND", Channel: "icmp", From: PlaceHost, Target: "box-a 10.88.0.11", TargetKey: string(PlaceA), Expect: ExpectBlocked,
 		WitnessAt: PlaceA, Witness: &probes.WitnessSpec{ID: "wp070", Control: "ctlnonce0a"}}
 	actHostICMP           = Action{ID: "p021", Claim: "C-HOST", Channel: "icmp", From: PlaceA, Target: "host gateway 10.88.0.1", TargetKey: "host-gateway", Expect: ExpectBlocked}
@@ -300,7 +301,7 @@ func TestJudge(t *testing.T) {
 			probe: sent("p020", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
 			// 10.88.0.111 starts with box-a's 10.88.0.11 as text.
 			others:     []placed{{PlaceHost, served("l-tcp-gateway", "10.88.0.111:5000", "192.168.20.2:6000")}, hostControl},
-			baselineOK: true, want: Pass, evidence: []string{"dropped"}, atTarget: "served nobody from the box (2 in all)"},
+			baselineOK: true, want: Pass, evidence: []string{"dropped"}, atTarget: "served nothing from 10.88.0.11 (2 served in all)"},
 		{name: "host: missing listener report", action: actHostTCP,
 			probe:      sent("p020", probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{}),
 			baselineOK: true, want: Inconclusive, evidence: []string{"no listener report from host"}},
@@ -575,6 +576,74 @@ func TestAggregate(t *testing.T) {
 	}
 }
 
+// TestListenerEvidenceIsTheSenders: a listener many senders aim at (the
+// drill's listeners on host addresses) counts as arrival for an action only
+// when it served that action's own sender, as its packets arrive there: a
+// probe box's address on its own member, its member's address and pinned
+// source port past another member's NAT.
+func TestListenerEvidenceIsTheSenders(t *testing.T) {
+	boxA, boxT := netip.MustParseAddr("10.88.0.11"), netip.MustParseAddr("10.88.0.14")
+	memberBox := netip.MustParseAddr("10.88.0.21") // box@m2, on its own member
+	m2 := netip.MustParseAddr("192.168.40.12")     // m2's cluster address: box@m2 past its NAT
+	act := func(from Place, src netip.AddrPort) Action {
+		a := actHostTCP
+		a.From, a.Source = from, src
+		return a
+	}
+	silent := func(a Action) *probes.Observation {
+		return sent(a.ID, probes.KindTCP, probes.Silent, "no SYN-ACK", probes.Evidence{})
+	}
+	cases := []struct {
+		name  string
+		a     Action
+		peers []string
+		want  Verdict
+		at    string
+	}{
+		{"box-a: served box-a", act(PlaceA, netip.AddrPortFrom(boxA, 0)), []string{"10.88.0.11:40001"}, Fail, "served 10.88.0.11:40001"},
+		{"box-a: served only box-t", act(PlaceA, netip.AddrPortFrom(boxA, 0)), []string{"10.88.0.14:40001"}, Pass, "only other senders: 10.88.0.14:40001"},
+		{"box-t: served box-t", act(PlaceT, netip.AddrPortFrom(boxT, 0)), []string{"10.88.0.14:40001"}, Fail, "served 10.88.0.14:40001"},
+		{"box-t: served only box-a", act(PlaceT, netip.AddrPortFrom(boxT, 0)), []string{"10.88.0.11:40001"}, Pass, "only other senders: 10.88.0.11:40001"},
+		{"a member's box, on its member: served it", act(memberBoxPlace("m2"), netip.AddrPortFrom(memberBox, 0)), []string{"10.88.0.21:40001"}, Fail, "served 10.88.0.21"},
+		{"across members: served its member's address and its port", act(memberBoxPlace("m2"), netip.AddrPortFrom(m2, 21001)), []string{"192.168.40.12:21001"}, Fail, "served 192.168.40.12:21001"},
+		{"across members: the same address, another box's port", act(memberBoxPlace("m2"), netip.AddrPortFrom(m2, 21001)), []string{"192.168.40.12:21002"}, Pass, "only other senders: 192.168.40.12:21002"},
+		{"across members: box-a past m1's NAT is not m2's", act(PlaceA, netip.AddrPortFrom(netip.MustParseAddr("192.168.40.11"), 21003)), []string{"192.168.40.12:21003"}, Pass, "only other senders"},
+		{"an action that does not say where it comes from proves nothing", act(PlaceA, netip.AddrPort{}), []string{"10.88.0.11:40001"}, Inconclusive, ""},
+	}
+	for _, tt := range cases {
+		t.Run(tt.name, func(t *testing.T) {
+			obs := observations{
+				tt.a.From: {tt.a.ID: *silent(tt.a)},
+				PlaceHost: {"l-tcp-gateway": *served("l-tcp-gateway", tt.peers...), hostControl.obs.ID: *hostControl.obs},
+			}
+			r := judge(tt.a, obs, testTopology(), true, nil)
+			assert.Equal(t, tt.want, r.Verdict, "%s; at the target: %s", r.Evidence, r.AtTarget)
+			assert.Contains(t, r.AtTarget, tt.at)
+		})
+	}
+}
+
+// TestAggregateRejectsWhatJudgingNeverGives: a selected claim that built
+// nothing is skipped with a reason and unrun; a verdict judging never
+// gives (an empty one) is no pass.
+func TestAggregateRejectsWhatJudgingNeverGives(t *testing.T) {
+	c := claimFor(t, "C-SIBLING")
+	r := func(v Verdict) Result { return Result{Action: Action{ID: "p1"}, Verdict: v, Evidence: "e"} }
+	assert.Equal(t, Pass, aggregate(c, []Result{r(Pass), r(Pass)}).Verdict)
+	assert.Equal(t, Inconclusive, aggregate(c, []Result{r(Pass), r(Inconclusive)}).Verdict)
+	assert.Equal(t, Fail, aggregate(c, []Result{r(Inconclusive), r(Fail)}).Verdict)
+	none := aggregate(c, nil)
+	assert.Equal(t, Skipped, none.Verdict)
+	assert.True(t, none.Unrun, "selected, and it proved nothing")
+	assert.Contains(t, none.Reason, "found nothing to probe here")
+	for _, v := range []Verdict{"", "passed", Skipped} {
+		cr := aggregate(c, []Result{r(Pass), r(v)})
+		assert.Equal(t, Inconclusive, cr.Verdict, "a result with verdict %q is no pass", v)
+		assert.Equal(t, Inconclusive, cr.Results[1].Verdict)
+		assert.Contains(t, cr.Results[1].Evidence, "no verdict judging gives")
+	}
+}
+
 func TestReportFinish(t *testing.T) {
 	cr := func(id ClaimID, v Verdict) ClaimResult {
 		c, ok := ClaimByID(id)
@@ -600,8 +669,13 @@ func TestReportFinish(t *testing.T) {
 		summary Summary
 	}{
 		{name: "all pass", claims: allPass(nil), exit: ExitOK, summary: Summary{Passed: n}},
-		{name: "skipped claims do not change the exit code", claims: allPass(map[ClaimID]Verdict{"C-V6": Skipped, "C-LAN": Skipped}),
+		{name: "claims left out do not change the exit code", claims: allPass(map[ClaimID]Verdict{"C-V6": Skipped, "C-LAN": Skipped}),
 			exit: ExitOK, summary: Summary{Passed: n - 2, Skipped: 2}},
+		{name: "a selected claim that could not run is no pass", claims: func() []ClaimResult {
+			cs := allPass(nil)
+			cs[len(cs)-1] = aggregate(cs[len(cs)-1].Claim, nil)
+			return cs
+		}(), exit: ExitInconclusive, summary: Summary{Passed: n - 1, Skipped: 1}},
 		{name: "a blocked claim fails", claims: allPass(map[ClaimID]Verdict{"C-SIBLING": Fail}),
 			exit: ExitViolated, summary: Summary{Passed: n - 1, Failed: 1}},
 		{name: "a violation wins over a broken baseline", claims: allPass(map[ClaimID]Verdict{"C-EGRESS": Fail, "C-SIBLING": Fail, "C-LAN": Inconclusive}),

@@ -24,6 +24,10 @@ type Mutation struct {
 	Name   string
 	Layers []stack.LayerID // the layers it removes
 	What   string
+	// ShownBy is the evidence that must show the layer gone: packets the
+	// agents sent (the default), or, for a layer that is a rule of Incus's
+	// and no packet path, Incus's answers to requests.
+	ShownBy Evidence
 	// AfterBoxes mutations act on the probe boxes' live ports, so they run
 	// once the boxes exist; the others change the stack before any box is
 	// minted (reconfiguring a bridge under live boxes has deadlocked incusd).
@@ -70,13 +74,21 @@ var Mutations = []Mutation{
 	}},
 	// The grant's load-bearing key: without it the user may attach any
 	// network (the granted user's attempts must then succeed).
-	{Name: "tier", Layers: []stack.LayerID{stack.LayerTier}, What: "lift restricted.networks.access from the run's granted user's project", AfterBoxes: true, apply: liftTierRestriction},
+	{Name: "tier", Layers: []stack.LayerID{stack.LayerTier}, What: "lift restricted.networks.access from the run's granted user's project", ShownBy: EvidenceRequests, AfterBoxes: true, apply: liftTierRestriction},
 	{Name: "egress", Layers: []stack.LayerID{stack.LayerEgress}, What: "delete the nft table inet box_egress (no allowlist is enforced)", AfterBoxes: true, apply: dropEgressTable},
 	// An operator widening box-a's door by hand (its door only).
 	{Name: "door-wide", Layers: []stack.LayerID{stack.LayerFleet}, What: "make box-a's door listen on every host address (tcp:0.0.0.0)", AfterBoxes: true, apply: widenDoor},
 	{Name: "nat-off", Layers: []stack.LayerID{stack.LayerNAT}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"ipv4.nat": "false"})
 	}},
+}
+
+// shownBy is the evidence that must show the mutation.
+func (m Mutation) shownBy() Evidence {
+	if m.ShownBy == "" {
+		return EvidenceProbes
+	}
+	return m.ShownBy
 }
 
 // SelectMutations finds mutations by name.

@@ -7,7 +7,7 @@ import (
 )
 
 // SchemaVersion is the version of the JSON report (docs/drill-report.md).
-const SchemaVersion = 3
+const SchemaVersion = 4
 
 // Report is a whole run (the --json schema, version SchemaVersion).
 type Report struct {
@@ -77,13 +77,19 @@ type StackFacts struct {
 // clean run: the mutations of one run are applied together, so each names
 // every change of the run.
 type MutationResult struct {
-	Name    string          `json:"name"`
-	Layers  []stack.LayerID `json:"layers"`
-	Flipped []ClaimID       `json:"flipped"` // claims with a probe verdict that went from pass to fail
-	// Changed is every probe verdict that differs from the clean run's
-	// (the stack channel is not among them: it is no proof, SPEC 5).
+	Name   string          `json:"name"`
+	Layers []stack.LayerID `json:"layers"`
+	// Flipped are the claims resting on the mutated layers with a result
+	// of the kind that must show the layer gone (DetectedBy) that went
+	// from pass to fail.
+	Flipped []ClaimID `json:"flipped"`
+	// Changed is every verdict that differs from the clean run's (the
+	// stack channel is not among them: it is no proof, SPEC 5).
 	Changed  []ProbeChange `json:"changed"`
 	Detected bool          `json:"detected"` // false: redundant or untested
+	// DetectedBy is the evidence that showed it: "probes", or "requests"
+	// (Incus's answers, for the tier restriction); empty when undetected.
+	DetectedBy Evidence `json:"detected_by,omitempty"`
 }
 
 // ProbeChange is one probe's verdict in the clean run and in the mutated one.

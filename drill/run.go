@@ -93,17 +93,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
-// compareRuns lists the probe verdicts that changed between the clean run
-// and the mutated one, and how many of the mutated run's probes had no
-// counterpart. A probe is matched by claim, channel, source and target
-// key, and its rank among those: not by its id, which shifts when a host
-// target comes or goes between the runs.
+// compareRuns lists the verdicts that changed between the clean run and
+// the mutated one (the stack channel is no proof and is left out), and
+// how many of the mutated run's results had no counterpart. A result is
+// matched by claim, channel, source and target key, and its rank among
+// those: not by its id, which shifts when a host target comes or goes
+// between the runs. A mutation is detected when a result of the kind of
+// evidence that must show it (a probe, for every layer but the tier
+// restriction, which Incus's answers show) of a claim resting on one of
+// its layers went from pass to fail: a flip elsewhere, or of the census,
+// is listed among the changes and proves nothing about the layer.
 func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) {
 	keys := func(rep *Report, visit func(k string, r Result)) {
 		seen := map[string]int{}
 		for _, cr := range rep.Claims {
 			for _, r := range cr.Results {
-				if r.Channel == ChannelStack {
+				if r.Channel.Evidence() == "" {
 					continue
 				}
 				k := strings.Join([]string{string(r.Claim), string(r.Channel), string(r.From), r.TargetKey}, "|")
@@ -115,7 +120,6 @@ func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) 
 	before := map[string]Verdict{}
 	keys(clean, func(k string, r Result) { before[k] = r.Verdict })
 	changed := []ProbeChange{}
-	var flipped []ClaimID
 	unmatched := 0
 	keys(mutated, func(k string, r Result) {
 		was, ok := before[k]
@@ -127,13 +131,23 @@ func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) 
 			return
 		}
 		changed = append(changed, ProbeChange{ID: r.ID, Claim: r.Claim, Channel: r.Channel, From: r.From, Target: r.Target, Clean: was, Mutated: r.Verdict})
-		if was == Pass && r.Verdict == Fail && !slices.Contains(flipped, r.Claim) {
-			flipped = append(flipped, r.Claim)
-		}
 	})
 	out := []MutationResult{}
 	for _, m := range ms {
-		out = append(out, MutationResult{Name: m.Name, Layers: m.Layers, Flipped: append([]ClaimID{}, flipped...), Changed: changed, Detected: len(flipped) > 0})
+		flipped := []ClaimID{}
+		for _, c := range changed {
+			cl, ok := ClaimByID(c.Claim)
+			if !ok || c.Clean != Pass || c.Mutated != Fail || c.Channel.Evidence() != m.shownBy() ||
+				!slices.ContainsFunc(cl.Layers, func(l stack.LayerID) bool { return slices.Contains(m.Layers, l) }) || slices.Contains(flipped, c.Claim) {
+				continue
+			}
+			flipped = append(flipped, c.Claim)
+		}
+		mr := MutationResult{Name: m.Name, Layers: m.Layers, Flipped: flipped, Changed: changed, Detected: len(flipped) > 0}
+		if mr.Detected {
+			mr.DetectedBy = m.shownBy()
+		}
+		out = append(out, mr)
 	}
 	return out, unmatched
 }

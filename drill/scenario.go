@@ -196,6 +196,11 @@ type Action struct {
 	Witness    *probes.WitnessSpec `json:"-"`
 	ListenerAt Place               `json:"-"`
 	ListenerID string              `json:"-"`
+	// Source is where the action's packets come from as they arrive at its
+	// target: the sender's address (past a NAT, its member's) and the
+	// source port it pinned (0: none). Evidence at a target several
+	// senders aim at (a listener) counts for the action only from there.
+	Source netip.AddrPort `json:"-"`
 	// SelfControl is the host's probe of its own listener or kernel at the
 	// target, which proves the target was answering (its silence to a box
 	// means nothing otherwise).

@@ -35,8 +35,9 @@ func (b *builder) hostFrom(claim ClaimID, from BoxEnd) {
 // judged at m: by its listeners, its own probes of them (the controls) and
 // its counting chain. natSrc is where the box's packets come from at m (the
 // box itself on its own member, its member's cluster address at another);
-// cross pins each counted probe's source port, so m's chain counts that
-// probe and nothing else from natSrc (the cluster's own traffic, say).
+// cross pins each probe's source port, so m's chain counts that probe and
+// nothing else from natSrc (the cluster's own traffic, say), and m's
+// listeners tell it from other members' boxes.
 func (b *builder) hostAt(claim ClaimID, from BoxEnd, m MemberScene, addrs []HostAddr, natSrc netip.Addr, cross bool) {
 	t := b.t
 	tcp, udp := t.hostPorts()
@@ -49,19 +50,29 @@ func (b *builder) hostAt(claim ClaimID, from BoxEnd, m MemberScene, addrs []Host
 			label = "member " + m.Name + " " + h.Name + " " + h.Addr.String()
 			key = "member-" + h.Name
 		}
-		a := b.probe(Action{Claim: claim, Channel: ChannelTCP, From: from.Place, Member: member, Target: label, TargetKey: key, Expect: ExpectBlocked},
-			probes.ProbeSpec{Kind: probes.KindTCP, Target: h.Addr, Port: tcp, Via: t.Subnet, Nonce: probes.NewNonce()})
-		a.ListenerAt, a.ListenerID = m.hostPlace(), "l-tcp-"+h.Name
-		a.SelfControl = b.selfControl(m.hostPlace(), "ctl-tcp-"+h.Name, probes.KindTCP, h.Addr, tcp)
-		a = b.probe(Action{Claim: claim, Channel: ChannelUDP, From: from.Place, Member: member, Target: label, TargetKey: key, Expect: ExpectBlocked},
-			probes.ProbeSpec{Kind: probes.KindUDP, Target: h.Addr, Port: udp, Via: t.Subnet, Nonce: probes.NewNonce()})
-		a.ListenerAt, a.ListenerID = m.hostPlace(), "l-udp-"+h.Name
-		a.SelfControl = b.selfControl(m.hostPlace(), "ctl-udp-"+h.Name, probes.KindUDP, h.Addr, udp)
+		// The drill's listeners serve every sender: each probe is known at
+		// the listener by where it arrives from (the box, or past a NAT its
+		// member's address and the source port it pinned).
+		for _, l := range []struct {
+			channel Channel
+			kind    probes.Kind
+			port    int
+			proto   string
+		}{{ChannelTCP, probes.KindTCP, tcp, "tcp"}, {ChannelUDP, probes.KindUDP, udp, "udp"}} {
+			spec := probes.ProbeSpec{Kind: l.kind, Target: h.Addr, Port: l.port, Via: t.Subnet, Nonce: probes.NewNonce()}
+			if cross {
+				spec.SrcPort = b.srcPort()
+			}
+			a := b.probe(Action{Claim: claim, Channel: l.channel, From: from.Place, Member: member, Target: label, TargetKey: key, Expect: ExpectBlocked}, spec)
+			a.ListenerAt, a.ListenerID = m.hostPlace(), "l-"+l.proto+"-"+h.Name
+			a.Source = netip.AddrPortFrom(natSrc, uint16(spec.SrcPort))
+			a.SelfControl = b.selfControl(m.hostPlace(), "ctl-"+l.proto+"-"+h.Name, l.kind, h.Addr, l.port)
+		}
 		// The host's kernel answers every echo that reaches it (its control:
 		// it answers the host's own), so silence is the firewall's doing; a
 		// capture on the box side would see the request before the
 		// firewall drops it and prove nothing.
-		a = b.probe(Action{Claim: claim, Channel: ChannelICMP, From: from.Place, Member: member, Target: label, TargetKey: key, Expect: ExpectBlocked},
+		a := b.probe(Action{Claim: claim, Channel: ChannelICMP, From: from.Place, Member: member, Target: label, TargetKey: key, Expect: ExpectBlocked},
 			probes.ProbeSpec{Kind: probes.KindICMP, Target: h.Addr, Via: t.Subnet, Nonce: probes.NewNonce()})
 		a.SelfControl = b.selfControl(m.hostPlace(), "ctl-icmp-"+h.Name, probes.KindICMP, h.Addr, 0)
 		for _, sv := range b.hostServices(h, m.Listeners, m.Forwards) {
@@ -77,6 +88,7 @@ func (b *builder) hostAt(claim ClaimID, from BoxEnd, m MemberScene, addrs []Host
 			}
 			a := b.probe(Action{Claim: claim, Channel: Channel(sv.proto), From: from.Place, Member: member, Target: fmt.Sprintf("%s %s/%d (%s)", label, sv.proto, sv.port, sv.what), TargetKey: key, Expect: ExpectBlocked, Provenance: sv.why}, spec)
 			a.Count, a.CountAt = k.String(), m.filterPlace()
+			a.Source = netip.AddrPortFrom(natSrc, uint16(spec.SrcPort))
 			b.countAt(m.filterPlace(), k)
 		}
 	}

@@ -52,12 +52,17 @@ func (b *builder) lanFrom(claim ClaimID, from BoxEnd) {
 			if ch.kind != probes.KindICMP && ch.port == 0 {
 				continue
 			}
-			nonce := probes.NewNonce()
-			a := b.probe(Action{Claim: claim, Channel: ch.channel, From: from.Place, Target: label, TargetKey: h.Name, Expect: ExpectBlocked, Provenance: h.Provenance},
-				probes.ProbeSpec{Kind: ch.kind, Target: h.Addr, Port: ch.port, Via: t.Subnet, Nonce: nonce})
+			spec := probes.ProbeSpec{Kind: ch.kind, Target: h.Addr, Port: ch.port, Via: t.Subnet, Nonce: probes.NewNonce()}
+			if ch.kind == probes.KindTCP && t.LANVia.IsValid() {
+				// A SYN carries no nonce, and every box's arrives from the
+				// host's LAN address past the NAT: its pinned source port
+				// tells whose it is.
+				spec.SrcPort = b.srcPort()
+			}
+			a := b.probe(Action{Claim: claim, Channel: ch.channel, From: from.Place, Target: label, TargetKey: h.Name, Expect: ExpectBlocked, Provenance: h.Provenance}, spec)
 			switch {
 			case t.LANVia.IsValid():
-				b.witness(a, PlaceLAN, probes.WitnessSpec{Via: t.LANVia, Nonces: []string{nonce}, SrcIPs: srcs, Proto: string(ch.channel), Port: ch.port, DstIP: h.Addr})
+				b.witness(a, PlaceLAN, probes.WitnessSpec{Via: t.LANVia, Nonces: []string{spec.Nonce}, SrcIPs: srcs, Proto: string(ch.channel), Port: ch.port, SrcPort: spec.SrcPort, DstIP: h.Addr})
 			case outbound:
 				a.OutControl = ctl
 				out = append(out, len(b.sc.Actions)-1)

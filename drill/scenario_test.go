@@ -315,6 +315,15 @@ func TestBuildScenarioBlockedActionsHaveWitnesses(t *testing.T) {
 						want = probes.KindUDPEcho
 					}
 					assert.Equal(t, want, l.Kind)
+					e, _ := topo.box(a.From)
+					assert.Equal(t, e.IP, a.Source.Addr(), "the listener knows the sender by where it arrives from")
+				case a.Channel == "icmp":
+					// The host's kernel answers every echo: its answer to
+					// the host's own is the control its silence needs.
+					require.True(t, a.SelfControl.Valid(), "an echo to a host address is judged by the host's answer to its own")
+					assert.Equal(t, PlaceHost, a.SelfControl.At)
+				default:
+					t.Fatalf("a host action with nothing at the target: %+v", a)
 				}
 				return
 			}

@@ -132,4 +132,39 @@ func TestCompareRuns(t *testing.T) {
 		_, unmatched = compareRuns(ms[:1], clean, extra)
 		assert.Equal(t, 1, unmatched, "a second C-SIBLING tcp probe to box-b has no counterpart")
 	})
+	// Detection is tied to the mutation's layers and to packets: a probe
+	// of a claim resting elsewhere, or a census or request result, flipping
+	// proves nothing about the layer.
+	t.Run("a flip of a claim that does not rest on the layer", func(t *testing.T) {
+		clean := rep(res("p010", "C-SIBLING", "tcp", Pass), res("p020", "C-HOST", "tcp", Pass))
+		mutated := rep(res("p010", "C-SIBLING", "tcp", Pass), res("p020", "C-HOST", "tcp", Fail))
+		out, _ := compareRuns(ms[:1], clean, mutated) // bridge-drop: C-SIBLING's layer, not C-HOST's
+		assert.False(t, out[0].Detected, "C-HOST rests on L-HOSTFW and L-ACL, not L-BRIDGEDROP")
+		assert.Empty(t, out[0].Flipped)
+		require.Len(t, out[0].Changed, 1, "the change is still listed")
+	})
+	t.Run("a census flip is no probe", func(t *testing.T) {
+		fleet := []Mutation{{Name: "door-wide", Layers: []stack.LayerID{stack.LayerFleet}}}
+		clean := rep(res("t-census", "C-TIER", ChannelCensus, Pass), res("f-C-FLEET", "C-FLEET", ChannelCensus, Pass))
+		mutated := rep(res("t-census", "C-TIER", ChannelCensus, Fail), res("f-C-FLEET", "C-FLEET", ChannelCensus, Fail))
+		out, _ := compareRuns(fleet, clean, mutated)
+		assert.False(t, out[0].Detected, "the census is its own channel, not a probe")
+		assert.Len(t, out[0].Changed, 2)
+	})
+	t.Run("a layer only Incus's answers show", func(t *testing.T) {
+		tier, ok := func() (Mutation, bool) {
+			ms, err := SelectMutations([]string{"tier"})
+			return ms[0], err == nil
+		}()
+		require.True(t, ok)
+		clean := rep(res("t-net-create", "C-TIER", ChannelRestriction, Pass), res("p050", "C-TIER", "tcp", Pass))
+		mutated := rep(res("t-net-create", "C-TIER", ChannelRestriction, Fail), res("p050", "C-TIER", "tcp", Pass))
+		out, _ := compareRuns([]Mutation{tier}, clean, mutated)
+		assert.True(t, out[0].Detected)
+		assert.Equal(t, EvidenceRequests, out[0].DetectedBy)
+		assert.Equal(t, []ClaimID{"C-TIER"}, out[0].Flipped)
+		// A request flip shows no layer a packet path holds.
+		out, _ = compareRuns([]Mutation{{Name: "tier-as-probes", Layers: []stack.LayerID{stack.LayerTier}}}, clean, mutated)
+		assert.False(t, out[0].Detected)
+	})
 }

@@ -46,12 +46,20 @@ const (
 
 // Probe reports whether the channel's results are packets an agent sent,
 // judged where they would land.
-func (c Channel) Probe() bool {
+func (c Channel) Probe() bool { return c.Evidence() == EvidenceProbes }
+
+// Evidence is the kind of evidence the channel's results are; "" for the
+// stack channel (Verify's findings, which prove no mutation).
+func (c Channel) Evidence() Evidence {
 	switch c {
-	case ChannelStack, ChannelCensus, ChannelIsolOff, ChannelRestriction:
-		return false
+	case ChannelStack:
+		return ""
+	case ChannelCensus:
+		return EvidenceCensus
+	case ChannelIsolOff, ChannelRestriction:
+		return EvidenceRequests
 	}
-	return true
+	return EvidenceProbes
 }
 
 // Place is where a plan runs or a result comes from: a probe box, a

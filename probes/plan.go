@@ -159,6 +159,10 @@ type WitnessSpec struct {
 	SrcMACs     []string       `json:"src_macs,omitempty"`
 	Proto       string         `json:"proto,omitempty"` // arp, icmp, icmpv6, tcp, udp
 	Port        int            `json:"port,omitempty"`
+	// SrcPort, when set (tcp or udp only), narrows every match to packets
+	// from that source port: two senders behind one NAT address (a SYN
+	// carries no nonce) are told apart by the ports they pinned.
+	SrcPort int `json:"src_port,omitempty"`
 	// DstIP, when set, narrows every match to frames for that address (the
 	// ARP target for ARP), so witnesses for several hosts behind one
 	// interface never take each other's frames.
@@ -433,6 +437,12 @@ func (w *WitnessSpec) validate(budget time.Duration) error {
 	}
 	if w.Port != 0 && w.Proto != "tcp" && w.Proto != "udp" {
 		return errors.New("port needs proto tcp or udp")
+	}
+	if w.SrcPort < 0 || w.SrcPort > 65535 {
+		return fmt.Errorf("src_port %d out of range 0..65535", w.SrcPort)
+	}
+	if w.SrcPort != 0 && w.Proto != "tcp" && w.Proto != "udp" {
+		return errors.New("src_port needs proto tcp or udp")
 	}
 	if w.ARPSender != "" {
 		if w.Proto != "arp" {

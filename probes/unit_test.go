@@ -270,6 +270,8 @@ func TestWitnessMatch(t *testing.T) {
 		{"src ip", WitnessSpec{SrcIPs: []netip.Addr{a}}, tcpFromA, true, "src_ip"},
 		{"src ip, proto and port", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "tcp", Port: 7000}, tcpFromA, true, "src_ip"},
 		{"src ip, other port", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "tcp", Port: 7999}, tcpFromA, false, ""},
+		{"src ip and its source port", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "tcp", Port: 7000, SrcPort: 40000}, tcpFromA, true, "src_ip"},
+		{"src ip, another sender's source port", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "tcp", Port: 7000, SrcPort: 40001}, tcpFromA, false, ""},
 		{"src ip, other proto", WitnessSpec{SrcIPs: []netip.Addr{a}, Proto: "udp"}, tcpFromA, false, ""},
 		{"src ip, its destination", WitnessSpec{SrcIPs: []netip.Addr{a}, DstIP: b}, tcpFromA, true, "src_ip"},
 		{"src ip, another destination", WitnessSpec{SrcIPs: []netip.Addr{a}, DstIP: a}, tcpFromA, false, ""},

@@ -300,7 +300,7 @@ func (w *Witness) match(f []byte) (FrameSummary, bool) {
 		l3 = l3[4:]
 	}
 	var src netip.Addr
-	proto := ""
+	proto, srcPort := "", 0
 	switch et {
 	case unix.ETH_P_ARP:
 		s.EtherType = "arp"
@@ -319,14 +319,14 @@ func (w *Witness) match(f []byte) (FrameSummary, bool) {
 			ihl := int(l3[0]&0x0f) * 4
 			src = netip.AddrFrom4([4]byte(l3[12:16]))
 			s.DstIP = netip.AddrFrom4([4]byte(l3[16:20])).String()
-			proto, s.DstPort = l4Info(int(l3[9]), l3, ihl)
+			proto, srcPort, s.DstPort = l4Ports(int(l3[9]), l3, ihl)
 		}
 	case unix.ETH_P_IPV6:
 		s.EtherType = "ipv6"
 		if len(l3) >= 40 {
 			src = netip.AddrFrom16([16]byte(l3[8:24]))
 			s.DstIP = netip.AddrFrom16([16]byte(l3[24:40])).String()
-			proto, s.DstPort = l4Info(int(l3[6]), l3, 40)
+			proto, srcPort, s.DstPort = l4Ports(int(l3[6]), l3, 40)
 		}
 	default:
 		s.EtherType = fmt.Sprintf("0x%04x", et)
@@ -346,6 +346,9 @@ func (w *Witness) match(f []byte) (FrameSummary, bool) {
 		return s, false
 	}
 	if w.spec.Port != 0 && w.spec.Port != s.DstPort {
+		return s, false
+	}
+	if w.spec.SrcPort != 0 && w.spec.SrcPort != srcPort {
 		return s, false
 	}
 	if w.spec.DstIP.IsValid() && w.spec.DstIP.String() != s.DstIP {
@@ -420,21 +423,29 @@ func ipv6Config(et uint16, l3 []byte) string {
 }
 
 func l4Info(p int, l3 []byte, off int) (string, int) {
-	port := func() int {
+	proto, _, dst := l4Ports(p, l3, off)
+	return proto, dst
+}
+
+// l4Ports is l4Info with the source port too (0 when there is none).
+func l4Ports(p int, l3 []byte, off int) (proto string, src, dst int) {
+	ports := func() (int, int) {
 		if len(l3) >= off+4 {
-			return int(binary.BigEndian.Uint16(l3[off+2 : off+4]))
+			return int(binary.BigEndian.Uint16(l3[off : off+2])), int(binary.BigEndian.Uint16(l3[off+2 : off+4]))
 		}
-		return 0
+		return 0, 0
 	}
 	switch p {
 	case unix.IPPROTO_TCP:
-		return "tcp", port()
+		src, dst = ports()
+		return "tcp", src, dst
 	case unix.IPPROTO_UDP:
-		return "udp", port()
+		src, dst = ports()
+		return "udp", src, dst
 	case unix.IPPROTO_ICMP:
-		return "icmp", 0
+		return "icmp", 0, 0
 	case unix.IPPROTO_ICMPV6:
-		return "icmpv6", 0
+		return "icmpv6", 0, 0
 	}
-	return fmt.Sprintf("ip-proto-%d", p), 0
+	return fmt.Sprintf("ip-proto-%d", p), 0, 0
 }

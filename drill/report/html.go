@@ -155,7 +155,7 @@ func HTML(w io.Writer, rep *drill.Report) error {
 	}
 	if len(rep.MutationResults) > 0 {
 		m := rep.MutationResults[0]
-		p.Mutation = mutationLine(rep)
+		p.Mutation = strings.Join(mutationLines(rep), "; ")
 		ids := map[string]bool{}
 		for _, cr := range rep.Claims {
 			for _, r := range cr.Results {

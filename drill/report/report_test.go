@@ -138,7 +138,7 @@ func sampleReport(t *testing.T) *drill.Report {
 		},
 		Summary:   drill.Summary{Passed: 7, Failed: 1, Inconclusive: 1, Skipped: 1, Probes: 92, ProbePhaseMS: 3712, MSPerProbe: 40.35},
 		Mutations: []string{"host-fw"},
-		MutationResults: []drill.MutationResult{{Name: "host-fw", Layers: []stack.LayerID{"L-HOSTFW"}, Flipped: []drill.ClaimID{"C-HOST"}, Detected: true,
+		MutationResults: []drill.MutationResult{{Name: "host-fw", Layers: []stack.LayerID{"L-HOSTFW"}, Flipped: []drill.ClaimID{"C-HOST"}, Detected: true, DetectedBy: drill.EvidenceProbes,
 			Changed: []drill.ProbeChange{{ID: "p020", Claim: "C-HOST", Channel: "tcp", From: drill.PlaceA, Target: "host uplink 198.51.100.2", Clean: drill.Pass, Mutated: drill.Fail}}}},
 		Clean:    &drill.CleanRun{RunID: "0a1b2d", ExitCode: drill.ExitOK, Summary: drill.Summary{Passed: 10, Probes: 70}, DurationMS: 8000},
 		ExitCode: drill.ExitViolated,
@@ -671,6 +671,7 @@ func TestText(t *testing.T) {
 				}
 			}
 			assert.Contains(t, out, "FAIL")
+			assert.Contains(t, out, "mutation host-fw (L-HOSTFW): detected by probes: C-HOST flipped from pass to fail", "a mutation says what showed it")
 			for _, r := range out {
 				assert.Less(t, r, rune(0x80), "plain ASCII")
 				if r >= 0x80 {

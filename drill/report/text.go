@@ -81,7 +81,9 @@ func Text(w io.Writer, rep *drill.Report) {
 	// them all, and it is printed once.
 	if len(rep.MutationResults) > 0 {
 		m := rep.MutationResults[0]
-		fmt.Fprintln(w, mutationLine(rep))
+		for _, l := range mutationLines(rep) {
+			fmt.Fprintln(w, l)
+		}
 		for _, c := range m.Changed {
 			fmt.Fprintf(w, "  changed: %s %s %s -> %s: %s in the clean run, %s mutated\n", c.Claim, c.Channel, c.From, c.Target, c.Clean, c.Mutated)
 		}
@@ -106,24 +108,33 @@ func clip(s string, n int) string {
 	return s[:n-3] + "..."
 }
 
-// mutationLine sums up a mutated run's comparison with its clean run in
-// one line (the mutations of a run are applied together: one comparison
-// serves them all).
-func mutationLine(rep *drill.Report) string {
-	m := rep.MutationResults[0]
-	var names, layers []string
+// mutationLines says, one line each, what every mutation of a run did
+// measured against its clean run (the mutations of a run are applied
+// together: one comparison serves them all, and each is judged by the
+// claims resting on its own layers).
+func mutationLines(rep *drill.Report) []string {
+	var names []string
 	for _, r := range rep.MutationResults {
 		names = append(names, r.Name)
-		layers = append(layers, drill.Strings(r.Layers)...)
 	}
-	what := "mutation " + names[0]
-	if len(names) > 1 {
-		what = "mutations " + strings.Join(names, " + ") + " (applied together)"
+	var out []string
+	for _, m := range rep.MutationResults {
+		what := "mutation " + m.Name + " (" + strings.Join(drill.Strings(m.Layers), ", ")
+		if len(names) > 1 {
+			what += "; applied with " + strings.Join(slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == m.Name }), ", ")
+		}
+		what += ")"
+		if m.Detected {
+			by := string(m.DetectedBy)
+			if m.DetectedBy == drill.EvidenceRequests {
+				by += " (Incus's answers)"
+			}
+			out = append(out, fmt.Sprintf("%s: detected by %s: %s flipped from pass to fail (%d verdict(s) changed from the clean run)",
+				what, by, strings.Join(drill.Strings(m.Flipped), ", "), len(m.Changed)))
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: not detected: nothing of a claim resting on its layers flipped from pass to fail (%d verdict(s) changed): redundant (another layer holds alone) or untested",
+			what, len(m.Changed)))
 	}
-	if m.Detected {
-		return fmt.Sprintf("%s (%s): detected by probes, %d probe verdict(s) changed from the clean run; flipped %s",
-			what, strings.Join(layers, ", "), len(m.Changed), strings.Join(drill.Strings(m.Flipped), ", "))
-	}
-	return fmt.Sprintf("%s (%s): no probe flipped from pass to fail (%d changed): redundant (another layer holds alone) or untested",
-		what, strings.Join(layers, ", "), len(m.Changed))
+	return out
 }
