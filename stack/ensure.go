@@ -123,11 +123,11 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 		}
 		rep.Subnet = SubnetChoice{Subnet: p.Masked(), Reason: "existing " + gen.Network}
 	} else {
-		claims, err := host.clusterClaims(ctx, g, ci, rep)
+		uses, err := host.clusterAddressUses(ctx, g, ci, rep)
 		if err != nil {
 			return nil, err
 		}
-		rep.Subnet, err = PickSubnet(host.Options.Subnet, claims)
+		rep.Subnet, err = PickSubnet(host.Options.Subnet, uses)
 		if err != nil {
 			return nil, err
 		}
