@@ -394,6 +394,9 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	if _, ok := np.Devices["root"]; !ok {
 		np.Devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.pool()}
 	}
+	// A copy: deleting from prof's own map would hide the change from the
+	// comparison below and from the profile restored on a back-out.
+	np.Config = maps.Clone(prof.Config)
 	delete(np.Config, "raw.idmap")
 	if !maps.EqualFunc(np.Devices, prof.Devices, maps.Equal) || !maps.Equal(np.Config, prof.Config) {
 		old := *prof
