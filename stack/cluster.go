@@ -656,8 +656,9 @@ func isAddressConflict(err error) bool {
 // it, and box picks again.
 //
 // Picking an address and setting it are one step for every box command on
-// this machine: two mints at once picked the same one (measured, before
-// this lock), which Incus refused to one of them only at its start.
+// this machine: two mints at once could pick the same one, which Incus
+// refuses to one of them only at its start (docs/measurements.md, "A
+// cluster").
 func (host *Host) fixAddress(ctx context.Context, name, member string) (netip.Addr, error) {
 	for try := 1; ; try++ {
 		unlock, err := lockFile(ctx, addressLock, "the address slices")

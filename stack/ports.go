@@ -190,8 +190,7 @@ func lockFile(ctx context.Context, path, what string) (func(), error) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	// A refresh holds the lock about a millisecond: look again soon, then
-	// less often. (At a flat 50 ms, a port watcher racing a box command
-	// left a new port outside the set 50 ms longer.)
+	// less often (docs/measurements.md, "The port watcher").
 	wait := time.Millisecond
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
