@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # package.sh builds box's release artefacts into dist/ (or the directory
 # given): static binaries stamped with the version, then, through
-# internal/pkgbuild, a .deb for box and one for drill (man page,
+# cmd/pkgbuild, a .deb for box and one for drill (man page,
 # completions for bash, zsh and fish, and for box the systemd units), a
 # tarball of both, and SHA256SUMS. It needs Go only: no dpkg-deb, no root.
 #
@@ -33,4 +33,4 @@ docbin=$work/bin
 mkdir -p "$out"
 rm -f "$out"/*.deb "$out"/*.tar.gz "$out"/SHA256SUMS
 echo "package: box $version for linux/$arch into $out" >&2
-GOARCH=$hostarch go run ./internal/pkgbuild -bin "$work/bin" -docbin "$docbin" -out "$out" -version "$version" -arch "$arch"
+GOARCH=$hostarch go run ./cmd/pkgbuild -bin "$work/bin" -docbin "$docbin" -out "$out" -version "$version" -arch "$arch"

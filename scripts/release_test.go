@@ -20,8 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/drill/gate/gatetest"
 	"github.com/box-isolation/box/drill/report"
-	"github.com/box-isolation/box/internal/gatetest"
 )
 
 var (

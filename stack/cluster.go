@@ -365,13 +365,13 @@ const (
 	MemberNotRead   = "not-read"
 )
 
-// clusterClaims is what uses addresses on this member and on every member
+// clusterAddressUses is what uses addresses on this member and on every member
 // whose namespace is known, so an auto-picked subnet is free on all of
 // them; members not read are noted.
-func (host *Host) clusterClaims(ctx context.Context, g *ground, ci ClusterInfo, rep *Report) ([]Claim, error) {
-	claims, err := g.claims(Current.Network)
+func (host *Host) clusterAddressUses(ctx context.Context, g *ground, ci ClusterInfo, rep *Report) ([]AddressUse, error) {
+	uses, err := g.addressUses(Current.Network)
 	if err != nil || !ci.Clustered() {
-		return claims, err
+		return uses, err
 	}
 	var unread []string
 	for _, m := range ci.Names() {
@@ -387,17 +387,17 @@ func (host *Host) clusterClaims(ctx context.Context, g *ground, ci ClusterInfo, 
 		if err != nil {
 			return nil, fmt.Errorf("member %s: %w", m, err)
 		}
-		mc, err := mg.claims(Current.Network)
+		mu, err := mg.addressUses(Current.Network)
 		mg.close()
 		if err != nil {
 			return nil, fmt.Errorf("member %s: %w", m, err)
 		}
-		claims = append(claims, mc...)
+		uses = append(uses, mu...)
 	}
 	if len(unread) > 0 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("NOTE: the subnet was checked free here, not on %s (another machine): if one of them routes it, pick another with BOX_SUBNET", strings.Join(unread, ", ")))
 	}
-	return claims, nil
+	return uses, nil
 }
 
 // createNetwork creates the bridge: on a cluster, defined on every member
@@ -656,8 +656,9 @@ func isAddressConflict(err error) bool {
 // it, and box picks again.
 //
 // Picking an address and setting it are one step for every box command on
-// this machine: two mints at once picked the same one (measured, before
-// this lock), which Incus refused to one of them only at its start.
+// this machine: two mints at once could pick the same one, which Incus
+// refuses to one of them only at its start (docs/measurements.md, "A
+// cluster").
 func (host *Host) fixAddress(ctx context.Context, name, member string) (netip.Addr, error) {
 	for try := 1; ; try++ {
 		unlock, err := lockFile(ctx, addressLock, "the address slices")

@@ -133,18 +133,16 @@ func withoutNftset(raw string) string {
 func dnsmasqDomain(name string) string { return strings.TrimPrefix(name, "*.") }
 
 // maxDnsmasqLine bounds one dnsmasq settings line: dnsmasq refuses a
-// longer one ("bad option"; measured: an nftset line with 100 names of 17
-// characters was refused, 10 were taken), so names are split over as many
-// lines as it takes.
+// longer one ("bad option"; docs/measurements.md, "Egress allowlists"), so
+// names are split over as many lines as it takes.
 const maxDnsmasqLine = 1000
 
 // nftsetLines are the dnsmasq settings that fill the policies' allow sets.
 //
 // dnsmasq takes, for an answer, the one nftset entry whose domain matches
-// the name longest (measured: with a name in two policies, only one
-// policy's set was filled). So each domain's entry names the sets of every
-// policy that allows it, its own names or a name it is under; domains
-// with the same sets share lines.
+// the name longest (docs/measurements.md, "Egress allowlists"). So each
+// domain's entry names the sets of every policy that allows it, its own
+// names or a name it is under; domains with the same sets share lines.
 func nftsetLines(policies map[string][]string, table string) string {
 	sets := map[string]map[string]bool{} // domain -> policy ids
 	for id, names := range policies {

@@ -45,30 +45,6 @@ type Report struct {
 	Members []MemberLayers `json:"members,omitempty"`
 }
 
-// undo is a step to back out if a later one fails.
-type undo struct {
-	what string
-	fn   func(context.Context) error
-}
-
-// undoStack holds the back-out steps of a run, undone newest first.
-type undoStack []undo
-
-func (u *undoStack) push(what string, fn func(context.Context) error) {
-	*u = append(*u, undo{what, fn})
-}
-
-// run backs out every step, newest first, and says which failed.
-func (u undoStack) run(ctx context.Context) error {
-	var errs []error
-	for i := len(u) - 1; i >= 0; i-- {
-		if err := u[i].fn(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("backing out (%s): %w", u[i].what, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // Ensure converges the host to the desired stack. Each object it creates
 // or changes is reported; on a host that already matches, it changes
 // nothing and says so (an empty Changes). If a step fails, what this run
@@ -123,11 +99,11 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 		}
 		rep.Subnet = SubnetChoice{Subnet: p.Masked(), Reason: "existing " + gen.Network}
 	} else {
-		claims, err := host.clusterClaims(ctx, g, ci, rep)
+		uses, err := host.clusterAddressUses(ctx, g, ci, rep)
 		if err != nil {
 			return nil, err
 		}
-		rep.Subnet, err = PickSubnet(host.Options.Subnet, claims)
+		rep.Subnet, err = PickSubnet(host.Options.Subnet, uses)
 		if err != nil {
 			return nil, err
 		}
@@ -153,68 +129,86 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 	rep.Gateway = d.Gateway
 
 	// The ACL first: the network refers to it.
-	acl, aclETag, err := c.NetworkACL(ctx, d.ACL.Name)
-	switch {
-	case incus.IsNotFound(err):
-		if err := c.CreateNetworkACL(ctx, d.ACL); err != nil {
-			return rep, fmt.Errorf("creating ACL %s: %w", d.ACL.Name, err)
-		}
-		changed("acl "+d.ACL.Name, "created", "")
-		undos = append(undos, undo{"delete acl", func(ctx context.Context) error { return c.DeleteNetworkACL(ctx, d.ACL.Name) }})
-	case err != nil:
-		return rep, fmt.Errorf("reading ACL %s: %w", d.ACL.Name, err)
-	case !aclRulesEqual(acl.Egress, d.ACL.Egress) || !aclRulesEqual(acl.Ingress, d.ACL.Ingress):
-		old := *acl
-		if err := c.UpdateNetworkACL(ctx, d.ACL.Name, d.ACL, aclETag); err != nil {
-			return rep, fmt.Errorf("updating ACL %s: %w", d.ACL.Name, err)
-		}
-		changed("acl "+d.ACL.Name, "updated", "rules differed")
-		undos = append(undos, undo{"restore acl", func(ctx context.Context) error { return c.UpdateNetworkACL(ctx, old.Name, old, "") }})
+	action, diff, err := converge(ctx, &undos, incusObject[incus.NetworkACL]{
+		what:   "acl " + d.ACL.Name,
+		read:   func(ctx context.Context) (*incus.NetworkACL, string, error) { return c.NetworkACL(ctx, d.ACL.Name) },
+		create: func(ctx context.Context) error { return c.CreateNetworkACL(ctx, d.ACL) },
+		remove: func(ctx context.Context) error { return c.DeleteNetworkACL(ctx, d.ACL.Name) },
+		differs: func(cur *incus.NetworkACL) []string {
+			if aclRulesEqual(cur.Egress, d.ACL.Egress) && aclRulesEqual(cur.Ingress, d.ACL.Ingress) {
+				return nil
+			}
+			return []string{"rules differed"}
+		},
+		update: func(ctx context.Context, _ *incus.NetworkACL, etag string) error {
+			return c.UpdateNetworkACL(ctx, d.ACL.Name, d.ACL, etag)
+		},
+		restore: func(ctx context.Context, old incus.NetworkACL) error {
+			return c.UpdateNetworkACL(ctx, old.Name, old, "")
+		},
+	})
+	if err != nil {
+		return rep, err
+	}
+	if action != "" {
+		changed("acl "+d.ACL.Name, action, strings.Join(diff, ", "))
 	}
 
-	// The bridge.
-	if net == nil {
-		if err := host.createNetwork(ctx, ci, d.Network); err != nil {
-			return rep, fmt.Errorf("creating network %s on %s: %w", d.Network.Name, d.Subnet, err)
-		}
-		changed("network "+d.Network.Name, "created", d.Subnet.String())
-		undos = append(undos, undo{"delete network", func(ctx context.Context) error { return c.DeleteNetwork(ctx, d.Network.Name) }})
-	} else if diff := append(configDiff(net.Config, d.Network.Config), unusedPolicyKeys(net.Config, d.Network.Config)...); len(diff) > 0 {
-		old := incus.NetworkPut{Description: net.Description, Config: maps.Clone(net.Config)}
-		cfg := maps.Clone(net.Config)
-		maps.Copy(cfg, d.Network.Config)
-		for k := range cfg {
-			if _, ok := d.Network.Config[k]; !ok && strings.HasPrefix(k, keyEgressPolicy) {
-				delete(cfg, k)
+	// The bridge, as read above.
+	action, diff, err = converge(ctx, &undos, incusObject[incus.Network]{
+		what: "network " + d.Network.Name,
+		read: func(context.Context) (*incus.Network, string, error) { return net, netETag, nil },
+		create: func(ctx context.Context) error {
+			if err := host.createNetwork(ctx, ci, d.Network); err != nil {
+				return fmt.Errorf("on %s: %w", d.Subnet, err)
 			}
-		}
-		if err := c.UpdateNetwork(ctx, d.Network.Name, incus.NetworkPut{Description: d.Network.Description, Config: cfg}, netETag); err != nil {
-			return rep, fmt.Errorf("updating network %s: %w", d.Network.Name, err)
-		}
-		changed("network "+d.Network.Name, "updated", strings.Join(diff, ", "))
-		undos = append(undos, undo{"restore network", func(ctx context.Context) error { return c.UpdateNetwork(ctx, d.Network.Name, old, "") }})
+			return nil
+		},
+		remove: func(ctx context.Context) error { return c.DeleteNetwork(ctx, d.Network.Name) },
+		differs: func(cur *incus.Network) []string {
+			return append(configDiff(cur.Config, d.Network.Config), unusedPolicyKeys(cur.Config, d.Network.Config)...)
+		},
+		update: func(ctx context.Context, cur *incus.Network, etag string) error {
+			cfg := maps.Clone(cur.Config)
+			maps.Copy(cfg, d.Network.Config)
+			for k := range cfg {
+				if _, ok := d.Network.Config[k]; !ok && strings.HasPrefix(k, keyEgressPolicy) {
+					delete(cfg, k)
+				}
+			}
+			return c.UpdateNetwork(ctx, d.Network.Name, incus.NetworkPut{Description: d.Network.Description, Config: cfg}, etag)
+		},
+		restore: func(ctx context.Context, old incus.Network) error {
+			return c.UpdateNetwork(ctx, d.Network.Name, incus.NetworkPut{Description: old.Description, Config: old.Config}, "")
+		},
+	})
+	if err != nil {
+		return rep, err
+	}
+	if action == "created" {
+		diff = []string{d.Subnet.String()}
+	}
+	if action != "" {
+		changed("network "+d.Network.Name, action, strings.Join(diff, ", "))
 	}
 
 	// The profile: exactly the NIC and the root disk.
-	prof, profETag, err := c.Profile(ctx, d.Profile.Name)
-	switch {
-	case incus.IsNotFound(err):
-		if err := c.CreateProfile(ctx, d.Profile); err != nil {
-			return rep, fmt.Errorf("creating profile %s: %w", d.Profile.Name, err)
-		}
-		changed("profile "+d.Profile.Name, "created", "")
-		undos = append(undos, undo{"delete profile", func(ctx context.Context) error { return c.DeleteProfile(ctx, d.Profile.Name) }})
-	case err != nil:
-		return rep, fmt.Errorf("reading profile %s: %w", d.Profile.Name, err)
-	default:
-		if diff := profileDiff(prof, d.Profile); len(diff) > 0 {
-			old := *prof
-			if err := c.UpdateProfile(ctx, d.Profile.Name, d.Profile, profETag); err != nil {
-				return rep, fmt.Errorf("updating profile %s: %w", d.Profile.Name, err)
-			}
-			changed("profile "+d.Profile.Name, "updated", strings.Join(diff, ", "))
-			undos = append(undos, undo{"restore profile", func(ctx context.Context) error { return c.UpdateProfile(ctx, old.Name, old, "") }})
-		}
+	action, diff, err = converge(ctx, &undos, incusObject[incus.Profile]{
+		what:    "profile " + d.Profile.Name,
+		read:    func(ctx context.Context) (*incus.Profile, string, error) { return c.Profile(ctx, d.Profile.Name) },
+		create:  func(ctx context.Context) error { return c.CreateProfile(ctx, d.Profile) },
+		remove:  func(ctx context.Context) error { return c.DeleteProfile(ctx, d.Profile.Name) },
+		differs: func(cur *incus.Profile) []string { return profileDiff(cur, d.Profile) },
+		update: func(ctx context.Context, _ *incus.Profile, etag string) error {
+			return c.UpdateProfile(ctx, d.Profile.Name, d.Profile, etag)
+		},
+		restore: func(ctx context.Context, old incus.Profile) error { return c.UpdateProfile(ctx, old.Name, old, "") },
+	})
+	if err != nil {
+		return rep, err
+	}
+	if action != "" {
+		changed("profile "+d.Profile.Name, action, strings.Join(diff, ", "))
 	}
 
 	if err := host.ensureHostLayers(ctx, g, d, rep, &undos); err != nil {

@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -490,106 +488,4 @@ func (c *Census) Mark(project string, boxes []Box) {
 		}
 		b.OnStack = &on
 	}
-}
-
-// leakGrace is how long a port must stay unclaimed, with its other end
-// down in the host's namespace, before it counts as leaked: Incus plugs a
-// NIC's host end into the bridge a moment before it moves the other end
-// into the instance, and a sweep must never take a NIC being plugged.
-const leakGrace = time.Second
-
-// sweepLeaks removes veth pairs left on the bridge by an instance's NIC
-// (measured: Incus 6.0 leaves the pair when a container fails to start
-// after its NIC was plugged): a port no instance claims whose other end is
-// down in the host's own namespace, seen so twice leakGrace apart. It
-// returns the ports it removed.
-func (host *Host) sweepLeaks(ctx context.Context, g *ground) ([]string, error) {
-	candidates, err := host.leakCandidates(ctx, g)
-	if err != nil || len(candidates) == 0 {
-		return nil, err
-	}
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-time.After(leakGrace):
-	}
-	again, err := host.leakCandidates(ctx, g)
-	if err != nil {
-		return nil, err
-	}
-	var removed []string
-	for port, peer := range again {
-		if candidates[port] != peer {
-			continue
-		}
-		l, err := g.h.LinkByName(port)
-		if err != nil {
-			continue
-		}
-		if err := g.h.LinkDel(l); err != nil {
-			return removed, fmt.Errorf("removing the leaked veth %s: %w", port, err)
-		}
-		removed = append(removed, port)
-	}
-	sort.Strings(removed)
-	return removed, nil
-}
-
-// removeLeftPorts removes the ports a removed instance's NICs left on the
-// bridge with their other end in the host's namespace (best effort: a
-// port left behind is what Ensure's sweep and the census are for).
-func (host *Host) removeLeftPorts(inst *incus.Instance) {
-	if h := host.here(); h != "" && inst.Location != "" && inst.Location != h {
-		// On another member: its kernel holds the pair, where reachable.
-		if mh, ok := host.memberHost(inst.Location); ok {
-			mh.removeLeftPorts(inst)
-		}
-		return
-	}
-	g, err := host.ground()
-	if err != nil {
-		return
-	}
-	defer g.close()
-	for _, port := range portsOf(Current.Network, inst) {
-		if port == "" || g.linkState(port).peer == "" {
-			continue
-		}
-		if l, err := g.h.LinkByName(port); err == nil {
-			_ = g.h.LinkDel(l)
-		}
-	}
-}
-
-// leakCandidates maps each unclaimed port of the bridge whose other end is
-// down in the host's namespace to that end's name.
-func (host *Host) leakCandidates(ctx context.Context, g *ground) (map[string]string, error) {
-	insts, err := host.Incus.AllInstances(ctx)
-	if err != nil {
-		return nil, err
-	}
-	claimed := map[string]bool{}
-	for i := range insts {
-		for _, p := range portsOf(Current.Network, &insts[i]) {
-			claimed[p] = true
-		}
-	}
-	ports, err := g.bridgePorts(Current.Network)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]string{}
-	for _, p := range ports {
-		if claimed[p.Name] {
-			continue
-		}
-		kp := g.linkState(p.Name)
-		if kp.peer == "" {
-			continue
-		}
-		if peer, err := g.h.LinkByName(kp.peer); err == nil && peer.Attrs().Flags&net.FlagUp == 0 {
-			out[p.Name] = kp.peer
-		}
-	}
-	return out, nil
 }

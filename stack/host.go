@@ -119,10 +119,10 @@ func (g *ground) nftConfig(gen Generation) nft.Config {
 	return nft.Config{Table: gen.NFTTable, Bridge: gen.Network, NetNS: int(g.ns)}
 }
 
-// claims lists what already uses addresses in the host's namespace: every
+// addressUses lists what already uses addresses in the host's namespace: every
 // route, every local address and the default gateways. Links named in skip
 // (the stack's own bridge) are left out.
-func (g *ground) claims(skip string) ([]Claim, error) {
+func (g *ground) addressUses(skip string) ([]AddressUse, error) {
 	links, err := g.linkList()
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
@@ -135,7 +135,7 @@ func (g *ground) claims(skip string) ([]Claim, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing routes: %w", err)
 	}
-	var out []Claim
+	var out []AddressUse
 	for _, r := range routes {
 		dev := names[r.LinkIndex]
 		if dev == skip && skip != "" {
@@ -143,12 +143,12 @@ func (g *ground) claims(skip string) ([]Claim, error) {
 		}
 		if r.Dst != nil {
 			if p, ok := prefixOf(r.Dst); ok && p.Bits() > 0 && !p.Addr().IsLoopback() {
-				out = append(out, Claim{Prefix: p, What: fmt.Sprintf("route %s dev %s", p, dev)})
+				out = append(out, AddressUse{Prefix: p, What: fmt.Sprintf("route %s dev %s", p, dev)})
 			}
 		}
 		if r.Gw != nil && (r.Dst == nil || r.Dst.IP.IsUnspecified()) {
 			if a, ok := netip.AddrFromSlice(r.Gw.To4()); ok {
-				out = append(out, Claim{Prefix: netip.PrefixFrom(a, 32), What: fmt.Sprintf("default gateway %s dev %s (is this running inside a box?)", a, dev)})
+				out = append(out, AddressUse{Prefix: netip.PrefixFrom(a, 32), What: fmt.Sprintf("default gateway %s dev %s (is this running inside a box?)", a, dev)})
 			}
 		}
 	}
@@ -162,7 +162,7 @@ func (g *ground) claims(skip string) ([]Claim, error) {
 		}
 		for _, a := range addrs {
 			if p, ok := prefixOf(a.IPNet); ok && !p.Addr().IsLoopback() {
-				out = append(out, Claim{Prefix: p.Masked(), What: fmt.Sprintf("address %s on %s", p, l.Attrs().Name)})
+				out = append(out, AddressUse{Prefix: p.Masked(), What: fmt.Sprintf("address %s on %s", p, l.Attrs().Name)})
 			}
 		}
 	}

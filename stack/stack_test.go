@@ -9,33 +9,33 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func claim(p, what string) Claim { return Claim{Prefix: netip.MustParsePrefix(p), What: what} }
+func use(p, what string) AddressUse { return AddressUse{Prefix: netip.MustParsePrefix(p), What: what} }
 
 func TestPickSubnet(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		pin     string
-		claims  []Claim
+		uses    []AddressUse
 		want    string
 		auto    bool
 		wantErr string
 	}{
 		{name: "free default", want: "10.88.0.0/24"},
-		{name: "default route claims nothing", claims: []Claim{claim("0.0.0.0/0", "default route")}, want: "10.88.0.0/24"},
-		{name: "connected route on the default", claims: []Claim{claim("10.88.0.0/24", "route dev eth1")}, want: "10.89.0.0/24", auto: true},
-		{name: "a wider route covering it", claims: []Claim{claim("10.88.0.0/15", "route dev vpn0")}, want: "10.90.0.0/24", auto: true},
-		{name: "the host's own gateway inside it (running in a box)", claims: []Claim{claim("10.88.0.1/32", "default gateway")}, want: "10.89.0.0/24", auto: true},
-		{name: "a local address inside it", claims: []Claim{claim("10.88.0.0/24", "address 10.88.0.7/24 on eth0"), claim("10.89.0.0/24", "x")}, want: "10.90.0.0/24", auto: true},
-		{name: "pinned and free", pin: "10.100.0.0/24", claims: []Claim{claim("10.88.0.0/24", "x")}, want: "10.100.0.0/24"},
-		{name: "pinned and claimed is refused", pin: "10.88.0.0/24", claims: []Claim{claim("10.88.0.0/16", "route 10.88.0.0/16 dev eth1")}, wantErr: "BOX_SUBNET=10.88.0.0/24 is already claimed by route 10.88.0.0/16 dev eth1"},
-		{name: "everything claimed", claims: []Claim{claim("10.64.0.0/10", "route big")}, wantErr: "no free /24"},
+		{name: "default route uses nothing", uses: []AddressUse{use("0.0.0.0/0", "default route")}, want: "10.88.0.0/24"},
+		{name: "connected route on the default", uses: []AddressUse{use("10.88.0.0/24", "route dev eth1")}, want: "10.89.0.0/24", auto: true},
+		{name: "a wider route covering it", uses: []AddressUse{use("10.88.0.0/15", "route dev vpn0")}, want: "10.90.0.0/24", auto: true},
+		{name: "the host's own gateway inside it (running in a box)", uses: []AddressUse{use("10.88.0.1/32", "default gateway")}, want: "10.89.0.0/24", auto: true},
+		{name: "a local address inside it", uses: []AddressUse{use("10.88.0.0/24", "address 10.88.0.7/24 on eth0"), use("10.89.0.0/24", "x")}, want: "10.90.0.0/24", auto: true},
+		{name: "pinned and free", pin: "10.100.0.0/24", uses: []AddressUse{use("10.88.0.0/24", "x")}, want: "10.100.0.0/24"},
+		{name: "pinned and claimed is refused", pin: "10.88.0.0/24", uses: []AddressUse{use("10.88.0.0/16", "route 10.88.0.0/16 dev eth1")}, wantErr: "BOX_SUBNET=10.88.0.0/24 is already claimed by route 10.88.0.0/16 dev eth1"},
+		{name: "everything claimed", uses: []AddressUse{use("10.64.0.0/10", "route big")}, wantErr: "no free /24"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var pin netip.Prefix
 			if tc.pin != "" {
 				pin = netip.MustParsePrefix(tc.pin)
 			}
-			got, err := PickSubnet(pin, tc.claims)
+			got, err := PickSubnet(pin, tc.uses)
 			if tc.wantErr != "" {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tc.wantErr)

@@ -350,33 +350,40 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 
 	// 1. The project, narrowed.
 	p, etag, perr := c.GetProject(ctx, project)
-	created := false
-	switch {
-	case incus.IsNotFound(perr):
-		created = true
-		np := incus.Project{Name: project, Description: fmt.Sprintf("box tier for %s (uid %d)", u.Name, u.UID), Config: tierConfig(nil, TierGranted, u.Name)}
-		if err := c.CreateProject(ctx, np); err != nil {
-			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
-		}
-		back.push("deleting project "+project, func(ctx context.Context) error { return host.deleteProjectContents(ctx, project, true) })
-		did("created project %s, narrowed to %s", project, Current.Network)
-	case perr != nil:
-		return nil, fmt.Errorf("granting %s: %w", u.Name, perr)
-	default:
+	if perr == nil {
 		if err := host.checkNoOtherNetworks(ctx, project); err != nil {
 			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 		}
-		want := tierConfig(p.Config, TierGranted, u.Name)
-		if !maps.Equal(want, p.Config) {
-			old := *p
-			np := *p
-			np.Config = want
-			if err := c.UpdateProject(ctx, project, np, etag); err != nil {
-				return nil, fmt.Errorf("granting %s: narrowing %s: %w", u.Name, project, err)
+	}
+	action, _, err := converge(ctx, &back, incusObject[incus.Project]{
+		what: "project " + project,
+		read: func(context.Context) (*incus.Project, string, error) { return p, etag, perr },
+		create: func(ctx context.Context) error {
+			return c.CreateProject(ctx, incus.Project{Name: project, Description: fmt.Sprintf("box tier for %s (uid %d)", u.Name, u.UID), Config: tierConfig(nil, TierGranted, u.Name)})
+		},
+		remove: func(ctx context.Context) error { return host.deleteProjectContents(ctx, project, true) },
+		differs: func(cur *incus.Project) []string {
+			if maps.Equal(tierConfig(cur.Config, TierGranted, u.Name), cur.Config) {
+				return nil
 			}
-			back.push("restoring project "+project, func(ctx context.Context) error { return c.UpdateProject(ctx, project, old, "") })
-			did("narrowed project %s to %s", project, Current.Network)
-		}
+			return []string{"narrowed"}
+		},
+		update: func(ctx context.Context, cur *incus.Project, etag string) error {
+			np := *cur
+			np.Config = tierConfig(cur.Config, TierGranted, u.Name)
+			return c.UpdateProject(ctx, project, np, etag)
+		},
+		restore: func(ctx context.Context, old incus.Project) error { return c.UpdateProject(ctx, project, old, "") },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
+	}
+	created := action == "created"
+	switch action {
+	case "created":
+		did("created project %s, narrowed to %s", project, Current.Network)
+	case "updated":
+		did("narrowed project %s to %s", project, Current.Network)
 	}
 
 	// 2. Its default profile: no NIC (the private bridge's goes).
@@ -394,6 +401,9 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	if _, ok := np.Devices["root"]; !ok {
 		np.Devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.pool()}
 	}
+	// A copy: deleting from prof's own map would hide the change from the
+	// comparison below and from the profile restored on a back-out.
+	np.Config = maps.Clone(prof.Config)
 	delete(np.Config, "raw.idmap")
 	if !maps.EqualFunc(np.Devices, prof.Devices, maps.Equal) || !maps.Equal(np.Config, prof.Config) {
 		old := *prof
@@ -421,20 +431,26 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	if err != nil {
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 	}
-	if cur, etag, err := pc.Profile(ctx, Current.Profile); incus.IsNotFound(err) {
-		if err := pc.CreateProfile(ctx, d.Profile); err != nil {
-			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
-		}
-		back.push("deleting profile "+Current.Profile+" in "+project, func(ctx context.Context) error { return pc.DeleteProfile(ctx, Current.Profile) })
-		did("installed profile %s in %s", Current.Profile, project)
-	} else if err != nil {
+	action, _, err = converge(ctx, &back, incusObject[incus.Profile]{
+		what:    "profile " + Current.Profile + " in " + project,
+		read:    func(ctx context.Context) (*incus.Profile, string, error) { return pc.Profile(ctx, Current.Profile) },
+		create:  func(ctx context.Context) error { return pc.CreateProfile(ctx, d.Profile) },
+		remove:  func(ctx context.Context) error { return pc.DeleteProfile(ctx, Current.Profile) },
+		differs: func(cur *incus.Profile) []string { return profileDiff(cur, d.Profile) },
+		update: func(ctx context.Context, _ *incus.Profile, etag string) error {
+			return pc.UpdateProfile(ctx, Current.Profile, d.Profile, etag)
+		},
+		restore: func(ctx context.Context, old incus.Profile) error {
+			return pc.UpdateProfile(ctx, Current.Profile, old, "")
+		},
+	})
+	if err != nil {
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
-	} else if len(profileDiff(cur, d.Profile)) > 0 {
-		old := *cur
-		if err := pc.UpdateProfile(ctx, Current.Profile, d.Profile, etag); err != nil {
-			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
-		}
-		back.push("restoring profile "+Current.Profile+" in "+project, func(ctx context.Context) error { return pc.UpdateProfile(ctx, Current.Profile, old, "") })
+	}
+	switch action {
+	case "created":
+		did("installed profile %s in %s", Current.Profile, project)
+	case "updated":
 		did("reset profile %s in %s", Current.Profile, project)
 	}
 

@@ -7,7 +7,7 @@ import (
 	"io"
 
 	"github.com/box-isolation/box/drill"
-	"github.com/box-isolation/box/internal/gate"
+	"github.com/box-isolation/box/drill/gate"
 )
 
 // howToRecord says how to make the row a release needs.

@@ -138,7 +138,7 @@ func InstallCounters(netns int, table string, keys []CountKey) error {
 	}
 	// The keys in batches: every message of a batch is acknowledged, and a
 	// few hundred keys' acknowledgements overflow the netlink socket's
-	// receive buffer (ENOBUFS, measured with a three-member cluster's run).
+	// receive buffer (ENOBUFS; docs/measurements.md, "A cluster").
 	for len(keys) > 0 {
 		n := min(len(keys), counterBatch)
 		for _, k := range keys[:n] {

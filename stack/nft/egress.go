@@ -36,7 +36,7 @@ func EgressBoxesSet(id string) string { return "boxes_" + id }
 
 // EgressTimeout is how long an address dnsmasq answered with stays allowed
 // (the allow sets' default timeout; dnsmasq adds elements without one).
-var EgressTimeout = time.Hour
+const EgressTimeout = time.Hour
 
 var policyIDRE = regexp.MustCompile(`^[a-z0-9]{1,16}$`)
 

@@ -374,9 +374,9 @@ type PortsChange struct {
 
 // SyncPorts is SetPorts saying what it added to the port set and what it
 // removed from it. Additions are committed first, in a batch of their own:
-// measured here, a batch that removes an element takes 10 to 20 ms to
-// commit and one that only adds takes under 0.3 ms, and a port just
-// plugged in must not wait for a stale name to go.
+// a removal's commit is slower by far (docs/measurements.md, "The port
+// watcher"), and a port just plugged in must not wait for a stale name to
+// go.
 func SyncPorts(cfg Config, ports []string) (PortsChange, error) {
 	var ch PortsChange
 	cfg, err := checkArgs(cfg, ports)

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill"
-	"github.com/box-isolation/box/internal/gate"
-	"github.com/box-isolation/box/internal/gatetest"
+	"github.com/box-isolation/box/drill/gate"
+	"github.com/box-isolation/box/drill/gate/gatetest"
 )
 
 // code is the repository's code before any run.

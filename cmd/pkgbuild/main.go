@@ -5,7 +5,7 @@
 // come from the stack package, so nothing packaged can drift from the code.
 // scripts/package.sh (make package) builds the binaries and runs it:
 //
-//	go run ./internal/pkgbuild -bin bin -out dist -version 0.4.0
+//	go run ./cmd/pkgbuild -bin bin -out dist -version 0.4.0
 package main
 
 import (

@@ -1,0 +1,226 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// Port and pin sync: after a box changes (minted, started, moved, leased),
+// every port of the bridge is isolated, the bridge drop's port set is exact
+// where the kernel has no bridge meta, and the pin table pins each port to
+// its instance's MAC and leases. Box commands call refreshPorts; the port
+// watcher (watch.go) calls syncPorts and refreshPins apart.
+
+// portsRefresh is what one refreshPorts changed.
+type portsRefresh struct {
+	isolated []string // ports whose isolated flag it turned on
+	added    []string // ports it put in the bridge drop's port set
+	removed  []string // names it took out of the set
+	// isolatedAt and addedAt are when the flags were set and when the
+	// additions were committed (zero when there were none).
+	isolatedAt, addedAt time.Time
+	// pinned says the pin table's sets changed; unresolved are ports no
+	// instance claims yet, left unpinned (planPins).
+	pinned     bool
+	unresolved []string
+}
+
+func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.removed) == 0 }
+
+// refreshPorts isolates every port of the bridge and, where the kernel has
+// no nft bridge meta, refreshes the bridge drop's port set (syncPorts),
+// then the pins (refreshPins): a box's port name is only known once it has
+// started, its lease once it has asked. It is the one refresh box commands
+// call after changing a box; `box watch-ports` (WatchPorts) calls the two
+// halves apart, so a new port never waits for Incus's answers.
+//
+// On a cluster it refreshes every member it can reach (its own, and those
+// MemberNetNS names): a box minted, started or moved from here may live on
+// any of them. Another machine's member is its port watcher's to refresh.
+func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
+	if host.kernelless {
+		return portsRefresh{}, nil
+	}
+	if host.Tier || host.member != "" {
+		return host.refreshPortsHere(ctx)
+	}
+	ci, err := host.Cluster(ctx)
+	if err != nil {
+		return portsRefresh{}, err
+	}
+	r, err := host.refreshPortsHere(ctx)
+	if err != nil || !ci.Clustered() {
+		return r, err
+	}
+	for _, m := range ci.Names() {
+		if mh, ok := host.memberHost(m); ok && m != ci.Local {
+			if _, err := mh.refreshPortsHere(ctx); err != nil {
+				return r, fmt.Errorf("member %s: %w", m, err)
+			}
+		}
+	}
+	return r, nil
+}
+
+// refreshPortsHere is refreshPorts on this host's member only.
+func (host *Host) refreshPortsHere(ctx context.Context) (portsRefresh, error) {
+	if host.Tier {
+		// A granted user cannot touch the kernel: the port watcher (root)
+		// puts the port in the set and pins it, as it does for any box.
+		return portsRefresh{}, host.requireWatcher()
+	}
+	r, err := host.syncPorts(ctx)
+	if err != nil {
+		return r, err
+	}
+	return r, host.refreshPins(ctx, &r)
+}
+
+// syncPorts is the kernel-only half of a refresh: every port isolated, the
+// port set exact. Refreshes are serialised across processes, so two box
+// commands at once cannot drop each other's ports.
+func (host *Host) syncPorts(ctx context.Context) (portsRefresh, error) {
+	var r portsRefresh
+	unlock, err := lockFile(ctx, portsLock, "the port set")
+	if err != nil {
+		return r, err
+	}
+	defer unlock()
+	g, err := host.ground()
+	if err != nil {
+		return r, err
+	}
+	defer g.close()
+	ports, isolated, err := g.isolatePorts(Current.Network)
+	if len(isolated) > 0 {
+		r.isolated, r.isolatedAt = isolated, time.Now()
+	}
+	if err != nil {
+		return r, err
+	}
+	ncfg := g.nftConfig(Current)
+	_, bridge, err := nft.Present(ncfg)
+	if err != nil || !bridge {
+		return r, err // no bridge table: nothing to refresh (doctor reports it)
+	}
+	ch, err := nft.SyncPorts(ncfg, portNames(ports))
+	r.added, r.removed, r.addedAt = ch.Added, ch.Removed, ch.AddedAt
+	return r, err
+}
+
+// refreshPins makes the pin table pin the bridge's ports as they are now,
+// with the leases as they are now: it asks Incus whose each port is and
+// what the leases are. Without the table (or an Incus to ask) there is
+// nothing to refresh: doctor reports the missing table.
+func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
+	if host.Incus == nil {
+		return nil
+	}
+	unlock, err := lockFile(ctx, pinsLock, "the pins")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	g, err := host.ground()
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	ncfg := g.nftConfig(Current)
+	present, err := nft.PinsPresent(ncfg)
+	if err != nil {
+		return err
+	}
+	egress, err := nft.EgressPresent(ncfg)
+	if err != nil || (!present && !egress) {
+		return err
+	}
+	f, err := host.readFleet(ctx)
+	if err != nil {
+		return err
+	}
+	// A box's egress policy follows its lease, as its pins do (also where
+	// the pin table is gone).
+	if _, err := host.applyEgress(ctx, g, f); err != nil {
+		return err
+	}
+	if !present {
+		return nil
+	}
+	ports, err := g.bridgePorts(Current.Network)
+	if err != nil {
+		return err
+	}
+	plan := f.planPins(portNames(ports))
+	r.unresolved = plan.unresolved
+	r.pinned, err = nft.SetPins(ncfg, plan.scope, plan.pins)
+	if err != nil {
+		return fmt.Errorf("refreshing the pins: %w", err)
+	}
+	return nil
+}
+
+// portsLock and pinsLock are the files whose flocks serialise port-set
+// and pin refreshes.
+const (
+	portsLock = "/run/lock/box-ports.lock"
+	pinsLock  = "/run/lock/box-pins.lock"
+)
+
+// lockPorts takes the port set's lock (lockFile).
+func lockPorts(ctx context.Context) (func(), error) { return lockFile(ctx, portsLock, "the port set") }
+
+// lockFile takes an exclusive flock on path without blocking forever: a
+// stuck holder makes the caller fail with a message, not hang, and ctx is
+// honoured. what names what the lock guards, for that message.
+func lockFile(ctx context.Context, path, what string) (func(), error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("locking %s: %w", what, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	// A refresh holds the lock about a millisecond: look again soon, then
+	// less often (docs/measurements.md, "The port watcher").
+	wait := time.Millisecond
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("locking %s (%s, held by another box command?): %w", what, path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
+
+// requireWatcher refuses, on a granted user's behalf, when no port watcher
+// runs: without one a new box's port stays outside the bridge drop and the
+// pins.
+func (host *Host) requireWatcher() error {
+	_, running, err := host.WatcherRunning()
+	if err != nil {
+		return err
+	}
+	if !running {
+		return errors.New("no port watcher (box watch-ports) runs on this host, so a new box's bridge port would stay outside the bridge drop and the pins: ask the host's admin to start box-ports.service")
+	}
+	return nil
+}
