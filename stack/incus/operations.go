@@ -20,7 +20,7 @@ const (
 
 // waitChunk is the longest single /wait long-poll. Long polls are kept short
 // so a dropped connection or a lost wake-up costs at most this much.
-const waitChunk = 30 * time.Second
+var waitChunk = 30 * time.Second
 
 // Operation is a background task in incusd (GET /1.0/operations/{id}).
 type Operation struct {
@@ -110,6 +110,16 @@ func (c *Client) wait(ctx context.Context, id string, last *Operation) (*Operati
 		secs := max(1, int(math.Ceil(chunk.Seconds())))
 		var op Operation
 		_, err := c.get(ctx, apiPath("operations", id, "wait"), url.Values{"timeout": {strconv.Itoa(secs)}}, &op)
+		var se *StatusError
+		if errors.As(err, &se) && ctx.Err() == nil {
+			// incusd before 6.12 (Debian's 6.0.4, measured) answers a
+			// long poll that timed out, and one whose operation failed,
+			// with an error ("context deadline exceeded", or the
+			// operation's own error): the operation itself says which.
+			if now, gerr := c.Operation(ctx, id); gerr == nil {
+				op, err = *now, nil
+			}
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return last, waitAbandoned(id, last, ctx.Err())
