@@ -27,6 +27,9 @@ const (
 	StampVersion     = "user.box.version"
 	StampImage       = "user.box.image"
 	StampFingerprint = "user.box.fingerprint"
+	// StampImageServer is the image server a REMOTE:ALIAS image was
+	// pulled from (the remote's address at mint time).
+	StampImageServer = "user.box.image_server"
 	StampType        = "user.box.type"
 	StampOrigin      = "user.box.origin"
 )
@@ -161,8 +164,10 @@ func (host *Host) Info(ctx context.Context, name string) (*Box, error) {
 
 // MintRequest describes a new box.
 type MintRequest struct {
-	Name  string
-	Image string // alias or fingerprint
+	Name string
+	// Image is an alias or fingerprint on the server, or REMOTE:ALIAS,
+	// which Incus pulls from that image server (Host.IncusConfigDir).
+	Image string
 	// Type is TypeContainer (when empty) or TypeVM; DecideType says which
 	// box new makes.
 	Type string
@@ -178,6 +183,10 @@ type MintRequest struct {
 	// Target is, on a cluster, the member to mint it on; empty leaves the
 	// placement to Incus.
 	Target string
+
+	// progress hears Incus's progress while it makes the box (a pulled
+	// image's download).
+	progress func(string)
 }
 
 // NoStackError is a box verb on a host with no isolation stack.
@@ -300,7 +309,7 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 // mint creates and starts one box as asked.
 func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	typ := cmp.Or(req.Type, TypeContainer)
-	fp, err := host.resolveImage(ctx, req.Image)
+	img, err := host.mintImage(ctx, req.Image)
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
@@ -308,7 +317,12 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	maps.Copy(cfg, req.Stamps)
 	cfg[StampMinted] = time.Now().UTC().Format(time.RFC3339)
 	cfg[StampImage] = req.Image
-	cfg[StampFingerprint] = fp
+	if img.fingerprint != "" {
+		cfg[StampFingerprint] = img.fingerprint
+	}
+	if img.source.Server != "" {
+		cfg[StampImageServer] = img.source.Server
+	}
 	cfg[StampType] = typ
 	cfg[StampOrigin] = "image " + req.Image
 	if req.CPU != "" {
@@ -324,10 +338,11 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	if req.Disk != "" {
 		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.pool(), "size": req.Disk}
 	}
+	req.progress = func(s string) { host.progressf("minting %s from %s: %s", req.Name, req.Image, s) }
 	err = host.create(ctx, req, incus.InstancesPost{
 		Name: req.Name, Type: typ, Config: cfg, Devices: devices,
 		Profiles: []string{Current.Profile},
-		Source:   incus.InstanceSource{Type: "image", Fingerprint: fp},
+		Source:   img.source,
 		Start:    true,
 	})
 	if err != nil {
@@ -343,6 +358,9 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 			}
 			return nil, &NotStartedError{Name: req.Name, Err: err, RemoveErr: rerr}
 		}
+		if img.pulled(err) {
+			return nil, fmt.Errorf("minting %s: %w", req.Name, &ImagePullError{Image: req.Image, Server: img.source.Server, Err: err})
+		}
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
 	if _, err := host.refreshPorts(ctx); err != nil {
@@ -352,7 +370,17 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 		}
 		return nil, fmt.Errorf("minting %s: isolating its bridge port failed, so it was not kept: %w", req.Name, err)
 	}
-	return host.Info(ctx, req.Name)
+	var notes []string
+	if img.fingerprint == "" {
+		if err := host.stampBaseImage(ctx, req.Name); err != nil {
+			notes = append(notes, fmt.Sprintf("the fingerprint %s resolved to is not stamped: %v", req.Image, err))
+		}
+	}
+	b, err := host.Info(ctx, req.Name)
+	if b != nil {
+		b.Notes = append(b.Notes, notes...)
+	}
+	return b, err
 }
 
 func (host *Host) pool() string {
@@ -362,7 +390,85 @@ func (host *Host) pool() string {
 	return "default"
 }
 
-// resolveImage turns an alias (or a fingerprint) into a fingerprint.
+// mintImage is where a box's root comes from.
+type mintImage struct {
+	source incus.InstanceSource
+	// fingerprint is the image's, when known before the box is made (an
+	// image on the server); a pulled image's is read back from the box.
+	fingerprint string
+}
+
+// mintImage resolves the image a box is minted from: an alias or
+// fingerprint on the server (local:NAME, or no remote), or REMOTE:ALIAS
+// through the incus CLI's remotes, which incusd pulls and caches itself.
+// Nothing here asks the image server: a server that is down must not stop
+// a mint Incus can make from its cache.
+func (host *Host) mintImage(ctx context.Context, image string) (mintImage, error) {
+	remotes, err := incus.LoadRemotes(host.IncusConfigDir)
+	if err != nil {
+		return mintImage{}, err
+	}
+	remote, name, err := remotes.Lookup(image)
+	if err != nil {
+		return mintImage{}, err
+	}
+	if remote != nil {
+		src, err := remote.PullSource(name)
+		return mintImage{source: src}, err
+	}
+	fp, err := host.resolveImage(ctx, name)
+	if err != nil {
+		return mintImage{}, err
+	}
+	return mintImage{source: incus.InstanceSource{Type: "image", Fingerprint: fp}, fingerprint: fp}, nil
+}
+
+// pulled says a failed create failed on pulling the image: incusd could
+// not resolve it on the image server ("Failed getting remote image info",
+// what it says when the server is unreachable and it has never fetched
+// the server's index), or its error names the server.
+func (img mintImage) pulled(err error) bool {
+	if img.source.Server == "" {
+		return false
+	}
+	msg := err.Error()
+	host := strings.TrimPrefix(strings.TrimPrefix(img.source.Server, "https://"), "http://")
+	return strings.Contains(msg, "remote image info") || strings.Contains(msg, host)
+}
+
+// ImagePullError is a mint whose image Incus could not pull from its image
+// server and did not have: nothing was made.
+type ImagePullError struct {
+	Image, Server string
+	Err           error
+}
+
+func (e *ImagePullError) Error() string {
+	return fmt.Sprintf("incusd could not get %s from the image server %s, and has no copy of it: %v\n"+
+		"offline, or with the server down: import an image file (incus image import FILE --alias NAME) and mint with --image NAME (or BOX_IMAGE=NAME), or pass --image with an image already here (incus image list)",
+		e.Image, e.Server, e.Err)
+}
+
+func (e *ImagePullError) Unwrap() error { return e.Err }
+
+// stampBaseImage stamps a box with the fingerprint Incus resolved its
+// image to (volatile.base_image): known only once a pulled image is made.
+func (host *Host) stampBaseImage(ctx context.Context, name string) error {
+	inst, etag, err := host.Incus.Instance(ctx, name)
+	if err != nil {
+		return err
+	}
+	fp := inst.Config["volatile.base_image"]
+	if fp == "" {
+		return errors.New("incus recorded no base image")
+	}
+	put := inst.Writable()
+	put.Config[StampFingerprint] = fp
+	return host.Incus.UpdateInstance(ctx, name, put, etag)
+}
+
+// resolveImage turns an alias (or a fingerprint) on the server into a
+// fingerprint.
 func (host *Host) resolveImage(ctx context.Context, image string) (string, error) {
 	a, err := host.Incus.ImageAlias(ctx, image)
 	if err == nil {
@@ -374,7 +480,7 @@ func (host *Host) resolveImage(ctx context.Context, image string) (string, error
 	img, err := host.Incus.Image(ctx, image)
 	if err != nil {
 		if incus.IsNotFound(err) {
-			return "", fmt.Errorf("no image %s here (no image server is reachable: import one, see --image / BOX_IMAGE)", image)
+			return "", fmt.Errorf("no image %s on this server (incus image list shows them): import one (incus image import FILE --alias %s), or name one on an image server (images:ALIAS)", image, image)
 		}
 		return "", fmt.Errorf("resolving image %s: %w", image, err)
 	}
@@ -560,11 +666,13 @@ func forgetMACs(cfg map[string]string) {
 	}
 }
 
-// freshMachineID writes a new /etc/machine-id into a stopped container
-// (a VM's files cannot be written before its agent runs).
+// freshMachineID gives a stopped copy (a clone, an import) a machine-id of
+// its own before it boots: a container's is written into its disk; a
+// VM's disk cannot be written before its agent runs, so Incus writes it
+// (machineIDTemplate).
 func (host *Host) freshMachineID(ctx context.Context, inst *incus.Instance) error {
 	if inst.Type != TypeContainer {
-		return nil
+		return host.machineIDTemplate(ctx, inst.Name)
 	}
 	id := make([]byte, 16)
 	if _, err := rand.Read(id); err != nil {
@@ -572,6 +680,48 @@ func (host *Host) freshMachineID(ctx context.Context, inst *incus.Instance) erro
 	}
 	mid := hex.EncodeToString(id) + "\n"
 	return host.Incus.PushFile(ctx, inst.Name, "/etc/machine-id", strings.NewReader(mid), 0o444, 0, 0)
+}
+
+// MachineIDTemplate is the instance template (in the instance's image
+// metadata) that writes a copy's /etc/machine-id: its own Incus UUID
+// (volatile.uuid, new in every copy), without dashes, which is also what
+// systemd makes of a VM's empty machine-id (the VM's SMBIOS UUID is that
+// UUID). Not proven on a VM here (no vhost-vsock): docs/images.md.
+const (
+	MachineIDTemplate     = "box-machine-id.tpl"
+	machineIDTemplateText = `{{ config_get("volatile.uuid", "")|cut:"-" }}` + "\n"
+)
+
+// machineIDTemplate has Incus write the instance's /etc/machine-id at its
+// next start after a copy: in a VM its agent writes it early in the boot,
+// before cloud-init (and reboots a cloud image it seeds). An import is no
+// copy to Incus: its copy templates are made to run at its next start too,
+// as `incus copy` would.
+func (host *Host) machineIDTemplate(ctx context.Context, name string) error {
+	if err := host.Incus.PutInstanceTemplate(ctx, name, MachineIDTemplate, strings.NewReader(machineIDTemplateText)); err != nil {
+		return err
+	}
+	md, etag, err := host.Incus.InstanceMetadata(ctx, name)
+	if err != nil {
+		return err
+	}
+	if md.Templates == nil {
+		md.Templates = map[string]*incus.ImageTemplate{}
+	}
+	md.Templates["/etc/machine-id"] = &incus.ImageTemplate{When: []string{"copy"}, Template: MachineIDTemplate, Properties: map[string]string{}}
+	if err := host.Incus.UpdateInstanceMetadata(ctx, name, *md, etag); err != nil {
+		return err
+	}
+	inst, etag, err := host.Incus.Instance(ctx, name)
+	if err != nil {
+		return err
+	}
+	if inst.Config["volatile.apply_template"] != "" {
+		return nil // Incus set it: "copy" for a copy
+	}
+	put := inst.Writable()
+	put.Config["volatile.apply_template"] = "copy"
+	return host.Incus.UpdateInstance(ctx, name, put, etag)
 }
 
 // Snapshot takes a snapshot; an empty label gets a time-stamped name.

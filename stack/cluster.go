@@ -599,7 +599,7 @@ func (host *Host) create(ctx context.Context, req MintRequest, post incus.Instan
 		if req.Target != "" {
 			return fmt.Errorf("minting %s: --target %s: this incusd is not a cluster member", req.Name, req.Target)
 		}
-		return host.Incus.CreateInstance(ctx, post)
+		return host.Incus.CreateInstanceWithProgress(ctx, post, req.progress)
 	}
 	if err := ci.checkMember(req.Target); err != nil {
 		return fmt.Errorf("minting %s: %w", req.Name, err)
@@ -610,7 +610,7 @@ func (host *Host) create(ctx context.Context, req MintRequest, post incus.Instan
 	if req.Target != "" {
 		cl = cl.Target(req.Target)
 	}
-	if err := cl.CreateInstance(ctx, post); err != nil {
+	if err := cl.CreateInstanceWithProgress(ctx, post, req.progress); err != nil {
 		return err
 	}
 	member := req.Target

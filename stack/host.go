@@ -42,6 +42,11 @@ type Host struct {
 	// TierGroup is the group incus-user serves (BOX_TIER_GROUP);
 	// DefaultTierGroup when empty.
 	TierGroup string
+	// IncusConfigDir is the incus CLI's config directory
+	// (incus.ConfigDir): its remotes name the image servers a
+	// REMOTE:ALIAS image is pulled from. Empty leaves the CLI's built-in
+	// remotes (images, the public image server; local).
+	IncusConfigDir string
 	// Progress, when set, hears what a long operation is doing (one box
 	// of many removed); box shows it on a terminal only.
 	Progress func(format string, args ...any)

@@ -61,7 +61,7 @@ func setupNew(fs *flag.FlagSet) action {
 	fs.StringVar(&o.disk, "disk", "", "root disk size, e.g. 20GiB, or none for the pool's default (beats BOX_DISK, which beats the template)")
 	fs.BoolVar(&o.vm, "vm", false, "make a virtual machine (default where the host can run one)")
 	fs.BoolVar(&o.container, "container", false, "make a container (default where the host cannot run VMs)")
-	fs.StringVar(&o.image, "image", "", "the image alias or fingerprint (beats BOX_IMAGE, which beats the template's)")
+	fs.StringVar(&o.image, "image", "", "the image: an alias or fingerprint on this server, or REMOTE:ALIAS from an image server, as the incus CLI names it (beats BOX_IMAGE, which beats the template's)")
 	fs.StringVar(&o.target, "target", "", "on an Incus cluster: the member to mint (or clone) it on (default: where Incus places it)")
 	fs.StringVar(&o.egress, "egress", "", "open (the default), or allow:FILE: the box reaches only the names in FILE (one name or *.suffix a line)")
 	fs.BoolVar(&o.asJSON, "json", false, "print the result as JSON")
@@ -69,6 +69,8 @@ func setupNew(fs *flag.FlagSet) action {
 }
 
 func (c *call) newBox(o *newOpts) error {
+	// --json is for programs: no progress drawn, on a terminal or not.
+	c.quiet = o.asJSON
 	if o.name == "" {
 		return usagef("new: --name is required (e.g. box new --name work)")
 	}
@@ -458,7 +460,7 @@ func printInfo(w io.Writer, r infoResult) {
 	fmt.Fprintf(tw, "addresses:\t%s\n", addrs)
 	fmt.Fprintf(tw, "profiles:\t%s\n", strings.Join(r.Profiles, ", "))
 	for _, k := range []string{stack.StampTemplate, stack.StampUser, stack.StampMinted, stack.StampVersion,
-		stack.StampImage, stack.StampFingerprint, stack.StampType, stack.StampOrigin} {
+		stack.StampImage, stack.StampImageServer, stack.StampFingerprint, stack.StampType, stack.StampOrigin} {
 		fmt.Fprintf(tw, "%s:\t%s\n", strings.TrimPrefix(k, stack.StampPrefix), stamp(*r.Box, k))
 	}
 	tw.Flush()

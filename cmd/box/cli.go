@@ -40,8 +40,8 @@ type app struct {
 	err    io.Writer
 	getenv func(string) string
 	// stdinTTY says whether a person can be asked (destructive verbs);
-	// stderrTTY whether progress may be drawn.
-	stdinTTY, stderrTTY bool
+	// stderrTTY whether progress may be drawn; quiet (--json) draws none.
+	stdinTTY, stderrTTY, quiet bool
 	// handover replaces this process with another (syscall.Exec in
 	// production): shell, tmux and the escape hatch end here.
 	handover func(argv0 string, argv, env []string) error
@@ -252,7 +252,8 @@ func (a *app) host() (*stack.Host, error) {
 		return nil, usagef("%v", err)
 	}
 	h := &stack.Host{Incus: incus.New(a.socket()), NetNS: a.getenv("BOX_NETNS"), Options: opts, Progress: a.progressf,
-		IncusUserSocket: a.getenv("BOX_INCUS_USER_SOCKET"), TierGroup: a.getenv("BOX_TIER_GROUP")}
+		IncusUserSocket: a.getenv("BOX_INCUS_USER_SOCKET"), TierGroup: a.getenv("BOX_TIER_GROUP"),
+		IncusConfigDir: incus.ConfigDir(a.getenv)}
 	if h.MemberNetNS, err = stack.ParseMemberNetNS(a.getenv("BOX_MEMBER_NETNS")); err != nil {
 		return nil, usagef("%v", err)
 	}
@@ -312,14 +313,14 @@ func (a *app) printJSON(v any) error {
 
 // progressf says what box is waiting for, on a terminal only.
 func (a *app) progressf(format string, args ...any) {
-	if a.stderrTTY {
+	if a.stderrTTY && !a.quiet {
 		fmt.Fprintf(a.err, "\r\033[K"+format, args...)
 	}
 }
 
 // progressDone ends a progress line.
 func (a *app) progressDone() {
-	if a.stderrTTY {
+	if a.stderrTTY && !a.quiet {
 		fmt.Fprint(a.err, "\r\033[K")
 	}
 }

@@ -55,6 +55,7 @@ func program() clidoc.Program {
 				"BOX_NETNS: the network namespace incusd's bridges live in (the hermetic world's).",
 				"BOX_MEMBER_NETNS: on an Incus cluster, member=namespace pairs for the other members this machine can enter (the hermetic world's), whose host layers box then reads and refreshes too.",
 				"BOX_IMAGE, BOX_CPU, BOX_MEMORY, BOX_DISK: defaults for box new, between the template's and the flags.",
+				"INCUS_CONF (else $HOME/.config/incus): the incus CLI's config directory, whose remotes (config.yml, servercerts/NAME.crt) name the image server of an image REMOTE:ALIAS; without one, images is the public image server.",
 			}},
 			{Title: "Files", Paragraphs: []string{
 				"/etc/systemd/system/" + stack.BootUnitName + ", /etc/systemd/system/" + stack.PortsUnitName +

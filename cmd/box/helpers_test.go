@@ -29,11 +29,19 @@ type runner struct {
 	env   map[string]string
 	stdin string
 	tty   bool // pretend stdin is a terminal
+	// errTTY pretends stderr is a terminal (progress is drawn there).
+	errTTY bool
 	// as, when set, runs box the way another local user does: exe in a
 	// process of its own under these credentials (box decides from its
 	// euid whether it acts as an admin or as a granted user).
 	as  *syscall.Credential
 	exe string
+}
+
+// withErrTTY is r with stderr a terminal.
+func (r runner) withErrTTY() runner {
+	r.errTTY = true
+	return r
 }
 
 // asUser is r running the binary exe under cred.
@@ -52,7 +60,7 @@ func (r runner) run(t *testing.T, args ...string) result {
 	a := &app{
 		ctx: context.Background(), in: strings.NewReader(r.stdin), out: &o, err: &e,
 		getenv:   func(k string) string { return r.env[k] },
-		stdinTTY: r.tty,
+		stdinTTY: r.tty, stderrTTY: r.errTTY,
 		handover: func(argv0 string, argv, env []string) error {
 			res.handedOver = append([]string{}, argv...)
 			res.env = env

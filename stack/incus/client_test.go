@@ -417,3 +417,41 @@ func TestErrorsAreWrapped(t *testing.T) {
 	assert.True(t, incus.IsPreconditionFailed(wrapped))
 	assert.Equal(t, "incus: GET /1.0: precondition failed (412)", err.Error())
 }
+
+// incusd before 6.12 answers a long poll that timed out with an error, and
+// one whose operation failed with the operation's error: the wait reads
+// the operation and goes on, or returns its failure, typed.
+func TestWaitOnIncus60(t *testing.T) {
+	defer incus.SetWaitChunk(time.Second)()
+	t.Run("a long poll that times out", func(t *testing.T) {
+		srv, c := newFake(t)
+		srv.WaitLikeIncus60()
+		id := srv.AddOperation(incustest.Op{Description: "Creating instance", Hold: true})
+		released := make(chan struct{})
+		go func() {
+			// Release only once a poll has timed out.
+			for len(srv.Find(http.MethodGet, "/1.0/operations/"+id)) == 0 {
+				time.Sleep(10 * time.Millisecond)
+			}
+			srv.Release(id)
+			close(released)
+		}()
+		op, err := c.WaitOperation(testCtx(t), id)
+		require.NoError(t, err)
+		<-released
+		assert.Equal(t, "Success", op.Status)
+		assert.GreaterOrEqual(t, len(srv.Find(http.MethodGet, "/1.0/operations/"+id+"/wait")), 2, "polled again after the timeout")
+	})
+	t.Run("a failed operation", func(t *testing.T) {
+		srv, c := newFake(t)
+		srv.WaitLikeIncus60()
+		srv.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
+			srv.Async(w, incustest.Op{Description: "Creating instance", Err: "Failed getting remote image info: boom"})
+		})
+		err := c.CreateInstance(testCtx(t), incus.InstancesPost{Name: "b"})
+		var oe *incus.OperationError
+		require.ErrorAs(t, err, &oe)
+		assert.Equal(t, "Failed getting remote image info: boom", oe.Message)
+		assert.Equal(t, 400, oe.Code)
+	})
+}

@@ -1,7 +1,8 @@
 // Package incus is a small client for the Incus REST API over incusd's unix
 // socket. It covers what box and drill need (instances, exec, files,
 // snapshots, backups, networks, ACLs, profiles, projects, storage pools,
-// images and operations) and nothing box-specific. It does not use
+// images, image servers (the incus CLI's remotes), instance templates and
+// operations) and nothing box-specific. It does not use
 // github.com/lxc/incus/v6, which is not to be depended on here (see
 // SPEC.md section 2).
 //
@@ -33,6 +34,39 @@
 // with errors.Is(err, context.DeadlineExceeded)), names the operation, and
 // the client has asked Incus to cancel it. Exec has a default deadline of
 // DefaultExecTimeout when the context has none.
+//
+// # Images from image servers
+//
+// An image named REMOTE:ALIAS (images:debian/12/cloud) is not fetched by
+// this client: the create asks incusd to pull it from the image server
+// itself (InstanceSource with Server, Protocol "simplestreams", Mode
+// "pull", Alias and the server's pinned Certificate), and incusd caches
+// it; a second create from it downloads nothing. Remote.PullSource builds
+// that source. The remotes are the incus CLI's own: LoadRemotes reads
+// config.yml in its config directory (ConfigDir: $INCUS_CONF, else
+// $HOME/.config/incus), each remote's pinned certificate in
+// servercerts/NAME.crt; without that file they are DefaultRemotes, where
+// images is the public simplestreams server (ImagesServer) and local this
+// server. local:NAME, or a NAME without a remote, is an image on this
+// server. A remote of the incus protocol (another Incus) or any other is
+// refused for now, with the fix: copy the image here first.
+//
+// While incusd pulls, it reports the download in the create operation's
+// metadata under DownloadProgress ("download_progress": "rootfs: 45%
+// (12.34MB/s)"), then the unpacking under another "*_progress" key;
+// CreateInstanceWithProgress reads the operation every half second and
+// passes each new line on (ProgressText). When the server cannot be
+// reached and incusd never fetched its index, the operation fails before
+// any instance exists, with incusd's own text, e.g. (6.0.4, measured):
+//
+//	Failed getting remote image info: Failed getting image: Failed parsing stream:
+//	Get "https://203.0.113.10:8443/streams/v1/index.json": Unable to connect to:
+//	203.0.113.10:8443 ([dial tcp 203.0.113.10:8443: connect: connection refused])
+//
+// With the server down but its index and the image cached (incusd keeps
+// the index an hour, and, read in its source, uses an older copy when the
+// server does not answer), incusd creates from its cache: nothing here
+// asks the server.
 //
 // # Errors
 //

@@ -68,19 +68,31 @@ type InstancePut struct {
 	Architecture string                       `json:"architecture"`
 }
 
-// InstanceSource says where a new instance's root comes from.
+// InstanceSource says where a new instance's root comes from: an image
+// (by Alias or Fingerprint, on this server or pulled from an image server),
+// a copy of another instance, or nothing.
 type InstanceSource struct {
 	Type        string `json:"type"` // "image", "copy" or "none"
 	Alias       string `json:"alias,omitempty"`
 	Fingerprint string `json:"fingerprint,omitempty"`
+	// Properties pick an image by its properties instead (os, release,
+	// variant...).
+	Properties map[string]string `json:"properties,omitempty"`
 	// Source is the instance ("inst") or snapshot ("inst/snap") to copy.
 	Source       string `json:"source,omitempty"`
 	InstanceOnly bool   `json:"instance_only,omitempty"`
 	Live         bool   `json:"live,omitempty"`
-	// Server and Protocol pull the image from a remote image server
-	// (e.g. "https://images.linuxcontainers.org", "simplestreams").
-	Server   string `json:"server,omitempty"`
-	Protocol string `json:"protocol,omitempty"`
+	// Server, Protocol and Mode "pull" have incusd pull the image from an
+	// image server itself (and cache it), as the incus CLI asks for
+	// images:ALIAS: Server is its URL, Protocol "simplestreams" (or
+	// "incus"). Certificate is the server's certificate (PEM) to pin, for
+	// a server the system's CAs do not vouch for; Secret is a token for
+	// an Incus server's private image.
+	Server      string `json:"server,omitempty"`
+	Protocol    string `json:"protocol,omitempty"`
+	Mode        string `json:"mode,omitempty"`
+	Certificate string `json:"certificate,omitempty"`
+	Secret      string `json:"secret,omitempty"`
 }
 
 // InstancesPost creates an instance. A nil Profiles gets the project's
@@ -205,10 +217,18 @@ func (c *Client) InstanceState(ctx context.Context, name string) (*InstanceState
 // CreateInstance creates (and, with Start, starts) an instance and waits
 // until Incus has finished.
 func (c *Client) CreateInstance(ctx context.Context, req InstancesPost) error {
+	return c.CreateInstanceWithProgress(ctx, req, nil)
+}
+
+// CreateInstanceWithProgress is CreateInstance telling progress, while
+// Incus works, each new line of progress it reports (ProgressText): an
+// image pulled from an image server ("rootfs: 45% (12.34MB/s)"), then
+// unpacked. A nil progress hears nothing.
+func (c *Client) CreateInstanceWithProgress(ctx context.Context, req InstancesPost, progress func(string)) error {
 	if req.Name == "" {
 		return errors.New("creating instance: no name given")
 	}
-	if _, err := c.do(ctx, request{method: http.MethodPost, path: apiPath("instances"), json: req}); err != nil {
+	if _, err := c.doWatched(ctx, request{method: http.MethodPost, path: apiPath("instances"), json: req}, progress); err != nil {
 		return fmt.Errorf("creating instance %s: %w", req.Name, err)
 	}
 	return nil

@@ -7,7 +7,9 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -20,7 +22,7 @@ const (
 
 // waitChunk is the longest single /wait long-poll. Long polls are kept short
 // so a dropped connection or a lost wake-up costs at most this much.
-const waitChunk = 30 * time.Second
+var waitChunk = 30 * time.Second
 
 // Operation is a background task in incusd (GET /1.0/operations/{id}).
 type Operation struct {
@@ -110,6 +112,16 @@ func (c *Client) wait(ctx context.Context, id string, last *Operation) (*Operati
 		secs := max(1, int(math.Ceil(chunk.Seconds())))
 		var op Operation
 		_, err := c.get(ctx, apiPath("operations", id, "wait"), url.Values{"timeout": {strconv.Itoa(secs)}}, &op)
+		var se *StatusError
+		if errors.As(err, &se) && ctx.Err() == nil {
+			// incusd before 6.12 (Debian's 6.0.4, measured) answers a
+			// long poll that timed out, and one whose operation failed,
+			// with an error ("context deadline exceeded", or the
+			// operation's own error): the operation itself says which.
+			if now, gerr := c.Operation(ctx, id); gerr == nil {
+				op, err = *now, nil
+			}
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return last, waitAbandoned(id, last, ctx.Err())
@@ -168,4 +180,70 @@ func (c *Client) waitOrCancel(ctx context.Context, op *Operation) (*Operation, e
 func isOperationError(err error) bool {
 	var oe *OperationError
 	return errors.As(err, &oe)
+}
+
+// progressPoll is how often a watched operation is read for its progress.
+const progressPoll = 500 * time.Millisecond
+
+// DownloadProgress is the operation metadata key in which incusd reports
+// an image it pulls from an image server ("rootfs: 45% (12.34MB/s)").
+const DownloadProgress = "download_progress"
+
+// ProgressText is what a running operation says of its progress: Incus
+// keeps one line per stage in its metadata under a key ending in
+// "_progress", DownloadProgress while it pulls an image, then
+// "create_instance_from_image_unpack_progress" while it unpacks it. The
+// download's line stays after it is done, so a later stage's wins; ""
+// when there is none.
+func ProgressText(meta map[string]any) string {
+	var keys []string
+	for k, v := range meta {
+		if _, ok := v.(string); ok && strings.HasSuffix(k, "_progress") && k != DownloadProgress {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		s, _ := meta[DownloadProgress].(string)
+		return s
+	}
+	slices.Sort(keys)
+	return meta[keys[0]].(string)
+}
+
+// doWatched is do, telling progress each new ProgressText of the
+// operation while it runs (read every progressPoll; a long poll would only
+// answer at its end). progress is not called once doWatched has returned.
+func (c *Client) doWatched(ctx context.Context, r request, progress func(string)) (*Operation, error) {
+	if progress == nil {
+		return c.do(ctx, r)
+	}
+	op, err := c.start(ctx, r)
+	if err != nil || op.final() {
+		return op, err
+	}
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		last := ""
+		t := time.NewTicker(progressPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+			}
+			now, err := c.Operation(wctx, op.ID)
+			if err != nil {
+				continue // the wait reports what matters
+			}
+			if s := ProgressText(now.Metadata); s != "" && s != last && wctx.Err() == nil {
+				last = s
+				progress(s)
+			}
+		}
+	}()
+	defer func() { stop(); <-done }()
+	return c.waitOrCancel(ctx, op)
 }

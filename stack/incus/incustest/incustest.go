@@ -42,6 +42,8 @@ type Server struct {
 	reqs   []Request
 	ops    map[string]*operation
 	nextOp int
+	// waitErrors: /wait answers as incusd 6.0 does (WaitLikeIncus60).
+	waitErrors bool
 }
 
 // Request is a request as the fake received it. Body holds at most the
@@ -259,6 +261,26 @@ func (s *Server) Release(id string) {
 	}
 }
 
+// SetMetadata replaces a running operation's metadata, as incusd updates
+// it while it works (a download's progress, for one).
+func (s *Server) SetMetadata(id string, meta map[string]any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if op := s.ops[id]; op != nil {
+		op.spec.Metadata = meta
+	}
+}
+
+// WaitLikeIncus60 makes /wait answer as incusd before 6.12 does (Debian's
+// 6.0.4, measured): a long poll that times out, and one whose operation
+// failed, get an error response (500, "context deadline exceeded" or the
+// operation's error) instead of the operation.
+func (s *Server) WaitLikeIncus60() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waitErrors = true
+}
+
 // Cancelled reports whether a DELETE cancelled the operation.
 func (s *Server) Cancelled(id string) bool {
 	s.mu.Lock()
@@ -351,16 +373,34 @@ func (s *Server) waitOperation(w http.ResponseWriter, r *http.Request) {
 		defer t.Stop()
 		expired = t.C
 	}
+	timedOut := false
 	select {
 	case <-op.done:
 	case <-expired:
+		timedOut = true
 	case <-r.Context().Done():
 		return
 	}
 	s.mu.Lock()
 	body := op.render()
+	old := s.waitErrors
 	s.mu.Unlock()
-	Sync(w, body)
+	switch {
+	case old && timedOut:
+		waitError(w, "context deadline exceeded")
+	case old && body["status"] == "Failure":
+		waitError(w, body["err"].(string))
+	default:
+		Sync(w, body)
+	}
+}
+
+// waitError is incusd 6.0's error on /wait: the headers were sent (200)
+// before the wait, so only the body says 500.
+func waitError(w http.ResponseWriter, msg string) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"type": "error", "error": msg, "error_code": http.StatusInternalServerError, "metadata": nil,
+	})
 }
 
 func (s *Server) cancelOperation(w http.ResponseWriter, r *http.Request) {
