@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -80,6 +81,84 @@ func TestX(t *testing.T) { t.Skip() }
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+}
+
+// TestToolPackagesInstalled: every Debian package a test names in Tool
+// (as a literal) is one scripts/deps.sh installs, or one every Debian
+// machine that can run the tests has.
+func TestToolPackagesInstalled(t *testing.T) {
+	root := moduleRoot(t)
+	b, err := os.ReadFile(filepath.Join(root, "scripts", "deps.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?s)\npkgs=\(([^)]*)\)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("no pkgs=(...) list in scripts/deps.sh")
+	}
+	installed := map[string]bool{}
+	for _, p := range strings.Fields(string(m[1])) {
+		installed[p] = true
+	}
+	// Essential (or, for golang-go, the toolchain running this test).
+	for _, p := range []string{"bash", "dash", "dpkg", "passwd", "golang-go"} {
+		installed[p] = true
+	}
+	named := toolPackages(t, root)
+	if len(named) < 5 {
+		t.Fatalf("only %d Tool calls found: %v", len(named), named)
+	}
+	for at, pkg := range named {
+		if !installed[pkg] {
+			t.Errorf("%s: package %s is not in scripts/deps.sh's pkgs", at, pkg)
+		}
+	}
+}
+
+// toolPackages maps "path:line" of each Tool(t, name, "package") call with
+// a literal package to the package.
+func toolPackages(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); name == "testdata" || (strings.HasPrefix(name, ".") && path != root) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok || len(call.Args) != 3 {
+				return true
+			}
+			if sel, ok := call.Fun.(*ast.SelectorExpr); !ok || sel.Sel.Name != "Tool" {
+				return true
+			}
+			if lit, ok := call.Args[2].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+				pkg, _ := strconv.Unquote(lit.Value)
+				rel, _ := filepath.Rel(root, path)
+				out[rel+":"+strconv.Itoa(fset.Position(call.Pos()).Line)] = pkg
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 var checkedFiles int
