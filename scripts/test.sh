@@ -5,7 +5,9 @@
 # (three members, for the cluster tests), runs unit, privileged and system
 # tests with BOX_REQUIRE_TIERS=1 (a tier that cannot run fails instead of
 # skipping), and tears the worlds down again, also on failure. A world
-# that was already up before is left up.
+# that was already up before is left up. go test's JSON stream goes
+# through internal/testjson, which prints the usual output as it comes and
+# fails the run on any skipped test, listing each with its reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,7 +58,12 @@ fi
 # One package at a time: the system tests of several packages share the
 # world's one incusd and its one boxnet.
 export BOX_REQUIRE_TIERS=1
-go test -p 1 -count=1 -timeout 30m ./...
+go build -o bin/testjson ./internal/testjson
+start=$(date +%s)
+rc=0
+go test -json -p 1 -count=1 -timeout 30m ./... 2>&1 | bin/testjson || rc=$?
+echo "test: go test ran $(($(date +%s) - start))s (exit $rc)" >&2
 for w in ${kept[@]+"${kept[@]}"}; do
 	echo "test: world $w was up before this run and is left up (bin/drill world down --name $w removes it)" >&2
 done
+exit "$rc"

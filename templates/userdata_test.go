@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/box-isolation/box/internal/testenv/tier"
 )
 
 // incusExecPATH is the PATH Incus sets for `incus exec` when the caller gives
@@ -245,11 +247,7 @@ func shellSyntax(t *testing.T, script string) {
 
 func lookSh(t *testing.T) string {
 	t.Helper()
-	sh, err := exec.LookPath("sh")
-	if err != nil {
-		t.Skip("needs a POSIX sh on PATH to check the rendered shell")
-	}
-	return sh
+	return tier.Tool(t, "sh", "dash") // a POSIX sh checks the rendered shell
 }
 
 func containsAny(list []string, sub string) bool {
