@@ -65,6 +65,10 @@ func setupWorldUp(fs *flag.FlagSet) runner {
 				fmt.Fprintf(w, "image %s %s: %s (%.2fs)\n", rep.Image.Alias, imageVerb(rep.Image), rep.Image.Fingerprint[:12], time.Duration(rep.ImageNS).Seconds())
 				fmt.Fprintf(w, "incus: INCUS_DIR=%s incus list\n", st.IncusDir)
 			}
+			if st.IncusConf != "" {
+				fmt.Fprintf(w, "image server: %s (%s), pinned in INCUS_CONF=%s (use it inside %s only)\n",
+					world.ImageServerURL(), world.ImageServerAddr, st.IncusConf, st.Names.HostNS)
+			}
 			for _, m := range st.Members {
 				fmt.Fprintf(w, "member %s: %s:%d, INCUS_DIR=%s\n", m.Name, m.ClusterAddr, world.ClusterPort, m.IncusDir)
 			}
