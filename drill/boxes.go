@@ -50,7 +50,12 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		return nil
 	})
 	cfg.logf("boxes: minting %s, %s and cloning %s", names[PlaceA], names[PlaceB], names[PlaceC])
-	mctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	mintTime := 3 * time.Minute
+	if cfg.Template != nil {
+		// box-a, then its clone, each provisioned in turn.
+		mintTime += 2 * provisionWait
+	}
+	mctx, cancel := context.WithTimeout(ctx, mintTime)
 	defer cancel()
 	// On a cluster, box-a, box-b and the clone live on the member the
 	// drill talks to, one more box on every other member it can enter.
@@ -67,7 +72,13 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := mintProbeBox(mctx, cfg, stack.MintRequest{Name: names[p], Image: cfg.Image, Type: probeType, Stamps: r.stamps(), Target: target})
+			req, err := r.mintRequest(names[p], target, true)
+			if err == nil {
+				err = mintProbeBox(mctx, cfg, req)
+			}
+			if err == nil {
+				err = r.waitProvisioned(mctx, cfg.Host.Incus, names[p])
+			}
 			mu.Lock()
 			mintErr = append(mintErr, err)
 			mu.Unlock()
@@ -81,6 +92,12 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		return fmt.Errorf("boxes: %w", err)
 	}
 	if _, err := cfg.Host.CloneTo(mctx, names[PlaceA], "", names[PlaceC], r.localMember()); err != nil {
+		return fmt.Errorf("boxes: %w", err)
+	}
+	if err := r.waitProvisioned(mctx, cfg.Host.Incus, names[PlaceC]); err != nil {
+		return fmt.Errorf("boxes: %w", err)
+	}
+	if err := r.readBaseImage(mctx); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
 	r.ends = map[Place]*BoxEnd{}

@@ -164,10 +164,19 @@ func mintTierBox(ctx context.Context, r *run) error {
 	box := r.names[PlaceT]
 	a := Action{ID: "t-isolation-off", Claim: TierID, Channel: ChannelIsolOff, From: placeUser, Target: "create " + box + " with security.port_isolation=false",
 		TargetKey: "incus", Expect: ExpectReach}
+	conf := map[string]string{stack.Current.Tag: "1", TagDrill: "1", TagRun: r.rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version}
+	// In a template run, the user's box is the template's, as theirs would be.
+	req, err := r.mintRequest(box, "", true)
+	if err != nil {
+		return fmt.Errorf("tier: %w", err)
+	}
+	if req.UserData != "" {
+		conf["cloud-init.user-data"] = req.UserData
+	}
 	err = t.client.CreateInstance(ctx, incus.InstancesPost{Name: box, Type: probeType,
-		Config:   map[string]string{stack.Current.Tag: "1", TagDrill: "1", TagRun: r.rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version},
+		Config:   conf,
 		Devices:  map[string]map[string]string{"eth0": {"type": "nic", "name": "eth0", "network": stack.Current.Network, "security.port_isolation": "false"}},
-		Profiles: []string{stack.Current.Profile}, Source: incus.InstanceSource{Type: "image", Alias: cfg.Image}, Start: true})
+		Profiles: []string{stack.Current.Profile}, Source: r.localImage(), Start: true})
 	if err != nil {
 		// Not the premise C-TIER tests: the escape attempts still run.
 		t.results = append(t.results, Result{Action: a, Verdict: Inconclusive, Observed: "refused",
@@ -179,6 +188,9 @@ func mintTierBox(ctx context.Context, r *run) error {
 	th := *cfg.Host
 	th.Incus = cfg.Host.Incus.Project(t.project)
 	if err := r.placeTierBox(ctx, th.Incus, box); err != nil {
+		return fmt.Errorf("tier: %w", err)
+	}
+	if err := r.waitProvisioned(ctx, th.Incus, box); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
 	e, err := boxEnd(ctx, &th, PlaceT, box)
