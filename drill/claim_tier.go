@@ -26,7 +26,7 @@ const TierID ClaimID = "C-TIER"
 var claimTier = Claim{
 	ID: TierID, From: "box-t, minted by a granted local user through incus-user with port isolation turned off in its own NIC, and that user",
 	To:       "peer boxes, the host, the LAN, the resolver; Incus (other networks, host paths, proxies, privilege)",
-	Channels: []Channel{ChannelARP, ChannelICMP, ChannelTCP, ChannelUDP, ChannelBroadcast, ChannelV6LinkLocal, ChannelV6AllNodes, ChannelDNS, ChannelIsolOff, ChannelRestriction, ChannelCensus},
+	Channels: []Channel{ChannelARP, ChannelICMP, ChannelTCP, ChannelUDP, ChannelBroadcast, ChannelV6LinkLocal, ChannelV6AllNodes, ChannelMDNS, ChannelLLMNR, ChannelSSDP, ChannelDNS, ChannelIsolOff, ChannelRestriction, ChannelCensus},
 	Expect:   "isolated like box-a (the host's layers hold though the user may turn port isolation off, and the census names that box); every attempt to leave boxnet refused by Incus for the restriction",
 	Layers:   []stack.LayerID{stack.LayerTier},
 	Why:      "a granted user holds an Incus socket: the grant's narrowing to boxnet and the host-owned layers are all that stand between their agent and the host's networks",
@@ -190,11 +190,13 @@ func mintTierBox(ctx context.Context, r *run) error {
 	if err := r.placeTierBox(ctx, th.Incus, box); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
-	if err := r.waitProvisioned(ctx, th.Incus, box); err != nil {
-		return fmt.Errorf("tier: %w", err)
-	}
+	// boxEnd waits for its lease, which pins it: until then it could not
+	// reach its package mirror.
 	e, err := boxEnd(ctx, &th, PlaceT, box)
 	if err != nil {
+		return fmt.Errorf("tier: %w", err)
+	}
+	if err := r.waitProvisioned(ctx, th.Incus, box); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
 	r.ends[PlaceT] = e

@@ -45,8 +45,9 @@ func (r *run) mintRequest(name, target string, provision bool) (stack.MintReques
 
 // waitProvisioned waits for a template box's user-data to report: ready,
 // or failed with the reason, which stops the run (its probes would run in
-// a box that is not the one people use). Nothing to wait for without a
-// template.
+// a box that is not the one people use). cloud-init is waited for first: a
+// clone carries its source's markers until its own run clears them.
+// Nothing to wait for without a template.
 func (r *run) waitProvisioned(ctx context.Context, c *incus.Client, name string) error {
 	if r.cfg.Template == nil {
 		return nil
@@ -54,20 +55,29 @@ func (r *run) waitProvisioned(ctx context.Context, c *incus.Client, name string)
 	ctx, cancel := context.WithTimeout(ctx, provisionWait)
 	defer cancel()
 	start := time.Now()
-	for {
-		if _, err := c.PullFile(ctx, name, templates.ReadyMarker); err == nil {
-			r.cfg.logf("boxes: %s provisioned from template %s in %s", name, r.cfg.Template.Name, time.Since(start).Round(time.Second))
-			return nil
-		}
-		if b, err := c.PullFile(ctx, name, templates.FailedMarker); err == nil {
-			return fmt.Errorf("%s: template %s's provisioning failed: %s", name, r.cfg.Template.Name, strings.TrimSpace(string(b)))
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: template %s did not report ready within %s (look inside: cloud-init status --long)", name, r.cfg.Template.Name, provisionWait)
-		case <-time.After(2 * time.Second):
-		}
+	// Its exit code says little (2 for a warning); the markers decide.
+	if _, err := c.Exec(ctx, name, incus.ExecRequest{Command: []string{"cloud-init", "status", "--wait"}}); err != nil {
+		return fmt.Errorf("%s: waiting for cloud-init: %w", name, err)
 	}
+	if _, err := c.PullFile(ctx, name, templates.ReadyMarker); err == nil {
+		r.cfg.logf("boxes: %s provisioned from template %s in %s", name, r.cfg.Template.Name, time.Since(start).Round(time.Second))
+		return nil
+	}
+	if b, err := c.PullFile(ctx, name, templates.FailedMarker); err == nil {
+		return fmt.Errorf("%s: template %s's provisioning failed: %s%s", name, r.cfg.Template.Name, strings.TrimSpace(string(b)), logTail(ctx, c, name))
+	}
+	return fmt.Errorf("%s: cloud-init finished, but template %s's user-data left no marker (%s or %s)%s", name, r.cfg.Template.Name, templates.ReadyMarker, templates.FailedMarker, logTail(ctx, c, name))
+}
+
+// logTail is the end of a box's cloud-init output, for a provisioning
+// failure's error ("" when it cannot be read).
+func logTail(ctx context.Context, c *incus.Client, name string) string {
+	b, err := c.PullFile(ctx, name, "/var/log/cloud-init-output.log")
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return "; the end of its /var/log/cloud-init-output.log:\n  " + strings.Join(lines[max(0, len(lines)-12):], "\n  ")
 }
 
 // readBaseImage records the fingerprint box-a's image resolved to.
