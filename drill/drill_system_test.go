@@ -275,7 +275,7 @@ func TestSystemDrillCanFail(t *testing.T) {
 			for _, svc := range []string{"tcp/22", "tcp/3000", "tcp/53", "udp/53"} {
 				assert.True(t, failed[svc], "the host's %s on the uplink address is reached: %v", svc, failed)
 			}
-			assert.Equal(t, []drill.ClaimID{"C-HOST"}, rep.MutationResults[0].Flipped, "the claim resting on the host firewall shows it")
+			assert.ElementsMatch(t, []drill.ClaimID{"C-HOST", "C-NESTED"}, rep.MutationResults[0].Flipped, "the claims resting on the host firewall show it: the box's and its nested workload's")
 			tierFlipped := false
 			for _, c := range rep.MutationResults[0].Changed {
 				tierFlipped = tierFlipped || (c.Claim == "C-TIER" && c.Clean == drill.Pass && c.Mutated == drill.Fail)
@@ -302,7 +302,12 @@ func TestSystemDrillCanFail(t *testing.T) {
 		}},
 		{"pinning", []string{"pinning"}, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-SPOOF")
-			assert.Equal(t, []drill.ClaimID{"C-SPOOF"}, rep.MutationResults[0].Flipped, "pinning is a layer of its own: no sibling probe flips")
+			assert.ElementsMatch(t, []drill.ClaimID{"C-SPOOF", "C-NESTED"}, rep.MutationResults[0].Flipped, "pinning is a layer of its own: no sibling probe flips, the lies and the nested MAC do")
+			nestedMAC := false
+			for _, r := range probeFailures(claim(t, rep, "C-NESTED")) {
+				nestedMAC = nestedMAC || r.From == drill.PlaceNestMAC
+			}
+			assert.True(t, nestedMAC, "a frame with the nested workload's own MAC got past the box's port")
 			poisoned, hostSaw, returnLost := false, false, false
 			for _, r := range probeFailures(claim(t, rep, "C-SPOOF")) {
 				poisoned = poisoned || strings.Contains(r.Evidence, "(box-b is ")
@@ -482,6 +487,24 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		assert.False(t, channels["ipv4-source"], "IPv4 is still pinned: %v", channels)
 		assert.True(t, poisoned, "the host's neighbour table (or the bridge's forwarding database) is the evidence")
 		assert.Equal(t, drill.Pass, claim(t, rep, "C-SIBLING").Verdict, "the sibling layers are apart")
+	})
+	t.Run("ARP let past the pins by hand, seen from a nested workload", func(t *testing.T) {
+		cfg := config(t)
+		restoreAfter(t, cfg)
+		ensured(t, cfg)
+		inHost(t, cfg, "nft", "insert", "rule", "bridge", stack.Current.NFTTable+"_pin", "prerouting", "ether", "type", "arp", "accept")
+		cfg.NoSetup = true
+		cfg.Claims = []drill.Claim{claimOf(t, "C-NESTED")}
+		rep := run(t, cfg)
+		nested := claim(t, rep, "C-NESTED")
+		assert.Equal(t, drill.Fail, nested.Verdict)
+		fromMAC, fromNAT := false, false
+		for _, r := range probeFailures(nested) {
+			fromMAC = fromMAC || (r.From == drill.PlaceNestMAC && r.Channel == drill.ChannelARP)
+			fromNAT = fromNAT || r.From == drill.PlaceNestNAT
+		}
+		assert.True(t, fromMAC, "the nested workload's own MAC reached the host's bridge by ARP")
+		assert.False(t, fromNAT, "what leaves by the box's NAT is still the box's, and pinned")
 	})
 	t.Run("ipv6 on at the bridge", func(t *testing.T) {
 		cfg := config(t)

@@ -95,7 +95,7 @@ func (b *builder) namesFrom(claim ClaimID, from BoxEnd) {
 	}
 	ask := func(name, qtype, label string, why topo.Provenance) *Action {
 		return b.probe(Action{Claim: claim, Channel: ChannelDNS, From: from.Place, Target: label, TargetKey: "gateway", Expect: ExpectNoName, Provenance: why},
-			probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: name, QType: qtype, Via: t.Subnet})
+			probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Port: 53, Name: name, QType: qtype, Via: b.via(from)})
 	}
 	for _, peer := range []BoxEnd{t.B, t.C} {
 		if !peer.IP.IsValid() {

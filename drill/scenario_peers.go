@@ -20,9 +20,12 @@ func (b *builder) siblingFrom(claim ClaimID, from BoxEnd) {
 	if !from.IP.IsValid() || from.MAC == nil {
 		return
 	}
-	b.pinPeers(from.Place)
 	b.toBox(claim, from, t.B)
 	b.toBox(claim, from, t.C)
+	if from.routed() {
+		return // nothing of layer 2 leaves a routed sender's own bridge
+	}
+	b.pinPeers(from.Place)
 	// Broadcast and all-nodes multicast reach every peer at once; one probe
 	// per peer, so each has its own nonce and its own witness there.
 	for _, peer := range []BoxEnd{t.B, t.C} {
@@ -75,15 +78,17 @@ func (b *builder) toBox(claim ClaimID, from BoxEnd, to BoxEnd) {
 		{ChannelUDP, probes.KindUDP, listenUDP, "udp", to.IP},
 		{ChannelV6LinkLocal, probes.KindICMP, 0, "icmpv6", to.LinkLocal},
 	} {
-		if !ch.target.IsValid() {
+		if !ch.target.IsValid() || (from.routed() && (ch.kind == probes.KindARP || !ch.target.Is4())) {
 			continue
 		}
-		spec := probes.ProbeSpec{Kind: ch.kind, Target: ch.target, Port: ch.port, Via: t.Subnet}
+		spec := probes.ProbeSpec{Kind: ch.kind, Target: ch.target, Port: ch.port, Via: b.via(from)}
 		if ch.kind != probes.KindARP {
 			spec.Nonce = probes.NewNonce()
 		}
 		a := b.probe(Action{Claim: claim, Channel: ch.channel, From: from.Place, Target: label, TargetKey: string(to.Place), Expect: ExpectBlocked}, spec)
-		if ch.kind != probes.KindARP {
+		if ch.kind != probes.KindARP && !from.routed() {
+			// A routed sender's box resolves the peer itself: there is
+			// no neighbour of its own to pin.
 			a.Pinned = ch.target
 		}
 		w := probes.WitnessSpec{Via: t.Subnet, SrcIPs: srcs, SrcMACs: macs, Proto: ch.proto, Port: ch.port}

@@ -85,13 +85,16 @@ const (
 // delay_ms+deadline_ms and every witness's and listener's window_ms must
 // fit in deadline_ms minus AgentMargin.
 type Plan struct {
-	Version    int            `json:"version"`
-	DeadlineMS int            `json:"deadline_ms"`
-	LinkLocal  *LinkLocalSpec `json:"link_local,omitempty"`
-	Neighbors  []NeighborSpec `json:"neighbors,omitempty"`
-	Listeners  []ListenerSpec `json:"listeners,omitempty"`
-	Witnesses  []WitnessSpec  `json:"witnesses,omitempty"`
-	Probes     []ProbeSpec    `json:"probes,omitempty"`
+	Version    int `json:"version"`
+	DeadlineMS int `json:"deadline_ms"`
+	// Nest, when set, runs the plan in a workload nested in the box
+	// (nest.go) instead of in the box itself.
+	Nest      *NestSpec      `json:"nest,omitempty"`
+	LinkLocal *LinkLocalSpec `json:"link_local,omitempty"`
+	Neighbors []NeighborSpec `json:"neighbors,omitempty"`
+	Listeners []ListenerSpec `json:"listeners,omitempty"`
+	Witnesses []WitnessSpec  `json:"witnesses,omitempty"`
+	Probes    []ProbeSpec    `json:"probes,omitempty"`
 }
 
 // LinkLocalSpec asks the agent to make sure the interface on Via has an
@@ -287,6 +290,11 @@ func (p *Plan) Validate() error {
 	}
 	if len(p.Listeners) > MaxListeners {
 		return fmt.Errorf("%d listeners, more than the limit of %d", len(p.Listeners), MaxListeners)
+	}
+	if p.Nest != nil {
+		if err := p.Nest.validate(); err != nil {
+			return fmt.Errorf("nest: %w", err)
+		}
 	}
 	if len(p.Neighbors) > MaxNeighbors {
 		return fmt.Errorf("%d neighbors, more than the limit of %d", len(p.Neighbors), MaxNeighbors)
