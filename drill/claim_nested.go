@@ -22,12 +22,14 @@ var claimNested = Claim{
 	Layers:   []stack.LayerID{stack.LayerPortIso, stack.LayerBridgeDrop, stack.LayerHostFW, stack.LayerACL, stack.LayerDNS, stack.LayerPin},
 	Why:      "an agent with Docker in its box starts containers of its own: behind the box's NAT they must meet every layer the box does, and one given the box's link must not pass as a host of its own",
 	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
-	prepare:  mintNestingBox,
-	build:    buildNested,
+	prepare: mintNestingBox,
+	build:   buildNested,
 	// The NAT workload's blocks count only if it reaches what a box may
 	// (the canary, the gateway's resolver): a workload the box's own
 	// firewall stops would "block" everything.
-	judge: func(r *run, c Claim, rs []Result) []Result { return judgeProbes(r, c, placeControlled(rs, PlaceNestNAT)) },
+	judge: func(r *run, c Claim, rs []Result) []Result {
+		return judgeProbes(r, c, placeControlled(rs, PlaceNestNAT))
+	},
 }
 
 // Places of C-NESTED's nested workloads, both in box-n.
