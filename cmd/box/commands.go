@@ -85,7 +85,7 @@ func commands() []command {
 			box: anyBox, minArgs: 1, maxArgs: 1, setup: setupStart},
 		{name: "rm", synopsis: "rm N [--force]", help: "remove a box and its snapshots",
 			box: anyBox, confirm: "remove box %s and all its snapshots?", minArgs: 1, maxArgs: 1, setup: setupRm},
-		{name: "egress", synopsis: "egress N open | allow NAME... | show [--json]", help: "show or change what a box may reach: open (the internet), or only the names allowed (and their subdomains)",
+		{name: "egress", synopsis: "egress N open | allow NAME... | show [--json] | log [--since DUR] [--json]", help: "show or change what a box may reach: open (the internet), or only the names allowed (NAME, or *.NAME for the names under it); log shows what was refused and why",
 			box: anyBox, minArgs: 1, maxArgs: -1, setup: setupEgress},
 		{name: "expose", synopsis: "expose N PORT [HOSTPORT] [--listen 127.0.0.1|::1] [--tcp|--unix] [--json] | expose N --list [--json] | expose N --remove PORT",
 			help: "open a door from the host's loopback (or a unix socket, yours only) to a TCP port in a box; --list, --remove",
