@@ -129,4 +129,3 @@ func TestEgressPlan(t *testing.T) {
 	assert.Equal(t, LayerEgress, fs[0].Layer)
 	assert.Contains(t, fs[0].Problem, "pgone", "a box naming a policy the bridge lacks is named, not silently open")
 }
-

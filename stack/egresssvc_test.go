@@ -105,7 +105,9 @@ type dnsRecorder struct {
 	msg  *dns.Msg
 }
 
-func (r *dnsRecorder) LocalAddr() net.Addr { return &net.UDPAddr{IP: net.ParseIP("169.254.53.53"), Port: 53} }
+func (r *dnsRecorder) LocalAddr() net.Addr {
+	return &net.UDPAddr{IP: net.ParseIP("169.254.53.53"), Port: 53}
+}
 func (r *dnsRecorder) RemoteAddr() net.Addr {
 	return &net.UDPAddr{IP: r.from.AsSlice(), Port: 40000}
 }
@@ -315,10 +317,10 @@ func TestEgressProxy(t *testing.T) {
 		assert.Equal(t, req, string(<-w.upGot), "the request went on as it was")
 	})
 	for name, req := range map[string]string{
-		"another Host":              "GET / HTTP/1.1\r\nHost: other.example.net\r\n\r\n",
+		"another Host":               "GET / HTTP/1.1\r\nHost: other.example.net\r\n\r\n",
 		"an allowed Host, a URL not": "GET http://other.example.net/ HTTP/1.1\r\nHost: canary.example.net\r\n\r\n",
-		"no Host":                   "GET / HTTP/1.0\r\n\r\n",
-		"a DoH name":                "POST /dns-query HTTP/1.1\r\nHost: dns.google\r\n\r\n",
+		"no Host":                    "GET / HTTP/1.0\r\n\r\n",
+		"a DoH name":                 "POST /dns-query HTTP/1.1\r\nHost: dns.google\r\n\r\n",
 	} {
 		t.Run("http, "+name, func(t *testing.T) {
 			var resp string
