@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -136,4 +138,66 @@ func TestSystemEgressTunnel(t *testing.T) {
 		require.True(t, heard[control[z]], "the open box's %s reached the witness (its control): %v", control[z], qs)
 		assert.False(t, heard[tunnel[z]], "%s, asked by the allowlisted box, reached the witness nameserver: a DNS tunnel", tunnel[z])
 	}
+
+	// Each refusal has its reason, for the operator.
+	res = r.run(t, "egress", w, "log", "--json")
+	require.Equal(t, exitOK, res.code, res.err)
+	var refusals []stack.EgressRefusal
+	require.NoError(t, json.Unmarshal([]byte(res.out), &refusals))
+	logged := map[string]string{}
+	for _, x := range refusals {
+		if x.Kind == "dns" {
+			logged[strings.TrimSuffix(x.Name, ".")] = x.Reason
+		}
+	}
+	for _, z := range zones {
+		assert.Contains(t, logged[tunnel[z]], "not on the allowlist", "%s is in box egress %s log", tunnel[z], w)
+	}
+	res = r.run(t, "egress", o, "log")
+	require.Equal(t, exitOK, res.code, res.err)
+	assert.Empty(t, res.out, "the open box was refused nothing")
+}
+
+// TestSystemEgressClosed: with no egress service running, an allowlisted
+// box resolves nothing and opens nothing on port 80, even to an address
+// it is allowed; box doctor says why; back with the service, it works.
+func TestSystemEgressClosed(t *testing.T) {
+	r, c := worldBox(t)
+	st := testenv.World(t)
+	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS}
+	if _, running, err := h.WatcherRunning(); err != nil || running {
+		t.Fatalf("a port watcher runs in %s (%v): this test runs the egress service itself", st.Names.HostNS, err)
+	}
+	serve := func() func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- h.ServeEgress(ctx, io.Discard) }()
+		deadline := time.Now().Add(5 * time.Second)
+		for !h.EgressServing() {
+			require.True(t, time.Now().Before(deadline), "the egress service did not answer within 5 s")
+			time.Sleep(20 * time.Millisecond)
+		}
+		return func() { cancel(); require.NoError(t, <-done) }
+	}
+	w := uniq(t)
+	cleanup(t, c, w)
+	allow := filepath.Join(t.TempDir(), "allow")
+	require.NoError(t, os.WriteFile(allow, []byte("canary.example.net\n"), 0o644))
+	res := r.run(t, "new", "--name", w, "--egress", "allow:"+allow)
+	require.Equal(t, exitOK, res.code, res.err)
+
+	stop := serve()
+	require.True(t, reaches(t, r, w, "canary.example.net", world.Canary), "with the service: the allowed canary")
+	stop()
+	require.False(t, h.EgressServing())
+
+	res = r.run(t, "exec", w, "--", "sh", "-c", "nslookup canary.example.net 10.88.0.1")
+	assert.NotEqual(t, exitOK, res.code, "no service: the box resolves nothing: %s", res.out)
+	assert.NotContains(t, res.out, world.Canary.String())
+	assert.False(t, reaches(t, r, w, "canary.example.net", world.Canary), "no service: the allowed canary's address is closed on port 80 (no proxy takes it)")
+	doc := r.run(t, "doctor")
+	assert.Contains(t, doc.out+doc.err, "no egress service answers here", "doctor says so")
+
+	defer serve()()
+	assert.True(t, reaches(t, r, w, "canary.example.net", world.Canary), "the service back: the canary again")
 }
