@@ -10,11 +10,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"time"
 
-	"github.com/miekg/dns"
-
-	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -261,22 +257,6 @@ func (host *Host) verifyEgress(ctx context.Context, g *ground, f fleet) ([]Findi
 		notes = append(notes, "no egress service answers here: every allowlisted box resolves nothing and opens nothing on ports 80 and 443 (closed, not open); box watch-ports runs it (the boot unit box-ports.service runs that)")
 	}
 	return out, notes, nil
-}
-
-// EgressServing says whether an egress service answers in the host's
-// namespace: it answers any question, REFUSED for an asker under no
-// allowlist.
-func (host *Host) EgressServing() bool {
-	ok := false
-	_ = nsrun.Do(host.NetNS, func() error {
-		m := new(dns.Msg)
-		m.SetQuestion("box-egress-check.invalid.", dns.TypeA)
-		c := &dns.Client{Timeout: 300 * time.Millisecond}
-		r, _, err := c.Exchange(m, netip.AddrPortFrom(nft.EgressDNSAddr, 53).String())
-		ok = err == nil && r != nil
-		return nil
-	})
-	return ok
 }
 
 func (host *Host) verifyEgressLayer(ctx context.Context, g *ground, f fleet) ([]Finding, error) {

@@ -174,9 +174,59 @@ func (host *Host) ServeEgress(ctx context.Context, log io.Writer) error {
 		return err
 	}
 	defer s.close()
+	// Locked once its sockets are open: a service said to run serves.
+	unlock, err := lockEgress(ino)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	logf(log, "egress service: resolver on %s:53, proxy on %s:%d, state %s", nft.EgressDNSAddr, nft.EgressProxyAddr, nft.EgressProxyPort, egressStatePath(ino))
 	s.serve(ctx)
 	return nil
+}
+
+// egressLockPath is the lock the egress service of the namespace with
+// inode ino holds while it runs.
+func egressLockPath(ino uint64) string {
+	return filepath.Join(watchLockDir, fmt.Sprintf("egress-%d.lock", ino))
+}
+
+// lockEgress takes the namespace's egress lock, or says another service
+// holds it.
+func lockEgress(ino uint64) (func(), error) {
+	if err := os.MkdirAll(watchLockDir, 0o755); err != nil {
+		return nil, fmt.Errorf("egress service: %w", err)
+	}
+	path := egressLockPath(ino)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("egress service: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w (it holds %s)", ErrEgressServing, path)
+		}
+		return nil, fmt.Errorf("egress service: locking %s: %w", path, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// EgressServing says whether an egress service runs for the host's
+// namespace (it holds the namespace's egress lock while it does). It
+// takes the lock shared and at once lets go, so it never waits, and it
+// sends nothing.
+func (host *Host) EgressServing() bool {
+	ino, err := host.nsInode()
+	if err != nil {
+		return false
+	}
+	f, err := os.Open(egressLockPath(ino))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
 }
 
 func logf(w io.Writer, format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
