@@ -106,7 +106,7 @@ type dnsRecorder struct {
 }
 
 func (r *dnsRecorder) LocalAddr() net.Addr {
-	return &net.UDPAddr{IP: net.ParseIP("169.254.53.53"), Port: 53}
+	return &net.UDPAddr{IP: net.ParseIP("192.0.0.8"), Port: 53}
 }
 func (r *dnsRecorder) RemoteAddr() net.Addr {
 	return &net.UDPAddr{IP: r.from.AsSlice(), Port: 40000}

@@ -59,8 +59,11 @@ type Egress struct {
 var (
 	// EgressDNSAddr is where box's resolver listens (udp and tcp 53), an
 	// address of the host's loopback device: not the gateway's, where the
-	// bridge's dnsmasq listens for open boxes.
-	EgressDNSAddr = netip.MustParseAddr("169.254.53.53")
+	// bridge's dnsmasq listens for open boxes. It is RFC 7600's IPv4 dummy
+	// address: special-purpose, routed nowhere, in no private range a LAN
+	// or a VPN takes, and not link-local (a link-local address needs an
+	// interface named wherever it is used).
+	EgressDNSAddr = netip.MustParseAddr("192.0.0.8")
 	// EgressProxyAddr is where box's proxy listens (IP_TRANSPARENT).
 	EgressProxyAddr = netip.MustParseAddr("127.0.0.1")
 )
