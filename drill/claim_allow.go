@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/probes"
@@ -330,7 +331,10 @@ func dropEgressChain(chain string) func(context.Context, *stack.Host, []string) 
 			ch := &nftables.Chain{Table: t, Name: chain}
 			conn.FlushChain(ch)
 			conn.DelChain(ch)
-			return conn.Flush()
+			if err := conn.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+				return err
+			}
+			return nil // gone already (with its table: another mutation's)
 		})
 	}
 }
