@@ -88,7 +88,7 @@ func (s *egressService) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	}
 	if addrs := answerAddrs(r, qq.Name); len(addrs) > 0 {
 		s.answers.add(box.Policy, name, addrs)
-		if err := s.allower.Allow(box.Policy, publicOnly(addrs)); err != nil {
+		if err := s.allow(box.Policy, publicOnly(addrs)); err != nil {
 			// Answering would send the box to an address its rule drops.
 			m := new(dns.Msg)
 			m.SetRcode(q, dns.RcodeServerFailure)
@@ -102,6 +102,43 @@ func (s *egressService) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	r.Id = q.Id
 	w.WriteMsg(r)
 }
+
+// allow puts addresses into a policy's allow set, but not those it put
+// there within allowFresh: a commit to the kernel costs more than the
+// rest of an answer (docs/measurements.md, "Egress allowlists"), and the
+// set keeps an element an hour.
+func (s *egressService) allow(policy string, addrs []netip.Addr) error {
+	now := time.Now()
+	var due []netip.Addr
+	s.allowedMu.Lock()
+	for _, a := range addrs {
+		k := policy + "/" + a.String()
+		if at, ok := s.allowed[k]; !ok || now.Sub(at) > allowFresh {
+			due = append(due, a)
+		}
+	}
+	s.allowedMu.Unlock()
+	if len(due) == 0 {
+		return nil
+	}
+	if err := s.allower.Allow(policy, due); err != nil {
+		return err
+	}
+	s.allowedMu.Lock()
+	defer s.allowedMu.Unlock()
+	if len(s.allowed) > 65536 {
+		clear(s.allowed)
+	}
+	for _, a := range due {
+		s.allowed[policy+"/"+a.String()] = now
+	}
+	return nil
+}
+
+// allowFresh is how long an address the resolver allowed is not allowed
+// again: short, so that a set rebuilt meanwhile (its elements lost) is
+// refilled by the next answers.
+const allowFresh = 10 * time.Second
 
 // refuse answers REFUSED with the reason, and logs it.
 func (s *egressService) refuse(w dns.ResponseWriter, q *dns.Msg, r EgressRefusal) {

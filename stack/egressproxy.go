@@ -265,14 +265,22 @@ func (s *egressService) dialOut(ctx context.Context, to netip.AddrPort) (net.Con
 }
 
 // relay copies both ways until both sides are done, passing on each
-// side's end of writing (the kernel splices TCP to TCP).
+// side's end of writing. TCP to TCP, the kernel splices: ReadFrom is
+// called on the connections themselves, since io.Copy would take the
+// source's WriteTo, which copies through a buffer for a TCP destination.
 func relay(a, b net.Conn) {
 	var wg sync.WaitGroup
 	cp := func(dst, src net.Conn) {
 		defer wg.Done()
-		io.Copy(dst, src)
-		if tc, ok := dst.(*net.TCPConn); ok {
-			tc.CloseWrite()
+		dt, sok := dst.(*net.TCPConn)
+		st, dok := src.(*net.TCPConn)
+		if sok && dok {
+			dt.ReadFrom(st)
+		} else {
+			io.Copy(dst, src)
+		}
+		if dt != nil {
+			dt.CloseWrite()
 		} else {
 			dst.Close()
 		}

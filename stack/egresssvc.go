@@ -287,6 +287,9 @@ type egressService struct {
 
 	cache   *dnsCache
 	answers *answerBook
+	// allowed is when each policy/address was last put into its set.
+	allowedMu sync.Mutex
+	allowed   map[string]time.Time
 	limits  *rateLimits
 	conns   *connCounts
 	wg      sync.WaitGroup
@@ -303,7 +306,7 @@ func newEgressService(netns string, st *egressStateFile, allower interface {
 	Allow(string, []netip.Addr) error
 }, log *refusalLog) *egressService {
 	s := &egressService{netns: netns, state: st, allower: allower, log: log,
-		cache: newDNSCache(), answers: newAnswerBook(), limits: newRateLimits(), conns: newConnCounts()}
+		cache: newDNSCache(), answers: newAnswerBook(), limits: newRateLimits(), conns: newConnCounts(), allowed: map[string]time.Time{}}
 	s.exchange = s.upstreamExchange
 	s.dial = s.dialOut
 	s.dialable = s.routable

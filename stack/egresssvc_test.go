@@ -150,11 +150,15 @@ func TestEgressResolver(t *testing.T) {
 	assert.Equal(t, []netip.Addr{netip.MustParseAddr("203.0.113.10")}, w.allower.got["pw"])
 	assert.Equal(t, []string{"Canary.Example.NET."}, w.asked)
 
-	// Asked again: from the cache, and allowed again (the element's
-	// timeout starts afresh).
+	// Asked again: from the cache, and not allowed again so soon (the
+	// element is there for an hour).
 	r = w.ask(boxW, "canary.example.net", dns.TypeA)
 	assert.Equal(t, dns.RcodeSuccess, r.Rcode)
 	assert.Len(t, w.asked, 1, "the second answer came from the cache")
+	assert.Len(t, w.allower.got["pw"], 1)
+	// Later on it is (the element's timeout starts afresh).
+	w.s.allowed["pw/203.0.113.10"] = time.Now().Add(-allowFresh - time.Second)
+	w.ask(boxW, "canary.example.net", dns.TypeA)
 	assert.Len(t, w.allower.got["pw"], 2)
 
 	// Under a wildcard, through a CNAME: the chain's public addresses.
@@ -193,6 +197,7 @@ func TestEgressResolver(t *testing.T) {
 
 	// The set could not take the answer: no answer either.
 	w.allower.fail = errors.New("no such table")
+	clear(w.s.allowed)
 	r = w.ask(boxW, "a.pkg.example", dns.TypeA)
 	assert.Equal(t, dns.RcodeServerFailure, r.Rcode, "an answer whose address the box's rule drops is not given")
 }

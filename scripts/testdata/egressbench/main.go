@@ -2,7 +2,9 @@
 // latency of DNS answers from the box's gateway, and the throughput of one
 // HTTP download.
 //
-//	egressbench dns GATEWAY NAME N      p50 and p99 of N answers, in microseconds
+//	egressbench dns GATEWAY NAME N      p50 and p99 of N answers, in microseconds,
+//	                                    asked 10 ms apart (box's resolver takes
+//	                                    100 questions a second from a box)
 //	egressbench get ADDR:PORT HOST PATH bytes, seconds and MB/s of one GET
 package main
 
@@ -62,6 +64,7 @@ func lookups(gw, name string, n int) error {
 			return fmt.Errorf("%s: %s", name, dns.RcodeToString[r.Rcode])
 		}
 		took = append(took, rtt)
+		time.Sleep(10 * time.Millisecond)
 	}
 	slices.Sort(took)
 	q := func(p float64) float64 { return float64(took[int(p*float64(len(took)-1))].Microseconds()) }
