@@ -290,9 +290,9 @@ type egressService struct {
 	// allowed is when each policy/address was last put into its set.
 	allowedMu sync.Mutex
 	allowed   map[string]time.Time
-	limits  *rateLimits
-	conns   *connCounts
-	wg      sync.WaitGroup
+	limits    *rateLimits
+	conns     *connCounts
+	wg        sync.WaitGroup
 	// exchange asks the upstream (a test gives its own).
 	exchange func(ctx context.Context, q *dns.Msg, upstream []netip.Addr) (*dns.Msg, error)
 	// dial opens the proxy's connection out (a test gives its own).
