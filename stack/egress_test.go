@@ -73,6 +73,7 @@ func TestAllows(t *testing.T) {
 		"api.example.com.attacker.x": false,
 	} {
 		assert.Equal(t, want, Allows(names, q), q)
+		assert.Equal(t, want, newNameMatcher(names).allows(q), "the matcher agrees: %s", q)
 	}
 	assert.True(t, isDoHName("dns.google."))
 	assert.True(t, isDoHName("x.cloudflare-dns.com"))

@@ -43,7 +43,7 @@ const (
 // ServeDNS answers one question.
 func (s *egressService) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	from := addrOf(w.RemoteAddr())
-	st, stErr := s.state.get()
+	st, matchers, stErr := s.state.getWith()
 	box, ok := st.Boxes[from]
 	if !s.limits.allow(from) {
 		s.log.add(EgressRefusal{Box: box.Name, Project: box.Project, Policy: box.Policy, From: from.String(), Kind: "dns",
@@ -69,7 +69,7 @@ func (s *egressService) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	names := st.Policies[box.Policy]
 	refusal := EgressRefusal{Box: box.Name, Project: box.Project, Policy: box.Policy, From: from.String(), Kind: "dns", Name: name, QType: qtype}
 	switch {
-	case !Allows(names, name):
+	case !allows(matchers, box.Policy, name):
 		refusal.Reason = fmt.Sprintf("not on the allowlist %s of box %s (%s)", box.Policy, box.Name, strings.Join(names, " "))
 		s.refuse(w, q, refusal)
 		return

@@ -155,3 +155,39 @@ func Allows(names []string, name string) bool {
 	}
 	return false
 }
+
+// nameMatcher is an allowlist made for asking often: a question costs a
+// lookup per label of the name, however long the list.
+type nameMatcher struct {
+	exact, under map[string]bool
+}
+
+func newNameMatcher(names []string) *nameMatcher {
+	m := &nameMatcher{exact: map[string]bool{}, under: map[string]bool{}}
+	for _, n := range names {
+		if suffix, ok := strings.CutPrefix(n, "*."); ok {
+			m.under[suffix] = true
+		} else {
+			m.exact[n] = true
+		}
+	}
+	return m
+}
+
+// allows is Allows for the matcher's list.
+func (m *nameMatcher) allows(name string) bool {
+	q := strings.TrimSuffix(strings.ToLower(name), ".")
+	if m.exact[q] {
+		return true
+	}
+	for {
+		_, parent, ok := strings.Cut(q, ".")
+		if !ok {
+			return false
+		}
+		if m.under[parent] {
+			return true
+		}
+		q = parent
+	}
+}

@@ -86,7 +86,7 @@ type proxyConn interface {
 func (s *egressService) serveConn(ctx context.Context, c proxyConn) {
 	defer c.Close()
 	from, to := addrPortOf(c.RemoteAddr()), addrPortOf(c.LocalAddr())
-	st, _ := s.state.get()
+	st, matchers, _ := s.state.getWith()
 	box, ok := st.Boxes[from.Addr()]
 	refusal := EgressRefusal{Box: box.Name, Project: box.Project, Policy: box.Policy, From: from.Addr().String(), Kind: "tcp", To: to.String()}
 	if !ok {
@@ -146,7 +146,7 @@ func (s *egressService) serveConn(ctx context.Context, c proxyConn) {
 	policy := st.Policies[box.Policy]
 	for _, n := range names {
 		switch {
-		case !Allows(policy, n):
+		case !allows(matchers, box.Policy, n):
 			refuse(fmt.Sprintf("%s is not on the allowlist %s of box %s (%s)", n, box.Policy, box.Name, strings.Join(policy, " ")))
 			return
 		case isDoHName(n):

@@ -126,27 +126,44 @@ func egressStateProblem(ino uint64, want EgressServiceState) string {
 // egressStateFile is the state as the service holds it, read again when
 // the file changes (a stat a question: the state is a few KB).
 type egressStateFile struct {
-	path string
-	mu   sync.Mutex
-	st   EgressServiceState
-	id   [4]int64 // inode, size, mtime seconds and nanoseconds
-	err  error
+	path     string
+	mu       sync.Mutex
+	st       EgressServiceState
+	matchers map[string]*nameMatcher // by policy
+	id       [4]int64                // inode, size, mtime seconds and nanoseconds
+	err      error
 }
 
 func (f *egressStateFile) get() (EgressServiceState, error) {
+	st, _, err := f.getWith()
+	return st, err
+}
+
+// getWith is the state and each policy's matcher.
+func (f *egressStateFile) getWith() (EgressServiceState, map[string]*nameMatcher, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var fi syscall.Stat_t
 	if err := syscall.Stat(f.path, &fi); err != nil {
-		f.st, f.id, f.err = EgressServiceState{}, [4]int64{}, err
-		return f.st, err
+		f.st, f.matchers, f.id, f.err = EgressServiceState{}, nil, [4]int64{}, err
+		return f.st, nil, err
 	}
 	id := [4]int64{int64(fi.Ino), fi.Size, fi.Mtim.Sec, fi.Mtim.Nsec}
 	if id != f.id {
 		f.st, f.err = readEgressState(f.path)
 		f.id = id
+		f.matchers = map[string]*nameMatcher{}
+		for p, names := range f.st.Policies {
+			f.matchers[p] = newNameMatcher(names)
+		}
 	}
-	return f.st, f.err
+	return f.st, f.matchers, f.err
+}
+
+// allows says whether a policy of the state allows name.
+func allows(m map[string]*nameMatcher, policy, name string) bool {
+	pm := m[policy]
+	return pm != nil && pm.allows(name)
 }
 
 // ErrEgressServing is returned by ServeEgress when another egress service
