@@ -100,6 +100,15 @@ func (s *egressService) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 		}
 	}
 	r.Id = q.Id
+	if _, udp := w.RemoteAddr().(*net.UDPAddr); udp {
+		// What the upstream answered over TCP may not fit the asker's
+		// datagram: it gets the truncated answer, and asks again over TCP.
+		size := dns.MinMsgSize
+		if o := q.IsEdns0(); o != nil {
+			size = max(int(o.UDPSize()), size)
+		}
+		r.Truncate(size)
+	}
 	w.WriteMsg(r)
 }
 

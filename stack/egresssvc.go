@@ -374,9 +374,12 @@ func (s *egressService) listen() error {
 }
 
 func (s *egressService) close() {
-	for _, c := range []io.Closer{s.udp, s.tcp, s.proxy} {
-		if c != nil && !reflect.ValueOf(c).IsNil() {
-			c.Close()
+	if s.udp != nil {
+		s.udp.Close()
+	}
+	for _, l := range []net.Listener{s.tcp, s.proxy} {
+		if l != nil {
+			l.Close()
 		}
 	}
 }

@@ -62,7 +62,7 @@ func TestSystemEgressAllowlist(t *testing.T) {
 	t.Logf("box egress open took %s", time.Since(t0))
 	assert.True(t, reaches(t, r, box, "other.example.net", other), "open: the other canary too, at once")
 
-	// Back under the allowlist (it exists: no resolver restart), at once.
+	// Back under the allowlist (it exists), at once.
 	t0 = time.Now()
 	res = r.run(t, "egress", box, "allow", "canary.example.net", "--json")
 	took := time.Since(t0)
