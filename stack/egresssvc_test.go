@@ -91,6 +91,10 @@ func newSvcWorld(t *testing.T) *svcWorld {
 				&dns.CNAME{Hdr: dns.RR_Header{Name: "a.pkg.example.", Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: 60}, Target: "cdn.example.org."},
 				&dns.A{Hdr: dns.RR_Header{Name: "cdn.example.org.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.ParseIP("203.0.113.30")},
 				&dns.A{Hdr: dns.RR_Header{Name: "cdn.example.org.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.ParseIP("192.168.1.9")})
+		case "big.pkg.example.":
+			for i := range 60 {
+				r.Answer = append(r.Answer, &dns.A{Hdr: dns.RR_Header{Name: "big.pkg.example.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(203, 0, 113, byte(100+i))})
+			}
 		default:
 			r.Rcode = dns.RcodeNameError
 		}
@@ -167,6 +171,15 @@ func TestEgressResolver(t *testing.T) {
 	assert.Equal(t, []netip.Addr{netip.MustParseAddr("203.0.113.30")}, w.allower.got["pw"][2:], "the private answer is not allowed (the ACL drops it anyway)")
 	assert.ElementsMatch(t, []netip.Addr{netip.MustParseAddr("203.0.113.30"), netip.MustParseAddr("192.168.1.9")}, w.s.answers.get("pw", "a.pkg.example"))
 
+	// An answer larger than the asker's datagram is truncated (it asks
+	// again over TCP); its addresses are allowed all the same.
+	r = w.ask(boxW, "big.pkg.example", dns.TypeA)
+	assert.True(t, r.Truncated)
+	b, err := r.Pack()
+	require.NoError(t, err)
+	assert.LessOrEqual(t, len(b), dns.MinMsgSize)
+	assert.Len(t, w.s.answers.get("pw", "big.pkg.example"), 60)
+
 	// Anything else is refused at once, with the reason, and never asked.
 	for _, name := range []string{"d41d8cd98f00b204.attacker.example", "x.canary.example.net", "other.example.net", "pkg.example", "dns.google"} {
 		r = w.ask(boxW, name, dns.TypeTXT)
@@ -179,7 +192,7 @@ func TestEgressResolver(t *testing.T) {
 			assert.Contains(t, text, "pw", "the text names the policy")
 		}
 	}
-	assert.Len(t, w.asked, 2, "no refused question reached the upstream: %v", w.asked)
+	assert.Len(t, w.asked, 3, "no refused question reached the upstream: %v", w.asked)
 
 	// Another policy, another answer; an address under no policy gets
 	// nothing.
