@@ -9,7 +9,8 @@ import (
 // The scenario "box to its peers", shared by the claims that fire it from
 // a box of theirs (C-SIBLING from box-a, C-TIER from box-t): every peer
 // (box-b and the clone) over ARP, ICMP, TCP, UDP, IPv6 link-local,
-// broadcast and all-nodes multicast, each witnessed in the peer by its
+// broadcast, all-nodes multicast and the discovery multicast a
+// distribution sends (mDNS, LLMNR, SSDP), each witnessed in the peer by its
 // nonce or the sender's addresses.
 
 // siblingFrom probes every peer from one box for a claim; a box the run
@@ -35,10 +36,15 @@ func (b *builder) siblingFrom(claim ClaimID, from BoxEnd) {
 		}{
 			{ChannelBroadcast, probes.ProbeSpec{Kind: probes.KindBroadcast, Port: listenUDP, Via: t.Subnet}, "udp"},
 			{ChannelV6AllNodes, probes.ProbeSpec{Kind: probes.KindICMP, Target: netip.MustParseAddr("ff02::1"), Via: t.Subnet}, "icmpv6"},
+			// What a desktop or server distribution multicasts on its own,
+			// each as its protocol's request with the nonce in it.
+			{ChannelMDNS, probes.ProbeSpec{Kind: probes.KindBroadcast, Target: netip.MustParseAddr("224.0.0.251"), Port: 5353, Via: t.Subnet}, "udp"},
+			{ChannelLLMNR, probes.ProbeSpec{Kind: probes.KindBroadcast, Target: netip.MustParseAddr("224.0.0.252"), Port: 5355, Via: t.Subnet}, "udp"},
+			{ChannelSSDP, probes.ProbeSpec{Kind: probes.KindBroadcast, Target: netip.MustParseAddr("239.255.255.250"), Port: 1900, Via: t.Subnet}, "udp"},
 		} {
 			ch.spec.Nonce = probes.NewNonce()
 			a := b.probe(Action{Claim: claim, Channel: ch.channel, From: from.Place, Target: "every peer on " + t.Subnet.String() + ", witnessed at " + string(peer.Place), TargetKey: string(peer.Place), Expect: ExpectBlocked}, ch.spec)
-			b.witness(a, peer.Place, probes.WitnessSpec{Via: t.Subnet, Nonces: []string{ch.spec.Nonce}, SrcMACs: []string{from.MAC.String()}, Proto: ch.proto})
+			b.witness(a, peer.Place, probes.WitnessSpec{Via: t.Subnet, Nonces: []string{ch.spec.Nonce}, SrcMACs: []string{from.MAC.String()}, Proto: ch.proto, Port: ch.spec.Port})
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/internal/nstest"
+	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
@@ -44,7 +45,7 @@ func TestMain(m *testing.M) {
 func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_NET_ADMIN and CAP_NET_RAW) to build throwaway network namespaces: run as root, e.g. sudo go test ./probes/ -run Privileged")
+		tier.Unavailable(t, "needs root (CAP_NET_ADMIN and CAP_NET_RAW) to build throwaway network namespaces: run as root, e.g. sudo go test ./probes/ -run Privileged")
 	}
 }
 

@@ -50,7 +50,7 @@ const (
 	KindICMP      Kind = "icmp"       // ICMP or ICMPv6 echo, unicast or multicast
 	KindTCP       Kind = "tcp"        // TCP connect, then a nonce line
 	KindUDP       Kind = "udp"        // UDP datagram with a nonce
-	KindBroadcast Kind = "broadcast"  // UDP to the subnet's broadcast address
+	KindBroadcast Kind = "broadcast"  // UDP to the subnet's broadcast address, or a multicast group
 	KindDNS       Kind = "dns"        // one DNS question to one resolver
 	KindIPv6State Kind = "ipv6_state" // global IPv6 addresses and default routes
 	KindNDPRS     Kind = "ndp_rs"     // router solicitation, expecting no RA
@@ -614,7 +614,15 @@ func (s *ProbeSpec) Validate() error {
 			return errors.New("broadcast needs a port")
 		}
 		if s.Target.IsValid() && !s.Target.Is4() {
-			return errors.New("broadcast target must be an IPv4 broadcast address")
+			return errors.New("broadcast target must be an IPv4 broadcast or multicast address")
+		}
+		if s.Payload != "" {
+			if err := checkPayload(s.Payload); err != nil {
+				return err
+			}
+			if s.Payload == RequestDHCP {
+				return errors.New("payload dhcp is for a udp probe to a server")
+			}
 		}
 		needsNonce = true
 	case KindDNS:
@@ -692,8 +700,8 @@ func (s *ProbeSpec) Validate() error {
 	if s.Kind != KindTCP && (s.Speak != "" || s.ServerName != "") {
 		return fmt.Errorf("speak and server_name are for tcp probes, not %s", s.Kind)
 	}
-	if s.Kind != KindUDP && s.Payload != "" {
-		return fmt.Errorf("payload is for udp probes, not %s", s.Kind)
+	if s.Kind != KindUDP && s.Kind != KindBroadcast && s.Payload != "" {
+		return fmt.Errorf("payload is for udp and broadcast probes, not %s", s.Kind)
 	}
 	if s.Kind != KindDNS && !(s.Kind == KindTCP && s.Resolver.IsValid()) && (s.Name != "" || s.QType != "") {
 		return fmt.Errorf("name and qtype are for dns probes (and a name for a tcp probe with a resolver), not %s", s.Kind)

@@ -58,7 +58,7 @@ speeds() { sort -n | awk '{ v[NR] = $1 } END { printf "%s", v[int((NR + 1) / 2)]
 for _ in $(seq "$rounds"); do
 	for b in "$open" "$allowed"; do
 		out=/tmp/egress-bench-open; [ "$b" = "$allowed" ] && out=/tmp/egress-bench-allowed
-		bin/box exec "$b" -- /tmp/egressbench get 203.0.113.30:80 bulk.example.net "/bytes/$bytes" |
+		bin/box exec "$b" -- /tmp/egressbench get 203.0.113.40:80 bulk.example.net "/bytes/$bytes" |
 			sed -n 's/.*mb_per_s=\([0-9.]*\).*/\1/p' >>"$out"
 	done
 done
@@ -73,6 +73,6 @@ for _ in 1 2 3 4 5; do
 	t0=$(date +%s%N)
 	bin/box egress "$allowed" allow canary.example.net bulk.example.net >/dev/null
 	t1=$(date +%s%N)
-	ok=$(bin/box exec "$allowed" -- /tmp/egressbench get 203.0.113.30:80 bulk.example.net /bytes/10 | sed -n 's/.*bytes=\([0-9]*\).*/\1/p')
+	ok=$(bin/box exec "$allowed" -- /tmp/egressbench get 203.0.113.40:80 bulk.example.net /bytes/10 | sed -n 's/.*bytes=\([0-9]*\).*/\1/p')
 	printf '  %d ms (first connection after it: %s bytes)\n' $(((t1 - t0) / 1000000)) "${ok:-none}"
 done

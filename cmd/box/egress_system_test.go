@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,14 +21,60 @@ import (
 	"github.com/box-isolation/box/stack"
 )
 
-// reaches has the box resolve name at its gateway (so an allowlist's set
-// learns the answer), then send an HTTP request for name to addr:80 and
-// read the canary's greeting; it reports whether the greeting came.
-func reaches(t *testing.T, r runner, box, name string, addr fmt.Stringer) bool {
+// canary is one of the world's canaries as a box names it.
+type canary struct {
+	name     string
+	addr     netip.Addr
+	greeting string // its own: the other canary's is not an answer
+}
+
+// attempt is how one HTTP request from a box to a canary's port 80 ended:
+// the first line the canary sent, and nc's exit status and words.
+type attempt struct {
+	line string
+	nc   string
+}
+
+// connect has the box resolve c's name at its gateway (so an allowlist's
+// set learns the answer), then send an HTTP request for c's name to c's
+// port 80 (an allowlisted box's goes through box's egress proxy, which
+// reads the Host) and read the first line. A box exec that failed, or a
+// script that did not run to its end, proves nothing either way: the
+// test fails there.
+func connect(t *testing.T, r runner, box string, c canary) attempt {
 	t.Helper()
-	script := fmt.Sprintf("nslookup %s 10.88.0.1 >/dev/null 2>&1; printf 'GET / HTTP/1.0\\r\\nHost: %s\\r\\n\\r\\n' | nc -w 1 %s 80 | head -1", name, name, addr)
+	script := fmt.Sprintf(`nslookup %s 10.88.0.1 >/dev/null 2>&1
+out=$(printf 'GET / HTTP/1.0\r\nHost: %s\r\n\r\n' | nc -w 2 %s 80 2>&1); rc=$?
+printf 'nc-exit=%%d\n%%s\n' "$rc" "$out"`, c.name, c.name, c.addr)
 	res := r.run(t, "exec", box, "--", "sh", "-c", script)
-	return strings.Contains(res.out, "BOXWORLD canary")
+	require.Equal(t, exitOK, res.code, "box exec %s: %s", box, res.err)
+	status, out, ok := strings.Cut(res.out, "\n")
+	require.True(t, ok && strings.HasPrefix(status, "nc-exit="), "box exec %s did not run the attempt to its end: %q", box, res.out)
+	first, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
+	return attempt{line: strings.TrimSpace(first), nc: strings.TrimPrefix(status, "nc-") + " " + strings.TrimSpace(out)}
+}
+
+// reaches reports whether the box's connection to c got c's greeting.
+func reaches(t *testing.T, r runner, box string, c canary) bool {
+	t.Helper()
+	a := connect(t, r, box, c)
+	t.Logf("%s -> %s (%s): %s", box, c.name, c.addr, a.nc)
+	return a.line == c.greeting
+}
+
+// blocked asserts the box's request for c is refused by box's egress proxy
+// (a 403 that says so, and why: the canary never answered), and shows its
+// positive control first: the same box, at the same moment, gets
+// control's greeting.
+func blocked(t *testing.T, r runner, box string, c, control canary, msg string) {
+	t.Helper()
+	require.True(t, reaches(t, r, box, control), "positive control: %s reaches %s (%s)", box, control.name, msg)
+	a := connect(t, r, box, c)
+	assert.NotEqual(t, c.greeting, a.line, "%s: %s answered", msg, c.name)
+	assert.Equal(t, "HTTP/1.1 403 Forbidden", a.line, "%s: refused by the proxy, not broken", msg)
+	assert.Contains(t, a.nc, stack.HTTPRefusedHeader+": refused", "%s: the proxy's refusal", msg)
+	assert.Contains(t, a.nc, "box egress: "+c.name+" is not on the allowlist", "%s: with its reason", msg)
+	t.Logf("%s -> %s (%s): %s, while %s answers", box, c.name, c.addr, a.nc, control.name)
 }
 
 // TestSystemEgressAllowlist: a box minted under an allowlist reaches the
@@ -44,23 +91,25 @@ func TestSystemEgressAllowlist(t *testing.T) {
 	res := r.run(t, "new", "--name", box, "--egress", "allow:"+allow)
 	require.Equal(t, exitOK, res.code, res.err)
 	t.Logf("box new --egress: %s", res.err)
-	canary, other := world.Canary, world.Canary2
-	assert.True(t, reaches(t, r, box, "canary.example.net", canary), "the allowed canary, by its name")
-	assert.False(t, reaches(t, r, box, "other.example.net", other), "not the other canary")
+	st := testenv.World(t)
+	first := canary{"canary.example.net", world.Canary, st.Greeting("canary")}
+	other := canary{"other.example.net", world.Canary2, st.Greeting("canary2")}
+	assert.True(t, reaches(t, r, box, first), "the allowed canary, by its name")
+	blocked(t, r, box, other, first, "not the other canary")
 
 	show := r.run(t, "egress", box, "show", "--json")
 	require.Equal(t, exitOK, show.code, show.err)
-	var st egressResult
-	require.NoError(t, json.Unmarshal([]byte(show.out), &st))
-	assert.Equal(t, []string{"canary.example.net"}, st.Names)
-	assert.Contains(t, st.Allowed, canary.String(), "the resolver's answer is in the set")
+	var eg egressResult
+	require.NoError(t, json.Unmarshal([]byte(show.out), &eg))
+	assert.Equal(t, []string{"canary.example.net"}, eg.Names)
+	assert.Contains(t, eg.Allowed, world.Canary.String(), "the resolver's answer is in the set")
 
 	// Open: the very next connection goes through.
 	t0 := time.Now()
 	res = r.run(t, "egress", box, "open", "--json")
 	require.Equal(t, exitOK, res.code, res.err)
 	t.Logf("box egress open took %s", time.Since(t0))
-	assert.True(t, reaches(t, r, box, "other.example.net", other), "open: the other canary too, at once")
+	assert.True(t, reaches(t, r, box, other), "open: the other canary too, at once")
 
 	// Back under the allowlist (it exists), at once.
 	t0 = time.Now()
@@ -71,8 +120,7 @@ func TestSystemEgressAllowlist(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(res.out), &ch))
 	t.Logf("box egress allow (existing policy) took %s; new policy: %v", took, ch.NewPolicy)
 	assert.False(t, ch.NewPolicy, "the policy was there")
-	assert.False(t, reaches(t, r, box, "other.example.net", other), "allowlisted again: the other canary is gone at once")
-	assert.True(t, reaches(t, r, box, "canary.example.net", canary))
+	blocked(t, r, box, other, first, "allowlisted again: the other canary is gone at once")
 
 	// A new policy: from the command to the first allowed connection.
 	t0 = time.Now()
@@ -80,10 +128,10 @@ func TestSystemEgressAllowlist(t *testing.T) {
 	require.Equal(t, exitOK, res.code, res.err)
 	require.NoError(t, json.Unmarshal([]byte(res.out), &ch))
 	assert.True(t, ch.NewPolicy)
-	ok := reaches(t, r, box, "other.example.net", other)
+	ok := reaches(t, r, box, other)
 	t.Logf("new policy: command to first allowed connection %s", time.Since(t0))
 	assert.True(t, ok, "the newly allowed canary")
-	assert.False(t, reaches(t, r, box, "canary.example.net", canary), "and not the one no longer allowed")
+	blocked(t, r, box, first, other, "and not the one no longer allowed")
 
 	// A converge drops the policies no box names.
 	res = r.run(t, "rm", "--force", box)
@@ -186,18 +234,20 @@ func TestSystemEgressClosed(t *testing.T) {
 	res := r.run(t, "new", "--name", w, "--egress", "allow:"+allow)
 	require.Equal(t, exitOK, res.code, res.err)
 
+	first := canary{"canary.example.net", world.Canary, st.Greeting("canary")}
 	stop := serve()
-	require.True(t, reaches(t, r, w, "canary.example.net", world.Canary), "with the service: the allowed canary")
+	require.True(t, reaches(t, r, w, first), "with the service: the allowed canary")
 	stop()
 	require.False(t, h.EgressServing())
 
 	res = r.run(t, "exec", w, "--", "sh", "-c", "nslookup canary.example.net 10.88.0.1")
 	assert.NotEqual(t, exitOK, res.code, "no service: the box resolves nothing: %s", res.out)
 	assert.NotContains(t, res.out, world.Canary.String())
-	assert.False(t, reaches(t, r, w, "canary.example.net", world.Canary), "no service: the allowed canary's address is closed on port 80 (no proxy takes it)")
+	a := connect(t, r, w, first)
+	assert.Equal(t, "exit=1 nc: timed out", a.nc, "no service: the allowed canary's address is closed on port 80 (no proxy takes it: dropped)")
 	doc := r.run(t, "doctor")
 	assert.Contains(t, doc.out+doc.err, "no egress service answers here", "doctor says so")
 
 	defer serve()()
-	assert.True(t, reaches(t, r, w, "canary.example.net", world.Canary), "the service back: the canary again")
+	assert.True(t, reaches(t, r, w, first), "the service back: the canary again")
 }

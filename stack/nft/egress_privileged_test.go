@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/internal/nstest"
+	"github.com/box-isolation/box/internal/testenv/tier"
 )
 
 // egressWorld: boxes a (10.99.0.2) and b (10.99.0.3) on boxnet in a host
@@ -64,7 +65,8 @@ func route(t *testing.T, n *testNS, dst, via string) {
 // nftIn runs nft in the host namespace, as dnsmasq would to add elements.
 func nftIn(t *testing.T, ns string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput()
+	nft := tier.Tool(t, "nft", "nftables")
+	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, nft}, args...)...).CombinedOutput()
 	require.NoError(t, err, "nft %v: %s", args, out)
 	return string(out)
 }
@@ -168,9 +170,7 @@ func policyRoute(t *testing.T, n *testNS) func() {
 // over is missing (no listener, no policy route).
 func TestPrivilegedEgress(t *testing.T) {
 	requireRoot(t)
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Skip("needs the nft binary to read the set's timeouts")
-	}
+	tier.Tool(t, "nft", "nftables") // nftIn reads the sets' timeouts with it
 	w := newEgressWorld(t)
 	cfg := w.cfg
 	w.inet.AddAddr(t, "eth0", "10.98.0.53/24")
