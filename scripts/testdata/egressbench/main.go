@@ -6,6 +6,7 @@
 //	                                    asked 10 ms apart (box's resolver takes
 //	                                    100 questions a second from a box)
 //	egressbench get ADDR:PORT HOST PATH bytes, seconds and MB/s of one GET
+//	egressbench udp ADDR:PORT TEXT      one datagram, and the reply or "no reply"
 package main
 
 import (
@@ -38,8 +39,10 @@ func run(args []string) error {
 		return lookups(args[1], args[2], n)
 	case len(args) == 4 && args[0] == "get":
 		return get(args[1], args[2], args[3])
+	case len(args) == 3 && args[0] == "udp":
+		return datagram(args[1], args[2])
 	}
-	return fmt.Errorf("usage: egressbench dns GATEWAY NAME N | get ADDR:PORT HOST PATH")
+	return fmt.Errorf("usage: egressbench dns GATEWAY NAME N | get ADDR:PORT HOST PATH | udp ADDR:PORT TEXT")
 }
 
 // lookups asks the same question n times, one after the other (the
@@ -97,5 +100,26 @@ func get(addr, host, path string) error {
 	}
 	s := time.Since(t0).Seconds()
 	fmt.Printf("get %s bytes=%d seconds=%.3f mb_per_s=%.1f\n", host, n, s, float64(n)/s/1e6)
+	return nil
+}
+
+// datagram sends text to addr and prints the reply (a second at most).
+func datagram(addr, text string) error {
+	c, err := net.Dial("udp4", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte(text)); err != nil {
+		return err
+	}
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	b := make([]byte, 1500)
+	n, err := c.Read(b)
+	if err != nil {
+		fmt.Println("no reply")
+		return nil
+	}
+	fmt.Printf("reply: %s\n", b[:n])
 	return nil
 }
