@@ -12,7 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 state=${BOX_WORLD_STATE:-/run/box-world/boxw/state.json}
 [ -r "$state" ] || { echo "no world state at $state: bin/drill world up" >&2; exit 2; }
-export INCUS_DIR=$(jq -r .incus_dir "$state") BOX_NETNS=$(jq -r .names.host_ns "$state")
+json() { sed -n "s/.*\"$1\": *\"\([^\"]*\)\".*/\1/p" "$state" | head -1; }
+export INCUS_DIR=$(json incus_dir) BOX_NETNS=$(json host_ns)
 export BOX_DNS=203.0.113.53 BOX_IMAGE=box-probe BOX_MEMORY=none
 n=${EGRESS_BENCH_N:-1000}
 bytes=$((100 * 1000 * 1000))
@@ -41,7 +42,7 @@ bin/box new --name "$allowed" --egress "allow:$allow" >/dev/null
 for b in "$open" "$allowed"; do
 	incus file push -q /tmp/egressbench "$b/tmp/egressbench" --mode 0755
 done
-gw=$(bin/box info "$open" --json | jq -r '.addresses[0]' | sed 's/\.[0-9]*$/.1/')
+gw=$(ip -n "$BOX_NETNS" -4 -o addr show boxnet | sed -n 's/.* inet \([0-9.]*\)\/.*/\1/p' | head -1)
 
 echo "DNS, $n answers of canary.example.net from the gateway $gw (cached after the first):"
 for b in "$open" "$allowed"; do
