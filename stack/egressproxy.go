@@ -67,10 +67,15 @@ func (s *egressService) acceptLoop(ctx context.Context) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		pc, ok := c.(proxyConn)
+		if !ok {
+			c.Close()
+			continue
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.serveConn(ctx, c.(*net.TCPConn))
+			s.serveConn(ctx, pc)
 		}()
 	}
 }
@@ -167,6 +172,9 @@ func (s *egressService) serveConn(ctx context.Context, c proxyConn) {
 		return
 	}
 	defer up.Close()
+	// A service that stops ends its connections: a relay to a box that is
+	// gone would otherwise wait for ever.
+	defer context.AfterFunc(ctx, func() { c.Close(); up.Close() })()
 	_ = c.SetReadDeadline(time.Time{})
 	if _, err := up.Write(head); err != nil {
 		return

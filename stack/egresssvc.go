@@ -219,14 +219,22 @@ func lockEgress(ino uint64) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("egress service: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
+	// EgressServing holds the lock shared for an instant: try for a while.
+	deadline := time.Now().Add(250 * time.Millisecond)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		switch {
+		case err == nil:
+			return func() { f.Close() }, nil
+		case !errors.Is(err, syscall.EWOULDBLOCK):
+			f.Close()
+			return nil, fmt.Errorf("egress service: locking %s: %w", path, err)
+		case time.Now().After(deadline):
+			f.Close()
 			return nil, fmt.Errorf("%w (it holds %s)", ErrEgressServing, path)
 		}
-		return nil, fmt.Errorf("egress service: locking %s: %w", path, err)
+		time.Sleep(10 * time.Millisecond)
 	}
-	return func() { f.Close() }, nil
 }
 
 // EgressServing says whether an egress service runs for the host's

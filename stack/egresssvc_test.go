@@ -414,3 +414,58 @@ type bytesConn struct {
 
 func (c *bytesConn) Read(p []byte) (int, error)  { return c.Reader.Read(p) }
 func (c *bytesConn) Write(p []byte) (int, error) { return len(p), nil }
+
+// TestEgressServiceStops: a service told to stop ends the connections it
+// relays (one to a box that is gone would wait for ever) and returns.
+func TestEgressServiceStops(t *testing.T) {
+	w := newSvcWorld(t)
+	up, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer up.Close()
+	go func() {
+		c, err := up.Accept()
+		if err == nil {
+			io.WriteString(c, "UPSTREAM\n") // and never closes
+		}
+	}()
+	w.s.dial = func(ctx context.Context, _ netip.AddrPort) (net.Conn, error) { return net.Dial("tcp4", up.Addr().String()) }
+	w.s.dialable = func(netip.Addr, EgressServiceState) string { return "" }
+	w.s.answers.add("pw", "canary.example.net", []netip.Addr{netip.MustParseAddr("203.0.113.10")})
+	w.s.udp, err = net.ListenPacket("udp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	w.s.tcp, err = net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	w.s.proxy = &fromListener{Listener: l, from: boxW}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.s.serve(ctx); close(done) }()
+	c, err := net.Dial("tcp4", l.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: canary.example.net\r\n\r\n")
+	line, err := bufio.NewReader(c).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "UPSTREAM\n", line, "relaying")
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the service did not stop within 5 s of being told to: a relay held it")
+	}
+}
+
+// fromListener accepts connections that say they come from a box.
+type fromListener struct {
+	net.Listener
+	from netip.Addr
+}
+
+func (l *fromListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &fromConn{TCPConn: c.(*net.TCPConn), from: l.from}, nil
+}
