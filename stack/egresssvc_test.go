@@ -428,7 +428,9 @@ func TestEgressServiceStops(t *testing.T) {
 			io.WriteString(c, "UPSTREAM\n") // and never closes
 		}
 	}()
-	w.s.dial = func(ctx context.Context, _ netip.AddrPort) (net.Conn, error) { return net.Dial("tcp4", up.Addr().String()) }
+	w.s.dial = func(ctx context.Context, _ netip.AddrPort) (net.Conn, error) {
+		return net.Dial("tcp4", up.Addr().String())
+	}
 	w.s.dialable = func(netip.Addr, EgressServiceState) string { return "" }
 	w.s.answers.add("pw", "canary.example.net", []netip.Addr{netip.MustParseAddr("203.0.113.10")})
 	w.s.udp, err = net.ListenPacket("udp4", "127.0.0.1:0")
