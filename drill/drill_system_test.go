@@ -343,6 +343,40 @@ func TestSystemDrillCanFail(t *testing.T) {
 			assert.False(t, reached["lan-rebind"], "the allowed name that points at the LAN stays unreachable without the allowlist too (the ACL): %v", reached)
 			assert.Contains(t, rep.Stack.Layers["L-EGRESS"], "absent")
 		}},
+		// One chain of the egress table at a time: each shown by its own
+		// probes of C-ALLOW's, and by nothing of any other claim.
+		{"egress dns chain gone", []string{"egress-dns"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-ALLOW")
+			assert.Equal(t, []drill.ClaimID{"C-ALLOW"}, rep.MutationResults[0].Flipped)
+			tunnel := 0
+			for _, r := range probeFailures(claim(t, rep, "C-ALLOW")) {
+				if r.Channel == drill.ChannelDNS {
+					tunnel++
+					assert.Contains(t, r.Evidence, "DNS tunnel")
+				}
+			}
+			assert.Equal(t, 3, tunnel, "box-w's three questions reached the witness nameserver")
+		}},
+		{"egress names chain gone", []string{"egress-names"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-ALLOW")
+			assert.Equal(t, []drill.ClaimID{"C-ALLOW"}, rep.MutationResults[0].Flipped)
+			ch := map[drill.Channel]bool{}
+			for _, r := range probeFailures(claim(t, rep, "C-ALLOW")) {
+				ch[r.Channel] = true
+			}
+			assert.True(t, ch[drill.ChannelTLS] && ch[drill.ChannelHTTP], "another TLS server name and HTTP Host reached the canary's address: %v", ch)
+			assert.False(t, ch[drill.ChannelDNS] || ch[drill.ChannelQUIC], "nothing the proxy does not decide: %v", ch)
+		}},
+		{"egress forward chain gone", []string{"egress-forward"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-ALLOW")
+			assert.Equal(t, []drill.ClaimID{"C-ALLOW"}, rep.MutationResults[0].Flipped)
+			ch := map[drill.Channel]bool{}
+			for _, r := range probeFailures(claim(t, rep, "C-ALLOW")) {
+				ch[r.Channel] = true
+			}
+			assert.True(t, ch[drill.ChannelQUIC] && ch[drill.ChannelTCP] && ch[drill.ChannelUDP], "QUIC, the second canary by address and the resolver straight: %v", ch)
+			assert.False(t, ch[drill.ChannelDNS] || ch[drill.ChannelTLS], "what the resolver and the proxy decide holds: %v", ch)
+		}},
 		{"door widened by hand", []string{"door-wide"}, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-EXPOSE")
 			lan := false

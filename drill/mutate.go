@@ -81,6 +81,11 @@ var Mutations = []Mutation{
 	{Name: "nat-off", Layers: []stack.LayerID{stack.LayerNAT}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"ipv4.nat": "false"})
 	}},
+	// One chain of the egress table at a time: each part of the
+	// allowlist shown by its own probes.
+	{Name: "egress-dns", Layers: []stack.LayerID{stack.LayerEgress}, What: "delete chain dns of table inet box_egress (allowlisted boxes' DNS goes to dnsmasq and on)", AfterBoxes: true, apply: dropEgressChain("dns")},
+	{Name: "egress-names", Layers: []stack.LayerID{stack.LayerEgress}, What: "delete chain names of table inet box_egress (no proxy checks TLS server names and HTTP Hosts)", AfterBoxes: true, apply: dropEgressChain("names")},
+	{Name: "egress-forward", Layers: []stack.LayerID{stack.LayerEgress}, What: "delete chain forward of table inet box_egress (no allow set, QUIC, port 853 or resolver drop)", AfterBoxes: true, apply: dropEgressChain("forward")},
 }
 
 // shownBy is the evidence that must show the mutation.

@@ -194,6 +194,9 @@ type run struct {
 	// which the drill turned off: C-TIER's evidence, kept out of findings.
 	tier         *tierRun
 	tierFindings []stack.Finding
+	// allow is the allowlisted box's side (C-ALLOW); nil when it did not
+	// run.
+	allow *allowRun
 	// door is box-a's door (C-EXPOSE); doorErr why there is none.
 	door    netip.AddrPort
 	doorErr string

@@ -86,6 +86,10 @@ const (
 	ExpectRefused  Expectation = "refused for the restriction"
 	// ExpectClosed: the target's kernel refused the connection (nothing listens).
 	ExpectClosed Expectation = "closed (refused: nothing listens)"
+	// ExpectNotForwarded: a DNS question answered at the gateway without
+	// a record, that never reached the name's authoritative server (C-ALLOW
+	// judges it at the world's witness nameserver).
+	ExpectNotForwarded Expectation = "not forwarded"
 )
 
 // BoxEnd is one probe box as the drill knows it after minting.

@@ -35,6 +35,12 @@ const (
 	ChannelIdentity      Channel = "address+mac+machine-id"
 	ChannelIPv4Source    Channel = "ipv4-source"
 	ChannelReturnTraffic Channel = "return-traffic"
+	// C-ALLOW's names at the connection: a TLS server name, an HTTP Host,
+	// QUIC (UDP 443) and DNS over HTTPS.
+	ChannelTLS  Channel = "tls-sni"
+	ChannelHTTP Channel = "http-host"
+	ChannelQUIC Channel = "quic"
+	ChannelDoH  Channel = "doh"
 )
 
 // Channels of evidence that is no packet: Verify's findings, the census of

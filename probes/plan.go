@@ -220,6 +220,16 @@ type ProbeSpec struct {
 	// kernel's pick): a witness past a NAT, which keeps the port, can then
 	// count this probe's packets and no one else's.
 	SrcPort int `json:"src_port,omitempty"`
+	// Speak picks what a tcp probe sends once connected (tcp only): the
+	// nonce line when empty; "http" a request (GET /<nonce>) whose Host
+	// is ServerName; "tls" a TLS ClientHello whose server name is
+	// ServerName (none when empty) and whose random is the nonce. A proxy
+	// that reads either must see the name; a greeter that echoes its first
+	// line echoes the nonce (SpeakHTTP, SpeakTLS).
+	Speak string `json:"speak,omitempty"`
+	// ServerName is the name a tcp probe that speaks http or tls sends:
+	// by default the name it resolved (Name).
+	ServerName string `json:"server_name,omitempty"`
 	// Payload picks what a udp probe sends (udp only). Empty chooses by
 	// destination port: a minimal valid request of the port's protocol
 	// for the well-known ports in udpproto.go (53, 5353, 67, 69, 123, 137,
@@ -568,6 +578,11 @@ func (s *ProbeSpec) Validate() error {
 		}
 		needsNonce = true
 	case KindTCP, KindUDP:
+		if s.Kind == KindTCP {
+			if err := s.validateSpeak(); err != nil {
+				return err
+			}
+		}
 		if s.Kind == KindTCP && s.Resolver.IsValid() {
 			if s.Name == "" || s.Target.IsValid() || s.QType != "" {
 				return errors.New("a tcp probe with a resolver is one by name: it needs a name, and no target or qtype")
@@ -575,6 +590,7 @@ func (s *ProbeSpec) Validate() error {
 			if s.Port == 0 {
 				return fmt.Errorf("%s needs a port", s.Kind)
 			}
+			needsNonce = true
 			break
 		}
 		if !s.Target.IsValid() {
@@ -689,6 +705,9 @@ func (s *ProbeSpec) Validate() error {
 	if s.Kind != KindForgedUDP && s.SrcIP.IsValid() {
 		return fmt.Errorf("src_ip is for forged_udp probes, not %s", s.Kind)
 	}
+	if s.Kind != KindTCP && (s.Speak != "" || s.ServerName != "") {
+		return fmt.Errorf("speak and server_name are for tcp probes, not %s", s.Kind)
+	}
 	if s.Kind != KindUDP && s.Kind != KindBroadcast && s.Payload != "" {
 		return fmt.Errorf("payload is for udp and broadcast probes, not %s", s.Kind)
 	}
@@ -697,6 +716,31 @@ func (s *ProbeSpec) Validate() error {
 	}
 	if s.Resolver.IsValid() && s.Kind != KindTCP {
 		return fmt.Errorf("resolver is for a tcp probe by name, not %s", s.Kind)
+	}
+	return nil
+}
+
+// What a tcp probe may speak.
+const (
+	SpeakHTTP = "http"
+	SpeakTLS  = "tls"
+)
+
+// validateSpeak checks a tcp probe's speak and server_name.
+func (s *ProbeSpec) validateSpeak() error {
+	switch s.Speak {
+	case "", SpeakHTTP, SpeakTLS:
+	default:
+		return fmt.Errorf("speak %q is not one of %s, %s", truncate(s.Speak, 16), SpeakHTTP, SpeakTLS)
+	}
+	if s.ServerName != "" && s.Speak == "" {
+		return errors.New("server_name needs speak (http or tls)")
+	}
+	if err := checkText("server_name", s.ServerName, MaxStringLen); err != nil {
+		return err
+	}
+	if strings.ContainsAny(s.ServerName, " \t\r\n/:") {
+		return fmt.Errorf("server_name %q is not a name", truncate(s.ServerName, 32))
 	}
 	return nil
 }

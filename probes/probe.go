@@ -277,6 +277,9 @@ func resolveFirst(ctx context.Context, spec ProbeSpec, obs Observation) (ProbeSp
 	if err != nil {
 		return spec, fail(obs, "the resolver's answer is not an address: "+r.Evidence.DNS.Addresses[0]), false
 	}
+	if spec.Speak != "" && spec.ServerName == "" {
+		spec.ServerName = spec.Name
+	}
 	spec.Target, spec.Name = a, ""
 	obs.Target = targetString(&spec)
 	return spec, obs, true

@@ -273,7 +273,7 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 		if err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 		}
-		if _, _, err := host.ensurePolicy(ctx, PolicyID(names), names); err != nil {
+		if _, err := host.ensurePolicy(ctx, PolicyID(names), names); err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 		}
 		req.Stamps = maps.Clone(req.Stamps)

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack/incus"
-	"github.com/box-isolation/box/stack/nft"
 )
 
 // Generation names one generation of the stack's objects.
@@ -172,7 +171,6 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 	for _, a := range dns {
 		fmt.Fprintf(&raw, "server=%s\n", a)
 	}
-	raw.WriteString(nftsetLines(opts.Egress, nft.Config{Table: g.NFTTable}.EgressTable()))
 	d.Network = incus.NetworksPost{
 		Name:        g.Network,
 		Type:        "bridge",

@@ -213,7 +213,7 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 		if err != nil || PolicyID(names) != id {
 			return nil, &ImportRefusedError{File: file, Reasons: []string{fmt.Sprintf("it is under egress allowlist %s, whose names the file does not carry (%s=%q): import it on a host that has the allowlist, or export it again from a box whose allowlist was set with this version", id, KeyEgressNames, put.Config[KeyEgressNames])}}
 		}
-		if _, _, err := host.ensurePolicy(ctx, id, names); err != nil {
+		if _, err := host.ensurePolicy(ctx, id, names); err != nil {
 			return nil, fmt.Errorf("importing %s: its egress allowlist: %w", file, err)
 		}
 	}

@@ -272,11 +272,12 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 		return fmt.Errorf("reading the pin table: %w", err)
 	}
 	v.Findings = append(v.Findings, pinFindings(pf, plan)...)
-	ef, err := host.verifyEgress(ctx, g, f)
+	ef, notes, err := host.verifyEgress(ctx, g, f)
 	if err != nil {
 		return err
 	}
 	v.Findings = append(v.Findings, ef...)
+	v.Notes = append(v.Notes, notes...)
 	return nil
 }
 

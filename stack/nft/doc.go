@@ -7,7 +7,8 @@
 // L-HOSTFW, table inet box, chain input (hook input, priority filter,
 // policy accept): for packets arriving on the bridge (iifname "boxnet") it
 // accepts replies (ct state established,related), DNS (udp and tcp 53) and
-// DHCP (udp 67), and drops everything else. It is the layer that protects
+// DHCP (udp 67) to the gateway, what the egress table hands to box's
+// resolver and proxy, and drops everything else. It is the layer that protects
 // every host address, the public ones included (the Incus ACL only drops
 // private ranges). Matching on iifname keeps it from touching any traffic
 // that does not come from the bridge.
@@ -39,6 +40,19 @@
 // prerouting, whichever way it goes next. It is done here rather than with
 // Incus's security.ipv4_filtering: measured upstream, it breaks Docker
 // inside the box, and it was rejected for that (SPEC section 3).
+//
+// # The egress table
+//
+// L-EGRESS, table inet box_egress (egress.go), while an allowlist exists:
+// its boxes' DNS to the gateway goes by destination NAT to box's resolver
+// on EgressDNSAddr (chain dns, priority dstnat), their TCP 80 and 443 by
+// TPROXY to box's proxy, marked EgressMark (chain names, priority mangle;
+// dropped when no proxy takes them), and every other new connection they
+// forward only to their policy's allow set, never to UDP 443, port 853 or
+// a public resolver (chain forward). The input chain of table inet box
+// accepts the two handed-over kinds (a DNATed question to the resolver's
+// address, a marked packet) and nothing else new. The resolver fills the
+// allow sets (EgressAllower); Apply never touches their elements.
 //
 // # Capability probe and fallback
 //
