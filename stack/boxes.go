@@ -583,25 +583,22 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 	// The source's doors stay the source's: the clone would take their
 	// host port (and fail to start) or their socket.
 	res.DoorsDropped = withoutDoors(put.Devices)
+	// So does its fixed address: the clone gets its own (below).
+	withoutFixedAddress(put.Devices)
 	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
 		return nil, fmt.Errorf("re-stamping clone %s: %w", name, err)
 	}
-	member := ""
-	if ci.Clustered() {
-		member = clone.Location
-		if _, err := host.fixAddress(ctx, name, member); err != nil {
-			return nil, fmt.Errorf("cloning %s into %s: %w", source, name, err)
-		}
+	member, err := host.memberOf(ctx, clone)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := host.fixAddress(ctx, name, member); err != nil {
+		return nil, fmt.Errorf("cloning %s into %s: %w", source, name, err)
 	}
 	if err := host.freshMachineID(ctx, clone); err != nil {
 		return nil, fmt.Errorf("giving clone %s a machine-id: %w", name, err)
 	}
-	if member != "" {
-		err = host.startFixed(ctx, name, member)
-	} else {
-		err = host.Incus.SetInstanceState(ctx, name, "start", 0, false)
-	}
-	if err != nil {
+	if err = host.startFixed(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("starting clone %s: %w", name, err)
 	}
 	if _, err := host.refreshPorts(ctx); err != nil {
@@ -654,6 +651,16 @@ func (host *Host) clusterCopy(ctx context.Context, inst *incus.Instance, snap st
 	}
 	req.Devices["eth0"] = boxNIC()
 	return req, nil
+}
+
+// withoutFixedAddress drops the fixed address of a copy's own NIC on the
+// bridge: it is its source's.
+func withoutFixedAddress(devices map[string]map[string]string) {
+	for _, d := range devices {
+		if isNIC(d) && onBridge(Current.Network, d) {
+			delete(d, "ipv4.address")
+		}
+	}
 }
 
 // forgetMACs drops the MACs Incus gave a copy's NICs (volatile.<nic>.hwaddr),
@@ -757,16 +764,18 @@ func (host *Host) Restore(ctx context.Context, name, snap string) error {
 	if err := host.Incus.RestoreSnapshot(ctx, name, snap); err != nil {
 		return fmt.Errorf("restoring %s to %s: %w", name, snap, err)
 	}
-	if err := host.readdressIfTaken(ctx, name); err != nil {
+	if err := host.readdressIfTaken(ctx, name); err != nil && !host.Tier {
 		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
 	}
 	_, err := host.refreshPorts(ctx)
 	return err
 }
 
-// Start starts a box. On a cluster a box without a fixed address gets
-// one first: the one it held when a move of it stopped half-way, else one
-// of its member's slice (a box minted before box gave them).
+// Start starts a box. A box without a fixed address gets one first
+// (L-DHCP): on a cluster the one it held when a move of it stopped
+// half-way, else the one it still leases, else a free one of its member's
+// slice (a box minted before box gave them). A granted user's gets one
+// from the port watcher once it runs.
 func (host *Host) Start(ctx context.Context, name string) error {
 	inst, _, err := host.resolve(ctx, name)
 	if err != nil {
@@ -776,11 +785,16 @@ func (host *Host) Start(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	if member == "" {
+	if host.Tier {
 		err = host.Incus.SetInstanceState(ctx, name, "start", 0, false)
 	} else {
 		if !fixedAddressOf(inst).IsValid() {
-			if _, err := host.landAddress(ctx, name, member, movingAddress(inst)); err != nil {
+			if a := movingAddress(inst); a.IsValid() {
+				_, err = host.landAddress(ctx, name, member, a)
+			} else {
+				_, err = host.ensureFixed(ctx, inst, member)
+			}
+			if err != nil {
 				return fmt.Errorf("starting %s: %w", name, err)
 			}
 		}

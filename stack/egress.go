@@ -375,7 +375,7 @@ func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (
 	}
 	// Only the nftset lines change: the rest of the settings stay as they
 	// are (a converge, not this, puts drift right).
-	cfg["raw.dnsmasq"] = withoutNftset(n.Config["raw.dnsmasq"]) + nftsetLines(policies, g.nftConfig(Current).EgressTable())
+	cfg["raw.dnsmasq"] = dnsmasqJoin(withoutNftset(n.Config["raw.dnsmasq"]), nftsetLines(policies, g.nftConfig(Current).EgressTable()))
 	before := g.dnsmasqFor(Current.Network)
 	t0 := time.Now()
 	if err := host.Incus.UpdateNetwork(ctx, Current.Network, incus.NetworkPut{Description: n.Description, Config: cfg}, etag); err != nil {

@@ -15,7 +15,7 @@ import (
 // Port and pin sync: after a box changes (minted, started, moved, leased),
 // every port of the bridge is isolated, the bridge drop's port set is exact
 // where the kernel has no bridge meta, and the pin table pins each port to
-// its instance's MAC and leases. Box commands call refreshPorts; the port
+// its instance's MAC and fixed address. Box commands call refreshPorts; the port
 // watcher (watch.go) calls syncPorts and refreshPins apart.
 
 // portsRefresh is what one refreshPorts changed.
@@ -116,8 +116,8 @@ func (host *Host) syncPorts(ctx context.Context) (portsRefresh, error) {
 }
 
 // refreshPins makes the pin table pin the bridge's ports as they are now,
-// with the leases as they are now: it asks Incus whose each port is and
-// what the leases are. Without the table (or an Incus to ask) there is
+// with the fixed addresses as they are now: it asks Incus whose each port
+// is and what its NIC's address is. Without the table (or an Incus to ask) there is
 // nothing to refresh: doctor reports the missing table.
 func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	if host.Incus == nil {
@@ -146,8 +146,18 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	if err != nil {
 		return err
 	}
-	// A box's egress policy follows its lease, as its pins do (also where
-	// the pin table is gone).
+	// A box whose port is up with no fixed address gets one first: a
+	// granted user's, whose user could pick none (the port watcher runs
+	// this as its port comes up), or one started by hand.
+	if fixed, err := host.fixMissingAddresses(ctx, f); err != nil {
+		return err
+	} else if fixed {
+		if f, err = host.readFleet(ctx); err != nil {
+			return err
+		}
+	}
+	// A box's egress policy follows its lease (also where the pin table
+	// is gone).
 	if _, err := host.applyEgress(ctx, g, f); err != nil {
 		return err
 	}
