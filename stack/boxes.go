@@ -551,12 +551,24 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 		}
 		res.SourceStopped = true
 		err = cl.CreateInstance(ctx, copyReq)
-		if serr := host.Incus.SetInstanceState(context.WithoutCancel(ctx), src, "start", 0, false); serr != nil {
-			err = errors.Join(err, fmt.Errorf("restarting %s after the copy: %w", src, serr))
+	}
+	// A source stopped for the copy starts again once the copy no longer
+	// asks for its fixed address (the re-stamp below, or the copy's
+	// removal): Incus refuses to start a NIC whose address another NIC
+	// asks for.
+	stopped := res.SourceStopped
+	restartSource := func() error {
+		if !stopped {
+			return nil
 		}
+		stopped = false
+		if serr := host.Incus.SetInstanceState(context.WithoutCancel(ctx), src, "start", 0, false); serr != nil {
+			return fmt.Errorf("restarting %s after the copy: %w", src, serr)
+		}
+		return nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("cloning %s into %s: %w", source, name, err)
+		return nil, errors.Join(fmt.Errorf("cloning %s into %s: %w", source, name, err), restartSource())
 	}
 
 	// From here on a failure leaves a copy that is not yet a proper box
@@ -566,6 +578,7 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 			if rerr := host.removeInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
 				err = errors.Join(err, fmt.Errorf("removing the half-made clone %s: %w", name, rerr))
 			}
+			err = errors.Join(err, restartSource())
 		}
 	}()
 
@@ -587,6 +600,9 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 	withoutFixedAddress(put.Devices)
 	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
 		return nil, fmt.Errorf("re-stamping clone %s: %w", name, err)
+	}
+	if err := restartSource(); err != nil {
+		return nil, err
 	}
 	member, err := host.memberOf(ctx, clone)
 	if err != nil {
@@ -651,6 +667,30 @@ func (host *Host) clusterCopy(ctx context.Context, inst *incus.Instance, snap st
 	}
 	req.Devices["eth0"] = boxNIC()
 	return req, nil
+}
+
+// keepMACs puts back the MACs a stopped instance had (as was, before a
+// restore changed them).
+func (host *Host) keepMACs(ctx context.Context, was *incus.Instance) error {
+	cur, etag, err := host.Incus.Instance(ctx, was.Name)
+	if err != nil || cur.Status != "Stopped" {
+		return err
+	}
+	put := cur.Writable()
+	changed := false
+	for k, v := range was.Config {
+		if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".hwaddr") && put.Config[k] != v {
+			put.Config[k] = v
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if err := host.Incus.UpdateInstance(ctx, was.Name, put, etag); err != nil {
+		return fmt.Errorf("keeping its own MAC: %w", err)
+	}
+	return nil
 }
 
 // withoutFixedAddress drops the fixed address of a copy's own NIC on the
@@ -756,18 +796,25 @@ func (host *Host) Snapshots(ctx context.Context, name string) ([]incus.Snapshot,
 	return host.Incus.Snapshots(ctx, name)
 }
 
-// Restore rolls a box back to a snapshot.
+// Restore rolls a box back to a snapshot. A stopped box keeps its own
+// MAC: Incus restores the snapshot's volatile keys, and a snapshot a clone
+// carried holds its source's (two boxes with one MAC), while the box's
+// lease is its own MAC's.
 func (host *Host) Restore(ctx context.Context, name, snap string) error {
-	if _, _, err := host.resolve(ctx, name); err != nil {
+	inst, _, err := host.resolve(ctx, name)
+	if err != nil {
 		return err
 	}
 	if err := host.Incus.RestoreSnapshot(ctx, name, snap); err != nil {
 		return fmt.Errorf("restoring %s to %s: %w", name, snap, err)
 	}
+	if err := host.keepMACs(ctx, inst); err != nil && !host.Tier {
+		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
+	}
 	if err := host.readdressIfTaken(ctx, name); err != nil && !host.Tier {
 		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
 	}
-	_, err := host.refreshPorts(ctx)
+	_, err = host.refreshPorts(ctx)
 	return err
 }
 
