@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/internal/dhcpmsg"
+	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/stack/incus"
 )
 
@@ -449,4 +451,109 @@ func poolFindings(p DHCPPool) []Finding {
 			Fix:     "the leases that belong to no instance go when they expire"})
 	}
 	return out
+}
+
+// ReleaseLeases gives up leases in the bridge's dnsmasq as Incus does
+// when it removes a NIC: a DHCPRELEASE from the host's namespace to the
+// bridge's address, naming each lease's client as dnsmasq keys it
+// (hardware type and address, client identifier). It is for leases a
+// test or a drill's probes made for clients that do not exist, which
+// would hold the pool for the lease time, across dnsmasq restarts. It
+// sends again, a few times, until the lease file has none of them, and
+// returns those it still has.
+func (host *Host) ReleaseLeases(ctx context.Context, leases []DHCPLease) ([]DHCPLease, error) {
+	n, _, err := host.Incus.Network(ctx, Current.Network)
+	if err != nil {
+		return leases, err
+	}
+	gw, err := netip.ParsePrefix(n.Config["ipv4.address"])
+	if err != nil {
+		return leases, fmt.Errorf("network %s has ipv4.address=%q", Current.Network, n.Config["ipv4.address"])
+	}
+	left := leases
+	for try := 0; try < 5 && len(left) > 0; try++ {
+		if err := nsrun.Do(host.NetNS, func() error { return sendReleases(gw.Addr(), left) }); err != nil {
+			return left, fmt.Errorf("releasing leases: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return left, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+		pool, err := host.DHCPLeases()
+		if err != nil {
+			return left, err
+		}
+		left = slices.DeleteFunc(slices.Clone(left), func(l DHCPLease) bool {
+			return !slices.ContainsFunc(pool.Leases, func(p DHCPLease) bool { return p.Hwaddr == l.Hwaddr && p.Address == l.Address })
+		})
+	}
+	return left, nil
+}
+
+// sendReleases sends a DHCPRELEASE for each lease to the server at gw,
+// paced: dnsmasq's socket drops what a burst puts beyond its buffer.
+func sendReleases(gw netip.Addr, leases []DHCPLease) error {
+	c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(gw, 67)))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	for i, l := range leases {
+		if i%4 == 3 {
+			time.Sleep(2 * time.Millisecond)
+		}
+		htype, hw, err := leaseClient(l.Hwaddr)
+		if err != nil {
+			continue // not a client dnsmasq could have
+		}
+		m := dhcpmsg.Message{Type: dhcpmsg.Release, HType: htype, CHAddr: hw, CIAddr: l.Address,
+			Options: []dhcpmsg.Option{dhcpmsg.Addr(dhcpmsg.OptServerID, gw)}}
+		if id, err := hexField(l.ClientID); err == nil && len(id) > 0 {
+			m.Options = append(m.Options, dhcpmsg.Option{Code: dhcpmsg.OptClientID, Data: id})
+		}
+		b, err := m.Marshal()
+		if err != nil {
+			continue
+		}
+		if _, err := c.Write(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// leaseClient reads a lease file's hardware field: "06-aa:bb:..." for a
+// hardware type other than Ethernet, "aa:bb:..." (any length) for
+// Ethernet.
+func leaseClient(field string) (byte, []byte, error) {
+	htype := dhcpmsg.HTypeEthernet
+	if t, rest, ok := strings.Cut(field, "-"); ok {
+		v, err := strconv.ParseUint(t, 16, 8)
+		if err != nil {
+			return 0, nil, err
+		}
+		htype, field = byte(v), rest
+	}
+	hw, err := hexField(field)
+	if err != nil || len(hw) == 0 {
+		return 0, nil, fmt.Errorf("hardware address %q", field)
+	}
+	return htype, hw, nil
+}
+
+// hexField reads colon-separated hex bytes.
+func hexField(s string) ([]byte, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []byte
+	for _, p := range strings.Split(s, ":") {
+		v, err := strconv.ParseUint(p, 16, 8)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, byte(v))
+	}
+	return out, nil
 }

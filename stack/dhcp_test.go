@@ -197,3 +197,23 @@ func TestRestoreGivesAFixedAddress(t *testing.T) {
 	require.NoError(t, h.Restore(context.Background(), "b", "s1"))
 	assert.Equal(t, "10.88.0.9", fixedAddressOf(f.inst(t, "b")).String())
 }
+
+func TestLeaseClient(t *testing.T) {
+	for field, want := range map[string]struct {
+		htype byte
+		hw    int
+	}{
+		"10:66:6a:00:00:0a":                               {1, 6},
+		"06-10:66:6a:00:00:0a":                            {6, 6},
+		"10:66:6a:00:00:0a:b0:c5:01:02:03:04:05:06:07:08": {1, 16},
+	} {
+		ht, hw, err := leaseClient(field)
+		require.NoError(t, err, field)
+		assert.Equal(t, want.htype, ht, field)
+		assert.Len(t, hw, want.hw, field)
+	}
+	for _, bad := range []string{"1234", "zz:zz", "", "xx-10:66"} {
+		_, _, err := leaseClient(bad)
+		assert.Error(t, err, bad)
+	}
+}
