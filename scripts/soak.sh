@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 clean_runs=${1:-20}
 per_mutation=${2:-10}
-mutations=(bridge-drop,port-isolation pinning host-fw acl dns-managed hosts-file ipv6-on tier egress door-wide nat-off)
+mutations=(bridge-drop,port-isolation pinning host-fw acl dns-managed hosts-file ipv6-on tier egress door-wide nat-off dhcp-open)
 
 make --no-print-directory world >&2
 log=$(mktemp -d /tmp/box-soak.XXXXXX)

@@ -225,7 +225,11 @@ func (host *Host) AddressFor(ctx context.Context, member string) (netip.Addr, er
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	if a, ok := freeAddress(slice, gw, usedAddresses(f)); ok {
+	used := usedAddresses(f)
+	for a := range host.strayLeases(member) {
+		used[a] = true
+	}
+	if a, ok := freeAddress(slice, gw, used); ok {
 		return a, nil
 	}
 	if member == "" {

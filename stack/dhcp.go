@@ -71,6 +71,13 @@ func rawDnsmasqFindings(obj, got, want string) []Finding {
 	if got == want {
 		return nil
 	}
+	// A value set through a shell's $(...) lost its last newline: harmless
+	// (dnsmasq reads the line, and box ends it before it appends).
+	got = dnsmasqJoin(got, "")
+	if got == want {
+		return []Finding{{Layer: LayerDNS, Object: obj, Advisory: true, Fix: fixEnsure,
+			Problem: "raw.dnsmasq's last line has no newline (set by hand through $(...)?): box ends it before it appends a line"}}
+	}
 	var out []Finding
 	gotRest, gotDHCP := withoutDHCPLines(got)
 	wantRest, _ := withoutDHCPLines(want)
@@ -226,6 +233,32 @@ func (host *Host) fixMissingAddresses(ctx context.Context, f fleet) (bool, error
 		fixed = true
 	}
 	return fixed, nil
+}
+
+// strayLeases are the addresses member's dnsmasq (this host's, member
+// "" or its own; another's whose namespace MemberNetNS names) holds in its
+// lease file: Incus lists only its instances' leases, and a lease for a
+// client that is no instance (made up by a box before the stack stopped
+// it) still keeps dnsmasq from handing its address to a box. Best
+// effort: nothing when the file cannot be read.
+func (host *Host) strayLeases(member string) map[netip.Addr]bool {
+	h := host
+	if member != "" && member != host.here() {
+		mh, ok := host.memberHost(member)
+		if !ok {
+			return nil
+		}
+		h = mh
+	}
+	pool, err := h.DHCPLeases()
+	if err != nil {
+		return nil
+	}
+	out := map[netip.Addr]bool{}
+	for _, l := range pool.Leases {
+		out[l.Address] = true
+	}
+	return out
 }
 
 // dhcpFindings names every NIC on the bridge with no fixed address: a

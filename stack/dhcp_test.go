@@ -51,16 +51,24 @@ func TestRawDnsmasqFindings(t *testing.T) {
 		}
 		return out
 	}
-	fs := rawDnsmasqFindings("network boxnet", noDHCP, want)
+	var fs []Finding
+	fs = rawDnsmasqFindings("network boxnet", noDHCP, want)
 	assert.Equal(t, []LayerID{LayerDHCP}, layers(fs), "the operator dropped the DHCP lines by hand")
 	assert.Contains(t, fs[0].Problem, "lacks dhcp-ignore=tag:!known and dhcp-ignore-clid")
 	// One line gone is enough.
 	assert.Equal(t, []LayerID{LayerDHCP}, layers(rawDnsmasqFindings("b", strings.Replace(want, "dhcp-ignore-clid\n", "", 1), want)))
 	assert.Equal(t, []LayerID{LayerDNS}, layers(rawDnsmasqFindings("b", strings.Replace(want, "no-hosts\n", "", 1), want)))
 	assert.Equal(t, []LayerID{LayerDHCP, LayerDNS}, layers(rawDnsmasqFindings("b", strings.Replace(noDHCP, "no-hosts\n", "", 1), want)))
-	// The same lines, the last without its newline (a hand edit): drift
-	// all the same, named.
-	assert.Len(t, rawDnsmasqFindings("b", strings.TrimSuffix(want, "\n"), want), 1)
+	// The same lines, the last without its newline (a hand edit through
+	// $(...)): named, advisory.
+	fs = rawDnsmasqFindings("b", strings.TrimSuffix(want, "\n"), want)
+	require.Len(t, fs, 1)
+	assert.True(t, fs[0].Advisory)
+	assert.Contains(t, fs[0].Problem, "no newline")
+	// The DHCP lines dropped by hand that way: L-DHCP's alone.
+	fs = rawDnsmasqFindings("b", strings.TrimSuffix(noDHCP, "\n"), want)
+	require.Len(t, fs, 1)
+	assert.Equal(t, LayerDHCP, fs[0].Layer)
 }
 
 func TestParseLeases(t *testing.T) {
