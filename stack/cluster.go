@@ -30,10 +30,10 @@ import (
 // cluster. Two members can then never lease the same address to a box:
 // their slices do not overlap, and within a member Incus's own check
 // refuses a duplicate. A box moved to another member keeps its address,
-// which no member hands out again. Only an instance box did not mint, or
-// a granted user's box (its user sees no cluster to pick from), takes a
-// dynamic lease, in the first slice, which two members may both hand out:
-// Verify names any address handed out on two members.
+// which no member hands out again. A granted user's box (its user sees no
+// cluster to pick from) gets one from its member's port watcher; the
+// dynamic range serves no one (L-DHCP: known clients only), and Verify
+// names any address handed out on two members.
 //
 // The host layers (the nft tables, the ports' isolated flags, IPv6 off on
 // the bridge, the boot unit, the port watcher) are each member's own:

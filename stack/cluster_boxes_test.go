@@ -62,6 +62,8 @@ type clusterFake struct {
 	raced              int
 	// leases are what the bridge's leases endpoint lists.
 	leases []incus.NetworkLease
+	// starting names an instance Incus is starting: it refuses changes.
+	starting string
 }
 
 // fakeSlices are the members' slices of 10.88.0.0/24.
@@ -228,6 +230,10 @@ func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 		inst, ok := f.insts[r.PathValue("name")]
 		if !ok {
 			incustest.Error(w, http.StatusNotFound, "Instance not found")
+			return
+		}
+		if inst.Name == f.starting {
+			f.srv.Async(w, incustest.Op{Description: "Updating instance", Err: `Failed to create instance update operation: Instance is busy running a "start" operation`})
 			return
 		}
 		if restore.Restore != "" {

@@ -219,21 +219,29 @@ func qualified(inst *incus.Instance) string {
 // no fixed address one (ensureFixed), and says whether it gave any: a
 // granted user's box, whose user could pick none, as its port comes up
 // (the port watcher's refresh); a box started by hand, or minted before
-// box stored addresses, at the next refresh.
-func (host *Host) fixMissingAddresses(ctx context.Context, f fleet) (bool, error) {
-	fixed := false
+// box stored addresses, at the next refresh. A box whose start Incus is
+// still running takes no change yet: it is named in busy, to be looked at
+// again soon.
+func (host *Host) fixMissingAddresses(ctx context.Context, f fleet) (fixed bool, busy []string, err error) {
 	for i := range f.insts {
 		inst := &f.insts[i]
 		if !needsAddress(inst) || !slices.ContainsFunc(bridgeNICs(Current.Network, inst), func(n bridgeNIC) bool { return n.port != "" }) {
 			continue
 		}
-		if _, err := host.ensureFixed(ctx, inst, host.here()); err != nil {
-			return fixed, fmt.Errorf("giving box %s a fixed address: %w", qualified(inst), err)
+		if _, err := host.ensureFixed(ctx, inst, host.here()); isBusy(err) {
+			busy = append(busy, qualified(inst))
+			continue
+		} else if err != nil {
+			return fixed, busy, fmt.Errorf("giving box %s a fixed address: %w", qualified(inst), err)
 		}
 		fixed = true
 	}
-	return fixed, nil
+	return fixed, busy, nil
 }
+
+// isBusy is Incus refusing a change to an instance while another
+// operation on it runs (its start: the port is up a moment before).
+func isBusy(err error) bool { return err != nil && strings.Contains(err.Error(), "is busy running") }
 
 // strayLeases are the addresses member's dnsmasq (this host's, member
 // "" or its own; another's whose namespace MemberNetNS names) holds in its

@@ -178,9 +178,16 @@ func TestFixMissingAddresses(t *testing.T) {
 	f.insts["up"].Devices["eth0"] = map[string]string{"type": "nic", "name": "eth0", "network": "boxnet", "security.port_isolation": "false"}
 	insts, err := h.Incus.AllInstances(context.Background())
 	require.NoError(t, err)
-	fixed, err := h.fixMissingAddresses(context.Background(), fleet{insts: insts})
+	f.starting = "up"
+	fixed, busy, err := h.fixMissingAddresses(context.Background(), fleet{insts: insts})
+	require.NoError(t, err, "a box Incus is starting is no failure")
+	assert.False(t, fixed)
+	assert.Equal(t, []string{"up"}, busy, "to be looked at again soon")
+	f.starting = ""
+	fixed, busy, err = h.fixMissingAddresses(context.Background(), fleet{insts: insts})
 	require.NoError(t, err)
 	assert.True(t, fixed)
+	assert.Empty(t, busy)
 	up := f.inst(t, "up")
 	assert.Equal(t, "10.88.0.2", fixedAddressOf(up).String())
 	assert.Equal(t, "false", up.Devices["eth0"]["security.port_isolation"], "its own NIC's keys are kept")
@@ -188,7 +195,7 @@ func TestFixMissingAddresses(t *testing.T) {
 	n := len(f.srv.Find(http.MethodPut, "/1.0/instances/up"))
 	insts, err = h.Incus.AllInstances(context.Background())
 	require.NoError(t, err)
-	fixed, err = h.fixMissingAddresses(context.Background(), fleet{insts: insts})
+	fixed, _, err = h.fixMissingAddresses(context.Background(), fleet{insts: insts})
 	require.NoError(t, err)
 	assert.False(t, fixed)
 	assert.Len(t, f.srv.Find(http.MethodPut, "/1.0/instances/up"), n, "nothing more to do")

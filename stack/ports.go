@@ -27,9 +27,11 @@ type portsRefresh struct {
 	// additions were committed (zero when there were none).
 	isolatedAt, addedAt time.Time
 	// pinned says the pin table's sets changed; unresolved are ports no
-	// instance claims yet, left unpinned (planPins).
-	pinned     bool
-	unresolved []string
+	// instance claims yet, left unpinned (planPins); addressless are boxes
+	// Incus was still starting, given no fixed address yet.
+	pinned      bool
+	unresolved  []string
+	addressless []string
 }
 
 func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.removed) == 0 }
@@ -149,9 +151,12 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	// A box whose port is up with no fixed address gets one first: a
 	// granted user's, whose user could pick none (the port watcher runs
 	// this as its port comes up), or one started by hand.
-	if fixed, err := host.fixMissingAddresses(ctx, f); err != nil {
+	fixed, busy, err := host.fixMissingAddresses(ctx, f)
+	r.addressless = busy
+	if err != nil {
 		return err
-	} else if fixed {
+	}
+	if fixed {
 		if f, err = host.readFleet(ctx); err != nil {
 			return err
 		}
