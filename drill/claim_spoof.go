@@ -264,6 +264,9 @@ const (
 	dhcpClientIDs = 8
 	// newLeaseWait bounds the wait for the box minted after the lies.
 	newLeaseWait = 20 * time.Second
+	// floodDeadline fits a pool's worth of made-up clients, paced as the
+	// probe paces them, on a loaded machine (docs/measurements.md, "DHCP").
+	floodDeadline = 2500 * time.Millisecond
 )
 
 // buildSpoofDHCP adds the DHCP lies and the server's control.
@@ -287,7 +290,8 @@ func buildSpoofDHCP(b *builder) {
 		{"DHCP decline of clone-a's address " + t.C.IP.String() + ", naming its hardware address", ChannelDHCPDecline,
 			probes.ProbeSpec{Kind: probes.KindDHCPForge, DHCP: probes.DHCPDecline, ClientHW: t.C.MAC.String(), Target: t.C.IP, ServerID: t.Gateway}},
 		{fmt.Sprintf("DHCP for %d made-up hardware addresses, the pool's size", t.DHCPSize), ChannelDHCPStarve,
-			probes.ProbeSpec{Kind: probes.KindDHCPFlood, Count: t.DHCPSize, HWPrefix: hexBytes(prefix), Target: t.DHCPFirst}},
+			probes.ProbeSpec{Kind: probes.KindDHCPFlood, Count: t.DHCPSize, HWPrefix: hexBytes(prefix), Target: t.DHCPFirst,
+				DeadlineMS: int(floodDeadline.Milliseconds())}},
 		{fmt.Sprintf("DHCP for %d made-up client identifiers on box-a's hardware address", dhcpClientIDs), ChannelDHCPClientID,
 			probes.ProbeSpec{Kind: probes.KindDHCPFlood, Count: dhcpClientIDs, ClientID: clientIDPrefix(prefix)}},
 		// Of 8 bytes: dnsmasq takes an htype-6 message naming a box's
@@ -356,7 +360,7 @@ func afterSpoof(ctx context.Context, r *run) {
 		return
 	}
 	t0 := time.Now()
-	pool, err := r.cfg.Host.DHCPLeases()
+	pool, err := settledLeases(ctx, r.cfg.Host)
 	if err != nil {
 		d.afterErr = err.Error()
 	}
@@ -371,24 +375,78 @@ func afterSpoof(ctx context.Context, r *run) {
 	} else {
 		d.newAddr = ip.String()
 	}
-	made := d.madeUp(r.scene)
-	if len(made) > 0 {
-		left, err := r.cfg.Host.ReleaseLeases(context.WithoutCancel(ctx), made)
-		d.released, d.unreleased = len(made)-len(left), left
-		if err != nil || len(left) > 0 {
-			r.rep.Problems = append(r.rep.Problems, fmt.Sprintf("%s: %d lease(s) the DHCP lies got are still held (%v): they go at their expiry, or with box doctor's help", SpoofID, len(left), err))
+	d.release(context.WithoutCancel(ctx), r)
+	r.cfg.logf("%s: DHCP server read, a box minted after the lies (%s), %d lease(s) released, in %s", SpoofID, cmp.Or(d.newAddr, "no address"), d.released, time.Since(t0).Round(time.Millisecond))
+}
+
+// settleWait bounds how long the after reading waits for the DHCP server
+// to work through what the lies queued (a pool's worth of messages takes
+// it a second or two on a loaded machine); settleStep is how long the
+// lease file must stay the same.
+const (
+	settleWait = 5 * time.Second
+	settleStep = 400 * time.Millisecond
+)
+
+// settledLeases reads the lease file once it stopped changing.
+func settledLeases(ctx context.Context, h *stack.Host) (stack.DHCPPool, error) {
+	prev, err := h.DHCPLeases()
+	for deadline := time.Now().Add(settleWait); err == nil && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return prev, nil
+		case <-time.After(settleStep):
+		}
+		cur, cerr := h.DHCPLeases()
+		if cerr != nil || slices.Equal(cur.Leases, prev.Leases) {
+			return cur, cerr
+		}
+		prev = cur
+	}
+	return prev, err
+}
+
+// release gives up every lease the lies got, reading the lease file again
+// until it holds none (the server may still be granting some it had
+// queued), and names in the report what it could not.
+func (d *dhcpRun) release(ctx context.Context, r *run) {
+	if len(d.madeUp(r.scene)) == 0 {
+		return // the reading after the lies had settled: none came later
+	}
+	var left []stack.DHCPLease
+	for try := 0; try < 5; try++ {
+		pool, err := settledLeases(ctx, r.cfg.Host)
+		if err != nil {
+			r.rep.Problems = append(r.rep.Problems, fmt.Sprintf("%s: the leases the DHCP lies got were not released: %v", SpoofID, err))
+			return
+		}
+		made := d.madeUpOf(pool.Leases, r.scene)
+		if len(made) == 0 {
+			return
+		}
+		left, err = r.cfg.Host.ReleaseLeases(ctx, made)
+		d.released += len(made) - len(left)
+		if err != nil {
+			r.rep.Problems = append(r.rep.Problems, fmt.Sprintf("%s: releasing the leases the DHCP lies got: %v", SpoofID, err))
+			return
 		}
 	}
-	r.cfg.logf("%s: DHCP server read, a box minted after the lies (%s), %d lease(s) released, in %s", SpoofID, cmp.Or(d.newAddr, "no address"), d.released, time.Since(t0).Round(time.Millisecond))
+	d.unreleased = left
+	if len(left) > 0 {
+		r.rep.Problems = append(r.rep.Problems, fmt.Sprintf("%s: %d lease(s) the DHCP lies got are still held: they go at their expiry (box doctor names them)", SpoofID, len(left)))
+	}
 }
 
 // madeUp are the leases of the after reading that the lies got: for a
 // made-up hardware address or client identifier, for box-a's MAC as
 // another type or length, or for box-a's MAC at another address than its
 // own; none that was there before.
-func (d *dhcpRun) madeUp(t Scene) []stack.DHCPLease {
+func (d *dhcpRun) madeUp(t Scene) []stack.DHCPLease { return d.madeUpOf(d.after.Leases, t) }
+
+// madeUpOf is madeUp of another reading.
+func (d *dhcpRun) madeUpOf(leases []stack.DHCPLease, t Scene) []stack.DHCPLease {
 	var out []stack.DHCPLease
-	for _, l := range d.after.Leases {
+	for _, l := range leases {
 		if slices.Contains(d.before.Leases, l) || dhcpLie(t, l) == "" {
 			continue
 		}

@@ -95,7 +95,7 @@
 //	            plus a 3-byte index, or our own with client identifiers
 //	            "client_id" plus the index) each send a DISCOVER with rapid
 //	            commit and, with "target", an INIT-REBOOT request for an
-//	            address of their own (target, target+1, ...), paced 4
+//	            address of their own (target, target+1, ...), paced 2
 //	            messages per 2 ms. Evidence: mac, interface, sent.
 //
 // Each but dhcp_flood sends three times, about 150 ms apart. Linux ignores an ARP that
