@@ -227,9 +227,8 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 	// ?target= says) once it has its own MAC (below: Incus checks the NIC's
 	// MAC when the NIC changes, and the file's is its source's), before it
 	// starts.
-	if d := put.Devices["eth0"]; d["ipv4.address"] != "" {
-		res.Notes = append(res.Notes, fmt.Sprintf("its fixed address %s was the host's it came from: it gets one of this host's", d["ipv4.address"]))
-		delete(d, "ipv4.address")
+	if a := put.Devices["eth0"]["ipv4.address"]; a != "" {
+		res.Notes = append(res.Notes, fmt.Sprintf("its fixed address %s was the host's it came from: it gets one of this host's", a))
 	}
 	forgetMACs(put.Config)
 	for k := range put.Config {

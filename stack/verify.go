@@ -229,7 +229,9 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 			Problem: "no dnsmasq process serves the bridge (Incus may still say Created)", Fix: "restart incusd, then box doctor"})
 	}
 
-	if v.DnsmasqPID != 0 && v.Pool == nil {
+	// The pool is this host's own to read: another member's, read from
+	// here, would name leases its own doctor names.
+	if v.DnsmasqPID != 0 && v.Pool == nil && host.member == "" {
 		if pool, err := g.poolOf(insts); err != nil {
 			v.Notes = append(v.Notes, "the bridge's DHCP pool was not read: "+err.Error())
 		} else {
