@@ -285,9 +285,13 @@ func dhcpFindings(insts []incus.Instance) []Finding {
 				Problem: fmt.Sprintf("its NIC %s has no fixed address: the bridge's DHCP answers only the addresses box stored, so it gets no lease (and is not pinned to one)", dev)})
 			continue
 		}
+		how := "override"
+		if _, local := inst.Devices[dev]; local {
+			how = "set"
+		}
 		out = append(out, Finding{Layer: LayerDHCP, Object: "instance " + qualified(inst), Advisory: true,
 			Problem: fmt.Sprintf("its NIC %s on %s has no fixed address, so the bridge's DHCP does not answer it", dev, Current.Network),
-			Fix:     fmt.Sprintf("give it one (incus config device override %s %s ipv4.address=ADDR), or mint it with box", inst.Name, dev)})
+			Fix:     fmt.Sprintf("give it one (incus config device %s %s %s ipv4.address=ADDR), or mint it with box", how, inst.Name, dev)})
 	}
 	return out
 }

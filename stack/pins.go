@@ -161,7 +161,7 @@ func pinFindings(nf []nft.Finding, p *pinPlan) []Finding {
 		out = append(out, Finding{Layer: LayerPin, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
 	}
 	for _, n := range p.notes {
-		out = append(out, Finding{Layer: LayerPin, Object: "pins", Problem: n, Fix: "give one of them another address (box incus N -- config device override {} eth0 ipv4.address=ADDR)"})
+		out = append(out, Finding{Layer: LayerPin, Object: "pins", Problem: n, Fix: "give one of them another address (box incus N -- config device set {} eth0 ipv4.address=ADDR)"})
 	}
 	if len(p.unresolved) > 0 {
 		out = append(out, Finding{Layer: LayerPin, Object: "pins", Advisory: true,
