@@ -956,7 +956,8 @@ func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Durat
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("%w: is dnsmasq serving %s? (box doctor)", err, Current.Network)
 	}
-	// The box holds a lease now: its port's pin must carry it.
+	// The box holds its address now: a refresh pins a granted user's box
+	// (the watcher gave it its address) and fills its egress sets.
 	_, err = host.refreshPorts(ctx)
 	return ip, err
 }
