@@ -119,8 +119,8 @@ func (host *Host) syncPorts(ctx context.Context) (portsRefresh, error) {
 
 // refreshPins makes the pin table pin the bridge's ports as they are now,
 // with the fixed addresses as they are now: it asks Incus whose each port
-// is and what its NIC's address is. Without the table (or an Incus to ask) there is
-// nothing to refresh: doctor reports the missing table.
+// is and what its NIC's address is. A box up without a fixed address gets
+// one first, table or none (the bridge's DHCP answers it only then).
 func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	if host.Incus == nil {
 		return nil
@@ -141,8 +141,16 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 		return err
 	}
 	egress, err := nft.EgressPresent(ncfg)
-	if err != nil || (!present && !egress) {
+	if err != nil {
 		return err
+	}
+	if !present && !egress {
+		// With the pin table gone (a drill's mutation), a box still needs
+		// its address; with no table of box's at all, there is no stack.
+		inet, bridge, err := nft.Present(ncfg)
+		if err != nil || (!inet && !bridge) {
+			return err
+		}
 	}
 	f, err := host.readFleet(ctx)
 	if err != nil {
@@ -160,6 +168,9 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 		if f, err = host.readFleet(ctx); err != nil {
 			return err
 		}
+	}
+	if !present && !egress {
+		return nil
 	}
 	// A box's egress policy follows its lease (also where the pin table
 	// is gone).
