@@ -360,11 +360,17 @@ func afterSpoof(ctx context.Context, r *run) {
 		return
 	}
 	t0 := time.Now()
-	pool, err := settledLeases(ctx, r.cfg.Host)
-	if err != nil {
-		d.afterErr = err.Error()
-	}
-	d.after = pool
+	// The reading waits for the server to settle while the box is minted:
+	// the new box's lease is its own, no answer to a lie.
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		pool, err := settledLeases(ctx, r.cfg.Host)
+		if err != nil {
+			d.afterErr = err.Error()
+		}
+		d.after = pool
+	}()
 	d.newBox = r.boxName("n")
 	mctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -375,6 +381,7 @@ func afterSpoof(ctx context.Context, r *run) {
 	} else {
 		d.newAddr = ip.String()
 	}
+	<-read
 	d.release(context.WithoutCancel(ctx), r)
 	r.cfg.logf("%s: DHCP server read, a box minted after the lies (%s), %d lease(s) released, in %s", SpoofID, cmp.Or(d.newAddr, "no address"), d.released, time.Since(t0).Round(time.Millisecond))
 }
