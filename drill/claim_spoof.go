@@ -499,18 +499,10 @@ func judgeSpoofDHCP(ru *run, r Result) Result {
 		return verdict(r, Inconclusive, "the DHCP server's lease file was not read")
 	case d.beforeErr != "" || d.afterErr != "":
 		return verdict(r, Inconclusive, "the DHCP server's lease file was not read ("+cmp.Or(d.beforeErr, d.afterErr)+"), so what the lie did is unknown")
-	case r.Obs == nil || r.Obs.Outcome != probes.Silent:
-		return verdict(r, Inconclusive, "the lie was not sent: "+r.Observed)
 	}
-	// The control: the server answered box-a's own DISCOVER after the lies.
-	before, okB := leaseOf(d.before, t.A.MAC)
-	after, okA := leaseOf(d.after, t.A.MAC)
-	own, sent := ru.obs.get(PlaceA, dhcpOwnID)
-	if !sent || own.Outcome != probes.Silent || !okB || !okA || !after.Expires.After(before.Expires) {
-		return verdict(r, Inconclusive, fmt.Sprintf("the DHCP server did not renew box-a's own lease when it asked after the lies (before: %s, after: %s; its DISCOVER: %s), so its silence to them proves nothing",
-			leaseText(before, okB), leaseText(after, okA), reportOf(own, sent)))
-	}
-	control := fmt.Sprintf("; the server renewed box-a's own lease after them (to %s)", after.Expires.Format(time.TimeOnly))
+	// What the server did first: it fails the lie whatever the sender
+	// saw (arrival beats error).
+	var what string
 	switch r.Channel {
 	case ChannelDHCPRelease, ChannelDHCPDecline:
 		who, e := "box-b", t.B
@@ -524,29 +516,43 @@ func judgeSpoofDHCP(ru *run, r Result) Result {
 		if l2, ok := leaseOf(d.after, e.MAC); !ok || l2.Address != e.IP {
 			return verdict(r, Fail, fmt.Sprintf("%s's lease of %s went from the DHCP server's lease file (now: %s): the server took box-a's %s naming it", who, e.IP, leaseText(l2, ok), r.Channel))
 		}
-		return verdict(r, Pass, fmt.Sprintf("%s's lease of %s is still in the DHCP server's lease file%s", who, e.IP, control))
-	}
-	want := map[Channel][]string{ChannelDHCPStarve: {"starve"}, ChannelDHCPClientID: {"client-id"}, ChannelDHCPHType: {"hlen"}}[r.Channel]
-	if r.Channel == ChannelDHCPHType && r.Probe.HType != 0 {
-		want = []string{"htype"}
-	}
-	var got []string
-	for _, l := range d.madeUp(t) {
-		if slices.Contains(want, dhcpLie(t, l)) {
-			got = append(got, l.Hwaddr+" at "+l.Address.String())
+		what = fmt.Sprintf("%s's lease of %s is still in the DHCP server's lease file", who, e.IP)
+	default:
+		want := map[Channel]string{ChannelDHCPStarve: "starve", ChannelDHCPClientID: "client-id", ChannelDHCPHType: "hlen"}[r.Channel]
+		if r.Channel == ChannelDHCPHType && r.Probe.HType != 0 {
+			want = "htype"
 		}
-	}
-	if len(got) > 0 {
-		more := ""
-		if r.Channel == ChannelDHCPStarve {
-			more = fmt.Sprintf(" (the pool has %d)", t.DHCPSize)
+		var got []string
+		for _, l := range d.madeUp(t) {
+			if dhcpLie(t, l) == want {
+				got = append(got, l.Hwaddr+" at "+l.Address.String())
+			}
 		}
-		if len(got) > 4 {
-			got = append(got[:4], fmt.Sprintf("and %d more", len(got)-4))
+		if len(got) > 0 {
+			more := ""
+			if r.Channel == ChannelDHCPStarve {
+				more = fmt.Sprintf(" (%d of the pool's %d)", len(got), t.DHCPSize)
+			}
+			if len(got) > 4 {
+				got = append(got[:4], fmt.Sprintf("and %d more", len(got)-4))
+			}
+			return verdict(r, Fail, fmt.Sprintf("the DHCP server leased addresses to the lie%s: %s", more, strings.Join(got, ", ")))
 		}
-		return verdict(r, Fail, fmt.Sprintf("the DHCP server leased addresses to the lie%s: %s", more, strings.Join(got, ", ")))
+		what = "the DHCP server leased nothing to the lie"
 	}
-	return verdict(r, Pass, "the DHCP server leased nothing to the lie"+control)
+	// Nothing happened: that counts only if the lie left, and the server
+	// answered box-a's own DISCOVER after it.
+	if r.Obs == nil || r.Obs.Outcome != probes.Silent {
+		return verdict(r, Inconclusive, "the lie was not sent: "+r.Observed)
+	}
+	before, okB := leaseOf(d.before, t.A.MAC)
+	after, okA := leaseOf(d.after, t.A.MAC)
+	own, sent := ru.obs.get(PlaceA, dhcpOwnID)
+	if !sent || own.Outcome != probes.Silent || !okB || !okA || !after.Expires.After(before.Expires) {
+		return verdict(r, Inconclusive, fmt.Sprintf("%s, but the DHCP server did not renew box-a's own lease when it asked after the lies (before: %s, after: %s; its DISCOVER: %s), so its silence to them proves nothing",
+			what, leaseText(before, okB), leaseText(after, okA), reportOf(own, sent)))
+	}
+	return verdict(r, Pass, fmt.Sprintf("%s; the server renewed box-a's own lease after them (to %s)", what, after.Expires.Format(time.TimeOnly)))
 }
 
 func leaseText(l stack.DHCPLease, ok bool) string {

@@ -84,7 +84,10 @@ var Mutations = []Mutation{
 	}},
 	// Both halves of the DHCP restriction: dnsmasq answers any client, by
 	// any identifier, and the pin table lets any DHCP message through.
-	{Name: "dhcp-open", Layers: []stack.LayerID{stack.LayerDHCP}, What: "take dhcp-ignore=tag:!known and dhcp-ignore-clid out of boxnet's dnsmasq settings, and the DHCP rules out of the nft table bridge box_pin", apply: dhcpOpen},
+	// Once the boxes exist: a granted user's box started on an open
+	// dnsmasq leases an address before the port watcher gives it its own,
+	// and is cut off by its pin (C-TIER's controls failed so).
+	{Name: "dhcp-open", Layers: []stack.LayerID{stack.LayerDHCP}, What: "take dhcp-ignore=tag:!known and dhcp-ignore-clid out of boxnet's dnsmasq settings, and the DHCP rules out of the nft table bridge box_pin", AfterBoxes: true, apply: dhcpOpen},
 }
 
 // dhcpOpen takes the DHCP restriction away: the two lines of the bridge's

@@ -85,9 +85,13 @@ func TestJudgeSpoofDHCP(t *testing.T) {
 
 	r = spoofDHCPRun(held, after())
 	unsent := starve
-	unsent.Obs = &probes.Observation{Outcome: probes.Error, Reason: "no packet socket"}
-	unsent.Observed = "error: no packet socket"
+	unsent.Obs = &probes.Observation{Outcome: probes.Error, Reason: "cut short after 300 of 506 messages"}
+	unsent.Observed = "error: cut short"
 	assert.Equal(t, Inconclusive, refineSpoof(r, unsent).Verdict, "a lie not sent proves nothing")
+	r = spoofDHCPRun(held, after(dhcpLease("0a:b0:c5:00:00:07", "10.88.0.99", t0)))
+	assert.Equal(t, Fail, refineSpoof(r, unsent).Verdict, "what the server leased fails it, whatever the sender saw")
+	r = spoofDHCPRun(held, []stack.DHCPLease{a, b, c, dhcpLease("0a:b0:c5:00:00:07", "10.88.0.99", t0)})
+	assert.Equal(t, Fail, refineSpoof(r, starve).Verdict, "and needs no control")
 
 	// The made-up leases are what the run releases afterwards.
 	r = spoofDHCPRun(held, after(dhcpLease("0a:b0:c5:00:00:07", "10.88.0.99", t0), dhcpLease("06-"+sc.A.MAC.String(), "10.88.0.97", t0)))
