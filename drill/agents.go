@@ -43,7 +43,13 @@ func pushAgent(ctx context.Context, client func(place Place) *incus.Client, agen
 	var wg sync.WaitGroup
 	errs := make([]error, 0, 4)
 	var mu sync.Mutex
+	pushed := map[string]bool{}
 	for _, p := range slices.Sorted(maps.Keys(names)) {
+		// A box that several places share (a nested workload's) gets it once.
+		if pushed[names[p]] {
+			continue
+		}
+		pushed[names[p]] = true
 		c := client(p)
 		wg.Add(1)
 		go func() {
@@ -157,7 +163,8 @@ func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[Place]s
 		stderr = eb.Bytes()
 	default:
 		box := names[place]
-		planPath := "/tmp/drill-plan.json"
+		// One file a place: a box may hold several (a nested workload's).
+		planPath := "/tmp/drill-plan-" + strings.NewReplacer("/", "-", "@", "-").Replace(string(place)) + ".json"
 		if err := c.PushFile(ctx, box, planPath, bytes.NewReader(data), 0o600, 0, 0); err != nil {
 			return nil, fmt.Errorf("pushing the plan: %w", err)
 		}

@@ -56,7 +56,12 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		return nil
 	})
 	cfg.logf("boxes: minting %s, %s and cloning %s", names[PlaceA], names[PlaceB], names[PlaceC])
-	mctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	mintTime := 3 * time.Minute
+	if cfg.Template != nil {
+		// box-a, then its clone, each provisioned in turn.
+		mintTime += 2 * provisionWait
+	}
+	mctx, cancel := context.WithTimeout(ctx, mintTime)
 	defer cancel()
 	// On a cluster, box-a, box-b and the clone live on the member the
 	// drill talks to, one more box on every other member it can enter.
@@ -69,11 +74,20 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	mintErr := make([]error, 0, len(mints))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	if cfg.Template != nil {
+		// box-a first: it pulls the image, which the others then find in
+		// Incus's cache (two pulls of one image at once collide in incusd's
+		// cache folder: "mkdir ...: file exists").
+		if err := r.mintProvisioned(mctx, PlaceA, mints[PlaceA]); err != nil {
+			return fmt.Errorf("boxes: %w", err)
+		}
+		delete(mints, PlaceA)
+	}
 	for p, target := range mints {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := mintProbeBox(mctx, cfg, stack.MintRequest{Name: names[p], Image: cfg.Image, Type: probeType, Stamps: r.stamps(), Target: target})
+			err := r.mintProvisioned(mctx, p, target)
 			mu.Lock()
 			mintErr = append(mintErr, err)
 			mu.Unlock()
@@ -87,6 +101,15 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		return fmt.Errorf("boxes: %w", err)
 	}
 	if _, err := cfg.Host.CloneTo(mctx, names[PlaceA], "", names[PlaceC], r.localMember()); err != nil {
+		return fmt.Errorf("boxes: %w", err)
+	}
+	if _, err := cfg.Host.WaitAddress(mctx, names[PlaceC], 30*time.Second); err != nil {
+		return fmt.Errorf("boxes: %w", err)
+	}
+	if err := r.waitProvisioned(mctx, cfg.Host.Incus, names[PlaceC]); err != nil {
+		return fmt.Errorf("boxes: %w", err)
+	}
+	if err := r.readBaseImage(mctx); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
 	r.ends = map[Place]*BoxEnd{}
@@ -120,6 +143,24 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		}
 	}
 	return r.verifyForProbes(actx)
+}
+
+// mintProvisioned mints the probe box at place on a member (target) and,
+// in a template run, waits until it is provisioned.
+func (r *run) mintProvisioned(ctx context.Context, place Place, target string) error {
+	req, err := r.mintRequest(r.names[place], target, true)
+	if err != nil {
+		return err
+	}
+	if err := mintProbeBox(ctx, &r.cfg, req); err != nil {
+		return err
+	}
+	// Its lease pinned first: until then the pin table drops what it
+	// sends, its provisioning's traffic too.
+	if _, err := r.cfg.Host.WaitAddress(ctx, r.names[place], 30*time.Second); err != nil {
+		return err
+	}
+	return r.waitProvisioned(ctx, r.cfg.Host.Incus, r.names[place])
 }
 
 // boxName is the name of one of the run's probe boxes.

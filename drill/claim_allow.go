@@ -72,7 +72,12 @@ func mintAllowBox(ctx context.Context, r *run) error {
 	r.names[PlaceW] = r.boxName("w")
 	names := allowNames(Scene{Topology: cfg.Topology})
 	cfg.logf("allow: minting %s under the allowlist %s", r.names[PlaceW], strings.Join(names, " "))
-	req := stack.MintRequest{Name: r.names[PlaceW], Image: cfg.Image, Type: probeType, Stamps: r.stamps(), Egress: names, Target: r.localMember()}
+	// Not provisioned: under its allowlist it reaches no package mirror.
+	req, err := r.mintRequest(r.names[PlaceW], r.localMember(), false)
+	if err != nil {
+		return fmt.Errorf("allow: %w", err)
+	}
+	req.Egress = names
 	if err := mintProbeBox(ctx, cfg, req); err != nil {
 		return fmt.Errorf("allow: %w", err)
 	}

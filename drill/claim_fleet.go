@@ -33,6 +33,9 @@ func judgeFleet(r *run, c Claim, _ []Result) []Result {
 	}
 	own := maps.Clone(r.names)
 	delete(own, PlaceT)
+	// Places that run in another place's box are not boxes of their own.
+	delete(own, PlaceNestNAT)
+	delete(own, PlaceNestMAC)
 	return fleetResults(c, census, r.cfg.Host.Incus.ProjectName(), own, r.findings)
 }
 

@@ -8,7 +8,7 @@ const SiblingID ClaimID = "C-SIBLING"
 
 var claimSibling = Claim{
 	ID: SiblingID, From: "box", To: "peer box and a clone",
-	Channels: []Channel{ChannelARP, ChannelICMP, ChannelTCP, ChannelUDP, ChannelBroadcast, ChannelV6LinkLocal, ChannelV6AllNodes},
+	Channels: []Channel{ChannelARP, ChannelICMP, ChannelTCP, ChannelUDP, ChannelBroadcast, ChannelV6LinkLocal, ChannelV6AllNodes, ChannelMDNS, ChannelLLMNR, ChannelSSDP},
 	Expect:   "no frame reaches the peer",
 	Layers:   []stack.LayerID{stack.LayerPortIso, stack.LayerBridgeDrop},
 	Why:      "two boxes on one bridge exchange frames below netfilter's L3 hooks unless the bridge itself refuses",

@@ -26,7 +26,7 @@ const TierID ClaimID = "C-TIER"
 var claimTier = Claim{
 	ID: TierID, From: "box-t, minted by a granted local user through incus-user with port isolation turned off in its own NIC, and that user",
 	To:       "peer boxes, the host, the LAN, the resolver; Incus (other networks, host paths, proxies, privilege)",
-	Channels: []Channel{ChannelARP, ChannelICMP, ChannelTCP, ChannelUDP, ChannelBroadcast, ChannelV6LinkLocal, ChannelV6AllNodes, ChannelDNS, ChannelIsolOff, ChannelRestriction, ChannelCensus},
+	Channels: []Channel{ChannelARP, ChannelICMP, ChannelTCP, ChannelUDP, ChannelBroadcast, ChannelV6LinkLocal, ChannelV6AllNodes, ChannelMDNS, ChannelLLMNR, ChannelSSDP, ChannelDNS, ChannelIsolOff, ChannelRestriction, ChannelCensus},
 	Expect:   "isolated like box-a (the host's layers hold though the user may turn port isolation off, and the census names that box); every attempt to leave boxnet refused by Incus for the restriction",
 	Layers:   []stack.LayerID{stack.LayerTier},
 	Why:      "a granted user holds an Incus socket: the grant's narrowing to boxnet and the host-owned layers are all that stand between their agent and the host's networks",
@@ -164,10 +164,19 @@ func mintTierBox(ctx context.Context, r *run) error {
 	box := r.names[PlaceT]
 	a := Action{ID: "t-isolation-off", Claim: TierID, Channel: ChannelIsolOff, From: placeUser, Target: "create " + box + " with security.port_isolation=false",
 		TargetKey: "incus", Expect: ExpectReach}
+	conf := map[string]string{stack.Current.Tag: "1", TagDrill: "1", TagRun: r.rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version}
+	// In a template run, the user's box is the template's, as theirs would be.
+	req, err := r.mintRequest(box, "", true)
+	if err != nil {
+		return fmt.Errorf("tier: %w", err)
+	}
+	if req.UserData != "" {
+		conf["cloud-init.user-data"] = req.UserData
+	}
 	err = t.client.CreateInstance(ctx, incus.InstancesPost{Name: box, Type: probeType,
-		Config:   map[string]string{stack.Current.Tag: "1", TagDrill: "1", TagRun: r.rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version},
+		Config:   conf,
 		Devices:  map[string]map[string]string{"eth0": {"type": "nic", "name": "eth0", "network": stack.Current.Network, "security.port_isolation": "false"}},
-		Profiles: []string{stack.Current.Profile}, Source: incus.InstanceSource{Type: "image", Alias: cfg.Image}, Start: true})
+		Profiles: []string{stack.Current.Profile}, Source: r.localImage(), Start: true})
 	if err != nil {
 		// Not the premise C-TIER tests: the escape attempts still run.
 		t.results = append(t.results, Result{Action: a, Verdict: Inconclusive, Observed: "refused",
@@ -181,8 +190,13 @@ func mintTierBox(ctx context.Context, r *run) error {
 	if err := r.placeTierBox(ctx, th.Incus, box); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
+	// boxEnd waits for its lease, which pins it: until then it could not
+	// reach its package mirror.
 	e, err := boxEnd(ctx, &th, PlaceT, box)
 	if err != nil {
+		return fmt.Errorf("tier: %w", err)
+	}
+	if err := r.waitProvisioned(ctx, th.Incus, box); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
 	r.ends[PlaceT] = e

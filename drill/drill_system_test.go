@@ -21,6 +21,7 @@ import (
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/templates"
 )
 
 // The system tier: whole drill runs in the hermetic world. The agent is the
@@ -187,6 +188,14 @@ func stackFailures(cr drill.ClaimResult) []drill.Result {
 // least one probe channel, and the comparison with the clean run says so.
 func assertProvenByProbes(t *testing.T, rep *drill.Report, id drill.ClaimID) {
 	t.Helper()
+	assertDetected(t, rep, id, drill.EvidenceProbes)
+}
+
+// assertDetected: the mutation flipped the claim to fail through the kind
+// of evidence that must show its layer gone, and the comparison with the
+// clean run says so.
+func assertDetected(t *testing.T, rep *drill.Report, id drill.ClaimID, by drill.Evidence) {
+	t.Helper()
 	assert.Equal(t, drill.ExitViolated, rep.ExitCode)
 	cr := claim(t, rep, id)
 	assert.Equal(t, drill.Fail, cr.Verdict, id)
@@ -195,7 +204,8 @@ func assertProvenByProbes(t *testing.T, rep *drill.Report, id drill.ClaimID) {
 	assert.Equal(t, drill.ExitOK, rep.Clean.ExitCode, "the clean run passed")
 	require.NotEmpty(t, rep.MutationResults)
 	for _, m := range rep.MutationResults {
-		assert.True(t, m.Detected, "%s detected by probes", m.Name)
+		assert.True(t, m.Detected, "%s detected", m.Name)
+		assert.Equal(t, by, m.DetectedBy, "%s detected by %s", m.Name, by)
 		assert.Contains(t, m.Flipped, id)
 		var changed bool
 		for _, c := range m.Changed {
@@ -265,7 +275,12 @@ func TestSystemDrillCanFail(t *testing.T) {
 			for _, svc := range []string{"tcp/22", "tcp/3000", "tcp/53", "udp/53"} {
 				assert.True(t, failed[svc], "the host's %s on the uplink address is reached: %v", svc, failed)
 			}
-			assert.Equal(t, []drill.ClaimID{"C-HOST"}, rep.MutationResults[0].Flipped, "box-t's host probes fail too, but C-TIER does not rest on L-HOSTFW: they are among the changes only")
+			assert.ElementsMatch(t, []drill.ClaimID{"C-HOST", "C-NESTED"}, rep.MutationResults[0].Flipped, "the claims resting on the host firewall show it: the box's and its nested workload's")
+			tierFlipped := false
+			for _, c := range rep.MutationResults[0].Changed {
+				tierFlipped = tierFlipped || (c.Claim == "C-TIER" && c.Clean == drill.Pass && c.Mutated == drill.Fail)
+			}
+			assert.True(t, tierFlipped, "box-t's host probes flip too, listed among the changes (C-TIER rests on the tier restriction, so they do not prove the layer)")
 		}},
 		{"hosts file", []string{"hosts-file"}, func(t *testing.T, rep *drill.Report) {
 			leaked := map[string]bool{}
@@ -287,7 +302,12 @@ func TestSystemDrillCanFail(t *testing.T) {
 		}},
 		{"pinning", []string{"pinning"}, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-SPOOF")
-			assert.Equal(t, []drill.ClaimID{"C-SPOOF"}, rep.MutationResults[0].Flipped, "pinning is a layer of its own: no sibling probe flips")
+			assert.ElementsMatch(t, []drill.ClaimID{"C-SPOOF", "C-NESTED"}, rep.MutationResults[0].Flipped, "pinning is a layer of its own: no sibling probe flips, the lies and the nested MAC do")
+			nestedMAC := false
+			for _, r := range probeFailures(claim(t, rep, "C-NESTED")) {
+				nestedMAC = nestedMAC || r.From == drill.PlaceNestMAC
+			}
+			assert.True(t, nestedMAC, "a frame with the nested workload's own MAC got past the box's port")
 			poisoned, hostSaw, returnLost := false, false, false
 			for _, r := range probeFailures(claim(t, rep, "C-SPOOF")) {
 				poisoned = poisoned || strings.Contains(r.Evidence, "(box-b is ")
@@ -300,7 +320,7 @@ func TestSystemDrillCanFail(t *testing.T) {
 			assert.Contains(t, rep.Stack.Layers["L-PIN"], "absent")
 		}},
 		{"tier", []string{"tier"}, func(t *testing.T, rep *drill.Report) {
-			assertProvenByProbes(t, rep, "C-TIER")
+			assertDetected(t, rep, "C-TIER", drill.EvidenceRequests)
 			assert.Equal(t, []drill.ClaimID{"C-TIER"}, rep.MutationResults[0].Flipped, "only the granted user's attempts flip")
 			allowed := map[string]bool{}
 			for _, r := range probeFailures(claim(t, rep, "C-TIER")) {
@@ -499,6 +519,24 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		assert.False(t, channels["ipv4-source"], "IPv4 is still pinned: %v", channels)
 		assert.True(t, poisoned, "the host's neighbour table (or the bridge's forwarding database) is the evidence")
 		assert.Equal(t, drill.Pass, claim(t, rep, "C-SIBLING").Verdict, "the sibling layers are apart")
+	})
+	t.Run("ARP let past the pins by hand, seen from a nested workload", func(t *testing.T) {
+		cfg := config(t)
+		restoreAfter(t, cfg)
+		ensured(t, cfg)
+		inHost(t, cfg, "nft", "insert", "rule", "bridge", stack.Current.NFTTable+"_pin", "prerouting", "ether", "type", "arp", "accept")
+		cfg.NoSetup = true
+		cfg.Claims = []drill.Claim{claimOf(t, "C-NESTED")}
+		rep := run(t, cfg)
+		nested := claim(t, rep, "C-NESTED")
+		assert.Equal(t, drill.Fail, nested.Verdict)
+		fromMAC, fromNAT := false, false
+		for _, r := range probeFailures(nested) {
+			fromMAC = fromMAC || (r.From == drill.PlaceNestMAC && r.Channel == drill.ChannelARP)
+			fromNAT = fromNAT || r.From == drill.PlaceNestNAT
+		}
+		assert.True(t, fromMAC, "the nested workload's own MAC reached the host's bridge by ARP")
+		assert.False(t, fromNAT, "what leaves by the box's NAT is still the box's, and pinned")
 	})
 	t.Run("ipv6 on at the bridge", func(t *testing.T) {
 		cfg := config(t)
@@ -774,4 +812,43 @@ func claimOf(t *testing.T, id drill.ClaimID) drill.Claim {
 	c, ok := drill.ClaimByID(id)
 	require.True(t, ok, id)
 	return c
+}
+
+// TestSystemDrillOnTemplateBoxes: the drill on the boxes people use. Its
+// probe boxes are minted as box new mints the claude template's, from
+// images:debian/12/cloud pulled through the world's image server, each
+// provisioned (cloud-init ran the template's user-data, installed the
+// agent from the stand-ins and wrote the ready marker) before the agent
+// is pushed; every claim holds there, the discovery multicast Debian would
+// send among the probes.
+func TestSystemDrillOnTemplateBoxes(t *testing.T) {
+	cfg := config(t)
+	st := testenv.World(t)
+	if st.DebianImage == "" {
+		testenv.Unavailable(t, "needs the world's Debian image: run `bin/drill world image --debian` (minutes, once per machine)")
+	}
+	tpl, err := templates.Get("claude")
+	require.NoError(t, err)
+	cfg.Template, cfg.Image = tpl, tpl.Image
+	cfg.Host.IncusConfigDir = st.IncusConf
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	start := time.Now()
+	rep, err := drill.Run(ctx, cfg)
+	require.NoError(t, err)
+	t.Logf("a run on the claude template's boxes took %s (probe phase %d ms, %d probes)", time.Since(start).Round(time.Second), rep.Summary.ProbePhaseMS, rep.Summary.Probes)
+	for _, cr := range rep.Claims {
+		assert.Equal(t, drill.Pass, cr.Verdict, "%s on Debian boxes", cr.ID)
+	}
+	assert.Equal(t, drill.ExitOK, rep.ExitCode)
+	assert.Equal(t, "claude", rep.Environment.Template)
+	assert.Equal(t, "images:debian/12/cloud", rep.Environment.Image)
+	multicast := 0
+	for _, r := range claim(t, rep, "C-SIBLING").Results {
+		if r.Channel == drill.ChannelMDNS || r.Channel == drill.ChannelLLMNR || r.Channel == drill.ChannelSSDP {
+			multicast++
+			assert.Equal(t, drill.Pass, r.Verdict, "%s %s", r.Channel, r.Target)
+		}
+	}
+	assert.Equal(t, 6, multicast, "mDNS, LLMNR and SSDP at each of the two peers")
 }

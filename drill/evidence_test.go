@@ -141,6 +141,9 @@ func TestNoEvidenceIsAnotherSenders(t *testing.T) {
 				if e, ok := s.box(a.From); ok {
 					out = append(out, e.IP)
 				}
+				if a.From == PlaceNestNAT {
+					out = append(out, s.N.IP) // past box-n's NAT
+				}
 				return out
 			}
 			for _, a := range sc.Actions {

@@ -529,7 +529,11 @@ func aggregate(c Claim, results []Result) ClaimResult {
 
 // isBox reports whether a place is one of the probe boxes.
 func isBox(place Place) bool {
-	return place == PlaceA || place == PlaceB || place == PlaceC || isMemberBox(place)
+	switch place {
+	case PlaceA, PlaceB, PlaceC, PlaceT, PlaceW, PlaceN, PlaceNestNAT, PlaceNestMAC:
+		return true
+	}
+	return isMemberBox(place)
 }
 
 // answersHold reports whether one of the DNS answer records (rendered as

@@ -35,15 +35,22 @@ func TestNeighWatchSeesEntriesAndChanges(t *testing.T) {
 	set(b)
 	w, err := watchNeighbours(ns.Name, "boxnet")
 	require.NoError(t, err)
-	time.Sleep(50 * time.Millisecond)
-	set(a)
-	time.Sleep(100 * time.Millisecond)
-	events, err := w.stop()
-	require.NoError(t, err)
 	want := netip.MustParseAddr("10.88.0.11")
-	at := func(mac string) bool {
+	at := func(events []neighEvent, mac string) bool {
 		return slices.ContainsFunc(events, func(e neighEvent) bool { return !e.FDB && e.IP == want && e.MAC == mac })
 	}
-	assert.True(t, at(b.String()), "the entry held before the watch: %v", events)
-	assert.True(t, at(a.String()), "the entry rewritten during it: %v", events)
+	// Each step waits for the watch to have recorded the last one, not
+	// for a fixed time: the change is made after the dump is read.
+	seen := func(mac string) bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return at(w.events, mac)
+	}
+	require.Eventually(t, func() bool { return seen(b.String()) }, 10*time.Second, 5*time.Millisecond, "the entry held before the watch")
+	set(a)
+	require.Eventually(t, func() bool { return seen(a.String()) }, 10*time.Second, 5*time.Millisecond, "the entry rewritten during it")
+	events, err := w.stop()
+	require.NoError(t, err)
+	assert.True(t, at(events, b.String()), "stop returns what the watch saw: %v", events)
+	assert.True(t, at(events, a.String()), "stop returns what the watch saw: %v", events)
 }

@@ -26,7 +26,10 @@ func (r *run) preflight(ctx context.Context) error {
 		return fmt.Errorf("preflight: %w", err)
 	}
 	r.rep.Environment = Environment{Mode: r.cfg.Topology.Source, Hostname: hostname(), Kernel: srv.Environment.KernelVersion,
-		IncusVersion: srv.Environment.ServerVersion}
+		IncusVersion: srv.Environment.ServerVersion, Image: r.cfg.Image}
+	if t := r.cfg.Template; t != nil {
+		r.rep.Environment.Template = t.Name
+	}
 	if err := cleanLeftovers(pctx, r.cfg.Host, ""); err != nil {
 		return fmt.Errorf("preflight: cleaning an earlier run's boxes: %w", err)
 	}

@@ -52,6 +52,10 @@ type Environment struct {
 	IncusVersion string `json:"incus_version"`
 	// InstanceType is the probe boxes' type, as Incus reports them.
 	InstanceType string `json:"instance_type"`
+	// Image is what the probe boxes were minted from; Template, in a
+	// template run, the template whose boxes they are.
+	Image    string `json:"image,omitempty"`
+	Template string `json:"template,omitempty"`
 	// BoxNewType is what box new makes on this host without --vm or
 	// --container; a run proves nothing about another kind of box, and
 	// its Notes say so where the two differ.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/templates"
 )
 
 // Config is one drill run.
@@ -23,8 +24,13 @@ type Config struct {
 	// Topology is what the run aims at: the hermetic world's, or a real
 	// host's (never a development or CI machine's own).
 	Topology topo.Topology
-	// Image is the probe boxes' image alias.
+	// Image is the probe boxes' image: an alias or fingerprint here, or
+	// REMOTE:ALIAS that Incus pulls (Host.IncusConfigDir names the remotes).
 	Image string
+	// Template, when set, mints the probe boxes as box new mints that
+	// template's boxes: its image and its user-data, waited for until it
+	// reports ready (template.go). Nil: the busybox probe image.
+	Template *templates.Template
 	// Agent is the static drill binary pushed into boxes and run in the
 	// world's namespaces; the running binary by default.
 	Agent string
@@ -196,6 +202,9 @@ type run struct {
 	doorErr string
 	// members are, on a cluster, the members the drill can enter.
 	members []MemberScene
+	// baseImage is the fingerprint box-a's image resolved to: what the
+	// boxes minted without a pull (box-t, through incus-user) are made of.
+	baseImage string
 }
 
 func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {

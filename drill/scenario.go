@@ -105,7 +105,24 @@ type BoxEnd struct {
 	Port string `json:"-"`
 	// Member is, on a cluster, the member it runs on.
 	Member string `json:"member,omitempty"`
+	// Via is the subnet its probes leave by when it is not the box subnet:
+	// a workload nested behind a box's NAT, whose packets reach the wire
+	// as the box's (IP and MAC above) and only by routing.
+	Via netip.Prefix `json:"-"`
 }
+
+// via is the subnet a sender's probes leave by.
+func (b *builder) via(from BoxEnd) netip.Prefix {
+	if from.Via.IsValid() {
+		return from.Via
+	}
+	return b.t.Subnet
+}
+
+// routed reports whether a sender reaches the box subnet only by routing
+// (a workload behind a box's NAT): nothing it sends at layer 2 (ARP,
+// broadcast, multicast, IPv6 link-local) leaves its own bridge.
+func (e BoxEnd) routed() bool { return e.Via.IsValid() }
 
 // HostAddr and Target are the topology's.
 type (
@@ -126,8 +143,9 @@ type Scene struct {
 	GatewayMAC net.HardwareAddr
 	A, B, C    BoxEnd
 	// T is the granted user's box (C-TIER), W the allowlisted one
-	// (C-ALLOW); zero when their claim is not run.
-	T, W BoxEnd
+	// (C-ALLOW), N the nesting one (C-NESTED); zero when their claim is
+	// not run.
+	T, W, N BoxEnd
 	// Door is box-a's door on the host's loopback (C-EXPOSE); zero when
 	// there is none.
 	Door      netip.AddrPort
@@ -162,7 +180,7 @@ type Scene struct {
 
 // box is the probe box at a place, if the scene has one there.
 func (t Scene) box(p Place) (BoxEnd, bool) {
-	for _, e := range []BoxEnd{t.A, t.B, t.C, t.T, t.W} {
+	for _, e := range []BoxEnd{t.A, t.B, t.C, t.T, t.W, t.N} {
 		if e.Place == p && e.IP.IsValid() {
 			return e, true
 		}

@@ -59,7 +59,7 @@ func (b *builder) hostAt(claim ClaimID, from BoxEnd, m MemberScene, addrs []Host
 			port    int
 			proto   string
 		}{{ChannelTCP, probes.KindTCP, tcp, "tcp"}, {ChannelUDP, probes.KindUDP, udp, "udp"}} {
-			spec := probes.ProbeSpec{Kind: l.kind, Target: h.Addr, Port: l.port, Via: t.Subnet, Nonce: probes.NewNonce()}
+			spec := probes.ProbeSpec{Kind: l.kind, Target: h.Addr, Port: l.port, Via: b.via(from), Nonce: probes.NewNonce()}
 			if cross {
 				spec.SrcPort = b.srcPort()
 			}
@@ -73,14 +73,14 @@ func (b *builder) hostAt(claim ClaimID, from BoxEnd, m MemberScene, addrs []Host
 		// capture on the box side would see the request before the
 		// firewall drops it and prove nothing.
 		a := b.probe(Action{Claim: claim, Channel: ChannelICMP, From: from.Place, Member: member, Target: label, TargetKey: key, Expect: ExpectBlocked},
-			probes.ProbeSpec{Kind: probes.KindICMP, Target: h.Addr, Via: t.Subnet, Nonce: probes.NewNonce()})
+			probes.ProbeSpec{Kind: probes.KindICMP, Target: h.Addr, Via: b.via(from), Nonce: probes.NewNonce()})
 		a.SelfControl = b.selfControl(m.hostPlace(), "ctl-icmp-"+h.Name, probes.KindICMP, h.Addr, 0)
 		for _, sv := range b.hostServices(h, m.Listeners, m.Forwards) {
 			kind := probes.KindTCP
 			if sv.proto == "udp" {
 				kind = probes.KindUDP
 			}
-			spec := probes.ProbeSpec{Kind: kind, Target: h.Addr, Port: int(sv.port), Via: t.Subnet, Nonce: probes.NewNonce()}
+			spec := probes.ProbeSpec{Kind: kind, Target: h.Addr, Port: int(sv.port), Via: b.via(from), Nonce: probes.NewNonce()}
 			k := nft.CountKey{Src: natSrc, Dst: h.Addr, Proto: sv.proto, Port: sv.port}
 			if cross {
 				spec.SrcPort = b.srcPort()

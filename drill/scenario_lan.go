@@ -52,7 +52,7 @@ func (b *builder) lanFrom(claim ClaimID, from BoxEnd) {
 			if ch.kind != probes.KindICMP && ch.port == 0 {
 				continue
 			}
-			spec := probes.ProbeSpec{Kind: ch.kind, Target: h.Addr, Port: ch.port, Via: t.Subnet, Nonce: probes.NewNonce()}
+			spec := probes.ProbeSpec{Kind: ch.kind, Target: h.Addr, Port: ch.port, Via: b.via(from), Nonce: probes.NewNonce()}
 			if ch.kind == probes.KindTCP && t.LANVia.IsValid() {
 				// A SYN carries no nonce, and every box's arrives from the
 				// host's LAN address past the NAT: its pinned source port

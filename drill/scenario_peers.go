@@ -9,7 +9,8 @@ import (
 // The scenario "box to its peers", shared by the claims that fire it from
 // a box of theirs (C-SIBLING from box-a, C-TIER from box-t): every peer
 // (box-b and the clone) over ARP, ICMP, TCP, UDP, IPv6 link-local,
-// broadcast and all-nodes multicast, each witnessed in the peer by its
+// broadcast, all-nodes multicast and the discovery multicast a
+// distribution sends (mDNS, LLMNR, SSDP), each witnessed in the peer by its
 // nonce or the sender's addresses.
 
 // siblingFrom probes every peer from one box for a claim; a box the run
@@ -19,9 +20,12 @@ func (b *builder) siblingFrom(claim ClaimID, from BoxEnd) {
 	if !from.IP.IsValid() || from.MAC == nil {
 		return
 	}
-	b.pinPeers(from.Place)
 	b.toBox(claim, from, t.B)
 	b.toBox(claim, from, t.C)
+	if from.routed() {
+		return // nothing of layer 2 leaves a routed sender's own bridge
+	}
+	b.pinPeers(from.Place)
 	// Broadcast and all-nodes multicast reach every peer at once; one probe
 	// per peer, so each has its own nonce and its own witness there.
 	for _, peer := range []BoxEnd{t.B, t.C} {
@@ -35,10 +39,15 @@ func (b *builder) siblingFrom(claim ClaimID, from BoxEnd) {
 		}{
 			{ChannelBroadcast, probes.ProbeSpec{Kind: probes.KindBroadcast, Port: listenUDP, Via: t.Subnet}, "udp"},
 			{ChannelV6AllNodes, probes.ProbeSpec{Kind: probes.KindICMP, Target: netip.MustParseAddr("ff02::1"), Via: t.Subnet}, "icmpv6"},
+			// What a desktop or server distribution multicasts on its own,
+			// each as its protocol's request with the nonce in it.
+			{ChannelMDNS, probes.ProbeSpec{Kind: probes.KindBroadcast, Target: netip.MustParseAddr("224.0.0.251"), Port: 5353, Via: t.Subnet}, "udp"},
+			{ChannelLLMNR, probes.ProbeSpec{Kind: probes.KindBroadcast, Target: netip.MustParseAddr("224.0.0.252"), Port: 5355, Via: t.Subnet}, "udp"},
+			{ChannelSSDP, probes.ProbeSpec{Kind: probes.KindBroadcast, Target: netip.MustParseAddr("239.255.255.250"), Port: 1900, Via: t.Subnet}, "udp"},
 		} {
 			ch.spec.Nonce = probes.NewNonce()
 			a := b.probe(Action{Claim: claim, Channel: ch.channel, From: from.Place, Target: "every peer on " + t.Subnet.String() + ", witnessed at " + string(peer.Place), TargetKey: string(peer.Place), Expect: ExpectBlocked}, ch.spec)
-			b.witness(a, peer.Place, probes.WitnessSpec{Via: t.Subnet, Nonces: []string{ch.spec.Nonce}, SrcMACs: []string{from.MAC.String()}, Proto: ch.proto})
+			b.witness(a, peer.Place, probes.WitnessSpec{Via: t.Subnet, Nonces: []string{ch.spec.Nonce}, SrcMACs: []string{from.MAC.String()}, Proto: ch.proto, Port: ch.spec.Port})
 		}
 	}
 }
@@ -69,15 +78,17 @@ func (b *builder) toBox(claim ClaimID, from BoxEnd, to BoxEnd) {
 		{ChannelUDP, probes.KindUDP, listenUDP, "udp", to.IP},
 		{ChannelV6LinkLocal, probes.KindICMP, 0, "icmpv6", to.LinkLocal},
 	} {
-		if !ch.target.IsValid() {
+		if !ch.target.IsValid() || (from.routed() && (ch.kind == probes.KindARP || !ch.target.Is4())) {
 			continue
 		}
-		spec := probes.ProbeSpec{Kind: ch.kind, Target: ch.target, Port: ch.port, Via: t.Subnet}
+		spec := probes.ProbeSpec{Kind: ch.kind, Target: ch.target, Port: ch.port, Via: b.via(from)}
 		if ch.kind != probes.KindARP {
 			spec.Nonce = probes.NewNonce()
 		}
 		a := b.probe(Action{Claim: claim, Channel: ch.channel, From: from.Place, Target: label, TargetKey: string(to.Place), Expect: ExpectBlocked}, spec)
-		if ch.kind != probes.KindARP {
+		if ch.kind != probes.KindARP && !from.routed() {
+			// A routed sender's box resolves the peer itself: there is
+			// no neighbour of its own to pin.
 			a.Pinned = ch.target
 		}
 		w := probes.WitnessSpec{Via: t.Subnet, SrcIPs: srcs, SrcMACs: macs, Proto: ch.proto, Port: ch.port}

@@ -20,6 +20,9 @@ const (
 	ChannelBroadcast     Channel = "broadcast"
 	ChannelV6LinkLocal   Channel = "icmpv6-link-local"
 	ChannelV6AllNodes    Channel = "icmpv6-all-nodes"
+	ChannelMDNS          Channel = "mdns"  // multicast DNS, as a distribution's own resolver sends it
+	ChannelLLMNR         Channel = "llmnr" // link-local multicast name resolution
+	ChannelSSDP          Channel = "ssdp"  // UPnP discovery
 	ChannelDNS           Channel = "dns"
 	ChannelDHCP          Channel = "dhcp"
 	ChannelRouterAdvert  Channel = "router-advertisement"

@@ -33,6 +33,9 @@ func RunAgent(ctx context.Context, in io.Reader, out io.Writer) error {
 		}
 		return err
 	}
+	if plan.Nest != nil {
+		return writeReport(out, RunNested(ctx, plan))
+	}
 	return writeReport(out, RunPlan(ctx, plan))
 }
 

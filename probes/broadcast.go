@@ -13,8 +13,11 @@ import (
 )
 
 // probeBroadcast sends the nonce line to the subnet's broadcast address (or
-// Target, when given) out of the interface holding Via, and listens for
-// echoes.
+// Target, when given: a broadcast address or a multicast group) out of the
+// interface holding Via, and listens for echoes. To a well-known port (or
+// with Payload) it sends that protocol's request instead, as udp probes do
+// (udpproto.go): an mDNS or LLMNR query, an SSDP M-SEARCH, each carrying
+// the nonce, as a distribution's own multicast would go out.
 //
 //   - any echo with the nonce from an address that is not ours: reached,
 //     naming every responder;
@@ -56,7 +59,19 @@ func probeBroadcast(ctx context.Context, spec ProbeSpec, obs Observation) Observ
 	}
 	defer pc.Close()
 	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(bcast, uint16(spec.Port)))
-	payload := probeLine(spec.Nonce)
+	name := udpRequestFor(&spec)
+	if name == RequestDHCP {
+		name = RequestNonce // a DHCP server's port gets the nonce line on a wire, not a DHCPINFORM
+	}
+	obs.Evidence.Request = name
+	req, err := newUDPRequest(name, spec.Nonce, dst.AddrPort())
+	if err != nil {
+		return fail(obs, fmt.Sprintf("broadcast probe %s: %s request: %v", obs.Target, name, err))
+	}
+	payload, err := req.build(pc.LocalAddr().(*net.UDPAddr).AddrPort())
+	if err != nil {
+		return fail(obs, fmt.Sprintf("broadcast probe %s: %s request: %v", obs.Target, name, err))
+	}
 	local := localAddrs()
 	var answers echoes
 	buf := make([]byte, 2048)

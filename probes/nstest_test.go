@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/internal/nstest"
+	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
@@ -32,6 +33,12 @@ const agentEnv = "BOXPROBES_TEST_AGENT"
 // drill runs it inside a box.
 func TestMain(m *testing.M) {
 	if os.Getenv(agentEnv) == "1" {
+		// A nested workload's agent is this binary again, as the agent.
+		NestChild = func() *exec.Cmd {
+			c := exec.Command("/proc/self/exe")
+			c.Env = append(os.Environ(), agentEnv+"=1")
+			return c
+		}
 		if err := RunAgent(context.Background(), os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "agent:", err)
 			os.Exit(1)
@@ -44,7 +51,7 @@ func TestMain(m *testing.M) {
 func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_NET_ADMIN and CAP_NET_RAW) to build throwaway network namespaces: run as root, e.g. sudo go test ./probes/ -run Privileged")
+		tier.Unavailable(t, "needs root (CAP_NET_ADMIN and CAP_NET_RAW) to build throwaway network namespaces: run as root, e.g. sudo go test ./probes/ -run Privileged")
 	}
 }
 
@@ -216,13 +223,6 @@ func (w *routedWorld) setRule(t testing.TB, dst netip.Addr, r rule) {
 	if err := w.nftc.Flush(); err != nil {
 		t.Fatalf("nft rule %s for %s: %v", r, dst, err)
 	}
-}
-
-// ifname is an interface name as nft compares it: NUL-padded to IFNAMSIZ.
-func ifname(n string) []byte {
-	b := make([]byte, unix.IFNAMSIZ)
-	copy(b, n)
-	return b
 }
 
 // bridgeWorld is two namespaces on a bridge in a third, like two boxes on

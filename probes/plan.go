@@ -50,7 +50,7 @@ const (
 	KindICMP      Kind = "icmp"       // ICMP or ICMPv6 echo, unicast or multicast
 	KindTCP       Kind = "tcp"        // TCP connect, then a nonce line
 	KindUDP       Kind = "udp"        // UDP datagram with a nonce
-	KindBroadcast Kind = "broadcast"  // UDP to the subnet's broadcast address
+	KindBroadcast Kind = "broadcast"  // UDP to the subnet's broadcast address, or a multicast group
 	KindDNS       Kind = "dns"        // one DNS question to one resolver
 	KindIPv6State Kind = "ipv6_state" // global IPv6 addresses and default routes
 	KindNDPRS     Kind = "ndp_rs"     // router solicitation, expecting no RA
@@ -87,13 +87,16 @@ const (
 // delay_ms+deadline_ms and every witness's and listener's window_ms must
 // fit in deadline_ms minus AgentMargin.
 type Plan struct {
-	Version    int            `json:"version"`
-	DeadlineMS int            `json:"deadline_ms"`
-	LinkLocal  *LinkLocalSpec `json:"link_local,omitempty"`
-	Neighbors  []NeighborSpec `json:"neighbors,omitempty"`
-	Listeners  []ListenerSpec `json:"listeners,omitempty"`
-	Witnesses  []WitnessSpec  `json:"witnesses,omitempty"`
-	Probes     []ProbeSpec    `json:"probes,omitempty"`
+	Version    int `json:"version"`
+	DeadlineMS int `json:"deadline_ms"`
+	// Nest, when set, runs the plan in a workload nested in the box
+	// (nest.go) instead of in the box itself.
+	Nest      *NestSpec      `json:"nest,omitempty"`
+	LinkLocal *LinkLocalSpec `json:"link_local,omitempty"`
+	Neighbors []NeighborSpec `json:"neighbors,omitempty"`
+	Listeners []ListenerSpec `json:"listeners,omitempty"`
+	Witnesses []WitnessSpec  `json:"witnesses,omitempty"`
+	Probes    []ProbeSpec    `json:"probes,omitempty"`
 }
 
 // LinkLocalSpec asks the agent to make sure the interface on Via has an
@@ -312,6 +315,11 @@ func (p *Plan) Validate() error {
 	}
 	if len(p.Listeners) > MaxListeners {
 		return fmt.Errorf("%d listeners, more than the limit of %d", len(p.Listeners), MaxListeners)
+	}
+	if p.Nest != nil {
+		if err := p.Nest.validate(); err != nil {
+			return fmt.Errorf("nest: %w", err)
+		}
 	}
 	if len(p.Neighbors) > MaxNeighbors {
 		return fmt.Errorf("%d neighbors, more than the limit of %d", len(p.Neighbors), MaxNeighbors)
@@ -623,7 +631,15 @@ func (s *ProbeSpec) Validate() error {
 			return errors.New("broadcast needs a port")
 		}
 		if s.Target.IsValid() && !s.Target.Is4() {
-			return errors.New("broadcast target must be an IPv4 broadcast address")
+			return errors.New("broadcast target must be an IPv4 broadcast or multicast address")
+		}
+		if s.Payload != "" {
+			if err := checkPayload(s.Payload); err != nil {
+				return err
+			}
+			if s.Payload == RequestDHCP {
+				return errors.New("payload dhcp is for a udp probe to a server")
+			}
 		}
 		needsNonce = true
 	case KindDNS:
@@ -706,8 +722,8 @@ func (s *ProbeSpec) Validate() error {
 	if s.Kind != KindForgedUDP && s.SrcIP.IsValid() {
 		return fmt.Errorf("src_ip is for forged_udp probes, not %s", s.Kind)
 	}
-	if s.Kind != KindUDP && s.Payload != "" {
-		return fmt.Errorf("payload is for udp probes, not %s", s.Kind)
+	if s.Kind != KindUDP && s.Kind != KindBroadcast && s.Payload != "" {
+		return fmt.Errorf("payload is for udp and broadcast probes, not %s", s.Kind)
 	}
 	if s.Kind != KindDNS && !(s.Kind == KindTCP && s.Resolver.IsValid()) && (s.Name != "" || s.QType != "") {
 		return fmt.Errorf("name and qtype are for dns probes (and a name for a tcp probe with a resolver), not %s", s.Kind)

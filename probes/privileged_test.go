@@ -162,6 +162,43 @@ func TestPrivilegedBridgeARP(t *testing.T) {
 	}
 }
 
+// TestPrivilegedMulticastDiscovery: the multicast a distribution sends on
+// its own (mDNS, LLMNR, SSDP) goes out as that protocol's request with the
+// nonce in it; the witness on the far port sees each exactly when no
+// bridge drop is in place.
+func TestPrivilegedMulticastDiscovery(t *testing.T) {
+	w := newBridgeWorld(t)
+	for _, g := range []struct {
+		name    string
+		group   string
+		port    int
+		request string
+	}{
+		{"mdns", "224.0.0.251", 5353, RequestDNS},
+		{"llmnr", "224.0.0.252", 5355, RequestDNS},
+		{"ssdp", "239.255.255.250", 1900, RequestSSDP},
+	} {
+		for _, drop := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/drop=%v", g.name, drop), func(t *testing.T) {
+				w.setDrop(t, drop)
+				nonce := NewNonce()
+				wit := startWitness(t, w.b, WitnessSpec{ID: "w", Via: w.subnet, WindowMS: 10000, Nonces: []string{nonce}, Proto: "udp", Port: g.port})
+				o := probeIn(t, w.a, ProbeSpec{ID: g.name, Kind: KindBroadcast, Target: netip.MustParseAddr(g.group), Port: g.port, Via: w.subnet, Nonce: nonce, DeadlineMS: probeDeadlineMS})
+				seen := wit.Stop()
+				t.Logf("probe: %s %s; witness: %s %s", o.Outcome, o.Reason, seen.Outcome, seen.Reason)
+				require.Equal(t, g.request, o.Evidence.Request, "sent as the protocol's own request")
+				require.Equal(t, Silent, o.Outcome, "nobody answers a name nobody owns: %s", o.Reason)
+				if drop {
+					require.Equal(t, Silent, seen.Outcome, "no multicast from a may reach b's port")
+				} else {
+					require.Equal(t, Reached, seen.Outcome, "the group's frame reached b's port, the nonce in it")
+					require.Equal(t, g.group, seen.Evidence.Witness.First.DstIP)
+				}
+			})
+		}
+	}
+}
+
 // TestPrivilegedLinkLocalMulticast: b has IPv6 on but no link-local address
 // (SPEC 7c); EnsureLinkLocal adds one and removes it. A multicast echo to
 // ff02::1 from a names b as a responder without the bridge drop and gets

@@ -17,7 +17,8 @@ import (
 // chosen by destination port unless the probe's payload names one:
 //
 //	port       request   what is sent                                  what proves the answer is to it
-//	53, 5353   dns       query, type A, RD set, for <nonce>.drill.invalid.  the reply echoes the query id and that question (the nonce)
+//	53, 5353,  dns       query, type A, RD set, for <nonce>.drill.invalid.  the reply echoes the query id and that question (the nonce)
+//	5355       (DNS, mDNS and LLMNR share the wire format)
 //	67         dhcp      DHCPINFORM BOOTREQUEST, ciaddr = our address,  a BOOTREPLY with the xid (4 bytes derived from the nonce)
 //	                     the nonce in the file field
 //	69         tftp      read request (RRQ) for the file <nonce>, octet  nothing: a TFTP server answers an unknown file with an
@@ -65,7 +66,7 @@ var udpRequests = []string{RequestNonce, RequestDNS, RequestDHCP, RequestTFTP, R
 // probe does not name one.
 func requestForPort(port int) string {
 	switch port {
-	case 53, 5353:
+	case 53, 5353, 5355: // DNS, mDNS, LLMNR: one wire format
 		return RequestDNS
 	case 67:
 		return RequestDHCP

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # deps.sh installs what box's tests and the hermetic world need on a Debian
 # bookworm machine: Incus (containers only) from bookworm-backports, dnsmasq,
-# nftables, iproute2, busybox-static for the probe image, chromium (headless,
-# for the HTML report's browser test), and the Go modules.
+# nftables (the nft CLI too: tests cross-check with it), iproute2,
+# busybox-static for the probe image (squashfs-tools-ng and xz-utils pack it
+# for the world's image server), debootstrap for the world's Debian image,
+# chromium (headless, for the HTML report's browser test), groff-base (the
+# man pages are rendered), zsh and fish (the completion scripts are parsed),
+# git and make (the release gate's tests), and the Go modules. A test that
+# needs a program names its package (testenv.Tool); every package named
+# there is in this list.
 # It is idempotent: a second run installs nothing.
 set -euo pipefail
 
@@ -13,7 +19,8 @@ need_root() {
 	fi
 }
 
-pkgs=(incus-base dnsmasq-base nftables iproute2 busybox-static squashfs-tools xz-utils chromium)
+pkgs=(incus-base incus-client dnsmasq-base nftables iproute2 busybox-static squashfs-tools squashfs-tools-ng
+	xz-utils debootstrap chromium groff-base zsh fish git make)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -20,7 +20,12 @@ clean_runs=${1:-20}
 per_mutation=${2:-10}
 mutations=(bridge-drop,port-isolation pinning host-fw acl dns-managed hosts-file ipv6-on tier egress door-wide nat-off dhcp-open)
 
-make --no-print-directory world >&2
+# The world it soaks in: boxw, or $BOX_TEST_WORLD (as scripts/test.sh).
+world=${BOX_TEST_WORLD:-boxw}
+make --no-print-directory deps build >&2
+bin/drill world status --name "$world" >/dev/null 2>&1 || bin/drill world up --name "$world" >&2
+export BOX_WORLD_STATE=/run/box-world/$world/state.json
+bin/drill world image >&2
 log=$(mktemp -d /tmp/box-soak.XXXXXX)
 echo "soak: logs in $log" >&2
 bad=0

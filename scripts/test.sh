@@ -5,7 +5,12 @@
 # (three members, for the cluster tests), runs unit, privileged and system
 # tests with BOX_REQUIRE_TIERS=1 (a tier that cannot run fails instead of
 # skipping), and tears the worlds down again, also on failure. A world
-# that was already up before is left up.
+# that was already up before is left up. BOX_TEST_WORLD and
+# BOX_TEST_CLUSTER name the two worlds (boxw and boxc by default), so a
+# development machine can run it beside worlds it must not touch; the
+# tests are pointed at them by path. go test's JSON stream goes
+# through internal/testjson, which prints the usual output as it comes and
+# fails the run on any skipped test, listing each with its reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,28 +40,37 @@ teardown() {
 	done
 }
 trap teardown EXIT
-if bin/drill world status >/dev/null 2>&1; then
-	kept+=(boxw)
+world=${BOX_TEST_WORLD:-boxw}
+cluster=${BOX_TEST_CLUSTER:-boxc}
+if bin/drill world status --name "$world" >/dev/null 2>&1; then
+	kept+=("$world")
 else
-	owned+=(boxw)
-	bin/drill world up >&2
+	owned+=("$world")
+	bin/drill world up --name "$world" >&2
 fi
+export BOX_WORLD_STATE=/run/box-world/$world/state.json
 bin/drill world image >&2
 # The cluster tests' world (internal/testenv.Cluster): a cluster of 3
 # beside the standalone world, unless $BOX_CLUSTER_STATE names another.
 if [ -n "${BOX_CLUSTER_STATE:-}" ]; then
 	:
-elif bin/drill world status --name boxc >/dev/null 2>&1; then
-	kept+=(boxc)
+elif bin/drill world status --name "$cluster" >/dev/null 2>&1; then
+	kept+=("$cluster")
 else
-	owned+=(boxc)
-	bin/drill world up --name boxc --cluster 3 >&2
+	owned+=("$cluster")
+	bin/drill world up --name "$cluster" --cluster 3 >&2
 fi
+export BOX_CLUSTER_STATE=${BOX_CLUSTER_STATE:-/run/box-world/$cluster/state.json}
 
 # One package at a time: the system tests of several packages share the
 # world's one incusd and its one boxnet.
 export BOX_REQUIRE_TIERS=1
-go test -p 1 -count=1 -timeout 30m ./...
+go build -o bin/testjson ./internal/testjson
+start=$(date +%s)
+rc=0
+go test -json -p 1 -count=1 -timeout 30m ./... 2>&1 | bin/testjson || rc=$?
+echo "test: go test ran $(($(date +%s) - start))s (exit $rc)" >&2
 for w in ${kept[@]+"${kept[@]}"}; do
 	echo "test: world $w was up before this run and is left up (bin/drill world down --name $w removes it)" >&2
 done
+exit "$rc"

@@ -183,6 +183,9 @@ type MintRequest struct {
 	// Target is, on a cluster, the member to mint it on; empty leaves the
 	// placement to Incus.
 	Target string
+	// Nesting lets containers run inside the box (Docker): it sets
+	// NestingConfig on the instance. The one way to ask for it.
+	Nesting bool
 
 	// progress hears Incus's progress while it makes the box (a pulled
 	// image's download).
@@ -333,6 +336,9 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	}
 	if req.UserData != "" {
 		cfg["cloud-init.user-data"] = req.UserData
+	}
+	if req.Nesting {
+		withNesting(cfg)
 	}
 	devices := map[string]map[string]string{}
 	if req.Disk != "" {
@@ -495,6 +501,9 @@ type CloneResult struct {
 	SourceStopped bool `json:"source_stopped"`
 	// DoorsDropped names the source's doors the clone did not get.
 	DoorsDropped []string `json:"doors_dropped,omitempty"`
+	// Provisioning is what the clone's cloud-init does at its first boot:
+	// ProvisionChecks, ProvisionAgain, or "" (no user-data).
+	Provisioning string `json:"provisioning,omitempty"`
 }
 
 // Clone copies a box (or one of its snapshots) into a new box with a fresh
@@ -598,6 +607,8 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 	res.DoorsDropped = withoutDoors(put.Devices)
 	// So does its fixed address: the clone gets its own (below).
 	withoutFixedAddress(put.Devices)
+	// Not provisioned again (cloneprov.go).
+	res.Provisioning = cloneUserData(put.Config, name)
 	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
 		return nil, fmt.Errorf("re-stamping clone %s: %w", name, err)
 	}
@@ -613,6 +624,11 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 	}
 	if err := host.freshMachineID(ctx, clone); err != nil {
 		return nil, fmt.Errorf("giving clone %s a machine-id: %w", name, err)
+	}
+	if res.Provisioning != "" {
+		if err := host.emptyMarkers(ctx, clone); err != nil {
+			return nil, fmt.Errorf("emptying the provisioning markers clone %s inherited: %w", name, err)
+		}
 	}
 	if err = host.startFixed(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("starting clone %s: %w", name, err)
@@ -741,34 +757,9 @@ const (
 
 // machineIDTemplate has Incus write the instance's /etc/machine-id at its
 // next start after a copy: in a VM its agent writes it early in the boot,
-// before cloud-init (and reboots a cloud image it seeds). An import is no
-// copy to Incus: its copy templates are made to run at its next start too,
-// as `incus copy` would.
+// before cloud-init (and reboots a cloud image it seeds).
 func (host *Host) machineIDTemplate(ctx context.Context, name string) error {
-	if err := host.Incus.PutInstanceTemplate(ctx, name, MachineIDTemplate, strings.NewReader(machineIDTemplateText)); err != nil {
-		return err
-	}
-	md, etag, err := host.Incus.InstanceMetadata(ctx, name)
-	if err != nil {
-		return err
-	}
-	if md.Templates == nil {
-		md.Templates = map[string]*incus.ImageTemplate{}
-	}
-	md.Templates["/etc/machine-id"] = &incus.ImageTemplate{When: []string{"copy"}, Template: MachineIDTemplate, Properties: map[string]string{}}
-	if err := host.Incus.UpdateInstanceMetadata(ctx, name, *md, etag); err != nil {
-		return err
-	}
-	inst, etag, err := host.Incus.Instance(ctx, name)
-	if err != nil {
-		return err
-	}
-	if inst.Config["volatile.apply_template"] != "" {
-		return nil // Incus set it: "copy" for a copy
-	}
-	put := inst.Writable()
-	put.Config["volatile.apply_template"] = "copy"
-	return host.Incus.UpdateInstance(ctx, name, put, etag)
+	return host.copyTemplate(ctx, name, MachineIDTemplate, machineIDTemplateText, "/etc/machine-id")
 }
 
 // Snapshot takes a snapshot; an empty label gets a time-stamped name.

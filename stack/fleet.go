@@ -390,8 +390,11 @@ func judgeDefinition(bridge string, inst *incus.Instance) Sibling {
 			bad(fmt.Sprintf("sets %s: raw configuration can add devices and mounts no census sees", k), incusCmd("incus config unset %s %s", inst.Name, k))
 		case k == "security.privileged" && incusTrue(v):
 			bad("is privileged (security.privileged=true): root in the box is root on the host", incusCmd("incus config unset %s security.privileged", inst.Name))
-		case k == "security.nesting" && incusTrue(v):
-			s.Allowed = append(s.Allowed, "security.nesting=true: allowed, in-box Docker needs it; it changes no device and no NIC")
+		case nestingReason(k, v) != "":
+			s.Allowed = append(s.Allowed, fmt.Sprintf("%s=%s: allowed, %s", k, v, nestingReason(k, v)))
+		case strings.HasPrefix(k, "security.syscalls.intercept.") && incusTrue(v):
+			bad(fmt.Sprintf("sets %s=%s: incusd then makes that system call on the host for the box; box never sets it (nesting does not need it)", k, v),
+				incusCmd("incus config unset %s %s", inst.Name, k))
 		}
 	}
 	if v, ok := inst.ExpandedConfig["security.guestapi"]; !ok || v != "false" {

@@ -40,7 +40,15 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 		allowed  string
 	}{
 		{name: "on the stack", inst: fleetInst("ok", nil), allowed: "security.guestapi on"},
-		{name: "nesting is allowed and said why", inst: fleetInst("dock", func(i *incus.Instance) { i.Config["security.nesting"] = "true" }), allowed: "in-box Docker needs it"},
+		{name: "nesting is allowed and said why", inst: fleetInst("dock", func(i *incus.Instance) { maps.Copy(i.Config, NestingConfig()) }),
+			allowed: "security.nesting=true: allowed, containers inside the box (box new --nesting)"},
+		{name: "a syscall interception nesting does not set", inst: fleetInst("dock2", func(i *incus.Instance) {
+			maps.Copy(i.Config, NestingConfig())
+			i.Config["security.syscalls.intercept.mount"] = "true"
+		}), want: "sets security.syscalls.intercept.mount=true: incusd then makes that system call on the host for the box; box never sets it (nesting does not need it) (fix: incus config unset dock2 security.syscalls.intercept.mount)"},
+		{name: "mknod interception is not needed either", inst: fleetInst("dock3", func(i *incus.Instance) { i.Config["security.syscalls.intercept.mknod"] = "1" }),
+			want: "sets security.syscalls.intercept.mknod=1"},
+		{name: "an interception turned off is nothing", inst: fleetInst("dock4", func(i *incus.Instance) { i.Config["security.syscalls.intercept.setxattr"] = "false" })},
 		{name: "isolation off on the NIC", inst: fleetInst("a", func(i *incus.Instance) {
 			i.ExpandedDevices["eth0"]["security.port_isolation"] = "false"
 			i.Devices["eth0"] = i.ExpandedDevices["eth0"]
@@ -151,4 +159,20 @@ func TestCensusWithoutAPortSetChecksNoMembership(t *testing.T) {
 	c := takeCensus("boxnet", []incus.Instance{fleetInst("a", nil)}, []string{"veth-a"},
 		map[string]kernelPort{"veth-a": {exists: true, master: "boxnet", isolated: true}}, nil, false, "")
 	assert.True(t, c.Siblings[0].OnStack(), "bridge-meta mode has no set to be missing from")
+}
+
+// The census accepts exactly what nesting sets, each key with its reason,
+// and nothing it does not: nesting turned off is no allowance.
+func TestCensusAcceptsExactlyTheNestingKeys(t *testing.T) {
+	cfg := NestingConfig()
+	require.Equal(t, map[string]string{"security.nesting": "true"}, cfg, "what Docker needed in a box here (docs/box.md)")
+	inst := fleetInst("n", func(i *incus.Instance) { maps.Copy(i.Config, cfg) })
+	s := takeCensus("boxnet", []incus.Instance{inst}, []string{"veth-n"}, map[string]kernelPort{"veth-n": {exists: true, master: "boxnet", isolated: true}}, []string{"veth-n"}, true, "").Siblings[0]
+	require.True(t, s.OnStack())
+	for k, v := range cfg {
+		assert.Contains(t, strings.Join(s.Allowed, "\n"), k+"="+v+": allowed, ")
+	}
+	off := fleetInst("m", func(i *incus.Instance) { i.Config["security.nesting"] = "false" })
+	s = takeCensus("boxnet", []incus.Instance{off}, nil, nil, nil, false, "").Siblings[0]
+	assert.NotContains(t, strings.Join(s.Allowed, "\n"), "security.nesting")
 }

@@ -318,9 +318,18 @@ func TestPrivilegedWatchPorts(t *testing.T) {
 	newBr, err := w.h.LinkByName("boxnew")
 	require.NoError(t, err)
 	require.NoError(t, w.h.LinkSetMasterByIndex(other, newBr.Attrs().Index))
-	time.Sleep(50 * time.Millisecond)
-	assert.Empty(t, w.portSet(t), "a port of another bridge stays out of the set")
+	// A port that joins boxnet after it: once the watcher has taken that
+	// one in, a sync has run on the links as they were after vother's
+	// move, so vother's absence is the watcher's answer, not its delay.
+	mark := w.veth(t, "vmark")
+	w.enslave(t, mark)
+	settles(t, "a port that joins boxnet afterwards is isolated and in the set", func() bool {
+		return slices.Contains(w.portSet(t), "vmark") && w.isolated(t, "vmark")
+	})
+	assert.Equal(t, []string{"vmark"}, w.portSet(t), "a port of another bridge stays out of the set")
 	assert.False(t, w.isolated(t, "vother"), "and its flags are not box's")
+	require.NoError(t, w.h.LinkDel(mark))
+	settles(t, "the marker leaves the set", func() bool { return len(w.portSet(t)) == 0 })
 	old, err := w.h.LinkByName("boxnet")
 	require.NoError(t, err)
 	require.NoError(t, w.h.LinkDel(old))

@@ -29,6 +29,8 @@ const builtinFile = "template.yaml"
 //
 // It has no field for a network, a profile, a device or a security.* key on
 // purpose: what cannot be expressed cannot take a box off the isolation stack.
+// Nesting is a choice, not a key: the stack alone turns it into the instance
+// keys it stands for (stack.NestingConfig), which its census knows.
 type Template struct {
 	// Name comes from where the template was found, not from its content,
 	// so a template cannot claim another's name.
@@ -41,6 +43,9 @@ type Template struct {
 	Resources Resources `yaml:"resources" json:"resources"`
 	// Agent is nil for a template without a coding agent (blank).
 	Agent *Agent `yaml:"agent,omitempty" json:"agent,omitempty"`
+	// Nesting lets containers run inside the box (Docker): box new
+	// --nesting asks for it too. What it costs: docs/box.md.
+	Nesting bool `yaml:"nesting,omitempty" json:"nesting"`
 }
 
 // Agent is the coding agent a template installs, unauthenticated.

@@ -52,6 +52,26 @@ func TestBuiltinAgents(t *testing.T) {
 	}
 }
 
+// nesting is a typed choice (the stack turns it into the instance keys it
+// stands for); no built-in template asks for it.
+func TestNesting(t *testing.T) {
+	tp, err := Parse("t", []byte(validYAML+"nesting: true\n"))
+	require.NoError(t, err)
+	require.True(t, tp.Nesting)
+	tp, err = Parse("t", []byte(validYAML))
+	require.NoError(t, err)
+	require.False(t, tp.Nesting, "off unless asked for")
+	for _, bad := range []string{"nesting: \"true\"\n", "nesting: [docker]\n", "nesting:\n  security.nesting: true\n"} {
+		_, err := Parse("t", []byte(validYAML+bad))
+		require.ErrorContains(t, err, `template "t"`, bad)
+	}
+	all, err := Builtin()
+	require.NoError(t, err)
+	for _, b := range all {
+		require.False(t, b.Nesting, "%s: nesting costs something (docs/box.md): the operator asks for it", b.Name)
+	}
+}
+
 func TestGetUnknownListsAvailable(t *testing.T) {
 	_, err := Get("claud")
 	require.ErrorContains(t, err, `unknown template "claud"`)

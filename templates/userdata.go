@@ -159,7 +159,7 @@ func (t *Template) UserData(opts RenderOptions) (string, error) {
 		Packages:       append([]string(nil), basePackages...),
 	}
 	// Clear a marker a clone may have inherited, before anything else runs.
-	cc.Runcmd = append(cc.Runcmd, fmt.Sprintf("rm -f %s %s", ReadyMarker, FailedMarker))
+	cc.Runcmd = append(cc.Runcmd, clearMarkers())
 
 	checks := []check{{fmt.Sprintf("id -u %s >/dev/null 2>&1", t.User), "user " + t.User + " was not created"}}
 
@@ -203,8 +203,53 @@ func (t *Template) UserData(opts RenderOptions) (string, error) {
 	if err := enc.Close(); err != nil {
 		return "", fmt.Errorf("render user-data: %w", err)
 	}
-	header := fmt.Sprintf("#cloud-config\n# Rendered by box %s from template %q for box %q.\n", orUnknown(opts.BoxVersion), t.Name, opts.BoxName)
+	header := fmt.Sprintf("#cloud-config\n%s%s from template %q for box %q.\n", renderedBy, orUnknown(opts.BoxVersion), t.Name, opts.BoxName)
 	return header + body.String(), nil
+}
+
+// renderedBy starts the second line of every user-data box renders: what
+// ForClone recognises as its own.
+const renderedBy = "# Rendered by box "
+
+func clearMarkers() string { return fmt.Sprintf("rm -f %s %s", ReadyMarker, FailedMarker) }
+
+// ForClone turns the user-data box rendered for a box (UserData, or
+// ForClone for a clone) into its clone's: the same user and the same
+// checks, which write the clone's own ReadyMarker or FailedMarker, and
+// nothing else. The image's seed templates render again on a copy, so a
+// clone is a new cloud-init instance and would otherwise install every
+// package and the agent again: minutes, a network its egress allowlist may
+// not allow, and an agent upgraded under the state the operator logged in
+// with. The clone's disk already holds all of it. Other user-data (not
+// box's, or edited since) is not box's to change: ok is false.
+func ForClone(userData, clone string) (_ string, ok bool) {
+	header, body, _ := strings.Cut(userData, "\n")
+	if header != "#cloud-config" || !strings.HasPrefix(body, renderedBy) {
+		return "", false
+	}
+	var cc cloudConfig
+	dec := yaml.NewDecoder(strings.NewReader(userData))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cc); err != nil || len(cc.Users) == 0 || len(cc.Runcmd) == 0 {
+		return "", false
+	}
+	report := cc.Runcmd[len(cc.Runcmd)-1]
+	if !strings.Contains(report, ReadyMarker) || !strings.Contains(report, FailedMarker) {
+		return "", false
+	}
+	// The users stay: without them cloud-init would make the image's
+	// default user in the clone. Nothing is installed, written or updated.
+	out := cloudConfig{Users: cc.Users, Packages: []string{}, Runcmd: []string{clearMarkers(), report}}
+	var b strings.Builder
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(&out); err != nil {
+		return "", false
+	}
+	if err := enc.Close(); err != nil {
+		return "", false
+	}
+	return fmt.Sprintf("#cloud-config\n%sfor the clone %q: its source's user and checks; nothing is installed again (its disk has it all).\n", renderedBy, clone) + b.String(), true
 }
 
 // check is a shell test and what to report when it fails; the last runcmd

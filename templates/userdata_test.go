@@ -7,8 +7,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/box-isolation/box/internal/testenv/tier"
 )
 
 // incusExecPATH is the PATH Incus sets for `incus exec` when the caller gives
@@ -245,11 +248,7 @@ func shellSyntax(t *testing.T, script string) {
 
 func lookSh(t *testing.T) string {
 	t.Helper()
-	sh, err := exec.LookPath("sh")
-	if err != nil {
-		t.Skip("needs a POSIX sh on PATH to check the rendered shell")
-	}
-	return sh
+	return tier.Tool(t, "sh", "dash") // a POSIX sh checks the rendered shell
 }
 
 func containsAny(list []string, sub string) bool {
@@ -259,4 +258,60 @@ func containsAny(list []string, sub string) bool {
 		}
 	}
 	return false
+}
+
+// A clone's user-data keeps its source's user and checks and installs
+// nothing: no packages, no apt update, no npm, no write_files (which would
+// overwrite the context file the operator may have changed). A clone of a
+// clone gets the same.
+func TestForClone(t *testing.T) {
+	all, err := Builtin()
+	require.NoError(t, err)
+	for i := range all {
+		tp := &all[i]
+		t.Run(tp.Name, func(t *testing.T) {
+			src, ud := render(t, tp)
+			out, ok := ForClone(src, "work2")
+			require.True(t, ok)
+			require.True(t, strings.HasPrefix(out, "#cloud-config\n"+renderedBy+`for the clone "work2": `), firstLine(out))
+			var cl userData
+			dec := yaml.NewDecoder(strings.NewReader(out))
+			dec.KnownFields(true)
+			require.NoError(t, dec.Decode(&cl), out)
+			assert.Equal(t, ud.Users, cl.Users, "the same user, with its sudo")
+			assert.False(t, cl.PackageUpdate)
+			assert.False(t, cl.PackageUpgrade)
+			assert.Empty(t, cl.Packages)
+			assert.Empty(t, cl.WriteFiles)
+			require.Equal(t, []string{"rm -f " + ReadyMarker + " " + FailedMarker, ud.Runcmd[len(ud.Runcmd)-1]}, cl.Runcmd,
+				"the inherited markers cleared, then the source's checks write the clone's own")
+			shellSyntax(t, strings.Join(cl.Runcmd, "\n"))
+
+			again, ok := ForClone(out, "work3")
+			require.True(t, ok, "a clone of a clone")
+			assert.Equal(t, strings.Replace(out, `"work2"`, `"work3"`, 1), again)
+		})
+	}
+}
+
+// User-data box did not render, or that was edited since (a key box does
+// not write, no report at the end), is not box's to change.
+func TestForCloneLeavesOtherUserData(t *testing.T) {
+	tp, err := Get("claude")
+	require.NoError(t, err)
+	src, _ := render(t, tp)
+	for name, ud := range map[string]string{
+		"empty":           "",
+		"not cloud-init":  "#!/bin/sh\necho hi\n",
+		"someone else's":  "#cloud-config\npackages: [vim]\n",
+		"a key added":     src + "bootcmd: [reboot]\n",
+		"no report":       strings.Split(src, "  - mkdir -p "+MarkerDir)[0],
+		"header only":     "#cloud-config\n" + renderedBy + "x\n",
+		"not yaml at all": "#cloud-config\n" + renderedBy + "x\n: : :\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, ok := ForClone(ud, "c")
+			assert.False(t, ok)
+		})
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,6 +32,9 @@ type newOpts struct {
 	cpu, memory, disk           string
 	egress, target              string
 	vm, container, asJSON       bool
+	// nesting is --nesting; nestingSet says it was given (a template's
+	// nesting: true gives way to --nesting=false).
+	nesting, nestingSet bool
 }
 
 // newResult is what `box new --json` prints.
@@ -38,17 +42,39 @@ type newResult struct {
 	Box *stack.Box `json:"box"`
 	// Address is the box's IPv4 address on the stack's bridge.
 	Address string `json:"address"`
-	// Provisioned is "ready", "failed: ...", or "not run" for an image
-	// without cloud-init (the user-data is stored but nothing runs it).
+	// Provisioned is "ready", "failed: REASON" (box new exits 1, and
+	// keeps the box for a look inside), or "not run" for an image without
+	// cloud-init (the user-data is stored but nothing runs it).
 	Provisioned string `json:"provisioned"`
+	// Nesting says containers may run inside it (--nesting, or the
+	// template's nesting: true).
+	Nesting bool `json:"nesting"`
+	// Seconds is how long each part took.
+	Seconds newSeconds `json:"seconds"`
 	// Clone is set for --from: where it came from and what it inherited.
 	Clone *cloneInfo `json:"clone,omitempty"`
+}
+
+// newSeconds is how long box new's parts took, in seconds.
+type newSeconds struct {
+	// Made: incusd made and started it (the image's download and unpack
+	// included; for a clone, the copy).
+	Made float64 `json:"made"`
+	// Address: then until it had its address.
+	Address float64 `json:"address"`
+	// Provisioned: then until its provisioning reported (cloud-init's
+	// packages and agent install); 0 when nothing ran.
+	Provisioned float64 `json:"provisioned"`
 }
 
 type cloneInfo struct {
 	Source        string            `json:"source"`
 	Inherited     map[string]string `json:"inherited"`
 	SourceStopped bool              `json:"source_stopped"`
+	// Provisioning is what the clone's cloud-init does: "checks" (its
+	// source's user and checks, nothing installed again), "again" (user-
+	// data box did not render, run again as it is), or "" (none).
+	Provisioning string `json:"provisioning,omitempty"`
 }
 
 func setupNew(fs *flag.FlagSet) action {
@@ -64,8 +90,12 @@ func setupNew(fs *flag.FlagSet) action {
 	fs.StringVar(&o.image, "image", "", "the image: an alias or fingerprint on this server, or REMOTE:ALIAS from an image server, as the incus CLI names it (beats BOX_IMAGE, which beats the template's)")
 	fs.StringVar(&o.target, "target", "", "on an Incus cluster: the member to mint (or clone) it on (default: where Incus places it)")
 	fs.StringVar(&o.egress, "egress", "", "open (the default), or allow:FILE: the box reaches only the names in FILE (one name or *.suffix a line)")
+	fs.BoolVar(&o.nesting, "nesting", false, "let containers run inside the box (Docker); --nesting=false overrides a template's nesting: true (what it costs: docs/box.md)")
 	fs.BoolVar(&o.asJSON, "json", false, "print the result as JSON")
-	return func(c *call) error { return c.newBox(o) }
+	return func(c *call) error {
+		fs.Visit(func(f *flag.Flag) { o.nestingSet = o.nestingSet || f.Name == "nesting" })
+		return c.newBox(o)
+	}
 }
 
 func (c *call) newBox(o *newOpts) error {
@@ -85,6 +115,7 @@ func (c *call) newBox(o *newOpts) error {
 			{o.cpu != "", "--cpu"}, {o.memory != "", "--memory"}, {o.disk != "", "--disk"},
 			{o.template != "", "--template"}, {o.image != "", "--image"}, {o.vm || o.container, "--vm/--container"},
 			{o.egress != "", "--egress (a clone keeps its source's; change it with box egress)"},
+			{o.nestingSet, "--nesting (a clone keeps its source's)"},
 		} {
 			if f.set {
 				return usagef("new: %s cannot be used with --from: a clone keeps its source's template, image, type and resources (change limits afterwards with box incus %s -- config set {} ...)", f.flag, o.name)
@@ -140,12 +171,13 @@ func (c *call) newBox(o *newOpts) error {
 	if err != nil {
 		return err
 	}
+	nesting := o.wantNesting(t)
 	start := time.Now()
 	c.progressf("minting %s from %s...", o.name, img)
 	b, err := h.Mint(c.ctx, stack.MintRequest{
 		Name: o.name, Image: img, Type: typ.Type,
 		CPU: res.CPU, Memory: res.Memory, Disk: res.Disk,
-		UserData: userData, Egress: egress, Target: o.target,
+		UserData: userData, Egress: egress, Target: o.target, Nesting: nesting,
 		Stamps: map[string]string{
 			stack.StampTemplate: t.Name,
 			stack.StampUser:     t.User,
@@ -162,6 +194,9 @@ func (c *call) newBox(o *newOpts) error {
 		}
 	}
 	wanted := fmt.Sprintf("template %s, %s", t.Name, res)
+	if nesting {
+		wanted += ", nesting"
+	}
 	var notStarted *stack.NotStartedError
 	if errors.As(err, &notStarted) {
 		// stack removes a box that was created but would not start (and
@@ -171,11 +206,19 @@ func (c *call) newBox(o *newOpts) error {
 	if err != nil {
 		return err
 	}
-	r := &newResult{Box: b}
+	r := &newResult{Box: b, Nesting: nesting}
 	if err := c.settle(h, r, start); err != nil {
-		return err
+		return c.notProvisioned(r, o.asJSON, err)
 	}
 	return c.printNew(r, o.asJSON, wanted)
+}
+
+// wantNesting is the template's nesting, unless --nesting says otherwise.
+func (o *newOpts) wantNesting(t *templates.Template) bool {
+	if o.nestingSet {
+		return o.nesting
+	}
+	return t.Nesting
 }
 
 func (c *call) cloneBox(o *newOpts) error {
@@ -219,9 +262,12 @@ func (c *call) cloneBox(o *newOpts) error {
 			inherited[strings.TrimPrefix(k, stack.StampPrefix)] = v
 		}
 	}
-	r := &newResult{Box: cr.Box, Clone: &cloneInfo{Source: o.from, Inherited: inherited, SourceStopped: cr.SourceStopped}}
+	r := &newResult{Box: cr.Box, Clone: &cloneInfo{Source: o.from, Inherited: inherited, SourceStopped: cr.SourceStopped, Provisioning: cr.Provisioning}}
+	if inst, _, err := h.Incus.Instance(c.ctx, o.name); err == nil {
+		r.Nesting = stack.Nesting(inst.ExpandedConfig)
+	}
 	if err := c.settle(h, r, start); err != nil {
-		return err
+		return c.notProvisioned(r, o.asJSON, err)
 	}
 	var parts []string
 	for _, k := range slices.Sorted(maps.Keys(inherited)) {
@@ -231,13 +277,21 @@ func (c *call) cloneBox(o *newOpts) error {
 	if len(parts) > 0 {
 		inh = strings.Join(parts, ", ")
 	}
-	return c.printNew(r, o.asJSON, fmt.Sprintf("clone of %s, inherited %s; its disk state and users come with it, its MAC and machine-id are its own", o.from, inh))
+	what := fmt.Sprintf("clone of %s, inherited %s; its disk state and users come with it, its MAC and machine-id are its own", o.from, inh)
+	switch cr.Provisioning {
+	case stack.ProvisionChecks:
+		what += "; not provisioned again (its user and agent checked only)"
+	case stack.ProvisionAgain:
+		what += "; its user-data is not box's and ran again"
+	}
+	return c.printNew(r, o.asJSON, what)
 }
 
 // settle waits for the box's address and, where the image runs cloud-init,
 // for its provisioning to report.
 func (c *call) settle(h *stack.Host, r *newResult, start time.Time) error {
 	name := r.Box.Name
+	r.Seconds.Made = seconds(time.Since(start))
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
@@ -252,16 +306,67 @@ func (c *call) settle(h *stack.Host, r *newResult, start time.Time) error {
 			}
 		}
 	}()
+	t0 := time.Now()
 	addr, err := h.WaitAddress(c.ctx, name, addressWait)
 	if err != nil {
 		c.progressDone()
 		return fmt.Errorf("minted %s, but: %w", name, err)
 	}
 	r.Address = addr.String()
+	r.Seconds.Address = seconds(time.Since(t0))
+	t0 = time.Now()
 	r.Provisioned, err = c.waitProvisioned(h.Incus, name)
+	if r.Provisioned != "not run" {
+		r.Seconds.Provisioned = seconds(time.Since(t0))
+	}
 	c.progressDone()
 	return err
 }
+
+func seconds(d time.Duration) float64 { return d.Round(100 * time.Millisecond).Seconds() }
+
+// provisionFailed is a box whose provisioning reported a failure.
+type provisionFailed struct{ name, reason string }
+
+func (e *provisionFailed) Error() string {
+	return fmt.Sprintf("minted %s, but provisioning failed: %s", e.name, e.reason)
+}
+
+// logTail is how many lines of cloud-init's output a failure shows.
+const logTail = 15
+
+// notProvisioned reports a box that was made but did not settle. One
+// whose provisioning failed is kept, running, as it is: what went wrong
+// is usually outside it (a mirror, a registry, an allowlist), and the one
+// full account is inside it (cloud-init's output log); box shows its last
+// lines, says how to look and how to start again, and exits 1. With
+// --json the result is printed all the same, its provisioned field saying
+// why.
+func (c *call) notProvisioned(r *newResult, asJSON bool, err error) error {
+	var pf *provisionFailed
+	if !errors.As(err, &pf) {
+		return err
+	}
+	r.Provisioned = "failed: " + pf.reason
+	if asJSON {
+		if jerr := c.printJSON(r); jerr != nil {
+			return jerr
+		}
+	}
+	h, herr := c.host()
+	if herr == nil {
+		if out, lerr := h.Incus.Exec(c.ctx, pf.name, incus.ExecRequest{Command: []string{"tail", "-n", strconv.Itoa(logTail), cloudInitLog}}); lerr == nil && out.ExitCode == 0 && len(out.Stdout) > 0 {
+			fmt.Fprintf(c.err, "box: the last lines of %s in %s:\n", cloudInitLog, pf.name)
+			for line := range strings.SplitSeq(strings.TrimRight(string(out.Stdout), "\n"), "\n") {
+				fmt.Fprintf(c.err, "  | %s\n", line)
+			}
+		}
+	}
+	return fmt.Errorf("%w\n%s is kept, running, as it failed: look inside with box shell %s (%s has the whole story), or remove it and start again: box rm %s --force", err, pf.name, pf.name, cloudInitLog, pf.name)
+}
+
+// cloudInitLog is where cloud-init writes its modules' output.
+const cloudInitLog = "/var/log/cloud-init-output.log"
 
 // waitProvisioned waits for the template's user-data to report. An image
 // without cloud-init stores the user-data and runs nothing: say so rather
@@ -274,11 +379,13 @@ func (c *call) waitProvisioned(cl *incus.Client, name string) (string, error) {
 	ctx, cancel := context.WithTimeout(c.ctx, provisionWait)
 	defer cancel()
 	for {
-		if _, err := cl.PullFile(ctx, name, templates.ReadyMarker); err == nil {
+		// An empty marker is no marker: a clone's inherited ones are
+		// emptied before it boots (stack's cloneprov.go).
+		if b, err := cl.PullFile(ctx, name, templates.ReadyMarker); err == nil && len(b) > 0 {
 			return "ready", nil
 		}
-		if b, err := cl.PullFile(ctx, name, templates.FailedMarker); err == nil {
-			return "", fmt.Errorf("minted %s, but provisioning failed: %s (look inside: box shell %s; or start again: box rm %s)", name, strings.TrimSpace(string(b)), name, name)
+		if b, err := cl.PullFile(ctx, name, templates.FailedMarker); err == nil && len(b) > 0 {
+			return "", &provisionFailed{name: name, reason: strings.TrimSpace(string(b))}
 		}
 		select {
 		case <-ctx.Done():
@@ -296,8 +403,16 @@ func (c *call) printNew(r *newResult, asJSON bool, what string) error {
 	if r.Box.Member != "" {
 		where += " on member " + r.Box.Member
 	}
-	fmt.Fprintf(c.out, "%s: %s %s at %s (%s)\n", r.Box.Name, r.Box.Type, strings.ToLower(r.Box.Status), where, what)
+	took := fmt.Sprintf("made in %s", fmtSeconds(r.Seconds.Made))
+	if r.Seconds.Provisioned > 0 {
+		took += fmt.Sprintf(", provisioned %s later", fmtSeconds(r.Seconds.Address+r.Seconds.Provisioned))
+	}
+	fmt.Fprintf(c.out, "%s: %s %s at %s (%s; %s)\n", r.Box.Name, r.Box.Type, strings.ToLower(r.Box.Status), where, what, took)
 	return nil
+}
+
+func fmtSeconds(s float64) string {
+	return (time.Duration(math.Round(s*10)) * 100 * time.Millisecond).String()
 }
 
 func setupTemplates(fs *flag.FlagSet) action {

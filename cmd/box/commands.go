@@ -54,7 +54,7 @@ type command struct {
 // commands is the command table. Order is the order of `box help`.
 func commands() []command {
 	return []command{
-		{name: "new", synopsis: "new --name N [--template T] [--from SRC[/SNAP]] [--cpu C] [--memory M] [--disk D] [--vm|--container] [--image I] [--egress open|allow:FILE] [--target M] [--json]",
+		{name: "new", synopsis: "new --name N [--template T] [--from SRC[/SNAP]] [--cpu C] [--memory M] [--disk D] [--vm|--container] [--image I] [--egress open|allow:FILE] [--target M] [--nesting] [--json]",
 			help:    "mint a box from a template (default blank), or clone one from a box or its snapshot",
 			maxArgs: 0, setup: setupNew, boxFlags: []string{"from"}, flagValues: map[string]func() []string{"template": templateNames}},
 		{name: "templates", synopsis: "templates [--json]", help: "list the templates a box can be minted from",

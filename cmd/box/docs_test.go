@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
 )
 
@@ -36,17 +37,15 @@ func TestManNamesEveryCommand(t *testing.T) {
 	}
 	assert.Contains(t, page, "box\\-firewall.service")
 
-	groff, err := exec.LookPath("groff")
-	if err != nil {
-		t.Log("no groff here: the page is not rendered")
-		return
-	}
-	cmd := exec.Command(groff, "-man", "-Tutf8", "-ww")
-	cmd.Stdin = strings.NewReader(page)
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	require.NoError(t, cmd.Run(), errOut.String())
-	assert.Empty(t, errOut.String(), "groff warns about the page")
+	t.Run("groff renders it without a warning", func(t *testing.T) {
+		cmd := exec.Command(testenv.Tool(t, "groff", "groff-base"), "-man", "-Tutf8", "-ww")
+		cmd.Stdin = strings.NewReader(page)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		require.NoError(t, cmd.Run(), errOut.String())
+		assert.Empty(t, errOut.String(), "groff warns about the page")
+		assert.Contains(t, out.String(), "box-firewall.service", "the page rendered")
+	})
 }
 
 func TestCompletionShells(t *testing.T) {
@@ -87,10 +86,7 @@ func stubBox(t *testing.T, boxes []stack.Box) string {
 // TAB. It returns COMPREPLY and what the completion printed to stderr.
 func bashComplete(t *testing.T, script, path string, words ...string) (reply []string, stderr string) {
 	t.Helper()
-	bash, err := exec.LookPath("bash")
-	if err != nil {
-		t.Skip("no bash here")
-	}
+	bash := testenv.Tool(t, "bash", "bash")
 	file := filepath.Join(t.TempDir(), "box.bash")
 	require.NoError(t, os.WriteFile(file, []byte(script), 0o644))
 	var quoted []string

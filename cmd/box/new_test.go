@@ -3,12 +3,15 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus/incustest"
+	"github.com/box-isolation/box/templates"
 )
 
 // minting runs box new against a fake incusd that reports driver and
@@ -132,4 +135,35 @@ func TestNewResources(t *testing.T) {
 			assert.Equal(t, tc.disk, size)
 		})
 	}
+}
+
+// --nesting asks incusd for the nesting keys on the instance itself;
+// without it none is sent; --nesting=false is no nesting too; a clone
+// keeps its source's and refuses the flag.
+func TestNewNesting(t *testing.T) {
+	_, body := minting(t, "lxc", nil, "--nesting")
+	cfg := config(t, body)
+	for k, v := range stack.NestingConfig() {
+		assert.Equal(t, v, cfg[k], k)
+	}
+	for _, args := range [][]string{nil, {"--nesting=false"}} {
+		_, body = minting(t, "lxc", nil, args...)
+		for k := range config(t, body) {
+			assert.False(t, strings.HasPrefix(k, "security."), "%v sent %s", args, k)
+		}
+	}
+	r := offline.run(t, "new", "--name", "c", "--from", "src", "--nesting")
+	assert.Equal(t, exitUsage, r.code)
+	assert.Contains(t, r.err, "--nesting (a clone keeps its source's) cannot be used with --from")
+}
+
+// A template's nesting: true is what box new asks for, unless --nesting
+// says otherwise.
+func TestNestingPrecedence(t *testing.T) {
+	nests := &templates.Template{Nesting: true}
+	plain := &templates.Template{}
+	assert.True(t, (&newOpts{}).wantNesting(nests))
+	assert.False(t, (&newOpts{}).wantNesting(plain))
+	assert.True(t, (&newOpts{nesting: true, nestingSet: true}).wantNesting(plain))
+	assert.False(t, (&newOpts{nesting: false, nestingSet: true}).wantNesting(nests))
 }

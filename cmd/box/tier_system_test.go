@@ -62,9 +62,7 @@ func tierWorld(t *testing.T) *tierEnv {
 		tier.Unavailable(t, "needs the group "+stack.DefaultTierGroup+" that incus-user serves (Debian's incus package creates it): "+err.Error())
 	}
 	for _, tool := range []string{"useradd", "userdel", "gpasswd"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			tier.Unavailable(t, "needs "+tool+" to make and remove the test's users (package passwd)")
-		}
+		testenv.Tool(t, tool, "passwd") // makes and removes the test's users
 	}
 	sock := world.IncusUserSocketPath(st.IncusDir)
 	if fi, err := os.Stat(sock); err != nil || fi.Mode()&os.ModeSocket == 0 {
@@ -610,10 +608,8 @@ func TestSystemTier(t *testing.T) {
 		t.Logf("box grant %s again after the revoke: %s; did: %v", u1.Name, took.Round(time.Millisecond), g.Did)
 
 		// A session of the user's, holding incus-user's socket open.
-		incusCLI, err := exec.LookPath("incus")
-		if err != nil {
-			tier.Unavailable(t, "needs the incus CLI (package incus-client) to hold a session on incus-user's socket")
-		}
+		// The incus CLI holds a session on incus-user's socket.
+		incusCLI := testenv.Tool(t, "incus", "incus-client")
 		// incus monitor holds one connection for as long as it runs. Any
 		// box grant on the host restarts incus-user, which drops every
 		// connection it proxies (other tests share the world): the session

@@ -13,6 +13,7 @@ import (
 
 	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/report"
+	"github.com/box-isolation/box/internal/testenv/tier"
 )
 
 func runCLI(args ...string) (code int, out, errOut string) {
@@ -147,10 +148,7 @@ func TestManAndCompletion(t *testing.T) {
 // drill's bash completion, sourced in bash as on TAB: subcommands,
 // their flags, and the values --mutate and --claim take.
 func TestBashCompletion(t *testing.T) {
-	bash, err := exec.LookPath("bash")
-	if err != nil {
-		t.Skip("no bash here")
-	}
+	bash := tier.Tool(t, "bash", "bash")
 	code, script, _ := runCLI("completion", "bash")
 	require.Equal(t, exitOK, code)
 	file := filepath.Join(t.TempDir(), "drill.bash")

@@ -19,6 +19,7 @@ import (
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/templates"
 )
 
 // listFlag collects a repeatable, comma-separated flag.
@@ -34,7 +35,7 @@ func (l *listFlag) Set(v string) error {
 	return nil
 }
 
-const runSynopsis = "run [--claim ID]... [--skip ID]... [--no-setup] [--mutate LAYER]... [--host --canary ADDR:PORT] [--json] [--html FILE] [--junit FILE] [--matrix FILE] [--record FILE]"
+const runSynopsis = "run [--claim ID]... [--skip ID]... [--no-setup] [--mutate LAYER]... [--template T | --image IMAGE] [--host --canary ADDR:PORT] [--json] [--html FILE] [--junit FILE] [--matrix FILE] [--record FILE]"
 
 // outputs are the files a run writes besides stdout.
 type outputs struct {
@@ -49,6 +50,7 @@ type runOptions struct {
 	asJSON        bool
 	out           outputs
 	image         string
+	template      string
 	// Host mode (--host): the public canary and name.
 	onHost     bool
 	canary     string
@@ -65,7 +67,8 @@ func setupRun(fs *flag.FlagSet) runner {
 	fs.StringVar(&o.out.junit, "junit", "", "also write a JUnit XML file")
 	fs.StringVar(&o.out.matrix, "matrix", "", "also write the reachability matrix (SVG)")
 	fs.StringVar(&o.out.record, "record", "", "append a row to this RUNS.md and store the JSON report under drills/ beside it")
-	fs.StringVar(&o.image, "image", image.DefaultAlias, "image alias of the probe boxes")
+	fs.StringVar(&o.image, "image", image.DefaultAlias, "image of the probe boxes (an alias here, or REMOTE:ALIAS)")
+	fs.StringVar(&o.template, "template", "", "mint the probe boxes as box new mints this template's (its image and user-data, waited for until ready): the boxes people use")
 	fs.Var(&o.mutate, "mutate", "knock out a layer for this run to prove the drill fails ("+strings.Join(mutationNames(), ", ")+"); the stack is restored afterwards")
 	fs.BoolVar(&o.onHost, "host", false, "run on this real Incus host instead of the hermetic world (never on a development or CI machine)")
 	fs.StringVar(&o.canary, "canary", "", "with --host: a public resolver that also takes TCP, as ADDR:PORT (e.g. 1.1.1.1:443)")
@@ -97,9 +100,14 @@ func setupRun(fs *flag.FlagSet) runner {
 			// The world's own resolver stands in for the public ones.
 			opts.DNS = []netip.Addr{world.Resolver}
 		}
-		host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts, MemberNetNS: st.MemberNetNS()}
-		return runAndReport(ctx, s, drill.Config{Host: host, Topology: st.Topology(), Image: o.image, NoSetup: o.noSetup,
-			Claims: sel.Claims, Left: sel.Left, Log: s.err, Version: version, Mutations: mutations}, sel.Whole, o)
+		host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts, MemberNetNS: st.MemberNetNS(),
+			IncusConfigDir: st.IncusConf}
+		cfg := drill.Config{Host: host, Topology: st.Topology(), Image: o.image, NoSetup: o.noSetup,
+			Claims: sel.Claims, Left: sel.Left, Log: s.err, Version: version, Mutations: mutations}
+		if err := withTemplate(&cfg, o); err != nil {
+			return fail(s, err)
+		}
+		return runAndReport(ctx, s, cfg, sel.Whole, o)
 	}
 }
 
@@ -137,7 +145,7 @@ func runOnHost(ctx context.Context, s stdio, o runOptions) int {
 	}
 	// The drill converges the stack's objects but leaves the boot unit to
 	// `box setup-host`, which knows where box lives.
-	host := &stack.Host{Incus: incus.New(""), NetNS: os.Getenv("BOX_NETNS"), Options: opts}
+	host := &stack.Host{Incus: incus.New(""), NetNS: os.Getenv("BOX_NETNS"), Options: opts, IncusConfigDir: incus.ConfigDir(os.Getenv)}
 	if len(mutations) > 0 {
 		// Knocking a layer out acts on the whole bridge: refuse while
 		// boxes the drill did not mint live on it.
@@ -149,7 +157,7 @@ func runOnHost(ctx context.Context, s stdio, o runOptions) int {
 			return fail(s, fmt.Errorf("--mutate would weaken the isolation of %d boxes on this host (box list): run mutations where no other box lives", len(boxes)))
 		}
 	}
-	if o.image == image.DefaultAlias {
+	if o.image == image.DefaultAlias && o.template == "" {
 		// A fresh host has no image server for the probe image: build it
 		// here from busybox-static, as `drill image` does.
 		res, err := image.Ensure(ctx, host.Incus, o.image, image.Options{})
@@ -168,8 +176,29 @@ func runOnHost(ctx context.Context, s stdio, o runOptions) int {
 	if err != nil {
 		return fail(s, fmt.Errorf("discovering this host's targets: %w", err))
 	}
-	return runAndReport(ctx, s, drill.Config{Host: host, Topology: t, Image: o.image, NoSetup: o.noSetup,
-		Claims: sel.Claims, Left: sel.Left, Log: s.err, Version: version, Mutations: mutations}, sel.Whole, o)
+	cfg := drill.Config{Host: host, Topology: t, Image: o.image, NoSetup: o.noSetup,
+		Claims: sel.Claims, Left: sel.Left, Log: s.err, Version: version, Mutations: mutations}
+	if err := withTemplate(&cfg, o); err != nil {
+		return fail(s, err)
+	}
+	return runAndReport(ctx, s, cfg, sel.Whole, o)
+}
+
+// withTemplate makes a run with --template mint the template's boxes: its
+// image unless --image names another.
+func withTemplate(cfg *drill.Config, o runOptions) error {
+	if o.template == "" {
+		return nil
+	}
+	t, err := templates.Get(o.template)
+	if err != nil {
+		return fmt.Errorf("--template: %w", err)
+	}
+	cfg.Template = t
+	if o.image == image.DefaultAlias {
+		cfg.Image = t.Image
+	}
+	return nil
 }
 
 // runAndReport runs the drill and writes its reports; whole says no

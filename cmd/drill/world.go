@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/drill/image"
+	"github.com/box-isolation/box/fixtures/debimage"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/stack/incus"
 )
@@ -18,10 +19,10 @@ import (
 // worldCommands are world's subcommands.
 func worldCommands() []command {
 	return []command{
-		{name: "up", synopsis: "world up [--name W] [--bridge-netfilter] [--no-incus] [--cluster N] [--json]", help: "build the world (or find it up) and import the probe image", setup: setupWorldUp},
+		{name: "up", synopsis: "world up [--name W] [--bridge-netfilter] [--no-incus] [--cluster N] [--without-debian] [--json]", help: "build the world (or find it up), its stand-ins and the Debian image they offer, and import the probe image", setup: setupWorldUp},
 		{name: "down", synopsis: "world down [--name W] [--purge]", help: "tear the world down, leaving nothing of it", setup: setupWorldDown},
 		{name: "status", synopsis: "world status [--name W] [--json]", help: "say whether a world is up (exit 1 when not), and what is left of one that is not", setup: setupWorldStatus},
-		{name: "image", synopsis: "world image [--alias A] [--json]", help: "import the probe image into the world's incusd (built from busybox-static)", setup: setupWorldImage},
+		{name: "image", synopsis: "world image [--alias A] [--debian] [--json]", help: "import the probe image into the world's incusd (built from busybox-static); --debian: build the Debian image and offer it in the world as images:debian/12/cloud", setup: setupWorldImage},
 		{name: "check", synopsis: "world check [--json]", help: "mint a box in the world and prove it leases an address and reaches the canary", setup: setupWorldCheck},
 		{name: "serve", synopsis: "world serve --state FILE", help: "hold the world's services (runs under world up)", hidden: true, setup: setupWorldServe},
 		{name: "incus-user", synopsis: "world incus-user --state FILE", help: "hold the world's incus-user socket, starting incus-user on demand (runs under world up)", hidden: true, setup: setupWorldIncusUser},
@@ -41,9 +42,10 @@ func setupWorldUp(fs *flag.FlagSet) runner {
 	noIncus := fs.Bool("no-incus", false, "namespaces and services only, no incusd")
 	name := fs.String("name", world.DefaultName, "the world's `name` (at most 6 characters): its namespaces, links and state are named after it")
 	cluster := fs.Int("cluster", 0, "build an Incus cluster of `N` members (3 is the usual), each its own host namespace and incusd")
+	withoutDebian := fs.Bool("without-debian", false, "do not build the world's Debian image when this machine has none (a build takes minutes, once per machine); one already built is still offered")
 	asJSON := fs.Bool("json", false, "print the world's state as JSON")
 	return func(ctx context.Context, s stdio, _ []string) int {
-		cfg := world.Config{Name: *name, BridgeNetfilter: *brnf, NoIncus: *noIncus, Cluster: *cluster}
+		cfg := world.Config{Name: *name, BridgeNetfilter: *brnf, NoIncus: *noIncus, Cluster: *cluster, BuildDebian: !*withoutDebian}
 		t0 := time.Now()
 		st, err := world.Up(ctx, cfg, s.err)
 		if err != nil {
@@ -64,6 +66,15 @@ func setupWorldUp(fs *flag.FlagSet) runner {
 			if rep.Image != nil {
 				fmt.Fprintf(w, "image %s %s: %s (%.2fs)\n", rep.Image.Alias, imageVerb(rep.Image), rep.Image.Fingerprint[:12], time.Duration(rep.ImageNS).Seconds())
 				fmt.Fprintf(w, "incus: INCUS_DIR=%s incus list\n", st.IncusDir)
+			}
+			if st.IncusConf != "" {
+				fmt.Fprintf(w, "image server: %s (%s), pinned in INCUS_CONF=%s (use it inside %s only)\n",
+					world.ImageServerURL(), world.ImageServerAddr, st.IncusConf, st.Names.HostNS)
+				debian := "none (drill world image --debian builds it)"
+				if st.DebianImage != "" {
+					debian = st.DebianImage
+				}
+				fmt.Fprintf(w, "images: %s:%s, %s:debian/12/cloud from %s\n", world.ImagesRemote, world.ProbeRemoteAlias, world.ImagesRemote, debian)
 			}
 			for _, m := range st.Members {
 				fmt.Fprintf(w, "member %s: %s:%d, INCUS_DIR=%s\n", m.Name, m.ClusterAddr, world.ClusterPort, m.IncusDir)
@@ -142,14 +153,56 @@ func setupWorldStatus(fs *flag.FlagSet) runner {
 	}
 }
 
+// worldDebianReport is `world image --debian --json`.
+type worldDebianReport struct {
+	Image *debimage.Manifest     `json:"image"`
+	Repo  *debimage.RepoManifest `json:"repo"`
+	NS    int64                  `json:"ns"` // time to ensure and publish it
+}
+
 func setupWorldImage(fs *flag.FlagSet) runner {
-	return imageRunner(fs, func() (*incus.Client, error) {
+	debian := fs.Bool("debian", false, "build the Debian image when this machine has none (minutes, once per machine) and offer it in the world as images:debian/12/cloud")
+	alias, asJSON := imageFlags(fs)
+	probe := imageRunner(alias, asJSON, func() (*incus.Client, error) {
 		st, err := world.Load()
 		if err != nil {
 			return nil, err
 		}
 		return incus.New(st.IncusSocket), nil
 	})
+	return func(ctx context.Context, s stdio, args []string) int {
+		if !*debian {
+			return probe(ctx, s, args)
+		}
+		st, err := world.Load()
+		if err != nil {
+			return fail(s, err)
+		}
+		t0 := time.Now()
+		img, err := world.PublishDebian(ctx, st, true, s.err)
+		if err != nil {
+			return fail(s, fmt.Errorf("the Debian image: %w", err))
+		}
+		repo, err := img.Repo()
+		if err != nil {
+			return fail(s, err)
+		}
+		rep := worldDebianReport{Image: &img.Manifest, Repo: repo, NS: int64(time.Since(t0))}
+		emit(s, *asJSON, rep, func(w io.Writer) {
+			fmt.Fprintf(w, "images:debian/12/cloud is %s: root %.0f MB, built in %s (%s)\n", img.Serial,
+				float64(img.RootBytes)/1e6, time.Duration(img.TotalNS).Round(time.Second), img.Dir)
+			fmt.Fprintf(w, "repository: %d packages (%.0f MB) for %s, indexes valid until %s\n", len(repo.Closure),
+				float64(repo.Bytes)/1e6, strings.Join(repo.Packages, " "), validUntil(repo.ValidUntil))
+		})
+		return exitOK
+	}
+}
+
+func validUntil(t time.Time) string {
+	if t.IsZero() {
+		return "forever"
+	}
+	return t.Format(time.RFC3339)
 }
 
 // setupImage is `drill image`: the probe image imported into this host's
@@ -157,12 +210,15 @@ func setupWorldImage(fs *flag.FlagSet) runner {
 // busybox-static with no image server, for an operator who wants to look
 // before a run (`drill run --host` does the same when it is missing).
 func setupImage(fs *flag.FlagSet) runner {
-	return imageRunner(fs, func() (*incus.Client, error) { return incus.New(""), nil })
+	alias, asJSON := imageFlags(fs)
+	return imageRunner(alias, asJSON, func() (*incus.Client, error) { return incus.New(""), nil })
 }
 
-func imageRunner(fs *flag.FlagSet, client func() (*incus.Client, error)) runner {
-	alias := fs.String("alias", image.DefaultAlias, "image alias")
-	asJSON := fs.Bool("json", false, "print JSON")
+func imageFlags(fs *flag.FlagSet) (alias *string, asJSON *bool) {
+	return fs.String("alias", image.DefaultAlias, "image alias"), fs.Bool("json", false, "print JSON")
+}
+
+func imageRunner(alias *string, asJSON *bool, client func() (*incus.Client, error)) runner {
 	return func(ctx context.Context, s stdio, _ []string) int {
 		c, err := client()
 		if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/box-isolation/box/stack"
 )
 
@@ -49,10 +50,8 @@ func TestMaintainerScriptsOnlyTalk(t *testing.T) {
 		for _, line := range strings.Split(strings.TrimSpace(script), "\n") {
 			assert.Regexp(t, allowed, strings.TrimSpace(line), "%s: only shell structure and echo", name)
 		}
-		if sh, err := exec.LookPath("sh"); err == nil {
-			out, err := exec.Command(sh, "-n", "-c", script).CombinedOutput()
-			assert.NoError(t, err, "%s: %s", name, out)
-		}
+		out, err := exec.Command(tier.Tool(t, "sh", "dash"), "-n", "-c", script).CombinedOutput()
+		assert.NoError(t, err, "%s: %s", name, out)
 	}
 }
 
@@ -132,11 +131,7 @@ func TestBuild(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, ".TH DRILL 1\n", string(page))
 
-	dpkgDeb, err := exec.LookPath("dpkg-deb")
-	if err != nil {
-		t.Log("no dpkg-deb here: the debs' control fields are not read")
-		return
-	}
+	dpkgDeb := tier.Tool(t, "dpkg-deb", "dpkg") // reads the debs' control fields
 	field := func(deb, name string) string {
 		out, err := exec.Command(dpkgDeb, "-f", filepath.Join(out, deb), name).Output()
 		require.NoError(t, err)

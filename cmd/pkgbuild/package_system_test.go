@@ -29,14 +29,8 @@ func TestSystemPackageInstall(t *testing.T) {
 	if os.Geteuid() != 0 {
 		tier.Unavailable(t, "dpkg --root wants root for the packages' owners and modes: run as root")
 	}
-	dpkg, err := exec.LookPath("dpkg")
-	if err != nil {
-		tier.Unavailable(t, "no dpkg here: this test installs the .debs with it")
-	}
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		tier.Unavailable(t, "no go on $PATH: scripts/package.sh builds with it")
-	}
+	dpkg := tier.Tool(t, "dpkg", "dpkg")      // installs the .debs
+	goTool := tier.Tool(t, "go", "golang-go") // scripts/package.sh builds with it
 	realStatus := fileHash(t, "/var/lib/dpkg/status")
 
 	repo, err := filepath.Abs("../..")

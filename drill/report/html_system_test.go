@@ -26,13 +26,7 @@ import (
 // would stand between chromedp and the process it must stop.
 func chromiumPath(t *testing.T) string {
 	t.Helper()
-	for _, p := range []string{"/usr/lib/chromium/chromium", "chromium", "chromium-browser"} {
-		if path, err := exec.LookPath(p); err == nil {
-			return path
-		}
-	}
-	tier.Unavailable(t, "needs Debian's chromium for the browser test: apt-get install --no-install-recommends chromium (scripts/deps.sh installs it)")
-	return ""
+	return tier.Tool(t, "/usr/lib/chromium/chromium", "chromium")
 }
 
 // The HTML report of a run as big as a real one, in a real browser at a

@@ -27,6 +27,12 @@ func Text(w io.Writer, rep *drill.Report) {
 		// A run proves the kind of box it minted, and only that.
 		drilled += " (box new makes " + env.BoxNewType + " here: not drilled)"
 	}
+	switch {
+	case env.Template != "":
+		drilled += " of template " + env.Template + " (" + env.Image + ")"
+	case env.Image != "":
+		drilled += " from " + env.Image
+	}
 	fmt.Fprintf(w, "drill run %s (%s) on %s: kernel %s, incus %s, %s, bridge netfilter %s\n",
 		rep.RunID, rep.Version, env.Mode, env.Kernel, env.IncusVersion, drilled, onOff(env.BridgeNetfilter))
 	fmt.Fprintf(w, "stack: %s via %s, bridge drop %s\n", rep.Stack.Subnet, rep.Stack.Gateway, rep.Stack.BridgeMode)

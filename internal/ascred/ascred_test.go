@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/box-isolation/box/internal/testenv/tier"
 )
 
 // peer accepts one connection on ln and returns the credentials the
@@ -57,7 +59,7 @@ func listen(t *testing.T) (string, *net.UnixListener) {
 
 func TestDialUnixAsAnotherUser(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_SETUID) to connect as another user")
+		tier.Unavailable(t, "needs root (CAP_SETUID) to connect as another user: run as root")
 	}
 	path, ln := listen(t)
 	// Group 4242 only: a socket owned by it with mode 0660 admits the
@@ -109,7 +111,7 @@ func TestDialUnixAsAnotherUser(t *testing.T) {
 // process as theirs (and a purge of that user killed it).
 func TestNoThreadKeepsTheIdentity(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_SETUID) to connect as another user")
+		tier.Unavailable(t, "needs root (CAP_SETUID) to connect as another user: run as root")
 	}
 	path, ln := listen(t)
 	if err := os.Chmod(path, 0o666); err != nil {

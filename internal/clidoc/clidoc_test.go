@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/internal/testenv/tier"
 )
 
 // tool is a program with every kind of argument the renderers know.
@@ -62,10 +64,7 @@ func TestUnknownShell(t *testing.T) {
 // the word being completed) and calls fn; it returns COMPREPLY.
 func complete(t *testing.T, script []byte, fn string, words ...string) []string {
 	t.Helper()
-	bash, err := exec.LookPath("bash")
-	if err != nil {
-		t.Skip("no bash here")
-	}
+	bash := tier.Tool(t, "bash", "bash")
 	file := filepath.Join(t.TempDir(), "completion.bash")
 	require.NoError(t, os.WriteFile(file, script, 0o644))
 	var quoted []string
@@ -139,14 +138,15 @@ func TestZshAndFishCompletion(t *testing.T) {
 		for _, w := range tc.want {
 			assert.Contains(t, b.String(), w, tc.shell)
 		}
-		if sh, err := exec.LookPath(tc.shell); err == nil {
+		t.Run(tc.shell+" parses it", func(t *testing.T) {
+			sh := tier.Tool(t, tc.shell, tc.shell) // Debian's packages are named after the shells
 			flag := "-n"
 			if tc.shell == "fish" {
 				flag = "--no-execute"
 			}
 			out, err := exec.Command(sh, flag, "-c", b.String()).CombinedOutput()
 			assert.NoError(t, err, "%s", out)
-		}
+		})
 	}
 }
 
@@ -169,16 +169,13 @@ func TestMan(t *testing.T) {
 	}
 	assert.NotContains(t, page, "\\-\\-help", "--help is on every command: not an option worth a line")
 
-	groff, err := exec.LookPath("groff")
-	if err != nil {
-		t.Log("no groff here: the page is not rendered")
-		return
-	}
-	cmd := exec.Command(groff, "-man", "-Tutf8", "-ww", "-rLL=80n")
-	cmd.Stdin = &b
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	require.NoError(t, cmd.Run(), errOut.String())
-	assert.Empty(t, errOut.String(), "groff warns")
-	assert.Contains(t, out.String(), "make a thing")
+	t.Run("groff renders it without a warning", func(t *testing.T) {
+		cmd := exec.Command(tier.Tool(t, "groff", "groff-base"), "-man", "-Tutf8", "-ww", "-rLL=80n")
+		cmd.Stdin = strings.NewReader(page)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		require.NoError(t, cmd.Run(), errOut.String())
+		assert.Empty(t, errOut.String(), "groff warns")
+		assert.Contains(t, out.String(), "make a thing")
+	})
 }

@@ -1,6 +1,7 @@
 package hostscan
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -199,10 +200,7 @@ func TestPrivilegedHostname(t *testing.T) {
 
 func TestPrivilegedForwards(t *testing.T) {
 	ns := newNS(t, "fwd")
-	nft, err := exec.LookPath("nft")
-	if err != nil {
-		t.Skip("needs the nft binary to write the rules as nft(8) does")
-	}
+	nft := tier.Tool(t, "nft", "nftables") // writes the rules as nft(8) does
 	ruleset := `
 table ip nat {
 	chain prerouting {
@@ -282,7 +280,7 @@ func TestPrivilegedForwardsCompat(t *testing.T) {
 		return c.Flush()
 	})
 	if err != nil {
-		t.Skipf("this kernel takes no xtables match or DNAT target in nftables (nft_compat, xt_tcpudp, xt_nat): %v", err)
+		tier.Unavailable(t, fmt.Sprintf("this kernel takes no xtables match or DNAT target in nftables: load them (modprobe nft_compat xt_tcpudp xt_nat): %v", err))
 	}
 	var fw Forwarding
 	require.NoError(t, nsrun.Do(ns.Name, func() (err error) {

@@ -20,16 +20,31 @@ import (
 // RequireEnv makes a missing tier fail instead of skip.
 const RequireEnv = tier.RequireEnv
 
-func unavailable(t testing.TB, why string) {
-	t.Helper()
-	tier.Unavailable(t, why)
-}
-
 // Root skips (or fails) unless the test runs as root: the privileged tier
 // (namespaces, veths, raw sockets, nftables).
 func Root(t testing.TB) {
 	t.Helper()
 	tier.Root(t)
+}
+
+// Unavailable skips with why, or fails under BOX_REQUIRE_TIERS=1: the one
+// way for a test to skip (see tier.Unavailable).
+func Unavailable(t testing.TB, why string) {
+	t.Helper()
+	tier.Unavailable(t, why)
+}
+
+// Tool returns the path of program name, or skips (fails under
+// BOX_REQUIRE_TIERS=1) saying which Debian package installs it.
+func Tool(t testing.TB, name, debianPackage string) string {
+	t.Helper()
+	return tier.Tool(t, name, debianPackage)
+}
+
+// Long skips (fails under BOX_REQUIRE_TIERS=1) in `go test -short`.
+func Long(t testing.TB, why string) {
+	t.Helper()
+	tier.Long(t, why)
 }
 
 // World returns the running hermetic world, or skips (or fails) when none
@@ -39,10 +54,10 @@ func World(t testing.TB) *world.State {
 	Root(t)
 	st, err := world.Load()
 	if err != nil {
-		unavailable(t, "needs the hermetic world with incusd: run `make test` (it builds one) or `bin/drill world up`: "+err.Error())
+		Unavailable(t, "needs the hermetic world with incusd: run `make test` (it builds one) or `bin/drill world up`: "+err.Error())
 	}
 	if st.IncusSocket == "" {
-		unavailable(t, "the hermetic world was built without incusd (--no-incus): rebuild it with `bin/drill world down && bin/drill world up`")
+		Unavailable(t, "the hermetic world was built without incusd (--no-incus): rebuild it with `bin/drill world down && bin/drill world up`")
 	}
 	return st
 }
@@ -104,10 +119,10 @@ func Cluster(t testing.TB) *world.State {
 	}
 	st, err := world.LoadFile(path)
 	if err != nil {
-		unavailable(t, "needs a cluster world of 3 members: run `make test` (it builds one) or `bin/drill world up --name "+ClusterWorld+" --cluster 3`: "+err.Error())
+		Unavailable(t, "needs a cluster world of 3 members: run `make test` (it builds one) or `bin/drill world up --name "+ClusterWorld+" --cluster 3`: "+err.Error())
 	}
 	if len(st.Members) < 3 {
-		unavailable(t, "the world at "+path+" is not a cluster of 3 members: rebuild it with `bin/drill world down --name "+st.Name+" && bin/drill world up --name "+st.Name+" --cluster 3`")
+		Unavailable(t, "the world at "+path+" is not a cluster of 3 members: rebuild it with `bin/drill world down --name "+st.Name+" && bin/drill world up --name "+st.Name+" --cluster 3`")
 	}
 	return st
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/box-isolation/box/internal/nstest"
+	"github.com/box-isolation/box/internal/testenv/tier"
 )
 
 // egressWorld: boxes a (10.99.0.2) and b (10.99.0.3) on boxnet in a host
@@ -58,16 +59,15 @@ func route(t *testing.T, n *testNS, dst, via string) {
 // nftIn runs nft in the host namespace, as dnsmasq would to add elements.
 func nftIn(t *testing.T, ns string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput()
+	nft := tier.Tool(t, "nft", "nftables")
+	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, nft}, args...)...).CombinedOutput()
 	require.NoError(t, err, "nft %v: %s", args, out)
 	return string(out)
 }
 
 func TestPrivilegedEgress(t *testing.T) {
 	requireRoot(t)
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Skip("needs the nft binary to add elements as dnsmasq does")
-	}
+	tier.Tool(t, "nft", "nftables") // nftIn adds elements with it, as dnsmasq does
 	w := newEgressWorld(t)
 	cfg := w.cfg
 	a := netip.MustParseAddr("10.99.0.2")

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/net/ipv4"
 
 	"github.com/box-isolation/box/internal/nstest"
+	"github.com/box-isolation/box/internal/testenv/tier"
 )
 
 // The privileged tier's world: throwaway network namespaces
@@ -23,18 +23,11 @@ import (
 // whatever happens. Nothing in them has a route out, and every nft change
 // happens inside them; the machine's own ruleset is never read or written.
 
-// requireRoot skips unless root; BOX_REQUIRE_TIERS=1 (set by `make test`,
-// see internal/testenv) turns the skip into a failure.
+// requireRoot skips unless root; BOX_REQUIRE_TIERS=1 (set by `make test`)
+// turns the skip into a failure.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	const why = "needs root: run as root (make test)"
-	if os.Getenv("BOX_REQUIRE_TIERS") == "1" {
-		t.Fatal(why + " (BOX_REQUIRE_TIERS=1 says every tier must run)")
-	}
-	t.Skip(why)
+	tier.Root(t)
 }
 
 // runID ties one world's namespaces together.

@@ -21,6 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/box-isolation/box/internal/testenv/tier"
 )
 
 // pinWorld is a host namespace with bridge boxnet (10.88.0.1) and two
@@ -371,10 +373,8 @@ func TestPrivilegedPins(t *testing.T) {
 	assert.Empty(t, again, "a second ApplyPins changes nothing")
 
 	t.Run("matches nft's own reading", func(t *testing.T) {
-		if _, err := exec.LookPath("nft"); err != nil {
-			t.Skip("needs the nft binary to cross-check String()")
-		}
-		out, err := exec.Command("ip", "netns", "exec", w.host.Name, "nft", "list", "table", "bridge", "box_pin").CombinedOutput()
+		nft := tier.Tool(t, "nft", "nftables")
+		out, err := exec.Command("ip", "netns", "exec", w.host.Name, nft, "list", "table", "bridge", "box_pin").CombinedOutput()
 		require.NoError(t, err, "%s", out)
 		r, err := DesiredPins(cfg, caps, ports, pins)
 		require.NoError(t, err)

@@ -111,10 +111,13 @@ func Record(t testing.TB, path string, rep *drill.Report) report.Recorded {
 // the release gate runs is not installed.
 func Need(t testing.TB, tools ...string) {
 	t.Helper()
+	debian := map[string]string{"go": "golang-go"}
 	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			tier.Unavailable(t, "needs "+tool+" on PATH to test the release gate: install it (git, make, golang-go on Debian)")
+		pkg := debian[tool]
+		if pkg == "" {
+			pkg = tool // git, make
 		}
+		tier.Tool(t, tool, pkg)
 	}
 }
 

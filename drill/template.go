@@ -1,0 +1,103 @@
+package drill
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/templates"
+)
+
+// A run with a template (drill run --template) drills the boxes people
+// use: its probe boxes are minted as box new mints that template's boxes,
+// from its image (pulled by Incus from the image server) with its
+// cloud-init user-data, and the agent is pushed once each has reported
+// ready. box-w is the exception: under its allowlist it could reach no
+// package mirror, so it is minted from the template's image without the
+// user-data (docs/claims.md).
+
+// provisionWait bounds how long a template box may take to report ready
+// (an agent template installs packages and the agent's npm package).
+const provisionWait = 10 * time.Minute
+
+// mintRequest is what a probe box at place is minted with: the run's
+// image, and in a template run its user-data (unless provision is false).
+func (r *run) mintRequest(name, target string, provision bool) (stack.MintRequest, error) {
+	req := stack.MintRequest{Name: name, Image: r.cfg.Image, Type: probeType, Stamps: r.stamps(), Target: target}
+	if t := r.cfg.Template; t != nil {
+		req.Image = t.Image
+		if r.cfg.Image != "" && r.cfg.Image != t.Image {
+			req.Image = r.cfg.Image
+		}
+		if provision {
+			ud, err := t.UserData(templates.RenderOptions{BoxName: name, BoxVersion: r.cfg.Version})
+			if err != nil {
+				return req, fmt.Errorf("template %s: %w", t.Name, err)
+			}
+			req.UserData = ud
+		}
+	}
+	return req, nil
+}
+
+// waitProvisioned waits for a template box's user-data to report: ready,
+// or failed with the reason, which stops the run (its probes would run in
+// a box that is not the one people use). cloud-init is waited for first: a
+// clone carries its source's markers until its own run clears them.
+// Nothing to wait for without a template.
+func (r *run) waitProvisioned(ctx context.Context, c *incus.Client, name string) error {
+	if r.cfg.Template == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, provisionWait)
+	defer cancel()
+	start := time.Now()
+	// Its exit code says little (2 for a warning); the markers decide.
+	if _, err := c.Exec(ctx, name, incus.ExecRequest{Command: []string{"cloud-init", "status", "--wait"}}); err != nil {
+		return fmt.Errorf("%s: waiting for cloud-init: %w", name, err)
+	}
+	// An empty marker is no marker: a clone's inherited ones are emptied
+	// before its first boot.
+	if b, err := c.PullFile(ctx, name, templates.ReadyMarker); err == nil && len(b) > 0 {
+		r.cfg.logf("boxes: %s provisioned from template %s in %s", name, r.cfg.Template.Name, time.Since(start).Round(time.Second))
+		return nil
+	}
+	if b, err := c.PullFile(ctx, name, templates.FailedMarker); err == nil && len(b) > 0 {
+		return fmt.Errorf("%s: template %s's provisioning failed: %s%s", name, r.cfg.Template.Name, strings.TrimSpace(string(b)), logTail(ctx, c, name))
+	}
+	return fmt.Errorf("%s: cloud-init finished, but template %s's user-data left no marker (%s or %s)%s", name, r.cfg.Template.Name, templates.ReadyMarker, templates.FailedMarker, logTail(ctx, c, name))
+}
+
+// logTail is the end of a box's cloud-init output, for a provisioning
+// failure's error ("" when it cannot be read).
+func logTail(ctx context.Context, c *incus.Client, name string) string {
+	b, err := c.PullFile(ctx, name, "/var/log/cloud-init-output.log")
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return "; the end of its /var/log/cloud-init-output.log:\n  " + strings.Join(lines[max(0, len(lines)-12):], "\n  ")
+}
+
+// readBaseImage records the fingerprint box-a's image resolved to.
+func (r *run) readBaseImage(ctx context.Context) error {
+	inst, _, err := r.cfg.Host.Incus.Instance(ctx, r.names[PlaceA])
+	if err != nil {
+		return err
+	}
+	r.baseImage = inst.Config["volatile.base_image"]
+	return nil
+}
+
+// localImage is the image source of a box minted without a pull: the
+// fingerprint box-a resolved to in a template run (its image is cached by
+// then), else the run's image alias.
+func (r *run) localImage() incus.InstanceSource {
+	if r.cfg.Template != nil && r.baseImage != "" {
+		return incus.InstanceSource{Type: "image", Fingerprint: r.baseImage}
+	}
+	return incus.InstanceSource{Type: "image", Alias: r.cfg.Image}
+}
