@@ -371,7 +371,7 @@ func afterSpoof(ctx context.Context, r *run) {
 		}
 		d.after = pool
 	}()
-	d.newBox = r.boxName("n")
+	d.newBox = r.boxName("d") // minted after the DHCP lies
 	mctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if _, err := r.cfg.Host.Mint(mctx, stack.MintRequest{Name: d.newBox, Image: r.cfg.Image, Type: probeType, Stamps: r.stamps()}); err != nil {

@@ -105,10 +105,10 @@ func TestJudgeSpoofNewLease(t *testing.T) {
 		d    dhcpRun
 		want Verdict
 	}{
-		{dhcpRun{newBox: "drill-x-n", newAddr: "10.88.0.20"}, Pass},
-		{dhcpRun{newBox: "drill-x-n", newErr: "every address of boxnet is taken by a box or a lease", newRefused: true}, Fail},
-		{dhcpRun{newBox: "drill-x-n", newErr: "drill-x-n has no address in 10.88.0.0/24 after 20s"}, Fail},
-		{dhcpRun{newBox: "drill-x-n", newErr: "no image box-probe"}, Inconclusive},
+		{dhcpRun{newBox: "drill-x-d", newAddr: "10.88.0.20"}, Pass},
+		{dhcpRun{newBox: "drill-x-d", newErr: "every address of boxnet is taken by a box or a lease", newRefused: true}, Fail},
+		{dhcpRun{newBox: "drill-x-d", newErr: "drill-x-d has no address in 10.88.0.0/24 after 20s"}, Fail},
+		{dhcpRun{newBox: "drill-x-d", newErr: "no image box-probe"}, Inconclusive},
 	} {
 		rs := judgeSpoofClaim(&run{dhcp: &tc.d}, claimSpoof, nil)
 		require.Len(t, rs, 2, "the new box, and the stack channel beside it")
