@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/nft"
 )
 
 // A hand-set raw.dnsmasq has no trailing newline when it went through a
@@ -231,4 +232,16 @@ func TestLeaseClient(t *testing.T) {
 		_, _, err := leaseClient(bad)
 		assert.Error(t, err, bad)
 	}
+}
+
+// A DHCP drop of the pin table missing is L-DHCP's, not L-PIN's: the
+// claims resting on the pins alone stand.
+func TestPinFindingsOfDHCPRules(t *testing.T) {
+	fs := pinFindings([]nft.Finding{
+		{Object: "table bridge box_pin chain prerouting", Problem: "rule 8 missing: want `iifname @boxnet_ports meta protocol ip udp dport 67 iifname . @th,288,48 != @hw drop`"},
+		{Object: "table bridge box_pin chain prerouting", Problem: "rule 10 missing: want `iifname @boxnet_ports ip saddr 0.0.0.0 udp dport 67 accept`"},
+		{Object: "table bridge box_pin chain prerouting", Problem: "rule 1 missing: want `iifname @boxnet_ports iifname . ether saddr != @hw drop`"},
+	}, &pinPlan{})
+	require.Len(t, fs, 3)
+	assert.Equal(t, []LayerID{LayerDHCP, LayerPin, LayerPin}, []LayerID{fs[0].Layer, fs[1].Layer, fs[2].Layer})
 }

@@ -158,7 +158,11 @@ func pinPlanOf(bridge string, insts []incus.Instance, ports []string) *pinPlan {
 func pinFindings(nf []nft.Finding, p *pinPlan) []Finding {
 	var out []Finding
 	for _, f := range nf {
-		out = append(out, Finding{Layer: LayerPin, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
+		layer := LayerPin
+		if dhcpRule(f.Problem) {
+			layer = LayerDHCP // the pin table's DHCP drops are L-DHCP's
+		}
+		out = append(out, Finding{Layer: layer, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
 	}
 	for _, n := range p.notes {
 		out = append(out, Finding{Layer: LayerPin, Object: "pins", Problem: n, Fix: "give one of them another address (box incus N -- config device set {} eth0 ipv4.address=ADDR)"})
@@ -168,4 +172,10 @@ func pinFindings(nf []nft.Finding, p *pinPlan) []Finding {
 			Problem: "ports no instance claims are not pinned: " + strings.Join(p.unresolved, ", "), Fix: "box doctor (the census names a stray port)"})
 	}
 	return out
+}
+
+// dhcpRule says a pin table finding is about one of its DHCP drops (a
+// rule matching UDP to the DHCP server's port that drops).
+func dhcpRule(problem string) bool {
+	return strings.Contains(problem, "udp dport 67") && strings.Contains(problem, " drop`")
 }
