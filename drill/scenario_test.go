@@ -45,6 +45,9 @@ func testTopology() Scene {
 		W:          testBox(PlaceW, "drill-0a1b2c-w", "10.88.0.15", "00:16:3e:00:00:0e"),
 		N:          testBox(PlaceN, "drill-0a1b2c-n", "10.88.0.16", "00:16:3e:00:00:0f"),
 		Door:       netip.MustParseAddrPort("127.0.0.1:19100"),
+		DHCPFirst:  netip.MustParseAddr("10.88.0.2"),
+		DHCPSize:   253,
+		DHCPPrefix: [3]byte{0x0a, 0xb0, 0xc5},
 
 		Topology: topo.Topology{
 			Source:         topo.SourceWorld,

@@ -97,6 +97,10 @@ func RunProbe(ctx context.Context, spec ProbeSpec) Observation {
 		obs = probeARPSpoof(pctx, spec, obs)
 	case KindForgedUDP:
 		obs = probeForgedUDP(pctx, spec, obs)
+	case KindDHCPForge:
+		obs = probeDHCPForge(pctx, spec, obs)
+	case KindDHCPFlood:
+		obs = probeDHCPFlood(pctx, spec, obs)
 	}
 	end := time.Now()
 	obs.ElapsedMS = end.Sub(obs.StartedAt).Milliseconds()
@@ -129,6 +133,8 @@ func targetString(s *ProbeSpec) string {
 		if s.Via.IsValid() && s.Via.Addr().Is4() {
 			return netip.AddrPortFrom(broadcastOf(s.Via), uint16(s.Port)).String()
 		}
+	case KindDHCPFlood:
+		return fmt.Sprintf("%d made-up clients", s.Count)
 	case KindIPv6State, KindNDPRS, KindDHCPLease, KindControl:
 		if s.Via.IsValid() {
 			return s.Via.Masked().String()
