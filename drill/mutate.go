@@ -81,6 +81,12 @@ var Mutations = []Mutation{
 	{Name: "nat-off", Layers: []stack.LayerID{stack.LayerNAT}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"ipv4.nat": "false"})
 	}},
+	// The kernel boundary, each on clone-a (claim_kernel.go).
+	{Name: "privileged", Layers: []stack.LayerID{stack.LayerFleet}, What: "make clone-a privileged (security.privileged=true), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"security.privileged": "true"}, nil)},
+	{Name: "host-path", Layers: []stack.LayerID{stack.LayerFleet}, What: "give clone-a a disk of a host path (" + hostPathSource + ", read-only), hot-plugged", AfterBoxes: true, apply: kernelMutation(nil, hostPathDisk)},
+	{Name: "raw-lxc", Layers: []stack.LayerID{stack.LayerFleet}, What: "bind a host path (" + hostPathSource + ", read-only) into clone-a by raw.lxc, and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"raw.lxc": rawLXCBind}, nil)},
+	{Name: "idmap-root", Layers: []stack.LayerID{stack.LayerFleet}, What: "map host uid and gid 0 into clone-a by raw.idmap (both 0 0), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"raw.idmap": "both 0 0"}, nil)},
+	{Name: "unix-char", Layers: []stack.LayerID{stack.LayerFleet}, What: "give clone-a the host's " + unixCharSource + " as a unix-char device, hot-plugged", AfterBoxes: true, apply: kernelMutation(nil, unixCharDevice)},
 }
 
 // shownBy is the evidence that must show the mutation.

@@ -62,16 +62,23 @@ func listDevices(root string) ([]DeviceNode, error) {
 		if d.IsDir() && p != root && ownTrees[strings.Split(rel, "/")[0]] {
 			return fs.SkipDir
 		}
-		if d.Type()&(fs.ModeDevice|fs.ModeCharDevice) == 0 {
+		if d.IsDir() {
 			return nil
 		}
+		// Not the folder's idea of the entry's type: a node bound in over
+		// a placeholder file is listed as the file.
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
 			return nil
 		}
-		t := "b"
-		if st.Mode&unix.S_IFMT == unix.S_IFCHR {
+		var t string
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFCHR:
 			t = "c"
+		case unix.S_IFBLK:
+			t = "b"
+		default:
+			return nil
 		}
 		nodes = append(nodes, DeviceNode{Path: filepath.Join("/dev", rel), Type: t, Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev)})
 		if len(nodes) >= MaxDeviceNodes {

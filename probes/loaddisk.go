@@ -13,31 +13,44 @@ import (
 // A load_disk probe writes a file of its own in its directory, 1 MiB at a
 // time, up to max MiB, until a write fails with the disk full (EDQUOT: the
 // box's quota, or ENOSPC); it holds the file until shortly before its
-// deadline, then removes it. It writes only that file, in the box.
+// deadline, then removes it. It writes only that file, in the box, and
+// past the page cache where the file system allows (O_DIRECT): cached
+// pages count against the box's memory limit, beside a memory load, and
+// the kernel cannot always reclaim them fast enough to spare the agent.
 
 func loadDisk(ctx context.Context, spec ProbeSpec, obs Observation) Observation {
 	ev := &LoadEvidence{Max: spec.Max}
 	obs.Evidence.Load = ev
-	f, err := os.CreateTemp(spec.Paths[0], "drill-fill-")
+	name := filepath.Join(spec.Paths[0], fmt.Sprintf("drill-fill-%d", os.Getpid()))
+	fd, err := unix.Open(name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, unix.EINVAL) {
+		// No direct I/O here (tmpfs): through the page cache then.
+		fd, err = unix.Open(name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+	}
 	if err != nil {
 		return fail(obs, "making the file to fill: "+err.Error())
 	}
-	name := f.Name()
 	defer os.Remove(name)
-	defer f.Close()
-	chunk := make([]byte, 1<<20)
+	defer unix.Close(fd)
+	// Page-aligned, as direct I/O needs; not zeros, which a file system
+	// could leave out.
+	chunk, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return fail(obs, "a buffer to write: "+err.Error())
+	}
+	defer unix.Munmap(chunk)
 	for i := range chunk {
-		chunk[i] = byte(i*7 + 1) // not zeros: nothing a file system could leave out
+		chunk[i] = byte(i*7 + 1)
 	}
 	var werr error
 	for ev.Reached < spec.Max && ctx.Err() == nil {
-		if _, werr = f.Write(chunk); werr != nil {
+		if _, werr = unix.Write(fd, chunk); werr != nil {
 			break
 		}
 		ev.Reached++
-		if ev.Reached%32 == 0 {
+		if ev.Reached%4 == 0 {
 			// Some file systems account a quota only once written back.
-			if werr = f.Sync(); werr != nil {
+			if werr = unix.Fdatasync(fd); werr != nil {
 				break
 			}
 		}
@@ -46,13 +59,13 @@ func loadDisk(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 		return fail(obs, fmt.Sprintf("cut short after %d MiB: %v", ev.Reached, ctx.Err()))
 	}
 	if werr == nil {
-		werr = f.Sync()
+		werr = unix.Fdatasync(fd)
 	}
 	var e unix.Errno
 	switch {
 	case werr == nil:
 		ev.HeldMS = holdUntil(ctx).Milliseconds()
-		return done(obs, Reached, fmt.Sprintf("wrote %d MiB to %s, its own cap: nothing stopped it", ev.Reached, filepath.Dir(name)))
+		return done(obs, Reached, fmt.Sprintf("wrote %d MiB to %s, its own cap: nothing stopped it", ev.Reached, spec.Paths[0]))
 	case errors.As(werr, &e) && (e == unix.EDQUOT || e == unix.ENOSPC):
 		ev.StoppedBy = errnoName(e)
 		ev.HeldMS = holdUntil(ctx).Milliseconds()

@@ -18,7 +18,7 @@ import (
 // A load_memory probe has a child touch memory, 4 MiB at a time, up to max
 // MiB, saying how far it got after each step; the child holds it until the
 // probe ends. The kernel stops it where the box's memory limit holds (the
-// OOM killer kills the child, the largest process in the box); a child
+// OOM killer kills the child: it makes itself the first choice); a child
 // that reached max was stopped by nothing.
 
 const memoryStepMiB = 4
@@ -85,6 +85,11 @@ func memoryChild(in io.Reader, out io.Writer) error {
 	total, err := strconv.Atoi(os.Getenv("DRILL_AGENT_MEMORY_MIB"))
 	if err != nil || total < 1 || total > MaxLoadMiB {
 		return fmt.Errorf("DRILL_AGENT_MEMORY_MIB: want 1..%d", MaxLoadMiB)
+	}
+	// The child is the one the OOM killer takes, not the agent beside it
+	// (raising one's own score needs no privilege).
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("1000"), 0); err != nil {
+		return fmt.Errorf("making the child the OOM killer's first choice: %w", err)
 	}
 	var held [][]byte
 	page := unix.Getpagesize()
