@@ -76,13 +76,13 @@ const (
 const (
 	loadProcesses  = 128
 	loadProcCap    = 256
-	loadAllowance  = "50ms/100ms"
-	loadCPUs       = 0.5
+	loadAllowance  = "25ms/100ms"
+	loadCPUs       = 0.25
 	loadSpinners   = 2
 	loadMemoryMiB  = 256
 	loadMemoryCap  = 384
-	loadDiskMiB    = 128
-	loadDiskCap    = 192
+	loadDiskMiB    = 64
+	loadDiskCap    = 96
 	loadDiskFolder = "/" // the box's root disk, in any image
 	// The slack a load may pass its limit by and still be held there:
 	// tasks that ended while it counted, pages the OOM killer had not

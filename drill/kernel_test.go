@@ -112,13 +112,13 @@ func healthy(r *run, a Action) probes.Observation {
 		o.Outcome = probes.Rejected
 		ev.Load = &probes.LoadEvidence{Max: loadProcCap, Reached: 101, StoppedBy: "EAGAIN", Tasks: loadProcesses, HeldMS: 3000}
 	case ChannelCPU:
-		ev.Load = &probes.LoadEvidence{Max: loadSpinners, Reached: loadSpinners, CPUSeconds: 1.8, WallSeconds: 4.5}
+		ev.Load = &probes.LoadEvidence{Max: loadSpinners, Reached: loadSpinners, CPUSeconds: 1.0, WallSeconds: 4.5}
 	case ChannelMemory:
 		o.Outcome = probes.Rejected
 		ev.Load = &probes.LoadEvidence{Max: loadMemoryCap, Reached: 240, StoppedBy: "SIGKILL"}
 	case ChannelDisk:
 		o.Outcome = probes.Rejected
-		ev.Load = &probes.LoadEvidence{Max: loadDiskCap, Reached: 110, StoppedBy: "EDQUOT"}
+		ev.Load = &probes.LoadEvidence{Max: loadDiskCap, Reached: 58, StoppedBy: "EDQUOT"}
 	}
 	return o
 }
@@ -362,12 +362,12 @@ func TestKernelLoads(t *testing.T) {
 		{ChannelProcesses, probes.Observation{Outcome: probes.Rejected, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: 101, StoppedBy: "EAGAIN", Tasks: 128, HeldMS: 3000}}}, Pass, "the fork bomb stopped at 128 tasks in the box (101 processes of its own"},
 		{ChannelProcesses, probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: loadProcCap}}}, Fail, "its own cap: limits.processes=128 did not stop it"},
 		{ChannelProcesses, probes.Observation{Outcome: probes.Rejected, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: 200, StoppedBy: "EAGAIN", Tasks: 230}}}, Fail, "refused only at 230 tasks"},
-		{ChannelCPU, probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{Load: &probes.LoadEvidence{CPUSeconds: 1.8, WallSeconds: 4.5}}}, Pass, "got 0.40 CPUs"},
-		{ChannelCPU, probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{Load: &probes.LoadEvidence{CPUSeconds: 8, WallSeconds: 4.5}}}, Fail, "got 1.78 CPUs, past the allowance's 0.50"},
+		{ChannelCPU, probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{Load: &probes.LoadEvidence{CPUSeconds: 1.0, WallSeconds: 4.5}}}, Pass, "got 0.22 CPUs"},
+		{ChannelCPU, probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{Load: &probes.LoadEvidence{CPUSeconds: 8, WallSeconds: 4.5}}}, Fail, "got 1.78 CPUs, past the allowance's 0.25"},
 		{ChannelMemory, probes.Observation{Outcome: probes.Rejected, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: 240, StoppedBy: "SIGKILL"}}}, Pass, "killed (the OOM killer, in the box) after touching 240 MiB"},
 		{ChannelMemory, probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: loadMemoryCap}}}, Fail, "did not stop it"},
-		{ChannelDisk, probes.Observation{Outcome: probes.Rejected, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: 110, StoppedBy: "EDQUOT", HeldMS: 2000}}}, Pass, "stopped at 110 MiB (EDQUOT)"},
-		{ChannelDisk, probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: loadDiskCap}}}, Fail, "the 128MiB root disk did not stop it"},
+		{ChannelDisk, probes.Observation{Outcome: probes.Rejected, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: 58, StoppedBy: "EDQUOT", HeldMS: 2000}}}, Pass, "stopped at 58 MiB (EDQUOT)"},
+		{ChannelDisk, probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: loadDiskCap}}}, Fail, "the 64MiB root disk did not stop it"},
 		{ChannelDisk, probes.Observation{Outcome: probes.Error, Reason: "cut short after 90 MiB", Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: 90}}}, Inconclusive, "without meeting a limit or its cap"},
 	} {
 		t.Run(string(tc.ch)+" "+string(tc.verdict), func(t *testing.T) {

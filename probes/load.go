@@ -36,8 +36,9 @@ type LoadEvidence struct {
 }
 
 // loadReserve is kept at the end of a load probe's deadline to give back
-// what it holds (kill its children, remove its file).
-const loadReserve = 300 * time.Millisecond
+// what it holds (kill its children, remove its file): in a box held to
+// half a CPU on a busy host, reaping a hundred processes takes a while.
+const loadReserve = 700 * time.Millisecond
 
 // holdUntil waits until loadReserve before ctx's deadline.
 func holdUntil(ctx context.Context) time.Duration {

@@ -22,9 +22,11 @@ func loadDisk(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 	ev := &LoadEvidence{Max: spec.Max}
 	obs.Evidence.Load = ev
 	name := filepath.Join(spec.Paths[0], fmt.Sprintf("drill-fill-%d", os.Getpid()))
+	direct := true
 	fd, err := unix.Open(name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
 	if errors.Is(err, unix.EINVAL) {
 		// No direct I/O here (tmpfs): through the page cache then.
+		direct = false
 		fd, err = unix.Open(name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 	}
 	if err != nil {
@@ -48,8 +50,9 @@ func loadDisk(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 			break
 		}
 		ev.Reached++
-		if ev.Reached%4 == 0 {
-			// Some file systems account a quota only once written back.
+		if !direct && ev.Reached%4 == 0 {
+			// Through the page cache, some file systems account a quota
+			// only once written back.
 			if werr = unix.Fdatasync(fd); werr != nil {
 				break
 			}

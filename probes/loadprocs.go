@@ -34,6 +34,8 @@ func loadProcs(ctx context.Context, spec ProbeSpec, obs Observation) Observation
 	defer func() {
 		for _, k := range kids {
 			_ = k.Process.Kill()
+		}
+		for _, k := range kids {
 			_ = k.Wait()
 		}
 	}()
