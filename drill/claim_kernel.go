@@ -22,7 +22,7 @@ import (
 const KernelID ClaimID = "C-KERNEL"
 
 var claimKernel = Claim{
-	ID: KernelID, From: "inside each probe box, and box-l: a box with an id map of its own, held at its limits by a load while the other claims' probes run",
+	ID: KernelID, From: "inside each probe box, and box-k and box-l (each with an id map of its own), box-l held at its limits by a load while the other claims' probes run",
 	To: "the host's kernel: its ids, capabilities, system call filter, mounts, device nodes, /proc/sys, core_pattern, sysrq-trigger, the cgroup release_agent, module loading, the guest API; and the host's processes, CPU, memory and disk",
 	Channels: []Channel{ChannelIDMap, ChannelIDMapDisjoint, ChannelCapabilities, ChannelSeccomp, ChannelLSM, ChannelMounts, ChannelDevices,
 		ChannelProcSys, ChannelCorePattern, ChannelSysrq, ChannelReleaseAgent, ChannelModules, ChannelGuestAPI,
@@ -221,13 +221,15 @@ func buildKernel(b *builder) {
 	}
 	load(ChannelCPU, probes.KindLoadCPU, 100, loadSpinners)
 	if lp.memory {
-		load(ChannelMemory, probes.KindLoadMemory, 100, loadMemoryCap)
+		load(ChannelMemory, probes.KindLoadMemory, 10, loadMemoryCap)
 	}
 	if lp.disk {
 		load(ChannelDisk, probes.KindLoadDisk, 100, loadDiskCap, loadDiskFolder)
 	}
-	// Last, once the kernel checks' children have come and gone.
-	load(ChannelProcesses, probes.KindLoadProcs, 400, loadProcCap)
+	// Last: once the kernel checks' children have come and gone, and the
+	// memory hog has met the OOM killer (a second kill while the box is
+	// full of processes could take the agent).
+	load(ChannelProcesses, probes.KindLoadProcs, 2000, loadProcCap)
 }
 
 // loadTargets say what each load meets.

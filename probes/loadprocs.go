@@ -53,8 +53,9 @@ func loadProcs(ctx context.Context, spec ProbeSpec, obs Observation) Observation
 	case errors.Is(stopErr, syscall.EAGAIN):
 		ev.StoppedBy = "EAGAIN"
 		ev.Tasks = countTasks()
-		// Room again for the agent's own threads, before holding.
-		for range min(8, len(kids)) {
+		// Room again at once for the agent's own threads (and anything
+		// else in the box that needs a task), before holding.
+		for range min(16, len(kids)) {
 			k := kids[len(kids)-1]
 			kids = kids[:len(kids)-1]
 			_ = k.Process.Kill()
