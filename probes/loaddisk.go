@@ -32,8 +32,17 @@ func loadDisk(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 	if err != nil {
 		return fail(obs, "making the file to fill: "+err.Error())
 	}
-	defer os.Remove(name)
-	defer unix.Close(fd)
+	defer func() {
+		unix.Close(fd)
+		os.Remove(name)
+		// The space back at once: a file system may count it against the
+		// quota until it commits, and the agent's report is still to be
+		// written (Incus records it on the box's volume).
+		if d, err := unix.Open(spec.Paths[0], unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+			_ = unix.Syncfs(d)
+			unix.Close(d)
+		}
+	}()
 	// Page-aligned, as direct I/O needs; not zeros, which a file system
 	// could leave out.
 	chunk, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)

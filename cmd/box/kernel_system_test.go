@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -100,6 +99,4 @@ func TestSystemKernelKeys(t *testing.T) {
 	assert.Contains(t, res.err, "sets raw.idmap=\"both 0 0\", mapping host id 0 into the box")
 	_, _, err := c.Instance(context.Background(), imported)
 	assert.True(t, incus.IsNotFound(err), "nothing was created: %v", err)
-	b, _ := json.Marshal(res)
-	t.Logf("import: %s", b)
 }
