@@ -2,13 +2,18 @@ package drill
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 
+	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 )
@@ -19,35 +24,51 @@ const AllowID ClaimID = "C-ALLOW"
 
 var claimAllow = Claim{
 	ID: AllowID, From: "box-w, under an egress allowlist (the canary's name, and a name that resolves to a LAN host); box-a, open",
-	To:       "the allowed canary by name; a second canary by name and by address; a public resolver straight; the LAN host the allowed name resolves to",
-	Channels: []Channel{ChannelTCP, ChannelUDP},
-	Expect:   "box-w reaches the allowed canary by name and nothing else; box-a reaches the second canary (it was there to be blocked)",
+	To: "the allowed canary by name; its address with another TLS server name or HTTP Host; QUIC to it; a second canary by address and by Host; a public resolver straight and over HTTPS; " +
+		"names under the canary's name, beside it and elsewhere (witnessed at their authoritative nameserver); the LAN host the allowed name resolves to",
+	Channels: []Channel{ChannelTCP, ChannelUDP, ChannelDNS, ChannelTLS, ChannelHTTP, ChannelQUIC, ChannelDoH},
+	Expect: "box-w reaches the allowed canary by name and nothing else, and none of its questions for other names leaves the host; " +
+		"box-a reaches what box-w may not, and its questions reach the authoritative nameserver (they were there to be blocked)",
 	Layers:   []stack.LayerID{stack.LayerEgress},
-	Why:      "an allowlist that leaks is a false sense of safety, and one that lets an allowed name point at the LAN is a way in (DNS rebinding); it must only ever drop",
-	Modes:    Modes{World: Runs, Host: Never, Why: "it needs the world's second canary and a witness in its internet"},
+	Why:      "an allowlist that leaks is a false sense of safety: a shared address lets in every name on it, a name carried in DNS questions is a tunnel to anyone's nameserver, QUIC and DNS over HTTPS slip past name checks, and an allowed name that points at the LAN is a way in (DNS rebinding)",
+	Modes:    Modes{World: Runs, Host: Never, Why: "it needs the world's second canary, its witness nameserver and a witness in its internet"},
 	Evidence: []Evidence{EvidenceProbes},
-	prepare:  mintAllowBox,
+	prepare:  prepareAllow,
 	build:    buildAllow,
-	// box-w's blocks count only if its control, the allowed canary, was
-	// reached.
+	refine:   refineAllow,
+	// box-w's blocks count only if its controls, the allowed canary by
+	// name (through the proxy and straight), were reached.
 	judge: func(r *run, c Claim, rs []Result) []Result { return judgeProbes(r, c, placeControlled(rs, PlaceW)) },
 }
 
-// C-ALLOW: a box under an egress allowlist (box-w: the canary's name, and a
-// name that resolves to a LAN host) reaches the allowed canary by name and
-// nothing else: not the second canary by name or by address, not a public
-// resolver directly, not the LAN host its allowed name resolves to (the
-// allowlist only ever drops; the ACL still holds). An open box (box-a)
-// reaches the second canary, by name and by address: that proves the
-// canary is there to be blocked. box-w's own reach of the allowed canary
-// is its control: if that fails the claim fails, and its blocks prove
-// nothing.
+// C-ALLOW: a box under an egress allowlist (box-w: the canary's name, and
+// a name that resolves to a LAN host) reaches the allowed canary by name,
+// over HTTP (through box's egress proxy) and on a port no proxy takes
+// (through the allow set): its controls; if they fail the claim fails,
+// and its blocks prove nothing. It reaches nothing else:
+//
+//   - the allowed canary's own address with another TLS server name or
+//     HTTP Host (the proxy refuses), nor QUIC to it (dropped);
+//   - the second canary by address, or by address with its HTTP Host;
+//   - the public resolver, straight or over HTTPS without a name;
+//   - names under the allowed name, beside it and elsewhere: each
+//     question is answered at the gateway and must not reach the witness
+//     nameserver authoritative for it (box-a's question for the same
+//     zone must: the witness's silence proves nothing otherwise);
+//   - the LAN host its allowed name resolves to (the ACL still holds).
+//
+// Open box-a reaches the second canary, QUIC and the resolver's HTTPS
+// port: they were there to be blocked. Witnesses run in the world's
+// internet namespace: a probe that speaks TLS, HTTP or QUIC carries its
+// nonce (the proxy dials from the host, so a SYN is not whose it was); a
+// bare SYN is known by the host's NAT address and the port it pinned.
 
-// Ports of the second canary: box-w's probes by name and by address, and
-// box-a's, each on its own, so a witness that sees a SYN (which carries no
+// Ports of C-ALLOW's probes. The second canary's by box-w by address and
+// by box-a each their own, so a witness that sees a SYN (which carries no
 // nonce) knows whose it was after the host's NAT.
 const (
-	allowByNamePort = 80
+	allowHTTPPort   = 80
+	allowTLSPort    = 443
 	allowByAddrPort = 8080 // the world's Canary2AltPort
 	allowOpenPort   = 443
 )
@@ -61,13 +82,32 @@ func allowNames(t Scene) []string {
 	return []string{strings.TrimSuffix(t.PublicName, "."), strings.TrimSuffix(t.Allow.RebindName, ".")}
 }
 
-// mintAllowBox mints box-w under its allowlist; without the world's
-// second canary there is nothing to allow or deny.
-func mintAllowBox(ctx context.Context, r *run) error {
+// allowRun is C-ALLOW's state over a run.
+type allowRun struct {
+	// once reads the witness nameserver's log after the probes.
+	once    sync.Once
+	queries map[string]bool // names the witness was asked
+	logErr  error
+}
+
+// prepareAllow runs an egress service when none serves (box's resolver
+// and proxy for box-w; box-ports.service runs one on a host), then mints
+// box-w under its allowlist. Without the world's second canary there is
+// nothing to allow or deny.
+func prepareAllow(ctx context.Context, r *run) error {
 	cfg := &r.cfg
 	if !cfg.Topology.Allow.Valid() {
 		r.skip(AllowID, "the topology has no second canary and internet witness (the hermetic world's)")
 		return nil
+	}
+	r.allow = &allowRun{}
+	if !cfg.Host.EgressServing() {
+		stop, err := serveEgress(ctx, cfg.Host)
+		if err != nil {
+			return fmt.Errorf("allow: %w", err)
+		}
+		cfg.logf("allow: no egress service ran; the drill runs one for box-w")
+		r.later(func(context.Context) error { return stop() })
 	}
 	r.names[PlaceW] = r.boxName("w")
 	names := allowNames(Scene{Topology: cfg.Topology})
@@ -90,30 +130,58 @@ func mintAllowBox(ctx context.Context, r *run) error {
 	return nil
 }
 
-// buildAllow: box-w to the allowed canary by name (its control, which
-// must greet as the canary), to the second canary by name and address, to
-// a public resolver straight and to the LAN host an allowed name resolves
-// to, each witnessed in the internet's namespace or on the LAN; box-a,
-// open, reaches the second canary.
+// serveEgress runs box's egress service in this process until the
+// returned function stops it.
+func serveEgress(ctx context.Context, h *stack.Host) (func() error, error) {
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, 1)
+	go func() { done <- h.ServeEgress(sctx, io.Discard) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for !h.EgressServing() {
+		select {
+		case err := <-done:
+			cancel()
+			return nil, fmt.Errorf("starting an egress service: %w", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			return nil, errors.New("the egress service did not answer within 5 s")
+		}
+	}
+	return func() error { cancel(); return <-done }, nil
+}
+
+// buildAllow adds box-w's probes, each blocked one witnessed in the
+// internet's namespace (or on the LAN, or at the witness nameserver), and
+// box-a's, which show each blocked path was there.
 func buildAllow(b *builder) {
 	t := b.t
 	if !t.W.IP.IsValid() || !t.Allow.Valid() {
 		return
 	}
 	al := t.Allow
-	byName := func(from BoxEnd, name string, port int) probes.ProbeSpec {
-		return probes.ProbeSpec{Kind: probes.KindTCP, Name: strings.TrimSuffix(name, "."), Resolver: t.Gateway, Port: port, Via: t.Subnet,
+	name := func(n string) string { return strings.TrimSuffix(n, ".") }
+	allowed, other := name(t.PublicName), name(al.OtherName)
+	// byName resolves name at the gateway first (an allowlist's set
+	// learns the answer), then connects.
+	byName := func(n string, port int, speak, server string) probes.ProbeSpec {
+		return probes.ProbeSpec{Kind: probes.KindTCP, Name: n, Resolver: t.Gateway, Port: port, Via: t.Subnet, Speak: speak, ServerName: server,
 			DeadlineMS: int(allowDeadline.Milliseconds())}
 	}
-	probe := func(from BoxEnd, target, key string, e Expectation, spec probes.ProbeSpec) *Action {
-		return b.probe(Action{Claim: AllowID, Channel: ChannelTCP, From: from.Place, Target: target, TargetKey: key, Expect: e}, spec)
+	byAddr := func(a netip.Addr, port int, speak, server string) probes.ProbeSpec {
+		return probes.ProbeSpec{Kind: probes.KindTCP, Target: a, Port: port, Via: t.Subnet, Speak: speak, ServerName: server}
 	}
-	inetWitness := func(a *Action, dst netip.Addr, proto string, port int, nonce string) {
+	probe := func(from BoxEnd, ch Channel, target, key string, e Expectation, spec probes.ProbeSpec) *Action {
+		return b.probe(Action{Claim: AllowID, Channel: ch, From: from.Place, Target: target, TargetKey: key, Expect: e}, spec)
+	}
+	inetWitness := func(a *Action, dst netip.Addr, proto string, port int) {
 		w := probes.WitnessSpec{Via: al.InetVia, Proto: proto, Port: port, DstIP: dst}
-		if nonce != "" {
-			// By the nonce alone: the gateway's dnsmasq asks the same
-			// resolver from the same (NATed) address.
-			w.Nonces = []string{nonce}
+		if a.Probe.Nonce != "" {
+			// By the nonce alone: the proxy dials, and the gateway's
+			// dnsmasq asks, from the host's own (NATed) address.
+			w.Nonces = []string{a.Probe.Nonce}
 		} else {
 			// A SYN carries no nonce: by the host's NATed source and the
 			// source port this probe pinned.
@@ -121,38 +189,157 @@ func buildAllow(b *builder) {
 		}
 		b.witness(a, PlaceInet, w)
 	}
-	// pinned is a blocked probe's spec with a source port of its own.
+	// nonced gives a blocked probe the nonce its witness looks for.
+	nonced := func(spec probes.ProbeSpec) probes.ProbeSpec {
+		spec.Nonce = probes.NewNonce()
+		return spec
+	}
+	// pinned gives a blocked probe a source port of its own.
 	pinned := func(spec probes.ProbeSpec) probes.ProbeSpec {
 		spec.SrcPort = b.srcPort()
 		return spec
 	}
 
-	// box-w's control: the allowed canary, by name.
-	probe(t.W, "canary "+t.PublicName+" (allowed)", "internet", ExpectReach, byName(t.W, t.PublicName, t.CanaryTCP)).Greeting = t.CanaryGreeting
-	// Not the other canary, by name or by address.
-	a := probe(t.W, "second canary "+al.OtherName+" (not allowed)", "internet-2", ExpectBlocked, pinned(byName(t.W, al.OtherName, allowByNamePort)))
-	inetWitness(a, al.Other, "tcp", allowByNamePort, "")
-	a = probe(t.W, fmt.Sprintf("second canary %s:%d by address", al.Other, allowByAddrPort), "internet-2", ExpectBlocked,
-		pinned(probes.ProbeSpec{Kind: probes.KindTCP, Target: al.Other, Port: allowByAddrPort, Via: t.Subnet}))
-	inetWitness(a, al.Other, "tcp", allowByAddrPort, "")
-	// Not a public resolver straight (only the gateway's, which the
-	// allowlist works through).
+	// box-w's controls: the allowed canary by name, over HTTP through the
+	// proxy, and on a port no proxy takes, through the allow set.
+	probe(t.W, ChannelHTTP, "canary "+allowed+":80 (allowed, HTTP)", "internet", ExpectReach, byName(allowed, allowHTTPPort, probes.SpeakHTTP, "")).Greeting = t.CanaryGreeting
+	if al.AltPort != 0 {
+		probe(t.W, ChannelTCP, fmt.Sprintf("canary %s:%d (allowed)", allowed, al.AltPort), "internet", ExpectReach, byName(allowed, al.AltPort, "", "")).Greeting = t.CanaryGreeting
+	}
+
+	// The allowed canary's own address, with another name.
+	a := probe(t.W, ChannelTLS, fmt.Sprintf("canary %s's address:443, TLS server name %s", allowed, other), "internet", ExpectBlocked,
+		nonced(byName(allowed, allowTLSPort, probes.SpeakTLS, other)))
+	inetWitness(a, t.Canary, "tcp", allowTLSPort)
+	a = probe(t.W, ChannelHTTP, fmt.Sprintf("canary %s's address:80, HTTP Host %s", allowed, other), "internet", ExpectBlocked,
+		nonced(byName(allowed, allowHTTPPort, probes.SpeakHTTP, other)))
+	inetWitness(a, t.Canary, "tcp", allowHTTPPort)
+	// QUIC to the allowed address (its name asked first by the controls).
+	a = probe(t.W, ChannelQUIC, fmt.Sprintf("canary %s:443 over QUIC (UDP)", t.Canary), "internet", ExpectBlocked,
+		probes.ProbeSpec{Kind: probes.KindUDP, Target: t.Canary, Port: allowTLSPort, Payload: probes.RequestQUIC, Nonce: probes.NewNonce(), Via: t.Subnet})
+	inetWitness(a, t.Canary, "udp", allowTLSPort)
+
+	// Not the other canary, by its Host or by address.
+	a = probe(t.W, ChannelHTTP, fmt.Sprintf("second canary %s:80, HTTP Host %s", al.Other, other), "internet-2", ExpectBlocked,
+		nonced(byAddr(al.Other, allowHTTPPort, probes.SpeakHTTP, other)))
+	inetWitness(a, al.Other, "tcp", allowHTTPPort)
+	a = probe(t.W, ChannelTCP, fmt.Sprintf("second canary %s:%d by address", al.Other, allowByAddrPort), "internet-2", ExpectBlocked,
+		pinned(byAddr(al.Other, allowByAddrPort, "", "")))
+	inetWitness(a, al.Other, "tcp", allowByAddrPort)
+
+	// Not a public resolver straight, nor over HTTPS.
 	nonce := probes.NewNonce()
 	a = b.probe(Action{Claim: AllowID, Channel: ChannelUDP, From: t.W.Place, Target: "public resolver " + t.Upstream.String() + ":53, straight", TargetKey: "resolver", Expect: ExpectBlocked},
 		probes.ProbeSpec{Kind: probes.KindUDP, Target: t.Upstream, Port: 53, Payload: "nonce", Nonce: nonce, Via: t.Subnet})
-	inetWitness(a, t.Upstream, "udp", 53, nonce)
+	inetWitness(a, t.Upstream, "udp", 53)
+	a = probe(t.W, ChannelDoH, "public resolver "+t.Upstream.String()+":443, TLS without a name (DNS over HTTPS)", "resolver", ExpectBlocked,
+		nonced(byAddr(t.Upstream, allowTLSPort, probes.SpeakTLS, "")))
+	inetWitness(a, t.Upstream, "tcp", allowTLSPort)
+
+	// Questions for other names: under the allowed name, beside it, and
+	// elsewhere. Each is judged at the witness nameserver, alive when
+	// box-a's question for the same zone got there.
+	if al.WitnessLog != "" && al.AttackerZone != "" {
+		for i, zone := range []string{allowed, other, name(al.AttackerZone)} {
+			q := probes.NewNonce() + "." + zone
+			ctl := b.reference(PlaceA, probes.ProbeSpec{ID: fmt.Sprintf("allow-ctl-%d", i), Kind: probes.KindDNS, Target: t.Gateway, Name: probes.NewNonce() + "." + zone, QType: "TXT", Via: t.Subnet,
+				DelayMS: int(probeDelay.Milliseconds()), DeadlineMS: int(probeDeadline.Milliseconds())})
+			a = probe(t.W, ChannelDNS, q+" (TXT, at the gateway)", "witness-ns", ExpectNotForwarded,
+				probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Name: q, QType: "TXT", Via: t.Subnet})
+			a.Reference = ctl
+		}
+	}
+
 	// An allowed name that resolves to a LAN host stays unreachable.
 	if t.LANVia.IsValid() {
-		a = probe(t.W, al.RebindName+" (allowed, resolves to "+al.RebindAddr.String()+")", "lan-rebind", ExpectBlocked, pinned(byName(t.W, al.RebindName, 80)))
+		a = probe(t.W, ChannelHTTP, al.RebindName+":80 (allowed, resolves to "+al.RebindAddr.String()+")", "lan-rebind", ExpectBlocked,
+			pinned(byName(name(al.RebindName), allowHTTPPort, probes.SpeakHTTP, "")))
 		b.witness(a, PlaceLAN, probes.WitnessSpec{Via: t.LANVia, SrcIPs: []netip.Addr{t.W.IP, t.LANNAT}, Proto: "tcp", Port: 80, SrcPort: a.Probe.SrcPort, DstIP: al.RebindAddr})
 	}
-	// box-a, open, reaches the second canary: it was there to be blocked.
-	probe(t.A, "second canary "+al.OtherName+" (box-a is open)", "internet-2", ExpectReach, byName(t.A, al.OtherName, allowOpenPort)).Greeting = al.OtherGreeting
-	probe(t.A, fmt.Sprintf("second canary %s:%d by address (box-a is open)", al.Other, allowOpenPort), "internet-2", ExpectReach,
-		probes.ProbeSpec{Kind: probes.KindTCP, Target: al.Other, Port: allowOpenPort, Via: t.Subnet}).Greeting = al.OtherGreeting
+
+	// box-a, open, reaches what box-w may not: it was there to be blocked.
+	probe(t.A, ChannelHTTP, fmt.Sprintf("second canary %s:%d, HTTP Host %s (box-a is open)", al.Other, allowOpenPort, other), "internet-2", ExpectReach,
+		byAddr(al.Other, allowOpenPort, probes.SpeakHTTP, other)).Greeting = al.OtherGreeting
+	probe(t.A, ChannelQUIC, fmt.Sprintf("canary %s:443 over QUIC (box-a is open)", t.Canary), "internet", ExpectReach,
+		probes.ProbeSpec{Kind: probes.KindUDP, Target: t.Canary, Port: allowTLSPort, Payload: probes.RequestQUIC, Via: t.Subnet}).Greeting = t.CanaryGreeting
+	if al.ResolverGreeting != "" {
+		probe(t.A, ChannelDoH, "public resolver "+t.Upstream.String()+":443 (box-a is open)", "resolver", ExpectReach,
+			byAddr(t.Upstream, allowTLSPort, probes.SpeakTLS, "")).Greeting = al.ResolverGreeting
+	}
 }
 
-// dropEgressTable is the mutation "egress": no allowlist is enforced.
+// refineAllow judges the questions box-w must not have sent on, at the
+// witness nameserver: a question of box-w's there fails, whatever box-w
+// was told; its absence passes only when box-a's question for the same
+// zone is there.
+func refineAllow(r *run, res Result) Result {
+	if res.Expect != ExpectNotForwarded || res.Verdict == Fail || r.allow == nil {
+		return res
+	}
+	al := r.allow
+	al.once.Do(func() {
+		qs, err := world.ReadWitnessLog(r.cfg.Topology.Allow.WitnessLog, r.rep.Started)
+		al.logErr = err
+		al.queries = map[string]bool{}
+		for _, q := range qs {
+			al.queries[strings.TrimSuffix(q.Name, ".")] = true
+		}
+	})
+	if al.logErr != nil {
+		return verdict(res, Inconclusive, "the witness nameserver's log could not be read: "+al.logErr.Error())
+	}
+	asked := strings.TrimSuffix(res.Probe.Name, ".")
+	if al.queries[asked] {
+		res.AtTarget = "the witness nameserver got " + asked
+		return verdict(res, Fail, "the question left the host: its zone's authoritative nameserver got it (a DNS tunnel)")
+	}
+	ctl, ok := r.obs.get(res.Reference.At, res.Reference.ID)
+	ctlName := ""
+	if ok && ctl.Evidence.DNS != nil {
+		ctlName = strings.TrimSuffix(ctl.Evidence.DNS.Name, ".")
+	}
+	if ctlName == "" || !al.queries[ctlName] {
+		res.AtTarget = "the witness nameserver got neither this question nor box-a's for the same zone"
+		return verdict(res, Inconclusive, "box-a's question for the same zone did not reach the witness nameserver ("+reportOf(ctl, ok)+"), so its silence proves nothing")
+	}
+	res.AtTarget = fmt.Sprintf("the witness nameserver got box-a's %s and not this one (%d questions in its log since the run began)", ctlName, len(al.queries))
+	o := res.Obs
+	told := "no answer"
+	if o != nil && o.Evidence.DNS != nil && o.Evidence.DNS.Rcode != "" {
+		told = o.Evidence.DNS.Rcode
+		if o.Evidence.DNS.EDE != "" {
+			told += " (" + o.Evidence.DNS.EDE + ")"
+		}
+	}
+	return verdict(res, Pass, "answered at the gateway ("+told+") and never forwarded")
+}
+
+// The egress mutations: the whole table ("egress"), or one of its chains.
 func dropEgressTable(ctx context.Context, h *stack.Host, _ []string) error {
 	return deleteTable(h, nftables.TableFamilyINet, stack.Current.NFTTable+"_egress")
+}
+
+// dropEgressChain is a mutation that deletes one chain of the egress table
+// (its rules first: a chain must be empty to go).
+func dropEgressChain(chain string) func(context.Context, *stack.Host, []string) error {
+	return func(ctx context.Context, h *stack.Host, _ []string) error {
+		return withNetNS(h.NetNS, func(fd int) error {
+			var opts []nftables.ConnOption
+			if fd > 0 {
+				opts = append(opts, nftables.WithNetNSFd(fd))
+			}
+			conn, err := nftables.New(opts...)
+			if err != nil {
+				return err
+			}
+			t := &nftables.Table{Family: nftables.TableFamilyINet, Name: stack.Current.NFTTable + "_egress"}
+			ch := &nftables.Chain{Table: t, Name: chain}
+			conn.FlushChain(ch)
+			conn.DelChain(ch)
+			if err := conn.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+				return err
+			}
+			return nil // gone already (with its table: another mutation's)
+		})
+	}
 }

@@ -397,7 +397,7 @@ func controlledBy(rs, all []Result, place Place) []Result {
 	}
 	out := slices.Clone(rs)
 	for i, r := range out {
-		if r.From == place && r.Verdict == Pass && (r.Expect == ExpectBlocked || r.Expect == ExpectNoName) {
+		if r.From == place && r.Verdict == Pass && (r.Expect == ExpectBlocked || r.Expect == ExpectNoName || r.Expect == ExpectNotForwarded) {
 			out[i].Verdict = Inconclusive
 			out[i].Evidence = "looked blocked, but " + string(place) + "'s own control failed (" + strings.Join(failed, "; ") + "), so the block proves nothing"
 		}

@@ -343,6 +343,40 @@ func TestSystemDrillCanFail(t *testing.T) {
 			assert.False(t, reached["lan-rebind"], "the allowed name that points at the LAN stays unreachable without the allowlist too (the ACL): %v", reached)
 			assert.Contains(t, rep.Stack.Layers["L-EGRESS"], "absent")
 		}},
+		// One chain of the egress table at a time: each shown by its own
+		// probes of C-ALLOW's, and by nothing of any other claim.
+		{"egress dns chain gone", []string{"egress-dns"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-ALLOW")
+			assert.Equal(t, []drill.ClaimID{"C-ALLOW"}, rep.MutationResults[0].Flipped)
+			tunnel := 0
+			for _, r := range probeFailures(claim(t, rep, "C-ALLOW")) {
+				if r.Channel == drill.ChannelDNS {
+					tunnel++
+					assert.Contains(t, r.Evidence, "DNS tunnel")
+				}
+			}
+			assert.Equal(t, 3, tunnel, "box-w's three questions reached the witness nameserver")
+		}},
+		{"egress names chain gone", []string{"egress-names"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-ALLOW")
+			assert.Equal(t, []drill.ClaimID{"C-ALLOW"}, rep.MutationResults[0].Flipped)
+			ch := map[drill.Channel]bool{}
+			for _, r := range probeFailures(claim(t, rep, "C-ALLOW")) {
+				ch[r.Channel] = true
+			}
+			assert.True(t, ch[drill.ChannelTLS] && ch[drill.ChannelHTTP], "another TLS server name and HTTP Host reached the canary's address: %v", ch)
+			assert.False(t, ch[drill.ChannelDNS] || ch[drill.ChannelQUIC], "nothing the proxy does not decide: %v", ch)
+		}},
+		{"egress forward chain gone", []string{"egress-forward"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-ALLOW")
+			assert.Equal(t, []drill.ClaimID{"C-ALLOW"}, rep.MutationResults[0].Flipped)
+			ch := map[drill.Channel]bool{}
+			for _, r := range probeFailures(claim(t, rep, "C-ALLOW")) {
+				ch[r.Channel] = true
+			}
+			assert.True(t, ch[drill.ChannelQUIC] && ch[drill.ChannelTCP] && ch[drill.ChannelUDP], "QUIC, the second canary by address and the resolver straight: %v", ch)
+			assert.False(t, ch[drill.ChannelDNS] || ch[drill.ChannelTLS], "what the resolver and the proxy decide holds: %v", ch)
+		}},
 		{"door widened by hand", []string{"door-wide"}, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-EXPOSE")
 			lan := false
@@ -351,6 +385,18 @@ func TestSystemDrillCanFail(t *testing.T) {
 			}
 			assert.True(t, lan, "the LAN reached box-a through the widened door")
 			assert.NotEmpty(t, stackFailures(claim(t, rep, "C-FLEET")), "and the census names the door")
+		}},
+		{"dhcp open", []string{"dhcp-open"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-SPOOF")
+			assert.Equal(t, []drill.ClaimID{"C-SPOOF"}, rep.MutationResults[0].Flipped, "only the DHCP lies flip")
+			failed := map[drill.Channel]bool{}
+			for _, r := range probeFailures(claim(t, rep, "C-SPOOF")) {
+				failed[r.Channel] = true
+			}
+			for _, ch := range []drill.Channel{drill.ChannelDHCPRelease, drill.ChannelDHCPDecline, drill.ChannelDHCPStarve, drill.ChannelDHCPClientID, drill.ChannelDHCPHType} {
+				assert.True(t, failed[ch], "the server took the %s lie: %v", ch, failed)
+			}
+			assert.Contains(t, rep.Stack.Layers["L-DHCP"], "absent")
 		}},
 		{"egress broken", []string{"nat-off"}, func(t *testing.T, rep *drill.Report) {
 			// One exit rule: a failed baseline is a violated claim (exit 1),
@@ -462,6 +508,26 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		assert.Contains(t, fails[0].Evidence, "bridge")
 		assert.Empty(t, probeFailures(sib), "port isolation still stops the fresh boxes' probes: only Verify sees the hole")
 		assert.Equal(t, drill.Pass, claim(t, rep, "C-HOST").Verdict, "claims not resting on the layer are untouched")
+	})
+	t.Run("DHCP restriction dropped from raw.dnsmasq by hand", func(t *testing.T) {
+		cfg := config(t)
+		restoreAfter(t, cfg)
+		ensured(t, cfg)
+		// As an operator types it: the settings without the two DHCP
+		// lines, through a shell's $(...).
+		inHost(t, cfg, "sh", "-c", `incus network set `+stack.Current.Network+` raw.dnsmasq="$(incus network get `+stack.Current.Network+` raw.dnsmasq | grep -v '^dhcp-ignore')"`)
+		cfg.NoSetup = true
+		cfg.Claims = []drill.Claim{claimOf(t, "C-SPOOF")}
+		rep := run(t, cfg)
+		sp := claim(t, rep, "C-SPOOF")
+		assert.Equal(t, drill.Fail, sp.Verdict)
+		assert.NotEmpty(t, stackFailures(sp), "Verify sees the lines gone")
+		channels := map[drill.Channel]bool{}
+		for _, r := range probeFailures(sp) {
+			channels[r.Channel] = true
+		}
+		assert.True(t, channels[drill.ChannelDHCPClientID], "the server leased to a made-up client identifier: %v", channels)
+		assert.False(t, channels[drill.ChannelDHCPRelease] || channels[drill.ChannelDHCPStarve], "the pin table still stops the messages naming another hardware address: %v", channels)
 	})
 	t.Run("ARP let past the pins by hand", func(t *testing.T) {
 		cfg := config(t)

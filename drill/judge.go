@@ -119,6 +119,17 @@ func judge(a Action, obs observations, t Scene, baselineOK bool, agentErr map[Pl
 		return judgeDistinct(r, o, obs)
 	case ExpectClosed:
 		return judgeClosed(r, o)
+	case ExpectNotForwarded:
+		if o.Outcome == probes.Reached {
+			return verdict(r, Fail, "resolved a name it may not ask for: "+o.Reason)
+		}
+		// Whether the question left is said at the authoritative server,
+		// which the claim reads (its refine).
+		return verdict(r, Inconclusive, "not judged at the authoritative server")
+	case ExpectNoLease:
+		// The sender expects nothing back; the server's lease file is
+		// the evidence, and the claim reads it (refine).
+		return verdict(r, Inconclusive, "judged at the DHCP server: its lease file was not read")
 	}
 	return verdict(r, Inconclusive, "no rule to judge expectation "+string(a.Expect))
 }
@@ -195,6 +206,9 @@ func judgeBlocked(r Result, o probes.Observation, obs observations, t Scene, bas
 			return verdict(r, Inconclusive, "stopped inside the sending box before it left: "+o.Reason)
 		}
 		by := "something in between"
+		if o.Evidence.ICMP == nil && !local && o.Reason != "" {
+			by += " (" + o.Reason + ")"
+		}
 		switch {
 		case o.Evidence.ICMP != nil && !local:
 			by = fmt.Sprintf("%s (%s)", o.Evidence.ICMP.Offender, o.Evidence.ICMP.Name)

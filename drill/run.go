@@ -189,11 +189,17 @@ type run struct {
 	// watched.
 	neigh    []neighEvent
 	neighErr string
+	// dhcp is what the DHCP server held around C-SPOOF's DHCP lies, and
+	// the box minted after them; nil when they were not sent.
+	dhcp *dhcpRun
 	// tier is the granted user's side (C-TIER); nil when it did not run.
 	// tierFindings are the census's findings on box-t's port isolation,
 	// which the drill turned off: C-TIER's evidence, kept out of findings.
 	tier         *tierRun
 	tierFindings []stack.Finding
+	// allow is the allowlisted box's side (C-ALLOW); nil when it did not
+	// run.
+	allow *allowRun
 	// door is box-a's door (C-EXPOSE); doorErr why there is none.
 	door    netip.AddrPort
 	doorErr string

@@ -86,6 +86,13 @@ const (
 	ExpectRefused  Expectation = "refused for the restriction"
 	// ExpectClosed: the target's kernel refused the connection (nothing listens).
 	ExpectClosed Expectation = "closed (refused: nothing listens)"
+	// ExpectNotForwarded: a DNS question answered at the gateway without
+	// a record, that never reached the name's authoritative server (C-ALLOW
+	// judges it at the world's witness nameserver).
+	ExpectNotForwarded Expectation = "not forwarded"
+	// ExpectNoLease: the DHCP server took no lease for a lie, nor gave
+	// one up (judged at the server, refineSpoof).
+	ExpectNoLease Expectation = "no lease taken or released"
 )
 
 // BoxEnd is one probe box as the drill knows it after minting.
@@ -166,6 +173,13 @@ type Scene struct {
 	// host's addresses (9100 and 9101 when zero); on a real host they are
 	// picked per run, so a service of the host's own is never in the way.
 	HostTCP, HostUDP int
+	// DHCPFirst and DHCPSize are the bridge's dynamic DHCP pool (its first
+	// range, as its dnsmasq was started with), what C-SPOOF's made-up
+	// clients ask for; DHCPPrefix makes their hardware addresses and
+	// client identifiers the run's own.
+	DHCPFirst  netip.Addr
+	DHCPSize   int
+	DHCPPrefix [3]byte
 }
 
 // box is the probe box at a place, if the scene has one there.

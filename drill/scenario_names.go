@@ -1,6 +1,8 @@
 package drill
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
@@ -19,10 +21,12 @@ const maxNames = 96
 var searchLabels = []string{"git", "wiki", "intranet", "mail", "vpn", "nas"}
 
 // upstreamID is the id of the host's direct question to the public
-// upstream that a box's question is compared with.
-func upstreamID(id string) string { return upstreamPrefix + id }
-
-const upstreamPrefix = "up-"
+// upstream that a box's question is compared with: one a question, whoever
+// asks it (box-a, box-t, a nested workload).
+func upstreamID(qtype, name string) string {
+	h := sha256.Sum256([]byte(qtype + " " + strings.ToLower(name)))
+	return "up-" + hex.EncodeToString(h[:8])
+}
 
 // nameQuestions is every question C-NAMES asks beyond the siblings'
 // names: the topology's, the hosts file's, the host's names, names under
@@ -115,7 +119,7 @@ func (b *builder) namesFrom(claim ClaimID, from BoxEnd) {
 		if !t.Upstream.IsValid() {
 			continue
 		}
-		a.Reference = b.reference(PlaceHost, probes.ProbeSpec{ID: upstreamID(a.ID), Kind: probes.KindDNS, Target: t.Upstream, Port: 53, Name: q.Name, QType: q.QType,
+		a.Reference = b.reference(PlaceHost, probes.ProbeSpec{ID: upstreamID(q.QType, q.Name), Kind: probes.KindDNS, Target: t.Upstream, Port: 53, Name: q.Name, QType: q.QType,
 			DelayMS: int(probeDelay.Milliseconds()), DeadlineMS: int(probeDeadline.Milliseconds())})
 	}
 }

@@ -46,6 +46,9 @@ func testTopology() Scene {
 		N:          testBox(PlaceN, "drill-0a1b2c-n", "10.88.0.16", "00:16:3e:00:00:0f"),
 		L:          testBox(PlaceL, "drill-0a1b2c-l", "10.88.0.17", "00:16:3e:00:00:10"),
 		Door:       netip.MustParseAddrPort("127.0.0.1:19100"),
+		DHCPFirst:  netip.MustParseAddr("10.88.0.2"),
+		DHCPSize:   253,
+		DHCPPrefix: [3]byte{0x0a, 0xb0, 0xc5},
 
 		Topology: topo.Topology{
 			Source:         topo.SourceWorld,
@@ -61,7 +64,8 @@ func testTopology() Scene {
 			Upstream:       netip.MustParseAddr("203.0.113.53"),
 			Allow: topo.AllowTargets{OtherName: "other.example.net.", Other: netip.MustParseAddr("203.0.113.20"), OtherGreeting: "hello from canary2",
 				RebindName: "rebind.example.net.", RebindAddr: netip.MustParseAddr("192.168.20.10"),
-				InetNS: "inet", InetVia: netip.MustParsePrefix("198.51.100.0/24"), InetNAT: netip.MustParseAddr("198.51.100.2")},
+				InetNS: "inet", InetVia: netip.MustParsePrefix("198.51.100.0/24"), InetNAT: netip.MustParseAddr("198.51.100.2"),
+				WitnessLog: "/run/box-world/test/dns-witness.log", AttackerZone: "attacker.example.", AltPort: 8080, ResolverGreeting: "hello from the resolver"},
 		},
 		DNSDomain: "incus",
 
@@ -262,6 +266,10 @@ func controlledTarget(t Scene, a Action) (Place, bool) {
 		return PlaceHost, true
 	case "internet-2", "resolver":
 		return PlaceInet, true // C-ALLOW's witness in the internet
+	case "internet":
+		if a.Claim == AllowID { // the allowed canary, with another name
+			return PlaceInet, true
+		}
 	case "lan-rebind":
 		return PlaceLAN, true
 	}

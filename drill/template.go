@@ -59,11 +59,13 @@ func (r *run) waitProvisioned(ctx context.Context, c *incus.Client, name string)
 	if _, err := c.Exec(ctx, name, incus.ExecRequest{Command: []string{"cloud-init", "status", "--wait"}}); err != nil {
 		return fmt.Errorf("%s: waiting for cloud-init: %w", name, err)
 	}
-	if _, err := c.PullFile(ctx, name, templates.ReadyMarker); err == nil {
+	// An empty marker is no marker: a clone's inherited ones are emptied
+	// before its first boot.
+	if b, err := c.PullFile(ctx, name, templates.ReadyMarker); err == nil && len(b) > 0 {
 		r.cfg.logf("boxes: %s provisioned from template %s in %s", name, r.cfg.Template.Name, time.Since(start).Round(time.Second))
 		return nil
 	}
-	if b, err := c.PullFile(ctx, name, templates.FailedMarker); err == nil {
+	if b, err := c.PullFile(ctx, name, templates.FailedMarker); err == nil && len(b) > 0 {
 		return fmt.Errorf("%s: template %s's provisioning failed: %s%s", name, r.cfg.Template.Name, strings.TrimSpace(string(b)), logTail(ctx, c, name))
 	}
 	return fmt.Errorf("%s: cloud-init finished, but template %s's user-data left no marker (%s or %s)%s", name, r.cfg.Template.Name, templates.ReadyMarker, templates.FailedMarker, logTail(ctx, c, name))

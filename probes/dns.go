@@ -80,6 +80,13 @@ func probeDNS(ctx context.Context, spec ProbeSpec, obs Observation) Observation 
 	if ev.Rcode == "" {
 		ev.Rcode = fmt.Sprintf("RCODE%d", reply.Rcode)
 	}
+	if o := reply.IsEdns0(); o != nil {
+		for _, opt := range o.Option {
+			if e, ok := opt.(*dns.EDNS0_EDE); ok {
+				ev.EDE = printable([]byte(fmt.Sprintf("%d %s", e.InfoCode, e.ExtraText)), 300)
+			}
+		}
+	}
 	for _, rr := range reply.Answer {
 		if a, ok := rr.(*dns.A); ok {
 			ev.Addresses = append(ev.Addresses, a.A.String())

@@ -91,7 +91,11 @@ func TestPrivilegedReleaseAgent(t *testing.T) {
 	hs, err := v1Hierarchies("/proc/self/cgroup")
 	require.NoError(t, err)
 	if len(hs) == 0 {
-		t.Skip("no cgroup v1 hierarchy on this host") // nothing for the probe to mount
+		// A cgroup v2 host: nothing for the child to mount afresh.
+		o := RunProbe(context.Background(), ProbeSpec{ID: "ra", Kind: KindReleaseAgent, DeadlineMS: 3000})
+		require.NotNil(t, o.Evidence.ReleaseAgent, o.Reason)
+		assert.Empty(t, o.Evidence.ReleaseAgent.Fresh, "no v1 hierarchy, no fresh mount")
+		return
 	}
 	atRoot := map[string]bool{}
 	b, _ := os.ReadFile("/proc/self/cgroup")

@@ -123,6 +123,9 @@ type DNSEvidence struct {
 	// Addresses are the answer's A records, in order (a by-name tcp
 	// probe connects to the first).
 	Addresses []string `json:"addresses,omitempty"`
+	// EDE is the reply's Extended DNS Error (RFC 8914), its code and text:
+	// why a resolver would not answer.
+	EDE string `json:"ede,omitempty"`
 }
 
 // IPv6Evidence is the box's IPv6 state or a router solicitation's result.

@@ -58,6 +58,8 @@ const (
 	KindControl   Kind = "control"    // control frames for the witnesses on a wire
 	KindARPSpoof  Kind = "arp_spoof"  // forged ARP: claims an address that is not ours
 	KindForgedUDP Kind = "forged_udp" // IPv4 UDP from a source address that is not ours
+	KindDHCPForge Kind = "dhcp_forge" // a DHCP message naming a client that need not be us
+	KindDHCPFlood Kind = "dhcp_flood" // DHCP for many made-up clients
 )
 
 // The ARP frames an arp_spoof probe forges (its "op").
@@ -220,6 +222,39 @@ type ProbeSpec struct {
 	// kernel's pick): a witness past a NAT, which keeps the port, can then
 	// count this probe's packets and no one else's.
 	SrcPort int `json:"src_port,omitempty"`
+	// Speak picks what a tcp probe sends once connected (tcp only): the
+	// nonce line when empty; "http" a request (GET /<nonce>) whose Host
+	// is ServerName; "tls" a TLS ClientHello whose server name is
+	// ServerName (none when empty) and whose random is the nonce. A proxy
+	// that reads either must see the name; a greeter that echoes its first
+	// line echoes the nonce (SpeakHTTP, SpeakTLS).
+	Speak string `json:"speak,omitempty"`
+	// ServerName is the name a tcp probe that speaks http or tls sends:
+	// by default the name it resolved (Name).
+	ServerName string `json:"server_name,omitempty"`
+	// DHCP is the message a dhcp_forge probe sends: release, decline,
+	// discover or request (DHCPRelease ...). Target is the address it
+	// names: a release's ciaddr, a decline's or request's requested
+	// address (a dhcp_flood's first requested address).
+	DHCP string `json:"dhcp,omitempty"`
+	// ClientHW is the client hardware address (chaddr) a dhcp_forge probe
+	// names, 1 to 16 colon-separated hex bytes (our interface's MAC when
+	// empty), HType its hardware type (Ethernet, 1, when 0).
+	ClientHW string `json:"client_hw,omitempty"`
+	HType    int    `json:"htype,omitempty"`
+	// ClientID is the client identifier (option 61, hex bytes) a
+	// dhcp_forge probe sends; for a dhcp_flood, the prefix of its made-up
+	// identifiers.
+	ClientID string `json:"client_id,omitempty"`
+	// ServerID is the server a dhcp_forge release or decline names
+	// (option 54), and where a release goes.
+	ServerID netip.Addr `json:"server_id,omitzero"`
+	// Count and HWPrefix: a dhcp_flood asks for Count leases, each for a
+	// made-up client whose hardware address is HWPrefix (3 bytes) and a
+	// 3-byte index (or, with ClientID instead, our own hardware address
+	// and that identifier with the index).
+	Count    int    `json:"count,omitempty"`
+	HWPrefix string `json:"hw_prefix,omitempty"`
 	// Payload picks what a udp probe sends (udp only). Empty chooses by
 	// destination port: a minimal valid request of the port's protocol
 	// for the well-known ports in udpproto.go (53, 5353, 67, 69, 123, 137,
@@ -584,6 +619,11 @@ func (s *ProbeSpec) Validate() error {
 		}
 		needsNonce = true
 	case KindTCP, KindUDP:
+		if s.Kind == KindTCP {
+			if err := s.validateSpeak(); err != nil {
+				return err
+			}
+		}
 		if s.Kind == KindTCP && s.Resolver.IsValid() {
 			if s.Name == "" || s.Target.IsValid() || s.QType != "" {
 				return errors.New("a tcp probe with a resolver is one by name: it needs a name, and no target or qtype")
@@ -591,6 +631,7 @@ func (s *ProbeSpec) Validate() error {
 			if s.Port == 0 {
 				return fmt.Errorf("%s needs a port", s.Kind)
 			}
+			needsNonce = true
 			break
 		}
 		if !s.Target.IsValid() {
@@ -683,6 +724,10 @@ func (s *ProbeSpec) Validate() error {
 			return errors.New("forged_udp via must be an IPv4 subnet")
 		}
 		needsNonce = true
+	case KindDHCPForge, KindDHCPFlood:
+		if err := s.validateDHCP(); err != nil {
+			return err
+		}
 	case KindIPv6State, KindNDPRS, KindDHCPLease:
 		if s.Target.IsValid() || s.Port != 0 || s.Nonce != "" {
 			return fmt.Errorf("%s takes no target, port or nonce", s.Kind)
@@ -696,14 +741,21 @@ func (s *ProbeSpec) Validate() error {
 	if !needsNonce && s.Nonce != "" {
 		return fmt.Errorf("%s carries no nonce", s.Kind)
 	}
-	if s.Kind != KindControl && s.Kind != KindARPSpoof && s.DstMAC != "" {
-		return fmt.Errorf("dst_mac is for control and arp_spoof probes, not %s", s.Kind)
+	if s.Kind != KindControl && s.Kind != KindARPSpoof && s.Kind != KindDHCPForge && s.DstMAC != "" {
+		return fmt.Errorf("dst_mac is for control, arp_spoof and dhcp_forge probes, not %s", s.Kind)
+	}
+	if s.Kind != KindDHCPForge && s.Kind != KindDHCPFlood &&
+		(s.DHCP != "" || s.ClientHW != "" || s.HType != 0 || s.ClientID != "" || s.ServerID.IsValid() || s.Count != 0 || s.HWPrefix != "") {
+		return fmt.Errorf("dhcp, client_hw, htype, client_id, server_id, count and hw_prefix are for dhcp_forge and dhcp_flood probes, not %s", s.Kind)
 	}
 	if s.Kind != KindARPSpoof && (s.ARPSenderIP.IsValid() || s.Op != "" || s.SrcMAC != "") {
 		return fmt.Errorf("arp_sender_ip, op and src_mac are for arp_spoof probes, not %s", s.Kind)
 	}
 	if s.Kind != KindForgedUDP && s.SrcIP.IsValid() {
 		return fmt.Errorf("src_ip is for forged_udp probes, not %s", s.Kind)
+	}
+	if s.Kind != KindTCP && (s.Speak != "" || s.ServerName != "") {
+		return fmt.Errorf("speak and server_name are for tcp probes, not %s", s.Kind)
 	}
 	if s.Kind != KindUDP && s.Kind != KindBroadcast && s.Payload != "" {
 		return fmt.Errorf("payload is for udp and broadcast probes, not %s", s.Kind)
@@ -713,6 +765,31 @@ func (s *ProbeSpec) Validate() error {
 	}
 	if s.Resolver.IsValid() && s.Kind != KindTCP {
 		return fmt.Errorf("resolver is for a tcp probe by name, not %s", s.Kind)
+	}
+	return nil
+}
+
+// What a tcp probe may speak.
+const (
+	SpeakHTTP = "http"
+	SpeakTLS  = "tls"
+)
+
+// validateSpeak checks a tcp probe's speak and server_name.
+func (s *ProbeSpec) validateSpeak() error {
+	switch s.Speak {
+	case "", SpeakHTTP, SpeakTLS:
+	default:
+		return fmt.Errorf("speak %q is not one of %s, %s", truncate(s.Speak, 16), SpeakHTTP, SpeakTLS)
+	}
+	if s.ServerName != "" && s.Speak == "" {
+		return errors.New("server_name needs speak (http or tls)")
+	}
+	if err := checkText("server_name", s.ServerName, MaxStringLen); err != nil {
+		return err
+	}
+	if strings.ContainsAny(s.ServerName, " \t\r\n/:") {
+		return fmt.Errorf("server_name %q is not a name", truncate(s.ServerName, 32))
 	}
 	return nil
 }

@@ -97,6 +97,10 @@ func RunProbe(ctx context.Context, spec ProbeSpec) Observation {
 		obs = probeARPSpoof(pctx, spec, obs)
 	case KindForgedUDP:
 		obs = probeForgedUDP(pctx, spec, obs)
+	case KindDHCPForge:
+		obs = probeDHCPForge(pctx, spec, obs)
+	case KindDHCPFlood:
+		obs = probeDHCPFlood(pctx, spec, obs)
 	default:
 		obs = runKernel(pctx, spec, obs)
 	}
@@ -131,6 +135,8 @@ func targetString(s *ProbeSpec) string {
 		if s.Via.IsValid() && s.Via.Addr().Is4() {
 			return netip.AddrPortFrom(broadcastOf(s.Via), uint16(s.Port)).String()
 		}
+	case KindDHCPFlood:
+		return fmt.Sprintf("%d made-up clients", s.Count)
 	case KindUnixHTTP:
 		return s.Socket
 	case KindWriteOpen, KindReadFiles, KindLoadDisk:
@@ -284,6 +290,9 @@ func resolveFirst(ctx context.Context, spec ProbeSpec, obs Observation) (ProbeSp
 	a, err := netip.ParseAddr(r.Evidence.DNS.Addresses[0])
 	if err != nil {
 		return spec, fail(obs, "the resolver's answer is not an address: "+r.Evidence.DNS.Addresses[0]), false
+	}
+	if spec.Speak != "" && spec.ServerName == "" {
+		spec.ServerName = spec.Name
 	}
 	spec.Target, spec.Name = a, ""
 	obs.Target = targetString(&spec)

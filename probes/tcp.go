@@ -136,7 +136,7 @@ func probeTCP(ctx context.Context, spec ProbeSpec, obs Observation) (out Observa
 		obs.Evidence.Source = conn.LocalAddr().String()
 	}
 	_ = conn.SetDeadline(deadlineOf(ctx))
-	if _, err := conn.Write(probeLine(spec.Nonce)); err != nil {
+	if _, err := conn.Write(spoken(spec)); err != nil {
 		return tcpConnectedNoEcho(obs, nil, fmt.Sprintf("write after connect: %v", err))
 	}
 	want := []byte(spec.Nonce)
@@ -148,6 +148,10 @@ func probeTCP(ctx context.Context, spec ProbeSpec, obs Observation) (out Observa
 		if bytes.Contains(got, want) {
 			obs.Evidence.Reply = printable(got, 200)
 			return done(obs, Reached, "connected and the peer echoed the nonce")
+		}
+		if o, why, ok := policyRefusal(spec, got); ok && (err != nil || o == Rejected) {
+			obs.Evidence.Reply = printable(got, 200)
+			return done(obs, o, why)
 		}
 		if err != nil {
 			why := "the peer closed the connection without echoing the nonce"

@@ -31,6 +31,9 @@ import (
 //	1900       ssdp      unicast M-SEARCH, ST ssdp:all, the nonce in    nothing: a device's answer does not quote the request
 //	                     an X-Drill-Nonce header
 //	other      nonce     ProbePrefix+nonce+"\n" (the drill's listeners)  the echo quotes the nonce
+//	(payload)  quic      a QUIC v1 Initial's long header, 1200 bytes,  the echo quotes the nonce
+//	                     the nonce line inside (an egress rule drops
+//	                     UDP 443 whatever it holds)
 //
 // Any reply from the target's address and port is arrival. It is reached
 // when it carries the nonce (anywhere, as an echo listener quotes it) or
@@ -57,10 +60,11 @@ const (
 	RequestNetBIOS = "netbios"
 	RequestSNMP    = "snmp"
 	RequestSSDP    = "ssdp"
+	RequestQUIC    = "quic"
 )
 
 // udpRequests lists every request a payload may name, in a stable order.
-var udpRequests = []string{RequestNonce, RequestDNS, RequestDHCP, RequestTFTP, RequestNTP, RequestNetBIOS, RequestSNMP, RequestSSDP}
+var udpRequests = []string{RequestNonce, RequestDNS, RequestDHCP, RequestTFTP, RequestNTP, RequestNetBIOS, RequestSNMP, RequestSSDP, RequestQUIC}
 
 // requestForPort is the table above: the request sent to a port when the
 // probe does not name one.
@@ -206,6 +210,8 @@ func newUDPRequest(name, nonce string, target netip.AddrPort) (udpRequest, error
 		}
 	case RequestSSDP:
 		r.build = fixed(ssdpSearch(target, nonce))
+	case RequestQUIC:
+		r.build = fixed(quicInitial(nonce))
 	default:
 		return r, fmt.Errorf("no udp request %q", truncate(name, 16))
 	}
@@ -364,4 +370,19 @@ func ssdpSearch(target netip.AddrPort, nonce string) []byte {
 		"ST: ssdp:all\r\n" +
 		"USER-AGENT: Linux/1 UPnP/1.1 box-drill/1\r\n" +
 		"X-Drill-Nonce: " + nonce + "\r\n\r\n")
+}
+
+// quicInitial is a datagram shaped as a QUIC version 1 Initial (long
+// header, the 1200 bytes a client's first flight takes) with the nonce
+// line in its payload: not a handshake any server completes, but what a
+// firewall that tells QUIC by port or by header sees.
+func quicInitial(nonce string) []byte {
+	token := nonceToken(nonce, 8)
+	b := []byte{0xc3, 0, 0, 0, 1, 8}
+	b = append(b, token...)
+	b = append(b, 0, 0) // no source connection id, no token
+	rest := 1200 - len(b) - 2
+	b = append(b, byte(0x40|rest>>8), byte(rest))
+	b = append(b, probeLine(nonce)...)
+	return append(b, make([]byte, 1200-len(b))...)
 }

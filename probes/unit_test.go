@@ -3,8 +3,10 @@ package probes
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
@@ -470,4 +473,60 @@ func TestRunAgentReturnsWithinDeadline(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, rep.Observations, 1)
 	require.NotEqual(t, Reached, rep.Observations[0].Outcome)
+}
+
+func TestSpeak(t *testing.T) {
+	nonce := NewNonce()
+	http := string(spoken(ProbeSpec{Speak: SpeakHTTP, ServerName: "canary.example.net", Nonce: nonce}))
+	assert.True(t, strings.HasPrefix(http, "GET /"+nonce+" HTTP/1.1\r\nHost: canary.example.net\r\n"), http)
+
+	for _, sni := range []string{"canary.example.net", "", "a-much-longer-name.under.some.zone.example.org"} {
+		hello := spoken(ProbeSpec{Speak: SpeakTLS, ServerName: sni, Nonce: nonce})
+		i := bytes.Index(hello, []byte(nonce))
+		require.Positive(t, i, "the nonce is in the hello")
+		assert.NotContains(t, string(hello[:i+len(nonce)]), "\n", "a greeter's first line holds the nonce")
+		// crypto/tls reads it as a ClientHello, with its server name.
+		var got *tls.ClientHelloInfo
+		c1, c2 := net.Pipe()
+		go func() { c2.Write(hello); c2.Close() }()
+		tls.Server(c1, &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			got = h
+			return nil, errors.New("enough")
+		}}).Handshake()
+		c1.Close()
+		require.NotNil(t, got, "crypto/tls parsed it")
+		assert.Equal(t, sni, got.ServerName)
+		assert.Contains(t, got.SupportedVersions, uint16(tls.VersionTLS13))
+	}
+
+	o, why, ok := policyRefusal(ProbeSpec{Speak: SpeakHTTP}, []byte("HTTP/1.1 403 Forbidden\r\nX-Box-Egress: refused\r\nContent-Length: 9\r\n\r\nbox egress: other.example.net is not allowed\n"))
+	assert.True(t, ok)
+	assert.Equal(t, Rejected, o)
+	assert.Contains(t, why, "other.example.net is not allowed")
+	_, _, ok = policyRefusal(ProbeSpec{Speak: SpeakHTTP}, []byte("HTTP/1.1 403 Forbidden\r\n\r\n"))
+	assert.False(t, ok, "a target's own 403 is its answer, not a proxy's refusal")
+	o, why, ok = policyRefusal(ProbeSpec{Speak: SpeakTLS}, []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31})
+	assert.True(t, ok)
+	assert.Equal(t, Rejected, o)
+	assert.Contains(t, why, "access_denied")
+	_, _, ok = policyRefusal(ProbeSpec{Speak: SpeakTLS}, []byte("BOXWORLD canary x\n"))
+	assert.False(t, ok)
+
+	q := quicInitial(nonce)
+	assert.Len(t, q, 1200)
+	assert.Equal(t, byte(0xc3), q[0])
+	assert.Contains(t, string(q), nonce)
+
+	for _, bad := range []ProbeSpec{
+		{Kind: KindTCP, Target: netip.MustParseAddr("203.0.113.10"), Port: 443, Speak: "ftp", DeadlineMS: 100},
+		{Kind: KindTCP, Target: netip.MustParseAddr("203.0.113.10"), Port: 443, ServerName: "x.example", DeadlineMS: 100},
+		{Kind: KindTCP, Target: netip.MustParseAddr("203.0.113.10"), Port: 443, Speak: SpeakTLS, ServerName: "a b", DeadlineMS: 100},
+		{Kind: KindUDP, Target: netip.MustParseAddr("203.0.113.10"), Port: 443, Speak: SpeakTLS, DeadlineMS: 100},
+	} {
+		assert.Error(t, bad.Validate(), "%+v", bad)
+	}
+	ok1 := ProbeSpec{Kind: KindTCP, Target: netip.MustParseAddr("203.0.113.10"), Port: 443, Speak: SpeakTLS, ServerName: "x.example", DeadlineMS: 100}
+	assert.NoError(t, ok1.Validate())
+	ok2 := ProbeSpec{Kind: KindUDP, Target: netip.MustParseAddr("203.0.113.10"), Port: 443, Payload: RequestQUIC, DeadlineMS: 100}
+	assert.NoError(t, ok2.Validate())
 }

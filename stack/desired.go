@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack/incus"
-	"github.com/box-isolation/box/stack/nft"
 )
 
 // Generation names one generation of the stack's objects.
@@ -167,12 +166,15 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 	// dhcp-ignore-names drops them. Incus starts dnsmasq without
 	// --no-hosts, so it also answers every name in the host's /etc/hosts
 	// (measured: a name added there resolved from a box): no-hosts.
+	// The DHCP lines are L-DHCP's (dhcp.go).
 	var raw strings.Builder
 	raw.WriteString("no-resolv\nno-hosts\ndhcp-ignore-names\n")
 	for _, a := range dns {
 		fmt.Fprintf(&raw, "server=%s\n", a)
 	}
-	raw.WriteString(nftsetLines(opts.Egress, nft.Config{Table: g.NFTTable}.EgressTable()))
+	for _, l := range dhcpLines {
+		raw.WriteString(l + "\n")
+	}
 	d.Network = incus.NetworksPost{
 		Name:        g.Network,
 		Type:        "bridge",

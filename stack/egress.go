@@ -1,45 +1,46 @@
 package stack
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net"
 	"net/netip"
-	"regexp"
 	"slices"
-	"sort"
 	"strings"
-	"time"
 
-	"github.com/miekg/dns"
-
-	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/nft"
 )
 
-// Egress policies (layer L-EGRESS). A box is open (today's default: the
-// internet, nothing private) or under an allowlist of names. The allowlist
-// is enforced on the host: the bridge's dnsmasq puts the addresses it
-// answers for a policy's names into that policy's nft set (its nftset
-// option), and a box under the policy has every new connection it forwards
-// dropped unless the destination is in the set. DNS to the gateway is not
-// forwarded, so it is untouched. The policy is only ever an extra drop: an
-// allowed name that resolves to a private or host address stays as
-// unreachable as it was (the ACL and the host firewall still drop it).
+// Egress policies (layer L-EGRESS). A box is open (the default: the
+// internet, nothing private) or under an allowlist of names
+// (egressnames.go says what an entry means). The allowlist is enforced on
+// the host, in three places (stack/nft/egress.go has the table):
 //
-// dnsmasq's nftset works per name, not per asking box, so sets are per
-// policy and boxes join one by their address (the pins keep a box to its
-// own). A policy is named by its names (PolicyID), stored on the bridge
-// (user.box.egress.<id> = the names), and written into the bridge's
-// dnsmasq settings: a new policy restarts the bridge's resolver; moving a
-// box between policies that exist does not.
+//   - DNS: the box's questions to its gateway go to box's own resolver
+//     (egressdns.go), which answers the policy's names only, from the
+//     stack's pinned upstream, and puts the addresses it answered into the
+//     policy's allow set; any other question is refused at once, with the
+//     reason, and never leaves the host (no DNS tunnel).
+//   - TLS and HTTP (tcp 443 and 80): box's proxy (egressproxy.go) takes
+//     the connection, reads the TLS server name or the HTTP Host, and
+//     dials the name's address itself only when the name is allowed.
+//   - Every other new connection the box forwards goes only to the allow
+//     set's addresses; never QUIC, DNS over TLS, or a known DNS-over-HTTPS
+//     resolver's address.
+//
+// The resolver and the proxy run in the port watcher's process (box
+// watch-ports); when none runs, an allowlisted box resolves nothing and
+// opens nothing on 80 and 443: closed, never open, and box doctor says
+// so. Every refusal is logged with the box and the name (egresslog.go).
+//
+// Sets are per policy, and boxes join one by their address (the pins keep
+// a box to its own). A policy is named by its names (PolicyID), stored on
+// the bridge (user.box.egress.<id> = the names); storing one is a user key
+// of the bridge's, which Incus changes without restarting dnsmasq.
 const (
 	// KeyEgress on a box: the id of its policy; absent (or "") is open.
 	// KeyEgressNames beside it: the policy's names, so the box carries its
@@ -51,54 +52,6 @@ const (
 	// EgressOpen is how an open box's policy is shown.
 	EgressOpen = "open"
 )
-
-var nameRE = regexp.MustCompile(`^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-
-// NormalizeNames checks an allowlist (a name, or *.suffix for everything
-// under a suffix), lower-cases it, drops trailing dots and duplicates and
-// sorts it. dnsmasq matches a name and every name under it, so "a.example"
-// also allows "x.a.example"; "*.example" is written the same way.
-func NormalizeNames(names []string) ([]string, error) {
-	var out []string
-	for _, n := range names {
-		n = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(n)), ".")
-		if n == "" {
-			continue
-		}
-		if len(n) > 253 || !nameRE.MatchString(n) {
-			return nil, fmt.Errorf("%q is not a name an allowlist takes (a DNS name with a dot, such as api.example.com, or *.example.com)", n)
-		}
-		if !slices.Contains(out, n) {
-			out = append(out, n)
-		}
-	}
-	if len(out) == 0 {
-		return nil, errors.New("an allowlist needs at least one name")
-	}
-	sort.Strings(out)
-	return out, nil
-}
-
-// ParseAllowlist reads an allowlist file: one name or *.suffix a line;
-// blank lines and # comments are skipped.
-func ParseAllowlist(r io.Reader) ([]string, error) {
-	var names []string
-	sc := bufio.NewScanner(r)
-	for n := 1; sc.Scan(); n++ {
-		line, _, _ := strings.Cut(sc.Text(), "#")
-		if line = strings.TrimSpace(line); line == "" {
-			continue
-		}
-		if strings.ContainsAny(line, " \t,") {
-			return nil, fmt.Errorf("line %d: %q: one name a line", n, line)
-		}
-		names = append(names, line)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
-	}
-	return NormalizeNames(names)
-}
 
 // PolicyID names the policy of a normalised allowlist: the same names are
 // the same policy, whichever box asks.
@@ -118,84 +71,20 @@ func policiesOf(cfg map[string]string) map[string][]string {
 	return out
 }
 
-// withoutNftset is dnsmasq settings without their nftset lines.
-func withoutNftset(raw string) string {
-	var b strings.Builder
-	for _, l := range strings.SplitAfter(raw, "\n") {
-		if l != "" && !strings.HasPrefix(l, "nftset=") {
-			b.WriteString(l)
-		}
-	}
-	return b.String()
-}
-
-// dnsmasqDomain is a name as dnsmasq's domain matching takes it.
-func dnsmasqDomain(name string) string { return strings.TrimPrefix(name, "*.") }
-
-// maxDnsmasqLine bounds one dnsmasq settings line: dnsmasq refuses a
-// longer one ("bad option"; docs/measurements.md, "Egress allowlists"), so
-// names are split over as many lines as it takes.
-const maxDnsmasqLine = 1000
-
-// nftsetLines are the dnsmasq settings that fill the policies' allow sets.
-//
-// dnsmasq takes, for an answer, the one nftset entry whose domain matches
-// the name longest (docs/measurements.md, "Egress allowlists"). So each
-// domain's entry names the sets of every policy that allows it, its own
-// names or a name it is under; domains with the same sets share lines.
-func nftsetLines(policies map[string][]string, table string) string {
-	sets := map[string]map[string]bool{} // domain -> policy ids
-	for id, names := range policies {
-		for _, n := range names {
-			d := dnsmasqDomain(n)
-			if sets[d] == nil {
-				sets[d] = map[string]bool{}
-			}
-			sets[d][id] = true
-		}
-	}
-	// A domain under another listed one also fills that one's sets.
-	byKey := map[string][]string{} // the sets' text -> domains
-	for d, ids := range sets {
-		all := maps.Clone(ids)
-		for parent := d; ; {
-			_, rest, ok := strings.Cut(parent, ".")
-			if !ok {
-				break
-			}
-			parent = rest
-			maps.Copy(all, sets[parent])
-		}
-		var specs []string
-		for _, id := range slices.Sorted(maps.Keys(all)) {
-			specs = append(specs, fmt.Sprintf("4#inet#%s#%s", table, nft.EgressAllowSet(id)))
-		}
-		key := strings.Join(specs, ",")
-		byKey[key] = append(byKey[key], d)
-	}
-	var b strings.Builder
-	for _, key := range slices.Sorted(maps.Keys(byKey)) {
-		domains := byKey[key]
-		sort.Strings(domains)
-		tail := "/" + key + "\n"
-		line := "nftset="
-		for _, d := range domains {
-			if len(line)+1+len(d)+len(tail) > maxDnsmasqLine && line != "nftset=" {
-				b.WriteString(line + tail)
-				line = "nftset="
-			}
-			line += "/" + d
-		}
-		b.WriteString(line + tail)
-	}
-	return b.String()
+// EgressBox is an allowlisted box as the egress service knows it, by its
+// address.
+type EgressBox struct {
+	Name    string `json:"name"`
+	Project string `json:"project,omitempty"`
+	Policy  string `json:"policy"`
 }
 
 // egressPlanOf puts each box under a policy into that policy's boxes set,
-// by the addresses leased to its NIC's MAC on the bridge. Every stored
+// by its NIC's stored address and the addresses leased to its MAC on the
+// bridge. Every stored
 // policy is in the plan, with or without boxes; a box naming a policy the
 // bridge does not store is a finding (its traffic is not allowlisted).
-func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Instance, leases []incus.NetworkLease) ([]nft.EgressPolicy, []Finding) {
+func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Instance, leases []incus.NetworkLease) ([]nft.EgressPolicy, map[netip.Addr]EgressBox, []Finding) {
 	byMAC := map[string][]netip.Addr{}
 	for _, l := range leases {
 		a, err := netip.ParseAddr(l.Address)
@@ -206,6 +95,7 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 		byMAC[mac.String()] = append(byMAC[mac.String()], a)
 	}
 	boxes := map[string][]netip.Addr{}
+	who := map[netip.Addr]EgressBox{}
 	var findings []Finding
 	for i := range insts {
 		id := insts[i].Config[KeyEgress]
@@ -219,8 +109,18 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 			continue
 		}
 		for _, n := range bridgeNICs(bridge, &insts[i]) {
+			var addrs []netip.Addr
 			if mac, err := net.ParseMAC(n.mac); err == nil {
-				boxes[id] = append(boxes[id], byMAC[mac.String()]...)
+				addrs = byMAC[mac.String()]
+			}
+			// Its stored address too: the one address its pin lets it
+			// send from, leased or not (L-DHCP).
+			if a, err := netip.ParseAddr(insts[i].ExpandedDevices[n.dev]["ipv4.address"]); err == nil && !slices.Contains(addrs, a) {
+				addrs = append(addrs, a)
+			}
+			for _, a := range addrs {
+				boxes[id] = append(boxes[id], a)
+				who[a] = EgressBox{Name: insts[i].Name, Project: insts[i].Project, Policy: id}
 			}
 		}
 	}
@@ -228,62 +128,175 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 	for _, id := range slices.Sorted(maps.Keys(policies)) {
 		out = append(out, nft.EgressPolicy{ID: id, Boxes: boxes[id]})
 	}
-	return out, findings
+	return out, who, findings
 }
 
-// egressPlan reads the stored policies and says what the egress table
-// must hold now.
-func (host *Host) egressPlan(ctx context.Context, f fleet) ([]nft.EgressPolicy, []Finding, error) {
+// egressPlan is what the egress table, its host objects and the egress
+// service's state must be now.
+type egressPlan struct {
+	policies []nft.EgressPolicy
+	state    EgressServiceState
+	findings []Finding
+}
+
+// egressPlan reads the stored policies and the bridge's resolver settings.
+func (host *Host) egressPlan(ctx context.Context, f fleet) (egressPlan, error) {
 	n, _, err := host.Incus.Network(ctx, Current.Network)
 	if err != nil {
-		return nil, nil, err
+		return egressPlan{}, err
 	}
-	ps, fs := egressPlanOf(Current.Network, policiesOf(n.Config), f.insts, f.leases)
-	return ps, fs, nil
+	names := policiesOf(n.Config)
+	ps, who, fs := egressPlanOf(Current.Network, names, f.insts, f.leases)
+	st := EgressServiceState{Bridge: Current.Network, Table: nft.Config{Table: Current.NFTTable}.EgressTable(),
+		Upstream: dnsmasqServers(n.Config["raw.dnsmasq"]), Policies: names, Boxes: who}
+	if p, err := netip.ParsePrefix(n.Config["ipv4.address"]); err == nil {
+		st.Gateway, st.Subnet = p.Addr(), p.Masked()
+	}
+	return egressPlan{policies: ps, state: st, findings: fs}, nil
 }
 
-// applyEgress makes the egress table hold the policies and their boxes as
-// they are now: only boxes sets, and new policies' sets and rules, change
-// (dnsmasq's allow elements stay). With no policy there is no table.
+// dnsmasqServers are the upstream resolvers the bridge's dnsmasq settings
+// pin (server= lines): the allowlisted boxes' resolver asks the same.
+func dnsmasqServers(raw string) []netip.Addr {
+	var out []netip.Addr
+	for _, l := range strings.Split(raw, "\n") {
+		v, ok := strings.CutPrefix(strings.TrimSpace(l), "server=")
+		if !ok {
+			continue
+		}
+		if a, err := netip.ParseAddr(v); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// egressResolvers are what no allowlisted box reaches straight, on any
+// port: the bridge's own upstream and the well-known public resolvers
+// that answer DNS over HTTPS or TLS (a resolver there would answer any
+// name, and over TLS its questions cannot be read).
+func egressResolvers(upstream []netip.Addr) []netip.Addr {
+	out := slices.Clone(upstream)
+	for _, a := range knownResolvers {
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// knownResolvers are the public DNS-over-HTTPS and -TLS services' IPv4
+// addresses (Cloudflare, Google, Quad9, OpenDNS, AdGuard, CleanBrowsing,
+// NextDNS, Control D, DNS.SB, Mullvad).
+var knownResolvers = func() []netip.Addr {
+	var out []netip.Addr
+	for _, s := range []string{
+		"1.1.1.1", "1.0.0.1", "1.1.1.2", "1.0.0.2", "1.1.1.3", "1.0.0.3",
+		"8.8.8.8", "8.8.4.4",
+		"9.9.9.9", "149.112.112.112", "9.9.9.10", "149.112.112.10", "9.9.9.11", "149.112.112.11",
+		"208.67.222.222", "208.67.220.220", "208.67.222.123", "208.67.220.123",
+		"94.140.14.14", "94.140.15.15", "94.140.14.140", "94.140.14.141",
+		"185.228.168.9", "185.228.169.9", "185.228.168.168", "185.228.169.168",
+		"45.90.28.0", "45.90.30.0",
+		"76.76.2.0", "76.76.10.0",
+		"185.222.222.222", "45.11.45.11",
+		"194.242.2.2",
+	} {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}()
+
+// applyEgress makes the egress table, its host objects and the egress
+// service's state what the policies and their boxes are now: only boxes
+// sets, and new policies' sets and rules, change (the resolver's allow
+// elements stay). With no policy there is none of them.
 func (host *Host) applyEgress(ctx context.Context, g *ground, f fleet) ([]string, error) {
-	ps, _, err := host.egressPlan(ctx, f)
+	plan, err := host.egressPlan(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
 	ncfg := g.nftConfig(Current)
-	if len(ps) == 0 {
-		if gone, err := nft.DeleteEgress(ncfg); err != nil || !gone {
+	ncfg.Gateway = plan.state.Gateway
+	if len(plan.policies) == 0 {
+		var changes []string
+		gone, err := nft.DeleteEgress(ncfg)
+		if err != nil {
 			return nil, err
 		}
-		return []string{"deleted table inet " + ncfg.EgressTable() + " (no egress policy left)"}, nil
+		if gone {
+			changes = append(changes, "deleted table inet "+ncfg.EgressTable()+" (no egress policy left)")
+		}
+		did, err := g.deleteEgressNet()
+		changes = append(changes, did...)
+		if err != nil {
+			return changes, err
+		}
+		if err := removeEgressState(g.ino); err != nil {
+			return changes, err
+		}
+		return changes, nil
 	}
-	changes, err := nft.ApplyEgress(ncfg, ps)
+	changes, err := nft.ApplyEgress(ncfg, nft.Egress{Policies: plan.policies, Resolvers: egressResolvers(plan.state.Upstream)})
 	if err != nil {
 		return nil, fmt.Errorf("applying the egress table: %w", err)
+	}
+	did, err := g.ensureEgressNet()
+	changes = append(changes, did...)
+	if err != nil {
+		return changes, err
+	}
+	if err := writeEgressState(g.ino, plan.state); err != nil {
+		return changes, err
 	}
 	return changes, nil
 }
 
-// verifyEgress reports how the egress table and the boxes' policies differ
-// from what they should be.
-func (host *Host) verifyEgress(ctx context.Context, g *ground, f fleet) ([]Finding, error) {
-	ps, out, err := host.egressPlan(ctx, f)
+// verifyEgress reports how the egress table, its host objects and the
+// boxes' policies differ from what they should be, and notes when no
+// egress service answers for the allowlisted boxes.
+func (host *Host) verifyEgress(ctx context.Context, g *ground, f fleet) ([]Finding, []string, error) {
+	out, err := host.verifyEgressLayer(ctx, g, f)
+	if err != nil {
+		return nil, nil, err
+	}
+	var notes []string
+	if present, _ := nft.EgressPresent(g.nftConfig(Current)); present && !host.EgressServing() {
+		notes = append(notes, "no egress service answers here: every allowlisted box resolves nothing and opens nothing on ports 80 and 443 (closed, not open); box watch-ports runs it (the boot unit box-ports.service runs that)")
+	}
+	return out, notes, nil
+}
+
+func (host *Host) verifyEgressLayer(ctx context.Context, g *ground, f fleet) ([]Finding, error) {
+	plan, err := host.egressPlan(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
+	out := plan.findings
 	ncfg := g.nftConfig(Current)
-	if len(ps) == 0 {
+	ncfg.Gateway = plan.state.Gateway
+	if len(plan.policies) == 0 {
 		if present, err := nft.EgressPresent(ncfg); err != nil || !present {
 			return out, err
 		}
 		return append(out, Finding{Layer: LayerEgress, Object: "nft table inet " + ncfg.EgressTable(), Problem: "present with no egress policy", Fix: fixEnsure}), nil
 	}
-	nf, err := nft.VerifyEgress(ncfg, ps)
+	nf, err := nft.VerifyEgress(ncfg, nft.Egress{Policies: plan.policies, Resolvers: egressResolvers(plan.state.Upstream)})
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress table: %w", err)
 	}
 	for _, f := range nf {
 		out = append(out, Finding{Layer: LayerEgress, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
+	}
+	probs, err := g.egressNetProblems()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range probs {
+		out = append(out, Finding{Layer: LayerEgress, Object: "egress routing", Problem: p, Fix: fixEnsure})
+	}
+	if p := egressStateProblem(g.ino, plan.state); p != "" {
+		out = append(out, Finding{Layer: LayerEgress, Object: "egress service state " + egressStatePath(g.ino), Problem: p, Fix: fixEnsure})
 	}
 	return out, nil
 }
@@ -293,15 +306,12 @@ type EgressChange struct {
 	Box    string   `json:"box"`
 	Policy string   `json:"policy"` // the id, or "open"
 	Names  []string `json:"names,omitempty"`
-	// NewPolicy: the bridge's resolver was restarted to learn the names;
-	// ResolverDown is how long it did not answer.
-	NewPolicy    bool          `json:"new_policy"`
-	ResolverDown time.Duration `json:"resolver_down_ns,omitempty"`
+	// NewPolicy: the allowlist was stored on the bridge by this change.
+	NewPolicy bool `json:"new_policy"`
 }
 
 // SetEgress puts a box under an allowlist (names) or opens it (names nil).
-// Between policies that exist it takes effect at the next refresh, which
-// it makes at once; a new policy restarts the bridge's resolver first.
+// It takes effect at the next refresh, which it makes at once.
 func (host *Host) SetEgress(ctx context.Context, box string, names []string) (*EgressChange, error) {
 	inst, etag, err := host.resolve(ctx, box)
 	if err != nil {
@@ -315,7 +325,7 @@ func (host *Host) SetEgress(ctx context.Context, box string, names []string) (*E
 		}
 		id = PolicyID(names)
 		ch.Policy, ch.Names = id, names
-		if ch.NewPolicy, ch.ResolverDown, err = host.ensurePolicy(ctx, id, names); err != nil {
+		if ch.NewPolicy, err = host.ensurePolicy(ctx, id, names); err != nil {
 			return nil, fmt.Errorf("egress of %s: %w", box, err)
 		}
 	}
@@ -339,87 +349,46 @@ func (host *Host) SetEgress(ctx context.Context, box string, names []string) (*E
 	return ch, nil
 }
 
-// ensurePolicy stores a policy on the bridge (its sets and rule first, so
-// dnsmasq finds them) and waits for the restarted resolver to answer.
-func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (bool, time.Duration, error) {
+// ensurePolicy stores a policy on the bridge, after its sets and rule are
+// in the egress table.
+func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (bool, error) {
 	n, etag, err := host.Incus.Network(ctx, Current.Network)
 	if err != nil {
-		return false, 0, err
+		return false, err
 	}
 	if have, ok := policiesOf(n.Config)[id]; ok && slices.Equal(have, names) {
-		return false, 0, nil
+		return false, nil
 	}
 	if host.Tier {
-		return false, 0, fmt.Errorf("the allowlist %v is not on this host yet, and only its admin can add one (box egress BOX allow %s, as root, on any box)", names, strings.Join(names, " "))
+		return false, fmt.Errorf("the allowlist %v is not on this host yet, and only its admin can add one (box egress BOX allow %s, as root, on any box)", names, strings.Join(names, " "))
 	}
 	f, err := host.readFleet(ctx)
 	if err != nil {
-		return false, 0, err
+		return false, err
 	}
 	policies := policiesOf(n.Config)
 	policies[id] = names
 	g, err := host.ground()
 	if err != nil {
-		return false, 0, err
+		return false, err
 	}
 	defer g.close()
-	ps, _ := egressPlanOf(Current.Network, policies, f.insts, f.leases)
-	if _, err := nft.ApplyEgress(g.nftConfig(Current), ps); err != nil {
-		return false, 0, fmt.Errorf("adding the policy's sets: %w", err)
+	ps, _, _ := egressPlanOf(Current.Network, policies, f.insts, f.leases)
+	ncfg := g.nftConfig(Current)
+	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
+	if err != nil {
+		return false, fmt.Errorf("%s has ipv4.address=%q: run box doctor", Current.Network, n.Config["ipv4.address"])
+	}
+	ncfg.Gateway = p.Addr()
+	if _, err := nft.ApplyEgress(ncfg, nft.Egress{Policies: ps, Resolvers: egressResolvers(dnsmasqServers(n.Config["raw.dnsmasq"]))}); err != nil {
+		return false, fmt.Errorf("adding the policy's sets: %w", err)
 	}
 	cfg := maps.Clone(n.Config)
 	cfg[keyEgressPolicy+id] = strings.Join(names, ",")
-	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
-	if err != nil {
-		return false, 0, fmt.Errorf("%s has ipv4.address=%q: run box doctor", Current.Network, n.Config["ipv4.address"])
-	}
-	// Only the nftset lines change: the rest of the settings stay as they
-	// are (a converge, not this, puts drift right).
-	cfg["raw.dnsmasq"] = withoutNftset(n.Config["raw.dnsmasq"]) + nftsetLines(policies, g.nftConfig(Current).EgressTable())
-	before := g.dnsmasqFor(Current.Network)
-	t0 := time.Now()
 	if err := host.Incus.UpdateNetwork(ctx, Current.Network, incus.NetworkPut{Description: n.Description, Config: cfg}, etag); err != nil {
-		return false, 0, fmt.Errorf("storing the policy on %s: %w", Current.Network, err)
+		return false, fmt.Errorf("storing the policy on %s: %w", Current.Network, err)
 	}
-	if err := host.waitResolver(ctx, g, before, p.Addr()); err != nil {
-		return true, 0, err
-	}
-	return true, time.Since(t0), nil
-}
-
-// waitResolver waits until a dnsmasq other than the one with PID before
-// serves the bridge and answers a question on the gateway: changing the
-// bridge's dnsmasq settings restarts it (SPEC 7b).
-func (host *Host) waitResolver(ctx context.Context, g *ground, before int, gw netip.Addr) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if pid := g.dnsmasqFor(Current.Network); pid != 0 && pid != before && host.resolverAnswers(gw) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the bridge's resolver did not come back within 30 s after its settings changed: box doctor")
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
-// resolverAnswers asks the bridge's resolver, from the host's namespace,
-// for a name nobody has: any answer means it is serving.
-func (host *Host) resolverAnswers(gw netip.Addr) bool {
-	ok := false
-	_ = nsrun.Do(host.NetNS, func() error {
-		m := new(dns.Msg)
-		m.SetQuestion("box-resolver-check.invalid.", dns.TypeA)
-		c := &dns.Client{Timeout: 200 * time.Millisecond}
-		_, _, err := c.Exchange(m, netip.AddrPortFrom(gw, 53).String())
-		ok = err == nil
-		return nil
-	})
-	return ok
+	return true, nil
 }
 
 // EgressState is a box's policy as it stands.
@@ -462,9 +431,8 @@ func (host *Host) Egress(ctx context.Context, box string) (*EgressState, error) 
 }
 
 // usedPolicies keeps the policies some instance names: the others go at
-// the next converge (their dnsmasq lines and sets with them; that restarts
-// the bridge's resolver, which is why a box leaving a policy does not do
-// it at once).
+// the next converge (their sets with them), not when their last box leaves
+// (a box moving between policies and back finds its policy there).
 func (host *Host) usedPolicies(ctx context.Context, policies map[string][]string) (map[string][]string, error) {
 	if len(policies) == 0 {
 		return policies, nil

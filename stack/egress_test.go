@@ -1,7 +1,6 @@
 package stack
 
 import (
-	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -14,62 +13,86 @@ import (
 )
 
 func TestAllowlistNames(t *testing.T) {
-	got, err := ParseAllowlist(strings.NewReader("# the agent's APIs\nAPI.example.com.\n\n*.pypi.org   # packages\napi.example.com\n"))
+	got, err := ParseAllowlist(strings.NewReader("# the agent's APIs\nAPI.example.com.\n\n*.pypi.org   # packages\napi.example.com\nbücher.example\n"))
 	require.NoError(t, err)
-	assert.Equal(t, []string{"*.pypi.org", "api.example.com"}, got, "lower-cased, trailing dot and duplicate gone, sorted")
-	for _, bad := range []string{"localhost", "exa mple.com", "http://example.com", "*.", "*example.com", "a..b", "-a.example.com", "10.0.0.1/8", "a.example.com,b.example.com"} {
-		_, err := ParseAllowlist(strings.NewReader(bad + "\n"))
-		assert.Error(t, err, "%q is refused", bad)
+	assert.Equal(t, []string{"*.pypi.org", "api.example.com", "xn--bcher-kva.example"}, got, "lower-cased, IDNA, trailing dot and duplicate gone, sorted")
+	for _, bad := range []struct{ line, why string }{
+		{"localhost", "single label"},
+		{"exa mple.com", "space"},
+		{"http://example.com", "not a name"},
+		{"*.", "wildcard"},
+		{"*example.com", "wildcard"},
+		{"a.*.example.com", "wildcard"},
+		{"a..b", "not a DNS name"},
+		{"-a.example.com", "not a DNS name"},
+		{"10.0.0.1/8", "not a name"},
+		{"10.0.0.1", "an address"},
+		{"[2001:db8::1]", "an address"},
+		{"1.2.3", "number"},
+		{"a.example.com,b.example.com", "not a name"},
+		{"a\x00b.example.com", "control character"},
+		{"*.com", "public suffix"},
+		{"*.github.io", "public suffix"},
+		{"*.co.uk", "public suffix"},
+		{"*.example", "public suffix"},
+		{"under_score.example.com", "not a DNS name"},
+	} {
+		_, err := ParseAllowlist(strings.NewReader("ok.example.com\n# fine\n" + bad.line + "\n"))
+		if assert.Error(t, err, "%q is refused", bad.line) {
+			assert.Contains(t, err.Error(), "line 3:", "the line is named")
+			assert.Contains(t, err.Error(), bad.why)
+		}
 	}
+	got, err = ParseAllowlist(strings.NewReader("*.example.com\ngithub.io\n*.user.github.io\n"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"*.example.com", "*.user.github.io", "github.io"}, got, "a name at a public suffix, and a wildcard below one, are fine")
 	_, err = ParseAllowlist(strings.NewReader("# nothing\n"))
 	assert.ErrorContains(t, err, "at least one name")
-	// An address is a name of digits here: allowed by the syntax, and
-	// harmless (dnsmasq never answers for it).
+	_, err = NormalizeNames([]string{"ok.example.com", "*.net"})
+	assert.ErrorContains(t, err, "entry 2")
+
 	id1, id2 := PolicyID([]string{"a.example", "b.example"}), PolicyID([]string{"a.example", "b.example"})
 	assert.Equal(t, id1, id2, "the same names are the same policy")
 	assert.NotEqual(t, id1, PolicyID([]string{"a.example"}))
 	assert.Regexp(t, `^p[0-9a-f]{10}$`, id1)
 }
 
-func TestNftsetLines(t *testing.T) {
-	got := nftsetLines(map[string][]string{"pb": {"*.pypi.org", "api.example.com"}, "pa": {"canary.example.net"}}, "box_egress")
-	assert.Equal(t, "nftset=/canary.example.net/4#inet#box_egress#allow_pa\nnftset=/api.example.com/pypi.org/4#inet#box_egress#allow_pb\n", got)
-	assert.Empty(t, nftsetLines(nil, "box_egress"))
-
-	// One entry per domain, naming every policy that allows it: dnsmasq
-	// uses the longest matching entry only.
-	got = nftsetLines(map[string][]string{"pa": {"canary.example.net"}, "pb": {"canary.example.net", "x.example"}, "pc": {"*.example.net"}}, "t")
-	assert.Equal(t, "nftset=/canary.example.net/4#inet#t#allow_pa,4#inet#t#allow_pb,4#inet#t#allow_pc\n"+
-		"nftset=/x.example/4#inet#t#allow_pb\n"+
-		"nftset=/example.net/4#inet#t#allow_pc\n", got, "a name under another policy's suffix fills that policy's set too")
-
-	// A long allowlist is split over lines dnsmasq takes, all for one set.
-	var many []string
-	for i := range 300 {
-		many = append(many, fmt.Sprintf("n%05d.example.net", i))
+func TestAllows(t *testing.T) {
+	names := []string{"*.pypi.org", "api.example.com", "xn--bcher-kva.example"}
+	for q, want := range map[string]bool{
+		"api.example.com":            true,
+		"API.Example.COM.":           true,
+		"x.api.example.com":          false, // a name is that name only
+		"example.com":                false,
+		"files.pypi.org.":            true,
+		"a.b.pypi.org":               true,
+		"pypi.org":                   false, // *.x is what is under x
+		"evilpypi.org":               false,
+		"xn--bcher-kva.example.":     true,
+		"canary.example.net":         false,
+		"api.example.com.attacker.x": false,
+	} {
+		assert.Equal(t, want, Allows(names, q), q)
+		assert.Equal(t, want, newNameMatcher(names).allows(q), "the matcher agrees: %s", q)
 	}
-	lines := strings.Split(strings.TrimSuffix(nftsetLines(map[string][]string{"pl": many}, "box_egress"), "\n"), "\n")
-	assert.Greater(t, len(lines), 5)
-	seen := 0
-	for _, l := range lines {
-		assert.LessOrEqual(t, len(l)+1, maxDnsmasqLine, l)
-		assert.True(t, strings.HasSuffix(l, "/4#inet#box_egress#allow_pl"), l)
-		seen += strings.Count(l, ".example.net")
-	}
-	assert.Equal(t, 300, seen, "every name on some line")
+	assert.True(t, isDoHName("dns.google."))
+	assert.True(t, isDoHName("x.cloudflare-dns.com"))
+	assert.False(t, isDoHName("canary.example.net"))
+}
 
-	// Stored on the bridge and back.
+func TestPoliciesOnTheBridge(t *testing.T) {
 	back := policiesOf(map[string]string{keyEgressPolicy + "pb": "*.pypi.org,api.example.com", KeyDNS: "1.1.1.1", "user.box.egress.x.y": "not a policy"})
 	assert.Equal(t, map[string][]string{"pb": {"*.pypi.org", "api.example.com"}}, back)
+	assert.Equal(t, []netip.Addr{netip.MustParseAddr("203.0.113.53"), netip.MustParseAddr("9.9.9.9")},
+		dnsmasqServers("no-resolv\nserver=203.0.113.53\nno-hosts\nserver=9.9.9.9\nserver=/corp/10.0.0.1\n"), "the pinned upstream, as dnsmasq reads it")
 }
 
 func TestDesiredCarriesThePolicies(t *testing.T) {
 	opts, err := Options{}.With(map[string]string{keyEgressPolicy + "pa": "canary.example.net"})
 	require.NoError(t, err)
 	d := BuildDesired(DefaultSubnet, opts)
-	assert.Contains(t, d.Network.Config["raw.dnsmasq"], "nftset=/canary.example.net/4#inet#box_egress#allow_pa\n")
+	assert.NotContains(t, d.Network.Config["raw.dnsmasq"], "nftset", "dnsmasq fills no egress set: box's resolver does")
 	assert.Equal(t, "canary.example.net", d.Network.Config[keyEgressPolicy+"pa"])
-	assert.NotContains(t, BuildDesired(DefaultSubnet, Options{}).Network.Config["raw.dnsmasq"], "nftset", "no policy, no line")
 }
 
 func TestEgressPlan(t *testing.T) {
@@ -86,6 +109,13 @@ func TestEgressPlan(t *testing.T) {
 		withPolicy("b", "10:66:6a:00:00:0b", ""),
 		withPolicy("c", "10:66:6a:00:00:0c", "pa"),
 		withPolicy("lost", "10:66:6a:00:00:0d", "pgone"),
+		// Its stored address, and no lease (yet): under its policy all the
+		// same, or its first packets would go out open.
+		fleetInst("d", func(i *incus.Instance) {
+			i.Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0e"
+			i.Config[KeyEgress] = "pb"
+			i.ExpandedDevices["eth0"]["ipv4.address"] = "10.88.0.20"
+		}),
 	}
 	leases := []incus.NetworkLease{
 		{Address: "10.88.0.1", Type: "gateway"},
@@ -94,19 +124,17 @@ func TestEgressPlan(t *testing.T) {
 		{Address: "10.88.0.12", Hwaddr: "10:66:6a:00:00:0c", Type: "dynamic"},
 		{Address: "10.88.0.13", Hwaddr: "10:66:6a:00:00:0d", Type: "dynamic"},
 	}
-	ps, fs := egressPlanOf("boxnet", map[string][]string{"pa": {"x.example"}, "pb": {"y.example"}}, insts, leases)
+	ps, who, fs := egressPlanOf("boxnet", map[string][]string{"pa": {"x.example"}, "pb": {"y.example"}}, insts, leases)
 	assert.Equal(t, []nft.EgressPolicy{
 		{ID: "pa", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.10"), netip.MustParseAddr("10.88.0.12")}},
-		{ID: "pb"},
-	}, ps, "each box under its policy by its lease; an open box in none; a policy with no box keeps its sets")
+		{ID: "pb", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.20")}},
+	}, ps, "each box under its policy by its lease or its stored address; an open box in none")
+	assert.Equal(t, map[netip.Addr]EgressBox{
+		netip.MustParseAddr("10.88.0.10"): {Name: "a", Project: "default", Policy: "pa"},
+		netip.MustParseAddr("10.88.0.12"): {Name: "c", Project: "default", Policy: "pa"},
+		netip.MustParseAddr("10.88.0.20"): {Name: "d", Project: "default", Policy: "pb"},
+	}, who, "the service knows each allowlisted box by its address")
 	require.Len(t, fs, 1)
 	assert.Equal(t, LayerEgress, fs[0].Layer)
 	assert.Contains(t, fs[0].Problem, "pgone", "a box naming a policy the bridge lacks is named, not silently open")
-}
-
-func TestWithoutNftset(t *testing.T) {
-	raw := "no-resolv\nserver=203.0.113.53\nnftset=/a.example/4#inet#box_egress#allow_pa\nlog-queries\nnftset=/b.example/4#inet#box_egress#allow_pb\n"
-	assert.Equal(t, "no-resolv\nserver=203.0.113.53\nlog-queries\n", withoutNftset(raw),
-		"a new policy rewrites only the nftset lines: everything else (drift included) stays for doctor to see")
-	assert.Empty(t, withoutNftset(""))
 }

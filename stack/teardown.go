@@ -57,6 +57,17 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, err
 			}
 		}
 	}
+	// The egress design's host objects and the egress service's files.
+	did, err := g.deleteEgressNet()
+	for _, d := range did {
+		changes = append(changes, Change{Object: "egress routing", Action: "removed", Detail: d})
+	}
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeEgressState(g.ino); err != nil {
+		errs = append(errs, err)
+	}
 	removed, err := host.teardownMembers(ctx)
 	changes = append(changes, removed...)
 	if err != nil {

@@ -96,10 +96,15 @@ func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions)
 	w.timer.Stop()
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		w.pinWorker(ctx)
+	}()
+	// The allowlisted boxes' resolver and proxy live here too.
+	go func() {
+		defer wg.Done()
+		host.serveEgressLoop(ctx, w.logf)
 	}()
 	defer wg.Wait()
 	defer cancel()
@@ -118,17 +123,11 @@ func (host *Host) nsLabel() string {
 // lock of the host's namespace, and its PID. It takes the lock shared and
 // at once lets go, so it never waits.
 func (host *Host) WatcherRunning() (pid int, running bool, err error) {
-	// Only the namespace's inode: a granted user, who cannot open
-	// netlink in another namespace, can still ask.
-	var st syscall.Stat_t
-	nsPath := "/proc/self/ns/net"
-	if host.NetNS != "" {
-		nsPath = "/run/netns/" + host.NetNS
+	ino, err := host.nsInode()
+	if err != nil {
+		return 0, false, err
 	}
-	if err := syscall.Stat(nsPath, &st); err != nil {
-		return 0, false, fmt.Errorf("reading %s: %w", nsPath, err)
-	}
-	path := watchLockPath(st.Ino)
+	path := watchLockPath(ino)
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, false, nil
@@ -147,6 +146,20 @@ func (host *Host) WatcherRunning() (pid int, running bool, err error) {
 	b, _ := io.ReadAll(f)
 	pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 	return pid, true, nil
+}
+
+// nsInode is the inode of the host's namespace: only a stat, so a granted
+// user, who cannot open netlink in another namespace, can still ask.
+func (host *Host) nsInode() (uint64, error) {
+	var st syscall.Stat_t
+	nsPath := "/proc/self/ns/net"
+	if host.NetNS != "" {
+		nsPath = "/run/netns/" + host.NetNS
+	}
+	if err := syscall.Stat(nsPath, &st); err != nil {
+		return 0, fmt.Errorf("reading %s: %w", nsPath, err)
+	}
+	return st.Ino, nil
 }
 
 // lockWatcher takes the namespace's watcher lock and writes this process's
@@ -423,8 +436,9 @@ func (w *watcher) refresh(ctx context.Context) {
 	}
 }
 
-// A port no instance claims yet is looked at again every
-// unresolvedRecheck, at most unresolvedTries times in a row.
+// A port no instance claims yet, or a box still starting that has no
+// fixed address, is looked at again every unresolvedRecheck, at most
+// unresolvedTries times in a row.
 const (
 	unresolvedRecheck = 100 * time.Millisecond
 	unresolvedTries   = 50
@@ -458,12 +472,15 @@ func (w *watcher) pinWorker(ctx context.Context) {
 				w.logf("refreshing the pins works again")
 			}
 			if r.pinned {
-				w.logf("pins: the ports' MACs and leases re-read and the pin table updated %s", cause.when(time.Now()))
+				w.logf("pins: the ports' MACs and addresses re-read and the pin table updated %s", cause.when(time.Now()))
 			}
-			if err != nil || len(r.unresolved) == 0 || try >= unresolvedTries {
+			if err != nil || len(r.unresolved)+len(r.addressless) == 0 || try >= unresolvedTries {
 				break
 			}
 			cause = trigger{kind: trigSync, at: time.Now(), what: "ports not yet claimed by an instance: " + strings.Join(r.unresolved, ", ")}
+			if len(r.addressless) > 0 {
+				cause.what = "boxes Incus was starting, to be given a fixed address: " + strings.Join(r.addressless, ", ")
+			}
 			select {
 			case <-ctx.Done():
 				return

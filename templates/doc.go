@@ -10,7 +10,9 @@
 // Decoding is strict: an unknown key is an error that names the key and the
 // template. There is deliberately no field for a network, a profile, a device
 // or any security.* key, so a template cannot move a box off the isolation
-// stack; the stack package alone decides how a box is attached.
+// stack; the stack package alone decides how a box is attached. nesting: true
+// (containers inside the box) is a choice the stack turns into the instance
+// keys it stands for, which its census knows.
 //
 // A box is minted like this:
 //
@@ -52,4 +54,8 @@
 //
 // Last, it writes ReadyMarker when everything above worked, or FailedMarker
 // with the reason when it did not, so box can stop waiting either way.
+//
+// A clone of a box is a new cloud-init instance (the image's seed renders
+// again on a copy); ForClone gives it user-data of its own that keeps the
+// user and the checks and installs nothing again.
 package templates

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -411,7 +412,7 @@ func (c *call) printNew(r *newResult, asJSON bool, what string) error {
 }
 
 func fmtSeconds(s float64) string {
-	return (time.Duration(s*10) * 100 * time.Millisecond).String()
+	return (time.Duration(math.Round(s*10)) * 100 * time.Millisecond).String()
 }
 
 func setupTemplates(fs *flag.FlagSet) action {

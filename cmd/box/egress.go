@@ -44,6 +44,7 @@ type egressResult struct {
 
 func setupEgress(fs *flag.FlagSet) action {
 	asJSON := fs.Bool("json", false, "print the result as JSON")
+	since := fs.Duration("since", 0, "log: only refusals this recent (e.g. 10m); all that are kept when 0")
 	return func(c *call) error {
 		h, err := c.host()
 		if err != nil {
@@ -98,16 +99,38 @@ func setupEgress(fs *flag.FlagSet) action {
 			if *asJSON {
 				return c.printJSON(ch)
 			}
-			if ch.NewPolicy {
-				fmt.Fprintf(c.err, "box: a new allowlist: the bridge's resolver restarted to learn it (it did not answer for %.2fs)\n", ch.ResolverDown.Seconds())
-			}
 			if ch.Policy == stack.EgressOpen {
 				fmt.Fprintf(c.out, "%s: open (%.2fs)\n", ch.Box, time.Since(t0).Seconds())
 			} else {
 				fmt.Fprintf(c.out, "%s: allowlist %s: %s (%.2fs)\n", ch.Box, ch.Policy, strings.Join(ch.Names, " "), time.Since(t0).Seconds())
 			}
 			return nil
+		case "log":
+			if len(c.args) > 2 {
+				return usagef("egress: log takes no names")
+			}
+			var from time.Time
+			if *since > 0 {
+				from = time.Now().Add(-*since)
+			}
+			rs, err := h.EgressRefusals(c.ctx, c.name(), from)
+			if err != nil {
+				return err
+			}
+			if *asJSON {
+				if rs == nil {
+					rs = []stack.EgressRefusal{}
+				}
+				return c.printJSON(rs)
+			}
+			if len(rs) == 0 {
+				fmt.Fprintf(c.err, "%s: nothing refused (that the log still holds)\n", c.name())
+			}
+			for _, r := range rs {
+				fmt.Fprintln(c.out, r)
+			}
+			return nil
 		}
-		return usagef("egress: %q: want open, allow NAME... or show", verb)
+		return usagef("egress: %q: want open, allow NAME..., show or log", verb)
 	}
 }

@@ -110,3 +110,9 @@ func TestEmptyMarkerIsNoMarker(t *testing.T) {
 	assert.Equal(t, "ready", p)
 	assert.Equal(t, 2, f.reads[templates.ReadyMarker], "the empty one was read and waited past")
 }
+
+func TestFmtSeconds(t *testing.T) {
+	for in, want := range map[float64]string{2.3: "2.3s", 0.7: "700ms", 62.6: "1m2.6s", 0: "0s"} {
+		assert.Equal(t, want, fmtSeconds(in), "%v", in)
+	}
+}

@@ -118,6 +118,19 @@ type AllowTargets struct {
 	InetNS  string       `json:"inet_ns"`
 	InetVia netip.Prefix `json:"inet_via"`
 	InetNAT netip.Addr   `json:"inet_nat"`
+	// WitnessLog is the log of the internet's witness nameserver, which
+	// is authoritative for AttackerZone and for the names under the
+	// canaries' names (the world's resolver forwards them, uncached): a
+	// question a box's resolver forwarded for one of them is a line there.
+	WitnessLog   string `json:"witness_log,omitempty"`
+	AttackerZone string `json:"attacker_zone,omitempty"`
+	// AltPort is a TCP port where the canary greets besides 80 and 443
+	// (an allowlisted box reaches it by its address, not through the
+	// proxy); ResolverGreeting what the public resolver's port 443
+	// greets with (where a DoH server would listen). The canary also
+	// echoes UDP on 443 (QUIC's port).
+	AltPort          int    `json:"alt_port,omitempty"`
+	ResolverGreeting string `json:"-"`
 }
 
 // Valid reports whether the targets are there (the world's topology).

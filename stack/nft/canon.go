@@ -16,14 +16,19 @@ import (
 // does not echo back (set ids) or what changes on its own (counter values).
 //
 // Limitation: google/nftables silently skips expression types it cannot
-// decode (e.g. rt, socket), so a live rule padded with one of those would
-// compare equal. Such drift needs root and deliberate effort; every
-// expression box itself writes is decoded.
+// decode (e.g. rt, socket, tproxy), so a live rule padded with one of those
+// would compare equal. Such drift needs root and deliberate effort. Of the
+// expressions box itself writes only tproxy is not decoded: it is left out
+// of the canonical text on both sides, and the address and port it takes
+// (the immediates before it) are still compared.
 
 // canonRule is the canonical text of a rule's expressions.
 func canonRule(exprs []expr.Any) string {
 	parts := make([]string, 0, len(exprs))
 	for _, e := range exprs {
+		if _, ok := e.(*expr.TProxy); ok {
+			continue // never read back (above)
+		}
 		parts = append(parts, "[ "+canonExpr(e)+" ]")
 	}
 	return strings.Join(parts, " ")
@@ -66,6 +71,11 @@ func canonExpr(e expr.Any) string {
 			return fmt.Sprintf("verdict %s %s", verdictName(e.Kind), e.Chain)
 		}
 		return "verdict " + verdictName(e.Kind)
+	case *expr.Immediate:
+		return fmt.Sprintf("immediate reg %d 0x%s", e.Register, hex.EncodeToString(e.Data))
+	case *expr.NAT:
+		return fmt.Sprintf("nat type %d family %d addr reg %d..%d proto reg %d..%d random %t/%t persistent %t prefix %t specified %t",
+			e.Type, e.Family, e.RegAddrMin, e.RegAddrMax, e.RegProtoMin, e.RegProtoMax, e.Random, e.FullyRandom, e.Persistent, e.Prefix, e.Specified)
 	case *expr.Counter:
 		// Counter values tick; only its presence matters.
 		return "counter"
@@ -94,6 +104,8 @@ func metaKeyName(k expr.MetaKey) string {
 		return "protocol"
 	case expr.MetaKeyNFPROTO:
 		return "nfproto"
+	case expr.MetaKeyMARK:
+		return "mark"
 	}
 	return fmt.Sprintf("key%d", k)
 }
@@ -117,8 +129,11 @@ func cmpOpName(op expr.CmpOp) string {
 }
 
 func ctKeyName(k expr.CtKey) string {
-	if k == expr.CtKeySTATE {
+	switch k {
+	case expr.CtKeySTATE:
 		return "state"
+	case expr.CtKeySTATUS:
+		return "status"
 	}
 	return fmt.Sprintf("key%d", k)
 }

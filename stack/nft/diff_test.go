@@ -68,7 +68,7 @@ func TestDiffTable(t *testing.T) {
 			rs[1], rs[last] = rs[last], rs[1]
 		}, rules: true, finds: []Finding{
 			{"table inet box chain input", "rule 2 differs: is `iifname \"boxnet\" drop`, want `iifname \"boxnet\" ip daddr 10.88.0.1 udp dport 53 accept`"},
-			{"table inet box chain input", "rule 7 differs: is `iifname \"boxnet\" ip daddr 10.88.0.1 udp dport 53 accept`, want `iifname \"boxnet\" drop`"},
+			{"table inet box chain input", "rule 10 differs: is `iifname \"boxnet\" ip daddr 10.88.0.1 udp dport 53 accept`, want `iifname \"boxnet\" drop`"},
 		}},
 		// DNS to every host address, as the stack had it before DNS was
 		// scoped to the gateway.

@@ -395,3 +395,33 @@ func exprOf(name string) expr.Any {
 
 // testGW is the gateway address the tests' rules are rendered for.
 var testGW = netip.MustParseAddr("10.88.0.1")
+
+func TestEgressStringGolden(t *testing.T) {
+	e := Egress{Policies: []EgressPolicy{
+		{ID: "pb", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.12"), netip.MustParseAddr("10.88.0.11")}},
+		{ID: "pa", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.10")}},
+		{ID: "pc"},
+	}, Resolvers: []netip.Addr{netip.MustParseAddr("1.1.1.1"), netip.MustParseAddr("2606:4700::1111"), netip.MustParseAddr("9.9.9.9")}}
+	r, err := DesiredEgress(Config{Gateway: testGW}, e)
+	require.NoError(t, err)
+	golden(t, "egress.golden", r.String())
+
+	_, err = DesiredEgress(Config{}, e)
+	assert.ErrorContains(t, err, "gateway", "the DNS rules need the gateway")
+	_, err = DesiredEgress(Config{Gateway: testGW}, Egress{Policies: []EgressPolicy{{ID: "P!"}}})
+	assert.ErrorContains(t, err, "policy id")
+}
+
+func TestCanonSkipsTProxy(t *testing.T) {
+	// The kernel's tproxy expression is not read back by google/nftables:
+	// a rule with it must compare equal to its live form without it.
+	r := rule(accept(), tproxyTo(EgressProxyAddr, EgressProxyPort), markSet(EgressMark))
+	var live []expr.Any
+	for _, e := range r.Exprs {
+		if _, ok := e.(*expr.TProxy); !ok {
+			live = append(live, e)
+		}
+	}
+	assert.Equal(t, canonRule(r.Exprs), canonRule(live))
+	assert.Contains(t, canonRule(r.Exprs), fmt.Sprintf("immediate reg 2 0x%04x", EgressProxyPort), "the port it takes is still compared")
+}

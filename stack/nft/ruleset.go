@@ -193,6 +193,13 @@ func Desired(cfg Config, caps Capabilities) Ruleset {
 			// apart). With L-V6 intact the bridge has IPv6 disabled and the
 			// kernel drops the frame before any netfilter hook.
 			rule(accept(), iifname(br), icmpv6Type(133, "nd-router-solicit")),
+			// An allowlisted box's DNS, sent on to box's resolver by the
+			// egress table's destination NAT (only there: asked directly,
+			// that address is as closed as any other), and its web
+			// traffic, handed to box's proxy by TPROXY (egress.go).
+			rule(accept(), iifname(br), ipDaddr(EgressDNSAddr), dport("udp", 53), ctStatusDNAT()),
+			rule(accept(), iifname(br), ipDaddr(EgressDNSAddr), dport("tcp", 53), ctStatusDNAT()),
+			rule(accept(), iifname(br), markIs(EgressMark)),
 			rule(drop(), iifname(br)),
 		},
 	}}}
@@ -250,6 +257,9 @@ func (r Ruleset) String() string {
 				b.WriteString("\n")
 			}
 			fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", s.Name, s.Type)
+			if s.Timeout > 0 {
+				fmt.Fprintf(&b, "\t\tflags timeout\n\t\ttimeout %s\n", nftDuration(s.Timeout))
+			}
 			if len(s.Elements) > 0 {
 				q := make([]string, len(s.Elements))
 				for k, e := range s.Elements {
@@ -275,6 +285,17 @@ func (r Ruleset) String() string {
 	return b.String()
 }
 
+// nftDuration is a timeout as nft prints it (1h, 30m, 10s).
+func nftDuration(d time.Duration) string {
+	switch {
+	case d%time.Hour == 0:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	case d%time.Minute == 0:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	}
+	return fmt.Sprintf("%ds", d/time.Second)
+}
+
 // priorityFilter is the value nft's "priority filter" stands for: the
 // bridge family's filter priority is -200, not 0.
 func priorityFilter(family string) int32 {
@@ -285,8 +306,13 @@ func priorityFilter(family string) int32 {
 }
 
 func priorityText(family string, p int32) string {
-	if p == priorityFilter(family) {
+	switch {
+	case p == priorityFilter(family):
 		return "filter"
+	case family != "bridge" && p == priorityMangle:
+		return "mangle"
+	case family != "bridge" && p == priorityDstNAT:
+		return "dstnat"
 	}
 	return fmt.Sprint(p)
 }
@@ -414,6 +440,15 @@ func payloadIs(text string, base expr.PayloadBase, offset uint32, data []byte) p
 	return part{text, []expr.Any{
 		&expr.Payload{DestRegister: 1, Base: base, Offset: offset, Len: uint32(len(data))},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data},
+	}}
+}
+
+// payloadIsNot matches when len(data) bytes of a header at offset differ
+// from data.
+func payloadIsNot(text string, base expr.PayloadBase, offset uint32, data []byte) part {
+	return part{text, []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: base, Offset: offset, Len: uint32(len(data))},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: data},
 	}}
 }
 

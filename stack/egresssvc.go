@@ -1,0 +1,416 @@
+package stack
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
+
+	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// The egress service: box's resolver (egressdns.go) and proxy
+// (egressproxy.go) for the allowlisted boxes, in one process per network
+// namespace. It runs in the port watcher (box watch-ports, which systemd
+// runs as box-ports.service) and knows the policies from a state file that
+// every refresh of the egress table rewrites (applyEgress), so a change a
+// box command makes is in force at the next question, without a message
+// to the service. Its sockets are opened in the host's namespace: the
+// resolver on nft.EgressDNSAddr (udp and tcp 53), the proxy on
+// nft.EgressProxyAddr:nft.EgressProxyPort (IP_TRANSPARENT, for TPROXY).
+
+// EgressServiceState is what the egress service needs to know.
+type EgressServiceState struct {
+	Bridge   string                   `json:"bridge"`
+	Table    string                   `json:"table"`
+	Gateway  netip.Addr               `json:"gateway"`
+	Subnet   netip.Prefix             `json:"subnet"`
+	Upstream []netip.Addr             `json:"upstream"`
+	Policies map[string][]string      `json:"policies"`
+	Boxes    map[netip.Addr]EgressBox `json:"boxes"`
+}
+
+// egressStatePath is the state file of the namespace with inode ino.
+func egressStatePath(ino uint64) string {
+	return filepath.Join(watchLockDir, fmt.Sprintf("egress-%d.json", ino))
+}
+
+// writeEgressState replaces the state file in one rename, so the service
+// never reads half of it.
+func writeEgressState(ino uint64, st EgressServiceState) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	path := egressStatePath(ino)
+	if old, err := os.ReadFile(path); err == nil && string(old) == string(b) {
+		return nil
+	}
+	if err := os.MkdirAll(watchLockDir, 0o755); err != nil {
+		return fmt.Errorf("writing the egress state: %w", err)
+	}
+	tmp, err := os.CreateTemp(watchLockDir, ".egress-*.json")
+	if err != nil {
+		return fmt.Errorf("writing the egress state: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return fmt.Errorf("writing the egress state: %w", err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("writing the egress state: %w", err)
+	}
+	return nil
+}
+
+func removeEgressState(ino uint64) error {
+	if err := os.Remove(egressStatePath(ino)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing the egress state: %w", err)
+	}
+	return nil
+}
+
+// readEgressState reads a state file.
+func readEgressState(path string) (EgressServiceState, error) {
+	var st EgressServiceState
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return st, nil
+}
+
+// egressStateProblem says how the state file differs from want.
+func egressStateProblem(ino uint64, want EgressServiceState) string {
+	have, err := readEgressState(egressStatePath(ino))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return "missing: the egress service knows no policy, and refuses every allowlisted box's question"
+	case err != nil:
+		return err.Error()
+	}
+	// Through JSON both ways, so nil and empty compare alike.
+	b, _ := json.Marshal(want)
+	var w EgressServiceState
+	_ = json.Unmarshal(b, &w)
+	if !reflect.DeepEqual(have, w) {
+		return "stale: it does not hold the policies and boxes as they are"
+	}
+	return ""
+}
+
+// egressStateFile is the state as the service holds it, read again when
+// the file changes (a stat a question: the state is a few KB).
+type egressStateFile struct {
+	path     string
+	mu       sync.Mutex
+	st       EgressServiceState
+	matchers map[string]*nameMatcher // by policy
+	id       [4]int64                // inode, size, mtime seconds and nanoseconds
+	err      error
+}
+
+func (f *egressStateFile) get() (EgressServiceState, error) {
+	st, _, err := f.getWith()
+	return st, err
+}
+
+// getWith is the state and each policy's matcher.
+func (f *egressStateFile) getWith() (EgressServiceState, map[string]*nameMatcher, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var fi syscall.Stat_t
+	if err := syscall.Stat(f.path, &fi); err != nil {
+		f.st, f.matchers, f.id, f.err = EgressServiceState{}, nil, [4]int64{}, err
+		return f.st, nil, err
+	}
+	id := [4]int64{int64(fi.Ino), fi.Size, fi.Mtim.Sec, fi.Mtim.Nsec}
+	if id != f.id {
+		f.st, f.err = readEgressState(f.path)
+		f.id = id
+		f.matchers = map[string]*nameMatcher{}
+		for p, names := range f.st.Policies {
+			f.matchers[p] = newNameMatcher(names)
+		}
+	}
+	return f.st, f.matchers, f.err
+}
+
+// allows says whether a policy of the state allows name.
+func allows(m map[string]*nameMatcher, policy, name string) bool {
+	pm := m[policy]
+	return pm != nil && pm.allows(name)
+}
+
+// ErrEgressServing is returned by ServeEgress when another egress service
+// holds the namespace's sockets.
+var ErrEgressServing = errors.New("another egress service (box watch-ports) serves this namespace")
+
+// ServeEgress runs box's egress resolver and proxy in the host's
+// namespace until ctx ends, logging what it does (every refusal among
+// it) to log. One runs per namespace: the sockets are its lock.
+func (host *Host) ServeEgress(ctx context.Context, log io.Writer) error {
+	g, err := host.ground()
+	if err != nil {
+		return fmt.Errorf("egress service: %w", err)
+	}
+	ino := g.ino
+	ncfg := g.nftConfig(Current)
+	allower, err := nft.NewEgressAllower(ncfg)
+	g.close()
+	if err != nil {
+		return fmt.Errorf("egress service: %w", err)
+	}
+	defer allower.Close()
+	s := newEgressService(host.NetNS, &egressStateFile{path: egressStatePath(ino)}, allower, newRefusalLog(egressLogPath(ino), log))
+	if err := s.listen(); err != nil {
+		return err
+	}
+	defer s.close()
+	// Locked once its sockets are open: a service said to run serves.
+	unlock, err := lockEgress(ino)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	logf(log, "egress service: resolver on %s:53, proxy on %s:%d, state %s", nft.EgressDNSAddr, nft.EgressProxyAddr, nft.EgressProxyPort, egressStatePath(ino))
+	s.serve(ctx)
+	return nil
+}
+
+// egressLockPath is the lock the egress service of the namespace with
+// inode ino holds while it runs.
+func egressLockPath(ino uint64) string {
+	return filepath.Join(watchLockDir, fmt.Sprintf("egress-%d.lock", ino))
+}
+
+// lockEgress takes the namespace's egress lock, or says another service
+// holds it.
+func lockEgress(ino uint64) (func(), error) {
+	if err := os.MkdirAll(watchLockDir, 0o755); err != nil {
+		return nil, fmt.Errorf("egress service: %w", err)
+	}
+	path := egressLockPath(ino)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("egress service: %w", err)
+	}
+	// EgressServing holds the lock shared for an instant: try for a while.
+	deadline := time.Now().Add(250 * time.Millisecond)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		switch {
+		case err == nil:
+			return func() { f.Close() }, nil
+		case !errors.Is(err, syscall.EWOULDBLOCK):
+			f.Close()
+			return nil, fmt.Errorf("egress service: locking %s: %w", path, err)
+		case time.Now().After(deadline):
+			f.Close()
+			return nil, fmt.Errorf("%w (it holds %s)", ErrEgressServing, path)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// EgressServing says whether an egress service runs for the host's
+// namespace (it holds the namespace's egress lock while it does). It
+// takes the lock shared and at once lets go, so it never waits, and it
+// sends nothing.
+func (host *Host) EgressServing() bool {
+	ino, err := host.nsInode()
+	if err != nil {
+		return false
+	}
+	f, err := os.Open(egressLockPath(ino))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
+}
+
+func logf(w io.Writer, format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+
+// serveEgressLoop keeps an egress service running beside the watcher: when
+// another holds the sockets (the drill's, say) it tries again every few
+// seconds, and takes over when that one stops.
+func (host *Host) serveEgressLoop(ctx context.Context, logfn func(string, ...any)) {
+	said := ""
+	for ctx.Err() == nil {
+		err := host.ServeEgress(ctx, writerFunc(func(b []byte) { logfn("%s", trimNL(b)) }))
+		if ctx.Err() != nil {
+			return
+		}
+		msg := "the egress service stopped"
+		if err != nil {
+			msg = err.Error()
+		}
+		if msg != said {
+			logfn("%s; trying again every %s", msg, egressRetry)
+			said = msg
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(egressRetry):
+		}
+	}
+}
+
+const egressRetry = 3 * time.Second
+
+type writerFunc func([]byte)
+
+func (f writerFunc) Write(b []byte) (int, error) { f(b); return len(b), nil }
+
+func trimNL(b []byte) string {
+	for len(b) > 0 && b[len(b)-1] == '\n' {
+		b = b[:len(b)-1]
+	}
+	return string(b)
+}
+
+// egressService is the resolver and the proxy, sharing the state, the
+// answers and the log.
+type egressService struct {
+	netns   string
+	state   *egressStateFile
+	allower interface {
+		Allow(id string, addrs []netip.Addr) error
+	}
+	log *refusalLog
+
+	udp   net.PacketConn
+	tcp   net.Listener
+	proxy net.Listener
+	dnsU  *dns.Server
+	dnsT  *dns.Server
+
+	cache   *dnsCache
+	answers *answerBook
+	// allowed is when each policy/address was last put into its set.
+	allowedMu sync.Mutex
+	allowed   map[string]time.Time
+	limits    *rateLimits
+	conns     *connCounts
+	wg        sync.WaitGroup
+	// exchange asks the upstream (a test gives its own).
+	exchange func(ctx context.Context, q *dns.Msg, upstream []netip.Addr) (*dns.Msg, error)
+	// dial opens the proxy's connection out (a test gives its own).
+	dial func(ctx context.Context, to netip.AddrPort) (net.Conn, error)
+	// dialable says whether the proxy may dial an address (public, and
+	// the host routes it by its default route).
+	dialable func(a netip.Addr, st EgressServiceState) string
+}
+
+func newEgressService(netns string, st *egressStateFile, allower interface {
+	Allow(string, []netip.Addr) error
+}, log *refusalLog) *egressService {
+	s := &egressService{netns: netns, state: st, allower: allower, log: log,
+		cache: newDNSCache(), answers: newAnswerBook(), limits: newRateLimits(), conns: newConnCounts(), allowed: map[string]time.Time{}}
+	s.exchange = s.upstreamExchange
+	s.dial = s.dialOut
+	s.dialable = s.routable
+	return s
+}
+
+// listen opens the service's sockets in the host's namespace: the
+// resolver's with IP_FREEBIND (its address comes and goes with the
+// policies), the proxy's with IP_TRANSPARENT.
+func (s *egressService) listen() error {
+	freebind := func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_FREEBIND, 1) }); err != nil {
+			return err
+		}
+		return serr
+	}
+	transparent := func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_TRANSPARENT, 1) }); err != nil {
+			return err
+		}
+		return serr
+	}
+	dnsAt := netip.AddrPortFrom(nft.EgressDNSAddr, 53).String()
+	proxyAt := netip.AddrPortFrom(nft.EgressProxyAddr, nft.EgressProxyPort).String()
+	err := nsrun.Do(s.netns, func() error {
+		var err error
+		lc := net.ListenConfig{Control: freebind}
+		if s.udp, err = lc.ListenPacket(context.Background(), "udp4", dnsAt); err != nil {
+			return err
+		}
+		if s.tcp, err = lc.Listen(context.Background(), "tcp4", dnsAt); err != nil {
+			return err
+		}
+		tl := net.ListenConfig{Control: transparent}
+		s.proxy, err = tl.Listen(context.Background(), "tcp4", proxyAt)
+		return err
+	})
+	if err != nil {
+		s.close()
+		if errors.Is(err, unix.EADDRINUSE) {
+			return fmt.Errorf("%w (%s:53 or %s taken)", ErrEgressServing, nft.EgressDNSAddr, proxyAt)
+		}
+		return fmt.Errorf("egress service: %w", err)
+	}
+	return nil
+}
+
+func (s *egressService) close() {
+	if s.udp != nil {
+		s.udp.Close()
+	}
+	for _, l := range []net.Listener{s.tcp, s.proxy} {
+		if l != nil {
+			l.Close()
+		}
+	}
+}
+
+// serve answers and proxies until ctx ends.
+func (s *egressService) serve(ctx context.Context) {
+	s.dnsU = &dns.Server{PacketConn: s.udp, Handler: s}
+	s.dnsT = &dns.Server{Listener: s.tcp, Handler: s, ReadTimeout: 5 * time.Second}
+	for _, srv := range []*dns.Server{s.dnsU, s.dnsT} {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			_ = srv.ActivateAndServe()
+		}()
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.acceptLoop(ctx)
+	}()
+	<-ctx.Done()
+	s.dnsU.Shutdown()
+	s.dnsT.Shutdown()
+	s.proxy.Close()
+	s.wg.Wait()
+}
