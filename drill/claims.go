@@ -81,7 +81,7 @@ var Catalogue = []Claim{
 	claimEgress, claimDNS, claimDHCP,
 	claimSibling, claimHost, claimLAN, claimNames, claimV6, claimInbound,
 	claimClone, claimSpoof, claimFleet, claimTier, claimAllow, claimExpose,
-	claimNested,
+	claimNested, claimKernel,
 }
 
 // ClaimByID finds a claim.

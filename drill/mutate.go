@@ -93,6 +93,12 @@ var Mutations = []Mutation{
 	// dnsmasq leases an address before the port watcher gives it its own,
 	// and is cut off by its pin (C-TIER's controls failed so).
 	{Name: "dhcp-open", Layers: []stack.LayerID{stack.LayerDHCP}, What: "take dhcp-ignore=tag:!known and dhcp-ignore-clid out of boxnet's dnsmasq settings, and the DHCP rules out of the nft table bridge box_pin", AfterBoxes: true, apply: dhcpOpen},
+	// The kernel boundary, each on clone-a (claim_kernel.go).
+	{Name: "privileged", Layers: []stack.LayerID{stack.LayerFleet}, What: "make clone-a privileged (security.privileged=true), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"security.privileged": "true"}, nil)},
+	{Name: "host-path", Layers: []stack.LayerID{stack.LayerFleet}, What: "give clone-a a disk of a host path (" + hostPathSource + ", read-only), hot-plugged", AfterBoxes: true, apply: kernelMutation(nil, hostPathDisk)},
+	{Name: "raw-lxc", Layers: []stack.LayerID{stack.LayerFleet}, What: "bind a host path (" + hostPathSource + ", read-only) into clone-a by raw.lxc, and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"raw.lxc": rawLXCBind}, nil)},
+	{Name: "idmap-root", Layers: []stack.LayerID{stack.LayerFleet}, What: "map host uid and gid 0 into clone-a by raw.idmap (both 0 0), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"raw.idmap": "both 0 0"}, nil)},
+	{Name: "unix-char", Layers: []stack.LayerID{stack.LayerFleet}, What: "give clone-a the host's " + unixCharSource + " as a unix-char device, hot-plugged", AfterBoxes: true, apply: kernelMutation(nil, unixCharDevice)},
 }
 
 // dhcpOpen takes the DHCP restriction away: the two lines of the bridge's

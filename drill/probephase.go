@@ -166,7 +166,7 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	v := r.v
 	s := Scene{Topology: r.cfg.Topology, Subnet: v.Subnet, Gateway: v.Gateway,
 		A: *r.ends[PlaceA], B: *r.ends[PlaceB], C: *r.ends[PlaceC], DNSDomain: "incus"}
-	for p, e := range map[Place]*BoxEnd{PlaceT: &s.T, PlaceW: &s.W, PlaceN: &s.N} {
+	for p, e := range map[Place]*BoxEnd{PlaceT: &s.T, PlaceW: &s.W, PlaceN: &s.N, PlaceL: &s.L} {
 		if end, ok := r.ends[p]; ok {
 			*e = *end
 		}

@@ -147,9 +147,9 @@ type Scene struct {
 	GatewayMAC net.HardwareAddr
 	A, B, C    BoxEnd
 	// T is the granted user's box (C-TIER), W the allowlisted one
-	// (C-ALLOW), N the nesting one (C-NESTED); zero when their claim is
-	// not run.
-	T, W, N BoxEnd
+	// (C-ALLOW), N the nesting one (C-NESTED), L the load box (C-KERNEL);
+	// zero when their claim is not run.
+	T, W, N, L BoxEnd
 	// Door is box-a's door on the host's loopback (C-EXPOSE); zero when
 	// there is none.
 	Door      netip.AddrPort

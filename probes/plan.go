@@ -263,6 +263,16 @@ type ProbeSpec struct {
 	// (dns, dhcp, tftp, ntp, netbios, snmp, ssdp) forces that request on
 	// any port.
 	Payload string `json:"payload,omitempty"`
+	// Paths are what a write_open or read_files probe opens (absolute;
+	// write_open only under /proc and /sys), the URL paths a unix_http
+	// probe GETs, and the one directory a load_disk probe writes in.
+	Paths []string `json:"paths,omitempty"`
+	// Socket is the unix socket a unix_http probe talks to.
+	Socket string `json:"socket,omitempty"`
+	// Max is a load probe's own cap (kernel.go): processes, MiB of memory
+	// or disk, or spinning threads; a limit that does not hold stops the
+	// load there.
+	Max int `json:"max,omitempty"`
 }
 
 // Deadline is the plan's deadline as a duration.
@@ -575,6 +585,12 @@ func (s *ProbeSpec) Validate() error {
 		// The zone comes from Via, never from the plan, so an interface is
 		// always found by subnet.
 		return errors.New("target: no zone; give via instead")
+	}
+	if kernelKinds[s.Kind] {
+		return s.validateKernel()
+	}
+	if len(s.Paths) > 0 || s.Socket != "" || s.Max != 0 {
+		return fmt.Errorf("paths, socket and max are for kernel and load probes, not %s", s.Kind)
 	}
 	needsNonce := false
 	switch s.Kind {

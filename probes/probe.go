@@ -101,6 +101,8 @@ func RunProbe(ctx context.Context, spec ProbeSpec) Observation {
 		obs = probeDHCPForge(pctx, spec, obs)
 	case KindDHCPFlood:
 		obs = probeDHCPFlood(pctx, spec, obs)
+	default:
+		obs = runKernel(pctx, spec, obs)
 	}
 	end := time.Now()
 	obs.ElapsedMS = end.Sub(obs.StartedAt).Milliseconds()
@@ -135,6 +137,12 @@ func targetString(s *ProbeSpec) string {
 		}
 	case KindDHCPFlood:
 		return fmt.Sprintf("%d made-up clients", s.Count)
+	case KindUnixHTTP:
+		return s.Socket
+	case KindWriteOpen, KindReadFiles, KindLoadDisk:
+		if len(s.Paths) > 0 {
+			return strings.Join(s.Paths, " ")
+		}
 	case KindIPv6State, KindNDPRS, KindDHCPLease, KindControl:
 		if s.Via.IsValid() {
 			return s.Via.Masked().String()

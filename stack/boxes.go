@@ -186,6 +186,12 @@ type MintRequest struct {
 	// Nesting lets containers run inside the box (Docker): it sets
 	// NestingConfig on the instance. The one way to ask for it.
 	Nesting bool
+	// Processes and CPUAllowance are limits.processes and
+	// limits.cpu.allowance (limits.go); empty leaves them unset.
+	Processes, CPUAllowance string
+	// IsolatedIDMap gives the box a host id range of its own
+	// (security.idmap.isolated), shared with no other instance.
+	IsolatedIDMap bool
 
 	// progress hears Incus's progress while it makes the box (a pulled
 	// image's download).
@@ -334,6 +340,7 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	if req.Memory != "" {
 		cfg["limits.memory"] = req.Memory
 	}
+	withLimits(cfg, req)
 	if req.UserData != "" {
 		cfg["cloud-init.user-data"] = req.UserData
 	}
@@ -381,6 +388,9 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 		if err := host.stampBaseImage(ctx, req.Name); err != nil {
 			notes = append(notes, fmt.Sprintf("the fingerprint %s resolved to is not stamped: %v", req.Image, err))
 		}
+	}
+	if n := host.diskLimitNote(ctx, req); n != "" {
+		notes = append(notes, n)
 	}
 	b, err := host.Info(ctx, req.Name)
 	if b != nil {
