@@ -42,6 +42,12 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		}
 	}
 	r.names = names
+	// The run leaves dnsmasq's lease file as it found it: after its boxes
+	// are gone, a lease of one of them (Incus does not always give one up)
+	// or one its DHCP lies got is released.
+	if before, err := cfg.Host.DHCPLeases(); err == nil {
+		r.later(func(ctx context.Context) error { return releaseRunLeases(ctx, cfg, before) })
+	}
 	r.later(func(ctx context.Context) error {
 		cfg.logf("teardown: removing this run's boxes")
 		if err := cleanLeftovers(ctx, cfg.Host, rep.RunID); err != nil {

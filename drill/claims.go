@@ -63,6 +63,10 @@ type Claim struct {
 	build func(b *builder)
 	// requests runs after the mutations: attempts through Incus.
 	requests func(ctx context.Context, r *run)
+	// after runs once the probes ended, before judging: what is read or
+	// done at a target once they are over (C-SPOOF's DHCP server's lease
+	// file, and a box minted after the lies).
+	after func(ctx context.Context, r *run)
 	// refine adds to one judged action what the claim knows beyond its
 	// observations (the host's neighbour table over the probe phase).
 	refine func(r *run, res Result) Result
@@ -77,7 +81,7 @@ var Catalogue = []Claim{
 	claimEgress, claimDNS, claimDHCP,
 	claimSibling, claimHost, claimLAN, claimNames, claimV6, claimInbound,
 	claimClone, claimSpoof, claimFleet, claimTier, claimAllow, claimExpose,
-	claimNested,
+	claimNested, claimKernel,
 }
 
 // ClaimByID finds a claim.

@@ -386,6 +386,18 @@ func TestSystemDrillCanFail(t *testing.T) {
 			assert.True(t, lan, "the LAN reached box-a through the widened door")
 			assert.NotEmpty(t, stackFailures(claim(t, rep, "C-FLEET")), "and the census names the door")
 		}},
+		{"dhcp open", []string{"dhcp-open"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-SPOOF")
+			assert.Equal(t, []drill.ClaimID{"C-SPOOF"}, rep.MutationResults[0].Flipped, "only the DHCP lies flip")
+			failed := map[drill.Channel]bool{}
+			for _, r := range probeFailures(claim(t, rep, "C-SPOOF")) {
+				failed[r.Channel] = true
+			}
+			for _, ch := range []drill.Channel{drill.ChannelDHCPRelease, drill.ChannelDHCPDecline, drill.ChannelDHCPStarve, drill.ChannelDHCPClientID, drill.ChannelDHCPHType} {
+				assert.True(t, failed[ch], "the server took the %s lie: %v", ch, failed)
+			}
+			assert.Contains(t, rep.Stack.Layers["L-DHCP"], "absent")
+		}},
 		{"egress broken", []string{"nat-off"}, func(t *testing.T, rep *drill.Report) {
 			// One exit rule: a failed baseline is a violated claim (exit 1),
 			// and the claims it leaves unjudgeable are inconclusive.
@@ -496,6 +508,26 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		assert.Contains(t, fails[0].Evidence, "bridge")
 		assert.Empty(t, probeFailures(sib), "port isolation still stops the fresh boxes' probes: only Verify sees the hole")
 		assert.Equal(t, drill.Pass, claim(t, rep, "C-HOST").Verdict, "claims not resting on the layer are untouched")
+	})
+	t.Run("DHCP restriction dropped from raw.dnsmasq by hand", func(t *testing.T) {
+		cfg := config(t)
+		restoreAfter(t, cfg)
+		ensured(t, cfg)
+		// As an operator types it: the settings without the two DHCP
+		// lines, through a shell's $(...).
+		inHost(t, cfg, "sh", "-c", `incus network set `+stack.Current.Network+` raw.dnsmasq="$(incus network get `+stack.Current.Network+` raw.dnsmasq | grep -v '^dhcp-ignore')"`)
+		cfg.NoSetup = true
+		cfg.Claims = []drill.Claim{claimOf(t, "C-SPOOF")}
+		rep := run(t, cfg)
+		sp := claim(t, rep, "C-SPOOF")
+		assert.Equal(t, drill.Fail, sp.Verdict)
+		assert.NotEmpty(t, stackFailures(sp), "Verify sees the lines gone")
+		channels := map[drill.Channel]bool{}
+		for _, r := range probeFailures(sp) {
+			channels[r.Channel] = true
+		}
+		assert.True(t, channels[drill.ChannelDHCPClientID], "the server leased to a made-up client identifier: %v", channels)
+		assert.False(t, channels[drill.ChannelDHCPRelease] || channels[drill.ChannelDHCPStarve], "the pin table still stops the messages naming another hardware address: %v", channels)
 	})
 	t.Run("ARP let past the pins by hand", func(t *testing.T) {
 		cfg := config(t)

@@ -126,6 +126,10 @@ func judge(a Action, obs observations, t Scene, baselineOK bool, agentErr map[Pl
 		// Whether the question left is said at the authoritative server,
 		// which the claim reads (its refine).
 		return verdict(r, Inconclusive, "not judged at the authoritative server")
+	case ExpectNoLease:
+		// The sender expects nothing back; the server's lease file is
+		// the evidence, and the claim reads it (refine).
+		return verdict(r, Inconclusive, "judged at the DHCP server: its lease file was not read")
 	}
 	return verdict(r, Inconclusive, "no rule to judge expectation "+string(a.Expect))
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
@@ -86,6 +87,80 @@ var Mutations = []Mutation{
 	{Name: "egress-dns", Layers: []stack.LayerID{stack.LayerEgress}, What: "delete chain dns of table inet box_egress (allowlisted boxes' DNS goes to dnsmasq and on)", AfterBoxes: true, apply: dropEgressChain("dns")},
 	{Name: "egress-names", Layers: []stack.LayerID{stack.LayerEgress}, What: "delete chain names of table inet box_egress (no proxy checks TLS server names and HTTP Hosts)", AfterBoxes: true, apply: dropEgressChain("names")},
 	{Name: "egress-forward", Layers: []stack.LayerID{stack.LayerEgress}, What: "delete chain forward of table inet box_egress (no allow set, QUIC, port 853 or resolver drop)", AfterBoxes: true, apply: dropEgressChain("forward")},
+	// Both halves of the DHCP restriction: dnsmasq answers any client, by
+	// any identifier, and the pin table lets any DHCP message through.
+	// Once the boxes exist: a granted user's box started on an open
+	// dnsmasq leases an address before the port watcher gives it its own,
+	// and is cut off by its pin (C-TIER's controls failed so).
+	{Name: "dhcp-open", Layers: []stack.LayerID{stack.LayerDHCP}, What: "take dhcp-ignore=tag:!known and dhcp-ignore-clid out of boxnet's dnsmasq settings, and the DHCP rules out of the nft table bridge box_pin", AfterBoxes: true, apply: dhcpOpen},
+	// The kernel boundary, each on clone-a (claim_kernel.go).
+	{Name: "privileged", Layers: []stack.LayerID{stack.LayerFleet}, What: "make clone-a privileged (security.privileged=true), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"security.privileged": "true"}, nil)},
+	{Name: "host-path", Layers: []stack.LayerID{stack.LayerFleet}, What: "give clone-a a disk of a host path (" + hostPathSource + ", read-only), hot-plugged", AfterBoxes: true, apply: kernelMutation(nil, hostPathDisk)},
+	{Name: "raw-lxc", Layers: []stack.LayerID{stack.LayerFleet}, What: "bind a host path (" + hostPathSource + ", read-only) into clone-a by raw.lxc, and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"raw.lxc": rawLXCBind}, nil)},
+	{Name: "idmap-root", Layers: []stack.LayerID{stack.LayerFleet}, What: "map host uid and gid 0 into clone-a by raw.idmap (both 0 0), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"raw.idmap": "both 0 0"}, nil)},
+	{Name: "unix-char", Layers: []stack.LayerID{stack.LayerFleet}, What: "give clone-a the host's " + unixCharSource + " as a unix-char device, hot-plugged", AfterBoxes: true, apply: kernelMutation(nil, unixCharDevice)},
+}
+
+// dhcpOpen takes the DHCP restriction away: the two lines of the bridge's
+// dnsmasq settings, and the pin table's DHCP drops (a refresh of the pins
+// changes only their sets, so they stay away for the run).
+func dhcpOpen(ctx context.Context, h *stack.Host, _ []string) error {
+	n, _, err := h.Incus.Network(ctx, stack.Current.Network)
+	if err != nil {
+		return err
+	}
+	raw := n.Config["raw.dnsmasq"]
+	for _, l := range []string{"dhcp-ignore=tag:!known\n", "dhcp-ignore-clid\n"} {
+		raw = strings.Replace(raw, l, "", 1)
+	}
+	if err := setNetwork(ctx, h, map[string]string{"raw.dnsmasq": raw}); err != nil {
+		return err
+	}
+	return withNetNS(h.NetNS, func(fd int) error {
+		var opts []nftables.ConnOption
+		if fd > 0 {
+			opts = append(opts, nftables.WithNetNSFd(fd))
+		}
+		conn, err := nftables.New(opts...)
+		if err != nil {
+			return err
+		}
+		t := &nftables.Table{Family: nftables.TableFamilyBridge, Name: stack.Current.NFTTable + "_pin"}
+		rules, err := conn.GetRules(t, &nftables.Chain{Name: "prerouting", Table: t})
+		if err != nil {
+			return err
+		}
+		n := 0
+		for _, r := range rules {
+			if isDHCPDrop(r.Exprs) {
+				if err := conn.DelRule(r); err != nil {
+					return err
+				}
+				n++
+			}
+		}
+		if n == 0 {
+			return fmt.Errorf("no DHCP rule in table bridge %s", t.Name)
+		}
+		return conn.Flush()
+	})
+}
+
+// isDHCPDrop says whether a pin table rule is one of its DHCP drops: it
+// matches UDP to port 67 and drops.
+func isDHCPDrop(exprs []expr.Any) bool {
+	dport, drop := false, false
+	for i, e := range exprs {
+		if p, ok := e.(*expr.Payload); ok && p.Base == expr.PayloadBaseTransportHeader && p.Offset == 2 && p.Len == 2 && i+1 < len(exprs) {
+			if c, ok := exprs[i+1].(*expr.Cmp); ok && len(c.Data) == 2 && c.Data[0] == 0 && c.Data[1] == 67 {
+				dport = true
+			}
+		}
+		if v, ok := e.(*expr.Verdict); ok && v.Kind == expr.VerdictDrop {
+			drop = true
+		}
+	}
+	return dport && drop
 }
 
 // shownBy is the evidence that must show the mutation.

@@ -65,6 +65,11 @@ func (r *run) runProbes(ctx context.Context) error {
 		stop()
 	}
 	rep.Summary.ProbePhaseMS = time.Since(t0).Milliseconds()
+	for _, c := range r.cfg.Claims {
+		if c.after != nil && r.skipped[c.ID] == "" {
+			c.after(ctx, r)
+		}
+	}
 	if rep.Summary.Probes > 0 {
 		rep.Summary.MSPerProbe = float64(rep.Summary.ProbePhaseMS) / float64(rep.Summary.Probes)
 	}
@@ -161,7 +166,7 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	v := r.v
 	s := Scene{Topology: r.cfg.Topology, Subnet: v.Subnet, Gateway: v.Gateway,
 		A: *r.ends[PlaceA], B: *r.ends[PlaceB], C: *r.ends[PlaceC], DNSDomain: "incus"}
-	for p, e := range map[Place]*BoxEnd{PlaceT: &s.T, PlaceW: &s.W, PlaceN: &s.N} {
+	for p, e := range map[Place]*BoxEnd{PlaceT: &s.T, PlaceW: &s.W, PlaceN: &s.N, PlaceL: &s.L} {
 		if end, ok := r.ends[p]; ok {
 			*e = *end
 		}
@@ -244,6 +249,18 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	if dropped > 0 {
 		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%s: %d more names were not asked (at most %d a run)", NamesID, dropped, maxNames))
 	}
+	if pool, err := r.cfg.Host.DHCPLeases(); err != nil {
+		r.rep.Notes = append(r.rep.Notes, string(SpoofID)+": the bridge's DHCP pool was not read ("+err.Error()+"): the DHCP lies are not sent")
+	} else if len(pool.Ranges) > 0 {
+		lo, _, _ := strings.Cut(pool.Ranges[0], "-")
+		s.DHCPFirst, _ = netip.ParseAddr(lo)
+		s.DHCPSize = min(pool.Size, probes.MaxDHCPFlood)
+	}
+	if _, err := rand.Read(s.DHCPPrefix[:]); err != nil {
+		return s, err
+	}
+	// A locally administered unicast prefix: no vendor's, no group's.
+	s.DHCPPrefix[0] = s.DHCPPrefix[0]&0xfc | 0x02
 	if s.Source == topo.SourceHost {
 		// Listener ports picked per run from the dynamic range, so a
 		// service the host runs on a fixed port is never in the way.

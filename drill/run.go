@@ -189,6 +189,9 @@ type run struct {
 	// watched.
 	neigh    []neighEvent
 	neighErr string
+	// dhcp is what the DHCP server held around C-SPOOF's DHCP lies, and
+	// the box minted after them; nil when they were not sent.
+	dhcp *dhcpRun
 	// tier is the granted user's side (C-TIER); nil when it did not run.
 	// tierFindings are the census's findings on box-t's port isolation,
 	// which the drill turned off: C-TIER's evidence, kept out of findings.

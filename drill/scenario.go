@@ -90,6 +90,9 @@ const (
 	// a record, that never reached the name's authoritative server (C-ALLOW
 	// judges it at the world's witness nameserver).
 	ExpectNotForwarded Expectation = "not forwarded"
+	// ExpectNoLease: the DHCP server took no lease for a lie, nor gave
+	// one up (judged at the server, refineSpoof).
+	ExpectNoLease Expectation = "no lease taken or released"
 )
 
 // BoxEnd is one probe box as the drill knows it after minting.
@@ -144,9 +147,9 @@ type Scene struct {
 	GatewayMAC net.HardwareAddr
 	A, B, C    BoxEnd
 	// T is the granted user's box (C-TIER), W the allowlisted one
-	// (C-ALLOW), N the nesting one (C-NESTED); zero when their claim is
-	// not run.
-	T, W, N BoxEnd
+	// (C-ALLOW), N the nesting one (C-NESTED), L the load box (C-KERNEL);
+	// zero when their claim is not run.
+	T, W, N, L BoxEnd
 	// Door is box-a's door on the host's loopback (C-EXPOSE); zero when
 	// there is none.
 	Door      netip.AddrPort
@@ -170,6 +173,13 @@ type Scene struct {
 	// host's addresses (9100 and 9101 when zero); on a real host they are
 	// picked per run, so a service of the host's own is never in the way.
 	HostTCP, HostUDP int
+	// DHCPFirst and DHCPSize are the bridge's dynamic DHCP pool (its first
+	// range, as its dnsmasq was started with), what C-SPOOF's made-up
+	// clients ask for; DHCPPrefix makes their hardware addresses and
+	// client identifiers the run's own.
+	DHCPFirst  netip.Addr
+	DHCPSize   int
+	DHCPPrefix [3]byte
 }
 
 // box is the probe box at a place, if the scene has one there.

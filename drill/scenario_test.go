@@ -44,7 +44,11 @@ func testTopology() Scene {
 		T:          testBox(PlaceT, "drill-0a1b2c-t", "10.88.0.14", "00:16:3e:00:00:0d"),
 		W:          testBox(PlaceW, "drill-0a1b2c-w", "10.88.0.15", "00:16:3e:00:00:0e"),
 		N:          testBox(PlaceN, "drill-0a1b2c-n", "10.88.0.16", "00:16:3e:00:00:0f"),
+		L:          testBox(PlaceL, "drill-0a1b2c-l", "10.88.0.17", "00:16:3e:00:00:10"),
 		Door:       netip.MustParseAddrPort("127.0.0.1:19100"),
+		DHCPFirst:  netip.MustParseAddr("10.88.0.2"),
+		DHCPSize:   253,
+		DHCPPrefix: [3]byte{0x0a, 0xb0, 0xc5},
 
 		Topology: topo.Topology{
 			Source:         topo.SourceWorld,
@@ -199,7 +203,7 @@ func TestBuildScenarioPlansDecode(t *testing.T) {
 
 func TestBuildScenarioActionsAndPlansAgree(t *testing.T) {
 	sc := BuildScenario(testTopology(), Catalogue)
-	places := []Place{PlaceA, PlaceB, PlaceC, PlaceT, PlaceW, PlaceNestNAT, PlaceNestMAC, PlaceHost, PlaceLAN, PlaceInet}
+	places := []Place{PlaceA, PlaceB, PlaceC, PlaceT, PlaceW, PlaceN, PlaceL, PlaceK, PlaceNestNAT, PlaceNestMAC, PlaceHost, PlaceLAN, PlaceInet}
 	for p := range sc.Plans {
 		assert.Contains(t, places, p, "a plan for an unknown place")
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -99,4 +100,49 @@ func removeWhenIdle(ctx context.Context, h *stack.Host, name string) error {
 func isGone(err error) bool {
 	var nsb *stack.NoSuchBoxError
 	return errors.As(err, &nsb) || incus.IsNotFound(err)
+}
+
+// releaseRunLeases releases the leases dnsmasq holds now that it did not
+// hold before the run (before) and that belong to no instance on the
+// bridge: the run's, its boxes being gone.
+func releaseRunLeases(ctx context.Context, cfg *Config, before stack.DHCPPool) error {
+	h := cfg.Host
+	pool, err := h.DHCPLeases()
+	if err != nil {
+		return nil // nothing to read it with now: doctor names what is left
+	}
+	insts, err := h.Incus.AllInstances(ctx)
+	if err != nil {
+		return fmt.Errorf("teardown: listing the instances whose leases stay: %w", err)
+	}
+	macs := map[string]bool{}
+	for i := range insts {
+		for _, d := range insts[i].ExpandedDevices {
+			if d["type"] == "nic" && (d["network"] == stack.Current.Network || d["parent"] == stack.Current.Network) {
+				for k, v := range insts[i].Config {
+					if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".hwaddr") {
+						macs[strings.ToLower(v)] = true
+					}
+				}
+			}
+		}
+	}
+	var ours []stack.DHCPLease
+	for _, l := range pool.Leases {
+		if !slices.ContainsFunc(before.Leases, func(b stack.DHCPLease) bool { return b.Hwaddr == l.Hwaddr && b.Address == l.Address }) && !macs[l.Hwaddr] {
+			ours = append(ours, l)
+		}
+	}
+	if len(ours) == 0 {
+		return nil
+	}
+	cfg.logf("teardown: releasing %d lease(s) the run left in dnsmasq's lease file", len(ours))
+	left, err := h.ReleaseLeases(ctx, ours)
+	if err != nil {
+		return fmt.Errorf("teardown: releasing the run's leases: %w", err)
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("teardown: %d lease(s) the run left are still in dnsmasq's lease file (they go at their expiry)", len(left))
+	}
+	return nil
 }

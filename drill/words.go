@@ -41,6 +41,14 @@ const (
 	ChannelHTTP Channel = "http-host"
 	ChannelQUIC Channel = "quic"
 	ChannelDoH  Channel = "doh"
+	// The DHCP lies of C-SPOOF, judged at the server (its lease file), and
+	// a box minted after them.
+	ChannelDHCPRelease  Channel = "dhcp-release"   // a release naming a sibling
+	ChannelDHCPDecline  Channel = "dhcp-decline"   // a decline naming a sibling
+	ChannelDHCPStarve   Channel = "dhcp-starve"    // made-up hardware addresses
+	ChannelDHCPClientID Channel = "dhcp-client-id" // made-up client identifiers
+	ChannelDHCPHType    Channel = "dhcp-htype"     // another hardware type or length
+	ChannelNewLease     Channel = "new-lease"      // a box minted after the lies
 )
 
 // Channels of evidence that is no packet: Verify's findings, the census of
@@ -65,7 +73,7 @@ func (c Channel) Evidence() Evidence {
 		return ""
 	case ChannelCensus:
 		return EvidenceCensus
-	case ChannelIsolOff, ChannelRestriction:
+	case ChannelIsolOff, ChannelRestriction, ChannelNewLease:
 		return EvidenceRequests
 	}
 	return EvidenceProbes

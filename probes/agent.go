@@ -24,6 +24,9 @@ const PlanReadTimeout = 10 * time.Second
 // "error" set, and RunAgent returns that error. Probe failures are not
 // RunAgent errors: they are observations with outcome "error".
 func RunAgent(ctx context.Context, in io.Reader, out io.Writer) error {
+	if child, err := RunChild(in, out); child {
+		return err
+	}
 	plan, err := readPlanWithin(ctx, in, PlanReadTimeout)
 	if err != nil {
 		now := time.Now()

@@ -58,11 +58,12 @@
 //
 // # Forging probes
 //
-// Claim C-SPOOF (a box cannot take another's identity) uses two probes
+// Claim C-SPOOF (a box cannot take another's identity) uses four probes
 // that expect no answer and report what they sent; the drill judges them
-// by witnesses elsewhere (the host's neighbour table, a witness on the
-// host's bridge, the peer's witness). Their outcome is silent once every
-// packet left, error when one could not be sent or claims our own address.
+// by evidence elsewhere (the host's neighbour table, a witness on the
+// host's bridge, the peer's witness, the DHCP server's lease file). Their
+// outcome is silent once every packet left, error when one could not be
+// sent or claims our own address.
 //
 //	arp_spoof   forged ARP on the interface holding via, claiming "claim"
 //	            (an address that is not ours) at our MAC, or at "src_mac",
@@ -80,7 +81,24 @@
 //	            none left (no next hop) is an error. Evidence: source (the
 //	            forged address), src_port, interface, sent.
 //
-// Each sends three times, about 150 ms apart. Linux ignores an ARP that
+//	dhcp_forge  one DHCP message ("dhcp": release, decline, discover with
+//	            rapid commit, or an INIT-REBOOT request) from our own MAC
+//	            and, for a release or decline, our own address, naming a
+//	            client that need not be us: "client_hw" (any length up to
+//	            16 bytes; our MAC when empty) of hardware type "htype",
+//	            with "client_id" when given; a release gives up "target"
+//	            (ciaddr) to "server_id", a decline refuses "target".
+//	            Written to a packet socket, IP and UDP headers ours.
+//	            Evidence: source, mac (ours), interface, request (what it
+//	            named), sent.
+//	dhcp_flood  "count" made-up clients (hardware addresses "hw_prefix"
+//	            plus a 3-byte index, or our own with client identifiers
+//	            "client_id" plus the index) each send a DISCOVER with rapid
+//	            commit and, with "target", an INIT-REBOOT request for an
+//	            address of their own (target, target+1, ...), paced 2
+//	            messages per 2 ms. Evidence: mac, interface, sent.
+//
+// Each but dhcp_flood sends three times, about 150 ms apart. Linux ignores an ARP that
 // would change a neighbour entry within its locktime (1 s) of the last
 // change, except a gratuitous ARP or a request for one of its own
 // addresses, so a forged reply takes only on an entry older than that

@@ -32,6 +32,14 @@ const agentEnv = "BOXPROBES_TEST_AGENT"
 // can run RunAgent as its own process inside a namespace, exactly as the
 // drill runs it inside a box.
 func TestMain(m *testing.M) {
+	// A kernel or load probe's child is this binary again (child.go).
+	if child, err := RunChild(os.Stdin, os.Stdout); child {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(agentEnv) == "1" {
 		// A nested workload's agent is this binary again, as the agent.
 		NestChild = func() *exec.Cmd {

@@ -82,6 +82,18 @@ type Evidence struct {
 	Lease    *LeaseEvidence    `json:"lease,omitempty"`
 	Witness  *WitnessEvidence  `json:"witness,omitempty"`
 	Listener *ListenerEvidence `json:"listener,omitempty"`
+	// The kernel and load probes' (kernel.go): the id maps, capability
+	// sets, system call filter, mounts, device nodes, files opened or
+	// read, release_agents, HTTP answers and how far a load got.
+	IDMap        *IDMapEvidence        `json:"id_map,omitempty"`
+	Caps         *CapsEvidence         `json:"capabilities,omitempty"`
+	Seccomp      *SeccompEvidence      `json:"seccomp,omitempty"`
+	Mounts       *MountsEvidence       `json:"mounts,omitempty"`
+	Devices      []DeviceNode          `json:"devices,omitempty"`
+	Files        []FileAttempt         `json:"files,omitempty"`
+	ReleaseAgent *ReleaseAgentEvidence `json:"release_agent,omitempty"`
+	HTTP         []HTTPAnswer          `json:"http,omitempty"`
+	Load         *LoadEvidence         `json:"load,omitempty"`
 }
 
 // ICMPEvidence is one ICMP error, as read from the socket error queue or a

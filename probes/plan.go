@@ -58,6 +58,8 @@ const (
 	KindControl   Kind = "control"    // control frames for the witnesses on a wire
 	KindARPSpoof  Kind = "arp_spoof"  // forged ARP: claims an address that is not ours
 	KindForgedUDP Kind = "forged_udp" // IPv4 UDP from a source address that is not ours
+	KindDHCPForge Kind = "dhcp_forge" // a DHCP message naming a client that need not be us
+	KindDHCPFlood Kind = "dhcp_flood" // DHCP for many made-up clients
 )
 
 // The ARP frames an arp_spoof probe forges (its "op").
@@ -230,6 +232,29 @@ type ProbeSpec struct {
 	// ServerName is the name a tcp probe that speaks http or tls sends:
 	// by default the name it resolved (Name).
 	ServerName string `json:"server_name,omitempty"`
+	// DHCP is the message a dhcp_forge probe sends: release, decline,
+	// discover or request (DHCPRelease ...). Target is the address it
+	// names: a release's ciaddr, a decline's or request's requested
+	// address (a dhcp_flood's first requested address).
+	DHCP string `json:"dhcp,omitempty"`
+	// ClientHW is the client hardware address (chaddr) a dhcp_forge probe
+	// names, 1 to 16 colon-separated hex bytes (our interface's MAC when
+	// empty), HType its hardware type (Ethernet, 1, when 0).
+	ClientHW string `json:"client_hw,omitempty"`
+	HType    int    `json:"htype,omitempty"`
+	// ClientID is the client identifier (option 61, hex bytes) a
+	// dhcp_forge probe sends; for a dhcp_flood, the prefix of its made-up
+	// identifiers.
+	ClientID string `json:"client_id,omitempty"`
+	// ServerID is the server a dhcp_forge release or decline names
+	// (option 54), and where a release goes.
+	ServerID netip.Addr `json:"server_id,omitzero"`
+	// Count and HWPrefix: a dhcp_flood asks for Count leases, each for a
+	// made-up client whose hardware address is HWPrefix (3 bytes) and a
+	// 3-byte index (or, with ClientID instead, our own hardware address
+	// and that identifier with the index).
+	Count    int    `json:"count,omitempty"`
+	HWPrefix string `json:"hw_prefix,omitempty"`
 	// Payload picks what a udp probe sends (udp only). Empty chooses by
 	// destination port: a minimal valid request of the port's protocol
 	// for the well-known ports in udpproto.go (53, 5353, 67, 69, 123, 137,
@@ -238,6 +263,16 @@ type ProbeSpec struct {
 	// (dns, dhcp, tftp, ntp, netbios, snmp, ssdp) forces that request on
 	// any port.
 	Payload string `json:"payload,omitempty"`
+	// Paths are what a write_open or read_files probe opens (absolute;
+	// write_open only under /proc and /sys), the URL paths a unix_http
+	// probe GETs, and the one directory a load_disk probe writes in.
+	Paths []string `json:"paths,omitempty"`
+	// Socket is the unix socket a unix_http probe talks to.
+	Socket string `json:"socket,omitempty"`
+	// Max is a load probe's own cap (kernel.go): processes, MiB of memory
+	// or disk, or spinning threads; a limit that does not hold stops the
+	// load there.
+	Max int `json:"max,omitempty"`
 }
 
 // Deadline is the plan's deadline as a duration.
@@ -551,6 +586,12 @@ func (s *ProbeSpec) Validate() error {
 		// always found by subnet.
 		return errors.New("target: no zone; give via instead")
 	}
+	if kernelKinds[s.Kind] {
+		return s.validateKernel()
+	}
+	if len(s.Paths) > 0 || s.Socket != "" || s.Max != 0 {
+		return fmt.Errorf("paths, socket and max are for kernel and load probes, not %s", s.Kind)
+	}
 	needsNonce := false
 	switch s.Kind {
 	case KindARP:
@@ -683,6 +724,10 @@ func (s *ProbeSpec) Validate() error {
 			return errors.New("forged_udp via must be an IPv4 subnet")
 		}
 		needsNonce = true
+	case KindDHCPForge, KindDHCPFlood:
+		if err := s.validateDHCP(); err != nil {
+			return err
+		}
 	case KindIPv6State, KindNDPRS, KindDHCPLease:
 		if s.Target.IsValid() || s.Port != 0 || s.Nonce != "" {
 			return fmt.Errorf("%s takes no target, port or nonce", s.Kind)
@@ -696,8 +741,12 @@ func (s *ProbeSpec) Validate() error {
 	if !needsNonce && s.Nonce != "" {
 		return fmt.Errorf("%s carries no nonce", s.Kind)
 	}
-	if s.Kind != KindControl && s.Kind != KindARPSpoof && s.DstMAC != "" {
-		return fmt.Errorf("dst_mac is for control and arp_spoof probes, not %s", s.Kind)
+	if s.Kind != KindControl && s.Kind != KindARPSpoof && s.Kind != KindDHCPForge && s.DstMAC != "" {
+		return fmt.Errorf("dst_mac is for control, arp_spoof and dhcp_forge probes, not %s", s.Kind)
+	}
+	if s.Kind != KindDHCPForge && s.Kind != KindDHCPFlood &&
+		(s.DHCP != "" || s.ClientHW != "" || s.HType != 0 || s.ClientID != "" || s.ServerID.IsValid() || s.Count != 0 || s.HWPrefix != "") {
+		return fmt.Errorf("dhcp, client_hw, htype, client_id, server_id, count and hw_prefix are for dhcp_forge and dhcp_flood probes, not %s", s.Kind)
 	}
 	if s.Kind != KindARPSpoof && (s.ARPSenderIP.IsValid() || s.Op != "" || s.SrcMAC != "") {
 		return fmt.Errorf("arp_sender_ip, op and src_mac are for arp_spoof probes, not %s", s.Kind)

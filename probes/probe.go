@@ -97,6 +97,12 @@ func RunProbe(ctx context.Context, spec ProbeSpec) Observation {
 		obs = probeARPSpoof(pctx, spec, obs)
 	case KindForgedUDP:
 		obs = probeForgedUDP(pctx, spec, obs)
+	case KindDHCPForge:
+		obs = probeDHCPForge(pctx, spec, obs)
+	case KindDHCPFlood:
+		obs = probeDHCPFlood(pctx, spec, obs)
+	default:
+		obs = runKernel(pctx, spec, obs)
 	}
 	end := time.Now()
 	obs.ElapsedMS = end.Sub(obs.StartedAt).Milliseconds()
@@ -128,6 +134,14 @@ func targetString(s *ProbeSpec) string {
 		}
 		if s.Via.IsValid() && s.Via.Addr().Is4() {
 			return netip.AddrPortFrom(broadcastOf(s.Via), uint16(s.Port)).String()
+		}
+	case KindDHCPFlood:
+		return fmt.Sprintf("%d made-up clients", s.Count)
+	case KindUnixHTTP:
+		return s.Socket
+	case KindWriteOpen, KindReadFiles, KindLoadDisk:
+		if len(s.Paths) > 0 {
+			return strings.Join(s.Paths, " ")
 		}
 	case KindIPv6State, KindNDPRS, KindDHCPLease, KindControl:
 		if s.Via.IsValid() {

@@ -4,6 +4,7 @@
 # nftables (the nft CLI too: tests cross-check with it), iproute2,
 # busybox-static for the probe image (squashfs-tools-ng and xz-utils pack it
 # for the world's image server), debootstrap for the world's Debian image,
+# btrfs-progs for the world's storage pool (incusd formats its loop file),
 # chromium (headless, for the HTML report's browser test), groff-base (the
 # man pages are rendered), zsh and fish (the completion scripts are parsed),
 # git and make (the release gate's tests), and the Go modules. A test that
@@ -20,7 +21,7 @@ need_root() {
 }
 
 pkgs=(incus-base incus-client dnsmasq-base nftables iproute2 busybox-static squashfs-tools squashfs-tools-ng
-	xz-utils debootstrap chromium groff-base zsh fish git make)
+	xz-utils debootstrap chromium groff-base zsh fish git make btrfs-progs)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -186,6 +186,12 @@ type MintRequest struct {
 	// Nesting lets containers run inside the box (Docker): it sets
 	// NestingConfig on the instance. The one way to ask for it.
 	Nesting bool
+	// Processes and CPUAllowance are limits.processes and
+	// limits.cpu.allowance (limits.go); empty leaves them unset.
+	Processes, CPUAllowance string
+	// IsolatedIDMap gives the box a host id range of its own
+	// (security.idmap.isolated), shared with no other instance.
+	IsolatedIDMap bool
 
 	// progress hears Incus's progress while it makes the box (a pulled
 	// image's download).
@@ -334,6 +340,7 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	if req.Memory != "" {
 		cfg["limits.memory"] = req.Memory
 	}
+	withLimits(cfg, req)
 	if req.UserData != "" {
 		cfg["cloud-init.user-data"] = req.UserData
 	}
@@ -381,6 +388,9 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 		if err := host.stampBaseImage(ctx, req.Name); err != nil {
 			notes = append(notes, fmt.Sprintf("the fingerprint %s resolved to is not stamped: %v", req.Image, err))
 		}
+	}
+	if n := host.diskLimitNote(ctx, req); n != "" {
+		notes = append(notes, n)
 	}
 	b, err := host.Info(ctx, req.Name)
 	if b != nil {
@@ -560,12 +570,24 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 		}
 		res.SourceStopped = true
 		err = cl.CreateInstance(ctx, copyReq)
-		if serr := host.Incus.SetInstanceState(context.WithoutCancel(ctx), src, "start", 0, false); serr != nil {
-			err = errors.Join(err, fmt.Errorf("restarting %s after the copy: %w", src, serr))
+	}
+	// A source stopped for the copy starts again once the copy no longer
+	// asks for its fixed address (the re-stamp below, or the copy's
+	// removal): Incus refuses to start a NIC whose address another NIC
+	// asks for.
+	stopped := res.SourceStopped
+	restartSource := func() error {
+		if !stopped {
+			return nil
 		}
+		stopped = false
+		if serr := host.Incus.SetInstanceState(context.WithoutCancel(ctx), src, "start", 0, false); serr != nil {
+			return fmt.Errorf("restarting %s after the copy: %w", src, serr)
+		}
+		return nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("cloning %s into %s: %w", source, name, err)
+		return nil, errors.Join(fmt.Errorf("cloning %s into %s: %w", source, name, err), restartSource())
 	}
 
 	// From here on a failure leaves a copy that is not yet a proper box
@@ -575,6 +597,7 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 			if rerr := host.removeInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
 				err = errors.Join(err, fmt.Errorf("removing the half-made clone %s: %w", name, rerr))
 			}
+			err = errors.Join(err, restartSource())
 		}
 	}()
 
@@ -592,17 +615,22 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 	// The source's doors stay the source's: the clone would take their
 	// host port (and fail to start) or their socket.
 	res.DoorsDropped = withoutDoors(put.Devices)
+	// So does its fixed address: the clone gets its own (below).
+	withoutFixedAddress(put.Devices)
 	// Not provisioned again (cloneprov.go).
 	res.Provisioning = cloneUserData(put.Config, name)
 	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
 		return nil, fmt.Errorf("re-stamping clone %s: %w", name, err)
 	}
-	member := ""
-	if ci.Clustered() {
-		member = clone.Location
-		if _, err := host.fixAddress(ctx, name, member); err != nil {
-			return nil, fmt.Errorf("cloning %s into %s: %w", source, name, err)
-		}
+	if err := restartSource(); err != nil {
+		return nil, err
+	}
+	member, err := host.memberOf(ctx, clone)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := host.fixAddress(ctx, name, member); err != nil {
+		return nil, fmt.Errorf("cloning %s into %s: %w", source, name, err)
 	}
 	if err := host.freshMachineID(ctx, clone); err != nil {
 		return nil, fmt.Errorf("giving clone %s a machine-id: %w", name, err)
@@ -612,12 +640,7 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 			return nil, fmt.Errorf("emptying the provisioning markers clone %s inherited: %w", name, err)
 		}
 	}
-	if member != "" {
-		err = host.startFixed(ctx, name, member)
-	} else {
-		err = host.Incus.SetInstanceState(ctx, name, "start", 0, false)
-	}
-	if err != nil {
+	if err = host.startFixed(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("starting clone %s: %w", name, err)
 	}
 	if _, err := host.refreshPorts(ctx); err != nil {
@@ -670,6 +693,40 @@ func (host *Host) clusterCopy(ctx context.Context, inst *incus.Instance, snap st
 	}
 	req.Devices["eth0"] = boxNIC()
 	return req, nil
+}
+
+// keepMACs puts back the MACs a stopped instance had (as was, before a
+// restore changed them).
+func (host *Host) keepMACs(ctx context.Context, was *incus.Instance) error {
+	cur, etag, err := host.Incus.Instance(ctx, was.Name)
+	if err != nil || cur.Status != "Stopped" {
+		return err
+	}
+	put := cur.Writable()
+	changed := false
+	for k, v := range was.Config {
+		if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".hwaddr") && put.Config[k] != v {
+			put.Config[k] = v
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if err := host.Incus.UpdateInstance(ctx, was.Name, put, etag); err != nil {
+		return fmt.Errorf("keeping its own MAC: %w", err)
+	}
+	return nil
+}
+
+// withoutFixedAddress drops the fixed address of a copy's own NIC on the
+// bridge: it is its source's.
+func withoutFixedAddress(devices map[string]map[string]string) {
+	for _, d := range devices {
+		if isNIC(d) && onBridge(Current.Network, d) {
+			delete(d, "ipv4.address")
+		}
+	}
 }
 
 // forgetMACs drops the MACs Incus gave a copy's NICs (volatile.<nic>.hwaddr),
@@ -740,24 +797,33 @@ func (host *Host) Snapshots(ctx context.Context, name string) ([]incus.Snapshot,
 	return host.Incus.Snapshots(ctx, name)
 }
 
-// Restore rolls a box back to a snapshot.
+// Restore rolls a box back to a snapshot. A stopped box keeps its own
+// MAC: Incus restores the snapshot's volatile keys, and a snapshot a clone
+// carried holds its source's (two boxes with one MAC), while the box's
+// lease is its own MAC's.
 func (host *Host) Restore(ctx context.Context, name, snap string) error {
-	if _, _, err := host.resolve(ctx, name); err != nil {
+	inst, _, err := host.resolve(ctx, name)
+	if err != nil {
 		return err
 	}
 	if err := host.Incus.RestoreSnapshot(ctx, name, snap); err != nil {
 		return fmt.Errorf("restoring %s to %s: %w", name, snap, err)
 	}
-	if err := host.readdressIfTaken(ctx, name); err != nil {
+	if err := host.keepMACs(ctx, inst); err != nil && !host.Tier {
 		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
 	}
-	_, err := host.refreshPorts(ctx)
+	if err := host.readdressIfTaken(ctx, name); err != nil && !host.Tier {
+		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
+	}
+	_, err = host.refreshPorts(ctx)
 	return err
 }
 
-// Start starts a box. On a cluster a box without a fixed address gets
-// one first: the one it held when a move of it stopped half-way, else one
-// of its member's slice (a box minted before box gave them).
+// Start starts a box. A box without a fixed address gets one first
+// (L-DHCP): on a cluster the one it held when a move of it stopped
+// half-way, else the one it still leases, else a free one of its member's
+// slice (a box minted before box gave them). A granted user's gets one
+// from the port watcher once it runs.
 func (host *Host) Start(ctx context.Context, name string) error {
 	inst, _, err := host.resolve(ctx, name)
 	if err != nil {
@@ -767,11 +833,16 @@ func (host *Host) Start(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	if member == "" {
+	if host.Tier {
 		err = host.Incus.SetInstanceState(ctx, name, "start", 0, false)
 	} else {
 		if !fixedAddressOf(inst).IsValid() {
-			if _, err := host.landAddress(ctx, name, member, movingAddress(inst)); err != nil {
+			if a := movingAddress(inst); a.IsValid() {
+				_, err = host.landAddress(ctx, name, member, a)
+			} else {
+				_, err = host.ensureFixed(ctx, inst, member)
+			}
+			if err != nil {
 				return fmt.Errorf("starting %s: %w", name, err)
 			}
 		}
@@ -886,7 +957,8 @@ func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Durat
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("%w: is dnsmasq serving %s? (box doctor)", err, Current.Network)
 	}
-	// The box holds a lease now: its port's pin must carry it.
+	// The box holds its address now: a refresh pins a granted user's box
+	// (the watcher gave it its address) and fills its egress sets.
 	_, err = host.refreshPorts(ctx)
 	return ip, err
 }

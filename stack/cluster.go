@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -29,10 +30,10 @@ import (
 // cluster. Two members can then never lease the same address to a box:
 // their slices do not overlap, and within a member Incus's own check
 // refuses a duplicate. A box moved to another member keeps its address,
-// which no member hands out again. Only an instance box did not mint, or
-// a granted user's box (its user sees no cluster to pick from), takes a
-// dynamic lease, in the first slice, which two members may both hand out:
-// Verify names any address handed out on two members.
+// which no member hands out again. A granted user's box (its user sees no
+// cluster to pick from) gets one from its member's port watcher; the
+// dynamic range serves no one (L-DHCP: known clients only), and Verify
+// names any address handed out on two members.
 //
 // The host layers (the nft tables, the ports' isolated flags, IPv6 off on
 // the bridge, the boot unit, the port watcher) are each member's own:
@@ -211,9 +212,10 @@ func placedOn[T any](xs []T, member string, location func(T) string) []T {
 	return out
 }
 
-// AddressFor picks a fixed address for a new box on member: the first of
-// the member's slice that no instance's NIC on the bridge holds or asks
-// for, and no lease holds, anywhere in the cluster.
+// AddressFor picks a fixed address for a new box on member (L-DHCP): the
+// first of the member's slice (on a standalone host, member "", of the
+// bridge's subnet) that no instance's NIC on the bridge holds or asks for,
+// and no lease holds, anywhere in the cluster, in any project.
 func (host *Host) AddressFor(ctx context.Context, member string) (netip.Addr, error) {
 	slice, gw, err := host.memberSlice(ctx, member)
 	if err != nil {
@@ -224,21 +226,44 @@ func (host *Host) AddressFor(ctx context.Context, member string) (netip.Addr, er
 		return netip.Addr{}, err
 	}
 	used := usedAddresses(f)
-	for a := slice.Addr(); slice.Contains(a); a = a.Next() {
-		if a == gw.Addr() || a == gw.Masked().Addr() || a == lastOf(gw) || used[a] {
-			continue
-		}
+	for a := range host.strayLeases(member) {
+		used[a] = true
+	}
+	if a, ok := freeAddress(slice, gw, used); ok {
 		return a, nil
+	}
+	if member == "" {
+		return netip.Addr{}, fmt.Errorf("every address of %s (%s) is taken by a box or a lease: remove a box (box doctor names leases that belong to no box)", Current.Network, slice)
 	}
 	return netip.Addr{}, fmt.Errorf("member %s's slice %s of %s is full: remove a box there, or mint on another member (--target)", member, slice, Current.Network)
 }
 
+// freeAddress is the first address of slice that is not the bridge's
+// own (gw), its subnet's network or broadcast address, or used.
+func freeAddress(slice, gw netip.Prefix, used map[netip.Addr]bool) (netip.Addr, bool) {
+	for a := slice.Addr(); slice.Contains(a); a = a.Next() {
+		if a == gw.Addr() || a == gw.Masked().Addr() || a == lastOf(gw) || used[a] {
+			continue
+		}
+		return a, true
+	}
+	return netip.Addr{}, false
+}
+
 // memberSlice is member's address slice and the bridge's address; a
-// member without a slice has never been set up by box.
+// member without a slice has never been set up by box. A standalone
+// host's (member "") is the bridge's whole subnet.
 func (host *Host) memberSlice(ctx context.Context, member string) (slice, gw netip.Prefix, err error) {
 	n, _, err := host.Incus.Network(ctx, Current.Network)
 	if err != nil {
 		return slice, gw, fmt.Errorf("reading network %s: %w", Current.Network, err)
+	}
+	if member == "" {
+		gw, err = netip.ParsePrefix(n.Config["ipv4.address"])
+		if err != nil || !gw.Addr().Is4() {
+			return slice, gw, fmt.Errorf("network %s has ipv4.address=%q, not an address box can use: run box doctor", Current.Network, n.Config["ipv4.address"])
+		}
+		return gw.Masked(), gw, nil
 	}
 	sl, err := slicesOf(n.Config)
 	if err != nil {
@@ -279,8 +304,8 @@ func usedAddresses(f fleet) map[netip.Addr]bool {
 }
 
 // addressFindings names every address two members hand out (a lease on
-// each, or a fixed address asked for on each), and every box on a cluster
-// with no fixed address.
+// each, or a fixed address asked for on each). A box with no fixed address
+// is dhcpFindings', on every host.
 func addressFindings(f fleet) []Finding {
 	where := map[netip.Addr]map[string]bool{}
 	add := func(a netip.Addr, member string) {
@@ -292,17 +317,12 @@ func addressFindings(f fleet) []Finding {
 	var out []Finding
 	for i := range f.insts {
 		inst := &f.insts[i]
-		for name, d := range inst.ExpandedDevices {
+		for _, d := range inst.ExpandedDevices {
 			if !isNIC(d) || !onBridge(Current.Network, d) {
 				continue
 			}
 			a, err := netip.ParseAddr(d["ipv4.address"])
 			if err != nil {
-				if inst.Config[Current.Tag] == "1" && projectOf(inst.Project) == "default" {
-					out = append(out, Finding{Layer: LayerNAT, Object: "box " + inst.Name,
-						Problem: fmt.Sprintf("its NIC %s has no fixed address on a cluster, so two members' dnsmasq may lease it the same one", name),
-						Fix:     fmt.Sprintf("box down %s, then box incus %s -- config device override {} eth0 ipv4.address=ADDR with a free address of its member's slice (box doctor names the slices)", inst.Name, inst.Name)})
-				}
 				continue
 			}
 			add(a, inst.Location)
@@ -586,19 +606,22 @@ func ParseMemberNetNS(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// create creates (and, with post.Start, starts) a box's instance. On a
-// cluster the box gets a fixed address from its member's slice: it is
-// created stopped on the member asked for (or where Incus places it),
-// given the address (fixAddress), then started (startFixed).
+// create creates (and, with post.Start, starts) a box's instance. The
+// box gets a fixed address (L-DHCP: the bridge's DHCP answers no one
+// else), on a cluster from its member's slice: it is created stopped on
+// the member asked for (or where Incus places it), given the address
+// (fixAddress), then started (startFixed). A granted user sees neither the
+// bridge nor the other projects' boxes to pick one from: the port watcher
+// (root) gives theirs one as its port comes up (fixMissingAddresses).
 func (host *Host) create(ctx context.Context, req MintRequest, post incus.InstancesPost) error {
 	ci, err := host.Cluster(ctx)
 	if err != nil {
 		return err
 	}
-	if !ci.Clustered() {
-		if req.Target != "" {
-			return fmt.Errorf("minting %s: --target %s: this incusd is not a cluster member", req.Name, req.Target)
-		}
+	if !ci.Clustered() && req.Target != "" {
+		return fmt.Errorf("minting %s: --target %s: this incusd is not a cluster member", req.Name, req.Target)
+	}
+	if host.Tier {
 		return host.Incus.CreateInstanceWithProgress(ctx, post, req.progress)
 	}
 	if err := ci.checkMember(req.Target); err != nil {
@@ -614,7 +637,7 @@ func (host *Host) create(ctx context.Context, req MintRequest, post incus.Instan
 		return err
 	}
 	member := req.Target
-	if member == "" {
+	if member == "" && ci.Clustered() {
 		inst, _, err := host.Incus.Instance(ctx, post.Name)
 		if err != nil {
 			return err
@@ -650,10 +673,10 @@ func isAddressConflict(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "already defined on another NIC")
 }
 
-// fixAddress gives an instance on a cluster member a fixed address of the
-// member's slice. A box minted at the same moment on the same member may
-// have taken the address between AddressFor and the update: Incus refuses
-// it, and box picks again.
+// fixAddress gives an instance a fixed address of its member's slice (of
+// the bridge's subnet on a standalone host, member ""). A box minted at
+// the same moment on the same member may have taken the address between
+// AddressFor and the update: Incus refuses it, and box picks again.
 //
 // Picking an address and setting it are one step for every box command on
 // this machine: two mints at once could pick the same one, which Incus
@@ -674,6 +697,9 @@ func (host *Host) fixAddress(ctx context.Context, name, member string) (netip.Ad
 			return addr, nil
 		}
 		if !isAddressConflict(err) || try == addressTries {
+			if member == "" {
+				return netip.Addr{}, fmt.Errorf("giving %s a fixed address: %w", name, err)
+			}
 			return netip.Addr{}, fmt.Errorf("giving %s a fixed address on member %s: %w", name, member, err)
 		}
 	}
@@ -682,9 +708,9 @@ func (host *Host) fixAddress(ctx context.Context, name, member string) (netip.Ad
 // addressLock serialises picking a fixed address with setting it.
 const addressLock = "/run/lock/box-addresses.lock"
 
-// startFixed starts an instance on a cluster member. Incus checks its
-// fixed address again at the start: one another NIC on the member asks
-// for by then is replaced by a fresh one (fixAddress), and it starts.
+// startFixed starts an instance with a fixed address. Incus checks it
+// again at the start: one another NIC on the member asks for by then is
+// replaced by a fresh one (fixAddress), and it starts.
 func (host *Host) startFixed(ctx context.Context, name, member string) error {
 	for try := 1; ; try++ {
 		err := host.Incus.SetInstanceState(ctx, name, "start", 0, false)
@@ -723,7 +749,10 @@ func fixedAddressOf(inst *incus.Instance) netip.Addr {
 	return netip.Addr{}
 }
 
-// setFixedAddress gives an instance's NIC (the profile's) a fixed address.
+// setFixedAddress gives an instance's NIC on the bridge a fixed address:
+// its own device's keys kept (a granted user's box may have turned port
+// isolation off in it), or the profile's NIC made its own. An instance with
+// no NIC on the bridge gets the profile's.
 func (host *Host) setFixedAddress(ctx context.Context, name string, addr netip.Addr) error {
 	inst, etag, err := host.Incus.Instance(ctx, name)
 	if err != nil {
@@ -733,9 +762,32 @@ func (host *Host) setFixedAddress(ctx context.Context, name string, addr netip.A
 	if put.Devices == nil {
 		put.Devices = map[string]map[string]string{}
 	}
-	put.Devices["eth0"] = fixedNIC(addr)
+	dev, nic := bridgeNICOf(inst)
+	if dev == "" {
+		dev, nic = "eth0", boxNIC()
+	} else if own, ok := put.Devices[dev]; ok {
+		nic = maps.Clone(own)
+	} else {
+		nic = maps.Clone(nic)
+	}
+	if nic["name"] == transitName {
+		nic["name"] = "eth0" // a move that stopped half way
+	}
+	nic["ipv4.address"] = addr.String()
+	put.Devices[dev] = nic
 	delete(put.Config, keyMoving)
 	return host.Incus.UpdateInstance(ctx, name, put, etag)
+}
+
+// bridgeNICOf is an instance's NIC on the bridge, as Incus expands it
+// ("" when it has none).
+func bridgeNICOf(inst *incus.Instance) (string, map[string]string) {
+	for _, name := range sortedKeys(inst.ExpandedDevices) {
+		if d := inst.ExpandedDevices[name]; isNIC(d) && onBridge(Current.Network, d) {
+			return name, d
+		}
+	}
+	return "", nil
 }
 
 // MemberReport is one member's host layers converged (EnsureMembers).
@@ -850,19 +902,24 @@ func (host *Host) CreateNetwork(ctx context.Context, req incus.NetworksPost) err
 	return host.createNetwork(ctx, ci, req)
 }
 
-// readdressIfTaken gives a box on a cluster a fresh address of its
-// member's slice when the one it asks for is another instance's: a
-// snapshot a clone or a copy carried holds its source's address, and a
-// restore brings it back (Incus does not let box edit a snapshot's
-// devices).
+// readdressIfTaken gives a box a fresh address of its member's slice when
+// the one it asks for is another instance's: a snapshot a clone or a copy
+// carried holds its source's address, and a restore brings it back (Incus
+// does not let box edit a snapshot's devices). A snapshot taken before box
+// gave its boxes fixed addresses brings back a NIC with none: it gets one
+// (ensureFixed).
 func (host *Host) readdressIfTaken(ctx context.Context, name string) error {
 	inst, _, err := host.Incus.Instance(ctx, name)
 	if err != nil {
 		return err
 	}
 	member, err := host.memberOf(ctx, inst)
+	if err != nil {
+		return err
+	}
 	addr := fixedAddressOf(inst)
-	if err != nil || member == "" || !addr.IsValid() {
+	if !addr.IsValid() {
+		_, err := host.ensureFixed(ctx, inst, member)
 		return err
 	}
 	f, err := host.readClusterFleet(ctx)

@@ -121,7 +121,11 @@ func assertClean(t *testing.T, ctx context.Context, h *stack.Host) {
 	t.Helper()
 	v, err := h.Verify(ctx)
 	require.NoError(t, err)
-	assert.Empty(t, v.Findings)
+	for _, f := range v.Findings {
+		// Advisory: a lease that outlived its instance, which goes at its
+		// expiry (L-DHCP), is no layer gone.
+		assert.True(t, f.Advisory, "%s", f)
+	}
 	for _, m := range v.Members {
 		assert.Equal(t, stack.MemberClean, m.State, "member %s's layers were read and are clean", m.Member)
 	}

@@ -60,6 +60,10 @@ type clusterFake struct {
 	// member takes the address first.
 	setRace, startRace int
 	raced              int
+	// leases are what the bridge's leases endpoint lists.
+	leases []incus.NetworkLease
+	// starting names an instance Incus is starting: it refuses changes.
+	starting string
 }
 
 // fakeSlices are the members' slices of 10.88.0.0/24.
@@ -88,7 +92,11 @@ func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 		}
 		incustest.Sync(w, map[string]any{"name": "boxnet", "config": cfg})
 	})
-	s.Handle("GET /1.0/networks/boxnet/leases", func(w http.ResponseWriter, r *http.Request) { incustest.Sync(w, []any{}) })
+	s.Handle("GET /1.0/networks/boxnet/leases", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		incustest.Sync(w, append([]incus.NetworkLease{}, f.leases...))
+	})
 	s.Handle("GET /1.0/profiles/{name}", func(w http.ResponseWriter, r *http.Request) {
 		p, ok := hostProfiles()[r.PathValue("name")]
 		if !ok {
@@ -222,6 +230,10 @@ func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 		inst, ok := f.insts[r.PathValue("name")]
 		if !ok {
 			incustest.Error(w, http.StatusNotFound, "Instance not found")
+			return
+		}
+		if inst.Name == f.starting {
+			f.srv.Async(w, incustest.Op{Description: "Updating instance", Err: `Failed to create instance update operation: Instance is busy running a "start" operation`})
 			return
 		}
 		if restore.Restore != "" {
@@ -451,18 +463,32 @@ func TestCreateOnAClusterRetriesAnAddressConflict(t *testing.T) {
 	}
 }
 
+// On a standalone host a box gets a fixed address too (L-DHCP), of the
+// bridge's subnet: created stopped, given it, then started. A granted
+// user's is created started: the port watcher gives it one.
 func TestCreateOnAStandaloneHost(t *testing.T) {
 	f, h := newClusterFake(t)
 	f.clustered = false
+	f.add("a", "", "Running", "10.88.0.2")
 	post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{Current.Tag: "1"}, Start: true}
 	err := h.create(context.Background(), MintRequest{Name: "b", Target: "m3"}, post)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--target m3: this incusd is not a cluster member")
 	require.NoError(t, h.create(context.Background(), MintRequest{Name: "b"}, post))
 	b := f.inst(t, "b")
-	assert.Equal(t, "Running", b.Status, "created and started in one request")
-	assert.False(t, fixedAddressOf(b).IsValid(), "no fixed address: it leases one")
-	assert.Empty(t, f.srv.Find(http.MethodPut, "/1.0/instances/b"))
+	assert.Equal(t, "Running", b.Status)
+	assert.Equal(t, "10.88.0.3", fixedAddressOf(b).String(), "the first address of the subnet nobody holds (.1 is the gateway, .2 a's)")
+	var sent incus.InstancesPost
+	require.NoError(t, json.Unmarshal(f.srv.Find(http.MethodPost, "/1.0/instances")[0].Body, &sent))
+	assert.False(t, sent.Start, "created stopped, started once it has its address")
+
+	tier := *h
+	tier.Tier = true
+	post.Name = "t"
+	require.NoError(t, tier.create(context.Background(), MintRequest{Name: "t"}, post))
+	assert.Equal(t, "Running", f.inst(t, "t").Status, "a granted user's: created and started in one request")
+	assert.False(t, fixedAddressOf(f.inst(t, "t")).IsValid(), "its user picks none")
+	assert.Empty(t, f.srv.Find(http.MethodPut, "/1.0/instances/t"))
 }
 
 func TestCreateRefusesAnUnknownMember(t *testing.T) {
@@ -541,10 +567,12 @@ func TestCloneOnAClusterGetsItsOwnAddress(t *testing.T) {
 }
 
 // Off a cluster a clone is a plain copy, and --target is refused.
+// Off a cluster a clone is a plain copy, which carries its source's
+// fixed address: the clone gets its own.
 func TestCloneOffAClusterIsAPlainCopy(t *testing.T) {
 	f, h := newClusterFake(t)
 	f.clustered = false
-	f.add("src", "", "Stopped", "")
+	f.add("src", "", "Stopped", "10.88.0.2")
 	_, err := h.CloneTo(context.Background(), "src", "", "c", "m2")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--target m2: this incusd is not a cluster member")
@@ -554,7 +582,8 @@ func TestCloneOffAClusterIsAPlainCopy(t *testing.T) {
 	require.NoError(t, json.Unmarshal(f.srv.Find(http.MethodPost, "/1.0/instances")[0].Body, &sent))
 	assert.Nil(t, sent.Devices)
 	assert.Empty(t, sent.Architecture)
-	assert.False(t, fixedAddressOf(f.inst(t, "c")).IsValid())
+	assert.Equal(t, "10.88.0.3", fixedAddressOf(f.inst(t, "c")).String(), "its own, not its source's")
+	assert.Equal(t, "10.88.0.2", fixedAddressOf(f.inst(t, "src")).String())
 }
 
 func TestMoveKeepsTheAddress(t *testing.T) {
@@ -676,7 +705,7 @@ func TestMoveRefuses(t *testing.T) {
 // An import on a cluster lands on the member that received it and gets a
 // fixed address of that member's slice before it starts, whatever address
 // its file carries (here the one its source, on the same member, holds);
-// off a cluster that address is dropped and it leases one.
+// off a cluster it gets one of the subnet (L-DHCP), never the file's.
 func TestImportOnAClusterGetsAnAddressOfItsMember(t *testing.T) {
 	for _, clustered := range []bool{true, false} {
 		t.Run(fmt.Sprintf("clustered %v", clustered), func(t *testing.T) {
@@ -701,8 +730,10 @@ func TestImportOnAClusterGetsAnAddressOfItsMember(t *testing.T) {
 				assert.NotEqual(t, "10.88.0.32", a.String(), "not the address in the file")
 				return
 			}
-			assert.False(t, fixedAddressOf(c).IsValid(), "it leases one")
-			assert.Contains(t, strings.Join(res.Notes, "\n"), "its fixed address 10.88.0.32 was the cluster's it came from: dropped")
+			a := fixedAddressOf(c)
+			assert.True(t, a.IsValid(), "a fixed address of this host's")
+			assert.NotEqual(t, "10.88.0.32", a.String(), "not the address in the file, which work holds")
+			assert.Contains(t, strings.Join(res.Notes, "\n"), "its fixed address 10.88.0.32 was the host's it came from: it gets one of this host's")
 		})
 	}
 }

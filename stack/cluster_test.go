@@ -206,15 +206,20 @@ func TestAddressFindings(t *testing.T) {
 	})
 
 	t.Run("a box without a fixed address", func(t *testing.T) {
-		f := fleet{insts: []incus.Instance{
+		insts := []incus.Instance{
 			clusterInst("cb-loose", "m2", "", true),
 			clusterInst("not-a-box", "m2", "", false),
 			fleetInst("cb-elsewhere", func(i *incus.Instance) { i.ExpandedDevices["eth0"]["network"] = "lxdbr0" }),
-		}}
-		fs := addressFindings(f)
-		require.Len(t, fs, 1, "%v", fs)
+		}
+		assert.Empty(t, addressFindings(fleet{insts: insts}), "no address, nothing handed out twice")
+		fs := dhcpFindings(insts)
+		require.Len(t, fs, 2, "%v", fs)
 		assert.Equal(t, "box cb-loose", fs[0].Object)
+		assert.Equal(t, LayerDHCP, fs[0].Layer)
+		assert.False(t, fs[0].Advisory)
 		assert.Contains(t, fs[0].Problem, "eth0 has no fixed address")
-		assert.Contains(t, fs[0].Fix, "cb-loose")
+		assert.Equal(t, fixEnsure, fs[0].Fix)
+		assert.Equal(t, "instance not-a-box", fs[1].Object)
+		assert.True(t, fs[1].Advisory, "not box's: the bridge's DHCP simply does not answer it")
 	})
 }

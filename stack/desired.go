@@ -166,10 +166,14 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 	// dhcp-ignore-names drops them. Incus starts dnsmasq without
 	// --no-hosts, so it also answers every name in the host's /etc/hosts
 	// (measured: a name added there resolved from a box): no-hosts.
+	// The DHCP lines are L-DHCP's (dhcp.go).
 	var raw strings.Builder
 	raw.WriteString("no-resolv\nno-hosts\ndhcp-ignore-names\n")
 	for _, a := range dns {
 		fmt.Fprintf(&raw, "server=%s\n", a)
+	}
+	for _, l := range dhcpLines {
+		raw.WriteString(l + "\n")
 	}
 	d.Network = incus.NetworksPost{
 		Name:        g.Network,

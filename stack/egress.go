@@ -80,7 +80,8 @@ type EgressBox struct {
 }
 
 // egressPlanOf puts each box under a policy into that policy's boxes set,
-// by the addresses leased to its NIC's MAC on the bridge. Every stored
+// by its NIC's stored address and the addresses leased to its MAC on the
+// bridge. Every stored
 // policy is in the plan, with or without boxes; a box naming a policy the
 // bridge does not store is a finding (its traffic is not allowlisted).
 func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Instance, leases []incus.NetworkLease) ([]nft.EgressPolicy, map[netip.Addr]EgressBox, []Finding) {
@@ -108,11 +109,18 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 			continue
 		}
 		for _, n := range bridgeNICs(bridge, &insts[i]) {
+			var addrs []netip.Addr
 			if mac, err := net.ParseMAC(n.mac); err == nil {
-				for _, a := range byMAC[mac.String()] {
-					boxes[id] = append(boxes[id], a)
-					who[a] = EgressBox{Name: insts[i].Name, Project: insts[i].Project, Policy: id}
-				}
+				addrs = byMAC[mac.String()]
+			}
+			// Its stored address too: the one address its pin lets it
+			// send from, leased or not (L-DHCP).
+			if a, err := netip.ParseAddr(insts[i].ExpandedDevices[n.dev]["ipv4.address"]); err == nil && !slices.Contains(addrs, a) {
+				addrs = append(addrs, a)
+			}
+			for _, a := range addrs {
+				boxes[id] = append(boxes[id], a)
+				who[a] = EgressBox{Name: insts[i].Name, Project: insts[i].Project, Policy: id}
 			}
 		}
 	}

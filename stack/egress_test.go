@@ -109,6 +109,13 @@ func TestEgressPlan(t *testing.T) {
 		withPolicy("b", "10:66:6a:00:00:0b", ""),
 		withPolicy("c", "10:66:6a:00:00:0c", "pa"),
 		withPolicy("lost", "10:66:6a:00:00:0d", "pgone"),
+		// Its stored address, and no lease (yet): under its policy all the
+		// same, or its first packets would go out open.
+		fleetInst("d", func(i *incus.Instance) {
+			i.Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0e"
+			i.Config[KeyEgress] = "pb"
+			i.ExpandedDevices["eth0"]["ipv4.address"] = "10.88.0.20"
+		}),
 	}
 	leases := []incus.NetworkLease{
 		{Address: "10.88.0.1", Type: "gateway"},
@@ -120,11 +127,12 @@ func TestEgressPlan(t *testing.T) {
 	ps, who, fs := egressPlanOf("boxnet", map[string][]string{"pa": {"x.example"}, "pb": {"y.example"}}, insts, leases)
 	assert.Equal(t, []nft.EgressPolicy{
 		{ID: "pa", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.10"), netip.MustParseAddr("10.88.0.12")}},
-		{ID: "pb"},
-	}, ps, "each box under its policy by its lease; an open box in none; a policy with no box keeps its sets")
+		{ID: "pb", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.20")}},
+	}, ps, "each box under its policy by its lease or its stored address; an open box in none")
 	assert.Equal(t, map[netip.Addr]EgressBox{
 		netip.MustParseAddr("10.88.0.10"): {Name: "a", Project: "default", Policy: "pa"},
 		netip.MustParseAddr("10.88.0.12"): {Name: "c", Project: "default", Policy: "pa"},
+		netip.MustParseAddr("10.88.0.20"): {Name: "d", Project: "default", Policy: "pb"},
 	}, who, "the service knows each allowlisted box by its address")
 	require.Len(t, fs, 1)
 	assert.Equal(t, LayerEgress, fs[0].Layer)

@@ -128,6 +128,17 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 	d := BuildDesired(rep.Subnet.Subnet, opts)
 	rep.Gateway = d.Gateway
 
+	// Every box gets a fixed address before the bridge's DHCP answers no
+	// one else (L-DHCP): one minted before box stored addresses keeps the
+	// one it leases, and so its lease at its next renewal.
+	if net != nil {
+		chs, err := host.fixAllAddresses(ctx, ci)
+		rep.Changes = append(rep.Changes, chs...)
+		if err != nil {
+			return rep, fmt.Errorf("giving the boxes fixed addresses: %w", err)
+		}
+	}
+
 	// The ACL first: the network refers to it.
 	action, diff, err := converge(ctx, &undos, incusObject[incus.NetworkACL]{
 		what:   "acl " + d.ACL.Name,

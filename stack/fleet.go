@@ -392,9 +392,16 @@ func judgeDefinition(bridge string, inst *incus.Instance) Sibling {
 			bad("is privileged (security.privileged=true): root in the box is root on the host", incusCmd("incus config unset %s security.privileged", inst.Name))
 		case nestingReason(k, v) != "":
 			s.Allowed = append(s.Allowed, fmt.Sprintf("%s=%s: allowed, %s", k, v, nestingReason(k, v)))
-		case strings.HasPrefix(k, "security.syscalls.intercept.") && incusTrue(v):
-			bad(fmt.Sprintf("sets %s=%s: incusd then makes that system call on the host for the box; box never sets it (nesting does not need it)", k, v),
-				incusCmd("incus config unset %s %s", inst.Name, k))
+		default:
+			// The kernel boundary's keys (kernel.go).
+			problem, allowed, ok := judgeKernelKey(k, v)
+			switch {
+			case !ok:
+			case problem != "":
+				bad(problem, incusCmd("incus config unset %s %s", inst.Name, k)+restartNote)
+			case allowed != "":
+				s.Allowed = append(s.Allowed, fmt.Sprintf("%s=%s: allowed, %s", k, oneLine(v), allowed))
+			}
 		}
 	}
 	if v, ok := inst.ExpandedConfig["security.guestapi"]; !ok || v != "false" {

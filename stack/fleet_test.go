@@ -45,7 +45,7 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 		{name: "a syscall interception nesting does not set", inst: fleetInst("dock2", func(i *incus.Instance) {
 			maps.Copy(i.Config, NestingConfig())
 			i.Config["security.syscalls.intercept.mount"] = "true"
-		}), want: "sets security.syscalls.intercept.mount=true: incusd then makes that system call on the host for the box; box never sets it (nesting does not need it) (fix: incus config unset dock2 security.syscalls.intercept.mount)"},
+		}), want: "sets security.syscalls.intercept.mount=true: incusd mounts file systems in the box on the host's behalf (Incus warns the kernel's file system code then meets data the box controls); box never sets it (nesting does not need it) (fix: incus config unset dock2 security.syscalls.intercept.mount (it takes effect when the box starts again: box down, box start))"},
 		{name: "mknod interception is not needed either", inst: fleetInst("dock3", func(i *incus.Instance) { i.Config["security.syscalls.intercept.mknod"] = "1" }),
 			want: "sets security.syscalls.intercept.mknod=1"},
 		{name: "an interception turned off is nothing", inst: fleetInst("dock4", func(i *incus.Instance) { i.Config["security.syscalls.intercept.setxattr"] = "false" })},
@@ -175,4 +175,67 @@ func TestCensusAcceptsExactlyTheNestingKeys(t *testing.T) {
 	off := fleetInst("m", func(i *incus.Instance) { i.Config["security.nesting"] = "false" })
 	s = takeCensus("boxnet", []incus.Instance{off}, nil, nil, nil, false, "").Siblings[0]
 	assert.NotContains(t, strings.Join(s.Allowed, "\n"), "security.nesting")
+}
+
+// TestCensusNamesKernelKeys: every key of the kernel boundary (kernel.go)
+// set by hand is named with its reason, or allowed with why when it only
+// makes the box stricter; its default says nothing.
+func TestCensusNamesKernelKeys(t *testing.T) {
+	for _, tc := range []struct {
+		key, value string
+		want       string // in the problem; "" for none
+		allowed    string // in the allowed line; "" for none
+	}{
+		{"raw.idmap", "both 0 0", "mapping host id 0 into the box: root on the host is a user in the box", ""},
+		{"raw.idmap", "uid 0-10 1000-1010", "mapping host id 0", ""},
+		{"raw.idmap", "both 1000 1000", `sets raw.idmap="both 1000 1000": host ids mapped straight into the box`, ""},
+		{"raw.apparmor", "mount,", "raw AppArmor rules", ""},
+		{"raw.seccomp", "2\nallowlist\n", "raw system call policy", ""},
+		{"linux.kernel_modules", "ip_tables,overlay", "incusd loads those modules into the host's kernel", ""},
+		{"linux.sysctl.net.ipv4.ip_forward", "1", "sets linux.sysctl.net.ipv4.ip_forward=1: a kernel setting", ""},
+		{"security.syscalls.deny_default", "false", "default deny list (kexec_load", ""},
+		{"security.syscalls.deny_default", "true", "", ""},
+		{"security.syscalls.deny_compat", "true", "", "stricter: the 32-bit compat"},
+		{"security.syscalls.deny", "bpf", "", "stricter: more system calls denied"},
+		{"security.syscalls.allow", "read\nwrite", "an allow list in place of Incus's default deny list", ""},
+		{"security.syscalls.intercept.mknod", "true", "makes device nodes in the box on the host's behalf", ""},
+		{"security.syscalls.intercept.setxattr", "on", "sets trusted extended attributes", ""},
+		{"security.syscalls.intercept.bpf", "true", "loads BPF programs", ""},
+		{"security.syscalls.intercept.sysinfo", "true", "answers sysinfo", ""},
+		{"security.syscalls.intercept.mount.allowed", "ext4,xfs", "names the file systems incusd mounts", ""},
+		{"security.syscalls.intercept.mknod", "false", "", ""},
+		{"security.syscalls.something_new", "1", "a system call filter key box does not know", ""},
+		{"security.idmap.isolated", "true", "", "stricter: a host id range of its own"},
+		{"security.idmap.isolated", "false", "", ""},
+		{"security.idmap.size", "65536", "", "the size of the box's host id range"},
+		{"security.idmap.base", "0", "the box's host id range chosen by hand", ""},
+		{"limits.kernel.memlock", "unlimited", "sets limits.kernel.memlock=unlimited: a resource limit of the box's processes", ""},
+		{"limits.kernel.nofile", "1024", "limits.kernel.nofile=1024", ""},
+		{"security.guestapi.images", "true", "hands the box the host's images", ""},
+	} {
+		t.Run(tc.key+"="+tc.value, func(t *testing.T) {
+			inst := fleetInst("kk", func(i *incus.Instance) { i.Config[tc.key] = tc.value })
+			c := takeCensus("boxnet", []incus.Instance{inst}, []string{"veth-kk"},
+				map[string]kernelPort{"veth-kk": {exists: true, master: "boxnet", isolated: true}}, []string{"veth-kk"}, true, "")
+			require.Len(t, c.Siblings, 1)
+			s := c.Siblings[0]
+			problems := ""
+			for _, p := range s.Problems {
+				problems += p.What + " (fix: " + p.Fix + ")\n"
+			}
+			if tc.want == "" {
+				assert.True(t, s.OnStack(), "problems: %s", problems)
+			} else {
+				require.Len(t, s.Problems, 1, "one problem: %s", problems)
+				assert.Contains(t, s.Problems[0].What, tc.want)
+				assert.Equal(t, "incus config unset kk "+tc.key+restartNote, s.Problems[0].Fix)
+			}
+			allowed := strings.Join(s.Allowed, "\n")
+			if tc.allowed != "" {
+				assert.Contains(t, allowed, tc.key+"="+tc.value+": allowed, "+tc.allowed)
+			} else {
+				assert.NotContains(t, allowed, tc.key, "a default or a problem is not allowed")
+			}
+		})
+	}
 }

@@ -76,6 +76,24 @@ func newMintFake(t *testing.T) (*mintFake, *Host) {
 		}
 		incustest.SyncETag(w, `"e1"`, i)
 	})
+	s.Handle("GET /1.0/networks/boxnet/leases", func(w http.ResponseWriter, r *http.Request) { incustest.Sync(w, []any{}) })
+	s.Handle("GET /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		out := []*incus.Instance{}
+		for _, name := range sortedKeys(f.insts) {
+			out = append(out, f.insts[name])
+		}
+		incustest.Sync(w, out)
+	})
+	s.Handle("PUT /1.0/instances/{name}/state", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if i, ok := f.insts[r.PathValue("name")]; ok {
+			i.Status = "Running"
+		}
+		s.Async(w, incustest.Op{Description: "Starting instance"})
+	})
 	s.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
 		var req incus.InstancesPost
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
@@ -95,7 +113,11 @@ func newMintFake(t *testing.T) (*mintFake, *Host) {
 		f.mu.Lock()
 		cfg := maps.Clone(req.Config)
 		cfg["volatile.base_image"] = base
-		f.insts[req.Name] = &incus.Instance{Name: req.Name, Type: req.Type, Status: "Running", Location: "none", Config: cfg,
+		status := "Stopped"
+		if req.Start {
+			status = "Running"
+		}
+		f.insts[req.Name] = &incus.Instance{Name: req.Name, Type: req.Type, Status: status, Location: "none", Config: cfg,
 			Devices: req.Devices, Profiles: req.Profiles}
 		f.mu.Unlock()
 		if len(f.progress) == 0 {
@@ -124,7 +146,7 @@ func newMintFake(t *testing.T) (*mintFake, *Host) {
 			incustest.Error(w, http.StatusNotFound, "Instance not found")
 			return
 		}
-		i.Config = put.Config
+		i.Config, i.Devices = put.Config, put.Devices
 		s.Async(w, incustest.Op{Description: "Updating instance"})
 	})
 	return f, &Host{Incus: incus.New(s.Socket()), kernelless: true}
@@ -208,7 +230,11 @@ func TestMintFromAnImageHere(t *testing.T) {
 		assert.Equal(t, "10ca1f", req.Config[StampFingerprint], image)
 		assert.NotContains(t, req.Config, StampImageServer, image)
 		assert.Equal(t, "10ca1f", b.Stamps[StampFingerprint], image)
-		assert.Empty(t, f.srv.Find(http.MethodPut, "/1.0/instances/b"), "nothing to stamp afterwards")
+		puts := f.srv.Find(http.MethodPut, "/1.0/instances/b")
+		require.Len(t, puts, 1, "%s: one update, the fixed address; nothing to stamp afterwards", image)
+		var put incus.InstancePut
+		require.NoError(t, json.Unmarshal(puts[0].Body, &put))
+		assert.Equal(t, "10.88.0.2", put.Devices["eth0"]["ipv4.address"], image)
 	}
 	f, h := newMintFake(t)
 	_, err := h.Mint(context.Background(), MintRequest{Name: "b", Image: "missing"})

@@ -16,6 +16,7 @@ const (
 	LayerPortIso    LayerID = "L-PORTISO"
 	LayerBridgeDrop LayerID = "L-BRIDGEDROP"
 	LayerPin        LayerID = "L-PIN"
+	LayerDHCP       LayerID = "L-DHCP"
 	LayerEgress     LayerID = "L-EGRESS"
 	LayerFleet      LayerID = "L-FLEET"
 	LayerTier       LayerID = "L-TIER"
@@ -38,7 +39,8 @@ var Layers = []Layer{
 	{LayerHostFW, "nft table inet box: from boxnet only DNS, DHCP and replies"},
 	{LayerPortIso, "security.port_isolation on the box-net profile's NIC"},
 	{LayerBridgeDrop, "nft table bridge box: no frame between two boxnet ports"},
-	{LayerPin, "nft table bridge box_pin: a port sends only its own MAC and leases"},
+	{LayerPin, "nft table bridge box_pin: a port sends only its own MAC and addresses"},
+	{LayerDHCP, "fixed addresses stored by box; dnsmasq answers them only; DHCP names the port's own MAC"},
 	{LayerEgress, "allowlists: nft table inet box_egress and the resolver's names"},
 	{LayerFleet, "the census: every instance and port on boxnet stays on the stack"},
 	{LayerTier, "user projects granted through incus-user, restricted to boxnet"},

@@ -13,11 +13,13 @@ import (
 )
 
 // Per-port pinning (layer L-PIN, claim C-SPOOF): each port of the bridge
-// may send only with the MAC Incus gave its instance's NIC and the IPv4
-// addresses dnsmasq leased to that MAC (nft.Pin; the table bridge box_pin).
-// Both come from the host's account, never from the box's: the MAC from
-// the instance's config (volatile.<nic>.hwaddr, which the box cannot
-// change), the addresses from the bridge's leases.
+// may send only with the MAC Incus gave its instance's NIC and the fixed
+// IPv4 address box stored for that NIC (nft.Pin; the table bridge
+// box_pin). Both come from the host's account, never from the box's: the
+// MAC from the instance's config (volatile.<nic>.hwaddr, which the box
+// cannot change), the address from its NIC's ipv4.address (L-DHCP), not
+// from the lease file, which any DHCP message a box gets through to
+// dnsmasq can change.
 
 // pinPlan is what the pin table should hold now.
 type pinPlan struct {
@@ -77,7 +79,7 @@ func (host *Host) fleetOf(ctx context.Context, insts []incus.Instance) (fleet, e
 
 // planPins says what to pin on ports.
 func (f fleet) planPins(ports []string) *pinPlan {
-	return pinPlanOf(Current.Network, f.insts, f.leases, ports)
+	return pinPlanOf(Current.Network, f.insts, ports)
 }
 
 // bridgeLeases reads the bridge's leases in every project with an instance
@@ -108,26 +110,19 @@ func (host *Host) bridgeLeases(ctx context.Context, insts []incus.Instance) ([]i
 }
 
 // pinPlanOf pins each of ports to the MAC of the instance NIC it belongs
-// to and the addresses leased to that MAC. An address leased to the MACs
+// to and the fixed address stored for that NIC (none when it has none: it
+// may then only ask for one from 0.0.0.0). An address stored for the NICs
 // of two ports is pinned to neither, with a note.
-func pinPlanOf(bridge string, insts []incus.Instance, leases []incus.NetworkLease, ports []string) *pinPlan {
-	byMAC := map[string][]netip.Addr{}
-	for _, l := range leases {
-		if l.Type == "gateway" {
-			continue
-		}
-		a, err := netip.ParseAddr(l.Address)
-		mac, merr := net.ParseMAC(l.Hwaddr)
-		if err != nil || merr != nil || !a.Is4() {
-			continue
-		}
-		byMAC[mac.String()] = append(byMAC[mac.String()], a)
-	}
+func pinPlanOf(bridge string, insts []incus.Instance, ports []string) *pinPlan {
 	macOf := map[string]net.HardwareAddr{} // port -> its NIC's MAC
+	addrOf := map[string][]netip.Addr{}    // port -> its NIC's fixed address
 	for i := range insts {
 		for _, n := range bridgeNICs(bridge, &insts[i]) {
 			if mac, err := net.ParseMAC(n.mac); err == nil && n.port != "" {
 				macOf[n.port] = mac
+				if a, err := netip.ParseAddr(insts[i].ExpandedDevices[n.dev]["ipv4.address"]); err == nil && a.Is4() {
+					addrOf[n.port] = []netip.Addr{a}
+				}
 			}
 		}
 	}
@@ -141,10 +136,10 @@ func pinPlanOf(bridge string, insts []incus.Instance, leases []incus.NetworkLeas
 			continue
 		}
 		pin := nft.Pin{Port: port, MAC: mac}
-		for _, a := range byMAC[mac.String()] {
+		for _, a := range addrOf[port] {
 			if other, taken := owner[a]; taken {
 				dup[a] = true
-				p.notes = append(p.notes, fmt.Sprintf("%s is leased to the MACs of both %s and %s: pinned to neither (two boxes with one MAC? box doctor)", a, other, port))
+				p.notes = append(p.notes, fmt.Sprintf("%s is the fixed address of the NICs of both %s and %s: pinned to neither (box doctor names their instances)", a, other, port))
 				continue
 			}
 			owner[a] = port
@@ -163,14 +158,24 @@ func pinPlanOf(bridge string, insts []incus.Instance, leases []incus.NetworkLeas
 func pinFindings(nf []nft.Finding, p *pinPlan) []Finding {
 	var out []Finding
 	for _, f := range nf {
-		out = append(out, Finding{Layer: LayerPin, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
+		layer := LayerPin
+		if dhcpRule(f.Problem) {
+			layer = LayerDHCP // the pin table's DHCP drops are L-DHCP's
+		}
+		out = append(out, Finding{Layer: layer, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
 	}
 	for _, n := range p.notes {
-		out = append(out, Finding{Layer: LayerPin, Object: "pins", Problem: n, Fix: "box doctor names the boxes; give one of them a new MAC (incus config unset N volatile.eth0.hwaddr, then restart it)"})
+		out = append(out, Finding{Layer: LayerPin, Object: "pins", Problem: n, Fix: "give one of them another address (box incus N -- config device set {} eth0 ipv4.address=ADDR)"})
 	}
 	if len(p.unresolved) > 0 {
 		out = append(out, Finding{Layer: LayerPin, Object: "pins", Advisory: true,
 			Problem: "ports no instance claims are not pinned: " + strings.Join(p.unresolved, ", "), Fix: "box doctor (the census names a stray port)"})
 	}
 	return out
+}
+
+// dhcpRule says a pin table finding is about one of its DHCP drops (a
+// rule matching UDP to the DHCP server's port that drops).
+func dhcpRule(problem string) bool {
+	return strings.Contains(problem, "udp dport 67") && strings.Contains(problem, " drop`")
 }

@@ -11,25 +11,30 @@ import (
 )
 
 // The pins come from the host's account: the MAC Incus gave each NIC and
-// the addresses dnsmasq leased to that MAC, never from the box.
+// the fixed address box stored for it, never from the box, nor from the
+// lease file (which a DHCP message a box gets through can change).
 func TestPinPlan(t *testing.T) {
-	withMAC := func(name, mac string) incus.Instance {
-		return fleetInst(name, func(i *incus.Instance) { i.Config["volatile.eth0.hwaddr"] = mac })
+	box := func(name, mac, addr string) incus.Instance {
+		return fleetInst(name, func(i *incus.Instance) {
+			if mac != "" {
+				i.Config["volatile.eth0.hwaddr"] = mac
+			}
+			if addr != "" {
+				i.ExpandedDevices["eth0"]["ipv4.address"] = addr
+			}
+		})
 	}
-	a := withMAC("a", "10:66:6a:00:00:0a")
-	b := withMAC("b", "10:66:6a:00:00:0b")
+	a := box("a", "10:66:6a:00:00:0a", "10.88.0.10")
+	b := box("b", "10:66:6a:00:00:0b", "10.88.0.11")
 	// A NIC whose MAC the operator set on the device itself.
-	c := fleetInst("c", func(i *incus.Instance) { i.ExpandedDevices["eth0"]["hwaddr"] = "10:66:6a:00:00:0c" })
-	// A clone that kept its source's MAC.
-	twin := withMAC("twin", "10:66:6a:00:00:0b")
-	leases := []incus.NetworkLease{
-		{Address: "10.88.0.1", Type: "gateway"},
-		{Address: "10.88.0.10", Hwaddr: "10:66:6a:00:00:0a", Type: "dynamic"},
-		{Address: "10.88.0.11", Hwaddr: "10:66:6a:00:00:0b", Type: "dynamic"},
-		{Address: "10.88.0.12", Hwaddr: "10:66:6a:00:00:0c", Type: "static"},
-		{Address: "fd00::1", Hwaddr: "10:66:6a:00:00:0a", Type: "dynamic"},
-	}
-	p := pinPlanOf("boxnet", []incus.Instance{a, b, c, twin}, leases, []string{"veth-a", "veth-b", "veth-c", "veth-twin", "veth-stray"})
+	c := box("c", "", "10.88.0.12")
+	c.ExpandedDevices["eth0"]["hwaddr"] = "10:66:6a:00:00:0c"
+	// An instance with the same fixed address as b (another project's).
+	twin := box("twin", "10:66:6a:00:00:0d", "10.88.0.11")
+	// A box minted before box stored addresses: it leases one, and is
+	// pinned to none.
+	old := box("old", "10:66:6a:00:00:0e", "")
+	p := pinPlanOf("boxnet", []incus.Instance{a, b, c, twin, old}, []string{"veth-a", "veth-b", "veth-c", "veth-twin", "veth-old", "veth-stray"})
 
 	got := map[string]string{}
 	for _, pin := range p.pins {
@@ -43,12 +48,13 @@ func TestPinPlan(t *testing.T) {
 		"veth-a":    "10:66:6a:00:00:0a 10.88.0.10",
 		"veth-b":    "10:66:6a:00:00:0b ",
 		"veth-c":    "10:66:6a:00:00:0c 10.88.0.12",
-		"veth-twin": "10:66:6a:00:00:0b ",
-	}, got, "IPv4 only, the gateway's never; an address two ports' MACs hold is pinned to neither")
-	assert.Equal(t, []string{"veth-a", "veth-b", "veth-c", "veth-twin"}, p.scope)
+		"veth-twin": "10:66:6a:00:00:0d ",
+		"veth-old":  "10:66:6a:00:00:0e ",
+	}, got, "each NIC's fixed address; one two NICs ask for is pinned to neither")
+	assert.Equal(t, []string{"veth-a", "veth-b", "veth-c", "veth-twin", "veth-old"}, p.scope)
 	assert.Equal(t, []string{"veth-stray"}, p.unresolved, "a port no instance claims is left out of the scope, not cut off")
 	require.Len(t, p.notes, 1)
-	assert.Contains(t, p.notes[0], "10.88.0.11 is leased to the MACs of both veth-b and veth-twin")
+	assert.Contains(t, p.notes[0], "10.88.0.11 is the fixed address of the NICs of both veth-b and veth-twin")
 	f := pinFindings(nil, p)
 	require.Len(t, f, 2)
 	assert.Equal(t, LayerPin, f[0].Layer)

@@ -221,15 +221,14 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 	if err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
-	// A fixed address in the file is the one of the host it came from. On
-	// a cluster the box gets one of the member it landed on (a backup
-	// lands on the member that received it, whatever ?target= says) once
-	// it has its own MAC (below: Incus checks the NIC's MAC when the NIC
-	// changes, and the file's is its source's), before it starts;
-	// elsewhere it leases one.
-	if d := put.Devices["eth0"]; !ci.Clustered() && d["ipv4.address"] != "" {
-		res.Notes = append(res.Notes, fmt.Sprintf("its fixed address %s was the cluster's it came from: dropped, it leases one here", d["ipv4.address"]))
-		delete(d, "ipv4.address")
+	// A fixed address in the file is the one of the host it came from.
+	// The box gets one of this host's (on a cluster of the member it
+	// landed on: a backup lands on the member that received it, whatever
+	// ?target= says) once it has its own MAC (below: Incus checks the NIC's
+	// MAC when the NIC changes, and the file's is its source's), before it
+	// starts.
+	if a := put.Devices["eth0"]["ipv4.address"]; a != "" {
+		res.Notes = append(res.Notes, fmt.Sprintf("its fixed address %s was the host's it came from: it gets one of this host's", a))
 	}
 	forgetMACs(put.Config)
 	for k := range put.Config {
@@ -258,21 +257,18 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
 		return nil, fmt.Errorf("re-stamping %s: %w", name, err)
 	}
+	member := ""
 	if ci.Clustered() {
-		if _, err := host.fixAddress(ctx, name, inst.Location); err != nil {
-			return nil, fmt.Errorf("importing %s: %w", file, err)
-		}
+		member = inst.Location
+	}
+	if _, err := host.fixAddress(ctx, name, member); err != nil {
+		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	if err := host.freshMachineID(ctx, inst); err != nil {
 		return nil, fmt.Errorf("giving %s a machine-id: %w", name, err)
 	}
 	host.progressf("starting %s...", name)
-	if ci.Clustered() {
-		err = host.startFixed(ctx, name, inst.Location)
-	} else {
-		err = host.Incus.SetInstanceState(ctx, name, "start", 0, false)
-	}
-	if err != nil {
+	if err = host.startFixed(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
 	if _, err := host.refreshPorts(ctx); err != nil {

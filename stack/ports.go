@@ -15,7 +15,7 @@ import (
 // Port and pin sync: after a box changes (minted, started, moved, leased),
 // every port of the bridge is isolated, the bridge drop's port set is exact
 // where the kernel has no bridge meta, and the pin table pins each port to
-// its instance's MAC and leases. Box commands call refreshPorts; the port
+// its instance's MAC and fixed address. Box commands call refreshPorts; the port
 // watcher (watch.go) calls syncPorts and refreshPins apart.
 
 // portsRefresh is what one refreshPorts changed.
@@ -27,9 +27,11 @@ type portsRefresh struct {
 	// additions were committed (zero when there were none).
 	isolatedAt, addedAt time.Time
 	// pinned says the pin table's sets changed; unresolved are ports no
-	// instance claims yet, left unpinned (planPins).
-	pinned     bool
-	unresolved []string
+	// instance claims yet, left unpinned (planPins); addressless are boxes
+	// Incus was still starting, given no fixed address yet.
+	pinned      bool
+	unresolved  []string
+	addressless []string
 }
 
 func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.removed) == 0 }
@@ -116,9 +118,9 @@ func (host *Host) syncPorts(ctx context.Context) (portsRefresh, error) {
 }
 
 // refreshPins makes the pin table pin the bridge's ports as they are now,
-// with the leases as they are now: it asks Incus whose each port is and
-// what the leases are. Without the table (or an Incus to ask) there is
-// nothing to refresh: doctor reports the missing table.
+// with the fixed addresses as they are now: it asks Incus whose each port
+// is and what its NIC's address is. A box up without a fixed address gets
+// one first, table or none (the bridge's DHCP answers it only then).
 func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	if host.Incus == nil {
 		return nil
@@ -139,15 +141,39 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 		return err
 	}
 	egress, err := nft.EgressPresent(ncfg)
-	if err != nil || (!present && !egress) {
+	if err != nil {
 		return err
+	}
+	if !present && !egress {
+		// With the pin table gone (a drill's mutation), a box still needs
+		// its address; with no table of box's at all, there is no stack.
+		inet, bridge, err := nft.Present(ncfg)
+		if err != nil || (!inet && !bridge) {
+			return err
+		}
 	}
 	f, err := host.readFleet(ctx)
 	if err != nil {
 		return err
 	}
-	// A box's egress policy follows its lease, as its pins do (also where
-	// the pin table is gone).
+	// A box whose port is up with no fixed address gets one first: a
+	// granted user's, whose user could pick none (the port watcher runs
+	// this as its port comes up), or one started by hand.
+	fixed, busy, err := host.fixMissingAddresses(ctx, f)
+	r.addressless = busy
+	if err != nil {
+		return err
+	}
+	if fixed {
+		if f, err = host.readFleet(ctx); err != nil {
+			return err
+		}
+	}
+	if !present && !egress {
+		return nil
+	}
+	// A box's egress policy follows its lease (also where the pin table
+	// is gone).
 	if _, err := host.applyEgress(ctx, g, f); err != nil {
 		return err
 	}

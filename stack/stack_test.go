@@ -74,7 +74,8 @@ func TestDesiredStack(t *testing.T) {
 	assert.Equal(t, "none", c["ipv6.address"], "L-V6")
 	assert.Equal(t, "false", c["ipv6.nat"], "L-V6")
 	assert.Equal(t, "none", c["dns.mode"], "L-DNS: no per-instance records")
-	assert.Equal(t, "no-resolv\nno-hosts\ndhcp-ignore-names\nserver=203.0.113.53\n", c["raw.dnsmasq"], "L-DNS: upstream pinned, the host's hosts file unread, DHCP hostnames never become names")
+	assert.Equal(t, "no-resolv\nno-hosts\ndhcp-ignore-names\nserver=203.0.113.53\ndhcp-ignore=tag:!known\ndhcp-ignore-clid\n", c["raw.dnsmasq"],
+		"L-DNS: upstream pinned, the host's hosts file unread, DHCP hostnames never become names; L-DHCP: known clients only, by hardware address")
 	assert.Equal(t, "box-isolate", c["security.acls"])
 	assert.Equal(t, "drop", c["security.acls.default.ingress.action"])
 	assert.Equal(t, "allow", c["security.acls.default.egress.action"])

@@ -43,6 +43,10 @@ type Verification struct {
 	Gateway    netip.Addr     `json:"gateway,omitempty"`
 	BridgeMode nft.BridgeMode `json:"bridge_mode,omitempty"`
 	DnsmasqPID int            `json:"dnsmasq_pid,omitempty"`
+	// Pool is what the bridge's dnsmasq hands out and holds (on a
+	// cluster, this member's); nil when it could not be read (Notes say
+	// why).
+	Pool *DHCPPool `json:"dhcp_pool,omitempty"`
 	// WatcherPID is the port watcher's (port-set mode), 0 when none runs.
 	WatcherPID int    `json:"watcher_pid,omitempty"`
 	Ports      []Port `json:"ports"`
@@ -118,7 +122,12 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		}
 	}
 	for k, want := range d.Network.Config {
-		if got := net.Config[k]; got != want {
+		got := net.Config[k]
+		switch {
+		case got == want:
+		case k == "raw.dnsmasq":
+			v.Findings = append(v.Findings, rawDnsmasqFindings("network "+gen.Network, got, want)...)
+		default:
 			find(layerOf[k], "network "+gen.Network, fmt.Sprintf("%s is %q, want %q", k, got, want))
 		}
 	}
@@ -171,6 +180,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 			return nil, err
 		}
 	}
+	v.Findings = append(v.Findings, dhcpFindings(insts)...)
 	if v.Tiers, err = host.Tiers(ctx, host.TierGroup); err != nil {
 		return nil, fmt.Errorf("reading the access tiers: %w", err)
 	}
@@ -217,6 +227,17 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 	if v.DnsmasqPID = g.dnsmasqFor(gen.Network); v.DnsmasqPID == 0 {
 		v.Findings = append(v.Findings, Finding{Layer: LayerDNS, Object: "dnsmasq for " + gen.Network,
 			Problem: "no dnsmasq process serves the bridge (Incus may still say Created)", Fix: "restart incusd, then box doctor"})
+	}
+
+	// The pool is this host's own to read: another member's, read from
+	// here, would name leases its own doctor names.
+	if v.DnsmasqPID != 0 && v.Pool == nil && host.member == "" {
+		if pool, err := g.poolOf(insts); err != nil {
+			v.Notes = append(v.Notes, "the bridge's DHCP pool was not read: "+err.Error())
+		} else {
+			v.Pool = &pool
+			v.Findings = append(v.Findings, poolFindings(pool)...)
+		}
 	}
 
 	ports, err := g.bridgePorts(gen.Network)

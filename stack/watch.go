@@ -436,8 +436,9 @@ func (w *watcher) refresh(ctx context.Context) {
 	}
 }
 
-// A port no instance claims yet is looked at again every
-// unresolvedRecheck, at most unresolvedTries times in a row.
+// A port no instance claims yet, or a box still starting that has no
+// fixed address, is looked at again every unresolvedRecheck, at most
+// unresolvedTries times in a row.
 const (
 	unresolvedRecheck = 100 * time.Millisecond
 	unresolvedTries   = 50
@@ -471,12 +472,15 @@ func (w *watcher) pinWorker(ctx context.Context) {
 				w.logf("refreshing the pins works again")
 			}
 			if r.pinned {
-				w.logf("pins: the ports' MACs and leases re-read and the pin table updated %s", cause.when(time.Now()))
+				w.logf("pins: the ports' MACs and addresses re-read and the pin table updated %s", cause.when(time.Now()))
 			}
-			if err != nil || len(r.unresolved) == 0 || try >= unresolvedTries {
+			if err != nil || len(r.unresolved)+len(r.addressless) == 0 || try >= unresolvedTries {
 				break
 			}
 			cause = trigger{kind: trigSync, at: time.Now(), what: "ports not yet claimed by an instance: " + strings.Join(r.unresolved, ", ")}
+			if len(r.addressless) > 0 {
+				cause.what = "boxes Incus was starting, to be given a fixed address: " + strings.Join(r.addressless, ", ")
+			}
 			select {
 			case <-ctx.Done():
 				return

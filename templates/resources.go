@@ -16,6 +16,13 @@ type Resources struct {
 	CPU    string `yaml:"cpu" json:"cpu"`       // a positive whole number of CPUs
 	Memory string `yaml:"memory" json:"memory"` // a size like 4GiB or 512MiB
 	Disk   string `yaml:"disk" json:"disk"`     // a size like 20GiB or 20GB
+	// Processes is limits.processes: the most processes and threads the
+	// box may have at once (a fork bomb stops there). CPUAllowance is
+	// limits.cpu.allowance: a share under contention ("50%") or a hard
+	// cap of CPU time per period ("50ms/100ms"); on a small host the CPU
+	// count alone limits nothing. Both optional: empty is no limit.
+	Processes    string `yaml:"processes,omitempty" json:"processes,omitempty"`
+	CPUAllowance string `yaml:"cpu_allowance,omitempty" json:"cpu_allowance,omitempty"`
 }
 
 // The floors are where cloud-init, apt and npm stop fitting; below them a
@@ -33,7 +40,18 @@ func (r Resources) Validate() error {
 	if err := validSize("memory", r.Memory, minMemory); err != nil {
 		return err
 	}
-	return validSize("disk", r.Disk, minDisk)
+	if err := validSize("disk", r.Disk, minDisk); err != nil {
+		return err
+	}
+	if r.Processes != "" {
+		if err := validProcesses(r.Processes); err != nil {
+			return err
+		}
+	}
+	if r.CPUAllowance != "" {
+		return validAllowance(r.CPUAllowance)
+	}
+	return nil
 }
 
 // NoLimit, as a resource value from the environment or a flag, leaves that
@@ -59,10 +77,13 @@ func MergeResources(t *Template, env func(string) string, flags Resources) (Reso
 		def, envKey, flag, flagName string
 		valid                       func(string) error
 		out                         *string
+		optional                    bool // a template may leave it out
 	}{
-		{t.Resources.CPU, "BOX_CPU", flags.CPU, "cpu", func(v string) error { _, err := ParseCPU(v); return err }, &out.CPU},
-		{t.Resources.Memory, "BOX_MEMORY", flags.Memory, "memory", func(v string) error { return validSize("memory", v, minMemory) }, &out.Memory},
-		{t.Resources.Disk, "BOX_DISK", flags.Disk, "disk", func(v string) error { return validSize("disk", v, minDisk) }, &out.Disk},
+		{t.Resources.CPU, "BOX_CPU", flags.CPU, "cpu", func(v string) error { _, err := ParseCPU(v); return err }, &out.CPU, false},
+		{t.Resources.Memory, "BOX_MEMORY", flags.Memory, "memory", func(v string) error { return validSize("memory", v, minMemory) }, &out.Memory, false},
+		{t.Resources.Disk, "BOX_DISK", flags.Disk, "disk", func(v string) error { return validSize("disk", v, minDisk) }, &out.Disk, false},
+		{t.Resources.Processes, "BOX_PROCESSES", flags.Processes, "processes", validProcesses, &out.Processes, true},
+		{t.Resources.CPUAllowance, "BOX_CPU_ALLOWANCE", flags.CPUAllowance, "cpu-allowance", validAllowance, &out.CPUAllowance, true},
 	} {
 		v, from := f.def, "" // from is empty for the template's default
 		// Whitespace around an environment value is a shell accident, not
@@ -73,7 +94,7 @@ func MergeResources(t *Template, env func(string) string, flags Resources) (Reso
 		if f.flag != "" {
 			v, from = f.flag, "--"+f.flagName
 		}
-		if v == NoLimit && from != "" {
+		if v == NoLimit && from != "" || v == "" && f.optional {
 			continue
 		}
 		if from == "" {
@@ -96,7 +117,52 @@ func (r Resources) String() string {
 		}
 		return v
 	}
-	return fmt.Sprintf("%s CPU, %s memory, %s disk", shown(r.CPU), shown(r.Memory), shown(r.Disk))
+	out := fmt.Sprintf("%s CPU, %s memory, %s disk", shown(r.CPU), shown(r.Memory), shown(r.Disk))
+	if r.Processes != "" {
+		out += ", " + r.Processes + " processes"
+	}
+	if r.CPUAllowance != "" {
+		out += ", CPU allowance " + r.CPUAllowance
+	}
+	return out
+}
+
+// minProcesses is where a box's own init, cloud-init and a shell stop
+// fitting.
+const minProcesses = 64
+
+// validProcesses checks a limits.processes value: a whole number of at
+// least minProcesses.
+func validProcesses(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || strings.HasPrefix(s, "+") || strings.HasPrefix(s, "0") {
+		return fmt.Errorf("processes %q: want a whole number like 2048", s)
+	}
+	if n < minProcesses {
+		return fmt.Errorf("processes %q is below the %d a box needs to provision", s, minProcesses)
+	}
+	return nil
+}
+
+var allowanceRE = regexp.MustCompile(`^(?:([1-9][0-9]*)%|([1-9][0-9]*)ms/([1-9][0-9]*)ms)$`)
+
+// validAllowance checks a limits.cpu.allowance value as Incus takes one:
+// a share "N%" (1 to 100) or a cap "Nms/Mms" (the period 10 to 1000 ms).
+func validAllowance(s string) error {
+	m := allowanceRE.FindStringSubmatch(s)
+	if m == nil {
+		return fmt.Errorf("cpu allowance %q: want a share like 50%% or a cap like 50ms/100ms", s)
+	}
+	if m[1] != "" {
+		if n, _ := strconv.Atoi(m[1]); n > 100 {
+			return fmt.Errorf("cpu allowance %q: a share is at most 100%%", s)
+		}
+		return nil
+	}
+	if p, _ := strconv.Atoi(m[3]); p < 10 || p > 1000 {
+		return fmt.Errorf("cpu allowance %q: the period must be 10ms to 1000ms", s)
+	}
+	return nil
 }
 
 // ParseCPU parses a CPU count: a positive whole number. Incus also takes CPU

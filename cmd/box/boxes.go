@@ -176,7 +176,7 @@ func (c *call) newBox(o *newOpts) error {
 	c.progressf("minting %s from %s...", o.name, img)
 	b, err := h.Mint(c.ctx, stack.MintRequest{
 		Name: o.name, Image: img, Type: typ.Type,
-		CPU: res.CPU, Memory: res.Memory, Disk: res.Disk,
+		CPU: res.CPU, Memory: res.Memory, Disk: res.Disk, Processes: res.Processes, CPUAllowance: res.CPUAllowance,
 		UserData: userData, Egress: egress, Target: o.target, Nesting: nesting,
 		Stamps: map[string]string{
 			stack.StampTemplate: t.Name,

@@ -94,7 +94,7 @@ func TestSystemFleet(t *testing.T) {
 
 	// Port isolation off on its NIC: Incus re-plugs it with a new port,
 	// not isolated and outside the bridge drop's set.
-	handOver(t, r, name, "--", "config", "device", "override", "{}", "eth0", "security.port_isolation=false")
+	handOver(t, r, name, "--", "config", "device", "set", "{}", "eth0", "security.port_isolation=false")
 	code, d = doctorOf(t, r)
 	assert.Equal(t, exitFailed, code)
 	found := fleetFindings(d, name)

@@ -151,6 +151,9 @@ func setupDoctor(fs *flag.FlagSet) action {
 			}
 			printMembers(c, v.Members)
 			printTiers(c, v.Tiers)
+			if v.Pool != nil {
+				fmt.Fprintln(c.out, v.Pool.String())
+			}
 			if v.Clean() {
 				fmt.Fprintf(c.out, "ok: the host matches the isolation stack (subnet %s, bridge drop: %s, %d bridge ports isolated)\n", v.Subnet, v.BridgeMode, len(v.Ports))
 			}

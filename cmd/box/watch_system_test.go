@@ -44,7 +44,7 @@ func TestSystemRestartedBoxStaysInTheSet(t *testing.T) {
 	cleanup(t, c, victim, sender)
 	require.Equal(t, exitOK, r.run(t, "new", "--name", victim).code)
 	require.Equal(t, exitOK, r.run(t, "new", "--name", sender).code)
-	handOver(t, r, victim, "--", "config", "device", "override", "{}", "eth0", "security.port_isolation=false")
+	handOver(t, r, victim, "--", "config", "device", "set", "{}", "eth0", "security.port_isolation=false")
 	require.Equal(t, exitOK, r.run(t, "setup-host").code, "the re-plugged port back in the set")
 
 	inst, _, err := c.Instance(context.Background(), victim)

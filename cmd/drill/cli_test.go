@@ -160,7 +160,7 @@ func TestBashCompletion(t *testing.T) {
 		{"drill w", []string{"world"}},
 		{"drill world ", []string{"up", "down", "status", "image", "check"}},
 		{"drill world up --n", []string{"--name", "--no-incus"}},
-		{"drill run --mutate p", []string{"pinning", "port-isolation"}},
+		{"drill run --mutate p", []string{"pinning", "port-isolation", "privileged"}},
 		{"drill run --claim C-SI", []string{"C-SIBLING"}},
 		{"drill run --json --skip C-E", []string{"C-EGRESS", "C-EXPOSE"}},
 		{"drill help wo", []string{"world"}},

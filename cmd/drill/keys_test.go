@@ -1,9 +1,7 @@
 package main
 
 import (
-	"os"
 	"reflect"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -15,8 +13,7 @@ import (
 // TestListKeysGolden holds drill list --json's key paths to the golden
 // file: its JSON is a stable interface.
 func TestListKeysGolden(t *testing.T) {
-	b, err := os.ReadFile("testdata/list-keys.golden")
+	want, err := jsonkeys.Golden("testdata/list-keys.golden")
 	require.NoError(t, err)
-	want := strings.Split(strings.TrimSpace(string(b)), "\n")
 	assert.Equal(t, want, jsonkeys.Paths(reflect.TypeFor[[]listedClaim]()))
 }

@@ -6,6 +6,7 @@ package jsonkeys
 import (
 	"encoding"
 	"encoding/json"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -74,4 +75,14 @@ func walk(t reflect.Type, prefix string, out map[string]bool, seen map[reflect.T
 			walk(f.Type, p, out, seen)
 		}
 	}
+}
+
+// Golden reads a golden file of key paths, one a line, for a test to hold
+// Paths to.
+func Golden(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return strings.Split(strings.TrimSpace(string(b)), "\n"), nil
 }

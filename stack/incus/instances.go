@@ -119,6 +119,16 @@ type InstanceState struct {
 	Processes  int64                      `json:"processes"`
 	StartedAt  time.Time                  `json:"started_at"`
 	Network    map[string]InstanceNetwork `json:"network"`
+	// Disk is each disk's usage, by device name; a volume whose usage the
+	// pool cannot measure (a dir pool without project quotas) is absent.
+	Disk map[string]InstanceDisk `json:"disk,omitempty"`
+}
+
+// InstanceDisk is one disk's usage in bytes (Total: its quota, 0 when
+// Incus reports none).
+type InstanceDisk struct {
+	Usage int64 `json:"usage"`
+	Total int64 `json:"total,omitempty"`
 }
 
 // InstanceNetwork is one interface inside an instance; HostName is the

@@ -25,12 +25,16 @@
 // priority filter, policy accept): pins each port of the bridge to its
 // identity. A frame from a port must carry the port's MAC (from the Incus
 // config, which the box cannot change); its ARP must name that MAC and one
-// of the port's leased IPv4 addresses (dnsmasq's leases), or 0.0.0.0 for
-// an ARP probe; its IPv4 must come from a leased address, or be a DHCP
-// request from 0.0.0.0. 802.1Q-tagged frames are dropped (a priority tag
+// of the port's IPv4 addresses (the fixed address box stored for its NIC),
+// or 0.0.0.0 for an ARP probe; its IPv4 must come from one of those, or be
+// a DHCP request from 0.0.0.0. A DHCP message (UDP to port 67, L-DHCP)
+// must come whole and name the port's own MAC as an Ethernet address in
+// its payload (htype 1, hlen 6, chaddr): dnsmasq keys leases on the
+// payload, not the frame, and takes a release or decline naming a client
+// from anyone. 802.1Q-tagged frames are dropped (a priority tag
 // would carry a forged ARP past the ARP rules). The sets are keyed by port
-// name, so a port with no pin has every frame dropped, and a lease change
-// is a set update in one transaction (SetPins), never a flush. It is a
+// name, so a port with no pin has every frame dropped, and an address
+// change is a set update in one transaction (SetPins), never a flush. It is a
 // table of its own, with its own port set, so that it can be removed
 // without the bridge drop (the drill's pinning mutation does).
 //
@@ -74,7 +78,7 @@
 // events); Verify reports a stale set. The pin table is scoped the same
 // way, by its own set (ApplyPins and SetPins), and its pins name the same
 // ports: until they are refreshed, a new port is neither in the set nor
-// pinned, and a box's new lease is cut off (VerifyPins names both). A drop
+// pinned, and a box's new address is cut off (VerifyPins names both). A drop
 // with no scope to the bridge is never
 // produced: it would cut every other bridge on the host (Docker's among
 // them).

@@ -14,8 +14,8 @@ import (
 )
 
 // Pin is what one port of the bridge may claim to be: the MAC Incus gave
-// the box's NIC (config the box cannot change) and the IPv4 addresses
-// dnsmasq leased to it. A port with no pin has every frame dropped.
+// the box's NIC (config the box cannot change) and the IPv4 addresses it
+// holds (its fixed address). A port with no pin has every frame dropped.
 type Pin struct {
 	Port  string // host-side interface, a port of the bridge
 	MAC   net.HardwareAddr
@@ -30,7 +30,7 @@ func (c Config) PinTable() string { return cmpOr(c.Table, DefaultTable) + "_pin"
 // The pin table's sets beside its own port set, and their batch-local ids.
 const (
 	hwSet     = "hw"   // ifname . ether_addr: each port's MAC
-	bindSet   = "bind" // ifname . ipv4_addr: each port's leased addresses
+	bindSet   = "bind" // ifname . ipv4_addr: each port's addresses
 	hwSetID   = 2
 	bindSetID = 3
 )
@@ -97,6 +97,15 @@ func pinTable(cfg Config, caps Capabilities, ports []string, pins []Pin) (Table,
 			// ARP probes (RFC 5227) claim no address.
 			r(accept(), arpDep(), payloadIs("arp saddr ip 0.0.0.0", expr.PayloadBaseNetworkHeader, 14, zero)),
 			r(drop(), arpDep(), notPinned("arp saddr ip", bindSet, bindSetID, expr.PayloadBaseNetworkHeader, 14, 4)),
+			// DHCP (L-DHCP). dnsmasq keys a lease on the message's own
+			// hardware type, length and address (chaddr), never on the
+			// frame's source, and takes a RELEASE or DECLINE from anyone
+			// naming a client: a message from a port must come whole (a
+			// fragment could carry chaddr past the rules below) and name
+			// the port's own MAC as an Ethernet address (htype 1, hlen 6).
+			r(drop(), ipv4Dep(), dport("udp", 67), ipFragment()),
+			r(drop(), dhcpDep(), notPinned("@th,288,48", hwSet, hwSetID, expr.PayloadBaseTransportHeader, bootpOffset+28, 6)),
+			r(drop(), dhcpDep(), payloadIsNot("@th,72,16 != 0x106", expr.PayloadBaseTransportHeader, bootpOffset+1, []byte{1, 6})),
 			// A DHCP client asks before it has an address.
 			r(accept(), ipv4Dep(), payloadIs("ip saddr 0.0.0.0", expr.PayloadBaseNetworkHeader, 12, zero), dport("udp", 67)),
 			r(drop(), ipv4Dep(), notPinned("ip saddr", bindSet, bindSetID, expr.PayloadBaseNetworkHeader, 12, 4)),
@@ -130,7 +139,7 @@ func pinElements(pins []Pin) (hw, bind []string, err error) {
 				return nil, nil, fmt.Errorf("pin for %s: %v is not an IPv4 address a box can hold", p.Port, a)
 			}
 			// Pinned to two ports, an address could be claimed by either
-			// box: the leases are wrong, and nothing is pinned until they
+			// box: the addresses are wrong, and nothing is pinned until they
 			// are not.
 			if o, dup := owner[a]; dup && o != p.Port {
 				return nil, nil, fmt.Errorf("address %s is pinned to both %s and %s", a, o, p.Port)
@@ -167,6 +176,29 @@ func arpDep() part {
 	p := etherType(unix.ETH_P_ARP, "")
 	p.text = ""
 	return p
+}
+
+// bootpOffset is where a DHCP message (its BOOTP header: op, htype,
+// hlen, hops, xid, secs, flags, four addresses, then chaddr at 28) starts
+// in a UDP datagram: past the UDP header.
+const bootpOffset = 8
+
+// dhcpDep matches an IPv4 datagram to the DHCP server's port, as nft
+// prints it before a raw transport header field.
+func dhcpDep() part {
+	p := ipv4Dep()
+	p.text = "meta protocol ip"
+	return part{p.text + " udp dport 67", append(p.exprs, dport("udp", 67).exprs...)}
+}
+
+// ipFragment matches a fragment of an IPv4 packet: the first one (more
+// fragments) or a later one (an offset).
+func ipFragment() part {
+	return part{"ip frag-off & 16383 != 0", []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 6, Len: 2},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 2, Mask: []byte{0x3f, 0xff}, Xor: []byte{0, 0}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0}},
+	}}
 }
 
 func ipv4Dep() part {

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -273,7 +274,7 @@ func (s *sink) from(nonce string) []netip.AddrPort {
 	defer s.mu.Unlock()
 	var out []netip.AddrPort
 	for _, d := range s.got {
-		if d.data == nonce {
+		if strings.Contains(d.data, nonce) {
 			out = append(out, d.from)
 		}
 	}
@@ -392,7 +393,7 @@ func TestPrivilegedPins(t *testing.T) {
 		own := "own-" + runID()
 		discover := "discover-" + runID()
 		w.a.sendFrames(t, udpFrame(macA, macHost, addrA, gwAddr, 40000, 7000, own),
-			udpFrame(macA, ethernet.Broadcast, anyAddr, bcast, 68, 67, discover))
+			udpFrame(macA, ethernet.Broadcast, anyAddr, bcast, 68, 67, dhcpMsg(dhcpDiscover, 1, macA, anyAddr, discover)))
 		assert.Equal(t, []netip.AddrPort{netip.AddrPortFrom(addrA, 40000)}, sink.arrivals(t, own)[own], "a's datagram from its own address")
 		assert.Equal(t, []netip.AddrPort{netip.AddrPortFrom(anyAddr, 68)}, dhcp.arrivals(t, discover)[discover], "a DHCP discover from 0.0.0.0")
 		// An ARP probe (RFC 5227) for the gateway's address: the host
@@ -461,6 +462,52 @@ func TestPrivilegedPins(t *testing.T) {
 			assert.Equal(t, fromB, got[forged], "control, no pin table: it arrives as from b")
 			assert.Equal(t, fromB, got[forgedTagged], "control, no pin table: the tagged one arrives too")
 		})
+	})
+
+	t.Run("DHCP names the port's own MAC, whole", func(t *testing.T) {
+		// Each message is sent by a from its own MAC (and, unicast, its own
+		// address), so only the DHCP rules can stop it; the host's DHCP
+		// port is the witness. A control of a's own arrives with each.
+		long := slices.Concat(macA, []byte{0xb0, 0xc5, 1, 2, 3, 4, 5, 6, 7, 8})
+		for _, tc := range []struct {
+			name string
+			send func(nonce string) [][]byte
+		}{
+			{"a RELEASE naming b", func(n string) [][]byte {
+				return [][]byte{udpFrame(macA, macHost, addrA, gwAddr, 68, 67, dhcpMsg(dhcpRelease, 1, macB, addrB, n, dhcpOpt(54, gwAddr.AsSlice())))}
+			}},
+			{"a DECLINE naming b", func(n string) [][]byte {
+				return [][]byte{udpFrame(macA, ethernet.Broadcast, addrA, bcast, 68, 67, dhcpMsg(dhcpDecline, 1, macB, anyAddr, n,
+					dhcpOpt(50, addrB.AsSlice()), dhcpOpt(54, gwAddr.AsSlice())))}
+			}},
+			{"a DISCOVER for a made-up hardware address", func(n string) [][]byte {
+				return [][]byte{udpFrame(macA, ethernet.Broadcast, anyAddr, bcast, 68, 67, dhcpMsg(dhcpDiscover, 1, macOther, anyAddr, n, dhcpOpt(80, nil)))}
+			}},
+			{"a DISCOVER for a's MAC as IEEE 802 (htype 6)", func(n string) [][]byte {
+				return [][]byte{udpFrame(macA, ethernet.Broadcast, anyAddr, bcast, 68, 67, dhcpMsg(dhcpDiscover, 6, macA, anyAddr, n))}
+			}},
+			{"a DISCOVER for a's MAC and 10 bytes more (hlen 16)", func(n string) [][]byte {
+				return [][]byte{udpFrame(macA, ethernet.Broadcast, anyAddr, bcast, 68, 67, dhcpMsg(dhcpDiscover, 1, long, anyAddr, n))}
+			}},
+			{"a DISCOVER for a made-up address in two fragments", func(n string) [][]byte {
+				return fragmented(udpFrame(macA, ethernet.Broadcast, anyAddr, bcast, 68, 67, dhcpMsg(dhcpDiscover, 1, macOther, anyAddr, n)), 8)
+			}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				send := func() (forged, control string) {
+					forged, control = "forged-"+runID(), "control-"+runID()
+					w.a.sendFrames(t, tc.send(forged)...)
+					w.a.sendFrames(t, udpFrame(macA, ethernet.Broadcast, anyAddr, bcast, 68, 67, dhcpMsg(dhcpDiscover, 1, macA, anyAddr, control)))
+					return
+				}
+				forged, control := send()
+				assert.Empty(t, dhcp.arrivals(t, control, forged)[forged], "pinned: dropped")
+				w.withoutPins(t, pins, func() {
+					forged, control := send()
+					assert.NotEmpty(t, dhcp.arrivals(t, control, forged)[forged], "control, no pin table: it reaches the host's DHCP port")
+				})
+			})
+		}
 	})
 
 	t.Run("a box that changes its MAC is cut off", func(t *testing.T) {
@@ -670,4 +717,63 @@ func TestPrivilegedPinsAtomic(t *testing.T) {
 	f, err := VerifyPins(cfg, caps, []string{"vA", "vB"}, pins)
 	require.NoError(t, err)
 	assert.Empty(t, f, "SetPins kept the port set current")
+}
+
+// DHCP message types (RFC 2132 option 53).
+const (
+	dhcpDiscover = 1
+	dhcpDecline  = 4
+	dhcpRelease  = 7
+)
+
+// dhcpMsg is a DHCP message from a client of hardware type htype: the
+// BOOTP header naming chaddr (hlen its length) and ciaddr, nonce in its
+// server name field (where no server looks, and a witness finds it), the
+// magic cookie, the message type and opts.
+func dhcpMsg(typ byte, htype byte, chaddr []byte, ciaddr netip.Addr, nonce string, opts ...[]byte) string {
+	m := make([]byte, 236)
+	m[0], m[1], m[2] = 1, htype, byte(len(chaddr))
+	binary.BigEndian.PutUint32(m[4:], 0x0b0c5000)
+	c := ciaddr.As4()
+	copy(m[12:], c[:])
+	copy(m[28:44], chaddr)
+	copy(m[44:108], nonce)
+	m = append(m, 99, 130, 83, 99, 53, 1, typ)
+	for _, o := range opts {
+		m = append(m, o...)
+	}
+	return string(append(m, 255))
+}
+
+// dhcpOpt is one DHCP option.
+func dhcpOpt(code byte, val []byte) []byte { return append([]byte{code, byte(len(val))}, val...) }
+
+// fragmented splits an IPv4 frame into two fragments, the first carrying
+// the first n bytes (a multiple of 8) of its payload.
+func fragmented(f []byte, n int) [][]byte {
+	ip := f[14:]
+	ihl := int(ip[0]&0x0f) * 4
+	total := int(binary.BigEndian.Uint16(ip[2:]))
+	payload := ip[ihl:total]
+	var out [][]byte
+	for i, part := range [][]byte{payload[:n], payload[n:]} {
+		h := slices.Clone(ip[:ihl])
+		binary.BigEndian.PutUint16(h[2:], uint16(ihl+len(part)))
+		frag := uint16(0x2000) // more fragments
+		if i == 1 {
+			frag = uint16(n / 8)
+		}
+		binary.BigEndian.PutUint16(h[6:], frag)
+		h[10], h[11] = 0, 0
+		var sum uint32
+		for k := 0; k < ihl; k += 2 {
+			sum += uint32(binary.BigEndian.Uint16(h[k:]))
+		}
+		for sum > 0xffff {
+			sum = sum>>16 + sum&0xffff
+		}
+		binary.BigEndian.PutUint16(h[10:], ^uint16(sum))
+		out = append(out, frame(net.HardwareAddr(f[6:12]), net.HardwareAddr(f[0:6]), ethernet.EtherTypeIPv4, append(h, part...)))
+	}
+	return out
 }

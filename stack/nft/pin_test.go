@@ -174,3 +174,46 @@ func TestPinSetTypesRoundTrip(t *testing.T) {
 		assert.Equal(t, strings.Contains(name, " . "), s.Concatenation, name)
 	}
 }
+
+// The DHCP rules come before the accept of a client without an address
+// (which would let any DHCP message from 0.0.0.0 through), and read the
+// message where BOOTP has its fields: htype and hlen at 1 and 2, chaddr at
+// 28, past the 8 bytes of the UDP header.
+func TestPinsDHCPRules(t *testing.T) {
+	r, err := DesiredPins(Config{}, portSetCaps, testPorts, testPins)
+	require.NoError(t, err)
+	rules := r.Tables[0].Chains[0].Rules
+	index := func(text string) int {
+		for i, ru := range rules {
+			if strings.HasSuffix(ru.Text, text) {
+				return i
+			}
+		}
+		t.Fatalf("no rule ends %q", text)
+		return -1
+	}
+	accept := index("ip saddr 0.0.0.0 udp dport 67 accept")
+	for _, tc := range []struct {
+		text    string
+		payload expr.Payload
+		cmp     []byte
+	}{
+		{"udp dport 67 ip frag-off & 16383 != 0 drop", expr.Payload{Base: expr.PayloadBaseNetworkHeader, Offset: 6, Len: 2}, []byte{0, 0}},
+		{"meta protocol ip udp dport 67 iifname . @th,288,48 != @hw drop", expr.Payload{DestRegister: 2, Base: expr.PayloadBaseTransportHeader, Offset: 36, Len: 6}, nil},
+		{"meta protocol ip udp dport 67 @th,72,16 != 0x106 drop", expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 9, Len: 2}, []byte{1, 6}},
+	} {
+		i := index(tc.text)
+		assert.Less(t, i, accept, "%q comes before the accept of a client without an address", tc.text)
+		var found bool
+		for _, e := range rules[i].Exprs {
+			if p, ok := e.(*expr.Payload); ok && p.Base == tc.payload.Base && p.Offset == tc.payload.Offset {
+				found = true
+				assert.Equal(t, tc.payload.Len, p.Len, tc.text)
+			}
+			if c, ok := e.(*expr.Cmp); ok && tc.cmp != nil && c.Op == expr.CmpOpNeq {
+				assert.Equal(t, tc.cmp, c.Data, tc.text)
+			}
+		}
+		assert.True(t, found, "%q loads %d bytes at offset %d", tc.text, tc.payload.Len, tc.payload.Offset)
+	}
+}

@@ -443,6 +443,15 @@ func payloadIs(text string, base expr.PayloadBase, offset uint32, data []byte) p
 	}}
 }
 
+// payloadIsNot matches when len(data) bytes of a header at offset differ
+// from data.
+func payloadIsNot(text string, base expr.PayloadBase, offset uint32, data []byte) part {
+	return part{text, []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: base, Offset: offset, Len: uint32(len(data))},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: data},
+	}}
+}
+
 // icmpType matches an ICMP (or ICMPv6) message type by the transport
 // protocol and the header's first byte.
 func icmpType(proto, t byte, text string) part {

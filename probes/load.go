@@ -1,0 +1,82 @@
+package probes
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"time"
+)
+
+// What the load probes share. Each pushes against one of the box's limits
+// until the kernel stops it or it reaches its own cap (the plan's max, set
+// past the limit: a limit that does not hold is seen, and nothing grows
+// without bound), holds what it got until shortly before its deadline, so
+// the box stays at its limit while the other boxes' probes run, and gives
+// it all back.
+
+// LoadEvidence is what a load reached.
+type LoadEvidence struct {
+	// Max is its own cap; Reached how far it got: processes started, MiB
+	// of memory touched or of disk written.
+	Max     int `json:"max"`
+	Reached int `json:"reached"`
+	// StoppedBy is what stopped it: the errno a fork or a write got
+	// (EAGAIN, EDQUOT, ENOSPC) or the signal that killed it (SIGKILL: the
+	// OOM killer); empty when it reached its cap.
+	StoppedBy string `json:"stopped_by,omitempty"`
+	// Tasks counts the box's tasks (processes and threads, as the pids
+	// limit counts them) when the kernel refused a process.
+	Tasks int `json:"tasks,omitempty"`
+	// CPUSeconds is the CPU time the agent got over WallSeconds of
+	// spinning (load_cpu).
+	CPUSeconds  float64 `json:"cpu_seconds,omitempty"`
+	WallSeconds float64 `json:"wall_seconds,omitempty"`
+	// HeldMS is how long it held what it reached.
+	HeldMS int64 `json:"held_ms,omitempty"`
+}
+
+// loadReserve is kept at the end of a load probe's deadline to give back
+// what it holds (kill its children, remove its file): in a box held to
+// half a CPU on a busy host, reaping a hundred processes takes a while.
+const loadReserve = 700 * time.Millisecond
+
+// holdUntil waits until loadReserve before ctx's deadline.
+func holdUntil(ctx context.Context) time.Duration {
+	start := time.Now()
+	d, ok := ctx.Deadline()
+	if !ok {
+		return 0
+	}
+	t := time.NewTimer(time.Until(d.Add(-loadReserve)))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return time.Since(start)
+}
+
+// prewarmThreads has the Go runtime make n threads now, while the box has
+// room for them: once a load holds the box at its process limit, a thread
+// the runtime could not make would end the agent. A goroutine locked to
+// its thread needs a thread of its own; unlocked again, the thread stays,
+// idle, for the runtime to use.
+func prewarmThreads(n int) {
+	var started sync.WaitGroup
+	release := make(chan struct{})
+	var done sync.WaitGroup
+	for range n {
+		started.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			runtime.LockOSThread()
+			started.Done()
+			<-release
+			runtime.UnlockOSThread()
+		}()
+	}
+	started.Wait()
+	close(release)
+	done.Wait()
+}

@@ -1,0 +1,144 @@
+package probes
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// A mounts probe reads the box's mountinfo and names every mount that
+// shows it a file system outside its own root: a disk-backed file system
+// other than the root's, or a part of the root's own file system outside
+// the tree the box's root is (a host path bound in, on a dir pool).
+// Kernel file systems (proc, sysfs, tmpfs, cgroup, ...) are the box's own
+// views; a devtmpfs mount is one of the host's device nodes bound in, and
+// is listed for the drill to judge by the node it shows.
+
+// MountEntry is one line of mountinfo.
+type MountEntry struct {
+	Point  string `json:"point"`
+	Root   string `json:"root"` // the part of the file system shown there
+	FSType string `json:"fstype"`
+	Source string `json:"source"`
+	Dev    string `json:"dev"` // major:minor
+	// Options are the mount's own options (ro, rw, nosuid, ...).
+	Options string `json:"options"`
+}
+
+// MountsEvidence is the box's root mount, the mounts of file systems
+// outside it (Foreign), the host's device nodes bound in (DevNodes) and
+// how many mounts there are.
+type MountsEvidence struct {
+	Root     MountEntry   `json:"root"`
+	Foreign  []MountEntry `json:"foreign"`
+	DevNodes []MountEntry `json:"dev_nodes,omitempty"`
+	Count    int          `json:"count"`
+}
+
+// kernelFS are file systems with no backing store of the host's: each
+// mount is a view of the box's own namespaces or memory.
+var kernelFS = map[string]bool{
+	"proc": true, "sysfs": true, "tmpfs": true, "devpts": true, "mqueue": true, "cgroup": true, "cgroup2": true,
+	"fusectl": true, "fuse.lxcfs": true, "binfmt_misc": true, "securityfs": true, "debugfs": true, "tracefs": true,
+	"bpf": true, "pstore": true, "hugetlbfs": true, "configfs": true, "autofs": true, "ramfs": true,
+	"efivarfs": true, "nsfs": true,
+	// Nested containers' overlays, made of the box's own folders.
+	"overlay": true,
+}
+
+func probeMounts(obs Observation) Observation {
+	file := filepath.Join(procRoot, "self/mountinfo")
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return fail(obs, fmt.Sprintf("reading %s: %v", file, err))
+	}
+	ev, err := judgeMounts(string(b))
+	if err != nil {
+		return fail(obs, err.Error())
+	}
+	obs.Evidence.Mounts = ev
+	if len(ev.Foreign) > 0 {
+		var pts []string
+		for _, m := range ev.Foreign {
+			pts = append(pts, fmt.Sprintf("%s (%s %s of %s)", m.Point, m.FSType, m.Root, m.Source))
+		}
+		return done(obs, Reached, fmt.Sprintf("%d mounts; outside the box's root: %s", ev.Count, strings.Join(pts, ", ")))
+	}
+	return done(obs, Reached, fmt.Sprintf("%d mounts, none of a file system outside the box's root", ev.Count))
+}
+
+// judgeMounts reads a mountinfo and sorts its mounts.
+func judgeMounts(mountinfo string) (*MountsEvidence, error) {
+	var all []MountEntry
+	for _, line := range strings.Split(strings.TrimSpace(mountinfo), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		a, b := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(a) < 6 || len(b) < 2 {
+			return nil, fmt.Errorf("mountinfo line %q: not as the kernel writes it", truncate(line, 80))
+		}
+		all = append(all, MountEntry{Point: unescapeMount(a[4]), Root: unescapeMount(a[3]), FSType: b[0], Source: unescapeMount(b[1]), Dev: a[2], Options: a[5]})
+	}
+	ev := &MountsEvidence{Count: len(all), Foreign: []MountEntry{}}
+	found := false
+	// The last mount on / is the one the box sees.
+	for _, m := range all {
+		if m.Point == "/" {
+			ev.Root, found = m, true
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("mountinfo has no root mount")
+	}
+	for _, m := range all {
+		switch {
+		case m == ev.Root:
+		case m.FSType == "devtmpfs":
+			ev.DevNodes = append(ev.DevNodes, m)
+		case kernelFS[m.FSType]:
+		case m.Dev == ev.Root.Dev && m.Source == ev.Root.Source && within(m.Root, ev.Root.Root):
+			// The box's own tree, mounted again (a bind inside the box).
+		default:
+			ev.Foreign = append(ev.Foreign, m)
+		}
+	}
+	return ev, nil
+}
+
+// within reports whether path p is root or under it.
+func within(p, root string) bool {
+	return root == "/" || p == root || strings.HasPrefix(p, strings.TrimSuffix(root, "/")+"/")
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' {
+			if v, ok := octal3(s[i+1 : min(i+4, len(s))]); ok {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func octal3(s string) (byte, bool) {
+	if len(s) != 3 {
+		return 0, false
+	}
+	var v int
+	for _, c := range s {
+		if c < '0' || c > '7' {
+			return 0, false
+		}
+		v = v*8 + int(c-'0')
+	}
+	return byte(v), v < 256
+}

@@ -1,0 +1,94 @@
+package probes
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// A unix_http probe GETs its paths from an HTTP API on a unix socket (a
+// guest API such as Incus's /dev/incus) and keeps what each answered:
+// what a box is told about itself, and whether it is told about anything
+// else, is in the answers. It only reads.
+
+// HTTPAnswer is one GET's answer: its status and the start of its body
+// (at most MaxHTTPBody bytes, printable), or why there is none.
+type HTTPAnswer struct {
+	Path   string `json:"path"`
+	Status int    `json:"status,omitempty"`
+	Body   string `json:"body,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// MaxHTTPBody is how much of each answer a unix_http probe keeps.
+const MaxHTTPBody = 16 << 10
+
+func probeUnixHTTP(ctx context.Context, spec ProbeSpec, obs Observation) Observation {
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", spec.Socket)
+		},
+		DisableKeepAlives: true,
+	}}
+	answered := 0
+	var lastErr string
+	for _, p := range spec.Paths {
+		a := getUnix(ctx, client, p)
+		if a.Error == "" {
+			answered++
+		} else {
+			lastErr = a.Error
+		}
+		obs.Evidence.HTTP = append(obs.Evidence.HTTP, a)
+	}
+	if answered == 0 {
+		if strings.Contains(lastErr, "no such file") {
+			return fail(obs, "no socket at "+spec.Socket)
+		}
+		return fail(obs, spec.Socket+" answered nothing: "+lastErr)
+	}
+	return done(obs, Reached, fmt.Sprintf("%s answered %d of %d paths", spec.Socket, answered, len(spec.Paths)))
+}
+
+func getUnix(ctx context.Context, client *http.Client, path string) HTTPAnswer {
+	a := HTTPAnswer{Path: path}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://unix"+path, nil)
+	if err != nil {
+		a.Error = err.Error()
+		return a
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		a.Error = err.Error()
+		return a
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxHTTPBody))
+	a.Status = resp.StatusCode
+	a.Body = printableText(b)
+	if err != nil {
+		a.Error = "reading the answer: " + err.Error()
+	}
+	return a
+}
+
+// printableText keeps an answer's text as it is, lines and tabs too, with
+// anything but printable ASCII as '.'.
+func printableText(b []byte) string {
+	out := make([]byte, len(b))
+	for i, c := range b {
+		if c >= 0x20 && c < 0x7f || c == '\n' || c == '\t' {
+			out[i] = c
+		} else {
+			out[i] = '.'
+		}
+	}
+	return string(out)
+}

@@ -1,0 +1,89 @@
+package probes
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// A write_open probe opens each of its paths for writing and closes it at
+// once, writing nothing: whether the kernel takes a writer is the
+// question, and for the files under /proc and /sys it is asked at open
+// (a sysctl's permission, a read-only mount). The paths are the plan's,
+// under /proc and /sys only (a device node may act on open).
+
+// FileAttempt is what one path answered: opened (for writing), read (the
+// start of it, printable), or the errno; Absent says it does not exist.
+type FileAttempt struct {
+	Path    string `json:"path"`
+	Opened  bool   `json:"opened,omitempty"`
+	Absent  bool   `json:"absent,omitempty"`
+	Errno   string `json:"errno,omitempty"`
+	Content string `json:"content,omitempty"`
+}
+
+// Refused reports whether the kernel refused the path to a writer: a
+// permission, or a read-only mount.
+func (f FileAttempt) Refused() bool {
+	return f.Errno == "EACCES" || f.Errno == "EPERM" || f.Errno == "EROFS"
+}
+
+// String is "PATH: opened", "PATH: EACCES" or "PATH: absent".
+func (f FileAttempt) String() string {
+	switch {
+	case f.Opened:
+		return f.Path + ": opened for writing"
+	case f.Absent:
+		return f.Path + ": absent"
+	}
+	return f.Path + ": " + f.Errno
+}
+
+// openForWrite opens path for writing and closes it: no byte is written,
+// nothing is created or truncated, a FIFO does not block.
+func openForWrite(path string) FileAttempt {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return attemptErr(path, err)
+	}
+	unix.Close(fd)
+	return FileAttempt{Path: path, Opened: true}
+}
+
+func attemptErr(path string, err error) FileAttempt {
+	var e unix.Errno
+	if errors.As(err, &e) {
+		if e == unix.ENOENT || e == unix.ENOTDIR {
+			return FileAttempt{Path: path, Absent: true, Errno: errnoName(e)}
+		}
+		return FileAttempt{Path: path, Errno: errnoName(e)}
+	}
+	return FileAttempt{Path: path, Errno: err.Error()}
+}
+
+func probeWriteOpen(spec ProbeSpec, obs Observation) Observation {
+	var opened, refused, absent []string
+	for _, p := range spec.Paths {
+		a := openForWrite(p)
+		obs.Evidence.Files = append(obs.Evidence.Files, a)
+		switch {
+		case a.Opened:
+			opened = append(opened, p)
+		case a.Refused():
+			refused = append(refused, a.String())
+		case a.Absent:
+			absent = append(absent, p)
+		}
+	}
+	switch {
+	case len(opened) > 0:
+		return done(obs, Reached, "opened for writing: "+strings.Join(opened, ", "))
+	case len(refused) > 0:
+		return done(obs, Rejected, "refused to a writer: "+strings.Join(refused, ", "))
+	case len(absent) == len(spec.Paths):
+		return fail(obs, "none of the paths exists: "+strings.Join(absent, ", "))
+	}
+	return fail(obs, fmt.Sprintf("no path opened or was refused: %v", obs.Evidence.Files))
+}

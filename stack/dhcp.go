@@ -1,0 +1,604 @@
+package stack
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/box-isolation/box/internal/dhcpmsg"
+	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// L-DHCP: every box has a fixed address stored by box (its NIC's
+// ipv4.address, which Incus writes to dnsmasq as a dhcp-host), and the
+// bridge's dnsmasq answers those only. A box can then neither take an
+// address (a burst of DISCOVERs with made-up hardware addresses empties a
+// dynamic pool for the lease time, across dnsmasq restarts) nor lose its
+// own: dnsmasq hands a configured address to its owner whatever its lease
+// file says, and the pins follow the stored address, not the lease file.
+// The pin table drops a DHCP message naming anyone but its port's own MAC
+// (nft.DesiredPins), which is what stops a release or decline naming a
+// sibling: dnsmasq takes those from anyone, known or not.
+
+// dhcpLines are the bridge's dnsmasq settings for L-DHCP. dhcp-ignore=
+// tag:!known ignores a client no dhcp-host names (Incus writes one for a
+// NIC with ipv4.address, none otherwise); dhcp-ignore-clid identifies a
+// client by its hardware address only: dnsmasq would otherwise key a lease
+// on the client-identifier option, which a box sets to anything from its
+// own MAC (nft cannot match it: the option sits anywhere in the message),
+// and take any number of leases, or name a sibling's.
+var dhcpLines = []string{"dhcp-ignore=tag:!known", "dhcp-ignore-clid"}
+
+// dnsmasqJoin appends settings lines to a bridge's raw.dnsmasq, ending
+// the last line of raw first if it has no newline: a value set by hand
+// through a shell's command substitution ($(printf ...)) has none, and a
+// line glued to it makes dnsmasq refuse to start.
+func dnsmasqJoin(raw, lines string) string {
+	if raw != "" && !strings.HasSuffix(raw, "\n") {
+		raw += "\n"
+	}
+	return raw + lines
+}
+
+// withoutDHCPLines is raw.dnsmasq without the L-DHCP lines, and whether
+// it held every one of them.
+func withoutDHCPLines(raw string) (string, bool) {
+	var b strings.Builder
+	seen := 0
+	for _, l := range strings.SplitAfter(raw, "\n") {
+		if slices.Contains(dhcpLines, strings.TrimSpace(l)) {
+			seen++
+			continue
+		}
+		b.WriteString(l)
+	}
+	return b.String(), seen == len(dhcpLines)
+}
+
+// rawDnsmasqFindings compares a bridge's raw.dnsmasq with the desired
+// value: its L-DHCP lines are L-DHCP's, the rest L-DNS's.
+func rawDnsmasqFindings(obj, got, want string) []Finding {
+	if got == want {
+		return nil
+	}
+	// A value set through a shell's $(...) lost its last newline: harmless
+	// (dnsmasq reads the line, and box ends it before it appends).
+	got = dnsmasqJoin(got, "")
+	if got == want {
+		return []Finding{{Layer: LayerDNS, Object: obj, Advisory: true, Fix: fixEnsure,
+			Problem: "raw.dnsmasq's last line has no newline (set by hand through $(...)?): box ends it before it appends a line"}}
+	}
+	var out []Finding
+	gotRest, gotDHCP := withoutDHCPLines(got)
+	wantRest, _ := withoutDHCPLines(want)
+	if !gotDHCP {
+		out = append(out, Finding{Layer: LayerDHCP, Object: obj, Fix: fixEnsure,
+			Problem: fmt.Sprintf("raw.dnsmasq lacks %s: the bridge's DHCP answers clients box did not give an address, or keys leases on client IDs", strings.Join(dhcpLines, " and "))})
+	}
+	if gotRest != wantRest {
+		out = append(out, Finding{Layer: LayerDNS, Object: obj, Fix: fixEnsure,
+			Problem: fmt.Sprintf("raw.dnsmasq is %q, want %q", got, want)})
+	}
+	if len(out) == 0 {
+		// Only where the lines sit differs.
+		out = append(out, Finding{Layer: LayerDHCP, Object: obj, Fix: fixEnsure,
+			Problem: fmt.Sprintf("raw.dnsmasq is %q, want %q", got, want)})
+	}
+	return out
+}
+
+// inProject is host acting on the instances of an Incus project.
+func (host *Host) inProject(project string) *Host {
+	if projectOf(project) == "default" {
+		return host
+	}
+	cp := *host
+	cp.Incus = host.Incus.Project(project)
+	return &cp
+}
+
+// ensureFixed gives an instance whose NIC on the bridge has no fixed
+// address one, and returns the address it has: the address it leases now
+// when nobody else holds or asks for it (a box converted keeps its
+// address, and its connections), else a free one of its member's slice.
+func (host *Host) ensureFixed(ctx context.Context, inst *incus.Instance, member string) (netip.Addr, error) {
+	if a := fixedAddressOf(inst); a.IsValid() {
+		return a, nil
+	}
+	h := host.inProject(inst.Project)
+	if a, ok, err := h.keepLeased(ctx, inst); err != nil || ok {
+		return a, err
+	}
+	return h.fixAddress(ctx, inst.Name, member)
+}
+
+// keepLeased makes the address an instance leases now its fixed address,
+// when it leases one and nobody else holds or asks for it.
+func (host *Host) keepLeased(ctx context.Context, inst *incus.Instance) (netip.Addr, bool, error) {
+	nics := bridgeNICs(Current.Network, inst)
+	if len(nics) == 0 {
+		return netip.Addr{}, false, nil
+	}
+	mac, err := net.ParseMAC(nics[0].mac)
+	if err != nil {
+		return netip.Addr{}, false, nil
+	}
+	unlock, err := lockFile(ctx, addressLock, "the address slices")
+	if err != nil {
+		return netip.Addr{}, false, err
+	}
+	defer unlock()
+	f, err := host.readClusterFleet(ctx)
+	if err != nil {
+		return netip.Addr{}, false, err
+	}
+	var leased netip.Addr
+	others := fleet{insts: slices.DeleteFunc(slices.Clone(f.insts), func(i incus.Instance) bool {
+		return i.Name == inst.Name && projectOf(i.Project) == projectOf(inst.Project)
+	})}
+	for _, l := range f.leases {
+		m, err := net.ParseMAC(l.Hwaddr)
+		a, aerr := netip.ParseAddr(l.Address)
+		switch {
+		case err != nil || aerr != nil || l.Type == "gateway":
+		case m.String() == mac.String() && a.Is4():
+			leased = a
+		default:
+			others.leases = append(others.leases, l)
+		}
+	}
+	if !leased.IsValid() || usedAddresses(others)[leased] {
+		return netip.Addr{}, false, nil
+	}
+	if err := host.setFixedAddress(ctx, inst.Name, leased); err != nil {
+		if isAddressConflict(err) {
+			return netip.Addr{}, false, nil
+		}
+		return netip.Addr{}, false, fmt.Errorf("giving %s its leased address %s as its fixed one: %w", inst.Name, leased, err)
+	}
+	return leased, true, nil
+}
+
+// needsAddress says whether an instance is a box whose NIC on the bridge
+// has no fixed address.
+func needsAddress(inst *incus.Instance) bool {
+	if _, ok := isBox(inst); !ok {
+		return false
+	}
+	dev, _ := bridgeNICOf(inst)
+	return dev != "" && !fixedAddressOf(inst).IsValid()
+}
+
+// fixAllAddresses gives every box on the bridge, in every project and on
+// every member, a fixed address (ensureFixed): before the bridge's DHCP
+// answers known clients only, or a box minted before box stored its
+// address would lose its lease at its next renewal.
+func (host *Host) fixAllAddresses(ctx context.Context, ci ClusterInfo) ([]Change, error) {
+	insts, err := host.Incus.AllInstances(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing the instances to give fixed addresses: %w", err)
+	}
+	var changes []Change
+	for i := range insts {
+		inst := &insts[i]
+		if !needsAddress(inst) {
+			continue
+		}
+		member := ""
+		if ci.Clustered() {
+			member = inst.Location
+		}
+		a, err := host.ensureFixed(ctx, inst, member)
+		if err != nil {
+			return changes, fmt.Errorf("box %s: %w", inst.Name, err)
+		}
+		changes = append(changes, Change{Object: "box " + qualified(inst), Action: "updated", Detail: "fixed address " + a.String()})
+	}
+	return changes, nil
+}
+
+// qualified names an instance with its project when that is not default.
+func qualified(inst *incus.Instance) string {
+	if p := projectOf(inst.Project); p != "default" {
+		return p + "/" + inst.Name
+	}
+	return inst.Name
+}
+
+// fixMissingAddresses gives every box of f with a port on the bridge and
+// no fixed address one (ensureFixed), and says whether it gave any: a
+// granted user's box, whose user could pick none, as its port comes up
+// (the port watcher's refresh); a box started by hand, or minted before
+// box stored addresses, at the next refresh. A box whose start Incus is
+// still running takes no change yet: it is named in busy, to be looked at
+// again soon.
+func (host *Host) fixMissingAddresses(ctx context.Context, f fleet) (fixed bool, busy []string, err error) {
+	for i := range f.insts {
+		inst := &f.insts[i]
+		if !needsAddress(inst) || !slices.ContainsFunc(bridgeNICs(Current.Network, inst), func(n bridgeNIC) bool { return n.port != "" }) {
+			continue
+		}
+		if _, err := host.ensureFixed(ctx, inst, host.here()); isBusy(err) {
+			busy = append(busy, qualified(inst))
+			continue
+		} else if err != nil {
+			return fixed, busy, fmt.Errorf("giving box %s a fixed address: %w", qualified(inst), err)
+		}
+		fixed = true
+	}
+	return fixed, busy, nil
+}
+
+// isBusy is Incus refusing a change to an instance while another
+// operation on it runs (its start: the port is up a moment before).
+func isBusy(err error) bool { return err != nil && strings.Contains(err.Error(), "is busy running") }
+
+// strayLeases are the addresses member's dnsmasq (this host's, member
+// "" or its own; another's whose namespace MemberNetNS names) holds in its
+// lease file: Incus lists only its instances' leases, and a lease for a
+// client that is no instance (made up by a box before the stack stopped
+// it) still keeps dnsmasq from handing its address to a box. Best
+// effort: nothing when the file cannot be read.
+func (host *Host) strayLeases(member string) map[netip.Addr]bool {
+	h := host
+	if member != "" && member != host.here() {
+		mh, ok := host.memberHost(member)
+		if !ok {
+			return nil
+		}
+		h = mh
+	}
+	pool, err := h.DHCPLeases()
+	if err != nil {
+		return nil
+	}
+	out := map[netip.Addr]bool{}
+	for _, l := range pool.Leases {
+		out[l.Address] = true
+	}
+	return out
+}
+
+// dhcpFindings names every NIC on the bridge with no fixed address: a
+// box's lacks what L-DHCP rests on; another instance's is advisory (it is
+// not box's, and the bridge's DHCP simply does not answer it).
+func dhcpFindings(insts []incus.Instance) []Finding {
+	var out []Finding
+	for i := range insts {
+		inst := &insts[i]
+		dev, _ := bridgeNICOf(inst)
+		if dev == "" || fixedAddressOf(inst).IsValid() {
+			continue
+		}
+		if _, ok := isBox(inst); ok {
+			out = append(out, Finding{Layer: LayerDHCP, Object: "box " + qualified(inst), Fix: fixEnsure,
+				Problem: fmt.Sprintf("its NIC %s has no fixed address: the bridge's DHCP answers only the addresses box stored, so it gets no lease (and is not pinned to one)", dev)})
+			continue
+		}
+		how := "override"
+		if _, local := inst.Devices[dev]; local {
+			how = "set"
+		}
+		out = append(out, Finding{Layer: LayerDHCP, Object: "instance " + qualified(inst), Advisory: true,
+			Problem: fmt.Sprintf("its NIC %s on %s has no fixed address, so the bridge's DHCP does not answer it", dev, Current.Network),
+			Fix:     fmt.Sprintf("give it one (incus config device %s %s %s ipv4.address=ADDR), or mint it with box", how, inst.Name, dev)})
+	}
+	return out
+}
+
+// DHCPLease is one IPv4 lease in dnsmasq's lease file.
+type DHCPLease struct {
+	Expires time.Time  `json:"expires"`
+	Hwaddr  string     `json:"hwaddr"` // as dnsmasq writes it: "06-..." for a hardware type other than Ethernet
+	Address netip.Addr `json:"address"`
+	// ClientID is the client identifier, "" when it sent none (or
+	// dnsmasq ignores them, dhcp-ignore-clid).
+	ClientID string `json:"client_id,omitempty"`
+}
+
+// DHCPPool is what the bridge's dnsmasq hands out and holds, read from
+// its command line and its lease file (ground truth: Incus lists only
+// its instances' leases).
+type DHCPPool struct {
+	LeaseFile string `json:"lease_file"`
+	// Ranges are its dynamic ranges (--dhcp-range), Size how many
+	// addresses they hold, Leased how many of them a lease holds.
+	Ranges []string    `json:"ranges"`
+	Size   int         `json:"size"`
+	Leased int         `json:"leased"`
+	Leases []DHCPLease `json:"leases"`
+	// Strays are the leases whose hardware address is no instance NIC's
+	// on the bridge.
+	Strays []DHCPLease `json:"strays,omitempty"`
+}
+
+func (p DHCPPool) String() string {
+	s := fmt.Sprintf("DHCP pool %s: %d of %d addresses leased", strings.Join(p.Ranges, ", "), p.Leased, p.Size)
+	if n := len(p.Strays); n > 0 {
+		s += fmt.Sprintf("; %d lease(s) belong to no box", n)
+	}
+	return s
+}
+
+// DHCPLeases reads the lease file and ranges of the dnsmasq serving the
+// bridge in the host's namespace. An error says it could not: no dnsmasq
+// serves the bridge, or its lease file is unreadable.
+func (host *Host) DHCPLeases() (DHCPPool, error) {
+	g, err := host.ground()
+	if err != nil {
+		return DHCPPool{}, err
+	}
+	defer g.close()
+	return g.dhcpPool(Current.Network)
+}
+
+// dhcpPool reads the pool of the dnsmasq serving bridge.
+func (g *ground) dhcpPool(bridge string) (DHCPPool, error) {
+	var p DHCPPool
+	pid := g.dnsmasqFor(bridge)
+	if pid == 0 {
+		return p, fmt.Errorf("no dnsmasq serves %s", bridge)
+	}
+	args := procArgs(pid)
+	var ranges []string
+	for i, a := range args {
+		switch {
+		case strings.HasPrefix(a, "--dhcp-leasefile="):
+			p.LeaseFile = strings.TrimPrefix(a, "--dhcp-leasefile=")
+		case a == "--dhcp-range" && i+1 < len(args):
+			ranges = append(ranges, args[i+1])
+		case strings.HasPrefix(a, "--dhcp-range="):
+			ranges = append(ranges, strings.TrimPrefix(a, "--dhcp-range="))
+		}
+	}
+	if p.LeaseFile == "" {
+		return p, fmt.Errorf("the dnsmasq serving %s (pid %d) names no lease file", bridge, pid)
+	}
+	var spans [][2]netip.Addr
+	for _, r := range ranges {
+		lo, hi, ok := parseRange(r)
+		if !ok {
+			continue // an IPv6 range, or a mode this reader does not know
+		}
+		spans = append(spans, [2]netip.Addr{lo, hi})
+		p.Ranges = append(p.Ranges, lo.String()+"-"+hi.String())
+		p.Size += rangeSize(lo, hi)
+	}
+	f, err := os.Open(p.LeaseFile)
+	if errors.Is(err, fs.ErrNotExist) {
+		return p, nil // no lease yet
+	}
+	if err != nil {
+		return p, fmt.Errorf("reading dnsmasq's lease file: %w", err)
+	}
+	defer f.Close()
+	if p.Leases, err = parseLeases(f); err != nil {
+		return p, fmt.Errorf("reading %s: %w", p.LeaseFile, err)
+	}
+	for _, l := range p.Leases {
+		if slices.ContainsFunc(spans, func(s [2]netip.Addr) bool { return l.Address.Compare(s[0]) >= 0 && l.Address.Compare(s[1]) <= 0 }) {
+			p.Leased++
+		}
+	}
+	return p, nil
+}
+
+// parseRange reads an IPv4 --dhcp-range: "start,end[,mask][,lease]"
+// (tag: and set: prefixes skipped).
+func parseRange(r string) (lo, hi netip.Addr, ok bool) {
+	var addrs []netip.Addr
+	for _, f := range strings.Split(r, ",") {
+		if a, err := netip.ParseAddr(f); err == nil && a.Is4() {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) < 2 || addrs[1].Less(addrs[0]) {
+		return lo, hi, false
+	}
+	return addrs[0], addrs[1], true
+}
+
+// rangeSize counts the addresses from lo to hi.
+func rangeSize(lo, hi netip.Addr) int {
+	l, h := lo.As4(), hi.As4()
+	return int(uint32(h[0])<<24|uint32(h[1])<<16|uint32(h[2])<<8|uint32(h[3])) -
+		int(uint32(l[0])<<24|uint32(l[1])<<16|uint32(l[2])<<8|uint32(l[3])) + 1
+}
+
+// parseLeases reads dnsmasq's lease file: "expiry hwaddr address name
+// client-id" per IPv4 lease; IPv6 leases (after a "duid" line) are left
+// out.
+func parseLeases(r interface{ Read([]byte) (int, error) }) ([]DHCPLease, error) {
+	var out []DHCPLease
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 || f[0] == "duid" {
+			continue
+		}
+		if len(f) < 4 {
+			return out, fmt.Errorf("a line of %d fields: %q", len(f), sc.Text())
+		}
+		a, err := netip.ParseAddr(f[2])
+		if err != nil || !a.Is4() {
+			continue
+		}
+		exp, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return out, fmt.Errorf("expiry %q: %w", f[0], err)
+		}
+		l := DHCPLease{Expires: time.Unix(exp, 0).UTC(), Hwaddr: strings.ToLower(f[1]), Address: a}
+		if len(f) > 4 && f[4] != "*" {
+			l.ClientID = strings.ToLower(f[4])
+		}
+		out = append(out, l)
+	}
+	return out, sc.Err()
+}
+
+// poolOf reads the bridge's pool and names the leases that belong to no
+// instance NIC on the bridge (insts: every instance there, any project).
+func (g *ground) poolOf(insts []incus.Instance) (DHCPPool, error) {
+	p, err := g.dhcpPool(Current.Network)
+	if err != nil {
+		return p, err
+	}
+	macs := map[string]bool{}
+	for i := range insts {
+		for _, n := range bridgeNICs(Current.Network, &insts[i]) {
+			if m, err := net.ParseMAC(n.mac); err == nil {
+				macs[m.String()] = true
+			}
+		}
+	}
+	for _, l := range p.Leases {
+		if !macs[l.Hwaddr] {
+			p.Strays = append(p.Strays, l)
+		}
+	}
+	return p, nil
+}
+
+// poolFindings say what the pool shows: leases that belong to no instance
+// (advisory: a fixed address is never handed to another client, a new box
+// is given an address no lease holds, and a stray lease goes at its
+// expiry; one appears legitimately when an instance is removed while its
+// lease runs), and a dynamic pool with no address left (a box's own
+// DISCOVERs never draw from it, but what took it is worth knowing).
+func poolFindings(p DHCPPool) []Finding {
+	var out []Finding
+	if n := len(p.Strays); n > 0 {
+		var names []string
+		for i, l := range p.Strays {
+			if i == 8 {
+				names = append(names, fmt.Sprintf("and %d more", n-i))
+				break
+			}
+			names = append(names, l.Hwaddr+" at "+l.Address.String())
+		}
+		out = append(out, Finding{Layer: LayerDHCP, Object: "dnsmasq leases", Advisory: true,
+			Problem: fmt.Sprintf("%d lease(s) belong to no instance on %s: %s", n, Current.Network, strings.Join(names, ", ")),
+			Fix:     fmt.Sprintf("they go when they expire (%s); a burst of them is a box asking for addresses that are not its own: box doctor's pin findings say whether a layer let it", p.LeaseFile)})
+	}
+	if p.Size > 0 && p.Leased >= p.Size {
+		out = append(out, Finding{Layer: LayerDHCP, Object: "dnsmasq leases", Advisory: true,
+			Problem: fmt.Sprintf("the dynamic pool %s is full (%d of %d leased)", strings.Join(p.Ranges, ", "), p.Leased, p.Size),
+			Fix:     "the leases that belong to no instance go when they expire"})
+	}
+	return out
+}
+
+// ReleaseLeases gives up leases in the bridge's dnsmasq as Incus does
+// when it removes a NIC: a DHCPRELEASE from the host's namespace to the
+// bridge's address, naming each lease's client as dnsmasq keys it
+// (hardware type and address, client identifier). It is for leases a
+// test or a drill's probes made for clients that do not exist, which
+// would hold the pool for the lease time, across dnsmasq restarts. It
+// sends again, a few times, until the lease file has none of them, and
+// returns those it still has.
+func (host *Host) ReleaseLeases(ctx context.Context, leases []DHCPLease) ([]DHCPLease, error) {
+	n, _, err := host.Incus.Network(ctx, Current.Network)
+	if err != nil {
+		return leases, err
+	}
+	gw, err := netip.ParsePrefix(n.Config["ipv4.address"])
+	if err != nil {
+		return leases, fmt.Errorf("network %s has ipv4.address=%q", Current.Network, n.Config["ipv4.address"])
+	}
+	left := leases
+	for try := 0; try < 5 && len(left) > 0; try++ {
+		if err := nsrun.Do(host.NetNS, func() error { return sendReleases(gw.Addr(), left) }); err != nil {
+			return left, fmt.Errorf("releasing leases: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return left, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+		pool, err := host.DHCPLeases()
+		if err != nil {
+			return left, err
+		}
+		left = slices.DeleteFunc(slices.Clone(left), func(l DHCPLease) bool {
+			return !slices.ContainsFunc(pool.Leases, func(p DHCPLease) bool { return p.Hwaddr == l.Hwaddr && p.Address == l.Address })
+		})
+	}
+	return left, nil
+}
+
+// sendReleases sends a DHCPRELEASE for each lease to the server at gw,
+// paced: dnsmasq's socket drops what a burst puts beyond its buffer.
+func sendReleases(gw netip.Addr, leases []DHCPLease) error {
+	c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(gw, 67)))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	for i, l := range leases {
+		if i%4 == 3 {
+			time.Sleep(2 * time.Millisecond)
+		}
+		htype, hw, err := leaseClient(l.Hwaddr)
+		if err != nil {
+			continue // not a client dnsmasq could have
+		}
+		m := dhcpmsg.Message{Type: dhcpmsg.Release, HType: htype, CHAddr: hw, CIAddr: l.Address,
+			Options: []dhcpmsg.Option{dhcpmsg.Addr(dhcpmsg.OptServerID, gw)}}
+		if id, err := hexField(l.ClientID); err == nil && len(id) > 0 {
+			m.Options = append(m.Options, dhcpmsg.Option{Code: dhcpmsg.OptClientID, Data: id})
+		}
+		b, err := m.Marshal()
+		if err != nil {
+			continue
+		}
+		if _, err := c.Write(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// leaseClient reads a lease file's hardware field: "06-aa:bb:..." for a
+// hardware type other than Ethernet, "aa:bb:..." (any length) for
+// Ethernet.
+func leaseClient(field string) (byte, []byte, error) {
+	htype := dhcpmsg.HTypeEthernet
+	if t, rest, ok := strings.Cut(field, "-"); ok {
+		v, err := strconv.ParseUint(t, 16, 8)
+		if err != nil {
+			return 0, nil, err
+		}
+		htype, field = byte(v), rest
+	}
+	hw, err := hexField(field)
+	if err != nil || len(hw) == 0 {
+		return 0, nil, fmt.Errorf("hardware address %q", field)
+	}
+	return htype, hw, nil
+}
+
+// hexField reads colon-separated hex bytes.
+func hexField(s string) ([]byte, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []byte
+	for _, p := range strings.Split(s, ":") {
+		v, err := strconv.ParseUint(p, 16, 8)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, byte(v))
+	}
+	return out, nil
+}

@@ -1,0 +1,247 @@
+package stack
+
+import (
+	"context"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// A hand-set raw.dnsmasq has no trailing newline when it went through a
+// shell's command substitution; the next line box appends must not be
+// glued to its last one.
+func TestDnsmasqJoin(t *testing.T) {
+	for _, tc := range []struct{ raw, lines, want string }{
+		{"no-resolv\nserver=1.1.1.1", "nftset=/a/4#inet#box_egress#p\n", "no-resolv\nserver=1.1.1.1\nnftset=/a/4#inet#box_egress#p\n"},
+		{"no-resolv\nserver=1.1.1.1\n", "nftset=/a/x\n", "no-resolv\nserver=1.1.1.1\nnftset=/a/x\n"},
+		{"", "nftset=/a/x\n", "nftset=/a/x\n"},
+		{"no-resolv", "", "no-resolv\n"},
+	} {
+		got := dnsmasqJoin(tc.raw, tc.lines)
+		assert.Equal(t, tc.want, got, "%q + %q", tc.raw, tc.lines)
+		assert.True(t, got == "" || strings.HasSuffix(got, "\n"), "every line ends")
+	}
+	// What box writes always ends its lines.
+	d := BuildDesired(netip.MustParsePrefix("10.88.0.0/24"), Options{Egress: map[string][]string{"p": {"example.com"}}})
+	assert.True(t, strings.HasSuffix(d.Network.Config["raw.dnsmasq"], "\n"))
+	for _, l := range strings.Split(strings.TrimSuffix(d.Network.Config["raw.dnsmasq"], "\n"), "\n") {
+		assert.NotEmpty(t, l)
+	}
+}
+
+// The L-DHCP lines of raw.dnsmasq are L-DHCP's; the rest stays L-DNS's.
+func TestRawDnsmasqFindings(t *testing.T) {
+	want := BuildDesired(netip.MustParsePrefix("10.88.0.0/24"), Options{}).Network.Config["raw.dnsmasq"]
+	assert.Empty(t, rawDnsmasqFindings("network boxnet", want, want))
+	noDHCP, had := withoutDHCPLines(want)
+	require.True(t, had)
+	layers := func(fs []Finding) []LayerID {
+		var out []LayerID
+		for _, f := range fs {
+			out = append(out, f.Layer)
+			assert.False(t, f.Advisory)
+			assert.Equal(t, fixEnsure, f.Fix)
+		}
+		return out
+	}
+	var fs []Finding
+	fs = rawDnsmasqFindings("network boxnet", noDHCP, want)
+	assert.Equal(t, []LayerID{LayerDHCP}, layers(fs), "the operator dropped the DHCP lines by hand")
+	assert.Contains(t, fs[0].Problem, "lacks dhcp-ignore=tag:!known and dhcp-ignore-clid")
+	// One line gone is enough.
+	assert.Equal(t, []LayerID{LayerDHCP}, layers(rawDnsmasqFindings("b", strings.Replace(want, "dhcp-ignore-clid\n", "", 1), want)))
+	assert.Equal(t, []LayerID{LayerDNS}, layers(rawDnsmasqFindings("b", strings.Replace(want, "no-hosts\n", "", 1), want)))
+	assert.Equal(t, []LayerID{LayerDHCP, LayerDNS}, layers(rawDnsmasqFindings("b", strings.Replace(noDHCP, "no-hosts\n", "", 1), want)))
+	// The same lines, the last without its newline (a hand edit through
+	// $(...)): named, advisory.
+	fs = rawDnsmasqFindings("b", strings.TrimSuffix(want, "\n"), want)
+	require.Len(t, fs, 1)
+	assert.True(t, fs[0].Advisory)
+	assert.Contains(t, fs[0].Problem, "no newline")
+	// The DHCP lines dropped by hand that way: L-DHCP's alone.
+	fs = rawDnsmasqFindings("b", strings.TrimSuffix(noDHCP, "\n"), want)
+	require.Len(t, fs, 1)
+	assert.Equal(t, LayerDHCP, fs[0].Layer)
+}
+
+func TestParseLeases(t *testing.T) {
+	file := "1796182906 10:66:6a:51:cf:de 10.88.0.126 * *\n" +
+		"1796182838 10:66:6a:FE:8a:5d 10.88.0.125 box-a 01:10:66:6a:fe:8a:5d\n" +
+		"1796182840 06-10:66:6a:fe:8a:5d 10.88.0.130 * *\n" +
+		"duid 00:01:00:01:2c:2a\n" +
+		"1796182906 1234 fd42::5 * 00:01\n"
+	ls, err := parseLeases(strings.NewReader(file))
+	require.NoError(t, err)
+	require.Len(t, ls, 3, "IPv4 leases only")
+	assert.Equal(t, DHCPLease{Expires: time.Unix(1796182906, 0).UTC(), Hwaddr: "10:66:6a:51:cf:de", Address: netip.MustParseAddr("10.88.0.126")}, ls[0])
+	assert.Equal(t, "10:66:6a:fe:8a:5d", ls[1].Hwaddr, "lower case, as net.HardwareAddr prints")
+	assert.Equal(t, "01:10:66:6a:fe:8a:5d", ls[1].ClientID)
+	assert.Equal(t, "06-10:66:6a:fe:8a:5d", ls[2].Hwaddr, "another hardware type, as dnsmasq writes it")
+	_, err = parseLeases(strings.NewReader("garbage\n"))
+	assert.Error(t, err)
+
+	lo, hi, ok := parseRange("10.88.0.2,10.88.0.254,1h")
+	require.True(t, ok)
+	assert.Equal(t, 253, rangeSize(lo, hi))
+	_, _, ok = parseRange("::,constructor:boxnet,ra-only")
+	assert.False(t, ok)
+}
+
+// Stray leases are advisory (a fixed address is never another client's,
+// and a stray goes at its expiry); so is a full pool.
+func TestPoolFindings(t *testing.T) {
+	assert.Empty(t, poolFindings(DHCPPool{Ranges: []string{"10.88.0.2-10.88.0.254"}, Size: 253, Leased: 2}))
+	var strays []DHCPLease
+	for i := range 10 {
+		strays = append(strays, DHCPLease{Hwaddr: "02:00:00:00:00:0" + string(rune('0'+i)), Address: netip.AddrFrom4([4]byte{10, 88, 0, byte(2 + i)})})
+	}
+	p := DHCPPool{LeaseFile: "/x/dnsmasq.leases", Ranges: []string{"10.88.0.2-10.88.0.11"}, Size: 10, Leased: 10, Strays: strays}
+	fs := poolFindings(p)
+	require.Len(t, fs, 2)
+	for _, f := range fs {
+		assert.Equal(t, LayerDHCP, f.Layer)
+		assert.True(t, f.Advisory)
+	}
+	assert.Contains(t, fs[0].Problem, "10 lease(s) belong to no instance on boxnet: 02:00:00:00:00:00 at 10.88.0.2")
+	assert.Contains(t, fs[0].Problem, "and 2 more")
+	assert.Contains(t, fs[1].Problem, "is full (10 of 10 leased)")
+	assert.Equal(t, "DHCP pool 10.88.0.2-10.88.0.11: 10 of 10 addresses leased; 10 lease(s) belong to no box", p.String())
+}
+
+// Converting a host: every box without a fixed address gets the one it
+// leases now (it keeps its address and its connections), unless another
+// NIC asks for it; a box with no lease, a free one. Instances box did not
+// mint are left alone.
+func TestFixAllAddressesKeepsTheLease(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.clustered = false
+	f.add("old", "", "Running", "")
+	f.add("taken", "", "Running", "")
+	f.add("gone", "", "Stopped", "")
+	f.add("fixed", "", "Running", "10.88.0.40")
+	f.add("foreign", "", "Running", "")
+	f.insts["old"].Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0a"
+	f.insts["taken"].Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0b"
+	f.insts["gone"].Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0c"
+	delete(f.insts["foreign"].Config, Current.Tag)
+	f.leases = []incus.NetworkLease{
+		{Address: "10.88.0.1", Type: "gateway"},
+		{Hwaddr: "10:66:6a:00:00:0a", Address: "10.88.0.77", Type: "dynamic"},
+		// A lease whose address another box was given since.
+		{Hwaddr: "10:66:6a:00:00:0b", Address: "10.88.0.40", Type: "dynamic"},
+	}
+	ci, err := h.Cluster(context.Background())
+	require.NoError(t, err)
+	changes, err := h.fixAllAddresses(context.Background(), ci)
+	require.NoError(t, err)
+	var got []string
+	for _, c := range changes {
+		got = append(got, c.String())
+	}
+	assert.Equal(t, []string{"updated box gone: fixed address 10.88.0.2", "updated box old: fixed address 10.88.0.77",
+		"updated box taken: fixed address 10.88.0.3"}, got, "in the listing's order, each the first free address or its lease's")
+	assert.Equal(t, "10.88.0.77", fixedAddressOf(f.inst(t, "old")).String(), "the address it leases")
+	assert.Equal(t, "10.88.0.40", fixedAddressOf(f.inst(t, "fixed")).String())
+	assert.False(t, fixedAddressOf(f.inst(t, "foreign")).IsValid(), "not box's")
+	assert.Empty(t, dhcpFindings(boxesOnly(f)), "every box has one now")
+	changes, err = h.fixAllAddresses(context.Background(), ci)
+	require.NoError(t, err)
+	assert.Empty(t, changes, "a second run changes nothing")
+}
+
+func boxesOnly(f *clusterFake) []incus.Instance {
+	var out []incus.Instance
+	for name, i := range f.insts {
+		if i.Config[Current.Tag] == "1" {
+			out = append(out, *f.render(f.insts[name]))
+		}
+	}
+	return out
+}
+
+// A box whose port is up with no fixed address (a granted user's, whose
+// user could pick none) gets one at the next refresh; its NIC's own keys
+// stay (C-TIER's box-t has port isolation off in its own NIC).
+func TestFixMissingAddresses(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.clustered = false
+	f.add("up", "", "Running", "")
+	f.add("down", "", "Stopped", "")
+	f.insts["up"].Config["volatile.eth0.host_name"] = "veth-up"
+	f.insts["up"].Devices["eth0"] = map[string]string{"type": "nic", "name": "eth0", "network": "boxnet", "security.port_isolation": "false"}
+	insts, err := h.Incus.AllInstances(context.Background())
+	require.NoError(t, err)
+	f.starting = "up"
+	fixed, busy, err := h.fixMissingAddresses(context.Background(), fleet{insts: insts})
+	require.NoError(t, err, "a box Incus is starting is no failure")
+	assert.False(t, fixed)
+	assert.Equal(t, []string{"up"}, busy, "to be looked at again soon")
+	f.starting = ""
+	fixed, busy, err = h.fixMissingAddresses(context.Background(), fleet{insts: insts})
+	require.NoError(t, err)
+	assert.True(t, fixed)
+	assert.Empty(t, busy)
+	up := f.inst(t, "up")
+	assert.Equal(t, "10.88.0.2", fixedAddressOf(up).String())
+	assert.Equal(t, "false", up.Devices["eth0"]["security.port_isolation"], "its own NIC's keys are kept")
+	assert.False(t, fixedAddressOf(f.inst(t, "down")).IsValid(), "no port: Start or Ensure gives it one")
+	n := len(f.srv.Find(http.MethodPut, "/1.0/instances/up"))
+	insts, err = h.Incus.AllInstances(context.Background())
+	require.NoError(t, err)
+	fixed, _, err = h.fixMissingAddresses(context.Background(), fleet{insts: insts})
+	require.NoError(t, err)
+	assert.False(t, fixed)
+	assert.Len(t, f.srv.Find(http.MethodPut, "/1.0/instances/up"), n, "nothing more to do")
+}
+
+// A restore of a snapshot taken before box stored addresses brings back a
+// NIC with none: it gets one (the one its MAC leases, if any).
+func TestRestoreGivesAFixedAddress(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.clustered = false
+	f.add("b", "", "Stopped", "10.88.0.9")
+	f.snaps["b"] = []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{}}}
+	f.leases = []incus.NetworkLease{{Hwaddr: "10:66:6a:00:00:01", Address: "10.88.0.9", Type: "dynamic"}}
+	require.NoError(t, h.Restore(context.Background(), "b", "s1"))
+	assert.Equal(t, "10.88.0.9", fixedAddressOf(f.inst(t, "b")).String())
+}
+
+func TestLeaseClient(t *testing.T) {
+	for field, want := range map[string]struct {
+		htype byte
+		hw    int
+	}{
+		"10:66:6a:00:00:0a":                               {1, 6},
+		"06-10:66:6a:00:00:0a":                            {6, 6},
+		"10:66:6a:00:00:0a:b0:c5:01:02:03:04:05:06:07:08": {1, 16},
+	} {
+		ht, hw, err := leaseClient(field)
+		require.NoError(t, err, field)
+		assert.Equal(t, want.htype, ht, field)
+		assert.Len(t, hw, want.hw, field)
+	}
+	for _, bad := range []string{"1234", "zz:zz", "", "xx-10:66"} {
+		_, _, err := leaseClient(bad)
+		assert.Error(t, err, bad)
+	}
+}
+
+// A DHCP drop of the pin table missing is L-DHCP's, not L-PIN's: the
+// claims resting on the pins alone stand.
+func TestPinFindingsOfDHCPRules(t *testing.T) {
+	fs := pinFindings([]nft.Finding{
+		{Object: "table bridge box_pin chain prerouting", Problem: "rule 8 missing: want `iifname @boxnet_ports meta protocol ip udp dport 67 iifname . @th,288,48 != @hw drop`"},
+		{Object: "table bridge box_pin chain prerouting", Problem: "rule 10 missing: want `iifname @boxnet_ports ip saddr 0.0.0.0 udp dport 67 accept`"},
+		{Object: "table bridge box_pin chain prerouting", Problem: "rule 1 missing: want `iifname @boxnet_ports iifname . ether saddr != @hw drop`"},
+	}, &pinPlan{})
+	require.Len(t, fs, 3)
+	assert.Equal(t, []LayerID{LayerDHCP, LayerPin, LayerPin}, []LayerID{fs[0].Layer, fs[1].Layer, fs[2].Layer})
+}

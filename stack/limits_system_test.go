@@ -1,0 +1,106 @@
+package stack_test
+
+import (
+	"context"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/drill/image"
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// TestSystemLimitsHold: a box minted with limits cannot outgrow them: a
+// fork bomb in it stops at its process limit, a disk fill at its root
+// disk's size (the world's pool is btrfs), a memory hog is killed at its
+// memory limit; box says nothing of a limit it could not apply. On a dir
+// pool on this machine's ext4 (no project quotas) the disk size is not
+// enforced, and box says so when it mints. Numbers: docs/measurements.md,
+// "The kernel boundary".
+func TestSystemLimitsHold(t *testing.T) {
+	ctx, h, _ := worldHost(t)
+	_, err := h.Ensure(ctx)
+	require.NoError(t, err)
+	box := uniq(t, "t-lim-")
+	t.Cleanup(func() { _ = h.Remove(context.Background(), box) })
+	b, err := h.Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias,
+		Processes: "64", CPUAllowance: "20ms/100ms", Memory: "128MiB", Disk: "128MiB"})
+	require.NoError(t, err)
+	assert.Empty(t, b.Notes, "every limit applied")
+	inst, _, err := h.Incus.Instance(ctx, box)
+	require.NoError(t, err)
+	assert.Equal(t, "64", inst.Config["limits.processes"])
+	assert.Equal(t, "20ms/100ms", inst.Config["limits.cpu.allowance"])
+
+	sh := func(script string) incus.ExecResult {
+		t.Helper()
+		res, err := h.Incus.Exec(ctx, box, incus.ExecRequest{Command: []string{"sh", "-c", script}})
+		require.NoError(t, err)
+		return *res
+	}
+
+	// A fork bomb with a cap of its own (200), of processes that end by
+	// themselves: the shell dies at the first fork refused, and until its
+	// sleepers end the box is full (an exec into it fails then too).
+	res := sh(`i=0; while [ $i -lt 200 ]; do sleep 5 & i=$((i+1)); echo $i; done`)
+	out := strings.TrimSpace(string(res.Stdout))
+	lines := strings.Split(out, "\n")
+	started, _ := strconv.Atoi(lines[len(lines)-1])
+	t.Logf("fork bomb: %d processes started under limits.processes=64: %s", started, strings.TrimSpace(string(res.Stderr)))
+	assert.Less(t, started, 64, "the process limit stopped it")
+	assert.Contains(t, string(res.Stderr), "can't fork")
+	require.Eventually(t, func() bool {
+		r, err := h.Incus.Exec(ctx, box, incus.ExecRequest{Command: []string{"sh", "-c", `ps | grep -v grep | grep -q "sleep 5" && exit 1; exit 0`}})
+		return err == nil && r.ExitCode == 0
+	}, 30*time.Second, time.Second, "the box takes processes again once its sleepers end")
+
+	// A disk fill with a cap of its own (300 MiB): it stops at the size.
+	// Its words go to the box's memory first: Incus records an exec's
+	// output on the box's volume, and a full quota would take them (seen
+	// here: an empty output, exit 0), until a sync after the removal
+	// gives the space back.
+	sh(`dd if=/dev/urandom of=/fill bs=1M count=300 >/tmp/fill.out 2>&1; ls -l /fill >>/tmp/fill.out; rm -f /fill; sync`)
+	res = sh(`cat /tmp/fill.out`)
+	out = string(res.Stdout) + string(res.Stderr)
+	m := regexp.MustCompile(`(\d+)\+\d+ records out`).FindStringSubmatch(out)
+	require.NotNil(t, m, "exit %d: %q", res.ExitCode, out)
+	written, _ := strconv.Atoi(m[1])
+	t.Logf("disk fill: %d MiB written to a 128MiB root disk: %s", written, strings.TrimSpace(out))
+	assert.Less(t, written, 136, "the root disk's size stopped it")
+	assert.Contains(t, out, "quota exceeded")
+
+	// A memory hog with a cap of its own (a string doubled to 512 MiB): the
+	// OOM killer ends it.
+	res = sh(`awk 'BEGIN{s="x"; for(i=0;i<29;i++){s=s s}; print length(s)}'; echo rc=$?`)
+	out = string(res.Stdout) + string(res.Stderr)
+	t.Logf("memory hog: %s", strings.TrimSpace(out))
+	assert.Contains(t, out, "rc=137", "killed (SIGKILL) at the memory limit, not its 512 MiB")
+
+	// A sibling beside it, minted while it was held, is untouched.
+	sib := uniq(t, "t-lim-")
+	t.Cleanup(func() { _ = h.Remove(context.Background(), sib) })
+	_, err = h.Mint(ctx, stack.MintRequest{Name: sib, Image: image.DefaultAlias})
+	require.NoError(t, err)
+	_, err = h.WaitAddress(ctx, sib, 30*time.Second)
+	require.NoError(t, err)
+
+	// A dir pool on this machine's ext4 skips the size, and box says so.
+	const dirPool = "t-lim-dir"
+	require.NoError(t, h.Incus.CreateStoragePool(ctx, incus.StoragePool{Name: dirPool, Driver: "dir"}))
+	t.Cleanup(func() { _ = h.Incus.DeleteStoragePool(context.Background(), dirPool) })
+	onDir := *h
+	onDir.Options.Pool = dirPool
+	dirBox := uniq(t, "t-lim-")
+	t.Cleanup(func() { _ = h.Remove(context.Background(), dirBox) })
+	b, err = onDir.Mint(ctx, stack.MintRequest{Name: dirBox, Image: image.DefaultAlias, Disk: "128MiB"})
+	require.NoError(t, err)
+	require.Len(t, b.Notes, 1, "%v", b.Notes)
+	assert.Contains(t, b.Notes[0], "no disk limit: pool "+dirPool+" (dir) did not enforce the root disk's size 128MiB")
+	t.Cleanup(func() { _ = onDir.Remove(context.Background(), dirBox) })
+}
