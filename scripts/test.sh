@@ -2,11 +2,13 @@
 # test.sh runs every test tier (SPEC section 8) from a bare Debian machine:
 # it installs what is missing, builds static binaries, brings up the
 # hermetic world (incusd in its own namespace) and the cluster world boxc
-# (three members, for the cluster tests), runs unit, privileged and system
+# (three members, for the cluster tests) and a world with its machine
+# (boxmac, for the machine tests), runs unit, privileged and system
 # tests with BOX_REQUIRE_TIERS=1 (a tier that cannot run fails instead of
 # skipping), and tears the worlds down again, also on failure. A world
-# that was already up before is left up. BOX_TEST_WORLD and
-# BOX_TEST_CLUSTER name the two worlds (boxw and boxc by default), so a
+# that was already up before is left up. BOX_TEST_WORLD,
+# BOX_TEST_CLUSTER and BOX_TEST_MACHINE name the three worlds (boxw, boxc
+# and boxmac by default), so a
 # development machine can run it beside worlds it must not touch; the
 # tests are pointed at them by path. go test's JSON stream goes
 # through internal/testjson, which prints the usual output as it comes and
@@ -61,6 +63,23 @@ else
 	bin/drill world up --name "$cluster" --cluster 3 >&2
 fi
 export BOX_CLUSTER_STATE=${BOX_CLUSTER_STATE:-/run/box-world/$cluster/state.json}
+
+# The machine tests' world (fixtures/world, TestSystemMachine*): a world
+# with its machine (Debian with systemd and Incus, this tree's .debs
+# installed by apt), apart from the standalone world so that the machine's
+# privileged container meets no other test. Built once per machine and
+# cached; $BOX_MACHINE_STATE names another.
+machine=${BOX_TEST_MACHINE:-boxmac}
+if [ -n "${BOX_MACHINE_STATE:-}" ]; then
+	:
+elif bin/drill world status --name "$machine" >/dev/null 2>&1; then
+	kept+=("$machine")
+else
+	owned+=("$machine")
+	make --no-print-directory package >&2
+	bin/drill world up --name "$machine" --machine >&2
+fi
+export BOX_MACHINE_STATE=${BOX_MACHINE_STATE:-/run/box-world/$machine/state.json}
 
 # One package at a time: the system tests of several packages share the
 # world's one incusd and its one boxnet.
