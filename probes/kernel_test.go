@@ -332,17 +332,16 @@ func TestLoads(t *testing.T) {
 	assert.Less(t, time.Since(start), 2000*time.Millisecond+3*time.Second, "within its deadline")
 }
 
-// TestOpenForWriteFollowsNoLink: a link anywhere on the path stops the
-// open (O_NOFOLLOW alone guards only the last part), so a path through
-// /proc/PID/root or a symlinked folder cannot reach a device node.
-func TestOpenForWriteFollowsNoLink(t *testing.T) {
-	dir := t.TempDir()
-	require.NoError(t, os.Mkdir(filepath.Join(dir, "real"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "real", "f"), nil, 0o644))
-	require.NoError(t, os.Symlink(filepath.Join(dir, "real"), filepath.Join(dir, "link")))
-	direct := openForWrite(filepath.Join(dir, "real", "f"))
+// TestOpenForWriteFollowsNoMagicLink: a process's links under /proc
+// (root, cwd, fd) anywhere on the path stop the open (O_NOFOLLOW alone
+// guards only the last part), so no path through them reaches a device
+// node; a plain link (/proc/self) is followed.
+func TestOpenForWriteFollowsNoMagicLink(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "f")
+	require.NoError(t, os.WriteFile(f, nil, 0o644))
+	direct := openForWrite(f)
 	require.True(t, direct.Opened, "the control: the file itself opens (%s)", direct.Errno)
-	via := openForWrite(filepath.Join(dir, "link", "f"))
-	assert.False(t, via.Opened, "opened through a symlinked folder")
+	via := openForWrite("/proc/self/root" + f)
+	assert.False(t, via.Opened, "opened through /proc/self/root")
 	assert.Equal(t, "ELOOP", via.Errno)
 }
