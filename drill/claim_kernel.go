@@ -206,7 +206,7 @@ func buildKernel(b *builder) {
 			a := b.probe(Action{Claim: KernelID, Channel: c.ch, From: p, Target: c.target, TargetKey: "kernel", Expect: ExpectContained}, c.spec)
 			if c.control != nil {
 				spec := *c.control
-				spec.ID = "kc-" + string(c.control.Kind) + "-" + string(p)
+				spec.ID = "kc-" + string(c.control.Kind) + "-" + strings.ReplaceAll(string(p), "@", ".") // a member's box is box@MEMBER
 				a.Reference = b.reference(p, spec)
 			}
 		}
