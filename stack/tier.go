@@ -41,10 +41,22 @@ const (
 // TierProject is the project incus-user gives uid.
 func TierProject(uid uint32) string { return fmt.Sprintf("user-%d", uid) }
 
-// TierBridge is the private bridge incus-user's stock setup makes for uid
-// (Incus refuses a bridge name over 15 characters, so on a host with uids
-// of 8 digits and more its setup never gets that far).
-func TierBridge(uid uint32) string { return fmt.Sprintf("incusbr-%d", uid) }
+// TierBridge is the private bridge incus-user's stock setup makes for uid:
+// incusbr-<uid>, or user-<uid> where that passes the kernel's 15
+// characters of an interface name (uids of 8 digits and more, as LDAP and
+// SSSD hand out). incus-user applies that rule since Incus 6.0.2 and 6.3
+// (cmd/incus-user/server.go, serverSetupUser); before, its setup failed
+// for such a uid and made no bridge at all, so one name per uid is exact.
+func TierBridge(uid uint32) string {
+	if name := fmt.Sprintf("incusbr-%d", uid); len(name) <= maxIfaceName {
+		return name
+	}
+	return fmt.Sprintf("user-%d", uid)
+}
+
+// maxIfaceName is the longest interface name the kernel takes (IFNAMSIZ
+// less its NUL).
+const maxIfaceName = 15
 
 // tierCertName is the trust store name incus-user gives uid's certificate.
 func tierCertName(uid uint32) string { return fmt.Sprintf("incus-user-%d", uid) }
