@@ -49,7 +49,17 @@ type Report struct {
 // or changes is reported; on a host that already matches, it changes
 // nothing and says so (an empty Changes). If a step fails, what this run
 // created is removed again and what it changed is put back.
-func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
+func (host *Host) Ensure(ctx context.Context) (*Report, error) {
+	unlock, err := host.lockSetup(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return host.ensure(ctx)
+}
+
+// ensure is Ensure under the setup lock.
+func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	g, err := host.ground()
 	if err != nil {
 		return nil, err
@@ -495,6 +505,11 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 // a reboot; it is what the boot unit runs (`box setup-host
 // --firewall-only`). The bridge must exist.
 func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
+	unlock, err := host.lockSetup(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	n, _, err := host.Incus.Network(ctx, Current.Network)
 	if err != nil {
 		return nil, fmt.Errorf("firewall only: network %s: %w (run box setup-host without --firewall-only)", Current.Network, err)
