@@ -99,6 +99,16 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		}
 		return rep, host.ensureMember(ctx, g, net, rep)
 	}
+	// A bridge Incus left Pending with no instance on it is removed here
+	// and made again below, on its subnet and with the options it stored
+	// (pending.go); with instances on it, the error names the fix.
+	var stored map[string]string
+	if net != nil && net.Status == networkPending && !ci.Clustered() {
+		if err := host.repairPending(ctx, g, net, changed); err != nil {
+			return nil, err
+		}
+		stored, net, netETag = net.Config, nil, ""
+	}
 	if net != nil {
 		p, perr := netip.ParsePrefix(net.Config["ipv4.address"])
 		if perr != nil {
@@ -113,7 +123,11 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		if err != nil {
 			return nil, err
 		}
-		rep.Subnet, err = PickSubnet(host.Options.Subnet, uses)
+		pin := host.Options.Subnet
+		if p, perr := netip.ParsePrefix(stored["ipv4.address"]); perr == nil && !pin.IsValid() {
+			pin = p.Masked()
+		}
+		rep.Subnet, err = PickSubnet(pin, uses)
 		if err != nil {
 			return nil, err
 		}
@@ -122,8 +136,12 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		}
 	}
 	opts := host.Options
-	if net != nil {
-		if opts, err = opts.With(net.Config); err != nil {
+	if net != nil || stored != nil {
+		cfg := stored
+		if net != nil {
+			cfg = net.Config
+		}
+		if opts, err = opts.With(cfg); err != nil {
 			return nil, err
 		}
 		if opts.Egress, err = host.usedPolicies(ctx, opts.Egress); err != nil {
