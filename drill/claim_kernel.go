@@ -362,18 +362,22 @@ func judgeKernel(r *run, c Claim, rs []Result) []Result {
 	kj := &kernelJudge{r: r, notes: map[Channel]string{}}
 	var out, later []Result
 	idmaps := map[Place][]probes.IDRange{}
+	notApplicable := map[Channel][]Action{}
 	for _, res := range rs {
+		a := res.Action
 		switch {
 		case res.Channel == ChannelIDMapDisjoint:
 			later = append(later, res)
 			continue
 		case res.Expect == ExpectHeld:
-			res = kj.load(res.Action)
+			res = kj.load(a)
 		default:
-			res = kj.check(res.Action)
+			res = kj.check(a)
 		}
 		if res.Verdict == "" {
-			continue // not applicable here: a note says so
+			// Not applicable here: a note says so, if no other box has it.
+			notApplicable[a.Channel] = append(notApplicable[a.Channel], a)
+			continue
 		}
 		out = append(out, res)
 		if res.Channel == ChannelIDMap && res.Obs != nil && res.Obs.Evidence.IDMap != nil {
@@ -384,6 +388,14 @@ func judgeKernel(r *run, c Claim, rs []Result) []Result {
 		out = append(out, disjoint(res, idmaps))
 	}
 	for _, ch := range slices.Sorted(maps.Keys(kj.notes)) {
+		if slices.ContainsFunc(out, func(res Result) bool { return res.Channel == ch }) {
+			// Another box has what this one lacks: the kernel is the same,
+			// so the box's own view hides it.
+			for _, a := range notApplicable[ch] {
+				out = append(out, verdict(Result{Action: a}, Inconclusive, "not there in this box though other boxes have it (the kernel is the same): "+kj.notes[ch]))
+			}
+			continue
+		}
 		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%s: %s is not applicable here, in no box: %s", KernelID, ch, kj.notes[ch]))
 	}
 	return judgeProbes(r, c, out)

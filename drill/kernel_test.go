@@ -452,3 +452,28 @@ func TestKernelMountsOfTheHost(t *testing.T) {
 		assert.Contains(t, res.Evidence, bound.Point)
 	}
 }
+
+// TestKernelAbsentInOneBoxOnly: one box's "not there" speaks for every box
+// only when every box says it; where another box has /proc/sysrq-trigger,
+// the box that does not is inconclusive, named, and no note says the
+// kernel lacks it.
+func TestKernelAbsentInOneBoxOnly(t *testing.T) {
+	r, rs := kernelRun(t, func(p Place, a Action) (probes.Observation, bool) {
+		if a.Channel == ChannelSysrq && p == PlaceA {
+			return probes.Observation{Outcome: probes.Rejected, Evidence: probes.Evidence{Files: []probes.FileAttempt{{Path: sysrqPath, Errno: "EACCES"}}}}, true
+		}
+		return probes.Observation{}, false
+	})
+	var fromB *Result
+	for _, res := range judgeKernel(r, claimKernel, rs) {
+		if res.Channel == ChannelSysrq && res.From == PlaceB {
+			fromB = &res
+		}
+	}
+	require.NotNil(t, fromB, "box-b's sysrq check has a result")
+	assert.Equal(t, Inconclusive, fromB.Verdict, fromB.Evidence)
+	assert.Contains(t, fromB.Evidence, "other boxes have it")
+	for _, n := range r.rep.Notes {
+		assert.NotContains(t, n, "sysrq", "no note says the kernel lacks it")
+	}
+}
