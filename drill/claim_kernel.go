@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -89,6 +90,8 @@ const (
 	// yet taken, blocks a quota accounts late.
 	loadTaskSlack = 8
 	loadMiBSlack  = 32
+	// loadGiveBack is how long before the plan's deadline the loads end.
+	loadGiveBack = 1500 * time.Millisecond
 )
 
 // The paths the kernel probes open and read.
@@ -205,7 +208,7 @@ func buildKernel(b *builder) {
 			a := b.probe(Action{Claim: KernelID, Channel: c.ch, From: p, Target: c.target, TargetKey: "kernel", Expect: ExpectContained}, c.spec)
 			if c.control != nil {
 				spec := *c.control
-				spec.ID = "kc-" + string(c.control.Kind) + "-" + string(p)
+				spec.ID = "kc-" + string(c.control.Kind) + "-" + strings.ReplaceAll(string(p), "@", ".") // a member's box is box@MEMBER
 				a.Reference = b.reference(p, spec)
 			}
 		}
@@ -214,7 +217,12 @@ func buildKernel(b *builder) {
 		return
 	}
 	b.probe(Action{Claim: KernelID, Channel: ChannelIDMapDisjoint, From: PlaceL, Target: "box-k's id map (both isolated)", TargetKey: "kernel", Expect: ExpectContained}, kernelProbe(probes.KindIDMap))
-	budget := int((planDeadline - probes.AgentMargin).Milliseconds())
+	// The loads end, and give back what they hold, while the main volley's
+	// last answers are in and before the witnesses' last second: given
+	// back at the plan's end, the host's and the LAN's agents were late
+	// for their collection on a loaded machine in most runs (the release
+	// of box-l's memory, file and processes, all at once).
+	budget := int((planDeadline - loadGiveBack).Milliseconds())
 	load := func(ch Channel, kind probes.Kind, delay, max int, paths ...string) {
 		b.probe(Action{Claim: KernelID, Channel: ch, From: PlaceL, Target: loadTargets[ch], TargetKey: "limits", Expect: ExpectHeld},
 			probes.ProbeSpec{Kind: kind, DelayMS: delay, DeadlineMS: budget - delay - 50, Max: max, Paths: paths})
@@ -318,6 +326,33 @@ type kernelJudge struct {
 	r *run
 	// notes are the checks not applicable here, each said once.
 	notes map[Channel]string
+	// host are the host's mounts by device (read once, hostMounts).
+	host     map[string]string
+	hostRead bool
+}
+
+// hostMounts are the devices of the mounts the drill's host sees (its
+// own mount namespace's and init's), each with a mount point: a box's
+// kernel file system on one of them is the host's, bound in.
+func (kj *kernelJudge) hostMounts() map[string]string {
+	if !kj.hostRead {
+		kj.hostRead = true
+		kj.host = map[string]string{}
+		for _, f := range []string{"/proc/self/mountinfo", "/proc/1/mountinfo"} {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				continue
+			}
+			for _, line := range strings.Split(string(b), "\n") {
+				if a := strings.Fields(line); len(a) > 4 {
+					if _, seen := kj.host[a[2]]; !seen {
+						kj.host[a[2]] = a[4]
+					}
+				}
+			}
+		}
+	}
+	return kj.host
 }
 
 // judgeKernel judges every box's checks from the agents' observations,
@@ -327,18 +362,22 @@ func judgeKernel(r *run, c Claim, rs []Result) []Result {
 	kj := &kernelJudge{r: r, notes: map[Channel]string{}}
 	var out, later []Result
 	idmaps := map[Place][]probes.IDRange{}
+	notApplicable := map[Channel][]Action{}
 	for _, res := range rs {
+		a := res.Action
 		switch {
 		case res.Channel == ChannelIDMapDisjoint:
 			later = append(later, res)
 			continue
 		case res.Expect == ExpectHeld:
-			res = kj.load(res.Action)
+			res = kj.load(a)
 		default:
-			res = kj.check(res.Action)
+			res = kj.check(a)
 		}
 		if res.Verdict == "" {
-			continue // not applicable here: a note says so
+			// Not applicable here: a note says so, if no other box has it.
+			notApplicable[a.Channel] = append(notApplicable[a.Channel], a)
+			continue
 		}
 		out = append(out, res)
 		if res.Channel == ChannelIDMap && res.Obs != nil && res.Obs.Evidence.IDMap != nil {
@@ -349,6 +388,14 @@ func judgeKernel(r *run, c Claim, rs []Result) []Result {
 		out = append(out, disjoint(res, idmaps))
 	}
 	for _, ch := range slices.Sorted(maps.Keys(kj.notes)) {
+		if slices.ContainsFunc(out, func(res Result) bool { return res.Channel == ch }) {
+			// Another box has what this one lacks: the kernel is the same,
+			// so the box's own view hides it.
+			for _, a := range notApplicable[ch] {
+				out = append(out, verdict(Result{Action: a}, Inconclusive, "not there in this box though other boxes have it (the kernel is the same): "+kj.notes[ch]))
+			}
+			continue
+		}
 		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%s: %s is not applicable here, in no box: %s", KernelID, ch, kj.notes[ch]))
 	}
 	return judgeProbes(r, c, out)
@@ -392,7 +439,7 @@ func (kj *kernelJudge) check(a Action) Result {
 	case ChannelLSM:
 		return kj.judgeLSM(res, ev.Files)
 	case ChannelMounts:
-		return judgeMounts(res, ev.Mounts)
+		return judgeMounts(res, ev.Mounts, kj.hostMounts())
 	case ChannelDevices:
 		return judgeDevices(res, ev.Devices)
 	case ChannelProcSys, ChannelCorePattern, ChannelSysrq:
@@ -497,7 +544,7 @@ func (kj *kernelJudge) judgeLSM(res Result, files []probes.FileAttempt) Result {
 	return verdict(res, Pass, "confined by the host's security module: "+strings.TrimSpace(f.Content))
 }
 
-func judgeMounts(res Result, m *probes.MountsEvidence) Result {
+func judgeMounts(res Result, m *probes.MountsEvidence, host map[string]string) Result {
 	if m == nil {
 		return verdict(res, Inconclusive, "no mounts read")
 	}
@@ -510,11 +557,37 @@ func judgeMounts(res Result, m *probes.MountsEvidence) Result {
 			bad = append(bad, fmt.Sprintf("%s (the host's /dev%s)", d.Point, d.Root))
 		}
 	}
+	for _, k := range m.Kernel {
+		if at, ok := host[k.Dev]; ok && !incusOwnMount(k) {
+			bad = append(bad, fmt.Sprintf("%s (%s %s, the host's own at %s: device %s)", k.Point, k.FSType, k.Root, at, k.Dev))
+		}
+	}
 	if len(bad) > 0 {
 		return verdict(res, Fail, "host paths mounted in the box: "+strings.Join(bad, ", "))
 	}
-	return verdict(res, Pass, fmt.Sprintf("%d mounts: the root (%s %s) and the kernel's own views; of the host's, only a container's default device nodes (%d)", m.Count, m.Root.FSType, m.Root.Root, len(m.DevNodes)))
+	return verdict(res, Pass, fmt.Sprintf("%d mounts: the root (%s %s) and the kernel's own views (%d, none on a device of the host's %d mounts but Incus's own), of the host's devices only a container's default nodes (%d)", m.Count, m.Root.FSType, m.Root.Root, len(m.Kernel), len(host), len(m.DevNodes)))
 }
+
+// incusOwnMount says whether a kernel file system's mount that shares a
+// device with the host's is one Incus gives every container: the guest
+// API's folder, the folder it hot-plugs mounts through, cgroup
+// hierarchies (one per host, seen through the box's cgroup namespace),
+// lxcfs's views, and sysfs folders bound over themselves to hide what the
+// host mounted there (debugfs, tracefs, securityfs, pstore, fusectl).
+func incusOwnMount(m probes.MountEntry) bool {
+	switch {
+	case m.FSType == "tmpfs" && (m.Point == "/dev/incus" || m.Point == "/dev/.incus-mounts" || m.Point == "/dev/lxd" || m.Point == "/dev/.lxd-mounts"):
+		return true
+	case m.FSType == "cgroup" || m.FSType == "cgroup2" || m.FSType == "fuse.lxcfs":
+		return true
+	case m.FSType == "sysfs" && m.Root != "/" && "/sys"+m.Root == m.Point:
+		return sysfsMasks[m.Root]
+	}
+	return false
+}
+
+// sysfsMasks are the sysfs folders LXC binds over themselves in a box.
+var sysfsMasks = map[string]bool{"/fs/fuse/connections": true, "/fs/pstore": true, "/kernel/debug": true, "/kernel/security": true, "/kernel/tracing": true}
 
 func judgeDevices(res Result, nodes []probes.DeviceNode) Result {
 	if len(nodes) == 0 {
@@ -758,6 +831,8 @@ func (kj *kernelJudge) load(a Action) Result {
 		switch {
 		case o.Outcome == probes.Reached:
 			return verdict(res, Fail, fmt.Sprintf("started %d processes, its own cap: limits.processes=%d did not stop it", l.Reached, loadProcesses))
+		case l.StoppedBy == "EAGAIN" && l.Tasks < loadProcesses-loadTaskSlack:
+			return verdict(res, Inconclusive, fmt.Sprintf("refused at %d tasks, well short of limits.processes=%d: another limit (a user's RLIMIT_NPROC, the host's pid_max) stopped it first, so the box's was not shown", l.Tasks, loadProcesses))
 		case l.StoppedBy == "EAGAIN" && l.Tasks <= loadProcesses+loadTaskSlack:
 			return verdict(res, Pass, fmt.Sprintf("the fork bomb stopped at %d tasks in the box (%d processes of its own; the kernel refused the next: EAGAIN) and held them %s", l.Tasks, l.Reached, time.Duration(l.HeldMS)*time.Millisecond))
 		case l.StoppedBy == "EAGAIN":
@@ -771,11 +846,16 @@ func (kj *kernelJudge) load(a Action) Result {
 		if got > loadCPUs*1.25+0.05 {
 			return verdict(res, Fail, fmt.Sprintf("%d threads spinning for %.1f s got %.2f CPUs, past the allowance's %.2f", loadSpinners, l.WallSeconds, got, loadCPUs))
 		}
+		if got < loadCPUs/4 {
+			return verdict(res, Inconclusive, fmt.Sprintf("%d threads spinning for %.1f s got only %.2f CPUs, far below the allowance's %.2f: the load did not push (or the host was too busy to give it any), so the cap was not shown", loadSpinners, l.WallSeconds, got, loadCPUs))
+		}
 		return verdict(res, Pass, fmt.Sprintf("%d threads spinning for %.1f s got %.2f CPUs (%.2f s of CPU time): at most the allowance's %.2f", loadSpinners, l.WallSeconds, got, l.CPUSeconds, loadCPUs))
 	case ChannelMemory:
 		switch {
 		case o.Outcome == probes.Reached:
 			return verdict(res, Fail, fmt.Sprintf("touched %d MiB, its own cap: limits.memory=%dMiB did not stop it", l.Reached, loadMemoryMiB))
+		case l.StoppedBy == "SIGKILL" && l.Reached < loadMemoryMiB-2*loadMiBSlack:
+			return verdict(res, Inconclusive, fmt.Sprintf("the memory hog was killed after only %d MiB, well short of limits.memory=%dMiB: something else took it, so the limit was not shown", l.Reached, loadMemoryMiB))
 		case l.StoppedBy == "SIGKILL" && l.Reached <= loadMemoryMiB+loadMiBSlack:
 			return verdict(res, Pass, fmt.Sprintf("the memory hog was killed (the OOM killer, in the box) after touching %d MiB, within limits.memory=%dMiB", l.Reached, loadMemoryMiB))
 		case l.StoppedBy == "SIGKILL":
@@ -785,6 +865,8 @@ func (kj *kernelJudge) load(a Action) Result {
 		switch {
 		case o.Outcome == probes.Reached:
 			return verdict(res, Fail, fmt.Sprintf("wrote %d MiB, its own cap: the %dMiB root disk did not stop it", l.Reached, loadDiskMiB))
+		case (l.StoppedBy == "EDQUOT" || l.StoppedBy == "ENOSPC") && l.Reached < loadDiskMiB/2:
+			return verdict(res, Inconclusive, fmt.Sprintf("the disk fill stopped at %d MiB (%s), well short of the %dMiB root disk: a full pool says the same, so the box's size was not shown", l.Reached, l.StoppedBy, loadDiskMiB))
 		case (l.StoppedBy == "EDQUOT" || l.StoppedBy == "ENOSPC") && l.Reached <= loadDiskMiB+loadMiBSlack:
 			return verdict(res, Pass, fmt.Sprintf("the disk fill stopped at %d MiB (%s) of the %dMiB root disk, and held it %s", l.Reached, l.StoppedBy, loadDiskMiB, time.Duration(l.HeldMS)*time.Millisecond))
 		case l.StoppedBy != "":

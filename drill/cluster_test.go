@@ -211,3 +211,14 @@ func TestClusterSourcePortsAreDistinct(t *testing.T) {
 	}
 	assert.Equal(t, 30*(5+2), cross, "a 6-member run pins a port for each of the 5 counted services and the 2 listeners of its 30 ordered pairs")
 }
+
+// TestClusterPlansValid: every plan of a cluster's scene is one an agent
+// takes (a member's box is named box@MEMBER, and an id may not hold '@':
+// C-KERNEL's controls did, and every member's agent refused its plan).
+func TestClusterPlansValid(t *testing.T) {
+	sc := BuildScenario(clusterScene(3), Catalogue)
+	require.NotEmpty(t, sc.Plans)
+	for place, p := range sc.Plans {
+		assert.NoError(t, p.Validate(), "the plan for %s", place)
+	}
+}

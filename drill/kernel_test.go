@@ -2,6 +2,7 @@ package drill
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -369,6 +370,11 @@ func TestKernelLoads(t *testing.T) {
 		{ChannelDisk, probes.Observation{Outcome: probes.Rejected, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: 58, StoppedBy: "EDQUOT", HeldMS: 2000}}}, Pass, "stopped at 58 MiB (EDQUOT)"},
 		{ChannelDisk, probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: loadDiskCap}}}, Fail, "the 64MiB root disk did not stop it"},
 		{ChannelDisk, probes.Observation{Outcome: probes.Error, Reason: "cut short after 90 MiB", Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: 90}}}, Inconclusive, "without meeting a limit or its cap"},
+		// Stopped far short of the limit: another limit, or nothing pushed.
+		{ChannelProcesses, probes.Observation{Outcome: probes.Rejected, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: 3, StoppedBy: "EAGAIN", Tasks: 5}}}, Inconclusive, "well short of limits.processes=128"},
+		{ChannelCPU, probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{Load: &probes.LoadEvidence{CPUSeconds: 0, WallSeconds: 3}}}, Inconclusive, "far below the allowance"},
+		{ChannelMemory, probes.Observation{Outcome: probes.Rejected, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: 10, StoppedBy: "SIGKILL"}}}, Inconclusive, "after only 10 MiB"},
+		{ChannelDisk, probes.Observation{Outcome: probes.Rejected, Evidence: probes.Evidence{Load: &probes.LoadEvidence{Reached: 0, StoppedBy: "ENOSPC"}}}, Inconclusive, "a full pool says the same"},
 	} {
 		t.Run(string(tc.ch)+" "+string(tc.verdict), func(t *testing.T) {
 			r, rs := kernelRun(t, func(p Place, a Action) (probes.Observation, bool) {
@@ -416,4 +422,58 @@ func TestKernelLoadLeftOut(t *testing.T) {
 		}
 	}
 	assert.Equal(t, map[Channel]bool{ChannelProcesses: true, ChannelCPU: true}, loads)
+}
+
+// TestKernelMountsOfTheHost: a kernel file system looks the same from
+// inside whether the box made it or the host's was bound in; only its
+// device tells. The host's /run bound in fails; what Incus gives every
+// container (the guest API's folder, the sysfs masks, cgroups) does not.
+func TestKernelMountsOfTheHost(t *testing.T) {
+	host := map[string]string{"0:25": "/run", "0:102": "/sys", "0:106": "/var/lib/incus/guestapi", "0:30": "/sys/fs/cgroup/memory", "0:4": "/proc"}
+	own := []probes.MountEntry{
+		{Point: "/run", FSType: "tmpfs", Root: "/", Dev: "0:167"},
+		{Point: "/proc", FSType: "proc", Root: "/", Dev: "0:164"},
+		{Point: "/dev/incus", FSType: "tmpfs", Root: "/", Dev: "0:106"},
+		{Point: "/sys/kernel/debug", FSType: "sysfs", Root: "/kernel/debug", Dev: "0:102"},
+		{Point: "/sys/fs/cgroup/memory", FSType: "cgroup", Root: "/lxc.payload.x", Dev: "0:30"},
+	}
+	m := &probes.MountsEvidence{Root: probes.MountEntry{Point: "/", FSType: "btrfs", Root: "/x", Dev: "0:50"}, Foreign: []probes.MountEntry{}, Kernel: own, Count: 6}
+	res := judgeMounts(Result{}, m, host)
+	assert.Equal(t, Pass, res.Verdict, res.Evidence)
+
+	for _, bound := range []probes.MountEntry{
+		{Point: "/mnt/run", FSType: "tmpfs", Root: "/", Dev: "0:25"},
+		{Point: "/mnt/proc", FSType: "proc", Root: "/", Dev: "0:4"},
+		{Point: "/sys/kernel/debug", FSType: "sysfs", Root: "/", Dev: "0:102"},
+	} {
+		m.Kernel = append(slices.Clone(own), bound)
+		res := judgeMounts(Result{}, m, host)
+		assert.Equal(t, Fail, res.Verdict, "%s: %s", bound.Point, res.Evidence)
+		assert.Contains(t, res.Evidence, bound.Point)
+	}
+}
+
+// TestKernelAbsentInOneBoxOnly: one box's "not there" speaks for every box
+// only when every box says it; where another box has /proc/sysrq-trigger,
+// the box that does not is inconclusive, named, and no note says the
+// kernel lacks it.
+func TestKernelAbsentInOneBoxOnly(t *testing.T) {
+	r, rs := kernelRun(t, func(p Place, a Action) (probes.Observation, bool) {
+		if a.Channel == ChannelSysrq && p == PlaceA {
+			return probes.Observation{Outcome: probes.Rejected, Evidence: probes.Evidence{Files: []probes.FileAttempt{{Path: sysrqPath, Errno: "EACCES"}}}}, true
+		}
+		return probes.Observation{}, false
+	})
+	var fromB *Result
+	for _, res := range judgeKernel(r, claimKernel, rs) {
+		if res.Channel == ChannelSysrq && res.From == PlaceB {
+			fromB = &res
+		}
+	}
+	require.NotNil(t, fromB, "box-b's sysrq check has a result")
+	assert.Equal(t, Inconclusive, fromB.Verdict, fromB.Evidence)
+	assert.Contains(t, fromB.Evidence, "other boxes have it")
+	for _, n := range r.rep.Notes {
+		assert.NotContains(t, n, "sysrq", "no note says the kernel lacks it")
+	}
 }

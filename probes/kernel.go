@@ -78,6 +78,11 @@ func (s *ProbeSpec) validateKernel() error {
 			if s.Kind == KindWriteOpen && !strings.HasPrefix(p, "/proc/") && !strings.HasPrefix(p, "/sys/") {
 				return fmt.Errorf("write_open opens only under /proc/ and /sys/, not %s", p)
 			}
+			// A process's folder holds links to anything it has open or
+			// sees (root, cwd, fd, exe, map_files): a device node too.
+			if s.Kind == KindWriteOpen && throughProcessLinks(p) {
+				return fmt.Errorf("write_open does not go through a process's links under /proc (%s): they lead anywhere", p)
+			}
 		}
 		paths = false
 	case KindUnixHTTP:
@@ -160,6 +165,31 @@ func runKernel(ctx context.Context, spec ProbeSpec, obs Observation) Observation
 		return loadDisk(ctx, spec, obs)
 	}
 	return fail(obs, "not a kernel probe: "+string(spec.Kind))
+}
+
+// throughProcessLinks reports whether path goes through one of a
+// process's links under /proc (/proc/PID/root, cwd, exe, fd, map_files,
+// also under self, thread-self and task/TID): they lead to anything the
+// process sees, a device node too.
+func throughProcessLinks(path string) bool {
+	rest, ok := strings.CutPrefix(path, "/proc/")
+	if !ok {
+		return false
+	}
+	parts := strings.Split(rest, "/")
+	isID := func(s string) bool { return s != "" && strings.Trim(s, "0123456789") == "" }
+	if len(parts) < 2 || !(isID(parts[0]) || parts[0] == "self" || parts[0] == "thread-self") {
+		return false
+	}
+	parts = parts[1:]
+	if len(parts) >= 3 && parts[0] == "task" && isID(parts[1]) {
+		parts = parts[2:]
+	}
+	switch parts[0] {
+	case "root", "cwd", "exe", "fd", "map_files":
+		return true
+	}
+	return false
 }
 
 // procRoot is where /proc is read (tests point it at a fixture).

@@ -137,6 +137,7 @@ func TestPrivilegedLoadsStopped(t *testing.T) {
 	var old unix.Rlimit
 	require.NoError(t, unix.Getrlimit(unix.RLIMIT_NPROC, &old))
 	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: 64, Max: old.Max}))
+	t.Cleanup(func() { _ = unix.Setrlimit(unix.RLIMIT_NPROC, &old) })
 	rep := agentAs(t, 65534, ProbeSpec{ID: "bomb", Kind: KindLoadProcs, Max: 200, DeadlineMS: 2000})
 	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NPROC, &old))
 	bomb := rep.Observations[0]

@@ -49,6 +49,10 @@ func TestKernelProbeValidation(t *testing.T) {
 		{"write_open", kernelProbe(KindWriteOpen, func(s *ProbeSpec) { s.Paths = []string{"/proc/sys/kernel/core_pattern", "/sys/kernel/x"} }), ""},
 		{"write_open needs paths", kernelProbe(KindWriteOpen, nil), "needs paths"},
 		{"write_open stays under /proc and /sys", kernelProbe(KindWriteOpen, func(s *ProbeSpec) { s.Paths = []string{"/dev/watchdog"} }), "only under /proc/ and /sys/"},
+		{"write_open through a process's root", kernelProbe(KindWriteOpen, func(s *ProbeSpec) { s.Paths = []string{"/proc/self/root/dev/watchdog"} }), "process's links"},
+		{"write_open through a thread's fd", kernelProbe(KindWriteOpen, func(s *ProbeSpec) { s.Paths = []string{"/proc/1/task/1/fd/3"} }), "process's links"},
+		{"write_open through a cwd", kernelProbe(KindWriteOpen, func(s *ProbeSpec) { s.Paths = []string{"/proc/thread-self/cwd/x"} }), "process's links"},
+		{"write_open of a process's own file", kernelProbe(KindWriteOpen, func(s *ProbeSpec) { s.Paths = []string{"/proc/self/comm"} }), ""},
 		{"write_open clean paths", kernelProbe(KindWriteOpen, func(s *ProbeSpec) { s.Paths = []string{"/proc/../dev/mem"} }), "not absolute and clean"},
 		{"read_files anywhere", kernelProbe(KindReadFiles, func(s *ProbeSpec) { s.Paths = []string{"/etc/hostname"} }), ""},
 		{"unix_http", kernelProbe(KindUnixHTTP, func(s *ProbeSpec) { s.Socket = "/dev/incus/sock"; s.Paths = []string{"/1.0", "/1.0/config"} }), ""},
@@ -320,9 +324,24 @@ func TestLoads(t *testing.T) {
 	assert.Equal(t, 8, o.Evidence.Load.Reached)
 
 	start := time.Now()
-	o = RunProbe(ctx, kernelProbe(KindLoadCPU, func(s *ProbeSpec) { s.Max = 1; s.DeadlineMS = 700 }))
+	// Past the reserve the probe keeps for giving back (700 ms), so it spins.
+	o = RunProbe(ctx, kernelProbe(KindLoadCPU, func(s *ProbeSpec) { s.Max = 1; s.DeadlineMS = 2000 }))
 	require.Equal(t, Reached, o.Outcome, o.Reason)
-	assert.Greater(t, o.Evidence.Load.CPUSeconds, 0.0)
-	assert.Greater(t, o.Evidence.Load.WallSeconds, 0.0)
-	assert.Less(t, time.Since(start), 700*time.Millisecond+time.Second, "within its deadline")
+	assert.Greater(t, o.Evidence.Load.WallSeconds, 0.5, "it spun for a while")
+	assert.Greater(t, o.Evidence.Load.CPUSeconds, 0.01, "and got CPU time")
+	assert.Less(t, time.Since(start), 2000*time.Millisecond+3*time.Second, "within its deadline")
+}
+
+// TestOpenForWriteFollowsNoMagicLink: a process's links under /proc
+// (root, cwd, fd) anywhere on the path stop the open (O_NOFOLLOW alone
+// guards only the last part), so no path through them reaches a device
+// node; a plain link (/proc/self) is followed.
+func TestOpenForWriteFollowsNoMagicLink(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "f")
+	require.NoError(t, os.WriteFile(f, nil, 0o644))
+	direct := openForWrite(f)
+	require.True(t, direct.Opened, "the control: the file itself opens (%s)", direct.Errno)
+	via := openForWrite("/proc/self/root" + f)
+	assert.False(t, via.Opened, "opened through /proc/self/root")
+	assert.Equal(t, "ELOOP", via.Errno)
 }

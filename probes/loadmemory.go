@@ -59,9 +59,13 @@ func loadMemory(ctx context.Context, spec ProbeSpec, obs Observation) Observatio
 	ev.HeldMS = holdUntil(ctx).Milliseconds()
 	stdin.Close() // tells a child that is still holding to let go
 	var werr error
+	killedHere := false
 	select {
 	case werr = <-exited:
 	default:
+		// Still holding (short of its cap at the deadline): this SIGKILL
+		// is the probe's own, and no limit met it.
+		killedHere = true
 		_ = cmd.Process.Kill()
 		werr = <-exited
 	}
@@ -69,6 +73,8 @@ func loadMemory(ctx context.Context, spec ProbeSpec, obs Observation) Observatio
 	switch {
 	case ev.Reached >= spec.Max:
 		return done(obs, Reached, fmt.Sprintf("touched %d MiB, its own cap: nothing stopped it", ev.Reached))
+	case killedHere:
+		return fail(obs, fmt.Sprintf("the child still held %d MiB of %d at the deadline, killed by the probe: no limit was met", ev.Reached, spec.Max))
 	case errors.As(werr, &ee) && ee.ProcessState != nil:
 		if ws, ok := ee.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
 			ev.StoppedBy = "SIGKILL"

@@ -27,24 +27,34 @@ type MountEntry struct {
 }
 
 // MountsEvidence is the box's root mount, the mounts of file systems
-// outside it (Foreign), the host's device nodes bound in (DevNodes) and
-// how many mounts there are.
+// outside it (Foreign), the host's device nodes bound in (DevNodes), the
+// kernel file systems' mounts (Kernel: the drill holds their devices
+// against the host's, since a host's /run or /proc bound in looks like
+// the box's own from inside) and how many mounts there are.
 type MountsEvidence struct {
 	Root     MountEntry   `json:"root"`
 	Foreign  []MountEntry `json:"foreign"`
 	DevNodes []MountEntry `json:"dev_nodes,omitempty"`
+	Kernel   []MountEntry `json:"kernel,omitempty"`
 	Count    int          `json:"count"`
 }
 
-// kernelFS are file systems with no backing store of the host's: each
-// mount is a view of the box's own namespaces or memory.
+// kernelFS are file systems with no backing store of the host's: a new
+// mount of one is a view of the box's own namespaces or memory (a bind of
+// the host's is not, which only its device tells).
 var kernelFS = map[string]bool{
 	"proc": true, "sysfs": true, "tmpfs": true, "devpts": true, "mqueue": true, "cgroup": true, "cgroup2": true,
-	"fusectl": true, "fuse.lxcfs": true, "binfmt_misc": true, "securityfs": true, "debugfs": true, "tracefs": true,
-	"bpf": true, "pstore": true, "hugetlbfs": true, "configfs": true, "autofs": true, "ramfs": true,
-	"efivarfs": true, "nsfs": true,
+	"fuse.lxcfs": true, "hugetlbfs": true, "autofs": true, "ramfs": true, "nsfs": true,
 	// Nested containers' overlays, made of the box's own folders.
 	"overlay": true,
+}
+
+// hostWideFS have one instance for the whole host (the kernel's debug,
+// tracing, security, firmware and BPF views): a box may show one only
+// read-only.
+var hostWideFS = map[string]bool{
+	"debugfs": true, "tracefs": true, "securityfs": true, "efivarfs": true, "pstore": true, "bpf": true,
+	"configfs": true, "binfmt_misc": true, "fusectl": true,
 }
 
 func probeMounts(obs Observation) Observation {
@@ -95,7 +105,9 @@ func judgeMounts(mountinfo string) (*MountsEvidence, error) {
 		case m == ev.Root:
 		case m.FSType == "devtmpfs":
 			ev.DevNodes = append(ev.DevNodes, m)
+		case hostWideFS[m.FSType] && readOnly(m.Options):
 		case kernelFS[m.FSType]:
+			ev.Kernel = append(ev.Kernel, m)
 		case m.Dev == ev.Root.Dev && m.Source == ev.Root.Source && within(m.Root, ev.Root.Root):
 			// The box's own tree, mounted again (a bind inside the box).
 		default:
@@ -103,6 +115,16 @@ func judgeMounts(mountinfo string) (*MountsEvidence, error) {
 		}
 	}
 	return ev, nil
+}
+
+// readOnly reports whether a mount's own options hold ro.
+func readOnly(options string) bool {
+	for _, o := range strings.Split(options, ",") {
+		if o == "ro" {
+			return true
+		}
+	}
+	return false
 }
 
 // within reports whether path p is root or under it.

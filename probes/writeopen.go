@@ -44,7 +44,18 @@ func (f FileAttempt) String() string {
 // openForWrite opens path for writing and closes it: no byte is written,
 // nothing is created or truncated, a FIFO does not block.
 func openForWrite(path string) FileAttempt {
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	// No magic link (/proc/PID/root, cwd, fd: they lead anywhere) is
+	// followed anywhere on the path (O_NOFOLLOW guards only its last
+	// part), where the kernel has openat2; /proc/self itself is a plain
+	// link.
+	how := unix.OpenHow{
+		Flags:   unix.O_WRONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_NO_MAGICLINKS,
+	}
+	fd, err := unix.Openat2(unix.AT_FDCWD, path, &how)
+	if errors.Is(err, unix.ENOSYS) {
+		fd, err = unix.Open(path, int(how.Flags), 0)
+	}
 	if err != nil {
 		return attemptErr(path, err)
 	}

@@ -49,7 +49,17 @@ type Report struct {
 // or changes is reported; on a host that already matches, it changes
 // nothing and says so (an empty Changes). If a step fails, what this run
 // created is removed again and what it changed is put back.
-func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
+func (host *Host) Ensure(ctx context.Context) (*Report, error) {
+	unlock, err := host.lockSetup(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return host.ensure(ctx)
+}
+
+// ensure is Ensure under the setup lock.
+func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	g, err := host.ground()
 	if err != nil {
 		return nil, err
@@ -89,6 +99,16 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 		}
 		return rep, host.ensureMember(ctx, g, net, rep)
 	}
+	// A bridge Incus left Pending with no instance on it is removed here
+	// and made again below, on its subnet and with the options it stored
+	// (pending.go); with instances on it, the error names the fix.
+	var stored map[string]string
+	if net != nil && net.Status == networkPending && !ci.Clustered() {
+		if err := host.repairPending(ctx, g, net, changed); err != nil {
+			return nil, err
+		}
+		stored, net, netETag = net.Config, nil, ""
+	}
 	if net != nil {
 		p, perr := netip.ParsePrefix(net.Config["ipv4.address"])
 		if perr != nil {
@@ -103,7 +123,11 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 		if err != nil {
 			return nil, err
 		}
-		rep.Subnet, err = PickSubnet(host.Options.Subnet, uses)
+		pin := host.Options.Subnet
+		if p, perr := netip.ParsePrefix(stored["ipv4.address"]); perr == nil && !pin.IsValid() {
+			pin = p.Masked()
+		}
+		rep.Subnet, err = PickSubnet(pin, uses)
 		if err != nil {
 			return nil, err
 		}
@@ -112,8 +136,12 @@ func (host *Host) Ensure(ctx context.Context) (rep *Report, err error) {
 		}
 	}
 	opts := host.Options
-	if net != nil {
-		if opts, err = opts.With(net.Config); err != nil {
+	if net != nil || stored != nil {
+		cfg := stored
+		if net != nil {
+			cfg = net.Config
+		}
+		if opts, err = opts.With(cfg); err != nil {
 			return nil, err
 		}
 		if opts.Egress, err = host.usedPolicies(ctx, opts.Egress); err != nil {
@@ -495,6 +523,11 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 // a reboot; it is what the boot unit runs (`box setup-host
 // --firewall-only`). The bridge must exist.
 func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
+	unlock, err := host.lockSetup(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	n, _, err := host.Incus.Network(ctx, Current.Network)
 	if err != nil {
 		return nil, fmt.Errorf("firewall only: network %s: %w (run box setup-host without --firewall-only)", Current.Network, err)

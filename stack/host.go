@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -58,6 +59,14 @@ type Host struct {
 	// MemberOnly: Ensure converges only this member's host layers, leaving
 	// the cluster's Incus objects to `box setup-host` on any member.
 	MemberOnly bool
+	// SetupLockPath overrides the setup lock's file (SetupLockPath(NetNS)
+	// when empty); LockWait how long a second caller waits for it
+	// (SetupLockWait when 0).
+	SetupLockPath string
+	LockWait      time.Duration
+	// Notice, when set, hears what the operator should know while they
+	// wait (another run holds the setup lock); box prints it on stderr.
+	Notice func(string)
 
 	cluster *ClusterInfo // read once (Cluster)
 	member  string       // the member this Host acts on ("" standalone or local)

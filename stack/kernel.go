@@ -67,6 +67,15 @@ var kernelKeyRules = []kernelKeyRule{
 	{match: exactly("linux.kernel_modules"), judge: func(_, v string) (string, string) {
 		return fmt.Sprintf("sets linux.kernel_modules=%s: incusd loads those modules into the host's kernel for the box", v), ""
 	}},
+	{match: prefixed("linux.kernel_modules."), judge: func(k, v string) (string, string) {
+		return fmt.Sprintf("sets %s=%s: how incusd loads kernel modules into the host's kernel for the box (Incus keeps it for administrators)", k, v), ""
+	}},
+	{match: prefixed("security.delegate_bpf"), judge: func(k, v string) (string, string) {
+		if k == "security.delegate_bpf" && (v == "" || (!incusTrue(v) && isIncusBool(v))) {
+			return "", ""
+		}
+		return fmt.Sprintf("sets %s=%s: BPF delegated to the box (a BPF token), so it loads programs into the host's kernel (Incus keeps it for administrators)", k, v), ""
+	}},
 	{match: prefixed("linux.sysctl."), judge: func(k, v string) (string, string) {
 		return fmt.Sprintf("sets %s=%s: a kernel setting of the box's namespaces set from outside at start; box sets none", k, v), ""
 	}},

@@ -17,6 +17,11 @@ import (
 // deleted (with their snapshots) first. A second Teardown finds nothing and
 // changes nothing.
 func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, error) {
+	unlock, err := host.lockSetup(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	boxes, err := host.Boxes(ctx)
 	if err != nil {
 		return nil, err

@@ -41,10 +41,22 @@ const (
 // TierProject is the project incus-user gives uid.
 func TierProject(uid uint32) string { return fmt.Sprintf("user-%d", uid) }
 
-// TierBridge is the private bridge incus-user's stock setup makes for uid
-// (Incus refuses a bridge name over 15 characters, so on a host with uids
-// of 8 digits and more its setup never gets that far).
-func TierBridge(uid uint32) string { return fmt.Sprintf("incusbr-%d", uid) }
+// TierBridge is the private bridge incus-user's stock setup makes for uid:
+// incusbr-<uid>, or user-<uid> where that passes the kernel's 15
+// characters of an interface name (uids of 8 digits and more, as LDAP and
+// SSSD hand out). incus-user applies that rule since Incus 6.0.2 and 6.3
+// (cmd/incus-user/server.go, serverSetupUser); before, its setup failed
+// for such a uid and made no bridge at all, so one name per uid is exact.
+func TierBridge(uid uint32) string {
+	if name := fmt.Sprintf("incusbr-%d", uid); len(name) <= maxIfaceName {
+		return name
+	}
+	return fmt.Sprintf("user-%d", uid)
+}
+
+// maxIfaceName is the longest interface name the kernel takes (IFNAMSIZ
+// less its NUL).
+const maxIfaceName = 15
 
 // tierCertName is the trust store name incus-user gives uid's certificate.
 func tierCertName(uid uint32) string { return fmt.Sprintf("incus-user-%d", uid) }
@@ -348,11 +360,48 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	c := host.Incus
 	pc := c.Project(project)
 
+	// 2. Its default profile: no NIC (the private bridge's goes), no host
+	// id map. Cleared before the project is narrowed when incus-user's
+	// stock setup made it: Incus refuses to narrow a project whose default
+	// profile has a NIC on a network the narrowing forbids.
+	clearProfile := func() error {
+		prof, petag, err := pc.Profile(ctx, "default")
+		if err != nil {
+			return fmt.Errorf("granting %s: %w", u.Name, err)
+		}
+		np := *prof
+		np.Devices = map[string]map[string]string{}
+		for name, d := range prof.Devices {
+			if d["type"] != "nic" {
+				np.Devices[name] = d
+			}
+		}
+		if _, ok := np.Devices["root"]; !ok {
+			np.Devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.pool()}
+		}
+		// A copy: deleting from prof's own map would hide the change from the
+		// comparison below and from the profile restored on a back-out.
+		np.Config = maps.Clone(prof.Config)
+		delete(np.Config, "raw.idmap")
+		if !maps.EqualFunc(np.Devices, prof.Devices, maps.Equal) || !maps.Equal(np.Config, prof.Config) {
+			old := *prof
+			if err := pc.UpdateProfile(ctx, "default", np, petag); err != nil {
+				return fmt.Errorf("granting %s: clearing %s's default profile: %w", u.Name, project, err)
+			}
+			back.push("restoring "+project+"'s default profile", func(ctx context.Context) error { return pc.UpdateProfile(ctx, "default", old, "") })
+			did("removed the NIC and host id map from %s's default profile", project)
+		}
+		return nil
+	}
+
 	// 1. The project, narrowed.
 	p, etag, perr := c.GetProject(ctx, project)
 	if perr == nil {
 		if err := host.checkNoOtherNetworks(ctx, project); err != nil {
 			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
+		}
+		if err := clearProfile(); err != nil {
+			return nil, err
 		}
 	}
 	action, _, err := converge(ctx, &back, incusObject[incus.Project]{
@@ -386,32 +435,8 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 		did("narrowed project %s to %s", project, Current.Network)
 	}
 
-	// 2. Its default profile: no NIC (the private bridge's goes).
-	prof, petag, err := pc.Profile(ctx, "default")
-	if err != nil {
-		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
-	}
-	np := *prof
-	np.Devices = map[string]map[string]string{}
-	for name, d := range prof.Devices {
-		if d["type"] != "nic" {
-			np.Devices[name] = d
-		}
-	}
-	if _, ok := np.Devices["root"]; !ok {
-		np.Devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.pool()}
-	}
-	// A copy: deleting from prof's own map would hide the change from the
-	// comparison below and from the profile restored on a back-out.
-	np.Config = maps.Clone(prof.Config)
-	delete(np.Config, "raw.idmap")
-	if !maps.EqualFunc(np.Devices, prof.Devices, maps.Equal) || !maps.Equal(np.Config, prof.Config) {
-		old := *prof
-		if err := pc.UpdateProfile(ctx, "default", np, petag); err != nil {
-			return nil, fmt.Errorf("granting %s: clearing %s's default profile: %w", u.Name, project, err)
-		}
-		back.push("restoring "+project+"'s default profile", func(ctx context.Context) error { return pc.UpdateProfile(ctx, "default", old, "") })
-		did("removed the NIC and host id map from %s's default profile", project)
+	if err := clearProfile(); err != nil {
+		return nil, err
 	}
 
 	// 3. The private bridge, deleted.

@@ -38,6 +38,10 @@ func (f Finding) String() string {
 
 // Verification is what Verify saw.
 type Verification struct {
+	// pending: Incus has the bridge Pending (pending.go), whose finding
+	// says what to do instead of "restart incusd".
+	pending bool
+
 	Findings   []Finding      `json:"findings"`
 	Subnet     netip.Prefix   `json:"subnet,omitempty"`
 	Gateway    netip.Addr     `json:"gateway,omitempty"`
@@ -91,6 +95,9 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading network %s: %w", gen.Network, err)
+	}
+	if v.pending = net.Status == networkPending; v.pending {
+		v.Findings = append(v.Findings, pendingFinding(net))
 	}
 	p, err := netip.ParsePrefix(net.Config["ipv4.address"])
 	if err != nil {
@@ -224,7 +231,8 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 		v.Findings = append(v.Findings, Finding{Layer: LayerNAT, Object: "gateway " + d.Gateway.String(),
 			Problem: "also held by " + h, Fix: "remove " + d.Gateway.String() + " from " + h + " (ip addr del)"})
 	}
-	if v.DnsmasqPID = g.dnsmasqFor(gen.Network); v.DnsmasqPID == 0 {
+	// A Pending bridge's finding says what to do; restarting incusd is not it.
+	if v.DnsmasqPID = g.dnsmasqFor(gen.Network); v.DnsmasqPID == 0 && !v.pending {
 		v.Findings = append(v.Findings, Finding{Layer: LayerDNS, Object: "dnsmasq for " + gen.Network,
 			Problem: "no dnsmasq process serves the bridge (Incus may still say Created)", Fix: "restart incusd, then box doctor"})
 	}

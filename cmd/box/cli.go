@@ -254,6 +254,7 @@ func (a *app) host() (*stack.Host, error) {
 	h := &stack.Host{Incus: incus.New(a.socket()), NetNS: a.getenv("BOX_NETNS"), Options: opts, Progress: a.progressf,
 		IncusUserSocket: a.getenv("BOX_INCUS_USER_SOCKET"), TierGroup: a.getenv("BOX_TIER_GROUP"),
 		IncusConfigDir: incus.ConfigDir(a.getenv)}
+	h.Notice = func(s string) { fmt.Fprintln(a.err, "box: "+s) }
 	if h.MemberNetNS, err = stack.ParseMemberNetNS(a.getenv("BOX_MEMBER_NETNS")); err != nil {
 		return nil, usagef("%v", err)
 	}

@@ -113,7 +113,16 @@ func setupWorldDown(fs *flag.FlagSet) runner {
 		if err := world.Down(context.WithoutCancel(ctx), world.Config{Name: *name}, *purge, s.err); err != nil {
 			return fail(s, err)
 		}
-		fmt.Fprintln(s.out, "world is down; nothing of it is left")
+		kept, err := world.Kept(world.Config{Name: *name})
+		if err != nil {
+			return fail(s, err)
+		}
+		if len(kept) == 0 {
+			fmt.Fprintln(s.out, "world is down; nothing of it is left")
+			return exitOK
+		}
+		fmt.Fprintf(s.out, "world is down; kept for the next up (incusd's database, images and pool, the CA and image server files): %s\n", strings.Join(kept, ", "))
+		fmt.Fprintf(s.out, "remove them with: drill world down --purge --name %s\n", *name)
 		return exitOK
 	}
 }
