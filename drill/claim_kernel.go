@@ -558,6 +558,12 @@ func judgeMounts(res Result, m *probes.MountsEvidence, host map[string]string) R
 		}
 	}
 	for _, k := range m.Kernel {
+		if node, ok := strings.CutPrefix(k.Point, "/dev"); ok && defaultDevPaths[node] && k.Root == node {
+			// A default device node bound from a /dev that is a tmpfs (a
+			// host that is itself a container): the node is what counts,
+			// and the devices check judges it by its number.
+			continue
+		}
 		if at, ok := host[k.Dev]; ok && !incusOwnMount(k) {
 			bad = append(bad, fmt.Sprintf("%s (%s %s, the host's own at %s: device %s)", k.Point, k.FSType, k.Root, at, k.Dev))
 		}

@@ -436,6 +436,9 @@ func TestKernelMountsOfTheHost(t *testing.T) {
 		{Point: "/dev/incus", FSType: "tmpfs", Root: "/", Dev: "0:106"},
 		{Point: "/sys/kernel/debug", FSType: "sysfs", Root: "/kernel/debug", Dev: "0:102"},
 		{Point: "/sys/fs/cgroup/memory", FSType: "cgroup", Root: "/lxc.payload.x", Dev: "0:30"},
+		// On a host that is a container, /dev is a tmpfs: its nodes are
+		// bound from there.
+		{Point: "/dev/null", FSType: "tmpfs", Root: "/null", Dev: "0:25"},
 	}
 	m := &probes.MountsEvidence{Root: probes.MountEntry{Point: "/", FSType: "btrfs", Root: "/x", Dev: "0:50"}, Foreign: []probes.MountEntry{}, Kernel: own, Count: 6}
 	res := judgeMounts(Result{}, m, host)
@@ -445,6 +448,7 @@ func TestKernelMountsOfTheHost(t *testing.T) {
 		{Point: "/mnt/run", FSType: "tmpfs", Root: "/", Dev: "0:25"},
 		{Point: "/mnt/proc", FSType: "proc", Root: "/", Dev: "0:4"},
 		{Point: "/sys/kernel/debug", FSType: "sysfs", Root: "/", Dev: "0:102"},
+		{Point: "/dev/null", FSType: "tmpfs", Root: "/", Dev: "0:25"},
 	} {
 		m.Kernel = append(slices.Clone(own), bound)
 		res := judgeMounts(Result{}, m, host)

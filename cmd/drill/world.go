@@ -19,7 +19,7 @@ import (
 // worldCommands are world's subcommands.
 func worldCommands() []command {
 	return []command{
-		{name: "up", synopsis: "world up [--name W] [--bridge-netfilter] [--no-incus] [--cluster N] [--without-debian] [--json]", help: "build the world (or find it up), its stand-ins and the Debian image they offer, and import the probe image", setup: setupWorldUp},
+		{name: "up", synopsis: "world up [--name W] [--bridge-netfilter] [--no-incus] [--cluster N] [--without-debian] [--machine [--debs DIR]] [--json]", help: "build the world (or find it up), its stand-ins and the Debian image they offer, and import the probe image; --machine: and the world's machine (Debian with systemd and Incus, the .debs installed)", setup: setupWorldUp},
 		{name: "down", synopsis: "world down [--name W] [--purge]", help: "tear the world down, leaving nothing of it", setup: setupWorldDown},
 		{name: "status", synopsis: "world status [--name W] [--json]", help: "say whether a world is up (exit 1 when not), and what is left of one that is not", setup: setupWorldStatus},
 		{name: "image", synopsis: "world image [--alias A] [--debian] [--json]", help: "import the probe image into the world's incusd (built from busybox-static); --debian: build the Debian image and offer it in the world as images:debian/12/cloud", setup: setupWorldImage},
@@ -43,9 +43,18 @@ func setupWorldUp(fs *flag.FlagSet) runner {
 	name := fs.String("name", world.DefaultName, "the world's `name` (at most 6 characters): its namespaces, links and state are named after it")
 	cluster := fs.Int("cluster", 0, "build an Incus cluster of `N` members (3 is the usual), each its own host namespace and incusd")
 	withoutDebian := fs.Bool("without-debian", false, "do not build the world's Debian image when this machine has none (a build takes minutes, once per machine); one already built is still offered")
+	machine := fs.Bool("machine", false, "also bring up the world's machine: Debian bookworm with systemd, Incus from bookworm-backports, the project's .debs installed and box setup-host run (built once per machine, minutes)")
+	debs := fs.String("debs", "dist", "with --machine: the `folder` holding box's and drill's .debs (make package)")
 	asJSON := fs.Bool("json", false, "print the world's state as JSON")
 	return func(ctx context.Context, s stdio, _ []string) int {
 		cfg := world.Config{Name: *name, BridgeNetfilter: *brnf, NoIncus: *noIncus, Cluster: *cluster, BuildDebian: !*withoutDebian}
+		if *machine {
+			found, err := world.MachineDebsIn(*debs)
+			if err != nil {
+				return fail(s, err)
+			}
+			cfg.Machine, cfg.MachineDebs, cfg.BuildMachine = true, found, true
+		}
 		t0 := time.Now()
 		st, err := world.Up(ctx, cfg, s.err)
 		if err != nil {
@@ -78,6 +87,10 @@ func setupWorldUp(fs *flag.FlagSet) runner {
 			}
 			for _, m := range st.Members {
 				fmt.Fprintf(w, "member %s: %s:%d, INCUS_DIR=%s\n", m.Name, m.ClusterAddr, world.ClusterPort, m.IncusDir)
+			}
+			if m := st.Machine; m != nil {
+				fmt.Fprintf(w, "machine %s: uplink %s, LAN %s, cached in %s; a shell: ip netns exec %s env INCUS_DIR=%s incus exec %s -- bash -l\n",
+					m.Instance, m.Uplink, m.LAN, m.Cache, st.Names.HostNS, st.IncusDir, m.Instance)
 			}
 			if st.Name != world.DefaultName {
 				fmt.Fprintf(w, "drill run in it: BOX_WORLD_STATE=%s drill run\n", world.StatePath(st.StateDir))
