@@ -388,7 +388,9 @@ func judgeKernel(r *run, c Claim, rs []Result) []Result {
 		out = append(out, disjoint(res, idmaps))
 	}
 	for _, ch := range slices.Sorted(maps.Keys(kj.notes)) {
-		if slices.ContainsFunc(out, func(res Result) bool { return res.Channel == ch }) {
+		if slices.ContainsFunc(out, func(res Result) bool {
+			return res.Channel == ch && (res.Verdict == Pass || res.Verdict == Fail)
+		}) {
 			// Another box has what this one lacks: the kernel is the same,
 			// so the box's own view hides it.
 			for _, a := range notApplicable[ch] {

@@ -481,3 +481,26 @@ func TestKernelAbsentInOneBoxOnly(t *testing.T) {
 		assert.NotContains(t, n, "sysrq", "no note says the kernel lacks it")
 	}
 }
+
+// TestKernelAbsentAndOneAgentSilent: a box whose agent returned nothing
+// has no say in whether the kernel has a thing: every other box's
+// "not there" is still a note, not an inconclusive result.
+func TestKernelAbsentAndOneAgentSilent(t *testing.T) {
+	r, rs := kernelRun(t, func(p Place, a Action) (probes.Observation, bool) {
+		return probes.Observation{}, false
+	})
+	var kept []Result
+	for _, res := range rs {
+		if res.From == PlaceL && res.Channel == ChannelSysrq {
+			r.agentErr[PlaceL] = "the agent exited 1"
+			delete(r.obs[PlaceL], res.ID)
+		}
+		kept = append(kept, res)
+	}
+	for _, res := range judgeKernel(r, claimKernel, kept) {
+		if res.Channel == ChannelSysrq && res.From != PlaceL {
+			t.Errorf("%s's sysrq check has a result (%s: %s); the kernel has none", res.From, res.Verdict, res.Evidence)
+		}
+	}
+	assert.True(t, slices.ContainsFunc(r.rep.Notes, func(n string) bool { return strings.Contains(n, "sysrq") }), "the note says so: %v", r.rep.Notes)
+}

@@ -62,6 +62,7 @@ func (cfg *Config) logf(format string, args ...any) {
 // mutated run's probe verdicts are compared with it: a mutation is proven
 // by probes that changed, not by the layers it names.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
+	defer raisePriority()()
 	if len(cfg.Mutations) == 0 {
 		return runOnce(ctx, cfg)
 	}
