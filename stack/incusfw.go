@@ -57,9 +57,9 @@ func incusChainFindings(d Desired, chains map[string]int, present bool) []Findin
 		var problem string
 		switch {
 		case !present:
-			problem = fmt.Sprintf("missing: the whole table inet %s is gone from the kernel (a flush ruleset or nft delete table by another tool), so %s is not enforced", nft.IncusTable, w.why)
+			problem = fmt.Sprintf("missing: the whole table inet %s is gone from the kernel (a flush ruleset or nft delete table by another tool), so nothing enforces %s", nft.IncusTable, w.why)
 		case !ok:
-			problem = fmt.Sprintf("missing from the kernel, so %s is not enforced", w.why)
+			problem = fmt.Sprintf("missing from the kernel, so nothing enforces %s", w.why)
 		case n < w.minRules:
 			problem = fmt.Sprintf("holds %d rules, Incus writes at least %d for %s", n, w.minRules, w.why)
 		default:
