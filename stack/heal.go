@@ -39,10 +39,6 @@ const (
 	healResync = 30 * time.Second
 	// healRetry is how soon a failed heal is tried again.
 	healRetry = time.Second
-	// healIncusEvery bounds how often the healer asks Incus to set the
-	// bridge up again, so a chain Incus itself leaves out is said, not
-	// fought over.
-	healIncusEvery = 10 * time.Second
 	// healRemember is how often the healer reads from Incus what it puts
 	// back without asking (the fleet's addresses for the pins), so a box
 	// minted since is pinned at once after a flush.
@@ -101,10 +97,11 @@ type healer struct {
 	fleet   *fleet
 	desired *Desired
 
-	pending   []string // what was heard since the last check
-	since     time.Time
-	lastIncus time.Time
-	quiet     string // the last "nothing to heal" reason, said once
+	pending []string // what was heard since the last check
+	since   time.Time
+	// incusStuck is set when Incus's rewrite left a chain out.
+	incusStuck bool
+	quiet      string // the last "nothing to heal" reason, said once
 }
 
 // healLoop runs the healer until ctx ends. Failures are logged and
@@ -417,20 +414,28 @@ func (h *healer) check(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if missing := incusChainFindings(*h.desired, chains, present); len(missing) > 0 {
-			// Incus's own rewrite is an event too: after one, only another
-			// tool's change earns a second within healIncusEvery.
-			byOther := slices.ContainsFunc(causes, func(c string) bool { return !strings.Contains(c, " by incusd (") })
-			if !byOther && time.Since(h.lastIncus) < healIncusEvery {
-				h.logf("heal: %s is still missing %s after Incus set %s up again; asking again at a later check", missing[0].Object, time.Since(h.lastIncus).Round(time.Millisecond), Current.Network)
-			} else {
-				h.lastIncus = time.Now()
-				detail, err := h.host.ReapplyIncusFirewall(ctx)
-				if err != nil {
-					return err
-				}
-				incusDone = time.Now()
-				fixed = append(fixed, detail)
+		missing := incusChainFindings(*h.desired, chains, present)
+		switch {
+		case len(missing) == 0:
+			h.incusStuck = false
+		case h.incusStuck && !slices.Contains(causes, "resync"):
+			// Incus writes through nft processes of its own, so its
+			// rewrite cannot be told from another tool's by who: a rewrite
+			// that left a chain out is asked for again at the resync only.
+		default:
+			detail, err := h.host.ReapplyIncusFirewall(ctx)
+			if err != nil {
+				return err
+			}
+			incusDone = time.Now()
+			fixed = append(fixed, detail)
+			chains, present, err := nft.IncusChains(cfg)
+			if err != nil {
+				return err
+			}
+			if still := incusChainFindings(*h.desired, chains, present); len(still) > 0 {
+				h.incusStuck = true
+				h.logf("heal: Incus set %s up again, but %s is still missing; asking again at the next resync (%s): read incusd's log", Current.Network, still[0].Object, healResync)
 			}
 		}
 	}
