@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,8 +32,9 @@ import (
 
 // How the healer paces itself.
 const (
-	// healDebounce coalesces a burst: a flush is one transaction, another
-	// firewall's restart a few within milliseconds.
+	// healDebounce coalesces a burst (a flush is one transaction, another
+	// firewall's restart a few within milliseconds); the first event after
+	// a quiet period is never delayed.
 	healDebounce = 10 * time.Millisecond
 	// healResync checks whatever was heard: a lost event (the monitor's
 	// socket overflowed) is caught here at the latest.
@@ -87,21 +89,36 @@ func tearingDown(ino uint64) int {
 
 type healer struct {
 	host *Host
-	g    *ground
+	g    *ground // the event loop's; the Incus worker has its own
 	logf func(string, ...any)
 
 	caps   nft.Capabilities
 	probed bool
-	// fleet and desired are what Incus last said (the pins' addresses, the
-	// network's config); the critical path uses them as remembered.
+
+	// mu guards fleet and desired: what Incus last said (the pins'
+	// addresses, the network's config), read by the Incus worker and used,
+	// as remembered, on the critical path.
+	mu      sync.Mutex
 	fleet   *fleet
 	desired *Desired
 
 	pending []string // what was heard since the last check
 	since   time.Time
-	// incusStuck is set when Incus's rewrite left a chain out.
+	quiet   string // the last "nothing to heal" reason, said once
+
+	// incus wakes the Incus worker: asking Incus takes the better part of
+	// a second, and the event loop must never wait behind it.
+	incus chan incusJob
+	// incusStuck is set when Incus's rewrite left a chain out (worker only).
 	incusStuck bool
-	quiet      string // the last "nothing to heal" reason, said once
+}
+
+// incusJob is what the event loop hands the Incus worker after a check.
+type incusJob struct {
+	gw       netip.Addr
+	causes   []string
+	since    time.Time
+	boxFixed bool // the check put some of box's tables back
 }
 
 // healLoop runs the healer until ctx ends. Failures are logged and
@@ -113,8 +130,14 @@ func (host *Host) healLoop(ctx context.Context, logf func(string, ...any)) {
 		return
 	}
 	defer g.close()
-	h := &healer{host: host, g: g, logf: logf}
+	h := &healer{host: host, g: g, logf: logf, incus: make(chan incusJob, 1)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.incusWorker(ctx)
+	}()
 	h.run(ctx)
+	<-done
 }
 
 func (h *healer) run(ctx context.Context) {
@@ -129,11 +152,11 @@ func (h *healer) run(ctx context.Context) {
 	}
 	resync := time.NewTicker(healResync)
 	defer resync.Stop()
-	memory := time.NewTicker(healRemember)
-	defer memory.Stop()
 	resubscribe := time.NewTimer(0)
 	defer resubscribe.Stop()
 
+	var lastCheck time.Time
+	failed := 0 // checks failed in a row
 	var mon *nftables.Monitor
 	var events chan *nftables.MonitorEvents
 	defer func() {
@@ -169,20 +192,28 @@ func (h *healer) run(ctx context.Context) {
 			}
 			if what, ok := classifyNft(evs, ownThread, h.watched); ok {
 				h.hear(what)
-				arm(healDebounce)
+				// The first event after a quiet period is answered at once;
+				// a burst waits out the rest of the window.
+				arm(max(0, healDebounce-time.Since(lastCheck)))
 			}
 		case <-resync.C:
 			h.hear("resync")
 			arm(0)
-		case <-memory.C:
-			if gw, ok, err := h.gateway(); err == nil && ok {
-				if err := h.remember(ctx, gw); err != nil && ctx.Err() == nil {
-					h.logf("heal: reading what to put back from Incus: %v", err)
-				}
-			}
 		case <-timer.C:
 			armed = false
-			if err := h.check(ctx); err != nil && ctx.Err() == nil {
+			lastCheck = time.Now()
+			err := h.check(ctx)
+			switch {
+			case err == nil || ctx.Err() != nil:
+				failed = 0
+			case failed == 0:
+				// Often a read that met another tool's change half way
+				// (a table listed, then gone): tried again at once.
+				failed++
+				h.hear("retry")
+				arm(healDebounce)
+			default:
+				failed++
 				h.logf("heal: %v; trying again in %s", err, healRetry)
 				h.hear("retry")
 				arm(healRetry)
@@ -319,15 +350,17 @@ func familyWord(f nftables.TableFamily) string {
 
 // gateway reads the bridge's own IPv4 address from the kernel: the host
 // firewall's only address a box may reach, known without Incus.
-func (h *healer) gateway() (netip.Addr, bool, error) {
-	if _, err := h.g.h.LinkByName(Current.Network); err != nil {
+func (h *healer) gateway() (netip.Addr, bool, error) { return gatewayOf(h.g) }
+
+func gatewayOf(g *ground) (netip.Addr, bool, error) {
+	if _, err := g.h.LinkByName(Current.Network); err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
 			return netip.Addr{}, false, nil
 		}
 		return netip.Addr{}, false, fmt.Errorf("reading bridge %s: %w", Current.Network, err)
 	}
-	addrs, err := h.g.linkAddrs(Current.Network, netlink.FAMILY_V4)
+	addrs, err := g.linkAddrs(Current.Network, netlink.FAMILY_V4)
 	if err != nil {
 		return netip.Addr{}, false, err
 	}
@@ -339,7 +372,9 @@ func (h *healer) gateway() (netip.Addr, bool, error) {
 	return netip.Addr{}, false, nil
 }
 
-// check looks at the kernel and heals what it finds missing or changed.
+// check looks at the kernel and puts box's tables back (the critical
+// path: no Incus call), then hands Incus's table and the rest to the
+// Incus worker.
 func (h *healer) check(ctx context.Context) error {
 	causes, since := h.pending, h.since
 	h.pending = nil
@@ -369,20 +404,15 @@ func (h *healer) check(ctx context.Context) error {
 		}
 		h.probed = true
 	}
-	if h.fleet == nil || h.desired == nil {
-		// Remembered for the critical path; a failure here only makes the
-		// first heal slower.
-		_ = h.remember(ctx, gw)
-	}
+	h.mu.Lock()
+	f := h.fleet
+	h.mu.Unlock()
 
-	// The critical path: box's own tables, from the kernel's ports and
-	// the remembered fleet.
 	ports, err := h.g.bridgePorts(Current.Network)
 	if err != nil {
 		return err
 	}
 	names := portNames(ports)
-	var fixed []string
 	unlock, err := lockPorts(ctx)
 	if err != nil {
 		return err
@@ -391,80 +421,141 @@ func (h *healer) check(ctx context.Context) error {
 	// The pins' contents are the port watcher's to keep (the remembered
 	// fleet may be a box behind): put back only a pin table that is gone.
 	var pinsThere bool
-	if err == nil && h.fleet != nil {
+	if err == nil && f != nil {
 		pinsThere, err = nft.PinsPresent(cfg)
 	}
-	if err == nil && h.fleet != nil && !pinsThere {
-		plan := h.fleet.planPins(names)
+	if err == nil && f != nil && !pinsThere {
+		plan := f.planPins(names)
 		var pinned []string
 		pinned, err = nft.ApplyPins(cfg, h.caps, plan.scope, plan.pins)
 		applied = append(applied, pinned...)
 	}
 	unlock()
-	fixed = append(fixed, applied...)
-	boxDone := time.Now()
 	if err != nil {
 		return fmt.Errorf("putting box's tables back: %w", err)
 	}
+	if len(applied) > 0 {
+		msg := fmt.Sprintf("heal: after %s: put back %s", strings.Join(causes, "; "), strings.Join(applied, "; "))
+		if !since.IsZero() {
+			msg += fmt.Sprintf(" (%s after the first event)", time.Since(since).Round(time.Millisecond))
+		}
+		h.logf("%s", msg)
+	}
+	job := incusJob{gw: gw, causes: causes, since: since, boxFixed: len(applied) > 0}
+	select {
+	case h.incus <- job:
+	default:
+		// The worker has a job waiting: fold this one into it.
+		select {
+		case old := <-h.incus:
+			job.boxFixed = job.boxFixed || old.boxFixed
+			job.causes = append(old.causes, job.causes...)
+			if !old.since.IsZero() {
+				job.since = old.since
+			}
+		default:
+		}
+		select {
+		case h.incus <- job:
+		default:
+		}
+	}
+	return nil
+}
 
-	// Incus's table: only Incus writes it.
-	var incusDone time.Time
-	if h.desired != nil {
+// incusWorker answers the event loop's checks with what needs Incus: it
+// has Incus rewrite inet incus when a chain the stack needs is missing,
+// converges the rest as Ensure's firewall step does (fresh pins, the
+// egress table) after any heal, and keeps the memory the critical path
+// uses fresh (every healRemember).
+func (h *healer) incusWorker(ctx context.Context) {
+	g, err := h.host.ground()
+	if err != nil {
+		h.logf("heal: not asking Incus: %v", err)
+		return
+	}
+	defer g.close()
+	memory := time.NewTicker(healRemember)
+	defer memory.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-memory.C:
+			if gw, ok, err := gatewayOf(g); err == nil && ok {
+				if err := h.remember(ctx, gw); err != nil && ctx.Err() == nil {
+					h.logf("heal: reading what to put back from Incus: %v", err)
+				}
+			}
+		case job := <-h.incus:
+			if err := h.incusStep(ctx, g, job); err != nil && ctx.Err() == nil {
+				h.logf("heal: %v", err)
+			}
+		}
+	}
+}
+
+func (h *healer) incusStep(ctx context.Context, g *ground, job incusJob) error {
+	h.mu.Lock()
+	d := h.desired
+	h.mu.Unlock()
+	if d == nil {
+		if err := h.remember(ctx, job.gw); err != nil {
+			return fmt.Errorf("reading what to put back from Incus: %w", err)
+		}
+		h.mu.Lock()
+		d = h.desired
+		h.mu.Unlock()
+	}
+	cfg := g.nftConfig(Current)
+	chains, present, err := nft.IncusChains(cfg)
+	if err != nil {
+		return err
+	}
+	var did []string
+	missing := incusChainFindings(*d, chains, present)
+	switch {
+	case len(missing) == 0:
+		h.incusStuck = false
+	case h.incusStuck && !slices.Contains(job.causes, "resync"):
+		// Incus writes through nft processes of its own, so its rewrite
+		// cannot be told from another tool's by who: a rewrite that left
+		// a chain out is asked for again at the resync only.
+	default:
+		detail, err := h.host.ReapplyIncusFirewall(ctx)
+		if err != nil {
+			return err
+		}
+		did = append(did, detail)
+		msg := "heal: " + detail
+		if !job.since.IsZero() {
+			msg += fmt.Sprintf(" (%s after the first event)", time.Since(job.since).Round(time.Millisecond))
+		}
+		h.logf("%s", msg)
 		chains, present, err := nft.IncusChains(cfg)
 		if err != nil {
 			return err
 		}
-		missing := incusChainFindings(*h.desired, chains, present)
-		switch {
-		case len(missing) == 0:
-			h.incusStuck = false
-		case h.incusStuck && !slices.Contains(causes, "resync"):
-			// Incus writes through nft processes of its own, so its
-			// rewrite cannot be told from another tool's by who: a rewrite
-			// that left a chain out is asked for again at the resync only.
-		default:
-			detail, err := h.host.ReapplyIncusFirewall(ctx)
-			if err != nil {
-				return err
-			}
-			incusDone = time.Now()
-			fixed = append(fixed, detail)
-			chains, present, err := nft.IncusChains(cfg)
-			if err != nil {
-				return err
-			}
-			if still := incusChainFindings(*h.desired, chains, present); len(still) > 0 {
-				h.incusStuck = true
-				h.logf("heal: Incus set %s up again, but %s is still missing; asking again at the next resync (%s): read incusd's log", Current.Network, still[0].Object, healResync)
-			}
+		if still := incusChainFindings(*d, chains, present); len(still) > 0 {
+			h.incusStuck = true
+			h.logf("heal: Incus set %s up again, but %s is still missing; asking again at the next resync (%s): read incusd's log", Current.Network, still[0].Object, healResync)
 		}
 	}
-
-	if len(fixed) == 0 {
+	if len(did) == 0 && !job.boxFixed {
 		return nil
 	}
-	// The rest, fresh from Incus: the pins of boxes made since, the
-	// egress table; and what to remember for next time.
-	rest, err := h.host.ensureFirewall(ctx, h.g, gw)
+	rest, err := h.host.ensureFirewall(ctx, g, job.gw)
+	var more []string
 	for _, c := range rest.changes {
-		fixed = append(fixed, c.String())
+		more = append(more, c.String())
 	}
-	if rerr := h.remember(ctx, gw); rerr != nil && err == nil {
-		err = rerr
+	if len(more) > 0 {
+		h.logf("heal: then, fresh from Incus: %s", strings.Join(more, "; "))
 	}
-	msg := fmt.Sprintf("heal: after %s: put back %s", strings.Join(causes, "; "), strings.Join(fixed, "; "))
-	if !since.IsZero() {
-		msg += fmt.Sprintf(" (box's tables %s after the first event", boxDone.Sub(since).Round(time.Millisecond))
-		if !incusDone.IsZero() {
-			msg += fmt.Sprintf(", Incus's %s", incusDone.Sub(since).Round(time.Millisecond))
-		}
-		msg += ")"
-	}
-	h.logf("%s", msg)
 	if err != nil {
 		return fmt.Errorf("converging the firewall after the heal: %w", err)
 	}
-	return nil
+	return h.remember(ctx, job.gw)
 }
 
 // remember reads from Incus what the critical path needs: the fleet (for
@@ -474,7 +565,6 @@ func (h *healer) remember(ctx context.Context, gw netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("reading the fleet: %w", err)
 	}
-	h.fleet = &f
 	n, _, err := h.host.Incus.Network(ctx, Current.Network)
 	if err != nil {
 		return err
@@ -488,6 +578,8 @@ func (h *healer) remember(ctx context.Context, gw netip.Addr) error {
 		return err
 	}
 	d := BuildDesired(p.Masked(), opts)
-	h.desired = &d
+	h.mu.Lock()
+	h.fleet, h.desired = &f, &d
+	h.mu.Unlock()
 	return nil
 }
