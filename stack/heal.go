@@ -499,6 +499,12 @@ func (h *healer) incusStep(ctx context.Context, g *ground, job incusJob) error {
 	h.mu.Lock()
 	d := h.desired
 	h.mu.Unlock()
+	// Incus's rules not in nftables (its xtables driver): only box's are
+	// healed here.
+	useNft, _, err := h.host.incusNft(ctx)
+	if err != nil {
+		return err
+	}
 	if d == nil {
 		if err := h.remember(ctx, job.gw); err != nil {
 			return fmt.Errorf("reading what to put back from Incus: %w", err)
@@ -515,7 +521,7 @@ func (h *healer) incusStep(ctx context.Context, g *ground, job incusJob) error {
 	var did []string
 	missing := incusChainFindings(*d, chains, present)
 	switch {
-	case len(missing) == 0:
+	case !useNft || len(missing) == 0:
 		h.incusStuck = false
 	case h.incusStuck && !slices.Contains(job.causes, "resync"):
 		// Incus writes through nft processes of its own, so its rewrite

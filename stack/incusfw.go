@@ -70,8 +70,26 @@ func incusChainFindings(d Desired, chains map[string]int, present bool) []Findin
 	return out
 }
 
+// incusNft says whether Incus's firewall driver is nftables (the driver
+// Incus picks unless the host has iptables rules of its own), and which
+// driver it is otherwise.
+func (host *Host) incusNft(ctx context.Context) (bool, string, error) {
+	srv, err := host.Incus.Server(ctx)
+	if err != nil {
+		return false, "", fmt.Errorf("reading Incus's firewall driver: %w", err)
+	}
+	fw := srv.Environment.Firewall
+	return fw == "nftables", fw, nil
+}
+
 // verifyIncusChains reads inet incus in g's namespace into v.
-func verifyIncusChains(g *ground, d Desired, v *Verification) error {
+func (host *Host) verifyIncusChains(ctx context.Context, g *ground, d Desired, v *Verification) error {
+	if ok, fw, err := host.incusNft(ctx); err != nil {
+		return err
+	} else if !ok {
+		v.Notes = append(v.Notes, fmt.Sprintf("Incus's firewall driver is %q, not nftables: its ACL and NAT rules are not read from the kernel here (Verify reads inet %s only)", fw, nft.IncusTable))
+		return nil
+	}
 	chains, present, err := nft.IncusChains(g.nftConfig(Current))
 	if err != nil {
 		return fmt.Errorf("reading Incus's firewall: %w", err)
@@ -138,6 +156,9 @@ func spelled(v string) string {
 // ensureIncusFirewall has Incus rewrite its chains when the kernel lacks
 // any the stack needs, and checks that it did.
 func (host *Host) ensureIncusFirewall(ctx context.Context, g *ground, d Desired, rep *Report) error {
+	if ok, _, err := host.incusNft(ctx); err != nil || !ok {
+		return err
+	}
 	cfg := g.nftConfig(Current)
 	chains, present, err := nft.IncusChains(cfg)
 	if err != nil {

@@ -276,7 +276,7 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 	if err != nil {
 		return fmt.Errorf("reading nft tables: %w", err)
 	}
-	if err := verifyIncusChains(g, d, v); err != nil {
+	if err := host.verifyIncusChains(ctx, g, d, v); err != nil {
 		return err
 	}
 	for _, f := range nf {
