@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -46,6 +47,16 @@ const (
 	// minted since is pinned at once after a flush.
 	healRemember = 5 * time.Second
 )
+
+// WatchAndHeal is WatchPorts with the healer beside it: what `box
+// watch-ports` (the boot unit) runs. WatchPorts alone is for a watcher that
+// must leave the tables as they are, such as the drill's while its
+// mutations hold a layer out on purpose.
+func (host *Host) WatchAndHeal(ctx context.Context, log io.Writer) error {
+	o := defaultWatchOptions()
+	o.heal = true
+	return host.watchPorts(ctx, log, o)
+}
 
 // teardownMarker is the file `box teardown-host` holds while it removes
 // the stack: the healer puts nothing back while it names a live process.
