@@ -253,6 +253,10 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	if err := host.ensureHostLayers(ctx, g, d, rep, &undos); err != nil {
 		return rep, err
 	}
+	// Incus's own chains, once its objects are converged (incusfw.go).
+	if err := host.ensureIncusFirewall(ctx, g, d, rep); err != nil {
+		return rep, err
+	}
 	if ci.Clustered() {
 		rep.Members = host.memberLayers(ctx, ci, d)
 	}

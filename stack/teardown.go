@@ -26,6 +26,12 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, err
 	if err != nil {
 		return nil, err
 	}
+	// The healer must not put back what this removes (heal.go).
+	unmark, err := host.markTeardown()
+	if err != nil {
+		return nil, err
+	}
+	defer unmark()
 	changes := []Change{}
 	if len(boxes) > 0 {
 		if !removeBoxes {

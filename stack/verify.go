@@ -284,6 +284,9 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 	if err != nil {
 		return fmt.Errorf("reading nft tables: %w", err)
 	}
+	if err := host.verifyIncusChains(ctx, g, d, v); err != nil {
+		return err
+	}
 	for _, f := range nf {
 		layer := LayerHostFW
 		if strings.HasPrefix(f.Object, "table bridge") || strings.Contains(f.Object, "set") {

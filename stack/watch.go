@@ -55,6 +55,8 @@ type watchOptions struct {
 	// than it kills the subscription (ENOBUFS), and the watcher
 	// subscribes again and resyncs.
 	rcvbuf int
+	// heal runs the healer beside the watcher (WatchAndHeal).
+	heal bool
 	// refreshed, when set, is called after every successful refresh with
 	// what it changed, the triggers it answered and when it finished.
 	refreshed func(r portsRefresh, causes []trigger, done time.Time)
@@ -96,10 +98,17 @@ func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions)
 	w.timer.Stop()
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() {
 		defer wg.Done()
 		w.pinWorker(ctx)
+	}()
+	// The healer puts the tables back after another tool's flush (heal.go).
+	go func() {
+		defer wg.Done()
+		if o.heal {
+			host.healLoop(ctx, w.logf)
+		}
 	}()
 	// The allowlisted boxes' resolver and proxy live here too.
 	go func() {

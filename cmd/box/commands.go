@@ -103,7 +103,7 @@ func commands() []command {
 		{name: "setup-host", synopsis: "setup-host [--json] [--firewall-only | --member-only]", help: "build (or converge) the isolation stack on this host",
 			maxArgs: 0, setup: setupSetupHost},
 		{name: "watch-ports", synopsis: "watch-ports",
-			help:    "keep boxnet's bridge ports isolated and in the bridge drop's port set as boxes come and go, and serve the allowlisted boxes' resolver and proxy, until SIGINT or SIGTERM (the boot unit box-ports.service runs it)",
+			help:    "keep boxnet's bridge ports isolated and in the bridge drop's port set as boxes come and go, put box's nft tables and Incus's back after another tool flushes or rewrites them, and serve the allowlisted boxes' resolver and proxy, until SIGINT or SIGTERM (the boot unit box-ports.service runs it)",
 			maxArgs: 0, setup: setupWatchPorts},
 		{name: "teardown-host", synopsis: "teardown-host [--force] [--purge-incus] [--yes] [--json]", help: "remove the isolation stack (both generations); refuses while boxes exist unless --force",
 			maxArgs: 0, setup: setupTeardownHost},

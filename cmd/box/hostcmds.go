@@ -56,7 +56,7 @@ func setupWatchPorts(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		if err := h.WatchPorts(c.ctx, c.err); err != nil {
+		if err := h.WatchAndHeal(c.ctx, c.err); err != nil {
 			return fmt.Errorf("watching the bridge ports: %w", err)
 		}
 		return nil

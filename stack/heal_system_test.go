@@ -1,0 +1,125 @@
+package stack_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/drill/image"
+	"github.com/box-isolation/box/internal/syncbuf"
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// TestSystemHealAfterFlush: with boxes up and the watcher running, another
+// tool's `nft flush ruleset` in the host's namespace is healed with no
+// command by hand, twenty times: box's tables and Incus's come back and
+// Verify is clean again. The times are logged (docs/heal.md), not
+// asserted. A restart of the watcher leaves the tables in place, and a
+// teardown-host under the running watcher stays torn down.
+func TestSystemHealAfterFlush(t *testing.T) {
+	ctx, h, st := worldHost(t)
+	_, err := h.Ensure(ctx)
+	require.NoError(t, err)
+	for i := range 2 {
+		name := uniq(t, fmt.Sprintf("t-heal%d-", i))
+		_, err := h.Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias})
+		require.NoError(t, err)
+		_, err = h.WaitAddress(ctx, name, 30*time.Second)
+		require.NoError(t, err)
+	}
+	_, running, err := h.WatcherRunning()
+	require.NoError(t, err)
+	require.False(t, running, "no port watcher may run in the world before this test")
+
+	log := &syncbuf.Buffer{}
+	start := func() func() {
+		wctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func(log *syncbuf.Buffer) { done <- h.WatchAndHeal(wctx, log) }(log)
+		require.Eventually(t, func() bool { _, r, err := h.WatcherRunning(); return err == nil && r }, 10*time.Second, 10*time.Millisecond)
+		stopped := false
+		return func() {
+			if !stopped {
+				stopped = true
+				cancel()
+				assert.NoError(t, <-done)
+			}
+		}
+	}
+	stop := start()
+	t.Cleanup(func() { stop(); t.Logf("the watcher said (last run):\n%s", log.String()) })
+
+	_, cfg := nftIn(t, st)
+	boxBack := func() bool {
+		inet, bridge, err := nft.Present(cfg)
+		pins, perr := nft.PinsPresent(cfg)
+		return err == nil && perr == nil && inet && bridge && pins
+	}
+	incusBack := func() bool {
+		chains, present, err := nft.IncusChains(cfg)
+		return err == nil && present && chains["acl.boxnet"] >= 7 && chains["aclin.boxnet"] > 0 &&
+			chains["aclout.boxnet"] > 0 && chains["aclfwd.boxnet"] >= 2 && chains["pstrt.boxnet"] > 0
+	}
+	clean := func() bool {
+		v, err := h.Verify(ctx)
+		return err == nil && v.Clean()
+	}
+	require.Eventually(t, clean, 30*time.Second, 50*time.Millisecond, "clean before the first flush")
+
+	const flushes = 20
+	var boxTimes, incusTimes []time.Duration
+	for i := range flushes {
+		t0 := time.Now()
+		out, err := exec.Command("ip", "netns", "exec", st.Names.HostNS, "nft", "flush", "ruleset").CombinedOutput()
+		require.NoError(t, err, "nft flush ruleset: %s", out)
+		var boxAt, incusAt time.Duration
+		for boxAt == 0 || incusAt == 0 {
+			require.Less(t, time.Since(t0), time.Minute, "flush %d: box's tables back: %v, Incus's: %v", i, boxAt != 0, incusAt != 0)
+			if boxAt == 0 && boxBack() {
+				boxAt = time.Since(t0)
+			}
+			if incusAt == 0 && incusBack() {
+				incusAt = time.Since(t0)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		boxTimes, incusTimes = append(boxTimes, boxAt), append(incusTimes, incusAt)
+		require.Eventually(t, clean, time.Minute, 50*time.Millisecond, "flush %d: Verify clean again with no command by hand", i)
+	}
+	t.Logf("%d flushes, from the flush's start: box's tables back median %s max %s; Incus's median %s max %s",
+		flushes, median(boxTimes), slices.Max(boxTimes), median(incusTimes), slices.Max(incusTimes))
+	assert.Contains(t, log.String(), "by nft (pid", "the watcher logged who flushed")
+	t.Logf("the watcher said:\n%s", log.String())
+
+	// A restart of the watcher: the tables stay, and it finds nothing to do.
+	stop()
+	assert.True(t, boxBack() && incusBack(), "the tables outlive the watcher")
+	log = &syncbuf.Buffer{}
+	stop = start()
+	require.Eventually(t, func() bool { return strings.Contains(log.String(), "watching the ports") }, 10*time.Second, 10*time.Millisecond)
+	assert.True(t, clean(), "clean after the restart")
+	assert.NotContains(t, log.String(), "put back", "nothing to put back after a restart")
+
+	// A deliberate teardown under the running watcher stays torn down.
+	_, err = h.Teardown(ctx, true)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return strings.Contains(log.String(), "heal: not healing") }, 10*time.Second, 10*time.Millisecond,
+		"the healer saw the teardown")
+	inet, bridge, err := nft.Present(cfg)
+	require.NoError(t, err)
+	assert.False(t, inet || bridge, "box's tables stay gone after teardown-host")
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
