@@ -105,6 +105,9 @@ type TrustToken struct {
 	Addresses   []string  `json:"addresses"`
 	Secret      string    `json:"secret"`
 	ExpiresAt   time.Time `json:"expires_at"`
+	// Raw is the token as issued: what the client presents (Incus finds
+	// the secret in it).
+	Raw string `json:"-"`
 }
 
 // ParseTrustToken decodes a trust token (base64 of JSON).
@@ -125,6 +128,7 @@ func ParseTrustToken(s string) (TrustToken, error) {
 	if err := json.Unmarshal(raw, &t); err != nil || t.Secret == "" || t.Fingerprint == "" {
 		return TrustToken{}, bad
 	}
+	t.Raw = s
 	return t, nil
 }
 
@@ -163,7 +167,7 @@ func ServerCertificate(ctx context.Context, addr string, dial DialFunc) (*x509.C
 // JoinRemote has the Incus at addr trust client, as `incus remote add`
 // does with a token: the server's certificate must be the one the token
 // names (so nobody in between can take the secret), then the client
-// presents the token's secret once with its own certificate. It returns
+// presents the token once with its own certificate. It returns
 // the server's certificate, to pin.
 func JoinRemote(ctx context.Context, addr string, token TrustToken, client tls.Certificate, dial DialFunc) (*x509.Certificate, error) {
 	srv, err := ServerCertificate(ctx, addr, dial)
@@ -177,7 +181,7 @@ func JoinRemote(ctx context.Context, addr string, token TrustToken, client tls.C
 	if err != nil {
 		return nil, err
 	}
-	req := map[string]any{"type": "client", "trust_token": token.Secret}
+	req := map[string]any{"type": "client", "trust_token": token.Raw}
 	if _, err := c.do(ctx, request{method: http.MethodPost, path: apiPath("certificates"), json: req}); err != nil {
 		return nil, fmt.Errorf("presenting the trust token to %s: %w (a token is good once and expires: ask for a new one, incus config trust add NAME on the server)", addr, err)
 	}

@@ -75,7 +75,8 @@ func (f *fakeRemote) serve(w http.ResponseWriter, r *http.Request) {
 			TrustToken string `json:"trust_token"`
 		}
 		json.Unmarshal(body, &req) //nolint:errcheck
-		if fp == "" || req.TrustToken != f.secret {
+		tok, err := incus.ParseTrustToken(req.TrustToken)
+		if fp == "" || err != nil || tok.Secret != f.secret {
 			deny()
 			return
 		}
@@ -94,7 +95,12 @@ func (f *fakeRemote) serve(w http.ResponseWriter, r *http.Request) {
 
 func (f *fakeRemote) token(t *testing.T, fingerprint string) incus.TrustToken {
 	t.Helper()
-	raw, err := json.Marshal(map[string]any{"client_name": "laptop", "fingerprint": fingerprint, "addresses": []string{strings.TrimPrefix(f.srv.URL, "https://")}, "secret": f.secret, "expires_at": "0001-01-01T00:00:00Z"})
+	return f.tokenWith(t, fingerprint, f.secret)
+}
+
+func (f *fakeRemote) tokenWith(t *testing.T, fingerprint, secret string) incus.TrustToken {
+	t.Helper()
+	raw, err := json.Marshal(map[string]any{"client_name": "laptop", "fingerprint": fingerprint, "addresses": []string{strings.TrimPrefix(f.srv.URL, "https://")}, "secret": secret, "expires_at": "0001-01-01T00:00:00Z"})
 	require.NoError(t, err)
 	tok, err := incus.ParseTrustToken(base64.StdEncoding.EncodeToString(raw))
 	require.NoError(t, err)
@@ -115,7 +121,7 @@ func TestAddRemoteWithAToken(t *testing.T) {
 	rem, err := incus.AddRemote(ctx, dir, "far", f.srv.URL, f.token(t, f.fingerprint()), nil)
 	require.NoError(t, err)
 	assert.Len(t, f.posted, 1, "the token is presented once")
-	assert.Contains(t, f.posted[0], `"trust_token":"s3cret"`)
+	assert.Contains(t, f.posted[0], `"trust_token":"ey`, "the token as issued")
 
 	st, err := os.Stat(filepath.Join(dir, incus.ClientKeyFile))
 	require.NoError(t, err)
@@ -158,8 +164,7 @@ func TestAddRemoteRefusesAnotherServer(t *testing.T) {
 
 func TestAddRemoteWrongSecret(t *testing.T) {
 	f := newFakeRemote(t)
-	tok := f.token(t, f.fingerprint())
-	tok.Secret = "guess"
+	tok := f.tokenWith(t, f.fingerprint(), "guess")
 	_, err := incus.AddRemote(context.Background(), t.TempDir(), "far", f.srv.URL, tok, nil)
 	require.ErrorContains(t, err, "presenting the trust token")
 	assert.Contains(t, err.Error(), "ask for a new one")
