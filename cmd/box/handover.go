@@ -150,12 +150,26 @@ func (c *call) handoverIncus(args ...string) error {
 	fmt.Fprintf(c.err, "+ %s\n", shellQuote(argv))
 	env := c.environ()
 	if c.remote == "" {
-		env = append(env, "INCUS_SOCKET="+h.Incus.Socket())
+		// Replaced, not appended: with the key twice, the CLI (Go) reads
+		// the first, the caller's, which for a granted user is incusd's
+		// socket they cannot open.
+		env = setEnv(env, "INCUS_SOCKET", h.Incus.Socket())
 	}
 	if err := c.handover(path, argv, env); err != nil {
 		return fmt.Errorf("running %s: %w", path, err)
 	}
 	return nil
+}
+
+// setEnv is env with key set to value, once.
+func setEnv(env []string, key, value string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, key+"=") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, key+"="+value)
 }
 
 // shellQuote renders argv as one could paste it into a shell.
