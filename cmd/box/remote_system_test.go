@@ -42,7 +42,9 @@ func TestSystemRemote(t *testing.T) {
 
 	// The admin's side: incus config trust add, with the real CLI.
 	certName := "box-remote-" + strings.TrimPrefix(uniq(t), "t-cli-")
-	cli := exec.Command("incus", "config", "trust", "add", certName)
+	incusCLI := testenv.Tool(t, "incus", "incus-client")
+	ipCmd := testenv.Tool(t, "ip", "iproute2") // the handed-over CLI runs on the LAN (ip netns exec)
+	cli := exec.Command(incusCLI, "config", "trust", "add", certName)
 	cli.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + t.TempDir(), "INCUS_SOCKET=" + st.IncusSocket}
 	out, err := cli.CombinedOutput()
 	require.NoError(t, err, "incus config trust add: %s", out)
@@ -76,8 +78,10 @@ func TestSystemRemote(t *testing.T) {
 		far = far.with("BOX_MEMORY", m)
 	}
 
+	start := time.Now()
 	res := far.run(t, "remote", "add", "far", token, "--addr", "https://"+listen, "--json")
 	require.Equal(t, exitOK, res.code, res.err)
+	t.Logf("box remote add (a new client key, TLS, the token): %s", time.Since(start).Round(time.Millisecond))
 	var added remoteJSON
 	require.NoError(t, json.Unmarshal([]byte(res.out), &added))
 	srv, err := c.Server(ctx)
@@ -118,9 +122,22 @@ func TestSystemRemote(t *testing.T) {
 	}
 	assert.Empty(t, dr.Verification.Findings, "the host's doctor finds nothing off the stack after a remote mint")
 
+	start = time.Now()
 	res = far.run(t, "--remote", "far", "list", "--json")
 	require.Equal(t, exitOK, res.code, res.err)
+	t.Logf("box --remote far list: %s", time.Since(start).Round(time.Millisecond))
 	assert.Contains(t, res.out, `"`+name+`"`)
+
+	res = remote.run(t, "info", name, "--json")
+	require.Equal(t, exitOK, res.code, res.err)
+	var info infoResult
+	require.NoError(t, json.Unmarshal([]byte(res.out), &info))
+	assert.Equal(t, "Running", info.Status)
+	assert.NotEmpty(t, info.Addresses, "the box's address, read over HTTPS")
+	for _, args := range [][]string{{"snapshot", name, "s1"}, {"down", name, "--force"}, {"start", name}} {
+		res = remote.run(t, args...)
+		require.Equal(t, exitOK, res.code, "%v: %s", args, res.err)
+	}
 
 	res = remote.run(t, "exec", name, "--", "id", "-un")
 	require.Equal(t, exitOK, res.code, res.err)
@@ -135,7 +152,7 @@ func TestSystemRemote(t *testing.T) {
 	}
 	// The handed-over command, run for real on the LAN with the config
 	// box wrote: the incus CLI reaches the box through the remote.
-	sh := exec.Command("ip", append([]string{"netns", "exec", st.Names.LANNS}, argv...)...)
+	sh := exec.Command(ipCmd, append([]string{"netns", "exec", st.Names.LANNS}, argv...)...)
 	sh.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + t.TempDir(), "INCUS_CONF=" + conf}
 	sh.Stdin = strings.NewReader("id -un; hostname\n")
 	shOut, err := sh.CombinedOutput()
@@ -163,7 +180,7 @@ func TestSystemRemote(t *testing.T) {
 	assert.Equal(t, exitUsage, res.code)
 	assert.Contains(t, res.err, "run box setup-host on that host, without --remote")
 
-	start := time.Now()
+	start = time.Now()
 	res = remote.run(t, "rm", name, "--force")
 	require.Equal(t, exitOK, res.code, res.err)
 	t.Logf("box --remote far rm: %s", time.Since(start).Round(time.Millisecond))
