@@ -159,6 +159,33 @@ func TestSystemRemote(t *testing.T) {
 	require.NoError(t, err, "%s", shOut)
 	assert.Equal(t, "dev\n"+name+"\n", string(shOut))
 
+	// A CLI whose default remote is far: the local handover still lands
+	// on this machine's incusd (local: is named), where the bare name
+	// would go to far, which the world's internet side has no route to.
+	cfg := filepath.Join(conf, "config.yml")
+	raw, err := os.ReadFile(cfg)
+	require.NoError(t, err)
+	require.Contains(t, string(raw), "default-remote: local")
+	require.NoError(t, os.WriteFile(cfg, []byte(strings.Replace(string(raw), "default-remote: local", "default-remote: far", 1)), 0o600))
+	res = r.with("INCUS_CONF", conf).run(t, "shell", name)
+	require.Equal(t, exitOK, res.code, res.err)
+	require.Equal(t, []string{"incus", "--project", "default", "exec", "local:" + name, "--", "su", "-l", "dev"}, res.handedOver)
+	onInet := func(argv []string) (string, error) {
+		cmd := exec.Command(ipCmd, append([]string{"netns", "exec", st.Names.InetNS}, argv...)...)
+		cmd.Env = append(append([]string{}, res.env...), "INCUS_CONF="+conf, "HOME="+t.TempDir())
+		cmd.Stdin = strings.NewReader("id -un; hostname\n")
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	got, err := onInet(res.handedOver)
+	require.NoError(t, err, "%s", got)
+	assert.Equal(t, "dev\n"+name+"\n", got, "local: reaches this machine's incusd whatever the default remote")
+	bare := append([]string{}, res.handedOver...)
+	bare[4] = name // main's handover: no remote
+	got, err = onInet(bare)
+	assert.Error(t, err, "the bare name goes to the default remote, far, unreachable here: %s", got)
+	assert.Contains(t, got, listen, "it tried far")
+
 	// The boundary: an instance without the tag is refused there too.
 	other := uniq(t)
 	require.NoError(t, c.CreateInstance(ctx, incus.InstancesPost{
