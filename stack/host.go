@@ -56,6 +56,12 @@ type Host struct {
 	// hermetic world's members, all on one machine (BOX_MEMBER_NETNS).
 	// Verify reads those members' host layers too.
 	MemberNetNS map[string]string
+	// Remote names the incus CLI's remote this Host drives over HTTPS
+	// (box --remote); empty is this machine's incusd. A remote's kernel is
+	// not this machine's: its host layers, ports and pins are its own
+	// host's (box setup-host and box-ports.service there), and nothing
+	// here reads or writes this machine's nft or links for it.
+	Remote string
 	// MemberOnly: Ensure converges only this member's host layers, leaving
 	// the cluster's Incus objects to `box setup-host` on any member.
 	MemberOnly bool
@@ -91,6 +97,9 @@ type ground struct {
 }
 
 func (host *Host) ground() (*ground, error) {
+	if host.Remote != "" {
+		return nil, &RemoteHostError{Remote: host.Remote}
+	}
 	g := &ground{ns: -1, host: host}
 	path := "/proc/self/ns/net"
 	if host.NetNS != "" {
@@ -429,4 +438,13 @@ func (g *ground) forwardBlockers(bridge string) ([]Finding, error) {
 			Problem: "drops forwarded traffic, so boxes lose their egress; box does not change rules it does not own", Fix: fix, Advisory: true})
 	}
 	return out, nil
+}
+
+// RemoteHostError: what was asked reads or changes a host's kernel (nft,
+// links, the port watcher), and the Host drives a remote Incus, whose
+// kernel is another machine's.
+type RemoteHostError struct{ Remote string }
+
+func (e *RemoteHostError) Error() string {
+	return fmt.Sprintf("this needs the host's kernel, and remote %s's host is another machine: run it there (box on that host, without --remote)", e.Remote)
 }

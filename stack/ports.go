@@ -47,7 +47,8 @@ func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.r
 // MemberNetNS names): a box minted, started or moved from here may live on
 // any of them. Another machine's member is its port watcher's to refresh.
 func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
-	if host.kernelless {
+	if host.kernelless || host.Remote != "" {
+		// A remote's ports are its host's port watcher's.
 		return portsRefresh{}, nil
 	}
 	if host.Tier || host.member != "" {

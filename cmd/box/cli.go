@@ -47,6 +47,12 @@ type app struct {
 	handover func(argv0 string, argv, env []string) error
 	lookPath func(string) (string, error)
 	environ  func() []string
+	// remote is the incus CLI's remote box drives (box --remote NAME, or
+	// BOX_REMOTE); "" and "local" are this machine's incusd.
+	remote string
+	// dial opens a remote's TCP connections (nil: net.Dialer); the
+	// world's tests dial inside its namespaces.
+	dial incus.DialFunc
 
 	h *stack.Host // built on first use
 }
@@ -106,6 +112,22 @@ func (a *app) run(args []string) int {
 		a.printHelp(a.out)
 		return exitOK
 	}
+	rest, remote, err := globalRemote(args, a.getenv("BOX_REMOTE"))
+	if err != nil {
+		fmt.Fprintf(a.err, "box: %v\n", err)
+		return exitUsage
+	}
+	if a.remote == "" {
+		a.remote = remote
+	}
+	if a.remote == incus.LocalRemote {
+		a.remote = ""
+	}
+	if len(rest) == 0 {
+		fmt.Fprintf(a.err, "box: --remote %s: which command? (box --remote %s list)\n", remote, remote)
+		return exitUsage
+	}
+	args = rest
 	name := args[0]
 	if name == "-h" || name == "--help" {
 		name = "help"
@@ -120,6 +142,29 @@ func (a *app) run(args []string) int {
 		return exitUsage
 	}
 	return a.report(a.dispatch(c, args[1:]))
+}
+
+// globalRemote takes the one option that comes before the command,
+// --remote NAME (or --remote=NAME), which beats $BOX_REMOTE.
+func globalRemote(args []string, env string) (rest []string, remote string, err error) {
+	remote = env
+	if len(args) == 0 {
+		return args, remote, nil
+	}
+	switch a := args[0]; {
+	case a == "--remote" || a == "-remote":
+		if len(args) < 2 || args[1] == "" || strings.HasPrefix(args[1], "-") {
+			return nil, "", errors.New("--remote: which remote? (box --remote NAME COMMAND; box remote list shows them)")
+		}
+		return args[2:], args[1], nil
+	case strings.HasPrefix(a, "--remote=") || strings.HasPrefix(a, "-remote="):
+		_, v, _ := strings.Cut(a, "=")
+		if v == "" {
+			return nil, "", errors.New("--remote: which remote? (box --remote NAME COMMAND; box remote list shows them)")
+		}
+		return args[1:], v, nil
+	}
+	return args, remote, nil
 }
 
 // report prints an error once, here, and turns it into an exit code.
@@ -178,6 +223,9 @@ func (a *app) dispatch(c *command, args []string) error {
 	}
 	if len(pos) < c.minArgs || (c.maxArgs >= 0 && len(pos) > c.maxArgs) {
 		return usagef("%s: wrong number of arguments\nusage: box %s", c.name, c.synopsis)
+	}
+	if a.remote != "" && c.hostLayer {
+		return usagef("%s acts on a host itself (nft, its bridge, units, local users), and remote %s's host is another machine: run box %s on that host, without --remote", c.name, a.remote, c.name)
 	}
 	cl := &call{app: a, cmd: c, args: pos, rest: rest}
 	if c.box != noBox {
@@ -251,6 +299,9 @@ func (a *app) host() (*stack.Host, error) {
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
+	if a.remote != "" {
+		return a.remoteHost(opts)
+	}
 	h := &stack.Host{Incus: incus.New(a.socket()), NetNS: a.getenv("BOX_NETNS"), Options: opts, Progress: a.progressf,
 		IncusUserSocket: a.getenv("BOX_INCUS_USER_SOCKET"), TierGroup: a.getenv("BOX_TIER_GROUP"),
 		IncusConfigDir: incus.ConfigDir(a.getenv)}
@@ -273,6 +324,27 @@ func (a *app) host() (*stack.Host, error) {
 	}
 	a.h = h
 	return h, nil
+}
+
+// remoteHost is the stack's view of a remote Incus: its API over HTTPS
+// with the incus CLI's client certificate, in the remote's project, and
+// no kernel of ours (its host layers are its host's).
+func (a *app) remoteHost(opts stack.Options) (*stack.Host, error) {
+	dir := incus.ConfigDir(a.getenv)
+	rs, err := incus.LoadRemotes(dir)
+	if err != nil {
+		return nil, err
+	}
+	r, ok := rs[a.remote]
+	if !ok {
+		return nil, usagef("no remote named %s in %s (box remote add %s TOKEN adds one; box remote list shows them)", a.remote, filepath.Join(dir, "config.yml"), a.remote)
+	}
+	c, err := r.Client(dir, a.dial)
+	if err != nil {
+		return nil, err
+	}
+	a.h = &stack.Host{Incus: c, Remote: a.remote, Options: opts, Progress: a.progressf, IncusConfigDir: dir}
+	return a.h, nil
 }
 
 // tierSocket says whether box runs for a granted user: not root,

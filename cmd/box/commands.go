@@ -37,6 +37,9 @@ type command struct {
 	minArgs, maxArgs int
 	// dashdash: the command takes arguments after "--".
 	dashdash bool
+	// hostLayer commands act on the host itself (nft, its bridge, units,
+	// local users, its loopback): they refuse a remote.
+	hostLayer bool
 	// hidden commands run but are not shown (help, man page, completions):
 	// man is for the packages.
 	hidden bool
@@ -61,7 +64,7 @@ func commands() []command {
 			maxArgs: 0, setup: setupTemplates},
 		{name: "list", synopsis: "list [--json]", help: "list your boxes with their stamps",
 			maxArgs: 0, setup: setupList},
-		{name: "status", synopsis: "status [--json]", help: "the host's isolation stack in one line, then your boxes as list shows them",
+		{name: "status", hostLayer: true, synopsis: "status [--json]", help: "the host's isolation stack in one line, then your boxes as list shows them",
 			maxArgs: 0, setup: setupStatus},
 		{name: "info", synopsis: "info N [--json]", help: "show a box: status, addresses, stamps, snapshots",
 			box: anyBox, minArgs: 1, maxArgs: 1, setup: setupInfo},
@@ -85,9 +88,9 @@ func commands() []command {
 			box: anyBox, minArgs: 1, maxArgs: 1, setup: setupStart},
 		{name: "rm", synopsis: "rm N [--force]", help: "remove a box and its snapshots",
 			box: anyBox, confirm: "remove box %s and all its snapshots?", minArgs: 1, maxArgs: 1, setup: setupRm},
-		{name: "egress", synopsis: "egress N open | allow NAME... | show [--json] | log [--since DUR] [--json]", help: "show or change what a box may reach: open (the internet), or only the names allowed (NAME, or *.NAME for the names under it); log shows what was refused and why",
+		{name: "egress", hostLayer: true, synopsis: "egress N open | allow NAME... | show [--json] | log [--since DUR] [--json]", help: "show or change what a box may reach: open (the internet), or only the names allowed (NAME, or *.NAME for the names under it); log shows what was refused and why",
 			box: anyBox, minArgs: 1, maxArgs: -1, setup: setupEgress},
-		{name: "expose", synopsis: "expose N PORT [HOSTPORT] [--listen 127.0.0.1|::1] [--tcp|--unix] [--json] | expose N --list [--json] | expose N --remove PORT",
+		{name: "expose", hostLayer: true, synopsis: "expose N PORT [HOSTPORT] [--listen 127.0.0.1|::1] [--tcp|--unix] [--json] | expose N --list [--json] | expose N --remove PORT",
 			help: "open a door from the host's loopback (or a unix socket, yours only) to a TCP port in a box; --list, --remove",
 			box:  anyBox, minArgs: 1, maxArgs: 3, setup: setupExpose},
 		{name: "export", synopsis: "export N [FILE] [--force] [--json]",
@@ -98,21 +101,24 @@ func commands() []command {
 			minArgs: 1, maxArgs: 1, setup: setupImport},
 		{name: "incus", synopsis: "incus N -- ARGS...", help: "escape hatch: run the incus CLI on a box (name appended, or put where {} stands)",
 			box: anyBox, minArgs: 1, maxArgs: -1, dashdash: true, setup: setupIncus},
-		{name: "doctor", synopsis: "doctor [--fix] [--json]", help: "check the host's isolation stack against what it should be; --fix converges it",
+		{name: "doctor", hostLayer: true, synopsis: "doctor [--fix] [--json]", help: "check the host's isolation stack against what it should be; --fix converges it",
 			maxArgs: 0, setup: setupDoctor},
-		{name: "setup-host", synopsis: "setup-host [--json] [--firewall-only | --member-only]", help: "build (or converge) the isolation stack on this host",
+		{name: "setup-host", hostLayer: true, synopsis: "setup-host [--json] [--firewall-only | --member-only]", help: "build (or converge) the isolation stack on this host",
 			maxArgs: 0, setup: setupSetupHost},
-		{name: "watch-ports", synopsis: "watch-ports",
+		{name: "watch-ports", hostLayer: true, synopsis: "watch-ports",
 			help:    "keep boxnet's bridge ports isolated and in the bridge drop's port set as boxes come and go, put box's nft tables and Incus's back after another tool flushes or rewrites them, and serve the allowlisted boxes' resolver and proxy, until SIGINT or SIGTERM (the boot unit box-ports.service runs it)",
 			maxArgs: 0, setup: setupWatchPorts},
-		{name: "teardown-host", synopsis: "teardown-host [--force] [--purge-incus] [--yes] [--json]", help: "remove the isolation stack (both generations); refuses while boxes exist unless --force",
+		{name: "teardown-host", hostLayer: true, synopsis: "teardown-host [--force] [--purge-incus] [--yes] [--json]", help: "remove the isolation stack (both generations); refuses while boxes exist unless --force",
 			maxArgs: 0, setup: setupTeardownHost},
-		{name: "grant", synopsis: "grant USER [--group G] [--json]", help: "give a local user boxes of their own through incus-user: their project narrowed to boxnet only (admin)",
+		{name: "grant", hostLayer: true, synopsis: "grant USER [--group G] [--json]", help: "give a local user boxes of their own through incus-user: their project narrowed to boxnet only (admin)",
 			minArgs: 1, maxArgs: 1, setup: setupGrant},
-		{name: "revoke", synopsis: "revoke USER [--purge] [--group G] [--json]", help: "take a user's tier away (boxes kept); --purge ends their sessions, then deletes their project, boxes, bridge and certificate (admin)",
+		{name: "revoke", hostLayer: true, synopsis: "revoke USER [--purge] [--group G] [--json]", help: "take a user's tier away (boxes kept); --purge ends their sessions, then deletes their project, boxes, bridge and certificate (admin)",
 			minArgs: 1, maxArgs: 1, setup: setupRevoke},
-		{name: "migrate-host", synopsis: "migrate-host --box N | --all-boxes | --retire-legacy [--json]", help: "move boxes off the legacy stack (claudenet), then retire it",
+		{name: "migrate-host", hostLayer: true, synopsis: "migrate-host --box N | --all-boxes | --retire-legacy [--json]", help: "move boxes off the legacy stack (claudenet), then retire it",
 			maxArgs: 0, setup: setupMigrateHost, boxFlags: []string{"box"}},
+		{name: "remote", synopsis: "remote add NAME TOKEN [--addr https://HOST:PORT] [--json] | remote list [--json]",
+			help:    "add another Incus as a remote with the trust token its admin gave (incus config trust add NAME there), or list the remotes; box --remote NAME COMMAND (or BOX_REMOTE) then drives it",
+			minArgs: 1, maxArgs: 3, setup: setupRemote, arg: clidoc.ArgValues, values: []string{"add", "list"}},
 		{name: "completion", synopsis: "completion bash|zsh|fish", help: "print a shell completion script (the packages install them)",
 			minArgs: 1, maxArgs: 1, setup: setupCompletion, arg: clidoc.ArgValues, values: clidoc.Shells},
 		{name: "man", synopsis: "man", help: "print box's man page (roff)", hidden: true,
@@ -135,7 +141,7 @@ func lookup(name string) *command {
 
 func (a *app) printHelp(w io.Writer) {
 	fmt.Fprintln(w, "box: trust-less, network-isolated Incus boxes for coding agents.")
-	fmt.Fprintln(w, "\nusage: box COMMAND [ARGS] [options]")
+	fmt.Fprintln(w, "\nusage: box [--remote NAME] COMMAND [ARGS] [options]")
 	fmt.Fprintln(w, "\nCommands:")
 	for _, c := range commands() {
 		if !c.hidden {
@@ -144,7 +150,7 @@ func (a *app) printHelp(w io.Writer) {
 	}
 	fmt.Fprintln(w, "\nRun 'box help COMMAND' or 'box COMMAND --help' for a command's options.")
 	fmt.Fprintln(w, "Exit codes: 0 ok, 1 it went wrong, 2 you asked wrong.")
-	fmt.Fprintln(w, "Environment: INCUS_SOCKET, INCUS_DIR, BOX_NETNS, BOX_MEMBER_NETNS, BOX_SUBNET, BOX_DNS,")
+	fmt.Fprintln(w, "Environment: BOX_REMOTE, INCUS_SOCKET, INCUS_DIR, BOX_NETNS, BOX_MEMBER_NETNS, BOX_SUBNET, BOX_DNS,")
 	fmt.Fprintln(w, "BOX_POOL, BOX_IMAGE, BOX_CPU, BOX_MEMORY, BOX_DISK. Output is plain text; --json where offered.")
 }
 
@@ -158,6 +164,9 @@ func (a *app) commandHelp(w io.Writer, c *command) {
 		pre = append(pre, "N must be a box that box minted (an instance without the user.box tag is refused)")
 	case stoppedBox:
 		pre = append(pre, "N must be a box that box minted, and stopped (box down N)")
+	}
+	if c.hostLayer {
+		pre = append(pre, "acts on this host: refuses --remote (run it on the remote's host)")
 	}
 	if c.confirm != "" {
 		pre = append(pre, "destructive: asks on a terminal; without one, refuses unless --force")

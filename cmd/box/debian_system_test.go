@@ -251,7 +251,7 @@ func checkTemplateBox(t *testing.T, r runner, c *incus.Client, st *world.State, 
 	assert.Equal(t, "0\n", ex.out, "sudo without a password")
 	sh := r.run(t, "shell", name)
 	require.Equal(t, exitOK, sh.code, sh.err)
-	argv := []string{"incus", "exec", name, "--", "su", "-l", tp.User}
+	argv := []string{"incus", "--project", "default", "exec", "local:" + name, "--", "su", "-l", tp.User}
 	assert.Equal(t, argv, sh.handedOver)
 	// What the incus CLI then runs in the box: a login shell as the user.
 	assert.Equal(t, tp.Home()+"\n"+tp.Home()+"\n"+tp.User, asRoot(t, c, name, "su -l "+tp.User+` -c 'pwd; echo "$HOME"; id -un'`))

@@ -50,6 +50,7 @@ func program() clidoc.Program {
 		Sections: []clidoc.Section{
 			{Title: "Exit status", Paragraphs: []string{"0 ok; 1 it went wrong; 2 you asked wrong (usage). box exec exits with its command's code."}},
 			{Title: "Environment", Paragraphs: []string{
+				"BOX_REMOTE (or box --remote NAME COMMAND): the incus CLI's remote to drive over HTTPS, with the client certificate in INCUS_CONF (client.key mode 0600); local is this machine. Host verbs refuse a remote.",
 				"INCUS_SOCKET, INCUS_DIR: where incusd's socket is (default /var/lib/incus/unix.socket).",
 				"BOX_SUBNET, BOX_DNS, BOX_POOL: the isolation stack's subnet, upstream resolvers and storage pool.",
 				"BOX_NETNS: the network namespace incusd's bridges live in (the hermetic world's).",

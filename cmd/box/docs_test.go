@@ -121,7 +121,7 @@ func TestBashCompletion(t *testing.T) {
 		want  []string
 	}{
 		{[]string{"box", "n"}, []string{"new"}},
-		{[]string{"box", "re"}, []string{"restore", "rename", "revoke"}},
+		{[]string{"box", "re"}, []string{"restore", "rename", "revoke", "remote"}},
 		{[]string{"box", "e"}, []string{"exec", "egress", "expose", "export"}},
 		{[]string{"box", "expose", ""}, []string{"alpha", "beta-2"}},
 		{[]string{"box", "expose", "alpha", "--l"}, []string{"--list", "--listen"}},

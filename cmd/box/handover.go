@@ -17,7 +17,7 @@ func setupShell(fs *flag.FlagSet) action {
 		if err := c.mustRun(); err != nil {
 			return err
 		}
-		return c.handoverIncus("exec", c.name(), "--", "su", "-l", c.loginUser())
+		return c.handoverIncus("exec", c.incusTarget(), "--", "su", "-l", c.loginUser())
 	}
 }
 
@@ -33,7 +33,7 @@ func setupTmux(fs *flag.FlagSet) action {
 		if !sessionName.MatchString(session) {
 			return usagef("tmux: session name %q: use letters, digits, '-' and '_'", session)
 		}
-		return c.handoverIncus("exec", c.name(), "--", "su", "-l", c.loginUser(), "-c", "tmux new-session -A -s "+session)
+		return c.handoverIncus("exec", c.incusTarget(), "--", "su", "-l", c.loginUser(), "-c", "tmux new-session -A -s "+session)
 	}
 }
 
@@ -59,7 +59,7 @@ func setupIncus(fs *flag.FlagSet) action {
 		if len(args) == 0 {
 			return usagef("incus: which incus command? box incus %s -- ARGS (e.g. box incus %s -- config show)", c.name(), c.name())
 		}
-		argv := hatchArgs(args, c.name())
+		argv := hatchArgs(args, c.incusTarget())
 		if w := touchesStack(argv); w != "" {
 			fmt.Fprintf(c.err, "box: WARNING: these arguments touch %s: they can move %s off the isolation stack; run box doctor afterwards\n", w, c.name())
 		}
@@ -129,20 +129,47 @@ func touchesStack(args []string) string {
 }
 
 // handoverIncus echoes the incus command line and replaces box with it.
+// The CLI talks to the server and project box resolved the box on: the
+// remote is in the box's name (incusTarget), the project is explicit, and
+// on this machine INCUS_SOCKET is the socket box used (incus-user's for a
+// granted user, who cannot open incusd's).
 func (c *call) handoverIncus(args ...string) error {
+	h, err := c.host()
+	if err != nil {
+		return err
+	}
 	path, err := c.lookPath("incus")
 	if err != nil {
 		return fmt.Errorf("the incus CLI is needed for this (install the incus-client package): %w", err)
 	}
-	argv := append([]string{"incus"}, args...)
+	project := h.Incus.ProjectName()
+	if project == "" {
+		project = "default"
+	}
+	argv := append([]string{"incus", "--project", project}, args...)
 	fmt.Fprintf(c.err, "+ %s\n", shellQuote(argv))
 	env := c.environ()
-	// The CLI must talk to the daemon box talked to.
-	env = append(env, "INCUS_SOCKET="+c.socket())
+	if c.remote == "" {
+		// Replaced, not appended: with the key twice, the CLI (Go) reads
+		// the first, the caller's, which for a granted user is incusd's
+		// socket they cannot open.
+		env = setEnv(env, "INCUS_SOCKET", h.Incus.Socket())
+	}
 	if err := c.handover(path, argv, env); err != nil {
 		return fmt.Errorf("running %s: %w", path, err)
 	}
 	return nil
+}
+
+// setEnv is env with key set to value, once.
+func setEnv(env []string, key, value string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, key+"=") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, key+"="+value)
 }
 
 // shellQuote renders argv as one could paste it into a shell.

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/box-isolation/box/stack/incus"
 )
 
 // result is one invocation of box, as a person at a shell would see it.
@@ -36,6 +38,8 @@ type runner struct {
 	// euid whether it acts as an admin or as a granted user).
 	as  *syscall.Credential
 	exe string
+	// dial, when set, opens a remote's connections (inside the world).
+	dial incus.DialFunc
 }
 
 // withErrTTY is r with stderr a terminal.
@@ -68,6 +72,7 @@ func (r runner) run(t *testing.T, args ...string) result {
 		},
 		lookPath: func(name string) (string, error) { return "/usr/bin/" + name, nil },
 		environ:  func() []string { return []string{"PATH=/usr/bin"} },
+		dial:     r.dial,
 	}
 	res.code = a.run(args)
 	res.out, res.err = o.String(), e.String()

@@ -369,6 +369,7 @@ func TestSystemBoundary(t *testing.T) {
 func TestSystemHandovers(t *testing.T) {
 	r, c := worldBox(t)
 	name := uniq(t)
+	local := "local:" + name // the remote is always named
 	cleanup(t, c, name)
 	require.Equal(t, exitOK, r.run(t, "new", "--name", name).code)
 
@@ -376,16 +377,16 @@ func TestSystemHandovers(t *testing.T) {
 		args, want []string
 		warn       string
 	}{
-		{[]string{"incus", name, "--", "config", "show"}, []string{"incus", "config", "show", name}, ""},
-		{[]string{"incus", name, "config", "show", "--", "--expanded"}, []string{"incus", "config", "show", "--expanded", name}, ""},
-		{[]string{"incus", name, "--", "exec", "{}", "--", "id"}, []string{"incus", "exec", name, "--", "id"}, ""},
+		{[]string{"incus", name, "--", "config", "show"}, []string{"incus", "--project", "default", "config", "show", local}, ""},
+		{[]string{"incus", name, "config", "show", "--", "--expanded"}, []string{"incus", "--project", "default", "config", "show", "--expanded", local}, ""},
+		{[]string{"incus", name, "--", "exec", "{}", "--", "id"}, []string{"incus", "--project", "default", "exec", local, "--", "id"}, ""},
 		{[]string{"incus", name, "--", "config", "device", "add", "{}", "eth9", "nic", "nictype=bridged", "parent=lxdbr0"},
-			[]string{"incus", "config", "device", "add", name, "eth9", "nic", "nictype=bridged", "parent=lxdbr0"}, "a device"},
-		{[]string{"incus", name, "--", "profile", "add", "{}", "default"}, []string{"incus", "profile", "add", name, "default"}, "a profile"},
-		{[]string{"incus", name, "--", "config", "set", "{}", "security.privileged=true"}, []string{"incus", "config", "set", name, "security.privileged=true"}, "a security.* key"},
-		{[]string{"shell", name}, []string{"incus", "exec", name, "--", "su", "-l", "dev"}, ""},
-		{[]string{"tmux", name}, []string{"incus", "exec", name, "--", "su", "-l", "dev", "-c", "tmux new-session -A -s main"}, ""},
-		{[]string{"tmux", name, "work"}, []string{"incus", "exec", name, "--", "su", "-l", "dev", "-c", "tmux new-session -A -s work"}, ""},
+			[]string{"incus", "--project", "default", "config", "device", "add", local, "eth9", "nic", "nictype=bridged", "parent=lxdbr0"}, "a device"},
+		{[]string{"incus", name, "--", "profile", "add", "{}", "default"}, []string{"incus", "--project", "default", "profile", "add", local, "default"}, "a profile"},
+		{[]string{"incus", name, "--", "config", "set", "{}", "security.privileged=true"}, []string{"incus", "--project", "default", "config", "set", local, "security.privileged=true"}, "a security.* key"},
+		{[]string{"shell", name}, []string{"incus", "--project", "default", "exec", local, "--", "su", "-l", "dev"}, ""},
+		{[]string{"tmux", name}, []string{"incus", "--project", "default", "exec", local, "--", "su", "-l", "dev", "-c", "tmux new-session -A -s main"}, ""},
+		{[]string{"tmux", name, "work"}, []string{"incus", "--project", "default", "exec", local, "--", "su", "-l", "dev", "-c", "tmux new-session -A -s work"}, ""},
 	} {
 		res := r.run(t, tc.args...)
 		require.Equal(t, exitOK, res.code, "%v", tc.args)

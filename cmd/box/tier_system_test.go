@@ -498,6 +498,21 @@ func TestSystemTier(t *testing.T) {
 		assert.Equal(t, "Running", a.Status, "the admin's box is untouched")
 	})
 
+	t.Run("GrantedUserShell", func(t *testing.T) {
+		// box shell as the granted user, handed over for real: the incus
+		// CLI, run as the user, reaches their box through incus-user's
+		// socket and their project (incusd's socket is closed to them).
+		ur := e.as(u1).with("HOME", u1.home)
+		ur.stdin = "id -un; hostname\n"
+		res := ur.run(t, "shell", userBox)
+		require.Equal(t, exitOK, res.code, "box shell as %s: %s", u1.Name, res.err)
+		assert.Contains(t, res.err, "+ incus --project "+project1+" exec local:"+userBox+" -- su -l ", "the handover names the remote and the user's project")
+		assert.Equal(t, "dev\n"+userBox+"\n", res.out, "the shell ran as the template's user in the user's box")
+		res = ur.run(t, "incus", userBox, "--", "exec", "{}", "--", "cat", "/proc/sys/kernel/hostname")
+		require.Equal(t, exitOK, res.code, "box incus as %s: %s", u1.Name, res.err)
+		assert.Equal(t, userBox+"\n", res.out)
+	})
+
 	t.Run("OtherNetworksRefused", func(t *testing.T) {
 		decoy := "bxtd" + uniq(t)[len("t-cli-"):]
 		require.NoError(t, e.c.CreateNetwork(ctx, incus.NetworksPost{Name: decoy, Type: "bridge",

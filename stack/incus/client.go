@@ -24,6 +24,7 @@ const maxResponseSize = 64 << 20
 // usable; build one with New. A Client is safe for concurrent use.
 type Client struct {
 	socket  string
+	base    string // "http://incus" on a unix socket, the remote's https://host:port
 	project string
 	target  string
 	http    *http.Client
@@ -72,7 +73,7 @@ func NewDialer(socketPath string, dial func(ctx context.Context) (net.Conn, erro
 		MaxIdleConnsPerHost: 8,
 		IdleConnTimeout:     30 * time.Second,
 	}
-	return &Client{socket: socketPath, http: &http.Client{Transport: tr}}
+	return &Client{socket: socketPath, base: "http://incus", http: &http.Client{Transport: tr}}
 }
 
 // Project returns a copy of c whose requests are all scoped to the named
@@ -87,7 +88,8 @@ func (c *Client) Project(name string) *Client {
 // ProjectName is the project this client is scoped to ("" for the default).
 func (c *Client) ProjectName() string { return c.project }
 
-// Socket is the unix socket path this client dials.
+// Socket is the unix socket path this client dials; a remote's URL for a
+// client of NewRemote.
 func (c *Client) Socket() string { return c.socket }
 
 // apiPath joins escaped segments under /1.0, so a name can never smuggle a
@@ -137,7 +139,7 @@ func (c *Client) roundTrip(ctx context.Context, r request) (*http.Response, erro
 	if c.target != "" && q.Get("target") == "" {
 		q.Set("target", c.target)
 	}
-	u := "http://incus" + r.path
+	u := c.base + r.path
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}

@@ -58,7 +58,9 @@ type UnreachableError struct {
 
 func (e *UnreachableError) Error() string {
 	hint := "check that incusd is running (systemctl status incus), or set INCUS_SOCKET to the socket it listens on"
-	if errors.Is(e.Err, os.ErrPermission) || errors.Is(e.Err, syscall.EACCES) {
+	if strings.HasPrefix(e.Socket, "https://") {
+		hint = "check the address, and that the server listens there (incus config get core.https_address on it)"
+	} else if errors.Is(e.Err, os.ErrPermission) || errors.Is(e.Err, syscall.EACCES) {
 		hint = "this user may not open the socket: join the incus-admin group (or incus, and use unix.socket.user), then log in again"
 	}
 	return fmt.Sprintf("incus: cannot reach incusd at %s: %v; %s", e.Socket, unwrapOpError(e.Err), hint)

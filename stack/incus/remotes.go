@@ -24,6 +24,9 @@ type Remote struct {
 	// Incus server (the CLI's default when the file names none).
 	Protocol string
 	Public   bool
+	// Project is the project the CLI works in on this remote ("" is the
+	// server's default).
+	Project string
 	// Certificate is the server's certificate (PEM) the CLI pinned in
 	// servercerts/NAME.crt; empty when the system's CAs vouch for it.
 	Certificate string
@@ -69,6 +72,7 @@ type cliConfig struct {
 		Addr     string `yaml:"addr"`
 		Protocol string `yaml:"protocol"`
 		Public   bool   `yaml:"public"`
+		Project  string `yaml:"project"`
 	} `yaml:"remotes"`
 }
 
@@ -97,7 +101,7 @@ func LoadRemotes(dir string) (Remotes, error) {
 	}
 	rs := Remotes{}
 	for name, r := range cfg.Remotes {
-		rem := Remote{Name: name, Addr: r.Addr, Protocol: r.Protocol, Public: r.Public}
+		rem := Remote{Name: name, Addr: r.Addr, Protocol: r.Protocol, Public: r.Public, Project: r.Project}
 		if rem.Protocol == "" {
 			rem.Protocol = "incus"
 		}
