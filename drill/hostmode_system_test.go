@@ -2,6 +2,7 @@ package drill_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,12 +30,18 @@ import (
 // targets (the route, the resolver, samples) and watches them leave the
 // host on its outward interfaces. With the ACL whole, C-LAN passes; with
 // the ACL narrowed by hand so 10/8 is no longer dropped, it fails naming
-// the routed LAN's resolver. The test world is torn down after.
+// the routed LAN's resolver. The router also routes a prefix that is in no
+// private range (198.18.40.0/24, inside RFC 2544's benchmark range): the
+// host routes it to its LAN, not by its default route, so discovery
+// samples it and L-ROUTE must keep every box's packet to it on the host.
+// The test world is torn down after; BOX_ROUTED_WORLD names it ("bxr"
+// by default), so that runs beside each other do not share one.
 func TestSystemHostModeRoutedWorld(t *testing.T) {
 	testenv.World(t)
 	exe := agent(t)
-	cfg := world.Config{Name: "bxr", Shape: world.ShapeRouted, Executable: exe}
-	require.Empty(t, world.Leftovers(cfg), "a world named bxr is already here: not this test's to tear down")
+	name := cmp.Or(os.Getenv("BOX_ROUTED_WORLD"), "bxr")
+	cfg := world.Config{Name: name, Shape: world.ShapeRouted, Executable: exe}
+	require.Empty(t, world.Leftovers(cfg), "a world named %s is already here: not this test's to tear down", name)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -95,7 +102,8 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 	for _, id := range []drill.ClaimID{"C-EGRESS", "C-DNS", "C-DHCP", "C-LAN", "C-INBOUND"} {
 		assert.Equal(t, drill.Pass, claim(t, rep, id).Verdict, "%s with the stack whole", id)
 	}
-	resolver := false
+	resolver, public := false, 0
+	publicSample := world.RoutedPublicLAN.Masked().Addr().Next().String()
 	for _, r := range claim(t, rep, "C-LAN").Results {
 		if r.Channel == drill.ChannelStack {
 			continue
@@ -104,9 +112,15 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 			resolver = true
 			assert.Equal(t, "resolver", string(r.Provenance))
 		}
+		if strings.HasSuffix(r.Target, " "+publicSample) {
+			public++
+			assert.Equal(t, "route", string(r.Provenance))
+			assert.Equal(t, drill.Pass, r.Verdict, "%s %s: a box's packet to the non-private routed prefix stays on the host: %s; %s", r.Target, r.Channel, r.Evidence, r.AtTarget)
+		}
 		assert.Contains(t, r.AtTarget, "not seen leaving the host", "%s %s: %s", r.Target, r.Channel, r.Evidence)
 	}
 	assert.True(t, resolver, "the routed LAN's resolver, from the host's resolv.conf, is a target: %v", lanResults(rep))
+	assert.Equal(t, 3, public, "the non-private routed prefix %s is sampled at %s over TCP, UDP and ICMP: %v", world.RoutedPublicLAN, publicSample, lanResults(rep))
 	fromLAN := 0
 	for _, r := range claim(t, rep, "C-INBOUND").Results {
 		if r.From == drill.PlaceLAN {

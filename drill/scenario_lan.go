@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 )
@@ -78,6 +79,13 @@ func (b *builder) lanFrom(claim ClaimID, from BoxEnd) {
 	for _, r := range stack.PrivateRanges {
 		if r.Addr().Is4() {
 			prefixes = append(prefixes, r.Masked())
+		}
+	}
+	// A target the host routes elsewhere that is in no private range
+	// (L-ROUTE's) is watched for by its own address.
+	for _, h := range t.LANHosts {
+		if !topo.Private(h.Addr) && len(prefixes) < probes.MaxDstPrefixes {
+			prefixes = append(prefixes, netip.PrefixFrom(h.Addr, 32))
 		}
 	}
 	var spec *probes.WitnessSpec
