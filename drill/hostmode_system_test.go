@@ -28,9 +28,10 @@ import (
 // behind a router on a routed /24 (10.40.0.0/24), reachable only through
 // the host's route, with the LAN's resolver there. Host mode discovers its
 // targets (the route, the resolver, samples) and watches them leave the
-// host on its outward interfaces. With the ACL whole, C-LAN passes; with
-// the ACL narrowed by hand so 10/8 is no longer dropped, it fails naming
-// the routed LAN's resolver. The router also routes a prefix that is in no
+// host on its outward interfaces. With the stack whole, C-LAN passes; with
+// L-ROUTE's table deleted by hand it fails naming the non-private routed
+// prefix below, and with the ACL also narrowed so 10/8 is no longer
+// dropped, naming the routed LAN's resolver. The router also routes a prefix that is in no
 // private range (198.18.40.0/24, inside RFC 2544's benchmark range): the
 // host routes it to its LAN, not by its default route, so discovery
 // samples it and L-ROUTE must keep every box's packet to it on the host.
@@ -38,6 +39,7 @@ import (
 // by default), so that runs beside each other do not share one.
 func TestSystemHostModeRoutedWorld(t *testing.T) {
 	testenv.World(t)
+	nftBin := testenv.Tool(t, "nft", "nftables")
 	exe := agent(t)
 	name := cmp.Or(os.Getenv("BOX_ROUTED_WORLD"), "bxr")
 	cfg := world.Config{Name: name, Shape: world.ShapeRouted, Executable: exe}
@@ -131,20 +133,33 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 	assert.GreaterOrEqual(t, fromLAN, 8, "the LAN stand-in probes box-a from a source in each private range")
 	assert.Equal(t, drill.ExitOK, rep.ExitCode, "problems %v, notes %v", rep.Problems, rep.Notes)
 
-	// Narrowed by hand: 10/8 is no longer dropped.
-	cmd := exec.Command("ip", "netns", "exec", st.Names.HostNS, "incus", "network", "acl", "rule", "remove", "box-isolate", "egress", "destination=10.0.0.0/8")
-	cmd.Env = env
+	failedAt := func(rep *drill.Report, addr string) bool {
+		for _, r := range claim(t, rep, "C-LAN").Results {
+			if r.Verdict == drill.Fail && r.Channel != drill.ChannelStack && strings.HasSuffix(r.Target, " "+addr) {
+				return true
+			}
+		}
+		return false
+	}
+	// L-ROUTE removed by hand: the ACL drops only the private ranges, so
+	// the non-private routed prefix is reached, and the private LAN is
+	// still not.
+	cmd := exec.Command("ip", "netns", "exec", st.Names.HostNS, nftBin, "delete", "table", "inet", "box_route")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	rep = hostRun("--no-setup")
 	assert.Equal(t, drill.Fail, claim(t, rep, "C-LAN").Verdict)
-	named := false
-	for _, r := range claim(t, rep, "C-LAN").Results {
-		if r.Verdict == drill.Fail && r.Channel != drill.ChannelStack && strings.Contains(r.Target, world.RoutedResolver.String()) {
-			named = true
-		}
-	}
-	assert.True(t, named, "C-LAN fails naming the routed LAN's resolver: %v", lanResults(rep))
+	assert.True(t, failedAt(rep, publicSample), "C-LAN fails naming %s, the non-private routed prefix: %v", publicSample, lanResults(rep))
+	assert.False(t, failedAt(rep, world.RoutedResolver.String()), "the ACL still keeps the routed LAN's resolver: %v", lanResults(rep))
+
+	// And the ACL narrowed by hand: 10/8 is no longer dropped.
+	cmd = exec.Command("ip", "netns", "exec", st.Names.HostNS, "incus", "network", "acl", "rule", "remove", "box-isolate", "egress", "destination=10.0.0.0/8")
+	cmd.Env = env
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	rep = hostRun("--no-setup")
+	assert.Equal(t, drill.Fail, claim(t, rep, "C-LAN").Verdict)
+	assert.True(t, failedAt(rep, world.RoutedResolver.String()), "C-LAN fails naming the routed LAN's resolver: %v", lanResults(rep))
 
 	// Opened by hand: the ACL no longer drops what comes in.
 	cmd = exec.Command("ip", "netns", "exec", st.Names.HostNS, "incus", "network", "set", "boxnet", "security.acls.default.ingress.action=allow")

@@ -96,10 +96,15 @@ func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions)
 	w.timer.Stop()
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() {
 		defer wg.Done()
 		w.pinWorker(ctx)
+	}()
+	// L-ROUTE's uplink set follows the route events (routes.go).
+	go func() {
+		defer wg.Done()
+		host.watchRoutes(ctx, w.logf)
 	}()
 	// The allowlisted boxes' resolver and proxy live here too.
 	go func() {
