@@ -99,12 +99,13 @@ func (s *lanSet) add(ip netip.Addr, why Provenance, name string) {
 	s.out = append(s.out, Target{Name: name + "-" + ip.String(), Addr: ip, TCPPort: 80, UDPPort: 53, Provenance: why})
 }
 
-// DefaultDevs are the interfaces the host's default routes leave by: the
-// only way L-ROUTE lets a box's traffic out.
+// DefaultDevs are the interfaces the host's default routes leave by (a
+// full tunnel's 0.0.0.0/1 and 128.0.0.0/1 count, as the stack counts
+// them): the only way L-ROUTE lets a box's traffic out.
 func DefaultDevs(routes []Route) []string {
 	var out []string
 	for _, r := range routes {
-		if (!r.Dst.IsValid() || r.Dst.Bits() == 0) && !slices.Contains(out, r.Dev) {
+		if (!r.Dst.IsValid() || r.Dst.Bits() <= 1) && !slices.Contains(out, r.Dev) {
 			out = append(out, r.Dev)
 		}
 	}
@@ -119,7 +120,7 @@ func RoutedElsewhere(routes []Route) []netip.Prefix {
 	defs := DefaultDevs(routes)
 	var out []netip.Prefix
 	for _, r := range routes {
-		if !r.Dst.IsValid() || r.Dst.Bits() == 0 || slices.Contains(defs, r.Dev) ||
+		if !r.Dst.IsValid() || r.Dst.Bits() <= 1 || slices.Contains(defs, r.Dev) ||
 			r.Dev == "lo" || r.Dev == stack.Current.Network || r.Dst.Addr().IsLoopback() || slices.Contains(out, r.Dst.Masked()) {
 			continue
 		}

@@ -108,6 +108,7 @@ func TestRoutedElsewhere(t *testing.T) {
 	routes := []Route{
 		{Gw: addr("192.168.1.1"), Dev: "eth0"},
 		{Dst: pfx("0.0.0.0/0"), Gw: addr("10.9.0.1"), Dev: "wg0"}, // a second default route
+		{Dst: pfx("128.0.0.0/1"), Dev: "tun0"},                    // half of a full tunnel's pair
 		{Dst: pfx("192.168.1.0/24"), Dev: "eth0"},
 		{Dst: pfx("10.9.0.0/24"), Dev: "wg0"},
 		{Dst: pfx("198.18.40.0/24"), Gw: addr("192.168.30.2"), Dev: "lan0"},
@@ -115,7 +116,7 @@ func TestRoutedElsewhere(t *testing.T) {
 		{Dst: pfx("10.88.0.0/24"), Dev: "boxnet"},
 		{Dst: pfx("127.0.0.0/8"), Dev: "lo"},
 	}
-	assert.Equal(t, []string{"eth0", "wg0"}, DefaultDevs(routes))
+	assert.Equal(t, []string{"eth0", "wg0", "tun0"}, DefaultDevs(routes))
 	assert.Equal(t, []netip.Prefix{pfx("198.18.40.0/24"), pfx("192.168.30.0/24")}, RoutedElsewhere(routes))
 	got := map[string]bool{}
 	for _, l := range LANTargets(nil, routes) {
