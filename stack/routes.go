@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -119,10 +121,10 @@ const (
 )
 
 // watchRoutes keeps the route table's uplink set equal to the default
-// routes' interfaces until ctx ends: on every IPv4 route event (a default
-// route added or removed, a link that went down taking its routes), and
-// every routeResync whatever was heard (a link renamed sends no route
-// event). It only updates the set of a table that is there: making the
+// routes' interfaces until ctx ends: routeDebounce after the last of a
+// burst of route, link and address events (a default route added or
+// removed, a link that went down taking its routes), and every
+// routeResync whatever was heard. It only updates the set of a table that is there: making the
 // table is Ensure's (`box setup-host`, `box doctor --fix`), and a table
 // someone removed is Verify's to report. Between a new default route and
 // the update, a box's new connections by it are dropped: the set errs
@@ -135,33 +137,25 @@ func (host *Host) watchRoutes(ctx context.Context, logf func(string, ...any)) {
 	}
 	defer g.close()
 	ncfg := g.nftConfig(Current)
-	var sub chan netlink.RouteUpdate
-	var done chan struct{}
-	stop := func() {
-		if done != nil {
-			close(done)
-			for range sub {
-			}
-			sub, done = nil, nil
+	// Route events, and link and address events: IPv4 routes a link
+	// takes down with it, or an address takes with it, go without a route
+	// event of their own (measured: TestPrivilegedRouteUplinks).
+	var sub *routeSubscription
+	defer func() {
+		if sub != nil {
+			sub.stop()
 		}
-	}
-	defer stop()
+	}()
 	subscribe := func() error {
-		sub, done = make(chan netlink.RouteUpdate, 256), make(chan struct{})
-		opts := netlink.RouteSubscribeOptions{ReceiveBufferSize: 1 << 20, ErrorCallback: func(error) {}}
-		if g.ns >= 0 {
-			ns := g.ns
-			opts.Namespace = &ns
-		}
-		if err := netlink.RouteSubscribeWithOptions(sub, done, opts); err != nil {
-			close(done)
-			sub, done = nil, nil
+		s, err := subscribeRoutes(g)
+		if err != nil {
 			return err
 		}
+		sub = s
 		return nil
 	}
 	missing := false
-	sync := func(why string) {
+	syncSet := func(why string) {
 		up, err := g.uplinks(Current.Network)
 		if err == nil {
 			var changed string
@@ -199,22 +193,91 @@ func (host *Host) watchRoutes(ctx context.Context, logf func(string, ...any)) {
 				retry.Reset(watchRetry)
 				continue
 			}
-			sync("route subscription started")
-		case u, ok := <-sub:
-			if !ok {
-				// Events were lost: subscribe again, and read afresh.
-				close(done)
-				sub, done = nil, nil
-				retry.Reset(watchRetry)
-				continue
-			}
-			if u.Family == netlink.FAMILY_V4 || u.Family == 0 {
-				debounce.Reset(routeDebounce)
-			}
+			syncSet("route subscription started")
+		case <-sub.endedC():
+			// Events were lost: subscribe again, and read afresh.
+			sub.stop()
+			sub = nil
+			retry.Reset(watchRetry)
+		case <-sub.events():
+			debounce.Reset(routeDebounce)
 		case <-debounce.C:
-			sync("route event")
+			syncSet("route event")
 		case <-resync.C:
-			sync("resync")
+			syncSet("resync")
 		}
 	}
+}
+
+// routeSubscription is what watchRoutes hears: the kernel's route, link
+// and address events in the host's namespace, as wake-ups (one pending at
+// most: each sync reads the kernel afresh). ended closes when any of the
+// three subscriptions ends.
+type routeSubscription struct {
+	wake              chan struct{}
+	ended             chan struct{}
+	done              chan struct{}
+	stopOnce, endOnce sync.Once
+	wg                sync.WaitGroup
+}
+
+func subscribeRoutes(g *ground) (*routeSubscription, error) {
+	s := &routeSubscription{wake: make(chan struct{}, 1), ended: make(chan struct{}), done: make(chan struct{})}
+	var nsh *netns.NsHandle
+	if g.ns >= 0 {
+		ns := g.ns
+		nsh = &ns
+	}
+	routes, links, addrs := make(chan netlink.RouteUpdate, 256), make(chan netlink.LinkUpdate, 256), make(chan netlink.AddrUpdate, 256)
+	ignore := func(error) {} // a lost message is made up for by the next sync
+	const rcvbuf = 1 << 20
+	err := netlink.RouteSubscribeWithOptions(routes, s.done, netlink.RouteSubscribeOptions{Namespace: nsh, ReceiveBufferSize: rcvbuf, ErrorCallback: ignore})
+	if err == nil {
+		err = netlink.LinkSubscribeWithOptions(links, s.done, netlink.LinkSubscribeOptions{Namespace: nsh, ReceiveBufferSize: rcvbuf, ErrorCallback: ignore})
+	}
+	if err == nil {
+		err = netlink.AddrSubscribeWithOptions(addrs, s.done, netlink.AddrSubscribeOptions{Namespace: nsh, ReceiveBufferSize: rcvbuf, ErrorCallback: ignore})
+	}
+	if err != nil {
+		close(s.done) // the sockets already opened are closed on done
+		return nil, err
+	}
+	s.wg.Add(3)
+	go drainInto(s, routes)
+	go drainInto(s, links)
+	go drainInto(s, addrs)
+	return s, nil
+}
+
+// drainInto turns one subscription's events into wake-ups until it ends.
+func drainInto[T any](s *routeSubscription, ch <-chan T) {
+	defer s.wg.Done()
+	for range ch {
+		select {
+		case s.wake <- struct{}{}:
+		default: // one is pending already
+		}
+	}
+	s.endOnce.Do(func() { close(s.ended) })
+}
+
+// events and ended are nil (never ready) for no subscription.
+func (s *routeSubscription) events() <-chan struct{} {
+	if s == nil {
+		return nil
+	}
+	return s.wake
+}
+
+func (s *routeSubscription) endedC() <-chan struct{} {
+	if s == nil {
+		return nil
+	}
+	return s.ended
+}
+
+// stop closes the sockets and waits for their readers.
+func (s *routeSubscription) stop() {
+	s.stopOnce.Do(func() { close(s.done) })
+	s.wg.Wait()
 }
