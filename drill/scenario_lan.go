@@ -62,6 +62,8 @@ func (b *builder) lanFrom(claim ClaimID, from BoxEnd) {
 			}
 			a := b.probe(Action{Claim: claim, Channel: ch.channel, From: from.Place, Target: label, TargetKey: h.Name, Expect: ExpectBlocked, Provenance: h.Provenance}, spec)
 			switch {
+			case h.Uplink && t.Allow.InetVia.IsValid():
+				b.witness(a, PlaceInet, probes.WitnessSpec{Via: t.Allow.InetVia, Nonces: []string{spec.Nonce}, SrcIPs: []netip.Addr{from.IP, t.Allow.InetNAT}, Proto: string(ch.channel), Port: ch.port, SrcPort: spec.SrcPort, DstIP: h.Addr})
 			case t.LANVia.IsValid():
 				b.witness(a, PlaceLAN, probes.WitnessSpec{Via: t.LANVia, Nonces: []string{spec.Nonce}, SrcIPs: srcs, Proto: string(ch.channel), Port: ch.port, SrcPort: spec.SrcPort, DstIP: h.Addr})
 			case outbound:

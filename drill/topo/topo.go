@@ -145,6 +145,10 @@ type Target struct {
 	TCPPort    int        `json:"tcp_port,omitempty"`
 	UDPPort    int        `json:"udp_port,omitempty"`
 	Provenance Provenance `json:"provenance"`
+	// Uplink: the host reaches it by its default route (the world's
+	// modem), so the world watches for it in the internet's namespace,
+	// not the LAN's.
+	Uplink bool `json:"uplink,omitempty"`
 }
 
 // HostAddr is one of the host's own addresses.
