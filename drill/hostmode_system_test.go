@@ -161,6 +161,27 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 	assert.Equal(t, drill.Fail, claim(t, rep, "C-LAN").Verdict)
 	assert.True(t, failedAt(rep, world.RoutedResolver.String()), "C-LAN fails naming the routed LAN's resolver: %v", lanResults(rep))
 
+	// An ingress rule opened for the host's own LAN prefix only: the LAN
+	// stand-in sends from inside it, so a probe (not only Verify) shows it.
+	cmd = exec.Command("ip", "netns", "exec", st.Names.HostNS, "incus", "network", "acl", "rule", "add", "box-isolate", "ingress", "action=allow", "source="+world.RoutedHostSide.Masked().String())
+	cmd.Env = env
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	rep = hostRun("--no-setup")
+	fromLANPrefix, fromElsewhere := 0, 0
+	for _, r := range claim(t, rep, "C-INBOUND").Results {
+		if r.From != drill.PlaceLAN || r.Verdict != drill.Fail {
+			continue
+		}
+		if strings.Contains(r.Target, " from 192.168.30.") {
+			fromLANPrefix++
+		} else {
+			fromElsewhere++
+		}
+	}
+	assert.Positive(t, fromLANPrefix, "a source in the host's LAN prefix %s reaches box-a through the rule", world.RoutedHostSide.Masked())
+	assert.Zero(t, fromElsewhere, "no other source does")
+
 	// Opened by hand: the ACL no longer drops what comes in.
 	cmd = exec.Command("ip", "netns", "exec", st.Names.HostNS, "incus", "network", "set", "boxnet", "security.acls.default.ingress.action=allow")
 	cmd.Env = env
