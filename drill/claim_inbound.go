@@ -2,9 +2,13 @@ package drill
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/box-isolation/box/drill/topo"
+	"github.com/box-isolation/box/internal/hostscan"
+	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 )
@@ -24,8 +28,9 @@ var claimInbound = Claim{
 }
 
 // prepareInbound stands a throwaway namespace in for the LAN on a real
-// host (the world has its own LAN namespace): one source per private
-// range, behind the host.
+// host (the world has its own LAN namespace), behind the host: one source
+// in each of the host's LAN prefixes (lanSimSources), then one in each
+// private range they leave uncovered.
 func prepareInbound(_ context.Context, r *run) error {
 	if len(r.cfg.Topology.LANSources) > 0 {
 		return nil
@@ -34,7 +39,24 @@ func prepareInbound(_ context.Context, r *run) error {
 	if err != nil {
 		return err
 	}
-	sim, err := newLANSim(r.cfg.Host.NetNS, r.rep.RunID, r.ends[PlaceA].IP, takenBy(addrs, routes))
+	taken := takenBy(addrs, routes)
+	var neigh []hostscan.Neighbour
+	if err := nsrun.Do(r.cfg.Host.NetNS, func() error {
+		var err error
+		neigh, err = hostscan.Neighbours()
+		return err
+	}); err != nil {
+		return fmt.Errorf("%s: reading the neighbour table for the LAN stand-in's sources: %w", InboundID, err)
+	}
+	used := func(a netip.Addr) bool {
+		return taken(a) || slices.ContainsFunc(neigh, func(n hostscan.Neighbour) bool { return n.Addr == a })
+	}
+	var boxSubnet netip.Prefix
+	if r.v != nil {
+		boxSubnet = r.v.Subnet
+	}
+	sources := lanSimSources(routes, boxSubnet, used)
+	sim, err := newLANSim(r.cfg.Host.NetNS, r.rep.RunID, r.ends[PlaceA].IP, sources)
 	if err != nil {
 		r.rep.Problems = append(r.rep.Problems, err.Error())
 		r.rep.Notes = append(r.rep.Notes, string(InboundID)+": nothing probes a box from the LAN here: its LAN side rests on Verify alone (the stack channel, "+string(stack.LayerACL)+")")

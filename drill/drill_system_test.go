@@ -293,6 +293,24 @@ func TestSystemDrillCanFail(t *testing.T) {
 		{"acl", []string{"acl"}, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-LAN")
 			assert.Contains(t, rep.Stack.Layers["L-ACL"], "absent")
+			// The LAN hosts are routed elsewhere than the default way, so
+			// L-ROUTE still holds them; the modem, private and behind the
+			// default route, is the ACL's alone.
+			for _, r := range probeFailures(claim(t, rep, "C-LAN")) {
+				assert.True(t, strings.HasPrefix(r.Target, world.ModemRole+" "), "only the modem is reached: %s %s", r.Target, r.Channel)
+			}
+		}},
+		{"route", []string{"route"}, func(t *testing.T, rep *drill.Report) {
+			assertProvenByProbes(t, rep, "C-LAN")
+			assert.Contains(t, rep.Stack.Layers["L-ROUTE"], "absent")
+			// The ACL still holds every private address; the LAN host
+			// outside the private ranges is L-ROUTE's alone.
+			failed := 0
+			for _, r := range probeFailures(claim(t, rep, "C-LAN")) {
+				failed++
+				assert.True(t, strings.HasPrefix(r.Target, "lan-bench "), "only the non-private LAN host is reached: %s %s", r.Target, r.Channel)
+			}
+			assert.Equal(t, 3, failed, "lan-bench over TCP, UDP and ICMP")
 		}},
 		{"dns managed", []string{"dns-managed"}, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-NAMES")

@@ -2,6 +2,7 @@ package drill_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,14 +28,22 @@ import (
 // behind a router on a routed /24 (10.40.0.0/24), reachable only through
 // the host's route, with the LAN's resolver there. Host mode discovers its
 // targets (the route, the resolver, samples) and watches them leave the
-// host on its outward interfaces. With the ACL whole, C-LAN passes; with
-// the ACL narrowed by hand so 10/8 is no longer dropped, it fails naming
-// the routed LAN's resolver. The test world is torn down after.
+// host on its outward interfaces. With the stack whole, C-LAN passes; with
+// L-ROUTE's table deleted by hand it fails naming the non-private routed
+// prefix below, and with the ACL also narrowed so 10/8 is no longer
+// dropped, naming the routed LAN's resolver. The router also routes a prefix that is in no
+// private range (198.18.40.0/24, inside RFC 2544's benchmark range): the
+// host routes it to its LAN, not by its default route, so discovery
+// samples it and L-ROUTE must keep every box's packet to it on the host.
+// The test world is torn down after; BOX_ROUTED_WORLD names it ("bxr"
+// by default), so that runs beside each other do not share one.
 func TestSystemHostModeRoutedWorld(t *testing.T) {
 	testenv.World(t)
+	nftBin := testenv.Tool(t, "nft", "nftables")
 	exe := agent(t)
-	cfg := world.Config{Name: "bxr", Shape: world.ShapeRouted, Executable: exe}
-	require.Empty(t, world.Leftovers(cfg), "a world named bxr is already here: not this test's to tear down")
+	name := cmp.Or(os.Getenv("BOX_ROUTED_WORLD"), "bxr")
+	cfg := world.Config{Name: name, Shape: world.ShapeRouted, Executable: exe}
+	require.Empty(t, world.Leftovers(cfg), "a world named %s is already here: not this test's to tear down", name)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -95,7 +104,8 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 	for _, id := range []drill.ClaimID{"C-EGRESS", "C-DNS", "C-DHCP", "C-LAN", "C-INBOUND"} {
 		assert.Equal(t, drill.Pass, claim(t, rep, id).Verdict, "%s with the stack whole", id)
 	}
-	resolver := false
+	resolver, public := false, 0
+	publicSample := world.RoutedPublicLAN.Masked().Addr().Next().String()
 	for _, r := range claim(t, rep, "C-LAN").Results {
 		if r.Channel == drill.ChannelStack {
 			continue
@@ -104,9 +114,15 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 			resolver = true
 			assert.Equal(t, "resolver", string(r.Provenance))
 		}
+		if strings.HasSuffix(r.Target, " "+publicSample) {
+			public++
+			assert.Equal(t, "route", string(r.Provenance))
+			assert.Equal(t, drill.Pass, r.Verdict, "%s %s: a box's packet to the non-private routed prefix stays on the host: %s; %s", r.Target, r.Channel, r.Evidence, r.AtTarget)
+		}
 		assert.Contains(t, r.AtTarget, "not seen leaving the host", "%s %s: %s", r.Target, r.Channel, r.Evidence)
 	}
 	assert.True(t, resolver, "the routed LAN's resolver, from the host's resolv.conf, is a target: %v", lanResults(rep))
+	assert.Equal(t, 3, public, "the non-private routed prefix %s is sampled at %s over TCP, UDP and ICMP: %v", world.RoutedPublicLAN, publicSample, lanResults(rep))
 	fromLAN := 0
 	for _, r := range claim(t, rep, "C-INBOUND").Results {
 		if r.From == drill.PlaceLAN {
@@ -117,20 +133,54 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 	assert.GreaterOrEqual(t, fromLAN, 8, "the LAN stand-in probes box-a from a source in each private range")
 	assert.Equal(t, drill.ExitOK, rep.ExitCode, "problems %v, notes %v", rep.Problems, rep.Notes)
 
-	// Narrowed by hand: 10/8 is no longer dropped.
-	cmd := exec.Command("ip", "netns", "exec", st.Names.HostNS, "incus", "network", "acl", "rule", "remove", "box-isolate", "egress", "destination=10.0.0.0/8")
-	cmd.Env = env
+	failedAt := func(rep *drill.Report, addr string) bool {
+		for _, r := range claim(t, rep, "C-LAN").Results {
+			if r.Verdict == drill.Fail && r.Channel != drill.ChannelStack && strings.HasSuffix(r.Target, " "+addr) {
+				return true
+			}
+		}
+		return false
+	}
+	// L-ROUTE removed by hand: the ACL drops only the private ranges, so
+	// the non-private routed prefix is reached, and the private LAN is
+	// still not.
+	cmd := exec.Command("ip", "netns", "exec", st.Names.HostNS, nftBin, "delete", "table", "inet", "box_route")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	rep = hostRun("--no-setup")
 	assert.Equal(t, drill.Fail, claim(t, rep, "C-LAN").Verdict)
-	named := false
-	for _, r := range claim(t, rep, "C-LAN").Results {
-		if r.Verdict == drill.Fail && r.Channel != drill.ChannelStack && strings.Contains(r.Target, world.RoutedResolver.String()) {
-			named = true
+	assert.True(t, failedAt(rep, publicSample), "C-LAN fails naming %s, the non-private routed prefix: %v", publicSample, lanResults(rep))
+	assert.False(t, failedAt(rep, world.RoutedResolver.String()), "the ACL still keeps the routed LAN's resolver: %v", lanResults(rep))
+
+	// And the ACL narrowed by hand: 10/8 is no longer dropped.
+	cmd = exec.Command("ip", "netns", "exec", st.Names.HostNS, "incus", "network", "acl", "rule", "remove", "box-isolate", "egress", "destination=10.0.0.0/8")
+	cmd.Env = env
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	rep = hostRun("--no-setup")
+	assert.Equal(t, drill.Fail, claim(t, rep, "C-LAN").Verdict)
+	assert.True(t, failedAt(rep, world.RoutedResolver.String()), "C-LAN fails naming the routed LAN's resolver: %v", lanResults(rep))
+
+	// An ingress rule opened for the host's own LAN prefix only: the LAN
+	// stand-in sends from inside it, so a probe (not only Verify) shows it.
+	cmd = exec.Command("ip", "netns", "exec", st.Names.HostNS, "incus", "network", "acl", "rule", "add", "box-isolate", "ingress", "action=allow", "source="+world.RoutedHostSide.Masked().String())
+	cmd.Env = env
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	rep = hostRun("--no-setup")
+	fromLANPrefix, fromElsewhere := 0, 0
+	for _, r := range claim(t, rep, "C-INBOUND").Results {
+		if r.From != drill.PlaceLAN || r.Verdict != drill.Fail {
+			continue
+		}
+		if strings.Contains(r.Target, " from 192.168.30.") {
+			fromLANPrefix++
+		} else {
+			fromElsewhere++
 		}
 	}
-	assert.True(t, named, "C-LAN fails naming the routed LAN's resolver: %v", lanResults(rep))
+	assert.Positive(t, fromLANPrefix, "a source in the host's LAN prefix %s reaches box-a through the rule", world.RoutedHostSide.Masked())
+	assert.Zero(t, fromElsewhere, "no other source does")
 
 	// Opened by hand: the ACL no longer drops what comes in.
 	cmd = exec.Command("ip", "netns", "exec", st.Names.HostNS, "incus", "network", "set", "boxnet", "security.acls.default.ingress.action=allow")

@@ -6,11 +6,14 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack"
 )
 
 // lanSim stands in for the LAN in host mode (C-INBOUND): a packet the host
@@ -33,19 +36,76 @@ type lanSim struct {
 // aborted run's is found.
 const lanSimPrefix = "drl-"
 
-// lanSimSources are the sources a lanSim sends from, one per private range:
-// addresses at the top of each range, where a LAN host is least likely.
-var lanSimSources = []netip.Addr{
+// lanSimSamples are the sources a lanSim sends from in a private range
+// none of the host's LAN prefixes covers: addresses at the top of each
+// range, where a LAN host is least likely.
+var lanSimSamples = []netip.Addr{
 	netip.MustParseAddr("10.255.255.77"),
 	netip.MustParseAddr("172.31.255.77"),
 	netip.MustParseAddr("192.168.255.77"),
 	netip.MustParseAddr("100.127.255.77"),
 }
 
+// lanSimOffset is how far below a LAN prefix's broadcast address its
+// source sits: high in the prefix, where a LAN host is least likely.
+const lanSimOffset = 10
+
+// maxLANSimSources bounds the sources (each costs two probes).
+const maxLANSimSources = 8
+
+// lanSimSources picks what a lanSim sends from: one address in each of the
+// host's real LAN prefixes (every prefix it routes elsewhere than by its
+// default routes, private or not, as discovery finds them), near its top,
+// so that an ingress rule opened for the host's own LAN is probed; then
+// a sample in each private range none of them covers. An address the
+// host uses, routes by a host route or has a neighbour entry for is never
+// taken; nor is one in the box subnet, or in a prefix too small to hold a
+// free address.
+func lanSimSources(routes []topo.Route, boxSubnet netip.Prefix, taken func(netip.Addr) bool) []netip.Addr {
+	var out []netip.Addr
+	ok := func(a netip.Addr) bool {
+		return a.IsValid() && a.Is4() && !taken(a) && !boxSubnet.Contains(a) && !slices.Contains(out, a) && len(out) < maxLANSimSources
+	}
+	for _, p := range topo.RoutedElsewhere(routes) {
+		if !p.Addr().Is4() || p.Bits() > 28 || p.Overlaps(boxSubnet) {
+			continue
+		}
+		a := lastAddr(p)
+		for range lanSimOffset {
+			a = a.Prev()
+		}
+		if ok(a) {
+			out = append(out, a)
+		}
+	}
+	for _, a := range lanSimSamples {
+		if slices.ContainsFunc(out, func(s netip.Addr) bool { return samePrivateRange(s, a) }) {
+			continue
+		}
+		if ok(a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// lastAddr is the last address of an IPv4 prefix (its broadcast address).
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v |= 1<<(32-p.Bits()) - 1
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// samePrivateRange reports whether a and b are in one private range.
+func samePrivateRange(a, b netip.Addr) bool {
+	return slices.ContainsFunc(stack.PrivateRanges, func(r netip.Prefix) bool { return r.Contains(a) && r.Contains(b) })
+}
+
 // newLANSim builds the namespace for a run, toward box (the probed box's
 // address) in the host's namespace hostNS ("" for the drill's own). A
 // source the host already uses or routes by a host route is left out.
-func newLANSim(hostNS, runID string, box netip.Addr, taken func(netip.Addr) bool) (_ *lanSim, err error) {
+func newLANSim(hostNS, runID string, box netip.Addr, sources []netip.Addr) (_ *lanSim, err error) {
 	l := &lanSim{ns: lanSimPrefix + runID, hostVeth: "drl" + runID}
 	defer func() {
 		if err != nil {
@@ -55,11 +115,7 @@ func newLANSim(hostNS, runID string, box netip.Addr, taken func(netip.Addr) bool
 			}
 		}
 	}()
-	for _, a := range lanSimSources {
-		if !taken(a) {
-			l.sources = append(l.sources, a)
-		}
-	}
+	l.sources = sources
 	if len(l.sources) == 0 {
 		return nil, fmt.Errorf("every source address it would use is taken on this host")
 	}

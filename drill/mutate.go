@@ -49,6 +49,11 @@ var Mutations = []Mutation{
 	// Only the kernel flag: changing the profile under live boxes re-plugs
 	// their NICs, and they lose their leases.
 	{Name: "port-isolation", Layers: []stack.LayerID{stack.LayerPortIso}, What: "turn the isolated flag off on every boxnet port", AfterBoxes: true, apply: portIsolationOff},
+	// Its own table: the ACL still drops the private ranges, so only the
+	// LAN host outside them (the world's 198.18.20.10) shows it gone.
+	{Name: "route", Layers: []stack.LayerID{stack.LayerRoute}, What: "delete the nft table inet box_route (boxes may leave by any route)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+		return deleteTable(h, nftables.TableFamilyINet, stack.Current.NFTTable+"_route")
+	}},
 	{Name: "host-fw", Layers: []stack.LayerID{stack.LayerHostFW}, What: "delete the nft table inet box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return deleteTable(h, nftables.TableFamilyINet, stack.Current.NFTTable)
 	}},

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 )
@@ -61,6 +62,8 @@ func (b *builder) lanFrom(claim ClaimID, from BoxEnd) {
 			}
 			a := b.probe(Action{Claim: claim, Channel: ch.channel, From: from.Place, Target: label, TargetKey: h.Name, Expect: ExpectBlocked, Provenance: h.Provenance}, spec)
 			switch {
+			case h.Uplink && t.Allow.InetVia.IsValid():
+				b.witness(a, PlaceInet, probes.WitnessSpec{Via: t.Allow.InetVia, Nonces: []string{spec.Nonce}, SrcIPs: []netip.Addr{from.IP, t.Allow.InetNAT}, Proto: string(ch.channel), Port: ch.port, SrcPort: spec.SrcPort, DstIP: h.Addr})
 			case t.LANVia.IsValid():
 				b.witness(a, PlaceLAN, probes.WitnessSpec{Via: t.LANVia, Nonces: []string{spec.Nonce}, SrcIPs: srcs, Proto: string(ch.channel), Port: ch.port, SrcPort: spec.SrcPort, DstIP: h.Addr})
 			case outbound:
@@ -78,6 +81,13 @@ func (b *builder) lanFrom(claim ClaimID, from BoxEnd) {
 	for _, r := range stack.PrivateRanges {
 		if r.Addr().Is4() {
 			prefixes = append(prefixes, r.Masked())
+		}
+	}
+	// A target the host routes elsewhere that is in no private range
+	// (L-ROUTE's) is watched for by its own address.
+	for _, h := range t.LANHosts {
+		if !topo.Private(h.Addr) && len(prefixes) < probes.MaxDstPrefixes {
+			prefixes = append(prefixes, netip.PrefixFrom(h.Addr, 32))
 		}
 	}
 	var spec *probes.WitnessSpec

@@ -17,6 +17,7 @@
 //	L-PORTISO     security.port_isolation on the box-net profile's NIC
 //	L-BRIDGEDROP  nft table bridge box: no frame between two boxnet ports
 //	L-PIN         nft table bridge box_pin: a port sends only its own MAC and addresses
+//	L-ROUTE       nft table inet box_route: forwarded only out of the default routes' interfaces
 //	L-DHCP        fixed addresses stored by box; dnsmasq answers them only; DHCP names the port's own MAC
 //	L-EGRESS      allowlists: nft table inet box_egress and the resolver's names
 //	L-FLEET       the census: every instance and port on boxnet stays on the stack

@@ -508,6 +508,11 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 	for _, a := range pinned {
 		res.changes = append(res.changes, Change{"nft", "updated", a})
 	}
+	routed, err := host.ensureRoute(g)
+	if err != nil {
+		return res, err
+	}
+	res.changes = append(res.changes, routed...)
 	egress, err := host.applyEgress(ctx, g, f)
 	if err != nil {
 		return res, err

@@ -268,7 +268,7 @@ func (h *healer) watched(fam nftables.TableFamily, name string) bool {
 	cfg := h.g.nftConfig(Current)
 	switch fam {
 	case nftables.TableFamilyINet:
-		return name == cfg.Table || name == cfg.EgressTable() || name == nft.IncusTable
+		return name == cfg.Table || name == cfg.EgressTable() || name == cfg.RouteTable() || name == nft.IncusTable
 	case nftables.TableFamilyBridge:
 		return name == cfg.Table || name == cfg.PinTable()
 	}
@@ -440,6 +440,15 @@ func (h *healer) check(ctx context.Context) error {
 		var pinned []string
 		pinned, err = nft.ApplyPins(cfg, h.caps, plan.scope, plan.pins)
 		applied = append(applied, pinned...)
+	}
+	if err == nil {
+		// L-ROUTE from the kernel's routes alone.
+		var up []string
+		if up, err = h.g.uplinks(Current.Network); err == nil {
+			var routed []string
+			routed, err = nft.ApplyRoute(cfg, up)
+			applied = append(applied, routed...)
+		}
 	}
 	unlock()
 	if err != nil {

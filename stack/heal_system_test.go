@@ -61,7 +61,8 @@ func TestSystemHealAfterFlush(t *testing.T) {
 	boxBack := func() bool {
 		inet, bridge, err := nft.Present(cfg)
 		pins, perr := nft.PinsPresent(cfg)
-		return err == nil && perr == nil && inet && bridge && pins
+		route, rerr := nft.RoutePresent(cfg)
+		return err == nil && perr == nil && rerr == nil && inet && bridge && pins && route
 	}
 	incusBack := func() bool {
 		chains, present, err := nft.IncusChains(cfg)

@@ -16,6 +16,7 @@ const (
 	LayerPortIso    LayerID = "L-PORTISO"
 	LayerBridgeDrop LayerID = "L-BRIDGEDROP"
 	LayerPin        LayerID = "L-PIN"
+	LayerRoute      LayerID = "L-ROUTE"
 	LayerDHCP       LayerID = "L-DHCP"
 	LayerEgress     LayerID = "L-EGRESS"
 	LayerFleet      LayerID = "L-FLEET"
@@ -40,6 +41,7 @@ var Layers = []Layer{
 	{LayerPortIso, "security.port_isolation on the box-net profile's NIC"},
 	{LayerBridgeDrop, "nft table bridge box: no frame between two boxnet ports"},
 	{LayerPin, "nft table bridge box_pin: a port sends only its own MAC and addresses"},
+	{LayerRoute, "nft table inet box_route: forwarded only out of the default routes' interfaces"},
 	{LayerDHCP, "fixed addresses stored by box; dnsmasq answers them only; DHCP names the port's own MAC"},
 	{LayerEgress, "allowlists: nft table inet box_egress and the resolver's names"},
 	{LayerFleet, "the census: every instance and port on boxnet stays on the stack"},

@@ -19,7 +19,7 @@ import (
 
 // plannedLayers are layers SPEC names that the stack does not build yet.
 // When one lands in Layers, take it off this list.
-var plannedLayers = []LayerID{"L-ROUTE"}
+var plannedLayers = []LayerID{}
 
 // stackOnlyLayers are the stack's layers SPEC's layer list does not name:
 // its claim table calls them "stack" and "tier restrictions".

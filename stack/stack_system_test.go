@@ -142,10 +142,12 @@ func TestSystemDriftIsFoundAndHealed(t *testing.T) {
 	_, err = h.WaitAddress(ctx, box, 30*time.Second)
 	require.NoError(t, err)
 
-	// Four drifts, one per layer.
+	// Five drifts, one per layer.
 	conn, _ := nftIn(t, st)
 	conn.DelTable(&nftables.Table{Family: nftables.TableFamilyBridge, Name: "box"})
 	require.NoError(t, conn.Flush(), "deleting the bridge drop table")
+	conn.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "box_route"})
+	require.NoError(t, conn.Flush(), "deleting the route table")
 
 	p, etag, err := h.Incus.Profile(ctx, "box-net")
 	require.NoError(t, err)
@@ -174,7 +176,7 @@ func TestSystemDriftIsFoundAndHealed(t *testing.T) {
 		assert.NotEmpty(t, f.Fix, "finding %s names its fix", f)
 		t.Logf("finding: %s", f)
 	}
-	for _, l := range []stack.LayerID{stack.LayerBridgeDrop, stack.LayerPortIso, stack.LayerDNS, stack.LayerV6} {
+	for _, l := range []stack.LayerID{stack.LayerBridgeDrop, stack.LayerPortIso, stack.LayerDNS, stack.LayerV6, stack.LayerRoute} {
 		assert.True(t, layers[l], "Verify names the %s drift", l)
 	}
 
@@ -188,7 +190,7 @@ func TestSystemDriftIsFoundAndHealed(t *testing.T) {
 	t.Logf("repairs:\n%s", all)
 	// Incus rebuilds the bridge when dns.mode changes, which may itself
 	// take the stray address away; what matters is that it is gone.
-	for _, want := range []string{"security.port_isolation", "dns.mode", "bridge box"} {
+	for _, want := range []string{"security.port_isolation", "dns.mode", "bridge box", "inet box_route"} {
 		assert.Contains(t, all, want)
 	}
 	addrs, err := nl.AddrList(br, netlink.FAMILY_V6)

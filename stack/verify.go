@@ -304,6 +304,12 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 		return fmt.Errorf("reading the pin table: %w", err)
 	}
 	v.Findings = append(v.Findings, pinFindings(pf, plan)...)
+	rf, rnotes, err := host.verifyRoute(g)
+	if err != nil {
+		return err
+	}
+	v.Findings = append(v.Findings, rf...)
+	v.Notes = append(v.Notes, rnotes...)
 	ef, notes, err := host.verifyEgress(ctx, g, f)
 	if err != nil {
 		return err

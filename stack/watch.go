@@ -98,7 +98,7 @@ func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions)
 	w.timer.Stop()
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
 	go func() {
 		defer wg.Done()
 		w.pinWorker(ctx)
@@ -109,6 +109,11 @@ func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions)
 		if o.heal {
 			host.healLoop(ctx, w.logf)
 		}
+	}()
+	// L-ROUTE's uplink set follows the route events (routes.go).
+	go func() {
+		defer wg.Done()
+		host.watchRoutes(ctx, w.logf)
 	}()
 	// The allowlisted boxes' resolver and proxy live here too.
 	go func() {

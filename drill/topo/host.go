@@ -70,16 +70,18 @@ func HostAddrs(addrs []IfaceAddr, boxSubnet netip.Prefix, gateway netip.Addr) []
 	return hosts
 }
 
-// lanSet collects private targets once each, never the host's own
-// addresses.
+// lanSet collects LAN targets once each, never the host's own addresses:
+// an address in a private range, or one the host routes elsewhere than
+// by its default routes (a LAN router's non-private prefix, a VPN's).
 type lanSet struct {
-	own  map[netip.Addr]bool
-	seen map[netip.Addr]bool
-	out  []Target
+	own   map[netip.Addr]bool
+	seen  map[netip.Addr]bool
+	other []netip.Prefix // prefixes routed elsewhere (RoutedElsewhere)
+	out   []Target
 }
 
-func newLANSet(addrs []IfaceAddr) *lanSet {
-	s := &lanSet{own: map[netip.Addr]bool{}, seen: map[netip.Addr]bool{}}
+func newLANSet(addrs []IfaceAddr, routes []Route) *lanSet {
+	s := &lanSet{own: map[netip.Addr]bool{}, seen: map[netip.Addr]bool{}, other: RoutedElsewhere(routes)}
 	for _, a := range addrs {
 		s.own[a.Prefix.Addr()] = true
 	}
@@ -87,20 +89,54 @@ func newLANSet(addrs []IfaceAddr) *lanSet {
 }
 
 func (s *lanSet) add(ip netip.Addr, why Provenance, name string) {
-	if !ip.IsValid() || !ip.Is4() || s.own[ip] || s.seen[ip] || !Private(ip) {
+	if !ip.IsValid() || !ip.Is4() || s.own[ip] || s.seen[ip] {
+		return
+	}
+	if !Private(ip) && !slices.ContainsFunc(s.other, func(p netip.Prefix) bool { return p.Contains(ip) }) {
 		return
 	}
 	s.seen[ip] = true
 	s.out = append(s.out, Target{Name: name + "-" + ip.String(), Addr: ip, TCPPort: 80, UDPPort: 53, Provenance: why})
 }
 
-// LANTargets works out a real host's private targets from its routes: the
+// DefaultDevs are the interfaces the host's default routes leave by (a
+// full tunnel's 0.0.0.0/1 and 128.0.0.0/1 count, as the stack counts
+// them): the only way L-ROUTE lets a box's traffic out.
+func DefaultDevs(routes []Route) []string {
+	var out []string
+	for _, r := range routes {
+		if (!r.Dst.IsValid() || r.Dst.Bits() <= 1) && !slices.Contains(out, r.Dev) {
+			out = append(out, r.Dev)
+		}
+	}
+	return out
+}
+
+// RoutedElsewhere are the prefixes the host routes by an interface none of
+// its default routes leaves by (a LAN, a router's prefixes behind it, a
+// VPN's), private or not, but loopback and the box bridge: what a box
+// must not reach, whether or not it is in a private range (L-ROUTE).
+func RoutedElsewhere(routes []Route) []netip.Prefix {
+	defs := DefaultDevs(routes)
+	var out []netip.Prefix
+	for _, r := range routes {
+		if !r.Dst.IsValid() || r.Dst.Bits() <= 1 || slices.Contains(defs, r.Dev) ||
+			r.Dev == "lo" || r.Dev == stack.Current.Network || r.Dst.Addr().IsLoopback() || slices.Contains(out, r.Dst.Masked()) {
+			continue
+		}
+		out = append(out, r.Dst.Masked())
+	}
+	return out
+}
+
+// LANTargets works out a real host's LAN targets from its routes: the
 // gateway of every route, the destination itself for a host route and the
-// first address of every other private prefix, then a sample in each
-// private range nothing else covers (the cloud metadata address always).
-// Boxes are filtered out by the caller, who knows the box subnet.
+// first address of every other prefix, when private or routed elsewhere
+// than by the default routes, then a sample in each private range nothing
+// else covers (the cloud metadata address always). Boxes are filtered out
+// by the caller, who knows the box subnet.
 func LANTargets(addrs []IfaceAddr, routes []Route) []Target {
-	s := newLANSet(addrs)
+	s := newLANSet(addrs, routes)
 	s.routes(routes)
 	s.samples()
 	return s.out
@@ -269,7 +305,7 @@ type hostFacts struct {
 func (f hostFacts) topology(o HostOptions) Topology {
 	t := Topology{Source: SourceHost, Canary: o.Canary.Addr(), CanaryTCP: int(o.Canary.Port()),
 		PublicName: o.PublicName, Upstream: o.Upstream, Names: []Name{}, HostsFile: f.hostsFile, Notes: f.notes}
-	s := newLANSet(f.addrs)
+	s := newLANSet(f.addrs, f.routes)
 	s.routes(f.routes)
 	for _, n := range f.neighbours {
 		s.add(n.Addr, FromNeighbour, "neighbour")
@@ -291,15 +327,17 @@ func (f hostFacts) topology(o HostOptions) Topology {
 	return t
 }
 
-// outward lists the interfaces the default route and the routes into
-// private ranges leave by, but loopback and the box bridge.
+// outward lists the interfaces the default routes, the routes into
+// private ranges and every route elsewhere leave by, but loopback and the
+// box bridge.
 func outward(routes []Route) []string {
+	defs := DefaultDevs(routes)
 	var out []string
 	for _, r := range routes {
 		if r.Dev == "" || r.Dev == "lo" || r.Dev == stack.Current.Network || slices.Contains(out, r.Dev) {
 			continue
 		}
-		if !r.Dst.IsValid() || r.Dst.Bits() == 0 || slices.ContainsFunc(stack.PrivateRanges, r.Dst.Overlaps) {
+		if !r.Dst.IsValid() || r.Dst.Bits() == 0 || slices.ContainsFunc(stack.PrivateRanges, r.Dst.Overlaps) || !slices.Contains(defs, r.Dev) {
 			out = append(out, r.Dev)
 		}
 	}

@@ -93,9 +93,35 @@ func TestHostFactsTopology(t *testing.T) {
 	for _, not := range []string{"192.168.1.20", "9.9.9.9"} {
 		assert.NotContains(t, got, not, "own or public")
 	}
+	assert.Equal(t, FromRoute, got["203.0.113.1"], "a public prefix routed by eth1, not the default route's eth0, is a LAN target")
 	assert.Equal(t, []string{"corp.example"}, top.SearchDomains)
 	assert.Equal(t, "build7.corp.example", top.FQDN)
 	assert.Equal(t, []string{"a note"}, top.Notes)
 	assert.Equal(t, SourceHost, top.Source)
-	assert.Equal(t, []string{"eth0", "docker0"}, top.Outward, "where private traffic and the default route leave, not the box bridge or a public route")
+	assert.Equal(t, []string{"eth0", "docker0", "eth1"}, top.Outward, "where the default route, private traffic and every route elsewhere leave, not the box bridge")
+}
+
+// Only what leaves by another interface than the default routes' is
+// routed elsewhere; with two default routes, neither's prefixes are.
+func TestRoutedElsewhere(t *testing.T) {
+	pfx, addr := netip.MustParsePrefix, netip.MustParseAddr
+	routes := []Route{
+		{Gw: addr("192.168.1.1"), Dev: "eth0"},
+		{Dst: pfx("0.0.0.0/0"), Gw: addr("10.9.0.1"), Dev: "wg0"}, // a second default route
+		{Dst: pfx("128.0.0.0/1"), Dev: "tun0"},                    // half of a full tunnel's pair
+		{Dst: pfx("192.168.1.0/24"), Dev: "eth0"},
+		{Dst: pfx("10.9.0.0/24"), Dev: "wg0"},
+		{Dst: pfx("198.18.40.0/24"), Gw: addr("192.168.30.2"), Dev: "lan0"},
+		{Dst: pfx("192.168.30.0/24"), Dev: "lan0"},
+		{Dst: pfx("10.88.0.0/24"), Dev: "boxnet"},
+		{Dst: pfx("127.0.0.0/8"), Dev: "lo"},
+	}
+	assert.Equal(t, []string{"eth0", "wg0", "tun0"}, DefaultDevs(routes))
+	assert.Equal(t, []netip.Prefix{pfx("198.18.40.0/24"), pfx("192.168.30.0/24")}, RoutedElsewhere(routes))
+	got := map[string]bool{}
+	for _, l := range LANTargets(nil, routes) {
+		got[l.Addr.String()] = true
+	}
+	assert.True(t, got["198.18.40.1"], "the non-private prefix behind the LAN router is sampled")
+	assert.False(t, got["198.18.0.1"], "nothing outside what is routed")
 }

@@ -66,7 +66,9 @@ type Topology struct {
 	// leaked (C-NAMES).
 	Upstream netip.Addr `json:"upstream,omitzero"`
 
-	// LANHosts are private addresses the host can reach.
+	// LANHosts are the addresses the host can reach that are not the
+	// internet: private ones, and those it routes elsewhere than by its
+	// default routes.
 	LANHosts []Target `json:"lan_hosts"`
 	// LANVia is the subnet the LAN namespace's witnesses capture on (the
 	// world only); LANNAT the host address boxes' traffic to the LAN would
@@ -75,8 +77,8 @@ type Topology struct {
 	LANVia     netip.Prefix `json:"lan_via,omitzero"`
 	LANNAT     netip.Addr   `json:"lan_nat,omitzero"`
 	LANSources []netip.Addr `json:"lan_sources,omitempty"`
-	// Outward are the host's interfaces its routes into private ranges (and
-	// its default route) leave by: where, in host mode, an outbound witness
+	// Outward are the host's interfaces its routes into private ranges,
+	// its routes elsewhere than the default and its default routes leave by: where, in host mode, an outbound witness
 	// watches for a box's packets to the LAN.
 	Outward []string `json:"outward,omitempty"`
 
@@ -143,6 +145,10 @@ type Target struct {
 	TCPPort    int        `json:"tcp_port,omitempty"`
 	UDPPort    int        `json:"udp_port,omitempty"`
 	Provenance Provenance `json:"provenance"`
+	// Uplink: the host reaches it by its default route (the world's
+	// modem), so the world watches for it in the internet's namespace,
+	// not the LAN's.
+	Uplink bool `json:"uplink,omitempty"`
 }
 
 // HostAddr is one of the host's own addresses.

@@ -322,6 +322,9 @@ func updateSet(c *nftables.Conn, t *nftables.Table, f elemFix) string {
 	if f.set.Type == "ifname" {
 		noun = "ports "
 	}
+	if f.set.Name == UplinkSet {
+		noun = "interfaces "
+	}
 	var what []string
 	if len(f.add) > 0 {
 		_ = c.SetAddElements(s, elements(f.set.Type, f.add))
@@ -418,8 +421,8 @@ func SyncPorts(cfg Config, ports []string) (PortsChange, error) {
 	return ch, nil
 }
 
-// Delete removes the stack's tables (inet, bridge, the pin and the egress
-// tables) that are present and names what it removed; when none exists it
+// Delete removes the stack's tables (inet, bridge, the pin, the egress
+// and the route tables) that are present and names what it removed; when none exists it
 // sends nothing.
 func Delete(cfg Config) ([]string, error) {
 	cfg, c, done, err := connect(cfg)
@@ -430,7 +433,7 @@ func Delete(cfg Config) ([]string, error) {
 	var removed []string
 	for _, t := range []nftables.Table{{Family: nftables.TableFamilyINet, Name: cfg.Table},
 		{Family: nftables.TableFamilyBridge, Name: cfg.Table}, {Family: nftables.TableFamilyBridge, Name: cfg.PinTable()},
-		{Family: nftables.TableFamilyINet, Name: cfg.EgressTable()}} {
+		{Family: nftables.TableFamilyINet, Name: cfg.EgressTable()}, {Family: nftables.TableFamilyINet, Name: cfg.RouteTable()}} {
 		ok, err := tableExists(c, t.Family, t.Name)
 		if err != nil {
 			return nil, err

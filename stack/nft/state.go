@@ -257,9 +257,11 @@ func setShapeProblem(s *nftables.Set, want Set) string {
 // pin set (ifname . something) port by port.
 func staleProblems(want Set, have []string) []string {
 	what, noun := "port set", "ports "
-	switch want.Type {
-	case "ifname":
-	case "ipv4_addr":
+	switch {
+	case want.Name == UplinkSet:
+		what, noun = "uplink set", "interfaces "
+	case want.Type == "ifname":
+	case want.Type == "ipv4_addr":
 		what, noun = "address set", "addresses "
 	default:
 		return stalePinProblems(want, have)

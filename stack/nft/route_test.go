@@ -1,0 +1,112 @@
+package nft
+
+import (
+	"net"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+
+	"github.com/box-isolation/box/internal/nstest"
+)
+
+func TestRouteStringGolden(t *testing.T) {
+	r, err := DesiredRoute(Config{}, []string{"wlan0", "eth0", "eth0"})
+	require.NoError(t, err)
+	golden(t, "route.golden", r.String())
+	// Every rule is scoped to the bridge: no other traffic is looked at.
+	for _, ru := range r.Tables[0].Chains[0].Rules {
+		assert.Contains(t, ru.Text, `iifname "boxnet"`, ru.Text)
+	}
+	assert.Equal(t, "box_route", Config{}.RouteTable())
+}
+
+func TestRouteRefusesBadUplinks(t *testing.T) {
+	for _, up := range [][]string{{"boxnet"}, {""}, {"a-name-far-too-long"}} {
+		_, err := DesiredRoute(Config{}, up)
+		assert.Error(t, err, "%q", up)
+	}
+	r, err := DesiredRoute(Config{}, nil)
+	require.NoError(t, err, "no default route: an empty set, which drops every new connection")
+	assert.Empty(t, r.Tables[0].Sets[0].Elements)
+}
+
+// L-ROUTE on real packets, in throwaway namespaces (boxnft-<run>-*): box
+// a behind the bridge, the host's default route by up0 to "inet", and a
+// non-private prefix (198.18.40.0/24, RFC 2544's benchmark range) routed
+// by lan0 to "lan". With the table, a's traffic leaves by up0 only; the
+// host's own traffic and a connection opened into a from the LAN are
+// untouched; the set decides, as SetUplinks changes it.
+func TestPrivilegedRouteDropsAllButTheDefaultWay(t *testing.T) {
+	requireRoot(t)
+	run := runID()
+	host, a := newNS(t, run, "host"), newNS(t, run, "a")
+	inet, lan := newNS(t, run, "inet"), newNS(t, run, "lan")
+	require.NoError(t, host.Sysctl("net.ipv4.ip_forward", "1"))
+	host.bridge(t, "boxnet", "10.99.0.1/24")
+	host.plug(t, "boxnet", "vA", a, "10.99.0.2/24")
+	nstest.Veth(t, host.NS, "up0", inet.NS, "eth0")
+	nstest.Veth(t, host.NS, "lan0", lan.NS, "eth0")
+	host.AddAddr(t, "up0", "192.0.2.1/24")
+	host.AddAddr(t, "lan0", "192.168.30.1/24")
+	inet.AddAddr(t, "eth0", "192.0.2.2/24")
+	lan.AddAddr(t, "eth0", "192.168.30.2/24")
+	lan.AddAddr(t, "eth0", "198.18.40.10/32")
+	for _, n := range []*testNS{host, inet, lan} {
+		for _, l := range []string{"up0", "lan0", "eth0"} {
+			if _, err := n.Netlink(t).LinkByName(l); err == nil {
+				n.LinkUp(t, l)
+			}
+		}
+	}
+	route := func(n *testNS, dev, dst, gw string) {
+		t.Helper()
+		r := &netlink.Route{LinkIndex: n.Link(t, dev).Attrs().Index, Gw: net.ParseIP(gw)}
+		if dst != "" {
+			_, r.Dst, _ = net.ParseCIDR(dst)
+		}
+		require.NoError(t, n.Netlink(t).RouteAdd(r), "%s via %s", dst, gw)
+	}
+	route(a, "eth0", "", "10.99.0.1")
+	route(host, "up0", "", "192.0.2.2")
+	route(host, "lan0", "198.18.40.0/24", "192.168.30.2")
+	route(inet, "eth0", "10.99.0.0/24", "192.0.2.1")
+	route(lan, "eth0", "10.99.0.0/24", "192.168.30.1")
+	host.WaitOperUp(t, "up0", "lan0")
+
+	// Positive controls: every way works before the table.
+	require.Equal(t, reached, a.ping(t, "192.0.2.2"), "a -> the default way, before")
+	require.Equal(t, reached, a.ping(t, "198.18.40.10"), "a -> the routed prefix, before")
+
+	cfg := Config{NetNS: int(host.Handle)}
+	changes, err := ApplyRoute(cfg, []string{"up0"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"created table inet box_route"}, changes)
+	f, err := VerifyRoute(cfg, []string{"up0"})
+	require.NoError(t, err)
+	assert.Empty(t, f)
+	assert.Equal(t, reached, a.ping(t, "192.0.2.2"), "a -> the default way")
+	assert.Equal(t, silent, a.ping(t, "198.18.40.10"), "a -> the routed prefix: dropped")
+	assert.Equal(t, reached, host.ping(t, "198.18.40.10"), "the host's own traffic is not looked at")
+	assert.Equal(t, reached, lan.ping(t, "10.99.0.2"), "the LAN -> a: the table keeps a's replies (the ACL is what drops this)")
+
+	changed, err := SetUplinks(cfg, []string{"lan0", "up0"})
+	require.NoError(t, err)
+	assert.Contains(t, changed, "added interfaces lan0")
+	assert.Equal(t, reached, a.ping(t, "198.18.40.10"), "a -> the routed prefix, lan0 an uplink")
+	_, err = SetUplinks(cfg, nil)
+	require.NoError(t, err)
+	assert.Equal(t, silent, a.ping(t, "192.0.2.2"), "no uplink: nothing leaves")
+	f, err = VerifyRoute(cfg, []string{"up0"})
+	require.NoError(t, err)
+	require.Len(t, f, 1)
+	assert.Contains(t, f[0].Problem, "missing interfaces up0")
+
+	ok, err := DeleteRoute(cfg)
+	require.NoError(t, err)
+	assert.True(t, ok)
+	_, err = SetUplinks(cfg, []string{"up0"})
+	assert.ErrorIs(t, err, ErrNotApplied, "SetUplinks does not make the table")
+	assert.Equal(t, reached, a.ping(t, "198.18.40.10"), "the table gone: a reaches the routed prefix again")
+}
