@@ -68,7 +68,7 @@ export BOX_REQUIRE_TIERS=1
 go build -o bin/testjson ./internal/testjson
 start=$(date +%s)
 rc=0
-go test -json -p 1 -count=1 -timeout 30m ./... 2>&1 | bin/testjson || rc=$?
+go test -json -p 1 -count=1 -timeout 60m ./... 2>&1 | bin/testjson || rc=$?
 echo "test: go test ran $(($(date +%s) - start))s (exit $rc)" >&2
 for w in ${kept[@]+"${kept[@]}"}; do
 	echo "test: world $w was up before this run and is left up (bin/drill world down --name $w removes it)" >&2
