@@ -36,7 +36,7 @@ owned=() kept=()
 teardown() {
 	local w
 	for w in ${owned[@]+"${owned[@]}"}; do
-		bin/drill world down --name "$w" >&2 || echo "test: world $w teardown failed; run: bin/drill world down --name $w" >&2
+		bin/drill world down --purge --name "$w" >&2 || echo "test: world $w teardown failed; run: bin/drill world down --purge --name $w" >&2
 	done
 }
 trap teardown EXIT
@@ -46,6 +46,9 @@ if bin/drill world status --name "$world" >/dev/null 2>&1; then
 	kept+=("$world")
 else
 	owned+=("$world")
+	# From nothing: a database kept by an earlier run that was killed holds
+	# its boxes, which the tests would meet.
+	bin/drill world down --purge --name "$world" >&2
 	bin/drill world up --name "$world" >&2
 fi
 export BOX_WORLD_STATE=/run/box-world/$world/state.json
@@ -58,6 +61,7 @@ elif bin/drill world status --name "$cluster" >/dev/null 2>&1; then
 	kept+=("$cluster")
 else
 	owned+=("$cluster")
+	bin/drill world down --purge --name "$cluster" >&2
 	bin/drill world up --name "$cluster" --cluster 3 >&2
 fi
 export BOX_CLUSTER_STATE=${BOX_CLUSTER_STATE:-/run/box-world/$cluster/state.json}
