@@ -295,6 +295,23 @@ func mintLoadBox(ctx context.Context, r *run) error {
 		r.rep.Boxes = append(r.rep.Boxes, *e)
 	}
 	lp := loadPlan{k: true}
+	if !r.cfg.FillLoads {
+		// On the 2-core CI machine the memory hog's OOM kill took box-l's
+		// agent too now and then (exit 137), and on a world's btrfs pool
+		// made minutes before, direct writes passed the 64MiB root disk
+		// before its quota stopped them (docs/claims.md, "C-KERNEL").
+		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%s: box-l's memory hog and disk fill are left out (drill run --fill-loads adds them); the limits they meet are shown by the stack's TestSystemLimitsHold", KernelID))
+		r.later(func(context.Context) error {
+			loadPlans.Lock()
+			delete(loadPlans.m, name)
+			loadPlans.Unlock()
+			return nil
+		})
+		loadPlans.Lock()
+		loadPlans.m[name] = lp
+		loadPlans.Unlock()
+		return nil
+	}
 	inst, _, err := r.cfg.Host.Incus.Instance(ctx, name)
 	if err != nil {
 		return fmt.Errorf("kernel: %w", err)

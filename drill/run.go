@@ -48,6 +48,10 @@ type Config struct {
 	// Mutations knock layers out for this run; the stack is restored and
 	// verified afterwards.
 	Mutations []Mutation
+	// FillLoads adds C-KERNEL's memory hog and disk fill to box-l's load
+	// (the fork bomb and the CPU spin always run): left out by default,
+	// see docs/claims.md, "C-KERNEL".
+	FillLoads bool
 }
 
 func (cfg *Config) logf(format string, args ...any) {

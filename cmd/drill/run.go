@@ -47,6 +47,7 @@ type runOptions struct {
 	claims, skips listFlag
 	mutate        listFlag
 	noSetup       bool
+	fillLoads     bool
 	asJSON        bool
 	out           outputs
 	image         string
@@ -62,6 +63,7 @@ func setupRun(fs *flag.FlagSet) runner {
 	fs.Var(&o.claims, "claim", "run only these claims (id or glob, repeatable; !ID excludes)")
 	fs.Var(&o.skips, "skip", "leave these claims out (id or glob, repeatable)")
 	fs.BoolVar(&o.noSetup, "no-setup", false, "verify the isolation stack instead of ensuring it")
+	fs.BoolVar(&o.fillLoads, "fill-loads", false, "add the kernel claim's memory hog and disk fill to box-l's load")
 	fs.BoolVar(&o.asJSON, "json", false, "print the versioned JSON report instead of the table")
 	fs.StringVar(&o.out.html, "html", "", "also write the report as one self-contained HTML page")
 	fs.StringVar(&o.out.junit, "junit", "", "also write a JUnit XML file")
@@ -102,7 +104,7 @@ func setupRun(fs *flag.FlagSet) runner {
 		}
 		host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts, MemberNetNS: st.MemberNetNS(),
 			IncusConfigDir: st.IncusConf}
-		cfg := drill.Config{Host: host, Topology: st.Topology(), Image: o.image, NoSetup: o.noSetup,
+		cfg := drill.Config{Host: host, Topology: st.Topology(), Image: o.image, NoSetup: o.noSetup, FillLoads: o.fillLoads,
 			Claims: sel.Claims, Left: sel.Left, Log: s.err, Version: version, Mutations: mutations}
 		if err := withTemplate(&cfg, o); err != nil {
 			return fail(s, err)
@@ -176,7 +178,7 @@ func runOnHost(ctx context.Context, s stdio, o runOptions) int {
 	if err != nil {
 		return fail(s, fmt.Errorf("discovering this host's targets: %w", err))
 	}
-	cfg := drill.Config{Host: host, Topology: t, Image: o.image, NoSetup: o.noSetup,
+	cfg := drill.Config{Host: host, Topology: t, Image: o.image, NoSetup: o.noSetup, FillLoads: o.fillLoads,
 		Claims: sel.Claims, Left: sel.Left, Log: s.err, Version: version, Mutations: mutations}
 	if err := withTemplate(&cfg, o); err != nil {
 		return fail(s, err)
