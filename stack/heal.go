@@ -399,6 +399,11 @@ func (h *healer) check(ctx context.Context) error {
 	if pid := tearingDown(h.g.ino); pid != 0 {
 		return idle(fmt.Sprintf("box teardown-host (pid %d) is removing the stack", pid))
 	}
+	if holder, held := h.host.setupHeld(); held {
+		// setup-host or doctor --fix is converging the stack: what it
+		// removes on the way (a rollback) is not for the healer to put back.
+		return idle("the setup lock is held by " + holder)
+	}
 	gw, ok, err := h.gateway()
 	if err != nil {
 		return err
@@ -538,8 +543,16 @@ func (h *healer) incusStep(ctx context.Context, g *ground, job incusJob) error {
 	if err != nil {
 		return err
 	}
+	// What Incus writes follows boxnet's live config: with the ACL detached
+	// or NAT off (an admin, a drill mutation) no rewrite brings those
+	// chains, and asking again at every resync would only restart dnsmasq.
+	// That drift is Verify's to name.
+	live := *d
+	if n, _, nerr := h.host.Incus.Network(ctx, Current.Network); nerr == nil {
+		live.Network.Config = n.Config
+	}
 	var did []string
-	missing := incusChainFindings(*d, chains, present)
+	missing := incusChainFindings(live, chains, present)
 	switch {
 	case !useNft || len(missing) == 0:
 		h.incusStuck = false

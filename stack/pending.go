@@ -103,6 +103,12 @@ func (host *Host) repairPending(ctx context.Context, g *ground, net *incus.Netwo
 		if ref[1] != Current.Profile {
 			return fmt.Errorf("network %s is Pending in Incus's database and profile %s names it: remove that NIC from the profile, then box doctor --fix", net.Name, profiles[i])
 		}
+		if ref[0] != "" && ref[0] != "default" {
+			// A granted user's copy: Ensure makes only the default
+			// project's again, so removing it would leave the user unable
+			// to mint until granted again.
+			return fmt.Errorf("network %s is Pending in Incus's database and a granted user's profile names it (%s): run box revoke for that user (keeping the boxes), box doctor --fix, then box grant again", net.Name, profiles[i])
+		}
 	}
 	for i, ref := range refs {
 		if err := host.Incus.Project(ref[0]).DeleteProfile(ctx, ref[1]); err != nil && !incus.IsNotFound(err) {

@@ -101,6 +101,26 @@ func takeSetupLock(ctx context.Context, path string, wait time.Duration, notice 
 	return func() { _ = f.Truncate(0); f.Close() }, nil
 }
 
+// setupHeld says whether another holder has the host's setup lock now,
+// and who, without waiting and without taking it.
+func (host *Host) setupHeld() (string, bool) {
+	path := host.SetupLockPath
+	if path == "" {
+		path = SetupLockPath(host.NetNS)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return "", false
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		holder, _ := readHolder(path)
+		return holder, errors.Is(err, syscall.EWOULDBLOCK)
+	}
+	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	return "", false
+}
+
 // readHolder is what the lock's holder wrote about itself, and whether it
 // has yet.
 func readHolder(path string) (string, bool) {

@@ -86,3 +86,23 @@ func TestSetupLockEndsWithItsContext(t *testing.T) {
 	_, err = takeSetupLock(ctx, path, time.Minute, nil)
 	require.ErrorIs(t, err, context.Canceled)
 }
+
+// TestSetupHeld: the healer's look at the lock says who holds it, takes
+// nothing, and sees it free once the holder lets go.
+func TestSetupHeld(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "setup.lock")
+	h := &Host{SetupLockPath: path}
+	_, held := h.setupHeld()
+	assert.False(t, held, "no lock file yet")
+	unlock, err := takeSetupLock(context.Background(), path, time.Minute, nil)
+	require.NoError(t, err)
+	holder, held := h.setupHeld()
+	assert.True(t, held)
+	assert.Contains(t, holder, "pid ")
+	unlock()
+	_, held = h.setupHeld()
+	assert.False(t, held, "free again")
+	again, err := takeSetupLock(context.Background(), path, time.Second, nil)
+	require.NoError(t, err, "the look took nothing")
+	again()
+}
