@@ -53,12 +53,33 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// runAttempts is how many times run tries a drill whose clean run was
+// inconclusive (never one that failed): on the shared 2-core machine an
+// incusd exec or file push now and then outlasts its deadline, or a
+// host-side witness its collection (docs/world.md, "The test tiers"). An
+// inconclusive run proves nothing either way, so it is run again; every
+// try is logged, and the last one is judged whole.
+const runAttempts = 3
+
 func run(t *testing.T, cfg drill.Config) *drill.Report {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	rep, err := drill.Run(ctx, cfg)
-	require.NoError(t, err)
+	var rep *drill.Report
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		var err error
+		rep, err = drill.Run(ctx, cfg)
+		cancel()
+		require.NoError(t, err)
+		cleanExit := rep.ExitCode
+		if rep.Clean != nil {
+			cleanExit = rep.Clean.ExitCode
+		}
+		if cleanExit != drill.ExitInconclusive || try == runAttempts {
+			break
+		}
+		t.Logf("try %d of %d: the clean run was inconclusive (%s); running the drill again", try, runAttempts, strings.Join(rep.Problems, "; "))
+		assertNoDrillBoxes(t, cfg)
+	}
 	assert.Empty(t, rep.Problems)
 	for _, cr := range rep.Claims {
 		for _, r := range cr.Results {
