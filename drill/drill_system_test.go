@@ -760,6 +760,15 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		}
 
 		inHost(t, cfg, "incus", "network", "unset", stack.Current.Network, "security.acls")
+		// L-ROUTE still holds: the forward sends to the LAN, which is not
+		// the way of the host's default route.
+		rep = run(t, cfg)
+		fw = forwarded(rep)
+		require.NotEmpty(t, fw)
+		for _, r := range fw {
+			assert.Equal(t, drill.Pass, r.Verdict, "%s: with the ACL detached L-ROUTE drops what the forward sends to the LAN: %s", r.Target, r.Evidence)
+		}
+		inHost(t, cfg, "nft", "delete", "table", "inet", stack.Current.NFTTable+"_route")
 		rep = run(t, cfg)
 		failed := 0
 		for _, r := range forwarded(rep) {
@@ -768,7 +777,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 				assert.Contains(t, r.AtTarget, "counted after the host's filter", r.Target)
 			}
 		}
-		assert.Positive(t, failed, "without the ACL the box reaches the LAN host through the forward: %v", forwarded(rep))
+		assert.Positive(t, failed, "without the ACL and L-ROUTE the box reaches the LAN host through the forward: %v", forwarded(rep))
 	})
 
 }
