@@ -1,3 +1,5 @@
+//go:build limits
+
 package stack_test
 
 import (
