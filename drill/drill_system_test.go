@@ -885,7 +885,7 @@ func TestSystemBridgeNetfilterOn(t *testing.T) {
 		}
 	}
 	assert.Equal(t, map[drill.Channel]drill.Verdict{
-		"arp": drill.Fail, // below the inet hooks: through
+		"arp":  drill.Fail,                                       // below the inet hooks: through
 		"icmp": drill.Pass, "tcp": drill.Pass, "udp": drill.Pass, // the ACL's 10/8 drop sees bridged IPv4
 		// L-ROUTE's forward drop sees bridged IPv6 too: its out-interface
 		// is a bridge port, not an uplink (before L-ROUTE it got through).
