@@ -323,15 +323,7 @@ func dropEgressTable(ctx context.Context, h *stack.Host, _ []string) error {
 // (its rules first: a chain must be empty to go).
 func dropEgressChain(chain string) func(context.Context, *stack.Host, []string) error {
 	return func(ctx context.Context, h *stack.Host, _ []string) error {
-		return withNetNS(h.NetNS, func(fd int) error {
-			var opts []nftables.ConnOption
-			if fd > 0 {
-				opts = append(opts, nftables.WithNetNSFd(fd))
-			}
-			conn, err := nftables.New(opts...)
-			if err != nil {
-				return err
-			}
+		return withNFT(h, func(conn *nftables.Conn) error {
 			t := &nftables.Table{Family: nftables.TableFamilyINet, Name: stack.Current.NFTTable + "_egress"}
 			ch := &nftables.Chain{Table: t, Name: chain}
 			conn.FlushChain(ch)

@@ -121,15 +121,7 @@ func dhcpOpen(ctx context.Context, h *stack.Host, _ []string) error {
 	if err := setNetwork(ctx, h, map[string]string{"raw.dnsmasq": raw}); err != nil {
 		return err
 	}
-	return withNetNS(h.NetNS, func(fd int) error {
-		var opts []nftables.ConnOption
-		if fd > 0 {
-			opts = append(opts, nftables.WithNetNSFd(fd))
-		}
-		conn, err := nftables.New(opts...)
-		if err != nil {
-			return err
-		}
+	return withNFT(h, func(conn *nftables.Conn) error {
 		t := &nftables.Table{Family: nftables.TableFamilyBridge, Name: stack.Current.NFTTable + "_pin"}
 		rules, err := conn.GetRules(t, &nftables.Chain{Name: "prerouting", Table: t})
 		if err != nil {
@@ -202,6 +194,14 @@ func firstDNS(h *stack.Host) string {
 }
 
 func deleteTable(h *stack.Host, family nftables.TableFamily, name string) error {
+	return withNFT(h, func(conn *nftables.Conn) error {
+		conn.DelTable(&nftables.Table{Family: family, Name: name})
+		return conn.Flush()
+	})
+}
+
+// withNFT runs fn with an nftables connection in the host's namespace.
+func withNFT(h *stack.Host, fn func(conn *nftables.Conn) error) error {
 	return withNetNS(h.NetNS, func(fd int) error {
 		var opts []nftables.ConnOption
 		if fd > 0 {
@@ -211,8 +211,7 @@ func deleteTable(h *stack.Host, family nftables.TableFamily, name string) error 
 		if err != nil {
 			return err
 		}
-		conn.DelTable(&nftables.Table{Family: family, Name: name})
-		return conn.Flush()
+		return fn(conn)
 	})
 }
 
