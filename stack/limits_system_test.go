@@ -4,6 +4,10 @@ package stack_test
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -26,7 +30,7 @@ import (
 // enforced, and box says so when it mints. Numbers: docs/measurements.md,
 // "The kernel boundary".
 func TestSystemLimitsHold(t *testing.T) {
-	ctx, h, _ := worldHost(t)
+	ctx, h, st := worldHost(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	box := uniq(t, "t-lim-")
@@ -74,7 +78,11 @@ func TestSystemLimitsHold(t *testing.T) {
 	require.NotNil(t, m, "exit %d: %q", res.ExitCode, out)
 	written, _ := strconv.Atoi(m[1])
 	t.Logf("disk fill: %d MiB written to a 128MiB root disk: %s", written, strings.TrimSpace(out))
-	assert.Less(t, written, 136, "the root disk's size stopped it")
+	if !assert.Less(t, written, 136, "the root disk's size stopped it") {
+		// An open finding of issue 26 (seen once, after the drill's tests):
+		// what the pool's quota groups said when the size did not hold.
+		t.Logf("the pool's quota groups: %s", poolQuotaGroups(st.IncusdPID, st.IncusDir))
+	}
 	assert.Contains(t, out, "quota exceeded")
 
 	// A memory hog with a cap of its own (a string doubled to 512 MiB): the
@@ -105,4 +113,22 @@ func TestSystemLimitsHold(t *testing.T) {
 	require.Len(t, b.Notes, 1, "%v", b.Notes)
 	assert.Contains(t, b.Notes[0], "no disk limit: pool "+dirPool+" (dir) did not enforce the root disk's size 128MiB")
 	t.Cleanup(func() { _ = onDir.Remove(context.Background(), dirBox) })
+}
+
+// poolQuotaGroups is what the btrfs quota groups of the world's pool say
+// (its mount lives in incusd's mount namespace), with the kernel's flags
+// for each btrfs file system (qgroups/inconsistent, drop_subtree_threshold).
+func poolQuotaGroups(incusd int, incusDir string) string {
+	pool := filepath.Join(incusDir, "storage-pools", "default")
+	out, err := exec.Command("nsenter", "-t", strconv.Itoa(incusd), "-m", "--", "btrfs", "qgroup", "show", "-re", "--raw", pool).CombinedOutput()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s (err %v)", out, err)
+	flags, _ := filepath.Glob("/sys/fs/btrfs/*/qgroups/*")
+	for _, f := range flags {
+		if base := filepath.Base(f); base == "inconsistent" || base == "drop_subtree_threshold" || base == "mode" {
+			v, _ := os.ReadFile(f)
+			fmt.Fprintf(&b, "; %s=%s", strings.TrimPrefix(f, "/sys/fs/btrfs/"), strings.TrimSpace(string(v)))
+		}
+	}
+	return b.String()
 }
