@@ -24,8 +24,9 @@ func TestBootUnits(t *testing.T) {
 	note, changes, err := h.ensureBootUnit()
 	require.NoError(t, err)
 	assert.Equal(t, []Change{
-		{Object: "unit box-firewall.service", Action: "created", Detail: "re-applies the nft tables at boot"},
-		{Object: "unit box-ports.service", Action: "created", Detail: "runs box watch-ports, which keeps the bridge's ports isolated and in the port set"},
+		{Object: "unit box-firewall.service", Action: "created", Detail: "loads the saved nft tables at boot, before Incus starts"},
+		{Object: "unit box-ports.service", Action: "created", Detail: "runs box watch-ports, which keeps the bridge's ports isolated, in the port set and pinned"},
+		{Object: "unit incus.service drop-in box.conf", Action: "created", Detail: "Incus starts after box's firewall and port watcher"},
 	}, changes)
 	assert.Contains(t, note, "systemctl restart box-ports.service", "box starts no service itself: it says how")
 
@@ -34,12 +35,20 @@ func TestBootUnits(t *testing.T) {
 		require.NoError(t, err)
 		return string(b)
 	}
+	// Both before Incus, however it starts: the firewall from the saved
+	// file (no Incus call), the watcher ready before incusd restores a box.
 	fw := read(BootUnitName)
-	assert.Contains(t, fw, "Type=oneshot\nExecStart=/usr/local/bin/box setup-host --firewall-only\n")
+	for _, line := range []string{"DefaultDependencies=no", "Before=network-pre.target incus.service incus-startup.service shutdown.target",
+		"Type=oneshot\nRemainAfterExit=yes\nExecStart=/usr/local/bin/box setup-host --boot"} {
+		assert.Contains(t, fw, line+"\n")
+	}
 	ports := read(PortsUnitName)
-	for _, line := range []string{"After=box-firewall.service", "Type=simple", "ExecStart=/usr/local/bin/box watch-ports", "Restart=always", "WantedBy=multi-user.target"} {
+	for _, line := range []string{"After=local-fs.target box-firewall.service", "Before=incus.service incus-startup.service shutdown.target",
+		"Type=notify", "ExecStart=/usr/local/bin/box watch-ports", "Restart=always", "WantedBy=multi-user.target"} {
 		assert.Contains(t, ports, line+"\n")
 	}
+	dropIn := read(IncusDropInName)
+	assert.Contains(t, dropIn, "[Unit]\nWants=box-firewall.service box-ports.service\nAfter=box-firewall.service box-ports.service\n")
 	for _, name := range []string{BootUnitName, PortsUnitName} {
 		target, err := os.Readlink(filepath.Join(dir, "multi-user.target.wants", name))
 		require.NoError(t, err, "%s is enabled", name)
@@ -60,7 +69,8 @@ func TestBootUnits(t *testing.T) {
 
 	removed, err := h.removeBootUnits()
 	require.NoError(t, err)
-	assert.Equal(t, []Change{{Object: "unit box-firewall.service", Action: "removed"}, {Object: "unit box-ports.service", Action: "removed"}}, removed)
+	assert.Equal(t, []Change{{Object: "unit incus.service drop-in box.conf", Action: "removed"}, {Object: "unit box-firewall.service", Action: "removed"}, {Object: "unit box-ports.service", Action: "removed"}}, removed)
+	assert.NoDirExists(t, filepath.Join(dir, "incus.service.d"), "the drop-in's directory, empty, goes with it")
 	left, err := os.ReadDir(filepath.Join(dir, "multi-user.target.wants"))
 	require.NoError(t, err)
 	assert.Empty(t, left, "both units disabled")

@@ -218,6 +218,17 @@ func (host *Host) applyEgress(ctx context.Context, g *ground, f fleet) ([]string
 	}
 	ncfg := g.nftConfig(Current)
 	ncfg.Gateway = plan.state.Gateway
+	if err := host.saveFirewall(func(s *SavedFirewall) {
+		if plan.state.Gateway.Is4() {
+			s.Gateway = plan.state.Gateway
+		}
+		s.Egress = nil
+		if len(plan.policies) > 0 {
+			s.Egress = &nft.Egress{Policies: plan.policies, Resolvers: egressResolvers(plan.state.Upstream)}
+		}
+	}); err != nil {
+		return nil, err
+	}
 	if len(plan.policies) == 0 {
 		var changes []string
 		gone, err := nft.DeleteEgress(ncfg)

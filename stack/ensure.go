@@ -321,28 +321,45 @@ func profileDiff(live *incus.Profile, want incus.Profile) []string {
 	return out
 }
 
-// bootUnit re-applies the firewall part of the stack at boot.
+// bootUnit loads the firewall part of the stack at boot from the file
+// setup-host saved (SavedFirewall), with no Incus call, before Incus
+// starts: box's tables hold before incusd restores a single box. Its
+// rules name boxnet, which need not exist yet.
 const bootUnit = `[Unit]
-Description=box: re-apply the isolation firewall (nft tables inet box, bridge box)
-After=network-pre.target incus.service
+Description=box: load the isolation firewall box setup-host saved (nft tables inet box, bridge box, bridge box_pin, inet box_route), before Incus starts
+DefaultDependencies=no
+After=local-fs.target
+Before=network-pre.target incus.service incus-startup.service shutdown.target
 Wants=network-pre.target
+Conflicts=shutdown.target
 
 [Service]
 Type=oneshot
-ExecStart=%s setup-host --firewall-only
+RemainAfterExit=yes
+ExecStart=%s setup-host --boot
 
 [Install]
 WantedBy=multi-user.target
 `
 
-// portsUnit runs the port watcher, which keeps the bridge's ports isolated
-// and in the bridge drop's port set as boxes restart on their own.
+// portsUnit runs the port watcher, which keeps the bridge's ports isolated,
+// in the bridge drop's port set and pinned as boxes restart on their own,
+// and heals box's tables. It is ready (Type=notify) once it has subscribed
+// to the kernel's link events and synced the ports, with no Incus call:
+// Incus starts after it (incusDropIn), so the port of every box Incus
+// restores at boot joins the drop's set and the pin scope from the link
+// event alone.
 const portsUnit = `[Unit]
-Description=box: keep boxnet's bridge ports isolated and in the bridge drop's port set
-After=box-firewall.service
+Description=box: keep boxnet's bridge ports isolated, in the bridge drop's port set and pinned; put box's tables back
+DefaultDependencies=no
+After=local-fs.target box-firewall.service
+Wants=box-firewall.service
+Before=incus.service incus-startup.service shutdown.target
+Conflicts=shutdown.target
 
 [Service]
-Type=simple
+Type=notify
+NotifyAccess=main
 ExecStart=%s watch-ports
 Restart=always
 RestartSec=2
@@ -350,6 +367,24 @@ RestartSec=2
 [Install]
 WantedBy=multi-user.target
 `
+
+// incusDropIn makes Incus's daemon want box's units and start after them,
+// however it is started (at boot, by its socket, by incus-startup): Incus
+// restores at boot every instance that ran at shutdown. Wants, not
+// Requires: a failing box unit does not keep Incus down (box doctor names
+// it). setup-host writes it; the package does not ship it (installing box
+// changes nothing until setup-host runs).
+const incusDropIn = `# box: Incus starts, and restores its instances, only after box's firewall
+# is loaded and its port watcher is ready (written by box setup-host; box
+# teardown-host removes it).
+[Unit]
+Wants=box-firewall.service box-ports.service
+After=box-firewall.service box-ports.service
+`
+
+// IncusDropInName is the drop-in Ensure writes for incus.service, relative
+// to the unit directory.
+const IncusDropInName = "incus.service.d/box.conf"
 
 // BootUnitName and PortsUnitName are the systemd units Ensure installs on
 // systemd hosts.
@@ -360,8 +395,8 @@ const (
 
 // bootUnits are the units, in the order they are written.
 var bootUnits = []struct{ name, text, does string }{
-	{BootUnitName, bootUnit, "re-applies the nft tables at boot"},
-	{PortsUnitName, portsUnit, "runs box watch-ports, which keeps the bridge's ports isolated and in the port set"},
+	{BootUnitName, bootUnit, "loads the saved nft tables at boot, before Incus starts"},
+	{PortsUnitName, portsUnit, "runs box watch-ports, which keeps the bridge's ports isolated, in the port set and pinned"},
 }
 
 // BootUnit is one systemd unit as Ensure writes it.
@@ -415,6 +450,16 @@ func (host *Host) ensureBootUnit() (string, []Change, error) {
 		}
 		changes = append(changes, Change{Object: "unit " + u.Name, Action: "created", Detail: u.Does})
 	}
+	dropIn := filepath.Join(host.BootUnitDir, IncusDropInName)
+	if b, err := os.ReadFile(dropIn); err != nil || string(b) != incusDropIn {
+		if err := os.MkdirAll(filepath.Dir(dropIn), 0o755); err != nil {
+			return "", changes, err
+		}
+		if err := os.WriteFile(dropIn, []byte(incusDropIn), 0o644); err != nil {
+			return "", changes, fmt.Errorf("writing %s: %w", dropIn, err)
+		}
+		changes = append(changes, Change{Object: "unit incus.service drop-in " + filepath.Base(dropIn), Action: "created", Detail: "Incus starts after box's firewall and port watcher"})
+	}
 	if slices.ContainsFunc(changes, func(c Change) bool { return c.Object == "unit "+PortsUnitName }) {
 		// box runs no systemctl: enabled, the watcher starts at the next boot.
 		return "the port watcher starts at the next boot; to start it now: systemctl daemon-reload && systemctl restart " + PortsUnitName, changes, nil
@@ -428,6 +473,13 @@ func (host *Host) removeBootUnits() ([]Change, error) {
 	var errs []error
 	if host.BootUnitDir == "" {
 		return nil, nil
+	}
+	dropIn := filepath.Join(host.BootUnitDir, IncusDropInName)
+	if err := os.Remove(dropIn); err == nil {
+		changes = append(changes, Change{Object: "unit incus.service drop-in " + filepath.Base(dropIn), Action: "removed"})
+		os.Remove(filepath.Dir(dropIn)) // only if empty: another drop-in there is not box's
+	} else if !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
 	}
 	for _, u := range bootUnits {
 		os.Remove(filepath.Join(host.BootUnitDir, "multi-user.target.wants", u.name))
@@ -555,6 +607,9 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 	if fw.note != "" {
 		rep.Notes = append(rep.Notes, fw.note)
 	}
+	if err == nil {
+		err = host.saveFirewall(func(s *SavedFirewall) { s.Gateway = p.Addr() })
+	}
 	return rep, err
 }
 
@@ -620,6 +675,9 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *ground, d Desired, re
 		return err
 	}
 
+	if err := host.saveFirewall(func(s *SavedFirewall) { s.Gateway = d.Gateway }); err != nil {
+		return err
+	}
 	note, chs, err := host.ensureBootUnit()
 	rep.Changes = append(rep.Changes, chs...)
 	if err != nil {

@@ -34,6 +34,10 @@ type Host struct {
 	BootUnitDir string
 	// Exe is the box binary the boot unit runs.
 	Exe string
+	// FirewallFile is where setup-host saves what the boot unit loads the
+	// firewall from before Incus starts (DefaultFirewallFile on a real
+	// host; empty saves nothing, as in the hermetic world).
+	FirewallFile string
 	// IncusUserSocket is incus-user's socket (BOX_INCUS_USER_SOCKET); empty
 	// is unix.socket.user beside incusd's.
 	IncusUserSocket string

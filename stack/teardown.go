@@ -89,6 +89,11 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, err
 	if err != nil {
 		errs = append(errs, err)
 	}
+	removed, err = host.removeSavedFirewall()
+	changes = append(changes, removed...)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	return changes, errors.Join(errs...)
 }
 

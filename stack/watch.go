@@ -17,6 +17,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/box-isolation/box/internal/sdnotify"
 )
 
 // The port watcher. Where the kernel has no nft bridge meta, the bridge drop
@@ -60,10 +62,28 @@ type watchOptions struct {
 	// refreshed, when set, is called after every successful refresh with
 	// what it changed, the triggers it answered and when it finished.
 	refreshed func(r portsRefresh, causes []trigger, done time.Time)
+	// ready, when set, is called once, after the first refresh (done or
+	// failed) that followed the link subscription: from then on every new
+	// port is taken in from its link event. box-ports.service is
+	// Type=notify, and Incus starts after it (notifyReady).
+	ready func()
 }
 
 func defaultWatchOptions() watchOptions {
 	return watchOptions{debounce: watchDebounce, resync: watchResync, leaseRecheck: watchLeaseRecheck, retry: watchRetry, rcvbuf: 1 << 20}
+}
+
+// notifyReady tells systemd the watcher is ready (a unit of Type=notify),
+// and logs it; outside such a unit it does nothing.
+func notifyReady(logf func(string, ...any)) func() {
+	return func() {
+		switch there, err := sdnotify.Ready(); {
+		case err != nil:
+			logf("%v", err)
+		case there:
+			logf("ready: told systemd (Incus, ordered after box-ports.service, may start)")
+		}
+	}
 }
 
 // WatchPorts keeps the stack's bridge ports isolated and the bridge drop's
@@ -96,6 +116,9 @@ func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions)
 		links: map[int]linkInfo{}, timer: time.NewTimer(time.Hour), pins: make(chan trigger, 1),
 	}
 	w.timer.Stop()
+	if w.o.ready == nil {
+		w.o.ready = notifyReady(w.logf)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(4)
@@ -415,6 +438,12 @@ func (w *watcher) refresh(ctx context.Context) {
 	done := time.Now()
 	w.lastRefresh = done
 	w.report(r, done)
+	if w.o.ready != nil {
+		// Said after a failure too: Incus waiting on a watcher that cannot
+		// sync would keep every box down; the failure is logged below.
+		w.o.ready()
+		w.o.ready = nil
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return

@@ -318,6 +318,7 @@ func (a *app) host() (*stack.Host, error) {
 		// A real host: the firewall is re-applied at boot by a unit that
 		// runs this binary (Ensure checks that systemd is there).
 		h.BootUnitDir = "/etc/systemd/system"
+		h.FirewallFile = stack.DefaultFirewallFile
 		if exe, err := os.Executable(); err == nil {
 			h.Exe = exe
 		}

@@ -103,7 +103,7 @@ func commands() []command {
 			box: anyBox, minArgs: 1, maxArgs: -1, dashdash: true, setup: setupIncus},
 		{name: "doctor", hostLayer: true, synopsis: "doctor [--fix] [--json]", help: "check the host's isolation stack against what it should be; --fix converges it",
 			maxArgs: 0, setup: setupDoctor},
-		{name: "setup-host", hostLayer: true, synopsis: "setup-host [--json] [--firewall-only | --member-only]", help: "build (or converge) the isolation stack on this host",
+		{name: "setup-host", hostLayer: true, synopsis: "setup-host [--json] [--firewall-only | --boot | --member-only]", help: "build (or converge) the isolation stack on this host",
 			maxArgs: 0, setup: setupSetupHost},
 		{name: "watch-ports", hostLayer: true, synopsis: "watch-ports",
 			help:    "keep boxnet's bridge ports isolated and in the bridge drop's port set as boxes come and go, put box's nft tables and Incus's back after another tool flushes or rewrites them, and serve the allowlisted boxes' resolver and proxy, until SIGINT or SIGTERM (the boot unit box-ports.service runs it)",

@@ -19,19 +19,29 @@ func setupSetupHost(fs *flag.FlagSet) action {
 	// the nft tables and the ports' isolated flag do not survive a reboot,
 	// Incus's objects do.
 	firewallOnly := fs.Bool("firewall-only", false, "converge only the nft tables and the bridge ports' isolation (what the boot unit runs)")
+	boot := fs.Bool("boot", false, "load the firewall setup-host saved, with no Incus call (what the boot unit runs, before Incus starts)")
 	memberOnly := fs.Bool("member-only", false, "on an Incus cluster: converge only this member's host layers (nft tables, ports, boot unit), after setup-host ran on any member")
 	return func(c *call) error {
 		h, err := c.host()
 		if err != nil {
 			return err
 		}
-		if *memberOnly && *firewallOnly {
-			return usagef("--member-only and --firewall-only: pick one (--member-only also installs the boot unit)")
+		picked := 0
+		for _, on := range []bool{*memberOnly, *firewallOnly, *boot} {
+			if on {
+				picked++
+			}
+		}
+		if picked > 1 {
+			return usagef("--member-only, --firewall-only and --boot: pick one (--member-only also installs the boot unit; --boot is the boot unit's)")
 		}
 		h.MemberOnly = *memberOnly
 		ensure := h.Ensure
-		if *firewallOnly {
+		switch {
+		case *firewallOnly:
 			ensure = h.EnsureFirewall
+		case *boot:
+			ensure = h.EnsureBoot
 		}
 		rep, err := ensure(c.ctx)
 		if err != nil {

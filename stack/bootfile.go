@@ -1,0 +1,217 @@
+package stack
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"time"
+
+	"github.com/box-isolation/box/stack/nft"
+)
+
+// The boot with no window (issue 25). Incus restores at boot every box that
+// ran at shutdown; box's tables must hold before the first of them sends a
+// frame. The firewall's one input from Incus is the bridge's gateway
+// address, so setup-host saves it (with the egress policies) in a file,
+// and the boot unit loads the tables from that file before Incus starts
+// (`box setup-host --boot`, EnsureBoot): no Incus call, and rules that
+// name boxnet load before the bridge exists. The port watcher starts next,
+// before Incus too, and takes each restored box's port into the bridge
+// drop's set and the pin scope from the kernel's link event alone.
+
+// DefaultFirewallFile is where a real host's saved firewall lives.
+const DefaultFirewallFile = "/var/lib/box/firewall.json"
+
+// SavedFirewall is what the boot unit loads box's tables from.
+type SavedFirewall struct {
+	// Version is savedFirewallVersion; another is refused (setup-host
+	// writes it again).
+	Version int `json:"version"`
+	// Bridge and Gateway are the stack's bridge and its IPv4 address.
+	Bridge  string     `json:"bridge"`
+	Gateway netip.Addr `json:"gateway"`
+	// Egress is the egress table's policies as last applied (nil: none).
+	// At boot the policies' allow sets start empty: an allowlisted box
+	// reaches nothing until box's resolver answers it again.
+	Egress *nft.Egress `json:"egress,omitempty"`
+	Saved  time.Time   `json:"saved"`
+}
+
+const savedFirewallVersion = 1
+
+// firewallFile is where this host saves its firewall; "" saves none (the
+// hermetic world: no boot; a granted user: the kernel's layers are root's).
+func (host *Host) firewallFile() string {
+	if host.Tier || host.Remote != "" {
+		return ""
+	}
+	return host.FirewallFile
+}
+
+// readSavedFirewall reads the saved firewall; os.ErrNotExist when there is
+// none.
+func readSavedFirewall(path string) (SavedFirewall, error) {
+	var s SavedFirewall
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return s, err
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return s, fmt.Errorf("reading the saved firewall %s: %w (box setup-host writes it again)", path, err)
+	}
+	if s.Version != savedFirewallVersion {
+		return s, fmt.Errorf("the saved firewall %s is version %d, this box reads %d (box setup-host writes it again)", path, s.Version, savedFirewallVersion)
+	}
+	if !s.Gateway.Is4() || s.Bridge == "" {
+		return s, fmt.Errorf("the saved firewall %s names no bridge or IPv4 gateway (box setup-host writes it again)", path)
+	}
+	return s, nil
+}
+
+// saveFirewall updates the saved firewall through edit, writing it only
+// when it changed (atomically: a boot never reads half a file).
+func (host *Host) saveFirewall(edit func(*SavedFirewall)) error {
+	path := host.firewallFile()
+	if path == "" {
+		return nil
+	}
+	old, err := readSavedFirewall(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		old = SavedFirewall{} // unreadable or stale: written afresh
+	}
+	s := old
+	s.Version, s.Bridge = savedFirewallVersion, Current.Network
+	edit(&s)
+	if !s.Gateway.Is4() {
+		return nil // nothing to load at boot yet (setup-host saves it)
+	}
+	s.Saved = old.Saved
+	if err == nil && reflect.DeepEqual(s, old) {
+		return nil
+	}
+	s.Saved = time.Now().UTC()
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("saving the firewall: %w", err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("saving the firewall: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("saving the firewall: %w", err)
+	}
+	return nil
+}
+
+// removeSavedFirewall is teardown's: no firewall to load at the next boot.
+func (host *Host) removeSavedFirewall() ([]Change, error) {
+	path := host.firewallFile()
+	if path == "" {
+		return nil, nil
+	}
+	if err := os.Remove(path); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return []Change{{Object: "file " + path, Action: "removed", Detail: "the firewall the boot unit loaded"}}, nil
+}
+
+// EnsureBoot loads box's tables from the saved firewall with no Incus call:
+// what the boot unit runs (`box setup-host --boot`), before Incus starts.
+// The bridge need not exist; its ports, if any, are isolated and taken
+// into the port sets. A pin table already there is left to the port
+// watcher; a new one pins nothing, so every port's frames drop until the
+// watcher pins it. The egress table comes back with its allow sets empty.
+func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
+	path := host.firewallFile()
+	if path == "" {
+		return nil, errors.New("no saved firewall on this host (it is saved on a host with systemd): run box setup-host --firewall-only")
+	}
+	saved, err := readSavedFirewall(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no saved firewall at %s: run box setup-host once (it saves it); until then Incus starts with no firewall of box's", path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if saved.Bridge != Current.Network {
+		return nil, fmt.Errorf("the saved firewall %s is for bridge %s, this box's is %s: run box setup-host", path, saved.Bridge, Current.Network)
+	}
+	unlock, err := host.lockSetup(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	g, err := host.ground()
+	if err != nil {
+		return nil, err
+	}
+	defer g.close()
+	rep := &Report{Changes: []Change{}, Notes: []string{}}
+	unlockPorts, err := lockPorts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlockPorts()
+	ports, isolated, err := g.isolatePorts(Current.Network)
+	if err != nil {
+		return rep, err
+	}
+	for _, name := range isolated {
+		rep.Changes = append(rep.Changes, Change{"bridge port " + name, "updated", "isolated on"})
+	}
+	cfg := g.nftConfig(Current)
+	cfg.Gateway = saved.Gateway
+	caps, err := nft.Probe(cfg)
+	if err != nil {
+		return rep, fmt.Errorf("probing nftables: %w", err)
+	}
+	rep.BridgeMode = caps.Mode()
+	names := portNames(ports)
+	applied, err := nft.Apply(cfg, caps, names)
+	if err != nil {
+		return rep, fmt.Errorf("applying nft tables: %w", err)
+	}
+	if present, err := nft.PinsPresent(cfg); err != nil {
+		return rep, err
+	} else if !present {
+		pinned, err := nft.ApplyPins(cfg, caps, names, nil)
+		if err != nil {
+			return rep, fmt.Errorf("applying the pin table: %w", err)
+		}
+		applied = append(applied, pinned...)
+	}
+	if saved.Egress != nil && len(saved.Egress.Policies) > 0 {
+		eg, err := nft.ApplyEgress(cfg, *saved.Egress)
+		if err != nil {
+			return rep, fmt.Errorf("applying the egress table: %w", err)
+		}
+		applied = append(applied, eg...)
+		did, err := g.ensureEgressNet()
+		applied = append(applied, did...)
+		if err != nil {
+			return rep, err
+		}
+	}
+	for _, a := range applied {
+		rep.Changes = append(rep.Changes, Change{"nft", "updated", a})
+	}
+	routed, err := host.ensureRoute(g)
+	rep.Changes = append(rep.Changes, routed...)
+	if err != nil {
+		return rep, err
+	}
+	rep.Notes = append(rep.Notes, fmt.Sprintf("loaded from %s (saved %s, gateway %s) with no Incus call; the port watcher pins each box as Incus starts it", path, saved.Saved.Format(time.RFC3339), saved.Gateway))
+	return rep, nil
+}

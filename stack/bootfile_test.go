@@ -1,0 +1,124 @@
+package stack
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/internal/nstest"
+	"github.com/box-isolation/box/internal/syncbuf"
+	"github.com/box-isolation/box/internal/testenv/tier"
+	"github.com/box-isolation/box/stack/nft"
+)
+
+func TestSavedFirewallFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "box", "firewall.json")
+	h := &Host{FirewallFile: path}
+	require.NoError(t, h.saveFirewall(func(s *SavedFirewall) {}), "no gateway: nothing to save")
+	assert.NoFileExists(t, path)
+	gw := netip.MustParseAddr("10.88.0.1")
+	require.NoError(t, h.saveFirewall(func(s *SavedFirewall) { s.Gateway = gw }))
+	s, err := readSavedFirewall(path)
+	require.NoError(t, err)
+	assert.Equal(t, gw, s.Gateway)
+	assert.Equal(t, Current.Network, s.Bridge)
+	first := s.Saved
+	require.NoError(t, h.saveFirewall(func(s *SavedFirewall) { s.Gateway = gw }))
+	s, err = readSavedFirewall(path)
+	require.NoError(t, err)
+	assert.Equal(t, first, s.Saved, "unchanged: not written again")
+	eg := &nft.Egress{Policies: []nft.EgressPolicy{{ID: "p1", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.20")}}}}
+	require.NoError(t, h.saveFirewall(func(s *SavedFirewall) { s.Egress = eg }))
+	s, err = readSavedFirewall(path)
+	require.NoError(t, err)
+	assert.Equal(t, eg, s.Egress, "the egress policies kept with the gateway")
+	assert.Equal(t, gw, s.Gateway)
+
+	require.NoError(t, os.WriteFile(path, []byte(`{"version":99}`), 0o644))
+	_, err = readSavedFirewall(path)
+	assert.ErrorContains(t, err, "box setup-host writes it again")
+	assert.Empty(t, (&Host{FirewallFile: path, Tier: true}).firewallFile(), "a granted user saves nothing")
+
+	removed, err := h.removeSavedFirewall()
+	require.NoError(t, err)
+	assert.Len(t, removed, 1)
+	removed, err = h.removeSavedFirewall()
+	require.NoError(t, err)
+	assert.Empty(t, removed, "a second teardown finds nothing")
+}
+
+// TestPrivilegedBootFromSavedFile is the boot in a throwaway namespace:
+// box's tables load from the saved file with no Incus (the Host has no
+// client: a call would panic) and no bridge yet; the watcher is ready
+// before the bridge exists; then "Incus" makes the bridge and plugs a
+// box's port in, and the port is in the bridge drop's set and the pin
+// scope, with no pin, from its link event alone.
+func TestPrivilegedBootFromSavedFile(t *testing.T) {
+	tier.Root(t)
+	ns := nstest.New(t, "boxboot-"+nstest.RunID()+"-host")
+	path := filepath.Join(t.TempDir(), "firewall.json")
+	h := &Host{NetNS: ns.Name, FirewallFile: path, SetupLockPath: filepath.Join(t.TempDir(), "setup.lock")}
+	ctx := context.Background()
+
+	_, err := h.EnsureBoot(ctx)
+	require.ErrorContains(t, err, "run box setup-host once")
+
+	require.NoError(t, h.saveFirewall(func(s *SavedFirewall) { s.Gateway = netip.MustParseAddr("10.99.0.1") }))
+	rep, err := h.EnsureBoot(ctx)
+	require.NoError(t, err)
+	t.Logf("boot: %v; %v", rep.Changes, rep.Notes)
+	cfg := nft.Config{NetNS: int(ns.Handle), Gateway: netip.MustParseAddr("10.99.0.1")}
+	inet, bridge, err := nft.Present(cfg)
+	require.NoError(t, err)
+	assert.True(t, inet && bridge, "inet box and bridge box loaded before the bridge exists")
+	pins, err := nft.PinsPresent(cfg)
+	require.NoError(t, err)
+	assert.True(t, pins, "the pin table too")
+	again, err := h.EnsureBoot(ctx)
+	require.NoError(t, err)
+	for _, c := range again.Changes {
+		assert.NotEqual(t, "nft", c.Object, "a second boot load changes no table: %v", c)
+	}
+
+	var ready atomic.Int32
+	w := &watchWorld{ns: ns, log: &syncbuf.Buffer{}, h: ns.Netlink(t), host: h}
+	o := defaultWatchOptions()
+	o.ready = func() { ready.Add(1) }
+	w.watch(t, o)
+	assert.EqualValues(t, 1, ready.Load(), "ready after the first sync, with no bridge yet")
+
+	ns.AddBridge(t, "boxnet")
+	ns.LinkUp(t, "boxnet")
+	l := w.veth(t, "vboot")
+	start := time.Now()
+	w.enslave(t, l)
+	pinScope := func() []string {
+		c, err := nftables.New(nftables.WithNetNSFd(int(ns.Handle)))
+		require.NoError(t, err)
+		s, err := c.GetSetByName(&nftables.Table{Family: nftables.TableFamilyBridge, Name: "box_pin"}, "boxnet_ports")
+		require.NoError(t, err)
+		elems, err := c.GetSetElements(s)
+		require.NoError(t, err)
+		var out []string
+		for _, e := range elems {
+			out = append(out, strings.TrimRight(string(e.Key), "\x00"))
+		}
+		return out
+	}
+	require.Eventually(t, func() bool {
+		return slices.Contains(w.portSet(t), "vboot") && slices.Contains(pinScope(), "vboot")
+	}, 5*time.Second, time.Millisecond, "the port never joined both sets; the watcher said:\n%s", w.log.String())
+	t.Logf("port in the bridge drop's set and the pin scope %s after it joined the bridge", time.Since(start).Round(100*time.Microsecond))
+	assert.True(t, w.isolated(t, "vboot"), "and isolated")
+	assert.EqualValues(t, 1, ready.Load(), "ready is said once")
+}
