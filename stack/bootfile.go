@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/box-isolation/box/stack/nft"
@@ -214,4 +216,44 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("loaded from %s (saved %s, gateway %s) with no Incus call; the port watcher pins each box as Incus starts it", path, saved.Saved.Format(time.RFC3339), saved.Gateway))
 	return rep, nil
+}
+
+// verifyBoot checks, on a systemd host, what the next boot needs to have
+// no window: the units and Incus's drop-in as setup-host writes them, and
+// the saved firewall naming the live gateway. Its findings are advisory:
+// the layers hold now, the next boot would open them.
+func (host *Host) verifyBoot(gw netip.Addr) []Finding {
+	if host.BootUnitDir == "" || !systemdRunning() {
+		return nil
+	}
+	var out []Finding
+	find := func(obj, problem string) {
+		out = append(out, Finding{Layer: LayerHostFW, Object: obj, Problem: problem + ": at the next boot boxes could send before box's tables hold", Fix: fixEnsure, Advisory: true})
+	}
+	files := map[string]string{IncusDropInName: incusDropIn}
+	for _, u := range BootUnits(host.Exe) {
+		files[u.Name] = u.Text
+	}
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		b, err := os.ReadFile(filepath.Join(host.BootUnitDir, name))
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			find("unit "+name, "missing")
+		case err != nil:
+			find("unit "+name, err.Error())
+		case string(b) != files[name]:
+			find("unit "+name, "not as box setup-host writes it")
+		}
+	}
+	saved, err := readSavedFirewall(host.firewallFile())
+	switch {
+	case host.firewallFile() == "":
+	case errors.Is(err, os.ErrNotExist):
+		find("file "+host.firewallFile(), "no saved firewall for box-firewall.service to load")
+	case err != nil:
+		find("file "+host.firewallFile(), err.Error())
+	case saved.Gateway != gw:
+		find("file "+host.firewallFile(), fmt.Sprintf("the saved gateway is %s, the bridge's is %s", saved.Gateway, gw))
+	}
+	return out
 }

@@ -122,3 +122,31 @@ func TestPrivilegedBootFromSavedFile(t *testing.T) {
 	assert.True(t, w.isolated(t, "vboot"), "and isolated")
 	assert.EqualValues(t, 1, ready.Load(), "ready is said once")
 }
+
+func TestVerifyBoot(t *testing.T) {
+	withSystemd(t, true)
+	dir := t.TempDir()
+	h := &Host{BootUnitDir: dir, Exe: "/usr/bin/box", FirewallFile: filepath.Join(dir, "firewall.json")}
+	gw := netip.MustParseAddr("10.88.0.1")
+	objects := func(fs []Finding) []string {
+		var out []string
+		for _, f := range fs {
+			assert.True(t, f.Advisory, "%v: the layers hold now", f)
+			out = append(out, f.Object)
+		}
+		return out
+	}
+	assert.Equal(t, []string{"unit box-firewall.service", "unit box-ports.service", "unit incus.service.d/box.conf", "file " + h.FirewallFile},
+		objects(h.verifyBoot(gw)), "nothing set up for the next boot")
+	_, _, err := h.ensureBootUnit()
+	require.NoError(t, err)
+	require.NoError(t, h.saveFirewall(func(s *SavedFirewall) { s.Gateway = gw }))
+	assert.Empty(t, h.verifyBoot(gw))
+	f := h.verifyBoot(netip.MustParseAddr("10.89.0.1"))
+	require.Len(t, f, 1)
+	assert.Contains(t, f[0].Problem, "the saved gateway is 10.88.0.1, the bridge's is 10.89.0.1")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, IncusDropInName), []byte("[Unit]\n"), 0o644))
+	assert.Equal(t, []string{"unit incus.service.d/box.conf"}, objects(h.verifyBoot(gw)), "an edited drop-in")
+	withSystemd(t, false)
+	assert.Empty(t, h.verifyBoot(gw), "no systemd: no boot units to check")
+}

@@ -280,6 +280,7 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 			v.Notes = append(v.Notes, "no port watcher runs here: a box that restarts on its own, or whose NIC is re-plugged, stays outside the port set and unpinned until the next box command; start box watch-ports (the boot unit box-ports.service runs it)")
 		}
 	}
+	v.Findings = append(v.Findings, host.verifyBoot(p.Addr())...)
 	nf, err := nft.Verify(ncfg, caps, portNames(ports))
 	if err != nil {
 		return fmt.Errorf("reading nft tables: %w", err)
