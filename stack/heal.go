@@ -448,10 +448,10 @@ func (h *healer) check(ctx context.Context) error {
 	}
 	if err == nil {
 		// L-ROUTE from the kernel's routes alone.
-		var up []string
-		if up, err = h.g.uplinks(Current.Network); err == nil {
+		var rt nft.Route
+		if rt, err = h.g.routeView(Current.Network); err == nil {
 			var routed []string
-			routed, err = nft.ApplyRoute(cfg, up)
+			routed, err = nft.ApplyRoute(cfg, rt)
 			applied = append(applied, routed...)
 		}
 	}

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -45,44 +47,70 @@ func isDefault(r netlink.Route) bool {
 // its next hops' interfaces; a blackhole or unreachable default names
 // none. The bridge and loopback are never uplinks.
 func (g *ground) uplinks(bridge string) ([]string, error) {
+	rt, err := g.routeView(bridge)
+	return rt.Uplinks, err
+}
+
+// routeView is what the route table holds for the host's routes of the
+// moment: the uplinks, and the routed prefixes: the destinations of the
+// unicast routes that are not default routes, in every table but the
+// local one, by any interface but the bridge and loopback (the bridge's
+// own subnet is the boxes'; an egress design's local routes are not a
+// way out).
+func (g *ground) routeView(bridge string) (nft.Route, error) {
+	var rt nft.Route
 	routes, err := g.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: syscall.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	if err != nil {
-		return nil, fmt.Errorf("listing routes: %w", err)
+		return rt, fmt.Errorf("listing routes: %w", err)
 	}
 	links, err := g.linkList()
 	if err != nil {
-		return nil, fmt.Errorf("listing links: %w", err)
+		return rt, fmt.Errorf("listing links: %w", err)
 	}
 	names := map[int]string{}
 	for _, l := range links {
 		names[l.Attrs().Index] = l.Attrs().Name
 	}
-	var out []string
+	ours := func(idx int) bool { n := names[idx]; return n == "" || n == "lo" || n == bridge }
 	add := func(idx int) {
-		if n := names[idx]; n != "" && n != "lo" && n != bridge && !slices.Contains(out, n) {
-			out = append(out, n)
+		if !ours(idx) && !slices.Contains(rt.Uplinks, names[idx]) {
+			rt.Uplinks = append(rt.Uplinks, names[idx])
 		}
 	}
 	for _, r := range routes {
-		if r.Table == routeLocalTable || !isDefault(r) {
+		if r.Table == routeLocalTable {
 			continue
 		}
-		add(r.LinkIndex)
-		for _, nh := range r.MultiPath {
-			add(nh.LinkIndex)
+		if isDefault(r) {
+			add(r.LinkIndex)
+			for _, nh := range r.MultiPath {
+				add(nh.LinkIndex)
+			}
+			continue
+		}
+		if r.Type != unix.RTN_UNICAST || (r.LinkIndex != 0 && ours(r.LinkIndex)) {
+			continue
+		}
+		if r.LinkIndex == 0 && !slices.ContainsFunc(r.MultiPath, func(nh *netlink.NexthopInfo) bool { return !ours(nh.LinkIndex) }) {
+			continue
+		}
+		if p, ok := prefixOf(r.Dst); ok && p.Addr().Is4() {
+			if p = p.Masked(); !slices.Contains(rt.Routed, p) {
+				rt.Routed = append(rt.Routed, p)
+			}
 		}
 	}
-	slices.Sort(out)
-	return out, nil
+	slices.Sort(rt.Uplinks)
+	return rt, nil
 }
 
 // ensureRoute converges the route table to the host's default routes.
 func (host *Host) ensureRoute(g *ground) ([]Change, error) {
-	up, err := g.uplinks(Current.Network)
+	rt, err := g.routeView(Current.Network)
 	if err != nil {
-		return nil, fmt.Errorf("reading the default routes for %s: %w", LayerRoute, err)
+		return nil, fmt.Errorf("reading the routes for %s: %w", LayerRoute, err)
 	}
-	applied, err := nft.ApplyRoute(g.nftConfig(Current), up)
+	applied, err := nft.ApplyRoute(g.nftConfig(Current), rt)
 	if err != nil {
 		return nil, fmt.Errorf("applying the route table: %w", err)
 	}
@@ -96,11 +124,12 @@ func (host *Host) ensureRoute(g *ground) ([]Change, error) {
 // verifyRoute compares the route table with the default routes of the
 // moment; notes say what a box may leave by.
 func (host *Host) verifyRoute(g *ground) (findings []Finding, notes []string, err error) {
-	up, err := g.uplinks(Current.Network)
+	rt, err := g.routeView(Current.Network)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading the default routes for %s: %w", LayerRoute, err)
+		return nil, nil, fmt.Errorf("reading the routes for %s: %w", LayerRoute, err)
 	}
-	rf, err := nft.VerifyRoute(g.nftConfig(Current), up)
+	up := rt.Uplinks
+	rf, err := nft.VerifyRoute(g.nftConfig(Current), rt)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the route table: %w", err)
 	}
@@ -121,7 +150,8 @@ const (
 )
 
 // watchRoutes keeps the route table's uplink set equal to the default
-// routes' interfaces until ctx ends: routeDebounce after the last of a
+// routes' interfaces, and its drops equal to the routed prefixes, until
+// ctx ends: routeDebounce after the last of a
 // burst of route, link and address events (a default route added or
 // removed, a link that went down taking its routes), and every
 // routeResync whatever was heard. It only updates the set of a table that is there: making the
@@ -156,13 +186,19 @@ func (host *Host) watchRoutes(ctx context.Context, logf func(string, ...any)) {
 	}
 	missing := false
 	syncSet := func(why string) {
-		up, err := g.uplinks(Current.Network)
+		rt, err := g.routeView(Current.Network)
 		if err == nil {
-			var changed string
-			if changed, err = nft.SetUplinks(ncfg, up); err == nil {
+			var present bool
+			if present, err = nft.RoutePresent(ncfg); err == nil && !present {
+				err = nft.ErrNotApplied
+			}
+		}
+		if err == nil {
+			var changed []string
+			if changed, err = nft.ApplyRoute(ncfg, rt); err == nil {
 				missing = false
-				if changed != "" {
-					logf("%s: %s (%s)", LayerRoute, changed, why)
+				if len(changed) > 0 {
+					logf("%s: %s (%s)", LayerRoute, strings.Join(changed, "; "), why)
 				}
 				return
 			}

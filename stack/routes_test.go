@@ -1,13 +1,16 @@
 package stack
 
 import (
+	"bytes"
 	"net"
+	"net/netip"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -130,6 +133,46 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	assert.Len(t, notes, 1, "Verify says boxes reach nothing without a default route")
 	require.NoError(t, w.h.RouteAdd(routeVia(up, "", "192.0.2.1", 0)))
 	settle("the default route back", "up0")
+
+	// A prefix routed by the uplink's own interface (a second router on its
+	// segment): dropped by destination, the rule following the route.
+	rt, err := g.routeView("boxnet")
+	require.NoError(t, err)
+	assert.Contains(t, rt.Routed, netip.MustParsePrefix("192.0.2.0/24"), "the uplink's own segment is routed elsewhere (the LAN)")
+	assert.Contains(t, rt.Routed, netip.MustParsePrefix("198.18.40.0/24"))
+	same := netip.MustParsePrefix("198.18.50.0/24")
+	assert.NotContains(t, rt.Routed, same)
+	current := func(what string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			f, _, err := w.host.verifyRoute(g)
+			return err == nil && len(f) == 0
+		}, 5*time.Second, time.Millisecond, "%s: the table never matched the routes; the watcher said:\n%s", what, w.log.String())
+	}
+	require.NoError(t, w.h.RouteAdd(routeVia(up, same.String(), "192.0.2.9", 0)))
+	current("a prefix routed by up0")
+	rt, err = g.routeView("boxnet")
+	require.NoError(t, err)
+	require.Contains(t, rt.Routed, same)
+	ruleFor := func(p netip.Prefix) bool {
+		c, err := nftables.New(nftables.WithNetNSFd(int(w.ns.Handle)))
+		require.NoError(t, err)
+		rules, err := c.GetRules(&nftables.Table{Family: nftables.TableFamilyINet, Name: "box_route"}, &nftables.Chain{Name: "forward"})
+		require.NoError(t, err)
+		a := p.Addr().As4()
+		for _, r := range rules {
+			for _, e := range r.Exprs {
+				if cmp, ok := e.(*expr.Cmp); ok && bytes.Equal(cmp.Data, a[:p.Bits()/8]) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	assert.True(t, ruleFor(same), "a drop rule for %s", same)
+	require.NoError(t, w.h.RouteDel(routeVia(up, same.String(), "192.0.2.9", 0)))
+	current("the prefix's route removed")
+	assert.False(t, ruleFor(same), "its rule gone with it")
 
 	// A stale set behind the watcher's back is a finding.
 	c, err := nftables.New(nftables.WithNetNSFd(int(w.ns.Handle)))

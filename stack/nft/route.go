@@ -2,10 +2,12 @@ package nft
 
 import (
 	"fmt"
-	"strings"
+	"net"
+	"net/netip"
+	"slices"
 
-	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 )
 
 // L-ROUTE, table inet box_route, chain forward (hook forward, priority
@@ -20,6 +22,14 @@ import (
 // it came. An empty set drops every new connection a box opens: with no
 // default route there is no internet to reach.
 //
+// An interface is not enough: a LAN router's prefix may be routed by the
+// default route's own interface (30.1.0.0/16 via another router on the
+// uplink's segment, as enterprise networks and VPN concentrators do), and
+// the uplink's own segment is the LAN. So every prefix the host routes
+// other than by a default route (the routed prefixes: non-default routes
+// in every table but the local one) is dropped by destination too, one
+// rule each, kept current from the same route events (ApplyRoute).
+//
 // It is a table of its own so that it can be removed apart from the host
 // firewall (the drill's route mutation does).
 
@@ -32,13 +42,21 @@ const UplinkSet = "uplinks"
 // uplinkSetID is the set's batch-local id when it is created with its rule.
 const uplinkSetID = 20
 
-// DesiredRoute returns the route table for cfg, its set holding uplinks.
-func DesiredRoute(cfg Config, uplinks []string) (Ruleset, error) {
+// Route is what the route table holds: the default routes' interfaces
+// and the prefixes routed any other way.
+type Route struct {
+	Uplinks []string
+	Routed  []netip.Prefix
+}
+
+// DesiredRoute returns the route table for cfg: its set holding the
+// uplinks, a drop for each routed prefix.
+func DesiredRoute(cfg Config, rt Route) (Ruleset, error) {
 	cfg, err := cfg.normalized()
 	if err != nil {
 		return Ruleset{}, err
 	}
-	for _, u := range uplinks {
+	for _, u := range rt.Uplinks {
 		if err := checkIfname(u); err != nil {
 			return Ruleset{}, fmt.Errorf("uplink: %w", err)
 		}
@@ -46,31 +64,71 @@ func DesiredRoute(cfg Config, uplinks []string) (Ruleset, error) {
 			return Ruleset{}, fmt.Errorf("uplink %s is the bridge itself", u)
 		}
 	}
-	return Ruleset{Tables: []Table{routeTable(cfg, uplinks)}}, nil
+	var routed []netip.Prefix
+	for _, p := range rt.Routed {
+		if !p.IsValid() || !p.Addr().Is4() || p.Bits() < 2 {
+			return Ruleset{}, fmt.Errorf("routed prefix %s: not an IPv4 prefix narrower than half the space (those are default routes)", p)
+		}
+		if p = p.Masked(); !slices.Contains(routed, p) {
+			routed = append(routed, p)
+		}
+	}
+	slices.SortFunc(routed, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return Ruleset{Tables: []Table{routeTable(cfg, rt.Uplinks, routed)}}, nil
 }
 
-func routeTable(cfg Config, uplinks []string) Table {
+func routeTable(cfg Config, uplinks []string, routed []netip.Prefix) Table {
 	br := cfg.Bridge
 	notUplink := part{fmt.Sprintf("oifname != @%s", UplinkSet), []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
 		&expr.Lookup{SourceRegister: 1, SetName: UplinkSet, SetID: uplinkSetID, Invert: true},
 	}}
+	rules := []Rule{
+		rule(accept(), iifname(br), ctStateEstablishedRelated()),
+		rule(drop(), iifname(br), notUplink),
+	}
+	for _, p := range routed {
+		rules = append(rules, rule(drop(), iifname(br), ipDaddrPrefix(p)))
+	}
 	return Table{Family: "inet", Name: cfg.RouteTable(),
 		Sets: []Set{{Name: UplinkSet, Type: "ifname", Elements: normPorts(uplinks), id: uplinkSetID}},
 		Chains: []Chain{{
 			Name: "forward", Type: "filter", Hook: "forward", Priority: priorityFilter("inet"), Policy: "accept",
-			Rules: []Rule{
-				rule(accept(), iifname(br), ctStateEstablishedRelated()),
-				rule(drop(), iifname(br), notUplink),
-			},
+			Rules: rules,
 		}},
 	}
 }
 
+// ipDaddrPrefix matches an IPv4 destination in p as nft encodes it (so
+// that nft lists it as one): a byte-aligned prefix's bytes loaded and
+// compared; any other prefix's whole address loaded, masked and compared.
+func ipDaddrPrefix(p netip.Prefix) part {
+	if p.Bits() == 32 {
+		return ipDaddr(p.Addr())
+	}
+	a := p.Masked().Addr().As4()
+	n := 4
+	if p.Bits()%8 == 0 {
+		n = p.Bits() / 8
+	}
+	exprs := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: uint32(n)}}
+	if p.Bits()%8 != 0 {
+		m := net.CIDRMask(p.Bits(), 32)
+		exprs = append(exprs, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte(m), Xor: make([]byte, 4)})
+	}
+	exprs = append(exprs, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: slices.Clone(a[:n])})
+	return part{"ip daddr " + p.Masked().String(), exprs}.after(nfproto(unix.NFPROTO_IPV4))
+}
+
 // ApplyRoute converges the route table to DesiredRoute in one batch and
 // says what it changed.
-func ApplyRoute(cfg Config, uplinks []string) ([]string, error) {
-	r, err := DesiredRoute(cfg, uplinks)
+func ApplyRoute(cfg Config, rt Route) ([]string, error) {
+	r, err := DesiredRoute(cfg, rt)
 	if err != nil {
 		return nil, err
 	}
@@ -79,9 +137,9 @@ func ApplyRoute(cfg Config, uplinks []string) ([]string, error) {
 }
 
 // VerifyRoute compares the live route table with DesiredRoute; no findings
-// means they match, the set's elements included.
-func VerifyRoute(cfg Config, uplinks []string) ([]Finding, error) {
-	r, err := DesiredRoute(cfg, uplinks)
+// means they match, the set's elements and the routed prefixes included.
+func VerifyRoute(cfg Config, rt Route) ([]Finding, error) {
+	r, err := DesiredRoute(cfg, rt)
 	if err != nil {
 		return nil, err
 	}
@@ -94,47 +152,3 @@ func RoutePresent(cfg Config) (bool, error) { return tablePresent(cfg, "inet", c
 
 // DeleteRoute removes the route table and reports whether it was there.
 func DeleteRoute(cfg Config) (bool, error) { return deleteTable(cfg, "inet", cfg.RouteTable()) }
-
-// SetUplinks makes the uplink set hold exactly uplinks, adding before
-// removing in one batch (the kernel switches at once), and says what it
-// changed. It returns ErrNotApplied when the table is missing (ApplyRoute
-// makes it; the watcher only keeps its set) and an error when its shape
-// needs ApplyRoute.
-func SetUplinks(cfg Config, uplinks []string) (string, error) {
-	r, err := DesiredRoute(cfg, uplinks)
-	if err != nil {
-		return "", err
-	}
-	cfg, _ = cfg.normalized()
-	c, done, err := dial(cfg)
-	if err != nil {
-		return "", err
-	}
-	defer done()
-	name := cfg.RouteTable()
-	live, err := readTable(c, "inet", name)
-	if err != nil {
-		return "", fmt.Errorf("reading table inet %s: %w", name, err)
-	}
-	if !live.exists {
-		return "", fmt.Errorf("setting uplinks in table inet %s: %w", name, ErrNotApplied)
-	}
-	d := diffTable(r.Tables[0], live)
-	if len(d.rebuild) > 0 {
-		return "", fmt.Errorf("table inet %s is not as ApplyRoute leaves it (%s): apply it again", name, strings.Join(d.rebuild, "; "))
-	}
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: name}
-	var changes []string
-	for _, f := range d.elemFixes {
-		if msg := updateSet(c, t, f); msg != "" {
-			changes = append(changes, msg)
-		}
-	}
-	if len(changes) == 0 {
-		return "", nil
-	}
-	if err := c.Flush(); err != nil {
-		return "", fmt.Errorf("updating uplinks (nothing changed; planned: %s): %w", strings.Join(changes, "; "), err)
-	}
-	return strings.Join(changes, "; "), nil
-}
