@@ -14,7 +14,7 @@ import (
 // filter, policy accept): a box's forwarded traffic (iifname the bridge)
 // may leave only by an interface in the set uplinks, the interfaces of the
 // host's default routes, which the caller keeps current from the kernel's
-// route events (SetUplinks). Whatever the host routes any other way (a LAN
+// route events (ApplyRoute). Whatever the host routes any other way (a LAN
 // router's prefixes, a VPN's split routes, another bridge, a cluster's
 // own network) is dropped, private or not: the ACL drops only the private
 // ranges. Replies (ct state established,related) pass, so a connection
