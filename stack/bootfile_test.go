@@ -2,10 +2,13 @@ package stack
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -149,4 +152,50 @@ func TestVerifyBoot(t *testing.T) {
 	assert.Equal(t, []string{"unit incus.service.d/box.conf"}, objects(h.verifyBoot(gw)), "an edited drop-in")
 	withSystemd(t, false)
 	assert.Empty(t, h.verifyBoot(gw), "no systemd: no boot units to check")
+}
+
+// TestRemoveStaleDnsmasqPIDs: a pid file naming no process, or a thread of
+// another process (what killed incusd at boot), goes; one naming a running
+// dnsmasq stays.
+func TestRemoveStaleDnsmasqPIDs(t *testing.T) {
+	dir := t.TempDir()
+	write := func(net string, pid int) string {
+		t.Helper()
+		f := filepath.Join(dir, "networks", net, "dnsmasq.pid")
+		require.NoError(t, os.MkdirAll(filepath.Dir(f), 0o755))
+		require.NoError(t, os.WriteFile(f, fmt.Appendf(nil, "name: dnsmasq\nargs: [--keep-in-foreground]\npid: %d\nuid: 0\n", pid), 0o644))
+		return f
+	}
+	// A process named dnsmasq (sleep under that name).
+	bin := filepath.Join(t.TempDir(), "dnsmasq")
+	sleep, err := exec.LookPath("sleep")
+	require.NoError(t, err)
+	b, err := os.ReadFile(sleep)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bin, b, 0o755))
+	cmd := exec.Command(bin, "60")
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	live := write("boxnet", cmd.Process.Pid)
+
+	// A thread of this test's process: its id is no thread group's.
+	tasks, err := os.ReadDir("/proc/self/task")
+	require.NoError(t, err)
+	tid := 0
+	for _, e := range tasks {
+		if n, _ := strconv.Atoi(e.Name()); n != os.Getpid() {
+			tid = n
+		}
+	}
+	require.NotZero(t, tid, "the Go runtime runs more than one thread")
+	thread := write("incusbr0", tid)
+	gone := write("old", 1<<22+7) // above pid_max's default
+	removed, err := removeStaleDnsmasqPIDs(dir)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{thread, gone}, removed)
+	assert.FileExists(t, live, "a running dnsmasq's file stays")
+	assert.NoFileExists(t, thread)
+	removed, err = removeStaleDnsmasqPIDs("")
+	require.NoError(t, err)
+	assert.Empty(t, removed, "no INCUS_DIR: nothing touched")
 }

@@ -38,6 +38,10 @@ type Host struct {
 	// firewall from before Incus starts (DefaultFirewallFile on a real
 	// host; empty saves nothing, as in the hermetic world).
 	FirewallFile string
+	// IncusDir is incusd's INCUS_DIR on a real host (/var/lib/incus by
+	// default): the boot unit removes stale dnsmasq pid files there before
+	// Incus starts (removeStaleDnsmasqPIDs). Empty touches nothing.
+	IncusDir string
 	// IncusUserSocket is incus-user's socket (BOX_INCUS_USER_SOCKET); empty
 	// is unix.socket.user beside incusd's.
 	IncusUserSocket string

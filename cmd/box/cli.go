@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -319,6 +320,7 @@ func (a *app) host() (*stack.Host, error) {
 		// runs this binary (Ensure checks that systemd is there).
 		h.BootUnitDir = "/etc/systemd/system"
 		h.FirewallFile = stack.DefaultFirewallFile
+		h.IncusDir = cmp.Or(a.getenv("INCUS_DIR"), "/var/lib/incus")
 		if exe, err := os.Executable(); err == nil {
 			h.Exe = exe
 		}
