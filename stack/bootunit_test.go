@@ -26,9 +26,10 @@ func TestBootUnits(t *testing.T) {
 	assert.Equal(t, []Change{
 		{Object: "unit box-firewall.service", Action: "created", Detail: "loads the saved nft tables at boot, before Incus starts"},
 		{Object: "unit box-ports.service", Action: "created", Detail: "runs box watch-ports, which keeps the bridge's ports isolated, in the port set and pinned"},
-		{Object: "unit incus.service drop-in box.conf", Action: "created", Detail: "Incus starts after box's firewall and port watcher"},
+		{Object: "unit incus.service drop-in box.conf", Action: "created", Detail: "Incus starts after box's firewall and port watcher, with an empty read-only /dev/mqueue"},
 	}, changes)
 	assert.Contains(t, note, "systemctl restart box-ports.service", "box starts no service itself: it says how")
+	assert.Contains(t, note, "systemctl restart incus", "and how Incus takes its drop-in")
 
 	read := func(name string) string {
 		b, err := os.ReadFile(filepath.Join(dir, name))
@@ -49,6 +50,7 @@ func TestBootUnits(t *testing.T) {
 	}
 	dropIn := read(IncusDropInName)
 	assert.Contains(t, dropIn, "[Unit]\nWants=box-firewall.service box-ports.service\nAfter=box-firewall.service box-ports.service\n")
+	assert.Contains(t, dropIn, "[Service]\nTemporaryFileSystem=/dev/mqueue:ro\n", "not the host's message queues in every box")
 	for _, name := range []string{BootUnitName, PortsUnitName} {
 		target, err := os.Readlink(filepath.Join(dir, "multi-user.target.wants", name))
 		require.NoError(t, err, "%s is enabled", name)

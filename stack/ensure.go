@@ -374,12 +374,27 @@ WantedBy=multi-user.target
 // Requires: a failing box unit does not keep Incus down (box doctor names
 // it). setup-host writes it; the package does not ship it (installing box
 // changes nothing until setup-host runs).
+//
+// It also gives incusd an empty, read-only /dev/mqueue: Incus binds the
+// host's /dev/mqueue into every unprivileged container when it exists
+// (systemd mounts it on every host), and that is the host's POSIX message
+// queue instance, shared by the host and every box (a queue made on the
+// host, or in one box, is listed, opened and removed in another: measured
+// in the world's machine, caught by C-KERNEL's mounts). A box's own
+// mq_open(3) uses its own IPC namespace, which needs no mount. The
+// option runs incusd in a mount namespace of its own (systemd's
+// PrivateMounts): its mounts (a pool's, an instance's rootfs) are not
+// seen from the host's shell (docs/box.md, "Incus's /dev/mqueue").
 const incusDropIn = `# box: Incus starts, and restores its instances, only after box's firewall
-# is loaded and its port watcher is ready (written by box setup-host; box
-# teardown-host removes it).
+# is loaded and its port watcher is ready; and Incus binds an empty,
+# read-only /dev/mqueue into its containers, not the host's message queues
+# (written by box setup-host; box teardown-host removes it).
 [Unit]
 Wants=box-firewall.service box-ports.service
 After=box-firewall.service box-ports.service
+
+[Service]
+TemporaryFileSystem=/dev/mqueue:ro
 `
 
 // IncusDropInName is the drop-in Ensure writes for incus.service, relative
@@ -458,13 +473,18 @@ func (host *Host) ensureBootUnit() (string, []Change, error) {
 		if err := os.WriteFile(dropIn, []byte(incusDropIn), 0o644); err != nil {
 			return "", changes, fmt.Errorf("writing %s: %w", dropIn, err)
 		}
-		changes = append(changes, Change{Object: "unit incus.service drop-in " + filepath.Base(dropIn), Action: "created", Detail: "Incus starts after box's firewall and port watcher"})
+		changes = append(changes, Change{Object: "unit incus.service drop-in " + filepath.Base(dropIn), Action: "created", Detail: "Incus starts after box's firewall and port watcher, with an empty read-only /dev/mqueue"})
 	}
+	// box runs no systemctl: what it wrote takes effect at the next boot,
+	// or when the operator restarts the units.
+	var notes []string
 	if slices.ContainsFunc(changes, func(c Change) bool { return c.Object == "unit "+PortsUnitName }) {
-		// box runs no systemctl: enabled, the watcher starts at the next boot.
-		return "the port watcher starts at the next boot; to start it now: systemctl daemon-reload && systemctl restart " + PortsUnitName, changes, nil
+		notes = append(notes, "the port watcher starts at the next boot; to start it now: systemctl daemon-reload && systemctl restart "+PortsUnitName)
 	}
-	return "", changes, nil
+	if slices.ContainsFunc(changes, func(c Change) bool { return strings.HasPrefix(c.Object, "unit incus.service drop-in") }) {
+		notes = append(notes, "Incus takes its drop-in at its next start: systemctl daemon-reload && systemctl restart incus (running boxes keep the host's /dev/mqueue until they restart)")
+	}
+	return strings.Join(notes, "; "), changes, nil
 }
 
 // removeBootUnits disables and removes the boot units.
