@@ -3,7 +3,7 @@
 #   make drill   build the hermetic world and run the drill in it
 #   make test    install what is missing and run every test tier
 #   make package .debs for box and drill, a tarball and SHA256SUMS in dist/
-#   make test-machine  the machine tier (a booted Debian host in the world; not in make test yet)
+#   make test-machine  the machine tier alone (a booted Debian host in the world; make test runs it too)
 #   make release VERSION=x.y.z
 #                tag vx.y.z if RUNS.md proves HEAD (docs/release.md)
 #
@@ -66,7 +66,7 @@ soak:
 package:
 	VERSION=$(VERSION) scripts/package.sh dist
 
-# The machine tier, not yet in `make test` (docs/world.md, "The machine"):
+# The machine tier alone (make test runs it after the others; docs/world.md, "The machine"):
 # a world with its Debian machine (this tree's .debs installed by apt),
 # and the tests that boot it, run host mode in it and count the boot
 # window. Minutes the first time (the machine is built and cached).

@@ -4,7 +4,8 @@
 # hermetic world (incusd in its own namespace) and the cluster world boxc
 # (three members, for the cluster tests), runs unit, privileged and system
 # tests with BOX_REQUIRE_TIERS=1 (a tier that cannot run fails instead of
-# skipping), and tears the worlds down again, also on failure. A world
+# skipping), then the machine tier in a world of its own with its Debian
+# machine, and tears the worlds down again, also on failure. A world
 # that was already up before is left up. BOX_TEST_WORLD and
 # BOX_TEST_CLUSTER name the two worlds (boxw and boxc by default), so a
 # development machine can run it beside worlds it must not touch; the
@@ -74,6 +75,31 @@ start=$(date +%s)
 rc=0
 go test -json -p 1 -count=1 -timeout 60m ./... 2>&1 | bin/testjson || rc=$?
 echo "test: go test ran $(($(date +%s) - start))s (exit $rc)" >&2
+
+# The machine tier (build tag machine, docs/world.md "The machine"): a
+# Debian machine booted in a world of its own (BOX_TEST_MACHINE, boxmac by
+# default), this tree's .debs installed in it by apt: host mode there,
+# reboots with no window (BOX_MACHINE_REBOOTS, 2 here; the soak is 10 and
+# more), a granted user's session. Its image is built from the mirror once
+# per machine and cached.
+machine=${BOX_TEST_MACHINE:-boxmac}
+make --no-print-directory package >&2
+if bin/drill world status --name "$machine" >/dev/null 2>&1; then
+	kept+=("$machine")
+	bin/drill world down --name "$machine" >&2 # its machine takes this tree's .debs at the next up
+else
+	owned+=("$machine")
+	bin/drill world down --purge --name "$machine" >&2
+fi
+bin/drill world up --name "$machine" --machine >&2
+start=$(date +%s)
+mrc=0
+BOX_MACHINE_STATE=/run/box-world/$machine/state.json BOX_MACHINE_REBOOTS=${BOX_MACHINE_REBOOTS:-2} \
+	go test -json -tags machine -p 1 -count=1 -timeout 30m -run '^TestSystemMachine' ./fixtures/world/ 2>&1 | bin/testjson || mrc=$?
+echo "test: the machine tier ran $(($(date +%s) - start))s (exit $mrc)" >&2
+if [ "$rc" -eq 0 ]; then
+	rc=$mrc
+fi
 for w in ${kept[@]+"${kept[@]}"}; do
 	echo "test: world $w was up before this run and is left up (bin/drill world down --name $w removes it)" >&2
 done
