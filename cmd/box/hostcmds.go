@@ -15,10 +15,11 @@ import (
 
 func setupSetupHost(fs *flag.FlagSet) action {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	// The boot unit Ensure installs runs `box setup-host --firewall-only`:
-	// the nft tables and the ports' isolated flag do not survive a reboot,
-	// Incus's objects do.
-	firewallOnly := fs.Bool("firewall-only", false, "converge only the nft tables and the bridge ports' isolation (what the boot unit runs)")
+	// The nft tables and the ports' isolated flag do not survive a reboot,
+	// Incus's objects do. The boot unit Ensure installs runs `box
+	// setup-host --boot`, before Incus starts: the tables from the file
+	// setup-host saved, with no Incus call.
+	firewallOnly := fs.Bool("firewall-only", false, "converge only the nft tables and the bridge ports' isolation, asking Incus for the bridge's address")
 	boot := fs.Bool("boot", false, "load the firewall setup-host saved, with no Incus call (what the boot unit runs, before Incus starts)")
 	memberOnly := fs.Bool("member-only", false, "on an Incus cluster: converge only this member's host layers (nft tables, ports, boot unit), after setup-host ran on any member")
 	return func(c *call) error {
