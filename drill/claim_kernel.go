@@ -97,15 +97,20 @@ const (
 // The paths the kernel probes open and read.
 var (
 	// procSysPaths are host-wide kernel settings, none a box's own.
-	procSysPaths     = []string{"/proc/sys/vm/drop_caches", "/proc/sys/kernel/panic", "/proc/sys/kernel/randomize_va_space", "/proc/sys/fs/file-max", "/proc/sys/vm/overcommit_memory"}
-	corePatternPath  = "/proc/sys/kernel/core_pattern"
-	sysrqPath        = "/proc/sysrq-trigger"
-	modprobePath     = "/proc/sys/kernel/modprobe"
-	modulesPath      = "/proc/modules"
-	lsmPath          = "/proc/self/attr/current"
-	guestAPISocket   = "/dev/incus/sock"
-	guestAPIPaths    = []string{"/1.0", "/1.0/config", "/1.0/meta-data", "/1.0/devices"}
-	writeControlPath = "/proc/sys/net/ipv4/ip_forward" // the box's own network namespace's: a box may write it
+	procSysPaths    = []string{"/proc/sys/vm/drop_caches", "/proc/sys/kernel/panic", "/proc/sys/kernel/randomize_va_space", "/proc/sys/fs/file-max", "/proc/sys/vm/overcommit_memory"}
+	corePatternPath = "/proc/sys/kernel/core_pattern"
+	sysrqPath       = "/proc/sysrq-trigger"
+	modprobePath    = "/proc/sys/kernel/modprobe"
+	modulesPath     = "/proc/modules"
+	lsmPath         = "/proc/self/attr/current"
+	guestAPISocket  = "/dev/incus/sock"
+	guestAPIPaths   = []string{"/1.0", "/1.0/config", "/1.0/meta-data", "/1.0/devices"}
+	// guestAPIStaggerMS apart, each box's guest API probe starts when the
+	// last box's has ended (its four requests take a few milliseconds),
+	// within guestAPIDeadlineMS.
+	guestAPIStaggerMS  = 150
+	guestAPIDeadlineMS = 1000
+	writeControlPath   = "/proc/sys/net/ipv4/ip_forward" // the box's own network namespace's: a box may write it
 )
 
 // defaultDevices are the device nodes a container gets (major:minor), and
@@ -203,9 +208,21 @@ func buildKernel(b *builder) {
 			places = append(places, PlaceK)
 		}
 	}
-	for _, p := range places {
+	for i, p := range places {
 		for _, c := range kernelChecks() {
-			a := b.probe(Action{Claim: KernelID, Channel: c.ch, From: p, Target: c.target, TargetKey: "kernel", Expect: ExpectContained}, c.spec)
+			spec := c.spec
+			if c.ch == ChannelGuestAPI {
+				// One box at a time: incusd 6.0 (Debian's backports) reads
+				// its /dev/incus connection map unlocked while a new or
+				// closing connection writes it, and two boxes' requests
+				// at once crashed the world's incusd ("concurrent map read
+				// and map write", dev_incus.go hoistReq; fixed in Incus
+				// 7.3, lxc/incus#3618). docs/measurements.md, "The kernel
+				// boundary".
+				spec.DelayMS += i * guestAPIStaggerMS
+				spec.DeadlineMS = guestAPIDeadlineMS
+			}
+			a := b.probe(Action{Claim: KernelID, Channel: c.ch, From: p, Target: c.target, TargetKey: "kernel", Expect: ExpectContained}, spec)
 			if c.control != nil {
 				spec := *c.control
 				spec.ID = "kc-" + string(c.control.Kind) + "-" + strings.ReplaceAll(string(p), "@", ".") // a member's box is box@MEMBER
