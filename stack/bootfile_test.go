@@ -152,9 +152,7 @@ func TestRemoveStaleDnsmasqPIDs(t *testing.T) {
 	}
 	// A process named dnsmasq (sleep under that name).
 	bin := filepath.Join(t.TempDir(), "dnsmasq")
-	sleep, err := exec.LookPath("sleep")
-	require.NoError(t, err)
-	b, err := os.ReadFile(sleep)
+	b, err := os.ReadFile(tier.Tool(t, "sleep", "coreutils"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(bin, b, 0o755))
 	cmd := exec.Command(bin, "60")
