@@ -259,37 +259,19 @@ func removeStaleDnsmasqPIDs(incusDir string) ([]string, error) {
 }
 
 // dnsmasqRuns reports whether the pid Incus recorded in a dnsmasq pid file
-// (a YAML record with a "pid:" line) is a running dnsmasq.
+// (a YAML record with a "pid:" line) is a running dnsmasq. A thread id
+// reads the command line of its process (incusd's, after a boot): not one.
 func dnsmasqRuns(pidFile string) bool {
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		return false
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		v, ok := strings.CutPrefix(strings.TrimSpace(line), "pid:")
-		if !ok {
-			continue
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "pid:"); ok {
+			pid, err := strconv.Atoi(strings.TrimSpace(v))
+			args := procArgs(pid)
+			return err == nil && pid > 0 && len(args) > 0 && strings.HasSuffix(args[0], "dnsmasq")
 		}
-		pid, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil || pid <= 0 {
-			return false
-		}
-		// /proc/PID/status names the thread group: a thread id resolves
-		// too, with its own Tgid.
-		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-		if err != nil {
-			return false
-		}
-		name, tgid := "", ""
-		for _, l := range strings.Split(string(st), "\n") {
-			if v, ok := strings.CutPrefix(l, "Name:"); ok {
-				name = strings.TrimSpace(v)
-			}
-			if v, ok := strings.CutPrefix(l, "Tgid:"); ok {
-				tgid = strings.TrimSpace(v)
-			}
-		}
-		return name == "dnsmasq" && tgid == strconv.Itoa(pid)
 	}
 	return false
 }
