@@ -132,11 +132,12 @@ type Selection struct {
 // (include; "!ID" excludes) and --skip patterns: IDs or globs (path.Match
 // syntax), case-insensitive. No include pattern selects every claim the
 // mode runs. A claim the mode runs only on request (OptIn) is selected
-// only when a pattern names it: matches it and no other claim. A claim the
+// only when a pattern names it (matches it and no other claim), or with
+// optIn (a run recorded for a release: every claim the mode can run). A claim the
 // mode cannot run (Never) that a pattern names is an error saying why; one
 // a wider pattern matches is left out, with the reason. A pattern that
 // matches no claim is an error, so a typo never silently drops a claim.
-func Resolve(m Mode, include, skip []string) (Selection, error) {
+func Resolve(m Mode, include, skip []string, optIn bool) (Selection, error) {
 	var incl, excl []string
 	for _, p := range include {
 		if strings.HasPrefix(p, "!") {
@@ -170,7 +171,7 @@ func Resolve(m Mode, include, skip []string) (Selection, error) {
 			s.Left[c.ID] = fmt.Sprintf("not run in %s mode: %s", m, c.Modes.Why)
 			continue
 		case OptIn:
-			if !named {
+			if !named && !optIn {
 				s.Left[c.ID] = fmt.Sprintf("in %s mode only when named (--claim %s): %s", m, c.ID, c.Modes.Why)
 				continue
 			}
@@ -181,6 +182,18 @@ func Resolve(m Mode, include, skip []string) (Selection, error) {
 		return Selection{}, fmt.Errorf("the selection leaves no claim to test in %s mode (drill list shows them)", m)
 	}
 	return s, nil
+}
+
+// NeverIn is the claims mode m cannot run, with why: a host-mode run
+// skips them, and the world (make test) proves them.
+func NeverIn(m Mode) map[ClaimID]string {
+	never := map[ClaimID]string{}
+	for _, c := range Catalogue {
+		if c.availability(m) == Never {
+			never[c.ID] = c.Modes.Why
+		}
+	}
+	return never
 }
 
 // Selected reports whether the selection runs a claim.

@@ -85,6 +85,7 @@ func TestResolve(t *testing.T) {
 		mode    Mode
 		include []string
 		skip    []string
+		optIn   bool // a recorded run's selection
 		want    []ClaimID
 		whole   bool
 		left    map[ClaimID]string // substrings of the reasons
@@ -125,6 +126,9 @@ func TestResolve(t *testing.T) {
 		{name: "host: beside the opt-in claim", mode: ModeHost, include: []string{"C-TIER", "C-ALLOW"}, wantErr: []string{"C-ALLOW does not run in host mode"}},
 		{name: "host: only world-only claims matched", mode: ModeHost, include: []string{"C-A*", "C-E*"}, wantErr: []string{"C-ALLOW does not run in host mode"}},
 		{name: "host: skipping the world-only claim is fine", mode: ModeHost, skip: []string{"C-ALLOW"}, want: hostAll},
+		{name: "host, recorded: the opt-in claim runs unnamed, the world-only one never", mode: ModeHost, optIn: true, want: without("C-ALLOW"), whole: true,
+			left: map[ClaimID]string{"C-ALLOW": "not run in host mode"}},
+		{name: "world, recorded: the same as unrecorded", optIn: true, want: all, whole: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -132,7 +136,7 @@ func TestResolve(t *testing.T) {
 			if mode == "" {
 				mode = ModeWorld
 			}
-			got, err := Resolve(mode, tt.include, tt.skip)
+			got, err := Resolve(mode, tt.include, tt.skip, tt.optIn)
 			if len(tt.wantErr) > 0 {
 				require.Error(t, err)
 				assert.Nil(t, got.Claims)

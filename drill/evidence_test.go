@@ -47,15 +47,15 @@ func routedScene() Scene {
 }
 
 // topologies are every shape the builder knows, with the claims their mode
-// runs (C-TIER named in host mode, as an operator may).
+// runs (C-TIER too in host mode, as a recorded run selects it).
 func topologies(t *testing.T) map[string]struct {
 	scene  Scene
 	claims []Claim
 } {
 	t.Helper()
-	world, err := Resolve(ModeWorld, nil, nil)
+	world, err := Resolve(ModeWorld, nil, nil, false)
 	require.NoError(t, err)
-	host, err := Resolve(ModeHost, []string{"C-*", "C-TIER"}, nil)
+	host, err := Resolve(ModeHost, nil, nil, true)
 	require.NoError(t, err)
 	return map[string]struct {
 		scene  Scene

@@ -129,7 +129,8 @@ const (
 	// Runs: selected unless a pattern leaves it out.
 	Runs Availability = iota
 	// OptIn: runs only when a --claim pattern names it (matches it and no
-	// other), for a claim that changes the host (C-TIER makes a user).
+	// other), or in a recorded run (--record), for a claim that changes the
+	// host (C-TIER makes a user).
 	OptIn
 	// Never: the mode cannot run it; naming it is an error.
 	Never

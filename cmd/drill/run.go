@@ -68,7 +68,7 @@ func setupRun(fs *flag.FlagSet) runner {
 	fs.StringVar(&o.out.html, "html", "", "also write the report as one self-contained HTML page")
 	fs.StringVar(&o.out.junit, "junit", "", "also write a JUnit XML file")
 	fs.StringVar(&o.out.matrix, "matrix", "", "also write the reachability matrix (SVG)")
-	fs.StringVar(&o.out.record, "record", "", "append a row to this RUNS.md and store the JSON report under drills/ beside it")
+	fs.StringVar(&o.out.record, "record", "", "append a row to this RUNS.md and store the JSON report under drills/ beside it; in host mode the run takes the opt-in claims too (drill list names them and why)")
 	fs.StringVar(&o.image, "image", image.DefaultAlias, "image of the probe boxes (an alias here, or REMOTE:ALIAS)")
 	fs.StringVar(&o.template, "template", "", "mint the probe boxes as box new mints this template's (its image and user-data, waited for until ready): the boxes people use")
 	fs.Var(&o.mutate, "mutate", "knock out a layer for this run to prove the drill fails ("+strings.Join(mutationNames(), ", ")+"); the stack is restored afterwards")
@@ -82,7 +82,7 @@ func setupRun(fs *flag.FlagSet) runner {
 		if o.canary != "" {
 			return fail(s, fmt.Errorf("--canary goes with --host; the hermetic world has its own canary"))
 		}
-		sel, err := drill.Resolve(drill.ModeWorld, o.claims, o.skips)
+		sel, err := drill.Resolve(drill.ModeWorld, o.claims, o.skips, false)
 		if err != nil {
 			return fail(s, err)
 		}
@@ -133,7 +133,7 @@ func runOnHost(ctx context.Context, s stdio, o runOptions) int {
 	if err != nil {
 		return fail(s, fmt.Errorf("--canary %q: want ADDR:PORT such as 1.1.1.1:443", o.canary))
 	}
-	sel, err := drill.Resolve(drill.ModeHost, o.claims, o.skips)
+	sel, err := drill.Resolve(drill.ModeHost, o.claims, o.skips, o.out.record != "")
 	if err != nil {
 		return fail(s, err)
 	}

@@ -6,7 +6,8 @@
 // built from a clean tree at a commit X that is HEAD or an ancestor of it,
 // with nothing but RUNS.md and drills/ changed from X to HEAD. The newest
 // of them decides: HEAD ships only if that run exited 0 with every claim
-// of the catalogue passed (none failed, inconclusive or skipped), so an
+// of the catalogue passed (none failed, inconclusive or skipped) but those
+// a host cannot run at all, which the world proves (make test), so an
 // older pass never outvotes a later failure. The work tree must be clean
 // and every row must match its report. There is no waiver.
 package gate
@@ -38,6 +39,10 @@ type Options struct {
 	// catalogue of the drill at HEAD (which is X's, nothing but the record
 	// having changed since).
 	Claims []string
+	// HostCannot are the claims of Claims that host mode never runs, with
+	// why: the catalogue's, not the operator's (drill.NeverIn). A host run
+	// skips them; the hermetic world's runs (make test) prove them.
+	HostCannot map[string]string
 }
 
 // Decision is the gate's answer.
@@ -60,18 +65,20 @@ func (d *Decision) OK() bool { return d.Proof != nil && len(d.Blockers) == 0 }
 
 // Proof is the row a release rests on.
 type Proof struct {
-	Line     int    `json:"line"`
-	RunID    string `json:"run_id"`
-	Host     string `json:"host"`
-	Started  string `json:"started"`
-	Version  string `json:"version"` // the drill build, as recorded
-	Commit   string `json:"commit"`  // the commit it names
-	Claims   int    `json:"claims"`  // all passed
-	Report   string `json:"report"`
-	SHA256   string `json:"sha256"`
-	Incus    string `json:"incus"`
-	Kernel   string `json:"kernel"`
-	Instance string `json:"instance_type"`
+	Line    int    `json:"line"`
+	RunID   string `json:"run_id"`
+	Host    string `json:"host"`
+	Started string `json:"started"`
+	Version string `json:"version"` // the drill build, as recorded
+	Commit  string `json:"commit"`  // the commit it names
+	Claims  int    `json:"claims"`  // all passed but NotRun
+	// NotRun are the claims a host cannot run, skipped, with why.
+	NotRun   []string `json:"not_run"`
+	Report   string   `json:"report"`
+	SHA256   string   `json:"sha256"`
+	Incus    string   `json:"incus"`
+	Kernel   string   `json:"kernel"`
+	Instance string   `json:"instance_type"`
 }
 
 // Refusal is why one row cannot ship HEAD.
@@ -161,12 +168,12 @@ func Check(ctx context.Context, o Options) (*Decision, error) {
 			refuse(why)
 			continue
 		}
-		if reasons := passReasons(rep, want); len(reasons) > 0 {
+		if reasons := passReasons(rep, want, o.HostCannot); len(reasons) > 0 {
 			refuse(append(reasons, "it is the newest host run of HEAD's code, so it decides: run the drill again")...)
 			break
 		}
 		d.Proof = &Proof{Line: c.Line, RunID: rep.RunID, Host: rep.Environment.Hostname, Started: rep.Started.UTC().Format("2006-01-02T15:04:05Z"),
-			Version: rep.Version, Commit: commit, Claims: len(rep.Claims), Report: c.Cells["report"], SHA256: c.SHA256,
+			Version: rep.Version, Commit: commit, Claims: len(rep.Claims), NotRun: notRun(rep, o.HostCannot), Report: c.Cells["report"], SHA256: c.SHA256,
 			Incus: rep.Environment.IncusVersion, Kernel: rep.Environment.Kernel, Instance: rep.Environment.InstanceType}
 		break
 	}
@@ -183,10 +190,21 @@ func unverified(checks []report.RowCheck) int {
 	return n
 }
 
+// notRun names the claims rep skipped because a host cannot run them.
+func notRun(rep *drill.Report, hostCannot map[string]string) []string {
+	notRun := []string{}
+	for _, cr := range rep.Claims {
+		if why, ok := hostCannot[string(cr.ID)]; ok && cr.Verdict == drill.Skipped {
+			notRun = append(notRun, fmt.Sprintf("%s (%s)", cr.ID, why))
+		}
+	}
+	return notRun
+}
+
 // passReasons are why a run does not prove every claim: its exit code,
-// any claim not passed (a skipped claim is not proven), a claim of the
-// catalogue it did not judge.
-func passReasons(rep *drill.Report, claims []string) []string {
+// any claim not passed (a skipped claim is not proven, unless a host can
+// never run it), a claim of the catalogue it did not judge.
+func passReasons(rep *drill.Report, claims []string, hostCannot map[string]string) []string {
 	var reasons []string
 	if len(rep.Mutations) > 0 || rep.Clean != nil {
 		reasons = append(reasons, fmt.Sprintf("a mutation run (%s): its claims were meant to fail", strings.Join(rep.Mutations, ", ")))
@@ -195,12 +213,15 @@ func passReasons(rep *drill.Report, claims []string) []string {
 		reasons = append(reasons, fmt.Sprintf("exited %d: a release needs exit 0", rep.ExitCode))
 	}
 	s := rep.Summary
-	if s.Failed+s.Inconclusive+s.Skipped > 0 {
-		reasons = append(reasons, fmt.Sprintf("%d failed, %d inconclusive, %d skipped: every claim must pass (a skipped claim is not proven)", s.Failed, s.Inconclusive, s.Skipped))
+	if skipped := s.Skipped - len(notRun(rep, hostCannot)); s.Failed+s.Inconclusive+skipped > 0 {
+		reasons = append(reasons, fmt.Sprintf("%d failed, %d inconclusive, %d skipped: every claim must pass (a skipped claim is not proven; only those a host cannot run are skipped)", s.Failed, s.Inconclusive, skipped))
 	}
 	var judged, notPassed []string
 	for _, cr := range rep.Claims {
 		judged = append(judged, string(cr.ID))
+		if _, never := hostCannot[string(cr.ID)]; never && cr.Verdict == drill.Skipped {
+			continue
+		}
 		if cr.Verdict != drill.Pass {
 			notPassed = append(notPassed, fmt.Sprintf("%s %s", cr.ID, cr.Verdict))
 		}

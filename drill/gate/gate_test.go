@@ -46,7 +46,7 @@ func (r repo) record(t *testing.T, rep *drill.Report) {
 
 func (r repo) check(t *testing.T, claims []string) *gate.Decision {
 	t.Helper()
-	d, err := gate.Check(context.Background(), gate.Options{Repo: r.dir, Claims: claims})
+	d, err := gate.Check(context.Background(), gate.Options{Repo: r.dir, Claims: claims, HostCannot: hostCannot()})
 	require.NoError(t, err)
 	return d
 }
@@ -57,6 +57,16 @@ func catalogue() []string {
 		ids = append(ids, string(c.ID))
 	}
 	return ids
+}
+
+// hostCannot is what drill record gate passes: the catalogue's claims a
+// host never runs.
+func hostCannot() map[string]string {
+	m := map[string]string{}
+	for id, why := range drill.NeverIn(drill.ModeHost) {
+		m[string(id)] = why
+	}
+	return m
 }
 
 func TestCheck(t *testing.T) {
@@ -157,7 +167,19 @@ func TestCheck(t *testing.T) {
 			require.Equal(t, drill.ExitOK, rep.ExitCode)
 			r.record(t, rep)
 			return nil
-		}, []string{"0 failed, 0 inconclusive, 1 skipped: every claim must pass (a skipped claim is not proven)", "C-INBOUND skipped"}, ""},
+		}, []string{"0 failed, 0 inconclusive, 1 skipped: every claim must pass (a skipped claim is not proven", "C-INBOUND skipped"}, ""},
+		{"the opt-in claim skipped (an unrecorded run's default)", func(t *testing.T, r repo) []string {
+			rep := gatetest.HostPass("a1b2c3", r.version)
+			gatetest.Set(rep, "C-TIER", drill.Skipped)
+			r.record(t, rep)
+			return nil
+		}, []string{"1 skipped", "C-TIER skipped"}, ""},
+		{"a world-only claim failed is not excused", func(t *testing.T, r repo) []string {
+			rep := gatetest.HostPass("a1b2c3", r.version)
+			gatetest.Set(rep, "C-ALLOW", drill.Inconclusive)
+			r.record(t, rep)
+			return nil
+		}, []string{"0 failed, 1 inconclusive, 0 skipped", "C-ALLOW inconclusive"}, ""},
 		{"a claim HEAD's catalogue has that the run did not judge", func(t *testing.T, r repo) []string {
 			r.record(t, gatetest.HostPass("a1b2c3", r.version))
 			return append(catalogue(), "C-NEW")
@@ -227,6 +249,9 @@ func TestCheck(t *testing.T) {
 				assert.Equal(t, "drills/a1b2c3.json", d.Proof.Report)
 				assert.Len(t, d.Proof.SHA256, 64)
 				assert.Equal(t, len(drill.Catalogue), d.Proof.Claims)
+				// C-ALLOW, skipped as a host must, named with why.
+				require.Len(t, d.Proof.NotRun, 1)
+				assert.Contains(t, d.Proof.NotRun[0], "C-ALLOW (it needs the world's second canary")
 				// The commit named is the one the run was built from.
 				assert.Equal(t, gatetest.Git(t, r.dir, "rev-parse", d.Proof.Version+"^{commit}"), d.Proof.Commit)
 				assert.Equal(t, tc.blocker == "", d.OK())
