@@ -118,6 +118,18 @@ func (c Claim) availability(m Mode) Availability {
 	return c.Modes.World
 }
 
+// ModeNote says, for people, how mode m takes the claim when it is not
+// simply run: "" when it is.
+func (c Claim) ModeNote(m Mode) string {
+	switch c.availability(m) {
+	case OptIn:
+		return fmt.Sprintf("in %s mode only when named (--claim %s) or recorded (--record): %s", m, c.ID, c.Modes.Why)
+	case Never:
+		return fmt.Sprintf("never in %s mode: %s", m, c.Modes.Why)
+	}
+	return ""
+}
+
 // Selection is the claims a run tests and those it leaves out, with why.
 type Selection struct {
 	Claims []Claim

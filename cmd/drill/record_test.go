@@ -225,3 +225,22 @@ func TestRecordGateCLI(t *testing.T) {
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, errOut, "release gate: finding the repository")
 }
+
+// TestListSaysHostModes: drill list names the claims a host runs only on
+// request or never, with why, as the gate and --record rely on.
+func TestListSaysHostModes(t *testing.T) {
+	code, out, errOut := runIn("list")
+	require.Equal(t, exitOK, code, errOut)
+	never := drill.NeverIn(drill.ModeHost)
+	require.NotEmpty(t, never)
+	for _, c := range drill.Catalogue {
+		note := c.ModeNote(drill.ModeHost)
+		if _, ok := never[c.ID]; ok {
+			assert.Contains(t, note, "never in host mode")
+		}
+		if note != "" {
+			assert.Contains(t, out, "           "+note+"\n", "%s", c.ID)
+		}
+	}
+	assert.Contains(t, out, "or recorded (--record)", "an opt-in claim is named")
+}

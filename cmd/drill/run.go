@@ -299,6 +299,9 @@ func setupList(fs *flag.FlagSet) runner {
 			for _, c := range drill.Catalogue {
 				fmt.Fprintf(w, "%-10s %s -> %s over %s: %s [%s]\n           %s\n           stack channel: %s\n", c.ID, c.From, c.To,
 					joinWords(c.Channels), c.Expect, joinWords(c.Layers), c.Why, c.StackRule())
+				if note := c.ModeNote(drill.ModeHost); note != "" {
+					fmt.Fprintf(w, "           %s\n", note)
+				}
 			}
 		})
 		return exitOK
