@@ -29,10 +29,12 @@ func (c Config) PinTable() string { return cmpOr(c.Table, DefaultTable) + "_pin"
 
 // The pin table's sets beside its own port set, and their batch-local ids.
 const (
-	hwSet     = "hw"   // ifname . ether_addr: each port's MAC
-	bindSet   = "bind" // ifname . ipv4_addr: each port's addresses
-	hwSetID   = 2
-	bindSetID = 3
+	hwSet       = "hw"     // ifname . ether_addr: each port's MAC
+	bindSet     = "bind"   // ifname . ipv4_addr: each port's addresses
+	pinnedSet   = "pinned" // ifname: the ports with a pin
+	hwSetID     = 2
+	bindSetID   = 3
+	pinnedSetID = 4
 )
 
 // DesiredPins returns the pin table for cfg on a kernel with caps: ports
@@ -60,6 +62,10 @@ func pinTable(cfg Config, caps Capabilities, ports []string, pins []Pin) (Table,
 	if err != nil {
 		return Table{}, err
 	}
+	var pinned []string
+	for _, p := range pins {
+		pinned = append(pinned, p.Port)
+	}
 	t := Table{Family: "bridge", Name: cfg.PinTable()}
 	var scope part
 	if caps.Mode() == ModeBridgeMeta {
@@ -72,7 +78,8 @@ func pinTable(cfg Config, caps Capabilities, ports []string, pins []Pin) (Table,
 	}
 	t.Sets = append(t.Sets,
 		Set{Name: hwSet, Type: "ifname . ether_addr", Elements: hw, id: hwSetID},
-		Set{Name: bindSet, Type: "ifname . ipv4_addr", Elements: bind, id: bindSetID})
+		Set{Name: bindSet, Type: "ifname . ipv4_addr", Elements: bind, id: bindSetID},
+		Set{Name: pinnedSet, Type: "ifname", Elements: normPorts(pinned), id: pinnedSetID})
 
 	r := func(verdict part, matches ...part) Rule { return rule(verdict, append([]part{scope}, matches...)...) }
 	zero := make([]byte, 4)
@@ -81,6 +88,19 @@ func pinTable(cfg Config, caps Capabilities, ports []string, pins []Pin) (Table,
 	// is never forwarded, and every frame from a port passes prerouting.
 	t.Chains = []Chain{{Name: "prerouting", Type: "filter", Hook: "prerouting", Priority: priorityFilter("bridge"), Policy: "accept",
 		Rules: []Rule{
+			// A port with no pin yet (a box just started: its port is in
+			// the scope from its link event, and Incus names its box a
+			// moment later) may only ask for an address: a whole DHCP
+			// DISCOVER or REQUEST from 0.0.0.0 (its first option says
+			// which; dnsmasq reads the first), naming an Ethernet
+			// address. Its DHCP client would otherwise back off for tens
+			// of seconds. dnsmasq answers only the MACs Incus names
+			// (dhcp-ignore=tag:!known) and a sibling's MAC gets the
+			// sibling's own lease; RELEASE, DECLINE and everything else
+			// drop until the port is pinned.
+			r(accept(), ipv4Dep(), dport("udp", 67), ipWhole(), payloadIs("ip saddr 0.0.0.0", expr.PayloadBaseNetworkHeader, 12, zero),
+				ifnameNotIn(pinnedSet, pinnedSetID), payloadIs("@th,72,16 0x106", expr.PayloadBaseTransportHeader, bootpOffset+1, []byte{1, 6}),
+				dhcpAsks()),
 			r(drop(), notPinned("ether saddr", hwSet, hwSetID, expr.PayloadBaseLLHeader, 6, 6)),
 			// 802.1Q: a tagged frame keeps its true MAC (checked above),
 			// but its ether type is the tag's, so the ARP rules below
@@ -198,6 +218,33 @@ func ipFragment() part {
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 6, Len: 2},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 2, Mask: []byte{0x3f, 0xff}, Xor: []byte{0, 0}},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0}},
+	}}
+}
+
+// ipWhole matches an IPv4 packet that is not a fragment.
+func ipWhole() part {
+	p := ipFragment()
+	p.text = "ip frag-off & 16383 == 0"
+	p.exprs[2] = &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0, 0}}
+	return p
+}
+
+// ifnameNotIn matches a frame whose in-port is not in an ifname set.
+func ifnameNotIn(set string, id uint32) part {
+	return part{"iifname != @" + set, []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Lookup{SourceRegister: 1, SetName: set, SetID: id, Invert: true},
+	}}
+}
+
+// dhcpAsks matches a DHCP message whose first option (past the magic
+// cookie, at 236) is the message type, DISCOVER (1) or REQUEST (3): the
+// mask 0xfd takes both to 1 and no other type there.
+func dhcpAsks() part {
+	return part{"@th,1952,56 & 0xfffffffffffffd == 0x63825363350101", []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: bootpOffset + 236, Len: 7},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 7, Mask: []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfd}, Xor: make([]byte, 7)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x63, 0x82, 0x53, 0x63, 53, 1, 1}},
 	}}
 }
 
