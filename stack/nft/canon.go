@@ -134,6 +134,8 @@ func ctKeyName(k expr.CtKey) string {
 		return "state"
 	case expr.CtKeySTATUS:
 		return "status"
+	case expr.CtKeyDIRECTION:
+		return "direction"
 	}
 	return fmt.Sprintf("key%d", k)
 }

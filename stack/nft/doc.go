@@ -6,8 +6,9 @@
 //
 // L-HOSTFW, table inet box, chain input (hook input, priority filter,
 // policy accept): for packets arriving on the bridge (iifname "boxnet") it
-// accepts replies (ct state established,related), DNS (udp and tcp 53) and
-// DHCP (udp 67) to the gateway, what the egress table hands to box's
+// accepts replies (ct direction reply, ct state established,related: a
+// flow the box began is never let on for being established), DNS (udp
+// and tcp 53) and DHCP (udp 67) to the gateway, what the egress table hands to box's
 // resolver and proxy, and drops everything else. It is the layer that protects
 // every host address, the public ones included (the Incus ACL only drops
 // private ranges). Matching on iifname keeps it from touching any traffic

@@ -17,9 +17,11 @@ import (
 // route events (ApplyRoute). Whatever the host routes any other way (a LAN
 // router's prefixes, a VPN's split routes, another bridge, a cluster's
 // own network) is dropped, private or not: the ACL drops only the private
-// ranges. Replies (ct state established,related) pass, so a connection
-// opened into a box from outside (an exposed port) is answered by the way
-// it came. An empty set drops every new connection a box opens: with no
+// ranges. Replies (ct direction reply, ct state established,related)
+// pass, so a connection opened into a box from outside (an exposed port)
+// is answered by the way it came; a flow the box began is looked at packet
+// by packet, so one that got out while the table was gone (another tool's
+// flush) stops when it is back. An empty set drops every new connection a box opens: with no
 // default route there is no internet to reach.
 //
 // An interface is not enough: a LAN router's prefix may be routed by the
@@ -89,7 +91,7 @@ func routeTable(cfg Config, uplinks []string, routed []netip.Prefix) Table {
 		&expr.Lookup{SourceRegister: 1, SetName: UplinkSet, SetID: uplinkSetID, Invert: true},
 	}}
 	rules := []Rule{
-		rule(accept(), iifname(br), ctStateEstablishedRelated()),
+		rule(accept(), iifname(br), ctReplyOfFlow()),
 		rule(drop(), iifname(br), notUplink),
 	}
 	for _, p := range routed {

@@ -177,7 +177,7 @@ func Desired(cfg Config, caps Capabilities) Ruleset {
 	inet := Table{Family: "inet", Name: cfg.Table, Chains: []Chain{{
 		Name: "input", Type: "filter", Hook: "input", Priority: priorityFilter("inet"), Policy: "accept",
 		Rules: []Rule{
-			rule(accept(), iifname(br), ctStateEstablishedRelated()),
+			rule(accept(), iifname(br), ctReplyOfFlow()),
 			// DNS and DHCP to the gateway only: the resolver and the DHCP
 			// server listen there, and every other host address (the LAN
 			// side, the uplink) stays closed on every port.
@@ -371,6 +371,24 @@ func ifnameIn(word string, key expr.MetaKey, set string) part {
 
 func ctStateEstablishedRelated() part {
 	return ctStateMask(expr.CmpOpNeq, "ct state established,related")
+}
+
+// ipCtDirReply is the kernel's IP_CT_DIR_REPLY (ct direction reply).
+const ipCtDirReply = 1
+
+// ctReplyOfFlow matches a packet in the reply direction of an established
+// or related flow: a box's answer in a flow something else began. A flow
+// a box began is never let on by being established: one that got through
+// while box's tables were gone (a flush ruleset by another tool, the
+// moments before the healer put them back) would otherwise stay open
+// after they are back (measured: a box's ping stream to the host's
+// address, started in such a window, went on at 1000 a second).
+func ctReplyOfFlow() part {
+	st := ctStateEstablishedRelated()
+	return part{"ct direction reply " + st.text, append([]expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeyDIRECTION},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{ipCtDirReply}},
+	}, st.exprs...)}
 }
 
 // ctStateMask tests ct state, a host-endian bitmask, against established
