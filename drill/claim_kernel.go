@@ -28,13 +28,38 @@ var claimKernel = Claim{
 	Channels: []Channel{ChannelIDMap, ChannelIDMapDisjoint, ChannelCapabilities, ChannelSeccomp, ChannelLSM, ChannelMounts, ChannelDevices,
 		ChannelProcSys, ChannelCorePattern, ChannelSysrq, ChannelReleaseAgent, ChannelModules, ChannelGuestAPI,
 		ChannelProcesses, ChannelCPU, ChannelMemory, ChannelDisk},
-	Expect: "root in a box is no host user, and an isolated box's ids are its own; capabilities only over the box's own user namespace; the system call filter on; no host path mounted and no device node beyond a container's default; /proc/sys, core_pattern, sysrq-trigger and every release_agent refused to a writer (opened, never written); the guest API tells a box only its own user.* and cloud-init.* keys; a fork bomb, a CPU spin, a memory hog and a disk fill stop at box-l's own limits",
+	Expect: "root in a box is no host user, and an isolated box's ids are its own; capabilities only over the box's own user namespace; the system call filter on; no host path mounted and no device node beyond a container's default; /proc/sys, core_pattern, sysrq-trigger and every release_agent refused to a writer (opened, never written); no guest API (box's profile turns /dev/incus off); a fork bomb, a CPU spin, a memory hog and a disk fill stop at box-l's own limits",
 	Layers: []stack.LayerID{stack.LayerFleet},
 	Why:    "on a host that cannot run VMs a box is a container: the host's kernel is the boundary, and nothing else proves what a box can do to the host and its siblings besides the network",
 	Modes:  everywhere, Evidence: []Evidence{EvidenceProbes},
-	prepare: mintLoadBox,
+	prepare: prepareKernel,
 	build:   buildKernel,
 	judge:   judgeKernel,
+}
+
+// prepareKernel mints box-l and box-k, then reads every probe box's
+// guest API config.
+func prepareKernel(ctx context.Context, r *run) error {
+	if err := mintLoadBox(ctx, r); err != nil {
+		return err
+	}
+	readGuestAPIConfig(ctx, r)
+	return nil
+}
+
+// readGuestAPIConfig reads whether each probe box's config turns its
+// guest API off: a box with no /dev/incus passes the guest API check only
+// when its config says so (a socket merely missing, with the API on,
+// proves nothing about what it would answer).
+func readGuestAPIConfig(ctx context.Context, r *run) {
+	r.guestAPIOff = map[Place]bool{}
+	for place, name := range r.names {
+		inst, _, err := r.boxClient(place).Instance(ctx, name)
+		if err != nil {
+			continue // judged inconclusive: no config read
+		}
+		r.guestAPIOff[place] = stack.GuestAPIOff(inst.ExpandedConfig)
+	}
 }
 
 // C-KERNEL's own boxes: box-l, the load box, and box-k; both have an id
@@ -105,12 +130,12 @@ var (
 	lsmPath         = "/proc/self/attr/current"
 	guestAPISocket  = "/dev/incus/sock"
 	guestAPIPaths   = []string{"/1.0", "/1.0/config", "/1.0/meta-data", "/1.0/devices"}
-	// guestAPIStaggerMS apart, each box's guest API probe starts when the
-	// last box's has ended (its four requests take a few milliseconds),
-	// within guestAPIDeadlineMS.
-	guestAPIStaggerMS  = 150
-	guestAPIDeadlineMS = 1000
-	writeControlPath   = "/proc/sys/net/ipv4/ip_forward" // the box's own network namespace's: a box may write it
+	// The guest API probes run one box at a time after the other probes
+	// (splitGuestAPI), each within guestAPIDeadlineMS, its plan's deadline
+	// guestAPIPlanMarginMS more.
+	guestAPIDeadlineMS   = 1000
+	guestAPIPlanMarginMS = 500
+	writeControlPath     = "/proc/sys/net/ipv4/ip_forward" // the box's own network namespace's: a box may write it
 )
 
 // defaultDevices are the device nodes a container gets (major:minor), and
@@ -208,18 +233,18 @@ func buildKernel(b *builder) {
 			places = append(places, PlaceK)
 		}
 	}
-	for i, p := range places {
+	for _, p := range places {
 		for _, c := range kernelChecks() {
 			spec := c.spec
 			if c.ch == ChannelGuestAPI {
-				// One box at a time: incusd 6.0 (Debian's backports) reads
+				// One box at a time, after the other probes
+				// (splitGuestAPI): incusd 6.0 (Debian's backports) reads
 				// its /dev/incus connection map unlocked while a new or
 				// closing connection writes it, and two boxes' requests
 				// at once crashed the world's incusd ("concurrent map read
 				// and map write", dev_incus.go hoistReq; fixed in Incus
 				// 7.3, lxc/incus#3618). docs/measurements.md, "The kernel
 				// boundary".
-				spec.DelayMS += i * guestAPIStaggerMS
 				spec.DeadlineMS = guestAPIDeadlineMS
 			}
 			a := b.probe(Action{Claim: KernelID, Channel: c.ch, From: p, Target: c.target, TargetKey: "kernel", Expect: ExpectContained}, spec)
@@ -459,7 +484,14 @@ func (kj *kernelJudge) check(a Action) Result {
 	}
 	if o.Outcome == probes.Error && len(o.Evidence.Files) == 0 && o.Evidence.ReleaseAgent == nil {
 		if a.Channel == ChannelGuestAPI && strings.HasPrefix(o.Reason, "no socket at") {
-			return verdict(res, Pass, "no guest API in the box ("+o.Reason+"): nothing there to tell it anything")
+			off, read := kj.r.guestAPIOff[a.From]
+			switch {
+			case !read:
+				return verdict(res, Inconclusive, "no guest API in the box ("+o.Reason+"), and its config could not be read to say it is off")
+			case !off:
+				return verdict(res, Inconclusive, "no guest API in the box ("+o.Reason+") though its config has it on: what it would answer was not seen")
+			}
+			return verdict(res, Pass, "no guest API in the box ("+o.Reason+"; its config: "+stack.GuestAPIKey+"=false): nothing there to tell it anything")
 		}
 		return verdict(res, Inconclusive, "the check could not run: "+o.Reason)
 	}
@@ -750,9 +782,17 @@ func cmpOr(a, b string) string {
 // keys (among them the run's tag, the control that the answer is this
 // box's), its own name, its own NIC's MAC, and nothing of any other.
 func (kj *kernelJudge) judgeGuestAPI(res Result, answers []probes.HTTPAnswer) Result {
-	name := kj.r.names[res.From]
+	told := kj.guestAPITold(res.From, answers)
+	return verdict(res, Fail, "the box has a guest API (/dev/incus answered), which box's profile turns off ("+stack.GuestAPIKey+"=false): "+
+		"one box's overlapping requests crash Incus 6.0's incusd (lxc/incus#3618); "+told)
+}
+
+// guestAPITold says what a guest API's answers told the box beyond its
+// own (its name, its MAC, user.* and cloud-init.* keys), and where it runs.
+func (kj *kernelJudge) guestAPITold(place Place, answers []probes.HTTPAnswer) string {
+	name := kj.r.names[place]
 	var mac net.HardwareAddr
-	if e := kj.r.ends[res.From]; e != nil {
+	if e := kj.r.ends[place]; e != nil {
 		mac = e.MAC
 	}
 	get := func(p string) (probes.HTTPAnswer, bool) {
@@ -764,11 +804,11 @@ func (kj *kernelJudge) judgeGuestAPI(res Result, answers []probes.HTTPAnswer) Re
 	}
 	cfg, ok := get("/1.0/config")
 	if !ok {
-		return verdict(res, Inconclusive, "the guest API gave no config list")
+		return "it gave no config list"
 	}
 	var keys []string
 	if err := json.Unmarshal([]byte(cfg.Body), &keys); err != nil {
-		return verdict(res, Inconclusive, "the config list is not JSON: "+err.Error())
+		return "its config list is not JSON: " + err.Error()
 	}
 	var bad []string
 	own := false
@@ -799,19 +839,19 @@ func (kj *kernelJudge) judgeGuestAPI(res Result, answers []probes.HTTPAnswer) Re
 		}
 	}
 	if len(bad) > 0 {
-		return verdict(res, Fail, "the guest API tells the box what is not its own: "+strings.Join(bad, "; "))
+		return "it tells the box what is not its own: " + strings.Join(bad, "; ")
 	}
 	if !own {
-		return verdict(res, Inconclusive, fmt.Sprintf("the config list (%d keys) lacks the run's tag %s: not this box's answer, so its keys prove nothing", len(keys), TagRun))
+		return fmt.Sprintf("its config list (%d keys) lacks the run's tag %s: not this box's answer", len(keys), TagRun)
 	}
 	where := ""
 	if api, ok := get("/1.0"); ok {
 		var m map[string]any
 		if json.Unmarshal([]byte(api.Body), &m) == nil {
-			where = fmt.Sprintf("; it runs on %v", m["location"])
+			where = fmt.Sprintf("; it says the box runs on %v", m["location"])
 		}
 	}
-	return verdict(res, Pass, fmt.Sprintf("%d config keys, all user.* or cloud-init.* and the run's tag among them; its own name and MAC%s", len(keys), where))
+	return fmt.Sprintf("it told %d config keys, all user.* or cloud-init.* and the run's tag among them; its own name and MAC%s", len(keys), where)
 }
 
 // isolatedPlaces are the boxes the drill mints with an id map of their

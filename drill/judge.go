@@ -3,6 +3,7 @@ package drill
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"strings"
 	"time"
@@ -33,6 +34,16 @@ type Result struct {
 
 // observations indexes every agent's report: place -> observation id.
 type observations map[Place]map[string]probes.Observation
+
+// merge adds another run's observations to o, place by place.
+func (o observations) merge(more observations) {
+	for place, m := range more {
+		if o[place] == nil {
+			o[place] = map[string]probes.Observation{}
+		}
+		maps.Copy(o[place], m)
+	}
+}
 
 func (o observations) get(place Place, id string) (probes.Observation, bool) {
 	m, ok := o[place]

@@ -25,6 +25,7 @@ func TestSystemKernel(t *testing.T) {
 		{"raw-lxc", []drill.Channel{drill.ChannelMounts}},
 		{"idmap-root", []drill.Channel{drill.ChannelIDMap, drill.ChannelCorePattern, drill.ChannelProcSys}},
 		{"unix-char", []drill.Channel{drill.ChannelDevices, drill.ChannelMounts}},
+		{"guest-api", []drill.Channel{drill.ChannelGuestAPI}},
 	} {
 		t.Run(tc.mutation, func(t *testing.T) {
 			cfg := config(t, tc.mutation)

@@ -36,6 +36,10 @@ func kernelRun(t *testing.T, obs func(place Place, a Action) (probes.Observation
 		r.names[e.Place], r.ends[e.Place] = e.Instance, &e
 	}
 	r.names[PlaceK] = "drill-0a1b2c-k"
+	r.guestAPIOff = map[Place]bool{}
+	for p := range r.names {
+		r.guestAPIOff[p] = true
+	}
 	var rs []Result
 	put := func(place Place, o probes.Observation) {
 		if r.obs[place] == nil {
@@ -104,11 +108,9 @@ func healthy(r *run, a Action) probes.Observation {
 	case ChannelModules:
 		ev.Files = []probes.FileAttempt{{Path: modulesPath, Absent: true, Errno: "ENOENT"}, {Path: modprobePath, Absent: true, Errno: "ENOENT"}}
 	case ChannelGuestAPI:
-		mac := ""
-		if e := r.ends[a.From]; e != nil {
-			mac = e.MAC.String()
-		}
-		ev.HTTP = guestAnswers(r.names[a.From], mac, "/1.0/config/user.box", "/1.0/config/"+TagRun, "/1.0/config/cloud-init.user-data")
+		// Off, as box's profile has it.
+		o.Outcome, o.Reason = probes.Error, "no socket at "+guestAPISocket
+		ev.HTTP = []probes.HTTPAnswer{{Path: "/1.0", Error: "dial unix " + guestAPISocket + ": connect: no such file or directory"}}
 	case ChannelProcesses:
 		o.Outcome = probes.Rejected
 		ev.Load = &probes.LoadEvidence{Max: loadProcCap, Reached: 101, StoppedBy: "EAGAIN", Tasks: loadProcesses, HeldMS: 3000}
@@ -234,6 +236,12 @@ func TestKernelFailsThroughTheAgents(t *testing.T) {
 			return probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{ReleaseAgent: &probes.ReleaseAgentEvidence{
 				Mounted: []probes.FileAttempt{{Path: "/sys/fs/cgroup/rdma/release_agent", Opened: true}}}}}
 		}, "release_agent opened for writing (nothing written): /sys/fs/cgroup/rdma/release_agent"},
+		{"the guest API on, telling only the box's own", ChannelGuestAPI, func(a Action) probes.Observation {
+			return probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{HTTP: guestAnswers("drill-0a1b2c-a", "00:16:3e:00:00:0a", "/1.0/config/user.box", "/1.0/config/"+TagRun)}}
+		}, "the box has a guest API (/dev/incus answered)"},
+		{"the guest API on, an answer without the run's tag", ChannelGuestAPI, func(a Action) probes.Observation {
+			return probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{HTTP: guestAnswers("drill-0a1b2c-a", "00:16:3e:00:00:0a", "/1.0/config/user.box")}}
+		}, "lacks the run's tag"},
 		{"another instance's key", ChannelGuestAPI, func(a Action) probes.Observation {
 			return probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{HTTP: guestAnswers("drill-0a1b2c-a", "00:16:3e:00:00:0a", "/1.0/config/"+TagRun, "/1.0/config/volatile.eth0.hwaddr")}}
 		}, "config key volatile.eth0.hwaddr"},
@@ -276,9 +284,6 @@ func TestKernelInconclusive(t *testing.T) {
 		want string
 	}{
 		{"refused, and the control did not open", ChannelProcSys, nil, "the control, the box's own"},
-		{"no run tag", ChannelGuestAPI, func(a Action) probes.Observation {
-			return probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{HTTP: guestAnswers("drill-0a1b2c-a", "00:16:3e:00:00:0a", "/1.0/config/user.box")}}
-		}, "lacks the run's tag"},
 		{"no /dev/null", ChannelDevices, func(a Action) probes.Observation {
 			return probes.Observation{Outcome: probes.Reached, Evidence: probes.Evidence{Devices: []probes.DeviceNode{{Path: "/dev/zero", Type: "c", Major: 1, Minor: 5}}}}
 		}, "no /dev/null"},
@@ -319,6 +324,10 @@ func TestKernelInconclusive(t *testing.T) {
 	}
 }
 
+// TestKernelGuestAPIOff: a box with no /dev/incus passes when its config
+// turns the guest API off (box's profile does), and is inconclusive when
+// its config has it on or was not read: the missing socket alone could
+// have been anything.
 func TestKernelGuestAPIOff(t *testing.T) {
 	r, rs := kernelRun(t, func(p Place, a Action) (probes.Observation, bool) {
 		if a.Channel == ChannelGuestAPI {
@@ -327,12 +336,32 @@ func TestKernelGuestAPIOff(t *testing.T) {
 		}
 		return probes.Observation{}, false
 	})
+	r.guestAPIOff = map[Place]bool{}
+	for p := range r.names {
+		r.guestAPIOff[p] = true
+	}
+	r.guestAPIOff[PlaceB] = false
+	delete(r.guestAPIOff, PlaceC)
+	seen := 0
 	for _, res := range judgeKernel(r, claimKernel, rs) {
-		if res.Channel == ChannelGuestAPI {
+		if res.Channel != ChannelGuestAPI {
+			continue
+		}
+		seen++
+		switch res.From {
+		case PlaceB:
+			assert.Equal(t, Inconclusive, res.Verdict, res.Evidence)
+			assert.Contains(t, res.Evidence, "though its config has it on")
+		case PlaceC:
+			assert.Equal(t, Inconclusive, res.Verdict, res.Evidence)
+			assert.Contains(t, res.Evidence, "its config could not be read")
+		default:
 			assert.Equal(t, Pass, res.Verdict, res.Evidence)
 			assert.Contains(t, res.Evidence, "no guest API in the box")
+			assert.Contains(t, res.Evidence, "security.guestapi=false")
 		}
 	}
+	assert.Greater(t, seen, 3)
 }
 
 // TestKernelIsolatedMaps: box-l's and box-k's maps must be apart; the
@@ -503,4 +532,32 @@ func TestKernelAbsentAndOneAgentSilent(t *testing.T) {
 		}
 	}
 	assert.True(t, slices.ContainsFunc(r.rep.Notes, func(n string) bool { return strings.Contains(n, "sysrq") }), "the note says so: %v", r.rep.Notes)
+}
+
+// TestSplitGuestAPI: the guest API probes of the whole scenario leave
+// their plans for plans of their own (run one box at a time), every other
+// probe stays where it was, and no probe is lost or doubled.
+func TestSplitGuestAPI(t *testing.T) {
+	sc := BuildScenario(testTopology(), Catalogue)
+	rest, guest := splitGuestAPI(sc.Plans)
+	require.NotEmpty(t, guest)
+	count := func(plans map[Place]*probes.Plan) (n int) {
+		for _, p := range plans {
+			n += len(p.Probes)
+		}
+		return n
+	}
+	assert.Equal(t, count(sc.Plans), count(rest)+count(guest), "every probe, once")
+	for place, g := range guest {
+		for _, s := range g.Probes {
+			assert.Equal(t, probes.KindUnixHTTP, s.Kind, "%s", place)
+			assert.Equal(t, guestAPISocket, s.Socket)
+		}
+		assert.LessOrEqual(t, g.DeadlineMS, guestAPIDeadlineMS+guestAPIPlanMarginMS)
+		for _, s := range rest[place].Probes {
+			assert.False(t, s.Kind == probes.KindUnixHTTP && s.Socket == guestAPISocket, "%s keeps no guest API probe", place)
+		}
+		assert.NotSame(t, sc.Plans[place], rest[place], "a plan with a guest API probe is copied, not changed")
+		assert.Contains(t, sc.Plans[place].Probes, g.Probes[0], "the scenario's plans are left as they were")
+	}
 }

@@ -103,6 +103,7 @@ var Mutations = []Mutation{
 	{Name: "host-path", Layers: []stack.LayerID{stack.LayerFleet}, What: "give clone-a a disk of a host path (" + hostPathSource + ", read-only), hot-plugged", AfterBoxes: true, apply: kernelMutation(nil, hostPathDisk)},
 	{Name: "raw-lxc", Layers: []stack.LayerID{stack.LayerFleet}, What: "bind a host path (" + hostPathSource + ", read-only) into clone-a by raw.lxc, and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"raw.lxc": rawLXCBind}, nil)},
 	{Name: "idmap-root", Layers: []stack.LayerID{stack.LayerFleet}, What: "map host uid and gid 0 into clone-a by raw.idmap (both 0 0), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"raw.idmap": "both 0 0"}, nil)},
+	{Name: "guest-api", Layers: []stack.LayerID{stack.LayerFleet}, What: "turn the guest API (/dev/incus) on for clone-a (security.guestapi=true), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{stack.GuestAPIKey: "true"}, nil)},
 	{Name: "unix-char", Layers: []stack.LayerID{stack.LayerFleet}, What: "give clone-a the host's " + unixCharSource + " as a unix-char device, hot-plugged", AfterBoxes: true, apply: kernelMutation(nil, unixCharDevice)},
 }
 

@@ -60,7 +60,20 @@ func (r *run) runProbes(ctx context.Context) error {
 		}
 	}
 	t0 := time.Now()
-	r.obs, r.agentErr = runPlans(ctx, r.cfg, r.boxClient, r.names, r.sc.Plans)
+	plans, guestAPI := splitGuestAPI(r.sc.Plans)
+	r.obs, r.agentErr = runPlans(ctx, r.cfg, r.boxClient, r.names, plans)
+	// The guest API probes, one box at a time, after the rest: incusd 6.0
+	// crashes on a guest API request while another box's connection opens
+	// or closes (lxc/incus#3618), and boxes' plans start some tens of
+	// milliseconds apart, so a stagger inside the plans was not enough
+	// (a clean-clone make test lost the world's incusd so).
+	for _, place := range slices.Sorted(maps.Keys(guestAPI)) {
+		obs, errs := runPlans(ctx, r.cfg, r.boxClient, r.names, map[Place]*probes.Plan{place: guestAPI[place]})
+		r.obs.merge(obs)
+		for p, e := range errs {
+			r.agentErr[p] = strings.TrimPrefix(r.agentErr[p]+"; ", "; ") + e
+		}
+	}
 	for _, stop := range stops {
 		stop()
 	}
@@ -81,6 +94,33 @@ func (r *run) runProbes(ctx context.Context) error {
 		r.obs[ch.place] = r.readCounters(ch.ns, table, ch.keys, ch.control)
 	}
 	return nil
+}
+
+// splitGuestAPI takes the guest API probes (unix_http on the guest
+// API's socket) out of each plan into a plan of their own for the same
+// place; plans are left as they are.
+func splitGuestAPI(plans map[Place]*probes.Plan) (rest, guestAPI map[Place]*probes.Plan) {
+	rest, guestAPI = map[Place]*probes.Plan{}, map[Place]*probes.Plan{}
+	for place, p := range plans {
+		isGuestAPI := func(s probes.ProbeSpec) bool { return s.Kind == probes.KindUnixHTTP && s.Socket == guestAPISocket }
+		if !slices.ContainsFunc(p.Probes, isGuestAPI) {
+			rest[place] = p
+			continue
+		}
+		q := *p
+		q.Probes = slices.DeleteFunc(slices.Clone(p.Probes), isGuestAPI)
+		g := &probes.Plan{Version: p.Version, DeadlineMS: guestAPIDeadlineMS + guestAPIPlanMarginMS}
+		for _, s := range p.Probes {
+			if isGuestAPI(s) {
+				g.Probes = append(g.Probes, s)
+			}
+		}
+		if len(q.Probes) > 0 || len(q.Listeners)+len(q.Witnesses)+len(q.Neighbors) > 0 || q.Nest != nil {
+			rest[place] = &q
+		}
+		guestAPI[place] = g
+	}
+	return rest, guestAPI
 }
 
 // countingChain is one namespace's counting chain: the local host's

@@ -169,6 +169,9 @@ func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) 
 type run struct {
 	cfg Config
 	rep *Report
+	// guestAPIOff says, per probe box, that its config turns the guest API
+	// off (read before the probes: readGuestAPIConfig).
+	guestAPIOff map[Place]bool
 	// undo is what teardown runs, last first: the boxes' removal, the
 	// stack's restoration after mutations.
 	undo []func(context.Context) error

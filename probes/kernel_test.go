@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -287,11 +288,29 @@ func TestUnixHTTP(t *testing.T) {
 		}
 		http.NotFound(w, r)
 	})}
+	// What incusd's guest API keys its connection map on: every
+	// connection's opening and closing.
+	var mu sync.Mutex
+	states := map[http.ConnState]int{}
+	srv.ConnState = func(_ net.Conn, s http.ConnState) {
+		mu.Lock()
+		states[s]++
+		mu.Unlock()
+	}
 	go srv.Serve(l) //nolint:errcheck
 	t.Cleanup(func() { srv.Close() })
-	o := RunProbe(context.Background(), kernelProbe(KindUnixHTTP, func(s *ProbeSpec) { s.Socket = sock; s.Paths = []string{"/1.0/config", "/1.0/nothing"} }))
+	o := RunProbe(context.Background(), kernelProbe(KindUnixHTTP, func(s *ProbeSpec) { s.Socket = sock; s.Paths = []string{"/1.0/config", "/1.0/nothing", "/1.0"} }))
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return states[http.StateClosed] > 0
+	}, 2*time.Second, 10*time.Millisecond, "the probe closes its connection when it is done")
+	mu.Lock()
+	assert.Equal(t, 1, states[http.StateNew], "every GET on one connection (incusd 6.0's guest API crashes on a request while another connection opens or closes)")
+	assert.Equal(t, 1, states[http.StateClosed])
+	mu.Unlock()
 	require.Equal(t, Reached, o.Outcome, o.Reason)
-	require.Len(t, o.Evidence.HTTP, 2)
+	require.Len(t, o.Evidence.HTTP, 3)
 	assert.Equal(t, 200, o.Evidence.HTTP[0].Status)
 	assert.Contains(t, o.Evidence.HTTP[0].Body, `"/1.0/config/user.a"`)
 	assert.True(t, json.Valid([]byte(o.Evidence.HTTP[0].Body)), "the body is kept as it came")

@@ -28,13 +28,21 @@ type HTTPAnswer struct {
 const MaxHTTPBody = 16 << 10
 
 func probeUnixHTTP(ctx context.Context, spec ProbeSpec, obs Observation) Observation {
-	client := &http.Client{Transport: &http.Transport{
+	// One connection for every GET, closed at the end: incusd 6.0 writes
+	// its guest API's connection map as a connection opens and closes and
+	// reads it unlocked for each request (lxc/incus#3618), so a request on
+	// a new connection while the last one's close was still being handled
+	// could crash it. On one connection, nothing is written while a
+	// request is read.
+	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", spec.Socket)
 		},
-		DisableKeepAlives: true,
-	}}
+		MaxConnsPerHost: 1,
+	}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
 	answered := 0
 	var lastErr string
 	for _, p := range spec.Paths {

@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 clean_runs=${1:-20}
 per_mutation=${2:-10}
-mutations=(bridge-drop,port-isolation pinning route host-fw acl dns-managed hosts-file ipv6-on tier egress door-wide nat-off egress-dns egress-names egress-forward dhcp-open privileged host-path raw-lxc idmap-root unix-char)
+mutations=(bridge-drop,port-isolation pinning route host-fw acl dns-managed hosts-file ipv6-on tier egress door-wide nat-off egress-dns egress-names egress-forward dhcp-open privileged host-path raw-lxc idmap-root guest-api unix-char)
 
 # The world it soaks in: boxw, or $BOX_TEST_WORLD (as scripts/test.sh).
 world=${BOX_TEST_WORLD:-boxw}

@@ -232,7 +232,13 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 	d.Profile = incus.Profile{
 		Name:        g.Profile,
 		Description: "box: the NIC on boxnet with port isolation, and the root disk; nothing else",
-		Config:      map[string]string{},
+		// No guest API (/dev/incus): Incus 6.0's reads its connection map
+		// unlocked while connections open and close (lxc/incus#3618), and
+		// one box's overlapping requests took the host's incusd down
+		// within a second (docs/measurements.md, "The guest API").
+		// cloud-init reads a box's user-data from the seed files Incus
+		// writes (NoCloud), not from it.
+		Config: map[string]string{GuestAPIKey: "false"},
 		Devices: map[string]map[string]string{
 			"eth0": {"type": "nic", "network": g.Network, "name": "eth0", "security.port_isolation": "true"},
 			"root": {"type": "disk", "path": "/", "pool": pool},

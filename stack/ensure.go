@@ -315,8 +315,13 @@ func profileDiff(live *incus.Profile, want incus.Profile) []string {
 			out = append(out, "extra device "+name)
 		}
 	}
+	if d := configDiff(live.Config, want.Config); len(d) > 0 {
+		out = append(out, "config: "+strings.Join(d, ", "))
+	}
 	for _, k := range slices.Sorted(maps.Keys(live.Config)) {
-		out = append(out, "extra config "+k)
+		if _, ok := want.Config[k]; !ok {
+			out = append(out, "extra config "+k)
+		}
 	}
 	return out
 }

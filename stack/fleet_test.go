@@ -39,7 +39,8 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 		want     string // a problem that must be named; "" for on the stack
 		allowed  string
 	}{
-		{name: "on the stack", inst: fleetInst("ok", nil), allowed: "security.guestapi on"},
+		{name: "on the stack", inst: fleetInst("ok", nil)},
+		{name: "the guest API turned on", inst: fleetInst("g", func(i *incus.Instance) { i.Config["security.guestapi"] = "true" }), want: "security.guestapi=true: the box has /dev/incus"},
 		{name: "nesting is allowed and said why", inst: fleetInst("dock", func(i *incus.Instance) { maps.Copy(i.Config, NestingConfig()) }),
 			allowed: "security.nesting=true: allowed, containers inside the box (box new --nesting)"},
 		{name: "a syscall interception nesting does not set", inst: fleetInst("dock2", func(i *incus.Instance) {

@@ -134,12 +134,32 @@ var kernelKeyRules = []kernelKeyRule{
 	{match: prefixed("limits.kernel."), judge: func(k, v string) (string, string) {
 		return fmt.Sprintf("sets %s=%s: a resource limit of the box's processes in place of the host's default (raised, as memlock, rtprio or nofile can be, it gives the box what the host's own processes may not take); box sets none", k, v), ""
 	}},
+	// Off in box's profile; a box that sets it on has /dev/incus again.
+	// Not set at all (a profile of before it was off, or a backup made
+	// under one) is Verify's finding on the profile, not the box's.
+	{match: exactly(GuestAPIKey), judge: func(_, v string) (string, string) {
+		if incusTrue(v) {
+			return GuestAPIKey + "=" + v + ": the box has /dev/incus, through which one box's overlapping requests took the host's incusd down within a second (Incus 6.0, lxc/incus#3618); box's profile turns it off", ""
+		}
+		return "", ""
+	}},
 	{match: exactly("security.guestapi.images"), judge: func(_, v string) (string, string) {
 		if incusTrue(v) {
 			return "sets security.guestapi.images=true: /dev/incus hands the box the host's images", ""
 		}
 		return "", ""
 	}},
+}
+
+// GuestAPIKey turns a box's guest API (/dev/incus) on or off; box's
+// profile has it off.
+const GuestAPIKey = "security.guestapi"
+
+// GuestAPIOff says an instance's (expanded) config turns its guest API
+// off (Incus's default is on).
+func GuestAPIOff(cfg map[string]string) bool {
+	v := cfg[GuestAPIKey]
+	return v != "" && !incusTrue(v)
 }
 
 // judgeKernelKey judges one instance config key of the kernel boundary:

@@ -89,12 +89,13 @@ func TestDesiredStack(t *testing.T) {
 	assert.Equal(t, []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"}, drops)
 
 	// The profile is the NIC with port isolation and the root disk, nothing
-	// else: no security.* key but the NIC's isolation, no other device.
+	// else: no security.* key but the NIC's isolation and the guest API
+	// off, no other device.
 	assert.Len(t, d.Profile.Devices, 2)
 	assert.Equal(t, "true", d.Profile.Devices["eth0"]["security.port_isolation"])
 	assert.Equal(t, "boxnet", d.Profile.Devices["eth0"]["network"])
 	assert.Equal(t, "/", d.Profile.Devices["root"]["path"])
-	assert.Empty(t, d.Profile.Config)
+	assert.Equal(t, map[string]string{"security.guestapi": "false"}, d.Profile.Config)
 }
 
 func TestProfileDiffNamesEveryDrift(t *testing.T) {
@@ -110,6 +111,7 @@ func TestProfileDiffNamesEveryDrift(t *testing.T) {
 	assert.Contains(t, diff, "security.port_isolation")
 	assert.Contains(t, diff, "extra device gpu")
 	assert.Contains(t, diff, "extra config security.privileged")
+	assert.Contains(t, diff, `config: security.guestapi="false" (was "")`, "the guest API left on")
 	assert.Empty(t, profileDiff(&d.Profile, d.Profile))
 }
 

@@ -42,7 +42,8 @@ A release (` + "`make release VERSION=x.y.z`" + `) ships only on a host run of i
 code: built from a clean tree at a commit that HEAD differs from in nothing
 but this file and ` + "`drills/`" + `. The newest such run decides, and it must
 have exited 0 with every claim passed (none failed, inconclusive or
-skipped). There is no waiver.
+skipped) but those no host can run, which the hermetic world proves in
+` + "`make test`" + ` (docs/release.md). There is no waiver.
 
 ` + tableHeader()
 
