@@ -35,6 +35,11 @@ import (
 // private range (198.18.40.0/24, inside RFC 2544's benchmark range): the
 // host routes it to its LAN, not by its default route, so discovery
 // samples it and L-ROUTE must keep every box's packet to it on the host.
+// A second non-private prefix (198.18.50.0/24) the host routes by its
+// default route's own interface, to a second router on the uplink's
+// segment: the out interface alone does not tell it from the internet, so
+// only L-ROUTE's drop for that prefix keeps it; taking that one rule out
+// by hand fails C-LAN naming it and nothing else.
 // The test world is torn down after; BOX_ROUTED_WORLD names it ("bxr"
 // by default), so that runs beside each other do not share one.
 func TestSystemHostModeRoutedWorld(t *testing.T) {
@@ -121,6 +126,16 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 		}
 		assert.Contains(t, r.AtTarget, "not seen leaving the host", "%s %s: %s", r.Target, r.Channel, r.Evidence)
 	}
+	uplinkSample := world.RoutedUplinkLAN.Masked().Addr().Next().String()
+	sameNIC := 0
+	for _, r := range claim(t, rep, "C-LAN").Results {
+		if strings.HasSuffix(r.Target, " "+uplinkSample) {
+			sameNIC++
+			assert.Equal(t, "route", string(r.Provenance))
+			assert.Equal(t, drill.Pass, r.Verdict, "%s %s: a box's packet to the prefix routed by the uplink stays on the host: %s; %s", r.Target, r.Channel, r.Evidence, r.AtTarget)
+		}
+	}
+	assert.Equal(t, 3, sameNIC, "the prefix %s routed by the uplink is sampled at %s over TCP, UDP and ICMP: %v", world.RoutedUplinkLAN, uplinkSample, lanResults(rep))
 	assert.True(t, resolver, "the routed LAN's resolver, from the host's resolv.conf, is a target: %v", lanResults(rep))
 	assert.Equal(t, 3, public, "the non-private routed prefix %s is sampled at %s over TCP, UDP and ICMP: %v", world.RoutedPublicLAN, publicSample, lanResults(rep))
 	fromLAN := 0
@@ -141,11 +156,30 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 		}
 		return false
 	}
+	// L-ROUTE's drop for the prefix routed by the uplink taken out by
+	// hand (its out interface is an uplink, so nothing else of L-ROUTE
+	// stops it): C-LAN fails naming it, and only it.
+	listed, err := exec.Command("ip", "netns", "exec", st.Names.HostNS, nftBin, "-a", "list", "chain", "inet", "box_route", "forward").CombinedOutput()
+	require.NoError(t, err, "%s", listed)
+	handle := ""
+	for _, l := range strings.Split(string(listed), "\n") {
+		if strings.Contains(l, "ip daddr "+world.RoutedUplinkLAN.String()+" drop") {
+			_, handle, _ = strings.Cut(l, "# handle ")
+		}
+	}
+	require.NotEmpty(t, handle, "L-ROUTE has a drop for %s:\n%s", world.RoutedUplinkLAN, listed)
+	out, err := exec.Command("ip", "netns", "exec", st.Names.HostNS, nftBin, "delete", "rule", "inet", "box_route", "forward", "handle", strings.TrimSpace(handle)).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	rep = hostRun("--no-setup")
+	assert.Equal(t, drill.Fail, claim(t, rep, "C-LAN").Verdict)
+	assert.True(t, failedAt(rep, uplinkSample), "C-LAN fails naming %s, routed by the uplink itself: %v", uplinkSample, lanResults(rep))
+	assert.False(t, failedAt(rep, publicSample), "the prefix routed to the LAN is still kept by the out-interface rule: %v", lanResults(rep))
+
 	// L-ROUTE removed by hand: the ACL drops only the private ranges, so
 	// the non-private routed prefix is reached, and the private LAN is
 	// still not.
 	cmd := exec.Command("ip", "netns", "exec", st.Names.HostNS, nftBin, "delete", "table", "inet", "box_route")
-	out, err := cmd.CombinedOutput()
+	out, err = cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	rep = hostRun("--no-setup")
 	assert.Equal(t, drill.Fail, claim(t, rep, "C-LAN").Verdict)

@@ -54,8 +54,9 @@ const lanSimOffset = 10
 const maxLANSimSources = 8
 
 // lanSimSources picks what a lanSim sends from: one address in each of the
-// host's real LAN prefixes (every prefix it routes elsewhere than by its
-// default routes, private or not, as discovery finds them), near its top,
+// host's real LAN prefixes (every prefix it routes by an interface its
+// default routes do not leave by, private or not: RoutedOffUplinks; the
+// uplink's own segment is the way the internet comes in), near its top,
 // so that an ingress rule opened for the host's own LAN is probed; then
 // a sample in each private range none of them covers. An address the
 // host uses, routes by a host route or has a neighbour entry for is never
@@ -66,7 +67,7 @@ func lanSimSources(routes []topo.Route, boxSubnet netip.Prefix, taken func(netip
 	ok := func(a netip.Addr) bool {
 		return a.IsValid() && a.Is4() && !taken(a) && !boxSubnet.Contains(a) && !slices.Contains(out, a) && len(out) < maxLANSimSources
 	}
-	for _, p := range topo.RoutedElsewhere(routes) {
+	for _, p := range topo.RoutedOffUplinks(routes) {
 		if !p.Addr().Is4() || p.Bits() > 28 || p.Overlaps(boxSubnet) {
 			continue
 		}

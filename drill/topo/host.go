@@ -112,15 +112,25 @@ func DefaultDevs(routes []Route) []string {
 	return out
 }
 
-// RoutedElsewhere are the prefixes the host routes by an interface none of
-// its default routes leaves by (a LAN, a router's prefixes behind it, a
-// VPN's), private or not, but loopback and the box bridge: what a box
-// must not reach, whether or not it is in a private range (L-ROUTE).
-func RoutedElsewhere(routes []Route) []netip.Prefix {
-	defs := DefaultDevs(routes)
+// RoutedElsewhere are the prefixes the host routes other than by its
+// default routes (a LAN, a router's prefixes behind it, a VPN's split
+// routes, the uplink's own segment and a second router on it), private or
+// not, but loopback and the box bridge: what a box must not reach, whether
+// or not it is in a private range, and whichever interface it leaves by
+// (L-ROUTE drops each such prefix, the default route's interface too).
+func RoutedElsewhere(routes []Route) []netip.Prefix { return routedBy(routes, nil) }
+
+// RoutedOffUplinks are the prefixes of RoutedElsewhere routed by an
+// interface none of the default routes leaves by: the host's LANs beside
+// its uplinks.
+func RoutedOffUplinks(routes []Route) []netip.Prefix { return routedBy(routes, DefaultDevs(routes)) }
+
+// routedBy lists the prefixes routed other than by the default routes,
+// loopback and the box bridge, by no interface in skip.
+func routedBy(routes []Route, skip []string) []netip.Prefix {
 	var out []netip.Prefix
 	for _, r := range routes {
-		if !r.Dst.IsValid() || r.Dst.Bits() <= 1 || slices.Contains(defs, r.Dev) ||
+		if !r.Dst.IsValid() || r.Dst.Bits() <= 1 || slices.Contains(skip, r.Dev) ||
 			r.Dev == "lo" || r.Dev == stack.Current.Network || r.Dst.Addr().IsLoopback() || slices.Contains(out, r.Dst.Masked()) {
 			continue
 		}

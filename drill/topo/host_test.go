@@ -2,6 +2,7 @@ package topo
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -57,7 +58,10 @@ func TestHostTargets(t *testing.T) {
 	} {
 		assert.True(t, got[want], "LAN target %s", want)
 	}
-	for _, not := range []string{"192.168.1.20", "203.0.113.1", "192.168.0.1", "172.16.0.1", "10.0.0.1"} {
+	// A public prefix the host routes other than by its default route
+	// (eth1's segment): L-ROUTE drops it, so it is a target.
+	assert.True(t, got["203.0.113.1"], "203.0.113.1, in a public prefix routed beside the default route")
+	for _, not := range []string{"192.168.1.20", "192.168.0.1", "172.16.0.1", "10.0.0.1"} {
 		assert.False(t, got[not], "%s is no LAN target (own, public, or its range is already covered)", not)
 	}
 }
@@ -117,11 +121,21 @@ func TestRoutedElsewhere(t *testing.T) {
 		{Dst: pfx("127.0.0.0/8"), Dev: "lo"},
 	}
 	assert.Equal(t, []string{"eth0", "wg0", "tun0"}, DefaultDevs(routes))
-	assert.Equal(t, []netip.Prefix{pfx("198.18.40.0/24"), pfx("192.168.30.0/24")}, RoutedElsewhere(routes))
+	// The uplinks' own segments and what is routed by them count: a
+	// second router beside the modem is reached by the default route's
+	// interface.
+	assert.Equal(t, []netip.Prefix{pfx("192.168.1.0/24"), pfx("10.9.0.0/24"), pfx("198.18.40.0/24"), pfx("192.168.30.0/24")}, RoutedElsewhere(routes))
+	assert.Equal(t, []netip.Prefix{pfx("198.18.40.0/24"), pfx("192.168.30.0/24")}, RoutedOffUplinks(routes), "the LANs beside the uplinks")
 	got := map[string]bool{}
 	for _, l := range LANTargets(nil, routes) {
 		got[l.Addr.String()] = true
 	}
 	assert.True(t, got["198.18.40.1"], "the non-private prefix behind the LAN router is sampled")
+	sameNIC := append(slices.Clone(routes), Route{Dst: pfx("198.18.50.0/24"), Gw: addr("192.168.1.254"), Dev: "eth0"})
+	got = map[string]bool{}
+	for _, l := range LANTargets(nil, sameNIC) {
+		got[l.Addr.String()] = true
+	}
+	assert.True(t, got["198.18.50.1"], "a non-private prefix routed by the default route's own interface is sampled")
 	assert.False(t, got["198.18.0.1"], "nothing outside what is routed")
 }
