@@ -135,8 +135,8 @@ func (host *Host) removeSavedFirewall() ([]Change, error) {
 // what the boot unit runs (`box setup-host --boot`), before Incus starts.
 // The bridge need not exist; its ports, if any, are isolated and taken
 // into the port sets. A pin table already there is left to the port
-// watcher; a new one pins nothing, so every port's frames drop until the
-// watcher pins it. The egress table comes back with its allow sets empty.
+// watcher; a new one pins nothing, so every port's frames but a DHCP
+// DISCOVER or REQUEST drop until the watcher pins it. The egress table comes back with its allow sets empty.
 func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 	path := host.firewallFile()
 	if path == "" {

@@ -232,7 +232,7 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 	d.Profile = incus.Profile{
 		Name:        g.Profile,
 		Description: "box: the NIC on boxnet with port isolation, and the root disk; nothing else",
-		// No guest API (/dev/incus): Incus 6.0's reads its connection map
+		// No guest API (/dev/incus): Incus 6.0's guest API server reads its connection map
 		// unlocked while connections open and close (lxc/incus#3618), and
 		// one box's overlapping requests took the host's incusd down
 		// within a second (docs/measurements.md, "The guest API").

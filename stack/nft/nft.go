@@ -381,8 +381,9 @@ type PortsChange struct {
 // watcher"), and a port just plugged in must not wait for a stale name to
 // go. The pin table's own port set (its scope) follows in the same
 // batches, where that table is there: a port just plugged in is then in
-// its scope with no pin, so every frame it sends is dropped until its
-// pins are set (SetPins), from the kernel's link event alone.
+// its scope with no pin, so every frame it sends but a DHCP DISCOVER or
+// REQUEST is dropped until its pins are set (SetPins), from the kernel's
+// link event alone.
 func SyncPorts(cfg Config, ports []string) (PortsChange, error) {
 	var ch PortsChange
 	cfg, err := checkArgs(cfg, ports)
