@@ -26,7 +26,7 @@ import (
 // (`box setup-host --boot`, EnsureBoot): no Incus call, and rules that
 // name boxnet load before the bridge exists. The port watcher starts next,
 // before Incus too, and takes each restored box's port into the bridge
-// drop's set and the pin scope from the kernel's link event alone.
+// drop's set from the kernel's link event alone.
 
 // DefaultFirewallFile is where a real host's saved firewall lives.
 const DefaultFirewallFile = "/var/lib/box/firewall.json"
@@ -135,8 +135,9 @@ func (host *Host) removeSavedFirewall() ([]Change, error) {
 // what the boot unit runs (`box setup-host --boot`), before Incus starts.
 // The bridge need not exist; its ports, if any, are isolated and taken
 // into the port sets. A pin table already there is left to the port
-// watcher; a new one pins nothing, so every port's frames but a DHCP
-// DISCOVER or REQUEST drop until the watcher pins it. The egress table comes back with its allow sets empty.
+// watcher; a new one pins nothing, and a port already on the bridge (none,
+// at a boot) has all its frames dropped until the watcher pins it. The
+// egress table comes back with its allow sets empty.
 func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 	path := host.firewallFile()
 	if path == "" {

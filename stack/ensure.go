@@ -352,8 +352,7 @@ WantedBy=multi-user.target
 // and heals box's tables. It is ready (Type=notify) once it has subscribed
 // to the kernel's link events and synced the ports, with no Incus call:
 // Incus starts after it (incusDropIn), so the port of every box Incus
-// restores at boot joins the drop's set and the pin scope from the link
-// event alone.
+// restores at boot joins the drop's set from the link event alone.
 const portsUnit = `[Unit]
 Description=box: keep boxnet's bridge ports isolated, in the bridge drop's port set and pinned; put box's tables back
 DefaultDependencies=no

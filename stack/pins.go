@@ -130,11 +130,6 @@ func pinPlanOf(bridge string, insts []incus.Instance, ports []string) *pinPlan {
 	owner := map[netip.Addr]string{}
 	dup := map[netip.Addr]bool{}
 	for _, port := range ports {
-		// Every port is in the scope, a port no instance claims too: with
-		// no pin, every frame it sends but a DHCP DISCOVER or REQUEST is
-		// dropped (as in bridge-meta mode,
-		// whose scope is the bridge itself), never let through unchecked.
-		p.scope = append(p.scope, port)
 		mac, ok := macOf[port]
 		if !ok {
 			p.unresolved = append(p.unresolved, port)
@@ -150,6 +145,7 @@ func pinPlanOf(bridge string, insts []incus.Instance, ports []string) *pinPlan {
 			owner[a] = port
 			pin.Addrs = append(pin.Addrs, a)
 		}
+		p.scope = append(p.scope, port)
 		p.pins = append(p.pins, pin)
 	}
 	for i := range p.pins {
@@ -173,7 +169,7 @@ func pinFindings(nf []nft.Finding, p *pinPlan) []Finding {
 	}
 	if len(p.unresolved) > 0 {
 		out = append(out, Finding{Layer: LayerPin, Object: "pins", Advisory: true,
-			Problem: "ports no instance claims have no pin, so every frame they send but a DHCP DISCOVER or REQUEST is dropped: " + strings.Join(p.unresolved, ", "), Fix: "box doctor (the census names a stray port)"})
+			Problem: "ports no instance claims are not pinned: " + strings.Join(p.unresolved, ", "), Fix: "box doctor (the census names a stray port)"})
 	}
 	return out
 }

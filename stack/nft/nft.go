@@ -379,11 +379,7 @@ type PortsChange struct {
 // removed from it. Additions are committed first, in a batch of their own:
 // a removal's commit is slower by far (docs/measurements.md, "The port
 // watcher"), and a port just plugged in must not wait for a stale name to
-// go. The pin table's own port set (its scope) follows in the same
-// batches, where that table is there: a port just plugged in is then in
-// its scope with no pin, so every frame it sends but a DHCP DISCOVER or
-// REQUEST is dropped until its pins are set (SetPins), from the kernel's
-// link event alone.
+// go.
 func SyncPorts(cfg Config, ports []string) (PortsChange, error) {
 	var ch PortsChange
 	cfg, err := checkArgs(cfg, ports)
@@ -403,47 +399,24 @@ func SyncPorts(cfg Config, ports []string) (PortsChange, error) {
 		return ch, fmt.Errorf("setting ports of table bridge %s: %w", cfg.Table, ErrNotApplied)
 	}
 	name := cfg.PortSet()
-	hasSet := func(l *liveTable) bool {
-		return l.exists && slices.ContainsFunc(l.sets, func(s *nftables.Set) bool { return s.Name == name })
-	}
-	if !hasSet(live) {
+	if !slices.ContainsFunc(live.sets, func(s *nftables.Set) bool { return s.Name == name }) {
 		return ch, nil
-	}
-	pins, err := readTable(c, "bridge", cfg.PinTable())
-	if err != nil {
-		return ch, fmt.Errorf("reading table bridge %s: %w", cfg.PinTable(), err)
 	}
 	want := normPorts(ports)
 	set := Set{Name: name, Type: "ifname"}
-	type target struct {
-		t        *nftables.Table
-		add, del []string
-	}
-	targets := []target{{t: &nftables.Table{Family: nftables.TableFamilyBridge, Name: cfg.Table},
-		add: without(want, live.elems[name]), del: without(live.elems[name], want)}}
-	if hasSet(pins) {
-		targets = append(targets, target{t: &nftables.Table{Family: nftables.TableFamilyBridge, Name: cfg.PinTable()},
-			add: without(want, pins.elems[name]), del: without(pins.elems[name], want)})
-	}
-	queued := false
-	for _, tg := range targets {
-		queued = updateSet(c, tg.t, elemFix{set: set, add: tg.add}) != "" || queued
-	}
-	if queued {
+	add, del := without(want, live.elems[name]), without(live.elems[name], want)
+	t := &nftables.Table{Family: nftables.TableFamilyBridge, Name: cfg.Table}
+	if updateSet(c, t, elemFix{set: set, add: add}) != "" {
 		if err := c.Flush(); err != nil {
 			return ch, fmt.Errorf("adding ports to set %s in table bridge %s: %w", name, cfg.Table, err)
 		}
-		ch.Added, ch.AddedAt = targets[0].add, time.Now()
+		ch.Added, ch.AddedAt = add, time.Now()
 	}
-	queued = false
-	for _, tg := range targets {
-		queued = updateSet(c, tg.t, elemFix{set: set, del: tg.del}) != "" || queued
-	}
-	if queued {
+	if updateSet(c, t, elemFix{set: set, del: del}) != "" {
 		if err := c.Flush(); err != nil {
 			return ch, fmt.Errorf("removing ports from set %s in table bridge %s: %w", name, cfg.Table, err)
 		}
-		ch.Removed = targets[0].del
+		ch.Removed = del
 	}
 	return ch, nil
 }

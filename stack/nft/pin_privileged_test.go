@@ -734,41 +734,6 @@ func TestPrivilegedPins(t *testing.T) {
 		assert.Equal(t, reached, w.b.ping(t, gwAddr.String()), "b pinned again")
 	})
 
-	t.Run("a port plugged in joins the scope with the bridge drop's set", func(t *testing.T) {
-		if caps.BridgeMeta {
-			// The scope is the bridge itself: every port plugged in is in
-			// it, with no set to keep.
-			c, done, err := dial(cfg)
-			require.NoError(t, err)
-			defer done()
-			live, err := readTable(c, "bridge", cfg.PinTable())
-			require.NoError(t, err)
-			assert.NotContains(t, live.elems, cfg.PortSet(), "bridge-meta mode: no port set in the pin table")
-			return
-		}
-		_, err := SetPins(cfg, []string{"vA"}, pins[:1])
-		require.NoError(t, err)
-		assert.Equal(t, reached, w.b.ping(t, gwAddr.String()), "b outside the scope: unchecked")
-		_, err = Apply(cfg, caps, []string{"vA"})
-		require.NoError(t, err)
-		// The port watcher's kernel-only half, on vB's link event.
-		ch, err := SyncPorts(cfg, ports)
-		require.NoError(t, err)
-		assert.Equal(t, []string{"vB"}, ch.Added)
-		c, done, err := dial(cfg)
-		require.NoError(t, err)
-		defer done()
-		live, err := readTable(c, "bridge", cfg.PinTable())
-		require.NoError(t, err)
-		assert.Equal(t, []string{"vA", "vB"}, live.elems[cfg.PortSet()], "vB in the pin table's scope, with no pin: every frame it sends drops")
-		// Every table goes, and the pin table comes back as it was.
-		_, err = Delete(cfg)
-		require.NoError(t, err)
-		_, err = ApplyPins(cfg, caps, ports, pins)
-		require.NoError(t, err)
-		assert.Equal(t, reached, w.b.ping(t, gwAddr.String()), "b pinned")
-	})
-
 	t.Run("delete", func(t *testing.T) {
 		removed, err := DeletePins(cfg)
 		require.NoError(t, err)
