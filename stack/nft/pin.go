@@ -88,9 +88,9 @@ func pinTable(cfg Config, caps Capabilities, ports []string, pins []Pin) (Table,
 	// is never forwarded, and every frame from a port passes prerouting.
 	t.Chains = []Chain{{Name: "prerouting", Type: "filter", Hook: "prerouting", Priority: priorityFilter("bridge"), Policy: "accept",
 		Rules: []Rule{
-			// A port with no pin yet (a box just started: its port is in
-			// the scope from its link event, and Incus names its box a
-			// moment later) may only ask for an address: a whole DHCP
+			// A port in the scope with no pin yet (in bridge-meta mode,
+			// whose scope is the bridge, a box just started: Incus names
+			// its box a moment later) may only ask for an address: a whole DHCP
 			// DISCOVER or REQUEST from 0.0.0.0 (its first option says
 			// which; dnsmasq reads the first), naming an Ethernet
 			// address. Its DHCP client would otherwise back off for tens
