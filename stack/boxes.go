@@ -391,6 +391,8 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	}
 	if n := host.diskLimitNote(ctx, req); n != "" {
 		notes = append(notes, n)
+	} else if n := host.accountingNote(ctx, req); n != "" {
+		notes = append(notes, n)
 	}
 	b, err := host.Info(ctx, req.Name)
 	if b != nil {

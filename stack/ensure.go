@@ -702,6 +702,9 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *ground, d Desired, re
 	if err := host.saveFirewall(func(s *SavedFirewall) { s.Gateway = d.Gateway }); err != nil {
 		return err
 	}
+	if err := host.ensureAccounting(ctx, rep); err != nil {
+		return err
+	}
 	note, chs, err := host.ensureBootUnit()
 	rep.Changes = append(rep.Changes, chs...)
 	if err != nil {

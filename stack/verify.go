@@ -263,6 +263,8 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 		return fmt.Errorf("taking the fleet census: %w", err)
 	}
 	v.Findings = append(v.Findings, v.Fleet.Findings()...)
+	// A root disk's size holds only while the pool's kernel counts.
+	host.accountingFinding(ctx, v)
 
 	ncfg := g.nftConfig(gen)
 	ncfg.Gateway = p.Addr()

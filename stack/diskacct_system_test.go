@@ -1,0 +1,147 @@
+package stack_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/box-isolation/box/drill/image"
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// TestSystemDiskAccounting: a box's root disk size on the world's btrfs
+// pool is a qgroup limit, and it holds only while the kernel counts.
+// Broken by hand the way an operator's backup tool might (a snapshot
+// taken into a higher-level qgroup its source is not in: the kernel logs
+// "qgroup marked inconsistent, qgroup inherit needs a rescan" and stops
+// counting), a box writes past its size; box doctor names the pool, a
+// box minted then says its size does not hold, doctor --fix rescans, and
+// a fill stops at the size again.
+func TestSystemDiskAccounting(t *testing.T) {
+	ctx, h, st := worldHost(t)
+	ensureCounting(ctx, t, h)
+	pool := filepath.Join(st.IncusDir, "storage-pools", "default")
+	btrfs := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command("nsenter", append([]string{"-t", strconv.Itoa(st.IncusdPID), "-m", "--", "btrfs"}, args...)...).CombinedOutput()
+		require.NoError(t, err, "btrfs %v: %s", args, out)
+		return string(out)
+	}
+	fill := func(box string) (int, string) {
+		t.Helper()
+		res, err := h.Incus.Exec(ctx, box, incus.ExecRequest{Command: []string{"sh", "-c",
+			`dd if=/dev/urandom of=/fill bs=1M count=96 oflag=direct >/tmp/fill.out 2>&1; rm -f /fill; sync; cat /tmp/fill.out`}})
+		require.NoError(t, err)
+		out := string(res.Stdout) + string(res.Stderr)
+		m := regexp.MustCompile(`(\d+)\+\d+ records out`).FindStringSubmatch(out)
+		require.NotNil(t, m, "exit %d: %q", res.ExitCode, out)
+		n, _ := strconv.Atoi(m[1])
+		return n, out
+	}
+	mint := func() *stack.Box {
+		t.Helper()
+		name := uniq(t, "t-acct-")
+		t.Cleanup(func() { _ = h.Remove(context.Background(), name) })
+		b, err := h.Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias, Disk: "64MiB"})
+		require.NoError(t, err)
+		return b
+	}
+
+	// Whole: a fill stops at the size.
+	good := mint()
+	assert.Empty(t, good.Notes)
+	n, out := fill(good.Name)
+	t.Logf("counting: %d MiB written into a 64MiB root disk: %s", n, strings.TrimSpace(out))
+	assert.Less(t, n, 64, "the size holds while the kernel counts")
+
+	// The break, by hand: a qgroup of level 1, and a snapshot of the box's
+	// volume taken into it.
+	const group = "1/4242"
+	snap := filepath.Join(pool, "t-acct-snap")
+	btrfs("qgroup", "create", group, pool)
+	btrfs("subvolume", "snapshot", "-i", group, filepath.Join(pool, "containers", good.Name), snap)
+	t.Cleanup(func() {
+		for _, args := range [][]string{{"subvolume", "delete", snap}, {"qgroup", "destroy", group, pool}} {
+			_ = exec.Command("nsenter", append([]string{"-t", strconv.Itoa(st.IncusdPID), "-m", "--", "btrfs"}, args...)...).Run()
+		}
+		_, _ = h.Ensure(context.Background())
+	})
+
+	v, err := h.Verify(ctx)
+	require.NoError(t, err)
+	f := findingOn(v, "storage pool default")
+	require.NotNil(t, f, "doctor names the pool: %v", v.Findings)
+	assert.Equal(t, stack.LayerFleet, f.Layer)
+	assert.Contains(t, f.Problem, "quota accounting is inconsistent")
+	assert.Contains(t, f.Fix, "box doctor --fix")
+
+	bad := mint()
+	require.Len(t, bad.Notes, 1, "%v", bad.Notes)
+	assert.Contains(t, bad.Notes[0], "no disk limit: pool default's btrfs quota accounting is inconsistent")
+	n, out = fill(bad.Name)
+	t.Logf("not counting: %d MiB written into a 64MiB root disk: %s", n, strings.TrimSpace(out))
+	assert.Greater(t, n, 64, "the break is real: the size did not hold")
+
+	// doctor --fix.
+	rep, err := h.Ensure(ctx)
+	require.NoError(t, err)
+	var did []string
+	for _, c := range rep.Changes {
+		did = append(did, fmt.Sprintf("%s %s: %s", c.Object, c.Action, c.Detail))
+	}
+	assert.Contains(t, did, "storage pool default updated: btrfs quota rescan done: box root disk sizes hold again")
+	v, err = h.Verify(ctx)
+	require.NoError(t, err)
+	assert.Nil(t, findingOn(v, "storage pool default"), "%v", v.Findings)
+	n, out = fill(bad.Name)
+	t.Logf("rescanned: %d MiB written into the same 64MiB root disk: %s", n, strings.TrimSpace(out))
+	assert.Less(t, n, 64, "the size holds again")
+	assert.Contains(t, out, "quota exceeded")
+}
+
+// ensureCounting ensures the stack, and says so when that rescanned the
+// pool's accounting: something before the test had stopped the kernel
+// counting, and what the kernel logged says what.
+func ensureCounting(ctx context.Context, t *testing.T, h *stack.Host) {
+	t.Helper()
+	rep, err := h.Ensure(ctx)
+	require.NoError(t, err)
+	for _, c := range rep.Changes {
+		if strings.HasPrefix(c.Object, "storage pool") {
+			t.Logf("the pool's accounting was inconsistent before this test (%s); the kernel said: %s", c.Detail, kernelQgroupLog(t))
+		}
+	}
+}
+
+func findingOn(v *stack.Verification, object string) *stack.Finding {
+	for i := range v.Findings {
+		if v.Findings[i].Object == object {
+			return &v.Findings[i]
+		}
+	}
+	return nil
+}
+
+// kernelQgroupLog is what the kernel logged of quota groups (dmesg).
+func kernelQgroupLog(t *testing.T) string {
+	out, err := exec.Command("dmesg").CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("dmesg: %v", err)
+	}
+	var lines []string
+	for l := range strings.SplitSeq(string(out), "\n") {
+		if strings.Contains(l, "qgroup") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	return strings.Join(lines, "; ")
+}
