@@ -70,7 +70,9 @@ func TestSystemDiskAccounting(t *testing.T) {
 	btrfs("qgroup", "create", group, pool)
 	btrfs("subvolume", "snapshot", "-i", group, filepath.Join(pool, "containers", good.Name), snap)
 	t.Cleanup(func() {
-		for _, args := range [][]string{{"subvolume", "delete", snap}, {"qgroup", "destroy", group, pool}} {
+		// The group goes once the snapshot is gone, which the kernel's
+		// cleaner finishes later (sync waits for it).
+		for _, args := range [][]string{{"subvolume", "delete", snap}, {"subvolume", "sync", pool}, {"qgroup", "destroy", group, pool}} {
 			_ = exec.Command("nsenter", append([]string{"-t", strconv.Itoa(st.IncusdPID), "-m", "--", "btrfs"}, args...)...).Run()
 		}
 		_, _ = h.Ensure(context.Background())
