@@ -42,10 +42,7 @@ func TestSystemDiskAccounting(t *testing.T) {
 			`dd if=/dev/urandom of=/fill bs=1M count=96 oflag=direct >/tmp/fill.out 2>&1; rm -f /fill; sync; cat /tmp/fill.out`}})
 		require.NoError(t, err)
 		out := string(res.Stdout) + string(res.Stderr)
-		m := regexp.MustCompile(`(\d+)\+\d+ records out`).FindStringSubmatch(out)
-		require.NotNil(t, m, "exit %d: %q", res.ExitCode, out)
-		n, _ := strconv.Atoi(m[1])
-		return n, out
+		return ddMiB(t, res), out
 	}
 	mint := func() *stack.Box {
 		t.Helper()
@@ -122,6 +119,16 @@ func ensureCounting(ctx context.Context, t *testing.T, h *stack.Host) {
 			t.Logf("the pool's accounting was inconsistent before this test (%s); the kernel said: %s", c.Detail, kernelQgroupLog(t))
 		}
 	}
+}
+
+// ddMiB is how many MiB dd (bs=1M) says it wrote, from an exec's output.
+func ddMiB(t *testing.T, res *incus.ExecResult) int {
+	t.Helper()
+	out := string(res.Stdout) + string(res.Stderr)
+	m := regexp.MustCompile(`(\d+)\+\d+ records out`).FindStringSubmatch(out)
+	require.NotNil(t, m, "exit %d: %q", res.ExitCode, out)
+	n, _ := strconv.Atoi(m[1])
+	return n
 }
 
 func findingOn(v *stack.Verification, object string) *stack.Finding {
