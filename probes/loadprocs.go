@@ -20,9 +20,11 @@ func loadProcs(ctx context.Context, spec ProbeSpec, obs Observation) Observation
 	ev := &LoadEvidence{Max: spec.Max}
 	obs.Evidence.Load = ev
 	prewarmThreads(16)
+	// Looked up once: on a slow machine every start counts.
+	sleep, lookErr := exec.LookPath("sleep")
 	start := func() (*exec.Cmd, error) {
 		var cmd *exec.Cmd
-		if sleep, err := exec.LookPath("sleep"); err == nil {
+		if lookErr == nil {
 			cmd = exec.Command(sleep, "120")
 		} else {
 			cmd = ChildCommand(childHold)
