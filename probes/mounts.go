@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	mnt "github.com/box-isolation/box/internal/mountinfo"
 )
 
 // A mounts probe reads the box's mountinfo and names every mount that
@@ -87,7 +89,7 @@ func judgeMounts(mountinfo string) (*MountsEvidence, error) {
 		if !ok || len(a) < 6 || len(b) < 2 {
 			return nil, fmt.Errorf("mountinfo line %q: not as the kernel writes it", truncate(line, 80))
 		}
-		all = append(all, MountEntry{Point: unescapeMount(a[4]), Root: unescapeMount(a[3]), FSType: b[0], Source: unescapeMount(b[1]), Dev: a[2], Options: a[5]})
+		all = append(all, MountEntry{Point: mnt.Unescape(a[4]), Root: mnt.Unescape(a[3]), FSType: b[0], Source: mnt.Unescape(b[1]), Dev: a[2], Options: a[5]})
 	}
 	ev := &MountsEvidence{Count: len(all), Foreign: []MountEntry{}}
 	found := false
@@ -130,37 +132,4 @@ func readOnly(options string) bool {
 // within reports whether path p is root or under it.
 func within(p, root string) bool {
 	return root == "/" || p == root || strings.HasPrefix(p, strings.TrimSuffix(root, "/")+"/")
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' {
-			if v, ok := octal3(s[i+1 : min(i+4, len(s))]); ok {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func octal3(s string) (byte, bool) {
-	if len(s) != 3 {
-		return 0, false
-	}
-	var v int
-	for _, c := range s {
-		if c < '0' || c > '7' {
-			return 0, false
-		}
-		v = v*8 + int(c-'0')
-	}
-	return byte(v), v < 256
 }

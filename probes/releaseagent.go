@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/box-isolation/box/internal/mountinfo"
 )
 
 // A release_agent probe looks for the cgroup v1 release_agent as the box
@@ -74,7 +76,7 @@ func probeReleaseAgent(ctx context.Context, obs Observation) Observation {
 		pre, post, ok := strings.Cut(line, " - ")
 		a, b := strings.Fields(pre), strings.Fields(post)
 		if ok && len(a) >= 5 && len(b) >= 1 && b[0] == "cgroup" {
-			ev.Mounted = append(ev.Mounted, openForWrite(filepath.Join(unescapeMount(a[4]), "release_agent")))
+			ev.Mounted = append(ev.Mounted, openForWrite(filepath.Join(mountinfo.Unescape(a[4]), "release_agent")))
 		}
 	}
 	ev.Fresh, err = freshCgroupMounts(ctx)

@@ -10,10 +10,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/box-isolation/box/internal/mountinfo"
 )
 
 // A box's root disk size on a btrfs pool is a qgroup limit, and it holds
@@ -70,7 +71,7 @@ func readPoolAcct(pid int, pool string) (poolAcct, error) {
 		if !ok || len(pf) < 5 || len(qf) < 2 || qf[0] != "btrfs" {
 			continue
 		}
-		if mp := unescapeMount(pf[4]); strings.HasSuffix(mp, "/storage-pools/"+pool) {
+		if mp := mountinfo.Unescape(pf[4]); strings.HasSuffix(mp, "/storage-pools/"+pool) {
 			a.mount, source = mp, qf[1]
 		}
 	}
@@ -102,25 +103,6 @@ func readPoolAcct(pid int, pool string) (poolAcct, error) {
 	}
 	a.inconsistent = a.enabled && strings.TrimSpace(string(b)) == "1"
 	return a, nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (a space is \040).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // poolAccounting reads the accounting of the pool box mints on, when it

@@ -95,12 +95,6 @@ func TestReadPoolAcctNoFileSystem(t *testing.T) {
 	assert.ErrorContains(t, err, "finding the btrfs file system of /var/lib/incus/storage-pools/default (on /dev/loop3)")
 }
 
-func TestUnescapeMount(t *testing.T) {
-	assert.Equal(t, "/a b/c", unescapeMount(`/a\040b/c`))
-	assert.Equal(t, `/a\0`, unescapeMount(`/a\0`), "a short escape at the end stays")
-	assert.Equal(t, "/plain", unescapeMount("/plain"))
-}
-
 // TestAccountingFinding: doctor's finding and Mint's note for a btrfs
 // pool whose kernel stopped counting, from incusd's PID (GET /1.0) and
 // the pool's driver; nothing for another driver, a clustered server, or
