@@ -11,11 +11,13 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
 	"os"
+	"path"
 	"slices"
 	"strings"
 )
@@ -38,6 +40,7 @@ type event struct {
 	ImportPath string // build-output, build-fail
 	Test       string
 	Output     string
+	Elapsed    float64 // seconds, on a test's or package's end
 }
 
 // skipped is one skipped test and the last thing it said.
@@ -50,7 +53,19 @@ type summary struct {
 	Passed, Failed int
 	Skipped        []skipped
 	FailedPackages []string
+	// Slowest holds the top-level tests that took slowTest or longer,
+	// the slowest first: where a slow machine's run spends its time.
+	Slowest []timed
 }
+
+// timed is a top-level test and how long it ran.
+type timed struct {
+	Name    string
+	Seconds float64
+}
+
+// slowTest is the time from which a test is listed among the slowest.
+const slowTest = 30
 
 func (s summary) ok() bool {
 	return s.Failed == 0 && len(s.Skipped) == 0 && len(s.FailedPackages) == 0
@@ -86,6 +101,13 @@ func run(in io.Reader, out io.Writer) (summary, error) {
 		fmt.Fprintf(out, ", packages failed: %s", strings.Join(s.FailedPackages, " "))
 	}
 	fmt.Fprintln(out)
+	if len(s.Slowest) > 0 {
+		slices.SortStableFunc(s.Slowest, func(a, b timed) int { return cmp.Compare(b.Seconds, a.Seconds) })
+		fmt.Fprintf(out, "testjson: the tests that took %ds or more, slowest first:\n", slowTest)
+		for _, t := range s.Slowest {
+			fmt.Fprintf(out, "  %7.1fs %s\n", t.Seconds, t.Name)
+		}
+	}
 	if len(s.Skipped) > 0 {
 		fmt.Fprintf(out, "testjson: %d tests skipped (0 expected: BOX_REQUIRE_TIERS=1 requires every tier):\n", len(s.Skipped))
 		for _, k := range s.Skipped {
@@ -97,6 +119,9 @@ func run(in io.Reader, out io.Writer) (summary, error) {
 
 func handle(s *summary, held map[[2]string][]string, e event, out io.Writer) {
 	key := [2]string{e.Package, e.Test}
+	if (e.Action == "pass" || e.Action == "fail") && e.Test != "" && !strings.Contains(e.Test, "/") && e.Elapsed >= slowTest {
+		s.Slowest = append(s.Slowest, timed{Name: path.Base(e.Package) + "." + e.Test, Seconds: e.Elapsed})
+	}
 	switch e.Action {
 	case "build-output":
 		fmt.Fprint(out, e.Output)

@@ -75,6 +75,22 @@ func TestAllPassedIsOK(t *testing.T) {
 	assert.Equal(t, "ok  \tp\t0.01s\n\ntestjson: 1 passed, 0 failed, 0 skipped\n", out.String())
 }
 
+// Top-level tests of 30 s or more are listed at the end, the slowest
+// first; subtests and quicker tests are not.
+func TestSlowestListed(t *testing.T) {
+	stream := `{"Action":"pass","Package":"example.com/a","Test":"TestQuick","Elapsed":29.9}
+{"Action":"pass","Package":"example.com/a","Test":"TestSlow","Elapsed":45}
+{"Action":"pass","Package":"example.com/a","Test":"TestSlow/part","Elapsed":44}
+{"Action":"fail","Package":"example.com/b/c","Test":"TestSlower","Elapsed":120.25}
+{"Action":"fail","Package":"example.com/b/c","Elapsed":121}
+`
+	var out bytes.Buffer
+	s, err := run(strings.NewReader(stream), &out)
+	require.NoError(t, err)
+	assert.False(t, s.ok())
+	assert.Contains(t, out.String(), "testjson: the tests that took 30s or more, slowest first:\n    120.2s c.TestSlower\n     45.0s a.TestSlow\n")
+}
+
 // A test binary that dies leaves its test with no end: the package's
 // failure shows what the test said, and lines that are not JSON (go's
 // own errors) pass through.
