@@ -52,6 +52,12 @@ type Config struct {
 	// (the fork bomb and the CPU spin always run): left out by default,
 	// see docs/claims.md, "C-KERNEL".
 	FillLoads bool
+	// Baseline, with mutations, is a clean run of this same configuration
+	// made before: the mutated run is compared with it instead of with a
+	// clean run of its own. The caller vouches that the stack and the
+	// world did not change in between (the drill package's tests knock
+	// out one layer after another against one clean run).
+	Baseline *Report
 }
 
 func (cfg *Config) logf(format string, args ...any) {
@@ -70,18 +76,27 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if len(cfg.Mutations) == 0 {
 		return runOnce(ctx, cfg)
 	}
-	clean := cfg
-	clean.Mutations = nil
-	cfg.logf("clean run: first, so the mutated run's probes have something to be compared with")
-	cleanRep, err := runOnce(ctx, clean)
-	if err != nil {
-		return nil, fmt.Errorf("the clean run before the mutations: %w", err)
+	cleanRep := cfg.Baseline
+	if cleanRep != nil {
+		if len(cleanRep.Mutations) > 0 {
+			return nil, fmt.Errorf("the baseline run %s had mutations (%s): compare with a clean run", cleanRep.RunID, strings.Join(cleanRep.Mutations, ", "))
+		}
+		cfg.logf("clean run: %s, made before, is what the mutated run's probes are compared with", cleanRep.RunID)
+	} else {
+		clean := cfg
+		clean.Mutations = nil
+		cfg.logf("clean run: first, so the mutated run's probes have something to be compared with")
+		var err error
+		if cleanRep, err = runOnce(ctx, clean); err != nil {
+			return nil, fmt.Errorf("the clean run before the mutations: %w", err)
+		}
 	}
 	if cleanRep.dirty {
 		// Its teardown failed: the host may be dirty, and a mutation on top
 		// of that proves nothing and makes it worse.
-		cleanRep.Problems = append(cleanRep.Problems, "the mutations were not applied: the clean run before them left problems")
-		return cleanRep, nil
+		dirty := *cleanRep // a baseline is the caller's: not changed here
+		dirty.Problems = append(slices.Clone(cleanRep.Problems), "the mutations were not applied: the clean run before them left problems")
+		return &dirty, nil
 	}
 	var names []string
 	for _, m := range cfg.Mutations {

@@ -1,6 +1,7 @@
 package drill
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -167,4 +168,13 @@ func TestCompareRuns(t *testing.T) {
 		out, _ = compareRuns([]Mutation{{Name: "tier-as-probes", Layers: []stack.LayerID{stack.LayerTier}}}, clean, mutated)
 		assert.False(t, out[0].Detected)
 	})
+}
+
+// A baseline stands in for the clean run only when it is one: a mutated
+// run is refused as a baseline before anything is minted.
+func TestBaselineMustBeClean(t *testing.T) {
+	ms := []Mutation{{Name: "bridge-drop", Layers: []stack.LayerID{"L-BRIDGEDROP"}}}
+	_, err := Run(context.Background(), Config{Mutations: ms, Baseline: &Report{RunID: "abc123", Mutations: []string{"route"}}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the baseline run abc123 had mutations (route)")
 }

@@ -35,19 +35,19 @@ type LoadEvidence struct {
 	HeldMS int64 `json:"held_ms,omitempty"`
 }
 
-// loadReserve is kept at the end of a load probe's deadline to give back
+// LoadReserve is kept at the end of a load probe's deadline to give back
 // what it holds (kill its children, remove its file): in a box held to
 // half a CPU on a busy host, reaping a hundred processes takes a while.
-const loadReserve = 700 * time.Millisecond
+const LoadReserve = 700 * time.Millisecond
 
-// holdUntil waits until loadReserve before ctx's deadline.
+// holdUntil waits until LoadReserve before ctx's deadline.
 func holdUntil(ctx context.Context) time.Duration {
 	start := time.Now()
 	d, ok := ctx.Deadline()
 	if !ok {
 		return 0
 	}
-	t := time.NewTimer(time.Until(d.Add(-loadReserve)))
+	t := time.NewTimer(time.Until(d.Add(-LoadReserve)))
 	defer t.Stop()
 	select {
 	case <-t.C:

@@ -22,7 +22,7 @@ func loadCPU(ctx context.Context, spec ProbeSpec, obs Observation) Observation {
 	if !ok {
 		return fail(obs, "no deadline to spin to")
 	}
-	until := d.Add(-loadReserve)
+	until := d.Add(-LoadReserve)
 	before, err := cpuTime()
 	if err != nil {
 		return fail(obs, err.Error())
