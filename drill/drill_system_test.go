@@ -125,9 +125,9 @@ func undecided(rep *drill.Report) string {
 // baseline is a clean run that passed, for mutated runs to be compared
 // with (drill.Config.Baseline): one for a test's mutations rather than one
 // before each.
-func baseline(t *testing.T) *drill.Report {
+func baseline(t *testing.T, cfg drill.Config) *drill.Report {
 	t.Helper()
-	rep := run(t, config(t))
+	rep := run(t, cfg)
 	require.Equal(t, drill.ExitOK, rep.ExitCode, "the clean run the mutated ones are compared with passes: %s", undecided(rep))
 	return rep
 }
@@ -284,7 +284,7 @@ func assertDetected(t *testing.T, rep *drill.Report, id drill.ClaimID, by drill.
 // with one clean run made first (each mutated run's own restore is
 // verified before the next); and a normal run to pass again.
 func TestSystemDrillCanFail(t *testing.T) {
-	base := baseline(t)
+	base := baseline(t, config(t))
 	for _, tc := range []struct {
 		name      string
 		mutations []string

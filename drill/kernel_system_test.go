@@ -10,12 +10,18 @@ import (
 	"github.com/box-isolation/box/stack"
 )
 
-// TestSystemKernel: C-KERNEL holds on the stack (its clean runs below),
+// TestSystemKernel: C-KERNEL holds on the stack (its clean run first),
 // and each of its mutations on clone-a flips it to fail through the
 // agent's own evidence in clone-a, on the channel that break shows; a
 // unix-char device added to the box-net profile by hand, which no
 // mutation makes, fails it in every box.
 func TestSystemKernel(t *testing.T) {
+	kernelOnly := func(t *testing.T, mutations ...string) drill.Config {
+		cfg := config(t, mutations...)
+		cfg.Claims = []drill.Claim{claimOf(t, drill.KernelID)}
+		return cfg
+	}
+	base := baseline(t, kernelOnly(t))
 	for _, tc := range []struct {
 		mutation string
 		channels []drill.Channel // each must fail from clone-a
@@ -28,8 +34,8 @@ func TestSystemKernel(t *testing.T) {
 		{"guest-api", []drill.Channel{drill.ChannelGuestAPI}},
 	} {
 		t.Run(tc.mutation, func(t *testing.T) {
-			cfg := config(t, tc.mutation)
-			cfg.Claims = []drill.Claim{claimOf(t, drill.KernelID)}
+			cfg := kernelOnly(t, tc.mutation)
+			cfg.Baseline = base
 			rep := run(t, cfg)
 			assertProvenByProbes(t, rep, drill.KernelID)
 			failed := map[drill.Channel]bool{}
