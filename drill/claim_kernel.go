@@ -272,7 +272,7 @@ func buildKernel(b *builder) {
 	// The fork bomb comes last: once the kernel checks' children have come
 	// and gone (a few ms), and with the memory hog once it has met the OOM
 	// killer (a second kill while the box is full of processes could take
-	// the agent). Without the hog it starts at once.
+	// the agent). Without the hog it starts 0.2 s in.
 	//
 	// The CPU spin never runs beside the fork bomb's starts, though at
 	// the lowest priority: the box's allowance is spent whenever the bomb

@@ -453,6 +453,45 @@ func TestKernelLoadLeftOut(t *testing.T) {
 	assert.Equal(t, map[Channel]bool{ChannelProcesses: true, ChannelCPU: true}, loads)
 }
 
+// TestKernelSpinApartFromTheBomb: box-l's CPU spin and its fork bomb's
+// starts never share the box's allowance (the spin halved the bomb's
+// starts on a slow machine): without the memory hog the spin comes well
+// after the bomb starts, with it the spin ends before the bomb starts;
+// every load ends at the same time, before the plan gives them back.
+func TestKernelSpinApartFromTheBomb(t *testing.T) {
+	for _, lp := range []loadPlan{{k: true}, {memory: true, disk: true, k: true}} {
+		scene := testTopology()
+		loadPlans.Lock()
+		loadPlans.m[scene.L.Instance] = lp
+		loadPlans.Unlock()
+		sc := BuildScenario(scene, []Claim{claimKernel})
+		loadPlans.Lock()
+		delete(loadPlans.m, scene.L.Instance)
+		loadPlans.Unlock()
+		at := map[Channel]probes.ProbeSpec{}
+		for _, a := range sc.Actions {
+			if a.Expect == ExpectHeld {
+				at[a.Channel] = a.Probe
+			}
+		}
+		cpu, bomb := at[ChannelCPU], at[ChannelProcesses]
+		require.NotZero(t, bomb.DeadlineMS)
+		spinEnd := cpu.DelayMS + cpu.DeadlineMS - int(probes.LoadReserve.Milliseconds())
+		if lp.memory {
+			assert.LessOrEqual(t, spinEnd, bomb.DelayMS, "with the hog the spin ends before the bomb starts")
+		} else {
+			assert.GreaterOrEqual(t, cpu.DelayMS, bomb.DelayMS+1000, "without it the spin comes after the bomb's starts")
+			assert.GreaterOrEqual(t, spinEnd-cpu.DelayMS, 1000, "and spins for a second or more")
+		}
+		end := int((planDeadline - loadGiveBack).Milliseconds())
+		for ch, p := range at {
+			if ch != ChannelCPU || !lp.memory {
+				assert.LessOrEqual(t, p.DelayMS+p.DeadlineMS, end, "%s ends before the plan gives the loads back", ch)
+			}
+		}
+	}
+}
+
 // TestKernelMountsOfTheHost: a kernel file system looks the same from
 // inside whether the box made it or the host's was bound in; only its
 // device tells. The host's /run bound in fails; what Incus gives every
