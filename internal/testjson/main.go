@@ -2,7 +2,8 @@
 // `go test` prints without -v: each package's result line, a failing
 // test's output, and build errors. Each skipped test gets a line as it
 // happens, and at the end every skipped test is listed again with its
-// reason, and counted. It exits 1 when a test failed or skipped, or a
+// reason, and counted, after the top-level tests that took 30 s or more,
+// slowest first. It exits 1 when a test failed or skipped, or a
 // package failed: scripts/test.sh runs every tier with
 // BOX_REQUIRE_TIERS=1, where a skip is a tier that did not run.
 //
