@@ -57,11 +57,17 @@ func TestSystemTierLongUID(t *testing.T) {
 	project, bridge := stack.TierProject(u.UID), stack.TierBridge(u.UID)
 	require.Equal(t, fmt.Sprintf("user-%d", u.UID), bridge)
 
-	// incus-user's stock setup, as the user's first touch runs it.
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	// incus-user's stock setup, as the user's first touch runs it. The
+	// first touch starts incus-user, whose own start asks incusd a few
+	// things: on the slow 2-CPU machine incusd once answered nothing for
+	// 30 s while this test waited 30 s (incus-user's log: started, then
+	// "Setting up for uid" 30 s later), so it waits longer and says how
+	// long it took.
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	began := time.Now()
 	_, _, err := e.host.AsUser(u.User, e.incusGID).GetProject(sctx, project)
 	cancel()
-	t.Logf("%s touches incus-user: GET project %s: %v", u.Name, project, err)
+	t.Logf("%s touches incus-user: GET project %s after %s: %v", u.Name, project, time.Since(began).Round(time.Millisecond), err)
 	_, _, err = e.c.GetProject(ctx, project)
 	require.NoError(t, err, "incus-user set up its stock project %s", project)
 	_, _, err = e.c.Network(ctx, bridge)
