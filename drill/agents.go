@@ -123,10 +123,6 @@ func pinObservation(id string, n probes.NeighborState) probes.Observation {
 	return o
 }
 
-// agentExecPath is the PATH the agent runs with in a box: Incus's own
-// default for a container.
-const agentExecPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
 func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[Place]string, place Place, plan *probes.Plan) (*probes.Report, error) {
 	data, err := json.Marshal(plan)
 	if err != nil {
@@ -173,13 +169,7 @@ func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[Place]s
 			return nil, fmt.Errorf("pushing the plan: %w", err)
 		}
 		var res *incus.ExecResult
-		// PATH given: without one, incusd asks the container's monitor for
-		// its init's pid (liblxc, no timeout) and looks into its root
-		// before it answers the request, to pick a PATH; a request
-		// answered by nothing for 25 s on a slow machine was seen here
-		// about once in ten runs (docs/measurements.md, "The drill's
-		// timing"). The agent needs none: it is named by its path.
-		res, err = c.Exec(ctx, box, incus.ExecRequest{Command: []string{agentPath, "agent", "--plan", planPath}, Env: map[string]string{"PATH": agentExecPath}})
+		res, err = c.Exec(ctx, box, incus.ExecRequest{Command: []string{agentPath, "agent", "--plan", planPath}})
 		if res != nil {
 			stdout, stderr = res.Stdout, res.Stderr
 			if err == nil && res.ExitCode != 0 {
