@@ -426,19 +426,25 @@ func TestKernelLoads(t *testing.T) {
 	}
 }
 
-// TestKernelLoadLeftOut: a load box without a memory limit or a disk
-// quota gets no memory or disk load (mintLoadBox's note says why).
-func TestKernelLoadLeftOut(t *testing.T) {
+// kernelScenario builds C-KERNEL's scenario on the test topology, as if
+// mintLoadBox had found lp for its box-l.
+func kernelScenario(lp loadPlan) *Scenario {
 	scene := testTopology()
 	loadPlans.Lock()
-	loadPlans.m[scene.L.Instance] = loadPlan{k: true}
+	loadPlans.m[scene.L.Instance] = lp
 	loadPlans.Unlock()
-	t.Cleanup(func() {
+	defer func() {
 		loadPlans.Lock()
 		delete(loadPlans.m, scene.L.Instance)
 		loadPlans.Unlock()
-	})
-	sc := BuildScenario(scene, []Claim{claimKernel})
+	}()
+	return BuildScenario(scene, []Claim{claimKernel})
+}
+
+// TestKernelLoadLeftOut: a load box without a memory limit or a disk
+// quota gets no memory or disk load (mintLoadBox's note says why).
+func TestKernelLoadLeftOut(t *testing.T) {
+	sc := kernelScenario(loadPlan{k: true})
 	for _, a := range sc.Actions {
 		assert.NotContains(t, []Channel{ChannelMemory, ChannelDisk}, a.Channel, "no load the host cannot bound")
 	}
@@ -460,14 +466,7 @@ func TestKernelLoadLeftOut(t *testing.T) {
 // every load ends at the same time, before the plan gives them back.
 func TestKernelSpinApartFromTheBomb(t *testing.T) {
 	for _, lp := range []loadPlan{{k: true}, {memory: true, disk: true, k: true}} {
-		scene := testTopology()
-		loadPlans.Lock()
-		loadPlans.m[scene.L.Instance] = lp
-		loadPlans.Unlock()
-		sc := BuildScenario(scene, []Claim{claimKernel})
-		loadPlans.Lock()
-		delete(loadPlans.m, scene.L.Instance)
-		loadPlans.Unlock()
+		sc := kernelScenario(lp)
 		at := map[Channel]probes.ProbeSpec{}
 		for _, a := range sc.Actions {
 			if a.Expect == ExpectHeld {
