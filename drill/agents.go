@@ -71,17 +71,29 @@ func pushAgent(ctx context.Context, client func(place Place) *incus.Client, agen
 }
 
 // runPlans runs every place's plan at once and collects the observations.
-func runPlans(ctx context.Context, cfg Config, client func(place Place) *incus.Client, names map[Place]string, plans map[Place]*probes.Plan) (observations, map[Place]string) {
+// It returns how long after their agreed start the latest agent began.
+func runPlans(ctx context.Context, cfg Config, client func(place Place) *incus.Client, names map[Place]string, plans map[Place]*probes.Plan) (observations, map[Place]string, time.Duration) {
 	obs := observations{}
 	agentErr := map[Place]string{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	// Every agent starts its clocks at the same instant, agentLead from
+	// now: the host's agents start at once, the boxes' only after a plan
+	// push and an exec through incusd each, and the controls the host
+	// sends must outlast the last probe a box's witness judges.
+	var startAt time.Time
+	if len(plans) > 1 {
+		startAt = time.Now().Add(agentLead)
+	}
+	var late []string
+	latest := time.Duration(0)
 	for _, place := range slices.Sorted(maps.Keys(plans)) {
-		plan := plans[place]
+		plan := *plans[place]
+		plan.StartAt = startAt
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rep, err := runPlan(ctx, cfg, client(place), names, place, plan)
+			rep, err := runPlan(ctx, cfg, client(place), names, place, &plan)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -89,6 +101,10 @@ func runPlans(ctx context.Context, cfg Config, client func(place Place) *incus.C
 			}
 			if rep == nil {
 				return
+			}
+			if d := rep.StartedAt.Sub(startAt); !startAt.IsZero() && d > lateBy {
+				late = append(late, fmt.Sprintf("%s %d ms", place, d.Milliseconds()))
+				latest = max(latest, d)
 			}
 			if rep.Error != "" {
 				agentErr[place] = rep.Error
@@ -109,7 +125,11 @@ func runPlans(ctx context.Context, cfg Config, client func(place Place) *incus.C
 		}()
 	}
 	wg.Wait()
-	return obs, agentErr
+	if len(late) > 0 {
+		slices.Sort(late)
+		cfg.logf("agents: %d of %d started after the agreed start (%s lead), the latest %d ms: %s", len(late), len(plans), agentLead, latest.Milliseconds(), strings.Join(late, ", "))
+	}
+	return obs, agentErr, latest
 }
 
 // pinObservation turns an agent's account of a pinned neighbour into an
@@ -128,7 +148,7 @@ func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[Place]s
 	if err != nil {
 		return nil, err
 	}
-	limit := plan.Deadline() + 20*time.Second
+	limit := time.Until(plan.Start(time.Now())) + plan.Deadline() + 20*time.Second
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var stdout, stderr []byte

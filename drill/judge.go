@@ -265,7 +265,10 @@ func atTarget(r *Result, o probes.Observation, obs observations, t Scene) (arriv
 			r.AtTarget = fmt.Sprintf("the witness saw nothing (%d frames read), with no control on its wire", we.Captured)
 			return false, "the witness at " + string(r.WitnessAt) + " had no positive control, so its silence proves nothing"
 		case we.Controls == 0 || we.ControlLast.Before(o.StartedAt):
-			r.AtTarget = fmt.Sprintf("the witness saw nothing (%d frames read) and %d control frame(s), none after the probe started", we.Captured, we.Controls)
+			r.AtTarget = fmt.Sprintf("the witness saw nothing (%d frames read) and %d control frame(s), none after the probe started at %s", we.Captured, we.Controls, o.StartedAt.Format("15:04:05.000"))
+			if we.Controls > 0 {
+				r.AtTarget += ", the last at " + we.ControlLast.Format("15:04:05.000")
+			}
 			why := "the witness at " + string(r.WitnessAt) + " never saw its positive control after the probe started, so it may not have been capturing"
 			// Blame the sender when the sender failed, not the witness.
 			if c, ok := obs.get(PlaceHost, controlID(r.WitnessAt)); !ok || c.Outcome != probes.Reached {

@@ -61,14 +61,16 @@ func (r *run) runProbes(ctx context.Context) error {
 	}
 	t0 := time.Now()
 	plans, guestAPI := splitGuestAPI(r.sc.Plans)
-	r.obs, r.agentErr = runPlans(ctx, r.cfg, r.boxClient, r.names, plans)
+	var late time.Duration
+	r.obs, r.agentErr, late = runPlans(ctx, r.cfg, r.boxClient, r.names, plans)
+	rep.Summary.AgentsLateMS = late.Milliseconds()
 	// The guest API probes, one box at a time, after the rest: incusd 6.0
 	// crashes on a guest API request while another box's connection opens
 	// or closes (lxc/incus#3618), and boxes' plans start some tens of
 	// milliseconds apart, so a stagger inside the plans was not enough
 	// (a clean-clone make test lost the world's incusd so).
 	for _, place := range slices.Sorted(maps.Keys(guestAPI)) {
-		obs, errs := runPlans(ctx, r.cfg, r.boxClient, r.names, map[Place]*probes.Plan{place: guestAPI[place]})
+		obs, errs, _ := runPlans(ctx, r.cfg, r.boxClient, r.names, map[Place]*probes.Plan{place: guestAPI[place]})
 		r.obs.merge(obs)
 		for p, e := range errs {
 			r.agentErr[p] = strings.TrimPrefix(r.agentErr[p]+"; ", "; ") + e

@@ -124,6 +124,9 @@ type Summary struct {
 	Probes       int     `json:"probes"`
 	ProbePhaseMS int64   `json:"probe_phase_ms"`
 	MSPerProbe   float64 `json:"ms_per_probe"`
+	// AgentsLateMS is how long after the agreed start the latest agent of
+	// the probe phase began (absent: every one on time).
+	AgentsLateMS int64 `json:"agents_late_ms,omitempty"`
 }
 
 // Exit codes (SPEC section 5).

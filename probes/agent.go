@@ -83,7 +83,7 @@ func writeReport(out io.Writer, rep *Report) error {
 // stop AgentMargin/2 before the plan's deadline, and whatever has not
 // reported by then is recorded as an error, never as silence.
 func RunPlan(ctx context.Context, p *Plan) *Report {
-	start := time.Now()
+	start := waitStart(ctx, p.Start(time.Now()))
 	rep := &Report{Version: ReportVersion, StartedAt: start}
 	hard := start.Add(p.Deadline())
 	runCtx, cancel := context.WithDeadline(ctx, hard.Add(-AgentMargin/2))
@@ -184,6 +184,22 @@ func RunPlan(ctx context.Context, p *Plan) *Report {
 	}
 	rep.FinishedAt = time.Now()
 	return rep
+}
+
+// waitStart waits until at (not past ctx) and returns the instant the
+// agent starts.
+func waitStart(ctx context.Context, at time.Time) time.Time {
+	wait := time.Until(at)
+	if wait <= 0 {
+		return time.Now()
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return time.Now()
 }
 
 // planItem names the j-th task of a plan in report order.

@@ -109,7 +109,9 @@ func RunNested(ctx context.Context, p *Plan) *Report {
 		now := time.Now()
 		return &Report{Version: ReportVersion, StartedAt: start, FinishedAt: now, Observations: []Observation{}, Error: "nested " + p.Nest.Kind + " workload: " + err.Error()}
 	}
-	ctx, cancel := context.WithDeadline(ctx, start.Add(p.Deadline()))
+	// The workload waits for the plan's start itself; its deadline counts
+	// from there.
+	ctx, cancel := context.WithDeadline(ctx, p.Start(start).Add(p.Deadline()))
 	defer cancel()
 	child := *p
 	child.Nest = nil

@@ -36,6 +36,9 @@ const (
 	MinPlanDeadline  = 100 * time.Millisecond
 	MaxPlanDeadline  = 120 * time.Second
 	MinProbeDeadline = 50 * time.Millisecond
+	// MaxStartWait bounds how long an agent waits for its plan's start_at:
+	// a plan whose start lies further ahead starts at once after it.
+	MaxStartWait = 30 * time.Second
 	// AgentMargin is kept free at the end of a plan's deadline for cleanup
 	// and writing the report, so the agent returns within the deadline.
 	AgentMargin = 50 * time.Millisecond
@@ -89,6 +92,13 @@ const (
 type Plan struct {
 	Version    int `json:"version"`
 	DeadlineMS int `json:"deadline_ms"`
+	// StartAt, when set, is the wall-clock instant the agent starts its
+	// clocks at (every delay and window, and the deadline, count from it):
+	// agents started one after another in several places, some through a
+	// slow exec, then measure from the same instant. An agent that begins
+	// after it starts at once, and its report's started_at says how late
+	// it was; it never waits more than MaxStartWait.
+	StartAt time.Time `json:"start_at,omitzero"`
 	// Nest, when set, runs the plan in a workload nested in the box
 	// (nest.go) instead of in the box itself.
 	Nest      *NestSpec      `json:"nest,omitempty"`
@@ -277,6 +287,18 @@ type ProbeSpec struct {
 
 // Deadline is the plan's deadline as a duration.
 func (p *Plan) Deadline() time.Duration { return ms(p.DeadlineMS) }
+
+// Start is when an agent begun at now starts the plan's clocks: now, or
+// StartAt if that is later (never more than MaxStartWait later).
+func (p *Plan) Start(now time.Time) time.Time {
+	switch {
+	case !p.StartAt.After(now):
+		return now
+	case p.StartAt.Sub(now) > MaxStartWait:
+		return now.Add(MaxStartWait)
+	}
+	return p.StartAt
+}
 
 // Deadline is the probe's deadline as a duration.
 func (s *ProbeSpec) Deadline() time.Duration { return ms(s.DeadlineMS) }

@@ -387,6 +387,48 @@ func TestRunAgentNoPackets(t *testing.T) {
 	require.Equal(t, "v6", rep.Observations[2].ID)
 }
 
+// TestRunAgentStartsAtStartAt: an agent handed a start_at ahead starts
+// its clocks there (its report's and its probe's started_at, and its
+// deadline, count from it); one whose start_at has passed starts at once.
+func TestRunAgentStartsAtStartAt(t *testing.T) {
+	run := func(at time.Time) (*Report, time.Time) {
+		// The listener runs to the plan's end, so the agent returns then.
+		plan := fmt.Sprintf(`{"version":1,"deadline_ms":300,"start_at":%q,
+		  "listeners":[{"id":"l","kind":"udp_echo","port":47392,"via":"127.0.0.0/8"}],
+		  "probes":[{"id":"lease","kind":"dhcp_lease","via":"127.0.0.0/8","deadline_ms":100}]}`, at.Format(time.RFC3339Nano))
+		var out bytes.Buffer
+		require.NoError(t, RunAgent(context.Background(), strings.NewReader(plan), &out))
+		returned := time.Now()
+		rep, err := DecodeReport(&out)
+		require.NoError(t, err)
+		require.Empty(t, rep.Error)
+		require.Len(t, rep.Observations, 2)
+		return rep, returned
+	}
+	at := time.Now().Add(400 * time.Millisecond)
+	rep, returned := run(at)
+	require.False(t, rep.StartedAt.Before(at), "started %s, before start_at %s", rep.StartedAt, at)
+	require.False(t, rep.Observations[1].StartedAt.Before(at), "the probe ran before start_at")
+	require.False(t, returned.Before(at.Add(300*time.Millisecond-AgentMargin/2)), "the deadline counts from start_at")
+
+	past := time.Now().Add(-time.Hour)
+	before := time.Now()
+	rep, _ = run(past)
+	require.Less(t, rep.StartedAt.Sub(before), 200*time.Millisecond, "a start_at that has passed starts at once")
+}
+
+func TestPlanStart(t *testing.T) {
+	now := time.Now()
+	p := Plan{}
+	require.Equal(t, now, p.Start(now), "no start_at: now")
+	p.StartAt = now.Add(-time.Second)
+	require.Equal(t, now, p.Start(now), "past: now")
+	p.StartAt = now.Add(time.Second)
+	require.Equal(t, p.StartAt, p.Start(now))
+	p.StartAt = now.Add(time.Hour)
+	require.Equal(t, now.Add(MaxStartWait), p.Start(now), "never more than MaxStartWait ahead")
+}
+
 func TestRunAgentBadPlan(t *testing.T) {
 	var out bytes.Buffer
 	err := RunAgent(context.Background(), strings.NewReader(`{"version":1,"deadline_ms":5}`), &out)
