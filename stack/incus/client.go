@@ -62,6 +62,16 @@ func New(socketPath string) *Client {
 func NewDialer(socketPath string, dial func(ctx context.Context) (net.Conn, error)) *Client {
 	// No Proxy: "incus" is not a real host, and $HTTP_PROXY must never see
 	// these requests.
+	//
+	// One connection per request, closed after it: incusd's unix socket
+	// (Incus 6.0 to 7) accepts one connection at a time, and only once
+	// the connection's first bytes have arrived. Go's transport may dial a
+	// connection a request then does not use (another's became idle
+	// first, or the caller gave up) and keep it idle, unsent, for its
+	// idle timeout; meanwhile incusd accepted nothing from anyone, and
+	// its whole API paused for up to that long (30 s here, about every
+	// 10 minutes of a make test). With keep-alives off such a connection
+	// is closed at once.
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			conn, err := dial(ctx)
@@ -70,8 +80,7 @@ func NewDialer(socketPath string, dial func(ctx context.Context) (net.Conn, erro
 			}
 			return conn, err
 		},
-		MaxIdleConnsPerHost: 8,
-		IdleConnTimeout:     30 * time.Second,
+		DisableKeepAlives: true,
 	}
 	return &Client{socket: socketPath, base: "http://incus", http: &http.Client{Transport: tr}}
 }
