@@ -125,7 +125,7 @@ type Summary struct {
 	ProbePhaseMS int64   `json:"probe_phase_ms"`
 	MSPerProbe   float64 `json:"ms_per_probe"`
 	// AgentsLateMS is how long after the agreed start the latest agent of
-	// the probe phase began (absent: every one on time).
+	// the probe phase began (absent: every one within 50 ms of it).
 	AgentsLateMS int64 `json:"agents_late_ms,omitempty"`
 }
 

@@ -24,8 +24,8 @@ const (
 // starts its clocks then, and the report says how late). Witnesses and
 // listeners arm at once; probes wait probeDelay so every witness is armed
 // even if its agent was a little late; a blocked probe costs one
-// probeDeadline, all of them together. Every window judged on silence outlasts the protocol's
-// own timers:
+// probeDeadline, all of them together. Every window judged on silence
+// outlasts the protocol's own timers:
 //
 //   - TCP: a SYN is retransmitted after 1 s (RFC 6298's initial RTO), so
 //     probeDeadline (1.5 s) sees the first retransmission's answer too;

@@ -91,12 +91,13 @@ func TestClientLeavesNoSilentConnection(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				timeout := 10 * time.Second
 				if (g+round)%5 == 0 {
 					// Some callers give up at once, as one whose context
 					// ends while its connection is dialled.
-					ctx, cancel = context.WithTimeout(context.Background(), 100*time.Microsecond)
+					timeout = 100 * time.Microsecond
 				}
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
 				defer cancel()
 				_, _ = c.Server(ctx)
 			}()
