@@ -1,6 +1,6 @@
 // Package drill proves box's isolation claims with raw packets fired from
 // inside boxes. It is modelled on cilium-cli's connectivity checks: a Claim
-// (SPEC section 4) is one value in its own file (claim_<name>.go) that says
+// (docs/claims.md) is one value in its own file (claim_<name>.go) that says
 // what it states, the layers it rests on, the modes it runs in and how it
 // gathers its evidence; its probes are Actions, one probe each from a
 // source to a target over one channel, each carrying its expected result;
@@ -10,7 +10,7 @@
 // sender saw nothing and a witness (or listener, or counter) at the target
 // saw nothing.
 //
-// Run goes through the phases of SPEC section 5: preflight (clean the
+// Run goes through the phases of docs/claims.md, "A run": preflight (clean the
 // drill's own leftovers), stack (ensure, or only verify), mint probe boxes
 // (two peers and a clone, and what each claim prepares for itself), push
 // the agent, all probes concurrently under one deadline, verdicts, and
@@ -30,7 +30,7 @@ import (
 	"github.com/box-isolation/box/stack"
 )
 
-// Claim is one isolation claim of SPEC section 4, with what it does in a
+// Claim is one isolation claim of docs/claims.md, with what it does in a
 // run. The exported fields are the claim as people read it (drill list,
 // the report); the phases are how it gathers and judges its evidence.
 type Claim struct {

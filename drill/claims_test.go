@@ -17,7 +17,7 @@ import (
 	"github.com/box-isolation/box/stack"
 )
 
-// specClaims is SPEC section 4's table, in its order.
+// specClaims is docs/claims.md's list of claims, in its order.
 var specClaims = []ClaimID{"C-EGRESS", "C-DNS", "C-DHCP", "C-SIBLING", "C-HOST", "C-LAN", "C-NAMES", "C-V6", "C-INBOUND", "C-CLONE", "C-SPOOF", "C-FLEET", "C-TIER", "C-ALLOW", "C-EXPOSE", "C-NESTED", "C-KERNEL"}
 
 func TestCatalogueMatchesSpec(t *testing.T) {
@@ -25,7 +25,7 @@ func TestCatalogueMatchesSpec(t *testing.T) {
 	for _, c := range Catalogue {
 		ids = append(ids, c.ID)
 	}
-	require.Equal(t, specClaims, ids, "the catalogue is SPEC section 4's claims, in report order")
+	require.Equal(t, specClaims, ids, "the catalogue is docs/claims.md's claims, in report order")
 
 	var layers []stack.LayerID
 	for _, l := range stack.Layers {

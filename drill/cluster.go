@@ -37,7 +37,7 @@ import (
 // box's addresses are in the same subnet, so box-a's kernel looks for the
 // peer on its own member's bridge, where it is not; no route, NAT or
 // bridge joins two members' bridges. A probe there could not fail whatever
-// the stack did, so it would prove nothing (SPEC 4, evidence rules).
+// the stack did, so it would prove nothing (docs/claims.md, "Evidence rules").
 
 // MemberScene is one cluster member as the scenario knows it.
 type MemberScene struct {

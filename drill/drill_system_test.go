@@ -223,7 +223,7 @@ func TestSystemDrillHolds(t *testing.T) {
 }
 
 // probeFailures lists a claim's failed results outside the stack channel:
-// the probes' own proof, which is what a mutation must show (SPEC 5).
+// the probes' own proof, which is what a mutation must show (docs/claims.md, "Mutations").
 func probeFailures(cr drill.ClaimResult) []drill.Result {
 	var out []drill.Result
 	for _, r := range cr.Results {
@@ -896,7 +896,7 @@ func TestSystemFailureAfterMintCleansUp(t *testing.T) {
 	assertNoDrillBoxes(t, cfg)
 }
 
-// TestSystemBridgeNetfilterOn is SPEC 7c measured: with br_netfilter's
+// TestSystemBridgeNetfilterOn measures a fact of docs/world.md, "These machines": with br_netfilter's
 // bridge-nf-call-* on in the host namespace, bridged IPv4 and IPv6 pass
 // the inet hooks, so with both sibling layers knocked out the ACL still
 // stops IPv4 between boxes and L-ROUTE's forward drop IPv6, while ARP gets

@@ -680,7 +680,7 @@ func TestReportFinish(t *testing.T) {
 			exit: ExitViolated, summary: Summary{Passed: n - 1, Failed: 1}},
 		{name: "a violation wins over a broken baseline", claims: allPass(map[ClaimID]Verdict{"C-EGRESS": Fail, "C-SIBLING": Fail, "C-LAN": Inconclusive}),
 			exit: ExitViolated, summary: Summary{Passed: n - 3, Failed: 2, Inconclusive: 1}},
-		// One exit rule (SPEC 5): a failed baseline is a violated claim.
+		// One exit rule (docs/claims.md, "Verdicts and exit codes"): a failed baseline is a violated claim.
 		{name: "a failed baseline is a violation, the claims it leaves are inconclusive", claims: allPass(map[ClaimID]Verdict{"C-EGRESS": Fail, "C-SIBLING": Inconclusive, "C-HOST": Inconclusive}),
 			exit: ExitViolated, summary: Summary{Passed: n - 3, Failed: 1, Inconclusive: 2}},
 		{name: "a failed baseline alone is a violation", claims: allPass(map[ClaimID]Verdict{"C-DNS": Fail}),

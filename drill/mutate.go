@@ -19,7 +19,7 @@ import (
 )
 
 // Mutation knocks out one isolation layer for a run, to prove the drill can
-// fail (SPEC section 5): the claims the layer backs must flip to fail. The
+// fail (docs/claims.md, "Mutations"): the claims the layer backs must flip to fail. The
 // run restores the stack afterwards and verifies it, whatever happened.
 type Mutation struct {
 	Name   string

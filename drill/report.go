@@ -88,7 +88,7 @@ type MutationResult struct {
 	// from pass to fail.
 	Flipped []ClaimID `json:"flipped"`
 	// Changed is every verdict that differs from the clean run's (the
-	// stack channel is not among them: it is no proof, SPEC 5).
+	// stack channel is not among them: it is no proof, docs/claims.md, "Mutations").
 	Changed  []ProbeChange `json:"changed"`
 	Detected bool          `json:"detected"` // false: redundant or untested
 	// DetectedBy is the evidence that showed it: "probes", or "requests"
@@ -129,7 +129,7 @@ type Summary struct {
 	AgentsLateMS int64 `json:"agents_late_ms,omitempty"`
 }
 
-// Exit codes (SPEC section 5).
+// Exit codes (docs/claims.md, "Verdicts and exit codes").
 const (
 	ExitOK           = 0
 	ExitViolated     = 1
@@ -188,7 +188,7 @@ func (rep *Report) groupByMember() {
 	}
 }
 
-// finish counts the claims and sets the exit code (SPEC section 5): any
+// finish counts the claims and sets the exit code (docs/claims.md, "Verdicts and exit codes"): any
 // failed claim is 1, a failed baseline included (the claims it leaves
 // unjudgeable are inconclusive); otherwise anything inconclusive, or a
 // selected claim that could not run, is 3.

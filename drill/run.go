@@ -178,7 +178,7 @@ func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) 
 	return out, unmatched
 }
 
-// run is one drill run going through its phases (SPEC section 5), one file
+// run is one drill run going through its phases (docs/claims.md, "A run"), one file
 // each: preflight, stack, boxes, agents, probes, judge; teardown undoes
 // what the phases set up, last first, whatever happened.
 type run struct {

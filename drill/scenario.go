@@ -427,7 +427,7 @@ func BuildScenario(t Scene, claims []Claim) *Scenario {
 			probes.ListenerSpec{ID: "l-udp", Kind: probes.KindUDPEcho, Name: string(place), Port: listenUDP, WindowMS: int(witnessWindow.Milliseconds())})
 	}
 	// Every box gets a usable IPv6 link-local address, as an attacker
-	// would give itself one (SPEC 7c).
+	// would give itself one (docs/world.md, "These machines").
 	for _, e := range []BoxEnd{t.A, t.B, t.C, t.T} {
 		if e.LinkLocal.IsValid() {
 			b.plan(e.Place).LinkLocal = &probes.LinkLocalSpec{Via: t.Subnet, Address: e.LinkLocal}

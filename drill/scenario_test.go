@@ -523,7 +523,7 @@ func TestBuildScenarioTargets(t *testing.T) {
 	for _, h := range topo.LANHosts {
 		assert.True(t, lan[h.Name], "LAN host %s probed", h.Name)
 	}
-	// 169.254.169.254:80 is named by SPEC section 4.
+	// 169.254.169.254:80 is named by C-LAN (docs/claims.md).
 	assert.True(t, slices.ContainsFunc(actionsOf(sc, "C-LAN"), func(a Action) bool {
 		return a.Probe.Kind == probes.KindTCP && a.Probe.Target == netip.MustParseAddr("169.254.169.254") && a.Probe.Port == 80
 	}), "the metadata service on tcp/80")

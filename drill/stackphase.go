@@ -110,7 +110,7 @@ func (r *run) verifyForProbes(ctx context.Context) error {
 }
 
 // bridgeNetfilter reads whether bridged IPv4 passes the inet hooks in the
-// host's namespace (SPEC 7c): a layer not in the path proves nothing.
+// host's namespace (docs/world.md, "These machines"): a layer not in the path proves nothing.
 func bridgeNetfilter(ns string) (bool, bool) {
 	var on, ok bool
 	_ = nsrun.Do(ns, func() error {

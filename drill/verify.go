@@ -8,7 +8,7 @@ import (
 	"github.com/box-isolation/box/stack"
 )
 
-// The stack channel (SPEC 4, "Verify is evidence"): a layer that the
+// The stack channel (docs/claims.md, "Evidence rules": Verify is evidence): a layer that the
 // stack's Verify finds absent or drifted fails every claim resting on it,
 // whatever the probes saw. The probes only meet the drill's own fresh
 // boxes; Verify reads what every box on the host lives with.

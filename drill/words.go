@@ -3,7 +3,7 @@ package drill
 // The words that travel through a run: typed, so a claim's ID is never
 // taken for a place's name or a channel's, and each listed once.
 
-// ClaimID names a claim (SPEC section 4): "C-" and a word. The IDs are
+// ClaimID names a claim (docs/claims.md): "C-" and a word. The IDs are
 // constants in the claims' own files, and nowhere else.
 type ClaimID string
 
@@ -53,7 +53,7 @@ const (
 
 // Channels of evidence that is no packet: Verify's findings, the census of
 // every instance and port, and requests to Incus. A mutation is proven by
-// packets alone (SPEC section 5), so these never count as its detection.
+// packets alone (docs/claims.md, "Mutations"), so these never count as its detection.
 const (
 	ChannelStack       Channel = "stack"
 	ChannelCensus      Channel = "census"

@@ -22,7 +22,7 @@ const ControlPrefix = "BOXCONTROL "
 // witness window, so one lost frame never makes a live witness look dead.
 const ControlInterval = 250 * time.Millisecond
 
-// probeControl is a positive control for witnesses (SPEC 4, "witnesses
+// probeControl is a positive control for witnesses (docs/claims.md, "Witnesses
 // prove they were alive"): it sends Ethernet frames carrying the nonce to
 // DstMAC (broadcast when empty) on the interface holding Via, one every
 // ControlInterval, and a last one as the deadline comes. Every witness on

@@ -14,7 +14,7 @@ import (
 // EnsureLinkLocal makes sure the interface holding an address in via has
 // an IPv6 link-local address, adding addr (or one derived from the MAC by
 // EUI-64) when it has none. A container's interface may come up with IPv6
-// on but no link-local address (SPEC 7c); an attacker simply adds one, so
+// on but no link-local address (docs/world.md, "These machines"); an attacker simply adds one, so
 // the drill does the same before probing IPv6 between boxes.
 //
 // The returned remove function deletes the address again, only if this

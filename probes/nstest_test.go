@@ -267,7 +267,7 @@ func newBridgeWorld(t testing.TB) *bridgeWorld {
 	w.a.AddAddr(t, "veth-a", "10.202.0.1/24")
 	w.b.AddAddr(t, "veth-b", "10.202.0.2/24")
 	// b comes up with IPv6 on but no link-local address, like a container
-	// in SPEC 7c; the link-local test adds one the way the agent does.
+	// in docs/world.md, "These machines"; the link-local test adds one the way the agent does.
 	w.b.sysctl(t, "net.ipv6.conf.veth-b.addr_gen_mode", "1")
 	w.a.LinkUp(t, "veth-a")
 	w.b.LinkUp(t, "veth-b")
@@ -386,7 +386,7 @@ func solicitedNode(addr netip.Addr) netip.Addr {
 
 // setDrop installs or removes the port-to-port drop. It matches the
 // bridge's ports by iifname/oifname, because meta ibrname/obrname is not
-// available on these kernels (SPEC 7c).
+// available on these kernels (docs/world.md, "These machines").
 func (w *bridgeWorld) setDrop(t testing.TB, on bool) {
 	t.Helper()
 	w.nftc.FlushChain(w.chain)

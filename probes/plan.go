@@ -111,7 +111,7 @@ type Plan struct {
 
 // LinkLocalSpec asks the agent to make sure the interface on Via has an
 // IPv6 link-local address before anything runs, and to remove it afterwards
-// if the agent added it (SPEC 7c: a container's interface may have none).
+// if the agent added it (a container's interface may have none: docs/world.md, "These machines").
 type LinkLocalSpec struct {
 	Via netip.Prefix `json:"via"`
 	// Address is the fe80::/64 address to add; by default one is derived

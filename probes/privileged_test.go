@@ -200,7 +200,7 @@ func TestPrivilegedMulticastDiscovery(t *testing.T) {
 }
 
 // TestPrivilegedLinkLocalMulticast: b has IPv6 on but no link-local address
-// (SPEC 7c); EnsureLinkLocal adds one and removes it. A multicast echo to
+// (docs/world.md, "These machines"); EnsureLinkLocal adds one and removes it. A multicast echo to
 // ff02::1 from a names b as a responder without the bridge drop and gets
 // silence with it.
 func TestPrivilegedLinkLocalMulticast(t *testing.T) {
@@ -396,7 +396,7 @@ func TestPrivilegedAgent(t *testing.T) {
 }
 
 // TestPrivilegedAgentLinkLocal: the agent in b (IPv6 on, no link-local
-// address, as a container in SPEC 7c) adds its own fe80:: address for the
+// address, as a container in docs/world.md, "These machines") adds its own fe80:: address for the
 // plan, pings ff02::1 across the bridge, and removes the address after.
 func TestPrivilegedAgentLinkLocal(t *testing.T) {
 	w := newBridgeWorld(t)

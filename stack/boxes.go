@@ -17,7 +17,7 @@ import (
 	"github.com/box-isolation/box/stack/incus"
 )
 
-// Stamp keys written at mint (SPEC section 7). A box minted before a key
+// Stamp keys written at mint (docs/box.md, "Stamps"). A box minted before a key
 // existed simply lacks it.
 const (
 	StampPrefix      = "user.box."

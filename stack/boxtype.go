@@ -31,7 +31,7 @@ type TypeDecision struct {
 // box is a virtual machine where the server can run one and a container
 // where it cannot. srv is what GET /1.0 reported; only an empty want reads
 // it. What the server says decides, not /dev/kvm: a host can have /dev/kvm
-// and still no qemu driver (SPEC 7c).
+// and still no qemu driver (docs/world.md, "These machines").
 func DecideType(srv *incus.Server, want string) (TypeDecision, error) {
 	if want != "" {
 		if err := checkType(want); err != nil {

@@ -212,7 +212,7 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 	}
 
 	acl := incus.NetworkACL{Name: g.ACL, Description: "box: boxes reach the internet and nothing private"}
-	// Incus orders every drop before every allow (SPEC 7c), so this allow
+	// Incus orders every drop before every allow (docs/design.md, "The layer map"), so this allow
 	// cannot open a hole in 10/8; DNS and DHCP to the gateway pass through
 	// Incus's own input accepts. It documents intent and covers a gateway
 	// outside the private ranges.

@@ -6,7 +6,7 @@
 // ownership boundary (Boxes). It knows nothing about probes: proving the
 // isolation holds is the drill's job.
 //
-// The layers (SPEC section 3, then the stack's own), each a LayerID that
+// The layers (docs/design.md, "The layer map"), each a LayerID that
 // findings name (the table is Layers; a test holds this list to it):
 //
 //	L-NAT         bridge boxnet, ipv4.nat, a /24 nobody else claims

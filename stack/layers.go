@@ -2,7 +2,7 @@ package stack
 
 // LayerID names one layer of the stack in findings, claims and reports.
 // Every ID is in Layers; the package doc lists the same table and a test
-// holds the two together, and both against SPEC's layer names.
+// holds the two together, and both against docs/design.md, "The layer map".
 type LayerID string
 
 // One constant per layer. These and Layers are the only place an "L-..."
@@ -30,8 +30,8 @@ type Layer struct {
 	What string
 }
 
-// Layers is every layer the stack has, in the order of SPEC section 3 and
-// then the stack's own.
+// Layers is every layer the stack has, in the order of docs/design.md, "The layer map":
+// the layers proper first, then the stack's own.
 var Layers = []Layer{
 	{LayerNAT, "bridge boxnet, ipv4.nat, a /24 nobody else claims"},
 	{LayerDNS, "dns.mode=none, upstream resolvers pinned in dnsmasq"},

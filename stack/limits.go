@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// Limits a box cannot outgrow (SPEC section 3, "Limits"): per box, the
+// Limits a box cannot outgrow (docs/box.md, "Limits"): per box, the
 // processes it may have at once (limits.processes: a fork bomb stops
 // there), a CPU allowance (on a small host the CPU count alone limits
 // nothing: limits.cpu=2 on two cores is the whole host), memory where the

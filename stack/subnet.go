@@ -36,7 +36,7 @@ func usedBy(p netip.Prefix, uses []AddressUse) (AddressUse, bool) {
 	return AddressUse{}, false
 }
 
-// PickSubnet chooses the bridge's subnet (SPEC section 3): a pinned subnet
+// PickSubnet chooses the bridge's subnet (docs/design.md, "The layer map", L-NAT): a pinned subnet
 // is honoured if free and refused if claimed; otherwise 10.88.0.0/24 when
 // free, else the first free /24 from 10.89.0.0/24 to 10.127.0.0/24.
 func PickSubnet(pin netip.Prefix, uses []AddressUse) (SubnetChoice, error) {

@@ -23,7 +23,7 @@ import (
 	"github.com/box-isolation/box/stack/incus"
 )
 
-// Access tiers (SPEC section 7). A granted user talks to Incus through
+// Access tiers (docs/tiers.md). A granted user talks to Incus through
 // incus-user, which maps their uid to the project user-<uid>; box narrows
 // that project to boxnet and only boxnet. The nft bridge drop and the pins
 // are host layers the user cannot touch, so they hold for a granted

@@ -128,7 +128,7 @@ func TestUserDataAgents(t *testing.T) {
 	}
 }
 
-// requireContextClaims checks what SPEC section 7 says the context file must
+// requireContextClaims checks what docs/box.md, "Templates", says the context file must
 // tell the agent. Whitespace is folded so rewrapping the text does not fail it.
 func requireContextClaims(t *testing.T, agent, content string) {
 	t.Helper()

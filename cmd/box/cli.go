@@ -22,7 +22,7 @@ import (
 	"github.com/box-isolation/box/stack/incus"
 )
 
-// Exit codes (SPEC section 7).
+// Exit codes (docs/box.md, "Commands").
 const (
 	exitOK     = 0
 	exitFailed = 1 // it went wrong

@@ -20,8 +20,7 @@ import (
 // reached incusd would fail loudly instead of touching a real host.
 var offline = runner{env: map[string]string{"INCUS_SOCKET": "/nonexistent/box-test.socket"}}
 
-// The verbs so far (SPEC section 7, without export/import, which come
-// later).
+// The verbs (docs/box.md, "Commands").
 var wantVerbs = []string{
 	"new", "templates", "list", "status", "info", "shell", "exec", "tmux", "snapshot", "restore", "rename",
 	"move", "down", "start", "rm", "egress", "expose", "export", "import", "incus", "doctor", "setup-host", "watch-ports", "teardown-host", "grant", "revoke",

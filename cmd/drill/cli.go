@@ -17,7 +17,7 @@ import (
 	"github.com/box-isolation/box/internal/suggest"
 )
 
-// Exit codes (SPEC section 5).
+// Exit codes (docs/claims.md, "Verdicts and exit codes").
 const (
 	exitOK    = 0
 	exitUsage = 2
@@ -272,7 +272,7 @@ func emit(s stdio, asJSON bool, v any, text func(io.Writer)) {
 }
 
 // fail prints an error and returns its exit code: 2, usage or tool error
-// (SPEC section 5 keeps 1 for a violated claim).
+// (docs/claims.md, "Verdicts and exit codes", keeps 1 for a violated claim).
 func fail(s stdio, err error) int {
 	fmt.Fprintf(s.err, "drill: %v\n", err)
 	return exitUsage

@@ -175,7 +175,7 @@ func (s *lanSet) samples() {
 	}
 }
 
-// Private reports whether ip is in a range SPEC section 4 calls private.
+// Private reports whether ip is in a range C-LAN calls private (docs/claims.md).
 func Private(ip netip.Addr) bool {
 	for _, r := range stack.PrivateRanges {
 		if r.Contains(ip) {

@@ -1,5 +1,5 @@
-// Package testenv gates the privileged and system test tiers (SPEC section
-// 8). A test that needs more than the unit tier calls Root or World first;
+// Package testenv gates the privileged and system test tiers (docs/world.md,
+// "The test tiers"). A test that needs more than the unit tier calls Root or World first;
 // without what it needs it is skipped with a message saying how to enable
 // it, except when BOX_REQUIRE_TIERS=1 (set by `make test`), where a missing
 // tier is a failure, so CI can never pass by skipping.

@@ -4,7 +4,7 @@
 // images, image servers (the incus CLI's remotes), instance templates and
 // operations) and nothing box-specific. It does not use
 // github.com/lxc/incus/v6, which is not to be depended on here (see
-// SPEC.md section 2).
+// docs/design.md, "Where things live").
 //
 // # Prerequisites
 //

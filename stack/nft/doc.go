@@ -44,7 +44,7 @@
 // host itself, which are never forwarded; every frame from a port passes
 // prerouting, whichever way it goes next. It is done here rather than with
 // Incus's security.ipv4_filtering: measured upstream, it breaks Docker
-// inside the box, and it was rejected for that (SPEC section 3).
+// inside the box, and it was rejected for that (docs/design.md, "The layer map").
 //
 // # The egress table
 //

@@ -30,7 +30,7 @@ func newWorld(t *testing.T) *world {
 	w := &world{run: run, host: newNS(t, run, "host")}
 	w.cfg = Config{Gateway: netip.MustParseAddr("10.99.0.1"), NetNS: int(w.host.Handle)}
 	// br_netfilter is built in and on in every new namespace on these
-	// machines (SPEC 7c): bridged IPv4 would then also traverse the inet
+	// machines (docs/world.md, "These machines"): bridged IPv4 would then also traverse the inet
 	// hooks. Turn it off inside the host namespace so what stops box-to-box
 	// traffic here is the bridge table and nothing else.
 	for _, k := range []string{"iptables", "ip6tables", "arptables"} {

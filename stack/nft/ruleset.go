@@ -187,7 +187,7 @@ func Desired(cfg Config, caps Capabilities) Ruleset {
 			// A client without a lease asks by broadcast.
 			rule(accept(), iifname(br), ipDaddr(limitedBroadcast), dport("udp", 67)),
 			// Router solicitations reach the host so that silence to one
-			// is evidence (SPEC 4): with IPv6 wrongly on at the bridge, a
+			// is evidence (docs/claims.md, "Evidence rules"): with IPv6 wrongly on at the bridge, a
 			// router answers at once, and the drill's C-V6 probe fails
 			// instead of waiting out unsolicited advertisements (minutes
 			// apart). With L-V6 intact the bridge has IPv6 disabled and the

@@ -153,7 +153,7 @@ func isMultipart(r *http.Request) bool {
 
 // Drivers answers GET /1.0 as a server whose environment.driver is driver:
 // "lxc | qemu" for a host that can run virtual machines, "lxc" for one that
-// cannot (as on the development machines, SPEC 7c).
+// cannot (as on the development machines, docs/world.md, "These machines").
 func (s *Server) Drivers(driver string) {
 	s.Handle("GET /1.0", func(w http.ResponseWriter, r *http.Request) {
 		Sync(w, map[string]any{"api_version": "1.0", "auth": "trusted",
