@@ -17,13 +17,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// plannedLayers are layers SPEC names that the stack does not build yet.
-// When one lands in Layers, take it off this list.
-var plannedLayers = []LayerID{}
-
-// stackOnlyLayers are the stack's layers SPEC's layer list does not name:
-// its claim table calls them "stack" and "tier restrictions".
-var stackOnlyLayers = []LayerID{LayerFleet, LayerTier, LayerStack}
+// plannedLayers are the layers docs/design.md's layer map marks planned:
+// designed, not built yet. When one lands in Layers, mark it built there
+// and take it off this list.
+var plannedLayers = []LayerID{"L-GUARD"}
 
 var layerRE = regexp.MustCompile(`\bL-[A-Z0-9]+\b`)
 
@@ -66,65 +63,43 @@ func TestLayersInPackageDoc(t *testing.T) {
 	assert.Equal(t, Layers, got, "the package doc lists every layer of Layers, in order, with its words")
 }
 
-// TestLayersMatchSpec holds Layers to SPEC's layer names. SPEC lives
-// beside the repository (../shared/SPEC.md), on the project's own machine
-// only: elsewhere the test says so and checks nothing more.
-func TestLayersMatchSpec(t *testing.T) {
-	path := specPath(t)
-	if path == "" {
-		t.Log("SPEC.md not found beside the repository (../shared/SPEC.md): Layers checked against the package doc only")
-		return
-	}
+// TestLayersMatchDesign holds Layers to the layer map of docs/design.md:
+// its built rows are Layers, in the same order, and its planned rows are
+// plannedLayers, none of them in Layers.
+func TestLayersMatchDesign(t *testing.T) {
+	const path = "../docs/design.md"
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
-	spec := map[LayerID]bool{}
-	for _, m := range layerRE.FindAllString(string(raw), -1) {
-		spec[LayerID(m)] = true
+	_, table, ok := strings.Cut(string(raw), "\n## The layer map\n")
+	require.True(t, ok, "%s has a section \"The layer map\"", path)
+	table, _, _ = strings.Cut(table, "\n## ")
+	var built, planned []LayerID
+	for _, line := range strings.Split(table, "\n") {
+		cells := strings.Split(line, "|")
+		if !strings.HasPrefix(line, "| ") || len(cells) < 4 || !layerRE.MatchString(cells[1]) {
+			continue
+		}
+		id := LayerID(strings.TrimSpace(cells[1]))
+		require.Regexp(t, `^L-[A-Z0-9]+$`, string(id), "a layer map row starts with the layer's ID alone")
+		switch state := strings.TrimSpace(cells[2]); state {
+		case "built":
+			built = append(built, id)
+		case "planned":
+			planned = append(planned, id)
+		default:
+			t.Errorf("%s: layer map row %s has state %q: want built or planned", path, id, state)
+		}
 	}
-	require.NotEmpty(t, spec, "%s names layers", path)
-	t.Logf("checking Layers against %s", path)
-	have := map[LayerID]bool{}
+	require.NotEmpty(t, built, "%s's layer map lists the layers", path)
+	var have []LayerID
 	for _, l := range Layers {
-		have[l.ID] = true
-		if slices.Contains(stackOnlyLayers, l.ID) {
-			assert.False(t, spec[l.ID], "SPEC now names %s: take it off stackOnlyLayers", l.ID)
-			continue
-		}
-		assert.True(t, spec[l.ID], "%s is not in SPEC: add it there, or to stackOnlyLayers with why", l.ID)
+		have = append(have, l.ID)
 	}
-	for id := range spec {
-		if slices.Contains(plannedLayers, id) {
-			assert.False(t, have[id], "%s is built now: take it off plannedLayers", id)
-			continue
-		}
-		assert.True(t, have[id], "SPEC names %s: add it to Layers, or to plannedLayers until it is built", id)
-	}
+	assert.Equal(t, have, built, "the built rows of %s's layer map are Layers, in order: add a new layer to both, or mark it planned there and add it to plannedLayers", path)
+	assert.ElementsMatch(t, plannedLayers, planned, "the planned rows of %s's layer map are plannedLayers", path)
 	for _, id := range plannedLayers {
-		assert.True(t, spec[id], "planned layer %s is not in SPEC any more", id)
+		assert.False(t, slices.Contains(have, id), "%s is built now: mark it built in %s and take it off plannedLayers", id, path)
 	}
-}
-
-// specPath finds ../shared/SPEC.md beside the repository's root, or
-// beside the main checkout when this is a git worktree; "" when absent.
-func specPath(t *testing.T) string {
-	t.Helper()
-	root, err := filepath.Abs("..")
-	require.NoError(t, err)
-	roots := []string{root}
-	// A worktree's .git is a file: "gitdir: <main>/.git/worktrees/<name>".
-	if raw, err := os.ReadFile(filepath.Join(root, ".git")); err == nil {
-		gitdir := strings.TrimSpace(strings.TrimPrefix(string(raw), "gitdir:"))
-		if i := strings.Index(gitdir, string(filepath.Separator)+filepath.Join(".git", "worktrees")); i > 0 {
-			roots = append(roots, gitdir[:i])
-		}
-	}
-	for _, r := range roots {
-		p := filepath.Join(filepath.Dir(r), "shared", "SPEC.md")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	return ""
 }
 
 // TestNoLayerLiterals: a layer's ID is spelled once, in layers.go; the
