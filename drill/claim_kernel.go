@@ -15,6 +15,7 @@ import (
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // KernelID is C-KERNEL: a box is a container here, and the host's kernel
@@ -29,7 +30,7 @@ var claimKernel = Claim{
 		ChannelProcSys, ChannelCorePattern, ChannelSysrq, ChannelReleaseAgent, ChannelModules, ChannelGuestAPI,
 		ChannelProcesses, ChannelCPU, ChannelMemory, ChannelDisk},
 	Expect: "root in a box is no host user, and an isolated box's ids are its own; capabilities only over the box's own user namespace; the system call filter on; no host path mounted and no device node beyond a container's default; /proc/sys, core_pattern, sysrq-trigger and every release_agent refused to a writer (opened, never written); no guest API (box's profile turns /dev/incus off); a fork bomb, a CPU spin, a memory hog and a disk fill stop at box-l's own limits",
-	Layers: []stack.LayerID{stack.LayerFleet},
+	Layers: []model.LayerID{model.LayerFleet},
 	Why:    "on a host that cannot run VMs a box is a container: the host's kernel is the boundary, and nothing else proves what a box can do to the host and its siblings besides the network",
 	Modes:  everywhere, Evidence: []Evidence{EvidenceProbes},
 	prepare: prepareKernel,
@@ -58,7 +59,7 @@ func readGuestAPIConfig(ctx context.Context, r *run) {
 		if err != nil {
 			continue // judged inconclusive: no config read
 		}
-		r.guestAPIOff[place] = stack.GuestAPIOff(inst.ExpandedConfig)
+		r.guestAPIOff[place] = model.GuestAPIOff(inst.ExpandedConfig)
 	}
 }
 
@@ -507,7 +508,7 @@ func (kj *kernelJudge) check(a Action) Result {
 			case !off:
 				return verdict(res, Inconclusive, "no guest API in the box ("+o.Reason+") though its config has it on: what it would answer was not seen")
 			}
-			return verdict(res, Pass, "no guest API in the box ("+o.Reason+"; its config: "+stack.GuestAPIKey+"=false): nothing there to tell it anything")
+			return verdict(res, Pass, "no guest API in the box ("+o.Reason+"; its config: "+model.GuestAPIKey+"=false): nothing there to tell it anything")
 		}
 		return verdict(res, Inconclusive, "the check could not run: "+o.Reason)
 	}
@@ -799,7 +800,7 @@ func cmpOr(a, b string) string {
 // box's), its own name, its own NIC's MAC, and nothing of any other.
 func (kj *kernelJudge) judgeGuestAPI(res Result, answers []probes.HTTPAnswer) Result {
 	told := kj.guestAPITold(res.From, answers)
-	return verdict(res, Fail, "the box has a guest API (/dev/incus answered), which box's profile turns off ("+stack.GuestAPIKey+"=false): "+
+	return verdict(res, Fail, "the box has a guest API (/dev/incus answered), which box's profile turns off ("+model.GuestAPIKey+"=false): "+
 		"one box's overlapping requests crash Incus 6.0's incusd (lxc/incus#3618); "+told)
 }
 
