@@ -16,6 +16,7 @@ import (
 	"github.com/box-isolation/box/internal/accounts"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -208,7 +209,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 // ensureWatcher starts a port watcher in this process when none runs; the
 // returned function stops it (and does nothing when one ran already).
 func ensureWatcher(ctx context.Context, h *stack.Host, logf func(string, ...any)) (func(), error) {
-	if _, running, err := h.WatcherRunning(); err != nil {
+	if _, running, err := hostns.WatcherRunning(h.NetNS); err != nil {
 		return nil, err
 	} else if running {
 		return func() {}, nil
@@ -218,7 +219,7 @@ func ensureWatcher(ctx context.Context, h *stack.Host, logf func(string, ...any)
 	go func() { done <- h.WatchPorts(wctx, discard{}) }()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if _, running, _ := h.WatcherRunning(); running {
+		if _, running, _ := hostns.WatcherRunning(h.NetNS); running {
 			logf("tier: no port watcher ran; the drill runs one while it grants and mints box-t")
 			return func() { cancel(); <-done }, nil
 		}

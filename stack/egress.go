@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -154,12 +155,12 @@ var knownResolvers = func() []netip.Addr {
 // service's state what the policies and their boxes are now: only boxes
 // sets, and new policies' sets and rules, change (the resolver's allow
 // elements stay). With no policy there is none of them.
-func (host *Host) applyEgress(ctx context.Context, g *ground, f fleet) ([]string, error) {
+func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]string, error) {
 	plan, err := host.egressPlan(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
-	ncfg := g.nftConfig(model.Current)
+	ncfg := nftConfig(g, model.Current)
 	ncfg.Gateway = plan.state.Gateway
 	if err := host.saveFirewall(func(s *SavedFirewall) {
 		if plan.state.Gateway.Is4() {
@@ -181,12 +182,12 @@ func (host *Host) applyEgress(ctx context.Context, g *ground, f fleet) ([]string
 		if gone {
 			changes = append(changes, "deleted table inet "+ncfg.EgressTable()+" (no egress policy left)")
 		}
-		did, err := g.deleteEgressNet()
+		did, err := g.DeleteEgressNet()
 		changes = append(changes, did...)
 		if err != nil {
 			return changes, err
 		}
-		if err := removeEgressState(g.ino); err != nil {
+		if err := removeEgressState(g.Inode); err != nil {
 			return changes, err
 		}
 		return changes, nil
@@ -195,12 +196,12 @@ func (host *Host) applyEgress(ctx context.Context, g *ground, f fleet) ([]string
 	if err != nil {
 		return nil, fmt.Errorf("applying the egress table: %w", err)
 	}
-	did, err := g.ensureEgressNet()
+	did, err := g.EnsureEgressNet()
 	changes = append(changes, did...)
 	if err != nil {
 		return changes, err
 	}
-	if err := writeEgressState(g.ino, plan.state); err != nil {
+	if err := writeEgressState(g.Inode, plan.state); err != nil {
 		return changes, err
 	}
 	return changes, nil
@@ -209,25 +210,25 @@ func (host *Host) applyEgress(ctx context.Context, g *ground, f fleet) ([]string
 // verifyEgress reports how the egress table, its host objects and the
 // boxes' policies differ from what they should be, and notes when no
 // egress service answers for the allowlisted boxes.
-func (host *Host) verifyEgress(ctx context.Context, g *ground, f fleet) ([]model.Finding, []string, error) {
+func (host *Host) verifyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]model.Finding, []string, error) {
 	out, err := host.verifyEgressLayer(ctx, g, f)
 	if err != nil {
 		return nil, nil, err
 	}
 	var notes []string
-	if present, _ := nft.EgressPresent(g.nftConfig(model.Current)); present && !host.EgressServing() {
+	if present, _ := nft.EgressPresent(nftConfig(g, model.Current)); present && !host.EgressServing() {
 		notes = append(notes, "no egress service answers here: every allowlisted box resolves nothing and opens nothing on ports 80 and 443 (closed, not open); box watch-ports runs it (the boot unit box-ports.service runs that)")
 	}
 	return out, notes, nil
 }
 
-func (host *Host) verifyEgressLayer(ctx context.Context, g *ground, f fleet) ([]model.Finding, error) {
+func (host *Host) verifyEgressLayer(ctx context.Context, g *hostns.NS, f fleet) ([]model.Finding, error) {
 	plan, err := host.egressPlan(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
 	out := plan.findings
-	ncfg := g.nftConfig(model.Current)
+	ncfg := nftConfig(g, model.Current)
 	ncfg.Gateway = plan.state.Gateway
 	if len(plan.policies) == 0 {
 		if present, err := nft.EgressPresent(ncfg); err != nil || !present {
@@ -242,15 +243,15 @@ func (host *Host) verifyEgressLayer(ctx context.Context, g *ground, f fleet) ([]
 	for _, f := range nf {
 		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
 	}
-	probs, err := g.egressNetProblems()
+	probs, err := g.EgressNetProblems()
 	if err != nil {
 		return nil, err
 	}
 	for _, p := range probs {
 		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress routing", Problem: p, Fix: fixEnsure})
 	}
-	if p := egressStateProblem(g.ino, plan.state); p != "" {
-		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress service state " + egressStatePath(g.ino), Problem: p, Fix: fixEnsure})
+	if p := egressStateProblem(g.Inode, plan.state); p != "" {
+		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress service state " + egressStatePath(g.Inode), Problem: p, Fix: fixEnsure})
 	}
 	return out, nil
 }
@@ -326,9 +327,9 @@ func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (
 	if err != nil {
 		return false, err
 	}
-	defer g.close()
+	defer g.Close()
 	ps, _, _ := egressPlanOf(model.Current.Network, policies, f.insts, f.leases)
-	ncfg := g.nftConfig(model.Current)
+	ncfg := nftConfig(g, model.Current)
 	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
 	if err != nil {
 		return false, fmt.Errorf("%s has ipv4.address=%q: run box doctor", model.Current.Network, n.Config["ipv4.address"])
@@ -377,8 +378,8 @@ func (host *Host) Egress(ctx context.Context, box string) (*EgressState, error) 
 	if err != nil {
 		return nil, err
 	}
-	defer g.close()
-	if st.Allowed, err = nft.EgressAllowed(g.nftConfig(model.Current), id); err != nil {
+	defer g.Close()
+	if st.Allowed, err = nft.EgressAllowed(nftConfig(g, model.Current), id); err != nil {
 		return nil, err
 	}
 	return st, nil

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/box-isolation/box/stack/hostns"
 )
 
 // Reasons (layer L-EGRESS): every refusal of the egress service, a name
@@ -60,7 +62,7 @@ func (r EgressRefusal) String() string {
 
 // egressLogPath is the refusal log of the namespace with inode ino.
 func egressLogPath(ino uint64) string {
-	return filepath.Join(watchLockDir, fmt.Sprintf("egress-%d.log", ino))
+	return filepath.Join(hostns.RunDir, fmt.Sprintf("egress-%d.log", ino))
 }
 
 // The refusal log's bounds: rotated to .1 past refusalLogMax bytes;
@@ -171,7 +173,7 @@ func (host *Host) EgressRefusals(ctx context.Context, box string, since time.Tim
 	if err != nil {
 		return nil, err
 	}
-	ino, err := host.nsInode()
+	ino, err := hostns.Inode(host.NetNS)
 	if err != nil {
 		return nil, err
 	}

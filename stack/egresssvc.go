@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -46,7 +47,7 @@ type EgressServiceState struct {
 
 // egressStatePath is the state file of the namespace with inode ino.
 func egressStatePath(ino uint64) string {
-	return filepath.Join(watchLockDir, fmt.Sprintf("egress-%d.json", ino))
+	return filepath.Join(hostns.RunDir, fmt.Sprintf("egress-%d.json", ino))
 }
 
 // writeEgressState replaces the state file in one rename, so the service
@@ -60,10 +61,10 @@ func writeEgressState(ino uint64, st EgressServiceState) error {
 	if old, err := os.ReadFile(path); err == nil && string(old) == string(b) {
 		return nil
 	}
-	if err := os.MkdirAll(watchLockDir, 0o755); err != nil {
+	if err := os.MkdirAll(hostns.RunDir, 0o755); err != nil {
 		return fmt.Errorf("writing the egress state: %w", err)
 	}
-	tmp, err := os.CreateTemp(watchLockDir, ".egress-*.json")
+	tmp, err := os.CreateTemp(hostns.RunDir, ".egress-*.json")
 	if err != nil {
 		return fmt.Errorf("writing the egress state: %w", err)
 	}
@@ -179,10 +180,10 @@ func (host *Host) ServeEgress(ctx context.Context, log io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("egress service: %w", err)
 	}
-	ino := g.ino
-	ncfg := g.nftConfig(model.Current)
+	ino := g.Inode
+	ncfg := nftConfig(g, model.Current)
 	allower, err := nft.NewEgressAllower(ncfg)
-	g.close()
+	g.Close()
 	if err != nil {
 		return fmt.Errorf("egress service: %w", err)
 	}
@@ -206,13 +207,13 @@ func (host *Host) ServeEgress(ctx context.Context, log io.Writer) error {
 // egressLockPath is the lock the egress service of the namespace with
 // inode ino holds while it runs.
 func egressLockPath(ino uint64) string {
-	return filepath.Join(watchLockDir, fmt.Sprintf("egress-%d.lock", ino))
+	return filepath.Join(hostns.RunDir, fmt.Sprintf("egress-%d.lock", ino))
 }
 
 // lockEgress takes the namespace's egress lock, or says another service
 // holds it.
 func lockEgress(ino uint64) (func(), error) {
-	if err := os.MkdirAll(watchLockDir, 0o755); err != nil {
+	if err := os.MkdirAll(hostns.RunDir, 0o755); err != nil {
 		return nil, fmt.Errorf("egress service: %w", err)
 	}
 	path := egressLockPath(ino)
@@ -243,7 +244,7 @@ func lockEgress(ino uint64) (func(), error) {
 // takes the lock shared and at once lets go, so it never waits, and it
 // sends nothing.
 func (host *Host) EgressServing() bool {
-	ino, err := host.nsInode()
+	ino, err := hostns.Inode(host.NetNS)
 	if err != nil {
 		return false
 	}

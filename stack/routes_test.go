@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -38,7 +39,7 @@ func TestIsDefault(t *testing.T) {
 		{cidr("198.18.40.0/24"), false},
 		{cidr("10.0.0.0/8"), false},
 	} {
-		assert.Equal(t, tc.want, isDefault(netlink.Route{Dst: tc.dst}), "%v", tc.dst)
+		assert.Equal(t, tc.want, hostns.IsDefault(netlink.Route{Dst: tc.dst}), "%v", tc.dst)
 	}
 }
 
@@ -92,7 +93,7 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 
 	g, err := w.host.ground()
 	require.NoError(t, err)
-	defer g.close()
+	defer g.Close()
 	changes, err := w.host.ensureRoute(g)
 	require.NoError(t, err)
 	require.NotEmpty(t, changes, "the table was made")
@@ -137,7 +138,7 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 
 	// A prefix routed by the uplink's own interface (a second router on its
 	// segment): dropped by destination, the rule following the route.
-	rt, err := g.routeView("boxnet")
+	rt, err := g.RouteView("boxnet")
 	require.NoError(t, err)
 	assert.Contains(t, rt.Routed, netip.MustParsePrefix("192.0.2.0/24"), "the uplink's own segment is routed elsewhere (the LAN)")
 	assert.Contains(t, rt.Routed, netip.MustParsePrefix("198.18.40.0/24"))
@@ -152,7 +153,7 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	}
 	require.NoError(t, w.h.RouteAdd(routeVia(up, same.String(), "192.0.2.9", 0)))
 	current("a prefix routed by up0")
-	rt, err = g.routeView("boxnet")
+	rt, err = g.RouteView("boxnet")
 	require.NoError(t, err)
 	require.Contains(t, rt.Routed, same)
 	ruleFor := func(p netip.Prefix) bool {
@@ -189,12 +190,12 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	assert.Contains(t, f[0].Problem, "unexpected interfaces lan0")
 
 	// Deleted: Verify says so, the watcher leaves it deleted, Ensure makes it again.
-	ok, err := nft.DeleteRoute(g.nftConfig(model.Current))
+	ok, err := nft.DeleteRoute(nftConfig(g, model.Current))
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, w.h.RouteAdd(routeVia(lan, "0.0.0.0/0", "192.168.30.2", 7)))
 	w.waitLog(t, "table inet box_route is missing")
-	present, err := nft.RoutePresent(g.nftConfig(model.Current))
+	present, err := nft.RoutePresent(nftConfig(g, model.Current))
 	require.NoError(t, err)
 	assert.False(t, present, "the watcher does not make the table")
 	f, _, err = w.host.verifyRoute(g)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/box-isolation/box/internal/syncbuf"
 	"io"
 	"net/netip"
 	"os"
@@ -16,6 +15,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/box-isolation/box/internal/syncbuf"
+	"github.com/box-isolation/box/stack/hostns"
 
 	"github.com/google/nftables"
 	"github.com/stretchr/testify/assert"
@@ -272,7 +274,7 @@ func TestPrivilegedWatchPorts(t *testing.T) {
 	})
 	w.waitLog(t, "vpre: joined boxnet, isolated and in the port set at the full sync (watcher started)")
 
-	pid, running, err := w.host.WatcherRunning()
+	pid, running, err := hostns.WatcherRunning(w.host.NetNS)
 	require.NoError(t, err)
 	assert.True(t, running, "WatcherRunning while it runs")
 	assert.Equal(t, os.Getpid(), pid, "the lock file holds the watcher's PID")
@@ -340,7 +342,7 @@ func TestPrivilegedWatchPorts(t *testing.T) {
 	w.waitLog(t, "(bridge boxnet appeared)")
 
 	require.NoError(t, stop(), "WatchPorts returns nil when its context ends")
-	_, running, err = w.host.WatcherRunning()
+	_, running, err = hostns.WatcherRunning(w.host.NetNS)
 	require.NoError(t, err)
 	assert.False(t, running, "the lock is released when the watcher stops")
 	t.Logf("watcher log:\n%s", w.log.String())
@@ -403,8 +405,8 @@ func TestPrivilegedWatchPortsLeaseFile(t *testing.T) {
 	pid, stopDnsmasq := fakeDnsmasq(t, w.ns, leases)
 	g, err := w.host.ground()
 	require.NoError(t, err)
-	path, found := g.dnsmasqLeaseFile("boxnet")
-	g.close()
+	path, found := g.DnsmasqLeaseFile("boxnet")
+	g.Close()
 	require.Equal(t, pid, found, "the stand-in is found as the dnsmasq serving boxnet in the namespace")
 	require.Equal(t, leases, path, "its lease file is read from --dhcp-leasefile=")
 

@@ -19,6 +19,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/hostns"
 )
 
 // canary is one of the world's canaries as a box names it.
@@ -213,7 +214,7 @@ func TestSystemEgressClosed(t *testing.T) {
 	r, c := worldBox(t)
 	st := testenv.World(t)
 	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS}
-	if _, running, err := h.WatcherRunning(); err != nil || running {
+	if _, running, err := hostns.WatcherRunning(h.NetNS); err != nil || running {
 		t.Fatalf("a port watcher runs in %s (%v): this test runs the egress service itself", st.Names.HostNS, err)
 	}
 	serve := func() func() {

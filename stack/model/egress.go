@@ -51,7 +51,7 @@ func PolicyID(names []string) string {
 	return "p" + hex.EncodeToString(sum[:])[:10]
 }
 
-// policiesOf reads the policies stored on the bridge's config.
+// PoliciesOf reads the policies stored on the bridge's config.
 func PoliciesOf(cfg map[string]string) map[string][]string {
 	out := map[string][]string{}
 	for k, v := range cfg {
