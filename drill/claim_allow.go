@@ -102,7 +102,7 @@ func prepareAllow(ctx context.Context, r *run) error {
 		return nil
 	}
 	r.allow = &allowRun{}
-	if !cfg.Host.EgressServing() {
+	if !stack.EgressServing(cfg.Host.NetNS) {
 		stop, err := serveEgress(ctx, cfg.Host)
 		if err != nil {
 			return fmt.Errorf("allow: %w", err)
@@ -136,9 +136,9 @@ func prepareAllow(ctx context.Context, r *run) error {
 func serveEgress(ctx context.Context, h *stack.Host) (func() error, error) {
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
-	go func() { done <- h.ServeEgress(sctx, io.Discard) }()
+	go func() { done <- stack.ServeEgress(sctx, h.NetNS, io.Discard) }()
 	deadline := time.Now().Add(5 * time.Second)
-	for !h.EgressServing() {
+	for !stack.EgressServing(h.NetNS) {
 		select {
 		case err := <-done:
 			cancel()

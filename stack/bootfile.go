@@ -178,7 +178,7 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 	for _, name := range isolated {
 		rep.Changes = append(rep.Changes, model.Change{Object: "bridge port " + name, Action: "updated", Detail: "isolated on"})
 	}
-	cfg := nftConfig(g, model.Current)
+	cfg := g.NFTConfig(model.Current)
 	cfg.Gateway = saved.Gateway
 	caps, err := nft.Probe(cfg)
 	if err != nil {

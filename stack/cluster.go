@@ -797,7 +797,7 @@ func (host *Host) teardownMembers(ctx context.Context) ([]model.Change, error) {
 			if gen.NFTTable == "" {
 				continue
 			}
-			removed, err := nft.Delete(nftConfig(g, gen))
+			removed, err := nft.Delete(g.NFTConfig(gen))
 			if err != nil {
 				errs = append(errs, fmt.Errorf("removing member %s's nft tables: %w", m, err))
 			}

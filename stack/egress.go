@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
@@ -160,7 +161,7 @@ func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]str
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
-	ncfg := nftConfig(g, model.Current)
+	ncfg := g.NFTConfig(model.Current)
 	ncfg.Gateway = plan.state.Gateway
 	if err := host.saveFirewall(func(s *SavedFirewall) {
 		if plan.state.Gateway.Is4() {
@@ -216,7 +217,7 @@ func (host *Host) verifyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]mo
 		return nil, nil, err
 	}
 	var notes []string
-	if present, _ := nft.EgressPresent(nftConfig(g, model.Current)); present && !host.EgressServing() {
+	if present, _ := nft.EgressPresent(g.NFTConfig(model.Current)); present && !EgressServing(host.NetNS) {
 		notes = append(notes, "no egress service answers here: every allowlisted box resolves nothing and opens nothing on ports 80 and 443 (closed, not open); box watch-ports runs it (the boot unit box-ports.service runs that)")
 	}
 	return out, notes, nil
@@ -228,7 +229,7 @@ func (host *Host) verifyEgressLayer(ctx context.Context, g *hostns.NS, f fleet) 
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
 	out := plan.findings
-	ncfg := nftConfig(g, model.Current)
+	ncfg := g.NFTConfig(model.Current)
 	ncfg.Gateway = plan.state.Gateway
 	if len(plan.policies) == 0 {
 		if present, err := nft.EgressPresent(ncfg); err != nil || !present {
@@ -329,7 +330,7 @@ func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (
 	}
 	defer g.Close()
 	ps, _, _ := egressPlanOf(model.Current.Network, policies, f.insts, f.leases)
-	ncfg := nftConfig(g, model.Current)
+	ncfg := g.NFTConfig(model.Current)
 	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
 	if err != nil {
 		return false, fmt.Errorf("%s has ipv4.address=%q: run box doctor", model.Current.Network, n.Config["ipv4.address"])
@@ -379,7 +380,7 @@ func (host *Host) Egress(ctx context.Context, box string) (*EgressState, error) 
 		return nil, err
 	}
 	defer g.Close()
-	if st.Allowed, err = nft.EgressAllowed(nftConfig(g, model.Current), id); err != nil {
+	if st.Allowed, err = nft.EgressAllowed(g.NFTConfig(model.Current), id); err != nil {
 		return nil, err
 	}
 	return st, nil
@@ -414,4 +415,21 @@ func unusedPolicyKeys(live, want map[string]string) []string {
 		}
 	}
 	return out
+}
+
+// EgressRefusals reads a box's refusals since since (all with a zero
+// since), oldest first.
+func (host *Host) EgressRefusals(ctx context.Context, box string, since time.Time) ([]EgressRefusal, error) {
+	inst, _, err := host.resolve(ctx, box)
+	if err != nil {
+		return nil, err
+	}
+	ino, err := hostns.Inode(host.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	project := inst.Project
+	return readRefusals(egressLogPath(ino), func(r EgressRefusal) bool {
+		return r.Box == box && (project == "" || r.Project == "" || r.Project == project) && !r.At.Before(since)
+	})
 }

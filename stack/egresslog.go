@@ -2,7 +2,6 @@ package stack
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -164,21 +163,4 @@ func readRefusals(path string, keep func(EgressRefusal) bool) ([]EgressRefusal, 
 		f.Close()
 	}
 	return out, nil
-}
-
-// EgressRefusals reads a box's refusals since since (all with a zero
-// since), oldest first.
-func (host *Host) EgressRefusals(ctx context.Context, box string, since time.Time) ([]EgressRefusal, error) {
-	inst, _, err := host.resolve(ctx, box)
-	if err != nil {
-		return nil, err
-	}
-	ino, err := hostns.Inode(host.NetNS)
-	if err != nil {
-		return nil, err
-	}
-	project := inst.Project
-	return readRefusals(egressLogPath(ino), func(r EgressRefusal) bool {
-		return r.Box == box && (project == "" || r.Project == "" || r.Project == project) && !r.At.Before(since)
-	})
 }

@@ -175,20 +175,20 @@ var ErrEgressServing = errors.New("another egress service (box watch-ports) serv
 // ServeEgress runs box's egress resolver and proxy in the host's
 // namespace until ctx ends, logging what it does (every refusal among
 // it) to log. One runs per namespace: the sockets are its lock.
-func (host *Host) ServeEgress(ctx context.Context, log io.Writer) error {
-	g, err := host.ground()
+func ServeEgress(ctx context.Context, netns string, log io.Writer) error {
+	g, err := hostns.Open(netns)
 	if err != nil {
 		return fmt.Errorf("egress service: %w", err)
 	}
 	ino := g.Inode
-	ncfg := nftConfig(g, model.Current)
+	ncfg := g.NFTConfig(model.Current)
 	allower, err := nft.NewEgressAllower(ncfg)
 	g.Close()
 	if err != nil {
 		return fmt.Errorf("egress service: %w", err)
 	}
 	defer allower.Close()
-	s := newEgressService(host.NetNS, &egressStateFile{path: egressStatePath(ino)}, allower, newRefusalLog(egressLogPath(ino), log))
+	s := newEgressService(netns, &egressStateFile{path: egressStatePath(ino)}, allower, newRefusalLog(egressLogPath(ino), log))
 	if err := s.listen(); err != nil {
 		return err
 	}
@@ -243,8 +243,8 @@ func lockEgress(ino uint64) (func(), error) {
 // namespace (it holds the namespace's egress lock while it does). It
 // takes the lock shared and at once lets go, so it never waits, and it
 // sends nothing.
-func (host *Host) EgressServing() bool {
-	ino, err := hostns.Inode(host.NetNS)
+func EgressServing(netns string) bool {
+	ino, err := hostns.Inode(netns)
 	if err != nil {
 		return false
 	}
@@ -261,10 +261,10 @@ func logf(w io.Writer, format string, args ...any) { fmt.Fprintf(w, format+"\n",
 // serveEgressLoop keeps an egress service running beside the watcher: when
 // another holds the sockets (the drill's, say) it tries again every few
 // seconds, and takes over when that one stops.
-func (host *Host) serveEgressLoop(ctx context.Context, logfn func(string, ...any)) {
+func serveEgressLoop(ctx context.Context, netns string, logfn func(string, ...any)) {
 	said := ""
 	for ctx.Err() == nil {
-		err := host.ServeEgress(ctx, writerFunc(func(b []byte) { logfn("%s", trimNL(b)) }))
+		err := ServeEgress(ctx, netns, writerFunc(func(b []byte) { logfn("%s", trimNL(b)) }))
 		if ctx.Err() != nil {
 			return
 		}

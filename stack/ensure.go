@@ -539,7 +539,7 @@ func (host *Host) ensureFirewall(ctx context.Context, g *hostns.NS, gw netip.Add
 	for _, name := range isolated {
 		res.changes = append(res.changes, model.Change{Object: "bridge port " + name, Action: "updated", Detail: "isolated on"})
 	}
-	ncfg := nftConfig(g, model.Current)
+	ncfg := g.NFTConfig(model.Current)
 	ncfg.Gateway = gw
 	caps, err := nft.Probe(ncfg)
 	if err != nil {
@@ -669,7 +669,7 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.De
 		rep.Notes = append(rep.Notes, fw.note)
 	}
 	if fw.createdTables {
-		undos.push("delete nft tables", func(context.Context) error { _, err := nft.Delete(nftConfig(g, gen)); return err })
+		undos.push("delete nft tables", func(context.Context) error { _, err := nft.Delete(g.NFTConfig(gen)); return err })
 	}
 	if err != nil {
 		return err

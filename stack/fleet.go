@@ -116,7 +116,7 @@ func censusOf(g *hostns.NS, insts []incus.Instance, member string) (*Census, err
 	if err != nil {
 		return nil, err
 	}
-	members, setOK, err := nft.PortSetMembers(nftConfig(g, model.Current))
+	members, setOK, err := nft.PortSetMembers(g.NFTConfig(model.Current))
 	if err != nil {
 		return nil, fmt.Errorf("reading the bridge drop's port set: %w", err)
 	}

@@ -206,7 +206,7 @@ func (h *healer) hear(what string) {
 // transaction's changes with its closing NEWGEN message (who made it).
 func (h *healer) subscribe() (*nftables.Monitor, chan *nftables.MonitorEvents, error) {
 	var opts []nftables.ConnOption
-	if fd := nftConfig(h.g, model.Current).NetNS; fd > 0 {
+	if fd := h.g.NFTConfig(model.Current).NetNS; fd > 0 {
 		opts = append(opts, nftables.WithNetNSFd(fd))
 	}
 	c, err := nftables.New(opts...)
@@ -224,7 +224,7 @@ func (h *healer) subscribe() (*nftables.Monitor, chan *nftables.MonitorEvents, e
 // watched says whether a table is one the healer keeps: box's (the host
 // firewall, the bridge drop, the pins, the egress sets) and Incus's.
 func (h *healer) watched(fam nftables.TableFamily, name string) bool {
-	cfg := nftConfig(h.g, model.Current)
+	cfg := h.g.NFTConfig(model.Current)
 	switch fam {
 	case nftables.TableFamilyINet:
 		return name == cfg.Table || name == cfg.EgressTable() || name == cfg.RouteTable() || name == nft.IncusTable
@@ -371,7 +371,7 @@ func (h *healer) check(ctx context.Context) error {
 		return idle(fmt.Sprintf("no bridge %s with an IPv4 address here: the stack is not set up (box setup-host sets it up)", model.Current.Network))
 	}
 	h.quiet = ""
-	cfg := nftConfig(h.g, model.Current)
+	cfg := h.g.NFTConfig(model.Current)
 	cfg.Gateway = gw
 	if !h.probed {
 		if h.caps, err = nft.Probe(cfg); err != nil {
@@ -497,7 +497,7 @@ func (h *healer) incusStep(ctx context.Context, g *hostns.NS, job incusJob) erro
 		d = h.desired
 		h.mu.Unlock()
 	}
-	cfg := nftConfig(g, model.Current)
+	cfg := g.NFTConfig(model.Current)
 	chains, present, err := nft.IncusChains(cfg)
 	if err != nil {
 		return err

@@ -96,11 +96,6 @@ func (host *Host) ground() (*hostns.NS, error) {
 	return hostns.Open(host.NetNS)
 }
 
-// nftConfig addresses one generation's tables in the host's namespace.
-func nftConfig(g *hostns.NS, gen model.Generation) nft.Config {
-	return nft.Config{Table: gen.NFTTable, Bridge: gen.Network, NetNS: int(g.Handle)}
-}
-
 // forwardBlockers turns another firewall's forward drop policy into
 // findings: it drops the boxes' egress, and box does not rewrite rules it
 // does not own, so each says what the operator can run.

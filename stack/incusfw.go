@@ -92,7 +92,7 @@ func (host *Host) verifyIncusChains(ctx context.Context, g *hostns.NS, d model.D
 		v.Notes = append(v.Notes, fmt.Sprintf("Incus's firewall driver is %q, not nftables: its ACL and NAT rules are not read from the kernel here (Verify reads inet %s only)", fw, nft.IncusTable))
 		return nil
 	}
-	chains, present, err := nft.IncusChains(nftConfig(g, model.Current))
+	chains, present, err := nft.IncusChains(g.NFTConfig(model.Current))
 	if err != nil {
 		return fmt.Errorf("reading Incus's firewall: %w", err)
 	}
@@ -161,7 +161,7 @@ func (host *Host) ensureIncusFirewall(ctx context.Context, g *hostns.NS, d model
 	if ok, _, err := host.incusNft(ctx); err != nil || !ok {
 		return err
 	}
-	cfg := nftConfig(g, model.Current)
+	cfg := g.NFTConfig(model.Current)
 	chains, present, err := nft.IncusChains(cfg)
 	if err != nil {
 		return fmt.Errorf("reading Incus's firewall: %w", err)

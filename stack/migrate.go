@@ -170,7 +170,7 @@ func (host *Host) retireLegacy(ctx context.Context) ([]model.Change, error) {
 		return changes, err
 	}
 	defer g.Close()
-	removed, err := nft.Delete(nftConfig(g, model.Legacy))
+	removed, err := nft.Delete(g.NFTConfig(model.Legacy))
 	for _, r := range removed {
 		changes = append(changes, model.Change{Object: "nft " + r, Action: "removed"})
 	}

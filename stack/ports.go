@@ -107,7 +107,7 @@ func (host *Host) syncPorts(ctx context.Context) (portsRefresh, error) {
 	if err != nil {
 		return r, err
 	}
-	ncfg := nftConfig(g, model.Current)
+	ncfg := g.NFTConfig(model.Current)
 	_, bridge, err := nft.Present(ncfg)
 	if err != nil || !bridge {
 		return r, err // no bridge table: nothing to refresh (doctor reports it)
@@ -135,7 +135,7 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 		return err
 	}
 	defer g.Close()
-	ncfg := nftConfig(g, model.Current)
+	ncfg := g.NFTConfig(model.Current)
 	present, err := nft.PinsPresent(ncfg)
 	if err != nil {
 		return err

@@ -29,7 +29,7 @@ func (host *Host) ensureRoute(g *hostns.NS) ([]model.Change, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the routes for %s: %w", model.LayerRoute, err)
 	}
-	applied, err := nft.ApplyRoute(nftConfig(g, model.Current), rt)
+	applied, err := nft.ApplyRoute(g.NFTConfig(model.Current), rt)
 	if err != nil {
 		return nil, fmt.Errorf("applying the route table: %w", err)
 	}
@@ -48,7 +48,7 @@ func (host *Host) verifyRoute(g *hostns.NS) (findings []model.Finding, notes []s
 		return nil, nil, fmt.Errorf("reading the routes for %s: %w", model.LayerRoute, err)
 	}
 	up := rt.Uplinks
-	rf, err := nft.VerifyRoute(nftConfig(g, model.Current), rt)
+	rf, err := nft.VerifyRoute(g.NFTConfig(model.Current), rt)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the route table: %w", err)
 	}
@@ -91,7 +91,7 @@ func (host *Host) watchRoutes(ctx context.Context, logf func(string, ...any)) {
 		return
 	}
 	defer g.Close()
-	ncfg := nftConfig(g, model.Current)
+	ncfg := g.NFTConfig(model.Current)
 	// Route events, and link and address events: IPv4 routes a link
 	// takes down with it, or an address takes with it, go without a route
 	// event of their own (measured: TestPrivilegedRouteUplinks).

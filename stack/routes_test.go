@@ -190,12 +190,12 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	assert.Contains(t, f[0].Problem, "unexpected interfaces lan0")
 
 	// Deleted: Verify says so, the watcher leaves it deleted, Ensure makes it again.
-	ok, err := nft.DeleteRoute(nftConfig(g, model.Current))
+	ok, err := nft.DeleteRoute(g.NFTConfig(model.Current))
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, w.h.RouteAdd(routeVia(lan, "0.0.0.0/0", "192.168.30.2", 7)))
 	w.waitLog(t, "table inet box_route is missing")
-	present, err := nft.RoutePresent(nftConfig(g, model.Current))
+	present, err := nft.RoutePresent(g.NFTConfig(model.Current))
 	require.NoError(t, err)
 	assert.False(t, present, "the watcher does not make the table")
 	f, _, err = w.host.verifyRoute(g)

@@ -61,7 +61,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 			errs = append(errs, err)
 		}
 		if gen.NFTTable != "" {
-			removed, err := nft.Delete(nftConfig(g, gen))
+			removed, err := nft.Delete(g.NFTConfig(gen))
 			if err != nil {
 				errs = append(errs, fmt.Errorf("removing nft tables: %w", err))
 			}

@@ -242,7 +242,7 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 	// A root disk's size holds only while the pool's kernel counts.
 	host.accountingFinding(ctx, v)
 
-	ncfg := nftConfig(g, gen)
+	ncfg := g.NFTConfig(gen)
 	ncfg.Gateway = p.Addr()
 	caps, err := nft.Probe(ncfg)
 	if err != nil {
@@ -315,7 +315,7 @@ func (host *Host) verifyLegacy(ctx context.Context, g *hostns.NS, v *Verificatio
 func (host *Host) legacyObjects(ctx context.Context, g *hostns.NS) ([]string, error) {
 	c := host.Incus
 	var out []string
-	inet, bridge, err := nft.Present(nftConfig(g, model.Legacy))
+	inet, bridge, err := nft.Present(g.NFTConfig(model.Legacy))
 	if err != nil {
 		return nil, fmt.Errorf("reading the legacy nft tables: %w", err)
 	}

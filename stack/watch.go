@@ -135,7 +135,7 @@ func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions)
 	// The allowlisted boxes' resolver and proxy live here too.
 	go func() {
 		defer wg.Done()
-		host.serveEgressLoop(ctx, w.logf)
+		serveEgressLoop(ctx, host.NetNS, w.logf)
 	}()
 	defer wg.Wait()
 	defer cancel()

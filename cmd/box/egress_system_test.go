@@ -220,9 +220,9 @@ func TestSystemEgressClosed(t *testing.T) {
 	serve := func() func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- h.ServeEgress(ctx, io.Discard) }()
+		go func() { done <- stack.ServeEgress(ctx, h.NetNS, io.Discard) }()
 		deadline := time.Now().Add(5 * time.Second)
-		for !h.EgressServing() {
+		for !stack.EgressServing(h.NetNS) {
 			require.True(t, time.Now().Before(deadline), "the egress service did not answer within 5 s")
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -239,7 +239,7 @@ func TestSystemEgressClosed(t *testing.T) {
 	stop := serve()
 	require.True(t, reaches(t, r, w, first), "with the service: the allowed canary")
 	stop()
-	require.False(t, h.EgressServing())
+	require.False(t, stack.EgressServing(h.NetNS))
 
 	res = r.run(t, "exec", w, "--", "sh", "-c", "nslookup canary.example.net 10.88.0.1")
 	assert.NotEqual(t, exitOK, res.code, "no service: the box resolves nothing: %s", res.out)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/stack/model"
+	"github.com/box-isolation/box/stack/nft"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -211,4 +212,9 @@ func (g *NS) DisableIPv6(bridge string) error {
 	return nsrun.Do(g.Name, func() error {
 		return os.WriteFile("/proc/sys/net/ipv6/conf/"+bridge+"/disable_ipv6", []byte("1"), 0o644)
 	})
+}
+
+// NFTConfig addresses one generation's tables in the host's namespace.
+func (g *NS) NFTConfig(gen model.Generation) nft.Config {
+	return nft.Config{Table: gen.NFTTable, Bridge: gen.Network, NetNS: int(g.Handle)}
 }
