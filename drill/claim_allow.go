@@ -16,6 +16,7 @@ import (
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/egress"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -102,7 +103,7 @@ func prepareAllow(ctx context.Context, r *run) error {
 		return nil
 	}
 	r.allow = &allowRun{}
-	if !stack.EgressServing(cfg.Host.NetNS) {
+	if !egress.Serving(cfg.Host.NetNS) {
 		stop, err := serveEgress(ctx, cfg.Host)
 		if err != nil {
 			return fmt.Errorf("allow: %w", err)
@@ -136,9 +137,9 @@ func prepareAllow(ctx context.Context, r *run) error {
 func serveEgress(ctx context.Context, h *stack.Host) (func() error, error) {
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
-	go func() { done <- stack.ServeEgress(sctx, h.NetNS, io.Discard) }()
+	go func() { done <- egress.Serve(sctx, h.NetNS, io.Discard) }()
 	deadline := time.Now().Add(5 * time.Second)
-	for !stack.EgressServing(h.NetNS) {
+	for !egress.Serving(h.NetNS) {
 		select {
 		case err := <-done:
 			cancel()

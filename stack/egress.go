@@ -10,26 +10,19 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/stack/egress"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
-// EgressBox is an allowlisted box as the egress service knows it, by its
-// address.
-type EgressBox struct {
-	Name    string `json:"name"`
-	Project string `json:"project,omitempty"`
-	Policy  string `json:"policy"`
-}
-
 // egressPlanOf puts each box under a policy into that policy's boxes set,
 // by its NIC's stored address and the addresses leased to its MAC on the
 // bridge. Every stored
 // policy is in the plan, with or without boxes; a box naming a policy the
 // bridge does not store is a finding (its traffic is not allowlisted).
-func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Instance, leases []incus.NetworkLease) ([]nft.EgressPolicy, map[netip.Addr]EgressBox, []model.Finding) {
+func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Instance, leases []incus.NetworkLease) ([]nft.EgressPolicy, map[netip.Addr]egress.Box, []model.Finding) {
 	byMAC := map[string][]netip.Addr{}
 	for _, l := range leases {
 		a, err := netip.ParseAddr(l.Address)
@@ -40,7 +33,7 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 		byMAC[mac.String()] = append(byMAC[mac.String()], a)
 	}
 	boxes := map[string][]netip.Addr{}
-	who := map[netip.Addr]EgressBox{}
+	who := map[netip.Addr]egress.Box{}
 	var findings []model.Finding
 	for i := range insts {
 		id := insts[i].Config[model.KeyEgress]
@@ -65,7 +58,7 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 			}
 			for _, a := range addrs {
 				boxes[id] = append(boxes[id], a)
-				who[a] = EgressBox{Name: insts[i].Name, Project: insts[i].Project, Policy: id}
+				who[a] = egress.Box{Name: insts[i].Name, Project: insts[i].Project, Policy: id}
 			}
 		}
 	}
@@ -80,7 +73,7 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 // service's state must be now.
 type egressPlan struct {
 	policies []nft.EgressPolicy
-	state    EgressServiceState
+	state    egress.State
 	findings []model.Finding
 }
 
@@ -92,7 +85,7 @@ func (host *Host) egressPlan(ctx context.Context, f fleet) (egressPlan, error) {
 	}
 	names := model.PoliciesOf(n.Config)
 	ps, who, fs := egressPlanOf(model.Current.Network, names, f.insts, f.leases)
-	st := EgressServiceState{Bridge: model.Current.Network, Table: nft.Config{Table: model.Current.NFTTable}.EgressTable(),
+	st := egress.State{Bridge: model.Current.Network, Table: nft.Config{Table: model.Current.NFTTable}.EgressTable(),
 		Upstream: dnsmasqServers(n.Config["raw.dnsmasq"]), Policies: names, Boxes: who}
 	if p, err := netip.ParsePrefix(n.Config["ipv4.address"]); err == nil {
 		st.Gateway, st.Subnet = p.Addr(), p.Masked()
@@ -116,42 +109,6 @@ func dnsmasqServers(raw string) []netip.Addr {
 	return out
 }
 
-// egressResolvers are what no allowlisted box reaches straight, on any
-// port: the bridge's own upstream and the well-known public resolvers
-// that answer DNS over HTTPS or TLS (a resolver there would answer any
-// name, and over TLS its questions cannot be read).
-func egressResolvers(upstream []netip.Addr) []netip.Addr {
-	out := slices.Clone(upstream)
-	for _, a := range knownResolvers {
-		if !slices.Contains(out, a) {
-			out = append(out, a)
-		}
-	}
-	return out
-}
-
-// knownResolvers are the public DNS-over-HTTPS and -TLS services' IPv4
-// addresses (Cloudflare, Google, Quad9, OpenDNS, AdGuard, CleanBrowsing,
-// NextDNS, Control D, DNS.SB, Mullvad).
-var knownResolvers = func() []netip.Addr {
-	var out []netip.Addr
-	for _, s := range []string{
-		"1.1.1.1", "1.0.0.1", "1.1.1.2", "1.0.0.2", "1.1.1.3", "1.0.0.3",
-		"8.8.8.8", "8.8.4.4",
-		"9.9.9.9", "149.112.112.112", "9.9.9.10", "149.112.112.10", "9.9.9.11", "149.112.112.11",
-		"208.67.222.222", "208.67.220.220", "208.67.222.123", "208.67.220.123",
-		"94.140.14.14", "94.140.15.15", "94.140.14.140", "94.140.14.141",
-		"185.228.168.9", "185.228.169.9", "185.228.168.168", "185.228.169.168",
-		"45.90.28.0", "45.90.30.0",
-		"76.76.2.0", "76.76.10.0",
-		"185.222.222.222", "45.11.45.11",
-		"194.242.2.2",
-	} {
-		out = append(out, netip.MustParseAddr(s))
-	}
-	return out
-}()
-
 // applyEgress makes the egress table, its host objects and the egress
 // service's state what the policies and their boxes are now: only boxes
 // sets, and new policies' sets and rules, change (the resolver's allow
@@ -169,7 +126,7 @@ func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]str
 		}
 		s.Egress = nil
 		if len(plan.policies) > 0 {
-			s.Egress = &nft.Egress{Policies: plan.policies, Resolvers: egressResolvers(plan.state.Upstream)}
+			s.Egress = &nft.Egress{Policies: plan.policies, Resolvers: egress.Resolvers(plan.state.Upstream)}
 		}
 	}); err != nil {
 		return nil, err
@@ -188,12 +145,12 @@ func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]str
 		if err != nil {
 			return changes, err
 		}
-		if err := removeEgressState(g.Inode); err != nil {
+		if err := egress.RemoveState(g.Inode); err != nil {
 			return changes, err
 		}
 		return changes, nil
 	}
-	changes, err := nft.ApplyEgress(ncfg, nft.Egress{Policies: plan.policies, Resolvers: egressResolvers(plan.state.Upstream)})
+	changes, err := nft.ApplyEgress(ncfg, nft.Egress{Policies: plan.policies, Resolvers: egress.Resolvers(plan.state.Upstream)})
 	if err != nil {
 		return nil, fmt.Errorf("applying the egress table: %w", err)
 	}
@@ -202,7 +159,7 @@ func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]str
 	if err != nil {
 		return changes, err
 	}
-	if err := writeEgressState(g.Inode, plan.state); err != nil {
+	if err := egress.WriteState(g.Inode, plan.state); err != nil {
 		return changes, err
 	}
 	return changes, nil
@@ -217,7 +174,7 @@ func (host *Host) verifyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]mo
 		return nil, nil, err
 	}
 	var notes []string
-	if present, _ := nft.EgressPresent(g.NFTConfig(model.Current)); present && !EgressServing(host.NetNS) {
+	if present, _ := nft.EgressPresent(g.NFTConfig(model.Current)); present && !egress.Serving(host.NetNS) {
 		notes = append(notes, "no egress service answers here: every allowlisted box resolves nothing and opens nothing on ports 80 and 443 (closed, not open); box watch-ports runs it (the boot unit box-ports.service runs that)")
 	}
 	return out, notes, nil
@@ -237,7 +194,7 @@ func (host *Host) verifyEgressLayer(ctx context.Context, g *hostns.NS, f fleet) 
 		}
 		return append(out, model.Finding{Layer: model.LayerEgress, Object: "nft table inet " + ncfg.EgressTable(), Problem: "present with no egress policy", Fix: fixEnsure}), nil
 	}
-	nf, err := nft.VerifyEgress(ncfg, nft.Egress{Policies: plan.policies, Resolvers: egressResolvers(plan.state.Upstream)})
+	nf, err := nft.VerifyEgress(ncfg, nft.Egress{Policies: plan.policies, Resolvers: egress.Resolvers(plan.state.Upstream)})
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress table: %w", err)
 	}
@@ -251,8 +208,8 @@ func (host *Host) verifyEgressLayer(ctx context.Context, g *hostns.NS, f fleet) 
 	for _, p := range probs {
 		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress routing", Problem: p, Fix: fixEnsure})
 	}
-	if p := egressStateProblem(g.Inode, plan.state); p != "" {
-		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress service state " + egressStatePath(g.Inode), Problem: p, Fix: fixEnsure})
+	if p := egress.StateProblem(g.Inode, plan.state); p != "" {
+		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress service state " + egress.StatePath(g.Inode), Problem: p, Fix: fixEnsure})
 	}
 	return out, nil
 }
@@ -336,7 +293,7 @@ func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (
 		return false, fmt.Errorf("%s has ipv4.address=%q: run box doctor", model.Current.Network, n.Config["ipv4.address"])
 	}
 	ncfg.Gateway = p.Addr()
-	if _, err := nft.ApplyEgress(ncfg, nft.Egress{Policies: ps, Resolvers: egressResolvers(dnsmasqServers(n.Config["raw.dnsmasq"]))}); err != nil {
+	if _, err := nft.ApplyEgress(ncfg, nft.Egress{Policies: ps, Resolvers: egress.Resolvers(dnsmasqServers(n.Config["raw.dnsmasq"]))}); err != nil {
 		return false, fmt.Errorf("adding the policy's sets: %w", err)
 	}
 	cfg := maps.Clone(n.Config)
@@ -419,7 +376,7 @@ func unusedPolicyKeys(live, want map[string]string) []string {
 
 // EgressRefusals reads a box's refusals since since (all with a zero
 // since), oldest first.
-func (host *Host) EgressRefusals(ctx context.Context, box string, since time.Time) ([]EgressRefusal, error) {
+func (host *Host) EgressRefusals(ctx context.Context, box string, since time.Time) ([]egress.Refusal, error) {
 	inst, _, err := host.resolve(ctx, box)
 	if err != nil {
 		return nil, err
@@ -429,7 +386,7 @@ func (host *Host) EgressRefusals(ctx context.Context, box string, since time.Tim
 		return nil, err
 	}
 	project := inst.Project
-	return readRefusals(egressLogPath(ino), func(r EgressRefusal) bool {
+	return egress.ReadRefusals(egress.LogPath(ino), func(r egress.Refusal) bool {
 		return r.Box == box && (project == "" || r.Project == "" || r.Project == project) && !r.At.Before(since)
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/box-isolation/box/stack/egress"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -78,7 +79,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 	if err != nil {
 		errs = append(errs, err)
 	}
-	if err := removeEgressState(g.Inode); err != nil {
+	if err := egress.RemoveState(g.Inode); err != nil {
 		errs = append(errs, err)
 	}
 	removed, err := host.teardownMembers(ctx)

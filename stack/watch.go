@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/internal/sdnotify"
+	"github.com/box-isolation/box/stack/egress"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -135,7 +136,7 @@ func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions)
 	// The allowlisted boxes' resolver and proxy live here too.
 	go func() {
 		defer wg.Done()
-		serveEgressLoop(ctx, host.NetNS, w.logf)
+		egress.Run(ctx, host.NetNS, w.logf)
 	}()
 	defer wg.Wait()
 	defer cancel()
