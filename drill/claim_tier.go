@@ -216,7 +216,7 @@ func ensureWatcher(ctx context.Context, h *stack.Host, logf func(string, ...any)
 	}
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
-	go func() { done <- h.WatchPorts(wctx, discard{}) }()
+	go func() { done <- stack.WatchPorts(wctx, h, discard{}) }()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if _, running, _ := hostns.WatcherRunning(h.NetNS); running {

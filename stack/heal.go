@@ -51,10 +51,10 @@ const (
 // watch-ports` (the boot unit) runs. WatchPorts alone is for a watcher that
 // must leave the tables as they are, such as the drill's while its
 // mutations hold a layer out on purpose.
-func (host *Host) WatchAndHeal(ctx context.Context, log io.Writer) error {
+func WatchAndHeal(ctx context.Context, host *Host, log io.Writer) error {
 	o := defaultWatchOptions()
 	o.heal = true
-	return host.watchPorts(ctx, log, o)
+	return watchPorts(ctx, host, log, o)
 }
 
 type healer struct {
@@ -93,7 +93,7 @@ type incusJob struct {
 
 // healLoop runs the healer until ctx ends. Failures are logged and
 // retried; it never ends the watcher.
-func (host *Host) healLoop(ctx context.Context, logf func(string, ...any)) {
+func healLoop(ctx context.Context, host *Host, logf func(string, ...any)) {
 	g, err := host.ground()
 	if err != nil {
 		logf("heal: not healing: %v", err)

@@ -44,7 +44,7 @@ func TestSystemHealAfterFlush(t *testing.T) {
 	start := func() func() {
 		wctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func(log *syncbuf.Buffer) { done <- h.WatchAndHeal(wctx, log) }(log)
+		go func(log *syncbuf.Buffer) { done <- stack.WatchAndHeal(wctx, h, log) }(log)
 		require.Eventually(t, func() bool { _, r, err := hostns.WatcherRunning(h.NetNS); return err == nil && r }, 10*time.Second, 10*time.Millisecond)
 		stopped := false
 		return func() {

@@ -84,7 +84,7 @@ const (
 // someone removed is Verify's to report. Between a new default route and
 // the update, a box's new connections by it are dropped: the set errs
 // closed.
-func (host *Host) watchRoutes(ctx context.Context, logf func(string, ...any)) {
+func watchRoutes(ctx context.Context, host *Host, logf func(string, ...any)) {
 	g, err := host.ground()
 	if err != nil {
 		logf("%s: watching routes: %v", model.LayerRoute, err)

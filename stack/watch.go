@@ -91,11 +91,11 @@ func notifyReady(logf func(string, ...any)) func() {
 //
 // One watcher runs per network namespace: a second one is refused while the
 // first holds /run/box/watch-ports-<namespace inode>.lock.
-func (host *Host) WatchPorts(ctx context.Context, log io.Writer) error {
-	return host.watchPorts(ctx, log, defaultWatchOptions())
+func WatchPorts(ctx context.Context, host *Host, log io.Writer) error {
+	return watchPorts(ctx, host, log, defaultWatchOptions())
 }
 
-func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions) error {
+func watchPorts(ctx context.Context, host *Host, log io.Writer, o watchOptions) error {
 	g, err := host.ground()
 	if err != nil {
 		return fmt.Errorf("watching ports: %w", err)
@@ -125,13 +125,13 @@ func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions)
 	go func() {
 		defer wg.Done()
 		if o.heal {
-			host.healLoop(ctx, w.logf)
+			healLoop(ctx, host, w.logf)
 		}
 	}()
 	// L-ROUTE's uplink set follows the route events (routes.go).
 	go func() {
 		defer wg.Done()
-		host.watchRoutes(ctx, w.logf)
+		watchRoutes(ctx, host, w.logf)
 	}()
 	// The allowlisted boxes' resolver and proxy live here too.
 	go func() {

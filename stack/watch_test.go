@@ -167,7 +167,7 @@ func (w *watchWorld) watch(t testing.TB, o watchOptions) (stop func() error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	var err error
-	go func() { err = w.host.watchPorts(ctx, w.log, o); close(done) }()
+	go func() { err = watchPorts(ctx, w.host, w.log, o); close(done) }()
 	stop = func() error {
 		cancel()
 		select {
@@ -278,7 +278,7 @@ func TestPrivilegedWatchPorts(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, running, "WatcherRunning while it runs")
 	assert.Equal(t, os.Getpid(), pid, "the lock file holds the watcher's PID")
-	err = w.host.WatchPorts(context.Background(), io.Discard)
+	err = WatchPorts(context.Background(), w.host, io.Discard)
 	require.Error(t, err, "a second watcher in the same namespace")
 	assert.Contains(t, err.Error(), fmt.Sprintf("a port watcher (pid %d) already watches network namespace %s", os.Getpid(), w.ns.Name))
 
