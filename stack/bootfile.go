@@ -214,7 +214,7 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 	for _, a := range applied {
 		rep.Changes = append(rep.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
-	routed, err := host.ensureRoute(g)
+	routed, err := ensureRoute(g)
 	rep.Changes = append(rep.Changes, routed...)
 	if err != nil {
 		return rep, err

@@ -514,10 +514,10 @@ type firewallResult struct {
 	createdTables bool
 }
 
-// ensureFirewall isolates every port of the bridge, whatever attached it,
+// applyFirewall isolates every port of the bridge, whatever attached it,
 // and converges the two nft tables. It touches no Incus object, so it is
 // what runs at boot.
-func (host *Host) ensureFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr) (firewallResult, error) {
+func (host *Host) applyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr) (firewallResult, error) {
 	var res firewallResult
 	bridge := model.Current.Network
 	unlock, err := hostns.LockPorts(ctx)
@@ -574,7 +574,7 @@ func (host *Host) ensureFirewall(ctx context.Context, g *hostns.NS, gw netip.Add
 	for _, a := range pinned {
 		res.changes = append(res.changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
-	routed, err := host.ensureRoute(g)
+	routed, err := ensureRoute(g)
 	if err != nil {
 		return res, err
 	}
@@ -616,7 +616,7 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	defer g.Close()
-	fw, err := host.ensureFirewall(ctx, g, p.Addr())
+	fw, err := host.applyFirewall(ctx, g, p.Addr())
 	rep := &Report{Changes: append([]model.Change{}, fw.changes...), BridgeMode: fw.mode, Notes: []string{}}
 	if fw.note != "" {
 		rep.Notes = append(rep.Notes, fw.note)
@@ -662,7 +662,7 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.De
 	}
 
 	// The firewall: live ports isolated and the nft tables.
-	fw, err := host.ensureFirewall(ctx, g, d.Gateway)
+	fw, err := host.applyFirewall(ctx, g, d.Gateway)
 	rep.Changes = append(rep.Changes, fw.changes...)
 	rep.BridgeMode = fw.mode
 	if fw.note != "" {

@@ -542,7 +542,7 @@ func (h *healer) incusStep(ctx context.Context, g *hostns.NS, job incusJob) erro
 	if len(did) == 0 && !job.boxFixed {
 		return nil
 	}
-	rest, err := h.host.ensureFirewall(ctx, g, job.gw)
+	rest, err := h.host.applyFirewall(ctx, g, job.gw)
 	var more []string
 	for _, c := range rest.changes {
 		more = append(more, c.String())

@@ -24,7 +24,7 @@ import (
 // that means with several default routes, a VPN, roaming and a cluster.
 
 // ensureRoute converges the route table to the host's default routes.
-func (host *Host) ensureRoute(g *hostns.NS) ([]model.Change, error) {
+func ensureRoute(g *hostns.NS) ([]model.Change, error) {
 	rt, err := g.RouteView(model.Current.Network)
 	if err != nil {
 		return nil, fmt.Errorf("reading the routes for %s: %w", model.LayerRoute, err)
@@ -42,7 +42,7 @@ func (host *Host) ensureRoute(g *hostns.NS) ([]model.Change, error) {
 
 // verifyRoute compares the route table with the default routes of the
 // moment; notes say what a box may leave by.
-func (host *Host) verifyRoute(g *hostns.NS) (findings []model.Finding, notes []string, err error) {
+func verifyRoute(g *hostns.NS) (findings []model.Finding, notes []string, err error) {
 	rt, err := g.RouteView(model.Current.Network)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the routes for %s: %w", model.LayerRoute, err)

@@ -21,28 +21,6 @@ import (
 	"github.com/box-isolation/box/stack/nft"
 )
 
-func TestIsDefault(t *testing.T) {
-	cidr := func(s string) *net.IPNet {
-		_, n, err := net.ParseCIDR(s)
-		require.NoError(t, err)
-		return n
-	}
-	for _, tc := range []struct {
-		dst  *net.IPNet
-		want bool
-	}{
-		{nil, true},
-		{cidr("0.0.0.0/0"), true},
-		{cidr("0.0.0.0/1"), true},   // a full tunnel's pair
-		{cidr("128.0.0.0/1"), true}, // the other half
-		{cidr("0.0.0.0/2"), false},
-		{cidr("198.18.40.0/24"), false},
-		{cidr("10.0.0.0/8"), false},
-	} {
-		assert.Equal(t, tc.want, hostns.IsDefault(netlink.Route{Dst: tc.dst}), "%v", tc.dst)
-	}
-}
-
 // uplinkSet reads the route table's uplink set from the kernel.
 func (w *watchWorld) uplinkSet(t testing.TB) []string {
 	t.Helper()
@@ -91,14 +69,14 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	lan := w.dummy(t, "lan0", "192.168.30.1/24")
 	require.NoError(t, w.h.RouteAdd(routeVia(lan, "198.18.40.0/24", "192.168.30.2", 0)))
 
-	g, err := w.host.ground()
+	g, err := hostns.Open(w.host.NetNS)
 	require.NoError(t, err)
 	defer g.Close()
-	changes, err := w.host.ensureRoute(g)
+	changes, err := ensureRoute(g)
 	require.NoError(t, err)
 	require.NotEmpty(t, changes, "the table was made")
 	assert.Equal(t, []string{"up0"}, w.uplinkSet(t), "the default route's interface only, not the LAN's")
-	f, notes, err := w.host.verifyRoute(g)
+	f, notes, err := verifyRoute(g)
 	require.NoError(t, err)
 	assert.Empty(t, f)
 	assert.Empty(t, notes)
@@ -130,7 +108,7 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	// Nothing but LAN routes: no way out at all.
 	require.NoError(t, w.h.LinkSetDown(tun))
 	settle("no default route", []string{}...)
-	_, notes, err = w.host.verifyRoute(g)
+	_, notes, err = verifyRoute(g)
 	require.NoError(t, err)
 	assert.Len(t, notes, 1, "Verify says boxes reach nothing without a default route")
 	require.NoError(t, w.h.RouteAdd(routeVia(up, "", "192.0.2.1", 0)))
@@ -147,7 +125,7 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	current := func(what string) {
 		t.Helper()
 		require.Eventually(t, func() bool {
-			f, _, err := w.host.verifyRoute(g)
+			f, _, err := verifyRoute(g)
 			return err == nil && len(f) == 0
 		}, 5*time.Second, time.Millisecond, "%s: the table never matched the routes; the watcher said:\n%s", what, w.log.String())
 	}
@@ -183,7 +161,7 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	copy(key, "lan0")
 	require.NoError(t, c.SetAddElements(&nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyINet, Name: "box_route"}, Name: nft.UplinkSet, KeyType: nftables.TypeIFName}, []nftables.SetElement{{Key: key}}))
 	require.NoError(t, c.Flush())
-	f, _, err = w.host.verifyRoute(g)
+	f, _, err = verifyRoute(g)
 	require.NoError(t, err)
 	require.Len(t, f, 1)
 	assert.Equal(t, model.LayerRoute, f[0].Layer)
@@ -198,11 +176,11 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	present, err := nft.RoutePresent(g.NFTConfig(model.Current))
 	require.NoError(t, err)
 	assert.False(t, present, "the watcher does not make the table")
-	f, _, err = w.host.verifyRoute(g)
+	f, _, err = verifyRoute(g)
 	require.NoError(t, err)
 	require.Len(t, f, 1)
 	assert.Equal(t, "missing", f[0].Problem)
-	_, err = w.host.ensureRoute(g)
+	_, err = ensureRoute(g)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"lan0", "up0"}, w.uplinkSet(t))
 }

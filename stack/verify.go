@@ -283,7 +283,7 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 		return fmt.Errorf("reading the pin table: %w", err)
 	}
 	v.Findings = append(v.Findings, pinFindings(pf, plan)...)
-	rf, rnotes, err := host.verifyRoute(g)
+	rf, rnotes, err := verifyRoute(g)
 	if err != nil {
 		return err
 	}

@@ -403,7 +403,7 @@ func TestPrivilegedWatchPortsLeaseFile(t *testing.T) {
 	leases := filepath.Join(t.TempDir(), "dnsmasq.leases")
 	require.NoError(t, os.WriteFile(leases, nil, 0o644))
 	pid, stopDnsmasq := fakeDnsmasq(t, w.ns, leases)
-	g, err := w.host.ground()
+	g, err := hostns.Open(w.host.NetNS)
 	require.NoError(t, err)
 	path, found := g.DnsmasqLeaseFile("boxnet")
 	g.Close()
