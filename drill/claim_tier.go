@@ -16,6 +16,7 @@ import (
 	"github.com/box-isolation/box/internal/accounts"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/daemon"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -216,7 +217,7 @@ func ensureWatcher(ctx context.Context, h *stack.Host, logf func(string, ...any)
 	}
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
-	go func() { done <- stack.WatchPorts(wctx, h, discard{}) }()
+	go func() { done <- daemon.WatchPorts(wctx, h, discard{}) }()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if _, running, _ := hostns.WatcherRunning(h.NetNS); running {

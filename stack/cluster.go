@@ -202,7 +202,7 @@ func (host *Host) memberSlice(ctx context.Context, member string) (slice, gw net
 // usedAddresses is every address a NIC on the bridge asks for, a box
 // being moved holds (keyMoving) or a lease holds, in every project on
 // every member.
-func usedAddresses(f fleet) map[netip.Addr]bool {
+func usedAddresses(f Fleet) map[netip.Addr]bool {
 	used := map[netip.Addr]bool{}
 	for i := range f.insts {
 		// A box on its way to another member holds its address here.
@@ -228,7 +228,7 @@ func usedAddresses(f fleet) map[netip.Addr]bool {
 // addressFindings names every address two members hand out (a lease on
 // each, or a fixed address asked for on each). A box with no fixed address
 // is dhcpFindings', on every host.
-func addressFindings(f fleet) []model.Finding {
+func addressFindings(f Fleet) []model.Finding {
 	where := map[netip.Addr]map[string]bool{}
 	add := func(a netip.Addr, member string) {
 		if where[a] == nil {
@@ -325,7 +325,7 @@ func (host *Host) clusterAddressUses(ctx context.Context, g *hostns.NS, ci Clust
 			unread = append(unread, m)
 			continue
 		}
-		mg, err := mh.ground()
+		mg, err := mh.OpenNS()
 		if err != nil {
 			return nil, fmt.Errorf("member %s: %w", m, err)
 		}
@@ -437,7 +437,7 @@ func (host *Host) readMember(ctx context.Context, member string, d model.Desired
 	if !ok {
 		return nil, nil, false, nil
 	}
-	g, err := mh.ground()
+	g, err := mh.OpenNS()
 	if err != nil {
 		return nil, nil, true, err
 	}
@@ -510,7 +510,7 @@ func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d model.Des
 	if err != nil {
 		return err
 	}
-	v.Findings = append(v.Findings, addressFindings(fleet{insts: insts, leases: leases})...)
+	v.Findings = append(v.Findings, addressFindings(Fleet{insts: insts, leases: leases})...)
 	return nil
 }
 
@@ -788,7 +788,7 @@ func (host *Host) teardownMembers(ctx context.Context) ([]model.Change, error) {
 		if !ok {
 			continue
 		}
-		g, err := mh.ground()
+		g, err := mh.OpenNS()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("member %s: %w", m, err))
 			continue

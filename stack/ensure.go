@@ -48,7 +48,7 @@ func (host *Host) Ensure(ctx context.Context) (*Report, error) {
 
 // ensure is Ensure under the setup lock.
 func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return nil, err
 	}
@@ -506,19 +506,19 @@ func (host *Host) removeBootUnits() ([]model.Change, error) {
 	return changes, errors.Join(errs...)
 }
 
-// firewallResult is what ensureFirewall did.
-type firewallResult struct {
-	changes       []model.Change
+// FirewallResult is what ensureFirewall did.
+type FirewallResult struct {
+	Changes       []model.Change
 	mode          nft.BridgeMode
 	note          string
 	createdTables bool
 }
 
-// applyFirewall isolates every port of the bridge, whatever attached it,
+// ApplyFirewall isolates every port of the bridge, whatever attached it,
 // and converges the two nft tables. It touches no Incus object, so it is
 // what runs at boot.
-func (host *Host) applyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr) (firewallResult, error) {
-	var res firewallResult
+func (host *Host) ApplyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr) (FirewallResult, error) {
+	var res FirewallResult
 	bridge := model.Current.Network
 	unlock, err := hostns.LockPorts(ctx)
 	if err != nil {
@@ -527,7 +527,7 @@ func (host *Host) applyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 	defer unlock()
 	leaked, err := host.sweepLeaks(ctx, g)
 	for _, name := range leaked {
-		res.changes = append(res.changes, model.Change{Object: "bridge port " + name, Action: "removed", Detail: "a veth pair an instance's NIC left behind (both ends in the host's namespace, claimed by no instance)"})
+		res.Changes = append(res.Changes, model.Change{Object: "bridge port " + name, Action: "removed", Detail: "a veth pair an instance's NIC left behind (both ends in the host's namespace, claimed by no instance)"})
 	}
 	if err != nil {
 		return res, err
@@ -537,7 +537,7 @@ func (host *Host) applyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 		return res, err
 	}
 	for _, name := range isolated {
-		res.changes = append(res.changes, model.Change{Object: "bridge port " + name, Action: "updated", Detail: "isolated on"})
+		res.Changes = append(res.Changes, model.Change{Object: "bridge port " + name, Action: "updated", Detail: "isolated on"})
 	}
 	ncfg := g.NFTConfig(model.Current)
 	ncfg.Gateway = gw
@@ -554,7 +554,7 @@ func (host *Host) applyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 		return res, fmt.Errorf("applying nft tables: %w", err)
 	}
 	for _, a := range applied {
-		res.changes = append(res.changes, model.Change{Object: "nft", Action: "updated", Detail: a})
+		res.Changes = append(res.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
 	res.createdTables = len(applied) > 0 && !inetBefore && !bridgeBefore
 	unlockPins, err := hostns.LockFile(ctx, hostns.PinsLock, "the pins")
@@ -562,29 +562,29 @@ func (host *Host) applyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 		return res, err
 	}
 	defer unlockPins()
-	f, err := host.readFleet(ctx)
+	f, err := host.ReadFleet(ctx)
 	if err != nil {
 		return res, fmt.Errorf("reading what to pin: %w", err)
 	}
-	plan := f.planPins(hostns.PortNames(ports))
-	pinned, err := nft.ApplyPins(ncfg, caps, plan.scope, plan.pins)
+	plan := f.PlanPins(hostns.PortNames(ports))
+	pinned, err := nft.ApplyPins(ncfg, caps, plan.Scope, plan.Pins)
 	if err != nil {
 		return res, fmt.Errorf("applying the pin table: %w", err)
 	}
 	for _, a := range pinned {
-		res.changes = append(res.changes, model.Change{Object: "nft", Action: "updated", Detail: a})
+		res.Changes = append(res.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
-	routed, err := ensureRoute(g)
+	routed, err := EnsureRoute(g)
 	if err != nil {
 		return res, err
 	}
-	res.changes = append(res.changes, routed...)
+	res.Changes = append(res.Changes, routed...)
 	egress, err := host.applyEgress(ctx, g, f)
 	if err != nil {
 		return res, err
 	}
 	for _, a := range egress {
-		res.changes = append(res.changes, model.Change{Object: "nft", Action: "updated", Detail: a})
+		res.Changes = append(res.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
 	res.mode = nft.Desired(ncfg, caps).Mode
 	if res.mode != nft.ModeBridgeMeta {
@@ -611,18 +611,18 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 	if err != nil || !p.Addr().Is4() {
 		return nil, fmt.Errorf("firewall only: network %s has ipv4.address=%q, not an address box can use (run box setup-host without --firewall-only)", model.Current.Network, n.Config["ipv4.address"])
 	}
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return nil, err
 	}
 	defer g.Close()
-	fw, err := host.applyFirewall(ctx, g, p.Addr())
-	rep := &Report{Changes: append([]model.Change{}, fw.changes...), BridgeMode: fw.mode, Notes: []string{}}
+	fw, err := host.ApplyFirewall(ctx, g, p.Addr())
+	rep := &Report{Changes: append([]model.Change{}, fw.Changes...), BridgeMode: fw.mode, Notes: []string{}}
 	if fw.note != "" {
 		rep.Notes = append(rep.Notes, fw.note)
 	}
 	if err == nil {
-		err = host.saveFirewall(func(s *SavedFirewall) { s.Gateway = p.Addr() })
+		err = host.SaveFirewall(func(s *SavedFirewall) { s.Gateway = p.Addr() })
 	}
 	return rep, err
 }
@@ -662,8 +662,8 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.De
 	}
 
 	// The firewall: live ports isolated and the nft tables.
-	fw, err := host.applyFirewall(ctx, g, d.Gateway)
-	rep.Changes = append(rep.Changes, fw.changes...)
+	fw, err := host.ApplyFirewall(ctx, g, d.Gateway)
+	rep.Changes = append(rep.Changes, fw.Changes...)
 	rep.BridgeMode = fw.mode
 	if fw.note != "" {
 		rep.Notes = append(rep.Notes, fw.note)
@@ -691,7 +691,7 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.De
 		return err
 	}
 
-	if err := host.saveFirewall(func(s *SavedFirewall) { s.Gateway = d.Gateway }); err != nil {
+	if err := host.SaveFirewall(func(s *SavedFirewall) { s.Gateway = d.Gateway }); err != nil {
 		return err
 	}
 	if err := host.ensureAccounting(ctx, rep); err != nil {

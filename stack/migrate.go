@@ -165,7 +165,7 @@ func (host *Host) retireLegacy(ctx context.Context) ([]model.Change, error) {
 	if err != nil {
 		return changes, err
 	}
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return changes, err
 	}

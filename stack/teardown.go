@@ -49,7 +49,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 		}
 	}
 
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return changes, err
 	}
