@@ -149,7 +149,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 		return fmt.Errorf("tier: %w", err)
 	}
 	defer stopWatcher()
-	if _, err := cfg.Host.Grant(ctx, stack.GrantRequest{User: u, Group: group}); err != nil {
+	if _, err := stack.NewManager(cfg.Host).Grant(ctx, stack.GrantRequest{User: u, Group: group}); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
 	t.client = cfg.Host.AsUser(u, t.gid)
@@ -436,7 +436,7 @@ func removeTierUser(ctx context.Context, h *stack.Host, name string) error {
 	if err != nil {
 		return nil // gone already
 	}
-	if _, err := h.Revoke(ctx, u, "", true); err != nil {
+	if _, err := stack.NewManager(h).Revoke(ctx, u, "", true); err != nil {
 		return fmt.Errorf("teardown: purging tier user %s: %w", name, err)
 	}
 	// The purge leaves a tombstone for the uid; the account goes, so does it.

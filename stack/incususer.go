@@ -58,7 +58,8 @@ func (host *Host) tombstoned(uid uint32) bool {
 
 // writeTombstone replaces uid's incus-user state with a file, so incus-user
 // can never set the uid up again until a grant removes it.
-func (host *Host) writeTombstone(uid uint32) error {
+func (m *Manager) writeTombstone(uid uint32) error {
+	host := m.host
 	p := host.userState(uid)
 	if err := os.RemoveAll(p); err != nil {
 		return fmt.Errorf("removing incus-user's state for uid %d: %w", uid, err)
@@ -82,7 +83,8 @@ type userCert struct {
 
 // readUserCert reads uid's client certificate; ok is false when there is
 // none (or only half of it).
-func (host *Host) readUserCert(uid uint32) (userCert, bool, error) {
+func (m *Manager) readUserCert(uid uint32) (userCert, bool, error) {
+	host := m.host
 	dir := host.userState(uid)
 	crt, err := os.ReadFile(filepath.Join(dir, "client.crt"))
 	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
@@ -108,7 +110,8 @@ func certOf(der []byte) userCert {
 
 // writeUserCert makes a client certificate for uid as incus-user would
 // (ECDSA P-384, self-signed, for client authentication).
-func (host *Host) writeUserCert(uid uint32, name string) (userCert, error) {
+func (m *Manager) writeUserCert(uid uint32, name string) (userCert, error) {
+	host := m.host
 	dir := host.userState(uid)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return userCert{}, fmt.Errorf("creating %s: %w", dir, err)
@@ -157,7 +160,8 @@ type IncusUserProc struct {
 }
 
 // IncusUsers lists the incus-user processes serving this host's incusd.
-func (host *Host) IncusUsers() []IncusUserProc {
+func (m *Manager) IncusUsers() []IncusUserProc {
+	host := m.host
 	dir := host.incusDir()
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -193,8 +197,8 @@ func (host *Host) IncusUsers() []IncusUserProc {
 // restartIncusUser ends every socket-activated incus-user of this incusd
 // (the next connection starts a fresh one) and refuses one started by hand,
 // which nothing would start again. It returns the PIDs it ended.
-func (host *Host) restartIncusUser(ctx context.Context) ([]int, error) {
-	procs := host.IncusUsers()
+func (m *Manager) restartIncusUser(ctx context.Context) ([]int, error) {
+	procs := m.IncusUsers()
 	for _, p := range procs {
 		if !p.Activated {
 			return nil, fmt.Errorf("incus-user (pid %d) was started by hand, not socket-activated: box cannot restart it, and until it restarts it would re-run its stock setup for this user; run it from incus-user.socket (systemctl enable --now incus-user.socket) and try again", p.PID)

@@ -326,7 +326,8 @@ type GrantResult struct {
 // incus-user project to the tier, makes incus-user's state for them
 // consistent, and adds them to the group last. A grant that fails backs
 // out what it did, the group membership first.
-func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, err error) {
+func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, err error) {
+	host := m.host
 	u := req.User
 	if u.UID == 0 {
 		return nil, errors.New("root needs no tier: it is an admin already")
@@ -398,7 +399,7 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	// 1. The project, narrowed.
 	p, etag, perr := c.GetProject(ctx, project)
 	if perr == nil {
-		if err := host.checkNoOtherNetworks(ctx, project); err != nil {
+		if err := m.checkNoOtherNetworks(ctx, project); err != nil {
 			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 		}
 		if err := clearProfile(); err != nil {
@@ -411,7 +412,7 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 		create: func(ctx context.Context) error {
 			return c.CreateProject(ctx, incus.Project{Name: project, Description: fmt.Sprintf("box tier for %s (uid %d)", u.Name, u.UID), Config: tierConfig(nil, TierGranted, u.Name)})
 		},
-		remove: func(ctx context.Context) error { return host.deleteProjectContents(ctx, project, true) },
+		remove: func(ctx context.Context) error { return m.deleteProjectContents(ctx, project, true) },
 		differs: func(cur *incus.Project) []string {
 			if maps.Equal(tierConfig(cur.Config, TierGranted, u.Name), cur.Config) {
 				return nil
@@ -453,7 +454,7 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	}
 
 	// 4. The box-net profile in their project.
-	d, err := host.desiredNow(ctx)
+	d, err := m.desiredNow(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 	}
@@ -484,7 +485,7 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 
 	// 5. incus-user's state: the uid's certificate, trusted for the
 	// project only, and no tombstone.
-	changedState, err := host.convergeUserState(ctx, u, &back, did)
+	changedState, err := m.convergeUserState(ctx, u, &back, did)
 	if err != nil {
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 	}
@@ -494,7 +495,7 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 		// re-run its stock setup. (A project that existed was in its list
 		// already: it made it, or a grant restarted it after making it.)
 		// The restart drops the connections it proxies, every user's.
-		if res.RestartedIncusUser, err = host.restartIncusUser(ctx); err != nil {
+		if res.RestartedIncusUser, err = m.restartIncusUser(ctx); err != nil {
 			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 		}
 	}
@@ -514,7 +515,7 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 
 	// 7. Proof: as the user, through incus-user, the project is the tier's,
 	// and incus-user did not run its stock setup on the way.
-	if err := host.checkAsUser(ctx, u, gid); err != nil {
+	if err := m.checkAsUser(ctx, u, gid); err != nil {
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 	}
 	return res, nil
@@ -523,7 +524,8 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 // convergeUserState makes incus-user's state for u match the trust store:
 // a certificate on disk, trusted for u's project only. It reports whether
 // it changed anything.
-func (host *Host) convergeUserState(ctx context.Context, u accounts.User, back *undoStack, did func(string, ...any)) (bool, error) {
+func (m *Manager) convergeUserState(ctx context.Context, u accounts.User, back *undoStack, did func(string, ...any)) (bool, error) {
+	host := m.host
 	c := host.Incus
 	changed := false
 	if host.tombstoned(u.UID) {
@@ -531,16 +533,16 @@ func (host *Host) convergeUserState(ctx context.Context, u accounts.User, back *
 		if err := os.Remove(st); err != nil {
 			return false, fmt.Errorf("removing the purge tombstone %s: %w", st, err)
 		}
-		back.push("restoring the purge tombstone", func(context.Context) error { return host.writeTombstone(u.UID) })
+		back.push("restoring the purge tombstone", func(context.Context) error { return m.writeTombstone(u.UID) })
 		did("removed the purge tombstone of uid %d", u.UID)
 		changed = true
 	}
-	cert, ok, err := host.readUserCert(u.UID)
+	cert, ok, err := m.readUserCert(u.UID)
 	if err != nil {
 		return false, err
 	}
 	if !ok {
-		if cert, err = host.writeUserCert(u.UID, tierCertName(u.UID)); err != nil {
+		if cert, err = m.writeUserCert(u.UID, tierCertName(u.UID)); err != nil {
 			return false, err
 		}
 		st := host.userState(u.UID)
@@ -574,7 +576,8 @@ func (host *Host) convergeUserState(ctx context.Context, u accounts.User, back *
 
 // checkNoOtherNetworks refuses a project whose instances use a network
 // other than boxnet: narrowing it would strand them.
-func (host *Host) checkNoOtherNetworks(ctx context.Context, project string) error {
+func (m *Manager) checkNoOtherNetworks(ctx context.Context, project string) error {
+	host := m.host
 	insts, err := host.Incus.Project(project).Instances(ctx, nil)
 	if err != nil {
 		return err
@@ -606,7 +609,8 @@ func (host *Host) AsUser(u accounts.User, groupGID uint32) *incus.Client {
 }
 
 // checkAsUser proves the grant from the user's side.
-func (host *Host) checkAsUser(ctx context.Context, u accounts.User, gid uint32) error {
+func (m *Manager) checkAsUser(ctx context.Context, u accounts.User, gid uint32) error {
+	host := m.host
 	project := TierProject(u.UID)
 	uc := host.AsUser(u, gid)
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -669,7 +673,8 @@ func (e *SessionsLeftError) Error() string {
 // first (refusing if any survive), then the project with every box, the
 // private bridge and u's trusted certificate are deleted, and a tombstone
 // keeps incus-user from setting the uid up again.
-func (host *Host) Revoke(ctx context.Context, u accounts.User, group string, purge bool) (*RevokeResult, error) {
+func (m *Manager) Revoke(ctx context.Context, u accounts.User, group string, purge bool) (*RevokeResult, error) {
+	host := m.host
 	if u.UID == 0 {
 		return nil, errors.New("root has no tier to revoke")
 	}
@@ -726,10 +731,10 @@ func (host *Host) Revoke(ctx context.Context, u accounts.User, group string, pur
 	did("ended every process of %s", u.Name)
 	// The tombstone before anything is deleted, and incus-user restarted
 	// so no connection it proxies outlives the purge.
-	if err := host.writeTombstone(u.UID); err != nil {
+	if err := m.writeTombstone(u.UID); err != nil {
 		return nil, fmt.Errorf("purging %s: %w", u.Name, err)
 	}
-	if _, err := host.restartIncusUser(ctx); err != nil {
+	if _, err := m.restartIncusUser(ctx); err != nil {
 		return nil, fmt.Errorf("purging %s: %w", u.Name, err)
 	}
 	did("replaced incus-user's state for uid %d with a tombstone", u.UID)
@@ -747,7 +752,7 @@ func (host *Host) Revoke(ctx context.Context, u accounts.User, group string, pur
 		}
 	}
 	if _, _, err := c.GetProject(ctx, project); err == nil {
-		if err := host.deleteProjectContents(ctx, project, true); err != nil {
+		if err := m.deleteProjectContents(ctx, project, true); err != nil {
 			return nil, fmt.Errorf("purging %s: %w", u.Name, err)
 		}
 		did("deleted project %s with its boxes", project)
@@ -766,14 +771,15 @@ func (host *Host) Revoke(ctx context.Context, u accounts.User, group string, pur
 		return nil, fmt.Errorf("purging %s: refreshing the bridge ports: %w", u.Name, err)
 	}
 	// What must be gone is checked, not assumed.
-	if err := host.checkPurged(ctx, u.UID); err != nil {
+	if err := m.checkPurged(ctx, u.UID); err != nil {
 		return nil, fmt.Errorf("purging %s: %w", u.Name, err)
 	}
 	return res, nil
 }
 
 // checkPurged asserts nothing of uid's tier is left in Incus.
-func (host *Host) checkPurged(ctx context.Context, uid uint32) error {
+func (m *Manager) checkPurged(ctx context.Context, uid uint32) error {
+	host := m.host
 	c := host.Incus
 	project := TierProject(uid)
 	var left []string
@@ -800,14 +806,15 @@ func (host *Host) checkPurged(ctx context.Context, uid uint32) error {
 
 // deleteProjectContents deletes every instance, profile but default,
 // custom volume and image in project, then (with self) the project.
-func (host *Host) deleteProjectContents(ctx context.Context, project string, self bool) error {
+func (m *Manager) deleteProjectContents(ctx context.Context, project string, self bool) error {
+	host := m.host
 	pc := host.Incus.Project(project)
 	insts, err := pc.Instances(ctx, nil)
 	if err != nil {
 		return err
 	}
 	for _, in := range insts {
-		if err := host.withClient(pc).removeInstance(ctx, in.Name); err != nil {
+		if err := m.withClient(pc).removeInstance(ctx, in.Name); err != nil {
 			return fmt.Errorf("deleting %s in %s: %w", in.Name, project, err)
 		}
 	}
@@ -822,7 +829,7 @@ func (host *Host) deleteProjectContents(ctx context.Context, project string, sel
 			}
 		}
 	}
-	if err := host.deleteProjectVolumes(ctx, project); err != nil {
+	if err := m.deleteProjectVolumes(ctx, project); err != nil {
 		return err
 	}
 	if !self {
@@ -832,14 +839,16 @@ func (host *Host) deleteProjectContents(ctx context.Context, project string, sel
 }
 
 // withClient is host acting through another client (a project's).
-func (host *Host) withClient(c *incus.Client) *Host {
+func (m *Manager) withClient(c *incus.Client) *Host {
+	host := m.host
 	h := *host
 	h.Incus = c
 	return &h
 }
 
 // deleteProjectVolumes deletes the custom volumes of project in every pool.
-func (host *Host) deleteProjectVolumes(ctx context.Context, project string) error {
+func (m *Manager) deleteProjectVolumes(ctx context.Context, project string) error {
+	host := m.host
 	pools, err := host.Incus.StoragePools(ctx)
 	if err != nil {
 		return err
@@ -860,7 +869,8 @@ func (host *Host) deleteProjectVolumes(ctx context.Context, project string) erro
 }
 
 // desiredNow is the desired stack for the bridge as it is.
-func (host *Host) desiredNow(ctx context.Context) (model.Desired, error) {
+func (m *Manager) desiredNow(ctx context.Context) (model.Desired, error) {
+	host := m.host
 	n, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return model.Desired{}, err
@@ -875,3 +885,11 @@ func (host *Host) desiredNow(ctx context.Context) (model.Desired, error) {
 	}
 	return model.BuildDesired(p.Masked(), opts), nil
 }
+
+// Manager grants and revokes access tiers on a host.
+type Manager struct {
+	host *Host
+}
+
+// NewManager is the tier manager of host.
+func NewManager(host *Host) *Manager { return &Manager{host: host} }

@@ -371,7 +371,7 @@ func heldConns(t *testing.T, h *stack.Host, uid uint32) []string {
 		}
 	}
 	server := map[uint32]bool{}
-	for _, p := range h.IncusUsers() {
+	for _, p := range stack.NewManager(h).IncusUsers() {
 		for _, ino := range socketInodes(p.PID) {
 			server[ino] = true
 		}
@@ -659,7 +659,7 @@ func TestSystemTier(t *testing.T) {
 			default:
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("no process of %s holds a connection to incus-user (%v) 15s after starting incus monitor: %s", u1.Name, e.host.IncusUsers(), holderOut.String())
+				t.Fatalf("no process of %s holds a connection to incus-user (%v) 15s after starting incus monitor: %s", u1.Name, stack.NewManager(e.host).IncusUsers(), holderOut.String())
 			}
 			time.Sleep(50 * time.Millisecond)
 			held = heldConns(t, e.host, u1.UID)

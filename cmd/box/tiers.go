@@ -22,7 +22,7 @@ func setupGrant(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		res, err := h.Grant(c.ctx, stack.GrantRequest{User: u, Group: *group})
+		res, err := stack.NewManager(h).Grant(c.ctx, stack.GrantRequest{User: u, Group: *group})
 		if err != nil {
 			return err
 		}
@@ -53,7 +53,7 @@ func setupRevoke(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		res, err := h.Revoke(c.ctx, u, *group, *purge)
+		res, err := stack.NewManager(h).Revoke(c.ctx, u, *group, *purge)
 		var left *stack.SessionsLeftError
 		if errors.As(err, &left) {
 			if res != nil {
