@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/box-isolation/box/internal/converge"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -375,10 +376,10 @@ func (host *Host) ensureMember(ctx context.Context, g *hostns.NS, net *incus.Net
 	if _, ok := opts.Slices[host.here()]; !ok {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("NOTE: member %s has no address slice on %s yet, so no box can be minted here: run box setup-host (without --member-only) on any member", host.here(), model.Current.Network))
 	}
-	var undos undoStack
+	var undos converge.Undos
 	defer func() {
 		if err != nil {
-			if uerr := undos.run(context.WithoutCancel(ctx)); uerr != nil {
+			if uerr := undos.Run(context.WithoutCancel(ctx)); uerr != nil {
 				err = errors.Join(err, uerr)
 			}
 		}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/internal/converge"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -56,12 +57,12 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	c := host.Incus
 	rep = &Report{Changes: []model.Change{}, Notes: []string{}}
 
-	var undos undoStack
+	var undos converge.Undos
 	defer func() {
 		if err == nil {
 			return
 		}
-		if uerr := undos.run(context.WithoutCancel(ctx)); uerr != nil {
+		if uerr := undos.Run(context.WithoutCancel(ctx)); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
 	}()
@@ -158,21 +159,21 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	}
 
 	// The ACL first: the network refers to it.
-	action, diff, err := converge(ctx, &undos, incusObject[incus.NetworkACL]{
-		what:   "acl " + d.ACL.Name,
-		read:   func(ctx context.Context) (*incus.NetworkACL, string, error) { return c.NetworkACL(ctx, d.ACL.Name) },
-		create: func(ctx context.Context) error { return c.CreateNetworkACL(ctx, d.ACL) },
-		remove: func(ctx context.Context) error { return c.DeleteNetworkACL(ctx, d.ACL.Name) },
-		differs: func(cur *incus.NetworkACL) []string {
+	action, diff, err := converge.Do(ctx, &undos, converge.Object[incus.NetworkACL]{
+		What:   "acl " + d.ACL.Name,
+		Read:   func(ctx context.Context) (*incus.NetworkACL, string, error) { return c.NetworkACL(ctx, d.ACL.Name) },
+		Create: func(ctx context.Context) error { return c.CreateNetworkACL(ctx, d.ACL) },
+		Remove: func(ctx context.Context) error { return c.DeleteNetworkACL(ctx, d.ACL.Name) },
+		Differs: func(cur *incus.NetworkACL) []string {
 			if model.ACLRulesEqual(cur.Egress, d.ACL.Egress) && model.ACLRulesEqual(cur.Ingress, d.ACL.Ingress) {
 				return nil
 			}
 			return []string{"rules differed"}
 		},
-		update: func(ctx context.Context, _ *incus.NetworkACL, etag string) error {
+		Update: func(ctx context.Context, _ *incus.NetworkACL, etag string) error {
 			return c.UpdateNetworkACL(ctx, d.ACL.Name, d.ACL, etag)
 		},
-		restore: func(ctx context.Context, old incus.NetworkACL) error {
+		Restore: func(ctx context.Context, old incus.NetworkACL) error {
 			return c.UpdateNetworkACL(ctx, old.Name, old, "")
 		},
 	})
@@ -184,20 +185,20 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	}
 
 	// The bridge, as read above.
-	action, diff, err = converge(ctx, &undos, incusObject[incus.Network]{
-		what: "network " + d.Network.Name,
-		read: func(context.Context) (*incus.Network, string, error) { return net, netETag, nil },
-		create: func(ctx context.Context) error {
+	action, diff, err = converge.Do(ctx, &undos, converge.Object[incus.Network]{
+		What: "network " + d.Network.Name,
+		Read: func(context.Context) (*incus.Network, string, error) { return net, netETag, nil },
+		Create: func(ctx context.Context) error {
 			if err := host.createNetwork(ctx, ci, d.Network); err != nil {
 				return fmt.Errorf("on %s: %w", d.Subnet, err)
 			}
 			return nil
 		},
-		remove: func(ctx context.Context) error { return c.DeleteNetwork(ctx, d.Network.Name) },
-		differs: func(cur *incus.Network) []string {
+		Remove: func(ctx context.Context) error { return c.DeleteNetwork(ctx, d.Network.Name) },
+		Differs: func(cur *incus.Network) []string {
 			return append(configDiff(cur.Config, d.Network.Config), unusedPolicyKeys(cur.Config, d.Network.Config)...)
 		},
-		update: func(ctx context.Context, cur *incus.Network, etag string) error {
+		Update: func(ctx context.Context, cur *incus.Network, etag string) error {
 			cfg := maps.Clone(cur.Config)
 			maps.Copy(cfg, d.Network.Config)
 			for k := range cfg {
@@ -207,7 +208,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 			}
 			return c.UpdateNetwork(ctx, d.Network.Name, incus.NetworkPut{Description: d.Network.Description, Config: cfg}, etag)
 		},
-		restore: func(ctx context.Context, old incus.Network) error {
+		Restore: func(ctx context.Context, old incus.Network) error {
 			return c.UpdateNetwork(ctx, d.Network.Name, incus.NetworkPut{Description: old.Description, Config: old.Config}, "")
 		},
 	})
@@ -222,16 +223,16 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	}
 
 	// The profile: exactly the NIC and the root disk.
-	action, diff, err = converge(ctx, &undos, incusObject[incus.Profile]{
-		what:    "profile " + d.Profile.Name,
-		read:    func(ctx context.Context) (*incus.Profile, string, error) { return c.Profile(ctx, d.Profile.Name) },
-		create:  func(ctx context.Context) error { return c.CreateProfile(ctx, d.Profile) },
-		remove:  func(ctx context.Context) error { return c.DeleteProfile(ctx, d.Profile.Name) },
-		differs: func(cur *incus.Profile) []string { return profileDiff(cur, d.Profile) },
-		update: func(ctx context.Context, _ *incus.Profile, etag string) error {
+	action, diff, err = converge.Do(ctx, &undos, converge.Object[incus.Profile]{
+		What:    "profile " + d.Profile.Name,
+		Read:    func(ctx context.Context) (*incus.Profile, string, error) { return c.Profile(ctx, d.Profile.Name) },
+		Create:  func(ctx context.Context) error { return c.CreateProfile(ctx, d.Profile) },
+		Remove:  func(ctx context.Context) error { return c.DeleteProfile(ctx, d.Profile.Name) },
+		Differs: func(cur *incus.Profile) []string { return profileDiff(cur, d.Profile) },
+		Update: func(ctx context.Context, _ *incus.Profile, etag string) error {
 			return c.UpdateProfile(ctx, d.Profile.Name, d.Profile, etag)
 		},
-		restore: func(ctx context.Context, old incus.Profile) error { return c.UpdateProfile(ctx, old.Name, old, "") },
+		Restore: func(ctx context.Context, old incus.Profile) error { return c.UpdateProfile(ctx, old.Name, old, "") },
 	})
 	if err != nil {
 		return rep, err
@@ -630,7 +631,7 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 // ensureHostLayers converges this host's (this member's) own layers: IPv6
 // off on the bridge, the ports' isolated flags and the nft tables, the
 // forward-policy warnings, dnsmasq serving, and the boot unit.
-func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.Desired, rep *Report, undos *undoStack) error {
+func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.Desired, rep *Report, undos *converge.Undos) error {
 	gen := model.Current
 	changed := func(obj, action, detail string) {
 		rep.Changes = append(rep.Changes, model.Change{Object: obj, Action: action, Detail: detail})
@@ -669,7 +670,7 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.De
 		rep.Notes = append(rep.Notes, fw.note)
 	}
 	if fw.createdTables {
-		undos.push("delete nft tables", func(context.Context) error { _, err := nft.Delete(g.NFTConfig(gen)); return err })
+		undos.Push("delete nft tables", func(context.Context) error { _, err := nft.Delete(g.NFTConfig(gen)); return err })
 	}
 	if err != nil {
 		return err

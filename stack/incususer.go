@@ -30,8 +30,8 @@ import (
 // that directory: a regular file in its place makes the setup fail before
 // it touches incusd, which is how a purged uid stays purged.
 
-// incusDir is INCUS_DIR of the host's incusd: where its socket is.
-func (host *Host) incusDir() string { return filepath.Dir(host.Incus.Socket()) }
+// serverDir is INCUS_DIR of the host's incusd: where its socket is.
+func (host *Host) serverDir() string { return filepath.Dir(host.Incus.Socket()) }
 
 // UserSocket is incus-user's socket: IncusUserSocket, else
 // unix.socket.user beside incusd's.
@@ -39,12 +39,12 @@ func (host *Host) UserSocket() string {
 	if host.IncusUserSocket != "" {
 		return host.IncusUserSocket
 	}
-	return filepath.Join(host.incusDir(), "unix.socket.user")
+	return filepath.Join(host.serverDir(), "unix.socket.user")
 }
 
 // userState is incus-user's directory (or, once purged, tombstone) for uid.
 func (host *Host) userState(uid uint32) string {
-	return filepath.Join(host.incusDir(), "users", strconv.FormatUint(uint64(uid), 10))
+	return filepath.Join(host.serverDir(), "users", strconv.FormatUint(uint64(uid), 10))
 }
 
 // UserStatePath is incus-user's state (or box's purge tombstone) for uid.
@@ -162,7 +162,7 @@ type IncusUserProc struct {
 // IncusUsers lists the incus-user processes serving this host's incusd.
 func (m *Manager) IncusUsers() []IncusUserProc {
 	host := m.host
-	dir := host.incusDir()
+	dir := host.serverDir()
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil

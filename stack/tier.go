@@ -20,6 +20,7 @@ import (
 
 	"github.com/box-isolation/box/internal/accounts"
 	"github.com/box-isolation/box/internal/ascred"
+	"github.com/box-isolation/box/internal/converge"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -348,12 +349,12 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 		return nil, fmt.Errorf("granting %s: %w (a granted user's boxes join the bridge drop and the pins only through it; box setup-host installs box-ports.service)", u.Name, err)
 	}
 
-	var back undoStack
+	var back converge.Undos
 	defer func() {
 		if err == nil {
 			return
 		}
-		if berr := back.run(context.WithoutCancel(ctx)); berr != nil {
+		if berr := back.Run(context.WithoutCancel(ctx)); berr != nil {
 			err = fmt.Errorf("%w; %v (box revoke --purge %s removes what is left)", err, berr, u.Name)
 		} else if len(back) > 0 {
 			err = fmt.Errorf("%w (the grant was backed out: %s is as before)", err, u.Name)
@@ -390,7 +391,7 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 			if err := pc.UpdateProfile(ctx, "default", np, petag); err != nil {
 				return fmt.Errorf("granting %s: clearing %s's default profile: %w", u.Name, project, err)
 			}
-			back.push("restoring "+project+"'s default profile", func(ctx context.Context) error { return pc.UpdateProfile(ctx, "default", old, "") })
+			back.Push("restoring "+project+"'s default profile", func(ctx context.Context) error { return pc.UpdateProfile(ctx, "default", old, "") })
 			did("removed the NIC and host id map from %s's default profile", project)
 		}
 		return nil
@@ -406,25 +407,25 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 			return nil, err
 		}
 	}
-	action, _, err := converge(ctx, &back, incusObject[incus.Project]{
-		what: "project " + project,
-		read: func(context.Context) (*incus.Project, string, error) { return p, etag, perr },
-		create: func(ctx context.Context) error {
+	action, _, err := converge.Do(ctx, &back, converge.Object[incus.Project]{
+		What: "project " + project,
+		Read: func(context.Context) (*incus.Project, string, error) { return p, etag, perr },
+		Create: func(ctx context.Context) error {
 			return c.CreateProject(ctx, incus.Project{Name: project, Description: fmt.Sprintf("box tier for %s (uid %d)", u.Name, u.UID), Config: tierConfig(nil, TierGranted, u.Name)})
 		},
-		remove: func(ctx context.Context) error { return m.deleteProjectContents(ctx, project, true) },
-		differs: func(cur *incus.Project) []string {
+		Remove: func(ctx context.Context) error { return m.deleteProjectContents(ctx, project, true) },
+		Differs: func(cur *incus.Project) []string {
 			if maps.Equal(tierConfig(cur.Config, TierGranted, u.Name), cur.Config) {
 				return nil
 			}
 			return []string{"narrowed"}
 		},
-		update: func(ctx context.Context, cur *incus.Project, etag string) error {
+		Update: func(ctx context.Context, cur *incus.Project, etag string) error {
 			np := *cur
 			np.Config = tierConfig(cur.Config, TierGranted, u.Name)
 			return c.UpdateProject(ctx, project, np, etag)
 		},
-		restore: func(ctx context.Context, old incus.Project) error { return c.UpdateProject(ctx, project, old, "") },
+		Restore: func(ctx context.Context, old incus.Project) error { return c.UpdateProject(ctx, project, old, "") },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
@@ -447,7 +448,7 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 			return nil, fmt.Errorf("granting %s: deleting the private bridge %s: %w", u.Name, bridge, err)
 		}
 		old := incus.NetworksPost{Name: n.Name, Type: n.Type, Description: n.Description, Config: n.Config}
-		back.push("re-creating "+bridge, func(ctx context.Context) error { return c.CreateNetwork(ctx, old) })
+		back.Push("re-creating "+bridge, func(ctx context.Context) error { return c.CreateNetwork(ctx, old) })
 		did("deleted the private bridge %s", bridge)
 	} else if !incus.IsNotFound(err) {
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
@@ -458,18 +459,18 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	if err != nil {
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 	}
-	action, _, err = converge(ctx, &back, incusObject[incus.Profile]{
-		what: "profile " + model.Current.Profile + " in " + project,
-		read: func(ctx context.Context) (*incus.Profile, string, error) {
+	action, _, err = converge.Do(ctx, &back, converge.Object[incus.Profile]{
+		What: "profile " + model.Current.Profile + " in " + project,
+		Read: func(ctx context.Context) (*incus.Profile, string, error) {
 			return pc.Profile(ctx, model.Current.Profile)
 		},
-		create:  func(ctx context.Context) error { return pc.CreateProfile(ctx, d.Profile) },
-		remove:  func(ctx context.Context) error { return pc.DeleteProfile(ctx, model.Current.Profile) },
-		differs: func(cur *incus.Profile) []string { return profileDiff(cur, d.Profile) },
-		update: func(ctx context.Context, _ *incus.Profile, etag string) error {
+		Create:  func(ctx context.Context) error { return pc.CreateProfile(ctx, d.Profile) },
+		Remove:  func(ctx context.Context) error { return pc.DeleteProfile(ctx, model.Current.Profile) },
+		Differs: func(cur *incus.Profile) []string { return profileDiff(cur, d.Profile) },
+		Update: func(ctx context.Context, _ *incus.Profile, etag string) error {
 			return pc.UpdateProfile(ctx, model.Current.Profile, d.Profile, etag)
 		},
-		restore: func(ctx context.Context, old incus.Profile) error {
+		Restore: func(ctx context.Context, old incus.Profile) error {
 			return pc.UpdateProfile(ctx, model.Current.Profile, old, "")
 		},
 	})
@@ -509,7 +510,7 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 		if err := accounts.AddToGroup(u.Name, group); err != nil {
 			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 		}
-		back.push("removing "+u.Name+" from group "+group, func(context.Context) error { return accounts.RemoveFromGroup(u.Name, group) })
+		back.Push("removing "+u.Name+" from group "+group, func(context.Context) error { return accounts.RemoveFromGroup(u.Name, group) })
 		did("added %s to group %s", u.Name, group)
 	}
 
@@ -524,7 +525,7 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 // convergeUserState makes incus-user's state for u match the trust store:
 // a certificate on disk, trusted for u's project only. It reports whether
 // it changed anything.
-func (m *Manager) convergeUserState(ctx context.Context, u accounts.User, back *undoStack, did func(string, ...any)) (bool, error) {
+func (m *Manager) convergeUserState(ctx context.Context, u accounts.User, back *converge.Undos, did func(string, ...any)) (bool, error) {
 	host := m.host
 	c := host.Incus
 	changed := false
@@ -533,7 +534,7 @@ func (m *Manager) convergeUserState(ctx context.Context, u accounts.User, back *
 		if err := os.Remove(st); err != nil {
 			return false, fmt.Errorf("removing the purge tombstone %s: %w", st, err)
 		}
-		back.push("restoring the purge tombstone", func(context.Context) error { return m.writeTombstone(u.UID) })
+		back.Push("restoring the purge tombstone", func(context.Context) error { return m.writeTombstone(u.UID) })
 		did("removed the purge tombstone of uid %d", u.UID)
 		changed = true
 	}
@@ -546,7 +547,7 @@ func (m *Manager) convergeUserState(ctx context.Context, u accounts.User, back *
 			return false, err
 		}
 		st := host.userState(u.UID)
-		back.push("removing "+st, func(context.Context) error { return os.RemoveAll(st) })
+		back.Push("removing "+st, func(context.Context) error { return os.RemoveAll(st) })
 		did("made incus-user's client certificate for uid %d", u.UID)
 		changed = true
 	}
@@ -569,7 +570,7 @@ func (m *Manager) convergeUserState(ctx context.Context, u accounts.User, back *
 	if err != nil {
 		return false, err
 	}
-	back.push("untrusting uid's certificate", func(ctx context.Context) error { return c.DeleteCertificate(ctx, cert.Fingerprint) })
+	back.Push("untrusting uid's certificate", func(ctx context.Context) error { return c.DeleteCertificate(ctx, cert.Fingerprint) })
 	did("trusted uid %d's certificate for project %s only", u.UID, project)
 	return true, nil
 }
