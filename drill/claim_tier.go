@@ -16,6 +16,7 @@ import (
 	"github.com/box-isolation/box/internal/accounts"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/access"
 	"github.com/box-isolation/box/stack/daemon"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
@@ -149,7 +150,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 		return fmt.Errorf("tier: %w", err)
 	}
 	defer stopWatcher()
-	if _, err := stack.NewManager(cfg.Host).Grant(ctx, stack.GrantRequest{User: u, Group: group}); err != nil {
+	if _, err := access.NewManager(cfg.Host).Grant(ctx, access.GrantRequest{User: u, Group: group}); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
 	t.client = cfg.Host.AsUser(u, t.gid)
@@ -436,7 +437,7 @@ func removeTierUser(ctx context.Context, h *stack.Host, name string) error {
 	if err != nil {
 		return nil // gone already
 	}
-	if _, err := stack.NewManager(h).Revoke(ctx, u, "", true); err != nil {
+	if _, err := access.NewManager(h).Revoke(ctx, u, "", true); err != nil {
 		return fmt.Errorf("teardown: purging tier user %s: %w", name, err)
 	}
 	// The purge leaves a tombstone for the uid; the account goes, so does it.

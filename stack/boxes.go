@@ -219,9 +219,9 @@ func (e *NoStackError) Error() string {
 	return fmt.Sprintf("there is no isolation stack on this host (%s is missing): run `box setup-host` first (as root)", e.Missing)
 }
 
-// requireStack returns the stack's bridge, or a NoStackError naming what
+// RequireStack returns the stack's bridge, or a NoStackError naming what
 // is missing; a daemon that does not answer is incus's own error.
-func (host *Host) requireStack(ctx context.Context) (*incus.Network, error) {
+func (host *Host) RequireStack(ctx context.Context) (*incus.Network, error) {
 	net, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if incus.IsNotFound(err) {
 		return nil, &NoStackError{Missing: "network " + model.Current.Network}
@@ -277,12 +277,12 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 	} else if !incus.IsNotFound(err) {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	net, err := host.requireStack(ctx)
+	net, err := host.RequireStack(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
 	if host.Tier {
-		if err := host.requireWatcher(); err != nil {
+		if err := host.RequireWatcher(); err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 		}
 	}
@@ -363,7 +363,7 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	}
 	devices := map[string]map[string]string{}
 	if req.Disk != "" {
-		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.pool(), "size": req.Disk}
+		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.Pool(), "size": req.Disk}
 	}
 	req.progress = func(s string) { host.progressf("minting %s from %s: %s", req.Name, req.Image, s) }
 	err = host.create(ctx, req, incus.InstancesPost{
@@ -378,7 +378,7 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 		// the caller gave up: the check runs past its cancellation).
 		cctx := context.WithoutCancel(ctx)
 		if inst, _, gerr := host.Incus.Instance(cctx, req.Name); gerr == nil {
-			rerr := host.removeInstance(cctx, req.Name)
+			rerr := host.RemoveInstance(cctx, req.Name)
 			if rerr == nil {
 				// Incus leaves the NIC's veth pair when a start fails.
 				host.removeLeftPorts(inst)
@@ -390,9 +390,9 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 		}
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		// A box that is not isolated is not a box: remove it too.
-		if rerr := host.removeInstance(context.WithoutCancel(ctx), req.Name); rerr != nil {
+		if rerr := host.RemoveInstance(context.WithoutCancel(ctx), req.Name); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("removing it: %w (remove it by hand: incus delete --force %s)", rerr, req.Name))
 		}
 		return nil, fmt.Errorf("minting %s: isolating its bridge port failed, so it was not kept: %w", req.Name, err)
@@ -415,7 +415,7 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	return b, err
 }
 
-func (host *Host) pool() string {
+func (host *Host) Pool() string {
 	if host.Options.Pool != "" {
 		return host.Options.Pool
 	}
@@ -610,7 +610,7 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 	// (an inherited identity): remove it rather than leave it behind.
 	defer func() {
 		if err != nil {
-			if rerr := host.removeInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
+			if rerr := host.RemoveInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
 				err = errors.Join(err, fmt.Errorf("removing the half-made clone %s: %w", name, rerr))
 			}
 			err = errors.Join(err, restartSource())
@@ -659,7 +659,7 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 	if err = host.startFixed(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("starting clone %s: %w", name, err)
 	}
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("cloned %s, but isolating its bridge port failed: %w (run box doctor --fix)", name, err)
 	}
 	res.Box, err = host.Info(ctx, name)
@@ -831,7 +831,7 @@ func (host *Host) Restore(ctx context.Context, name, snap string) error {
 	if err := host.readdressIfTaken(ctx, name); err != nil && !host.Tier {
 		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
 	}
-	_, err = host.refreshPorts(ctx)
+	_, err = host.RefreshPorts(ctx)
 	return err
 }
 
@@ -867,7 +867,7 @@ func (host *Host) Start(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	_, err = host.refreshPorts(ctx)
+	_, err = host.RefreshPorts(ctx)
 	return err
 }
 
@@ -893,7 +893,7 @@ func (host *Host) Stop(ctx context.Context, name string, force bool) error {
 	if host.Tier {
 		return nil // the port watcher's to refresh
 	}
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		return fmt.Errorf("stopped %s, but refreshing the bridge ports failed: %w (run box doctor --fix)", name, err)
 	}
 	return nil
@@ -906,7 +906,7 @@ func (host *Host) Remove(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := host.removeInstance(ctx, name); err != nil {
+	if err := host.RemoveInstance(ctx, name); err != nil {
 		return err
 	}
 	for _, d := range inst.Devices {
@@ -914,11 +914,11 @@ func (host *Host) Remove(ctx context.Context, name string) error {
 			removeDoorSocket(d)
 		}
 	}
-	_, err = host.refreshPorts(ctx)
+	_, err = host.RefreshPorts(ctx)
 	return err
 }
 
-func (host *Host) removeInstance(ctx context.Context, name string) error {
+func (host *Host) RemoveInstance(ctx context.Context, name string) error {
 	inst, _, err := host.Incus.Instance(ctx, name)
 	if err != nil {
 		return fmt.Errorf("removing %s: %w", name, err)
@@ -975,7 +975,7 @@ func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Durat
 	}
 	// The box holds its address now: a refresh pins a granted user's box
 	// (the watcher gave it its address) and fills its egress sets.
-	_, err = host.refreshPorts(ctx)
+	_, err = host.RefreshPorts(ctx)
 	return ip, err
 }
 

@@ -256,7 +256,7 @@ func (host *Host) SetEgress(ctx context.Context, box string, names []string) (*E
 			return nil, fmt.Errorf("egress of %s: %w", box, err)
 		}
 	}
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("egress of %s: %w", box, err)
 	}
 	return ch, nil

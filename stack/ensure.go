@@ -228,7 +228,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		Read:    func(ctx context.Context) (*incus.Profile, string, error) { return c.Profile(ctx, d.Profile.Name) },
 		Create:  func(ctx context.Context) error { return c.CreateProfile(ctx, d.Profile) },
 		Remove:  func(ctx context.Context) error { return c.DeleteProfile(ctx, d.Profile.Name) },
-		Differs: func(cur *incus.Profile) []string { return profileDiff(cur, d.Profile) },
+		Differs: func(cur *incus.Profile) []string { return ProfileDiff(cur, d.Profile) },
 		Update: func(ctx context.Context, _ *incus.Profile, etag string) error {
 			return c.UpdateProfile(ctx, d.Profile.Name, d.Profile, etag)
 		},
@@ -290,9 +290,9 @@ func shortQuote(v string) string {
 	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(v[:most]), len(v))
 }
 
-// profileDiff names how a live profile differs from the desired one: a
+// ProfileDiff names how a live profile differs from the desired one: a
 // device missing, changed or extra, or config present.
-func profileDiff(live *incus.Profile, want incus.Profile) []string {
+func ProfileDiff(live *incus.Profile, want incus.Profile) []string {
 	var out []string
 	for _, name := range slices.Sorted(maps.Keys(want.Devices)) {
 		if d := configDiff(live.Devices[name], want.Devices[name]); len(d) > 0 {

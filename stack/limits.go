@@ -69,7 +69,7 @@ func (host *Host) diskLimitNote(ctx context.Context, req MintRequest) string {
 	if req.Disk == "" {
 		return ""
 	}
-	pool, _, err := host.Incus.StoragePool(ctx, host.pool())
+	pool, _, err := host.Incus.StoragePool(ctx, host.Pool())
 	if err != nil {
 		// A granted user may not read pools: say nothing rather than guess.
 		return ""

@@ -90,7 +90,7 @@ func (host *Host) Move(ctx context.Context, name, member string) (*MoveResult, e
 		addr = got
 	}
 	res.Address = addr.String()
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("moved %s to %s, but refreshing the bridge ports failed: %w (run box doctor --fix)", name, member, err)
 	}
 	if res.Box, err = host.Info(ctx, name); err != nil {

@@ -102,7 +102,7 @@ func (host *Host) startAgain(ctx context.Context, name string) error {
 	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
 		return fmt.Errorf("starting %s again: %w (start it: box start %s)", name, err, name)
 	}
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		return fmt.Errorf("started %s again, but isolating its bridge port failed: %w (run box doctor --fix)", name, err)
 	}
 	return nil
@@ -140,12 +140,12 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	name = cmp.Or(name, bf.Name)
-	net, err := host.requireStack(ctx)
+	net, err := host.RequireStack(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	if host.Tier {
-		if err := host.requireWatcher(); err != nil {
+		if err := host.RequireWatcher(); err != nil {
 			return nil, fmt.Errorf("importing %s: %w", file, err)
 		}
 	}
@@ -173,14 +173,14 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	host.progressf("importing %s as %s...", file, name)
-	if err := host.Incus.ImportBackup(ctx, name, f, host.pool()); err != nil {
+	if err := host.Incus.ImportBackup(ctx, name, f, host.Pool()); err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	// From here on a failure leaves an instance that is not a proper box:
 	// remove it.
 	defer func() {
 		if err != nil {
-			if rerr := host.removeInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
+			if rerr := host.RemoveInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
 				err = errors.Join(err, fmt.Errorf("removing the half-imported %s: %w (remove it by hand: incus delete --force %s)", name, rerr, name))
 			}
 		}
@@ -272,7 +272,7 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 	if err = host.startFixed(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("imported %s, but isolating its bridge port failed: %w", name, err)
 	}
 	res.Box, err = host.Info(ctx, name)

@@ -35,7 +35,7 @@ type PortsRefresh struct {
 
 func (r PortsRefresh) empty() bool { return len(r.Isolated)+len(r.Added)+len(r.Removed) == 0 }
 
-// refreshPorts isolates every port of the bridge and, where the kernel has
+// RefreshPorts isolates every port of the bridge and, where the kernel has
 // no nft bridge meta, refreshes the bridge drop's port set (syncPorts),
 // then the pins (refreshPins): a box's port name is only known once it has
 // started, its lease once it has asked. It is the one refresh box commands
@@ -45,7 +45,7 @@ func (r PortsRefresh) empty() bool { return len(r.Isolated)+len(r.Added)+len(r.R
 // On a cluster it refreshes every member it can reach (its own, and those
 // MemberNetNS names): a box minted, started or moved from here may live on
 // any of them. Another machine's member is its port watcher's to refresh.
-func (host *Host) refreshPorts(ctx context.Context) (PortsRefresh, error) {
+func (host *Host) RefreshPorts(ctx context.Context) (PortsRefresh, error) {
 	if host.kernelless || host.Remote != "" {
 		// A remote's ports are its host's port watcher's.
 		return PortsRefresh{}, nil
@@ -76,7 +76,7 @@ func (host *Host) refreshPortsHere(ctx context.Context) (PortsRefresh, error) {
 	if host.Tier {
 		// A granted user cannot touch the kernel: the port watcher (root)
 		// puts the port in the set and pins it, as it does for any box.
-		return PortsRefresh{}, host.requireWatcher()
+		return PortsRefresh{}, host.RequireWatcher()
 	}
 	r, err := host.SyncPorts(ctx)
 	if err != nil {
@@ -193,10 +193,10 @@ func (host *Host) RefreshPins(ctx context.Context, r *PortsRefresh) error {
 	return nil
 }
 
-// requireWatcher refuses, on a granted user's behalf, when no port watcher
+// RequireWatcher refuses, on a granted user's behalf, when no port watcher
 // runs: without one a new box's port stays outside the bridge drop and the
 // pins.
-func (host *Host) requireWatcher() error {
+func (host *Host) RequireWatcher() error {
 	_, running, err := hostns.WatcherRunning(host.NetNS)
 	if err != nil {
 		return err

@@ -131,7 +131,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	case err != nil:
 		return nil, fmt.Errorf("reading profile %s: %w", gen.Profile, err)
 	default:
-		for _, diff := range profileDiff(prof, d.Profile) {
+		for _, diff := range ProfileDiff(prof, d.Profile) {
 			layer := model.LayerStack
 			if strings.Contains(diff, "port_isolation") {
 				layer = model.LayerPortIso
