@@ -101,7 +101,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	if _, err := cfg.Host.WaitAddress(mctx, names[PlaceA], 30*time.Second); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
-	if _, err := cfg.Host.CloneTo(mctx, names[PlaceA], "", names[PlaceC], r.localMember()); err != nil {
+	if _, err := stack.NewManager(cfg.Host).CloneTo(mctx, names[PlaceA], "", names[PlaceC], r.localMember()); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
 	if _, err := cfg.Host.WaitAddress(mctx, names[PlaceC], 30*time.Second); err != nil {
@@ -178,7 +178,7 @@ func (r *run) stamps() map[string]string {
 // operation timing out). A probe box is scaffolding, not evidence: a second
 // try changes no verdict.
 func mintProbeBox(ctx context.Context, cfg *Config, req stack.MintRequest) error {
-	_, err := cfg.Host.Mint(ctx, req)
+	_, err := stack.NewManager(cfg.Host).Mint(ctx, req)
 	var ns *stack.NotStartedError
 	if !errors.As(err, &ns) {
 		return err
@@ -187,7 +187,7 @@ func mintProbeBox(ctx context.Context, cfg *Config, req stack.MintRequest) error
 	if rerr := removeWhenIdle(ctx, cfg.Host, req.Name); rerr != nil && !isGone(rerr) {
 		return errors.Join(err, rerr)
 	}
-	_, err = cfg.Host.Mint(ctx, req)
+	_, err = stack.NewManager(cfg.Host).Mint(ctx, req)
 	return err
 }
 

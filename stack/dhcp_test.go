@@ -211,7 +211,7 @@ func TestRestoreGivesAFixedAddress(t *testing.T) {
 	f.add("b", "", "Stopped", "10.88.0.9")
 	f.snaps["b"] = []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{}}}
 	f.leases = []incus.NetworkLease{{Hwaddr: "10:66:6a:00:00:01", Address: "10.88.0.9", Type: "dynamic"}}
-	require.NoError(t, h.Restore(context.Background(), "b", "s1"))
+	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "b", "s1"))
 	assert.Equal(t, "10.88.0.9", fixedAddressOf(f.inst(t, "b")).String())
 }
 

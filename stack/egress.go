@@ -225,7 +225,8 @@ type EgressChange struct {
 
 // SetEgress puts a box under an allowlist (names) or opens it (names nil).
 // It takes effect at the next refresh, which it makes at once.
-func (host *Host) SetEgress(ctx context.Context, box string, names []string) (*EgressChange, error) {
+func (mgr *Manager) SetEgress(ctx context.Context, box string, names []string) (*EgressChange, error) {
+	host := mgr.host
 	inst, etag, err := host.resolve(ctx, box)
 	if err != nil {
 		return nil, err
@@ -313,7 +314,8 @@ type EgressState struct {
 }
 
 // Egress reads a box's policy and what its allow set holds now.
-func (host *Host) Egress(ctx context.Context, box string) (*EgressState, error) {
+func (mgr *Manager) Egress(ctx context.Context, box string) (*EgressState, error) {
+	host := mgr.host
 	inst, _, err := host.resolve(ctx, box)
 	if err != nil {
 		return nil, err
@@ -376,7 +378,8 @@ func unusedPolicyKeys(live, want map[string]string) []string {
 
 // EgressRefusals reads a box's refusals since since (all with a zero
 // since), oldest first.
-func (host *Host) EgressRefusals(ctx context.Context, box string, since time.Time) ([]egress.Refusal, error) {
+func (mgr *Manager) EgressRefusals(ctx context.Context, box string, since time.Time) ([]egress.Refusal, error) {
+	host := mgr.host
 	inst, _, err := host.resolve(ctx, box)
 	if err != nil {
 		return nil, err

@@ -32,7 +32,7 @@ func TestSystemHealAfterFlush(t *testing.T) {
 	require.NoError(t, err)
 	for i := range 2 {
 		name := uniq(t, fmt.Sprintf("t-heal%d-", i))
-		_, err := h.Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias})
+		_, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias})
 		require.NoError(t, err)
 		_, err = h.WaitAddress(ctx, name, 30*time.Second)
 		require.NoError(t, err)

@@ -28,7 +28,8 @@ type MoveResult struct {
 // fixed address (a box minted before box gave them gets one of its new
 // member's slice), its snapshots and its stamps; its doors listen on the
 // new member's loopback from its next start.
-func (host *Host) Move(ctx context.Context, name, member string) (*MoveResult, error) {
+func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult, error) {
+	host := mgr.host
 	inst, _, err := host.resolve(ctx, name)
 	if err != nil {
 		return nil, err
@@ -59,7 +60,7 @@ func (host *Host) Move(ctx context.Context, name, member string) (*MoveResult, e
 		if _, _, err := host.memberSlice(ctx, member); err != nil {
 			return nil, fmt.Errorf("moving %s: %w", name, err)
 		}
-		if err := host.leaveMember(ctx, name, addr); err != nil {
+		if err := mgr.leaveMember(ctx, name, addr); err != nil {
 			return nil, fmt.Errorf("moving %s: %w", name, err)
 		}
 		if err := host.Incus.MoveInstance(ctx, name, member); err != nil {
@@ -112,7 +113,8 @@ const keyMoving = "user.box.moving"
 // cannot apply in place does: the NIC loses its address and is renamed
 // (transitName) at once. The address is kept under keyMoving until
 // landAddress puts the NIC back as it was, on the new member.
-func (host *Host) leaveMember(ctx context.Context, name string, addr netip.Addr) error {
+func (mgr *Manager) leaveMember(ctx context.Context, name string, addr netip.Addr) error {
+	host := mgr.host
 	if !addr.IsValid() {
 		return nil
 	}
