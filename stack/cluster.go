@@ -858,3 +858,16 @@ func (host *Host) readdressIfTaken(ctx context.Context, name string) error {
 	_, err = host.fixAddress(ctx, name, member)
 	return err
 }
+
+// landAddress gives a box on member its fixed address addr again (after a
+// move), or a fresh one of the member's slice when addr is not valid or
+// another NIC on the member took it meanwhile.
+func (host *Host) landAddress(ctx context.Context, name, member string, addr netip.Addr) (netip.Addr, error) {
+	if addr.IsValid() {
+		err := host.setFixedAddress(ctx, name, addr)
+		if !isAddressConflict(err) {
+			return addr, err
+		}
+	}
+	return host.fixAddress(ctx, name, member)
+}

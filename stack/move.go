@@ -139,19 +139,6 @@ func (mgr *Manager) leaveMember(ctx context.Context, name string, addr netip.Add
 // transitName names a moving box's NIC inside it until it lands.
 const transitName = "box-moving"
 
-// landAddress gives a box on member its fixed address addr again (after a
-// move), or a fresh one of the member's slice when addr is not valid or
-// another NIC on the member took it meanwhile.
-func (host *Host) landAddress(ctx context.Context, name, member string, addr netip.Addr) (netip.Addr, error) {
-	if addr.IsValid() {
-		err := host.setFixedAddress(ctx, name, addr)
-		if !isAddressConflict(err) {
-			return addr, err
-		}
-	}
-	return host.fixAddress(ctx, name, member)
-}
-
 // movingAddress is the address a box held when a move of it stopped half
 // way (invalid when none).
 func movingAddress(inst *incus.Instance) netip.Addr {
