@@ -57,7 +57,7 @@ func tarball(t *testing.T, gz bool, entries ...tarEntry) []byte {
 // box-net profile, the tag and a stamp.
 func boxDef(name string) yamlInstance {
 	return yamlInstance{Name: name, Type: "container", Architecture: "x86_64",
-		Config:   map[string]string{model.Current.Tag: "1", StampOrigin: "image box-probe", "volatile.eth0.hwaddr": "10:66:6a:00:00:01"},
+		Config:   map[string]string{model.Current.Tag: "1", model.StampOrigin: "image box-probe", "volatile.eth0.hwaddr": "10:66:6a:00:00:01"},
 		Devices:  map[string]map[string]string{},
 		Profiles: []string{"box-net"}}
 }
@@ -252,7 +252,7 @@ func TestExpandWithIsIncus(t *testing.T) {
 	profiles := hostProfiles()
 	profiles["extra"] = incus.Profile{Config: map[string]string{"limits.cpu": "1", "security.nesting": "true"},
 		Devices: map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": "fast"}}}
-	got, missing := expandWith(inst, profiles)
+	got, missing := model.ExpandWith(inst, profiles)
 	assert.Empty(t, missing)
 	assert.Equal(t, map[string]string{"limits.cpu": "2", "security.nesting": "true"}, got.ExpandedConfig, "later profiles, then the instance, win")
 	assert.Equal(t, map[string]string{"type": "nic", "network": "boxnet"}, got.ExpandedDevices["eth0"], "a device is replaced whole, not merged")

@@ -110,7 +110,7 @@ func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		out := []*incus.Instance{}
-		for _, name := range sortedKeys(f.insts) {
+		for _, name := range model.SortedKeys(f.insts) {
 			out = append(out, f.render(f.insts[name]))
 		}
 		incustest.Sync(w, out)
@@ -252,8 +252,8 @@ func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 		}
 		next := *inst
 		next.Config, next.Devices, next.Profiles = put.Config, put.Devices, put.Profiles
-		a := fixedAddressOf(f.render(&next))
-		if a.IsValid() && a != fixedAddressOf(f.render(inst)) && f.setRace > 0 {
+		a := model.FixedAddressOf(f.render(&next))
+		if a.IsValid() && a != model.FixedAddressOf(f.render(inst)) && f.setRace > 0 {
 			f.setRace--
 			f.race(inst.Location, a)
 		}
@@ -318,7 +318,7 @@ func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 // render is an instance as Incus shows it: expanded with its profiles.
 func (f *clusterFake) render(i *incus.Instance) *incus.Instance {
 	out := *i
-	exp, _ := expandWith(out, hostProfiles())
+	exp, _ := model.ExpandWith(out, hostProfiles())
 	out.ExpandedConfig, out.ExpandedDevices = exp.ExpandedConfig, exp.ExpandedDevices
 	if !f.clustered {
 		out.Location = "none"
@@ -332,7 +332,7 @@ func (f *clusterFake) taken(i *incus.Instance, a netip.Addr) bool {
 		return false
 	}
 	for _, o := range f.insts {
-		if o.Name != i.Name && o.Location == i.Location && fixedAddressOf(f.render(o)) == a {
+		if o.Name != i.Name && o.Location == i.Location && model.FixedAddressOf(f.render(o)) == a {
 			return true
 		}
 	}
@@ -345,12 +345,12 @@ func (f *clusterFake) race(member string, a netip.Addr) {
 	f.raced++
 	name := fmt.Sprintf("racer%d", f.raced)
 	f.insts[name] = &incus.Instance{Name: name, Status: "Stopped", Location: member, Profiles: []string{"box-net"},
-		Config: map[string]string{model.Current.Tag: "1"}, Devices: map[string]map[string]string{"eth0": fixedNIC(a)}}
+		Config: map[string]string{model.Current.Tag: "1"}, Devices: map[string]map[string]string{"eth0": model.FixedNIC(a)}}
 }
 
 // startLocked starts i, checking its address as Incus does; f.mu is held.
 func (f *clusterFake) startLocked(i *incus.Instance) string {
-	a := fixedAddressOf(f.render(i))
+	a := model.FixedAddressOf(f.render(i))
 	if a.IsValid() && f.startRace > 0 {
 		f.startRace--
 		f.race(i.Location, a)
@@ -367,10 +367,10 @@ func (f *clusterFake) add(name, member, status, addr string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	i := &incus.Instance{Name: name, Type: "container", Architecture: "x86_64", Status: status, Location: member, Profiles: []string{"box-net"},
-		Config:  map[string]string{model.Current.Tag: "1", StampTemplate: "blank", "volatile.eth0.hwaddr": "10:66:6a:00:00:01", "volatile.uuid": "u1"},
+		Config:  map[string]string{model.Current.Tag: "1", model.StampTemplate: "blank", "volatile.eth0.hwaddr": "10:66:6a:00:00:01", "volatile.uuid": "u1"},
 		Devices: map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": "default", "size": "20GiB"}}}
 	if addr != "" {
-		i.Devices["eth0"] = fixedNIC(netip.MustParseAddr(addr))
+		i.Devices["eth0"] = model.FixedNIC(netip.MustParseAddr(addr))
 	}
 	f.insts[name] = i
 }
@@ -411,10 +411,10 @@ func TestCreateOnAClusterGivesAFixedAddress(t *testing.T) {
 			b := f.inst(t, "b")
 			assert.Equal(t, tc.member, b.Location)
 			assert.Equal(t, "Running", b.Status)
-			a := fixedAddressOf(b)
+			a := model.FixedAddressOf(b)
 			assert.Equal(t, tc.want, a.String())
 			inSlice(t, tc.member, a)
-			assert.Equal(t, fixedNIC(a), b.Devices["eth0"], "the profile's NIC, with the address")
+			assert.Equal(t, model.FixedNIC(a), b.Devices["eth0"], "the profile's NIC, with the address")
 
 			creates := f.srv.Find(http.MethodPost, "/1.0/instances")
 			require.Len(t, creates, 1)
@@ -454,10 +454,10 @@ func TestCreateOnAClusterRetriesAnAddressConflict(t *testing.T) {
 			require.NoError(t, err)
 			b := f.inst(t, "b")
 			assert.Equal(t, "Running", b.Status)
-			a := fixedAddressOf(b)
+			a := model.FixedAddressOf(b)
 			inSlice(t, "m3", a)
 			for i := 1; i <= f.raced; i++ {
-				assert.NotEqual(t, fixedAddressOf(f.inst(t, fmt.Sprintf("racer%d", i))), a, "not the address the racer took")
+				assert.NotEqual(t, model.FixedAddressOf(f.inst(t, fmt.Sprintf("racer%d", i))), a, "not the address the racer took")
 			}
 			assert.Equal(t, tc.setRace+tc.startRace, f.raced)
 		})
@@ -478,7 +478,7 @@ func TestCreateOnAStandaloneHost(t *testing.T) {
 	require.NoError(t, h.create(context.Background(), MintRequest{Name: "b"}, post))
 	b := f.inst(t, "b")
 	assert.Equal(t, "Running", b.Status)
-	assert.Equal(t, "10.88.0.3", fixedAddressOf(b).String(), "the first address of the subnet nobody holds (.1 is the gateway, .2 a's)")
+	assert.Equal(t, "10.88.0.3", model.FixedAddressOf(b).String(), "the first address of the subnet nobody holds (.1 is the gateway, .2 a's)")
 	var sent incus.InstancesPost
 	require.NoError(t, json.Unmarshal(f.srv.Find(http.MethodPost, "/1.0/instances")[0].Body, &sent))
 	assert.False(t, sent.Start, "created stopped, started once it has its address")
@@ -488,7 +488,7 @@ func TestCreateOnAStandaloneHost(t *testing.T) {
 	post.Name = "t"
 	require.NoError(t, tier.create(context.Background(), MintRequest{Name: "t"}, post))
 	assert.Equal(t, "Running", f.inst(t, "t").Status, "a granted user's: created and started in one request")
-	assert.False(t, fixedAddressOf(f.inst(t, "t")).IsValid(), "its user picks none")
+	assert.False(t, model.FixedAddressOf(f.inst(t, "t")).IsValid(), "its user picks none")
 	assert.Empty(t, f.srv.Find(http.MethodPut, "/1.0/instances/t"))
 }
 
@@ -509,7 +509,7 @@ func TestStartGivesAFixedAddress(t *testing.T) {
 	require.NoError(t, (&Manager{host: h}).Start(context.Background(), "old"))
 	b := f.inst(t, "old")
 	assert.Equal(t, "Running", b.Status)
-	inSlice(t, "m2", fixedAddressOf(b))
+	inSlice(t, "m2", model.FixedAddressOf(b))
 }
 
 // A clone on a cluster gets a fixed address of its own member's slice,
@@ -532,8 +532,8 @@ func TestCloneOnAClusterGetsItsOwnAddress(t *testing.T) {
 			f.place = cmp.Or(tc.place, "m2")
 			f.add("src", "m1", tc.srcStatus, "10.88.0.32")
 			f.snaps["src"] = []incus.Instance{{Name: "s1", Architecture: "x86_64", Profiles: []string{"box-net"},
-				Config:  map[string]string{model.Current.Tag: "1", StampTemplate: "older"},
-				Devices: map[string]map[string]string{"eth0": fixedNIC(netip.MustParseAddr("10.88.0.32")), "root": {"type": "disk", "path": "/", "pool": "default", "size": "20GiB"}}}}
+				Config:  map[string]string{model.Current.Tag: "1", model.StampTemplate: "older"},
+				Devices: map[string]map[string]string{"eth0": model.FixedNIC(netip.MustParseAddr("10.88.0.32")), "root": {"type": "disk", "path": "/", "pool": "default", "size": "20GiB"}}}}
 			res, err := (&Manager{host: h}).CloneTo(context.Background(), "src", tc.snap, "c", tc.target)
 			require.NoError(t, err)
 			assert.Equal(t, tc.coldCopy, res.SourceStopped)
@@ -541,14 +541,14 @@ func TestCloneOnAClusterGetsItsOwnAddress(t *testing.T) {
 
 			c := f.inst(t, "c")
 			assert.Equal(t, "Running", c.Status)
-			a := fixedAddressOf(c)
+			a := model.FixedAddressOf(c)
 			inSlice(t, tc.member, a)
 			assert.NotEqual(t, "10.88.0.32", a.String(), "not its source's address")
-			assert.Equal(t, "10.88.0.32", fixedAddressOf(f.inst(t, "src")).String(), "the source keeps its own")
+			assert.Equal(t, "10.88.0.32", model.FixedAddressOf(f.inst(t, "src")).String(), "the source keeps its own")
 			assert.Equal(t, tc.srcStatus, f.inst(t, "src").Status)
 			assert.Equal(t, "20GiB", c.Devices["root"]["size"], "the source's other devices come along")
 			if tc.snap != "" {
-				assert.Equal(t, "older", c.Config[StampTemplate], "the snapshot's definition")
+				assert.Equal(t, "older", c.Config[model.StampTemplate], "the snapshot's definition")
 			}
 
 			creates := f.srv.Find(http.MethodPost, "/1.0/instances")
@@ -557,7 +557,7 @@ func TestCloneOnAClusterGetsItsOwnAddress(t *testing.T) {
 			var sent incus.InstancesPost
 			require.NoError(t, json.Unmarshal(last.Body, &sent))
 			assert.Equal(t, "x86_64", sent.Architecture)
-			assert.Equal(t, boxNIC(), sent.Devices["eth0"], "the copy's NIC asks for no address")
+			assert.Equal(t, model.BoxNIC(), sent.Devices["eth0"], "the copy's NIC asks for no address")
 			for k := range sent.Config {
 				assert.False(t, strings.HasPrefix(k, "volatile."), "the source's %s stays the source's", k)
 			}
@@ -583,8 +583,8 @@ func TestCloneOffAClusterIsAPlainCopy(t *testing.T) {
 	require.NoError(t, json.Unmarshal(f.srv.Find(http.MethodPost, "/1.0/instances")[0].Body, &sent))
 	assert.Nil(t, sent.Devices)
 	assert.Empty(t, sent.Architecture)
-	assert.Equal(t, "10.88.0.3", fixedAddressOf(f.inst(t, "c")).String(), "its own, not its source's")
-	assert.Equal(t, "10.88.0.2", fixedAddressOf(f.inst(t, "src")).String())
+	assert.Equal(t, "10.88.0.3", model.FixedAddressOf(f.inst(t, "c")).String(), "its own, not its source's")
+	assert.Equal(t, "10.88.0.2", model.FixedAddressOf(f.inst(t, "src")).String())
 }
 
 func TestMoveKeepsTheAddress(t *testing.T) {
@@ -598,7 +598,7 @@ func TestMoveKeepsTheAddress(t *testing.T) {
 	assert.Equal(t, "m3", res.Box.Member)
 	b := f.inst(t, "b")
 	assert.Equal(t, "m3", b.Location)
-	assert.Equal(t, "10.88.0.33", fixedAddressOf(b).String(), "its address goes with it: no member hands it out again")
+	assert.Equal(t, "10.88.0.33", model.FixedAddressOf(b).String(), "its address goes with it: no member hands it out again")
 	assert.Equal(t, "Stopped", b.Status, "moved, not started")
 	assert.NotContains(t, b.Config, keyMoving)
 
@@ -621,7 +621,7 @@ func TestMoveKeepsTheAddress(t *testing.T) {
 	assert.Equal(t, http.MethodPost, writes[1].Method)
 	assert.Equal(t, "m3", writes[1].Query.Get("target"))
 	require.NoError(t, json.Unmarshal(writes[2].Body, &land))
-	assert.Equal(t, fixedNIC(netip.MustParseAddr("10.88.0.33")), land.Devices["eth0"])
+	assert.Equal(t, model.FixedNIC(netip.MustParseAddr("10.88.0.33")), land.Devices["eth0"])
 	assert.NotContains(t, land.Config, keyMoving)
 
 	// Where it is already, nothing moves.
@@ -644,7 +644,7 @@ func TestAMovingBoxKeepsItsAddress(t *testing.T) {
 	// A move that stopped half-way: box start puts it back.
 	require.NoError(t, (&Manager{host: h}).Start(context.Background(), "b"))
 	b := f.inst(t, "b")
-	assert.Equal(t, "10.88.0.32", fixedAddressOf(b).String())
+	assert.Equal(t, "10.88.0.32", model.FixedAddressOf(b).String())
 	assert.NotContains(t, b.Config, keyMoving)
 }
 
@@ -658,7 +658,7 @@ func TestAFailedMoveGivesTheAddressBack(t *testing.T) {
 	assert.Contains(t, err.Error(), "no space left")
 	b := f.inst(t, "b")
 	assert.Equal(t, "m1", b.Location)
-	assert.Equal(t, "10.88.0.33", fixedAddressOf(b).String())
+	assert.Equal(t, "10.88.0.33", model.FixedAddressOf(b).String())
 	assert.NotContains(t, b.Config, keyMoving)
 }
 
@@ -670,7 +670,7 @@ func TestMoveGivesAnAddressToABoxWithout(t *testing.T) {
 	res, err := (&Manager{host: h}).Move(context.Background(), "old", "m2")
 	require.NoError(t, err)
 	inSlice(t, "m2", netip.MustParseAddr(res.Address))
-	assert.Equal(t, res.Address, fixedAddressOf(f.inst(t, "old")).String())
+	assert.Equal(t, res.Address, model.FixedAddressOf(f.inst(t, "old")).String())
 	assert.Contains(t, res.Notes[0], "it had no fixed address")
 }
 
@@ -714,11 +714,11 @@ func TestImportOnAClusterGetsAnAddressOfItsMember(t *testing.T) {
 			f.clustered = clustered
 			f.add("work", "m1", "Running", "10.88.0.32")
 			fixture := newBackupFixture()
-			fixture.backup.Container.Devices["eth0"] = fixedNIC(netip.MustParseAddr("10.88.0.32"))
+			fixture.backup.Container.Devices["eth0"] = model.FixedNIC(netip.MustParseAddr("10.88.0.32"))
 			f.importFile = func(name string) *incus.Instance {
 				return &incus.Instance{Name: name, Type: "container", Status: "Stopped", Profiles: []string{"box-net"},
 					Config:  map[string]string{model.Current.Tag: "1", "volatile.eth0.hwaddr": "10:66:6a:00:00:01"},
-					Devices: map[string]map[string]string{"eth0": fixedNIC(netip.MustParseAddr("10.88.0.32"))}}
+					Devices: map[string]map[string]string{"eth0": model.FixedNIC(netip.MustParseAddr("10.88.0.32"))}}
 			}
 			res, err := (&Manager{host: h}).Import(context.Background(), fixtureFile(t, fixture), "copy")
 			require.NoError(t, err)
@@ -726,12 +726,12 @@ func TestImportOnAClusterGetsAnAddressOfItsMember(t *testing.T) {
 			assert.Equal(t, "Running", c.Status)
 			if clustered {
 				assert.Equal(t, "m1", res.Box.Member)
-				a := fixedAddressOf(c)
+				a := model.FixedAddressOf(c)
 				inSlice(t, "m1", a)
 				assert.NotEqual(t, "10.88.0.32", a.String(), "not the address in the file")
 				return
 			}
-			a := fixedAddressOf(c)
+			a := model.FixedAddressOf(c)
 			assert.True(t, a.IsValid(), "a fixed address of this host's")
 			assert.NotEqual(t, "10.88.0.32", a.String(), "not the address in the file, which work holds")
 			assert.Contains(t, strings.Join(res.Notes, "\n"), "its fixed address 10.88.0.32 was the host's it came from: it gets one of this host's")
@@ -748,16 +748,16 @@ func TestRestoreOnAClusterReaddressesATakenAddress(t *testing.T) {
 	f.add("src", "m2", "Stopped", "10.88.0.64")
 	f.add("c", "m3", "Stopped", "10.88.0.96")
 	snap := func(addr string) []incus.Instance {
-		return []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{"eth0": fixedNIC(netip.MustParseAddr(addr))}}}
+		return []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{"eth0": model.FixedNIC(netip.MustParseAddr(addr))}}}
 	}
 	f.snaps["c"] = snap("10.88.0.64") // carried over from src
 	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "c", "s1"))
-	a := fixedAddressOf(f.inst(t, "c"))
+	a := model.FixedAddressOf(f.inst(t, "c"))
 	inSlice(t, "m3", a)
 	assert.NotEqual(t, "10.88.0.64", a.String(), "not src's address, which src still has")
-	assert.Equal(t, "10.88.0.64", fixedAddressOf(f.inst(t, "src")).String())
+	assert.Equal(t, "10.88.0.64", model.FixedAddressOf(f.inst(t, "src")).String())
 
 	f.snaps["c"] = snap("10.88.0.97")
 	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "c", "s1"))
-	assert.Equal(t, "10.88.0.97", fixedAddressOf(f.inst(t, "c")).String(), "its own address, taken by nobody else, stays")
+	assert.Equal(t, "10.88.0.97", model.FixedAddressOf(f.inst(t, "c")).String(), "its own address, taken by nobody else, stays")
 }

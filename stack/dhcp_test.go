@@ -149,9 +149,9 @@ func TestFixAllAddressesKeepsTheLease(t *testing.T) {
 	}
 	assert.Equal(t, []string{"updated box gone: fixed address 10.88.0.2", "updated box old: fixed address 10.88.0.77",
 		"updated box taken: fixed address 10.88.0.3"}, got, "in the listing's order, each the first free address or its lease's")
-	assert.Equal(t, "10.88.0.77", fixedAddressOf(f.inst(t, "old")).String(), "the address it leases")
-	assert.Equal(t, "10.88.0.40", fixedAddressOf(f.inst(t, "fixed")).String())
-	assert.False(t, fixedAddressOf(f.inst(t, "foreign")).IsValid(), "not box's")
+	assert.Equal(t, "10.88.0.77", model.FixedAddressOf(f.inst(t, "old")).String(), "the address it leases")
+	assert.Equal(t, "10.88.0.40", model.FixedAddressOf(f.inst(t, "fixed")).String())
+	assert.False(t, model.FixedAddressOf(f.inst(t, "foreign")).IsValid(), "not box's")
 	assert.Empty(t, dhcpFindings(boxesOnly(f)), "every box has one now")
 	changes, err = h.fixAllAddresses(context.Background(), ci)
 	require.NoError(t, err)
@@ -191,9 +191,9 @@ func TestFixMissingAddresses(t *testing.T) {
 	assert.True(t, fixed)
 	assert.Empty(t, busy)
 	up := f.inst(t, "up")
-	assert.Equal(t, "10.88.0.2", fixedAddressOf(up).String())
+	assert.Equal(t, "10.88.0.2", model.FixedAddressOf(up).String())
 	assert.Equal(t, "false", up.Devices["eth0"]["security.port_isolation"], "its own NIC's keys are kept")
-	assert.False(t, fixedAddressOf(f.inst(t, "down")).IsValid(), "no port: Start or Ensure gives it one")
+	assert.False(t, model.FixedAddressOf(f.inst(t, "down")).IsValid(), "no port: Start or Ensure gives it one")
 	n := len(f.srv.Find(http.MethodPut, "/1.0/instances/up"))
 	insts, err = h.Incus.AllInstances(context.Background())
 	require.NoError(t, err)
@@ -212,7 +212,7 @@ func TestRestoreGivesAFixedAddress(t *testing.T) {
 	f.snaps["b"] = []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{}}}
 	f.leases = []incus.NetworkLease{{Hwaddr: "10:66:6a:00:00:01", Address: "10.88.0.9", Type: "dynamic"}}
 	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "b", "s1"))
-	assert.Equal(t, "10.88.0.9", fixedAddressOf(f.inst(t, "b")).String())
+	assert.Equal(t, "10.88.0.9", model.FixedAddressOf(f.inst(t, "b")).String())
 }
 
 func TestLeaseClient(t *testing.T) {
