@@ -72,6 +72,13 @@ var fakeSlices = map[string]string{"m1": "10.88.0.32/27", "m2": "10.88.0.64/27",
 
 func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 	t.Helper()
+	f := newClusterServer(t)
+	return f, &Host{Incus: incus.New(f.srv.Socket()), NoKernel: true}
+}
+
+// newClusterServer is the fake incusd alone.
+func newClusterServer(t *testing.T) *clusterFake {
+	t.Helper()
 	f := &clusterFake{srv: incustest.New(t), clustered: true, insts: map[string]*incus.Instance{}, snaps: map[string][]incus.Instance{}, place: "m2", members: []string{"m1", "m2", "m3"}}
 	s := f.srv
 	s.Handle("GET /1.0", func(w http.ResponseWriter, r *http.Request) {
@@ -312,7 +319,7 @@ func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 		f.mu.Unlock()
 		f.srv.Async(w, incustest.Op{Description: "Deleting instance"})
 	})
-	return f, &Host{Incus: incus.New(s.Socket()), kernelless: true}
+	return f
 }
 
 // render is an instance as Incus shows it: expanded with its profiles.

@@ -150,7 +150,7 @@ func newMintFake(t *testing.T) (*mintFake, *Host) {
 		i.Config, i.Devices = put.Config, put.Devices
 		s.Async(w, incustest.Op{Description: "Updating instance"})
 	})
-	return f, &Host{Incus: incus.New(s.Socket()), kernelless: true}
+	return f, &Host{Incus: incus.New(s.Socket()), NoKernel: true}
 }
 
 // created is the create request box sent.
