@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -58,7 +60,7 @@ func newMintFake(t *testing.T) (*mintFake, *Host) {
 		incustest.Sync(w, map[string]any{"name": "boxnet", "config": map[string]string{"ipv4.address": "10.88.0.1/24"}})
 	})
 	s.Handle("GET /1.0/profiles/box-net", func(w http.ResponseWriter, r *http.Request) {
-		incustest.Sync(w, hostProfiles()[model.Current.Profile])
+		incustest.Sync(w, stacktest.HostProfiles()[model.Current.Profile])
 	})
 	s.Handle("GET /1.0/images/aliases/{name...}", func(w http.ResponseWriter, r *http.Request) {
 		if r.PathValue("name") != "here" {
