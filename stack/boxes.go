@@ -353,12 +353,12 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*Box, error) {
 		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.Pool(), "size": req.Disk}
 	}
 	req.progress = func(s string) { host.progressf("minting %s from %s: %s", req.Name, req.Image, s) }
-	err = host.create(ctx, req, incus.InstancesPost{
+	err = host.create(ctx, incus.InstancesPost{
 		Name: req.Name, Type: typ, Config: cfg, Devices: devices,
 		Profiles: []string{model.Current.Profile},
 		Source:   img.source,
 		Start:    true,
-	})
+	}, req.Target, req.progress)
 	if err != nil {
 		// A box that was created but would not start is no box: remove it
 		// rather than leave a tagged, stopped half-box behind (also when
@@ -392,7 +392,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	}
 	if n := mgr.diskLimitNote(ctx, req); n != "" {
 		notes = append(notes, n)
-	} else if n := host.accountingNote(ctx, req); n != "" {
+	} else if n := host.accountingNote(ctx, req.Disk); n != "" {
 		notes = append(notes, n)
 	}
 	b, err := host.Info(ctx, req.Name)

@@ -536,30 +536,30 @@ func ParseMemberNetNS(s string) (map[string]string, error) {
 // (fixAddress), then started (startFixed). A granted user sees neither the
 // bridge nor the other projects' boxes to pick one from: the port watcher
 // (root) gives theirs one as its port comes up (fixMissingAddresses).
-func (host *Host) create(ctx context.Context, req MintRequest, post incus.InstancesPost) error {
+func (host *Host) create(ctx context.Context, post incus.InstancesPost, target string, progress func(string)) error {
 	ci, err := host.Cluster(ctx)
 	if err != nil {
 		return err
 	}
-	if !ci.Clustered() && req.Target != "" {
-		return fmt.Errorf("minting %s: --target %s: this incusd is not a cluster member", req.Name, req.Target)
+	if !ci.Clustered() && target != "" {
+		return fmt.Errorf("minting %s: --target %s: this incusd is not a cluster member", post.Name, target)
 	}
 	if host.Tier {
-		return host.Incus.CreateInstanceWithProgress(ctx, post, req.progress)
+		return host.Incus.CreateInstanceWithProgress(ctx, post, progress)
 	}
-	if err := ci.checkMember(req.Target); err != nil {
-		return fmt.Errorf("minting %s: %w", req.Name, err)
+	if err := ci.checkMember(target); err != nil {
+		return fmt.Errorf("minting %s: %w", post.Name, err)
 	}
 	start := post.Start
 	post.Start = false
 	cl := host.Incus
-	if req.Target != "" {
-		cl = cl.Target(req.Target)
+	if target != "" {
+		cl = cl.Target(target)
 	}
-	if err := cl.CreateInstanceWithProgress(ctx, post, req.progress); err != nil {
+	if err := cl.CreateInstanceWithProgress(ctx, post, progress); err != nil {
 		return err
 	}
-	member := req.Target
+	member := target
 	if member == "" && ci.Clustered() {
 		inst, _, err := host.Incus.Instance(ctx, post.Name)
 		if err != nil {

@@ -19,136 +19,10 @@ import (
 	"github.com/box-isolation/box/stack/stacktest"
 )
 
-// A box names the member it is on; a standalone incusd's "none" is no
-// member, and the JSON then has no member key.
-func TestBoxNamesItsMember(t *testing.T) {
-	for loc, want := range map[string]string{"m2": "m2", "none": "", "": ""} {
-		inst := &incus.Instance{Name: "b", Location: loc, Config: map[string]string{model.Current.Tag: "1"}}
-		b := boxOf(inst, model.Current.Name)
-		assert.Equal(t, want, b.Member, "location %q", loc)
-		js, err := json.Marshal(b)
-		assert.NoError(t, err)
-		if want == "" {
-			assert.NotContains(t, string(js), `"member"`)
-		} else {
-			assert.Contains(t, string(js), `"member":"m2"`)
-		}
-	}
-}
-
 func newClusterFake(t *testing.T) (*stacktest.ClusterFake, *Host) {
 	t.Helper()
 	f := stacktest.NewClusterServer(t)
 	return f, &Host{Incus: incus.New(f.Srv.Socket()), NoKernel: true}
-}
-
-func TestCreateOnAClusterGivesAFixedAddress(t *testing.T) {
-	for _, tc := range []struct {
-		name, target, place, member string
-		want                        string
-	}{
-		// The first address of m3's slice is a moved box's, elsewhere:
-		// the pick is cluster-wide.
-		{name: "target", target: "m3", place: "m2", member: "m3", want: "10.88.0.97"},
-		{name: "placed by incus", place: "m2", member: "m2", want: "10.88.0.64"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f, h := newClusterFake(t)
-			f.Place = tc.place
-			f.Add("moved", "m1", "Running", "10.88.0.96")
-			post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{model.Current.Tag: "1"}, Start: true}
-			require.NoError(t, h.create(context.Background(), MintRequest{Name: "b", Target: tc.target}, post))
-
-			b := f.Inst(t, "b")
-			assert.Equal(t, tc.member, b.Location)
-			assert.Equal(t, "Running", b.Status)
-			a := model.FixedAddressOf(b)
-			assert.Equal(t, tc.want, a.String())
-			stacktest.InSlice(t, tc.member, a)
-			assert.Equal(t, model.FixedNIC(a), b.Devices["eth0"], "the profile's NIC, with the address")
-
-			creates := f.Srv.Find(http.MethodPost, "/1.0/instances")
-			require.Len(t, creates, 1)
-			assert.Equal(t, tc.target, creates[0].Query.Get("target"))
-			var sent incus.InstancesPost
-			require.NoError(t, json.Unmarshal(creates[0].Body, &sent))
-			assert.False(t, sent.Start, "created stopped: it starts once it has its address")
-		})
-	}
-}
-
-// Incus checks a fixed address when it is set and when the box starts: a
-// box that loses either race to one minted at the same moment on its
-// member gets another address, and starts.
-func TestCreateOnAClusterRetriesAnAddressConflict(t *testing.T) {
-	for _, tc := range []struct {
-		name               string
-		setRace, startRace int
-		fail               bool
-	}{
-		{name: "at the set", setRace: 1},
-		{name: "at the start", startRace: 1},
-		{name: "both", setRace: 1, startRace: 1},
-		{name: "every time", setRace: 9, fail: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f, h := newClusterFake(t)
-			f.SetRace, f.StartRace = tc.setRace, tc.startRace
-			post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{model.Current.Tag: "1"}, Start: true}
-			err := h.create(context.Background(), MintRequest{Name: "b", Target: "m3"}, post)
-			if tc.fail {
-				require.Error(t, err)
-				assert.Contains(t, err.Error(), "already defined on another NIC")
-				assert.Len(t, f.Srv.Find(http.MethodPut, "/1.0/instances/b"), addressTries, "it tries a fixed number of times")
-				return
-			}
-			require.NoError(t, err)
-			b := f.Inst(t, "b")
-			assert.Equal(t, "Running", b.Status)
-			a := model.FixedAddressOf(b)
-			stacktest.InSlice(t, "m3", a)
-			for i := 1; i <= f.Raced; i++ {
-				assert.NotEqual(t, model.FixedAddressOf(f.Inst(t, fmt.Sprintf("racer%d", i))), a, "not the address the racer took")
-			}
-			assert.Equal(t, tc.setRace+tc.startRace, f.Raced)
-		})
-	}
-}
-
-// On a standalone host a box gets a fixed address too (L-DHCP), of the
-// bridge's subnet: created stopped, given it, then started. A granted
-// user's is created started: the port watcher gives it one.
-func TestCreateOnAStandaloneHost(t *testing.T) {
-	f, h := newClusterFake(t)
-	f.Clustered = false
-	f.Add("a", "", "Running", "10.88.0.2")
-	post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{model.Current.Tag: "1"}, Start: true}
-	err := h.create(context.Background(), MintRequest{Name: "b", Target: "m3"}, post)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "--target m3: this incusd is not a cluster member")
-	require.NoError(t, h.create(context.Background(), MintRequest{Name: "b"}, post))
-	b := f.Inst(t, "b")
-	assert.Equal(t, "Running", b.Status)
-	assert.Equal(t, "10.88.0.3", model.FixedAddressOf(b).String(), "the first address of the subnet nobody holds (.1 is the gateway, .2 a's)")
-	var sent incus.InstancesPost
-	require.NoError(t, json.Unmarshal(f.Srv.Find(http.MethodPost, "/1.0/instances")[0].Body, &sent))
-	assert.False(t, sent.Start, "created stopped, started once it has its address")
-
-	tier := *h
-	tier.Tier = true
-	post.Name = "t"
-	require.NoError(t, tier.create(context.Background(), MintRequest{Name: "t"}, post))
-	assert.Equal(t, "Running", f.Inst(t, "t").Status, "a granted user's: created and started in one request")
-	assert.False(t, model.FixedAddressOf(f.Inst(t, "t")).IsValid(), "its user picks none")
-	assert.Empty(t, f.Srv.Find(http.MethodPut, "/1.0/instances/t"))
-}
-
-func TestCreateRefusesAnUnknownMember(t *testing.T) {
-	f, h := newClusterFake(t)
-	err := h.create(context.Background(), MintRequest{Name: "b", Target: "m9"}, incus.InstancesPost{Name: "b"})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "no cluster member m9 (members: m1, m2, m3)")
-	assert.Empty(t, f.Srv.Find(http.MethodPost, "/1.0/instances"))
 }
 
 // A box on a cluster without a fixed address (minted before box gave
@@ -411,4 +285,16 @@ func TestRestoreOnAClusterReaddressesATakenAddress(t *testing.T) {
 	f.Snaps["c"] = snap("10.88.0.97")
 	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "c", "s1"))
 	assert.Equal(t, "10.88.0.97", model.FixedAddressOf(f.Inst(t, "c")).String(), "its own address, taken by nobody else, stays")
+}
+
+// A restore of a snapshot taken before box stored addresses brings back a
+// NIC with none: it gets one (the one its MAC leases, if any).
+func TestRestoreGivesAFixedAddress(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.Clustered = false
+	f.Add("b", "", "Stopped", "10.88.0.9")
+	f.Snaps["b"] = []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{}}}
+	f.Leases = []incus.NetworkLease{{Hwaddr: "10:66:6a:00:00:01", Address: "10.88.0.9", Type: "dynamic"}}
+	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "b", "s1"))
+	assert.Equal(t, "10.88.0.9", model.FixedAddressOf(f.Inst(t, "b")).String())
 }

@@ -6,6 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"context"
+	"encoding/json"
+	"net/http"
+
 	"github.com/box-isolation/box/stack/stacktest"
 
 	"github.com/stretchr/testify/assert"
@@ -225,4 +229,130 @@ func TestAddressFindings(t *testing.T) {
 		assert.Equal(t, "instance not-a-box", fs[1].Object)
 		assert.True(t, fs[1].Advisory, "not box's: the bridge's DHCP simply does not answer it")
 	})
+}
+
+// A box names the member it is on; a standalone incusd's "none" is no
+// member, and the JSON then has no member key.
+func TestBoxNamesItsMember(t *testing.T) {
+	for loc, want := range map[string]string{"m2": "m2", "none": "", "": ""} {
+		inst := &incus.Instance{Name: "b", Location: loc, Config: map[string]string{model.Current.Tag: "1"}}
+		b := boxOf(inst, model.Current.Name)
+		assert.Equal(t, want, b.Member, "location %q", loc)
+		js, err := json.Marshal(b)
+		assert.NoError(t, err)
+		if want == "" {
+			assert.NotContains(t, string(js), `"member"`)
+		} else {
+			assert.Contains(t, string(js), `"member":"m2"`)
+		}
+	}
+}
+
+func TestCreateOnAClusterGivesAFixedAddress(t *testing.T) {
+	for _, tc := range []struct {
+		name, target, place, member string
+		want                        string
+	}{
+		// The first address of m3's slice is a moved box's, elsewhere:
+		// the pick is cluster-wide.
+		{name: "target", target: "m3", place: "m2", member: "m3", want: "10.88.0.97"},
+		{name: "placed by incus", place: "m2", member: "m2", want: "10.88.0.64"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, h := newClusterFake(t)
+			f.Place = tc.place
+			f.Add("moved", "m1", "Running", "10.88.0.96")
+			post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{model.Current.Tag: "1"}, Start: true}
+			require.NoError(t, h.create(context.Background(), post, tc.target, nil))
+
+			b := f.Inst(t, "b")
+			assert.Equal(t, tc.member, b.Location)
+			assert.Equal(t, "Running", b.Status)
+			a := model.FixedAddressOf(b)
+			assert.Equal(t, tc.want, a.String())
+			stacktest.InSlice(t, tc.member, a)
+			assert.Equal(t, model.FixedNIC(a), b.Devices["eth0"], "the profile's NIC, with the address")
+
+			creates := f.Srv.Find(http.MethodPost, "/1.0/instances")
+			require.Len(t, creates, 1)
+			assert.Equal(t, tc.target, creates[0].Query.Get("target"))
+			var sent incus.InstancesPost
+			require.NoError(t, json.Unmarshal(creates[0].Body, &sent))
+			assert.False(t, sent.Start, "created stopped: it starts once it has its address")
+		})
+	}
+}
+
+// Incus checks a fixed address when it is set and when the box starts: a
+// box that loses either race to one minted at the same moment on its
+// member gets another address, and starts.
+func TestCreateOnAClusterRetriesAnAddressConflict(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		setRace, startRace int
+		fail               bool
+	}{
+		{name: "at the set", setRace: 1},
+		{name: "at the start", startRace: 1},
+		{name: "both", setRace: 1, startRace: 1},
+		{name: "every time", setRace: 9, fail: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, h := newClusterFake(t)
+			f.SetRace, f.StartRace = tc.setRace, tc.startRace
+			post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{model.Current.Tag: "1"}, Start: true}
+			err := h.create(context.Background(), post, "m3", nil)
+			if tc.fail {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "already defined on another NIC")
+				assert.Len(t, f.Srv.Find(http.MethodPut, "/1.0/instances/b"), addressTries, "it tries a fixed number of times")
+				return
+			}
+			require.NoError(t, err)
+			b := f.Inst(t, "b")
+			assert.Equal(t, "Running", b.Status)
+			a := model.FixedAddressOf(b)
+			stacktest.InSlice(t, "m3", a)
+			for i := 1; i <= f.Raced; i++ {
+				assert.NotEqual(t, model.FixedAddressOf(f.Inst(t, fmt.Sprintf("racer%d", i))), a, "not the address the racer took")
+			}
+			assert.Equal(t, tc.setRace+tc.startRace, f.Raced)
+		})
+	}
+}
+
+// On a standalone host a box gets a fixed address too (L-DHCP), of the
+// bridge's subnet: created stopped, given it, then started. A granted
+// user's is created started: the port watcher gives it one.
+func TestCreateOnAStandaloneHost(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.Clustered = false
+	f.Add("a", "", "Running", "10.88.0.2")
+	post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{model.Current.Tag: "1"}, Start: true}
+	err := h.create(context.Background(), post, "m3", nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--target m3: this incusd is not a cluster member")
+	require.NoError(t, h.create(context.Background(), post, "", nil))
+	b := f.Inst(t, "b")
+	assert.Equal(t, "Running", b.Status)
+	assert.Equal(t, "10.88.0.3", model.FixedAddressOf(b).String(), "the first address of the subnet nobody holds (.1 is the gateway, .2 a's)")
+	var sent incus.InstancesPost
+	require.NoError(t, json.Unmarshal(f.Srv.Find(http.MethodPost, "/1.0/instances")[0].Body, &sent))
+	assert.False(t, sent.Start, "created stopped, started once it has its address")
+
+	tier := *h
+	tier.Tier = true
+	post.Name = "t"
+	require.NoError(t, tier.create(context.Background(), post, "", nil))
+	assert.Equal(t, "Running", f.Inst(t, "t").Status, "a granted user's: created and started in one request")
+	assert.False(t, model.FixedAddressOf(f.Inst(t, "t")).IsValid(), "its user picks none")
+	assert.Empty(t, f.Srv.Find(http.MethodPut, "/1.0/instances/t"))
+}
+
+func TestCreateRefusesAnUnknownMember(t *testing.T) {
+	f, h := newClusterFake(t)
+	err := h.create(context.Background(), incus.InstancesPost{Name: "b"}, "m9", nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no cluster member m9 (members: m1, m2, m3)")
+	assert.Empty(t, f.Srv.Find(http.MethodPost, "/1.0/instances"))
 }

@@ -204,18 +204,6 @@ func TestFixMissingAddresses(t *testing.T) {
 	assert.Len(t, f.Srv.Find(http.MethodPut, "/1.0/instances/up"), n, "nothing more to do")
 }
 
-// A restore of a snapshot taken before box stored addresses brings back a
-// NIC with none: it gets one (the one its MAC leases, if any).
-func TestRestoreGivesAFixedAddress(t *testing.T) {
-	f, h := newClusterFake(t)
-	f.Clustered = false
-	f.Add("b", "", "Stopped", "10.88.0.9")
-	f.Snaps["b"] = []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{}}}
-	f.Leases = []incus.NetworkLease{{Hwaddr: "10:66:6a:00:00:01", Address: "10.88.0.9", Type: "dynamic"}}
-	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "b", "s1"))
-	assert.Equal(t, "10.88.0.9", model.FixedAddressOf(f.Inst(t, "b")).String())
-}
-
 func TestLeaseClient(t *testing.T) {
 	for field, want := range map[string]struct {
 		htype byte

@@ -229,13 +229,13 @@ func (host *Host) ensureAccounting(ctx context.Context, rep *Report) error {
 
 // accountingNote is Mint's note for a box given a size the pool cannot
 // hold now, "" when it can (or cannot be told).
-func (host *Host) accountingNote(ctx context.Context, req MintRequest) string {
-	if req.Disk == "" {
+func (host *Host) accountingNote(ctx context.Context, disk string) string {
+	if disk == "" {
 		return ""
 	}
 	a, ok, _ := host.poolAccounting(ctx)
 	if !ok || !a.inconsistent {
 		return ""
 	}
-	return fmt.Sprintf("%s: pool %s's %s; run %s", NoteNoDiskLimit, a.pool, a.problem(), a.fixCommand())
+	return fmt.Sprintf("%s: pool %s's %s; run %s", model.NoteNoDiskLimit, a.pool, a.problem(), a.fixCommand())
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"github.com/box-isolation/box/stack/model"
 )
 
 // Limits a box cannot outgrow (docs/box.md, "Limits"): per box, the
@@ -14,10 +16,6 @@ import (
 // root disk's size where the pool enforces one (diskLimitNote says where
 // it does not). docs/box.md, "Limits", has what each stops and the
 // numbers measured here.
-
-// NoteNoDiskLimit starts the note of a box whose root disk size the pool
-// does not enforce.
-const NoteNoDiskLimit = "no disk limit"
 
 // diskQuotaDrivers are the pool drivers whose volumes have the size Incus
 // gives them, and how.
@@ -89,7 +87,7 @@ func (mgr *Manager) diskLimitNote(ctx context.Context, req MintRequest) string {
 	}
 	_, how := DiskQuota(pool.Driver)
 	return fmt.Sprintf("%s: pool %s (%s) did not enforce the root disk's size %s (its way: %s), so the box can fill the pool's file system; use a %s pool for disk limits",
-		NoteNoDiskLimit, pool.Name, pool.Driver, req.Disk, how, strings.Join(quotaDrivers(), ", "))
+		model.NoteNoDiskLimit, pool.Name, pool.Driver, req.Disk, how, strings.Join(quotaDrivers(), ", "))
 }
 
 func quotaDrivers() []string {

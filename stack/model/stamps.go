@@ -16,3 +16,7 @@ const (
 	StampType        = "user.box.type"
 	StampOrigin      = "user.box.origin"
 )
+
+// NoteNoDiskLimit starts the note of a box whose root disk size the pool
+// does not enforce.
+const NoteNoDiskLimit = "no disk limit"
