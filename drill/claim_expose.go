@@ -41,7 +41,7 @@ const doorHostPort = 19100
 // openDoor opens the door to box-a's listener. A door that cannot be
 // opened here makes C-EXPOSE inconclusive, not the run fail.
 func openDoor(ctx context.Context, r *run) error {
-	d, err := stack.NewDoors(r.cfg.Host).Expose(ctx, r.names[PlaceA], stack.DoorSpec{Port: listenTCP, HostPort: doorHostPort, Kind: stack.DoorTCP})
+	d, err := stack.NewDoors(r.cfg.Host).Expose(ctx, r.names[PlaceA], model.DoorSpec{Port: listenTCP, HostPort: doorHostPort, Kind: model.DoorTCP})
 	if err != nil {
 		r.doorErr = err.Error()
 		return nil
@@ -118,7 +118,7 @@ func widenDoor(ctx context.Context, h *stack.Host, boxes []string) error {
 		return err
 	}
 	put := inst.Writable()
-	dev := stack.DoorDevice(listenTCP)
+	dev := model.DoorDevice(listenTCP)
 	d, ok := put.Devices[dev]
 	if !ok {
 		return fmt.Errorf("%s has no door %s (C-EXPOSE must be selected)", a, dev)

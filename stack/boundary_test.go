@@ -12,6 +12,7 @@ import (
 
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // boundaryOps is every stack operation that takes a box by name.
@@ -44,7 +45,7 @@ var boundaryOps = []struct {
 	}},
 	{"info", func(ctx context.Context, h *Host, b string) error { _, err := h.Info(ctx, b); return err }},
 	{"expose", func(ctx context.Context, h *Host, b string) error {
-		_, err := (&Doors{host: h}).Expose(ctx, b, DoorSpec{Port: 80, Kind: DoorTCP})
+		_, err := (&Doors{host: h}).Expose(ctx, b, model.DoorSpec{Port: 80, Kind: model.DoorTCP})
 		return err
 	}},
 	{"doors", func(ctx context.Context, h *Host, b string) error {

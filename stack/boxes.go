@@ -74,17 +74,6 @@ type Box struct {
 	Notes []string `json:"notes,omitempty"`
 }
 
-// isBox reports whether an instance carries either ownership tag, and which.
-func isBox(i *incus.Instance) (string, bool) {
-	switch {
-	case i.Config[model.Current.Tag] == "1":
-		return model.Current.Name, true
-	case i.Config[model.Legacy.Tag] == "1":
-		return model.Legacy.Name, true
-	}
-	return "", false
-}
-
 func boxOf(i *incus.Instance, gen string) Box {
 	b := Box{Name: i.Name, Status: i.Status, Type: i.Type, Generation: gen, Created: i.CreatedAt, Stamps: map[string]string{}, Profiles: i.Profiles}
 	if i.Location != "none" {
@@ -111,7 +100,7 @@ func (host *Host) Boxes(ctx context.Context) ([]Box, error) {
 	out := []Box{}
 	for i := range insts {
 		// The filter is the server's; the tag check is ours.
-		if gen, ok := isBox(&insts[i]); ok {
+		if gen, ok := model.IsBox(&insts[i]); ok {
 			out = append(out, boxOf(&insts[i], gen))
 		}
 	}
@@ -129,7 +118,7 @@ func (host *Host) resolve(ctx context.Context, name string) (*incus.Instance, st
 	if err != nil {
 		return nil, "", fmt.Errorf("looking up %s: %w", name, err)
 	}
-	if _, ok := isBox(inst); !ok {
+	if _, ok := model.IsBox(inst); !ok {
 		return nil, "", &NotABoxError{Name: name, Reason: fmt.Sprintf("it has no %s=1 tag", model.Current.Tag)}
 	}
 	return inst, etag, nil
@@ -141,7 +130,7 @@ func (host *Host) Info(ctx context.Context, name string) (*Box, error) {
 	if err != nil {
 		return nil, err
 	}
-	gen, _ := isBox(inst)
+	gen, _ := model.IsBox(inst)
 	b := boxOf(inst, gen)
 	return &b, nil
 }
@@ -910,7 +899,7 @@ func (mgr *Manager) Remove(ctx context.Context, name string) error {
 		return err
 	}
 	for _, d := range inst.Devices {
-		if d["type"] == "proxy" && d[DoorTag] == "1" {
+		if d["type"] == "proxy" && d[model.DoorTag] == "1" {
 			removeDoorSocket(d)
 		}
 	}

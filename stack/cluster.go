@@ -207,7 +207,7 @@ func usedAddresses(f Fleet) map[netip.Addr]bool {
 	used := map[netip.Addr]bool{}
 	for i := range f.insts {
 		// A box on its way to another member holds its address here.
-		if a, err := netip.ParseAddr(f.insts[i].Config[keyMoving]); err == nil {
+		if a, err := netip.ParseAddr(f.insts[i].Config[model.KeyMoving]); err == nil {
 			used[a] = true
 		}
 		for _, d := range f.insts[i].ExpandedDevices {
@@ -664,12 +664,12 @@ func (host *Host) setFixedAddress(ctx context.Context, name string, addr netip.A
 	} else {
 		nic = maps.Clone(nic)
 	}
-	if nic["name"] == transitName {
+	if nic["name"] == model.TransitName {
 		nic["name"] = "eth0" // a move that stopped half way
 	}
 	nic["ipv4.address"] = addr.String()
 	put.Devices[dev] = nic
-	delete(put.Config, keyMoving)
+	delete(put.Config, model.KeyMoving)
 	return host.Incus.UpdateInstance(ctx, name, put, etag)
 }
 
@@ -811,7 +811,7 @@ func (host *Host) readdressIfTaken(ctx context.Context, name string) error {
 	}
 	others := f
 	others.insts = slices.DeleteFunc(slices.Clone(f.insts), func(i incus.Instance) bool {
-		return i.Name == inst.Name && projectOf(i.Project) == projectOf(inst.Project)
+		return i.Name == inst.Name && model.ProjectOf(i.Project) == model.ProjectOf(inst.Project)
 	})
 	mac := inst.Config["volatile.eth0.hwaddr"]
 	others.leases = slices.DeleteFunc(slices.Clone(f.leases), func(l incus.NetworkLease) bool { return strings.EqualFold(l.Hwaddr, mac) })

@@ -125,7 +125,7 @@ func TestMoveKeepsTheAddress(t *testing.T) {
 	assert.Equal(t, "m3", b.Location)
 	assert.Equal(t, "10.88.0.33", model.FixedAddressOf(b).String(), "its address goes with it: no member hands it out again")
 	assert.Equal(t, "Stopped", b.Status, "moved, not started")
-	assert.NotContains(t, b.Config, keyMoving)
+	assert.NotContains(t, b.Config, model.KeyMoving)
 
 	// Its NIC loses its address on m1 before the move (so Incus clears its
 	// DHCP state there), the address held under keyMoving meanwhile, and
@@ -140,14 +140,14 @@ func TestMoveKeepsTheAddress(t *testing.T) {
 	var leave, land incus.InstancePut
 	require.NoError(t, json.Unmarshal(writes[0].Body, &leave))
 	assert.Equal(t, http.MethodPut, writes[0].Method)
-	assert.Equal(t, map[string]string{"type": "nic", "network": "boxnet", "name": transitName, "security.port_isolation": "true"}, leave.Devices["eth0"],
+	assert.Equal(t, map[string]string{"type": "nic", "network": "boxnet", "name": model.TransitName, "security.port_isolation": "true"}, leave.Devices["eth0"],
 		"on m1, a NIC without an address, renamed: a change Incus applies by removing the NIC")
-	assert.Equal(t, "10.88.0.33", leave.Config[keyMoving])
+	assert.Equal(t, "10.88.0.33", leave.Config[model.KeyMoving])
 	assert.Equal(t, http.MethodPost, writes[1].Method)
 	assert.Equal(t, "m3", writes[1].Query.Get("target"))
 	require.NoError(t, json.Unmarshal(writes[2].Body, &land))
 	assert.Equal(t, model.FixedNIC(netip.MustParseAddr("10.88.0.33")), land.Devices["eth0"])
-	assert.NotContains(t, land.Config, keyMoving)
+	assert.NotContains(t, land.Config, model.KeyMoving)
 
 	// Where it is already, nothing moves.
 	res, err = (&Manager{host: h}).Move(context.Background(), "b", "m3")
@@ -161,7 +161,7 @@ func TestMoveKeepsTheAddress(t *testing.T) {
 func TestAMovingBoxKeepsItsAddress(t *testing.T) {
 	f, h := newClusterFake(t)
 	f.Add("b", "m1", "Stopped", "")
-	f.Insts["b"].Config[keyMoving] = "10.88.0.32"
+	f.Insts["b"].Config[model.KeyMoving] = "10.88.0.32"
 	a, err := h.AddressFor(context.Background(), "m1")
 	require.NoError(t, err)
 	assert.Equal(t, "10.88.0.33", a.String())
@@ -170,7 +170,7 @@ func TestAMovingBoxKeepsItsAddress(t *testing.T) {
 	require.NoError(t, (&Manager{host: h}).Start(context.Background(), "b"))
 	b := f.Inst(t, "b")
 	assert.Equal(t, "10.88.0.32", model.FixedAddressOf(b).String())
-	assert.NotContains(t, b.Config, keyMoving)
+	assert.NotContains(t, b.Config, model.KeyMoving)
 }
 
 // A move Incus refuses leaves the box where it was, with its address.
@@ -184,7 +184,7 @@ func TestAFailedMoveGivesTheAddressBack(t *testing.T) {
 	b := f.Inst(t, "b")
 	assert.Equal(t, "m1", b.Location)
 	assert.Equal(t, "10.88.0.33", model.FixedAddressOf(b).String())
-	assert.NotContains(t, b.Config, keyMoving)
+	assert.NotContains(t, b.Config, model.KeyMoving)
 }
 
 // A box minted before box gave boxes on a cluster a fixed address gets one

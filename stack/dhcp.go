@@ -92,7 +92,7 @@ func rawDnsmasqFindings(obj, got, want string) []model.Finding {
 
 // inProject is host acting on the instances of an Incus project.
 func (host *Host) inProject(project string) *Host {
-	if projectOf(project) == "default" {
+	if model.ProjectOf(project) == "default" {
 		return host
 	}
 	cp := *host
@@ -137,7 +137,7 @@ func (host *Host) keepLeased(ctx context.Context, inst *incus.Instance) (netip.A
 	}
 	var leased netip.Addr
 	others := Fleet{insts: slices.DeleteFunc(slices.Clone(f.insts), func(i incus.Instance) bool {
-		return i.Name == inst.Name && projectOf(i.Project) == projectOf(inst.Project)
+		return i.Name == inst.Name && model.ProjectOf(i.Project) == model.ProjectOf(inst.Project)
 	})}
 	for _, l := range f.leases {
 		m, err := net.ParseMAC(l.Hwaddr)
@@ -165,7 +165,7 @@ func (host *Host) keepLeased(ctx context.Context, inst *incus.Instance) (netip.A
 // needsAddress says whether an instance is a box whose NIC on the bridge
 // has no fixed address.
 func needsAddress(inst *incus.Instance) bool {
-	if _, ok := isBox(inst); !ok {
+	if _, ok := model.IsBox(inst); !ok {
 		return false
 	}
 	dev, _ := model.BridgeNICOf(inst)
@@ -202,7 +202,7 @@ func (host *Host) fixAllAddresses(ctx context.Context, ci ClusterInfo) ([]model.
 
 // qualified names an instance with its project when that is not default.
 func qualified(inst *incus.Instance) string {
-	if p := projectOf(inst.Project); p != "default" {
+	if p := model.ProjectOf(inst.Project); p != "default" {
 		return p + "/" + inst.Name
 	}
 	return inst.Name
@@ -273,7 +273,7 @@ func dhcpFindings(insts []incus.Instance) []model.Finding {
 		if dev == "" || model.FixedAddressOf(inst).IsValid() {
 			continue
 		}
-		if _, ok := isBox(inst); ok {
+		if _, ok := model.IsBox(inst); ok {
 			out = append(out, model.Finding{Layer: model.LayerDHCP, Object: "box " + qualified(inst), Fix: fixEnsure,
 				Problem: fmt.Sprintf("its NIC %s has no fixed address: the bridge's DHCP answers only the addresses box stored, so it gets no lease (and is not pinned to one)", dev)})
 			continue

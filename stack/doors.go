@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,248 +21,15 @@ import (
 	"github.com/box-isolation/box/stack/model"
 )
 
-// Doors (box expose): a door leads from the host's loopback to a TCP port
-// inside a box, as an Incus proxy device box names and tags as its own.
-// The listener is on the host side (bind=host: forkproxy listens in
-// incusd's network namespace) and connects to 127.0.0.1:PORT inside the
-// box. A door is one-way by construction: nothing listens inside the box,
-// so the box gets no way back to the host. The fleet census accepts
-// exactly these devices and still flags every other proxy device
-// (judgeDoor).
-//
-// A door is either TCP on 127.0.0.1 or ::1 (open to every local user), or
-// a unix socket under DoorDir owned by whoever made it, mode 0600. Doors
-// are for an admin's boxes only: a granted user's project blocks proxy
-// devices (restricted.devices.proxy=block), for the admin too, and lifting
-// the block would let the user add proxies that lead from the box to the
-// host.
-const (
-	// DoorPrefix starts every door's device name: DoorDevice(PORT).
-	DoorPrefix = "box-door-"
-	// DoorTag on the proxy device marks it as box's (Incus accepts user.*
-	// keys on any device).
-	DoorTag = "user.box.door"
-	// DoorDir holds unix doors. Not under /run: a unix proxy device whose
-	// directory is missing fails to start, and so does its box (measured:
-	// "bind: no such file or directory"), so after a reboot every box with
-	// a unix door would stay down. A stale socket left there is replaced
-	// by forkproxy when the box starts (measured).
-	DoorDir = "/var/lib/box/doors"
-	// DoorMode is a unix door's mode: its owner only.
-	DoorMode = "0600"
-)
-
-// Door kinds.
-const (
-	DoorTCP  = "tcp"
-	DoorUnix = "unix"
-)
-
-// DoorDevice is the device name of the door to a box's port.
-func DoorDevice(port uint16) string { return DoorPrefix + strconv.Itoa(int(port)) }
-
-// DoorSocket is the unix door's path for a box's port. A box of another
-// project than default gets the project in the name (instance names hold
-// no dot, so the name is unique).
-func DoorSocket(project, box string, port uint16) string {
-	name := fmt.Sprintf("%s-%d.sock", box, port)
-	if p := projectOf(project); p != "default" {
-		name = p + "." + name
-	}
-	return filepath.Join(DoorDir, name)
-}
-
-// The loopback addresses a TCP door may listen on.
-var (
-	doorV4 = netip.MustParseAddr("127.0.0.1")
-	doorV6 = netip.MustParseAddr("::1")
-)
-
-// DoorSpec asks for a door.
-type DoorSpec struct {
-	// Port is the TCP port inside the box.
-	Port uint16
-	// HostPort is a TCP door's port on the host's loopback; 0 is Port.
-	HostPort uint16
-	// Listen is a TCP door's address: 127.0.0.1 (the zero value) or ::1;
-	// anything else is refused.
-	Listen netip.Addr
-	// Kind is DoorTCP or DoorUnix; empty chooses: a unix door where the
-	// host has granted users (a TCP door on loopback is open to each of
-	// them), TCP otherwise.
-	Kind string
-}
-
-// Door is one of a box's doors, or a proxy device that looks like one.
-type Door struct {
-	Device string `json:"device"`
-	Port   uint16 `json:"port"` // inside the box
-	Kind   string `json:"kind"` // tcp or unix
-	// Listen is the device's listen value as Incus has it; Host is the
-	// same for people: 127.0.0.1:8080, [::1]:8080 or the socket's path.
-	Listen string `json:"listen"`
-	Host   string `json:"host"`
-	// Owner is a unix door's uid:gid (its mode is DoorMode).
-	Owner string `json:"owner,omitempty"`
-	// Problem says why a device named or tagged as a door is not one box
-	// made; the census flags it.
-	Problem string `json:"problem,omitempty"`
-	// Note is what Expose chose on its own (the kind).
-	Note string `json:"note,omitempty"`
-}
-
-// doorDevice is the proxy device of a door.
-func doorDevice(spec DoorSpec, listen string, uid, gid int) map[string]string {
-	d := map[string]string{
-		"type":    "proxy",
-		"listen":  listen,
-		"connect": fmt.Sprintf("tcp:127.0.0.1:%d", spec.Port),
-		"bind":    "host",
-		DoorTag:   "1",
-	}
-	if strings.HasPrefix(listen, "unix:") {
-		d["uid"], d["gid"], d["mode"] = strconv.Itoa(uid), strconv.Itoa(gid), DoorMode
-	}
-	return d
-}
-
-// IsDoor reports whether a device is a door as box makes them: a proxy
-// device with box's tag, listening on the host's loopback (tcp 127.0.0.1
-// or ::1, one port) or on a unix socket in DoorDir owned by one user with
-// mode 0600, connecting to 127.0.0.1 inside the instance, bound on the
-// host, and nothing else (no nat, no proxy_protocol, no security.uid).
-// The census checks more: the device's name and the socket's path
-// (judgeDoor).
-func IsDoor(device map[string]string) bool {
-	_, err := parseDoor(device)
-	return err == nil
-}
-
-// parsedDoor is a device IsDoor accepts, read.
-type parsedDoor struct {
-	kind       string
-	port       uint16         // connect's, inside the box
-	hostAddr   netip.AddrPort // tcp
-	socket     string         // unix
-	uid, gid   string
-	listenText string
-}
-
-// parseDoor reads a device as a door, or says why it is not one.
-func parseDoor(d map[string]string) (parsedDoor, error) {
-	var p parsedDoor
-	if d["type"] != "proxy" {
-		return p, fmt.Errorf("it is a %q device, not a proxy", d["type"])
-	}
-	if d[DoorTag] != "1" {
-		return p, fmt.Errorf("it has no %s=1 tag: box did not make it", DoorTag)
-	}
-	if d["bind"] != "host" {
-		return p, fmt.Errorf("bind is %q: box's doors bind host (bind=instance listens inside the box and connects out of it)", d["bind"])
-	}
-	c, ok := strings.CutPrefix(d["connect"], "tcp:127.0.0.1:")
-	port, err := strconv.ParseUint(c, 10, 16)
-	if !ok || err != nil || port == 0 || strconv.FormatUint(port, 10) != c {
-		return p, fmt.Errorf("connect is %q: box's doors connect to tcp:127.0.0.1:PORT inside the box", d["connect"])
-	}
-	p.port = uint16(port)
-	p.listenText = d["listen"]
-	allowed := map[string]bool{"type": true, "listen": true, "connect": true, "bind": true, DoorTag: true}
-	switch {
-	case strings.HasPrefix(d["listen"], "tcp:"):
-		ap, err := netip.ParseAddrPort(strings.TrimPrefix(d["listen"], "tcp:"))
-		if err != nil || (ap.Addr() != doorV4 && ap.Addr() != doorV6) || ap.Port() == 0 || "tcp:"+ap.String() != d["listen"] {
-			return p, fmt.Errorf("listen is %q: box's TCP doors listen on tcp:127.0.0.1:PORT or tcp:[::1]:PORT only", d["listen"])
-		}
-		p.kind, p.hostAddr = DoorTCP, ap
-	case strings.HasPrefix(d["listen"], "unix:"):
-		path := strings.TrimPrefix(d["listen"], "unix:")
-		if filepath.Dir(path) != DoorDir || !strings.HasSuffix(path, ".sock") || filepath.Clean(path) != path {
-			return p, fmt.Errorf("listen is %q: box's unix doors are sockets in %s", d["listen"], DoorDir)
-		}
-		for _, k := range []string{"uid", "gid"} {
-			if _, err := strconv.ParseUint(d[k], 10, 32); err != nil {
-				return p, fmt.Errorf("%s is %q: a unix door is owned by one user", k, d[k])
-			}
-		}
-		if d["mode"] != DoorMode {
-			return p, fmt.Errorf("mode is %q: a unix door is its owner's only (mode %s)", d["mode"], DoorMode)
-		}
-		allowed["uid"], allowed["gid"], allowed["mode"] = true, true, true
-		p.kind, p.socket, p.uid, p.gid = DoorUnix, path, d["uid"], d["gid"]
-	default:
-		return p, fmt.Errorf("listen is %q: box's doors listen on the host's loopback or a unix socket in %s", d["listen"], DoorDir)
-	}
-	for _, k := range model.SortedKeys(d) {
-		if !allowed[k] {
-			return p, fmt.Errorf("it sets %s=%s, which box's doors do not", k, d[k])
-		}
-	}
-	return p, nil
-}
-
-// judgeDoor says why a proxy device of an instance is not one of box's
-// doors ("" when it is): IsDoor's shape, and the name box gives it, on a
-// box, set on the instance itself (a door from a profile would open on
-// every instance that uses it), with the socket path box uses.
-func judgeDoor(inst *incus.Instance, name string) string {
-	d := inst.ExpandedDevices[name]
-	p, err := parseDoor(d)
-	switch {
-	case err != nil:
-		return err.Error()
-	case name != DoorDevice(p.port):
-		return fmt.Sprintf("it connects to port %d but is named %s: box names that door %s", p.port, name, DoorDevice(p.port))
-	case !maps.Equal(inst.Devices[name], d):
-		return "it comes from a profile, and box sets doors on a box itself"
-	case p.kind == DoorUnix && p.socket != DoorSocket(inst.Project, inst.Name, p.port):
-		return fmt.Sprintf("its socket is %s, where box puts this door at %s", p.socket, DoorSocket(inst.Project, inst.Name, p.port))
-	}
-	if _, box := isBox(inst); !box {
-		return "the instance is not a box: box makes doors on its own boxes only"
-	}
-	return ""
-}
-
-// doorOf reads one device as a door for listing.
-func doorOf(inst *incus.Instance, name string) Door {
-	d := inst.ExpandedDevices[name]
-	door := Door{Device: name, Listen: d["listen"], Host: strings.TrimPrefix(strings.TrimPrefix(d["listen"], "tcp:"), "unix:")}
-	if p, err := parseDoor(d); err == nil {
-		door.Port, door.Kind = p.port, p.kind
-		if p.kind == DoorUnix {
-			door.Owner = p.uid + ":" + p.gid
-		}
-	} else if port, err := strconv.ParseUint(strings.TrimPrefix(name, DoorPrefix), 10, 16); err == nil {
-		door.Port = uint16(port)
-	}
-	door.Problem = judgeDoor(inst, name)
-	return door
-}
-
-// doorsOf lists an instance's doors, and the proxy devices named or tagged
-// like one, in port order.
-func doorsOf(inst *incus.Instance) []Door {
-	out := []Door{}
-	for _, name := range model.SortedKeys(inst.ExpandedDevices) {
-		d := inst.ExpandedDevices[name]
-		if d["type"] == "proxy" && (strings.HasPrefix(name, DoorPrefix) || d[DoorTag] != "") {
-			out = append(out, doorOf(inst, name))
-		}
-	}
-	sort.SliceStable(out, func(a, b int) bool { return out[a].Port < out[b].Port })
-	return out
-}
-
 // ListDoors lists a box's doors, and every proxy device on it named or tagged
 // like one (with its Problem).
-func (doors *Doors) ListDoors(ctx context.Context, name string) ([]Door, error) {
+func (doors *Doors) ListDoors(ctx context.Context, name string) ([]model.Door, error) {
 	host := doors.host
 	inst, _, err := host.resolve(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	return doorsOf(inst), nil
+	return model.DoorsOf(inst), nil
 }
 
 // errTierDoors is a granted user's expose.
@@ -272,7 +38,7 @@ var errTierDoors = errors.New("a granted user's boxes get no doors: your project
 // Expose makes a door to a box's port (DoorSpec says which). Asking again
 // for the same door changes nothing; a different door to the same port is
 // refused until the old one is removed (Unexpose).
-func (doors *Doors) Expose(ctx context.Context, name string, spec DoorSpec) (*Door, error) {
+func (doors *Doors) Expose(ctx context.Context, name string, spec model.DoorSpec) (*model.Door, error) {
 	host := doors.host
 	if host.Tier {
 		return nil, errTierDoors
@@ -293,51 +59,51 @@ func (doors *Doors) Expose(ctx context.Context, name string, spec DoorSpec) (*Do
 		if err != nil {
 			return nil, fmt.Errorf("expose: finding out whether this host has granted users (a unix door where it has): %w", err)
 		}
-		spec.Kind = DoorTCP
+		spec.Kind = model.DoorTCP
 		if len(granted) > 0 {
 			if spec.HostPort != 0 || spec.Listen.IsValid() {
 				return nil, fmt.Errorf("expose: a host port or a listen address is for a TCP door, and this host has granted users (%s), so a door is a unix socket unless you ask for TCP (--tcp): a TCP door on loopback is open to every local user", strings.Join(granted, ", "))
 			}
-			spec.Kind = DoorUnix
-			note = fmt.Sprintf("a unix door, owned by you with mode %s: this host has granted users (%s), and a TCP door on loopback is open to every local user (ask for one with --tcp)", DoorMode, strings.Join(granted, ", "))
+			spec.Kind = model.DoorUnix
+			note = fmt.Sprintf("a unix door, owned by you with mode %s: this host has granted users (%s), and a TCP door on loopback is open to every local user (ask for one with --tcp)", model.DoorMode, strings.Join(granted, ", "))
 		}
 	}
 	var listen string
 	switch spec.Kind {
-	case DoorTCP:
+	case model.DoorTCP:
 		if !spec.Listen.IsValid() {
-			spec.Listen = doorV4
+			spec.Listen = model.DoorV4
 		}
 		if spec.HostPort == 0 {
 			spec.HostPort = spec.Port
 		}
-		if err := CheckDoorListen(spec.Listen); err != nil {
+		if err := model.CheckDoorListen(spec.Listen); err != nil {
 			return nil, err
 		}
 		listen = "tcp:" + netip.AddrPortFrom(spec.Listen, spec.HostPort).String()
-	case DoorUnix:
+	case model.DoorUnix:
 		if spec.Listen.IsValid() || spec.HostPort != 0 {
-			return nil, fmt.Errorf("expose: a unix door has no listen address or host port: it is a socket in %s", DoorDir)
+			return nil, fmt.Errorf("expose: a unix door has no listen address or host port: it is a socket in %s", model.DoorDir)
 		}
-		listen = "unix:" + DoorSocket(inst.Project, name, spec.Port)
+		listen = "unix:" + model.DoorSocket(inst.Project, name, spec.Port)
 	default:
-		return nil, fmt.Errorf("expose: no door kind %q: want %s or %s", spec.Kind, DoorTCP, DoorUnix)
+		return nil, fmt.Errorf("expose: no door kind %q: want %s or %s", spec.Kind, model.DoorTCP, model.DoorUnix)
 	}
-	want := doorDevice(spec, listen, os.Geteuid(), os.Getegid())
-	dev := DoorDevice(spec.Port)
+	want := model.ProxyDevice(spec, listen, os.Geteuid(), os.Getegid())
+	dev := model.DoorDevice(spec.Port)
 	if have, ok := inst.ExpandedDevices[dev]; ok {
 		if maps.Equal(have, want) && maps.Equal(inst.Devices[dev], want) {
-			door := doorOf(inst, dev)
+			door := model.DoorOf(inst, dev)
 			return &door, nil
 		}
 		return nil, fmt.Errorf("%s already has a device %s (listen %s): remove it first (box expose %s --remove %d)", name, dev, have["listen"], name, spec.Port)
 	}
-	if spec.Kind == DoorTCP {
+	if spec.Kind == model.DoorTCP {
 		if err := doors.checkHostPort(ctx, name, spec.Port, netip.AddrPortFrom(spec.Listen, spec.HostPort)); err != nil {
 			return nil, err
 		}
 	} else if err := mkdirDoors(); err != nil {
-		return nil, fmt.Errorf("expose: making %s: %w", DoorDir, err)
+		return nil, fmt.Errorf("expose: making %s: %w", model.DoorDir, err)
 	}
 	put := inst.Writable()
 	if put.Devices == nil {
@@ -355,32 +121,14 @@ func (doors *Doors) Expose(ctx context.Context, name string, spec DoorSpec) (*Do
 		inst.ExpandedDevices = map[string]map[string]string{}
 	}
 	inst.ExpandedDevices[dev] = want
-	door := doorOf(inst, dev)
+	door := model.DoorOf(inst, dev)
 	door.Note = note
 	return &door, nil
 }
 
 // mkdirDoors makes DoorDir: others may pass through it to a socket they
 // own, not list it.
-var mkdirDoors = func() error { return os.MkdirAll(DoorDir, 0o711) }
-
-// CheckDoorListen refuses any listen address but the host's loopback,
-// with the reason.
-func CheckDoorListen(a netip.Addr) error {
-	if a == doorV4 || a == doorV6 {
-		return nil
-	}
-	why := "it is reachable from other machines"
-	switch {
-	case a.IsUnspecified():
-		why = "it means every address of the host, the bridge's gateway and the LAN side included"
-	case a.IsLoopback():
-		why = "box's doors use 127.0.0.1 and ::1 only, so that the fleet census can tell them from other proxies"
-	case a.IsPrivate() || a.IsLinkLocalUnicast():
-		why = "it is reachable from the LAN (or, on the bridge's gateway, from the boxes themselves)"
-	}
-	return fmt.Errorf("a door listens on the host's loopback only (127.0.0.1 or ::1), not %s: %s", a, why)
-}
+var mkdirDoors = func() error { return os.MkdirAll(model.DoorDir, 0o711) }
 
 // checkHostPort refuses a host port another door or a listener on the
 // host's loopback already uses.
@@ -402,7 +150,7 @@ func (doors *Doors) checkHostPort(ctx context.Context, self string, port uint16,
 				continue
 			}
 			who := inst.Name
-			if p := projectOf(inst.Project); p != "default" {
+			if p := model.ProjectOf(inst.Project); p != "default" {
 				who += " (project " + p + ")"
 			}
 			return fmt.Errorf("%s is taken on the host by %s's proxy device %s (%s): pick another host port: box expose %s %d HOSTPORT",
@@ -523,7 +271,7 @@ func (doors *Doors) Unexpose(ctx context.Context, name string, port uint16) erro
 	if err != nil {
 		return err
 	}
-	dev := DoorDevice(port)
+	dev := model.DoorDevice(port)
 	d, ok := inst.Devices[dev]
 	if !ok {
 		if _, fromProfile := inst.ExpandedDevices[dev]; fromProfile {
@@ -531,8 +279,8 @@ func (doors *Doors) Unexpose(ctx context.Context, name string, port uint16) erro
 		}
 		return fmt.Errorf("%s has no door to port %d (box expose %s --list shows its doors)", name, port, name)
 	}
-	if d[DoorTag] != "1" {
-		return fmt.Errorf("%s's device %s has no %s=1 tag: box did not make it; remove it with incus if you mean to (box incus %s -- config device remove {} %s)", name, dev, DoorTag, name, dev)
+	if d[model.DoorTag] != "1" {
+		return fmt.Errorf("%s's device %s has no %s=1 tag: box did not make it; remove it with incus if you mean to (box incus %s -- config device remove {} %s)", name, dev, model.DoorTag, name, dev)
 	}
 	put := inst.Writable()
 	delete(put.Devices, dev)
@@ -549,7 +297,7 @@ func (doors *Doors) Unexpose(ctx context.Context, name string, port uint16) erro
 // removeDoorSocket removes a unix door's socket (Incus leaves it behind
 // when the device goes); best effort, and only in DoorDir.
 func removeDoorSocket(d map[string]string) {
-	if p, ok := strings.CutPrefix(d["listen"], "unix:"); ok && filepath.Dir(p) == DoorDir && filepath.Clean(p) == p {
+	if p, ok := strings.CutPrefix(d["listen"], "unix:"); ok && filepath.Dir(p) == model.DoorDir && filepath.Clean(p) == p {
 		_ = os.Remove(p)
 	}
 }
@@ -561,7 +309,7 @@ func withoutDoors(devices map[string]map[string]string) []string {
 	var dropped []string
 	for _, name := range model.SortedKeys(devices) {
 		d := devices[name]
-		if d["type"] == "proxy" && d[DoorTag] == "1" {
+		if d["type"] == "proxy" && d[model.DoorTag] == "1" {
 			delete(devices, name)
 			dropped = append(dropped, name)
 		}
@@ -581,11 +329,11 @@ func (doors *Doors) renameDoors(ctx context.Context, name string) error {
 	var old []map[string]string
 	for _, dn := range model.SortedKeys(put.Devices) {
 		d := put.Devices[dn]
-		p, err := parseDoor(d)
-		if err != nil || p.kind != DoorUnix {
+		p, err := model.ParseDoor(d)
+		if err != nil || p.Kind != model.DoorUnix {
 			continue
 		}
-		if want := DoorSocket(inst.Project, name, p.port); p.socket != want {
+		if want := model.DoorSocket(inst.Project, name, p.Port); p.Socket != want {
 			old = append(old, maps.Clone(d))
 			d["listen"] = "unix:" + want
 		}

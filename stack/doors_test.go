@@ -28,7 +28,7 @@ import (
 // tcpDoor and unixDoor are doors as Expose makes them, to the box's port
 // 8080.
 func tcpDoor(listen string) map[string]string {
-	return map[string]string{"type": "proxy", "listen": listen, "connect": "tcp:127.0.0.1:8080", "bind": "host", DoorTag: "1"}
+	return map[string]string{"type": "proxy", "listen": listen, "connect": "tcp:127.0.0.1:8080", "bind": "host", model.DoorTag: "1"}
 }
 
 func unixDoor(path string) map[string]string {
@@ -52,7 +52,7 @@ func edit(d map[string]string, kv ...string) map[string]string {
 
 func TestIsDoor(t *testing.T) {
 	v4 := tcpDoor("tcp:127.0.0.1:18080")
-	sock := unixDoor(DoorDir + "/web-8080.sock")
+	sock := unixDoor(model.DoorDir + "/web-8080.sock")
 	for _, tc := range []struct {
 		name string
 		dev  map[string]string
@@ -61,7 +61,7 @@ func TestIsDoor(t *testing.T) {
 		{"tcp on 127.0.0.1", v4, ""},
 		{"tcp on ::1", tcpDoor("tcp:[::1]:18080"), ""},
 		{"unix in the door folder", sock, ""},
-		{"no tag", edit(v4, DoorTag, ""), "no user.box.door=1 tag"},
+		{"no tag", edit(v4, model.DoorTag, ""), "no user.box.door=1 tag"},
 		{"bind instance: a door out of the box", edit(v4, "bind", "instance"), `bind is "instance"`},
 		{"bind unset", edit(v4, "bind", ""), `bind is ""`},
 		{"connect to the host's address", edit(v4, "connect", "tcp:10.88.0.1:22"), "connect is"},
@@ -78,17 +78,17 @@ func TestIsDoor(t *testing.T) {
 		{"security.uid", edit(v4, "security.uid", "0"), "sets security.uid=0"},
 		{"another user key", edit(v4, "user.note", "x"), "sets user.note=x"},
 		{"tcp with a mode", edit(v4, "mode", "0600"), "sets mode=0600"},
-		{"unix elsewhere", unixDoor("/run/web.sock"), "sockets in " + DoorDir},
-		{"unix climbing out", unixDoor(DoorDir + "/../web.sock"), "sockets in " + DoorDir},
-		{"unix in a subfolder", unixDoor(DoorDir + "/x/web.sock"), "sockets in " + DoorDir},
+		{"unix elsewhere", unixDoor("/run/web.sock"), "sockets in " + model.DoorDir},
+		{"unix climbing out", unixDoor(model.DoorDir + "/../web.sock"), "sockets in " + model.DoorDir},
+		{"unix in a subfolder", unixDoor(model.DoorDir + "/x/web.sock"), "sockets in " + model.DoorDir},
 		{"unix open to all", edit(sock, "mode", "0666"), `mode is "0666"`},
 		{"unix without an owner", edit(sock, "uid", ""), `uid is ""`},
 		{"unix by name", edit(sock, "gid", "staff"), `gid is "staff"`},
-		{"not a proxy", map[string]string{"type": "disk", DoorTag: "1"}, "not a proxy"},
+		{"not a proxy", map[string]string{"type": "disk", model.DoorTag: "1"}, "not a proxy"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseDoor(tc.dev)
-			assert.Equal(t, tc.want == "", IsDoor(tc.dev))
+			_, err := model.ParseDoor(tc.dev)
+			assert.Equal(t, tc.want == "", model.IsDoor(tc.dev))
 			if tc.want == "" {
 				assert.NoError(t, err)
 			} else {
@@ -101,7 +101,7 @@ func TestIsDoor(t *testing.T) {
 
 func TestCheckDoorListen(t *testing.T) {
 	for _, a := range []string{"127.0.0.1", "::1"} {
-		assert.NoError(t, CheckDoorListen(netip.MustParseAddr(a)), a)
+		assert.NoError(t, model.CheckDoorListen(netip.MustParseAddr(a)), a)
 	}
 	for a, why := range map[string]string{
 		"0.0.0.0":      "every address of the host",
@@ -112,7 +112,7 @@ func TestCheckDoorListen(t *testing.T) {
 		"127.0.0.2":    "127.0.0.1 and ::1 only",
 		"fe80::1":      "reachable from the LAN",
 	} {
-		err := CheckDoorListen(netip.MustParseAddr(a))
+		err := model.CheckDoorListen(netip.MustParseAddr(a))
 		require.Error(t, err, a)
 		assert.Contains(t, err.Error(), "loopback only (127.0.0.1 or ::1), not "+a, a)
 		assert.Contains(t, err.Error(), why, a)
@@ -137,10 +137,10 @@ func TestSameTCPListen(t *testing.T) {
 }
 
 func TestDoorNames(t *testing.T) {
-	assert.Equal(t, "box-door-8080", DoorDevice(8080))
-	assert.Equal(t, DoorDir+"/web-80.sock", DoorSocket("", "web", 80))
-	assert.Equal(t, DoorDir+"/web-80.sock", DoorSocket("default", "web", 80))
-	assert.Equal(t, DoorDir+"/p.web-80.sock", DoorSocket("p", "web", 80), "another project's box does not collide")
+	assert.Equal(t, "box-door-8080", model.DoorDevice(8080))
+	assert.Equal(t, model.DoorDir+"/web-80.sock", model.DoorSocket("", "web", 80))
+	assert.Equal(t, model.DoorDir+"/web-80.sock", model.DoorSocket("default", "web", 80))
+	assert.Equal(t, model.DoorDir+"/p.web-80.sock", model.DoorSocket("p", "web", 80), "another project's box does not collide")
 }
 
 func TestWithoutDoors(t *testing.T) {
@@ -173,9 +173,9 @@ func TestCensusAcceptsExactlyBoxsDoors(t *testing.T) {
 	}{
 		{name: "a tcp door", inst: stacktest.FleetInst("a", withDoor("box-door-8080", tcpDoor("tcp:127.0.0.1:18080")))},
 		{name: "a tcp door on ::1", inst: stacktest.FleetInst("a", withDoor("box-door-8080", tcpDoor("tcp:[::1]:8080")))},
-		{name: "a unix door", inst: stacktest.FleetInst("a", withDoor("box-door-8080", unixDoor(DoorDir+"/a-8080.sock")))},
-		{name: "a unix door at another box's path", inst: stacktest.FleetInst("a", withDoor("box-door-8080", unixDoor(DoorDir+"/b-8080.sock"))),
-			want: "its socket is " + DoorDir + "/b-8080.sock"},
+		{name: "a unix door", inst: stacktest.FleetInst("a", withDoor("box-door-8080", unixDoor(model.DoorDir+"/a-8080.sock")))},
+		{name: "a unix door at another box's path", inst: stacktest.FleetInst("a", withDoor("box-door-8080", unixDoor(model.DoorDir+"/b-8080.sock"))),
+			want: "its socket is " + model.DoorDir + "/b-8080.sock"},
 		{name: "a door's name with a proxy to the host", inst: stacktest.FleetInst("a", withDoor("box-door-8080",
 			edit(tcpDoor("tcp:127.0.0.1:9"), "bind", "instance", "connect", "tcp:198.51.100.2:22"))),
 			want: "proxy device box-door-8080 (listen tcp:127.0.0.1:9, connect tcp:198.51.100.2:22, bind instance) is a door between the box and the host, and not one of box's: bind is"},
@@ -275,28 +275,28 @@ func TestExposeMakesTheDoor(t *testing.T) {
 	ctx := context.Background()
 	hp := freePort(t)
 	ds := newDoorServer(t, model.TypeContainer, map[string]map[string]string{}, nil, 1)
-	door, err := NewDoors(ds.host()).Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp})
+	door, err := NewDoors(ds.host()).Expose(ctx, "web", model.DoorSpec{Port: 8080, HostPort: hp})
 	require.NoError(t, err)
 	put := <-ds.put
 	want := tcpDoor("tcp:127.0.0.1:" + strconv.Itoa(int(hp)))
 	assert.Equal(t, want, put.Devices["box-door-8080"], "the device box adds")
-	assert.True(t, IsDoor(put.Devices["box-door-8080"]))
-	assert.Equal(t, Door{Device: "box-door-8080", Port: 8080, Kind: DoorTCP, Listen: want["listen"], Host: "127.0.0.1:" + strconv.Itoa(int(hp))}, *door)
+	assert.True(t, model.IsDoor(put.Devices["box-door-8080"]))
+	assert.Equal(t, model.Door{Device: "box-door-8080", Port: 8080, Kind: model.DoorTCP, Listen: want["listen"], Host: "127.0.0.1:" + strconv.Itoa(int(hp))}, *door)
 	assert.Equal(t, []string{model.Current.Profile}, put.Profiles, "the rest of the box is written back as it was")
 
 	// The same door again: nothing to do.
 	ds = newDoorServer(t, model.TypeContainer, map[string]map[string]string{"box-door-8080": want}, nil, 1)
-	_, err = NewDoors(ds.host()).Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp})
+	_, err = NewDoors(ds.host()).Expose(ctx, "web", model.DoorSpec{Port: 8080, HostPort: hp})
 	require.NoError(t, err)
 	assert.Empty(t, ds.srv.Find(http.MethodPut, "/1.0/instances/web"), "an existing door is not written again")
 	// Another door to the same port: refused until the old one goes.
-	_, err = NewDoors(ds.host()).Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp + 1})
+	_, err = NewDoors(ds.host()).Expose(ctx, "web", model.DoorSpec{Port: 8080, HostPort: hp + 1})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "box expose web --remove 8080")
 
 	// ::1.
 	ds = newDoorServer(t, model.TypeContainer, nil, nil, 1)
-	door, err = NewDoors(ds.host()).Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp, Listen: netip.MustParseAddr("::1")})
+	door, err = NewDoors(ds.host()).Expose(ctx, "web", model.DoorSpec{Port: 8080, HostPort: hp, Listen: netip.MustParseAddr("::1")})
 	if err != nil && strings.Contains(err.Error(), "assign requested address") {
 		tier.Unavailable(t, "no ::1 here: turn IPv6 on for the loopback (sysctl net.ipv6.conf.lo.disable_ipv6=0)")
 	}
@@ -318,19 +318,19 @@ func TestExposeRefuses(t *testing.T) {
 		typ      string
 		projects []incus.Project
 		tier     bool
-		spec     DoorSpec
+		spec     model.DoorSpec
 		want     string
 	}{
-		{name: "a listen address off the loopback", spec: DoorSpec{Port: 80, Listen: netip.MustParseAddr("10.0.0.1")}, want: "loopback only (127.0.0.1 or ::1), not 10.0.0.1"},
-		{name: "every address", spec: DoorSpec{Port: 80, Listen: netip.MustParseAddr("0.0.0.0")}, want: "every address of the host"},
-		{name: "a host port in use", spec: DoorSpec{Port: 80, HostPort: inUse}, want: "is in use on the host (tcp 127.0.0.1:" + strconv.Itoa(int(inUse))},
-		{name: "a host port another box's door takes", spec: DoorSpec{Port: 80, HostPort: taken}, want: "taken on the host by other's proxy device box-door-22 (stopped): pick another host port: box expose web 80 HOSTPORT"},
-		{name: "port 0", spec: DoorSpec{}, want: "1 to 65535"},
-		{name: "a VM", typ: model.TypeVM, spec: DoorSpec{Port: 80}, want: "only in NAT mode"},
-		{name: "a granted user", tier: true, spec: DoorSpec{Port: 80}, want: "restricted.devices.proxy=block"},
-		{name: "a host port on a host with granted users, kind unsaid", projects: granted, spec: DoorSpec{Port: 80, HostPort: 8080}, want: "granted users (alice)"},
-		{name: "a unix door with a host port", spec: DoorSpec{Port: 80, HostPort: 8080, Kind: DoorUnix}, want: "a unix door has no listen address or host port"},
-		{name: "an unknown kind", spec: DoorSpec{Port: 80, Kind: "udp"}, want: `no door kind "udp"`},
+		{name: "a listen address off the loopback", spec: model.DoorSpec{Port: 80, Listen: netip.MustParseAddr("10.0.0.1")}, want: "loopback only (127.0.0.1 or ::1), not 10.0.0.1"},
+		{name: "every address", spec: model.DoorSpec{Port: 80, Listen: netip.MustParseAddr("0.0.0.0")}, want: "every address of the host"},
+		{name: "a host port in use", spec: model.DoorSpec{Port: 80, HostPort: inUse}, want: "is in use on the host (tcp 127.0.0.1:" + strconv.Itoa(int(inUse))},
+		{name: "a host port another box's door takes", spec: model.DoorSpec{Port: 80, HostPort: taken}, want: "taken on the host by other's proxy device box-door-22 (stopped): pick another host port: box expose web 80 HOSTPORT"},
+		{name: "port 0", spec: model.DoorSpec{}, want: "1 to 65535"},
+		{name: "a VM", typ: model.TypeVM, spec: model.DoorSpec{Port: 80}, want: "only in NAT mode"},
+		{name: "a granted user", tier: true, spec: model.DoorSpec{Port: 80}, want: "restricted.devices.proxy=block"},
+		{name: "a host port on a host with granted users, kind unsaid", projects: granted, spec: model.DoorSpec{Port: 80, HostPort: 8080}, want: "granted users (alice)"},
+		{name: "a unix door with a host port", spec: model.DoorSpec{Port: 80, HostPort: 8080, Kind: model.DoorUnix}, want: "a unix door has no listen address or host port"},
+		{name: "an unknown kind", spec: model.DoorSpec{Port: 80, Kind: "udp"}, want: `no door kind "udp"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ds := newDoorServer(t, cmp.Or(tc.typ, model.TypeContainer), nil, tc.projects, taken)
@@ -352,12 +352,12 @@ func TestExposeUnixWhereUsersAreGranted(t *testing.T) {
 	mkdirDoors = func() error { made = true; return nil }
 	granted := []incus.Project{{Name: "user-1000", Config: map[string]string{KeyTier: TierGranted}}, {Name: "user-1001", Config: map[string]string{KeyTier: TierRevoked}}}
 	ds := newDoorServer(t, model.TypeContainer, nil, granted, 1)
-	door, err := NewDoors(ds.host()).Expose(context.Background(), "web", DoorSpec{Port: 8080})
+	door, err := NewDoors(ds.host()).Expose(context.Background(), "web", model.DoorSpec{Port: 8080})
 	require.NoError(t, err)
-	assert.Equal(t, DoorUnix, door.Kind)
+	assert.Equal(t, model.DoorUnix, door.Kind)
 	assert.Contains(t, door.Note, "granted users (user-1000)")
 	dev := (<-ds.put).Devices["box-door-8080"]
-	want := unixDoor(DoorDir + "/web-8080.sock")
+	want := unixDoor(model.DoorDir + "/web-8080.sock")
 	want["uid"], want["gid"] = strconv.Itoa(os.Geteuid()), strconv.Itoa(os.Getegid())
 	assert.Equal(t, want, dev)
 	assert.True(t, made, "the doors' folder is made")
@@ -377,7 +377,7 @@ func TestUnexposeTakesOnlyBoxsDoors(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "web has no door to port 9090")
 
-	ds = newDoorServer(t, model.TypeContainer, map[string]map[string]string{"box-door-8080": edit(tcpDoor("tcp:127.0.0.1:8080"), DoorTag, "")}, nil, 1)
+	ds = newDoorServer(t, model.TypeContainer, map[string]map[string]string{"box-door-8080": edit(tcpDoor("tcp:127.0.0.1:8080"), model.DoorTag, "")}, nil, 1)
 	err = NewDoors(ds.host()).Unexpose(ctx, "web", 8080)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "box did not make it")

@@ -79,18 +79,11 @@ type Census struct {
 // Sibling finds an instance of the census by project and name.
 func (c *Census) Sibling(project, name string) (Sibling, bool) {
 	for _, s := range c.Siblings {
-		if s.Name == name && projectOf(s.Project) == projectOf(project) {
+		if s.Name == name && model.ProjectOf(s.Project) == model.ProjectOf(project) {
 			return s, true
 		}
 	}
 	return Sibling{}, false
-}
-
-func projectOf(p string) string {
-	if p == "" {
-		return "default"
-	}
-	return p
 }
 
 // Findings turns the census's problems into Verify findings, one per
@@ -262,8 +255,8 @@ func judgeInstance(bridge string, inst *incus.Instance, links map[string]hostns.
 // an instance that does not exist yet (a backup to import) is judged the
 // same way.
 func judgeDefinition(bridge string, inst *incus.Instance) Sibling {
-	_, box := isBox(inst)
-	s := Sibling{Name: inst.Name, Project: projectOf(inst.Project), Status: inst.Status, Type: inst.Type, Box: box, Problems: []Problem{}}
+	_, box := model.IsBox(inst)
+	s := Sibling{Name: inst.Name, Project: model.ProjectOf(inst.Project), Status: inst.Status, Type: inst.Type, Box: box, Problems: []Problem{}}
 	// incusCmd renders an incus command line for this instance's project.
 	incusCmd := func(format string, args ...any) string {
 		cmd := fmt.Sprintf(format, args...)
@@ -312,9 +305,9 @@ func judgeDefinition(bridge string, inst *incus.Instance) Sibling {
 		case "proxy":
 			// box's own doors (box expose) are judged by what they are,
 			// never by their name alone.
-			why := judgeDoor(inst, name)
+			why := model.JudgeDoor(inst, name)
 			if why == "" {
-				door := doorOf(inst, name)
+				door := model.DoorOf(inst, name)
 				s.Allowed = append(s.Allowed, fmt.Sprintf("door %s: %s on the host to port %d in the box (box expose): one-way, nothing listens inside", name, door.Host, door.Port))
 				continue
 			}
@@ -323,7 +316,7 @@ func judgeDefinition(bridge string, inst *incus.Instance) Sibling {
 				what += ", bind " + d["bind"]
 			}
 			what += ") is a door between the box and the host"
-			if strings.HasPrefix(name, DoorPrefix) || d[DoorTag] != "" {
+			if strings.HasPrefix(name, model.DoorPrefix) || d[model.DoorTag] != "" {
 				what += ", and not one of box's: " + why
 			}
 			bad(what, incusCmd("incus config device remove %s %s", inst.Name, name))
@@ -387,10 +380,10 @@ func (host *Host) BoxesOnStack(ctx context.Context) (boxes []Box, censusErr, err
 		boxes, berr := host.Boxes(ctx)
 		return boxes, err, berr
 	}
-	project := projectOf(host.Incus.ProjectName())
+	project := model.ProjectOf(host.Incus.ProjectName())
 	boxes = []Box{}
 	for i := range insts {
-		if gen, ok := isBox(&insts[i]); ok && projectOf(insts[i].Project) == project {
+		if gen, ok := model.IsBox(&insts[i]); ok && model.ProjectOf(insts[i].Project) == project {
 			boxes = append(boxes, boxOf(&insts[i], gen))
 		}
 	}

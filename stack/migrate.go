@@ -71,7 +71,7 @@ func (host *Host) Migrate(ctx context.Context, req MigrateRequest) ([]model.Chan
 			return nil, fmt.Errorf("listing boxes: %w", err)
 		}
 		for i := range insts {
-			if _, ok := isBox(&insts[i]); ok && onLegacyStack(&insts[i]) {
+			if _, ok := model.IsBox(&insts[i]); ok && onLegacyStack(&insts[i]) {
 				todo = append(todo, insts[i].Name)
 			}
 		}

@@ -101,10 +101,6 @@ func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult,
 	return res, nil
 }
 
-// keyMoving holds, on a box being moved, the fixed address it keeps, while
-// its NIC has none: AddressFor counts it.
-const keyMoving = "user.box.moving"
-
 // leaveMember makes Incus forget a box's DHCP state on the member it is
 // about to leave. Incus 6.0 moves an instance without it (measured: the
 // member keeps the instance's dnsmasq.hosts entry for good and its lease
@@ -128,22 +124,19 @@ func (mgr *Manager) leaveMember(ctx context.Context, name string, addr netip.Add
 		put.Devices = map[string]map[string]string{}
 	}
 	nic := model.BoxNIC()
-	nic["name"] = transitName
+	nic["name"] = model.TransitName
 	put.Devices["eth0"] = nic
-	put.Config[keyMoving] = addr.String()
+	put.Config[model.KeyMoving] = addr.String()
 	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
 		return fmt.Errorf("clearing its address on %s before the move: %w", inst.Location, err)
 	}
 	return nil
 }
 
-// transitName names a moving box's NIC inside it until it lands.
-const transitName = "box-moving"
-
 // movingAddress is the address a box held when a move of it stopped half
 // way (invalid when none).
 func movingAddress(inst *incus.Instance) netip.Addr {
-	a, _ := netip.ParseAddr(inst.Config[keyMoving])
+	a, _ := netip.ParseAddr(inst.Config[model.KeyMoving])
 	return a
 }
 
@@ -151,7 +144,7 @@ func movingAddress(inst *incus.Instance) netip.Addr {
 func doorDevices(inst *incus.Instance) []string {
 	var out []string
 	for name, d := range inst.Devices {
-		if d["type"] == "proxy" && d[DoorTag] == "1" {
+		if d["type"] == "proxy" && d[model.DoorTag] == "1" {
 			out = append(out, name)
 		}
 	}

@@ -89,7 +89,7 @@ func (f Fleet) PlanPins(ports []string) *PinPlan {
 func (host *Host) bridgeLeases(ctx context.Context, insts []incus.Instance) ([]incus.NetworkLease, error) {
 	projects := []string{"default"}
 	for i := range insts {
-		if p := projectOf(insts[i].Project); !slices.Contains(projects, p) {
+		if p := model.ProjectOf(insts[i].Project); !slices.Contains(projects, p) {
 			projects = append(projects, p)
 		}
 	}

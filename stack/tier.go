@@ -191,7 +191,7 @@ func (host *Host) Tiers(ctx context.Context, group string) ([]Tier, error) {
 			return nil, err
 		}
 		for i := range insts {
-			if _, ok := isBox(&insts[i]); ok {
+			if _, ok := model.IsBox(&insts[i]); ok {
 				t.Boxes++
 			}
 		}

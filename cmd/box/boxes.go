@@ -518,7 +518,7 @@ type infoResult struct {
 	Addresses []string         `json:"addresses"`
 	Snapshots []incus.Snapshot `json:"snapshots"`
 	// Doors are its doors (box expose), and devices that look like one.
-	Doors []stack.Door `json:"doors"`
+	Doors []model.Door `json:"doors"`
 }
 
 func setupInfo(fs *flag.FlagSet) action {

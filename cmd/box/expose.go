@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // box expose: a door from the host's loopback to a TCP port in a box.
@@ -19,7 +20,7 @@ func setupExpose(fs *flag.FlagSet) action {
 	list := fs.Bool("list", false, "list the box's doors")
 	remove := fs.String("remove", "", "remove the door to the box's port PORT")
 	listen := fs.String("listen", "", "a TCP door's address on the host: 127.0.0.1 (the default) or ::1, nothing else")
-	unixDoor := fs.Bool("unix", false, "a unix socket in "+stack.DoorDir+", yours only (mode "+stack.DoorMode+"); the default where the host has granted users")
+	unixDoor := fs.Bool("unix", false, "a unix socket in "+model.DoorDir+", yours only (mode "+model.DoorMode+"); the default where the host has granted users")
 	tcp := fs.Bool("tcp", false, "a TCP door on the host's loopback, open to every local user; the default where no user is granted")
 	asJSON := fs.Bool("json", false, "print JSON")
 	return func(c *call) error {
@@ -62,7 +63,7 @@ func setupExpose(fs *flag.FlagSet) action {
 		if len(c.args) < 2 {
 			return usagef("expose: which port of %s? box expose %s PORT [HOSTPORT]", name, name)
 		}
-		spec := stack.DoorSpec{}
+		spec := model.DoorSpec{}
 		if spec.Port, err = parsePort("PORT", c.args[1]); err != nil {
 			return err
 		}
@@ -75,18 +76,18 @@ func setupExpose(fs *flag.FlagSet) action {
 		case *unixDoor && *tcp:
 			return usagef("expose: --unix and --tcp contradict each other; pick one")
 		case *unixDoor && (*listen != "" || spec.HostPort != 0):
-			return usagef("expose: a unix door is a socket in %s: it has no --listen or HOSTPORT", stack.DoorDir)
+			return usagef("expose: a unix door is a socket in %s: it has no --listen or HOSTPORT", model.DoorDir)
 		case *unixDoor:
-			spec.Kind = stack.DoorUnix
+			spec.Kind = model.DoorUnix
 		case *tcp:
-			spec.Kind = stack.DoorTCP
+			spec.Kind = model.DoorTCP
 		}
 		if *listen != "" {
 			a, err := netip.ParseAddr(*listen)
 			if err != nil {
 				return usagef("expose: --listen %q: want 127.0.0.1 or ::1", *listen)
 			}
-			if err := stack.CheckDoorListen(a); err != nil {
+			if err := model.CheckDoorListen(a); err != nil {
 				return usagef("expose: %v", err)
 			}
 			spec.Listen = a
@@ -102,11 +103,11 @@ func setupExpose(fs *flag.FlagSet) action {
 			fmt.Fprintf(c.err, "box: %s\n", door.Note)
 		}
 		switch door.Kind {
-		case stack.DoorTCP:
+		case model.DoorTCP:
 			fmt.Fprintf(c.out, "%s: port %d is at %s on the host (device %s)\n", name, door.Port, door.Host, door.Device)
 			fmt.Fprintln(c.err, "box: a TCP door on the host's loopback is open to every local user of this host")
 		default:
-			fmt.Fprintf(c.out, "%s: port %d is at %s on the host (device %s; owner %s, mode %s)\n", name, door.Port, door.Host, door.Device, door.Owner, stack.DoorMode)
+			fmt.Fprintf(c.out, "%s: port %d is at %s on the host (device %s; owner %s, mode %s)\n", name, door.Port, door.Host, door.Device, door.Owner, model.DoorMode)
 		}
 		if c.box.Status != "Running" {
 			fmt.Fprintf(c.err, "box: %s is %s: the door opens when it starts (box start %s)\n", name, strings.ToLower(c.box.Status), name)
@@ -125,7 +126,7 @@ func parsePort(what, s string) (uint16, error) {
 }
 
 // printDoors is the table of `box expose N --list`.
-func printDoors(w io.Writer, doors []stack.Door) {
+func printDoors(w io.Writer, doors []model.Door) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PORT\tHOST\tKIND\tOWNER\tDEVICE")
 	for _, d := range doors {
@@ -139,7 +140,7 @@ func printDoors(w io.Writer, doors []stack.Door) {
 }
 
 // doorProblems says on stderr why a door-like device is not box's.
-func doorProblems(c *call, name string, doors []stack.Door) {
+func doorProblems(c *call, name string, doors []model.Door) {
 	for _, d := range doors {
 		if d.Problem != "" {
 			fmt.Fprintf(c.err, "box: %s's device %s is not one of box's doors: %s (box doctor names it)\n", name, d.Device, d.Problem)

@@ -23,7 +23,6 @@ import (
 	"github.com/box-isolation/box/internal/ascred"
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/internal/testenv"
-	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -172,7 +171,7 @@ func TestSystemExpose(t *testing.T) {
 	t.Cleanup(func() {
 		for _, n := range []string{name, renamed} {
 			for _, p := range []int{8080, 8081, 8083} {
-				os.Remove(stack.DoorSocket("", n, uint16(p))) //nolint:errcheck
+				os.Remove(model.DoorSocket("", n, uint16(p))) //nolint:errcheck
 			}
 		}
 	})
@@ -235,7 +234,7 @@ func TestSystemExpose(t *testing.T) {
 	helloU := listenIn(t, r, name, 8083)
 	res = r.run(t, "expose", name, "8083", "--unix")
 	require.Equal(t, exitOK, res.code, res.err)
-	sock := stack.DoorSocket("", name, 8083)
+	sock := model.DoorSocket("", name, 8083)
 	assert.Contains(t, res.out, sock+" on the host (device box-door-8083; owner 0:0, mode 0600)")
 	greetSoon(t, "", "unix", sock, helloU)
 	fi, err := os.Stat(sock)
@@ -247,12 +246,12 @@ func TestSystemExpose(t *testing.T) {
 	// --list and info show the three doors.
 	res = r.run(t, "expose", name, "--list", "--json")
 	require.Equal(t, exitOK, res.code, res.err)
-	var doors []stack.Door
+	var doors []model.Door
 	require.NoError(t, json.Unmarshal([]byte(res.out), &doors))
 	require.Len(t, doors, 3)
-	assert.Equal(t, stack.Door{Device: "box-door-8080", Port: 8080, Kind: stack.DoorTCP, Listen: fmt.Sprintf("tcp:127.0.0.1:%d", hp), Host: fmt.Sprintf("127.0.0.1:%d", hp)}, doors[0])
+	assert.Equal(t, model.Door{Device: "box-door-8080", Port: 8080, Kind: model.DoorTCP, Listen: fmt.Sprintf("tcp:127.0.0.1:%d", hp), Host: fmt.Sprintf("127.0.0.1:%d", hp)}, doors[0])
 	assert.Equal(t, fmt.Sprintf("[::1]:%d", hp6), doors[1].Host)
-	assert.Equal(t, stack.DoorUnix, doors[2].Kind)
+	assert.Equal(t, model.DoorUnix, doors[2].Kind)
 	assert.Equal(t, "0:0", doors[2].Owner)
 	assert.Len(t, infoOf(t, r, name).Doors, 3)
 	res = r.run(t, "info", name)
@@ -277,7 +276,7 @@ func TestSystemExpose(t *testing.T) {
 	require.NoError(t, err)
 	put := inst.Writable()
 	put.Devices["up"] = map[string]string{"type": "proxy", "bind": "instance", "listen": "tcp:127.0.0.1:2222", "connect": fmt.Sprintf("tcp:127.0.0.1:%d", world.HostSSHPort)}
-	put.Devices["box-door-9"] = map[string]string{"type": "proxy", "bind": "instance", "listen": "tcp:127.0.0.1:2223", "connect": "tcp:127.0.0.1:9", stack.DoorTag: "1"}
+	put.Devices["box-door-9"] = map[string]string{"type": "proxy", "bind": "instance", "listen": "tcp:127.0.0.1:2223", "connect": "tcp:127.0.0.1:9", model.DoorTag: "1"}
 	put.Devices["box-door-7"] = map[string]string{"type": "proxy", "listen": "tcp:127.0.0.1:2224", "connect": "tcp:127.0.0.1:7"}
 	require.NoError(t, c.UpdateInstance(ctx, name, put, etag))
 	// Incus starts a proxy device about a second after it is added
@@ -343,16 +342,16 @@ func TestSystemExpose(t *testing.T) {
 	require.Equal(t, exitOK, r.run(t, "rename", name, renamed).code)
 	doorsNow := infoOf(t, r, renamed).Doors
 	require.Len(t, doorsNow, 2)
-	assert.Equal(t, "unix:"+stack.DoorSocket("", renamed, 8083), doorsNow[1].Listen)
+	assert.Equal(t, "unix:"+model.DoorSocket("", renamed, 8083), doorsNow[1].Listen)
 	assert.Empty(t, doorsNow[1].Problem)
 	require.Equal(t, exitOK, r.run(t, "start", renamed).code)
 	helloR := listenIn(t, r, renamed, 8083)
-	greetSoon(t, "", "unix", stack.DoorSocket("", renamed, 8083), helloR)
+	greetSoon(t, "", "unix", model.DoorSocket("", renamed, 8083), helloR)
 	_, d = doctorOf(t, r)
 	assert.Empty(t, fleetFindings(d, renamed))
 
 	// rm removes the door's socket.
 	require.Equal(t, exitOK, r.run(t, "rm", "--force", renamed).code)
-	_, err = os.Stat(stack.DoorSocket("", renamed, 8083))
+	_, err = os.Stat(model.DoorSocket("", renamed, 8083))
 	assert.ErrorIs(t, err, os.ErrNotExist)
 }

@@ -84,3 +84,10 @@ func ExpandWith(inst incus.Instance, profiles map[string]incus.Profile) (incus.I
 	inst.ExpandedConfig, inst.ExpandedDevices = cfg, devs
 	return inst, missing
 }
+
+// KeyMoving holds, on a box being moved, the fixed address it keeps, while
+// its NIC has none: AddressFor counts it.
+const KeyMoving = "user.box.moving"
+
+// TransitName names a moving box's NIC inside it until it lands.
+const TransitName = "box-moving"
