@@ -98,33 +98,6 @@ func (r *run) runProbes(ctx context.Context) error {
 	return nil
 }
 
-// splitGuestAPI takes the guest API probes (unix_http on the guest
-// API's socket) out of each plan into a plan of their own for the same
-// place; plans are left as they are.
-func splitGuestAPI(plans map[Place]*probes.Plan) (rest, guestAPI map[Place]*probes.Plan) {
-	rest, guestAPI = map[Place]*probes.Plan{}, map[Place]*probes.Plan{}
-	for place, p := range plans {
-		isGuestAPI := func(s probes.ProbeSpec) bool { return s.Kind == probes.KindUnixHTTP && s.Socket == guestAPISocket }
-		if !slices.ContainsFunc(p.Probes, isGuestAPI) {
-			rest[place] = p
-			continue
-		}
-		q := *p
-		q.Probes = slices.DeleteFunc(slices.Clone(p.Probes), isGuestAPI)
-		g := &probes.Plan{Version: p.Version, DeadlineMS: guestAPIDeadlineMS + guestAPIPlanMarginMS}
-		for _, s := range p.Probes {
-			if isGuestAPI(s) {
-				g.Probes = append(g.Probes, s)
-			}
-		}
-		if len(q.Probes) > 0 || len(q.Listeners)+len(q.Witnesses)+len(q.Neighbors) > 0 || q.Nest != nil {
-			rest[place] = &q
-		}
-		guestAPI[place] = g
-	}
-	return rest, guestAPI
-}
-
 // countingChain is one namespace's counting chain: the local host's
 // (PlaceFilter), or another cluster member's.
 type countingChain struct {
