@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // Tags the drill puts on its own boxes, so an aborted run's boxes are found
@@ -26,7 +27,7 @@ const agentPath = "/usr/bin/drill-agent"
 
 // probeType is what the probe boxes are minted as, whatever box new makes on
 // the host: the probe image is a container image.
-const probeType = stack.TypeContainer
+const probeType = model.TypeContainer
 
 // mintBoxes mints box-a and box-b, clones box-a, has each selected claim
 // prepare what it needs of its own (its box, a door, a user), applies the
@@ -194,7 +195,7 @@ func mintProbeBox(ctx context.Context, cfg *Config, req stack.MintRequest) error
 // the minted probe boxes, beside the kind box new makes on this host
 // (boxNew, the decision box new acts on), and a note where they differ: a
 // claim proved on a container is not proved on a virtual machine.
-func (rep *Report) noteInstanceType(boxNew stack.TypeDecision) {
+func (rep *Report) noteInstanceType(boxNew model.TypeDecision) {
 	var types []string
 	for _, b := range rep.Boxes {
 		if !slices.Contains(types, b.Type) {

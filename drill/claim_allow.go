@@ -16,6 +16,7 @@ import (
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // AllowID is C-ALLOW: a box under an egress allowlist reaches what it
@@ -29,7 +30,7 @@ var claimAllow = Claim{
 	Channels: []Channel{ChannelTCP, ChannelUDP, ChannelDNS, ChannelTLS, ChannelHTTP, ChannelQUIC, ChannelDoH},
 	Expect: "box-w reaches the allowed canary by name and nothing else, and none of its questions for other names leaves the host; " +
 		"box-a reaches what box-w may not, and its questions reach the authoritative nameserver (they were there to be blocked)",
-	Layers:   []stack.LayerID{stack.LayerEgress},
+	Layers:   []model.LayerID{model.LayerEgress},
 	Why:      "an allowlist that leaks is a false sense of safety: a shared address lets in every name on it, a name carried in DNS questions is a tunnel to anyone's nameserver, QUIC and DNS over HTTPS slip past name checks, and an allowed name that points at the LAN is a way in (DNS rebinding)",
 	Modes:    Modes{World: Runs, Host: Never, Why: "it needs the world's second canary, its witness nameserver and a witness in its internet"},
 	Evidence: []Evidence{EvidenceProbes},
@@ -316,7 +317,7 @@ func refineAllow(r *run, res Result) Result {
 
 // The egress mutations: the whole table ("egress"), or one of its chains.
 func dropEgressTable(ctx context.Context, h *stack.Host, _ []string) error {
-	return deleteTable(h, nftables.TableFamilyINet, stack.Current.NFTTable+"_egress")
+	return deleteTable(h, nftables.TableFamilyINet, model.Current.NFTTable+"_egress")
 }
 
 // dropEgressChain is a mutation that deletes one chain of the egress table
@@ -324,7 +325,7 @@ func dropEgressTable(ctx context.Context, h *stack.Host, _ []string) error {
 func dropEgressChain(chain string) func(context.Context, *stack.Host, []string) error {
 	return func(ctx context.Context, h *stack.Host, _ []string) error {
 		return withNFT(h, func(conn *nftables.Conn) error {
-			t := &nftables.Table{Family: nftables.TableFamilyINet, Name: stack.Current.NFTTable + "_egress"}
+			t := &nftables.Table{Family: nftables.TableFamilyINet, Name: model.Current.NFTTable + "_egress"}
 			ch := &nftables.Chain{Table: t, Name: chain}
 			conn.FlushChain(ch)
 			conn.DelChain(ch)

@@ -2,7 +2,7 @@ package drill
 
 import (
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // CloneID is C-CLONE: a clone of a box is a box of its own on the wire.
@@ -12,7 +12,7 @@ var claimClone = Claim{
 	ID: CloneID, From: "clone", To: "its source",
 	Channels: []Channel{ChannelAddress, ChannelMAC, ChannelMachineID},
 	Expect:   "distinct",
-	Layers:   []stack.LayerID{stack.LayerStack},
+	Layers:   []model.LayerID{model.LayerStack},
 	Why:      "two boxes with one identity share one lease and both lose the network",
 	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
 	build: buildClone,

@@ -2,7 +2,7 @@ package drill
 
 import (
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // DHCPID is C-DHCP: a box holds a lease on the box subnet. A positive
@@ -12,7 +12,7 @@ const DHCPID ClaimID = "C-DHCP"
 var claimDHCP = Claim{
 	ID: DHCPID, From: "box", To: "lease",
 	Channels: []Channel{ChannelDHCP}, Expect: "a lease on the box subnet",
-	Layers: []stack.LayerID{stack.LayerNAT}, Baseline: true,
+	Layers: []model.LayerID{model.LayerNAT}, Baseline: true,
 	Why:   "without a lease no probe leaves from the address the rules are written for",
 	Modes: everywhere, Evidence: []Evidence{EvidenceProbes},
 	build: buildDHCP,

@@ -2,7 +2,7 @@ package drill
 
 import (
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // DNSID is C-DNS: a box's resolver, the gateway, resolves a public name.
@@ -12,7 +12,7 @@ const DNSID ClaimID = "C-DNS"
 var claimDNS = Claim{
 	ID: DNSID, From: "box", To: "gateway resolver",
 	Channels: []Channel{ChannelDNS}, Expect: "a public name resolves",
-	Layers: []stack.LayerID{stack.LayerDNS}, Baseline: true,
+	Layers: []model.LayerID{model.LayerDNS}, Baseline: true,
 	Why:   "the resolver is the one host service a box may use",
 	Modes: everywhere, Evidence: []Evidence{EvidenceProbes},
 	build: buildDNS,

@@ -2,7 +2,7 @@ package drill
 
 import (
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // EgressID is C-EGRESS: a box reaches the internet. A positive control:
@@ -13,7 +13,7 @@ var claimEgress = Claim{
 	ID: EgressID, From: "box", To: "internet canary",
 	Channels: []Channel{ChannelTCP, ChannelUDP, ChannelICMP},
 	Expect:   "reachable (the canary's greeting proves who answered)",
-	Layers:   []stack.LayerID{stack.LayerNAT}, Baseline: true,
+	Layers:   []model.LayerID{model.LayerNAT}, Baseline: true,
 	Why:   "a box that cannot reach the internet makes every 'blocked' meaningless",
 	Modes: everywhere, Evidence: []Evidence{EvidenceProbes},
 	build: buildEgress,

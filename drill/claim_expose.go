@@ -7,6 +7,7 @@ import (
 
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // ExposeID is C-EXPOSE: a door box opens answers on the host's loopback
@@ -17,7 +18,7 @@ var claimExpose = Claim{
 	ID: ExposeID, From: "the host's loopback, its other addresses, the LAN; box-a", To: "box expose's door from the host's 127.0.0.1 to box-a's listener",
 	Channels: []Channel{ChannelTCP},
 	Expect:   "the door answers on the host's loopback only (elsewhere the port is closed), and opens nothing inside the box",
-	Layers:   []stack.LayerID{stack.LayerFleet},
+	Layers:   []model.LayerID{model.LayerFleet},
 	Why:      "a door is the one thing box puts between a box and the host: on any address but loopback it is a way in from the LAN, and a listener inside would be a way out",
 	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
 	prepare: openDoor,

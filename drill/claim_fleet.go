@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // FleetID is C-FLEET: every box on the host, not only the drill's fresh
@@ -17,7 +18,7 @@ var claimFleet = Claim{
 	ID: FleetID, From: "every instance on boxnet (any project, tagged or not, running or stopped) and every port on it", To: "the stack",
 	Channels: []Channel{ChannelCensus},
 	Expect:   "exactly one NIC, on boxnet, isolated (config and kernel flag), in the bridge drop's port set; no other NIC, no proxy but box's own loopback doors, no host path or device passed through, no raw.lxc/raw.qemu, not privileged",
-	Layers:   []stack.LayerID{stack.LayerFleet},
+	Layers:   []model.LayerID{model.LayerFleet},
 	Why:      "the boxes people work in were minted weeks ago and changed since: a re-plugged NIC or a device added by hand takes one off the stack while fresh probe boxes pass",
 	Modes:    everywhere, Evidence: []Evidence{EvidenceCensus},
 	judge: judgeFleet,
@@ -48,8 +49,8 @@ func judgeFleet(r *run, c Claim, _ []Result) []Result {
 // fleetResults judges C-FLEET from the census taken once the drill's
 // boxes ran (census), the boxes (place -> instance) of project, and every
 // finding of the run.
-func fleetResults(c Claim, census *stack.Census, project string, boxes map[Place]string, findings []stack.Finding) []Result {
-	a := Action{ID: "f-" + string(c.ID), Claim: c.ID, Channel: ChannelCensus, From: PlaceVerify, Target: "every instance and port on " + stack.Current.Network,
+func fleetResults(c Claim, census *stack.Census, project string, boxes map[Place]string, findings []model.Finding) []Result {
+	a := Action{ID: "f-" + string(c.ID), Claim: c.ID, Channel: ChannelCensus, From: PlaceVerify, Target: "every instance and port on " + model.Current.Network,
 		TargetKey: string(ChannelCensus), Expect: ExpectPresent}
 	r := Result{Action: a, Verdict: Pass, Observed: "met the drill's own boxes"}
 	places := slices.Sorted(maps.Keys(boxes))

@@ -10,7 +10,7 @@ import (
 	"github.com/box-isolation/box/internal/hostscan"
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // InboundID is C-INBOUND: nothing outside opens a connection into a box.
@@ -20,7 +20,7 @@ var claimInbound = Claim{
 	ID: InboundID, From: "host, LAN (in host mode a throwaway namespace behind the host, one source per private range)", To: "box",
 	Channels: []Channel{ChannelTCP, ChannelICMP},
 	Expect:   "dropped",
-	Layers:   []stack.LayerID{stack.LayerACL},
+	Layers:   []model.LayerID{model.LayerACL},
 	Why:      "nothing outside may open a connection into a box",
 	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
 	prepare: prepareInbound,
@@ -59,7 +59,7 @@ func prepareInbound(_ context.Context, r *run) error {
 	sim, err := newLANSim(r.cfg.Host.NetNS, r.rep.RunID, r.ends[PlaceA].IP, sources)
 	if err != nil {
 		r.rep.Problems = append(r.rep.Problems, err.Error())
-		r.rep.Notes = append(r.rep.Notes, string(InboundID)+": nothing probes a box from the LAN here: its LAN side rests on Verify alone (the stack channel, "+string(stack.LayerACL)+")")
+		r.rep.Notes = append(r.rep.Notes, string(InboundID)+": nothing probes a box from the LAN here: its LAN side rests on Verify alone (the stack channel, "+string(model.LayerACL)+")")
 		return nil
 	}
 	r.later(func(context.Context) error { return sim.remove() })

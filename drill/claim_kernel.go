@@ -5,7 +5,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // C-KERNEL lives in claim_kernel*.go, a file per concern: the claim and
@@ -25,7 +25,7 @@ var claimKernel = Claim{
 		ChannelProcSys, ChannelCorePattern, ChannelSysrq, ChannelReleaseAgent, ChannelModules, ChannelGuestAPI,
 		ChannelProcesses, ChannelCPU, ChannelMemory, ChannelDisk},
 	Expect: "root in a box is no host user, and an isolated box's ids are its own; capabilities only over the box's own user namespace; the system call filter on; no host path mounted and no device node beyond a container's default; /proc/sys, core_pattern, sysrq-trigger and every release_agent refused to a writer (opened, never written); no guest API (box's profile turns /dev/incus off); a fork bomb, a CPU spin, a memory hog and a disk fill stop at box-l's own limits",
-	Layers: []stack.LayerID{stack.LayerFleet},
+	Layers: []model.LayerID{model.LayerFleet},
 	Why:    "on a host that cannot run VMs a box is a container: the host's kernel is the boundary, and nothing else proves what a box can do to the host and its siblings besides the network",
 	Modes:  everywhere, Evidence: []Evidence{EvidenceProbes},
 	prepare: prepareKernel,

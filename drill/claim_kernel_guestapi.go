@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // C-KERNEL's guest API check: box's profile turns the guest API
@@ -38,7 +38,7 @@ func readGuestAPIConfig(ctx context.Context, r *run) {
 		if err != nil {
 			continue // judged inconclusive: no config read
 		}
-		r.guestAPIOff[place] = stack.GuestAPIOff(inst.ExpandedConfig)
+		r.guestAPIOff[place] = model.GuestAPIOff(inst.ExpandedConfig)
 	}
 }
 
@@ -47,7 +47,7 @@ func readGuestAPIConfig(ctx context.Context, r *run) {
 // box's), its own name, its own NIC's MAC, and nothing of any other.
 func (kj *kernelJudge) judgeGuestAPI(res Result, answers []probes.HTTPAnswer) Result {
 	told := kj.guestAPITold(res.From, answers)
-	return verdict(res, Fail, "the box has a guest API (/dev/incus answered), which box's profile turns off ("+stack.GuestAPIKey+"=false): "+
+	return verdict(res, Fail, "the box has a guest API (/dev/incus answered), which box's profile turns off ("+model.GuestAPIKey+"=false): "+
 		"one box's overlapping requests crash Incus 6.0's incusd (lxc/incus#3618); "+told)
 }
 

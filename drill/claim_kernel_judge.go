@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // C-KERNEL's judging: every box's checks from what its agent saw there,
@@ -140,7 +140,7 @@ func (kj *kernelJudge) check(a Action) Result {
 			case !off:
 				return verdict(res, Inconclusive, "no guest API in the box ("+o.Reason+") though its config has it on: what it would answer was not seen")
 			}
-			return verdict(res, Pass, "no guest API in the box ("+o.Reason+"; its config: "+stack.GuestAPIKey+"=false): nothing there to tell it anything")
+			return verdict(res, Pass, "no guest API in the box ("+o.Reason+"; its config: "+model.GuestAPIKey+"=false): nothing there to tell it anything")
 		}
 		return verdict(res, Inconclusive, "the check could not run: "+o.Reason)
 	}

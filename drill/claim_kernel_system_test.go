@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // TestSystemKernel: C-KERNEL holds on the stack (its clean run first),
@@ -53,9 +53,9 @@ func TestSystemKernel(t *testing.T) {
 		cfg := config(t)
 		restoreAfter(t, cfg)
 		ensured(t, cfg)
-		inHost(t, cfg, "incus", "profile", "device", "add", stack.Current.Profile, "handkmsg", "unix-char", "source=/dev/kmsg", "path=/dev/kmsg")
+		inHost(t, cfg, "incus", "profile", "device", "add", model.Current.Profile, "handkmsg", "unix-char", "source=/dev/kmsg", "path=/dev/kmsg")
 		t.Cleanup(func() {
-			inHost(t, cfg, "incus", "profile", "device", "remove", stack.Current.Profile, "handkmsg")
+			inHost(t, cfg, "incus", "profile", "device", "remove", model.Current.Profile, "handkmsg")
 		})
 		cfg.NoSetup = true
 		cfg.Claims = []drill.Claim{claimOf(t, drill.KernelID)}

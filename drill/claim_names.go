@@ -1,6 +1,6 @@
 package drill
 
-import "github.com/box-isolation/box/stack"
+import "github.com/box-isolation/box/stack/model"
 
 // NamesID is C-NAMES: a box's resolver tells it no private name.
 const NamesID ClaimID = "C-NAMES"
@@ -10,7 +10,7 @@ var claimNames = Claim{
 	To:       "its resolver: sibling names, the host's hosts file, hostname and search domains, PTRs of host and LAN addresses, a LAN resolver's names",
 	Channels: []Channel{ChannelDNS},
 	Expect:   "no private name resolves (a name the pinned public upstream answers the same is public)",
-	Layers:   []stack.LayerID{stack.LayerDNS},
+	Layers:   []model.LayerID{model.LayerDNS},
 	Why:      "a name is the first step to a target, and a resolver that answers private names tells a box what the host knows",
 	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
 	// box-a asks every question, each compared with the public upstream

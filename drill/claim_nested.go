@@ -7,7 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // NestedID is C-NESTED: what an agent runs inside a box that may nest
@@ -19,7 +19,7 @@ var claimNested = Claim{
 	To:       "peer boxes, the host, the LAN, the resolver's private names; the host's bridge and the peers, at layer 2",
 	Channels: []Channel{ChannelICMP, ChannelTCP, ChannelUDP, ChannelDNS, ChannelARP, ChannelBroadcast},
 	Expect:   "blocked as from the box itself (the internet reachable); no frame with the nested MAC gets past the box's pins",
-	Layers:   []stack.LayerID{stack.LayerPortIso, stack.LayerBridgeDrop, stack.LayerHostFW, stack.LayerACL, stack.LayerDNS, stack.LayerPin},
+	Layers:   []model.LayerID{model.LayerPortIso, model.LayerBridgeDrop, model.LayerHostFW, model.LayerACL, model.LayerDNS, model.LayerPin},
 	Why:      "an agent with Docker in its box starts containers of its own: behind the box's NAT they must meet every layer the box does, and one given the box's link must not pass as a host of its own",
 	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
 	prepare: mintNestingBox,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // SpoofID is C-SPOOF: a box that lies about who it is gets no lie past
@@ -24,7 +25,7 @@ var claimSpoof = Claim{
 		ChannelDHCPRelease, ChannelDHCPDecline, ChannelDHCPStarve, ChannelDHCPClientID, ChannelDHCPHType, ChannelNewLease},
 	Expect: "no forged ARP or IPv4 source reaches the host's bridge or a peer, the host never holds box-b's address at another MAC, box-b's return traffic keeps reaching it; " +
 		"the DHCP server gives up no sibling's lease and leases nothing to a client box-a made up, and a box minted afterwards gets its address",
-	Layers: []stack.LayerID{stack.LayerPin, stack.LayerDHCP},
+	Layers: []model.LayerID{model.LayerPin, model.LayerDHCP},
 	Why:    "a box that takes a sibling's address steals its return traffic, one that takes the gateway's misleads every box that believes it, and one that releases a sibling's lease or takes the pool cuts boxes off",
 	Modes:  everywhere, Evidence: []Evidence{EvidenceProbes, EvidenceRequests},
 	watch:  watchSpoof,
@@ -69,7 +70,7 @@ const (
 // forwarding database over the probe phase.
 func watchSpoof(r *run) func() {
 	watchSpoofDHCP(r)
-	nw, err := watchNeighbours(r.cfg.Host.NetNS, stack.Current.Network)
+	nw, err := watchNeighbours(r.cfg.Host.NetNS, model.Current.Network)
 	if err != nil {
 		r.neighErr = err.Error()
 		return func() {}

@@ -17,6 +17,7 @@ import (
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // TierID is C-TIER: a granted user's box is isolated like any other, and
@@ -28,7 +29,7 @@ var claimTier = Claim{
 	To:       "peer boxes, the host, the LAN, the resolver; Incus (other networks, host paths, proxies, privilege)",
 	Channels: []Channel{ChannelARP, ChannelICMP, ChannelTCP, ChannelUDP, ChannelBroadcast, ChannelV6LinkLocal, ChannelV6AllNodes, ChannelMDNS, ChannelLLMNR, ChannelSSDP, ChannelDNS, ChannelIsolOff, ChannelRestriction, ChannelCensus},
 	Expect:   "isolated like box-a (the host's layers hold though the user may turn port isolation off, and the census names that box); every attempt to leave boxnet refused by Incus for the restriction",
-	Layers:   []stack.LayerID{stack.LayerTier},
+	Layers:   []model.LayerID{model.LayerTier},
 	Why:      "a granted user holds an Incus socket: the grant's narrowing to boxnet and the host-owned layers are all that stand between their agent and the host's networks",
 	Modes:    Modes{World: Runs, Host: OptIn, Why: "it makes (and deletes) a local user account on the host"},
 	Evidence: []Evidence{EvidenceProbes, EvidenceRequests, EvidenceCensus},
@@ -164,7 +165,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 	box := r.names[PlaceT]
 	a := Action{ID: "t-isolation-off", Claim: TierID, Channel: ChannelIsolOff, From: placeUser, Target: "create " + box + " with security.port_isolation=false",
 		TargetKey: "incus", Expect: ExpectReach}
-	conf := map[string]string{stack.Current.Tag: "1", TagDrill: "1", TagRun: r.rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version}
+	conf := map[string]string{model.Current.Tag: "1", TagDrill: "1", TagRun: r.rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version}
 	// In a template run, the user's box is the template's, as theirs would be.
 	req, err := r.mintRequest(box, "", true)
 	if err != nil {
@@ -175,8 +176,8 @@ func mintTierBox(ctx context.Context, r *run) error {
 	}
 	err = t.client.CreateInstance(ctx, incus.InstancesPost{Name: box, Type: probeType,
 		Config:   conf,
-		Devices:  map[string]map[string]string{"eth0": {"type": "nic", "name": "eth0", "network": stack.Current.Network, "security.port_isolation": "false"}},
-		Profiles: []string{stack.Current.Profile}, Source: r.localImage(), Start: true})
+		Devices:  map[string]map[string]string{"eth0": {"type": "nic", "name": "eth0", "network": model.Current.Network, "security.port_isolation": "false"}},
+		Profiles: []string{model.Current.Profile}, Source: r.localImage(), Start: true})
 	if err != nil {
 		// Not the premise C-TIER tests: the escape attempts still run.
 		t.results = append(t.results, Result{Action: a, Verdict: Inconclusive, Observed: "refused",
@@ -279,8 +280,8 @@ func tryEscapes(ctx context.Context, r *run) {
 		escapes = append(escapes,
 			escape{"t-nic-decoy", "a NIC on managed network " + t.decoy, "Network not allowed in project",
 				withDevice("eth1", map[string]string{"type": "nic", "network": t.decoy, "name": "eth1"})},
-			escape{"t-nic-bridged", "a NIC bridged straight onto " + stack.Current.Network, "Only managed network devices are allowed",
-				withDevice("eth1", map[string]string{"type": "nic", "nictype": "bridged", "parent": stack.Current.Network, "name": "eth1"})},
+			escape{"t-nic-bridged", "a NIC bridged straight onto " + model.Current.Network, "Only managed network devices are allowed",
+				withDevice("eth1", map[string]string{"type": "nic", "nictype": "bridged", "parent": model.Current.Network, "name": "eth1"})},
 			escape{"t-disk-host", "the host's / as a disk", "Attaching disks not backed by a pool is forbidden",
 				withDevice("hostroot", map[string]string{"type": "disk", "source": "/", "path": "/mnt/host"})},
 			escape{"t-proxy", "a proxy device to the host's loopback", "Proxy devices are forbidden",
@@ -408,10 +409,10 @@ func controlledBy(rs, all []Result, place Place) []Result {
 // tierBoxFindings are the census findings on box-t's port isolation: the
 // drill turned it off on purpose, so they are C-TIER's evidence, not
 // C-FLEET's failure.
-func tierBoxFindings(fs []stack.Finding, project, box string) []stack.Finding {
-	var out []stack.Finding
+func tierBoxFindings(fs []model.Finding, project, box string) []model.Finding {
+	var out []model.Finding
 	for _, f := range fs {
-		if f.Layer == stack.LayerFleet && strings.Contains(f.Object, box) && strings.Contains(f.Object, project) && strings.Contains(f.Problem, "port isolation off") {
+		if f.Layer == model.LayerFleet && strings.Contains(f.Object, box) && strings.Contains(f.Object, project) && strings.Contains(f.Problem, "port isolation off") {
 			out = append(out, f)
 		}
 	}
@@ -419,7 +420,7 @@ func tierBoxFindings(fs []stack.Finding, project, box string) []stack.Finding {
 }
 
 // tierBoxFindings picks those findings for this run's box-t.
-func (r *run) tierBoxFindings(fs []stack.Finding) []stack.Finding {
+func (r *run) tierBoxFindings(fs []model.Finding) []model.Finding {
 	e, ok := r.ends[PlaceT]
 	if r.tier == nil || !ok {
 		return nil

@@ -2,7 +2,7 @@ package drill
 
 import (
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // V6ID is C-V6: a box gets no IPv6 beyond the link-local it gives itself.
@@ -12,7 +12,7 @@ var claimV6 = Claim{
 	ID: V6ID, From: "box", To: "IPv6",
 	Channels: []Channel{ChannelGlobalAddress, ChannelDefaultRoute, ChannelRouterAdvert},
 	Expect:   "none",
-	Layers:   []stack.LayerID{stack.LayerV6},
+	Layers:   []model.LayerID{model.LayerV6},
 	Why:      "every other rule is IPv4-only: IPv6 would be an uncovered path",
 	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
 	build: buildV6,

@@ -27,7 +27,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // Claim is one isolation claim of docs/claims.md, with what it does in a
@@ -39,7 +39,7 @@ type Claim struct {
 	To       string          `json:"to"`
 	Channels []Channel       `json:"channels"`
 	Expect   string          `json:"expect"`
-	Layers   []stack.LayerID `json:"layers"`
+	Layers   []model.LayerID `json:"layers"`
 	Why      string          `json:"why"`
 	// Baseline claims are positive controls: if one of their probes fails,
 	// every blocked claim of the run is inconclusive (a failure of their

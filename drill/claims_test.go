@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // specClaims is docs/claims.md's list of claims, in its order.
@@ -27,8 +27,8 @@ func TestCatalogueMatchesSpec(t *testing.T) {
 	}
 	require.Equal(t, specClaims, ids, "the catalogue is docs/claims.md's claims, in report order")
 
-	var layers []stack.LayerID
-	for _, l := range stack.Layers {
+	var layers []model.LayerID
+	for _, l := range model.Layers {
 		layers = append(layers, l.ID)
 	}
 	baselines := map[ClaimID]bool{"C-EGRESS": true, "C-DNS": true, "C-DHCP": true}
@@ -185,7 +185,7 @@ func TestIDsAreSpelledOnce(t *testing.T) {
 		}
 		rel, _ := filepath.Rel(root, path)
 		claimFile := strings.HasPrefix(rel, "drill/claim_") || rel == "drill/claims.go"
-		layerFile := rel == "stack/layers.go"
+		layerFile := rel == "stack/model/layers.go"
 		fset := token.NewFileSet()
 		f, err := parser.ParseFile(fset, path, nil, 0)
 		if err != nil {
@@ -207,5 +207,5 @@ func TestIDsAreSpelledOnce(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
-	assert.Empty(t, bad, "spell a claim id only in drill/claim_*.go (use its constant elsewhere), a layer id only in stack/layers.go")
+	assert.Empty(t, bad, "spell a claim id only in drill/claim_*.go (use its constant elsewhere), a layer id only in stack/model/layers.go")
 }

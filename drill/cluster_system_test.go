@@ -18,6 +18,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // clusterConfig is a drill run on the cluster world: the host is its first
@@ -32,7 +33,7 @@ func clusterConfig(t *testing.T) (drill.Config, *world.State) {
 	require.NoError(t, err)
 	return drill.Config{
 		Host: &stack.Host{Incus: c, NetNS: st.Names.HostNS, MemberNetNS: st.MemberNetNS(),
-			Options: stack.Options{DNS: []netip.Addr{world.Resolver}}},
+			Options: model.Options{DNS: []netip.Addr{world.Resolver}}},
 		Topology: st.Topology(), Image: image.DefaultAlias, Agent: agent(t), Version: "test",
 		Log: testWriter{t},
 	}, st
@@ -108,7 +109,7 @@ func TestSystemClusterMemberFirewallGone(t *testing.T) {
 	t.Cleanup(func() {
 		// Put it back the way an operator would: member-only setup there.
 		h := &stack.Host{Incus: incus.New(victim.IncusSocket), NetNS: victim.Name, MemberOnly: true,
-			Options: stack.Options{DNS: []netip.Addr{world.Resolver}}}
+			Options: model.Options{DNS: []netip.Addr{world.Resolver}}}
 		_, err := h.Ensure(context.Background())
 		assert.NoError(t, err)
 	})

@@ -22,6 +22,7 @@ import (
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
 )
 
@@ -41,7 +42,7 @@ func config(t *testing.T, mutations ...string) drill.Config {
 	ms, err := drill.SelectMutations(mutations)
 	require.NoError(t, err)
 	return drill.Config{
-		Host:     &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: stack.Options{DNS: []netip.Addr{world.Resolver}}},
+		Host:     &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: model.Options{DNS: []netip.Addr{world.Resolver}}},
 		Topology: st.Topology(), Image: image.DefaultAlias, Agent: agent(t), Version: "test", Mutations: ms,
 		Log: testWriter{t},
 	}
@@ -579,7 +580,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		cfg := config(t)
 		restoreAfter(t, cfg)
 		ensured(t, cfg)
-		inHost(t, cfg, "nft", "delete", "table", "bridge", stack.Current.NFTTable)
+		inHost(t, cfg, "nft", "delete", "table", "bridge", model.Current.NFTTable)
 		cfg.NoSetup = true
 		rep := run(t, cfg)
 		assert.Equal(t, drill.ExitViolated, rep.ExitCode)
@@ -597,7 +598,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		ensured(t, cfg)
 		// As an operator types it: the settings without the two DHCP
 		// lines, through a shell's $(...).
-		inHost(t, cfg, "sh", "-c", `incus network set `+stack.Current.Network+` raw.dnsmasq="$(incus network get `+stack.Current.Network+` raw.dnsmasq | grep -v '^dhcp-ignore')"`)
+		inHost(t, cfg, "sh", "-c", `incus network set `+model.Current.Network+` raw.dnsmasq="$(incus network get `+model.Current.Network+` raw.dnsmasq | grep -v '^dhcp-ignore')"`)
 		cfg.NoSetup = true
 		cfg.Claims = []drill.Claim{claimOf(t, "C-SPOOF")}
 		rep := run(t, cfg)
@@ -617,7 +618,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		ensured(t, cfg)
 		// What an operator types while chasing an ARP problem: every ARP
 		// frame accepted ahead of the pin rules. IPv4 stays pinned.
-		inHost(t, cfg, "nft", "insert", "rule", "bridge", stack.Current.NFTTable+"_pin", "prerouting", "ether", "type", "arp", "accept")
+		inHost(t, cfg, "nft", "insert", "rule", "bridge", model.Current.NFTTable+"_pin", "prerouting", "ether", "type", "arp", "accept")
 		cfg.NoSetup = true
 		cfg.Claims = []drill.Claim{claimOf(t, "C-SPOOF"), claimOf(t, "C-SIBLING")}
 		rep := run(t, cfg)
@@ -640,7 +641,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		cfg := config(t)
 		restoreAfter(t, cfg)
 		ensured(t, cfg)
-		inHost(t, cfg, "nft", "insert", "rule", "bridge", stack.Current.NFTTable+"_pin", "prerouting", "ether", "type", "arp", "accept")
+		inHost(t, cfg, "nft", "insert", "rule", "bridge", model.Current.NFTTable+"_pin", "prerouting", "ether", "type", "arp", "accept")
 		cfg.NoSetup = true
 		cfg.Claims = []drill.Claim{claimOf(t, "C-NESTED")}
 		rep := run(t, cfg)
@@ -658,7 +659,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		cfg := config(t)
 		restoreAfter(t, cfg)
 		ensured(t, cfg)
-		inHost(t, cfg, "incus", "network", "set", stack.Current.Network, "ipv6.address=fd42:b0c6::1/64", "ipv6.nat=true")
+		inHost(t, cfg, "incus", "network", "set", model.Current.Network, "ipv6.address=fd42:b0c6::1/64", "ipv6.nat=true")
 		cfg.NoSetup = true
 		rep := run(t, cfg)
 		assert.Equal(t, drill.ExitViolated, rep.ExitCode)
@@ -677,8 +678,8 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		ensured(t, cfg)
 		// What an operator types to reach a box's sshd "just for now", and
 		// the DNS accept as the stack had it before it was scoped.
-		inHost(t, cfg, "nft", "insert", "rule", "inet", stack.Current.NFTTable, "input", "iifname", stack.Current.Network, "tcp", "dport", "22", "accept")
-		inHost(t, cfg, "nft", "insert", "rule", "inet", stack.Current.NFTTable, "input", "iifname", stack.Current.Network, "udp", "dport", "53", "accept")
+		inHost(t, cfg, "nft", "insert", "rule", "inet", model.Current.NFTTable, "input", "iifname", model.Current.Network, "tcp", "dport", "22", "accept")
+		inHost(t, cfg, "nft", "insert", "rule", "inet", model.Current.NFTTable, "input", "iifname", model.Current.Network, "udp", "dport", "53", "accept")
 		cfg.NoSetup = true
 		cfg.Claims = []drill.Claim{claimOf(t, "C-HOST")}
 		rep := run(t, cfg)
@@ -705,7 +706,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		restoreAfter(t, cfg)
 		st, _ := testenv.Incus(t)
 		ensured(t, cfg)
-		cmd := exec.Command("ip", "netns", "exec", cfg.Host.NetNS, "nft", "-a", "list", "chain", "inet", stack.Current.NFTTable, "input")
+		cmd := exec.Command("ip", "netns", "exec", cfg.Host.NetNS, "nft", "-a", "list", "chain", "inet", model.Current.NFTTable, "input")
 		cmd.Env = append(os.Environ(), "INCUS_DIR="+st.IncusDir)
 		out, err := cmd.Output()
 		require.NoError(t, err)
@@ -716,7 +717,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 			}
 		}
 		require.NotEmpty(t, handle, "the final drop in:\n%s", out)
-		inHost(t, cfg, "nft", "delete", "rule", "inet", stack.Current.NFTTable, "input", "handle", handle)
+		inHost(t, cfg, "nft", "delete", "rule", "inet", model.Current.NFTTable, "input", "handle", handle)
 		cfg.NoSetup = true
 		cfg.Claims = []drill.Claim{claimOf(t, "C-HOST")}
 		rep := run(t, cfg)
@@ -761,9 +762,9 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		}
 		assert.True(t, asked, "the name written into the hosts file is asked")
 
-		n, _, err := cfg.Host.Incus.Network(context.Background(), stack.Current.Network)
+		n, _, err := cfg.Host.Incus.Network(context.Background(), model.Current.Network)
 		require.NoError(t, err)
-		inHost(t, cfg, "incus", "network", "set", stack.Current.Network, "raw.dnsmasq="+strings.Replace(n.Config["raw.dnsmasq"], "no-hosts\n", "", 1))
+		inHost(t, cfg, "incus", "network", "set", model.Current.Network, "raw.dnsmasq="+strings.Replace(n.Config["raw.dnsmasq"], "no-hosts\n", "", 1))
 		rep = run(t, cfg)
 		leaked := map[string]bool{}
 		for _, r := range probeFailures(claim(t, rep, "C-NAMES")) {
@@ -801,7 +802,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 			assert.Contains(t, r.AtTarget, "nothing counted")
 		}
 
-		inHost(t, cfg, "incus", "network", "unset", stack.Current.Network, "security.acls")
+		inHost(t, cfg, "incus", "network", "unset", model.Current.Network, "security.acls")
 		// L-ROUTE still holds: the forward sends to the LAN, which is not
 		// the way of the host's default route.
 		rep = run(t, cfg)
@@ -810,7 +811,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		for _, r := range fw {
 			assert.Equal(t, drill.Pass, r.Verdict, "%s: with the ACL detached L-ROUTE drops what the forward sends to the LAN: %s", r.Target, r.Evidence)
 		}
-		inHost(t, cfg, "nft", "delete", "table", "inet", stack.Current.NFTTable+"_route")
+		inHost(t, cfg, "nft", "delete", "table", "inet", model.Current.NFTTable+"_route")
 		rep = run(t, cfg)
 		failed := 0
 		for _, r := range forwarded(rep) {

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 func TestFleetResults(t *testing.T) {
@@ -18,19 +19,19 @@ func TestFleetResults(t *testing.T) {
 		{Name: "old", Project: "default", Status: "Stopped", Box: true, Problems: []stack.Problem{}},
 	}}
 	blind := &stack.Census{Bridge: "boxnet", Ports: []string{"veth1"}, Siblings: met.Siblings[:1]}
-	offStack := stack.Finding{Layer: stack.LayerFleet, Object: "box old", Problem: "has a second NIC eth1 on network lanbr", Fix: "incus config device remove old eth1"}
+	offStack := model.Finding{Layer: model.LayerFleet, Object: "box old", Problem: "has a second NIC eth1 on network lanbr", Fix: "incus config device remove old eth1"}
 	for _, tc := range []struct {
 		name     string
 		census   *stack.Census
-		findings []stack.Finding
+		findings []model.Finding
 		want     Verdict
 		evidence string
 	}{
 		{name: "the census met the drill's boxes and found nothing", census: met, want: Pass, evidence: "3 instances (2 running, 1 not)"},
-		{name: "a box off the stack fails it, named", census: met, findings: []stack.Finding{offStack}, want: Fail, evidence: "box old: has a second NIC"},
+		{name: "a box off the stack fails it, named", census: met, findings: []model.Finding{offStack}, want: Fail, evidence: "box old: has a second NIC"},
 		{name: "no census proves nothing", want: Inconclusive, evidence: "no census"},
 		{name: "a census blind to the drill's own box proves nothing", census: blind, want: Inconclusive, evidence: "drill-b (not met)"},
-		{name: "another layer's finding is not the census's", census: met, findings: []stack.Finding{{Layer: "L-ACL", Object: "acl box-isolate", Problem: "missing"}}, want: Pass},
+		{name: "another layer's finding is not the census's", census: met, findings: []model.Finding{{Layer: "L-ACL", Object: "acl box-isolate", Problem: "missing"}}, want: Pass},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs := fleetResults(c, tc.census, "", boxes, tc.findings)

@@ -12,6 +12,7 @@ import (
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // probeHost is a fake incusd that reports driver and holds three running
@@ -59,7 +60,7 @@ func TestReportSaysWhichKindOfBoxItProved(t *testing.T) {
 			// What preflight and mintBoxes do, short of minting.
 			srv, err := h.Incus.Server(ctx)
 			require.NoError(t, err)
-			boxNew, err := stack.DecideType(srv, "")
+			boxNew, err := model.DecideType(srv, "")
 			require.NoError(t, err)
 			rep := &Report{Notes: []string{}}
 			for _, p := range []Place{PlaceA, PlaceB, PlaceC} {
@@ -83,7 +84,7 @@ func TestReportSaysWhichKindOfBoxItProved(t *testing.T) {
 
 func TestMixedProbeTypesAreAllNamed(t *testing.T) {
 	rep := &Report{Boxes: []BoxEnd{{Type: "virtual-machine"}, {Type: "container"}, {Type: "container"}}}
-	rep.noteInstanceType(stack.TypeDecision{Type: stack.TypeContainer, Reason: "this host cannot run VMs (incus drivers: lxc)"})
+	rep.noteInstanceType(model.TypeDecision{Type: model.TypeContainer, Reason: "this host cannot run VMs (incus drivers: lxc)"})
 	assert.Equal(t, "container, virtual-machine", rep.Environment.InstanceType)
 	require.Len(t, rep.Notes, 1, "mixed probe boxes are not the one kind box new makes")
 }

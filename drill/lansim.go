@@ -13,7 +13,7 @@ import (
 
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/internal/nsrun"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // lanSim stands in for the LAN in host mode (C-INBOUND): a packet the host
@@ -100,7 +100,7 @@ func lastAddr(p netip.Prefix) netip.Addr {
 
 // samePrivateRange reports whether a and b are in one private range.
 func samePrivateRange(a, b netip.Addr) bool {
-	return slices.ContainsFunc(stack.PrivateRanges, func(r netip.Prefix) bool { return r.Contains(a) && r.Contains(b) })
+	return slices.ContainsFunc(model.PrivateRanges, func(r netip.Prefix) bool { return r.Contains(a) && r.Contains(b) })
 }
 
 // newLANSim builds the namespace for a run, toward box (the probed box's

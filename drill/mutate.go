@@ -16,6 +16,7 @@ import (
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // Mutation knocks out one isolation layer for a run, to prove the drill can
@@ -23,7 +24,7 @@ import (
 // run restores the stack afterwards and verifies it, whatever happened.
 type Mutation struct {
 	Name   string
-	Layers []stack.LayerID // the layers it removes
+	Layers []model.LayerID // the layers it removes
 	What   string
 	// ShownBy is the evidence that must show the layer gone: packets the
 	// agents sent (the default), or, for a layer that is a rule of Incus's
@@ -39,79 +40,79 @@ type Mutation struct {
 
 // Mutations is every layer the drill knows how to knock out.
 var Mutations = []Mutation{
-	{Name: "bridge-drop", Layers: []stack.LayerID{stack.LayerBridgeDrop}, What: "delete the nft table bridge box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
-		return deleteTable(h, nftables.TableFamilyBridge, stack.Current.NFTTable)
+	{Name: "bridge-drop", Layers: []model.LayerID{model.LayerBridgeDrop}, What: "delete the nft table bridge box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+		return deleteTable(h, nftables.TableFamilyBridge, model.Current.NFTTable)
 	}},
 	// Its own table, so it is knocked out apart from the sibling layers.
-	{Name: "pinning", Layers: []stack.LayerID{stack.LayerPin}, What: "delete the nft table bridge box_pin (per-port pinning)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
-		return deleteTable(h, nftables.TableFamilyBridge, stack.Current.NFTTable+"_pin")
+	{Name: "pinning", Layers: []model.LayerID{model.LayerPin}, What: "delete the nft table bridge box_pin (per-port pinning)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+		return deleteTable(h, nftables.TableFamilyBridge, model.Current.NFTTable+"_pin")
 	}},
 	// Only the kernel flag: changing the profile under live boxes re-plugs
 	// their NICs, and they lose their leases.
-	{Name: "port-isolation", Layers: []stack.LayerID{stack.LayerPortIso}, What: "turn the isolated flag off on every boxnet port", AfterBoxes: true, apply: portIsolationOff},
+	{Name: "port-isolation", Layers: []model.LayerID{model.LayerPortIso}, What: "turn the isolated flag off on every boxnet port", AfterBoxes: true, apply: portIsolationOff},
 	// Its own table: the ACL still drops the private ranges, so only the
 	// LAN host outside them (the world's 198.18.20.10) shows it gone.
-	{Name: "route", Layers: []stack.LayerID{stack.LayerRoute}, What: "delete the nft table inet box_route (boxes may leave by any route)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
-		return deleteTable(h, nftables.TableFamilyINet, stack.Current.NFTTable+"_route")
+	{Name: "route", Layers: []model.LayerID{model.LayerRoute}, What: "delete the nft table inet box_route (boxes may leave by any route)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+		return deleteTable(h, nftables.TableFamilyINet, model.Current.NFTTable+"_route")
 	}},
-	{Name: "host-fw", Layers: []stack.LayerID{stack.LayerHostFW}, What: "delete the nft table inet box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
-		return deleteTable(h, nftables.TableFamilyINet, stack.Current.NFTTable)
+	{Name: "host-fw", Layers: []model.LayerID{model.LayerHostFW}, What: "delete the nft table inet box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+		return deleteTable(h, nftables.TableFamilyINet, model.Current.NFTTable)
 	}},
-	{Name: "acl", Layers: []stack.LayerID{stack.LayerACL}, What: "detach the box-isolate ACL from boxnet", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+	{Name: "acl", Layers: []model.LayerID{model.LayerACL}, What: "detach the box-isolate ACL from boxnet", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"security.acls": "", "security.acls.default.egress.action": "", "security.acls.default.ingress.action": ""})
 	}},
-	{Name: "dns-managed", Layers: []stack.LayerID{stack.LayerDNS}, What: "set dns.mode=managed on boxnet and let DHCP names through", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+	{Name: "dns-managed", Layers: []model.LayerID{model.LayerDNS}, What: "set dns.mode=managed on boxnet and let DHCP names through", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"dns.mode": "managed", "raw.dnsmasq": "no-resolv\nserver=" + firstDNS(h) + "\n"})
 	}},
-	{Name: "hosts-file", Layers: []stack.LayerID{stack.LayerDNS}, What: "take no-hosts out of boxnet's dnsmasq settings (it answers from the host's hosts file)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
-		n, _, err := h.Incus.Network(ctx, stack.Current.Network)
+	{Name: "hosts-file", Layers: []model.LayerID{model.LayerDNS}, What: "take no-hosts out of boxnet's dnsmasq settings (it answers from the host's hosts file)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+		n, _, err := h.Incus.Network(ctx, model.Current.Network)
 		if err != nil {
 			return err
 		}
 		return setNetwork(ctx, h, map[string]string{"raw.dnsmasq": strings.Replace(n.Config["raw.dnsmasq"], "no-hosts\n", "", 1)})
 	}},
-	{Name: "ipv6-on", Layers: []stack.LayerID{stack.LayerV6}, What: "give boxnet an IPv6 subnet with router advertisements", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+	{Name: "ipv6-on", Layers: []model.LayerID{model.LayerV6}, What: "give boxnet an IPv6 subnet with router advertisements", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		if err := setNetwork(ctx, h, map[string]string{"ipv6.address": "fd42:b0c5::1/64", "ipv6.nat": "true"}); err != nil {
 			return err
 		}
 		return nsrun.Do(h.NetNS, func() error {
-			return os.WriteFile("/proc/sys/net/ipv6/conf/"+stack.Current.Network+"/disable_ipv6", []byte("0"), 0o644)
+			return os.WriteFile("/proc/sys/net/ipv6/conf/"+model.Current.Network+"/disable_ipv6", []byte("0"), 0o644)
 		})
 	}},
 	// The grant's load-bearing key: without it the user may attach any
 	// network (the granted user's attempts must then succeed).
-	{Name: "tier", Layers: []stack.LayerID{stack.LayerTier}, What: "lift restricted.networks.access from the run's granted user's project", ShownBy: EvidenceRequests, AfterBoxes: true, apply: liftTierRestriction},
-	{Name: "egress", Layers: []stack.LayerID{stack.LayerEgress}, What: "delete the nft table inet box_egress (no allowlist is enforced)", AfterBoxes: true, apply: dropEgressTable},
+	{Name: "tier", Layers: []model.LayerID{model.LayerTier}, What: "lift restricted.networks.access from the run's granted user's project", ShownBy: EvidenceRequests, AfterBoxes: true, apply: liftTierRestriction},
+	{Name: "egress", Layers: []model.LayerID{model.LayerEgress}, What: "delete the nft table inet box_egress (no allowlist is enforced)", AfterBoxes: true, apply: dropEgressTable},
 	// An operator widening box-a's door by hand (its door only).
-	{Name: "door-wide", Layers: []stack.LayerID{stack.LayerFleet}, What: "make box-a's door listen on every host address (tcp:0.0.0.0)", AfterBoxes: true, apply: widenDoor},
-	{Name: "nat-off", Layers: []stack.LayerID{stack.LayerNAT}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+	{Name: "door-wide", Layers: []model.LayerID{model.LayerFleet}, What: "make box-a's door listen on every host address (tcp:0.0.0.0)", AfterBoxes: true, apply: widenDoor},
+	{Name: "nat-off", Layers: []model.LayerID{model.LayerNAT}, What: "set ipv4.nat=false on boxnet (breaks egress: the run must be inconclusive)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"ipv4.nat": "false"})
 	}},
 	// One chain of the egress table at a time: each part of the
 	// allowlist shown by its own probes.
-	{Name: "egress-dns", Layers: []stack.LayerID{stack.LayerEgress}, What: "delete chain dns of table inet box_egress (allowlisted boxes' DNS goes to dnsmasq and on)", AfterBoxes: true, apply: dropEgressChain("dns")},
-	{Name: "egress-names", Layers: []stack.LayerID{stack.LayerEgress}, What: "delete chain names of table inet box_egress (no proxy checks TLS server names and HTTP Hosts)", AfterBoxes: true, apply: dropEgressChain("names")},
-	{Name: "egress-forward", Layers: []stack.LayerID{stack.LayerEgress}, What: "delete chain forward of table inet box_egress (no allow set, QUIC, port 853 or resolver drop)", AfterBoxes: true, apply: dropEgressChain("forward")},
+	{Name: "egress-dns", Layers: []model.LayerID{model.LayerEgress}, What: "delete chain dns of table inet box_egress (allowlisted boxes' DNS goes to dnsmasq and on)", AfterBoxes: true, apply: dropEgressChain("dns")},
+	{Name: "egress-names", Layers: []model.LayerID{model.LayerEgress}, What: "delete chain names of table inet box_egress (no proxy checks TLS server names and HTTP Hosts)", AfterBoxes: true, apply: dropEgressChain("names")},
+	{Name: "egress-forward", Layers: []model.LayerID{model.LayerEgress}, What: "delete chain forward of table inet box_egress (no allow set, QUIC, port 853 or resolver drop)", AfterBoxes: true, apply: dropEgressChain("forward")},
 	// Both halves of the DHCP restriction: dnsmasq answers any client, by
 	// any identifier, and the pin table lets any DHCP message through.
 	// Once the boxes exist: a granted user's box started on an open
 	// dnsmasq leases an address before the port watcher gives it its own,
 	// and is cut off by its pin (C-TIER's controls failed so).
-	{Name: "dhcp-open", Layers: []stack.LayerID{stack.LayerDHCP}, What: "take dhcp-ignore=tag:!known and dhcp-ignore-clid out of boxnet's dnsmasq settings, and the DHCP rules out of the nft table bridge box_pin", AfterBoxes: true, apply: dhcpOpen},
+	{Name: "dhcp-open", Layers: []model.LayerID{model.LayerDHCP}, What: "take dhcp-ignore=tag:!known and dhcp-ignore-clid out of boxnet's dnsmasq settings, and the DHCP rules out of the nft table bridge box_pin", AfterBoxes: true, apply: dhcpOpen},
 	// The kernel boundary, each on clone-a (claim_kernel.go).
-	{Name: "privileged", Layers: []stack.LayerID{stack.LayerFleet}, What: "make clone-a privileged (security.privileged=true), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"security.privileged": "true"}, nil)},
-	{Name: "host-path", Layers: []stack.LayerID{stack.LayerFleet}, What: "give clone-a a disk of a host path (" + hostPathSource + ", read-only), hot-plugged", AfterBoxes: true, apply: kernelMutation(nil, hostPathDisk)},
-	{Name: "raw-lxc", Layers: []stack.LayerID{stack.LayerFleet}, What: "bind a host path (" + hostPathSource + ", read-only) into clone-a by raw.lxc, and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"raw.lxc": rawLXCBind}, nil)},
-	{Name: "idmap-root", Layers: []stack.LayerID{stack.LayerFleet}, What: "map host uid and gid 0 into clone-a by raw.idmap (both 0 0), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"raw.idmap": "both 0 0"}, nil)},
-	{Name: "guest-api", Layers: []stack.LayerID{stack.LayerFleet}, What: "turn the guest API (/dev/incus) on for clone-a (security.guestapi=true), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{stack.GuestAPIKey: "true"}, nil)},
-	{Name: "unix-char", Layers: []stack.LayerID{stack.LayerFleet}, What: "give clone-a the host's " + unixCharSource + " as a unix-char device, hot-plugged", AfterBoxes: true, apply: kernelMutation(nil, unixCharDevice)},
+	{Name: "privileged", Layers: []model.LayerID{model.LayerFleet}, What: "make clone-a privileged (security.privileged=true), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"security.privileged": "true"}, nil)},
+	{Name: "host-path", Layers: []model.LayerID{model.LayerFleet}, What: "give clone-a a disk of a host path (" + hostPathSource + ", read-only), hot-plugged", AfterBoxes: true, apply: kernelMutation(nil, hostPathDisk)},
+	{Name: "raw-lxc", Layers: []model.LayerID{model.LayerFleet}, What: "bind a host path (" + hostPathSource + ", read-only) into clone-a by raw.lxc, and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"raw.lxc": rawLXCBind}, nil)},
+	{Name: "idmap-root", Layers: []model.LayerID{model.LayerFleet}, What: "map host uid and gid 0 into clone-a by raw.idmap (both 0 0), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{"raw.idmap": "both 0 0"}, nil)},
+	{Name: "guest-api", Layers: []model.LayerID{model.LayerFleet}, What: "turn the guest API (/dev/incus) on for clone-a (security.guestapi=true), and restart it", AfterBoxes: true, apply: kernelMutation(map[string]string{model.GuestAPIKey: "true"}, nil)},
+	{Name: "unix-char", Layers: []model.LayerID{model.LayerFleet}, What: "give clone-a the host's " + unixCharSource + " as a unix-char device, hot-plugged", AfterBoxes: true, apply: kernelMutation(nil, unixCharDevice)},
 }
 
 // dhcpOpen takes the DHCP restriction away: the two lines of the bridge's
 // dnsmasq settings, and the pin table's DHCP drops (a refresh of the pins
 // changes only their sets, so they stay away for the run).
 func dhcpOpen(ctx context.Context, h *stack.Host, _ []string) error {
-	n, _, err := h.Incus.Network(ctx, stack.Current.Network)
+	n, _, err := h.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return err
 	}
@@ -123,7 +124,7 @@ func dhcpOpen(ctx context.Context, h *stack.Host, _ []string) error {
 		return err
 	}
 	return withNFT(h, func(conn *nftables.Conn) error {
-		t := &nftables.Table{Family: nftables.TableFamilyBridge, Name: stack.Current.NFTTable + "_pin"}
+		t := &nftables.Table{Family: nftables.TableFamilyBridge, Name: model.Current.NFTTable + "_pin"}
 		rules, err := conn.GetRules(t, &nftables.Chain{Name: "prerouting", Table: t})
 		if err != nil {
 			return err
@@ -191,7 +192,7 @@ func firstDNS(h *stack.Host) string {
 	if len(h.Options.DNS) > 0 {
 		return h.Options.DNS[0].String()
 	}
-	return stack.DefaultDNS[0].String()
+	return model.DefaultDNS[0].String()
 }
 
 func deleteTable(h *stack.Host, family nftables.TableFamily, name string) error {
@@ -217,7 +218,7 @@ func withNFT(h *stack.Host, fn func(conn *nftables.Conn) error) error {
 }
 
 func setNetwork(ctx context.Context, h *stack.Host, set map[string]string) error {
-	n, etag, err := h.Incus.Network(ctx, stack.Current.Network)
+	n, etag, err := h.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return err
 	}
@@ -228,7 +229,7 @@ func setNetwork(ctx context.Context, h *stack.Host, set map[string]string) error
 			n.Config[k] = v
 		}
 	}
-	return h.Incus.UpdateNetwork(ctx, stack.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag)
+	return h.Incus.UpdateNetwork(ctx, model.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag)
 }
 
 // portIsolationOff turns the isolated flag off on the run's own boxes'
@@ -262,7 +263,7 @@ func portIsolationOff(ctx context.Context, h *stack.Host, boxes []string) error 
 		return err
 	}
 	defer hp.Close()
-	br, err := hp.LinkByName(stack.Current.Network)
+	br, err := hp.LinkByName(model.Current.Network)
 	if err != nil {
 		return err
 	}
@@ -303,7 +304,7 @@ func applyMutations(ctx context.Context, cfg *Config, afterBoxes bool, names map
 // restoreStack converges the stack back and verifies it is as it was
 // before the mutations: no finding that was not there already (a host may
 // carry findings box cannot fix, such as another firewall's forward drop).
-func restoreStack(ctx context.Context, cfg *Config, before []stack.Finding) error {
+func restoreStack(ctx context.Context, cfg *Config, before []model.Finding) error {
 	cfg.logf("restore: converging the stack back after the mutations")
 	if _, err := cfg.Host.Ensure(ctx); err != nil {
 		return fmt.Errorf("restoring the stack: %w", err)

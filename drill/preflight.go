@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -22,7 +22,7 @@ func (r *run) preflight(ctx context.Context) error {
 	}
 	// The probe boxes' type is read once they are minted; what box new
 	// would make is decided now, as box new decides it.
-	if r.boxNew, err = stack.DecideType(srv, ""); err != nil {
+	if r.boxNew, err = model.DecideType(srv, ""); err != nil {
 		return fmt.Errorf("preflight: %w", err)
 	}
 	r.rep.Environment = Environment{Mode: r.cfg.Topology.Source, Hostname: hostname(), Kernel: srv.Environment.KernelVersion,

@@ -18,7 +18,7 @@ import (
 	"github.com/box-isolation/box/internal/hostscan"
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -203,7 +203,7 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 			return err
 		}
 		defer h.Close()
-		br, err := h.LinkByName(stack.Current.Network)
+		br, err := h.LinkByName(model.Current.Network)
 		if err == nil {
 			s.GatewayMAC = br.Attrs().HardwareAddr
 		}
@@ -211,7 +211,7 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	}); err != nil {
 		r.rep.Notes = append(r.rep.Notes, string(SpoofID)+": the bridge's MAC was not read ("+err.Error()+"): box-a's lies are not sent")
 	}
-	if n, _, err := r.cfg.Host.Incus.Network(ctx, stack.Current.Network); err == nil && n.Config["dns.domain"] != "" {
+	if n, _, err := r.cfg.Host.Incus.Network(ctx, model.Current.Network); err == nil && n.Config["dns.domain"] != "" {
 		s.DNSDomain = n.Config["dns.domain"]
 	}
 	addrs, _, err := topo.ReadInterfaces(r.cfg.Host.NetNS)

@@ -3,7 +3,7 @@ package drill
 import (
 	"time"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // SchemaVersion is the version of the JSON report (docs/drill-report.md).
@@ -69,12 +69,12 @@ type Environment struct {
 // StackFacts is the isolation stack as the run found it.
 type StackFacts struct {
 	Ensured    bool                     `json:"ensured"`
-	Changes    []stack.Change           `json:"changes"`
+	Changes    []model.Change           `json:"changes"`
 	Subnet     string                   `json:"subnet"`
 	Gateway    string                   `json:"gateway"`
 	BridgeMode string                   `json:"bridge_mode"`
-	Layers     map[stack.LayerID]string `json:"layers"` // layer -> "present" or "absent: why"
-	Findings   []stack.Finding          `json:"findings"`
+	Layers     map[model.LayerID]string `json:"layers"` // layer -> "present" or "absent: why"
+	Findings   []model.Finding          `json:"findings"`
 }
 
 // MutationResult is what knocking one layer out did, measured against the
@@ -82,7 +82,7 @@ type StackFacts struct {
 // every change of the run.
 type MutationResult struct {
 	Name   string          `json:"name"`
-	Layers []stack.LayerID `json:"layers"`
+	Layers []model.LayerID `json:"layers"`
 	// Flipped are the claims resting on the mutated layers with a result
 	// of the kind that must show the layer gone (DetectedBy) that went
 	// from pass to fail.
@@ -140,10 +140,10 @@ const (
 // Layers is every isolation layer a report accounts for: the stack's,
 // but the stack as a whole (its findings fail the claims resting on it,
 // and no report line is kept for it).
-func Layers() []stack.LayerID {
-	var out []stack.LayerID
-	for _, l := range stack.Layers {
-		if l.ID != stack.LayerStack {
+func Layers() []model.LayerID {
+	var out []model.LayerID
+	for _, l := range model.Layers {
+		if l.ID != model.LayerStack {
 			out = append(out, l.ID)
 		}
 	}
@@ -223,8 +223,8 @@ func (rep *Report) finish() {
 }
 
 // layerState maps the stack's findings onto layers.
-func layerState(findings []stack.Finding) map[stack.LayerID]string {
-	out := map[stack.LayerID]string{}
+func layerState(findings []model.Finding) map[model.LayerID]string {
+	out := map[model.LayerID]string{}
 	for _, l := range Layers() {
 		out[l] = "present"
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
 )
 
@@ -164,7 +165,7 @@ func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) 
 		for _, c := range changed {
 			cl, ok := ClaimByID(c.Claim)
 			if !ok || c.Clean != Pass || c.Mutated != Fail || c.Channel.Evidence() != m.shownBy() ||
-				!slices.ContainsFunc(cl.Layers, func(l stack.LayerID) bool { return slices.Contains(m.Layers, l) }) || slices.Contains(flipped, c.Claim) {
+				!slices.ContainsFunc(cl.Layers, func(l model.LayerID) bool { return slices.Contains(m.Layers, l) }) || slices.Contains(flipped, c.Claim) {
 				continue
 			}
 			flipped = append(flipped, c.Claim)
@@ -193,10 +194,10 @@ type run struct {
 	// before and v are the stack as Verify found it before the boxes and
 	// as the probes find it; findings merges both.
 	before, v *stack.Verification
-	findings  []stack.Finding
+	findings  []model.Finding
 	// boxNew is what box new makes on this host, for the report to
 	// compare the probe boxes with.
-	boxNew   stack.TypeDecision
+	boxNew   model.TypeDecision
 	names    map[Place]string // place -> instance
 	ends     map[Place]*BoxEnd
 	scene    Scene
@@ -219,7 +220,7 @@ type run struct {
 	// tierFindings are the census's findings on box-t's port isolation,
 	// which the drill turned off: C-TIER's evidence, kept out of findings.
 	tier         *tierRun
-	tierFindings []stack.Finding
+	tierFindings []model.Finding
 	// allow is the allowlisted box's side (C-ALLOW); nil when it did not
 	// run.
 	allow *allowRun
@@ -252,7 +253,7 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
 		return nil, err
 	}
 	r := &run{cfg: cfg, skipped: map[ClaimID]string{}, rep: &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
-		Stack: StackFacts{Changes: []stack.Change{}, Findings: []stack.Finding{}},
+		Stack: StackFacts{Changes: []model.Change{}, Findings: []model.Finding{}},
 		Boxes: []BoxEnd{}, Problems: []string{}, Notes: []string{}, Claims: []ClaimResult{}, Mutations: []string{}, MutationResults: []MutationResult{}}}
 	for _, m := range cfg.Mutations {
 		r.rep.Mutations = append(r.rep.Mutations, m.Name)

@@ -9,7 +9,7 @@ import (
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/internal/hostscan"
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -168,9 +168,9 @@ func forwardsFromBoxes(f hostscan.Forward, addr netip.Addr) bool {
 		return true
 	}
 	if p, ok := strings.CutSuffix(f.InIface, "*"); ok {
-		return strings.HasPrefix(stack.Current.Network, p)
+		return strings.HasPrefix(model.Current.Network, p)
 	}
-	return f.InIface == stack.Current.Network
+	return f.InIface == model.Current.Network
 }
 
 // selfControl has the host probe its own listener (or its own kernel, for

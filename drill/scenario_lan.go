@@ -7,7 +7,7 @@ import (
 
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // The scenario "box to the LAN", shared by the claims that fire it (C-LAN
@@ -78,7 +78,7 @@ func (b *builder) lanFrom(claim ClaimID, from BoxEnd) {
 	// One witness per group of targets, so none holds more nonces than a
 	// plan allows; a target's actions share one witness.
 	var prefixes []netip.Prefix
-	for _, r := range stack.PrivateRanges {
+	for _, r := range model.PrivateRanges {
 		if r.Addr().Is4() {
 			prefixes = append(prefixes, r.Masked())
 		}

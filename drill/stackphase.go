@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/internal/nsrun"
-	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // ensureStack ensures the stack (or only verifies it, --no-setup), checks
@@ -51,8 +51,8 @@ func (r *run) ensureStack(ctx context.Context) error {
 	for _, m := range members {
 		rep.Environment.Members = append(rep.Environment.Members, m.Name)
 	}
-	if _, _, err := cfg.Host.Incus.Network(sctx, stack.Current.Network); incus.IsNotFound(err) {
-		return fmt.Errorf("stack: there is no isolation stack to drill (no network %s): run box setup-host, or drop --no-setup", stack.Current.Network)
+	if _, _, err := cfg.Host.Incus.Network(sctx, model.Current.Network); incus.IsNotFound(err) {
+		return fmt.Errorf("stack: there is no isolation stack to drill (no network %s): run box setup-host, or drop --no-setup", model.Current.Network)
 	}
 	// Is the host fit to judge on? A bridge with no dnsmasq, or a gateway
 	// address someone else holds, gives confident wrong answers.
@@ -62,7 +62,7 @@ func (r *run) ensureStack(ctx context.Context) error {
 	}
 	r.before = before
 	if before.DnsmasqPID == 0 {
-		return fmt.Errorf("preflight: no dnsmasq serves %s (Incus may still call it Created): restart incusd, then box doctor", stack.Current.Network)
+		return fmt.Errorf("preflight: no dnsmasq serves %s (Incus may still call it Created): restart incusd, then box doctor", model.Current.Network)
 	}
 	for _, f := range before.Findings {
 		if strings.HasPrefix(f.Object, "gateway ") {
@@ -95,7 +95,7 @@ func (r *run) verifyForProbes(ctx context.Context) error {
 	// box-t's port isolation is off by the drill's own doing: C-TIER's
 	// evidence that the census names it, nobody else's finding.
 	if r.tierFindings = r.tierBoxFindings(r.findings); len(r.tierFindings) > 0 {
-		r.findings = slices.DeleteFunc(slices.Clone(r.findings), func(f stack.Finding) bool { return slices.Contains(r.tierFindings, f) })
+		r.findings = slices.DeleteFunc(slices.Clone(r.findings), func(f model.Finding) bool { return slices.Contains(r.tierFindings, f) })
 		rep.Notes = append(rep.Notes, fmt.Sprintf("%s: box-t's NIC has port isolation off, as the drill made it (the census named it: %s); that finding is %[1]s's evidence and fails no other claim", TierID, r.tierFindings[0].Object))
 	}
 	for _, n := range v.Notes {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // teardown runs the phases' undos, last first, each with its own time
@@ -47,7 +48,7 @@ func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, i := range insts {
-		if i.Config[stack.Current.Tag] != "1" {
+		if i.Config[model.Current.Tag] != "1" {
 			continue
 		}
 		wg.Add(1)
@@ -70,7 +71,7 @@ func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
 	}
 	var names []string
 	for _, i := range left {
-		if i.Config[stack.Current.Tag] == "1" {
+		if i.Config[model.Current.Tag] == "1" {
 			names = append(names, i.Name)
 		}
 	}
@@ -118,7 +119,7 @@ func releaseRunLeases(ctx context.Context, cfg *Config, before stack.DHCPPool) e
 	macs := map[string]bool{}
 	for i := range insts {
 		for _, d := range insts[i].ExpandedDevices {
-			if d["type"] == "nic" && (d["network"] == stack.Current.Network || d["parent"] == stack.Current.Network) {
+			if d["type"] == "nic" && (d["network"] == model.Current.Network || d["parent"] == model.Current.Network) {
 				for k, v := range insts[i].Config {
 					if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".hwaddr") {
 						macs[strings.ToLower(v)] = true

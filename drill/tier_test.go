@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 func TestJudgeEscape(t *testing.T) {
@@ -56,11 +57,11 @@ func TestPlaceControlled(t *testing.T) {
 }
 
 func TestTierBoxFindingsAreOnlyBoxTsIsolation(t *testing.T) {
-	fs := []stack.Finding{
-		{Layer: stack.LayerFleet, Object: "box drill-1-t (project user-993)", Problem: `NIC eth0 has port isolation off (security.port_isolation="false")`},
-		{Layer: stack.LayerFleet, Object: "box drill-1-t (project user-993)", Problem: "has a proxy device door"},
-		{Layer: stack.LayerFleet, Object: "box work (project user-993)", Problem: `NIC eth0 has port isolation off (security.port_isolation="false")`},
-		{Layer: stack.LayerFleet, Object: "box drill-1-t", Problem: `NIC eth0 has port isolation off (security.port_isolation="false")`},
+	fs := []model.Finding{
+		{Layer: model.LayerFleet, Object: "box drill-1-t (project user-993)", Problem: `NIC eth0 has port isolation off (security.port_isolation="false")`},
+		{Layer: model.LayerFleet, Object: "box drill-1-t (project user-993)", Problem: "has a proxy device door"},
+		{Layer: model.LayerFleet, Object: "box work (project user-993)", Problem: `NIC eth0 has port isolation off (security.port_isolation="false")`},
+		{Layer: model.LayerFleet, Object: "box drill-1-t", Problem: `NIC eth0 has port isolation off (security.port_isolation="false")`},
 		{Layer: "L-PORTISO", Object: "bridge port veth1 (drill-1-t, project user-993)", Problem: "port isolation off"},
 	}
 	got := tierBoxFindings(fs, "user-993", "drill-1-t")

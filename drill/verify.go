@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // The stack channel (docs/claims.md, "Evidence rules": Verify is evidence): a layer that the
@@ -18,7 +18,7 @@ func (c Claim) StackRule() string {
 	var layers []string
 	whole := false
 	for _, l := range c.Layers {
-		if l == stack.LayerStack {
+		if l == model.LayerStack {
 			whole = true
 			continue
 		}
@@ -35,14 +35,14 @@ func (c Claim) StackRule() string {
 }
 
 // rests reports whether a finding removes a layer the claim rests on.
-func (c Claim) rests(f stack.Finding) bool {
+func (c Claim) rests(f model.Finding) bool {
 	return !f.Advisory && slices.Contains(c.Layers, f.Layer)
 }
 
 // stackResults judges a claim's stack channel: one failed result per
 // finding that removes one of its layers, or one passed result saying
 // Verify found them all present.
-func stackResults(c Claim, findings []stack.Finding) []Result {
+func stackResults(c Claim, findings []model.Finding) []Result {
 	var out []Result
 	for _, f := range findings {
 		if !c.rests(f) {
@@ -73,8 +73,8 @@ func stackResults(c Claim, findings []stack.Finding) []Result {
 // mergeFindings is every finding of the Verify passes of one run, each
 // once: a drift seen before the boxes were minted counts even if a later
 // pass missed it.
-func mergeFindings(passes ...[]stack.Finding) []stack.Finding {
-	out := []stack.Finding{}
+func mergeFindings(passes ...[]model.Finding) []model.Finding {
+	out := []model.Finding{}
 	seen := map[string]bool{}
 	for _, fs := range passes {
 		for _, f := range fs {

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 func claimFor(t *testing.T, id ClaimID) Claim {
@@ -18,11 +18,11 @@ func claimFor(t *testing.T, id ClaimID) Claim {
 }
 
 func TestStackResults(t *testing.T) {
-	bridgeGone := stack.Finding{Layer: "L-BRIDGEDROP", Object: "nft table bridge box", Problem: "missing", Fix: "box doctor --fix"}
-	dockerFwd := stack.Finding{Layer: "L-NAT", Object: "nft ip filter FORWARD", Problem: "drops forwarded traffic", Fix: "iptables -I DOCKER-USER ...", Advisory: true}
-	legacy := stack.Finding{Layer: stack.LayerStack, Object: "profile claude-dev", Problem: "legacy generation still present", Fix: "box migrate-host", Advisory: true}
-	profileDevice := stack.Finding{Layer: stack.LayerStack, Object: "profile box-net", Problem: "device gpu is not in the desired profile", Fix: "box doctor --fix"}
-	all := []stack.Finding{bridgeGone, dockerFwd, legacy, profileDevice}
+	bridgeGone := model.Finding{Layer: "L-BRIDGEDROP", Object: "nft table bridge box", Problem: "missing", Fix: "box doctor --fix"}
+	dockerFwd := model.Finding{Layer: "L-NAT", Object: "nft ip filter FORWARD", Problem: "drops forwarded traffic", Fix: "iptables -I DOCKER-USER ...", Advisory: true}
+	legacy := model.Finding{Layer: model.LayerStack, Object: "profile claude-dev", Problem: "legacy generation still present", Fix: "box migrate-host", Advisory: true}
+	profileDevice := model.Finding{Layer: model.LayerStack, Object: "profile box-net", Problem: "device gpu is not in the desired profile", Fix: "box doctor --fix"}
+	all := []model.Finding{bridgeGone, dockerFwd, legacy, profileDevice}
 
 	sib := stackResults(claimFor(t, "C-SIBLING"), all)
 	require.Len(t, sib, 1)
@@ -46,7 +46,7 @@ func TestStackResults(t *testing.T) {
 	assert.Contains(t, host[0].Evidence, "L-HOSTFW, L-ACL")
 
 	// Two findings on one claim's layers are two failed results.
-	two := stackResults(claimFor(t, "C-SIBLING"), []stack.Finding{bridgeGone, {Layer: "L-PORTISO", Object: "bridge port veth1", Problem: "isolated is off"}})
+	two := stackResults(claimFor(t, "C-SIBLING"), []model.Finding{bridgeGone, {Layer: "L-PORTISO", Object: "bridge port veth1", Problem: "isolated is off"}})
 	require.Len(t, two, 2)
 	assert.NotEqual(t, two[0].ID, two[1].ID)
 
@@ -64,10 +64,10 @@ func TestStackRuleSaysWhatFailsAClaim(t *testing.T) {
 }
 
 func TestMergeFindings(t *testing.T) {
-	a := stack.Finding{Layer: "L-V6", Object: "network boxnet", Problem: "ipv6.address is set", Fix: "box doctor --fix"}
-	b := stack.Finding{Layer: "L-ACL", Object: "acl box-isolate", Problem: "missing", Fix: "box doctor --fix"}
-	assert.Equal(t, []stack.Finding{a, b}, mergeFindings([]stack.Finding{a}, []stack.Finding{a, b}), "a finding of either pass, each once")
-	assert.Equal(t, []stack.Finding{}, mergeFindings(nil, nil))
+	a := model.Finding{Layer: "L-V6", Object: "network boxnet", Problem: "ipv6.address is set", Fix: "box doctor --fix"}
+	b := model.Finding{Layer: "L-ACL", Object: "acl box-isolate", Problem: "missing", Fix: "box doctor --fix"}
+	assert.Equal(t, []model.Finding{a, b}, mergeFindings([]model.Finding{a}, []model.Finding{a, b}), "a finding of either pass, each once")
+	assert.Equal(t, []model.Finding{}, mergeFindings(nil, nil))
 }
 
 func TestCompareRuns(t *testing.T) {
@@ -91,7 +91,7 @@ func TestCompareRuns(t *testing.T) {
 	}
 	clean := rep(res("p010", "C-SIBLING", "tcp", Pass), res("p011", "C-SIBLING", "arp", Pass),
 		res("s-C-SIBLING", "C-SIBLING", ChannelStack, Pass), res("p020", "C-HOST", "tcp", Inconclusive))
-	ms := []Mutation{{Name: "bridge-drop", Layers: []stack.LayerID{"L-BRIDGEDROP"}}, {Name: "port-isolation", Layers: []stack.LayerID{"L-PORTISO"}}}
+	ms := []Mutation{{Name: "bridge-drop", Layers: []model.LayerID{"L-BRIDGEDROP"}}, {Name: "port-isolation", Layers: []model.LayerID{"L-PORTISO"}}}
 
 	t.Run("a probe flipped", func(t *testing.T) {
 		mutated := rep(res("p010", "C-SIBLING", "tcp", Fail), res("p011", "C-SIBLING", "arp", Pass),
@@ -145,7 +145,7 @@ func TestCompareRuns(t *testing.T) {
 		require.Len(t, out[0].Changed, 1, "the change is still listed")
 	})
 	t.Run("a census flip is no probe", func(t *testing.T) {
-		fleet := []Mutation{{Name: "door-wide", Layers: []stack.LayerID{stack.LayerFleet}}}
+		fleet := []Mutation{{Name: "door-wide", Layers: []model.LayerID{model.LayerFleet}}}
 		clean := rep(res("t-census", "C-TIER", ChannelCensus, Pass), res("f-C-FLEET", "C-FLEET", ChannelCensus, Pass))
 		mutated := rep(res("t-census", "C-TIER", ChannelCensus, Fail), res("f-C-FLEET", "C-FLEET", ChannelCensus, Fail))
 		out, _ := compareRuns(fleet, clean, mutated)
@@ -165,7 +165,7 @@ func TestCompareRuns(t *testing.T) {
 		assert.Equal(t, EvidenceRequests, out[0].DetectedBy)
 		assert.Equal(t, []ClaimID{"C-TIER"}, out[0].Flipped)
 		// A request flip shows no layer a packet path holds.
-		out, _ = compareRuns([]Mutation{{Name: "tier-as-probes", Layers: []stack.LayerID{stack.LayerTier}}}, clean, mutated)
+		out, _ = compareRuns([]Mutation{{Name: "tier-as-probes", Layers: []model.LayerID{model.LayerTier}}}, clean, mutated)
 		assert.False(t, out[0].Detected)
 	})
 }
@@ -173,7 +173,7 @@ func TestCompareRuns(t *testing.T) {
 // A baseline stands in for the clean run only when it is one: a mutated
 // run is refused as a baseline before anything is minted.
 func TestBaselineMustBeClean(t *testing.T) {
-	ms := []Mutation{{Name: "bridge-drop", Layers: []stack.LayerID{"L-BRIDGEDROP"}}}
+	ms := []Mutation{{Name: "bridge-drop", Layers: []model.LayerID{"L-BRIDGEDROP"}}}
 	_, err := Run(context.Background(), Config{Mutations: ms, Baseline: &Report{RunID: "abc123", Mutations: []string{"route"}}})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "the baseline run abc123 had mutations (route)")

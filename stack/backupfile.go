@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // An Incus backup tarball (what `box export` writes, and `incus export`
@@ -195,8 +196,8 @@ func parseBackupYAML(yamls map[string][]byte) (*BackupFile, error) {
 	}
 	add("backup/index.yaml", idx.Config)
 	dir := "container"
-	if idx.Type == TypeVM {
-		dir = TypeVM
+	if idx.Type == model.TypeVM {
+		dir = model.TypeVM
 	}
 	main := "backup/" + dir + "/backup.yaml"
 	for _, name := range slices.Sorted(maps.Keys(yamls)) {
@@ -224,7 +225,7 @@ func parseBackupYAML(yamls map[string][]byte) (*BackupFile, error) {
 		}
 	}
 	if bf.Instance == nil {
-		return nil, fmt.Errorf("it has no %s: not an Incus backup of a %s", main, cmp.Or(idx.Type, TypeContainer))
+		return nil, fmt.Errorf("it has no %s: not an Incus backup of a %s", main, cmp.Or(idx.Type, model.TypeContainer))
 	}
 	return bf, nil
 }
@@ -255,10 +256,10 @@ func judgeBackup(bf *BackupFile, profiles map[string]incus.Profile) []string {
 		return []string{"it is in a storage driver's optimized format: the instance's config is inside the driver's image, where box cannot judge it (export it with box export, or incus export without --optimized-storage)"}
 	}
 	var reasons []string
-	if bf.Instance.Config[Current.Tag] != "1" {
-		why := fmt.Sprintf("it is not a box: its config has no %s=1 tag (box imports only what box exported)", Current.Tag)
-		if bf.Instance.Config[Legacy.Tag] == "1" {
-			why = fmt.Sprintf("it is a legacy box (%s=1): move it to this stack first (box migrate-host --box %s), then export it again", Legacy.Tag, bf.Name)
+	if bf.Instance.Config[model.Current.Tag] != "1" {
+		why := fmt.Sprintf("it is not a box: its config has no %s=1 tag (box imports only what box exported)", model.Current.Tag)
+		if bf.Instance.Config[model.Legacy.Tag] == "1" {
+			why = fmt.Sprintf("it is a legacy box (%s=1): move it to this stack first (box migrate-host --box %s), then export it again", model.Legacy.Tag, bf.Name)
 		}
 		reasons = append(reasons, why)
 	}
@@ -278,7 +279,7 @@ func judgeBackup(bf *BackupFile, profiles map[string]incus.Profile) []string {
 		for _, p := range missing {
 			say(fmt.Sprintf("%s: its profile %s does not exist on this host (Incus would refuse it too)", d.Label(), p), d.File)
 		}
-		for _, p := range judgeDefinition(Current.Network, &inst).Problems {
+		for _, p := range judgeDefinition(model.Current.Network, &inst).Problems {
 			say(d.Label()+": "+p.What, d.File)
 		}
 	}

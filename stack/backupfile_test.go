@@ -13,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // tarEntry is one member of a fixture tarball.
@@ -56,7 +57,7 @@ func tarball(t *testing.T, gz bool, entries ...tarEntry) []byte {
 // box-net profile, the tag and a stamp.
 func boxDef(name string) yamlInstance {
 	return yamlInstance{Name: name, Type: "container", Architecture: "x86_64",
-		Config:   map[string]string{Current.Tag: "1", StampOrigin: "image box-probe", "volatile.eth0.hwaddr": "10:66:6a:00:00:01"},
+		Config:   map[string]string{model.Current.Tag: "1", StampOrigin: "image box-probe", "volatile.eth0.hwaddr": "10:66:6a:00:00:01"},
 		Devices:  map[string]map[string]string{},
 		Profiles: []string{"box-net"}}
 }
@@ -134,7 +135,7 @@ func TestReadBackupFile(t *testing.T) {
 		assert.Equal(t, "container", bf.Type)
 		assert.Equal(t, []string{"s1"}, bf.Snapshots)
 		require.NotNil(t, bf.Instance)
-		assert.Equal(t, "1", bf.Instance.Config[Current.Tag])
+		assert.Equal(t, "1", bf.Instance.Config[model.Current.Tag])
 		var where []string
 		for _, d := range bf.Definitions {
 			where = append(where, d.File+" "+d.Label())
@@ -221,10 +222,10 @@ func TestJudgeBackup(t *testing.T) {
 		{"a profile this host lacks", func(f *backupFixture) {
 			f.backup.Container.Profiles = []string{"box-net", "gpu-passthrough"}
 		}, []string{"the box: its profile gpu-passthrough does not exist on this host"}},
-		{"not a box", func(f *backupFixture) { delete(f.backup.Container.Config, Current.Tag) }, []string{"it is not a box: its config has no user.box=1 tag"}},
+		{"not a box", func(f *backupFixture) { delete(f.backup.Container.Config, model.Current.Tag) }, []string{"it is not a box: its config has no user.box=1 tag"}},
 		{"a legacy box", func(f *backupFixture) {
-			delete(f.backup.Container.Config, Current.Tag)
-			f.backup.Container.Config[Legacy.Tag] = "1"
+			delete(f.backup.Container.Config, model.Current.Tag)
+			f.backup.Container.Config[model.Legacy.Tag] = "1"
 		}, []string{"it is a legacy box (user.claudebox=1): move it to this stack first (box migrate-host --box work)"}},
 		{"optimized", func(f *backupFixture) { f.index.Optimized = true }, []string{"optimized format"}},
 	} {

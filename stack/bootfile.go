@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -89,7 +90,7 @@ func (host *Host) saveFirewall(edit func(*SavedFirewall)) error {
 		old = SavedFirewall{} // unreadable or stale: written afresh
 	}
 	s := old
-	s.Version, s.Bridge = savedFirewallVersion, Current.Network
+	s.Version, s.Bridge = savedFirewallVersion, model.Current.Network
 	edit(&s)
 	if !s.Gateway.Is4() {
 		return nil // nothing to load at boot yet (setup-host saves it)
@@ -117,7 +118,7 @@ func (host *Host) saveFirewall(edit func(*SavedFirewall)) error {
 }
 
 // removeSavedFirewall is teardown's: no firewall to load at the next boot.
-func (host *Host) removeSavedFirewall() ([]Change, error) {
+func (host *Host) removeSavedFirewall() ([]model.Change, error) {
 	path := host.firewallFile()
 	if path == "" {
 		return nil, nil
@@ -128,7 +129,7 @@ func (host *Host) removeSavedFirewall() ([]Change, error) {
 		}
 		return nil, err
 	}
-	return []Change{{Object: "file " + path, Action: "removed", Detail: "the firewall the boot unit loaded"}}, nil
+	return []model.Change{{Object: "file " + path, Action: "removed", Detail: "the firewall the boot unit loaded"}}, nil
 }
 
 // EnsureBoot loads box's tables from the saved firewall with no Incus call:
@@ -150,8 +151,8 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if saved.Bridge != Current.Network {
-		return nil, fmt.Errorf("the saved firewall %s is for bridge %s, this box's is %s: run box setup-host", path, saved.Bridge, Current.Network)
+	if saved.Bridge != model.Current.Network {
+		return nil, fmt.Errorf("the saved firewall %s is for bridge %s, this box's is %s: run box setup-host", path, saved.Bridge, model.Current.Network)
 	}
 	unlock, err := host.lockSetup(ctx)
 	if err != nil {
@@ -163,20 +164,20 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	defer g.close()
-	rep := &Report{Changes: []Change{}, Notes: []string{}}
+	rep := &Report{Changes: []model.Change{}, Notes: []string{}}
 	unlockPorts, err := lockPorts(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer unlockPorts()
-	ports, isolated, err := g.isolatePorts(Current.Network)
+	ports, isolated, err := g.isolatePorts(model.Current.Network)
 	if err != nil {
 		return rep, err
 	}
 	for _, name := range isolated {
-		rep.Changes = append(rep.Changes, Change{"bridge port " + name, "updated", "isolated on"})
+		rep.Changes = append(rep.Changes, model.Change{Object: "bridge port " + name, Action: "updated", Detail: "isolated on"})
 	}
-	cfg := g.nftConfig(Current)
+	cfg := g.nftConfig(model.Current)
 	cfg.Gateway = saved.Gateway
 	caps, err := nft.Probe(cfg)
 	if err != nil {
@@ -210,7 +211,7 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 		}
 	}
 	for _, a := range applied {
-		rep.Changes = append(rep.Changes, Change{"nft", "updated", a})
+		rep.Changes = append(rep.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
 	routed, err := host.ensureRoute(g)
 	rep.Changes = append(rep.Changes, routed...)
@@ -220,7 +221,7 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 	rep.Notes = append(rep.Notes, fmt.Sprintf("loaded from %s (saved %s, gateway %s) with no Incus call; the port watcher pins each box as Incus starts it", path, saved.Saved.Format(time.RFC3339), saved.Gateway))
 	stale, err := removeStaleDnsmasqPIDs(host.IncusDir)
 	for _, f := range stale {
-		rep.Changes = append(rep.Changes, Change{Object: "file " + f, Action: "removed", Detail: "a dnsmasq pid file from before the boot (Incus would signal that pid, which may now be one of incusd's own threads)"})
+		rep.Changes = append(rep.Changes, model.Change{Object: "file " + f, Action: "removed", Detail: "a dnsmasq pid file from before the boot (Incus would signal that pid, which may now be one of incusd's own threads)"})
 	}
 	return rep, err
 }
@@ -280,13 +281,13 @@ func dnsmasqRuns(pidFile string) bool {
 // no window: the units and Incus's drop-in as setup-host writes them, and
 // the saved firewall naming the live gateway. Its findings are advisory:
 // the layers hold now, the next boot would open them.
-func (host *Host) verifyBoot(gw netip.Addr) []Finding {
+func (host *Host) verifyBoot(gw netip.Addr) []model.Finding {
 	if host.BootUnitDir == "" || !systemdRunning() {
 		return nil
 	}
-	var out []Finding
+	var out []model.Finding
 	find := func(obj, problem string) {
-		out = append(out, Finding{Layer: LayerHostFW, Object: obj, Problem: problem + ": at the next boot boxes could send before box's tables hold", Fix: fixEnsure, Advisory: true})
+		out = append(out, model.Finding{Layer: model.LayerHostFW, Object: obj, Problem: problem + ": at the next boot boxes could send before box's tables hold", Fix: fixEnsure, Advisory: true})
 	}
 	files := map[string]string{IncusDropInName: incusDropIn}
 	for _, u := range BootUnits(host.Exe) {

@@ -19,6 +19,7 @@ import (
 	"github.com/box-isolation/box/internal/nstest"
 	"github.com/box-isolation/box/internal/syncbuf"
 	"github.com/box-isolation/box/internal/testenv/tier"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -32,7 +33,7 @@ func TestSavedFirewallFile(t *testing.T) {
 	s, err := readSavedFirewall(path)
 	require.NoError(t, err)
 	assert.Equal(t, gw, s.Gateway)
-	assert.Equal(t, Current.Network, s.Bridge)
+	assert.Equal(t, model.Current.Network, s.Bridge)
 	first := s.Saved
 	require.NoError(t, h.saveFirewall(func(s *SavedFirewall) { s.Gateway = gw }))
 	s, err = readSavedFirewall(path)
@@ -115,7 +116,7 @@ func TestVerifyBoot(t *testing.T) {
 	dir := t.TempDir()
 	h := &Host{BootUnitDir: dir, Exe: "/usr/bin/box", FirewallFile: filepath.Join(dir, "firewall.json")}
 	gw := netip.MustParseAddr("10.88.0.1")
-	objects := func(fs []Finding) []string {
+	objects := func(fs []model.Finding) []string {
 		var out []string
 		for _, f := range fs {
 			assert.True(t, f.Advisory, "%v: the layers hold now", f)

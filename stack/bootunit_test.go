@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/box-isolation/box/stack/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -23,7 +24,7 @@ func TestBootUnits(t *testing.T) {
 
 	note, changes, err := h.ensureBootUnit()
 	require.NoError(t, err)
-	assert.Equal(t, []Change{
+	assert.Equal(t, []model.Change{
 		{Object: "unit box-firewall.service", Action: "created", Detail: "loads the saved nft tables at boot, before Incus starts"},
 		{Object: "unit box-ports.service", Action: "created", Detail: "runs box watch-ports, which keeps the bridge's ports isolated, in the port set and pinned"},
 		{Object: "unit incus.service drop-in box.conf", Action: "created", Detail: "Incus starts after box's firewall and port watcher, with an empty read-only /dev/mqueue"},
@@ -71,7 +72,7 @@ func TestBootUnits(t *testing.T) {
 
 	removed, err := h.removeBootUnits()
 	require.NoError(t, err)
-	assert.Equal(t, []Change{{Object: "unit incus.service drop-in box.conf", Action: "removed"}, {Object: "unit box-firewall.service", Action: "removed"}, {Object: "unit box-ports.service", Action: "removed"}}, removed)
+	assert.Equal(t, []model.Change{{Object: "unit incus.service drop-in box.conf", Action: "removed"}, {Object: "unit box-firewall.service", Action: "removed"}, {Object: "unit box-ports.service", Action: "removed"}}, removed)
 	assert.NoDirExists(t, filepath.Join(dir, "incus.service.d"), "the drop-in's directory, empty, goes with it")
 	left, err := os.ReadDir(filepath.Join(dir, "multi-user.target.wants"))
 	require.NoError(t, err)

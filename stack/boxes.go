@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // Stamp keys written at mint (docs/box.md, "Stamps"). A box minted before a key
@@ -93,10 +94,10 @@ type Box struct {
 // isBox reports whether an instance carries either ownership tag, and which.
 func isBox(i *incus.Instance) (string, bool) {
 	switch {
-	case i.Config[Current.Tag] == "1":
-		return Current.Name, true
-	case i.Config[Legacy.Tag] == "1":
-		return Legacy.Name, true
+	case i.Config[model.Current.Tag] == "1":
+		return model.Current.Name, true
+	case i.Config[model.Legacy.Tag] == "1":
+		return model.Legacy.Name, true
 	}
 	return "", false
 }
@@ -116,7 +117,7 @@ func boxOf(i *incus.Instance, gen string) Box {
 }
 
 // boxFilter is the one server-side filter for both tags.
-var boxFilter = fmt.Sprintf("config.%s eq 1 or config.%s eq 1", Current.Tag, Legacy.Tag)
+var boxFilter = fmt.Sprintf("config.%s eq 1 or config.%s eq 1", model.Current.Tag, model.Legacy.Tag)
 
 // Boxes lists every box, of either tag, in one request.
 func (host *Host) Boxes(ctx context.Context) ([]Box, error) {
@@ -146,7 +147,7 @@ func (host *Host) resolve(ctx context.Context, name string) (*incus.Instance, st
 		return nil, "", fmt.Errorf("looking up %s: %w", name, err)
 	}
 	if _, ok := isBox(inst); !ok {
-		return nil, "", &NotABoxError{Name: name, Reason: fmt.Sprintf("it has no %s=1 tag", Current.Tag)}
+		return nil, "", &NotABoxError{Name: name, Reason: fmt.Sprintf("it has no %s=1 tag", model.Current.Tag)}
 	}
 	return inst, etag, nil
 }
@@ -160,6 +161,19 @@ func (host *Host) Info(ctx context.Context, name string) (*Box, error) {
 	gen, _ := isBox(inst)
 	b := boxOf(inst, gen)
 	return &b, nil
+}
+
+// NewBoxType is DecideType for this host: incusd is asked what it can run
+// only when the operator did not choose.
+func (host *Host) NewBoxType(ctx context.Context, want string) (model.TypeDecision, error) {
+	if want != "" {
+		return model.DecideType(nil, want)
+	}
+	srv, err := host.Incus.Server(ctx)
+	if err != nil {
+		return model.TypeDecision{}, err
+	}
+	return model.DecideType(srv, "")
 }
 
 // MintRequest describes a new box.
@@ -208,15 +222,15 @@ func (e *NoStackError) Error() string {
 // requireStack returns the stack's bridge, or a NoStackError naming what
 // is missing; a daemon that does not answer is incus's own error.
 func (host *Host) requireStack(ctx context.Context) (*incus.Network, error) {
-	net, _, err := host.Incus.Network(ctx, Current.Network)
+	net, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if incus.IsNotFound(err) {
-		return nil, &NoStackError{Missing: "network " + Current.Network}
+		return nil, &NoStackError{Missing: "network " + model.Current.Network}
 	}
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := host.Incus.Profile(ctx, Current.Profile); incus.IsNotFound(err) {
-		return nil, &NoStackError{Missing: "profile " + Current.Profile}
+	if _, _, err := host.Incus.Profile(ctx, model.Current.Profile); incus.IsNotFound(err) {
+		return nil, &NoStackError{Missing: "profile " + model.Current.Profile}
 	} else if err != nil {
 		return nil, err
 	}
@@ -237,13 +251,13 @@ const (
 // rememberNoMemoryLimits stores the finding on the bridge (best effort: a
 // later mint finds it out again).
 func (host *Host) rememberNoMemoryLimits(ctx context.Context) {
-	net, etag, err := host.Incus.Network(ctx, Current.Network)
+	net, etag, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return
 	}
 	cfg := maps.Clone(net.Config)
 	cfg[KeyMemoryLimits] = memoryUnsupported
-	_ = host.Incus.UpdateNetwork(ctx, Current.Network, incus.NetworkPut{Description: net.Description, Config: cfg}, etag)
+	_ = host.Incus.UpdateNetwork(ctx, model.Current.Network, incus.NetworkPut{Description: net.Description, Config: cfg}, etag)
 }
 
 // Mint creates and starts a box on the isolation stack: the box-net
@@ -254,8 +268,8 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 	if req.Name == "" || req.Image == "" {
 		return nil, errors.New("minting a box needs a name and an image")
 	}
-	typ := cmp.Or(req.Type, TypeContainer)
-	if err := checkType(typ); err != nil {
+	typ := cmp.Or(req.Type, model.TypeContainer)
+	if err := model.CheckType(typ); err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
 	if _, _, err := host.Incus.Instance(ctx, req.Name); err == nil {
@@ -275,23 +289,23 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 	if req.Egress != nil {
 		// The policy exists before the box does, so its first refresh
 		// puts it under the allowlist.
-		names, err := NormalizeNames(req.Egress)
+		names, err := model.NormalizeNames(req.Egress)
 		if err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 		}
-		if _, err := host.ensurePolicy(ctx, PolicyID(names), names); err != nil {
+		if _, err := host.ensurePolicy(ctx, model.PolicyID(names), names); err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 		}
 		req.Stamps = maps.Clone(req.Stamps)
 		if req.Stamps == nil {
 			req.Stamps = map[string]string{}
 		}
-		req.Stamps[KeyEgress] = PolicyID(names)
-		req.Stamps[KeyEgressNames] = strings.Join(names, ",")
+		req.Stamps[model.KeyEgress] = model.PolicyID(names)
+		req.Stamps[model.KeyEgressNames] = strings.Join(names, ",")
 	}
 	var notes []string
 	if req.Memory != "" && net.Config[KeyMemoryLimits] == memoryUnsupported {
-		notes = append(notes, fmt.Sprintf("%s: this host cannot apply one (%s=%s on %s, found at an earlier mint)", NoteNoMemoryLimit, KeyMemoryLimits, memoryUnsupported, Current.Network))
+		notes = append(notes, fmt.Sprintf("%s: this host cannot apply one (%s=%s on %s, found at an earlier mint)", NoteNoMemoryLimit, KeyMemoryLimits, memoryUnsupported, model.Current.Network))
 		req.Memory = ""
 	}
 	b, err := host.mint(ctx, req)
@@ -317,12 +331,12 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 
 // mint creates and starts one box as asked.
 func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
-	typ := cmp.Or(req.Type, TypeContainer)
+	typ := cmp.Or(req.Type, model.TypeContainer)
 	img, err := host.mintImage(ctx, req.Image)
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	cfg := map[string]string{Current.Tag: "1"}
+	cfg := map[string]string{model.Current.Tag: "1"}
 	maps.Copy(cfg, req.Stamps)
 	cfg[StampMinted] = time.Now().UTC().Format(time.RFC3339)
 	cfg[StampImage] = req.Image
@@ -345,7 +359,7 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 		cfg["cloud-init.user-data"] = req.UserData
 	}
 	if req.Nesting {
-		withNesting(cfg)
+		model.WithNesting(cfg)
 	}
 	devices := map[string]map[string]string{}
 	if req.Disk != "" {
@@ -354,7 +368,7 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	req.progress = func(s string) { host.progressf("minting %s from %s: %s", req.Name, req.Image, s) }
 	err = host.create(ctx, req, incus.InstancesPost{
 		Name: req.Name, Type: typ, Config: cfg, Devices: devices,
-		Profiles: []string{Current.Profile},
+		Profiles: []string{model.Current.Profile},
 		Source:   img.source,
 		Start:    true,
 	})
@@ -611,7 +625,7 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 	}
 	put := clone.Writable()
 	forgetMACs(put.Config)
-	put.Config[Current.Tag] = "1"
+	put.Config[model.Current.Tag] = "1"
 	put.Config[StampMinted] = time.Now().UTC().Format(time.RFC3339)
 	put.Config[StampOrigin] = "clone of " + source
 	// The source's doors stay the source's: the clone would take their
@@ -725,7 +739,7 @@ func (host *Host) keepMACs(ctx context.Context, was *incus.Instance) error {
 // bridge: it is its source's.
 func withoutFixedAddress(devices map[string]map[string]string) {
 	for _, d := range devices {
-		if isNIC(d) && onBridge(Current.Network, d) {
+		if isNIC(d) && onBridge(model.Current.Network, d) {
 			delete(d, "ipv4.address")
 		}
 	}
@@ -746,7 +760,7 @@ func forgetMACs(cfg map[string]string) {
 // VM's disk cannot be written before its agent runs, so Incus writes it
 // (machineIDTemplate).
 func (host *Host) freshMachineID(ctx context.Context, inst *incus.Instance) error {
-	if inst.Type != TypeContainer {
+	if inst.Type != model.TypeContainer {
 		return host.machineIDTemplate(ctx, inst.Name)
 	}
 	id := make([]byte, 16)
@@ -943,9 +957,9 @@ func (host *Host) Rename(ctx context.Context, name, newName string) error {
 // WaitAddress waits until a box has an IPv4 address on the stack's subnet,
 // read from Incus's view of its interfaces (whatever they are named).
 func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Duration) (netip.Addr, error) {
-	net, _, err := host.Incus.Network(ctx, Current.Network)
+	net, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("reading network %s: %w", Current.Network, err)
+		return netip.Addr{}, fmt.Errorf("reading network %s: %w", model.Current.Network, err)
 	}
 	p, err := netip.ParsePrefix(net.Config["ipv4.address"])
 	if err != nil && host.Tier {
@@ -953,11 +967,11 @@ func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Durat
 		p, err = host.bridgeSubnetFromState(ctx)
 	}
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("network %s has no usable ipv4.address", Current.Network)
+		return netip.Addr{}, fmt.Errorf("network %s has no usable ipv4.address", model.Current.Network)
 	}
 	ip, err := host.Incus.WaitAddress(ctx, name, p.Masked(), limit)
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("%w: is dnsmasq serving %s? (box doctor)", err, Current.Network)
+		return netip.Addr{}, fmt.Errorf("%w: is dnsmasq serving %s? (box doctor)", err, model.Current.Network)
 	}
 	// The box holds its address now: a refresh pins a granted user's box
 	// (the watcher gave it its address) and fills its egress sets.
@@ -976,7 +990,7 @@ func names(bs []Box) []string {
 
 // bridgeSubnetFromState reads the bridge's IPv4 subnet from its state.
 func (host *Host) bridgeSubnetFromState(ctx context.Context) (netip.Prefix, error) {
-	st, err := host.Incus.NetworkState(ctx, Current.Network)
+	st, err := host.Incus.NetworkState(ctx, model.Current.Network)
 	if err != nil {
 		return netip.Prefix{}, err
 	}
@@ -985,5 +999,5 @@ func (host *Host) bridgeSubnetFromState(ctx context.Context) (netip.Prefix, erro
 			return netip.ParsePrefix(a.Address + "/" + a.Netmask)
 		}
 	}
-	return netip.Prefix{}, fmt.Errorf("%s has no IPv4 address", Current.Network)
+	return netip.Prefix{}, fmt.Errorf("%s has no IPv4 address", model.Current.Network)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // TestNewBoxType: the server's drivers decide unless the operator chose,
@@ -20,12 +21,12 @@ func TestNewBoxType(t *testing.T) {
 		chosen             bool
 		reason             string
 	}{
-		{name: "a host that can run VMs", driver: "lxc | qemu", wantType: TypeVM, reason: "this host can run VMs"},
-		{name: "qemu alone", driver: "qemu", wantType: TypeVM, reason: "this host can run VMs"},
-		{name: "a host that cannot", driver: "lxc", wantType: TypeContainer, reason: "this host cannot run VMs (incus drivers: lxc)"},
-		{name: "no driver reported", driver: "", wantType: TypeContainer, reason: "this host cannot run VMs (incus drivers: )"},
-		{name: "--container on a VM host", driver: "lxc | qemu", want: TypeContainer, wantType: TypeContainer, chosen: true, reason: "chosen by the operator"},
-		{name: "--vm on a container host", driver: "lxc", want: TypeVM, wantType: TypeVM, chosen: true, reason: "chosen by the operator"},
+		{name: "a host that can run VMs", driver: "lxc | qemu", wantType: model.TypeVM, reason: "this host can run VMs"},
+		{name: "qemu alone", driver: "qemu", wantType: model.TypeVM, reason: "this host can run VMs"},
+		{name: "a host that cannot", driver: "lxc", wantType: model.TypeContainer, reason: "this host cannot run VMs (incus drivers: lxc)"},
+		{name: "no driver reported", driver: "", wantType: model.TypeContainer, reason: "this host cannot run VMs (incus drivers: )"},
+		{name: "--container on a VM host", driver: "lxc | qemu", want: model.TypeContainer, wantType: model.TypeContainer, chosen: true, reason: "chosen by the operator"},
+		{name: "--vm on a container host", driver: "lxc", want: model.TypeVM, wantType: model.TypeVM, chosen: true, reason: "chosen by the operator"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := incustest.New(t)
@@ -33,7 +34,7 @@ func TestNewBoxType(t *testing.T) {
 			h := &Host{Incus: incus.New(srv.Socket())}
 			d, err := h.NewBoxType(context.Background(), tc.want)
 			require.NoError(t, err)
-			assert.Equal(t, TypeDecision{Type: tc.wantType, Reason: tc.reason, Chosen: tc.chosen}, d)
+			assert.Equal(t, model.TypeDecision{Type: tc.wantType, Reason: tc.reason, Chosen: tc.chosen}, d)
 			asked := len(srv.Find("GET", "/1.0")) > 0
 			assert.Equal(t, !tc.chosen, asked, "the server is asked only when the operator did not choose")
 		})
@@ -41,9 +42,9 @@ func TestNewBoxType(t *testing.T) {
 }
 
 func TestDecideTypeRefuses(t *testing.T) {
-	_, err := DecideType(&incus.Server{}, "vm")
+	_, err := model.DecideType(&incus.Server{}, "vm")
 	require.ErrorContains(t, err, `instance type "vm"`)
-	_, err = DecideType(nil, "")
+	_, err = model.DecideType(nil, "")
 	require.ErrorContains(t, err, "no server information")
 }
 

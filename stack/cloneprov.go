@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
 )
 
@@ -57,7 +58,7 @@ const emptyTemplate = "box-empty.tpl"
 // docs/images.md).
 func (host *Host) emptyMarkers(ctx context.Context, inst *incus.Instance) error {
 	markers := []string{templates.ReadyMarker, templates.FailedMarker}
-	if inst.Type != TypeContainer {
+	if inst.Type != model.TypeContainer {
 		return host.copyTemplate(ctx, inst.Name, emptyTemplate, "", markers...)
 	}
 	for _, p := range markers {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
 )
 
@@ -113,7 +114,7 @@ func TestVMCloneMarkersEmptiedByIncus(t *testing.T) {
 	f, h := newClusterFake(t)
 	f.clustered = false
 	f.add("src", "", "Stopped", "")
-	f.insts["src"].Type = TypeVM
+	f.insts["src"].Type = model.TypeVM
 	f.insts["src"].Config[keyUserData] = boxUserData(t)
 	var md incus.ImageMetadata
 	require.NoError(t, json.Unmarshal([]byte(`{"architecture":"x86_64","templates":{"/etc/hostname":{"when":["create","copy"],"template":"hostname.tpl"}}}`), &md))

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -42,86 +43,6 @@ import (
 // them on its own member and on every member whose network namespace it
 // is told (Host.MemberNetNS: the hermetic world's members, all on one
 // machine); for any other member it says it could not look.
-
-// ClusterSliceBits is the size of a member's address slice in a /24.
-const ClusterSliceBits = 27
-
-// keySlice prefixes a member's slice on the bridge's config.
-const keySlice = "user.box.slice."
-
-// MaxMembers is how many members a /24 has slices for: the first slice is
-// the gateway's and the dynamic range's.
-const MaxMembers = 1<<(ClusterSliceBits-24) - 1
-
-// slicesOf reads the members' slices stored on the bridge's config.
-func slicesOf(cfg map[string]string) (map[string]netip.Prefix, error) {
-	out := map[string]netip.Prefix{}
-	for k, v := range cfg {
-		if m, ok := strings.CutPrefix(k, keySlice); ok {
-			p, err := netip.ParsePrefix(v)
-			if err != nil || p.Bits() != ClusterSliceBits {
-				return nil, fmt.Errorf("the bridge's %s=%q is not a /%d: fix it with box setup-host after removing the key", k, v, ClusterSliceBits)
-			}
-			out[m] = p
-		}
-	}
-	return out, nil
-}
-
-// assignSlices gives every member without a slice the first free one of
-// subnet, keeping every slice already given (boxes hold addresses in it).
-func assignSlices(subnet netip.Prefix, have map[string]netip.Prefix, members []string) (map[string]netip.Prefix, error) {
-	out := map[string]netip.Prefix{}
-	taken := map[netip.Prefix]bool{}
-	for m, p := range have {
-		out[m] = p
-		taken[p] = true
-	}
-	all := allSlices(subnet)
-	for _, m := range sortedCopy(members) {
-		if _, ok := out[m]; ok {
-			continue
-		}
-		i := slices.IndexFunc(all[1:], func(p netip.Prefix) bool { return !taken[p] })
-		if i < 0 {
-			return nil, fmt.Errorf("member %s: every address slice of %s is given (a /24 has slices for %d members)", m, subnet, MaxMembers)
-		}
-		out[m] = all[1+i]
-		taken[all[1+i]] = true
-	}
-	return out, nil
-}
-
-// allSlices cuts subnet into its /27s.
-func allSlices(subnet netip.Prefix) []netip.Prefix {
-	var out []netip.Prefix
-	a := subnet.Masked().Addr()
-	for i := 0; i < 1<<(ClusterSliceBits-subnet.Bits()); i++ {
-		out = append(out, netip.PrefixFrom(a, ClusterSliceBits))
-		for range 1 << (32 - ClusterSliceBits) {
-			a = a.Next()
-		}
-	}
-	return out
-}
-
-// dynamicRange is ipv4.dhcp.ranges on a cluster: the first slice after
-// the gateway.
-func dynamicRange(subnet netip.Prefix) string {
-	first := allSlices(subnet)[0]
-	lo := first.Addr().Next().Next() // .1 is the gateway
-	hi := lastOf(first)
-	return lo.String() + "-" + hi.String()
-}
-
-// lastOf is the last address of p.
-func lastOf(p netip.Prefix) netip.Addr {
-	a := p.Masked().Addr()
-	for range 1<<(32-p.Bits()) - 1 {
-		a = a.Next()
-	}
-	return a
-}
 
 func sortedCopy(s []string) []string {
 	out := slices.Clone(s)
@@ -233,16 +154,16 @@ func (host *Host) AddressFor(ctx context.Context, member string) (netip.Addr, er
 		return a, nil
 	}
 	if member == "" {
-		return netip.Addr{}, fmt.Errorf("every address of %s (%s) is taken by a box or a lease: remove a box (box doctor names leases that belong to no box)", Current.Network, slice)
+		return netip.Addr{}, fmt.Errorf("every address of %s (%s) is taken by a box or a lease: remove a box (box doctor names leases that belong to no box)", model.Current.Network, slice)
 	}
-	return netip.Addr{}, fmt.Errorf("member %s's slice %s of %s is full: remove a box there, or mint on another member (--target)", member, slice, Current.Network)
+	return netip.Addr{}, fmt.Errorf("member %s's slice %s of %s is full: remove a box there, or mint on another member (--target)", member, slice, model.Current.Network)
 }
 
 // freeAddress is the first address of slice that is not the bridge's
 // own (gw), its subnet's network or broadcast address, or used.
 func freeAddress(slice, gw netip.Prefix, used map[netip.Addr]bool) (netip.Addr, bool) {
 	for a := slice.Addr(); slice.Contains(a); a = a.Next() {
-		if a == gw.Addr() || a == gw.Masked().Addr() || a == lastOf(gw) || used[a] {
+		if a == gw.Addr() || a == gw.Masked().Addr() || a == model.LastOf(gw) || used[a] {
 			continue
 		}
 		return a, true
@@ -254,24 +175,24 @@ func freeAddress(slice, gw netip.Prefix, used map[netip.Addr]bool) (netip.Addr, 
 // member without a slice has never been set up by box. A standalone
 // host's (member "") is the bridge's whole subnet.
 func (host *Host) memberSlice(ctx context.Context, member string) (slice, gw netip.Prefix, err error) {
-	n, _, err := host.Incus.Network(ctx, Current.Network)
+	n, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
-		return slice, gw, fmt.Errorf("reading network %s: %w", Current.Network, err)
+		return slice, gw, fmt.Errorf("reading network %s: %w", model.Current.Network, err)
 	}
 	if member == "" {
 		gw, err = netip.ParsePrefix(n.Config["ipv4.address"])
 		if err != nil || !gw.Addr().Is4() {
-			return slice, gw, fmt.Errorf("network %s has ipv4.address=%q, not an address box can use: run box doctor", Current.Network, n.Config["ipv4.address"])
+			return slice, gw, fmt.Errorf("network %s has ipv4.address=%q, not an address box can use: run box doctor", model.Current.Network, n.Config["ipv4.address"])
 		}
 		return gw.Masked(), gw, nil
 	}
-	sl, err := slicesOf(n.Config)
+	sl, err := model.SlicesOf(n.Config)
 	if err != nil {
 		return slice, gw, err
 	}
 	slice, ok := sl[member]
 	if !ok {
-		return slice, gw, fmt.Errorf("member %s has no address slice on %s, so box has not set it up: run box setup-host on any member, then box setup-host --member-only on %s", member, Current.Network, member)
+		return slice, gw, fmt.Errorf("member %s has no address slice on %s, so box has not set it up: run box setup-host on any member, then box setup-host --member-only on %s", member, model.Current.Network, member)
 	}
 	gw, _ = netip.ParsePrefix(n.Config["ipv4.address"])
 	return slice, gw, nil
@@ -288,7 +209,7 @@ func usedAddresses(f fleet) map[netip.Addr]bool {
 			used[a] = true
 		}
 		for _, d := range f.insts[i].ExpandedDevices {
-			if isNIC(d) && onBridge(Current.Network, d) {
+			if isNIC(d) && onBridge(model.Current.Network, d) {
 				if a, err := netip.ParseAddr(d["ipv4.address"]); err == nil {
 					used[a] = true
 				}
@@ -306,7 +227,7 @@ func usedAddresses(f fleet) map[netip.Addr]bool {
 // addressFindings names every address two members hand out (a lease on
 // each, or a fixed address asked for on each). A box with no fixed address
 // is dhcpFindings', on every host.
-func addressFindings(f fleet) []Finding {
+func addressFindings(f fleet) []model.Finding {
 	where := map[netip.Addr]map[string]bool{}
 	add := func(a netip.Addr, member string) {
 		if where[a] == nil {
@@ -314,11 +235,11 @@ func addressFindings(f fleet) []Finding {
 		}
 		where[a][member] = true
 	}
-	var out []Finding
+	var out []model.Finding
 	for i := range f.insts {
 		inst := &f.insts[i]
 		for _, d := range inst.ExpandedDevices {
-			if !isNIC(d) || !onBridge(Current.Network, d) {
+			if !isNIC(d) || !onBridge(model.Current.Network, d) {
 				continue
 			}
 			a, err := netip.ParseAddr(d["ipv4.address"])
@@ -346,7 +267,7 @@ func addressFindings(f fleet) []Finding {
 			ms = append(ms, m)
 		}
 		sort.Strings(ms)
-		out = append(out, Finding{Layer: LayerNAT, Object: "address " + a.String(),
+		out = append(out, model.Finding{Layer: model.LayerNAT, Object: "address " + a.String(),
 			Problem: "handed out on more than one member: " + strings.Join(ms, ", "),
 			Fix:     "remove or re-address the instance box did not mint (box doctor lists them)"})
 	}
@@ -372,9 +293,9 @@ type MemberLayers struct {
 	// State is "converged" (this run converged them), "clean" (read, and
 	// nothing differs), "findings" (read, and Findings say what differs)
 	// or "not-read" (another machine's: run box on it).
-	State    string    `json:"state"`
-	Findings []Finding `json:"findings,omitempty"`
-	Slice    string    `json:"slice,omitempty"` // its address slice
+	State    string          `json:"state"`
+	Findings []model.Finding `json:"findings,omitempty"`
+	Slice    string          `json:"slice,omitempty"` // its address slice
 }
 
 // Member layer states.
@@ -388,8 +309,8 @@ const (
 // clusterAddressUses is what uses addresses on this member and on every member
 // whose namespace is known, so an auto-picked subnet is free on all of
 // them; members not read are noted.
-func (host *Host) clusterAddressUses(ctx context.Context, g *ground, ci ClusterInfo, rep *Report) ([]AddressUse, error) {
-	uses, err := g.addressUses(Current.Network)
+func (host *Host) clusterAddressUses(ctx context.Context, g *ground, ci ClusterInfo, rep *Report) ([]model.AddressUse, error) {
+	uses, err := g.addressUses(model.Current.Network)
 	if err != nil || !ci.Clustered() {
 		return uses, err
 	}
@@ -407,7 +328,7 @@ func (host *Host) clusterAddressUses(ctx context.Context, g *ground, ci ClusterI
 		if err != nil {
 			return nil, fmt.Errorf("member %s: %w", m, err)
 		}
-		mu, err := mg.addressUses(Current.Network)
+		mu, err := mg.addressUses(model.Current.Network)
 		mg.close()
 		if err != nil {
 			return nil, fmt.Errorf("member %s: %w", m, err)
@@ -441,17 +362,17 @@ func (host *Host) createNetwork(ctx context.Context, ci ClusterInfo, req incus.N
 func (host *Host) ensureMember(ctx context.Context, g *ground, net *incus.Network, rep *Report) (err error) {
 	p, err := netip.ParsePrefix(net.Config["ipv4.address"])
 	if err != nil {
-		return fmt.Errorf("network %s has ipv4.address=%q, which box cannot build on: run box setup-host on any member", Current.Network, net.Config["ipv4.address"])
+		return fmt.Errorf("network %s has ipv4.address=%q, which box cannot build on: run box setup-host on any member", model.Current.Network, net.Config["ipv4.address"])
 	}
 	opts, err := host.Options.With(net.Config)
 	if err != nil {
 		return err
 	}
-	d := BuildDesired(p.Masked(), opts)
-	rep.Subnet = SubnetChoice{Subnet: p.Masked(), Reason: "the cluster's " + Current.Network}
+	d := model.BuildDesired(p.Masked(), opts)
+	rep.Subnet = model.SubnetChoice{Subnet: p.Masked(), Reason: "the cluster's " + model.Current.Network}
 	rep.Gateway = d.Gateway
 	if _, ok := opts.Slices[host.here()]; !ok {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("NOTE: member %s has no address slice on %s yet, so no box can be minted here: run box setup-host (without --member-only) on any member", host.here(), Current.Network))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("NOTE: member %s has no address slice on %s yet, so no box can be minted here: run box setup-host (without --member-only) on any member", host.here(), model.Current.Network))
 	}
 	var undos undoStack
 	defer func() {
@@ -466,7 +387,7 @@ func (host *Host) ensureMember(ctx context.Context, g *ground, net *incus.Networ
 
 // memberLayers reads, after a converge, whether every member's host
 // layers are in place (this member's were converged by the run).
-func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d Desired) []MemberLayers {
+func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d model.Desired) []MemberLayers {
 	var out []MemberLayers
 	insts, lerr := host.Incus.AllInstances(ctx)
 	for _, m := range ci.Names() {
@@ -476,7 +397,7 @@ func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d Desired) [
 			ml.State = MemberConverged
 		case errors.Join(lerr, err) != nil:
 			ml.State = MemberFindings
-			ml.Findings = []Finding{{Layer: LayerStack, Object: "member " + m, Problem: errors.Join(lerr, err).Error(), Fix: "box doctor on " + m}}
+			ml.Findings = []model.Finding{{Layer: model.LayerStack, Object: "member " + m, Problem: errors.Join(lerr, err).Error(), Fix: "box doctor on " + m}}
 		}
 		out = append(out, ml)
 	}
@@ -486,7 +407,7 @@ func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d Desired) [
 // memberState is another member's host layers as read from here (clean,
 // findings, or not read: another machine's), with its slice and its
 // census; for the local member only the slice.
-func (host *Host) memberState(ctx context.Context, member string, d Desired, insts []incus.Instance) (ml MemberLayers, census *Census, err error) {
+func (host *Host) memberState(ctx context.Context, member string, d model.Desired, insts []incus.Instance) (ml MemberLayers, census *Census, err error) {
 	ml = MemberLayers{Member: member, Local: member == host.here(), State: MemberClean}
 	if sl, ok := d.Slices[member]; ok {
 		ml.Slice = sl.String()
@@ -510,7 +431,7 @@ func (host *Host) memberState(ctx context.Context, member string, d Desired, ins
 // known (read false where it is not), its findings naming it, and returns
 // its census of the instances placed there.
 // insts is every instance of the cluster, listed once by the caller.
-func (host *Host) readMember(ctx context.Context, member string, d Desired, insts []incus.Instance) (fs []Finding, census *Census, read bool, err error) {
+func (host *Host) readMember(ctx context.Context, member string, d model.Desired, insts []incus.Instance) (fs []model.Finding, census *Census, read bool, err error) {
 	mh, ok := host.memberHost(member)
 	if !ok {
 		return nil, nil, false, nil
@@ -520,7 +441,7 @@ func (host *Host) readMember(ctx context.Context, member string, d Desired, inst
 		return nil, nil, true, err
 	}
 	defer g.close()
-	v := &Verification{Findings: []Finding{}}
+	v := &Verification{Findings: []model.Finding{}}
 	if err := mh.verifyGround(ctx, g, d, netip.PrefixFrom(d.Gateway, d.Subnet.Bits()), onMember(insts, member), v); err != nil {
 		return nil, nil, true, fmt.Errorf("member %s: %w", member, err)
 	}
@@ -556,15 +477,15 @@ func (c *Census) joinCensus(m *Census) {
 
 // verifyMembers adds, on a cluster, every other member's host layers that
 // can be read from here, and the cluster's addressing, to v.
-func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d Desired, insts []incus.Instance, v *Verification) error {
+func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d model.Desired, insts []incus.Instance, v *Verification) error {
 	for _, m := range ci.Names() {
 		ml, census, err := host.memberState(ctx, m, d, insts)
 		if err != nil {
 			return err
 		}
 		if ml.Slice == "" {
-			v.Findings = append(v.Findings, Finding{Layer: LayerNAT, Object: "member " + m, Member: m,
-				Problem: "has no address slice on " + Current.Network + ": no box can be minted there", Fix: "box setup-host"})
+			v.Findings = append(v.Findings, model.Finding{Layer: model.LayerNAT, Object: "member " + m, Member: m,
+				Problem: "has no address slice on " + model.Current.Network + ": no box can be minted there", Fix: "box setup-host"})
 		}
 		switch {
 		case ml.Local:
@@ -726,7 +647,7 @@ func (host *Host) startFixed(ctx context.Context, name, member string) error {
 // boxNIC is the profile's NIC as a box's own device, without a fixed
 // address: what a copy or an import gets before fixAddress gives it one.
 func boxNIC() map[string]string {
-	return map[string]string{"type": "nic", "network": Current.Network, "name": "eth0", "security.port_isolation": "true"}
+	return map[string]string{"type": "nic", "network": model.Current.Network, "name": "eth0", "security.port_isolation": "true"}
 }
 
 // fixedNIC is the profile's NIC with a fixed address.
@@ -740,7 +661,7 @@ func fixedNIC(addr netip.Addr) map[string]string {
 // (invalid when it has none).
 func fixedAddressOf(inst *incus.Instance) netip.Addr {
 	for _, d := range inst.ExpandedDevices {
-		if isNIC(d) && onBridge(Current.Network, d) {
+		if isNIC(d) && onBridge(model.Current.Network, d) {
 			if a, err := netip.ParseAddr(d["ipv4.address"]); err == nil {
 				return a
 			}
@@ -783,7 +704,7 @@ func (host *Host) setFixedAddress(ctx context.Context, name string, addr netip.A
 // ("" when it has none).
 func bridgeNICOf(inst *incus.Instance) (string, map[string]string) {
 	for _, name := range sortedKeys(inst.ExpandedDevices) {
-		if d := inst.ExpandedDevices[name]; isNIC(d) && onBridge(Current.Network, d) {
+		if d := inst.ExpandedDevices[name]; isNIC(d) && onBridge(model.Current.Network, d) {
 			return name, d
 		}
 	}
@@ -854,12 +775,12 @@ func (host *Host) ForMember(member string) (*Host, bool) {
 // every other member whose namespace is known (Host.MemberNetNS). The
 // cluster's Incus objects went with Teardown's own calls; a member on
 // another machine keeps its tables until `box teardown-host` runs there.
-func (host *Host) teardownMembers(ctx context.Context) ([]Change, error) {
+func (host *Host) teardownMembers(ctx context.Context) ([]model.Change, error) {
 	ci, err := host.Cluster(ctx)
 	if err != nil || !ci.Clustered() {
 		return nil, err
 	}
-	var changes []Change
+	var changes []model.Change
 	var errs []error
 	for _, m := range ci.Names() {
 		if m == ci.Local {
@@ -874,7 +795,7 @@ func (host *Host) teardownMembers(ctx context.Context) ([]Change, error) {
 			errs = append(errs, fmt.Errorf("member %s: %w", m, err))
 			continue
 		}
-		for _, gen := range []Generation{Current, Legacy} {
+		for _, gen := range []model.Generation{model.Current, model.Legacy} {
 			if gen.NFTTable == "" {
 				continue
 			}
@@ -883,7 +804,7 @@ func (host *Host) teardownMembers(ctx context.Context) ([]Change, error) {
 				errs = append(errs, fmt.Errorf("removing member %s's nft tables: %w", m, err))
 			}
 			for _, r := range removed {
-				changes = append(changes, Change{Object: "nft " + r + " on member " + m, Action: "removed"})
+				changes = append(changes, model.Change{Object: "nft " + r + " on member " + m, Action: "removed"})
 			}
 		}
 		g.close()

@@ -21,6 +21,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -41,7 +42,7 @@ func clusterWorld(t *testing.T) (context.Context, *stack.Host, *world.State) {
 	c := incus.New(st.IncusSocket)
 	_, err := image.Ensure(ctx, c, image.DefaultAlias, image.Options{})
 	require.NoError(t, err)
-	opts := stack.Options{DNS: []netip.Addr{world.Resolver}}
+	opts := model.Options{DNS: []netip.Addr{world.Resolver}}
 	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS, MemberNetNS: st.MemberNetNS(), Options: opts}
 	_, err = h.Ensure(ctx)
 	require.NoError(t, err)
@@ -71,7 +72,7 @@ func removeAtEnd(t *testing.T, h *stack.Host, names ...string) {
 // memberSlices reads the members' address slices from the bridge.
 func memberSlices(t *testing.T, ctx context.Context, h *stack.Host) map[string]netip.Prefix {
 	t.Helper()
-	n, _, err := h.Incus.Network(ctx, stack.Current.Network)
+	n, _, err := h.Incus.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	out := map[string]netip.Prefix{}
 	for k, v := range n.Config {
@@ -102,7 +103,7 @@ func memberPorts(t *testing.T, member string) (ports, set []string) {
 	nh, err := netlink.NewHandleAt(ns)
 	require.NoError(t, err)
 	defer nh.Close()
-	br, err := nh.LinkByName(stack.Current.Network)
+	br, err := nh.LinkByName(model.Current.Network)
 	require.NoError(t, err)
 	links, err := nh.LinkList()
 	require.NoError(t, err)
@@ -111,7 +112,7 @@ func memberPorts(t *testing.T, member string) (ports, set []string) {
 			ports = append(ports, l.Attrs().Name)
 		}
 	}
-	set, _, err = nft.PortSetMembers(nft.Config{Table: stack.Current.NFTTable, Bridge: stack.Current.Network, NetNS: int(ns)})
+	set, _, err = nft.PortSetMembers(nft.Config{Table: model.Current.NFTTable, Bridge: model.Current.Network, NetNS: int(ns)})
 	require.NoError(t, err)
 	return ports, set
 }
@@ -250,9 +251,9 @@ func TestSystemClusterCloneAndMove(t *testing.T) {
 	// The member it left keeps no DHCP state of it (Incus's move alone
 	// leaves both): a box given the address there later gets it.
 	left := st.Members[1].IncusDir
-	_, err = os.Stat(filepath.Join(left, "networks", stack.Current.Network, "dnsmasq.hosts", toM2+".eth0"))
+	_, err = os.Stat(filepath.Join(left, "networks", model.Current.Network, "dnsmasq.hosts", toM2+".eth0"))
 	assert.True(t, os.IsNotExist(err), "no dnsmasq.hosts entry left on %s: %v", second, err)
-	leases, err := os.ReadFile(filepath.Join(left, "networks", stack.Current.Network, "dnsmasq.leases"))
+	leases, err := os.ReadFile(filepath.Join(left, "networks", model.Current.Network, "dnsmasq.leases"))
 	require.NoError(t, err)
 	assert.NotContains(t, string(leases), " "+a.String()+" ", "no lease left on %s", second)
 	require.NoError(t, h.Start(ctx, toM2))

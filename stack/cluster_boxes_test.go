@@ -20,14 +20,15 @@ import (
 
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // A box names the member it is on; a standalone incusd's "none" is no
 // member, and the JSON then has no member key.
 func TestBoxNamesItsMember(t *testing.T) {
 	for loc, want := range map[string]string{"m2": "m2", "none": "", "": ""} {
-		inst := &incus.Instance{Name: "b", Location: loc, Config: map[string]string{Current.Tag: "1"}}
-		b := boxOf(inst, Current.Name)
+		inst := &incus.Instance{Name: "b", Location: loc, Config: map[string]string{model.Current.Tag: "1"}}
+		b := boxOf(inst, model.Current.Name)
 		assert.Equal(t, want, b.Member, "location %q", loc)
 		js, err := json.Marshal(b)
 		assert.NoError(t, err)
@@ -87,7 +88,7 @@ func newClusterFake(t *testing.T) (*clusterFake, *Host) {
 		cfg := map[string]string{"ipv4.address": "10.88.0.1/24"}
 		if f.clustered {
 			for m, p := range fakeSlices {
-				cfg[keySlice+m] = p
+				cfg[model.KeySlice+m] = p
 			}
 		}
 		incustest.Sync(w, map[string]any{"name": "boxnet", "config": cfg})
@@ -344,7 +345,7 @@ func (f *clusterFake) race(member string, a netip.Addr) {
 	f.raced++
 	name := fmt.Sprintf("racer%d", f.raced)
 	f.insts[name] = &incus.Instance{Name: name, Status: "Stopped", Location: member, Profiles: []string{"box-net"},
-		Config: map[string]string{Current.Tag: "1"}, Devices: map[string]map[string]string{"eth0": fixedNIC(a)}}
+		Config: map[string]string{model.Current.Tag: "1"}, Devices: map[string]map[string]string{"eth0": fixedNIC(a)}}
 }
 
 // startLocked starts i, checking its address as Incus does; f.mu is held.
@@ -366,7 +367,7 @@ func (f *clusterFake) add(name, member, status, addr string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	i := &incus.Instance{Name: name, Type: "container", Architecture: "x86_64", Status: status, Location: member, Profiles: []string{"box-net"},
-		Config:  map[string]string{Current.Tag: "1", StampTemplate: "blank", "volatile.eth0.hwaddr": "10:66:6a:00:00:01", "volatile.uuid": "u1"},
+		Config:  map[string]string{model.Current.Tag: "1", StampTemplate: "blank", "volatile.eth0.hwaddr": "10:66:6a:00:00:01", "volatile.uuid": "u1"},
 		Devices: map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": "default", "size": "20GiB"}}}
 	if addr != "" {
 		i.Devices["eth0"] = fixedNIC(netip.MustParseAddr(addr))
@@ -404,7 +405,7 @@ func TestCreateOnAClusterGivesAFixedAddress(t *testing.T) {
 			f, h := newClusterFake(t)
 			f.place = tc.place
 			f.add("moved", "m1", "Running", "10.88.0.96")
-			post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{Current.Tag: "1"}, Start: true}
+			post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{model.Current.Tag: "1"}, Start: true}
 			require.NoError(t, h.create(context.Background(), MintRequest{Name: "b", Target: tc.target}, post))
 
 			b := f.inst(t, "b")
@@ -442,7 +443,7 @@ func TestCreateOnAClusterRetriesAnAddressConflict(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f, h := newClusterFake(t)
 			f.setRace, f.startRace = tc.setRace, tc.startRace
-			post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{Current.Tag: "1"}, Start: true}
+			post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{model.Current.Tag: "1"}, Start: true}
 			err := h.create(context.Background(), MintRequest{Name: "b", Target: "m3"}, post)
 			if tc.fail {
 				require.Error(t, err)
@@ -470,7 +471,7 @@ func TestCreateOnAStandaloneHost(t *testing.T) {
 	f, h := newClusterFake(t)
 	f.clustered = false
 	f.add("a", "", "Running", "10.88.0.2")
-	post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{Current.Tag: "1"}, Start: true}
+	post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{model.Current.Tag: "1"}, Start: true}
 	err := h.create(context.Background(), MintRequest{Name: "b", Target: "m3"}, post)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--target m3: this incusd is not a cluster member")
@@ -531,7 +532,7 @@ func TestCloneOnAClusterGetsItsOwnAddress(t *testing.T) {
 			f.place = cmp.Or(tc.place, "m2")
 			f.add("src", "m1", tc.srcStatus, "10.88.0.32")
 			f.snaps["src"] = []incus.Instance{{Name: "s1", Architecture: "x86_64", Profiles: []string{"box-net"},
-				Config:  map[string]string{Current.Tag: "1", StampTemplate: "older"},
+				Config:  map[string]string{model.Current.Tag: "1", StampTemplate: "older"},
 				Devices: map[string]map[string]string{"eth0": fixedNIC(netip.MustParseAddr("10.88.0.32")), "root": {"type": "disk", "path": "/", "pool": "default", "size": "20GiB"}}}}
 			res, err := h.CloneTo(context.Background(), "src", tc.snap, "c", tc.target)
 			require.NoError(t, err)
@@ -716,7 +717,7 @@ func TestImportOnAClusterGetsAnAddressOfItsMember(t *testing.T) {
 			fixture.backup.Container.Devices["eth0"] = fixedNIC(netip.MustParseAddr("10.88.0.32"))
 			f.importFile = func(name string) *incus.Instance {
 				return &incus.Instance{Name: name, Type: "container", Status: "Stopped", Profiles: []string{"box-net"},
-					Config:  map[string]string{Current.Tag: "1", "volatile.eth0.hwaddr": "10:66:6a:00:00:01"},
+					Config:  map[string]string{model.Current.Tag: "1", "volatile.eth0.hwaddr": "10:66:6a:00:00:01"},
 					Devices: map[string]map[string]string{"eth0": fixedNIC(netip.MustParseAddr("10.88.0.32"))}}
 			}
 			res, err := h.Import(context.Background(), fixtureFile(t, fixture), "copy")

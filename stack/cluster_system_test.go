@@ -17,6 +17,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -30,7 +31,7 @@ func clusterHosts(t *testing.T) (context.Context, []*stack.Host, *world.State) {
 	st := testenv.Cluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	t.Cleanup(cancel)
-	opts := stack.Options{DNS: []netip.Addr{world.Resolver}}
+	opts := model.Options{DNS: []netip.Addr{world.Resolver}}
 	var hosts []*stack.Host
 	for i, m := range st.Members {
 		h := &stack.Host{Incus: incus.New(m.IncusSocket), NetNS: m.Name, Options: opts}
@@ -66,7 +67,7 @@ func nftTables(t *testing.T, ns string) []string {
 	require.NoError(t, err)
 	var out []string
 	for _, tb := range ts {
-		if strings.HasPrefix(tb.Name, stack.Current.NFTTable) {
+		if strings.HasPrefix(tb.Name, model.Current.NFTTable) {
 			out = append(out, tb.Name)
 		}
 	}
@@ -165,7 +166,7 @@ func TestSystemClusterStack(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		conn.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: stack.Current.NFTTable})
+		conn.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: model.Current.NFTTable})
 		return conn.Flush()
 	}), "deleting member 2's inet table")
 	v, err = hosts[0].Verify(ctx)
@@ -212,7 +213,7 @@ func nftConfigIn(t *testing.T, ns string) nft.Config {
 	h, err := netns.GetFromName(ns)
 	require.NoError(t, err)
 	t.Cleanup(func() { h.Close() })
-	return nft.Config{Table: stack.Current.NFTTable, Bridge: stack.Current.Network, NetNS: int(h)}
+	return nft.Config{Table: model.Current.NFTTable, Bridge: model.Current.Network, NetNS: int(h)}
 }
 
 // TestSystemClusterStackBoxes: a box minted on member 2 gets a fixed
@@ -235,7 +236,7 @@ func TestSystemClusterStackBoxes(t *testing.T) {
 	assert.Equal(t, m2, inst.Location)
 	addr, err := netip.ParseAddr(inst.ExpandedDevices["eth0"]["ipv4.address"])
 	require.NoError(t, err, "the box has a fixed address")
-	n, _, err := hosts[0].Incus.Network(ctx, stack.Current.Network)
+	n, _, err := hosts[0].Incus.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	slice := netip.MustParsePrefix(n.Config["user.box.slice."+m2])
 	assert.True(t, slice.Contains(addr), "%s is in member 2's slice %s", addr, slice)

@@ -10,35 +10,36 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
 
 func TestAllSlices(t *testing.T) {
-	got := allSlices(pfx("10.88.0.0/24"))
+	got := model.AllSlices(pfx("10.88.0.0/24"))
 	want := []netip.Prefix{
 		pfx("10.88.0.0/27"), pfx("10.88.0.32/27"), pfx("10.88.0.64/27"), pfx("10.88.0.96/27"),
 		pfx("10.88.0.128/27"), pfx("10.88.0.160/27"), pfx("10.88.0.192/27"), pfx("10.88.0.224/27"),
 	}
 	assert.Equal(t, want, got)
-	assert.Equal(t, want, allSlices(pfx("10.88.0.1/24")), "the gateway's address stands for its subnet")
-	assert.Len(t, allSlices(pfx("10.88.0.0/23")), 16)
-	assert.Equal(t, 7, MaxMembers, "a /24 has a slice for each of 7 members after the first")
+	assert.Equal(t, want, model.AllSlices(pfx("10.88.0.1/24")), "the gateway's address stands for its subnet")
+	assert.Len(t, model.AllSlices(pfx("10.88.0.0/23")), 16)
+	assert.Equal(t, 7, model.MaxMembers, "a /24 has a slice for each of 7 members after the first")
 }
 
 func TestDynamicRange(t *testing.T) {
-	assert.Equal(t, "10.88.0.2-10.88.0.31", dynamicRange(pfx("10.88.0.0/24")), "the first slice, without the network and the gateway")
-	assert.Equal(t, "10.99.7.2-10.99.7.31", dynamicRange(pfx("10.99.7.1/24")))
+	assert.Equal(t, "10.88.0.2-10.88.0.31", model.DynamicRange(pfx("10.88.0.0/24")), "the first slice, without the network and the gateway")
+	assert.Equal(t, "10.99.7.2-10.99.7.31", model.DynamicRange(pfx("10.99.7.1/24")))
 	// No member's slice holds a dynamic address.
-	lo, hi, _ := strings.Cut(dynamicRange(pfx("10.88.0.0/24")), "-")
-	for _, s := range allSlices(pfx("10.88.0.0/24"))[1:] {
+	lo, hi, _ := strings.Cut(model.DynamicRange(pfx("10.88.0.0/24")), "-")
+	for _, s := range model.AllSlices(pfx("10.88.0.0/24"))[1:] {
 		assert.False(t, s.Contains(netip.MustParseAddr(lo)) || s.Contains(netip.MustParseAddr(hi)), "the dynamic range reaches into %s", s)
 	}
 }
 
 func TestAssignSlices(t *testing.T) {
 	subnet := pfx("10.88.0.0/24")
-	got, err := assignSlices(subnet, nil, []string{"m3", "m1", "m2"})
+	got, err := model.AssignSlices(subnet, nil, []string{"m3", "m1", "m2"})
 	require.NoError(t, err)
 	assert.Equal(t, map[string]netip.Prefix{"m1": pfx("10.88.0.32/27"), "m2": pfx("10.88.0.64/27"), "m3": pfx("10.88.0.96/27")}, got,
 		"in name order, never the first slice (the gateway's and the dynamic range's)")
@@ -47,22 +48,22 @@ func TestAssignSlices(t *testing.T) {
 	// a new member takes the first free one, also one a member that left
 	// gave up, and a slice given to a member no longer listed stays given.
 	have := map[string]netip.Prefix{"m2": pfx("10.88.0.64/27"), "gone": pfx("10.88.0.96/27")}
-	got, err = assignSlices(subnet, have, []string{"m1", "m2", "m4"})
+	got, err = model.AssignSlices(subnet, have, []string{"m1", "m2", "m4"})
 	require.NoError(t, err)
 	assert.Equal(t, map[string]netip.Prefix{
 		"m1": pfx("10.88.0.32/27"), "m2": pfx("10.88.0.64/27"), "gone": pfx("10.88.0.96/27"), "m4": pfx("10.88.0.128/27"),
 	}, got)
 	assert.Equal(t, map[string]netip.Prefix{"m2": pfx("10.88.0.64/27"), "gone": pfx("10.88.0.96/27")}, have, "the slices read are not changed in place")
-	again, err := assignSlices(subnet, got, []string{"m1", "m2", "m4"})
+	again, err := model.AssignSlices(subnet, got, []string{"m1", "m2", "m4"})
 	require.NoError(t, err)
 	assert.Equal(t, got, again, "a second run gives nothing new")
 
 	// Seven members fill a /24; the eighth is refused, by name.
 	var seven []string
-	for i := 1; i <= MaxMembers; i++ {
+	for i := 1; i <= model.MaxMembers; i++ {
 		seven = append(seven, fmt.Sprintf("m%d", i))
 	}
-	full, err := assignSlices(subnet, nil, seven)
+	full, err := model.AssignSlices(subnet, nil, seven)
 	require.NoError(t, err)
 	seen := map[netip.Prefix]bool{}
 	for m, p := range full {
@@ -70,26 +71,26 @@ func TestAssignSlices(t *testing.T) {
 		seen[p] = true
 		assert.NotEqual(t, pfx("10.88.0.0/27"), p, "member %s got the first slice", m)
 	}
-	_, err = assignSlices(subnet, full, append(seven, "m8"))
+	_, err = model.AssignSlices(subnet, full, append(seven, "m8"))
 	assert.ErrorContains(t, err, "member m8: every address slice of 10.88.0.0/24 is given (a /24 has slices for 7 members)")
 }
 
 func TestSlicesOf(t *testing.T) {
-	got, err := slicesOf(map[string]string{"ipv4.address": "10.88.0.1/24", keySlice + "m1": "10.88.0.32/27", keySlice + "m2": "10.88.0.64/27"})
+	got, err := model.SlicesOf(map[string]string{"ipv4.address": "10.88.0.1/24", model.KeySlice + "m1": "10.88.0.32/27", model.KeySlice + "m2": "10.88.0.64/27"})
 	require.NoError(t, err)
 	assert.Equal(t, map[string]netip.Prefix{"m1": pfx("10.88.0.32/27"), "m2": pfx("10.88.0.64/27")}, got)
-	got, err = slicesOf(map[string]string{"ipv4.address": "10.88.0.1/24"})
+	got, err = model.SlicesOf(map[string]string{"ipv4.address": "10.88.0.1/24"})
 	require.NoError(t, err)
 	assert.Empty(t, got)
 	for _, bad := range []string{"10.88.0.32/26", "10.88.0.32", "", "nonsense"} {
-		_, err := slicesOf(map[string]string{keySlice + "m1": bad})
-		assert.ErrorContains(t, err, fmt.Sprintf("the bridge's %sm1=%q is not a /27", keySlice, bad))
+		_, err := model.SlicesOf(map[string]string{model.KeySlice + "m1": bad})
+		assert.ErrorContains(t, err, fmt.Sprintf("the bridge's %sm1=%q is not a /27", model.KeySlice, bad))
 	}
 	// Options.With carries them, and a bad one fails it.
-	o, err := Options{}.With(map[string]string{keySlice + "m1": "10.88.0.32/27"})
+	o, err := model.Options{}.With(map[string]string{model.KeySlice + "m1": "10.88.0.32/27"})
 	require.NoError(t, err)
 	assert.Equal(t, map[string]netip.Prefix{"m1": pfx("10.88.0.32/27")}, o.Slices)
-	_, err = Options{}.With(map[string]string{keySlice + "m1": "10.88.0.32/28"})
+	_, err = model.Options{}.With(map[string]string{model.KeySlice + "m1": "10.88.0.32/28"})
 	assert.Error(t, err)
 }
 
@@ -122,7 +123,7 @@ func clusterInst(name, member, addr string, box bool) incus.Instance {
 			i.ExpandedDevices["eth0"]["ipv4.address"] = addr
 		}
 		if !box {
-			delete(i.Config, Current.Tag)
+			delete(i.Config, model.Current.Tag)
 		}
 	})
 }
@@ -190,7 +191,7 @@ func TestAddressFindings(t *testing.T) {
 		require.Len(t, fs, 1, "%v", fs)
 		assert.Equal(t, "address 10.88.0.5", fs[0].Object)
 		assert.Contains(t, fs[0].Problem, "m2, m3")
-		assert.Equal(t, LayerNAT, fs[0].Layer)
+		assert.Equal(t, model.LayerNAT, fs[0].Layer)
 		assert.NotEmpty(t, fs[0].Fix)
 	})
 
@@ -215,7 +216,7 @@ func TestAddressFindings(t *testing.T) {
 		fs := dhcpFindings(insts)
 		require.Len(t, fs, 2, "%v", fs)
 		assert.Equal(t, "box cb-loose", fs[0].Object)
-		assert.Equal(t, LayerDHCP, fs[0].Layer)
+		assert.Equal(t, model.LayerDHCP, fs[0].Layer)
 		assert.False(t, fs[0].Advisory)
 		assert.Contains(t, fs[0].Problem, "eth0 has no fixed address")
 		assert.Equal(t, fixEnsure, fs[0].Fix)

@@ -17,6 +17,7 @@ import (
 	"github.com/box-isolation/box/internal/dhcpmsg"
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // L-DHCP: every box has a fixed address stored by box (its NIC's
@@ -29,15 +30,6 @@ import (
 // The pin table drops a DHCP message naming anyone but its port's own MAC
 // (nft.DesiredPins), which is what stops a release or decline naming a
 // sibling: dnsmasq takes those from anyone, known or not.
-
-// dhcpLines are the bridge's dnsmasq settings for L-DHCP. dhcp-ignore=
-// tag:!known ignores a client no dhcp-host names (Incus writes one for a
-// NIC with ipv4.address, none otherwise); dhcp-ignore-clid identifies a
-// client by its hardware address only: dnsmasq would otherwise key a lease
-// on the client-identifier option, which a box sets to anything from its
-// own MAC (nft cannot match it: the option sits anywhere in the message),
-// and take any number of leases, or name a sibling's.
-var dhcpLines = []string{"dhcp-ignore=tag:!known", "dhcp-ignore-clid"}
 
 // dnsmasqJoin appends settings lines to a bridge's raw.dnsmasq, ending
 // the last line of raw first if it has no newline: a value set by hand
@@ -56,18 +48,18 @@ func withoutDHCPLines(raw string) (string, bool) {
 	var b strings.Builder
 	seen := 0
 	for _, l := range strings.SplitAfter(raw, "\n") {
-		if slices.Contains(dhcpLines, strings.TrimSpace(l)) {
+		if slices.Contains(model.DHCPLines, strings.TrimSpace(l)) {
 			seen++
 			continue
 		}
 		b.WriteString(l)
 	}
-	return b.String(), seen == len(dhcpLines)
+	return b.String(), seen == len(model.DHCPLines)
 }
 
 // rawDnsmasqFindings compares a bridge's raw.dnsmasq with the desired
 // value: its L-DHCP lines are L-DHCP's, the rest L-DNS's.
-func rawDnsmasqFindings(obj, got, want string) []Finding {
+func rawDnsmasqFindings(obj, got, want string) []model.Finding {
 	if got == want {
 		return nil
 	}
@@ -75,23 +67,23 @@ func rawDnsmasqFindings(obj, got, want string) []Finding {
 	// (dnsmasq reads the line, and box ends it before it appends).
 	got = dnsmasqJoin(got, "")
 	if got == want {
-		return []Finding{{Layer: LayerDNS, Object: obj, Advisory: true, Fix: fixEnsure,
+		return []model.Finding{{Layer: model.LayerDNS, Object: obj, Advisory: true, Fix: fixEnsure,
 			Problem: "raw.dnsmasq's last line has no newline (set by hand through $(...)?): box ends it before it appends a line"}}
 	}
-	var out []Finding
+	var out []model.Finding
 	gotRest, gotDHCP := withoutDHCPLines(got)
 	wantRest, _ := withoutDHCPLines(want)
 	if !gotDHCP {
-		out = append(out, Finding{Layer: LayerDHCP, Object: obj, Fix: fixEnsure,
-			Problem: fmt.Sprintf("raw.dnsmasq lacks %s: the bridge's DHCP answers clients box did not give an address, or keys leases on client IDs", strings.Join(dhcpLines, " and "))})
+		out = append(out, model.Finding{Layer: model.LayerDHCP, Object: obj, Fix: fixEnsure,
+			Problem: fmt.Sprintf("raw.dnsmasq lacks %s: the bridge's DHCP answers clients box did not give an address, or keys leases on client IDs", strings.Join(model.DHCPLines, " and "))})
 	}
 	if gotRest != wantRest {
-		out = append(out, Finding{Layer: LayerDNS, Object: obj, Fix: fixEnsure,
+		out = append(out, model.Finding{Layer: model.LayerDNS, Object: obj, Fix: fixEnsure,
 			Problem: fmt.Sprintf("raw.dnsmasq is %q, want %q", got, want)})
 	}
 	if len(out) == 0 {
 		// Only where the lines sit differs.
-		out = append(out, Finding{Layer: LayerDHCP, Object: obj, Fix: fixEnsure,
+		out = append(out, model.Finding{Layer: model.LayerDHCP, Object: obj, Fix: fixEnsure,
 			Problem: fmt.Sprintf("raw.dnsmasq is %q, want %q", got, want)})
 	}
 	return out
@@ -125,7 +117,7 @@ func (host *Host) ensureFixed(ctx context.Context, inst *incus.Instance, member 
 // keepLeased makes the address an instance leases now its fixed address,
 // when it leases one and nobody else holds or asks for it.
 func (host *Host) keepLeased(ctx context.Context, inst *incus.Instance) (netip.Addr, bool, error) {
-	nics := bridgeNICs(Current.Network, inst)
+	nics := bridgeNICs(model.Current.Network, inst)
 	if len(nics) == 0 {
 		return netip.Addr{}, false, nil
 	}
@@ -183,12 +175,12 @@ func needsAddress(inst *incus.Instance) bool {
 // every member, a fixed address (ensureFixed): before the bridge's DHCP
 // answers known clients only, or a box minted before box stored its
 // address would lose its lease at its next renewal.
-func (host *Host) fixAllAddresses(ctx context.Context, ci ClusterInfo) ([]Change, error) {
+func (host *Host) fixAllAddresses(ctx context.Context, ci ClusterInfo) ([]model.Change, error) {
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing the instances to give fixed addresses: %w", err)
 	}
-	var changes []Change
+	var changes []model.Change
 	for i := range insts {
 		inst := &insts[i]
 		if !needsAddress(inst) {
@@ -202,7 +194,7 @@ func (host *Host) fixAllAddresses(ctx context.Context, ci ClusterInfo) ([]Change
 		if err != nil {
 			return changes, fmt.Errorf("box %s: %w", inst.Name, err)
 		}
-		changes = append(changes, Change{Object: "box " + qualified(inst), Action: "updated", Detail: "fixed address " + a.String()})
+		changes = append(changes, model.Change{Object: "box " + qualified(inst), Action: "updated", Detail: "fixed address " + a.String()})
 	}
 	return changes, nil
 }
@@ -225,7 +217,7 @@ func qualified(inst *incus.Instance) string {
 func (host *Host) fixMissingAddresses(ctx context.Context, f fleet) (fixed bool, busy []string, err error) {
 	for i := range f.insts {
 		inst := &f.insts[i]
-		if !needsAddress(inst) || !slices.ContainsFunc(bridgeNICs(Current.Network, inst), func(n bridgeNIC) bool { return n.port != "" }) {
+		if !needsAddress(inst) || !slices.ContainsFunc(bridgeNICs(model.Current.Network, inst), func(n bridgeNIC) bool { return n.port != "" }) {
 			continue
 		}
 		if _, err := host.ensureFixed(ctx, inst, host.here()); isBusy(err) {
@@ -272,8 +264,8 @@ func (host *Host) strayLeases(member string) map[netip.Addr]bool {
 // dhcpFindings names every NIC on the bridge with no fixed address: a
 // box's lacks what L-DHCP rests on; another instance's is advisory (it is
 // not box's, and the bridge's DHCP simply does not answer it).
-func dhcpFindings(insts []incus.Instance) []Finding {
-	var out []Finding
+func dhcpFindings(insts []incus.Instance) []model.Finding {
+	var out []model.Finding
 	for i := range insts {
 		inst := &insts[i]
 		dev, _ := bridgeNICOf(inst)
@@ -281,7 +273,7 @@ func dhcpFindings(insts []incus.Instance) []Finding {
 			continue
 		}
 		if _, ok := isBox(inst); ok {
-			out = append(out, Finding{Layer: LayerDHCP, Object: "box " + qualified(inst), Fix: fixEnsure,
+			out = append(out, model.Finding{Layer: model.LayerDHCP, Object: "box " + qualified(inst), Fix: fixEnsure,
 				Problem: fmt.Sprintf("its NIC %s has no fixed address: the bridge's DHCP answers only the addresses box stored, so it gets no lease (and is not pinned to one)", dev)})
 			continue
 		}
@@ -289,8 +281,8 @@ func dhcpFindings(insts []incus.Instance) []Finding {
 		if _, local := inst.Devices[dev]; local {
 			how = "set"
 		}
-		out = append(out, Finding{Layer: LayerDHCP, Object: "instance " + qualified(inst), Advisory: true,
-			Problem: fmt.Sprintf("its NIC %s on %s has no fixed address, so the bridge's DHCP does not answer it", dev, Current.Network),
+		out = append(out, model.Finding{Layer: model.LayerDHCP, Object: "instance " + qualified(inst), Advisory: true,
+			Problem: fmt.Sprintf("its NIC %s on %s has no fixed address, so the bridge's DHCP does not answer it", dev, model.Current.Network),
 			Fix:     fmt.Sprintf("give it one (incus config device %s %s %s ipv4.address=ADDR), or mint it with box", how, inst.Name, dev)})
 	}
 	return out
@@ -339,7 +331,7 @@ func (host *Host) DHCPLeases() (DHCPPool, error) {
 		return DHCPPool{}, err
 	}
 	defer g.close()
-	return g.dhcpPool(Current.Network)
+	return g.dhcpPool(model.Current.Network)
 }
 
 // dhcpPool reads the pool of the dnsmasq serving bridge.
@@ -449,13 +441,13 @@ func parseLeases(r interface{ Read([]byte) (int, error) }) ([]DHCPLease, error) 
 // poolOf reads the bridge's pool and names the leases that belong to no
 // instance NIC on the bridge (insts: every instance there, any project).
 func (g *ground) poolOf(insts []incus.Instance) (DHCPPool, error) {
-	p, err := g.dhcpPool(Current.Network)
+	p, err := g.dhcpPool(model.Current.Network)
 	if err != nil {
 		return p, err
 	}
 	macs := map[string]bool{}
 	for i := range insts {
-		for _, n := range bridgeNICs(Current.Network, &insts[i]) {
+		for _, n := range bridgeNICs(model.Current.Network, &insts[i]) {
 			if m, err := net.ParseMAC(n.mac); err == nil {
 				macs[m.String()] = true
 			}
@@ -475,8 +467,8 @@ func (g *ground) poolOf(insts []incus.Instance) (DHCPPool, error) {
 // expiry; one appears legitimately when an instance is removed while its
 // lease runs), and a dynamic pool with no address left (a box's own
 // DISCOVERs never draw from it, but what took it is worth knowing).
-func poolFindings(p DHCPPool) []Finding {
-	var out []Finding
+func poolFindings(p DHCPPool) []model.Finding {
+	var out []model.Finding
 	if n := len(p.Strays); n > 0 {
 		var names []string
 		for i, l := range p.Strays {
@@ -486,12 +478,12 @@ func poolFindings(p DHCPPool) []Finding {
 			}
 			names = append(names, l.Hwaddr+" at "+l.Address.String())
 		}
-		out = append(out, Finding{Layer: LayerDHCP, Object: "dnsmasq leases", Advisory: true,
-			Problem: fmt.Sprintf("%d lease(s) belong to no instance on %s: %s", n, Current.Network, strings.Join(names, ", ")),
+		out = append(out, model.Finding{Layer: model.LayerDHCP, Object: "dnsmasq leases", Advisory: true,
+			Problem: fmt.Sprintf("%d lease(s) belong to no instance on %s: %s", n, model.Current.Network, strings.Join(names, ", ")),
 			Fix:     fmt.Sprintf("they go when they expire (%s); a burst of them is a box asking for addresses that are not its own: box doctor's pin findings say whether a layer let it", p.LeaseFile)})
 	}
 	if p.Size > 0 && p.Leased >= p.Size {
-		out = append(out, Finding{Layer: LayerDHCP, Object: "dnsmasq leases", Advisory: true,
+		out = append(out, model.Finding{Layer: model.LayerDHCP, Object: "dnsmasq leases", Advisory: true,
 			Problem: fmt.Sprintf("the dynamic pool %s is full (%d of %d leased)", strings.Join(p.Ranges, ", "), p.Leased, p.Size),
 			Fix:     "the leases that belong to no instance go when they expire"})
 	}
@@ -507,13 +499,13 @@ func poolFindings(p DHCPPool) []Finding {
 // sends again, a few times, until the lease file has none of them, and
 // returns those it still has.
 func (host *Host) ReleaseLeases(ctx context.Context, leases []DHCPLease) ([]DHCPLease, error) {
-	n, _, err := host.Incus.Network(ctx, Current.Network)
+	n, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return leases, err
 	}
 	gw, err := netip.ParsePrefix(n.Config["ipv4.address"])
 	if err != nil {
-		return leases, fmt.Errorf("network %s has ipv4.address=%q", Current.Network, n.Config["ipv4.address"])
+		return leases, fmt.Errorf("network %s has ipv4.address=%q", model.Current.Network, n.Config["ipv4.address"])
 	}
 	left := leases
 	for try := 0; try < 5 && len(left) > 0; try++ {

@@ -25,6 +25,7 @@ import (
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // The two attacks of issue 24's "Why" on the bridge's DHCP, made from
@@ -152,7 +153,7 @@ func (b *dhcpBox) renew(t *testing.T) netip.Addr {
 // "expiry hwaddr address name client-id".
 func leaseFile(t *testing.T, st *world.State) [][]string {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(st.IncusDir, "networks", stack.Current.Network, "dnsmasq.leases"))
+	raw, err := os.ReadFile(filepath.Join(st.IncusDir, "networks", model.Current.Network, "dnsmasq.leases"))
 	require.NoError(t, err)
 	var out [][]string
 	for _, l := range strings.Split(string(raw), "\n") {
@@ -179,10 +180,10 @@ func leasedTo(t *testing.T, st *world.State, mac net.HardwareAddr) netip.Addr {
 // gatewayOf is the bridge's address and MAC.
 func gatewayOf(t *testing.T, ctx context.Context, h *stack.Host, st *world.State) (netip.Addr, net.HardwareAddr) {
 	t.Helper()
-	n, _, err := h.Incus.Network(ctx, stack.Current.Network)
+	n, _, err := h.Incus.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	p := netip.MustParsePrefix(n.Config["ipv4.address"])
-	br, err := hostNetlink(t, st).LinkByName(stack.Current.Network)
+	br, err := hostNetlink(t, st).LinkByName(model.Current.Network)
 	require.NoError(t, err)
 	return p.Addr(), br.Attrs().HardwareAddr
 }

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill/image"
-	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -30,21 +30,21 @@ func TestSystemDHCPConversion(t *testing.T) {
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	// The stack as it was: no DHCP lines.
-	n, etag, err := h.Incus.Network(ctx, stack.Current.Network)
+	n, etag, err := h.Incus.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	old := n.Config["raw.dnsmasq"]
 	for _, l := range []string{"dhcp-ignore=tag:!known\n", "dhcp-ignore-clid\n"} {
 		old = strings.Replace(old, l, "", 1)
 	}
 	n.Config["raw.dnsmasq"] = old
-	require.NoError(t, h.Incus.UpdateNetwork(ctx, stack.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
+	require.NoError(t, h.Incus.UpdateNetwork(ctx, model.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
 	// A box as box minted it then: the profile's NIC, a dynamic lease.
 	name := uniq(t, "t-dhcp-old-")
 	t.Cleanup(func() { _ = h.Remove(context.Background(), name) })
 	fp, err := image.Ensure(ctx, h.Incus, image.DefaultAlias, image.Options{})
 	require.NoError(t, err)
-	require.NoError(t, h.Incus.CreateInstance(ctx, incus.InstancesPost{Name: name, Type: stack.TypeContainer,
-		Config: map[string]string{stack.Current.Tag: "1"}, Profiles: []string{stack.Current.Profile},
+	require.NoError(t, h.Incus.CreateInstance(ctx, incus.InstancesPost{Name: name, Type: model.TypeContainer,
+		Config: map[string]string{model.Current.Tag: "1"}, Profiles: []string{model.Current.Profile},
 		Source: incus.InstanceSource{Type: "image", Fingerprint: fp.Fingerprint}, Start: true}))
 	// Waited for as Incus sees it: box's own wait refreshes the pins,
 	// which gives a box without a fixed address one (this test is of
@@ -65,7 +65,7 @@ func TestSystemDHCPConversion(t *testing.T) {
 	require.NoError(t, err)
 	var dhcp []string
 	for _, f := range v.Findings {
-		if f.Layer == stack.LayerDHCP {
+		if f.Layer == model.LayerDHCP {
 			dhcp = append(dhcp, f.String())
 		}
 	}
@@ -81,7 +81,7 @@ func TestSystemDHCPConversion(t *testing.T) {
 	inst, _, err = h.Incus.Instance(ctx, name)
 	require.NoError(t, err)
 	assert.Equal(t, box.ip.String(), inst.ExpandedDevices["eth0"]["ipv4.address"])
-	n, _, err = h.Incus.Network(ctx, stack.Current.Network)
+	n, _, err = h.Incus.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	assert.Contains(t, n.Config["raw.dnsmasq"], "dhcp-ignore=tag:!known\ndhcp-ignore-clid\n")
 	assert.Contains(t, box.greet(t), "BOXWORLD canary", "its traffic goes on across the switch")

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -30,7 +31,7 @@ func TestDnsmasqJoin(t *testing.T) {
 		assert.True(t, got == "" || strings.HasSuffix(got, "\n"), "every line ends")
 	}
 	// What box writes always ends its lines.
-	d := BuildDesired(netip.MustParsePrefix("10.88.0.0/24"), Options{Egress: map[string][]string{"p": {"example.com"}}})
+	d := model.BuildDesired(netip.MustParsePrefix("10.88.0.0/24"), model.Options{Egress: map[string][]string{"p": {"example.com"}}})
 	assert.True(t, strings.HasSuffix(d.Network.Config["raw.dnsmasq"], "\n"))
 	for _, l := range strings.Split(strings.TrimSuffix(d.Network.Config["raw.dnsmasq"], "\n"), "\n") {
 		assert.NotEmpty(t, l)
@@ -39,12 +40,12 @@ func TestDnsmasqJoin(t *testing.T) {
 
 // The L-DHCP lines of raw.dnsmasq are L-DHCP's; the rest stays L-DNS's.
 func TestRawDnsmasqFindings(t *testing.T) {
-	want := BuildDesired(netip.MustParsePrefix("10.88.0.0/24"), Options{}).Network.Config["raw.dnsmasq"]
+	want := model.BuildDesired(netip.MustParsePrefix("10.88.0.0/24"), model.Options{}).Network.Config["raw.dnsmasq"]
 	assert.Empty(t, rawDnsmasqFindings("network boxnet", want, want))
 	noDHCP, had := withoutDHCPLines(want)
 	require.True(t, had)
-	layers := func(fs []Finding) []LayerID {
-		var out []LayerID
+	layers := func(fs []model.Finding) []model.LayerID {
+		var out []model.LayerID
 		for _, f := range fs {
 			out = append(out, f.Layer)
 			assert.False(t, f.Advisory)
@@ -52,14 +53,14 @@ func TestRawDnsmasqFindings(t *testing.T) {
 		}
 		return out
 	}
-	var fs []Finding
+	var fs []model.Finding
 	fs = rawDnsmasqFindings("network boxnet", noDHCP, want)
-	assert.Equal(t, []LayerID{LayerDHCP}, layers(fs), "the operator dropped the DHCP lines by hand")
+	assert.Equal(t, []model.LayerID{model.LayerDHCP}, layers(fs), "the operator dropped the DHCP lines by hand")
 	assert.Contains(t, fs[0].Problem, "lacks dhcp-ignore=tag:!known and dhcp-ignore-clid")
 	// One line gone is enough.
-	assert.Equal(t, []LayerID{LayerDHCP}, layers(rawDnsmasqFindings("b", strings.Replace(want, "dhcp-ignore-clid\n", "", 1), want)))
-	assert.Equal(t, []LayerID{LayerDNS}, layers(rawDnsmasqFindings("b", strings.Replace(want, "no-hosts\n", "", 1), want)))
-	assert.Equal(t, []LayerID{LayerDHCP, LayerDNS}, layers(rawDnsmasqFindings("b", strings.Replace(noDHCP, "no-hosts\n", "", 1), want)))
+	assert.Equal(t, []model.LayerID{model.LayerDHCP}, layers(rawDnsmasqFindings("b", strings.Replace(want, "dhcp-ignore-clid\n", "", 1), want)))
+	assert.Equal(t, []model.LayerID{model.LayerDNS}, layers(rawDnsmasqFindings("b", strings.Replace(want, "no-hosts\n", "", 1), want)))
+	assert.Equal(t, []model.LayerID{model.LayerDHCP, model.LayerDNS}, layers(rawDnsmasqFindings("b", strings.Replace(noDHCP, "no-hosts\n", "", 1), want)))
 	// The same lines, the last without its newline (a hand edit through
 	// $(...)): named, advisory.
 	fs = rawDnsmasqFindings("b", strings.TrimSuffix(want, "\n"), want)
@@ -69,7 +70,7 @@ func TestRawDnsmasqFindings(t *testing.T) {
 	// The DHCP lines dropped by hand that way: L-DHCP's alone.
 	fs = rawDnsmasqFindings("b", strings.TrimSuffix(noDHCP, "\n"), want)
 	require.Len(t, fs, 1)
-	assert.Equal(t, LayerDHCP, fs[0].Layer)
+	assert.Equal(t, model.LayerDHCP, fs[0].Layer)
 }
 
 func TestParseLeases(t *testing.T) {
@@ -107,7 +108,7 @@ func TestPoolFindings(t *testing.T) {
 	fs := poolFindings(p)
 	require.Len(t, fs, 2)
 	for _, f := range fs {
-		assert.Equal(t, LayerDHCP, f.Layer)
+		assert.Equal(t, model.LayerDHCP, f.Layer)
 		assert.True(t, f.Advisory)
 	}
 	assert.Contains(t, fs[0].Problem, "10 lease(s) belong to no instance on boxnet: 02:00:00:00:00:00 at 10.88.0.2")
@@ -131,7 +132,7 @@ func TestFixAllAddressesKeepsTheLease(t *testing.T) {
 	f.insts["old"].Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0a"
 	f.insts["taken"].Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0b"
 	f.insts["gone"].Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0c"
-	delete(f.insts["foreign"].Config, Current.Tag)
+	delete(f.insts["foreign"].Config, model.Current.Tag)
 	f.leases = []incus.NetworkLease{
 		{Address: "10.88.0.1", Type: "gateway"},
 		{Hwaddr: "10:66:6a:00:00:0a", Address: "10.88.0.77", Type: "dynamic"},
@@ -160,7 +161,7 @@ func TestFixAllAddressesKeepsTheLease(t *testing.T) {
 func boxesOnly(f *clusterFake) []incus.Instance {
 	var out []incus.Instance
 	for name, i := range f.insts {
-		if i.Config[Current.Tag] == "1" {
+		if i.Config[model.Current.Tag] == "1" {
 			out = append(out, *f.render(f.insts[name]))
 		}
 	}
@@ -243,5 +244,5 @@ func TestPinFindingsOfDHCPRules(t *testing.T) {
 		{Object: "table bridge box_pin chain prerouting", Problem: "rule 1 missing: want `iifname @boxnet_ports iifname . ether saddr != @hw drop`"},
 	}, &pinPlan{})
 	require.Len(t, fs, 3)
-	assert.Equal(t, []LayerID{LayerDHCP, LayerPin, LayerPin}, []LayerID{fs[0].Layer, fs[1].Layer, fs[2].Layer})
+	assert.Equal(t, []model.LayerID{model.LayerDHCP, model.LayerPin, model.LayerPin}, []model.LayerID{fs[0].Layer, fs[1].Layer, fs[2].Layer})
 }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/internal/mountinfo"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // A box's root disk size on a btrfs pool is a qgroup limit, and it holds
@@ -148,7 +149,7 @@ func (host *Host) accountingFinding(ctx context.Context, v *Verification) {
 		v.Notes = append(v.Notes, why)
 	}
 	if ok && a.inconsistent {
-		v.Findings = append(v.Findings, Finding{Layer: LayerFleet, Object: "storage pool " + a.pool, Problem: a.problem(), Fix: a.fixCommand()})
+		v.Findings = append(v.Findings, model.Finding{Layer: model.LayerFleet, Object: "storage pool " + a.pool, Problem: a.problem(), Fix: a.fixCommand()})
 	}
 }
 
@@ -222,7 +223,7 @@ func (host *Host) ensureAccounting(ctx context.Context, rep *Report) error {
 	if !done {
 		detail = fmt.Sprintf("btrfs quota rescan started, still running after %s: sizes hold once it is done (box doctor says when)", rescanWait)
 	}
-	rep.Changes = append(rep.Changes, Change{"storage pool " + a.pool, "updated", detail})
+	rep.Changes = append(rep.Changes, model.Change{Object: "storage pool " + a.pool, Action: "updated", Detail: detail})
 	return nil
 }
 

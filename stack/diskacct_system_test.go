@@ -16,6 +16,7 @@ import (
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // TestSystemDiskAccounting: a box's root disk size on the world's btrfs
@@ -79,7 +80,7 @@ func TestSystemDiskAccounting(t *testing.T) {
 	require.NoError(t, err)
 	f := findingOn(v, "storage pool default")
 	require.NotNil(t, f, "doctor names the pool: %v", v.Findings)
-	assert.Equal(t, stack.LayerFleet, f.Layer)
+	assert.Equal(t, model.LayerFleet, f.Layer)
 	assert.Contains(t, f.Problem, "quota accounting is inconsistent")
 	assert.Contains(t, f.Fix, "box doctor --fix")
 
@@ -131,7 +132,7 @@ func ddMiB(t *testing.T, res *incus.ExecResult) int {
 	return n
 }
 
-func findingOn(v *stack.Verification, object string) *stack.Finding {
+func findingOn(v *stack.Verification, object string) *model.Finding {
 	for i := range v.Findings {
 		if v.Findings[i].Object == object {
 			return &v.Findings[i]

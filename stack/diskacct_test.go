@@ -13,6 +13,7 @@ import (
 
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // fakeKernel lays out incusd's mountinfo (pid 42) and /sys/fs/btrfs under
@@ -131,7 +132,7 @@ func TestAccountingFinding(t *testing.T) {
 			}
 			require.Len(t, v.Findings, 1)
 			f := v.Findings[0]
-			assert.Equal(t, LayerFleet, f.Layer)
+			assert.Equal(t, model.LayerFleet, f.Layer)
 			assert.Equal(t, "storage pool default", f.Object)
 			assert.Contains(t, f.Problem, "the kernel counts no box's writes until a rescan")
 			assert.Contains(t, note, "no disk limit: pool default's btrfs quota accounting is inconsistent")

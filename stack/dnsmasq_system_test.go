@@ -13,6 +13,7 @@ import (
 
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // TestSystemHandEditedDnsmasq: an operator sets the bridge's dnsmasq
@@ -32,17 +33,17 @@ func TestSystemHandEditedDnsmasq(t *testing.T) {
 	_, err = h.Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
 	require.NoError(t, err)
 
-	n, _, err := h.Incus.Network(ctx, stack.Current.Network)
+	n, _, err := h.Incus.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	lines := strings.Split(strings.TrimSuffix(n.Config["raw.dnsmasq"], "\n"), "\n")
 	lines = append(lines, "log-async")
 	// As an operator types it: printf's last newline is stripped by $(...).
-	cmd := exec.CommandContext(ctx, "sh", "-c", `incus network set `+stack.Current.Network+` raw.dnsmasq="$(printf '%s\n' "$@")"`, "sh")
+	cmd := exec.CommandContext(ctx, "sh", "-c", `incus network set `+model.Current.Network+` raw.dnsmasq="$(printf '%s\n' "$@")"`, "sh")
 	cmd.Args = append(cmd.Args, lines...)
 	cmd.Env = append(os.Environ(), "INCUS_DIR="+st.IncusDir)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	n, _, err = h.Incus.Network(ctx, stack.Current.Network)
+	n, _, err = h.Incus.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	edited := n.Config["raw.dnsmasq"]
 	require.True(t, strings.HasSuffix(edited, "log-async"), "Incus stored it with no newline at the end: %q", edited)
@@ -51,7 +52,7 @@ func TestSystemHandEditedDnsmasq(t *testing.T) {
 	ch, err := h.SetEgress(ctx, box, []string{"canary.example.net"})
 	require.NoError(t, err, "the change after the hand edit")
 	t.Logf("new policy %v in %s", ch.NewPolicy, time.Since(t0).Round(time.Millisecond))
-	n, _, err = h.Incus.Network(ctx, stack.Current.Network)
+	n, _, err = h.Incus.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	assert.Equal(t, edited, n.Config["raw.dnsmasq"], "an allowlist writes nothing into dnsmasq's settings")
 	v, err := h.Verify(ctx)
@@ -60,7 +61,7 @@ func TestSystemHandEditedDnsmasq(t *testing.T) {
 
 	_, err = h.Ensure(ctx)
 	require.NoError(t, err, "a converge after the hand edit")
-	n, _, err = h.Incus.Network(ctx, stack.Current.Network)
+	n, _, err = h.Incus.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	raw := n.Config["raw.dnsmasq"]
 	assert.True(t, strings.HasSuffix(raw, "\n"), "box ends its lines: %q", raw)

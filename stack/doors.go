@@ -19,6 +19,7 @@ import (
 	"github.com/box-isolation/box/internal/hostscan"
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // Doors (box expose): a door leads from the host's loopback to a TCP port
@@ -278,7 +279,7 @@ func (host *Host) Expose(ctx context.Context, name string, spec DoorSpec) (*Door
 	if err != nil {
 		return nil, err
 	}
-	if inst.Type == TypeVM {
+	if inst.Type == model.TypeVM {
 		return nil, fmt.Errorf("%s is a virtual machine: Incus's proxy device reaches into a VM only in NAT mode, which box's doors do not use (it needs a fixed address on the box's NIC and rules of Incus's own in the host's firewall)", name)
 	}
 	if spec.Port == 0 {

@@ -19,6 +19,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // tcpDoor and unixDoor are doors as Expose makes them, to the box's port
@@ -186,12 +187,12 @@ func TestCensusAcceptsExactlyBoxsDoors(t *testing.T) {
 			i.ExpandedDevices["box-door-8080"] = tcpDoor("tcp:127.0.0.1:8080")
 		}), want: "comes from a profile"},
 		{name: "a door on an instance box did not mint", inst: fleetInst("a", func(i *incus.Instance) {
-			delete(i.Config, Current.Tag)
+			delete(i.Config, model.Current.Tag)
 			withDoor("box-door-8080", tcpDoor("tcp:127.0.0.1:8080"))(i)
 		}), want: "the instance is not a box"},
 		{name: "a door on the legacy generation's box", inst: fleetInst("a", func(i *incus.Instance) {
-			delete(i.Config, Current.Tag)
-			i.Config[Legacy.Tag] = "1"
+			delete(i.Config, model.Current.Tag)
+			i.Config[model.Legacy.Tag] = "1"
 			withDoor("box-door-8080", tcpDoor("tcp:127.0.0.1:8080"))(i)
 		})},
 	} {
@@ -229,9 +230,9 @@ func newDoorServer(t *testing.T, typ string, devices map[string]map[string]strin
 	t.Helper()
 	ds := &doorServer{srv: incustest.New(t), put: make(chan incus.InstancePut, 1)}
 	web := map[string]any{"name": "web", "project": "default", "status": "Running", "type": typ,
-		"config": map[string]string{Current.Tag: "1"}, "devices": devices, "expanded_devices": devices, "profiles": []string{"box-net"}}
+		"config": map[string]string{model.Current.Tag: "1"}, "devices": devices, "expanded_devices": devices, "profiles": []string{"box-net"}}
 	other := map[string]any{"name": "other", "project": "default", "status": "Stopped", "type": "container",
-		"config":           map[string]string{Current.Tag: "1"},
+		"config":           map[string]string{model.Current.Tag: "1"},
 		"expanded_devices": map[string]map[string]string{"box-door-22": edit(tcpDoor("tcp:127.0.0.1:"+strconv.Itoa(int(taken))), "connect", "tcp:127.0.0.1:22")}}
 	ds.srv.Handle("GET /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
 		if r.PathValue("name") != "web" {
@@ -270,7 +271,7 @@ func freePort(t *testing.T) uint16 {
 func TestExposeMakesTheDoor(t *testing.T) {
 	ctx := context.Background()
 	hp := freePort(t)
-	ds := newDoorServer(t, TypeContainer, map[string]map[string]string{}, nil, 1)
+	ds := newDoorServer(t, model.TypeContainer, map[string]map[string]string{}, nil, 1)
 	door, err := ds.host().Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp})
 	require.NoError(t, err)
 	put := <-ds.put
@@ -278,10 +279,10 @@ func TestExposeMakesTheDoor(t *testing.T) {
 	assert.Equal(t, want, put.Devices["box-door-8080"], "the device box adds")
 	assert.True(t, IsDoor(put.Devices["box-door-8080"]))
 	assert.Equal(t, Door{Device: "box-door-8080", Port: 8080, Kind: DoorTCP, Listen: want["listen"], Host: "127.0.0.1:" + strconv.Itoa(int(hp))}, *door)
-	assert.Equal(t, []string{Current.Profile}, put.Profiles, "the rest of the box is written back as it was")
+	assert.Equal(t, []string{model.Current.Profile}, put.Profiles, "the rest of the box is written back as it was")
 
 	// The same door again: nothing to do.
-	ds = newDoorServer(t, TypeContainer, map[string]map[string]string{"box-door-8080": want}, nil, 1)
+	ds = newDoorServer(t, model.TypeContainer, map[string]map[string]string{"box-door-8080": want}, nil, 1)
 	_, err = ds.host().Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp})
 	require.NoError(t, err)
 	assert.Empty(t, ds.srv.Find(http.MethodPut, "/1.0/instances/web"), "an existing door is not written again")
@@ -291,7 +292,7 @@ func TestExposeMakesTheDoor(t *testing.T) {
 	assert.Contains(t, err.Error(), "box expose web --remove 8080")
 
 	// ::1.
-	ds = newDoorServer(t, TypeContainer, nil, nil, 1)
+	ds = newDoorServer(t, model.TypeContainer, nil, nil, 1)
 	door, err = ds.host().Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp, Listen: netip.MustParseAddr("::1")})
 	if err != nil && strings.Contains(err.Error(), "assign requested address") {
 		tier.Unavailable(t, "no ::1 here: turn IPv6 on for the loopback (sysctl net.ipv6.conf.lo.disable_ipv6=0)")
@@ -322,14 +323,14 @@ func TestExposeRefuses(t *testing.T) {
 		{name: "a host port in use", spec: DoorSpec{Port: 80, HostPort: inUse}, want: "is in use on the host (tcp 127.0.0.1:" + strconv.Itoa(int(inUse))},
 		{name: "a host port another box's door takes", spec: DoorSpec{Port: 80, HostPort: taken}, want: "taken on the host by other's proxy device box-door-22 (stopped): pick another host port: box expose web 80 HOSTPORT"},
 		{name: "port 0", spec: DoorSpec{}, want: "1 to 65535"},
-		{name: "a VM", typ: TypeVM, spec: DoorSpec{Port: 80}, want: "only in NAT mode"},
+		{name: "a VM", typ: model.TypeVM, spec: DoorSpec{Port: 80}, want: "only in NAT mode"},
 		{name: "a granted user", tier: true, spec: DoorSpec{Port: 80}, want: "restricted.devices.proxy=block"},
 		{name: "a host port on a host with granted users, kind unsaid", projects: granted, spec: DoorSpec{Port: 80, HostPort: 8080}, want: "granted users (alice)"},
 		{name: "a unix door with a host port", spec: DoorSpec{Port: 80, HostPort: 8080, Kind: DoorUnix}, want: "a unix door has no listen address or host port"},
 		{name: "an unknown kind", spec: DoorSpec{Port: 80, Kind: "udp"}, want: `no door kind "udp"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ds := newDoorServer(t, cmp.Or(tc.typ, TypeContainer), nil, tc.projects, taken)
+			ds := newDoorServer(t, cmp.Or(tc.typ, model.TypeContainer), nil, tc.projects, taken)
 			h := ds.host()
 			h.Tier = tc.tier
 			_, err := h.Expose(ctx, "web", tc.spec)
@@ -347,7 +348,7 @@ func TestExposeUnixWhereUsersAreGranted(t *testing.T) {
 	defer func(f func() error) { mkdirDoors = f }(mkdirDoors)
 	mkdirDoors = func() error { made = true; return nil }
 	granted := []incus.Project{{Name: "user-1000", Config: map[string]string{KeyTier: TierGranted}}, {Name: "user-1001", Config: map[string]string{KeyTier: TierRevoked}}}
-	ds := newDoorServer(t, TypeContainer, nil, granted, 1)
+	ds := newDoorServer(t, model.TypeContainer, nil, granted, 1)
 	door, err := ds.host().Expose(context.Background(), "web", DoorSpec{Port: 8080})
 	require.NoError(t, err)
 	assert.Equal(t, DoorUnix, door.Kind)
@@ -363,7 +364,7 @@ func TestExposeUnixWhereUsersAreGranted(t *testing.T) {
 // device of the same name box did not tag.
 func TestUnexposeTakesOnlyBoxsDoors(t *testing.T) {
 	ctx := context.Background()
-	ds := newDoorServer(t, TypeContainer, map[string]map[string]string{"box-door-8080": tcpDoor("tcp:127.0.0.1:8080"), "root": {"type": "disk", "path": "/", "pool": "default"}}, nil, 1)
+	ds := newDoorServer(t, model.TypeContainer, map[string]map[string]string{"box-door-8080": tcpDoor("tcp:127.0.0.1:8080"), "root": {"type": "disk", "path": "/", "pool": "default"}}, nil, 1)
 	require.NoError(t, ds.host().Unexpose(ctx, "web", 8080))
 	put := <-ds.put
 	assert.NotContains(t, put.Devices, "box-door-8080")
@@ -373,7 +374,7 @@ func TestUnexposeTakesOnlyBoxsDoors(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "web has no door to port 9090")
 
-	ds = newDoorServer(t, TypeContainer, map[string]map[string]string{"box-door-8080": edit(tcpDoor("tcp:127.0.0.1:8080"), DoorTag, "")}, nil, 1)
+	ds = newDoorServer(t, model.TypeContainer, map[string]map[string]string{"box-door-8080": edit(tcpDoor("tcp:127.0.0.1:8080"), DoorTag, "")}, nil, 1)
 	err = ds.host().Unexpose(ctx, "web", 8080)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "box did not make it")

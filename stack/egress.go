@@ -2,8 +2,6 @@ package stack
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"maps"
 	"net"
@@ -12,64 +10,9 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
-
-// Egress policies (layer L-EGRESS). A box is open (the default: the
-// internet, nothing private) or under an allowlist of names
-// (egressnames.go says what an entry means). The allowlist is enforced on
-// the host, in three places (stack/nft/egress.go has the table):
-//
-//   - DNS: the box's questions to its gateway go to box's own resolver
-//     (egressdns.go), which answers the policy's names only, from the
-//     stack's pinned upstream, and puts the addresses it answered into the
-//     policy's allow set; any other question is refused at once, with the
-//     reason, and never leaves the host (no DNS tunnel).
-//   - TLS and HTTP (tcp 443 and 80): box's proxy (egressproxy.go) takes
-//     the connection, reads the TLS server name or the HTTP Host, and
-//     dials the name's address itself only when the name is allowed.
-//   - Every other new connection the box forwards goes only to the allow
-//     set's addresses; never QUIC, DNS over TLS, or a known DNS-over-HTTPS
-//     resolver's address.
-//
-// The resolver and the proxy run in the port watcher's process (box
-// watch-ports); when none runs, an allowlisted box resolves nothing and
-// opens nothing on 80 and 443: closed, never open, and box doctor says
-// so. Every refusal is logged with the box and the name (egresslog.go).
-//
-// Sets are per policy, and boxes join one by their address (the pins keep
-// a box to its own). A policy is named by its names (PolicyID), stored on
-// the bridge (user.box.egress.<id> = the names); storing one is a user key
-// of the bridge's, which Incus changes without restarting dnsmasq.
-const (
-	// KeyEgress on a box: the id of its policy; absent (or "") is open.
-	// KeyEgressNames beside it: the policy's names, so the box carries its
-	// allowlist to another host (export, import).
-	KeyEgress      = "user.box.egress"
-	KeyEgressNames = "user.box.egress_names"
-	// keyEgressPolicy on the bridge, followed by a policy id: its names.
-	keyEgressPolicy = "user.box.egress."
-	// EgressOpen is how an open box's policy is shown.
-	EgressOpen = "open"
-)
-
-// PolicyID names the policy of a normalised allowlist: the same names are
-// the same policy, whichever box asks.
-func PolicyID(names []string) string {
-	sum := sha256.Sum256([]byte(strings.Join(names, "\n")))
-	return "p" + hex.EncodeToString(sum[:])[:10]
-}
-
-// policiesOf reads the policies stored on the bridge's config.
-func policiesOf(cfg map[string]string) map[string][]string {
-	out := map[string][]string{}
-	for k, v := range cfg {
-		if id, ok := strings.CutPrefix(k, keyEgressPolicy); ok && id != "" && !strings.Contains(id, ".") {
-			out[id] = strings.Split(v, ",")
-		}
-	}
-	return out
-}
 
 // EgressBox is an allowlisted box as the egress service knows it, by its
 // address.
@@ -84,7 +27,7 @@ type EgressBox struct {
 // bridge. Every stored
 // policy is in the plan, with or without boxes; a box naming a policy the
 // bridge does not store is a finding (its traffic is not allowlisted).
-func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Instance, leases []incus.NetworkLease) ([]nft.EgressPolicy, map[netip.Addr]EgressBox, []Finding) {
+func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Instance, leases []incus.NetworkLease) ([]nft.EgressPolicy, map[netip.Addr]EgressBox, []model.Finding) {
 	byMAC := map[string][]netip.Addr{}
 	for _, l := range leases {
 		a, err := netip.ParseAddr(l.Address)
@@ -96,14 +39,14 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 	}
 	boxes := map[string][]netip.Addr{}
 	who := map[netip.Addr]EgressBox{}
-	var findings []Finding
+	var findings []model.Finding
 	for i := range insts {
-		id := insts[i].Config[KeyEgress]
+		id := insts[i].Config[model.KeyEgress]
 		if id == "" {
 			continue
 		}
 		if _, ok := policies[id]; !ok {
-			findings = append(findings, Finding{Layer: LayerEgress, Object: "box " + insts[i].Name,
+			findings = append(findings, model.Finding{Layer: model.LayerEgress, Object: "box " + insts[i].Name,
 				Problem: fmt.Sprintf("its egress policy %s is not on %s: it is not allowlisted", id, bridge),
 				Fix:     fmt.Sprintf("box egress %s allow NAME... (or open)", insts[i].Name)})
 			continue
@@ -136,18 +79,18 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 type egressPlan struct {
 	policies []nft.EgressPolicy
 	state    EgressServiceState
-	findings []Finding
+	findings []model.Finding
 }
 
 // egressPlan reads the stored policies and the bridge's resolver settings.
 func (host *Host) egressPlan(ctx context.Context, f fleet) (egressPlan, error) {
-	n, _, err := host.Incus.Network(ctx, Current.Network)
+	n, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return egressPlan{}, err
 	}
-	names := policiesOf(n.Config)
-	ps, who, fs := egressPlanOf(Current.Network, names, f.insts, f.leases)
-	st := EgressServiceState{Bridge: Current.Network, Table: nft.Config{Table: Current.NFTTable}.EgressTable(),
+	names := model.PoliciesOf(n.Config)
+	ps, who, fs := egressPlanOf(model.Current.Network, names, f.insts, f.leases)
+	st := EgressServiceState{Bridge: model.Current.Network, Table: nft.Config{Table: model.Current.NFTTable}.EgressTable(),
 		Upstream: dnsmasqServers(n.Config["raw.dnsmasq"]), Policies: names, Boxes: who}
 	if p, err := netip.ParsePrefix(n.Config["ipv4.address"]); err == nil {
 		st.Gateway, st.Subnet = p.Addr(), p.Masked()
@@ -216,7 +159,7 @@ func (host *Host) applyEgress(ctx context.Context, g *ground, f fleet) ([]string
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
-	ncfg := g.nftConfig(Current)
+	ncfg := g.nftConfig(model.Current)
 	ncfg.Gateway = plan.state.Gateway
 	if err := host.saveFirewall(func(s *SavedFirewall) {
 		if plan.state.Gateway.Is4() {
@@ -266,48 +209,48 @@ func (host *Host) applyEgress(ctx context.Context, g *ground, f fleet) ([]string
 // verifyEgress reports how the egress table, its host objects and the
 // boxes' policies differ from what they should be, and notes when no
 // egress service answers for the allowlisted boxes.
-func (host *Host) verifyEgress(ctx context.Context, g *ground, f fleet) ([]Finding, []string, error) {
+func (host *Host) verifyEgress(ctx context.Context, g *ground, f fleet) ([]model.Finding, []string, error) {
 	out, err := host.verifyEgressLayer(ctx, g, f)
 	if err != nil {
 		return nil, nil, err
 	}
 	var notes []string
-	if present, _ := nft.EgressPresent(g.nftConfig(Current)); present && !host.EgressServing() {
+	if present, _ := nft.EgressPresent(g.nftConfig(model.Current)); present && !host.EgressServing() {
 		notes = append(notes, "no egress service answers here: every allowlisted box resolves nothing and opens nothing on ports 80 and 443 (closed, not open); box watch-ports runs it (the boot unit box-ports.service runs that)")
 	}
 	return out, notes, nil
 }
 
-func (host *Host) verifyEgressLayer(ctx context.Context, g *ground, f fleet) ([]Finding, error) {
+func (host *Host) verifyEgressLayer(ctx context.Context, g *ground, f fleet) ([]model.Finding, error) {
 	plan, err := host.egressPlan(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
 	out := plan.findings
-	ncfg := g.nftConfig(Current)
+	ncfg := g.nftConfig(model.Current)
 	ncfg.Gateway = plan.state.Gateway
 	if len(plan.policies) == 0 {
 		if present, err := nft.EgressPresent(ncfg); err != nil || !present {
 			return out, err
 		}
-		return append(out, Finding{Layer: LayerEgress, Object: "nft table inet " + ncfg.EgressTable(), Problem: "present with no egress policy", Fix: fixEnsure}), nil
+		return append(out, model.Finding{Layer: model.LayerEgress, Object: "nft table inet " + ncfg.EgressTable(), Problem: "present with no egress policy", Fix: fixEnsure}), nil
 	}
 	nf, err := nft.VerifyEgress(ncfg, nft.Egress{Policies: plan.policies, Resolvers: egressResolvers(plan.state.Upstream)})
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress table: %w", err)
 	}
 	for _, f := range nf {
-		out = append(out, Finding{Layer: LayerEgress, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
+		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
 	}
 	probs, err := g.egressNetProblems()
 	if err != nil {
 		return nil, err
 	}
 	for _, p := range probs {
-		out = append(out, Finding{Layer: LayerEgress, Object: "egress routing", Problem: p, Fix: fixEnsure})
+		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress routing", Problem: p, Fix: fixEnsure})
 	}
 	if p := egressStateProblem(g.ino, plan.state); p != "" {
-		out = append(out, Finding{Layer: LayerEgress, Object: "egress service state " + egressStatePath(g.ino), Problem: p, Fix: fixEnsure})
+		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress service state " + egressStatePath(g.ino), Problem: p, Fix: fixEnsure})
 	}
 	return out, nil
 }
@@ -328,27 +271,27 @@ func (host *Host) SetEgress(ctx context.Context, box string, names []string) (*E
 	if err != nil {
 		return nil, err
 	}
-	ch := &EgressChange{Box: box, Policy: EgressOpen}
+	ch := &EgressChange{Box: box, Policy: model.EgressOpen}
 	id := ""
 	if names != nil {
-		if names, err = NormalizeNames(names); err != nil {
+		if names, err = model.NormalizeNames(names); err != nil {
 			return nil, err
 		}
-		id = PolicyID(names)
+		id = model.PolicyID(names)
 		ch.Policy, ch.Names = id, names
 		if ch.NewPolicy, err = host.ensurePolicy(ctx, id, names); err != nil {
 			return nil, fmt.Errorf("egress of %s: %w", box, err)
 		}
 	}
-	if inst.Config[KeyEgress] != id {
+	if inst.Config[model.KeyEgress] != id {
 		put := inst.Writable()
 		put.Config = maps.Clone(put.Config)
 		if id == "" {
-			delete(put.Config, KeyEgress)
-			delete(put.Config, KeyEgressNames)
+			delete(put.Config, model.KeyEgress)
+			delete(put.Config, model.KeyEgressNames)
 		} else {
-			put.Config[KeyEgress] = id
-			put.Config[KeyEgressNames] = strings.Join(names, ",")
+			put.Config[model.KeyEgress] = id
+			put.Config[model.KeyEgressNames] = strings.Join(names, ",")
 		}
 		if err := host.Incus.UpdateInstance(ctx, box, put, etag); err != nil {
 			return nil, fmt.Errorf("egress of %s: %w", box, err)
@@ -363,11 +306,11 @@ func (host *Host) SetEgress(ctx context.Context, box string, names []string) (*E
 // ensurePolicy stores a policy on the bridge, after its sets and rule are
 // in the egress table.
 func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (bool, error) {
-	n, etag, err := host.Incus.Network(ctx, Current.Network)
+	n, etag, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return false, err
 	}
-	if have, ok := policiesOf(n.Config)[id]; ok && slices.Equal(have, names) {
+	if have, ok := model.PoliciesOf(n.Config)[id]; ok && slices.Equal(have, names) {
 		return false, nil
 	}
 	if host.Tier {
@@ -377,27 +320,27 @@ func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (
 	if err != nil {
 		return false, err
 	}
-	policies := policiesOf(n.Config)
+	policies := model.PoliciesOf(n.Config)
 	policies[id] = names
 	g, err := host.ground()
 	if err != nil {
 		return false, err
 	}
 	defer g.close()
-	ps, _, _ := egressPlanOf(Current.Network, policies, f.insts, f.leases)
-	ncfg := g.nftConfig(Current)
+	ps, _, _ := egressPlanOf(model.Current.Network, policies, f.insts, f.leases)
+	ncfg := g.nftConfig(model.Current)
 	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
 	if err != nil {
-		return false, fmt.Errorf("%s has ipv4.address=%q: run box doctor", Current.Network, n.Config["ipv4.address"])
+		return false, fmt.Errorf("%s has ipv4.address=%q: run box doctor", model.Current.Network, n.Config["ipv4.address"])
 	}
 	ncfg.Gateway = p.Addr()
 	if _, err := nft.ApplyEgress(ncfg, nft.Egress{Policies: ps, Resolvers: egressResolvers(dnsmasqServers(n.Config["raw.dnsmasq"]))}); err != nil {
 		return false, fmt.Errorf("adding the policy's sets: %w", err)
 	}
 	cfg := maps.Clone(n.Config)
-	cfg[keyEgressPolicy+id] = strings.Join(names, ",")
-	if err := host.Incus.UpdateNetwork(ctx, Current.Network, incus.NetworkPut{Description: n.Description, Config: cfg}, etag); err != nil {
-		return false, fmt.Errorf("storing the policy on %s: %w", Current.Network, err)
+	cfg[model.KeyEgressPolicy+id] = strings.Join(names, ",")
+	if err := host.Incus.UpdateNetwork(ctx, model.Current.Network, incus.NetworkPut{Description: n.Description, Config: cfg}, etag); err != nil {
+		return false, fmt.Errorf("storing the policy on %s: %w", model.Current.Network, err)
 	}
 	return true, nil
 }
@@ -416,17 +359,17 @@ func (host *Host) Egress(ctx context.Context, box string) (*EgressState, error) 
 	if err != nil {
 		return nil, err
 	}
-	st := &EgressState{Box: box, Policy: EgressOpen}
-	id := inst.Config[KeyEgress]
+	st := &EgressState{Box: box, Policy: model.EgressOpen}
+	id := inst.Config[model.KeyEgress]
 	if id == "" {
 		return st, nil
 	}
 	st.Policy = id
-	n, _, err := host.Incus.Network(ctx, Current.Network)
+	n, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return nil, err
 	}
-	st.Names = policiesOf(n.Config)[id]
+	st.Names = model.PoliciesOf(n.Config)[id]
 	if host.Tier {
 		return st, nil // the kernel's sets are the admin's to read
 	}
@@ -435,7 +378,7 @@ func (host *Host) Egress(ctx context.Context, box string) (*EgressState, error) 
 		return nil, err
 	}
 	defer g.close()
-	if st.Allowed, err = nft.EgressAllowed(g.nftConfig(Current), id); err != nil {
+	if st.Allowed, err = nft.EgressAllowed(g.nftConfig(model.Current), id); err != nil {
 		return nil, err
 	}
 	return st, nil
@@ -454,7 +397,7 @@ func (host *Host) usedPolicies(ctx context.Context, policies map[string][]string
 	}
 	used := map[string][]string{}
 	for i := range insts {
-		if id := insts[i].Config[KeyEgress]; policies[id] != nil {
+		if id := insts[i].Config[model.KeyEgress]; policies[id] != nil {
 			used[id] = policies[id]
 		}
 	}
@@ -465,7 +408,7 @@ func (host *Host) usedPolicies(ctx context.Context, policies map[string][]string
 func unusedPolicyKeys(live, want map[string]string) []string {
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(live)) {
-		if _, ok := want[k]; !ok && strings.HasPrefix(k, keyEgressPolicy) {
+		if _, ok := want[k]; !ok && strings.HasPrefix(k, model.KeyEgressPolicy) {
 			out = append(out, k+" (no box names it)")
 		}
 	}

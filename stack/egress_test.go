@@ -9,11 +9,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
 func TestAllowlistNames(t *testing.T) {
-	got, err := ParseAllowlist(strings.NewReader("# the agent's APIs\nAPI.example.com.\n\n*.pypi.org   # packages\napi.example.com\nbücher.example\n"))
+	got, err := model.ParseAllowlist(strings.NewReader("# the agent's APIs\nAPI.example.com.\n\n*.pypi.org   # packages\napi.example.com\nbücher.example\n"))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"*.pypi.org", "api.example.com", "xn--bcher-kva.example"}, got, "lower-cased, IDNA, trailing dot and duplicate gone, sorted")
 	for _, bad := range []struct{ line, why string }{
@@ -37,23 +38,23 @@ func TestAllowlistNames(t *testing.T) {
 		{"*.example", "public suffix"},
 		{"under_score.example.com", "not a DNS name"},
 	} {
-		_, err := ParseAllowlist(strings.NewReader("ok.example.com\n# fine\n" + bad.line + "\n"))
+		_, err := model.ParseAllowlist(strings.NewReader("ok.example.com\n# fine\n" + bad.line + "\n"))
 		if assert.Error(t, err, "%q is refused", bad.line) {
 			assert.Contains(t, err.Error(), "line 3:", "the line is named")
 			assert.Contains(t, err.Error(), bad.why)
 		}
 	}
-	got, err = ParseAllowlist(strings.NewReader("*.example.com\ngithub.io\n*.user.github.io\n"))
+	got, err = model.ParseAllowlist(strings.NewReader("*.example.com\ngithub.io\n*.user.github.io\n"))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"*.example.com", "*.user.github.io", "github.io"}, got, "a name at a public suffix, and a wildcard below one, are fine")
-	_, err = ParseAllowlist(strings.NewReader("# nothing\n"))
+	_, err = model.ParseAllowlist(strings.NewReader("# nothing\n"))
 	assert.ErrorContains(t, err, "at least one name")
-	_, err = NormalizeNames([]string{"ok.example.com", "*.net"})
+	_, err = model.NormalizeNames([]string{"ok.example.com", "*.net"})
 	assert.ErrorContains(t, err, "entry 2")
 
-	id1, id2 := PolicyID([]string{"a.example", "b.example"}), PolicyID([]string{"a.example", "b.example"})
+	id1, id2 := model.PolicyID([]string{"a.example", "b.example"}), model.PolicyID([]string{"a.example", "b.example"})
 	assert.Equal(t, id1, id2, "the same names are the same policy")
-	assert.NotEqual(t, id1, PolicyID([]string{"a.example"}))
+	assert.NotEqual(t, id1, model.PolicyID([]string{"a.example"}))
 	assert.Regexp(t, `^p[0-9a-f]{10}$`, id1)
 }
 
@@ -72,8 +73,8 @@ func TestAllows(t *testing.T) {
 		"canary.example.net":         false,
 		"api.example.com.attacker.x": false,
 	} {
-		assert.Equal(t, want, Allows(names, q), q)
-		assert.Equal(t, want, newNameMatcher(names).allows(q), "the matcher agrees: %s", q)
+		assert.Equal(t, want, model.Allows(names, q), q)
+		assert.Equal(t, want, model.NewNameMatcher(names).Allows(q), "the matcher agrees: %s", q)
 	}
 	assert.True(t, isDoHName("dns.google."))
 	assert.True(t, isDoHName("x.cloudflare-dns.com"))
@@ -81,18 +82,18 @@ func TestAllows(t *testing.T) {
 }
 
 func TestPoliciesOnTheBridge(t *testing.T) {
-	back := policiesOf(map[string]string{keyEgressPolicy + "pb": "*.pypi.org,api.example.com", KeyDNS: "1.1.1.1", "user.box.egress.x.y": "not a policy"})
+	back := model.PoliciesOf(map[string]string{model.KeyEgressPolicy + "pb": "*.pypi.org,api.example.com", model.KeyDNS: "1.1.1.1", "user.box.egress.x.y": "not a policy"})
 	assert.Equal(t, map[string][]string{"pb": {"*.pypi.org", "api.example.com"}}, back)
 	assert.Equal(t, []netip.Addr{netip.MustParseAddr("203.0.113.53"), netip.MustParseAddr("9.9.9.9")},
 		dnsmasqServers("no-resolv\nserver=203.0.113.53\nno-hosts\nserver=9.9.9.9\nserver=/corp/10.0.0.1\n"), "the pinned upstream, as dnsmasq reads it")
 }
 
 func TestDesiredCarriesThePolicies(t *testing.T) {
-	opts, err := Options{}.With(map[string]string{keyEgressPolicy + "pa": "canary.example.net"})
+	opts, err := model.Options{}.With(map[string]string{model.KeyEgressPolicy + "pa": "canary.example.net"})
 	require.NoError(t, err)
-	d := BuildDesired(DefaultSubnet, opts)
+	d := model.BuildDesired(model.DefaultSubnet, opts)
 	assert.NotContains(t, d.Network.Config["raw.dnsmasq"], "nftset", "dnsmasq fills no egress set: box's resolver does")
-	assert.Equal(t, "canary.example.net", d.Network.Config[keyEgressPolicy+"pa"])
+	assert.Equal(t, "canary.example.net", d.Network.Config[model.KeyEgressPolicy+"pa"])
 }
 
 func TestEgressPlan(t *testing.T) {
@@ -100,7 +101,7 @@ func TestEgressPlan(t *testing.T) {
 		return fleetInst(name, func(i *incus.Instance) {
 			i.Config["volatile.eth0.hwaddr"] = mac
 			if policy != "" {
-				i.Config[KeyEgress] = policy
+				i.Config[model.KeyEgress] = policy
 			}
 		})
 	}
@@ -113,7 +114,7 @@ func TestEgressPlan(t *testing.T) {
 		// same, or its first packets would go out open.
 		fleetInst("d", func(i *incus.Instance) {
 			i.Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0e"
-			i.Config[KeyEgress] = "pb"
+			i.Config[model.KeyEgress] = "pb"
 			i.ExpandedDevices["eth0"]["ipv4.address"] = "10.88.0.20"
 		}),
 	}
@@ -135,6 +136,6 @@ func TestEgressPlan(t *testing.T) {
 		netip.MustParseAddr("10.88.0.20"): {Name: "d", Project: "default", Policy: "pb"},
 	}, who, "the service knows each allowlisted box by its address")
 	require.Len(t, fs, 1)
-	assert.Equal(t, LayerEgress, fs[0].Layer)
+	assert.Equal(t, model.LayerEgress, fs[0].Layer)
 	assert.Contains(t, fs[0].Problem, "pgone", "a box naming a policy the bridge lacks is named, not silently open")
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // The egress resolver answers the allowlisted boxes' DNS (their questions
@@ -236,7 +237,7 @@ func publicAddr(a netip.Addr) bool {
 	if !a.Is4() || a.IsLoopback() || a.IsMulticast() || a.IsUnspecified() || a.IsLinkLocalUnicast() || a.IsPrivate() {
 		return false
 	}
-	for _, p := range append(slices.Clone(PrivateRanges), specialRanges...) {
+	for _, p := range append(slices.Clone(model.PrivateRanges), specialRanges...) {
 		if p.Contains(a) {
 			return false
 		}
@@ -261,7 +262,7 @@ var dohNames = []string{
 	"doh.dns.sb", "*.dns.sb", "dns.mullvad.net", "*.mullvad.net", "doh.mullvad.net", "mozilla.cloudflare-dns.com",
 }
 
-func isDoHName(name string) bool { return Allows(dohNames, name) }
+func isDoHName(name string) bool { return model.Allows(dohNames, name) }
 
 // resolve answers a question from the cache or the upstream.
 func (s *egressService) resolve(q *dns.Msg, upstream []netip.Addr) (*dns.Msg, error) {

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -129,8 +130,8 @@ type egressStateFile struct {
 	path     string
 	mu       sync.Mutex
 	st       EgressServiceState
-	matchers map[string]*nameMatcher // by policy
-	id       [4]int64                // inode, size, mtime seconds and nanoseconds
+	matchers map[string]*model.NameMatcher // by policy
+	id       [4]int64                      // inode, size, mtime seconds and nanoseconds
 	err      error
 }
 
@@ -140,7 +141,7 @@ func (f *egressStateFile) get() (EgressServiceState, error) {
 }
 
 // getWith is the state and each policy's matcher.
-func (f *egressStateFile) getWith() (EgressServiceState, map[string]*nameMatcher, error) {
+func (f *egressStateFile) getWith() (EgressServiceState, map[string]*model.NameMatcher, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var fi syscall.Stat_t
@@ -152,18 +153,18 @@ func (f *egressStateFile) getWith() (EgressServiceState, map[string]*nameMatcher
 	if id != f.id {
 		f.st, f.err = readEgressState(f.path)
 		f.id = id
-		f.matchers = map[string]*nameMatcher{}
+		f.matchers = map[string]*model.NameMatcher{}
 		for p, names := range f.st.Policies {
-			f.matchers[p] = newNameMatcher(names)
+			f.matchers[p] = model.NewNameMatcher(names)
 		}
 	}
 	return f.st, f.matchers, f.err
 }
 
 // allows says whether a policy of the state allows name.
-func allows(m map[string]*nameMatcher, policy, name string) bool {
+func allows(m map[string]*model.NameMatcher, policy, name string) bool {
 	pm := m[policy]
-	return pm != nil && pm.allows(name)
+	return pm != nil && pm.Allows(name)
 }
 
 // ErrEgressServing is returned by ServeEgress when another egress service
@@ -179,7 +180,7 @@ func (host *Host) ServeEgress(ctx context.Context, log io.Writer) error {
 		return fmt.Errorf("egress service: %w", err)
 	}
 	ino := g.ino
-	ncfg := g.nftConfig(Current)
+	ncfg := g.nftConfig(model.Current)
 	allower, err := nft.NewEgressAllower(ncfg)
 	g.close()
 	if err != nil {

@@ -14,29 +14,16 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
-// Change is one thing Ensure (or Teardown) did to the host.
-type Change struct {
-	Object string `json:"object"` // e.g. "network boxnet"
-	Action string `json:"action"` // created, updated, removed
-	Detail string `json:"detail,omitempty"`
-}
-
-func (c Change) String() string {
-	if c.Detail == "" {
-		return c.Action + " " + c.Object
-	}
-	return c.Action + " " + c.Object + ": " + c.Detail
-}
-
 // Report is what Ensure did.
 type Report struct {
-	Subnet     SubnetChoice   `json:"subnet"`
-	Gateway    netip.Addr     `json:"gateway"`
-	BridgeMode nft.BridgeMode `json:"bridge_mode"`
-	Changes    []Change       `json:"changes"`
+	Subnet     model.SubnetChoice `json:"subnet"`
+	Gateway    netip.Addr         `json:"gateway"`
+	BridgeMode nft.BridgeMode     `json:"bridge_mode"`
+	Changes    []model.Change     `json:"changes"`
 	// Notes are things the operator should know that are not changes
 	// (an auto-picked subnet, no systemd to re-apply rules at boot).
 	Notes []string `json:"notes"`
@@ -66,7 +53,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	}
 	defer g.close()
 	c := host.Incus
-	rep = &Report{Changes: []Change{}, Notes: []string{}}
+	rep = &Report{Changes: []model.Change{}, Notes: []string{}}
 
 	var undos undoStack
 	defer func() {
@@ -77,7 +64,9 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 			err = errors.Join(err, uerr)
 		}
 	}()
-	changed := func(obj, action, detail string) { rep.Changes = append(rep.Changes, Change{obj, action, detail}) }
+	changed := func(obj, action, detail string) {
+		rep.Changes = append(rep.Changes, model.Change{Object: obj, Action: action, Detail: detail})
+	}
 
 	ci, err := host.Cluster(ctx)
 	if err != nil {
@@ -88,7 +77,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	}
 
 	// The subnet: an existing bridge is converged on as it is.
-	gen := Current
+	gen := model.Current
 	net, netETag, err := c.Network(ctx, gen.Network)
 	if err != nil && !incus.IsNotFound(err) {
 		return nil, fmt.Errorf("reading network %s: %w", gen.Network, err)
@@ -117,7 +106,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		if pin := host.Options.Subnet; pin.IsValid() && pin != p.Masked() {
 			return nil, fmt.Errorf("network %s already exists on %s; BOX_SUBNET=%s would re-address it under live boxes: unset BOX_SUBNET, or `box teardown-host` first", gen.Network, p.Masked(), pin)
 		}
-		rep.Subnet = SubnetChoice{Subnet: p.Masked(), Reason: "existing " + gen.Network}
+		rep.Subnet = model.SubnetChoice{Subnet: p.Masked(), Reason: "existing " + gen.Network}
 	} else {
 		uses, err := host.clusterAddressUses(ctx, g, ci, rep)
 		if err != nil {
@@ -127,7 +116,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		if p, perr := netip.ParsePrefix(stored["ipv4.address"]); perr == nil && !pin.IsValid() {
 			pin = p.Masked()
 		}
-		rep.Subnet, err = PickSubnet(pin, uses)
+		rep.Subnet, err = model.PickSubnet(pin, uses)
 		if err != nil {
 			return nil, err
 		}
@@ -149,11 +138,11 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		}
 	}
 	if ci.Clustered() {
-		if opts.Slices, err = assignSlices(rep.Subnet.Subnet, opts.Slices, ci.Names()); err != nil {
+		if opts.Slices, err = model.AssignSlices(rep.Subnet.Subnet, opts.Slices, ci.Names()); err != nil {
 			return nil, err
 		}
 	}
-	d := BuildDesired(rep.Subnet.Subnet, opts)
+	d := model.BuildDesired(rep.Subnet.Subnet, opts)
 	rep.Gateway = d.Gateway
 
 	// Every box gets a fixed address before the bridge's DHCP answers no
@@ -174,7 +163,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		create: func(ctx context.Context) error { return c.CreateNetworkACL(ctx, d.ACL) },
 		remove: func(ctx context.Context) error { return c.DeleteNetworkACL(ctx, d.ACL.Name) },
 		differs: func(cur *incus.NetworkACL) []string {
-			if aclRulesEqual(cur.Egress, d.ACL.Egress) && aclRulesEqual(cur.Ingress, d.ACL.Ingress) {
+			if model.ACLRulesEqual(cur.Egress, d.ACL.Egress) && model.ACLRulesEqual(cur.Ingress, d.ACL.Ingress) {
 				return nil
 			}
 			return []string{"rules differed"}
@@ -211,7 +200,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 			cfg := maps.Clone(cur.Config)
 			maps.Copy(cfg, d.Network.Config)
 			for k := range cfg {
-				if _, ok := d.Network.Config[k]; !ok && strings.HasPrefix(k, keyEgressPolicy) {
+				if _, ok := d.Network.Config[k]; !ok && strings.HasPrefix(k, model.KeyEgressPolicy) {
 					delete(cfg, k)
 				}
 			}
@@ -443,14 +432,14 @@ var systemdRunning = func() bool {
 
 // ensureBootUnit writes the boot units where systemd is, and says what
 // happens where it is not.
-func (host *Host) ensureBootUnit() (string, []Change, error) {
+func (host *Host) ensureBootUnit() (string, []model.Change, error) {
 	if host.BootUnitDir == "" {
 		return "no boot unit here: the nft tables are not re-applied at boot and no port watcher runs; run `box setup-host` after a reboot, and keep `box watch-ports` running", nil, nil
 	}
 	if !systemdRunning() {
 		return "no systemd on this host: the nft tables are not re-applied at boot and no port watcher runs; from your init system, run `box setup-host --firewall-only` after each boot and keep `box watch-ports` running", nil, nil
 	}
-	var changes []Change
+	var changes []model.Change
 	for _, u := range BootUnits(host.Exe) {
 		path := filepath.Join(host.BootUnitDir, u.Name)
 		if b, err := os.ReadFile(path); err == nil && string(b) == u.Text {
@@ -467,7 +456,7 @@ func (host *Host) ensureBootUnit() (string, []Change, error) {
 		if err := os.Symlink(path, link); err != nil {
 			return "", changes, fmt.Errorf("enabling %s: %w", u.Name, err)
 		}
-		changes = append(changes, Change{Object: "unit " + u.Name, Action: "created", Detail: u.Does})
+		changes = append(changes, model.Change{Object: "unit " + u.Name, Action: "created", Detail: u.Does})
 	}
 	dropIn := filepath.Join(host.BootUnitDir, IncusDropInName)
 	if b, err := os.ReadFile(dropIn); err != nil || string(b) != incusDropIn {
@@ -477,30 +466,30 @@ func (host *Host) ensureBootUnit() (string, []Change, error) {
 		if err := os.WriteFile(dropIn, []byte(incusDropIn), 0o644); err != nil {
 			return "", changes, fmt.Errorf("writing %s: %w", dropIn, err)
 		}
-		changes = append(changes, Change{Object: "unit incus.service drop-in " + filepath.Base(dropIn), Action: "created", Detail: "Incus starts after box's firewall and port watcher, with an empty read-only /dev/mqueue"})
+		changes = append(changes, model.Change{Object: "unit incus.service drop-in " + filepath.Base(dropIn), Action: "created", Detail: "Incus starts after box's firewall and port watcher, with an empty read-only /dev/mqueue"})
 	}
 	// box runs no systemctl: what it wrote takes effect at the next boot,
 	// or when the operator restarts the units.
 	var notes []string
-	if slices.ContainsFunc(changes, func(c Change) bool { return c.Object == "unit "+PortsUnitName }) {
+	if slices.ContainsFunc(changes, func(c model.Change) bool { return c.Object == "unit "+PortsUnitName }) {
 		notes = append(notes, "the port watcher starts at the next boot; to start it now: systemctl daemon-reload && systemctl restart "+PortsUnitName)
 	}
-	if slices.ContainsFunc(changes, func(c Change) bool { return strings.HasPrefix(c.Object, "unit incus.service drop-in") }) {
+	if slices.ContainsFunc(changes, func(c model.Change) bool { return strings.HasPrefix(c.Object, "unit incus.service drop-in") }) {
 		notes = append(notes, "Incus takes its drop-in at its next start: systemctl daemon-reload && systemctl restart incus (running boxes keep the host's /dev/mqueue until they restart)")
 	}
 	return strings.Join(notes, "; "), changes, nil
 }
 
 // removeBootUnits disables and removes the boot units.
-func (host *Host) removeBootUnits() ([]Change, error) {
-	var changes []Change
+func (host *Host) removeBootUnits() ([]model.Change, error) {
+	var changes []model.Change
 	var errs []error
 	if host.BootUnitDir == "" {
 		return nil, nil
 	}
 	dropIn := filepath.Join(host.BootUnitDir, IncusDropInName)
 	if err := os.Remove(dropIn); err == nil {
-		changes = append(changes, Change{Object: "unit incus.service drop-in " + filepath.Base(dropIn), Action: "removed"})
+		changes = append(changes, model.Change{Object: "unit incus.service drop-in " + filepath.Base(dropIn), Action: "removed"})
 		os.Remove(filepath.Dir(dropIn)) // only if empty: another drop-in there is not box's
 	} else if !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
@@ -508,7 +497,7 @@ func (host *Host) removeBootUnits() ([]Change, error) {
 	for _, u := range bootUnits {
 		os.Remove(filepath.Join(host.BootUnitDir, "multi-user.target.wants", u.name))
 		if err := os.Remove(filepath.Join(host.BootUnitDir, u.name)); err == nil {
-			changes = append(changes, Change{Object: "unit " + u.name, Action: "removed"})
+			changes = append(changes, model.Change{Object: "unit " + u.name, Action: "removed"})
 		} else if !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
@@ -518,7 +507,7 @@ func (host *Host) removeBootUnits() ([]Change, error) {
 
 // firewallResult is what ensureFirewall did.
 type firewallResult struct {
-	changes       []Change
+	changes       []model.Change
 	mode          nft.BridgeMode
 	note          string
 	createdTables bool
@@ -529,7 +518,7 @@ type firewallResult struct {
 // what runs at boot.
 func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) (firewallResult, error) {
 	var res firewallResult
-	bridge := Current.Network
+	bridge := model.Current.Network
 	unlock, err := lockPorts(ctx)
 	if err != nil {
 		return res, err
@@ -537,7 +526,7 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 	defer unlock()
 	leaked, err := host.sweepLeaks(ctx, g)
 	for _, name := range leaked {
-		res.changes = append(res.changes, Change{"bridge port " + name, "removed", "a veth pair an instance's NIC left behind (both ends in the host's namespace, claimed by no instance)"})
+		res.changes = append(res.changes, model.Change{Object: "bridge port " + name, Action: "removed", Detail: "a veth pair an instance's NIC left behind (both ends in the host's namespace, claimed by no instance)"})
 	}
 	if err != nil {
 		return res, err
@@ -547,9 +536,9 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 		return res, err
 	}
 	for _, name := range isolated {
-		res.changes = append(res.changes, Change{"bridge port " + name, "updated", "isolated on"})
+		res.changes = append(res.changes, model.Change{Object: "bridge port " + name, Action: "updated", Detail: "isolated on"})
 	}
-	ncfg := g.nftConfig(Current)
+	ncfg := g.nftConfig(model.Current)
 	ncfg.Gateway = gw
 	caps, err := nft.Probe(ncfg)
 	if err != nil {
@@ -564,7 +553,7 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 		return res, fmt.Errorf("applying nft tables: %w", err)
 	}
 	for _, a := range applied {
-		res.changes = append(res.changes, Change{"nft", "updated", a})
+		res.changes = append(res.changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
 	res.createdTables = len(applied) > 0 && !inetBefore && !bridgeBefore
 	unlockPins, err := lockFile(ctx, pinsLock, "the pins")
@@ -582,7 +571,7 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 		return res, fmt.Errorf("applying the pin table: %w", err)
 	}
 	for _, a := range pinned {
-		res.changes = append(res.changes, Change{"nft", "updated", a})
+		res.changes = append(res.changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
 	routed, err := host.ensureRoute(g)
 	if err != nil {
@@ -594,7 +583,7 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 		return res, err
 	}
 	for _, a := range egress {
-		res.changes = append(res.changes, Change{"nft", "updated", a})
+		res.changes = append(res.changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
 	res.mode = nft.Desired(ncfg, caps).Mode
 	if res.mode != nft.ModeBridgeMeta {
@@ -613,13 +602,13 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	defer unlock()
-	n, _, err := host.Incus.Network(ctx, Current.Network)
+	n, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
-		return nil, fmt.Errorf("firewall only: network %s: %w (run box setup-host without --firewall-only)", Current.Network, err)
+		return nil, fmt.Errorf("firewall only: network %s: %w (run box setup-host without --firewall-only)", model.Current.Network, err)
 	}
 	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
 	if err != nil || !p.Addr().Is4() {
-		return nil, fmt.Errorf("firewall only: network %s has ipv4.address=%q, not an address box can use (run box setup-host without --firewall-only)", Current.Network, n.Config["ipv4.address"])
+		return nil, fmt.Errorf("firewall only: network %s has ipv4.address=%q, not an address box can use (run box setup-host without --firewall-only)", model.Current.Network, n.Config["ipv4.address"])
 	}
 	g, err := host.ground()
 	if err != nil {
@@ -627,7 +616,7 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 	}
 	defer g.close()
 	fw, err := host.ensureFirewall(ctx, g, p.Addr())
-	rep := &Report{Changes: append([]Change{}, fw.changes...), BridgeMode: fw.mode, Notes: []string{}}
+	rep := &Report{Changes: append([]model.Change{}, fw.changes...), BridgeMode: fw.mode, Notes: []string{}}
 	if fw.note != "" {
 		rep.Notes = append(rep.Notes, fw.note)
 	}
@@ -640,9 +629,11 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 // ensureHostLayers converges this host's (this member's) own layers: IPv6
 // off on the bridge, the ports' isolated flags and the nft tables, the
 // forward-policy warnings, dnsmasq serving, and the boot unit.
-func (host *Host) ensureHostLayers(ctx context.Context, g *ground, d Desired, rep *Report, undos *undoStack) error {
-	gen := Current
-	changed := func(obj, action, detail string) { rep.Changes = append(rep.Changes, Change{obj, action, detail}) }
+func (host *Host) ensureHostLayers(ctx context.Context, g *ground, d model.Desired, rep *Report, undos *undoStack) error {
+	gen := model.Current
+	changed := func(obj, action, detail string) {
+		rep.Changes = append(rep.Changes, model.Change{Object: obj, Action: action, Detail: detail})
+	}
 	// IPv6 must be off on the bridge in fact, not only in its config.
 	if disabled, ok, err := g.ipv6Disabled(d.Network.Name); err != nil {
 		return fmt.Errorf("reading IPv6 state of %s: %w", d.Network.Name, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -96,11 +97,11 @@ func projectOf(p string) string {
 
 // Findings turns the census's problems into Verify findings, one per
 // problem, each naming the sibling.
-func (c *Census) Findings() []Finding {
-	var out []Finding
+func (c *Census) Findings() []model.Finding {
+	var out []model.Finding
 	for _, s := range c.Siblings {
 		for _, p := range s.Problems {
-			out = append(out, Finding{Layer: LayerFleet, Object: s.Label(), Problem: p.What, Fix: p.Fix})
+			out = append(out, model.Finding{Layer: model.LayerFleet, Object: s.Label(), Problem: p.What, Fix: p.Fix})
 		}
 	}
 	return out
@@ -121,12 +122,12 @@ type kernelPort struct {
 // the member g is on: an instance placed elsewhere is judged by what it is
 // made of only, its port being in another member's kernel.
 func censusOf(g *ground, insts []incus.Instance, member string) (*Census, error) {
-	bridge := Current.Network
+	bridge := model.Current.Network
 	ports, err := g.bridgePorts(bridge)
 	if err != nil {
 		return nil, err
 	}
-	members, setOK, err := nft.PortSetMembers(g.nftConfig(Current))
+	members, setOK, err := nft.PortSetMembers(g.nftConfig(model.Current))
 	if err != nil {
 		return nil, fmt.Errorf("reading the bridge drop's port set: %w", err)
 	}
@@ -388,34 +389,23 @@ func judgeDefinition(bridge string, inst *incus.Instance) Sibling {
 		switch {
 		case k == "raw.lxc" || strings.HasPrefix(k, "raw.qemu"):
 			bad(fmt.Sprintf("sets %s: raw configuration can add devices and mounts no census sees", k), incusCmd("incus config unset %s %s", inst.Name, k))
-		case k == "security.privileged" && incusTrue(v):
+		case k == "security.privileged" && model.IncusTrue(v):
 			bad("is privileged (security.privileged=true): root in the box is root on the host", incusCmd("incus config unset %s security.privileged", inst.Name))
-		case nestingReason(k, v) != "":
-			s.Allowed = append(s.Allowed, fmt.Sprintf("%s=%s: allowed, %s", k, v, nestingReason(k, v)))
+		case model.NestingReason(k, v) != "":
+			s.Allowed = append(s.Allowed, fmt.Sprintf("%s=%s: allowed, %s", k, v, model.NestingReason(k, v)))
 		default:
 			// The kernel boundary's keys (kernel.go).
-			problem, allowed, ok := judgeKernelKey(k, v)
+			problem, allowed, ok := model.JudgeKernelKey(k, v)
 			switch {
 			case !ok:
 			case problem != "":
-				bad(problem, incusCmd("incus config unset %s %s", inst.Name, k)+restartNote)
+				bad(problem, incusCmd("incus config unset %s %s", inst.Name, k)+model.RestartNote)
 			case allowed != "":
-				s.Allowed = append(s.Allowed, fmt.Sprintf("%s=%s: allowed, %s", k, oneLine(v), allowed))
+				s.Allowed = append(s.Allowed, fmt.Sprintf("%s=%s: allowed, %s", k, model.OneLine(v), allowed))
 			}
 		}
 	}
 	return s
-}
-
-// incusTrue is a boolean config value as Incus reads it: "1", "yes" and
-// "on" are true as well (a privileged box spelt security.privileged=1 is
-// privileged).
-func incusTrue(v string) bool {
-	switch strings.ToLower(v) {
-	case "true", "1", "yes", "on":
-		return true
-	}
-	return false
 }
 
 func nicWhere(d map[string]string) string {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // fleetInst is an instance as the box-net profile makes it, running on
@@ -16,7 +17,7 @@ import (
 func fleetInst(name string, edit func(i *incus.Instance)) incus.Instance {
 	i := incus.Instance{Name: name, Project: "default", Status: "Running", Type: "container",
 		Profiles: []string{"box-net"},
-		Config:   map[string]string{Current.Tag: "1", "volatile.eth0.host_name": "veth-" + name},
+		Config:   map[string]string{model.Current.Tag: "1", "volatile.eth0.host_name": "veth-" + name},
 		Devices:  map[string]map[string]string{},
 		ExpandedDevices: map[string]map[string]string{
 			"eth0": {"type": "nic", "name": "eth0", "network": "boxnet", "security.port_isolation": "true"},
@@ -41,10 +42,10 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 	}{
 		{name: "on the stack", inst: fleetInst("ok", nil)},
 		{name: "the guest API turned on", inst: fleetInst("g", func(i *incus.Instance) { i.Config["security.guestapi"] = "true" }), want: "security.guestapi=true: the box has /dev/incus"},
-		{name: "nesting is allowed and said why", inst: fleetInst("dock", func(i *incus.Instance) { maps.Copy(i.Config, NestingConfig()) }),
+		{name: "nesting is allowed and said why", inst: fleetInst("dock", func(i *incus.Instance) { maps.Copy(i.Config, model.NestingConfig()) }),
 			allowed: "security.nesting=true: allowed, containers inside the box (box new --nesting)"},
 		{name: "a syscall interception nesting does not set", inst: fleetInst("dock2", func(i *incus.Instance) {
-			maps.Copy(i.Config, NestingConfig())
+			maps.Copy(i.Config, model.NestingConfig())
 			i.Config["security.syscalls.intercept.mount"] = "true"
 		}), want: "sets security.syscalls.intercept.mount=true: incusd mounts file systems in the box on the host's behalf (Incus warns the kernel's file system code then meets data the box controls); box never sets it (nesting does not need it) (fix: incus config unset dock2 security.syscalls.intercept.mount (it takes effect when the box starts again: box down, box start))"},
 		{name: "mknod interception is not needed either", inst: fleetInst("dock3", func(i *incus.Instance) { i.Config["security.syscalls.intercept.mknod"] = "1" }),
@@ -89,7 +90,7 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 			i.ExpandedDevices["eth0"]["security.port_isolation"] = "false"
 		}), want: "port isolation off"},
 		{name: "untagged in another project is a sibling too", inst: fleetInst("q", func(i *incus.Instance) {
-			delete(i.Config, Current.Tag)
+			delete(i.Config, model.Current.Tag)
 			i.Project = "user-1000"
 			i.ExpandedDevices["eth0"]["security.port_isolation"] = "false"
 		}), want: "--project user-1000"},
@@ -121,7 +122,7 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 				assert.False(t, s.OnStack())
 				assert.Contains(t, problems, tc.want)
 				assert.Len(t, c.Findings(), len(s.Problems), "one finding per problem")
-				assert.Equal(t, LayerFleet, c.Findings()[0].Layer)
+				assert.Equal(t, model.LayerFleet, c.Findings()[0].Layer)
 				assert.Contains(t, c.Findings()[0].Object, tc.inst.Name, "the finding names the instance")
 			}
 			if tc.allowed != "" {
@@ -165,7 +166,7 @@ func TestCensusWithoutAPortSetChecksNoMembership(t *testing.T) {
 // The census accepts exactly what nesting sets, each key with its reason,
 // and nothing it does not: nesting turned off is no allowance.
 func TestCensusAcceptsExactlyTheNestingKeys(t *testing.T) {
-	cfg := NestingConfig()
+	cfg := model.NestingConfig()
 	require.Equal(t, map[string]string{"security.nesting": "true"}, cfg, "what Docker needed in a box here (docs/box.md)")
 	inst := fleetInst("n", func(i *incus.Instance) { maps.Copy(i.Config, cfg) })
 	s := takeCensus("boxnet", []incus.Instance{inst}, []string{"veth-n"}, map[string]kernelPort{"veth-n": {exists: true, master: "boxnet", isolated: true}}, []string{"veth-n"}, true, "").Siblings[0]
@@ -233,7 +234,7 @@ func TestCensusNamesKernelKeys(t *testing.T) {
 			} else {
 				require.Len(t, s.Problems, 1, "one problem: %s", problems)
 				assert.Contains(t, s.Problems[0].What, tc.want)
-				assert.Equal(t, "incus config unset kk "+tc.key+restartNote, s.Problems[0].Fix)
+				assert.Equal(t, "incus config unset kk "+tc.key+model.RestartNote, s.Problems[0].Fix)
 			}
 			allowed := strings.Join(s.Allowed, "\n")
 			if tc.allowed != "" {

@@ -18,6 +18,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -111,7 +112,7 @@ type healer struct {
 	// as remembered, on the critical path.
 	mu      sync.Mutex
 	fleet   *fleet
-	desired *Desired
+	desired *model.Desired
 
 	pending []string // what was heard since the last check
 	since   time.Time
@@ -247,7 +248,7 @@ func (h *healer) hear(what string) {
 // transaction's changes with its closing NEWGEN message (who made it).
 func (h *healer) subscribe() (*nftables.Monitor, chan *nftables.MonitorEvents, error) {
 	var opts []nftables.ConnOption
-	if fd := h.g.nftConfig(Current).NetNS; fd > 0 {
+	if fd := h.g.nftConfig(model.Current).NetNS; fd > 0 {
 		opts = append(opts, nftables.WithNetNSFd(fd))
 	}
 	c, err := nftables.New(opts...)
@@ -265,7 +266,7 @@ func (h *healer) subscribe() (*nftables.Monitor, chan *nftables.MonitorEvents, e
 // watched says whether a table is one the healer keeps: box's (the host
 // firewall, the bridge drop, the pins, the egress sets) and Incus's.
 func (h *healer) watched(fam nftables.TableFamily, name string) bool {
-	cfg := h.g.nftConfig(Current)
+	cfg := h.g.nftConfig(model.Current)
 	switch fam {
 	case nftables.TableFamilyINet:
 		return name == cfg.Table || name == cfg.EgressTable() || name == cfg.RouteTable() || name == nft.IncusTable
@@ -364,14 +365,14 @@ func familyWord(f nftables.TableFamily) string {
 func (h *healer) gateway() (netip.Addr, bool, error) { return gatewayOf(h.g) }
 
 func gatewayOf(g *ground) (netip.Addr, bool, error) {
-	if _, err := g.h.LinkByName(Current.Network); err != nil {
+	if _, err := g.h.LinkByName(model.Current.Network); err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
 			return netip.Addr{}, false, nil
 		}
-		return netip.Addr{}, false, fmt.Errorf("reading bridge %s: %w", Current.Network, err)
+		return netip.Addr{}, false, fmt.Errorf("reading bridge %s: %w", model.Current.Network, err)
 	}
-	addrs, err := g.linkAddrs(Current.Network, netlink.FAMILY_V4)
+	addrs, err := g.linkAddrs(model.Current.Network, netlink.FAMILY_V4)
 	if err != nil {
 		return netip.Addr{}, false, err
 	}
@@ -409,10 +410,10 @@ func (h *healer) check(ctx context.Context) error {
 		return err
 	}
 	if !ok {
-		return idle(fmt.Sprintf("no bridge %s with an IPv4 address here: the stack is not set up (box setup-host sets it up)", Current.Network))
+		return idle(fmt.Sprintf("no bridge %s with an IPv4 address here: the stack is not set up (box setup-host sets it up)", model.Current.Network))
 	}
 	h.quiet = ""
-	cfg := h.g.nftConfig(Current)
+	cfg := h.g.nftConfig(model.Current)
 	cfg.Gateway = gw
 	if !h.probed {
 		if h.caps, err = nft.Probe(cfg); err != nil {
@@ -424,7 +425,7 @@ func (h *healer) check(ctx context.Context) error {
 	f := h.fleet
 	h.mu.Unlock()
 
-	ports, err := h.g.bridgePorts(Current.Network)
+	ports, err := h.g.bridgePorts(model.Current.Network)
 	if err != nil {
 		return err
 	}
@@ -449,7 +450,7 @@ func (h *healer) check(ctx context.Context) error {
 	if err == nil {
 		// L-ROUTE from the kernel's routes alone.
 		var rt nft.Route
-		if rt, err = h.g.routeView(Current.Network); err == nil {
+		if rt, err = h.g.routeView(model.Current.Network); err == nil {
 			var routed []string
 			routed, err = nft.ApplyRoute(cfg, rt)
 			applied = append(applied, routed...)
@@ -538,7 +539,7 @@ func (h *healer) incusStep(ctx context.Context, g *ground, job incusJob) error {
 		d = h.desired
 		h.mu.Unlock()
 	}
-	cfg := g.nftConfig(Current)
+	cfg := g.nftConfig(model.Current)
 	chains, present, err := nft.IncusChains(cfg)
 	if err != nil {
 		return err
@@ -548,7 +549,7 @@ func (h *healer) incusStep(ctx context.Context, g *ground, job incusJob) error {
 	// chains, and asking again at every resync would only restart dnsmasq.
 	// That drift is Verify's to name.
 	live := *d
-	if n, _, nerr := h.host.Incus.Network(ctx, Current.Network); nerr == nil {
+	if n, _, nerr := h.host.Incus.Network(ctx, model.Current.Network); nerr == nil {
 		live.Network.Config = n.Config
 	}
 	var did []string
@@ -577,7 +578,7 @@ func (h *healer) incusStep(ctx context.Context, g *ground, job incusJob) error {
 		}
 		if still := incusChainFindings(*d, chains, present); len(still) > 0 {
 			h.incusStuck = true
-			h.logf("heal: Incus set %s up again, but %s is still missing; asking again at the next resync (%s): read incusd's log", Current.Network, still[0].Object, healResync)
+			h.logf("heal: Incus set %s up again, but %s is still missing; asking again at the next resync (%s): read incusd's log", model.Current.Network, still[0].Object, healResync)
 		}
 	}
 	if len(did) == 0 && !job.boxFixed {
@@ -604,19 +605,19 @@ func (h *healer) remember(ctx context.Context, gw netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("reading the fleet: %w", err)
 	}
-	n, _, err := h.host.Incus.Network(ctx, Current.Network)
+	n, _, err := h.host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return err
 	}
 	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
 	if err != nil {
-		return fmt.Errorf("network %s has ipv4.address=%q", Current.Network, n.Config["ipv4.address"])
+		return fmt.Errorf("network %s has ipv4.address=%q", model.Current.Network, n.Config["ipv4.address"])
 	}
 	opts, err := h.host.Options.With(n.Config)
 	if err != nil {
 		return err
 	}
-	d := BuildDesired(p.Masked(), opts)
+	d := model.BuildDesired(p.Masked(), opts)
 	h.mu.Lock()
 	h.fleet, h.desired = &f, &d
 	h.mu.Unlock()

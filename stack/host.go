@@ -16,6 +16,7 @@ import (
 
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -27,7 +28,7 @@ type Host struct {
 	// knows it); empty means this process's own, as on a real host.
 	NetNS string
 	// Options are the operator's choices (BOX_SUBNET, BOX_DNS, BOX_POOL).
-	Options Options
+	Options model.Options
 	// BootUnitDir is where the systemd unit that re-applies the firewall at
 	// boot is written; empty disables it (the hermetic world has no
 	// systemd, and its host namespace does not survive a reboot anyway).
@@ -146,14 +147,14 @@ func (g *ground) close() {
 }
 
 // nftConfig addresses one generation's tables in the host's namespace.
-func (g *ground) nftConfig(gen Generation) nft.Config {
+func (g *ground) nftConfig(gen model.Generation) nft.Config {
 	return nft.Config{Table: gen.NFTTable, Bridge: gen.Network, NetNS: int(g.ns)}
 }
 
 // addressUses lists what already uses addresses in the host's namespace: every
 // route, every local address and the default gateways. Links named in skip
 // (the stack's own bridge) are left out.
-func (g *ground) addressUses(skip string) ([]AddressUse, error) {
+func (g *ground) addressUses(skip string) ([]model.AddressUse, error) {
 	links, err := g.linkList()
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
@@ -166,7 +167,7 @@ func (g *ground) addressUses(skip string) ([]AddressUse, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing routes: %w", err)
 	}
-	var out []AddressUse
+	var out []model.AddressUse
 	for _, r := range routes {
 		dev := names[r.LinkIndex]
 		if dev == skip && skip != "" {
@@ -174,12 +175,12 @@ func (g *ground) addressUses(skip string) ([]AddressUse, error) {
 		}
 		if r.Dst != nil {
 			if p, ok := prefixOf(r.Dst); ok && p.Bits() > 0 && !p.Addr().IsLoopback() {
-				out = append(out, AddressUse{Prefix: p, What: fmt.Sprintf("route %s dev %s", p, dev)})
+				out = append(out, model.AddressUse{Prefix: p, What: fmt.Sprintf("route %s dev %s", p, dev)})
 			}
 		}
 		if r.Gw != nil && (r.Dst == nil || r.Dst.IP.IsUnspecified()) {
 			if a, ok := netip.AddrFromSlice(r.Gw.To4()); ok {
-				out = append(out, AddressUse{Prefix: netip.PrefixFrom(a, 32), What: fmt.Sprintf("default gateway %s dev %s (is this running inside a box?)", a, dev)})
+				out = append(out, model.AddressUse{Prefix: netip.PrefixFrom(a, 32), What: fmt.Sprintf("default gateway %s dev %s (is this running inside a box?)", a, dev)})
 			}
 		}
 	}
@@ -193,7 +194,7 @@ func (g *ground) addressUses(skip string) ([]AddressUse, error) {
 		}
 		for _, a := range addrs {
 			if p, ok := prefixOf(a.IPNet); ok && !p.Addr().IsLoopback() {
-				out = append(out, AddressUse{Prefix: p.Masked(), What: fmt.Sprintf("address %s on %s", p, l.Attrs().Name)})
+				out = append(out, model.AddressUse{Prefix: p.Masked(), What: fmt.Sprintf("address %s on %s", p, l.Attrs().Name)})
 			}
 		}
 	}
@@ -428,12 +429,12 @@ func (g *ground) isolatePorts(bridge string) ([]Port, []string, error) {
 // forwardBlockers turns another firewall's forward drop policy into
 // findings: it drops the boxes' egress, and box does not rewrite rules it
 // does not own, so each says what the operator can run.
-func (g *ground) forwardBlockers(bridge string) ([]Finding, error) {
-	bs, err := nft.ForwardBlockers(int(g.ns), Current.NFTTable, bridge)
+func (g *ground) forwardBlockers(bridge string) ([]model.Finding, error) {
+	bs, err := nft.ForwardBlockers(int(g.ns), model.Current.NFTTable, bridge)
 	if err != nil {
 		return nil, fmt.Errorf("reading other firewalls' forward chains: %w", err)
 	}
-	var out []Finding
+	var out []model.Finding
 	for _, b := range bs {
 		fix := fmt.Sprintf("add accepts for iifname %q and oifname %q ct state established,related to %s %s %s", bridge, bridge, b.Family, b.Table, b.Chain)
 		switch b.Owner {
@@ -442,7 +443,7 @@ func (g *ground) forwardBlockers(bridge string) ([]Finding, error) {
 		case "ufw":
 			fix = fmt.Sprintf("ufw route allow in on %s; ufw route allow out on %s", bridge, bridge)
 		}
-		out = append(out, Finding{Layer: LayerNAT, Object: "nft " + b.String(),
+		out = append(out, model.Finding{Layer: model.LayerNAT, Object: "nft " + b.String(),
 			Problem: "drops forwarded traffic, so boxes lose their egress; box does not change rules it does not own", Fix: fix, Advisory: true})
 	}
 	return out, nil

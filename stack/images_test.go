@@ -17,6 +17,7 @@ import (
 
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // unreachableServer is what incusd 6.0.4 says (measured in the world) when
@@ -57,7 +58,7 @@ func newMintFake(t *testing.T) (*mintFake, *Host) {
 		incustest.Sync(w, map[string]any{"name": "boxnet", "config": map[string]string{"ipv4.address": "10.88.0.1/24"}})
 	})
 	s.Handle("GET /1.0/profiles/box-net", func(w http.ResponseWriter, r *http.Request) {
-		incustest.Sync(w, hostProfiles()[Current.Profile])
+		incustest.Sync(w, hostProfiles()[model.Current.Profile])
 	})
 	s.Handle("GET /1.0/images/aliases/{name...}", func(w http.ResponseWriter, r *http.Request) {
 		if r.PathValue("name") != "here" {

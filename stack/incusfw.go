@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -20,7 +21,7 @@ import (
 // the layer it carries, and the fewest rules it holds when whole.
 type incusChain struct {
 	name     string
-	layer    LayerID
+	layer    model.LayerID
 	minRules int
 	why      string
 }
@@ -30,27 +31,27 @@ type incusChain struct {
 // ACL's four when the network has an ACL, the NAT's postrouting chain when
 // ipv4.nat is on. Incus's accept-only chains (fwd, in, out) carry no layer
 // of the stack and are not required.
-func wantIncusChains(d Desired) []incusChain {
+func wantIncusChains(d model.Desired) []incusChain {
 	br, cfg := d.Network.Name, d.Network.Config
 	var out []incusChain
 	if acls := cfg["security.acls"]; acls != "" {
 		// The ACL's own chain holds at least one rule per ACL rule.
 		out = append(out,
-			incusChain{"acl." + br, LayerACL, len(d.ACL.Egress) + len(d.ACL.Ingress), "the rules of ACL " + acls},
-			incusChain{"aclin." + br, LayerACL, 1, "the input hook into ACL " + acls},
-			incusChain{"aclout." + br, LayerACL, 1, "the output hook into ACL " + acls},
-			incusChain{"aclfwd." + br, LayerACL, 2, "the forward hook into ACL " + acls + " (both directions)"})
+			incusChain{"acl." + br, model.LayerACL, len(d.ACL.Egress) + len(d.ACL.Ingress), "the rules of ACL " + acls},
+			incusChain{"aclin." + br, model.LayerACL, 1, "the input hook into ACL " + acls},
+			incusChain{"aclout." + br, model.LayerACL, 1, "the output hook into ACL " + acls},
+			incusChain{"aclfwd." + br, model.LayerACL, 2, "the forward hook into ACL " + acls + " (both directions)"})
 	}
 	if cfg["ipv4.nat"] == "true" {
-		out = append(out, incusChain{"pstrt." + br, LayerNAT, 1, "ipv4.nat's masquerade"})
+		out = append(out, incusChain{"pstrt." + br, model.LayerNAT, 1, "ipv4.nat's masquerade"})
 	}
 	return out
 }
 
 // incusChainFindings compares what the kernel holds in inet incus with what
 // Incus should have written for d.
-func incusChainFindings(d Desired, chains map[string]int, present bool) []Finding {
-	var out []Finding
+func incusChainFindings(d model.Desired, chains map[string]int, present bool) []model.Finding {
+	var out []model.Finding
 	for _, w := range wantIncusChains(d) {
 		obj := "nft chain inet " + nft.IncusTable + " " + w.name
 		n, ok := chains[w.name]
@@ -65,7 +66,7 @@ func incusChainFindings(d Desired, chains map[string]int, present bool) []Findin
 		default:
 			continue
 		}
-		out = append(out, Finding{Layer: w.layer, Object: obj, Problem: problem, Fix: fixEnsure + " (it makes Incus set " + d.Network.Name + " up again, which rewrites its chains)"})
+		out = append(out, model.Finding{Layer: w.layer, Object: obj, Problem: problem, Fix: fixEnsure + " (it makes Incus set " + d.Network.Name + " up again, which rewrites its chains)"})
 	}
 	return out
 }
@@ -83,14 +84,14 @@ func (host *Host) incusNft(ctx context.Context) (bool, string, error) {
 }
 
 // verifyIncusChains reads inet incus in g's namespace into v.
-func (host *Host) verifyIncusChains(ctx context.Context, g *ground, d Desired, v *Verification) error {
+func (host *Host) verifyIncusChains(ctx context.Context, g *ground, d model.Desired, v *Verification) error {
 	if ok, fw, err := host.incusNft(ctx); err != nil {
 		return err
 	} else if !ok {
 		v.Notes = append(v.Notes, fmt.Sprintf("Incus's firewall driver is %q, not nftables: its ACL and NAT rules are not read from the kernel here (Verify reads inet %s only)", fw, nft.IncusTable))
 		return nil
 	}
-	chains, present, err := nft.IncusChains(g.nftConfig(Current))
+	chains, present, err := nft.IncusChains(g.nftConfig(model.Current))
 	if err != nil {
 		return fmt.Errorf("reading Incus's firewall: %w", err)
 	}
@@ -124,7 +125,7 @@ func sameMeaning(v string) string {
 // update, one setup. The setup also restarts the bridge's dnsmasq (its
 // leases are on disk). It returns what it changed.
 func (host *Host) ReapplyIncusFirewall(ctx context.Context) (string, error) {
-	name := Current.Network
+	name := model.Current.Network
 	net, etag, err := host.Incus.Network(ctx, name)
 	if err != nil {
 		return "", fmt.Errorf("re-applying Incus's firewall: %w", err)
@@ -155,11 +156,11 @@ func spelled(v string) string {
 
 // ensureIncusFirewall has Incus rewrite its chains when the kernel lacks
 // any the stack needs, and checks that it did.
-func (host *Host) ensureIncusFirewall(ctx context.Context, g *ground, d Desired, rep *Report) error {
+func (host *Host) ensureIncusFirewall(ctx context.Context, g *ground, d model.Desired, rep *Report) error {
 	if ok, _, err := host.incusNft(ctx); err != nil || !ok {
 		return err
 	}
-	cfg := g.nftConfig(Current)
+	cfg := g.nftConfig(model.Current)
 	chains, present, err := nft.IncusChains(cfg)
 	if err != nil {
 		return fmt.Errorf("reading Incus's firewall: %w", err)
@@ -171,7 +172,7 @@ func (host *Host) ensureIncusFirewall(ctx context.Context, g *ground, d Desired,
 	if err != nil {
 		return err
 	}
-	rep.Changes = append(rep.Changes, Change{"nft table inet " + nft.IncusTable, "updated", detail})
+	rep.Changes = append(rep.Changes, model.Change{Object: "nft table inet " + nft.IncusTable, Action: "updated", Detail: detail})
 	if chains, present, err = nft.IncusChains(cfg); err != nil {
 		return fmt.Errorf("reading Incus's firewall: %w", err)
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -32,15 +32,15 @@ func TestSystemIncusFirewallGoneIsFoundAndHealed(t *testing.T) {
 
 	v, err = h.Verify(ctx)
 	require.NoError(t, err)
-	found := map[string]stack.LayerID{}
+	found := map[string]model.LayerID{}
 	for _, f := range v.Findings {
 		t.Logf("finding: %s", f)
 		found[f.Object] = f.Layer
 		assert.Contains(t, f.Fix, "box doctor --fix", "finding %s names its fix", f)
 	}
-	for chain, layer := range map[string]stack.LayerID{
-		"acl.boxnet": stack.LayerACL, "aclin.boxnet": stack.LayerACL, "aclout.boxnet": stack.LayerACL,
-		"aclfwd.boxnet": stack.LayerACL, "pstrt.boxnet": stack.LayerNAT,
+	for chain, layer := range map[string]model.LayerID{
+		"acl.boxnet": model.LayerACL, "aclin.boxnet": model.LayerACL, "aclout.boxnet": model.LayerACL,
+		"aclfwd.boxnet": model.LayerACL, "pstrt.boxnet": model.LayerNAT,
 	} {
 		assert.Equal(t, layer, found["nft chain inet incus "+chain], "Verify names the missing chain %s under its layer", chain)
 	}

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/box-isolation/box/stack/model"
 	"github.com/stretchr/testify/assert"
 )
 
@@ -14,7 +15,7 @@ func TestSameMeaningFlipsSpellingOnly(t *testing.T) {
 }
 
 func TestIncusChainFindings(t *testing.T) {
-	d := BuildDesired(netip.MustParsePrefix("10.88.0.0/24"), Options{})
+	d := model.BuildDesired(netip.MustParsePrefix("10.88.0.0/24"), model.Options{})
 	whole := map[string]int{"acl.boxnet": 9, "aclin.boxnet": 7, "aclout.boxnet": 5, "aclfwd.boxnet": 2, "pstrt.boxnet": 1, "fwd.boxnet": 2}
 	assert.Empty(t, incusChainFindings(d, whole, true), "Incus's table as it writes it")
 
@@ -27,13 +28,13 @@ func TestIncusChainFindings(t *testing.T) {
 	partial := map[string]int{"acl.boxnet": 0, "aclin.boxnet": 7, "aclout.boxnet": 5, "aclfwd.boxnet": 2}
 	fs := incusChainFindings(d, partial, true)
 	if assert.Len(t, fs, 2) {
-		byObj := map[string]Finding{}
+		byObj := map[string]model.Finding{}
 		for _, f := range fs {
 			byObj[f.Object] = f
 		}
-		assert.Equal(t, LayerACL, byObj["nft chain inet incus acl.boxnet"].Layer)
+		assert.Equal(t, model.LayerACL, byObj["nft chain inet incus acl.boxnet"].Layer)
 		assert.Contains(t, byObj["nft chain inet incus acl.boxnet"].Problem, "holds 0 rules")
-		assert.Equal(t, LayerNAT, byObj["nft chain inet incus pstrt.boxnet"].Layer)
+		assert.Equal(t, model.LayerNAT, byObj["nft chain inet incus pstrt.boxnet"].Layer)
 		assert.Contains(t, byObj["nft chain inet incus pstrt.boxnet"].Problem, "missing from the kernel")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // Leaked veths: a veth pair an instance's NIC left on the bridge, with its
@@ -75,7 +76,7 @@ func (host *Host) removeLeftPorts(inst *incus.Instance) {
 		return
 	}
 	defer g.close()
-	for _, port := range portsOf(Current.Network, inst) {
+	for _, port := range portsOf(model.Current.Network, inst) {
 		if port == "" || g.linkState(port).peer == "" {
 			continue
 		}
@@ -94,11 +95,11 @@ func (host *Host) leakCandidates(ctx context.Context, g *ground) (map[string]str
 	}
 	claimed := map[string]bool{}
 	for i := range insts {
-		for _, p := range portsOf(Current.Network, &insts[i]) {
+		for _, p := range portsOf(model.Current.Network, &insts[i]) {
 			claimed[p] = true
 		}
 	}
-	ports, err := g.bridgePorts(Current.Network)
+	ports, err := g.bridgePorts(model.Current.Network)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // A VM clone gets a machine-id of its own: its disk cannot be written
@@ -22,7 +23,7 @@ func TestVMCloneGetsAFreshMachineID(t *testing.T) {
 	f, h := newClusterFake(t)
 	f.clustered = false
 	f.add("src", "", "Stopped", "")
-	f.insts["src"].Type = TypeVM
+	f.insts["src"].Type = model.TypeVM
 	var md incus.ImageMetadata
 	require.NoError(t, json.Unmarshal([]byte(`{"architecture":"x86_64","properties":{"os":"debian"},"templates":{"/etc/hostname":{"when":["create","copy"],"template":"hostname.tpl"}}}`), &md))
 	var tpl []byte

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -23,11 +24,11 @@ type MigrateRequest struct {
 // onLegacyStack reports whether an instance still uses a legacy object: the
 // legacy profile, or a NIC of its own on the legacy bridge.
 func onLegacyStack(i *incus.Instance) bool {
-	if slices.Contains(i.Profiles, Legacy.Profile) {
+	if slices.Contains(i.Profiles, model.Legacy.Profile) {
 		return true
 	}
 	for _, d := range i.Devices {
-		if d["type"] == "nic" && (d["network"] == Legacy.Network || d["parent"] == Legacy.Network) {
+		if d["type"] == "nic" && (d["network"] == model.Legacy.Network || d["parent"] == model.Legacy.Network) {
 			return true
 		}
 	}
@@ -41,8 +42,8 @@ func onLegacyStack(i *incus.Instance) bool {
 // running, and waited for until it has an address on boxnet. The current
 // stack is ensured first. RetireLegacy removes the legacy objects, and
 // refuses while any instance still uses them.
-func (host *Host) Migrate(ctx context.Context, req MigrateRequest) ([]Change, error) {
-	changes := []Change{}
+func (host *Host) Migrate(ctx context.Context, req MigrateRequest) ([]model.Change, error) {
+	changes := []model.Change{}
 	if req.RetireLegacy {
 		return host.retireLegacy(ctx)
 	}
@@ -79,7 +80,7 @@ func (host *Host) Migrate(ctx context.Context, req MigrateRequest) ([]Change, er
 		if err := host.migrateOne(ctx, name); err != nil {
 			return changes, err
 		}
-		changes = append(changes, Change{Object: "box " + name, Action: "updated", Detail: "moved to " + Current.Network})
+		changes = append(changes, model.Change{Object: "box " + name, Action: "updated", Detail: "moved to " + model.Current.Network})
 	}
 	return changes, nil
 }
@@ -112,7 +113,7 @@ func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 		return fmt.Errorf("migrating %s: %w", name, err)
 	}
 	put := inst.Writable()
-	put.Profiles = []string{Current.Profile}
+	put.Profiles = []string{model.Current.Profile}
 	put.Devices = maps.Clone(put.Devices)
 	for dev, d := range put.Devices {
 		// The box-net profile brings the NIC; an instance NIC of its own
@@ -121,12 +122,12 @@ func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 			delete(put.Devices, dev)
 		}
 	}
-	put.Config[Current.Tag] = "1"
+	put.Config[model.Current.Tag] = "1"
 	if put.Config[StampOrigin] == "" {
-		put.Config[StampOrigin] = "migrated from " + Legacy.Network
+		put.Config[StampOrigin] = "migrated from " + model.Legacy.Network
 	}
 	if err := c.UpdateInstance(ctx, name, put, etag); err != nil {
-		return fmt.Errorf("migrating %s: moving it to %s: %w", name, Current.Profile, err)
+		return fmt.Errorf("migrating %s: moving it to %s: %w", name, model.Current.Profile, err)
 	}
 	if !wasRunning {
 		return nil
@@ -145,7 +146,7 @@ func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 
 // retireLegacy removes the legacy profile, bridge and ACL once nothing uses
 // them.
-func (host *Host) retireLegacy(ctx context.Context) ([]Change, error) {
+func (host *Host) retireLegacy(ctx context.Context) ([]model.Change, error) {
 	c := host.Incus
 	insts, err := c.Instances(ctx, nil)
 	if err != nil {
@@ -160,7 +161,7 @@ func (host *Host) retireLegacy(ctx context.Context) ([]Change, error) {
 	if len(still) > 0 {
 		return nil, fmt.Errorf("instances still on the legacy stack: %v: migrate them first (box migrate-host --all-boxes)", still)
 	}
-	changes, err := host.removeObjects(ctx, Legacy)
+	changes, err := host.removeObjects(ctx, model.Legacy)
 	if err != nil {
 		return changes, err
 	}
@@ -169,9 +170,9 @@ func (host *Host) retireLegacy(ctx context.Context) ([]Change, error) {
 		return changes, err
 	}
 	defer g.close()
-	removed, err := nft.Delete(g.nftConfig(Legacy))
+	removed, err := nft.Delete(g.nftConfig(model.Legacy))
 	for _, r := range removed {
-		changes = append(changes, Change{Object: "nft " + r, Action: "removed"})
+		changes = append(changes, model.Change{Object: "nft " + r, Action: "removed"})
 	}
 	return changes, err
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/box-isolation/box/stack/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -17,11 +18,11 @@ func TestMintNesting(t *testing.T) {
 	_, err := h.Mint(context.Background(), MintRequest{Name: "d", Image: "here", Nesting: true})
 	require.NoError(t, err)
 	req := f.created(t)
-	for k, v := range NestingConfig() {
+	for k, v := range model.NestingConfig() {
 		assert.Equal(t, v, req.Config[k], k)
 	}
-	assert.Equal(t, []string{Current.Profile}, req.Profiles, "the box-net profile only, unchanged")
-	assert.Empty(t, f.srv.Find("PUT", "/1.0/profiles/"+Current.Profile))
+	assert.Equal(t, []string{model.Current.Profile}, req.Profiles, "the box-net profile only, unchanged")
+	assert.Empty(t, f.srv.Find("PUT", "/1.0/profiles/"+model.Current.Profile))
 
 	f, h = newMintFake(t)
 	_, err = h.Mint(context.Background(), MintRequest{Name: "p", Image: "here"})

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // A bridge Incus left Pending. Incus writes a new network's row with this
@@ -76,9 +77,9 @@ func cmpOr(a, b string) string {
 // pendingFinding is doctor's finding for a Pending bridge, with the fix
 // that applies: doctor --fix where nothing is on it, the incus command
 // where boxes are.
-func pendingFinding(net *incus.Network) Finding {
+func pendingFinding(net *incus.Network) model.Finding {
 	instances, _, _ := pendingUsers(net.UsedBy)
-	f := Finding{Layer: LayerNAT, Object: "network " + net.Name,
+	f := model.Finding{Layer: model.LayerNAT, Object: "network " + net.Name,
 		Problem: "Incus has it Pending (a create that never finished): incusd does not start it, and restarting incusd does not help"}
 	if len(instances) == 0 {
 		f.Fix = "box doctor --fix (no instance is on it: box removes it, with its leftover kernel bridge and dnsmasq, and makes it again on the same subnet)"
@@ -100,7 +101,7 @@ func (host *Host) repairPending(ctx context.Context, g *ground, net *incus.Netwo
 			net.Name, strings.Join(instances, ", "), pendingFix(net.Name))
 	}
 	for i, ref := range refs {
-		if ref[1] != Current.Profile {
+		if ref[1] != model.Current.Profile {
 			return fmt.Errorf("network %s is Pending in Incus's database and profile %s names it: remove that NIC from the profile, then box doctor --fix", net.Name, profiles[i])
 		}
 		if ref[0] != "" && ref[0] != "default" {

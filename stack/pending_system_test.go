@@ -18,6 +18,7 @@ import (
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // cutCreate leaves boxnet Pending the way it happens: a create whose
@@ -32,7 +33,7 @@ func cutCreate(t *testing.T, ctx context.Context, st *world.State, h *stack.Host
 		return (&net.Dialer{}).DialContext(ctx, "unix", st.IncusSocket)
 	}}}
 	body := fmt.Sprintf(`{"name":%q,"type":"bridge","config":{"ipv4.address":%q,"ipv4.nat":"true","ipv6.address":"none"}}`,
-		stack.Current.Network, netip.PrefixFrom(subnet.Addr().Next(), subnet.Bits()).String())
+		model.Current.Network, netip.PrefixFrom(subnet.Addr().Next(), subnet.Bits()).String())
 	for cut := 10 * time.Millisecond; cut < 2*time.Second; cut += 5 * time.Millisecond {
 		rctx, cancel := context.WithTimeout(ctx, cut)
 		req, err := http.NewRequestWithContext(rctx, http.MethodPost, "http://incus/1.0/networks", strings.NewReader(body))
@@ -44,7 +45,7 @@ func cutCreate(t *testing.T, ctx context.Context, st *world.State, h *stack.Host
 		cancel()
 		// Incus goes on with the request for a moment after the cut.
 		time.Sleep(300 * time.Millisecond)
-		n, _, err := h.Incus.Network(ctx, stack.Current.Network)
+		n, _, err := h.Incus.Network(ctx, model.Current.Network)
 		switch {
 		case incus.IsNotFound(err):
 			continue
@@ -78,7 +79,7 @@ func incusSQL(t *testing.T, st *world.State, query string) {
 	require.NoError(t, err, "incus admin sql: %s", out)
 }
 
-func pendingFindings(v *stack.Verification) (pending, restart []stack.Finding) {
+func pendingFindings(v *stack.Verification) (pending, restart []model.Finding) {
 	for _, f := range v.Findings {
 		if strings.Contains(f.Problem, "Pending") {
 			pending = append(pending, f)
@@ -100,7 +101,7 @@ func TestSystemPendingBridgeRepaired(t *testing.T) {
 	ctx, h, st := worldHost(t)
 	subnet := netip.MustParsePrefix("10.88.0.0/24")
 	cutCreate(t, ctx, st, h, subnet)
-	n, _, err := h.Incus.Network(ctx, stack.Current.Network)
+	n, _, err := h.Incus.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	require.Equal(t, "Pending", n.Status, "the state made is the one Incus reports")
 	v, err := h.Verify(ctx)
@@ -121,7 +122,7 @@ func TestSystemPendingBridgeRepaired(t *testing.T) {
 	assert.Contains(t, joined, "removed network boxnet")
 	assert.Contains(t, joined, "created network boxnet")
 	assert.Equal(t, subnet, rep.Subnet.Subnet, "made again on its subnet")
-	n, _, err = h.Incus.Network(ctx, stack.Current.Network)
+	n, _, err = h.Incus.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	assert.Equal(t, "Created", n.Status)
 	v, err = h.Verify(ctx)

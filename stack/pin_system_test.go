@@ -23,6 +23,7 @@ import (
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/nstest"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -45,7 +46,7 @@ func TestSystemNATInsideABoxWithPinning(t *testing.T) {
 	v, err := h.Verify(ctx)
 	require.NoError(t, err)
 	for _, f := range v.Findings {
-		assert.NotEqual(t, stack.LayerPin, f.Layer, "the box is pinned: %s", f)
+		assert.NotEqual(t, model.LayerPin, f.Layer, "the box is pinned: %s", f)
 	}
 	_, nc := nftIn(t, st)
 	present, err := nft.PinsPresent(nc)

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -79,7 +80,7 @@ func (host *Host) fleetOf(ctx context.Context, insts []incus.Instance) (fleet, e
 
 // planPins says what to pin on ports.
 func (f fleet) planPins(ports []string) *pinPlan {
-	return pinPlanOf(Current.Network, f.insts, ports)
+	return pinPlanOf(model.Current.Network, f.insts, ports)
 }
 
 // bridgeLeases reads the bridge's leases in every project with an instance
@@ -95,7 +96,7 @@ func (host *Host) bridgeLeases(ctx context.Context, insts []incus.Instance) ([]i
 	var out []incus.NetworkLease
 	seen := map[string]bool{}
 	for _, p := range projects {
-		ls, err := host.Incus.Project(p).NetworkLeases(ctx, Current.Network)
+		ls, err := host.Incus.Project(p).NetworkLeases(ctx, model.Current.Network)
 		if err != nil {
 			return nil, fmt.Errorf("project %s: %w", p, err)
 		}
@@ -155,20 +156,20 @@ func pinPlanOf(bridge string, insts []incus.Instance, ports []string) *pinPlan {
 }
 
 // pinFindings turns the pin table's findings into Verify's.
-func pinFindings(nf []nft.Finding, p *pinPlan) []Finding {
-	var out []Finding
+func pinFindings(nf []nft.Finding, p *pinPlan) []model.Finding {
+	var out []model.Finding
 	for _, f := range nf {
-		layer := LayerPin
+		layer := model.LayerPin
 		if dhcpRule(f.Problem) {
-			layer = LayerDHCP // the pin table's DHCP drops are L-DHCP's
+			layer = model.LayerDHCP // the pin table's DHCP drops are L-DHCP's
 		}
-		out = append(out, Finding{Layer: layer, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
+		out = append(out, model.Finding{Layer: layer, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
 	}
 	for _, n := range p.notes {
-		out = append(out, Finding{Layer: LayerPin, Object: "pins", Problem: n, Fix: "give one of them another address (box incus N -- config device set {} eth0 ipv4.address=ADDR)"})
+		out = append(out, model.Finding{Layer: model.LayerPin, Object: "pins", Problem: n, Fix: "give one of them another address (box incus N -- config device set {} eth0 ipv4.address=ADDR)"})
 	}
 	if len(p.unresolved) > 0 {
-		out = append(out, Finding{Layer: LayerPin, Object: "pins", Advisory: true,
+		out = append(out, model.Finding{Layer: model.LayerPin, Object: "pins", Advisory: true,
 			Problem: "ports no instance claims are not pinned: " + strings.Join(p.unresolved, ", "), Fix: "box doctor (the census names a stray port)"})
 	}
 	return out

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // The pins come from the host's account: the MAC Incus gave each NIC and
@@ -57,7 +58,7 @@ func TestPinPlan(t *testing.T) {
 	assert.Contains(t, p.notes[0], "10.88.0.11 is the fixed address of the NICs of both veth-b and veth-twin")
 	f := pinFindings(nil, p)
 	require.Len(t, f, 2)
-	assert.Equal(t, LayerPin, f[0].Layer)
+	assert.Equal(t, model.LayerPin, f[0].Layer)
 	assert.False(t, f[0].Advisory, "two boxes with one address fail the layer")
 	assert.True(t, f[1].Advisory, "an unclaimed port is the census's to name")
 }

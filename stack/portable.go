@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // Export and import: a box with its snapshots as one file, in Incus's
@@ -208,10 +209,10 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 	}
 	// Its egress allowlist travels by its names: this host learns it, or
 	// the box is not made (an allowlisted box must never come up open).
-	if id := put.Config[KeyEgress]; id != "" {
-		names, err := NormalizeNames(strings.Split(put.Config[KeyEgressNames], ","))
-		if err != nil || PolicyID(names) != id {
-			return nil, &ImportRefusedError{File: file, Reasons: []string{fmt.Sprintf("it is under egress allowlist %s, whose names the file does not carry (%s=%q): import it on a host that has the allowlist, or export it again from a box whose allowlist was set with this version", id, KeyEgressNames, put.Config[KeyEgressNames])}}
+	if id := put.Config[model.KeyEgress]; id != "" {
+		names, err := model.NormalizeNames(strings.Split(put.Config[model.KeyEgressNames], ","))
+		if err != nil || model.PolicyID(names) != id {
+			return nil, &ImportRefusedError{File: file, Reasons: []string{fmt.Sprintf("it is under egress allowlist %s, whose names the file does not carry (%s=%q): import it on a host that has the allowlist, or export it again from a box whose allowlist was set with this version", id, model.KeyEgressNames, put.Config[model.KeyEgressNames])}}
 		}
 		if _, err := host.ensurePolicy(ctx, id, names); err != nil {
 			return nil, fmt.Errorf("importing %s: its egress allowlist: %w", file, err)
@@ -242,7 +243,7 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 		return nil, err
 	}
 	put.Config["volatile.uuid"], put.Config["volatile.uuid.generation"] = uuid, uuid
-	put.Config[Current.Tag] = "1"
+	put.Config[model.Current.Tag] = "1"
 	put.Config[StampMinted] = time.Now().UTC().Format(time.RFC3339)
 	abs, err := filepath.Abs(file)
 	if err != nil {
@@ -251,7 +252,7 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 	put.Config[StampOrigin] = fmt.Sprintf("import of %s from %s", bf.Name, abs)
 	if put.Config["limits.memory"] != "" && net.Config[KeyMemoryLimits] == memoryUnsupported {
 		res.Notes = append(res.Notes, fmt.Sprintf("%s: this host cannot apply one (%s=%s on %s), so limits.memory=%s from the file was dropped",
-			NoteNoMemoryLimit, KeyMemoryLimits, memoryUnsupported, Current.Network, put.Config["limits.memory"]))
+			NoteNoMemoryLimit, KeyMemoryLimits, memoryUnsupported, model.Current.Network, put.Config["limits.memory"]))
 		delete(put.Config, "limits.memory")
 	}
 	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
@@ -283,7 +284,7 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 // what Incus made, or the import is undone.
 func (host *Host) judgeImported(ctx context.Context, file string, inst *incus.Instance) error {
 	var reasons []string
-	for _, p := range judgeDefinition(Current.Network, inst).Problems {
+	for _, p := range judgeDefinition(model.Current.Network, inst).Problems {
 		reasons = append(reasons, "as Incus made it, the box: "+p.What)
 	}
 	snaps, err := host.Incus.SnapshotDefinitions(ctx, inst.Name)
@@ -291,7 +292,7 @@ func (host *Host) judgeImported(ctx context.Context, file string, inst *incus.In
 		return fmt.Errorf("importing %s: %w", file, err)
 	}
 	for i := range snaps {
-		for _, p := range judgeDefinition(Current.Network, &snaps[i]).Problems {
+		for _, p := range judgeDefinition(model.Current.Network, &snaps[i]).Problems {
 			reasons = append(reasons, fmt.Sprintf("as Incus made it, snapshot %s: %s", snaps[i].Name, p.What))
 		}
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // stackFake is a fake incusd with the stack (boxnet, box-net and a
@@ -84,8 +85,8 @@ func newStackFake(t *testing.T) (*stackFake, *Host) {
 	f.madeFrom = func(name string) map[string]any {
 		p := hostProfiles()["box-net"]
 		return map[string]any{"name": name, "status": "Stopped", "type": "container", "profiles": []string{"box-net"},
-			"config": map[string]string{Current.Tag: "1"}, "devices": map[string]any{}, "expanded_devices": p.Devices,
-			"expanded_config": map[string]string{Current.Tag: "1"}}
+			"config": map[string]string{model.Current.Tag: "1"}, "devices": map[string]any{}, "expanded_devices": p.Devices,
+			"expanded_config": map[string]string{model.Current.Tag: "1"}}
 	}
 	return f, &Host{Incus: incus.New(f.srv.Socket())}
 }
@@ -119,7 +120,7 @@ func TestImportRefusesBeforeCreatingAnything(t *testing.T) {
 	assert.Empty(t, f.writes(), "nothing reached incusd but reads")
 
 	notABox := newBackupFixture()
-	delete(notABox.backup.Container.Config, Current.Tag)
+	delete(notABox.backup.Container.Config, model.Current.Tag)
 	_, err = h.Import(context.Background(), fixtureFile(t, notABox), "copy")
 	require.ErrorAs(t, err, &refused)
 	assert.Contains(t, err.Error(), "it is not a box")

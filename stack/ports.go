@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -101,14 +102,14 @@ func (host *Host) syncPorts(ctx context.Context) (portsRefresh, error) {
 		return r, err
 	}
 	defer g.close()
-	ports, isolated, err := g.isolatePorts(Current.Network)
+	ports, isolated, err := g.isolatePorts(model.Current.Network)
 	if len(isolated) > 0 {
 		r.isolated, r.isolatedAt = isolated, time.Now()
 	}
 	if err != nil {
 		return r, err
 	}
-	ncfg := g.nftConfig(Current)
+	ncfg := g.nftConfig(model.Current)
 	_, bridge, err := nft.Present(ncfg)
 	if err != nil || !bridge {
 		return r, err // no bridge table: nothing to refresh (doctor reports it)
@@ -136,7 +137,7 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 		return err
 	}
 	defer g.close()
-	ncfg := g.nftConfig(Current)
+	ncfg := g.nftConfig(model.Current)
 	present, err := nft.PinsPresent(ncfg)
 	if err != nil {
 		return err
@@ -181,7 +182,7 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	if !present {
 		return nil
 	}
-	ports, err := g.bridgePorts(Current.Network)
+	ports, err := g.bridgePorts(model.Current.Network)
 	if err != nil {
 		return err
 	}

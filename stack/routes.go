@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -105,31 +106,31 @@ func (g *ground) routeView(bridge string) (nft.Route, error) {
 }
 
 // ensureRoute converges the route table to the host's default routes.
-func (host *Host) ensureRoute(g *ground) ([]Change, error) {
-	rt, err := g.routeView(Current.Network)
+func (host *Host) ensureRoute(g *ground) ([]model.Change, error) {
+	rt, err := g.routeView(model.Current.Network)
 	if err != nil {
-		return nil, fmt.Errorf("reading the routes for %s: %w", LayerRoute, err)
+		return nil, fmt.Errorf("reading the routes for %s: %w", model.LayerRoute, err)
 	}
-	applied, err := nft.ApplyRoute(g.nftConfig(Current), rt)
+	applied, err := nft.ApplyRoute(g.nftConfig(model.Current), rt)
 	if err != nil {
 		return nil, fmt.Errorf("applying the route table: %w", err)
 	}
-	var out []Change
+	var out []model.Change
 	for _, a := range applied {
-		out = append(out, Change{"nft", "updated", a})
+		out = append(out, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
 	return out, nil
 }
 
 // verifyRoute compares the route table with the default routes of the
 // moment; notes say what a box may leave by.
-func (host *Host) verifyRoute(g *ground) (findings []Finding, notes []string, err error) {
-	rt, err := g.routeView(Current.Network)
+func (host *Host) verifyRoute(g *ground) (findings []model.Finding, notes []string, err error) {
+	rt, err := g.routeView(model.Current.Network)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading the routes for %s: %w", LayerRoute, err)
+		return nil, nil, fmt.Errorf("reading the routes for %s: %w", model.LayerRoute, err)
 	}
 	up := rt.Uplinks
-	rf, err := nft.VerifyRoute(g.nftConfig(Current), rt)
+	rf, err := nft.VerifyRoute(g.nftConfig(model.Current), rt)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the route table: %w", err)
 	}
@@ -140,10 +141,10 @@ func (host *Host) verifyRoute(g *ground) (findings []Finding, notes []string, er
 		// drill's own LAN stand-in adds host routes by its veth for the
 		// run). The uplink set and the table's shape are not.
 		advisory := strings.Contains(f.Problem, "ip daddr ")
-		findings = append(findings, Finding{Layer: LayerRoute, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure, Advisory: advisory})
+		findings = append(findings, model.Finding{Layer: model.LayerRoute, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure, Advisory: advisory})
 	}
 	if len(up) == 0 {
-		notes = append(notes, "the host has no default route: boxes reach nothing outside the host until it has one ("+string(LayerRoute)+")")
+		notes = append(notes, "the host has no default route: boxes reach nothing outside the host until it has one ("+string(model.LayerRoute)+")")
 	}
 	return findings, notes, nil
 }
@@ -168,11 +169,11 @@ const (
 func (host *Host) watchRoutes(ctx context.Context, logf func(string, ...any)) {
 	g, err := host.ground()
 	if err != nil {
-		logf("%s: watching routes: %v", LayerRoute, err)
+		logf("%s: watching routes: %v", model.LayerRoute, err)
 		return
 	}
 	defer g.close()
-	ncfg := g.nftConfig(Current)
+	ncfg := g.nftConfig(model.Current)
 	// Route events, and link and address events: IPv4 routes a link
 	// takes down with it, or an address takes with it, go without a route
 	// event of their own (measured: TestPrivilegedRouteUplinks).
@@ -192,7 +193,7 @@ func (host *Host) watchRoutes(ctx context.Context, logf func(string, ...any)) {
 	}
 	missing := false
 	syncSet := func(why string) {
-		rt, err := g.routeView(Current.Network)
+		rt, err := g.routeView(model.Current.Network)
 		if err == nil {
 			var present bool
 			if present, err = nft.RoutePresent(ncfg); err == nil && !present {
@@ -204,19 +205,19 @@ func (host *Host) watchRoutes(ctx context.Context, logf func(string, ...any)) {
 			if changed, err = nft.ApplyRoute(ncfg, rt); err == nil {
 				missing = false
 				if len(changed) > 0 {
-					logf("%s: %s (%s)", LayerRoute, strings.Join(changed, "; "), why)
+					logf("%s: %s (%s)", model.LayerRoute, strings.Join(changed, "; "), why)
 				}
 				return
 			}
 		}
 		if errors.Is(err, nft.ErrNotApplied) {
 			if !missing {
-				logf("%s: table inet %s is missing: boxes may leave by any route until `box doctor --fix` makes it", LayerRoute, ncfg.RouteTable())
+				logf("%s: table inet %s is missing: boxes may leave by any route until `box doctor --fix` makes it", model.LayerRoute, ncfg.RouteTable())
 			}
 			missing = true
 			return
 		}
-		logf("%s: keeping the uplink set: %v", LayerRoute, err)
+		logf("%s: keeping the uplink set: %v", model.LayerRoute, err)
 	}
 
 	resync := time.NewTicker(routeResync)
@@ -231,7 +232,7 @@ func (host *Host) watchRoutes(ctx context.Context, logf func(string, ...any)) {
 			return
 		case <-retry.C:
 			if err := subscribe(); err != nil {
-				logf("%s: subscribing to route events failed: %v; trying again in %s", LayerRoute, err, watchRetry)
+				logf("%s: subscribing to route events failed: %v; trying again in %s", model.LayerRoute, err, watchRetry)
 				retry.Reset(watchRetry)
 				continue
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -184,16 +185,16 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	f, _, err = w.host.verifyRoute(g)
 	require.NoError(t, err)
 	require.Len(t, f, 1)
-	assert.Equal(t, LayerRoute, f[0].Layer)
+	assert.Equal(t, model.LayerRoute, f[0].Layer)
 	assert.Contains(t, f[0].Problem, "unexpected interfaces lan0")
 
 	// Deleted: Verify says so, the watcher leaves it deleted, Ensure makes it again.
-	ok, err := nft.DeleteRoute(g.nftConfig(Current))
+	ok, err := nft.DeleteRoute(g.nftConfig(model.Current))
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, w.h.RouteAdd(routeVia(lan, "0.0.0.0/0", "192.168.30.2", 7)))
 	w.waitLog(t, "table inet box_route is missing")
-	present, err := nft.RoutePresent(g.nftConfig(Current))
+	present, err := nft.RoutePresent(g.nftConfig(model.Current))
 	require.NoError(t, err)
 	assert.False(t, present, "the watcher does not make the table")
 	f, _, err = w.host.verifyRoute(g)

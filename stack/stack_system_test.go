@@ -24,6 +24,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -37,7 +38,7 @@ func worldHost(t *testing.T) (context.Context, *stack.Host, *world.State) {
 	t.Cleanup(cancel)
 	_, err := image.Ensure(ctx, c, image.DefaultAlias, image.Options{})
 	require.NoError(t, err)
-	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: stack.Options{DNS: []netip.Addr{world.Resolver}}}
+	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: model.Options{DNS: []netip.Addr{world.Resolver}}}
 	bare := func() {
 		_, err := h.Teardown(context.Background(), true)
 		require.NoError(t, err, "tearing the stack down")
@@ -79,7 +80,7 @@ func nftIn(t *testing.T, st *world.State) (*nftables.Conn, nft.Config) {
 func objects(t *testing.T, ctx context.Context, c *incus.Client) []string {
 	t.Helper()
 	var out []string
-	for _, gen := range []stack.Generation{stack.Current, stack.Legacy} {
+	for _, gen := range []model.Generation{model.Current, model.Legacy} {
 		if _, _, err := c.Network(ctx, gen.Network); err == nil {
 			out = append(out, "network "+gen.Network)
 		}
@@ -170,13 +171,13 @@ func TestSystemDriftIsFoundAndHealed(t *testing.T) {
 
 	v, err := h.Verify(ctx)
 	require.NoError(t, err)
-	layers := map[stack.LayerID]bool{}
+	layers := map[model.LayerID]bool{}
 	for _, f := range v.Findings {
 		layers[f.Layer] = true
 		assert.NotEmpty(t, f.Fix, "finding %s names its fix", f)
 		t.Logf("finding: %s", f)
 	}
-	for _, l := range []stack.LayerID{stack.LayerBridgeDrop, stack.LayerPortIso, stack.LayerDNS, stack.LayerV6, stack.LayerRoute} {
+	for _, l := range []model.LayerID{model.LayerBridgeDrop, model.LayerPortIso, model.LayerDNS, model.LayerV6, model.LayerRoute} {
 		assert.True(t, layers[l], "Verify names the %s drift", l)
 	}
 
@@ -465,7 +466,7 @@ func TestSystemDockerForwardDrop(t *testing.T) {
 	for _, f := range v.Findings {
 		if strings.Contains(f.Object, "chain FORWARD") {
 			found = true
-			assert.Equal(t, stack.LayerNAT, f.Layer)
+			assert.Equal(t, model.LayerNAT, f.Layer)
 		}
 	}
 	assert.True(t, found, "Verify names the blocker: %v", v.Findings)

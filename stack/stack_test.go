@@ -5,37 +5,40 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/box-isolation/box/stack/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-func use(p, what string) AddressUse { return AddressUse{Prefix: netip.MustParsePrefix(p), What: what} }
+func use(p, what string) model.AddressUse {
+	return model.AddressUse{Prefix: netip.MustParsePrefix(p), What: what}
+}
 
 func TestPickSubnet(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		pin     string
-		uses    []AddressUse
+		uses    []model.AddressUse
 		want    string
 		auto    bool
 		wantErr string
 	}{
 		{name: "free default", want: "10.88.0.0/24"},
-		{name: "default route uses nothing", uses: []AddressUse{use("0.0.0.0/0", "default route")}, want: "10.88.0.0/24"},
-		{name: "connected route on the default", uses: []AddressUse{use("10.88.0.0/24", "route dev eth1")}, want: "10.89.0.0/24", auto: true},
-		{name: "a wider route covering it", uses: []AddressUse{use("10.88.0.0/15", "route dev vpn0")}, want: "10.90.0.0/24", auto: true},
-		{name: "the host's own gateway inside it (running in a box)", uses: []AddressUse{use("10.88.0.1/32", "default gateway")}, want: "10.89.0.0/24", auto: true},
-		{name: "a local address inside it", uses: []AddressUse{use("10.88.0.0/24", "address 10.88.0.7/24 on eth0"), use("10.89.0.0/24", "x")}, want: "10.90.0.0/24", auto: true},
-		{name: "pinned and free", pin: "10.100.0.0/24", uses: []AddressUse{use("10.88.0.0/24", "x")}, want: "10.100.0.0/24"},
-		{name: "pinned and claimed is refused", pin: "10.88.0.0/24", uses: []AddressUse{use("10.88.0.0/16", "route 10.88.0.0/16 dev eth1")}, wantErr: "BOX_SUBNET=10.88.0.0/24 is already claimed by route 10.88.0.0/16 dev eth1"},
-		{name: "everything claimed", uses: []AddressUse{use("10.64.0.0/10", "route big")}, wantErr: "no free /24"},
+		{name: "default route uses nothing", uses: []model.AddressUse{use("0.0.0.0/0", "default route")}, want: "10.88.0.0/24"},
+		{name: "connected route on the default", uses: []model.AddressUse{use("10.88.0.0/24", "route dev eth1")}, want: "10.89.0.0/24", auto: true},
+		{name: "a wider route covering it", uses: []model.AddressUse{use("10.88.0.0/15", "route dev vpn0")}, want: "10.90.0.0/24", auto: true},
+		{name: "the host's own gateway inside it (running in a box)", uses: []model.AddressUse{use("10.88.0.1/32", "default gateway")}, want: "10.89.0.0/24", auto: true},
+		{name: "a local address inside it", uses: []model.AddressUse{use("10.88.0.0/24", "address 10.88.0.7/24 on eth0"), use("10.89.0.0/24", "x")}, want: "10.90.0.0/24", auto: true},
+		{name: "pinned and free", pin: "10.100.0.0/24", uses: []model.AddressUse{use("10.88.0.0/24", "x")}, want: "10.100.0.0/24"},
+		{name: "pinned and claimed is refused", pin: "10.88.0.0/24", uses: []model.AddressUse{use("10.88.0.0/16", "route 10.88.0.0/16 dev eth1")}, wantErr: "BOX_SUBNET=10.88.0.0/24 is already claimed by route 10.88.0.0/16 dev eth1"},
+		{name: "everything claimed", uses: []model.AddressUse{use("10.64.0.0/10", "route big")}, wantErr: "no free /24"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var pin netip.Prefix
 			if tc.pin != "" {
 				pin = netip.MustParsePrefix(tc.pin)
 			}
-			got, err := PickSubnet(pin, tc.uses)
+			got, err := model.PickSubnet(pin, tc.uses)
 			if tc.wantErr != "" {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tc.wantErr)
@@ -53,20 +56,20 @@ func TestPickSubnet(t *testing.T) {
 
 func TestOptionsFromEnv(t *testing.T) {
 	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-	o, err := OptionsFromEnv(env(map[string]string{"BOX_SUBNET": "10.99.0.0/24", "BOX_DNS": "203.0.113.53, 9.9.9.9"}))
+	o, err := model.OptionsFromEnv(env(map[string]string{"BOX_SUBNET": "10.99.0.0/24", "BOX_DNS": "203.0.113.53, 9.9.9.9"}))
 	require.NoError(t, err)
 	assert.Equal(t, "10.99.0.0/24", o.Subnet.String())
 	assert.Equal(t, []netip.Addr{netip.MustParseAddr("203.0.113.53"), netip.MustParseAddr("9.9.9.9")}, o.DNS)
 	for _, bad := range []string{"10.99.0.0/16", "10.99.0.5/24", "fd00::/64", "nonsense"} {
-		_, err := OptionsFromEnv(env(map[string]string{"BOX_SUBNET": bad}))
+		_, err := model.OptionsFromEnv(env(map[string]string{"BOX_SUBNET": bad}))
 		assert.Error(t, err, bad)
 	}
-	_, err = OptionsFromEnv(env(map[string]string{"BOX_DNS": "resolver.example"}))
+	_, err = model.OptionsFromEnv(env(map[string]string{"BOX_DNS": "resolver.example"}))
 	assert.Error(t, err)
 }
 
 func TestDesiredStack(t *testing.T) {
-	d := BuildDesired(netip.MustParsePrefix("10.88.0.0/24"), Options{DNS: []netip.Addr{netip.MustParseAddr("203.0.113.53")}})
+	d := model.BuildDesired(netip.MustParsePrefix("10.88.0.0/24"), model.Options{DNS: []netip.Addr{netip.MustParseAddr("203.0.113.53")}})
 	assert.Equal(t, "10.88.0.1", d.Gateway.String())
 	c := d.Network.Config
 	assert.Equal(t, "10.88.0.1/24", c["ipv4.address"])
@@ -99,7 +102,7 @@ func TestDesiredStack(t *testing.T) {
 }
 
 func TestProfileDiffNamesEveryDrift(t *testing.T) {
-	d := BuildDesired(DefaultSubnet, Options{})
+	d := model.BuildDesired(model.DefaultSubnet, model.Options{})
 	live := d.Profile
 	live.Devices = map[string]map[string]string{
 		"eth0": {"type": "nic", "network": "boxnet", "name": "eth0", "security.port_isolation": "false"},
@@ -118,28 +121,28 @@ func TestProfileDiffNamesEveryDrift(t *testing.T) {
 // The operator's choices are stored on the bridge and are what a later run
 // without the environment converges on; what the environment says wins.
 func TestOptionsStoredOnTheBridge(t *testing.T) {
-	chosen := Options{DNS: []netip.Addr{netip.MustParseAddr("192.168.20.53"), netip.MustParseAddr("10.0.0.53")},
+	chosen := model.Options{DNS: []netip.Addr{netip.MustParseAddr("192.168.20.53"), netip.MustParseAddr("10.0.0.53")},
 		Subnet: netip.MustParsePrefix("10.99.0.0/24")}
-	d := BuildDesired(chosen.Subnet, chosen)
+	d := model.BuildDesired(chosen.Subnet, chosen)
 	stored := d.Network.Config
-	require.Equal(t, "192.168.20.53,10.0.0.53", stored[KeyDNS])
-	require.Equal(t, "10.99.0.0/24", stored[KeySubnet])
+	require.Equal(t, "192.168.20.53,10.0.0.53", stored[model.KeyDNS])
+	require.Equal(t, "10.99.0.0/24", stored[model.KeySubnet])
 
-	none, err := Options{}.With(stored)
+	none, err := model.Options{}.With(stored)
 	require.NoError(t, err)
 	assert.Equal(t, chosen.DNS, none.DNS, "no BOX_DNS: the stored choice")
 	assert.Equal(t, chosen.Subnet, none.Subnet)
-	again := BuildDesired(chosen.Subnet, none)
+	again := model.BuildDesired(chosen.Subnet, none)
 	assert.Equal(t, d.Network.Config["raw.dnsmasq"], again.Network.Config["raw.dnsmasq"], "doctor without the environment wants what setup-host made")
 
-	now, err := Options{DNS: []netip.Addr{netip.MustParseAddr("9.9.9.9")}}.With(stored)
+	now, err := model.Options{DNS: []netip.Addr{netip.MustParseAddr("9.9.9.9")}}.With(stored)
 	require.NoError(t, err)
 	assert.Equal(t, []netip.Addr{netip.MustParseAddr("9.9.9.9")}, now.DNS, "BOX_DNS given now wins")
 
-	def := BuildDesired(chosen.Subnet, Options{})
-	assert.NotContains(t, def.Network.Config, KeyDNS, "nothing chosen, nothing stored: the defaults stay the defaults")
+	def := model.BuildDesired(chosen.Subnet, model.Options{})
+	assert.NotContains(t, def.Network.Config, model.KeyDNS, "nothing chosen, nothing stored: the defaults stay the defaults")
 	assert.Contains(t, def.Network.Config["raw.dnsmasq"], "server=1.1.1.1")
 
-	_, err = Options{}.With(map[string]string{KeyDNS: "not-an-address"})
+	_, err = model.Options{}.With(map[string]string{model.KeyDNS: "not-an-address"})
 	assert.ErrorContains(t, err, "BOX_DNS=... box setup-host")
 }

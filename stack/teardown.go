@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -16,7 +17,7 @@ import (
 // and names them, unless removeBoxes is set, in which case they are
 // deleted (with their snapshots) first. A second Teardown finds nothing and
 // changes nothing.
-func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, error) {
+func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Change, error) {
 	unlock, err := host.lockSetup(ctx)
 	if err != nil {
 		return nil, err
@@ -32,7 +33,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, err
 		return nil, err
 	}
 	defer unmark()
-	changes := []Change{}
+	changes := []model.Change{}
 	if len(boxes) > 0 {
 		if !removeBoxes {
 			return nil, fmt.Errorf("%d boxes still exist (%s): remove them with `box rm`, or pass --force to delete them with the stack", len(boxes), strings.Join(names(boxes), ", "))
@@ -42,7 +43,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, err
 			if err := host.removeInstance(ctx, b.Name); err != nil {
 				return changes, err
 			}
-			changes = append(changes, Change{Object: "box " + b.Name, Action: "removed"})
+			changes = append(changes, model.Change{Object: "box " + b.Name, Action: "removed"})
 		}
 	}
 
@@ -52,7 +53,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, err
 	}
 	defer g.close()
 	var errs []error
-	for _, gen := range []Generation{Current, Legacy} {
+	for _, gen := range []model.Generation{model.Current, model.Legacy} {
 		removed, err := host.removeObjects(ctx, gen)
 		changes = append(changes, removed...)
 		if err != nil {
@@ -64,14 +65,14 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, err
 				errs = append(errs, fmt.Errorf("removing nft tables: %w", err))
 			}
 			for _, r := range removed {
-				changes = append(changes, Change{Object: "nft " + r, Action: "removed"})
+				changes = append(changes, model.Change{Object: "nft " + r, Action: "removed"})
 			}
 		}
 	}
 	// The egress design's host objects and the egress service's files.
 	did, err := g.deleteEgressNet()
 	for _, d := range did {
-		changes = append(changes, Change{Object: "egress routing", Action: "removed", Detail: d})
+		changes = append(changes, model.Change{Object: "egress routing", Action: "removed", Detail: d})
 	}
 	if err != nil {
 		errs = append(errs, err)
@@ -100,9 +101,9 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]Change, err
 // removeObjects deletes a generation's Incus objects: the profile before
 // the network (it refers to it), the network before the ACL (it uses it).
 // Objects already gone are skipped.
-func (host *Host) removeObjects(ctx context.Context, gen Generation) ([]Change, error) {
+func (host *Host) removeObjects(ctx context.Context, gen model.Generation) ([]model.Change, error) {
 	c := host.Incus
-	changes := []Change{}
+	changes := []model.Change{}
 	var errs []error
 	for _, s := range []struct {
 		kind, name string
@@ -115,7 +116,7 @@ func (host *Host) removeObjects(ctx context.Context, gen Generation) ([]Change, 
 		err := s.del(ctx, s.name)
 		switch {
 		case err == nil:
-			changes = append(changes, Change{Object: s.kind + " " + s.name, Action: "removed"})
+			changes = append(changes, model.Change{Object: s.kind + " " + s.name, Action: "removed"})
 		case !incus.IsNotFound(err):
 			errs = append(errs, fmt.Errorf("removing %s %s: %w (is something box did not mint still using it? `incus %s show %s` lists its users)", s.kind, s.name, err, s.kind, s.name))
 		}
@@ -131,12 +132,12 @@ const ProbeImagePrefix = "box probe image"
 // stack: the probe images they imported. box installs no Incus package and
 // initialises nothing in Incus (no storage pool, no default profile), so
 // that is all; the Incus package itself is the operator's to remove.
-func (host *Host) PurgeIncus(ctx context.Context) ([]Change, error) {
+func (host *Host) PurgeIncus(ctx context.Context) ([]model.Change, error) {
 	imgs, err := host.Incus.Images(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing images: %w", err)
 	}
-	var changes []Change
+	var changes []model.Change
 	for _, img := range imgs {
 		if !strings.HasPrefix(img.Properties["description"], ProbeImagePrefix) {
 			continue
@@ -144,7 +145,7 @@ func (host *Host) PurgeIncus(ctx context.Context) ([]Change, error) {
 		if err := host.Incus.DeleteImage(ctx, img.Fingerprint); err != nil && !incus.IsNotFound(err) {
 			return changes, fmt.Errorf("removing the probe image %.12s: %w", img.Fingerprint, err)
 		}
-		changes = append(changes, Change{Object: "image " + img.Fingerprint[:12], Action: "removed", Detail: img.Properties["description"]})
+		changes = append(changes, model.Change{Object: "image " + img.Fingerprint[:12], Action: "removed", Detail: img.Properties["description"]})
 	}
 	return changes, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/box-isolation/box/internal/accounts"
 	"github.com/box-isolation/box/internal/ascred"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // Access tiers (docs/tiers.md). A granted user talks to Incus through
@@ -71,7 +72,7 @@ var tierSet = map[string]string{
 	"features.networks":                        "false",
 	"features.profiles":                        "true",
 	"restricted":                               "true",
-	"restricted.networks.access":               Current.Network,
+	"restricted.networks.access":               model.Current.Network,
 	"restricted.devices.nic":                   "managed",
 	"restricted.devices.disk":                  "managed",
 	"restricted.devices.proxy":                 "block",
@@ -164,10 +165,10 @@ type Tier struct {
 	Project string `json:"project"`
 	// State: granted, revoked, stock (made by incus-user, never narrowed),
 	// or purged (only box's tombstone is left).
-	State    string    `json:"state"`
-	InGroup  bool      `json:"in_group"`
-	Boxes    int       `json:"boxes"`
-	Findings []Finding `json:"findings,omitempty"`
+	State    string          `json:"state"`
+	InGroup  bool            `json:"in_group"`
+	Boxes    int             `json:"boxes"`
+	Findings []model.Finding `json:"findings,omitempty"`
 }
 
 // Tier states beyond KeyTier's.
@@ -231,18 +232,18 @@ func (host *Host) Tiers(ctx context.Context, group string) ([]Tier, error) {
 				bridge = TierBridge(uid)
 			}
 			for _, prob := range tierProblems(p.Config, prof, bridge) {
-				t.Findings = append(t.Findings, Finding{Layer: LayerTier, Object: "project " + p.Name, Problem: prob, Fix: "box grant " + who})
+				t.Findings = append(t.Findings, model.Finding{Layer: model.LayerTier, Object: "project " + p.Name, Problem: prob, Fix: "box grant " + who})
 			}
 		default:
 			t.State = TierStock
-			fix := fmt.Sprintf("box grant %s (narrows it to %s), or box revoke --purge %s", who, Current.Network, who)
+			fix := fmt.Sprintf("box grant %s (narrows it to %s), or box revoke --purge %s", who, model.Current.Network, who)
 			if uid == 0 {
 				// Root is an admin and gets no tier: the project is a leftover
 				// of root touching incus-user's socket.
 				fix = fmt.Sprintf("delete it: incus delete --project %s --force <each instance>; incus profile device remove default eth0 --project %s; incus project delete %s; incus network delete %s",
 					p.Name, p.Name, p.Name, TierBridge(uid))
 			}
-			t.Findings = append(t.Findings, Finding{Layer: LayerTier, Object: "project " + p.Name,
+			t.Findings = append(t.Findings, model.Finding{Layer: model.LayerTier, Object: "project " + p.Name,
 				Problem: "incus-user set it up with its stock defaults and box never narrowed it (" + stockSummary(uid, p.Config, netNames[TierBridge(uid)]) + ")",
 				Fix:     fix})
 		}
@@ -273,7 +274,7 @@ func stockSummary(uid uint32, cfg map[string]string, bridge bool) string {
 	if bridge {
 		parts = append(parts, "private NAT bridge "+TierBridge(uid)+" with IPv6")
 	}
-	if a := cfg["restricted.networks.access"]; a != Current.Network {
+	if a := cfg["restricted.networks.access"]; a != model.Current.Network {
 		parts = append(parts, fmt.Sprintf("networks %q", a))
 	}
 	if p := cfg["restricted.devices.disk.paths"]; p != "" {
@@ -430,9 +431,9 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	created := action == "created"
 	switch action {
 	case "created":
-		did("created project %s, narrowed to %s", project, Current.Network)
+		did("created project %s, narrowed to %s", project, model.Current.Network)
 	case "updated":
-		did("narrowed project %s to %s", project, Current.Network)
+		did("narrowed project %s to %s", project, model.Current.Network)
 	}
 
 	if err := clearProfile(); err != nil {
@@ -457,16 +458,18 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 	}
 	action, _, err = converge(ctx, &back, incusObject[incus.Profile]{
-		what:    "profile " + Current.Profile + " in " + project,
-		read:    func(ctx context.Context) (*incus.Profile, string, error) { return pc.Profile(ctx, Current.Profile) },
+		what: "profile " + model.Current.Profile + " in " + project,
+		read: func(ctx context.Context) (*incus.Profile, string, error) {
+			return pc.Profile(ctx, model.Current.Profile)
+		},
 		create:  func(ctx context.Context) error { return pc.CreateProfile(ctx, d.Profile) },
-		remove:  func(ctx context.Context) error { return pc.DeleteProfile(ctx, Current.Profile) },
+		remove:  func(ctx context.Context) error { return pc.DeleteProfile(ctx, model.Current.Profile) },
 		differs: func(cur *incus.Profile) []string { return profileDiff(cur, d.Profile) },
 		update: func(ctx context.Context, _ *incus.Profile, etag string) error {
-			return pc.UpdateProfile(ctx, Current.Profile, d.Profile, etag)
+			return pc.UpdateProfile(ctx, model.Current.Profile, d.Profile, etag)
 		},
 		restore: func(ctx context.Context, old incus.Profile) error {
-			return pc.UpdateProfile(ctx, Current.Profile, old, "")
+			return pc.UpdateProfile(ctx, model.Current.Profile, old, "")
 		},
 	})
 	if err != nil {
@@ -474,9 +477,9 @@ func (host *Host) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	}
 	switch action {
 	case "created":
-		did("installed profile %s in %s", Current.Profile, project)
+		did("installed profile %s in %s", model.Current.Profile, project)
 	case "updated":
-		did("reset profile %s in %s", Current.Profile, project)
+		did("reset profile %s in %s", model.Current.Profile, project)
 	}
 
 	// 5. incus-user's state: the uid's certificate, trusted for the
@@ -579,7 +582,7 @@ func (host *Host) checkNoOtherNetworks(ctx context.Context, project string) erro
 	var off []string
 	for _, in := range insts {
 		for name, d := range in.ExpandedDevices {
-			if d["type"] == "nic" && d["network"] != Current.Network {
+			if d["type"] == "nic" && d["network"] != model.Current.Network {
 				off = append(off, fmt.Sprintf("%s (NIC %s on %q)", in.Name, name, cmp.Or(d["network"], d["parent"])))
 			}
 		}
@@ -587,7 +590,7 @@ func (host *Host) checkNoOtherNetworks(ctx context.Context, project string) erro
 	if len(off) > 0 {
 		sort.Strings(off)
 		return fmt.Errorf("project %s has instances on other networks: %s; the tier allows %s only: move or delete them (incus --project %s ...), then grant again",
-			project, strings.Join(off, ", "), Current.Network, project)
+			project, strings.Join(off, ", "), model.Current.Network, project)
 	}
 	return nil
 }
@@ -618,8 +621,8 @@ func (host *Host) checkAsUser(ctx context.Context, u accounts.User, gid uint32) 
 	if probs := tierConfigProblems(p.Config); len(probs) > 0 {
 		return fmt.Errorf("as %s, project %s is not the tier's: %s", u.Name, project, strings.Join(probs, "; "))
 	}
-	if _, _, err := uc.Profile(cctx, Current.Profile); err != nil {
-		return fmt.Errorf("as %s, profile %s is not reachable: %w", u.Name, Current.Profile, err)
+	if _, _, err := uc.Profile(cctx, model.Current.Profile); err != nil {
+		return fmt.Errorf("as %s, profile %s is not reachable: %w", u.Name, model.Current.Profile, err)
 	}
 	// incus-user's stock setup, had it run, would have made the bridge.
 	if _, _, err := host.Incus.Network(ctx, TierBridge(u.UID)); err == nil {
@@ -857,18 +860,18 @@ func (host *Host) deleteProjectVolumes(ctx context.Context, project string) erro
 }
 
 // desiredNow is the desired stack for the bridge as it is.
-func (host *Host) desiredNow(ctx context.Context) (Desired, error) {
-	n, _, err := host.Incus.Network(ctx, Current.Network)
+func (host *Host) desiredNow(ctx context.Context) (model.Desired, error) {
+	n, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
-		return Desired{}, err
+		return model.Desired{}, err
 	}
 	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
 	if err != nil {
-		return Desired{}, fmt.Errorf("%s has ipv4.address=%q: run box doctor", Current.Network, n.Config["ipv4.address"])
+		return model.Desired{}, fmt.Errorf("%s has ipv4.address=%q: run box doctor", model.Current.Network, n.Config["ipv4.address"])
 	}
 	opts, err := host.Options.With(n.Config)
 	if err != nil {
-		return Desired{}, err
+		return model.Desired{}, err
 	}
-	return BuildDesired(p.Masked(), opts), nil
+	return model.BuildDesired(p.Masked(), opts), nil
 }

@@ -7,34 +7,9 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
-
-// Finding is one way the live host differs from the desired stack.
-type Finding struct {
-	Layer   LayerID `json:"layer"`   // one of Layers
-	Object  string  `json:"object"`  // what is wrong, e.g. "network boxnet"
-	Problem string  `json:"problem"` // how
-	Fix     string  `json:"fix"`     // the command that fixes it
-	// Member is, on a cluster, the member whose host layers the finding is
-	// about (empty for the cluster's own objects).
-	Member string `json:"member,omitempty"`
-	// Advisory findings do not remove the layer they name: another
-	// firewall's forward policy (the egress probes show its effect), the
-	// legacy generation's leftovers. A drill fails no claim on them.
-	Advisory bool `json:"advisory,omitempty"`
-}
-
-func (f Finding) String() string {
-	if f.Member != "" {
-		fix := f.Fix
-		if !strings.Contains(fix, f.Member) {
-			fix += ", on " + f.Member
-		}
-		return fmt.Sprintf("%s %s on member %s: %s (fix: %s)", f.Layer, f.Object, f.Member, f.Problem, fix)
-	}
-	return fmt.Sprintf("%s %s: %s (fix: %s)", f.Layer, f.Object, f.Problem, f.Fix)
-}
 
 // Verification is what Verify saw.
 type Verification struct {
@@ -42,11 +17,11 @@ type Verification struct {
 	// says what to do instead of "restart incusd".
 	pending bool
 
-	Findings   []Finding      `json:"findings"`
-	Subnet     netip.Prefix   `json:"subnet,omitempty"`
-	Gateway    netip.Addr     `json:"gateway,omitempty"`
-	BridgeMode nft.BridgeMode `json:"bridge_mode,omitempty"`
-	DnsmasqPID int            `json:"dnsmasq_pid,omitempty"`
+	Findings   []model.Finding `json:"findings"`
+	Subnet     netip.Prefix    `json:"subnet,omitempty"`
+	Gateway    netip.Addr      `json:"gateway,omitempty"`
+	BridgeMode nft.BridgeMode  `json:"bridge_mode,omitempty"`
+	DnsmasqPID int             `json:"dnsmasq_pid,omitempty"`
 	// Pool is what the bridge's dnsmasq hands out and holds (on a
 	// cluster, this member's); nil when it could not be read (Notes say
 	// why).
@@ -82,15 +57,15 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	}
 	defer g.close()
 	c := host.Incus
-	v := &Verification{Findings: []Finding{}, Ports: []Port{}}
-	find := func(layer LayerID, obj, problem string) {
-		v.Findings = append(v.Findings, Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
+	v := &Verification{Findings: []model.Finding{}, Ports: []Port{}}
+	find := func(layer model.LayerID, obj, problem string) {
+		v.Findings = append(v.Findings, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
 	}
-	gen := Current
+	gen := model.Current
 
 	net, _, err := c.Network(ctx, gen.Network)
 	if incus.IsNotFound(err) {
-		v.Findings = append(v.Findings, Finding{Layer: LayerNAT, Object: "network " + gen.Network, Problem: "missing: the isolation stack is not set up", Fix: "box setup-host"})
+		v.Findings = append(v.Findings, model.Finding{Layer: model.LayerNAT, Object: "network " + gen.Network, Problem: "missing: the isolation stack is not set up", Fix: "box setup-host"})
 		return v, host.verifyLegacy(ctx, g, v)
 	}
 	if err != nil {
@@ -101,31 +76,31 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	}
 	p, err := netip.ParsePrefix(net.Config["ipv4.address"])
 	if err != nil {
-		find(LayerNAT, "network "+gen.Network, fmt.Sprintf("ipv4.address=%q is not an address box can use", net.Config["ipv4.address"]))
+		find(model.LayerNAT, "network "+gen.Network, fmt.Sprintf("ipv4.address=%q is not an address box can use", net.Config["ipv4.address"]))
 		return v, nil
 	}
 	opts, err := host.Options.With(net.Config)
 	if err != nil {
-		find(LayerNAT, "network "+gen.Network, err.Error())
+		find(model.LayerNAT, "network "+gen.Network, err.Error())
 		return v, nil
 	}
 	if opts.Subnet.IsValid() && opts.Subnet != p.Masked() {
-		find(LayerNAT, "network "+gen.Network, fmt.Sprintf("it is on %s, but the subnet chosen at setup-host is %s", p.Masked(), opts.Subnet))
+		find(model.LayerNAT, "network "+gen.Network, fmt.Sprintf("it is on %s, but the subnet chosen at setup-host is %s", p.Masked(), opts.Subnet))
 	}
-	d := BuildDesired(p.Masked(), opts)
+	d := model.BuildDesired(p.Masked(), opts)
 	v.Subnet, v.Gateway = d.Subnet, d.Gateway
 
-	layerOf := map[string]LayerID{
-		"ipv4.address": LayerNAT, "ipv4.nat": LayerNAT, "dns.mode": LayerDNS, "raw.dnsmasq": LayerDNS, KeyDNS: LayerDNS, KeySubnet: LayerNAT,
-		"ipv6.address": LayerV6, "ipv6.nat": LayerV6, "security.acls": LayerACL,
-		"security.acls.default.egress.action": LayerACL, "security.acls.default.ingress.action": LayerACL,
+	layerOf := map[string]model.LayerID{
+		"ipv4.address": model.LayerNAT, "ipv4.nat": model.LayerNAT, "dns.mode": model.LayerDNS, "raw.dnsmasq": model.LayerDNS, model.KeyDNS: model.LayerDNS, model.KeySubnet: model.LayerNAT,
+		"ipv6.address": model.LayerV6, "ipv6.nat": model.LayerV6, "security.acls": model.LayerACL,
+		"security.acls.default.egress.action": model.LayerACL, "security.acls.default.ingress.action": model.LayerACL,
 	}
 	for k := range d.Network.Config {
-		if strings.HasPrefix(k, keyEgressPolicy) {
-			layerOf[k] = LayerEgress
+		if strings.HasPrefix(k, model.KeyEgressPolicy) {
+			layerOf[k] = model.LayerEgress
 		}
-		if strings.HasPrefix(k, keySlice) || k == "ipv4.dhcp.ranges" {
-			layerOf[k] = LayerNAT
+		if strings.HasPrefix(k, model.KeySlice) || k == "ipv4.dhcp.ranges" {
+			layerOf[k] = model.LayerNAT
 		}
 	}
 	for k, want := range d.Network.Config {
@@ -141,24 +116,24 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	acl, _, err := c.NetworkACL(ctx, gen.ACL)
 	switch {
 	case incus.IsNotFound(err):
-		find(LayerACL, "acl "+gen.ACL, "missing")
+		find(model.LayerACL, "acl "+gen.ACL, "missing")
 	case err != nil:
 		return nil, fmt.Errorf("reading ACL %s: %w", gen.ACL, err)
-	case !aclRulesEqual(acl.Egress, d.ACL.Egress) || !aclRulesEqual(acl.Ingress, d.ACL.Ingress):
-		find(LayerACL, "acl "+gen.ACL, "rules differ from the desired ones")
+	case !model.ACLRulesEqual(acl.Egress, d.ACL.Egress) || !model.ACLRulesEqual(acl.Ingress, d.ACL.Ingress):
+		find(model.LayerACL, "acl "+gen.ACL, "rules differ from the desired ones")
 	}
 
 	prof, _, err := c.Profile(ctx, gen.Profile)
 	switch {
 	case incus.IsNotFound(err):
-		find(LayerPortIso, "profile "+gen.Profile, "missing")
+		find(model.LayerPortIso, "profile "+gen.Profile, "missing")
 	case err != nil:
 		return nil, fmt.Errorf("reading profile %s: %w", gen.Profile, err)
 	default:
 		for _, diff := range profileDiff(prof, d.Profile) {
-			layer := LayerStack
+			layer := model.LayerStack
 			if strings.Contains(diff, "port_isolation") {
-				layer = LayerPortIso
+				layer = model.LayerPortIso
 			}
 			find(layer, "profile "+gen.Profile, diff)
 		}
@@ -201,22 +176,22 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 // kernel and processes, for the instances placed here, into v: IPv6 off on
 // the bridge, the forward policy, who holds the gateway, dnsmasq, the
 // ports, the census, the nft tables, the pins and the egress sets.
-func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p netip.Prefix, insts []incus.Instance, v *Verification) error {
-	gen := Current
-	find := func(layer LayerID, obj, problem string) {
-		v.Findings = append(v.Findings, Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
+func (host *Host) verifyGround(ctx context.Context, g *ground, d model.Desired, p netip.Prefix, insts []incus.Instance, v *Verification) error {
+	gen := model.Current
+	find := func(layer model.LayerID, obj, problem string) {
+		v.Findings = append(v.Findings, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
 	}
 	if disabled, ok, err := g.ipv6Disabled(gen.Network); err != nil {
 		return err
 	} else if ok && !disabled {
-		find(LayerV6, "bridge "+gen.Network, "IPv6 is enabled on the bridge interface (disable_ipv6=0)")
+		find(model.LayerV6, "bridge "+gen.Network, "IPv6 is enabled on the bridge interface (disable_ipv6=0)")
 	}
 	v6, err := g.globalV6(gen.Network)
 	if err != nil {
 		return err
 	}
 	for _, a := range v6 {
-		find(LayerV6, "bridge "+gen.Network, "has IPv6 address "+a.IPNet.String())
+		find(model.LayerV6, "bridge "+gen.Network, "has IPv6 address "+a.IPNet.String())
 	}
 	blockers, err := g.forwardBlockers(gen.Network)
 	if err != nil {
@@ -228,12 +203,12 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 		return err
 	}
 	for _, h := range holders {
-		v.Findings = append(v.Findings, Finding{Layer: LayerNAT, Object: "gateway " + d.Gateway.String(),
+		v.Findings = append(v.Findings, model.Finding{Layer: model.LayerNAT, Object: "gateway " + d.Gateway.String(),
 			Problem: "also held by " + h, Fix: "remove " + d.Gateway.String() + " from " + h + " (ip addr del)"})
 	}
 	// A Pending bridge's finding says what to do; restarting incusd is not it.
 	if v.DnsmasqPID = g.dnsmasqFor(gen.Network); v.DnsmasqPID == 0 && !v.pending {
-		v.Findings = append(v.Findings, Finding{Layer: LayerDNS, Object: "dnsmasq for " + gen.Network,
+		v.Findings = append(v.Findings, model.Finding{Layer: model.LayerDNS, Object: "dnsmasq for " + gen.Network,
 			Problem: "no dnsmasq process serves the bridge (Incus may still say Created)", Fix: "restart incusd, then box doctor"})
 	}
 
@@ -255,7 +230,7 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 	v.Ports = append(v.Ports, ports...)
 	for _, p := range ports {
 		if !p.Isolated {
-			find(LayerPortIso, "bridge port "+p.Name, "isolated is off")
+			find(model.LayerPortIso, "bridge port "+p.Name, "isolated is off")
 		}
 	}
 
@@ -291,9 +266,9 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d Desired, p neti
 		return err
 	}
 	for _, f := range nf {
-		layer := LayerHostFW
+		layer := model.LayerHostFW
 		if strings.HasPrefix(f.Object, "table bridge") || strings.Contains(f.Object, "set") {
-			layer = LayerBridgeDrop
+			layer = model.LayerBridgeDrop
 		}
 		find(layer, "nft "+f.Object, f.Problem)
 	}
@@ -329,7 +304,7 @@ func (host *Host) verifyLegacy(ctx context.Context, g *ground, v *Verification) 
 		return err
 	}
 	for _, o := range objs {
-		v.Findings = append(v.Findings, Finding{Layer: LayerStack, Object: o, Problem: "legacy generation still present",
+		v.Findings = append(v.Findings, model.Finding{Layer: model.LayerStack, Object: o, Problem: "legacy generation still present",
 			Fix: "box migrate-host --all-boxes, then box migrate-host --retire-legacy", Advisory: true})
 	}
 	return nil
@@ -339,28 +314,28 @@ func (host *Host) verifyLegacy(ctx context.Context, g *ground, v *Verification) 
 func (host *Host) legacyObjects(ctx context.Context, g *ground) ([]string, error) {
 	c := host.Incus
 	var out []string
-	inet, bridge, err := nft.Present(g.nftConfig(Legacy))
+	inet, bridge, err := nft.Present(g.nftConfig(model.Legacy))
 	if err != nil {
 		return nil, fmt.Errorf("reading the legacy nft tables: %w", err)
 	}
 	if inet {
-		out = append(out, "nft table inet "+Legacy.NFTTable)
+		out = append(out, "nft table inet "+model.Legacy.NFTTable)
 	}
 	if bridge {
-		out = append(out, "nft table bridge "+Legacy.NFTTable)
+		out = append(out, "nft table bridge "+model.Legacy.NFTTable)
 	}
-	if _, _, err := c.Profile(ctx, Legacy.Profile); err == nil {
-		out = append(out, "profile "+Legacy.Profile)
+	if _, _, err := c.Profile(ctx, model.Legacy.Profile); err == nil {
+		out = append(out, "profile "+model.Legacy.Profile)
 	} else if !incus.IsNotFound(err) {
 		return nil, err
 	}
-	if _, _, err := c.Network(ctx, Legacy.Network); err == nil {
-		out = append(out, "network "+Legacy.Network)
+	if _, _, err := c.Network(ctx, model.Legacy.Network); err == nil {
+		out = append(out, "network "+model.Legacy.Network)
 	} else if !incus.IsNotFound(err) {
 		return nil, err
 	}
-	if _, _, err := c.NetworkACL(ctx, Legacy.ACL); err == nil {
-		out = append(out, "acl "+Legacy.ACL)
+	if _, _, err := c.NetworkACL(ctx, model.Legacy.ACL); err == nil {
+		out = append(out, "acl "+model.Legacy.ACL)
 	} else if !incus.IsNotFound(err) {
 		return nil, err
 	}

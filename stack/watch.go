@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/internal/sdnotify"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // The port watcher. Where the kernel has no nft bridge meta, the bridge drop
@@ -112,7 +113,7 @@ func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions)
 	}
 	defer release()
 	w := &watcher{
-		host: host, g: g, o: o, log: log, bridge: Current.Network,
+		host: host, g: g, o: o, log: log, bridge: model.Current.Network,
 		links: map[int]linkInfo{}, timer: time.NewTimer(time.Hour), pins: make(chan trigger, 1),
 	}
 	w.timer.Stop()

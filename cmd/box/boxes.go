@@ -17,6 +17,7 @@ import (
 
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
 )
 
@@ -152,9 +153,9 @@ func (c *call) newBox(o *newOpts) error {
 	want := ""
 	switch {
 	case o.vm:
-		want = stack.TypeVM
+		want = model.TypeVM
 	case o.container:
-		want = stack.TypeContainer
+		want = model.TypeContainer
 	}
 	typ, err := h.NewBoxType(c.ctx, want)
 	if err != nil {
@@ -162,7 +163,7 @@ func (c *call) newBox(o *newOpts) error {
 	}
 	if !typ.Chosen {
 		making := "a container"
-		if typ.Type == stack.TypeVM {
+		if typ.Type == model.TypeVM {
 			making = "a virtual machine (--container for a container)"
 		}
 		fmt.Fprintf(c.err, "box: %s: making %s\n", typ.Reason, making)
@@ -264,7 +265,7 @@ func (c *call) cloneBox(o *newOpts) error {
 	}
 	r := &newResult{Box: cr.Box, Clone: &cloneInfo{Source: o.from, Inherited: inherited, SourceStopped: cr.SourceStopped, Provisioning: cr.Provisioning}}
 	if inst, _, err := h.Incus.Instance(c.ctx, o.name); err == nil {
-		r.Nesting = stack.Nesting(inst.ExpandedConfig)
+		r.Nesting = model.Nesting(inst.ExpandedConfig)
 	}
 	if err := c.settle(h, r, start); err != nil {
 		return c.notProvisioned(r, o.asJSON, err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // Exit codes (docs/box.md, "Commands").
@@ -296,7 +297,7 @@ func (a *app) host() (*stack.Host, error) {
 	if a.h != nil {
 		return a.h, nil
 	}
-	opts, err := stack.OptionsFromEnv(a.getenv)
+	opts, err := model.OptionsFromEnv(a.getenv)
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
@@ -332,7 +333,7 @@ func (a *app) host() (*stack.Host, error) {
 // remoteHost is the stack's view of a remote Incus: its API over HTTPS
 // with the incus CLI's client certificate, in the remote's project, and
 // no kernel of ours (its host layers are its host's).
-func (a *app) remoteHost(opts stack.Options) (*stack.Host, error) {
+func (a *app) remoteHost(opts model.Options) (*stack.Host, error) {
 	dir := incus.ConfigDir(a.getenv)
 	rs, err := incus.LoadRemotes(dir)
 	if err != nil {

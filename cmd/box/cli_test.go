@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 	"github.com/box-isolation/box/templates"
 )
@@ -260,9 +261,9 @@ func TestStatusLine(t *testing.T) {
 		line string
 	}{
 		{"healthy", &stack.Verification{Subnet: sub, BridgeMode: nft.ModePortSet, Ports: []stack.Port{{Name: "v1", Isolated: true}}, WatcherPID: 42}, nil, true, "stack: ok: subnet 10.88.0.0/24, bridge drop port-set, 1 port(s) isolated, port watcher pid 42"},
-		{"advisory only", &stack.Verification{Subnet: sub, BridgeMode: nft.ModeBridgeMeta, Findings: []stack.Finding{{Advisory: true}}}, nil, true, "no port watcher needed"},
-		{"findings", &stack.Verification{Subnet: sub, Findings: []stack.Finding{{Layer: "L-ACL"}, {Layer: stack.LayerFleet}}}, nil, false, "stack: 2 finding(s): box doctor names them"},
-		{"no stack", &stack.Verification{Findings: []stack.Finding{{Layer: "L-NAT"}}}, nil, false, "stack: not set up: run box setup-host"},
+		{"advisory only", &stack.Verification{Subnet: sub, BridgeMode: nft.ModeBridgeMeta, Findings: []model.Finding{{Advisory: true}}}, nil, true, "no port watcher needed"},
+		{"findings", &stack.Verification{Subnet: sub, Findings: []model.Finding{{Layer: "L-ACL"}, {Layer: model.LayerFleet}}}, nil, false, "stack: 2 finding(s): box doctor names them"},
+		{"no stack", &stack.Verification{Findings: []model.Finding{{Layer: "L-NAT"}}}, nil, false, "stack: not set up: run box setup-host"},
 		{"no daemon", nil, errors.New("cannot reach incusd"), false, "stack: unknown: cannot reach incusd"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
 )
 
@@ -288,11 +289,11 @@ func checkDocker(t *testing.T, r runner, c *incus.Client, st *world.State, name 
 			sec[k] = v
 		}
 	}
-	want := stack.NestingConfig()
-	want[stack.GuestAPIKey] = "false" // box-net's own
+	want := model.NestingConfig()
+	want[model.GuestAPIKey] = "false" // box-net's own
 	assert.Equal(t, want, sec, "the nesting keys, on the instance, and the profile's guest API off")
 	assert.NotContains(t, inst.Profiles, "docker")
-	assert.Equal(t, []string{stack.Current.Profile}, inst.Profiles)
+	assert.Equal(t, []string{model.Current.Profile}, inst.Profiles)
 	list := r.run(t, "list")
 	assert.Regexp(t, name+`\s+Running\s+container\s+on\s`, list.out, "the census keeps it on the stack")
 

@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // egressFlag reads box new's --egress: "" or open leaves the box open,
 // allow:FILE reads an allowlist.
 func egressFlag(v string) ([]string, error) {
 	switch {
-	case v == "" || v == stack.EgressOpen:
+	case v == "" || v == model.EgressOpen:
 		return nil, nil
 	case strings.HasPrefix(v, "allow:"):
 		path := strings.TrimPrefix(v, "allow:")
@@ -23,7 +24,7 @@ func egressFlag(v string) ([]string, error) {
 			return nil, usagef("new: --egress %s: %v", v, err)
 		}
 		defer f.Close()
-		names, err := stack.ParseAllowlist(f)
+		names, err := model.ParseAllowlist(f)
 		if err != nil {
 			return nil, usagef("new: --egress %s: %v", v, err)
 		}
@@ -70,7 +71,7 @@ func setupEgress(fs *flag.FlagSet) action {
 			if *asJSON {
 				return c.printJSON(r)
 			}
-			if r.Policy == stack.EgressOpen {
+			if r.Policy == model.EgressOpen {
 				fmt.Fprintf(c.out, "%s: open (the internet; nothing private)\n", r.Box)
 				return nil
 			}
@@ -81,7 +82,7 @@ func setupEgress(fs *flag.FlagSet) action {
 				fmt.Fprintln(c.out, "allowed now: nothing yet (an address is allowed once the box's resolver answers for an allowed name)")
 			}
 			return nil
-		case stack.EgressOpen, "allow":
+		case model.EgressOpen, "allow":
 			var names []string
 			if verb == "allow" {
 				if len(c.args) < 3 {
@@ -99,7 +100,7 @@ func setupEgress(fs *flag.FlagSet) action {
 			if *asJSON {
 				return c.printJSON(ch)
 			}
-			if ch.Policy == stack.EgressOpen {
+			if ch.Policy == model.EgressOpen {
 				fmt.Fprintf(c.out, "%s: open (%.2fs)\n", ch.Box, time.Since(t0).Seconds())
 			} else {
 				fmt.Fprintf(c.out, "%s: allowlist %s: %s (%.2fs)\n", ch.Box, ch.Policy, strings.Join(ch.Names, " "), time.Since(t0).Seconds())

@@ -24,6 +24,7 @@ import (
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // greet connects from namespace ns to addr (network "tcp" or "unix") and
@@ -177,7 +178,7 @@ func TestSystemExpose(t *testing.T) {
 	})
 	require.Equal(t, exitOK, r.run(t, "new", "--name", name).code)
 	hostNS := st.Names.HostNS
-	net0, _, err := c.Network(ctx, stack.Current.Network)
+	net0, _, err := c.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	gw := netip.MustParsePrefix(net0.Config["ipv4.address"]).Addr()
 

@@ -17,6 +17,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // handOver runs what box handed over to the incus CLI, for real: the
@@ -42,10 +43,10 @@ func doctorOf(t *testing.T, r runner, args ...string) (int, doctorResult) {
 }
 
 // fleetFindings are the census's findings naming one box.
-func fleetFindings(d doctorResult, name string) []stack.Finding {
-	var out []stack.Finding
+func fleetFindings(d doctorResult, name string) []model.Finding {
+	var out []model.Finding
 	for _, f := range d.Verification.Findings {
-		if f.Layer == stack.LayerFleet && f.Object == "box "+name {
+		if f.Layer == model.LayerFleet && f.Object == "box "+name {
 			out = append(out, f)
 		}
 	}
@@ -59,7 +60,7 @@ func fleetClaim(t *testing.T, c *incus.Client) drill.ClaimResult {
 	st := testenv.World(t)
 	cl, _ := drill.ClaimByID("C-FLEET")
 	cfg := drill.Config{
-		Host:     &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: stack.Options{DNS: []netip.Addr{world.Resolver}}},
+		Host:     &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: model.Options{DNS: []netip.Addr{world.Resolver}}},
 		Topology: st.Topology(), Image: image.DefaultAlias, Agent: testenv.Drill(t), Version: "test",
 		Claims: []drill.Claim{cl},
 	}
@@ -109,7 +110,7 @@ func TestSystemFleet(t *testing.T) {
 	assert.Equal(t, drill.Fail, cr.Verdict, "C-FLEET fails on a box off the stack")
 	named := false
 	for _, res := range cr.Results {
-		named = named || (res.Verdict == drill.Fail && res.Target == string(stack.LayerFleet)+" box "+name)
+		named = named || (res.Verdict == drill.Fail && res.Target == string(model.LayerFleet)+" box "+name)
 	}
 	assert.True(t, named, "the failure names the box")
 

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -208,7 +209,7 @@ func setupTeardownHost(fs *flag.FlagSet) action {
 		changes, err := h.Teardown(c.ctx, *force)
 		c.progressDone()
 		if err == nil && *purge {
-			var more []stack.Change
+			var more []model.Change
 			more, err = h.PurgeIncus(c.ctx)
 			changes = append(changes, more...)
 		}

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus/incustest"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
 )
 
@@ -143,7 +143,7 @@ func TestNewResources(t *testing.T) {
 func TestNewNesting(t *testing.T) {
 	_, body := minting(t, "lxc", nil, "--nesting")
 	cfg := config(t, body)
-	for k, v := range stack.NestingConfig() {
+	for k, v := range model.NestingConfig() {
 		assert.Equal(t, v, cfg[k], k)
 	}
 	for _, args := range [][]string{nil, {"--nesting=false"}} {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // TestSystemExportImport: a running box with a snapshot is exported (it is
@@ -181,7 +182,7 @@ func TestSystemImportRefusesATamperedExport(t *testing.T) {
 			"backup/index.yaml": func(doc *yaml.Node) { secondNIC(yamlAt(t, doc, "config", "container", "devices")) },
 		}, []string{"the box: has a second NIC eth1 on macvlan eth0: a path off the stack (in backup/index.yaml)"}, ptr(false)},
 		{"the tag taken away", map[string]func(*yaml.Node){
-			"backup/container/backup.yaml": func(doc *yaml.Node) { yamlAt(t, doc, "container", "config", stack.Current.Tag).Value = "0" },
+			"backup/container/backup.yaml": func(doc *yaml.Node) { yamlAt(t, doc, "container", "config", model.Current.Tag).Value = "0" },
 		}, []string{"it is not a box: its config has no user.box=1 tag"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

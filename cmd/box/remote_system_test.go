@@ -19,8 +19,8 @@ import (
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/internal/testenv"
-	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // TestSystemRemote drives the world's incusd from outside, as an operator
@@ -108,8 +108,8 @@ func TestSystemRemote(t *testing.T) {
 	require.Equal(t, exitOK, res.code, res.err)
 	inst, _, err := c.Instance(ctx, name)
 	require.NoError(t, err, "minted on the world's incusd")
-	assert.Equal(t, "1", inst.Config[stack.Current.Tag])
-	assert.Equal(t, []string{stack.Current.Profile}, inst.Profiles)
+	assert.Equal(t, "1", inst.Config[model.Current.Tag])
+	assert.Equal(t, []string{model.Current.Profile}, inst.Profiles)
 	// On the host, the box is on the stack once the watcher has seen it.
 	var dr doctorResult
 	for range 50 {
@@ -189,7 +189,7 @@ func TestSystemRemote(t *testing.T) {
 	// The boundary: an instance without the tag is refused there too.
 	other := uniq(t)
 	require.NoError(t, c.CreateInstance(ctx, incus.InstancesPost{
-		Name: other, Type: "container", Profiles: []string{stack.Current.Profile},
+		Name: other, Type: "container", Profiles: []string{model.Current.Profile},
 		Source: incus.InstanceSource{Type: "image", Alias: image.DefaultAlias},
 	}))
 	cleanup(t, c, other)

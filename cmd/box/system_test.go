@@ -24,6 +24,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
 )
 
@@ -246,7 +247,7 @@ func TestSystemBoxLifecycle(t *testing.T) {
 	assert.Equal(t, exitFailed, res.code)
 	assert.Contains(t, res.err, "boxes still exist")
 	assert.Contains(t, res.err, b)
-	_, _, err = c.Network(context.Background(), stack.Current.Network)
+	_, _, err = c.Network(context.Background(), model.Current.Network)
 	assert.NoError(t, err, "the stack is still there")
 
 	// rm without a terminal and --force removes nothing.
@@ -312,13 +313,13 @@ func TestSystemResourceFlagsBeatTheEnvironment(t *testing.T) {
 func forgetMemoryLimits(t *testing.T, c *incus.Client) {
 	t.Helper()
 	forget := func() {
-		n, etag, err := c.Network(context.Background(), stack.Current.Network)
+		n, etag, err := c.Network(context.Background(), model.Current.Network)
 		require.NoError(t, err)
 		if _, ok := n.Config[stack.KeyMemoryLimits]; !ok {
 			return
 		}
 		delete(n.Config, stack.KeyMemoryLimits)
-		require.NoError(t, c.UpdateNetwork(context.Background(), stack.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
+		require.NoError(t, c.UpdateNetwork(context.Background(), model.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
 	}
 	forget()
 	t.Cleanup(forget)
@@ -329,7 +330,7 @@ func TestSystemBoundary(t *testing.T) {
 	ctx := context.Background()
 	name := uniq(t)
 	require.NoError(t, c.CreateInstance(ctx, incus.InstancesPost{
-		Name: name, Type: "container", Start: true, Profiles: []string{stack.Current.Profile},
+		Name: name, Type: "container", Start: true, Profiles: []string{model.Current.Profile},
 		Config: map[string]string{"user.other": "1"},
 		Source: incus.InstanceSource{Type: "image", Alias: image.DefaultAlias},
 	}))
@@ -528,7 +529,7 @@ func TestSystemMemoryLimitFallback(t *testing.T) {
 		inst, _, err := c.Instance(ctx, first)
 		require.NoError(t, err)
 		assert.Equal(t, "4GiB", inst.Config["limits.memory"], "the template's limit, applied")
-		n, _, err := c.Network(ctx, stack.Current.Network)
+		n, _, err := c.Network(ctx, model.Current.Network)
 		require.NoError(t, err)
 		assert.NotEqual(t, "unsupported", n.Config[stack.KeyMemoryLimits], "nothing to remember")
 		return
@@ -538,7 +539,7 @@ func TestSystemMemoryLimitFallback(t *testing.T) {
 	inst, _, err := c.Instance(ctx, first)
 	require.NoError(t, err)
 	assert.NotContains(t, inst.Config, "limits.memory")
-	n, _, err := c.Network(ctx, stack.Current.Network)
+	n, _, err := c.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	assert.Equal(t, "unsupported", n.Config[stack.KeyMemoryLimits], "remembered on the stack")
 

@@ -31,6 +31,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // The access tiers end to end in the world: throwaway local users (bxt
@@ -422,10 +423,10 @@ func TestSystemTier(t *testing.T) {
 	u1 := e.newUser(t)
 	u2 := e.newUser(t)
 	project1 := stack.TierProject(u1.UID)
-	boxnet, _, err := e.c.Network(ctx, stack.Current.Network)
+	boxnet, _, err := e.c.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
 	subnet, err := netip.ParsePrefix(boxnet.Config["ipv4.address"])
-	require.NoError(t, err, "%s's ipv4.address", stack.Current.Network)
+	require.NoError(t, err, "%s's ipv4.address", model.Current.Network)
 	subnet = subnet.Masked()
 	userBox := uniq(t)
 
@@ -447,10 +448,10 @@ func TestSystemTier(t *testing.T) {
 		for name, d := range inst.ExpandedDevices {
 			if d["type"] == "nic" {
 				nics++
-				assert.Equal(t, stack.Current.Network, d["network"], "NIC %s of the user's box", name)
+				assert.Equal(t, model.Current.Network, d["network"], "NIC %s of the user's box", name)
 			}
 		}
-		assert.Equal(t, 1, nics, "one NIC, on %s: %v", stack.Current.Network, inst.ExpandedDevices)
+		assert.Equal(t, 1, nics, "one NIC, on %s: %v", model.Current.Network, inst.ExpandedDevices)
 
 		res = ur.run(t, "info", userBox, "--json")
 		require.Equal(t, exitOK, res.code, "box info as %s: %s", u1.Name, res.err)
@@ -459,7 +460,7 @@ func TestSystemTier(t *testing.T) {
 		require.Len(t, info.Addresses, 1, "box info as the user shows one address")
 		addr, err := netip.ParseAddr(info.Addresses[0])
 		require.NoError(t, err)
-		assert.True(t, subnet.Contains(addr), "the user's box has %s, outside %s's subnet %s", addr, stack.Current.Network, subnet)
+		assert.True(t, subnet.Contains(addr), "the user's box has %s, outside %s's subnet %s", addr, model.Current.Network, subnet)
 
 		res = ur.run(t, "list", "--json")
 		require.Equal(t, exitOK, res.code, res.err)
@@ -547,8 +548,8 @@ func TestSystemTier(t *testing.T) {
 		if put.Devices == nil {
 			put.Devices = map[string]map[string]string{}
 		}
-		put.Devices["eth8"] = map[string]string{"type": "nic", "nictype": "bridged", "parent": stack.Current.Network}
-		refusedFor(t, "a bridged NIC with parent "+stack.Current.Network, uc.UpdateInstance(ctx, userBox, put, ""), "Only managed network devices are allowed")
+		put.Devices["eth8"] = map[string]string{"type": "nic", "nictype": "bridged", "parent": model.Current.Network}
+		refusedFor(t, "a bridged NIC with parent "+model.Current.Network, uc.UpdateInstance(ctx, userBox, put, ""), "Only managed network devices are allowed")
 
 		after, _, err := e.c.Project(project1).Instance(ctx, userBox)
 		require.NoError(t, err)
@@ -740,12 +741,12 @@ func TestSystemTier(t *testing.T) {
 		_, d := doctorOf(t, e.r)
 		found := false
 		for _, f := range d.Verification.Findings {
-			if f.Layer == stack.LayerTier && f.Object == "project "+fp {
+			if f.Layer == model.LayerTier && f.Object == "project "+fp {
 				found = true
 				t.Logf("doctor: %s: %s (fix: %s)", f.Object, f.Problem, f.Fix)
 			}
 		}
-		assert.True(t, found, "box doctor names the stock project %s (layer %s): %v", fp, stack.LayerTier, d.Verification.Findings)
+		assert.True(t, found, "box doctor names the stock project %s (layer %s): %v", fp, model.LayerTier, d.Verification.Findings)
 		purged := false
 		for _, tr := range d.Verification.Tiers {
 			if tr.UID == u1.UID {

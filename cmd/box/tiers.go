@@ -8,6 +8,7 @@ import (
 
 	"github.com/box-isolation/box/internal/accounts"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // The access tier verbs (admin only): grant and revoke a local user boxes
@@ -37,7 +38,7 @@ func setupGrant(fs *flag.FlagSet) action {
 			state = "already granted; nothing changed"
 		}
 		fmt.Fprintf(c.out, "%s (uid %d): %s. Project %s, on %s only (incus-user's private bridge %s is not allowed); %s reaches it through %s as a member of group %s.\n",
-			res.User, res.UID, state, res.Project, stack.Current.Network, res.Bridge, res.User, h.UserSocket(), res.Group)
+			res.User, res.UID, state, res.Project, model.Current.Network, res.Bridge, res.User, h.UserSocket(), res.Group)
 		fmt.Fprintf(c.out, "Sessions %s opened before the grant lack the group: they log in again to use box.\n", res.User)
 		return nil
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"github.com/box-isolation/box/internal/syncbuf"
 	"net"
 	"os/exec"
 	"runtime"
@@ -14,6 +13,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/box-isolation/box/internal/syncbuf"
+	"github.com/box-isolation/box/stack/model"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -243,7 +245,7 @@ func restartWhileSending(t *testing.T, c *incus.Client, hostNS, victim, sender s
 	events := map[string]*seen{}
 	brIndex := 0
 	if bh, err := netlink.NewHandleAt(h); err == nil {
-		if l, err := bh.LinkByName(stack.Current.Network); err == nil {
+		if l, err := bh.LinkByName(model.Current.Network); err == nil {
 			brIndex = l.Attrs().Index
 		}
 		bh.Close()
@@ -307,7 +309,7 @@ func portSetMembers(hostNS string) ([]string, bool, error) {
 		return nil, false, err
 	}
 	defer h.Close()
-	return nft.PortSetMembers(nft.Config{Table: stack.Current.NFTTable, Bridge: stack.Current.Network, NetNS: int(h)})
+	return nft.PortSetMembers(nft.Config{Table: model.Current.NFTTable, Bridge: model.Current.Network, NetNS: int(h)})
 }
 
 func htons16(v uint16) uint16 { return v<<8 | v>>8 }

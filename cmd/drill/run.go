@@ -19,6 +19,7 @@ import (
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
 )
 
@@ -94,7 +95,7 @@ func setupRun(fs *flag.FlagSet) runner {
 		if err != nil {
 			return fail(s, fmt.Errorf("%w (on a real Incus host, use --host --canary ADDR:PORT)", err))
 		}
-		opts, err := stack.OptionsFromEnv(os.Getenv)
+		opts, err := model.OptionsFromEnv(os.Getenv)
 		if err != nil {
 			return fail(s, err)
 		}
@@ -141,7 +142,7 @@ func runOnHost(ctx context.Context, s stdio, o runOptions) int {
 	if err != nil {
 		return fail(s, err)
 	}
-	opts, err := stack.OptionsFromEnv(os.Getenv)
+	opts, err := model.OptionsFromEnv(os.Getenv)
 	if err != nil {
 		return fail(s, err)
 	}
@@ -170,7 +171,7 @@ func runOnHost(ctx context.Context, s stdio, o runOptions) int {
 			fmt.Fprintf(s.err, "drill: probe image %s %s: %s\n", res.Alias, imageVerb(res), res.Fingerprint[:12])
 		}
 	}
-	upstream := stack.DefaultDNS[0]
+	upstream := model.DefaultDNS[0]
 	if len(opts.DNS) > 0 {
 		upstream = opts.DNS[0]
 	}

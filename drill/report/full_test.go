@@ -11,7 +11,7 @@ import (
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/internal/hostscan"
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // hostile is markup a report might carry in any string (a hostname, a DNS
@@ -115,8 +115,8 @@ func fullReport(t testing.TB) *drill.Report {
 		SchemaVersion: drill.SchemaVersion, RunID: "5d0c2e", Version: "e51ae38", Started: started, DurationMS: 10412,
 		Environment: drill.Environment{Mode: "world", Hostname: "boxw-host", Kernel: "6.12.57+deb13-amd64", IncusVersion: "6.0.4",
 			InstanceType: "container", BoxNewType: "container"},
-		Stack: drill.StackFacts{Ensured: true, Changes: []stack.Change{}, Subnet: "10.88.0.0/24", Gateway: "10.88.0.1", BridgeMode: "bridge-meta",
-			Layers: map[stack.LayerID]string{}, Findings: []stack.Finding{}},
+		Stack: drill.StackFacts{Ensured: true, Changes: []model.Change{}, Subnet: "10.88.0.0/24", Gateway: "10.88.0.1", BridgeMode: "bridge-meta",
+			Layers: map[model.LayerID]string{}, Findings: []model.Finding{}},
 		Mutations: []string{}, MutationResults: []drill.MutationResult{}, Problems: []string{},
 		Notes: []string{"C-NAMES: the hosts file was read; names from it: " + hostile},
 	}

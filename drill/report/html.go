@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/drill"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 //go:embed html.tmpl
@@ -131,7 +131,7 @@ func HTML(w io.Writer, rep *drill.Report) error {
 	}
 	// The layers a report names beyond this build's come after, sorted.
 	layers := drill.Layers()
-	var extra []stack.LayerID
+	var extra []model.LayerID
 	for l := range rep.Stack.Layers {
 		if !slices.Contains(layers, l) {
 			extra = append(extra, l)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/report"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // node helpers over the parsed page.
@@ -292,8 +292,8 @@ func TestHTMLEscapes(t *testing.T) {
 	assert.GreaterOrEqual(t, strings.Count(body, hostile), 10)
 }
 
-func stackFinding(s string) stack.Finding {
-	return stack.Finding{Layer: "L-ACL", Object: s, Problem: s, Fix: s}
+func stackFinding(s string) model.Finding {
+	return model.Finding{Layer: "L-ACL", Object: s, Problem: s, Fix: s}
 }
 
 // A recorded report draws the same page as the run that wrote it: what

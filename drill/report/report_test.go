@@ -24,7 +24,7 @@ import (
 	"github.com/box-isolation/box/drill/gate/gatetest"
 	"github.com/box-isolation/box/drill/report"
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 var started = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
@@ -77,11 +77,11 @@ func sampleReport(t *testing.T) *drill.Report {
 			InstanceType: "container", BridgeNetfilter: false},
 		Stack: drill.StackFacts{
 			Ensured: true,
-			Changes: []stack.Change{{Object: "network boxnet", Action: "created", Detail: "10.88.0.0/24"}, {Object: "acl box-isolate", Action: "created"}},
+			Changes: []model.Change{{Object: "network boxnet", Action: "created", Detail: "10.88.0.0/24"}, {Object: "acl box-isolate", Action: "created"}},
 			Subnet:  "10.88.0.0/24", Gateway: "10.88.0.1", BridgeMode: "bridge-meta",
-			Layers: map[stack.LayerID]string{"L-NAT": "present", "L-DNS": "present", "L-V6": "present", "L-ACL": "present",
+			Layers: map[model.LayerID]string{"L-NAT": "present", "L-DNS": "present", "L-V6": "present", "L-ACL": "present",
 				"L-HOSTFW": "absent: nft table inet box: missing", "L-PORTISO": "present", "L-BRIDGEDROP": "present"},
-			Findings: []stack.Finding{{Layer: "L-HOSTFW", Object: "nft table inet box", Problem: "missing", Fix: "box setup-host"}},
+			Findings: []model.Finding{{Layer: "L-HOSTFW", Object: "nft table inet box", Problem: "missing", Fix: "box setup-host"}},
 		},
 		Boxes: []drill.BoxEnd{
 			{Place: A, Instance: "drill-0a1b2c-a", IP: netip.MustParseAddr("10.88.0.11"), LinkLocal: netip.MustParseAddr("fe80::b0c5:16:3e00:a")},
@@ -138,7 +138,7 @@ func sampleReport(t *testing.T) *drill.Report {
 		},
 		Summary:   drill.Summary{Passed: 7, Failed: 1, Inconclusive: 1, Skipped: 1, Probes: 92, ProbePhaseMS: 3712, MSPerProbe: 40.35},
 		Mutations: []string{"host-fw"},
-		MutationResults: []drill.MutationResult{{Name: "host-fw", Layers: []stack.LayerID{"L-HOSTFW"}, Flipped: []drill.ClaimID{"C-HOST"}, Detected: true, DetectedBy: drill.EvidenceProbes,
+		MutationResults: []drill.MutationResult{{Name: "host-fw", Layers: []model.LayerID{"L-HOSTFW"}, Flipped: []drill.ClaimID{"C-HOST"}, Detected: true, DetectedBy: drill.EvidenceProbes,
 			Changed: []drill.ProbeChange{{ID: "p020", Claim: "C-HOST", Channel: "tcp", From: drill.PlaceA, Target: "host uplink 198.51.100.2", Clean: drill.Pass, Mutated: drill.Fail}}}},
 		Clean:    &drill.CleanRun{RunID: "0a1b2d", ExitCode: drill.ExitOK, Summary: drill.Summary{Passed: 10, Probes: 70}, DurationMS: 8000},
 		ExitCode: drill.ExitViolated,
@@ -329,8 +329,8 @@ func TestSchemaMatchesGoTypes(t *testing.T) {
 		"":             drill.Report{},
 		"environment":  drill.Environment{},
 		"stack":        drill.StackFacts{},
-		"change":       stack.Change{},
-		"finding":      stack.Finding{},
+		"change":       model.Change{},
+		"finding":      model.Finding{},
 		"box":          drill.BoxEnd{},
 		"claim_result": drill.ClaimResult{},
 		"result":       drill.Result{},

@@ -12,7 +12,7 @@ import (
 
 	"github.com/box-isolation/box/internal/hostscan"
 	"github.com/box-isolation/box/internal/nsrun"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // IfaceAddr is one address on one of the host's interfaces.
@@ -131,7 +131,7 @@ func routedBy(routes []Route, skip []string) []netip.Prefix {
 	var out []netip.Prefix
 	for _, r := range routes {
 		if !r.Dst.IsValid() || r.Dst.Bits() <= 1 || slices.Contains(skip, r.Dev) ||
-			r.Dev == "lo" || r.Dev == stack.Current.Network || r.Dst.Addr().IsLoopback() || slices.Contains(out, r.Dst.Masked()) {
+			r.Dev == "lo" || r.Dev == model.Current.Network || r.Dst.Addr().IsLoopback() || slices.Contains(out, r.Dst.Masked()) {
 			continue
 		}
 		out = append(out, r.Dst.Masked())
@@ -177,7 +177,7 @@ func (s *lanSet) samples() {
 
 // Private reports whether ip is in a range C-LAN calls private (docs/claims.md).
 func Private(ip netip.Addr) bool {
-	for _, r := range stack.PrivateRanges {
+	for _, r := range model.PrivateRanges {
 		if r.Contains(ip) {
 			return true
 		}
@@ -344,10 +344,10 @@ func outward(routes []Route) []string {
 	defs := DefaultDevs(routes)
 	var out []string
 	for _, r := range routes {
-		if r.Dev == "" || r.Dev == "lo" || r.Dev == stack.Current.Network || slices.Contains(out, r.Dev) {
+		if r.Dev == "" || r.Dev == "lo" || r.Dev == model.Current.Network || slices.Contains(out, r.Dev) {
 			continue
 		}
-		if !r.Dst.IsValid() || r.Dst.Bits() == 0 || slices.ContainsFunc(stack.PrivateRanges, r.Dst.Overlaps) || !slices.Contains(defs, r.Dev) {
+		if !r.Dst.IsValid() || r.Dst.Bits() == 0 || slices.ContainsFunc(model.PrivateRanges, r.Dst.Overlaps) || !slices.Contains(defs, r.Dev) {
 			out = append(out, r.Dev)
 		}
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/report"
 	"github.com/box-isolation/box/internal/testenv/tier"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // Started is when the fabricated runs started.
@@ -35,8 +35,8 @@ func HostPass(runID, version string) *drill.Report {
 		DurationMS:    41250,
 		Environment: drill.Environment{Mode: "host", Hostname: "incus-7", Kernel: "6.1.0-28-amd64", IncusVersion: "6.0.4",
 			InstanceType: "container", BoxNewType: "container"},
-		Stack: drill.StackFacts{Ensured: true, Changes: []stack.Change{}, Subnet: "10.88.0.0/24", Gateway: "10.88.0.1", BridgeMode: "port-set",
-			Layers: map[stack.LayerID]string{}, Findings: nil},
+		Stack: drill.StackFacts{Ensured: true, Changes: []model.Change{}, Subnet: "10.88.0.0/24", Gateway: "10.88.0.1", BridgeMode: "port-set",
+			Layers: map[model.LayerID]string{}, Findings: nil},
 		Boxes: []drill.BoxEnd{
 			{Place: drill.PlaceA, Instance: "drill-" + runID + "-a", IP: netip.MustParseAddr("10.88.0.11")},
 			{Place: drill.PlaceB, Instance: "drill-" + runID + "-b", IP: netip.MustParseAddr("10.88.0.12")},

@@ -1,4 +1,4 @@
-package stack
+package model
 
 import (
 	"fmt"
@@ -24,7 +24,7 @@ type kernelKeyRule struct {
 }
 
 // restartNote ends the fix of a key Incus applies only at start.
-const restartNote = " (it takes effect when the box starts again: box down, box start)"
+const RestartNote = " (it takes effect when the box starts again: box down, box start)"
 
 func exactly(k string) func(string) bool { return func(key string) bool { return key == k } }
 
@@ -54,9 +54,9 @@ var interceptWhy = map[string]string{
 var kernelKeyRules = []kernelKeyRule{
 	{match: exactly("raw.idmap"), judge: func(_, v string) (string, string) {
 		if mapsHostRoot(v) {
-			return fmt.Sprintf("sets raw.idmap=%q, mapping host id 0 into the box: root on the host is a user in the box", oneLine(v)), ""
+			return fmt.Sprintf("sets raw.idmap=%q, mapping host id 0 into the box: root on the host is a user in the box", OneLine(v)), ""
 		}
-		return fmt.Sprintf("sets raw.idmap=%q: host ids mapped straight into the box, past Incus's own allocation", oneLine(v)), ""
+		return fmt.Sprintf("sets raw.idmap=%q: host ids mapped straight into the box, past Incus's own allocation", OneLine(v)), ""
 	}},
 	{match: exactly("raw.apparmor"), judge: func(_, v string) (string, string) {
 		return "sets raw.apparmor: raw AppArmor rules that widen or replace the box's profile", ""
@@ -71,7 +71,7 @@ var kernelKeyRules = []kernelKeyRule{
 		return fmt.Sprintf("sets %s=%s: how incusd loads kernel modules into the host's kernel for the box (Incus keeps it for administrators)", k, v), ""
 	}},
 	{match: prefixed("security.delegate_bpf"), judge: func(k, v string) (string, string) {
-		if k == "security.delegate_bpf" && (v == "" || (!incusTrue(v) && isIncusBool(v))) {
+		if k == "security.delegate_bpf" && (v == "" || (!IncusTrue(v) && isIncusBool(v))) {
 			return "", ""
 		}
 		return fmt.Sprintf("sets %s=%s: BPF delegated to the box (a BPF token), so it loads programs into the host's kernel (Incus keeps it for administrators)", k, v), ""
@@ -80,13 +80,13 @@ var kernelKeyRules = []kernelKeyRule{
 		return fmt.Sprintf("sets %s=%s: a kernel setting of the box's namespaces set from outside at start; box sets none", k, v), ""
 	}},
 	{match: exactly("security.syscalls.deny_default"), judge: func(_, v string) (string, string) {
-		if v != "" && !incusTrue(v) {
+		if v != "" && !IncusTrue(v) {
 			return fmt.Sprintf("sets security.syscalls.deny_default=%s: Incus's default deny list (kexec_load, open_by_handle_at, init_module, ...) is off", v), ""
 		}
 		return "", ""
 	}},
 	{match: exactly("security.syscalls.deny_compat"), judge: func(_, v string) (string, string) {
-		if incusTrue(v) {
+		if IncusTrue(v) {
 			return "", "stricter: the 32-bit compat system calls are denied too"
 		}
 		return "", ""
@@ -104,7 +104,7 @@ var kernelKeyRules = []kernelKeyRule{
 		return "", ""
 	}},
 	{match: prefixed("security.syscalls.intercept."), judge: func(k, v string) (string, string) {
-		if v == "" || (!incusTrue(v) && isIncusBool(v)) {
+		if v == "" || (!IncusTrue(v) && isIncusBool(v)) {
 			return "", ""
 		}
 		what := interceptWhy[strings.TrimPrefix(k, "security.syscalls.intercept.")]
@@ -117,7 +117,7 @@ var kernelKeyRules = []kernelKeyRule{
 		return fmt.Sprintf("sets %s=%s, a system call filter key box does not know", k, v), ""
 	}},
 	{match: exactly("security.idmap.isolated"), judge: func(_, v string) (string, string) {
-		if incusTrue(v) {
+		if IncusTrue(v) {
 			return "", "stricter: a host id range of its own, which no other instance shares"
 		}
 		return "", ""
@@ -138,13 +138,13 @@ var kernelKeyRules = []kernelKeyRule{
 	// Not set at all (a profile of before it was off, or a backup made
 	// under one) is Verify's finding on the profile, not the box's.
 	{match: exactly(GuestAPIKey), judge: func(_, v string) (string, string) {
-		if incusTrue(v) {
+		if IncusTrue(v) {
 			return GuestAPIKey + "=" + v + ": the box has /dev/incus, through which one box's overlapping requests took the host's incusd down within a second (Incus 6.0, lxc/incus#3618); box's profile turns it off", ""
 		}
 		return "", ""
 	}},
 	{match: exactly("security.guestapi.images"), judge: func(_, v string) (string, string) {
-		if incusTrue(v) {
+		if IncusTrue(v) {
 			return "sets security.guestapi.images=true: /dev/incus hands the box the host's images", ""
 		}
 		return "", ""
@@ -159,13 +159,13 @@ const GuestAPIKey = "security.guestapi"
 // off (Incus's default is on).
 func GuestAPIOff(cfg map[string]string) bool {
 	v := cfg[GuestAPIKey]
-	return v != "" && !incusTrue(v)
+	return v != "" && !IncusTrue(v)
 }
 
 // judgeKernelKey judges one instance config key of the kernel boundary:
 // ok says the key is of this family; problem is what it takes away, or
 // allowed why it is allowed (both empty: the default, nothing to say).
-func judgeKernelKey(key, value string) (problem, allowed string, ok bool) {
+func JudgeKernelKey(key, value string) (problem, allowed string, ok bool) {
 	for _, r := range kernelKeyRules {
 		if r.match(key) {
 			problem, allowed = r.judge(key, value)
@@ -200,6 +200,17 @@ func mapsHostRoot(idmap string) bool {
 	return false
 }
 
-func oneLine(v string) string {
+func OneLine(v string) string {
 	return strings.ReplaceAll(strings.TrimSpace(v), "\n", "; ")
+}
+
+// incusTrue is a boolean config value as Incus reads it: "1", "yes" and
+// "on" are true as well (a privileged box spelt security.privileged=1 is
+// privileged).
+func IncusTrue(v string) bool {
+	switch strings.ToLower(v) {
+	case "true", "1", "yes", "on":
+		return true
+	}
+	return false
 }

@@ -1,4 +1,4 @@
-package stack
+package model
 
 import "maps"
 
@@ -26,9 +26,9 @@ func NestingConfig() map[string]string {
 
 // nestingReason is why the census accepts key=value, or "" when nesting
 // does not set it.
-func nestingReason(key, value string) string {
+func NestingReason(key, value string) string {
 	for _, k := range nestingKeys {
-		if k.key == key && incusTrue(value) == incusTrue(k.value) {
+		if k.key == key && IncusTrue(value) == IncusTrue(k.value) {
 			return k.why
 		}
 	}
@@ -36,7 +36,7 @@ func nestingReason(key, value string) string {
 }
 
 // withNesting adds the nesting keys to an instance's config.
-func withNesting(cfg map[string]string) {
+func WithNesting(cfg map[string]string) {
 	maps.Copy(cfg, NestingConfig())
 }
 
@@ -44,7 +44,7 @@ func withNesting(cfg map[string]string) {
 // nesting sets.
 func Nesting(cfg map[string]string) bool {
 	for _, k := range nestingKeys {
-		if incusTrue(cfg[k.key]) != incusTrue(k.value) {
+		if IncusTrue(cfg[k.key]) != IncusTrue(k.value) {
 			return false
 		}
 	}

@@ -1,7 +1,6 @@
-package stack
+package model
 
 import (
-	"context"
 	"fmt"
 	"strings"
 
@@ -34,7 +33,7 @@ type TypeDecision struct {
 // and still no qemu driver (docs/world.md, "These machines").
 func DecideType(srv *incus.Server, want string) (TypeDecision, error) {
 	if want != "" {
-		if err := checkType(want); err != nil {
+		if err := CheckType(want); err != nil {
 			return TypeDecision{}, err
 		}
 		return TypeDecision{Type: want, Reason: "chosen by the operator", Chosen: true}, nil
@@ -48,20 +47,7 @@ func DecideType(srv *incus.Server, want string) (TypeDecision, error) {
 	return TypeDecision{Type: TypeContainer, Reason: fmt.Sprintf("this host cannot run VMs (incus drivers: %s)", strings.Join(srv.Drivers(), ", "))}, nil
 }
 
-// NewBoxType is DecideType for this host: incusd is asked what it can run
-// only when the operator did not choose.
-func (host *Host) NewBoxType(ctx context.Context, want string) (TypeDecision, error) {
-	if want != "" {
-		return DecideType(nil, want)
-	}
-	srv, err := host.Incus.Server(ctx)
-	if err != nil {
-		return TypeDecision{}, err
-	}
-	return DecideType(srv, "")
-}
-
-func checkType(typ string) error {
+func CheckType(typ string) error {
 	if typ != TypeContainer && typ != TypeVM {
 		return fmt.Errorf("instance type %q: want %s or %s", typ, TypeContainer, TypeVM)
 	}

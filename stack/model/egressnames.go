@@ -1,4 +1,4 @@
-package stack
+package model
 
 import (
 	"bufio"
@@ -158,12 +158,12 @@ func Allows(names []string, name string) bool {
 
 // nameMatcher is an allowlist made for asking often: a question costs a
 // lookup per label of the name, however long the list.
-type nameMatcher struct {
+type NameMatcher struct {
 	exact, under map[string]bool
 }
 
-func newNameMatcher(names []string) *nameMatcher {
-	m := &nameMatcher{exact: map[string]bool{}, under: map[string]bool{}}
+func NewNameMatcher(names []string) *NameMatcher {
+	m := &NameMatcher{exact: map[string]bool{}, under: map[string]bool{}}
 	for _, n := range names {
 		if suffix, ok := strings.CutPrefix(n, "*."); ok {
 			m.under[suffix] = true
@@ -175,7 +175,7 @@ func newNameMatcher(names []string) *nameMatcher {
 }
 
 // allows is Allows for the matcher's list.
-func (m *nameMatcher) allows(name string) bool {
+func (m *NameMatcher) Allows(name string) bool {
 	q := strings.TrimSuffix(strings.ToLower(name), ".")
 	if m.exact[q] {
 		return true

@@ -1,4 +1,4 @@
-package stack
+package model
 
 // LayerID names one layer of the stack in findings, claims and reports.
 // Every ID is in Layers; the package doc lists the same table and a test

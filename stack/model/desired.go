@@ -1,4 +1,4 @@
-package stack
+package model
 
 import (
 	"fmt"
@@ -79,10 +79,10 @@ const (
 // it does not say stays as chosen. The egress policies are always the
 // stored ones.
 func (o Options) With(stored map[string]string) (Options, error) {
-	if ps := policiesOf(stored); len(ps) > 0 {
+	if ps := PoliciesOf(stored); len(ps) > 0 {
 		o.Egress = ps
 	}
-	sl, err := slicesOf(stored)
+	sl, err := SlicesOf(stored)
 	if err != nil {
 		return o, err
 	}
@@ -172,7 +172,7 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 	for _, a := range dns {
 		fmt.Fprintf(&raw, "server=%s\n", a)
 	}
-	for _, l := range dhcpLines {
+	for _, l := range DHCPLines {
 		raw.WriteString(l + "\n")
 	}
 	d.Network = incus.NetworksPost{
@@ -202,12 +202,12 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 		d.Network.Config[KeySubnet] = opts.Subnet.String()
 	}
 	for id, names := range opts.Egress {
-		d.Network.Config[keyEgressPolicy+id] = strings.Join(names, ",")
+		d.Network.Config[KeyEgressPolicy+id] = strings.Join(names, ",")
 	}
 	if len(opts.Slices) > 0 {
-		d.Network.Config["ipv4.dhcp.ranges"] = dynamicRange(d.Subnet)
+		d.Network.Config["ipv4.dhcp.ranges"] = DynamicRange(d.Subnet)
 		for m, p := range opts.Slices {
-			d.Network.Config[keySlice+m] = p.String()
+			d.Network.Config[KeySlice+m] = p.String()
 		}
 	}
 
@@ -248,7 +248,7 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 }
 
 // aclRulesEqual compares rules as Incus stores them (it fills State).
-func aclRulesEqual(a, b []incus.ACLRule) bool {
+func ACLRulesEqual(a, b []incus.ACLRule) bool {
 	norm := func(rs []incus.ACLRule) []string {
 		out := make([]string, len(rs))
 		for i, r := range rs {
