@@ -66,7 +66,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	defer cancel()
 	// On a cluster, box-a, box-b and the clone live on the member the
 	// drill talks to, one more box on every other member it can enter.
-	mints := map[Place]string{PlaceA: r.localMember(), PlaceB: r.localMember()}
+	mints := map[Place]string{PlaceA: r.members.local(), PlaceB: r.members.local()}
 	for _, m := range r.members {
 		if !m.Local {
 			mints[memberBoxPlace(m.Name)] = m.Name
@@ -101,7 +101,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	if _, err := cfg.Host.WaitAddress(mctx, names[PlaceA], 30*time.Second); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
-	if _, err := cfg.Host.CloneTo(mctx, names[PlaceA], "", names[PlaceC], r.localMember()); err != nil {
+	if _, err := cfg.Host.CloneTo(mctx, names[PlaceA], "", names[PlaceC], r.members.local()); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
 	if _, err := cfg.Host.WaitAddress(mctx, names[PlaceC], 30*time.Second); err != nil {
@@ -114,7 +114,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		return fmt.Errorf("boxes: %w", err)
 	}
 	r.ends = map[Place]*BoxEnd{}
-	for _, p := range append([]Place{PlaceA, PlaceB, PlaceC}, r.memberBoxPlaces()...) {
+	for _, p := range append([]Place{PlaceA, PlaceB, PlaceC}, r.members.boxPlaces()...) {
 		e, err := boxEnd(mctx, cfg.Host, p, names[p])
 		if err != nil {
 			return fmt.Errorf("boxes: %w", err)
@@ -122,7 +122,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		r.ends[p] = e
 		rep.Boxes = append(rep.Boxes, *e)
 	}
-	if err := r.checkPlacement(mctx); err != nil {
+	if err := checkPlacement(r.members.local(), r.ends); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
 	for _, c := range cfg.Claims {

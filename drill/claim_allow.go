@@ -101,7 +101,7 @@ func prepareAllow(ctx context.Context, r *run) error {
 		r.skip(AllowID, "the topology has no second canary and internet witness (the hermetic world's)")
 		return nil
 	}
-	r.allow = &allowRun{}
+	keep(r.state, AllowID, &allowRun{})
 	if !cfg.Host.EgressServing() {
 		stop, err := serveEgress(ctx, cfg.Host)
 		if err != nil {
@@ -114,7 +114,7 @@ func prepareAllow(ctx context.Context, r *run) error {
 	names := allowNames(Scene{Topology: cfg.Topology})
 	cfg.logf("allow: minting %s under the allowlist %s", r.names[PlaceW], strings.Join(names, " "))
 	// Not provisioned: under its allowlist it reaches no package mirror.
-	req, err := r.mintRequest(r.names[PlaceW], r.localMember(), false)
+	req, err := r.mintRequest(r.names[PlaceW], r.members.local(), false)
 	if err != nil {
 		return fmt.Errorf("allow: %w", err)
 	}
@@ -274,10 +274,10 @@ func buildAllow(b *builder) {
 // was told; its absence passes only when box-a's question for the same
 // zone is there.
 func refineAllow(r *run, res Result) Result {
-	if res.Expect != ExpectNotForwarded || res.Verdict == Fail || r.allow == nil {
+	al := stateOf[allowRun](r.state, AllowID)
+	if res.Expect != ExpectNotForwarded || res.Verdict == Fail || al == nil {
 		return res
 	}
-	al := r.allow
 	al.once.Do(func() {
 		qs, err := world.ReadWitnessLog(r.cfg.Topology.Allow.WitnessLog, r.rep.Started)
 		al.logErr = err

@@ -31,6 +31,9 @@ var claimKernel = Claim{
 	prepare: prepareKernel,
 	build:   buildKernel,
 	judge:   judgeKernel,
+	// The guest API requests, one box at a time after the other probes
+	// (claim_kernel_guestapi.go).
+	apart: splitGuestAPI,
 }
 
 // prepareKernel mints box-l and box-k, then reads every probe box's

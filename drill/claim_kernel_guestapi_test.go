@@ -21,12 +21,12 @@ func TestKernelGuestAPIOff(t *testing.T) {
 		}
 		return probes.Observation{}, false
 	})
-	r.guestAPIOff = map[Place]bool{}
+	off := stateOf[guestAPIConfig](r.state, KernelID).off
 	for p := range r.names {
-		r.guestAPIOff[p] = true
+		off[p] = true
 	}
-	r.guestAPIOff[PlaceB] = false
-	delete(r.guestAPIOff, PlaceC)
+	off[PlaceB] = false
+	delete(off, PlaceC)
 	seen := 0
 	for _, res := range judgeKernel(r, claimKernel, rs) {
 		if res.Channel != ChannelGuestAPI {

@@ -133,7 +133,7 @@ func (kj *kernelJudge) check(a Action) Result {
 	}
 	if o.Outcome == probes.Error && len(o.Evidence.Files) == 0 && o.Evidence.ReleaseAgent == nil {
 		if a.Channel == ChannelGuestAPI && strings.HasPrefix(o.Reason, "no socket at") {
-			off, read := kj.r.guestAPIOff[a.From]
+			off, read := kj.guestAPIOff(a.From)
 			switch {
 			case !read:
 				return verdict(res, Inconclusive, "no guest API in the box ("+o.Reason+"), and its config could not be read to say it is off")

@@ -30,15 +30,15 @@ func kernelRun(t *testing.T, obs func(place Place, a Action) (probes.Observation
 	scene := testTopology()
 	sc := BuildScenario(scene, []Claim{claimKernel})
 	r := &run{rep: &Report{Notes: []string{}}, sc: sc, scene: scene, obs: observations{}, agentErr: map[Place]string{},
-		names: map[Place]string{}, ends: map[Place]*BoxEnd{}}
+		names: map[Place]string{}, ends: map[Place]*BoxEnd{}, state: claimStates{}}
 	for _, e := range []BoxEnd{scene.A, scene.B, scene.C, scene.T, scene.W, scene.N, scene.L} {
 		e := e
 		r.names[e.Place], r.ends[e.Place] = e.Instance, &e
 	}
 	r.names[PlaceK] = "drill-0a1b2c-k"
-	r.guestAPIOff = map[Place]bool{}
+	g := keep(r.state, KernelID, &guestAPIConfig{off: map[Place]bool{}})
 	for p := range r.names {
-		r.guestAPIOff[p] = true
+		g.off[p] = true
 	}
 	var rs []Result
 	put := func(place Place, o probes.Observation) {

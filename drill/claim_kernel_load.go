@@ -137,7 +137,7 @@ func mintLoadBox(ctx context.Context, r *run) error {
 	r.names[PlaceL], r.names[PlaceK] = name, r.boxName("k")
 	reqs := map[Place]stack.MintRequest{}
 	for _, p := range []Place{PlaceL, PlaceK} {
-		req, err := r.mintRequest(r.names[p], r.localMember(), false)
+		req, err := r.mintRequest(r.names[p], r.members.local(), false)
 		if err != nil {
 			return fmt.Errorf("kernel: %w", err)
 		}

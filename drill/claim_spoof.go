@@ -30,6 +30,9 @@ var claimSpoof = Claim{
 	refine: refineSpoof,
 	after:  afterSpoof,
 	judge:  judgeSpoofClaim,
+	// Its lies need the bridge's MAC (where box-a's frames to the host
+	// go) and its DHCP pool (what the made-up clients ask for).
+	inputs: map[sceneInput]string{inputBridgeMAC: "box-a's lies are not sent", inputDHCPPool: "the DHCP lies are not sent"},
 }
 
 // C-SPOOF: box-a lies about who it is. It claims box-b's address and the
@@ -66,18 +69,31 @@ const (
 // watchSpoof records the host's neighbour table and the bridge's
 // forwarding database over the probe phase.
 func watchSpoof(r *run) func() {
-	watchSpoofDHCP(r)
+	s := keep(r.state, SpoofID, &spoofRun{})
+	if hasDHCPLies(r.sc) {
+		s.dhcp = readLeasesBefore(r.cfg.Host)
+	}
 	nw, err := watchNeighbours(r.cfg.Host.NetNS, model.Current.Network)
 	if err != nil {
-		r.neighErr = err.Error()
+		s.neighErr = err.Error()
 		return func() {}
 	}
 	return func() {
 		var werr error
-		if r.neigh, werr = nw.stop(); werr != nil {
-			r.neighErr = "the watch was cut short: " + werr.Error()
+		if s.neigh, werr = nw.stop(); werr != nil {
+			s.neighErr = "the watch was cut short: " + werr.Error()
 		}
 	}
+}
+
+// spoofRun is C-SPOOF's state over a run: what the host's neighbour
+// table and the bridge's forwarding database did over the probe phase
+// (neighErr: why they were not watched), and what the DHCP server held
+// around the DHCP lies (nil when they were not sent).
+type spoofRun struct {
+	neigh    []neighEvent
+	neighErr string
+	dhcp     *dhcpRun
 }
 
 // TargetHostBridge is the matrix column of what a witness on the host's
@@ -181,7 +197,11 @@ func refineSpoof(ru *run, r Result) Result {
 	case ChannelDHCPRelease, ChannelDHCPDecline, ChannelDHCPStarve, ChannelDHCPClientID, ChannelDHCPHType:
 		return judgeSpoofDHCP(ru, r)
 	}
-	return judgeSpoof(r, ru.obs, ru.scene, ru.neigh, ru.neighErr)
+	var s spoofRun
+	if kept := stateOf[spoofRun](ru.state, SpoofID); kept != nil {
+		s = *kept
+	}
+	return judgeSpoof(r, ru.obs, ru.scene, s.neigh, s.neighErr)
 }
 
 func judgeSpoof(r Result, obs observations, t Scene, neigh []neighEvent, neighErr string) Result {
@@ -239,8 +259,8 @@ func neighSummary(t Scene, neigh []neighEvent) string {
 // judgeSpoofClaim is C-SPOOF's actions and the stack channel, with the
 // box minted after the DHCP lies (a request to Incus, after the probes).
 func judgeSpoofClaim(r *run, c Claim, rs []Result) []Result {
-	if r.dhcp != nil && r.dhcp.newBox != "" {
-		rs = append(rs, judgeNewLease(r.dhcp, Result{Action: Action{ID: "spoof-new-lease", Claim: SpoofID, Channel: ChannelNewLease, From: PlaceHost,
+	if d := dhcpOf(r.state); d != nil && d.newBox != "" {
+		rs = append(rs, judgeNewLease(d, Result{Action: Action{ID: "spoof-new-lease", Claim: SpoofID, Channel: ChannelNewLease, From: PlaceHost,
 			Target: "a box minted after box-a's DHCP lies", TargetKey: "lease", Expect: ExpectLease}}))
 	}
 	return judgeProbes(r, c, rs)

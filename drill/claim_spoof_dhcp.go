@@ -106,31 +106,38 @@ type dhcpRun struct {
 	unreleased      []stack.DHCPLease
 }
 
-// hasDHCPLies says whether the run sends the DHCP lies.
-func (r *run) hasDHCPLies() bool {
-	if r.sc == nil {
+// hasDHCPLies says whether the scenario sends the DHCP lies.
+func hasDHCPLies(sc *Scenario) bool {
+	if sc == nil {
 		return false
 	}
-	return slices.ContainsFunc(r.sc.Actions, func(a Action) bool { return a.Claim == SpoofID && a.Expect == ExpectNoLease })
+	return slices.ContainsFunc(sc.Actions, func(a Action) bool { return a.Claim == SpoofID && a.Expect == ExpectNoLease })
 }
 
-// watchSpoofDHCP reads the lease file before the probes.
-func watchSpoofDHCP(r *run) {
-	if !r.hasDHCPLies() {
-		return
-	}
-	r.dhcp = &dhcpRun{}
-	pool, err := r.cfg.Host.DHCPLeases()
+// readLeasesBefore reads the lease file before the probes.
+func readLeasesBefore(h *stack.Host) *dhcpRun {
+	d := &dhcpRun{}
+	pool, err := h.DHCPLeases()
 	if err != nil {
-		r.dhcp.beforeErr = err.Error()
+		d.beforeErr = err.Error()
 	}
-	r.dhcp.before = pool
+	d.before = pool
+	return d
+}
+
+// dhcpOf is what the DHCP server held around the lies, nil when they were
+// not sent.
+func dhcpOf(s claimStates) *dhcpRun {
+	if sp := stateOf[spoofRun](s, SpoofID); sp != nil {
+		return sp.dhcp
+	}
+	return nil
 }
 
 // afterSpoof reads the lease file after the probes, mints a box (it must
 // get its address), and releases every lease the lies got.
 func afterSpoof(ctx context.Context, r *run) {
-	d := r.dhcp
+	d := dhcpOf(r.state)
 	if d == nil {
 		return
 	}
@@ -268,7 +275,7 @@ func leaseOf(p stack.DHCPPool, mac net.HardwareAddr) (stack.DHCPLease, bool) {
 
 // judgeSpoofDHCP judges one DHCP lie by what the server did.
 func judgeSpoofDHCP(ru *run, r Result) Result {
-	d, t := ru.dhcp, ru.scene
+	d, t := dhcpOf(ru.state), ru.scene
 	switch {
 	case d == nil:
 		return verdict(r, Inconclusive, "the DHCP server's lease file was not read")

@@ -35,6 +35,10 @@ var claimTier = Claim{
 	build:    buildTier,
 	requests: tryEscapes,
 	judge:    judgeTier,
+	// box-t's port isolation is off by the drill's own doing: the census
+	// naming it is C-TIER's evidence, no other claim's failure.
+	keepFindings: keepTierFindings,
+	clean:        cleanTier,
 }
 
 // buildTier: box-t's own controls (the canary, DNS at the gateway), then
@@ -67,13 +71,18 @@ func buildTier(b *builder) {
 // refused by Incus for the restriction, and a refusal for another reason
 // proves nothing. At teardown the user is purged and deleted.
 
-// tierRun is the granted user's side of a run.
+// tierRun is the granted user's side of a run: C-TIER's state.
 type tierRun struct {
 	user    accounts.User
 	gid     uint32
 	project string
 	decoy   string // a managed network the user must not reach
 	client  *incus.Client
+	// box is box-t's instance, once minted; findings are the census's
+	// findings on its port isolation, which the drill turned off: C-TIER's
+	// evidence, kept out of the run's findings (keepTierFindings).
+	box      string
+	findings []model.Finding
 	// results are the non-packet actions, judged as they ran.
 	results []Result
 }
@@ -87,7 +96,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 		r.skip(TierID, why)
 		return nil
 	}
-	r.tier = &tierRun{}
+	t := keep(r.state, TierID, &tierRun{})
 	r.names[PlaceT] = r.boxName("t")
 	name := "bxd" + r.rep.RunID
 	cfg.logf("tier: making local user %s, granting it, minting box-t as it through incus-user", name)
@@ -100,8 +109,8 @@ func mintTierBox(ctx context.Context, r *run) error {
 	if err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
-	t := r.tier
 	t.user, t.project = u, stack.TierProject(u.UID)
+	r.projects[PlaceT] = t.project
 	group := cmp.Or(cfg.Host.TierGroup, stack.DefaultTierGroup)
 	if t.gid, err = accounts.GroupGID(group); err != nil {
 		return fmt.Errorf("tier: %w", err)
@@ -156,7 +165,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 		Evidence: "Incus let the granted user mint " + box + " with port isolation off; the probes from it show whether that helped"})
 	th := *cfg.Host
 	th.Incus = cfg.Host.Incus.Project(t.project)
-	if err := r.placeTierBox(ctx, th.Incus, box); err != nil {
+	if err := placeTierBox(ctx, th.Incus, box, r.members.local(), cfg.logf); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
 	// boxEnd waits for its lease, which pins it: until then it could not
@@ -168,7 +177,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 	if err := r.waitProvisioned(ctx, th.Incus, box); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
-	r.ends[PlaceT] = e
+	r.ends[PlaceT], t.box = e, e.Instance
 	r.rep.Boxes = append(r.rep.Boxes, *e)
 	return nil
 }
@@ -176,7 +185,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 // judgeTier judges C-TIER: its probes from box-t (rs), the non-packet
 // actions, the census naming box-t, and the stack channel.
 func judgeTier(r *run, c Claim, rs []Result) []Result {
-	t := r.tier
+	t := stateOf[tierRun](r.state, TierID)
 	a := Action{ID: "t-census", Claim: c.ID, Channel: ChannelCensus, From: PlaceVerify, Target: "box-t named by the census", TargetKey: string(ChannelCensus), Expect: ExpectPresent}
 	if t == nil {
 		return rs
@@ -184,7 +193,7 @@ func judgeTier(r *run, c Claim, rs []Result) []Result {
 	rs = placeControlled(rs, PlaceT)
 	rs = append(rs, t.results...)
 	if e, ok := r.ends[PlaceT]; ok {
-		named := r.tierFindings
+		named := t.findings
 		if len(named) > 0 {
 			rs = append(rs, Result{Action: a, Verdict: Pass, Observed: "named", Evidence: "the census names it: " + named[0].Problem})
 		} else {
@@ -208,13 +217,26 @@ func tierBoxFindings(fs []model.Finding, project, box string) []model.Finding {
 	return out
 }
 
-// tierBoxFindings picks those findings for this run's box-t.
-func (r *run) tierBoxFindings(fs []model.Finding) []model.Finding {
-	e, ok := r.ends[PlaceT]
-	if r.tier == nil || !ok {
+// boxFindings picks those findings for this run's box-t (none when there
+// is no box-t).
+func (t *tierRun) boxFindings(fs []model.Finding) []model.Finding {
+	if t == nil || t.box == "" {
 		return nil
 	}
-	return tierBoxFindings(fs, r.tier.project, e.Instance)
+	return tierBoxFindings(fs, t.project, t.box)
+}
+
+// keepTierFindings keeps the census findings on box-t's port isolation as
+// C-TIER's evidence (keepFindings).
+func keepTierFindings(s claimStates, fs []model.Finding) ([]model.Finding, string) {
+	t := stateOf[tierRun](s, TierID)
+	if t == nil {
+		return nil, ""
+	}
+	if t.findings = t.boxFindings(fs); len(t.findings) == 0 {
+		return nil, ""
+	}
+	return t.findings, fmt.Sprintf("box-t's NIC has port isolation off, as the drill made it (the census named it: %s)", t.findings[0].Object)
 }
 
 // placeTierBox moves box-t, on a cluster, to the member the drill talks
@@ -222,8 +244,7 @@ func (r *run) tierBoxFindings(fs []model.Finding) []model.Finding {
 // member), and its probes are judged by that member's witnesses; from
 // another member some of them could not fail (that member's uplink is not
 // the local one's).
-func (r *run) placeTierBox(ctx context.Context, c *incus.Client, box string) error {
-	local := r.localMember()
+func placeTierBox(ctx context.Context, c *incus.Client, box, local string, logf func(string, ...any)) error {
 	if local == "" {
 		return nil
 	}
@@ -234,7 +255,7 @@ func (r *run) placeTierBox(ctx context.Context, c *incus.Client, box string) err
 	if inst.Location == local {
 		return nil
 	}
-	r.cfg.logf("tier: Incus placed %s on %s; moving it to %s, where the drill's witnesses are", box, inst.Location, local)
+	logf("tier: Incus placed %s on %s; moving it to %s, where the drill's witnesses are", box, inst.Location, local)
 	if err := c.SetInstanceState(ctx, box, "stop", 0, true); err != nil {
 		return err
 	}

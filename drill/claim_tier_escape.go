@@ -28,7 +28,7 @@ type escape struct {
 // tryEscapes makes the granted user's attempts to leave boxnet, after the
 // mutations (a lifted restriction must show here).
 func tryEscapes(ctx context.Context, r *run) {
-	t := r.tier
+	t := stateOf[tierRun](r.state, TierID)
 	if t == nil || t.client == nil {
 		return
 	}
@@ -85,7 +85,9 @@ func tryEscapes(ctx context.Context, r *run) {
 		cancel()
 		t.results = append(t.results, judgeEscape(a, e.reason, err))
 		if err == nil {
-			r.undoEscape(ctx, box)
+			if err := t.undoEscape(ctx, r.cfg.Host.Incus, box); err != nil {
+				r.rep.Problems = append(r.rep.Problems, string(TierID)+": taking back what the granted user was allowed to do: "+err.Error())
+			}
 		}
 	}
 }
@@ -104,26 +106,24 @@ func judgeEscape(a Action, reason string, err error) Result {
 	}
 }
 
-// undoEscape takes back what an attempt that should have been refused did.
-func (r *run) undoEscape(ctx context.Context, box string) {
-	t, c := r.tier, r.cfg.Host.Incus
+// undoEscape takes back, as the admin (c), what an attempt that should
+// have been refused did; the error is a change it could not take back.
+func (t *tierRun) undoEscape(ctx context.Context, c *incus.Client, box string) error {
 	_ = deleteNetworkEventually(ctx, c, t.decoy+"x")
 	if box == "" {
-		return
+		return nil
 	}
 	pc := c.Project(t.project)
 	inst, etag, err := pc.Instance(ctx, box)
 	if err != nil {
-		return
+		return nil
 	}
 	put := inst.Writable()
 	for _, dev := range []string{"eth1", "hostroot", "door"} {
 		delete(put.Devices, dev)
 	}
 	delete(put.Config, "security.privileged")
-	if err := pc.UpdateInstance(ctx, box, put, etag); err != nil {
-		r.rep.Problems = append(r.rep.Problems, string(TierID)+": taking back what the granted user was allowed to do: "+err.Error())
-	}
+	return pc.UpdateInstance(ctx, box, put, etag)
 }
 
 // liftTierRestriction is the mutation "tier": the run's tier project may

@@ -109,6 +109,14 @@ func tierUserOf(comment string, h *stack.Host) bool {
 	return strings.HasPrefix(comment, tierUserComment) && (!strings.Contains(comment, " on ") || strings.HasSuffix(comment, tierUserHost(h)))
 }
 
+// cleanTier is C-TIER's clean: an aborted run's tier users and decoys.
+func cleanTier(ctx context.Context, cfg *Config) error {
+	if err := cleanTierLeftovers(ctx, cfg.Host, cfg.logf); err != nil {
+		return fmt.Errorf("removing an earlier run's tier user: %w", err)
+	}
+	return nil
+}
+
 // cleanTierLeftovers removes an aborted run's tier users and decoys.
 func cleanTierLeftovers(ctx context.Context, h *stack.Host, logf func(string, ...any)) error {
 	b, err := os.ReadFile("/etc/passwd")

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -185,9 +184,6 @@ func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) 
 type run struct {
 	cfg Config
 	rep *Report
-	// guestAPIOff says, per probe box, that its config turns the guest API
-	// off (read before the probes: readGuestAPIConfig).
-	guestAPIOff map[Place]bool
 	// undo is what teardown runs, last first: the boxes' removal, the
 	// stack's restoration after mutations.
 	undo []func(context.Context) error
@@ -208,27 +204,13 @@ type run struct {
 	// host lacks); judged is every action's result.
 	skipped map[ClaimID]string
 	judged  []Result
-	// neigh is what the host's neighbour table and the bridge's forwarding
-	// database did over the probe phase (C-SPOOF); neighErr why it was not
-	// watched.
-	neigh    []neighEvent
-	neighErr string
-	// dhcp is what the DHCP server held around C-SPOOF's DHCP lies, and
-	// the box minted after them; nil when they were not sent.
-	dhcp *dhcpRun
-	// tier is the granted user's side (C-TIER); nil when it did not run.
-	// tierFindings are the census's findings on box-t's port isolation,
-	// which the drill turned off: C-TIER's evidence, kept out of findings.
-	tier         *tierRun
-	tierFindings []model.Finding
-	// allow is the allowlisted box's side (C-ALLOW); nil when it did not
-	// run.
-	allow *allowRun
-	// door is box-a's door (C-EXPOSE); doorErr why there is none.
-	door    netip.AddrPort
-	doorErr string
+	// state is what each claim keeps over the run; projects are the
+	// Incus projects of the probe boxes minted in one of their own (box-t,
+	// by its user).
+	state    claimStates
+	projects map[Place]string
 	// members are, on a cluster, the members the drill can enter.
-	members []MemberScene
+	members cluster
 	// baseImage is the fingerprint box-a's image resolved to: what the
 	// boxes minted without a pull (box-t, through incus-user) are made of.
 	baseImage string
@@ -252,7 +234,7 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
 	if _, err := rand.Read(id); err != nil {
 		return nil, err
 	}
-	r := &run{cfg: cfg, skipped: map[ClaimID]string{}, rep: &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
+	r := &run{cfg: cfg, skipped: map[ClaimID]string{}, state: claimStates{}, projects: map[Place]string{}, rep: &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
 		Stack: StackFacts{Changes: []model.Change{}, Findings: []model.Finding{}},
 		Boxes: []BoxEnd{}, Problems: []string{}, Notes: []string{}, Claims: []ClaimResult{}, Mutations: []string{}, MutationResults: []MutationResult{}}}
 	for _, m := range cfg.Mutations {

@@ -99,6 +99,11 @@ type Topology struct {
 	// LAN host (DNS rebinding), and where a witness watches the internet.
 	Allow AllowTargets `json:"allow,omitzero"`
 
+	// Door is box-a's door on the host's loopback (box expose's, to its
+	// listener) once C-EXPOSE opened it: the drill's own doing, as the LAN
+	// stand-in's LANSources are in host mode; zero when there is none.
+	Door netip.AddrPort `json:"door,omitzero"`
+
 	// Notes are what the discovery could not read, for the report.
 	Notes []string `json:"notes,omitempty"`
 }
