@@ -64,53 +64,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	}
 	mctx, cancel := context.WithTimeout(ctx, mintTime)
 	defer cancel()
-	// On a cluster, box-a, box-b and the clone live on the member the
-	// drill talks to, one more box on every other member it can enter.
-	mints := map[Place]string{PlaceA: r.members.local(), PlaceB: r.members.local()}
-	for _, m := range r.members {
-		if !m.Local {
-			mints[memberBoxPlace(m.Name)] = m.Name
-		}
-	}
-	mintErr := make([]error, 0, len(mints))
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	if cfg.Template != nil {
-		// box-a first: it pulls the image, which the others then find in
-		// Incus's cache (two pulls of one image at once collide in incusd's
-		// cache folder: "mkdir ...: file exists").
-		if err := r.mintProvisioned(mctx, PlaceA, mints[PlaceA]); err != nil {
-			return fmt.Errorf("boxes: %w", err)
-		}
-		delete(mints, PlaceA)
-	}
-	for p, target := range mints {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := r.mintProvisioned(mctx, p, target)
-			mu.Lock()
-			mintErr = append(mintErr, err)
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(mintErr...); err != nil {
-		return fmt.Errorf("boxes: %w", err)
-	}
-	if _, err := cfg.Host.WaitAddress(mctx, names[PlaceA], 30*time.Second); err != nil {
-		return fmt.Errorf("boxes: %w", err)
-	}
-	if _, err := cfg.Host.CloneTo(mctx, names[PlaceA], "", names[PlaceC], r.members.local()); err != nil {
-		return fmt.Errorf("boxes: %w", err)
-	}
-	if _, err := cfg.Host.WaitAddress(mctx, names[PlaceC], 30*time.Second); err != nil {
-		return fmt.Errorf("boxes: %w", err)
-	}
-	if err := r.waitProvisioned(mctx, cfg.Host.Incus, names[PlaceC]); err != nil {
-		return fmt.Errorf("boxes: %w", err)
-	}
-	if err := r.readBaseImage(mctx); err != nil {
+	if err := r.mintCommon(mctx); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
 	r.ends = map[Place]*BoxEnd{}
@@ -144,6 +98,60 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		}
 	}
 	return r.verifyForProbes(actx)
+}
+
+// mintCommon mints the boxes every run has: box-a and box-b, one box on
+// every other member of a cluster, and clone-a, each provisioned in a
+// template run; and reads what box-a's image resolved to.
+func (r *run) mintCommon(ctx context.Context) error {
+	cfg, names := &r.cfg, r.names
+	// On a cluster, box-a, box-b and the clone live on the member the
+	// drill talks to, one more box on every other member it can enter.
+	mints := map[Place]string{PlaceA: r.members.local(), PlaceB: r.members.local()}
+	for _, m := range r.members {
+		if !m.Local {
+			mints[memberBoxPlace(m.Name)] = m.Name
+		}
+	}
+	mintErr := make([]error, 0, len(mints))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	if cfg.Template != nil {
+		// box-a first: it pulls the image, which the others then find in
+		// Incus's cache (two pulls of one image at once collide in incusd's
+		// cache folder: "mkdir ...: file exists").
+		if err := r.mintProvisioned(ctx, PlaceA, mints[PlaceA]); err != nil {
+			return err
+		}
+		delete(mints, PlaceA)
+	}
+	for p, target := range mints {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := r.mintProvisioned(ctx, p, target)
+			mu.Lock()
+			mintErr = append(mintErr, err)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(mintErr...); err != nil {
+		return err
+	}
+	if _, err := cfg.Host.WaitAddress(ctx, names[PlaceA], 30*time.Second); err != nil {
+		return err
+	}
+	if _, err := cfg.Host.CloneTo(ctx, names[PlaceA], "", names[PlaceC], r.members.local()); err != nil {
+		return err
+	}
+	if _, err := cfg.Host.WaitAddress(ctx, names[PlaceC], 30*time.Second); err != nil {
+		return err
+	}
+	if err := r.waitProvisioned(ctx, cfg.Host.Incus, names[PlaceC]); err != nil {
+		return err
+	}
+	return r.readBaseImage(ctx)
 }
 
 // mintProvisioned mints the probe box at place on a member (target) and,
