@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/drill/topo"
-	"github.com/box-isolation/box/fixtures/world"
+	"github.com/box-isolation/box/internal/witnesslog"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/model"
@@ -322,7 +322,7 @@ func refineAllow(r *run, res Result) Result {
 		return res
 	}
 	al.once.Do(func() {
-		qs, err := world.ReadWitnessLog(r.cfg.Topology.Allow.WitnessLog, r.rep.Started)
+		qs, err := witnesslog.Read(r.cfg.Topology.Allow.WitnessLog, r.rep.Started)
 		al.logErr = err
 		al.queries = map[string]bool{}
 		for _, q := range qs {

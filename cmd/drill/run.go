@@ -15,7 +15,7 @@ import (
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/drill/report"
 	"github.com/box-isolation/box/drill/topo"
-	"github.com/box-isolation/box/fixtures/world"
+	"github.com/box-isolation/box/internal/worldstate"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
@@ -91,7 +91,7 @@ func setupRun(fs *flag.FlagSet) runner {
 		if err != nil {
 			return fail(s, err)
 		}
-		st, err := world.Load()
+		st, err := worldstate.Load()
 		if err != nil {
 			return fail(s, fmt.Errorf("%w (on a real Incus host, use --host --canary ADDR:PORT)", err))
 		}
@@ -101,7 +101,7 @@ func setupRun(fs *flag.FlagSet) runner {
 		}
 		if len(opts.DNS) == 0 {
 			// The world's own resolver stands in for the public ones.
-			opts.DNS = []netip.Addr{world.Resolver}
+			opts.DNS = []netip.Addr{worldstate.Resolver}
 		}
 		host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts, MemberNetNS: st.MemberNetNS(),
 			IncusConfigDir: st.IncusConf}
@@ -364,13 +364,13 @@ func hostModeGuard(traces, netns string) error {
 // state file, a world namespace), or "" if nothing does. Any trace, even of
 // a broken world, makes this a development or CI machine.
 func worldTraces() string {
-	if _, err := world.Load(); !errors.Is(err, world.ErrNoWorld) {
-		return "world state under " + world.StateRoot
+	if _, err := worldstate.Load(); !errors.Is(err, worldstate.ErrNoWorld) {
+		return "world state under " + worldstate.StateRoot
 	}
-	if m, _ := filepath.Glob(filepath.Join(world.StateRoot, "*", "state.json")); len(m) > 0 {
+	if m, _ := filepath.Glob(filepath.Join(worldstate.StateRoot, "*", "state.json")); len(m) > 0 {
 		return m[0]
 	}
-	if m, _ := filepath.Glob("/run/netns/" + world.DefaultName + "-*"); len(m) > 0 {
+	if m, _ := filepath.Glob("/run/netns/" + worldstate.DefaultName + "-*"); len(m) > 0 {
 		return "network namespace " + filepath.Base(m[0])
 	}
 	return ""

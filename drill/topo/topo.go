@@ -1,11 +1,11 @@
 // Package topo is what a drill run aims at, as one data value: the
-// Topology. Two sources produce it: the hermetic world (fixtures/world,
-// whose addresses are fixed) and a real host's discovery (Discover: its
-// routes, neighbours, resolvers, hosts file and names). The drill package
-// receives a Topology and never looks at where it came from; what only
-// exists once the stack is up (the host's addresses on the bridge, its
-// listening sockets) the drill reads itself, in the host's namespace, at
-// probe time.
+// Topology. Two sources produce it: the hermetic world (its fixed plan
+// and its state file, internal/worldstate) and a real host's discovery
+// (Discover: its routes, neighbours, resolvers, hosts file and names).
+// The drill package receives a Topology and never looks at where it came
+// from; what only exists once the stack is up (the host's addresses on
+// the bridge, its listening sockets) the drill reads itself, in the
+// host's namespace, at probe time.
 //
 // Every target carries its provenance, so a report says why an address
 // was probed: a route, a neighbour, a resolver, a sample.
