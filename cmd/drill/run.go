@@ -16,7 +16,6 @@ import (
 	"github.com/box-isolation/box/drill/report"
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/internal/worldstate"
-	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -283,62 +282,6 @@ func mutationNames() []string {
 	return out
 }
 
-// listedClaim is one claim as drill list --json prints it.
-type listedClaim struct {
-	drill.Claim
-	StackRule string `json:"stack_rule"`
-}
-
-func setupList(fs *flag.FlagSet) runner {
-	asJSON := fs.Bool("json", false, "print the claims as JSON")
-	return func(_ context.Context, s stdio, _ []string) int {
-		var out []listedClaim
-		for _, c := range drill.Catalogue {
-			out = append(out, listedClaim{c, c.StackRule()})
-		}
-		emit(s, *asJSON, out, func(w io.Writer) {
-			for _, c := range drill.Catalogue {
-				fmt.Fprintf(w, "%-10s %s -> %s over %s: %s [%s]\n           %s\n           stack channel: %s\n", c.ID, c.From, c.To,
-					joinWords(c.Channels), c.Expect, joinWords(c.Layers), c.Why, c.StackRule())
-				if note := c.ModeNote(drill.ModeHost); note != "" {
-					fmt.Fprintf(w, "           %s\n", note)
-				}
-			}
-		})
-		return exitOK
-	}
-}
-
-// joinWords joins typed words (channels, layers) for people.
-func joinWords[T ~string](ws []T) string {
-	out := make([]string, len(ws))
-	for i, w := range ws {
-		out[i] = string(w)
-	}
-	return strings.Join(out, ", ")
-}
-
-// runAgent is the in-box agent: a JSON plan in (stdin or --plan FILE),
-// JSON observations out, within the plan's deadline.
-func setupAgent(fs *flag.FlagSet) runner {
-	planPath := fs.String("plan", "", "read the plan from FILE instead of stdin (exec has no stdin)")
-	return func(ctx context.Context, s stdio, _ []string) int {
-		in := s.in
-		if *planPath != "" {
-			f, err := os.Open(*planPath)
-			if err != nil {
-				return fail(s, err)
-			}
-			defer f.Close()
-			in = f
-		}
-		if err := probes.RunAgent(ctx, in, s.out); err != nil {
-			return fail(s, err)
-		}
-		return exitOK
-	}
-}
-
 // netnsDir is where `ip netns` keeps named namespaces.
 var netnsDir = "/run/netns"
 
@@ -372,35 +315,6 @@ func worldTraces() string {
 	}
 	if m, _ := filepath.Glob("/run/netns/" + worldstate.DefaultName + "-*"); len(m) > 0 {
 		return "network namespace " + filepath.Base(m[0])
-	}
-	return ""
-}
-
-// recordRun records a finished run into RUNS.md and says where, and what
-// the release gate will make of a build that names no clean commit.
-func recordRun(s stdio, path string, rep *drill.Report) error {
-	rec, err := report.Record(path, rep)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(s.err, "drill: recorded %s line %d: report %s sha256 %s (commit both)\n", path, rec.Line, rec.Report, rec.SHA256)
-	if why := versionProblem(rep.Version); why != "" {
-		fmt.Fprintf(s.err, "drill: this row can never let a release ship: %s\n", why)
-	}
-	if rep.Environment.Mode != "host" {
-		fmt.Fprintf(s.err, "drill: this row can never let a release ship: a %s-mode run (only a --host run on a real Incus host can)\n", rep.Environment.Mode)
-	}
-	return nil
-}
-
-// versionProblem says why a build's version cannot name the clean commit
-// it was built from, or "".
-func versionProblem(v string) string {
-	switch {
-	case v == "" || v == "dev":
-		return fmt.Sprintf("version %q names no commit (build with make build)", v)
-	case strings.HasSuffix(v, "-dirty"):
-		return fmt.Sprintf("version %s was built from a tree with changes (build from a clean checkout)", v)
 	}
 	return ""
 }
