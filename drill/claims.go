@@ -17,7 +17,11 @@
 // teardown of its own boxes, also when the caller's context is cancelled.
 //
 // The claims are listed once, in Catalogue; drill list, the build order,
-// the judging order and --claim selection all read that table.
+// the judging order and --claim selection all read that table. The engine
+// (the phases, the builder, judging, the report) names no claim: a claim
+// declares what it needs of it (Claim's hooks) and keeps what it learns
+// over a run under its own ID (claimStates). A claim with several
+// concerns spreads over claim_<name>_<concern>.go.
 package drill
 
 import (
