@@ -17,6 +17,7 @@ import (
 	"github.com/box-isolation/box/internal/witnesslog"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/egress"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -103,7 +104,7 @@ func prepareAllow(ctx context.Context, r *run) error {
 		return nil
 	}
 	keep(r.state, AllowID, &allowRun{})
-	if !cfg.Host.EgressServing() {
+	if !egress.Serving(cfg.Host.NetNS) {
 		stop, err := serveEgress(ctx, cfg.Host)
 		if err != nil {
 			return fmt.Errorf("allow: %w", err)
@@ -137,9 +138,9 @@ func prepareAllow(ctx context.Context, r *run) error {
 func serveEgress(ctx context.Context, h *stack.Host) (func() error, error) {
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
-	go func() { done <- h.ServeEgress(sctx, io.Discard) }()
+	go func() { done <- egress.Serve(sctx, h.NetNS, io.Discard) }()
 	deadline := time.Now().Add(5 * time.Second)
-	for !h.EgressServing() {
+	for !egress.Serving(h.NetNS) {
 		select {
 		case err := <-done:
 			cancel()

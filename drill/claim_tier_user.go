@@ -12,6 +12,7 @@ import (
 
 	"github.com/box-isolation/box/internal/accounts"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 )
 
@@ -53,17 +54,17 @@ func tierPrereqs(h *stack.Host) string {
 // ensureWatcher starts a port watcher in this process when none runs; the
 // returned function stops it (and does nothing when one ran already).
 func ensureWatcher(ctx context.Context, h *stack.Host, logf func(string, ...any)) (func(), error) {
-	if _, running, err := h.WatcherRunning(); err != nil {
+	if _, running, err := hostns.WatcherRunning(h.NetNS); err != nil {
 		return nil, err
 	} else if running {
 		return func() {}, nil
 	}
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
-	go func() { done <- h.WatchPorts(wctx, discard{}) }()
+	go func() { done <- stack.WatchPorts(wctx, h, discard{}) }()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if _, running, _ := h.WatcherRunning(); running {
+		if _, running, _ := hostns.WatcherRunning(h.NetNS); running {
 			logf("tier: no port watcher ran; the drill runs one while it grants and mints box-t")
 			return func() { cancel(); <-done }, nil
 		}

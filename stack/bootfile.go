@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -163,28 +164,28 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer g.close()
+	defer g.Close()
 	rep := &Report{Changes: []model.Change{}, Notes: []string{}}
-	unlockPorts, err := lockPorts(ctx)
+	unlockPorts, err := hostns.LockPorts(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer unlockPorts()
-	ports, isolated, err := g.isolatePorts(model.Current.Network)
+	ports, isolated, err := g.IsolatePorts(model.Current.Network)
 	if err != nil {
 		return rep, err
 	}
 	for _, name := range isolated {
 		rep.Changes = append(rep.Changes, model.Change{Object: "bridge port " + name, Action: "updated", Detail: "isolated on"})
 	}
-	cfg := g.nftConfig(model.Current)
+	cfg := g.NFTConfig(model.Current)
 	cfg.Gateway = saved.Gateway
 	caps, err := nft.Probe(cfg)
 	if err != nil {
 		return rep, fmt.Errorf("probing nftables: %w", err)
 	}
 	rep.BridgeMode = caps.Mode()
-	names := portNames(ports)
+	names := hostns.PortNames(ports)
 	applied, err := nft.Apply(cfg, caps, names)
 	if err != nil {
 		return rep, fmt.Errorf("applying nft tables: %w", err)
@@ -204,7 +205,7 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 			return rep, fmt.Errorf("applying the egress table: %w", err)
 		}
 		applied = append(applied, eg...)
-		did, err := g.ensureEgressNet()
+		did, err := g.EnsureEgressNet()
 		applied = append(applied, did...)
 		if err != nil {
 			return rep, err
@@ -213,7 +214,7 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 	for _, a := range applied {
 		rep.Changes = append(rep.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
-	routed, err := host.ensureRoute(g)
+	routed, err := ensureRoute(g)
 	rep.Changes = append(rep.Changes, routed...)
 	if err != nil {
 		return rep, err
@@ -270,7 +271,7 @@ func dnsmasqRuns(pidFile string) bool {
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "pid:"); ok {
 			pid, err := strconv.Atoi(strings.TrimSpace(v))
-			args := procArgs(pid)
+			args := hostns.ProcArgs(pid)
 			return err == nil && pid > 0 && len(args) > 0 && strings.HasSuffix(args[0], "dnsmasq")
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -309,8 +310,8 @@ const (
 // clusterAddressUses is what uses addresses on this member and on every member
 // whose namespace is known, so an auto-picked subnet is free on all of
 // them; members not read are noted.
-func (host *Host) clusterAddressUses(ctx context.Context, g *ground, ci ClusterInfo, rep *Report) ([]model.AddressUse, error) {
-	uses, err := g.addressUses(model.Current.Network)
+func (host *Host) clusterAddressUses(ctx context.Context, g *hostns.NS, ci ClusterInfo, rep *Report) ([]model.AddressUse, error) {
+	uses, err := g.AddressUses(model.Current.Network)
 	if err != nil || !ci.Clustered() {
 		return uses, err
 	}
@@ -328,8 +329,8 @@ func (host *Host) clusterAddressUses(ctx context.Context, g *ground, ci ClusterI
 		if err != nil {
 			return nil, fmt.Errorf("member %s: %w", m, err)
 		}
-		mu, err := mg.addressUses(model.Current.Network)
-		mg.close()
+		mu, err := mg.AddressUses(model.Current.Network)
+		mg.Close()
 		if err != nil {
 			return nil, fmt.Errorf("member %s: %w", m, err)
 		}
@@ -359,7 +360,7 @@ func (host *Host) createNetwork(ctx context.Context, ci ClusterInfo, req incus.N
 
 // ensureMember converges this member's host layers only (setup-host
 // --member-only), on the cluster's bridge as it is.
-func (host *Host) ensureMember(ctx context.Context, g *ground, net *incus.Network, rep *Report) (err error) {
+func (host *Host) ensureMember(ctx context.Context, g *hostns.NS, net *incus.Network, rep *Report) (err error) {
 	p, err := netip.ParsePrefix(net.Config["ipv4.address"])
 	if err != nil {
 		return fmt.Errorf("network %s has ipv4.address=%q, which box cannot build on: run box setup-host on any member", model.Current.Network, net.Config["ipv4.address"])
@@ -440,7 +441,7 @@ func (host *Host) readMember(ctx context.Context, member string, d model.Desired
 	if err != nil {
 		return nil, nil, true, err
 	}
-	defer g.close()
+	defer g.Close()
 	v := &Verification{Findings: []model.Finding{}}
 	if err := mh.verifyGround(ctx, g, d, netip.PrefixFrom(d.Gateway, d.Subnet.Bits()), onMember(insts, member), v); err != nil {
 		return nil, nil, true, fmt.Errorf("member %s: %w", member, err)
@@ -605,7 +606,7 @@ func isAddressConflict(err error) bool {
 // cluster").
 func (host *Host) fixAddress(ctx context.Context, name, member string) (netip.Addr, error) {
 	for try := 1; ; try++ {
-		unlock, err := lockFile(ctx, addressLock, "the address slices")
+		unlock, err := hostns.LockFile(ctx, hostns.AddressLock, "the address slices")
 		if err != nil {
 			return netip.Addr{}, err
 		}
@@ -625,9 +626,6 @@ func (host *Host) fixAddress(ctx context.Context, name, member string) (netip.Ad
 		}
 	}
 }
-
-// addressLock serialises picking a fixed address with setting it.
-const addressLock = "/run/lock/box-addresses.lock"
 
 // startFixed starts an instance with a fixed address. Incus checks it
 // again at the start: one another NIC on the member asks for by then is
@@ -799,7 +797,7 @@ func (host *Host) teardownMembers(ctx context.Context) ([]model.Change, error) {
 			if gen.NFTTable == "" {
 				continue
 			}
-			removed, err := nft.Delete(g.nftConfig(gen))
+			removed, err := nft.Delete(g.NFTConfig(gen))
 			if err != nil {
 				errs = append(errs, fmt.Errorf("removing member %s's nft tables: %w", m, err))
 			}
@@ -807,7 +805,7 @@ func (host *Host) teardownMembers(ctx context.Context) ([]model.Change, error) {
 				changes = append(changes, model.Change{Object: "nft " + r + " on member " + m, Action: "removed"})
 			}
 		}
-		g.close()
+		g.Close()
 	}
 	return changes, errors.Join(errs...)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/box-isolation/box/internal/dhcpmsg"
 	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -125,7 +126,7 @@ func (host *Host) keepLeased(ctx context.Context, inst *incus.Instance) (netip.A
 	if err != nil {
 		return netip.Addr{}, false, nil
 	}
-	unlock, err := lockFile(ctx, addressLock, "the address slices")
+	unlock, err := hostns.LockFile(ctx, hostns.AddressLock, "the address slices")
 	if err != nil {
 		return netip.Addr{}, false, err
 	}
@@ -330,18 +331,18 @@ func (host *Host) DHCPLeases() (DHCPPool, error) {
 	if err != nil {
 		return DHCPPool{}, err
 	}
-	defer g.close()
-	return g.dhcpPool(model.Current.Network)
+	defer g.Close()
+	return dhcpPool(g, model.Current.Network)
 }
 
 // dhcpPool reads the pool of the dnsmasq serving bridge.
-func (g *ground) dhcpPool(bridge string) (DHCPPool, error) {
+func dhcpPool(g *hostns.NS, bridge string) (DHCPPool, error) {
 	var p DHCPPool
-	pid := g.dnsmasqFor(bridge)
+	pid := g.DnsmasqFor(bridge)
 	if pid == 0 {
 		return p, fmt.Errorf("no dnsmasq serves %s", bridge)
 	}
-	args := procArgs(pid)
+	args := hostns.ProcArgs(pid)
 	var ranges []string
 	for i, a := range args {
 		switch {
@@ -440,8 +441,8 @@ func parseLeases(r interface{ Read([]byte) (int, error) }) ([]DHCPLease, error) 
 
 // poolOf reads the bridge's pool and names the leases that belong to no
 // instance NIC on the bridge (insts: every instance there, any project).
-func (g *ground) poolOf(insts []incus.Instance) (DHCPPool, error) {
-	p, err := g.dhcpPool(model.Current.Network)
+func poolOf(g *hostns.NS, insts []incus.Instance) (DHCPPool, error) {
+	p, err := dhcpPool(g, model.Current.Network)
 	if err != nil {
 		return p, err
 	}

@@ -8,26 +8,21 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
+	"github.com/box-isolation/box/stack/egress"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
-
-// EgressBox is an allowlisted box as the egress service knows it, by its
-// address.
-type EgressBox struct {
-	Name    string `json:"name"`
-	Project string `json:"project,omitempty"`
-	Policy  string `json:"policy"`
-}
 
 // egressPlanOf puts each box under a policy into that policy's boxes set,
 // by its NIC's stored address and the addresses leased to its MAC on the
 // bridge. Every stored
 // policy is in the plan, with or without boxes; a box naming a policy the
 // bridge does not store is a finding (its traffic is not allowlisted).
-func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Instance, leases []incus.NetworkLease) ([]nft.EgressPolicy, map[netip.Addr]EgressBox, []model.Finding) {
+func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Instance, leases []incus.NetworkLease) ([]nft.EgressPolicy, map[netip.Addr]egress.Box, []model.Finding) {
 	byMAC := map[string][]netip.Addr{}
 	for _, l := range leases {
 		a, err := netip.ParseAddr(l.Address)
@@ -38,7 +33,7 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 		byMAC[mac.String()] = append(byMAC[mac.String()], a)
 	}
 	boxes := map[string][]netip.Addr{}
-	who := map[netip.Addr]EgressBox{}
+	who := map[netip.Addr]egress.Box{}
 	var findings []model.Finding
 	for i := range insts {
 		id := insts[i].Config[model.KeyEgress]
@@ -63,7 +58,7 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 			}
 			for _, a := range addrs {
 				boxes[id] = append(boxes[id], a)
-				who[a] = EgressBox{Name: insts[i].Name, Project: insts[i].Project, Policy: id}
+				who[a] = egress.Box{Name: insts[i].Name, Project: insts[i].Project, Policy: id}
 			}
 		}
 	}
@@ -78,7 +73,7 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 // service's state must be now.
 type egressPlan struct {
 	policies []nft.EgressPolicy
-	state    EgressServiceState
+	state    egress.State
 	findings []model.Finding
 }
 
@@ -90,7 +85,7 @@ func (host *Host) egressPlan(ctx context.Context, f fleet) (egressPlan, error) {
 	}
 	names := model.PoliciesOf(n.Config)
 	ps, who, fs := egressPlanOf(model.Current.Network, names, f.insts, f.leases)
-	st := EgressServiceState{Bridge: model.Current.Network, Table: nft.Config{Table: model.Current.NFTTable}.EgressTable(),
+	st := egress.State{Bridge: model.Current.Network, Table: nft.Config{Table: model.Current.NFTTable}.EgressTable(),
 		Upstream: dnsmasqServers(n.Config["raw.dnsmasq"]), Policies: names, Boxes: who}
 	if p, err := netip.ParsePrefix(n.Config["ipv4.address"]); err == nil {
 		st.Gateway, st.Subnet = p.Addr(), p.Masked()
@@ -114,52 +109,16 @@ func dnsmasqServers(raw string) []netip.Addr {
 	return out
 }
 
-// egressResolvers are what no allowlisted box reaches straight, on any
-// port: the bridge's own upstream and the well-known public resolvers
-// that answer DNS over HTTPS or TLS (a resolver there would answer any
-// name, and over TLS its questions cannot be read).
-func egressResolvers(upstream []netip.Addr) []netip.Addr {
-	out := slices.Clone(upstream)
-	for _, a := range knownResolvers {
-		if !slices.Contains(out, a) {
-			out = append(out, a)
-		}
-	}
-	return out
-}
-
-// knownResolvers are the public DNS-over-HTTPS and -TLS services' IPv4
-// addresses (Cloudflare, Google, Quad9, OpenDNS, AdGuard, CleanBrowsing,
-// NextDNS, Control D, DNS.SB, Mullvad).
-var knownResolvers = func() []netip.Addr {
-	var out []netip.Addr
-	for _, s := range []string{
-		"1.1.1.1", "1.0.0.1", "1.1.1.2", "1.0.0.2", "1.1.1.3", "1.0.0.3",
-		"8.8.8.8", "8.8.4.4",
-		"9.9.9.9", "149.112.112.112", "9.9.9.10", "149.112.112.10", "9.9.9.11", "149.112.112.11",
-		"208.67.222.222", "208.67.220.220", "208.67.222.123", "208.67.220.123",
-		"94.140.14.14", "94.140.15.15", "94.140.14.140", "94.140.14.141",
-		"185.228.168.9", "185.228.169.9", "185.228.168.168", "185.228.169.168",
-		"45.90.28.0", "45.90.30.0",
-		"76.76.2.0", "76.76.10.0",
-		"185.222.222.222", "45.11.45.11",
-		"194.242.2.2",
-	} {
-		out = append(out, netip.MustParseAddr(s))
-	}
-	return out
-}()
-
 // applyEgress makes the egress table, its host objects and the egress
 // service's state what the policies and their boxes are now: only boxes
 // sets, and new policies' sets and rules, change (the resolver's allow
 // elements stay). With no policy there is none of them.
-func (host *Host) applyEgress(ctx context.Context, g *ground, f fleet) ([]string, error) {
+func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]string, error) {
 	plan, err := host.egressPlan(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
-	ncfg := g.nftConfig(model.Current)
+	ncfg := g.NFTConfig(model.Current)
 	ncfg.Gateway = plan.state.Gateway
 	if err := host.saveFirewall(func(s *SavedFirewall) {
 		if plan.state.Gateway.Is4() {
@@ -167,7 +126,7 @@ func (host *Host) applyEgress(ctx context.Context, g *ground, f fleet) ([]string
 		}
 		s.Egress = nil
 		if len(plan.policies) > 0 {
-			s.Egress = &nft.Egress{Policies: plan.policies, Resolvers: egressResolvers(plan.state.Upstream)}
+			s.Egress = &nft.Egress{Policies: plan.policies, Resolvers: egress.Resolvers(plan.state.Upstream)}
 		}
 	}); err != nil {
 		return nil, err
@@ -181,26 +140,26 @@ func (host *Host) applyEgress(ctx context.Context, g *ground, f fleet) ([]string
 		if gone {
 			changes = append(changes, "deleted table inet "+ncfg.EgressTable()+" (no egress policy left)")
 		}
-		did, err := g.deleteEgressNet()
+		did, err := g.DeleteEgressNet()
 		changes = append(changes, did...)
 		if err != nil {
 			return changes, err
 		}
-		if err := removeEgressState(g.ino); err != nil {
+		if err := egress.RemoveState(g.Inode); err != nil {
 			return changes, err
 		}
 		return changes, nil
 	}
-	changes, err := nft.ApplyEgress(ncfg, nft.Egress{Policies: plan.policies, Resolvers: egressResolvers(plan.state.Upstream)})
+	changes, err := nft.ApplyEgress(ncfg, nft.Egress{Policies: plan.policies, Resolvers: egress.Resolvers(plan.state.Upstream)})
 	if err != nil {
 		return nil, fmt.Errorf("applying the egress table: %w", err)
 	}
-	did, err := g.ensureEgressNet()
+	did, err := g.EnsureEgressNet()
 	changes = append(changes, did...)
 	if err != nil {
 		return changes, err
 	}
-	if err := writeEgressState(g.ino, plan.state); err != nil {
+	if err := egress.WriteState(g.Inode, plan.state); err != nil {
 		return changes, err
 	}
 	return changes, nil
@@ -209,25 +168,25 @@ func (host *Host) applyEgress(ctx context.Context, g *ground, f fleet) ([]string
 // verifyEgress reports how the egress table, its host objects and the
 // boxes' policies differ from what they should be, and notes when no
 // egress service answers for the allowlisted boxes.
-func (host *Host) verifyEgress(ctx context.Context, g *ground, f fleet) ([]model.Finding, []string, error) {
+func (host *Host) verifyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]model.Finding, []string, error) {
 	out, err := host.verifyEgressLayer(ctx, g, f)
 	if err != nil {
 		return nil, nil, err
 	}
 	var notes []string
-	if present, _ := nft.EgressPresent(g.nftConfig(model.Current)); present && !host.EgressServing() {
+	if present, _ := nft.EgressPresent(g.NFTConfig(model.Current)); present && !egress.Serving(host.NetNS) {
 		notes = append(notes, "no egress service answers here: every allowlisted box resolves nothing and opens nothing on ports 80 and 443 (closed, not open); box watch-ports runs it (the boot unit box-ports.service runs that)")
 	}
 	return out, notes, nil
 }
 
-func (host *Host) verifyEgressLayer(ctx context.Context, g *ground, f fleet) ([]model.Finding, error) {
+func (host *Host) verifyEgressLayer(ctx context.Context, g *hostns.NS, f fleet) ([]model.Finding, error) {
 	plan, err := host.egressPlan(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
 	out := plan.findings
-	ncfg := g.nftConfig(model.Current)
+	ncfg := g.NFTConfig(model.Current)
 	ncfg.Gateway = plan.state.Gateway
 	if len(plan.policies) == 0 {
 		if present, err := nft.EgressPresent(ncfg); err != nil || !present {
@@ -235,22 +194,22 @@ func (host *Host) verifyEgressLayer(ctx context.Context, g *ground, f fleet) ([]
 		}
 		return append(out, model.Finding{Layer: model.LayerEgress, Object: "nft table inet " + ncfg.EgressTable(), Problem: "present with no egress policy", Fix: fixEnsure}), nil
 	}
-	nf, err := nft.VerifyEgress(ncfg, nft.Egress{Policies: plan.policies, Resolvers: egressResolvers(plan.state.Upstream)})
+	nf, err := nft.VerifyEgress(ncfg, nft.Egress{Policies: plan.policies, Resolvers: egress.Resolvers(plan.state.Upstream)})
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress table: %w", err)
 	}
 	for _, f := range nf {
 		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
 	}
-	probs, err := g.egressNetProblems()
+	probs, err := g.EgressNetProblems()
 	if err != nil {
 		return nil, err
 	}
 	for _, p := range probs {
 		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress routing", Problem: p, Fix: fixEnsure})
 	}
-	if p := egressStateProblem(g.ino, plan.state); p != "" {
-		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress service state " + egressStatePath(g.ino), Problem: p, Fix: fixEnsure})
+	if p := egress.StateProblem(g.Inode, plan.state); p != "" {
+		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress service state " + egress.StatePath(g.Inode), Problem: p, Fix: fixEnsure})
 	}
 	return out, nil
 }
@@ -326,15 +285,15 @@ func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (
 	if err != nil {
 		return false, err
 	}
-	defer g.close()
+	defer g.Close()
 	ps, _, _ := egressPlanOf(model.Current.Network, policies, f.insts, f.leases)
-	ncfg := g.nftConfig(model.Current)
+	ncfg := g.NFTConfig(model.Current)
 	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
 	if err != nil {
 		return false, fmt.Errorf("%s has ipv4.address=%q: run box doctor", model.Current.Network, n.Config["ipv4.address"])
 	}
 	ncfg.Gateway = p.Addr()
-	if _, err := nft.ApplyEgress(ncfg, nft.Egress{Policies: ps, Resolvers: egressResolvers(dnsmasqServers(n.Config["raw.dnsmasq"]))}); err != nil {
+	if _, err := nft.ApplyEgress(ncfg, nft.Egress{Policies: ps, Resolvers: egress.Resolvers(dnsmasqServers(n.Config["raw.dnsmasq"]))}); err != nil {
 		return false, fmt.Errorf("adding the policy's sets: %w", err)
 	}
 	cfg := maps.Clone(n.Config)
@@ -377,8 +336,8 @@ func (host *Host) Egress(ctx context.Context, box string) (*EgressState, error) 
 	if err != nil {
 		return nil, err
 	}
-	defer g.close()
-	if st.Allowed, err = nft.EgressAllowed(g.nftConfig(model.Current), id); err != nil {
+	defer g.Close()
+	if st.Allowed, err = nft.EgressAllowed(g.NFTConfig(model.Current), id); err != nil {
 		return nil, err
 	}
 	return st, nil
@@ -413,4 +372,21 @@ func unusedPolicyKeys(live, want map[string]string) []string {
 		}
 	}
 	return out
+}
+
+// EgressRefusals reads a box's refusals since since (all with a zero
+// since), oldest first.
+func (host *Host) EgressRefusals(ctx context.Context, box string, since time.Time) ([]egress.Refusal, error) {
+	inst, _, err := host.resolve(ctx, box)
+	if err != nil {
+		return nil, err
+	}
+	ino, err := hostns.Inode(host.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	project := inst.Project
+	return egress.ReadRefusals(egress.LogPath(ino), func(r egress.Refusal) bool {
+		return r.Box == box && (project == "" || r.Project == "" || r.Project == project) && !r.At.Before(since)
+	})
 }

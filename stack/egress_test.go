@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/stack/egress"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -76,9 +77,9 @@ func TestAllows(t *testing.T) {
 		assert.Equal(t, want, model.Allows(names, q), q)
 		assert.Equal(t, want, model.NewNameMatcher(names).Allows(q), "the matcher agrees: %s", q)
 	}
-	assert.True(t, isDoHName("dns.google."))
-	assert.True(t, isDoHName("x.cloudflare-dns.com"))
-	assert.False(t, isDoHName("canary.example.net"))
+	assert.True(t, egress.IsDoHName("dns.google."))
+	assert.True(t, egress.IsDoHName("x.cloudflare-dns.com"))
+	assert.False(t, egress.IsDoHName("canary.example.net"))
 }
 
 func TestPoliciesOnTheBridge(t *testing.T) {
@@ -130,7 +131,7 @@ func TestEgressPlan(t *testing.T) {
 		{ID: "pa", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.10"), netip.MustParseAddr("10.88.0.12")}},
 		{ID: "pb", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.20")}},
 	}, ps, "each box under its policy by its lease or its stored address; an open box in none")
-	assert.Equal(t, map[netip.Addr]EgressBox{
+	assert.Equal(t, map[netip.Addr]egress.Box{
 		netip.MustParseAddr("10.88.0.10"): {Name: "a", Project: "default", Policy: "pa"},
 		netip.MustParseAddr("10.88.0.12"): {Name: "c", Project: "default", Policy: "pa"},
 		netip.MustParseAddr("10.88.0.20"): {Name: "d", Project: "default", Policy: "pb"},

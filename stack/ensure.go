@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -51,7 +52,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	if err != nil {
 		return nil, err
 	}
-	defer g.close()
+	defer g.Close()
 	c := host.Incus
 	rep = &Report{Changes: []model.Change{}, Notes: []string{}}
 
@@ -252,9 +253,9 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	return rep, nil
 }
 
-func waitDnsmasq(ctx context.Context, g *ground, bridge string, limit time.Duration) error {
+func waitDnsmasq(ctx context.Context, g *hostns.NS, bridge string, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
-	for g.dnsmasqFor(bridge) == 0 {
+	for g.DnsmasqFor(bridge) == 0 {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("no dnsmasq serves %s after %s although Incus has the network: restart incusd, then run `box doctor`", bridge, limit)
 		}
@@ -513,13 +514,13 @@ type firewallResult struct {
 	createdTables bool
 }
 
-// ensureFirewall isolates every port of the bridge, whatever attached it,
+// applyFirewall isolates every port of the bridge, whatever attached it,
 // and converges the two nft tables. It touches no Incus object, so it is
 // what runs at boot.
-func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) (firewallResult, error) {
+func (host *Host) applyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr) (firewallResult, error) {
 	var res firewallResult
 	bridge := model.Current.Network
-	unlock, err := lockPorts(ctx)
+	unlock, err := hostns.LockPorts(ctx)
 	if err != nil {
 		return res, err
 	}
@@ -531,14 +532,14 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 	if err != nil {
 		return res, err
 	}
-	ports, isolated, err := g.isolatePorts(bridge)
+	ports, isolated, err := g.IsolatePorts(bridge)
 	if err != nil {
 		return res, err
 	}
 	for _, name := range isolated {
 		res.changes = append(res.changes, model.Change{Object: "bridge port " + name, Action: "updated", Detail: "isolated on"})
 	}
-	ncfg := g.nftConfig(model.Current)
+	ncfg := g.NFTConfig(model.Current)
 	ncfg.Gateway = gw
 	caps, err := nft.Probe(ncfg)
 	if err != nil {
@@ -548,7 +549,7 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 	if err != nil {
 		return res, fmt.Errorf("reading nft tables: %w", err)
 	}
-	applied, err := nft.Apply(ncfg, caps, portNames(ports))
+	applied, err := nft.Apply(ncfg, caps, hostns.PortNames(ports))
 	if err != nil {
 		return res, fmt.Errorf("applying nft tables: %w", err)
 	}
@@ -556,7 +557,7 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 		res.changes = append(res.changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
 	res.createdTables = len(applied) > 0 && !inetBefore && !bridgeBefore
-	unlockPins, err := lockFile(ctx, pinsLock, "the pins")
+	unlockPins, err := hostns.LockFile(ctx, hostns.PinsLock, "the pins")
 	if err != nil {
 		return res, err
 	}
@@ -565,7 +566,7 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 	if err != nil {
 		return res, fmt.Errorf("reading what to pin: %w", err)
 	}
-	plan := f.planPins(portNames(ports))
+	plan := f.planPins(hostns.PortNames(ports))
 	pinned, err := nft.ApplyPins(ncfg, caps, plan.scope, plan.pins)
 	if err != nil {
 		return res, fmt.Errorf("applying the pin table: %w", err)
@@ -573,7 +574,7 @@ func (host *Host) ensureFirewall(ctx context.Context, g *ground, gw netip.Addr) 
 	for _, a := range pinned {
 		res.changes = append(res.changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
-	routed, err := host.ensureRoute(g)
+	routed, err := ensureRoute(g)
 	if err != nil {
 		return res, err
 	}
@@ -614,8 +615,8 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer g.close()
-	fw, err := host.ensureFirewall(ctx, g, p.Addr())
+	defer g.Close()
+	fw, err := host.applyFirewall(ctx, g, p.Addr())
 	rep := &Report{Changes: append([]model.Change{}, fw.changes...), BridgeMode: fw.mode, Notes: []string{}}
 	if fw.note != "" {
 		rep.Notes = append(rep.Notes, fw.note)
@@ -629,31 +630,31 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 // ensureHostLayers converges this host's (this member's) own layers: IPv6
 // off on the bridge, the ports' isolated flags and the nft tables, the
 // forward-policy warnings, dnsmasq serving, and the boot unit.
-func (host *Host) ensureHostLayers(ctx context.Context, g *ground, d model.Desired, rep *Report, undos *undoStack) error {
+func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.Desired, rep *Report, undos *undoStack) error {
 	gen := model.Current
 	changed := func(obj, action, detail string) {
 		rep.Changes = append(rep.Changes, model.Change{Object: obj, Action: action, Detail: detail})
 	}
 	// IPv6 must be off on the bridge in fact, not only in its config.
-	if disabled, ok, err := g.ipv6Disabled(d.Network.Name); err != nil {
+	if disabled, ok, err := g.IPv6Disabled(d.Network.Name); err != nil {
 		return fmt.Errorf("reading IPv6 state of %s: %w", d.Network.Name, err)
 	} else if ok && !disabled {
-		if err := g.disableIPv6(d.Network.Name); err != nil {
+		if err := g.DisableIPv6(d.Network.Name); err != nil {
 			return fmt.Errorf("turning IPv6 off on %s: %w", d.Network.Name, err)
 		}
 		changed("bridge "+d.Network.Name, "updated", "IPv6 turned off (disable_ipv6=1)")
 	}
-	v6, err := g.globalV6(d.Network.Name)
+	v6, err := g.GlobalV6(d.Network.Name)
 	if err != nil {
 		return fmt.Errorf("reading IPv6 addresses of %s: %w", d.Network.Name, err)
 	}
 	if len(v6) > 0 {
-		br, err := g.h.LinkByName(d.Network.Name)
+		br, err := g.Netlink.LinkByName(d.Network.Name)
 		if err != nil {
 			return err
 		}
 		for _, a := range v6 {
-			if err := g.h.AddrDel(br, &a); err != nil {
+			if err := g.Netlink.AddrDel(br, &a); err != nil {
 				return fmt.Errorf("removing IPv6 address %s from %s: %w", a.IPNet, d.Network.Name, err)
 			}
 			changed("bridge "+d.Network.Name, "updated", "removed IPv6 address "+a.IPNet.String())
@@ -661,14 +662,14 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *ground, d model.Desir
 	}
 
 	// The firewall: live ports isolated and the nft tables.
-	fw, err := host.ensureFirewall(ctx, g, d.Gateway)
+	fw, err := host.applyFirewall(ctx, g, d.Gateway)
 	rep.Changes = append(rep.Changes, fw.changes...)
 	rep.BridgeMode = fw.mode
 	if fw.note != "" {
 		rep.Notes = append(rep.Notes, fw.note)
 	}
 	if fw.createdTables {
-		undos.push("delete nft tables", func(context.Context) error { _, err := nft.Delete(g.nftConfig(gen)); return err })
+		undos.push("delete nft tables", func(context.Context) error { _, err := nft.Delete(g.NFTConfig(gen)); return err })
 	}
 	if err != nil {
 		return err
@@ -676,7 +677,7 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *ground, d model.Desir
 
 	// Docker, UFW or another firewall may drop all forwarded traffic: say
 	// so, and what to run; their rules are not box's to rewrite.
-	blockers, err := g.forwardBlockers(d.Network.Name)
+	blockers, err := forwardBlockers(g, d.Network.Name)
 	if err != nil {
 		return err
 	}

@@ -9,8 +9,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/vishvananda/netlink"
-
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -107,33 +106,23 @@ func (c *Census) Findings() []model.Finding {
 	return out
 }
 
-// kernelPort is a link as the census needs it.
-type kernelPort struct {
-	exists   bool
-	master   string // the name of the bridge it is a port of, "" for none
-	isolated bool
-	// peer names a veth's other end when it is in the host's own
-	// namespace: plugged into no instance at all.
-	peer string
-}
-
 // censusOf takes the fleet census of the stack's bridge from a listing of
 // every instance (Verify's, and BoxesOnStack's). On a cluster, member is
 // the member g is on: an instance placed elsewhere is judged by what it is
 // made of only, its port being in another member's kernel.
-func censusOf(g *ground, insts []incus.Instance, member string) (*Census, error) {
+func censusOf(g *hostns.NS, insts []incus.Instance, member string) (*Census, error) {
 	bridge := model.Current.Network
-	ports, err := g.bridgePorts(bridge)
+	ports, err := g.BridgePorts(bridge)
 	if err != nil {
 		return nil, err
 	}
-	members, setOK, err := nft.PortSetMembers(g.nftConfig(model.Current))
+	members, setOK, err := nft.PortSetMembers(g.NFTConfig(model.Current))
 	if err != nil {
 		return nil, fmt.Errorf("reading the bridge drop's port set: %w", err)
 	}
-	links := map[string]kernelPort{}
+	links := map[string]hostns.KernelPort{}
 	for _, p := range ports {
-		links[p.Name] = g.linkState(p.Name)
+		links[p.Name] = g.LinkState(p.Name)
 	}
 	// A sibling's port that is not on the bridge: where is it?
 	for _, i := range insts {
@@ -141,34 +130,11 @@ func censusOf(g *ground, insts []incus.Instance, member string) (*Census, error)
 			if _, ok := links[port]; ok || port == "" {
 				continue
 			}
-			links[port] = g.linkState(port)
+			links[port] = g.LinkState(port)
 		}
 	}
-	c := takeCensus(bridge, insts, portNames(ports), links, members, setOK, member)
+	c := takeCensus(bridge, insts, hostns.PortNames(ports), links, members, setOK, member)
 	return c, nil
-}
-
-// linkState reads one link's bridge membership and isolated flag.
-func (g *ground) linkState(name string) kernelPort {
-	l, err := g.h.LinkByName(name)
-	if err != nil {
-		return kernelPort{}
-	}
-	kp := kernelPort{exists: true}
-	if _, veth := l.(*netlink.Veth); veth && l.Attrs().NetNsID < 0 && l.Attrs().ParentIndex > 0 {
-		if p, err := g.h.LinkByIndex(l.Attrs().ParentIndex); err == nil {
-			kp.peer = p.Attrs().Name
-		}
-	}
-	if m := l.Attrs().MasterIndex; m > 0 {
-		if ml, err := g.h.LinkByIndex(m); err == nil {
-			kp.master = ml.Attrs().Name
-		}
-		if pi, err := g.h.LinkGetProtinfo(l); err == nil {
-			kp.isolated = pi.Isolated
-		}
-	}
-	return kp
 }
 
 // bridgeNIC is one of an instance's NICs on the bridge, as Incus recorded
@@ -229,7 +195,7 @@ var nicOptions = map[string]bool{
 // takeCensus judges every instance on the bridge and every port on it.
 // ports are the bridge's ports, links the kernel's view of every port
 // named, members the bridge drop's port set (checked when setOK).
-func takeCensus(bridge string, insts []incus.Instance, ports []string, links map[string]kernelPort, members []string, setOK bool, member string) *Census {
+func takeCensus(bridge string, insts []incus.Instance, ports []string, links map[string]hostns.KernelPort, members []string, setOK bool, member string) *Census {
 	c := &Census{Bridge: bridge, Ports: append([]string{}, ports...), SetChecked: setOK, Siblings: []Sibling{}}
 	claimed := map[string]bool{}
 	for i := range insts {
@@ -256,7 +222,7 @@ func takeCensus(bridge string, insts []incus.Instance, ports []string, links map
 		}
 		pr := Problem{What: "is on " + bridge + " but no instance claims it: something outside Incus attached it",
 			Fix: fmt.Sprintf("ip link set %s nomaster (or delete it)", p)}
-		if peer := links[p].peer; peer != "" {
+		if peer := links[p].Peer; peer != "" {
 			pr = Problem{What: fmt.Sprintf("is on %s but no instance claims it, and its other end %s is in the host's namespace, in no instance: left behind by an instance's NIC", bridge, peer),
 				Fix: "ip link del " + p + " (removes both ends)"}
 		}
@@ -274,7 +240,7 @@ func takeCensus(bridge string, insts []incus.Instance, ports []string, links map
 
 // judgeInstance checks one instance's expanded devices and config
 // (judgeDefinition), and, while it runs, its port as the kernel has it.
-func judgeInstance(bridge string, inst *incus.Instance, links map[string]kernelPort, members []string, setOK bool) Sibling {
+func judgeInstance(bridge string, inst *incus.Instance, links map[string]hostns.KernelPort, members []string, setOK bool) Sibling {
 	s := judgeDefinition(bridge, inst)
 	bad := func(what, fix string) { s.Problems = append(s.Problems, Problem{What: what, Fix: fix}) }
 	if inst.Status != "Running" {
@@ -288,12 +254,12 @@ func judgeInstance(bridge string, inst *incus.Instance, links map[string]kernelP
 		s.Port = port
 		k := links[port]
 		switch {
-		case !k.exists:
+		case !k.Exists:
 			bad(fmt.Sprintf("its port %s does not exist", port), "restart it (box down, box up) so its NIC is plugged again")
-		case k.master != bridge:
-			bad(fmt.Sprintf("its port %s is not on %s (master %q)", port, bridge, k.master), "restart it (box down, box up) so its NIC is plugged again")
+		case k.Master != bridge:
+			bad(fmt.Sprintf("its port %s is not on %s (master %q)", port, bridge, k.Master), "restart it (box down, box up) so its NIC is plugged again")
 		default:
-			if !k.isolated {
+			if !k.Isolated {
 				bad(fmt.Sprintf("its port %s is not isolated (kernel flag)", port), fixEnsure)
 			}
 			if setOK && !slices.Contains(members, port) {
@@ -446,7 +412,7 @@ func (host *Host) BoxesOnStack(ctx context.Context) (boxes []Box, censusErr, err
 	if err != nil {
 		return boxes, err, nil
 	}
-	defer g.close()
+	defer g.Close()
 	// Which member this is matters only on a cluster, which the listing
 	// already shows (a standalone server places everything "none"): a
 	// standalone list stays one request.

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -31,11 +32,11 @@ func fleetInst(name string, edit func(i *incus.Instance)) incus.Instance {
 }
 
 func TestCensusJudgesEverySibling(t *testing.T) {
-	good := kernelPort{exists: true, master: "boxnet", isolated: true}
+	good := hostns.KernelPort{Exists: true, Master: "boxnet", Isolated: true}
 	for _, tc := range []struct {
 		name     string
 		inst     incus.Instance
-		port     *kernelPort // the kernel's view of its port (nil: as good)
+		port     *hostns.KernelPort // the kernel's view of its port (nil: as good)
 		notInSet bool
 		want     string // a problem that must be named; "" for on the stack
 		allowed  string
@@ -80,10 +81,10 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 		{name: "privileged", inst: fleetInst("k", func(i *incus.Instance) { i.Config["security.privileged"] = "true" }), want: "is privileged"},
 		{name: "privileged, as Incus also spells true", inst: fleetInst("k2", func(i *incus.Instance) { i.Config["security.privileged"] = "Yes" }), want: "is privileged"},
 		{name: "not privileged", inst: fleetInst("k3", func(i *incus.Instance) { i.Config["security.privileged"] = "false" })},
-		{name: "port not isolated", inst: fleetInst("l", nil), port: &kernelPort{exists: true, master: "boxnet"}, want: "is not isolated"},
+		{name: "port not isolated", inst: fleetInst("l", nil), port: &hostns.KernelPort{Exists: true, Master: "boxnet"}, want: "is not isolated"},
 		{name: "port not in the set", inst: fleetInst("m", nil), notInSet: true, want: "not in the bridge drop's port set"},
-		{name: "port gone", inst: fleetInst("n", nil), port: &kernelPort{}, want: "does not exist"},
-		{name: "port elsewhere", inst: fleetInst("o", nil), port: &kernelPort{exists: true, master: "docker0", isolated: true}, want: `not on boxnet (master "docker0")`},
+		{name: "port gone", inst: fleetInst("n", nil), port: &hostns.KernelPort{}, want: "does not exist"},
+		{name: "port elsewhere", inst: fleetInst("o", nil), port: &hostns.KernelPort{Exists: true, Master: "docker0", Isolated: true}, want: `not on boxnet (master "docker0")`},
 		{name: "stopped: judged by config only", inst: fleetInst("p", func(i *incus.Instance) {
 			i.Status = "Stopped"
 			delete(i.Config, "volatile.eth0.host_name")
@@ -97,7 +98,7 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			port := "veth-" + tc.inst.Name
-			links := map[string]kernelPort{port: good}
+			links := map[string]hostns.KernelPort{port: good}
 			if tc.port != nil {
 				links[port] = *tc.port
 			}
@@ -106,7 +107,7 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 				members = []string{port}
 			}
 			var ports []string
-			if links[port].master == "boxnet" && tc.inst.Status == "Running" {
+			if links[port].Master == "boxnet" && tc.inst.Status == "Running" {
 				ports = []string{port}
 			}
 			c := takeCensus("boxnet", []incus.Instance{tc.inst}, ports, links, members, true, "")
@@ -137,14 +138,14 @@ func TestCensusStartsFromTheBridge(t *testing.T) {
 		i.ExpandedDevices["eth0"] = map[string]string{"type": "nic", "network": "incusbr0"}
 	})
 	c := takeCensus("boxnet", []incus.Instance{fleetInst("a", nil), elsewhere},
-		[]string{"veth-a", "vethstray"}, map[string]kernelPort{"veth-a": {exists: true, master: "boxnet", isolated: true}},
+		[]string{"veth-a", "vethstray"}, map[string]hostns.KernelPort{"veth-a": {Exists: true, Master: "boxnet", Isolated: true}},
 		[]string{"veth-a", "vethstray"}, true, "")
 	require.Len(t, c.Siblings, 2, "the box on boxnet and the stray port; the instance on another bridge is none of the census's business")
 	stray := c.Siblings[0]
 	assert.Equal(t, "port vethstray", stray.Label())
 	assert.Contains(t, stray.Problems[0].What, "no instance claims it")
 
-	orphan := takeCensus("boxnet", nil, []string{"vethleft"}, map[string]kernelPort{"vethleft": {exists: true, master: "boxnet", isolated: true, peer: "vethpeer"}}, nil, true, "")
+	orphan := takeCensus("boxnet", nil, []string{"vethleft"}, map[string]hostns.KernelPort{"vethleft": {Exists: true, Master: "boxnet", Isolated: true, Peer: "vethpeer"}}, nil, true, "")
 	assert.Contains(t, orphan.Siblings[0].Problems[0].What, "its other end vethpeer is in the host's namespace")
 	assert.Equal(t, "ip link del vethleft (removes both ends)", orphan.Siblings[0].Problems[0].Fix)
 
@@ -159,7 +160,7 @@ func TestCensusStartsFromTheBridge(t *testing.T) {
 
 func TestCensusWithoutAPortSetChecksNoMembership(t *testing.T) {
 	c := takeCensus("boxnet", []incus.Instance{fleetInst("a", nil)}, []string{"veth-a"},
-		map[string]kernelPort{"veth-a": {exists: true, master: "boxnet", isolated: true}}, nil, false, "")
+		map[string]hostns.KernelPort{"veth-a": {Exists: true, Master: "boxnet", Isolated: true}}, nil, false, "")
 	assert.True(t, c.Siblings[0].OnStack(), "bridge-meta mode has no set to be missing from")
 }
 
@@ -169,7 +170,7 @@ func TestCensusAcceptsExactlyTheNestingKeys(t *testing.T) {
 	cfg := model.NestingConfig()
 	require.Equal(t, map[string]string{"security.nesting": "true"}, cfg, "what Docker needed in a box here (docs/box.md)")
 	inst := fleetInst("n", func(i *incus.Instance) { maps.Copy(i.Config, cfg) })
-	s := takeCensus("boxnet", []incus.Instance{inst}, []string{"veth-n"}, map[string]kernelPort{"veth-n": {exists: true, master: "boxnet", isolated: true}}, []string{"veth-n"}, true, "").Siblings[0]
+	s := takeCensus("boxnet", []incus.Instance{inst}, []string{"veth-n"}, map[string]hostns.KernelPort{"veth-n": {Exists: true, Master: "boxnet", Isolated: true}}, []string{"veth-n"}, true, "").Siblings[0]
 	require.True(t, s.OnStack())
 	for k, v := range cfg {
 		assert.Contains(t, strings.Join(s.Allowed, "\n"), k+"="+v+": allowed, ")
@@ -222,7 +223,7 @@ func TestCensusNamesKernelKeys(t *testing.T) {
 		t.Run(tc.key+"="+tc.value, func(t *testing.T) {
 			inst := fleetInst("kk", func(i *incus.Instance) { i.Config[tc.key] = tc.value })
 			c := takeCensus("boxnet", []incus.Instance{inst}, []string{"veth-kk"},
-				map[string]kernelPort{"veth-kk": {exists: true, master: "boxnet", isolated: true}}, []string{"veth-kk"}, true, "")
+				map[string]hostns.KernelPort{"veth-kk": {Exists: true, Master: "boxnet", Isolated: true}}, []string{"veth-kk"}, true, "")
 			require.Len(t, c.Siblings, 1)
 			s := c.Siblings[0]
 			problems := ""

@@ -7,17 +7,15 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -53,55 +51,15 @@ const (
 // watch-ports` (the boot unit) runs. WatchPorts alone is for a watcher that
 // must leave the tables as they are, such as the drill's while its
 // mutations hold a layer out on purpose.
-func (host *Host) WatchAndHeal(ctx context.Context, log io.Writer) error {
+func WatchAndHeal(ctx context.Context, host *Host, log io.Writer) error {
 	o := defaultWatchOptions()
 	o.heal = true
-	return host.watchPorts(ctx, log, o)
-}
-
-// teardownMarker is the file `box teardown-host` holds while it removes
-// the stack: the healer puts nothing back while it names a live process.
-func teardownMarker(ino uint64) string {
-	return filepath.Join(watchLockDir, fmt.Sprintf("teardown-%d", ino))
-}
-
-// markTeardown writes the teardown marker for the host's namespace; the
-// returned function removes it.
-func (host *Host) markTeardown() (func(), error) {
-	ino, err := host.nsInode()
-	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(watchLockDir, 0o755); err != nil {
-		return nil, fmt.Errorf("marking the teardown for the healer: %w", err)
-	}
-	path := teardownMarker(ino)
-	if err := os.WriteFile(path, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
-		return nil, fmt.Errorf("marking the teardown for the healer: %w", err)
-	}
-	return func() { _ = os.Remove(path) }, nil
-}
-
-// tearingDown names the process tearing the stack down, or 0. A marker
-// whose process is gone (a teardown killed half way) is stale and ignored.
-func tearingDown(ino uint64) int {
-	b, err := os.ReadFile(teardownMarker(ino))
-	if err != nil {
-		return 0
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 0 {
-		return 0
-	}
-	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
-		return 0
-	}
-	return pid
+	return watchPorts(ctx, host, log, o)
 }
 
 type healer struct {
 	host *Host
-	g    *ground // the event loop's; the Incus worker has its own
+	g    *hostns.NS // the event loop's; the Incus worker has its own
 	logf func(string, ...any)
 
 	caps   nft.Capabilities
@@ -135,13 +93,13 @@ type incusJob struct {
 
 // healLoop runs the healer until ctx ends. Failures are logged and
 // retried; it never ends the watcher.
-func (host *Host) healLoop(ctx context.Context, logf func(string, ...any)) {
+func healLoop(ctx context.Context, host *Host, logf func(string, ...any)) {
 	g, err := host.ground()
 	if err != nil {
 		logf("heal: not healing: %v", err)
 		return
 	}
-	defer g.close()
+	defer g.Close()
 	h := &healer{host: host, g: g, logf: logf, incus: make(chan incusJob, 1)}
 	done := make(chan struct{})
 	go func() {
@@ -248,7 +206,7 @@ func (h *healer) hear(what string) {
 // transaction's changes with its closing NEWGEN message (who made it).
 func (h *healer) subscribe() (*nftables.Monitor, chan *nftables.MonitorEvents, error) {
 	var opts []nftables.ConnOption
-	if fd := h.g.nftConfig(model.Current).NetNS; fd > 0 {
+	if fd := h.g.NFTConfig(model.Current).NetNS; fd > 0 {
 		opts = append(opts, nftables.WithNetNSFd(fd))
 	}
 	c, err := nftables.New(opts...)
@@ -266,7 +224,7 @@ func (h *healer) subscribe() (*nftables.Monitor, chan *nftables.MonitorEvents, e
 // watched says whether a table is one the healer keeps: box's (the host
 // firewall, the bridge drop, the pins, the egress sets) and Incus's.
 func (h *healer) watched(fam nftables.TableFamily, name string) bool {
-	cfg := h.g.nftConfig(model.Current)
+	cfg := h.g.NFTConfig(model.Current)
 	switch fam {
 	case nftables.TableFamilyINet:
 		return name == cfg.Table || name == cfg.EgressTable() || name == cfg.RouteTable() || name == nft.IncusTable
@@ -364,20 +322,20 @@ func familyWord(f nftables.TableFamily) string {
 // firewall's only address a box may reach, known without Incus.
 func (h *healer) gateway() (netip.Addr, bool, error) { return gatewayOf(h.g) }
 
-func gatewayOf(g *ground) (netip.Addr, bool, error) {
-	if _, err := g.h.LinkByName(model.Current.Network); err != nil {
+func gatewayOf(g *hostns.NS) (netip.Addr, bool, error) {
+	if _, err := g.Netlink.LinkByName(model.Current.Network); err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
 			return netip.Addr{}, false, nil
 		}
 		return netip.Addr{}, false, fmt.Errorf("reading bridge %s: %w", model.Current.Network, err)
 	}
-	addrs, err := g.linkAddrs(model.Current.Network, netlink.FAMILY_V4)
+	addrs, err := g.LinkAddrs(model.Current.Network, netlink.FAMILY_V4)
 	if err != nil {
 		return netip.Addr{}, false, err
 	}
 	for _, a := range addrs {
-		if p, ok := prefixOf(a.IPNet); ok && p.Addr().Is4() {
+		if p, ok := hostns.PrefixOf(a.IPNet); ok && p.Addr().Is4() {
 			return p.Addr(), true, nil
 		}
 	}
@@ -397,7 +355,7 @@ func (h *healer) check(ctx context.Context) error {
 		}
 		return nil
 	}
-	if pid := tearingDown(h.g.ino); pid != 0 {
+	if pid := hostns.TearingDown(h.g.Inode); pid != 0 {
 		return idle(fmt.Sprintf("box teardown-host (pid %d) is removing the stack", pid))
 	}
 	if holder, held := h.host.setupHeld(); held {
@@ -413,7 +371,7 @@ func (h *healer) check(ctx context.Context) error {
 		return idle(fmt.Sprintf("no bridge %s with an IPv4 address here: the stack is not set up (box setup-host sets it up)", model.Current.Network))
 	}
 	h.quiet = ""
-	cfg := h.g.nftConfig(model.Current)
+	cfg := h.g.NFTConfig(model.Current)
 	cfg.Gateway = gw
 	if !h.probed {
 		if h.caps, err = nft.Probe(cfg); err != nil {
@@ -425,12 +383,12 @@ func (h *healer) check(ctx context.Context) error {
 	f := h.fleet
 	h.mu.Unlock()
 
-	ports, err := h.g.bridgePorts(model.Current.Network)
+	ports, err := h.g.BridgePorts(model.Current.Network)
 	if err != nil {
 		return err
 	}
-	names := portNames(ports)
-	unlock, err := lockPorts(ctx)
+	names := hostns.PortNames(ports)
+	unlock, err := hostns.LockPorts(ctx)
 	if err != nil {
 		return err
 	}
@@ -450,7 +408,7 @@ func (h *healer) check(ctx context.Context) error {
 	if err == nil {
 		// L-ROUTE from the kernel's routes alone.
 		var rt nft.Route
-		if rt, err = h.g.routeView(model.Current.Network); err == nil {
+		if rt, err = h.g.RouteView(model.Current.Network); err == nil {
 			var routed []string
 			routed, err = nft.ApplyRoute(cfg, rt)
 			applied = append(applied, routed...)
@@ -500,7 +458,7 @@ func (h *healer) incusWorker(ctx context.Context) {
 		h.logf("heal: not asking Incus: %v", err)
 		return
 	}
-	defer g.close()
+	defer g.Close()
 	memory := time.NewTicker(healRemember)
 	defer memory.Stop()
 	for {
@@ -521,7 +479,7 @@ func (h *healer) incusWorker(ctx context.Context) {
 	}
 }
 
-func (h *healer) incusStep(ctx context.Context, g *ground, job incusJob) error {
+func (h *healer) incusStep(ctx context.Context, g *hostns.NS, job incusJob) error {
 	h.mu.Lock()
 	d := h.desired
 	h.mu.Unlock()
@@ -539,7 +497,7 @@ func (h *healer) incusStep(ctx context.Context, g *ground, job incusJob) error {
 		d = h.desired
 		h.mu.Unlock()
 	}
-	cfg := g.nftConfig(model.Current)
+	cfg := g.NFTConfig(model.Current)
 	chains, present, err := nft.IncusChains(cfg)
 	if err != nil {
 		return err
@@ -584,7 +542,7 @@ func (h *healer) incusStep(ctx context.Context, g *ground, job incusJob) error {
 	if len(did) == 0 && !job.boxFixed {
 		return nil
 	}
-	rest, err := h.host.ensureFirewall(ctx, g, job.gw)
+	rest, err := h.host.applyFirewall(ctx, g, job.gw)
 	var more []string
 	for _, c := range rest.changes {
 		more = append(more, c.String())

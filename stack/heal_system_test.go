@@ -15,6 +15,7 @@ import (
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/internal/syncbuf"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -35,7 +36,7 @@ func TestSystemHealAfterFlush(t *testing.T) {
 		_, err = h.WaitAddress(ctx, name, 30*time.Second)
 		require.NoError(t, err)
 	}
-	_, running, err := h.WatcherRunning()
+	_, running, err := hostns.WatcherRunning(h.NetNS)
 	require.NoError(t, err)
 	require.False(t, running, "no port watcher may run in the world before this test")
 
@@ -43,8 +44,8 @@ func TestSystemHealAfterFlush(t *testing.T) {
 	start := func() func() {
 		wctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func(log *syncbuf.Buffer) { done <- h.WatchAndHeal(wctx, log) }(log)
-		require.Eventually(t, func() bool { _, r, err := h.WatcherRunning(); return err == nil && r }, 10*time.Second, 10*time.Millisecond)
+		go func(log *syncbuf.Buffer) { done <- stack.WatchAndHeal(wctx, h, log) }(log)
+		require.Eventually(t, func() bool { _, r, err := hostns.WatcherRunning(h.NetNS); return err == nil && r }, 10*time.Second, 10*time.Millisecond)
 		stopped := false
 		return func() {
 			if !stopped {

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"strings"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -84,14 +85,14 @@ func (host *Host) incusNft(ctx context.Context) (bool, string, error) {
 }
 
 // verifyIncusChains reads inet incus in g's namespace into v.
-func (host *Host) verifyIncusChains(ctx context.Context, g *ground, d model.Desired, v *Verification) error {
+func (host *Host) verifyIncusChains(ctx context.Context, g *hostns.NS, d model.Desired, v *Verification) error {
 	if ok, fw, err := host.incusNft(ctx); err != nil {
 		return err
 	} else if !ok {
 		v.Notes = append(v.Notes, fmt.Sprintf("Incus's firewall driver is %q, not nftables: its ACL and NAT rules are not read from the kernel here (Verify reads inet %s only)", fw, nft.IncusTable))
 		return nil
 	}
-	chains, present, err := nft.IncusChains(g.nftConfig(model.Current))
+	chains, present, err := nft.IncusChains(g.NFTConfig(model.Current))
 	if err != nil {
 		return fmt.Errorf("reading Incus's firewall: %w", err)
 	}
@@ -156,11 +157,11 @@ func spelled(v string) string {
 
 // ensureIncusFirewall has Incus rewrite its chains when the kernel lacks
 // any the stack needs, and checks that it did.
-func (host *Host) ensureIncusFirewall(ctx context.Context, g *ground, d model.Desired, rep *Report) error {
+func (host *Host) ensureIncusFirewall(ctx context.Context, g *hostns.NS, d model.Desired, rep *Report) error {
 	if ok, _, err := host.incusNft(ctx); err != nil || !ok {
 		return err
 	}
-	cfg := g.nftConfig(model.Current)
+	cfg := g.NFTConfig(model.Current)
 	chains, present, err := nft.IncusChains(cfg)
 	if err != nil {
 		return fmt.Errorf("reading Incus's firewall: %w", err)

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -28,7 +29,7 @@ const leakGrace = time.Second
 // after its NIC was plugged): a port no instance claims whose other end is
 // down in the host's own namespace, seen so twice leakGrace apart. It
 // returns the ports it removed.
-func (host *Host) sweepLeaks(ctx context.Context, g *ground) ([]string, error) {
+func (host *Host) sweepLeaks(ctx context.Context, g *hostns.NS) ([]string, error) {
 	candidates, err := host.leakCandidates(ctx, g)
 	if err != nil || len(candidates) == 0 {
 		return nil, err
@@ -47,11 +48,11 @@ func (host *Host) sweepLeaks(ctx context.Context, g *ground) ([]string, error) {
 		if candidates[port] != peer {
 			continue
 		}
-		l, err := g.h.LinkByName(port)
+		l, err := g.Netlink.LinkByName(port)
 		if err != nil {
 			continue
 		}
-		if err := g.h.LinkDel(l); err != nil {
+		if err := g.Netlink.LinkDel(l); err != nil {
 			return removed, fmt.Errorf("removing the leaked veth %s: %w", port, err)
 		}
 		removed = append(removed, port)
@@ -75,20 +76,20 @@ func (host *Host) removeLeftPorts(inst *incus.Instance) {
 	if err != nil {
 		return
 	}
-	defer g.close()
+	defer g.Close()
 	for _, port := range portsOf(model.Current.Network, inst) {
-		if port == "" || g.linkState(port).peer == "" {
+		if port == "" || g.LinkState(port).Peer == "" {
 			continue
 		}
-		if l, err := g.h.LinkByName(port); err == nil {
-			_ = g.h.LinkDel(l)
+		if l, err := g.Netlink.LinkByName(port); err == nil {
+			_ = g.Netlink.LinkDel(l)
 		}
 	}
 }
 
 // leakCandidates maps each unclaimed port of the bridge whose other end is
 // down in the host's namespace to that end's name.
-func (host *Host) leakCandidates(ctx context.Context, g *ground) (map[string]string, error) {
+func (host *Host) leakCandidates(ctx context.Context, g *hostns.NS) (map[string]string, error) {
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
 		return nil, err
@@ -99,7 +100,7 @@ func (host *Host) leakCandidates(ctx context.Context, g *ground) (map[string]str
 			claimed[p] = true
 		}
 	}
-	ports, err := g.bridgePorts(model.Current.Network)
+	ports, err := g.BridgePorts(model.Current.Network)
 	if err != nil {
 		return nil, err
 	}
@@ -108,12 +109,12 @@ func (host *Host) leakCandidates(ctx context.Context, g *ground) (map[string]str
 		if claimed[p.Name] {
 			continue
 		}
-		kp := g.linkState(p.Name)
-		if kp.peer == "" {
+		kp := g.LinkState(p.Name)
+		if kp.Peer == "" {
 			continue
 		}
-		if peer, err := g.h.LinkByName(kp.peer); err == nil && peer.Attrs().Flags&net.FlagUp == 0 {
-			out[p.Name] = kp.peer
+		if peer, err := g.Netlink.LinkByName(kp.Peer); err == nil && peer.Attrs().Flags&net.FlagUp == 0 {
+			out[p.Name] = kp.Peer
 		}
 	}
 	return out, nil

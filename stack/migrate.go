@@ -169,8 +169,8 @@ func (host *Host) retireLegacy(ctx context.Context) ([]model.Change, error) {
 	if err != nil {
 		return changes, err
 	}
-	defer g.close()
-	removed, err := nft.Delete(g.nftConfig(model.Legacy))
+	defer g.Close()
+	removed, err := nft.Delete(g.NFTConfig(model.Legacy))
 	for _, r := range removed {
 		changes = append(changes, model.Change{Object: "nft " + r, Action: "removed"})
 	}

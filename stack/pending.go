@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -94,7 +95,7 @@ func pendingFinding(net *incus.Network) model.Finding {
 // Ensure makes it again: box's own profiles that name it, Incus's record,
 // then the kernel bridge and the dnsmasq Incus leaves behind. With
 // instances on it, it changes nothing and names the fix.
-func (host *Host) repairPending(ctx context.Context, g *ground, net *incus.Network, changed func(obj, action, detail string)) error {
+func (host *Host) repairPending(ctx context.Context, g *hostns.NS, net *incus.Network, changed func(obj, action, detail string)) error {
 	instances, profiles, refs := pendingUsers(net.UsedBy)
 	if len(instances) > 0 {
 		return fmt.Errorf("network %s is Pending in Incus's database (a create that never finished) and instances are on it (%s): box does not remove it under them; run %s",
@@ -121,14 +122,14 @@ func (host *Host) repairPending(ctx context.Context, g *ground, net *incus.Netwo
 		return fmt.Errorf("repairing Pending network %s: %w", net.Name, err)
 	}
 	changed("network "+net.Name, "removed", "Pending in Incus's database with no instance on it; made again below")
-	if pid := g.dnsmasqFor(net.Name); pid > 0 {
+	if pid := g.DnsmasqFor(net.Name); pid > 0 {
 		if err := stopProcess(pid); err != nil {
 			return fmt.Errorf("repairing Pending network %s: stopping the dnsmasq Incus left serving it (pid %d): %w", net.Name, pid, err)
 		}
 		changed("dnsmasq "+net.Name, "stopped", fmt.Sprintf("pid %d, left by Incus with the Pending network", pid))
 	}
 	if !host.kernelless {
-		link, err := g.h.LinkByName(net.Name)
+		link, err := g.Netlink.LinkByName(net.Name)
 		var nf netlink.LinkNotFoundError
 		switch {
 		case errors.As(err, &nf):
@@ -137,14 +138,14 @@ func (host *Host) repairPending(ctx context.Context, g *ground, net *incus.Netwo
 		case link.Type() != "bridge":
 			return fmt.Errorf("repairing Pending network %s: the interface %s is a %s, not the bridge Incus left: remove it by hand (ip link del %s), then box doctor --fix", net.Name, net.Name, link.Type(), net.Name)
 		default:
-			ports, err := g.bridgePorts(net.Name)
+			ports, err := g.BridgePorts(net.Name)
 			if err != nil {
 				return err
 			}
 			if len(ports) > 0 {
-				return fmt.Errorf("repairing Pending network %s: its kernel bridge still has ports (%s) although Incus names no instance on it: find their owners, then box doctor --fix", net.Name, strings.Join(portNames(ports), ", "))
+				return fmt.Errorf("repairing Pending network %s: its kernel bridge still has ports (%s) although Incus names no instance on it: find their owners, then box doctor --fix", net.Name, strings.Join(hostns.PortNames(ports), ", "))
 			}
-			if err := g.h.LinkDel(link); err != nil {
+			if err := g.Netlink.LinkDel(link); err != nil {
 				return fmt.Errorf("repairing Pending network %s: removing its kernel bridge: %w", net.Name, err)
 			}
 			changed("link "+net.Name, "removed", "the kernel bridge Incus left with the Pending network")

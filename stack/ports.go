@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"syscall"
 	"time"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -92,7 +90,7 @@ func (host *Host) refreshPortsHere(ctx context.Context) (portsRefresh, error) {
 // commands at once cannot drop each other's ports.
 func (host *Host) syncPorts(ctx context.Context) (portsRefresh, error) {
 	var r portsRefresh
-	unlock, err := lockFile(ctx, portsLock, "the port set")
+	unlock, err := hostns.LockFile(ctx, hostns.PortsLock, "the port set")
 	if err != nil {
 		return r, err
 	}
@@ -101,20 +99,20 @@ func (host *Host) syncPorts(ctx context.Context) (portsRefresh, error) {
 	if err != nil {
 		return r, err
 	}
-	defer g.close()
-	ports, isolated, err := g.isolatePorts(model.Current.Network)
+	defer g.Close()
+	ports, isolated, err := g.IsolatePorts(model.Current.Network)
 	if len(isolated) > 0 {
 		r.isolated, r.isolatedAt = isolated, time.Now()
 	}
 	if err != nil {
 		return r, err
 	}
-	ncfg := g.nftConfig(model.Current)
+	ncfg := g.NFTConfig(model.Current)
 	_, bridge, err := nft.Present(ncfg)
 	if err != nil || !bridge {
 		return r, err // no bridge table: nothing to refresh (doctor reports it)
 	}
-	ch, err := nft.SyncPorts(ncfg, portNames(ports))
+	ch, err := nft.SyncPorts(ncfg, hostns.PortNames(ports))
 	r.added, r.removed, r.addedAt = ch.Added, ch.Removed, ch.AddedAt
 	return r, err
 }
@@ -127,7 +125,7 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	if host.Incus == nil {
 		return nil
 	}
-	unlock, err := lockFile(ctx, pinsLock, "the pins")
+	unlock, err := hostns.LockFile(ctx, hostns.PinsLock, "the pins")
 	if err != nil {
 		return err
 	}
@@ -136,8 +134,8 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	if err != nil {
 		return err
 	}
-	defer g.close()
-	ncfg := g.nftConfig(model.Current)
+	defer g.Close()
+	ncfg := g.NFTConfig(model.Current)
 	present, err := nft.PinsPresent(ncfg)
 	if err != nil {
 		return err
@@ -182,11 +180,11 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	if !present {
 		return nil
 	}
-	ports, err := g.bridgePorts(model.Current.Network)
+	ports, err := g.BridgePorts(model.Current.Network)
 	if err != nil {
 		return err
 	}
-	plan := f.planPins(portNames(ports))
+	plan := f.planPins(hostns.PortNames(ports))
 	r.unresolved = plan.unresolved
 	r.pinned, err = nft.SetPins(ncfg, plan.scope, plan.pins)
 	if err != nil {
@@ -195,55 +193,11 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	return nil
 }
 
-// portsLock and pinsLock are the files whose flocks serialise port-set
-// and pin refreshes.
-const (
-	portsLock = "/run/lock/box-ports.lock"
-	pinsLock  = "/run/lock/box-pins.lock"
-)
-
-// lockPorts takes the port set's lock (lockFile).
-func lockPorts(ctx context.Context) (func(), error) { return lockFile(ctx, portsLock, "the port set") }
-
-// lockFile takes an exclusive flock on path without blocking forever: a
-// stuck holder makes the caller fail with a message, not hang, and ctx is
-// honoured. what names what the lock guards, for that message.
-func lockFile(ctx context.Context, path, what string) (func(), error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("locking %s: %w", what, err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	// A refresh holds the lock about a millisecond: look again soon, then
-	// less often (docs/measurements.md, "The port watcher").
-	wait := time.Millisecond
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
-			f.Close()
-			return nil, fmt.Errorf("locking %s (%s, held by another box command?): %w", what, path, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, 50*time.Millisecond)
-	}
-}
-
 // requireWatcher refuses, on a granted user's behalf, when no port watcher
 // runs: without one a new box's port stays outside the bridge drop and the
 // pins.
 func (host *Host) requireWatcher() error {
-	_, running, err := host.WatcherRunning()
+	_, running, err := hostns.WatcherRunning(host.NetNS)
 	if err != nil {
 		return err
 	}

@@ -4,16 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -25,93 +23,13 @@ import (
 // compares it with the routes of the moment. docs/egress.md says what
 // that means with several default routes, a VPN, roaming and a cluster.
 
-// routeLocalTable is the kernel's local routing table: the host's own
-// addresses, never a way out.
-const routeLocalTable = 255
-
-// isDefault reports whether a route covers the whole IPv4 space or half
-// of it: a default route (0.0.0.0/0, in any table: a full-tunnel VPN such
-// as wg-quick puts its own in a table of its own) or one of the pair a
-// full-tunnel VPN such as OpenVPN's def1 adds (0.0.0.0/1, 128.0.0.0/1)
-// to win over the default route without replacing it.
-func isDefault(r netlink.Route) bool {
-	if r.Dst == nil {
-		return true
-	}
-	ones, bits := r.Dst.Mask.Size()
-	return bits == 32 && ones <= 1
-}
-
-// uplinks lists the interfaces the host's IPv4 default routes leave by, in
-// every routing table but the local one, sorted: the only interfaces a
-// box's forwarded traffic may leave by. A multipath route names each of
-// its next hops' interfaces; a blackhole or unreachable default names
-// none. The bridge and loopback are never uplinks.
-func (g *ground) uplinks(bridge string) ([]string, error) {
-	rt, err := g.routeView(bridge)
-	return rt.Uplinks, err
-}
-
-// routeView is what the route table holds for the host's routes of the
-// moment: the uplinks, and the routed prefixes: the destinations of the
-// unicast routes that are not default routes, in every table but the
-// local one, by any interface but the bridge and loopback (the bridge's
-// own subnet is the boxes'; an egress design's local routes are not a
-// way out).
-func (g *ground) routeView(bridge string) (nft.Route, error) {
-	var rt nft.Route
-	routes, err := g.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: syscall.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return rt, fmt.Errorf("listing routes: %w", err)
-	}
-	links, err := g.linkList()
-	if err != nil {
-		return rt, fmt.Errorf("listing links: %w", err)
-	}
-	names := map[int]string{}
-	for _, l := range links {
-		names[l.Attrs().Index] = l.Attrs().Name
-	}
-	ours := func(idx int) bool { n := names[idx]; return n == "" || n == "lo" || n == bridge }
-	add := func(idx int) {
-		if !ours(idx) && !slices.Contains(rt.Uplinks, names[idx]) {
-			rt.Uplinks = append(rt.Uplinks, names[idx])
-		}
-	}
-	for _, r := range routes {
-		if r.Table == routeLocalTable {
-			continue
-		}
-		if isDefault(r) {
-			add(r.LinkIndex)
-			for _, nh := range r.MultiPath {
-				add(nh.LinkIndex)
-			}
-			continue
-		}
-		if r.Type != unix.RTN_UNICAST || (r.LinkIndex != 0 && ours(r.LinkIndex)) {
-			continue
-		}
-		if r.LinkIndex == 0 && !slices.ContainsFunc(r.MultiPath, func(nh *netlink.NexthopInfo) bool { return !ours(nh.LinkIndex) }) {
-			continue
-		}
-		if p, ok := prefixOf(r.Dst); ok && p.Addr().Is4() {
-			if p = p.Masked(); !slices.Contains(rt.Routed, p) {
-				rt.Routed = append(rt.Routed, p)
-			}
-		}
-	}
-	slices.Sort(rt.Uplinks)
-	return rt, nil
-}
-
 // ensureRoute converges the route table to the host's default routes.
-func (host *Host) ensureRoute(g *ground) ([]model.Change, error) {
-	rt, err := g.routeView(model.Current.Network)
+func ensureRoute(g *hostns.NS) ([]model.Change, error) {
+	rt, err := g.RouteView(model.Current.Network)
 	if err != nil {
 		return nil, fmt.Errorf("reading the routes for %s: %w", model.LayerRoute, err)
 	}
-	applied, err := nft.ApplyRoute(g.nftConfig(model.Current), rt)
+	applied, err := nft.ApplyRoute(g.NFTConfig(model.Current), rt)
 	if err != nil {
 		return nil, fmt.Errorf("applying the route table: %w", err)
 	}
@@ -124,13 +42,13 @@ func (host *Host) ensureRoute(g *ground) ([]model.Change, error) {
 
 // verifyRoute compares the route table with the default routes of the
 // moment; notes say what a box may leave by.
-func (host *Host) verifyRoute(g *ground) (findings []model.Finding, notes []string, err error) {
-	rt, err := g.routeView(model.Current.Network)
+func verifyRoute(g *hostns.NS) (findings []model.Finding, notes []string, err error) {
+	rt, err := g.RouteView(model.Current.Network)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the routes for %s: %w", model.LayerRoute, err)
 	}
 	up := rt.Uplinks
-	rf, err := nft.VerifyRoute(g.nftConfig(model.Current), rt)
+	rf, err := nft.VerifyRoute(g.NFTConfig(model.Current), rt)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the route table: %w", err)
 	}
@@ -166,14 +84,14 @@ const (
 // someone removed is Verify's to report. Between a new default route and
 // the update, a box's new connections by it are dropped: the set errs
 // closed.
-func (host *Host) watchRoutes(ctx context.Context, logf func(string, ...any)) {
+func watchRoutes(ctx context.Context, host *Host, logf func(string, ...any)) {
 	g, err := host.ground()
 	if err != nil {
 		logf("%s: watching routes: %v", model.LayerRoute, err)
 		return
 	}
-	defer g.close()
-	ncfg := g.nftConfig(model.Current)
+	defer g.Close()
+	ncfg := g.NFTConfig(model.Current)
 	// Route events, and link and address events: IPv4 routes a link
 	// takes down with it, or an address takes with it, go without a route
 	// event of their own (measured: TestPrivilegedRouteUplinks).
@@ -193,7 +111,7 @@ func (host *Host) watchRoutes(ctx context.Context, logf func(string, ...any)) {
 	}
 	missing := false
 	syncSet := func(why string) {
-		rt, err := g.routeView(model.Current.Network)
+		rt, err := g.RouteView(model.Current.Network)
 		if err == nil {
 			var present bool
 			if present, err = nft.RoutePresent(ncfg); err == nil && !present {
@@ -264,11 +182,11 @@ type routeSubscription struct {
 	wg                sync.WaitGroup
 }
 
-func subscribeRoutes(g *ground) (*routeSubscription, error) {
+func subscribeRoutes(g *hostns.NS) (*routeSubscription, error) {
 	s := &routeSubscription{wake: make(chan struct{}, 1), ended: make(chan struct{}), done: make(chan struct{})}
 	var nsh *netns.NsHandle
-	if g.ns >= 0 {
-		ns := g.ns
+	if g.Handle >= 0 {
+		ns := g.Handle
 		nsh = &ns
 	}
 	routes, links, addrs := make(chan netlink.RouteUpdate, 256), make(chan netlink.LinkUpdate, 256), make(chan netlink.AddrUpdate, 256)

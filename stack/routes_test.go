@@ -16,31 +16,10 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
-
-func TestIsDefault(t *testing.T) {
-	cidr := func(s string) *net.IPNet {
-		_, n, err := net.ParseCIDR(s)
-		require.NoError(t, err)
-		return n
-	}
-	for _, tc := range []struct {
-		dst  *net.IPNet
-		want bool
-	}{
-		{nil, true},
-		{cidr("0.0.0.0/0"), true},
-		{cidr("0.0.0.0/1"), true},   // a full tunnel's pair
-		{cidr("128.0.0.0/1"), true}, // the other half
-		{cidr("0.0.0.0/2"), false},
-		{cidr("198.18.40.0/24"), false},
-		{cidr("10.0.0.0/8"), false},
-	} {
-		assert.Equal(t, tc.want, isDefault(netlink.Route{Dst: tc.dst}), "%v", tc.dst)
-	}
-}
 
 // uplinkSet reads the route table's uplink set from the kernel.
 func (w *watchWorld) uplinkSet(t testing.TB) []string {
@@ -90,14 +69,14 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	lan := w.dummy(t, "lan0", "192.168.30.1/24")
 	require.NoError(t, w.h.RouteAdd(routeVia(lan, "198.18.40.0/24", "192.168.30.2", 0)))
 
-	g, err := w.host.ground()
+	g, err := hostns.Open(w.host.NetNS)
 	require.NoError(t, err)
-	defer g.close()
-	changes, err := w.host.ensureRoute(g)
+	defer g.Close()
+	changes, err := ensureRoute(g)
 	require.NoError(t, err)
 	require.NotEmpty(t, changes, "the table was made")
 	assert.Equal(t, []string{"up0"}, w.uplinkSet(t), "the default route's interface only, not the LAN's")
-	f, notes, err := w.host.verifyRoute(g)
+	f, notes, err := verifyRoute(g)
 	require.NoError(t, err)
 	assert.Empty(t, f)
 	assert.Empty(t, notes)
@@ -129,7 +108,7 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	// Nothing but LAN routes: no way out at all.
 	require.NoError(t, w.h.LinkSetDown(tun))
 	settle("no default route", []string{}...)
-	_, notes, err = w.host.verifyRoute(g)
+	_, notes, err = verifyRoute(g)
 	require.NoError(t, err)
 	assert.Len(t, notes, 1, "Verify says boxes reach nothing without a default route")
 	require.NoError(t, w.h.RouteAdd(routeVia(up, "", "192.0.2.1", 0)))
@@ -137,7 +116,7 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 
 	// A prefix routed by the uplink's own interface (a second router on its
 	// segment): dropped by destination, the rule following the route.
-	rt, err := g.routeView("boxnet")
+	rt, err := g.RouteView("boxnet")
 	require.NoError(t, err)
 	assert.Contains(t, rt.Routed, netip.MustParsePrefix("192.0.2.0/24"), "the uplink's own segment is routed elsewhere (the LAN)")
 	assert.Contains(t, rt.Routed, netip.MustParsePrefix("198.18.40.0/24"))
@@ -146,13 +125,13 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	current := func(what string) {
 		t.Helper()
 		require.Eventually(t, func() bool {
-			f, _, err := w.host.verifyRoute(g)
+			f, _, err := verifyRoute(g)
 			return err == nil && len(f) == 0
 		}, 5*time.Second, time.Millisecond, "%s: the table never matched the routes; the watcher said:\n%s", what, w.log.String())
 	}
 	require.NoError(t, w.h.RouteAdd(routeVia(up, same.String(), "192.0.2.9", 0)))
 	current("a prefix routed by up0")
-	rt, err = g.routeView("boxnet")
+	rt, err = g.RouteView("boxnet")
 	require.NoError(t, err)
 	require.Contains(t, rt.Routed, same)
 	ruleFor := func(p netip.Prefix) bool {
@@ -182,26 +161,26 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	copy(key, "lan0")
 	require.NoError(t, c.SetAddElements(&nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyINet, Name: "box_route"}, Name: nft.UplinkSet, KeyType: nftables.TypeIFName}, []nftables.SetElement{{Key: key}}))
 	require.NoError(t, c.Flush())
-	f, _, err = w.host.verifyRoute(g)
+	f, _, err = verifyRoute(g)
 	require.NoError(t, err)
 	require.Len(t, f, 1)
 	assert.Equal(t, model.LayerRoute, f[0].Layer)
 	assert.Contains(t, f[0].Problem, "unexpected interfaces lan0")
 
 	// Deleted: Verify says so, the watcher leaves it deleted, Ensure makes it again.
-	ok, err := nft.DeleteRoute(g.nftConfig(model.Current))
+	ok, err := nft.DeleteRoute(g.NFTConfig(model.Current))
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, w.h.RouteAdd(routeVia(lan, "0.0.0.0/0", "192.168.30.2", 7)))
 	w.waitLog(t, "table inet box_route is missing")
-	present, err := nft.RoutePresent(g.nftConfig(model.Current))
+	present, err := nft.RoutePresent(g.NFTConfig(model.Current))
 	require.NoError(t, err)
 	assert.False(t, present, "the watcher does not make the table")
-	f, _, err = w.host.verifyRoute(g)
+	f, _, err = verifyRoute(g)
 	require.NoError(t, err)
 	require.Len(t, f, 1)
 	assert.Equal(t, "missing", f[0].Problem)
-	_, err = w.host.ensureRoute(g)
+	_, err = ensureRoute(g)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"lan0", "up0"}, w.uplinkSet(t))
 }

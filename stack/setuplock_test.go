@@ -9,20 +9,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 func TestSetupLockPath(t *testing.T) {
-	assert.Equal(t, "/run/box/setup.lock", SetupLockPath(""), "a real host")
-	assert.Equal(t, "/run/box/setup-boxw-host.lock", SetupLockPath("boxw-host"), "a world's host is a host of its own")
+	assert.Equal(t, "/run/box/setup.lock", hostns.SetupLockPath(""), "a real host")
+	assert.Equal(t, "/run/box/setup-boxw-host.lock", hostns.SetupLockPath("boxw-host"), "a world's host is a host of its own")
 }
 
 // TestSetupLockWaitsAndNamesTheHolder: a second taker waits, is told who
 // holds the lock, and gets it once the first lets go.
 func TestSetupLockWaitsAndNamesTheHolder(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "setup.lock")
-	unlock, err := takeSetupLock(context.Background(), path, time.Minute, nil)
+	unlock, err := hostns.TakeSetupLock(context.Background(), path, time.Minute, nil)
 	require.NoError(t, err)
 	held, err := os.ReadFile(path)
 	require.NoError(t, err)
@@ -32,7 +33,7 @@ func TestSetupLockWaitsAndNamesTheHolder(t *testing.T) {
 	var notices []string
 	got := make(chan error, 1)
 	go func() {
-		u2, err := takeSetupLock(context.Background(), path, time.Minute, func(s string) {
+		u2, err := hostns.TakeSetupLock(context.Background(), path, time.Minute, func(s string) {
 			mu.Lock()
 			notices = append(notices, s)
 			mu.Unlock()
@@ -66,10 +67,10 @@ func TestSetupLockWaitsAndNamesTheHolder(t *testing.T) {
 // TestSetupLockTimesOut: past its wait, a taker fails and says who holds it.
 func TestSetupLockTimesOut(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "setup.lock")
-	unlock, err := takeSetupLock(context.Background(), path, time.Minute, nil)
+	unlock, err := hostns.TakeSetupLock(context.Background(), path, time.Minute, nil)
 	require.NoError(t, err)
 	defer unlock()
-	_, err = takeSetupLock(context.Background(), path, 300*time.Millisecond, nil)
+	_, err = hostns.TakeSetupLock(context.Background(), path, 300*time.Millisecond, nil)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is still held by pid ")
 	assert.Contains(t, err.Error(), "let that run finish")
@@ -78,12 +79,12 @@ func TestSetupLockTimesOut(t *testing.T) {
 // TestSetupLockEndsWithItsContext: a cancelled wait gives up at once.
 func TestSetupLockEndsWithItsContext(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "setup.lock")
-	unlock, err := takeSetupLock(context.Background(), path, time.Minute, nil)
+	unlock, err := hostns.TakeSetupLock(context.Background(), path, time.Minute, nil)
 	require.NoError(t, err)
 	defer unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err = takeSetupLock(ctx, path, time.Minute, nil)
+	_, err = hostns.TakeSetupLock(ctx, path, time.Minute, nil)
 	require.ErrorIs(t, err, context.Canceled)
 }
 
@@ -94,7 +95,7 @@ func TestSetupHeld(t *testing.T) {
 	h := &Host{SetupLockPath: path}
 	_, held := h.setupHeld()
 	assert.False(t, held, "no lock file yet")
-	unlock, err := takeSetupLock(context.Background(), path, time.Minute, nil)
+	unlock, err := hostns.TakeSetupLock(context.Background(), path, time.Minute, nil)
 	require.NoError(t, err)
 	holder, held := h.setupHeld()
 	assert.True(t, held)
@@ -102,7 +103,7 @@ func TestSetupHeld(t *testing.T) {
 	unlock()
 	_, held = h.setupHeld()
 	assert.False(t, held, "free again")
-	again, err := takeSetupLock(context.Background(), path, time.Second, nil)
+	again, err := hostns.TakeSetupLock(context.Background(), path, time.Second, nil)
 	require.NoError(t, err, "the look took nothing")
 	again()
 }

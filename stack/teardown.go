@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/box-isolation/box/stack/egress"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -28,7 +30,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 		return nil, err
 	}
 	// The healer must not put back what this removes (heal.go).
-	unmark, err := host.markTeardown()
+	unmark, err := hostns.MarkTeardown(host.NetNS)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +53,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 	if err != nil {
 		return changes, err
 	}
-	defer g.close()
+	defer g.Close()
 	var errs []error
 	for _, gen := range []model.Generation{model.Current, model.Legacy} {
 		removed, err := host.removeObjects(ctx, gen)
@@ -60,7 +62,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 			errs = append(errs, err)
 		}
 		if gen.NFTTable != "" {
-			removed, err := nft.Delete(g.nftConfig(gen))
+			removed, err := nft.Delete(g.NFTConfig(gen))
 			if err != nil {
 				errs = append(errs, fmt.Errorf("removing nft tables: %w", err))
 			}
@@ -70,14 +72,14 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 		}
 	}
 	// The egress design's host objects and the egress service's files.
-	did, err := g.deleteEgressNet()
+	did, err := g.DeleteEgressNet()
 	for _, d := range did {
 		changes = append(changes, model.Change{Object: "egress routing", Action: "removed", Detail: d})
 	}
 	if err != nil {
 		errs = append(errs, err)
 	}
-	if err := removeEgressState(g.ino); err != nil {
+	if err := egress.RemoveState(g.Inode); err != nil {
 		errs = append(errs, err)
 	}
 	removed, err := host.teardownMembers(ctx)

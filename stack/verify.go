@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -27,8 +28,8 @@ type Verification struct {
 	// why).
 	Pool *DHCPPool `json:"dhcp_pool,omitempty"`
 	// WatcherPID is the port watcher's (port-set mode), 0 when none runs.
-	WatcherPID int    `json:"watcher_pid,omitempty"`
-	Ports      []Port `json:"ports"`
+	WatcherPID int           `json:"watcher_pid,omitempty"`
+	Ports      []hostns.Port `json:"ports"`
 	// Fleet is the census of every instance and port on the bridge.
 	Fleet *Census `json:"fleet,omitempty"`
 	// Tiers are the user projects (access tiers) and their state.
@@ -55,9 +56,9 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer g.close()
+	defer g.Close()
 	c := host.Incus
-	v := &Verification{Findings: []model.Finding{}, Ports: []Port{}}
+	v := &Verification{Findings: []model.Finding{}, Ports: []hostns.Port{}}
 	find := func(layer model.LayerID, obj, problem string) {
 		v.Findings = append(v.Findings, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
 	}
@@ -176,29 +177,29 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 // kernel and processes, for the instances placed here, into v: IPv6 off on
 // the bridge, the forward policy, who holds the gateway, dnsmasq, the
 // ports, the census, the nft tables, the pins and the egress sets.
-func (host *Host) verifyGround(ctx context.Context, g *ground, d model.Desired, p netip.Prefix, insts []incus.Instance, v *Verification) error {
+func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desired, p netip.Prefix, insts []incus.Instance, v *Verification) error {
 	gen := model.Current
 	find := func(layer model.LayerID, obj, problem string) {
 		v.Findings = append(v.Findings, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
 	}
-	if disabled, ok, err := g.ipv6Disabled(gen.Network); err != nil {
+	if disabled, ok, err := g.IPv6Disabled(gen.Network); err != nil {
 		return err
 	} else if ok && !disabled {
 		find(model.LayerV6, "bridge "+gen.Network, "IPv6 is enabled on the bridge interface (disable_ipv6=0)")
 	}
-	v6, err := g.globalV6(gen.Network)
+	v6, err := g.GlobalV6(gen.Network)
 	if err != nil {
 		return err
 	}
 	for _, a := range v6 {
 		find(model.LayerV6, "bridge "+gen.Network, "has IPv6 address "+a.IPNet.String())
 	}
-	blockers, err := g.forwardBlockers(gen.Network)
+	blockers, err := forwardBlockers(g, gen.Network)
 	if err != nil {
 		return err
 	}
 	v.Findings = append(v.Findings, blockers...)
-	holders, err := g.gatewayHolders(gen.Network, d.Gateway)
+	holders, err := g.GatewayHolders(gen.Network, d.Gateway)
 	if err != nil {
 		return err
 	}
@@ -207,7 +208,7 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d model.Desired, 
 			Problem: "also held by " + h, Fix: "remove " + d.Gateway.String() + " from " + h + " (ip addr del)"})
 	}
 	// A Pending bridge's finding says what to do; restarting incusd is not it.
-	if v.DnsmasqPID = g.dnsmasqFor(gen.Network); v.DnsmasqPID == 0 && !v.pending {
+	if v.DnsmasqPID = g.DnsmasqFor(gen.Network); v.DnsmasqPID == 0 && !v.pending {
 		v.Findings = append(v.Findings, model.Finding{Layer: model.LayerDNS, Object: "dnsmasq for " + gen.Network,
 			Problem: "no dnsmasq process serves the bridge (Incus may still say Created)", Fix: "restart incusd, then box doctor"})
 	}
@@ -215,7 +216,7 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d model.Desired, 
 	// The pool is this host's own to read: another member's, read from
 	// here, would name leases its own doctor names.
 	if v.DnsmasqPID != 0 && v.Pool == nil && host.member == "" {
-		if pool, err := g.poolOf(insts); err != nil {
+		if pool, err := poolOf(g, insts); err != nil {
 			v.Notes = append(v.Notes, "the bridge's DHCP pool was not read: "+err.Error())
 		} else {
 			v.Pool = &pool
@@ -223,7 +224,7 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d model.Desired, 
 		}
 	}
 
-	ports, err := g.bridgePorts(gen.Network)
+	ports, err := g.BridgePorts(gen.Network)
 	if err != nil {
 		return err
 	}
@@ -241,7 +242,7 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d model.Desired, 
 	// A root disk's size holds only while the pool's kernel counts.
 	host.accountingFinding(ctx, v)
 
-	ncfg := g.nftConfig(gen)
+	ncfg := g.NFTConfig(gen)
 	ncfg.Gateway = p.Addr()
 	caps, err := nft.Probe(ncfg)
 	if err != nil {
@@ -249,7 +250,7 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d model.Desired, 
 	}
 	v.BridgeMode = nft.Desired(ncfg, caps).Mode
 	if v.BridgeMode == nft.ModePortSet {
-		if pid, running, err := host.WatcherRunning(); err != nil {
+		if pid, running, err := hostns.WatcherRunning(host.NetNS); err != nil {
 			return err
 		} else if running {
 			v.WatcherPID = pid
@@ -258,7 +259,7 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d model.Desired, 
 		}
 	}
 	v.Findings = append(v.Findings, host.verifyBoot(p.Addr())...)
-	nf, err := nft.Verify(ncfg, caps, portNames(ports))
+	nf, err := nft.Verify(ncfg, caps, hostns.PortNames(ports))
 	if err != nil {
 		return fmt.Errorf("reading nft tables: %w", err)
 	}
@@ -276,13 +277,13 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d model.Desired, 
 	if err != nil {
 		return fmt.Errorf("reading what to pin: %w", err)
 	}
-	plan := f.planPins(portNames(ports))
+	plan := f.planPins(hostns.PortNames(ports))
 	pf, err := nft.VerifyPins(ncfg, caps, plan.scope, plan.pins)
 	if err != nil {
 		return fmt.Errorf("reading the pin table: %w", err)
 	}
 	v.Findings = append(v.Findings, pinFindings(pf, plan)...)
-	rf, rnotes, err := host.verifyRoute(g)
+	rf, rnotes, err := verifyRoute(g)
 	if err != nil {
 		return err
 	}
@@ -298,7 +299,7 @@ func (host *Host) verifyGround(ctx context.Context, g *ground, d model.Desired, 
 }
 
 // verifyLegacy reports legacy objects still on the host.
-func (host *Host) verifyLegacy(ctx context.Context, g *ground, v *Verification) error {
+func (host *Host) verifyLegacy(ctx context.Context, g *hostns.NS, v *Verification) error {
 	objs, err := host.legacyObjects(ctx, g)
 	if err != nil {
 		return err
@@ -311,10 +312,10 @@ func (host *Host) verifyLegacy(ctx context.Context, g *ground, v *Verification) 
 }
 
 // legacyObjects lists the legacy generation's objects that exist.
-func (host *Host) legacyObjects(ctx context.Context, g *ground) ([]string, error) {
+func (host *Host) legacyObjects(ctx context.Context, g *hostns.NS) ([]string, error) {
 	c := host.Incus
 	var out []string
-	inet, bridge, err := nft.Present(g.nftConfig(model.Legacy))
+	inet, bridge, err := nft.Present(g.NFTConfig(model.Legacy))
 	if err != nil {
 		return nil, fmt.Errorf("reading the legacy nft tables: %w", err)
 	}

@@ -12,13 +12,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/internal/sdnotify"
+	"github.com/box-isolation/box/stack/egress"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -43,13 +44,6 @@ const (
 	// watchRetry is how soon a failed refresh is tried again.
 	watchRetry = time.Second
 )
-
-// watchLockDir holds one lock file per network namespace watched.
-const watchLockDir = "/run/box"
-
-func watchLockPath(ino uint64) string {
-	return filepath.Join(watchLockDir, fmt.Sprintf("watch-ports-%d.lock", ino))
-}
 
 // watchOptions are WatchPorts' knobs; tests and the benchmark change them.
 type watchOptions struct {
@@ -97,17 +91,17 @@ func notifyReady(logf func(string, ...any)) func() {
 //
 // One watcher runs per network namespace: a second one is refused while the
 // first holds /run/box/watch-ports-<namespace inode>.lock.
-func (host *Host) WatchPorts(ctx context.Context, log io.Writer) error {
-	return host.watchPorts(ctx, log, defaultWatchOptions())
+func WatchPorts(ctx context.Context, host *Host, log io.Writer) error {
+	return watchPorts(ctx, host, log, defaultWatchOptions())
 }
 
-func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions) error {
+func watchPorts(ctx context.Context, host *Host, log io.Writer, o watchOptions) error {
 	g, err := host.ground()
 	if err != nil {
 		return fmt.Errorf("watching ports: %w", err)
 	}
-	defer g.close()
-	release, err := lockWatcher(g.ino, host.nsLabel())
+	defer g.Close()
+	release, err := hostns.LockWatcher(g.Inode, hostns.Label(host.NetNS))
 	if err != nil {
 		return err
 	}
@@ -131,125 +125,22 @@ func (host *Host) watchPorts(ctx context.Context, log io.Writer, o watchOptions)
 	go func() {
 		defer wg.Done()
 		if o.heal {
-			host.healLoop(ctx, w.logf)
+			healLoop(ctx, host, w.logf)
 		}
 	}()
 	// L-ROUTE's uplink set follows the route events (routes.go).
 	go func() {
 		defer wg.Done()
-		host.watchRoutes(ctx, w.logf)
+		watchRoutes(ctx, host, w.logf)
 	}()
 	// The allowlisted boxes' resolver and proxy live here too.
 	go func() {
 		defer wg.Done()
-		host.serveEgressLoop(ctx, w.logf)
+		egress.Run(ctx, host.NetNS, w.logf)
 	}()
 	defer wg.Wait()
 	defer cancel()
 	return w.run(ctx)
-}
-
-// nsLabel names the host's namespace for messages.
-func (host *Host) nsLabel() string {
-	if host.NetNS == "" {
-		return "this process's network namespace"
-	}
-	return "network namespace " + host.NetNS
-}
-
-// WatcherRunning says whether a port watcher (box watch-ports) holds the
-// lock of the host's namespace, and its PID. It takes the lock shared and
-// at once lets go, so it never waits.
-func (host *Host) WatcherRunning() (pid int, running bool, err error) {
-	ino, err := host.nsInode()
-	if err != nil {
-		return 0, false, err
-	}
-	path := watchLockPath(ino)
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, false, fmt.Errorf("reading the port watcher's lock: %w", err)
-	}
-	defer f.Close()
-	err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
-	if err == nil {
-		return 0, false, nil
-	}
-	if !errors.Is(err, syscall.EWOULDBLOCK) {
-		return 0, false, fmt.Errorf("testing the port watcher's lock %s: %w", path, err)
-	}
-	b, _ := io.ReadAll(f)
-	pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-	return pid, true, nil
-}
-
-// nsInode is the inode of the host's namespace: only a stat, so a granted
-// user, who cannot open netlink in another namespace, can still ask.
-func (host *Host) nsInode() (uint64, error) {
-	var st syscall.Stat_t
-	nsPath := "/proc/self/ns/net"
-	if host.NetNS != "" {
-		nsPath = "/run/netns/" + host.NetNS
-	}
-	if err := syscall.Stat(nsPath, &st); err != nil {
-		return 0, fmt.Errorf("reading %s: %w", nsPath, err)
-	}
-	return st.Ino, nil
-}
-
-// lockWatcher takes the namespace's watcher lock and writes this process's
-// PID into it. The file is removed on release; a lock taken on a file that
-// was meanwhile removed is let go and taken again on the new one.
-func lockWatcher(ino uint64, ns string) (func(), error) {
-	path := watchLockPath(ino)
-	if err := os.MkdirAll(watchLockDir, 0o755); err != nil {
-		return nil, fmt.Errorf("watching ports: %w", err)
-	}
-	// WatcherRunning holds the lock shared for an instant: try for a while.
-	deadline := time.Now().Add(250 * time.Millisecond)
-	for {
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-		if err != nil {
-			return nil, fmt.Errorf("watching ports: opening the lock: %w", err)
-		}
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil && sameFile(f, path) {
-			if err := f.Truncate(0); err == nil {
-				_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-			}
-			if err != nil {
-				f.Close()
-				return nil, fmt.Errorf("watching ports: writing the PID into %s: %w", path, err)
-			}
-			return func() { os.Remove(path); f.Close() }, nil
-		}
-		b, _ := io.ReadAll(f)
-		f.Close()
-		if err != nil && !errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("watching ports: locking %s: %w", path, err)
-		}
-		if err != nil && time.Now().After(deadline) {
-			holder := strings.TrimSpace(string(b))
-			if holder == "" {
-				holder = "unknown"
-			}
-			return nil, fmt.Errorf("a port watcher (pid %s) already watches %s: one runs per namespace (it holds %s); stop it first", holder, ns, path)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// sameFile reports whether the open file is still the one at path.
-func sameFile(f *os.File, path string) bool {
-	a, err := f.Stat()
-	if err != nil {
-		return false
-	}
-	b, err := os.Stat(path)
-	return err == nil && os.SameFile(a, b)
 }
 
 // triggerKind is what made the watcher refresh; the log names it.
@@ -305,7 +196,7 @@ type linkEvent struct {
 
 type watcher struct {
 	host   *Host
-	g      *ground
+	g      *hostns.NS
 	o      watchOptions
 	log    io.Writer // written through logf: the run loop and the pin worker
 	logMu  sync.Mutex
@@ -334,7 +225,7 @@ func (w *watcher) logf(format string, args ...any) {
 }
 
 func (w *watcher) run(ctx context.Context) error {
-	w.logf("watching the ports of bridge %s in %s (pid %d, lock %s)", w.bridge, w.host.nsLabel(), os.Getpid(), watchLockPath(w.g.ino))
+	w.logf("watching the ports of bridge %s in %s (pid %d, lock %s)", w.bridge, hostns.Label(w.host.NetNS), os.Getpid(), hostns.WatchLockPath(w.g.Inode))
 	lease, err := newLeaseWatch()
 	if err != nil {
 		return fmt.Errorf("watching ports: %w", err)
@@ -664,7 +555,7 @@ func (w *watcher) isPort(idx int, l linkInfo) bool {
 // and watches it; once dnsmasq is back (or changed files) that is a reason
 // to refresh too.
 func (w *watcher) findLease(ctx context.Context, trig bool) {
-	path, pid := w.g.dnsmasqLeaseFile(w.bridge)
+	path, pid := w.g.DnsmasqLeaseFile(w.bridge)
 	changed, err := w.lease.watch(path, pid)
 	if err != nil {
 		// Said once, not at every recheck.
@@ -678,7 +569,7 @@ func (w *watcher) findLease(ctx context.Context, trig bool) {
 	switch {
 	case !changed:
 	case pid == 0:
-		w.logf("no dnsmasq serves %s in %s: its lease file is not watched (looking again every %s)", w.bridge, w.host.nsLabel(), w.o.leaseRecheck)
+		w.logf("no dnsmasq serves %s in %s: its lease file is not watched (looking again every %s)", w.bridge, hostns.Label(w.host.NetNS), w.o.leaseRecheck)
 	case path == "":
 		w.logf("dnsmasq pid %d serves %s without --dhcp-leasefile: no lease file to watch", pid, w.bridge)
 	default:
@@ -700,7 +591,7 @@ type linkSubscription struct {
 
 // subscribeLinks subscribes to link events in the ground's namespace,
 // dumping the existing links first; each event is stamped on arrival.
-func subscribeLinks(g *ground, rcvbuf int) (*linkSubscription, error) {
+func subscribeLinks(g *hostns.NS, rcvbuf int) (*linkSubscription, error) {
 	s := &linkSubscription{events: make(chan linkEvent, 1024), done: make(chan struct{})}
 	raw := make(chan netlink.LinkUpdate, 1024)
 	opts := netlink.LinkSubscribeOptions{
@@ -716,8 +607,8 @@ func subscribeLinks(g *ground, rcvbuf int) (*linkSubscription, error) {
 			s.mu.Unlock()
 		},
 	}
-	if g.ns >= 0 {
-		ns := g.ns
+	if g.Handle >= 0 {
+		ns := g.Handle
 		opts.Namespace = &ns
 	}
 	if err := netlink.LinkSubscribeWithOptions(raw, s.done, opts); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/box-isolation/box/internal/syncbuf"
 	"io"
 	"net/netip"
 	"os"
@@ -16,6 +15,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/box-isolation/box/internal/syncbuf"
+	"github.com/box-isolation/box/stack/hostns"
 
 	"github.com/google/nftables"
 	"github.com/stretchr/testify/assert"
@@ -165,7 +167,7 @@ func (w *watchWorld) watch(t testing.TB, o watchOptions) (stop func() error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	var err error
-	go func() { err = w.host.watchPorts(ctx, w.log, o); close(done) }()
+	go func() { err = watchPorts(ctx, w.host, w.log, o); close(done) }()
 	stop = func() error {
 		cancel()
 		select {
@@ -272,11 +274,11 @@ func TestPrivilegedWatchPorts(t *testing.T) {
 	})
 	w.waitLog(t, "vpre: joined boxnet, isolated and in the port set at the full sync (watcher started)")
 
-	pid, running, err := w.host.WatcherRunning()
+	pid, running, err := hostns.WatcherRunning(w.host.NetNS)
 	require.NoError(t, err)
 	assert.True(t, running, "WatcherRunning while it runs")
 	assert.Equal(t, os.Getpid(), pid, "the lock file holds the watcher's PID")
-	err = w.host.WatchPorts(context.Background(), io.Discard)
+	err = WatchPorts(context.Background(), w.host, io.Discard)
 	require.Error(t, err, "a second watcher in the same namespace")
 	assert.Contains(t, err.Error(), fmt.Sprintf("a port watcher (pid %d) already watches network namespace %s", os.Getpid(), w.ns.Name))
 
@@ -340,7 +342,7 @@ func TestPrivilegedWatchPorts(t *testing.T) {
 	w.waitLog(t, "(bridge boxnet appeared)")
 
 	require.NoError(t, stop(), "WatchPorts returns nil when its context ends")
-	_, running, err = w.host.WatcherRunning()
+	_, running, err = hostns.WatcherRunning(w.host.NetNS)
 	require.NoError(t, err)
 	assert.False(t, running, "the lock is released when the watcher stops")
 	t.Logf("watcher log:\n%s", w.log.String())
@@ -401,10 +403,10 @@ func TestPrivilegedWatchPortsLeaseFile(t *testing.T) {
 	leases := filepath.Join(t.TempDir(), "dnsmasq.leases")
 	require.NoError(t, os.WriteFile(leases, nil, 0o644))
 	pid, stopDnsmasq := fakeDnsmasq(t, w.ns, leases)
-	g, err := w.host.ground()
+	g, err := hostns.Open(w.host.NetNS)
 	require.NoError(t, err)
-	path, found := g.dnsmasqLeaseFile("boxnet")
-	g.close()
+	path, found := g.DnsmasqLeaseFile("boxnet")
+	g.Close()
 	require.Equal(t, pid, found, "the stand-in is found as the dnsmasq serving boxnet in the namespace")
 	require.Equal(t, leases, path, "its lease file is read from --dhcp-leasefile=")
 

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 	"github.com/box-isolation/box/templates"
@@ -260,7 +261,7 @@ func TestStatusLine(t *testing.T) {
 		ok   bool
 		line string
 	}{
-		{"healthy", &stack.Verification{Subnet: sub, BridgeMode: nft.ModePortSet, Ports: []stack.Port{{Name: "v1", Isolated: true}}, WatcherPID: 42}, nil, true, "stack: ok: subnet 10.88.0.0/24, bridge drop port-set, 1 port(s) isolated, port watcher pid 42"},
+		{"healthy", &stack.Verification{Subnet: sub, BridgeMode: nft.ModePortSet, Ports: []hostns.Port{{Name: "v1", Isolated: true}}, WatcherPID: 42}, nil, true, "stack: ok: subnet 10.88.0.0/24, bridge drop port-set, 1 port(s) isolated, port watcher pid 42"},
 		{"advisory only", &stack.Verification{Subnet: sub, BridgeMode: nft.ModeBridgeMeta, Findings: []model.Finding{{Advisory: true}}}, nil, true, "no port watcher needed"},
 		{"findings", &stack.Verification{Subnet: sub, Findings: []model.Finding{{Layer: "L-ACL"}, {Layer: model.LayerFleet}}}, nil, false, "stack: 2 finding(s): box doctor names them"},
 		{"no stack", &stack.Verification{Findings: []model.Finding{{Layer: "L-NAT"}}}, nil, false, "stack: not set up: run box setup-host"},

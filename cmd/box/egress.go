@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/egress"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -120,7 +120,7 @@ func setupEgress(fs *flag.FlagSet) action {
 			}
 			if *asJSON {
 				if rs == nil {
-					rs = []stack.EgressRefusal{}
+					rs = []egress.Refusal{}
 				}
 				return c.printJSON(rs)
 			}

@@ -19,6 +19,8 @@ import (
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/egress"
+	"github.com/box-isolation/box/stack/hostns"
 )
 
 // canary is one of the world's canaries as a box names it.
@@ -72,7 +74,7 @@ func blocked(t *testing.T, r runner, box string, c, control canary, msg string) 
 	a := connect(t, r, box, c)
 	assert.NotEqual(t, c.greeting, a.line, "%s: %s answered", msg, c.name)
 	assert.Equal(t, "HTTP/1.1 403 Forbidden", a.line, "%s: refused by the proxy, not broken", msg)
-	assert.Contains(t, a.nc, stack.HTTPRefusedHeader+": refused", "%s: the proxy's refusal", msg)
+	assert.Contains(t, a.nc, egress.HTTPRefusedHeader+": refused", "%s: the proxy's refusal", msg)
 	assert.Contains(t, a.nc, "box egress: "+c.name+" is not on the allowlist", "%s: with its reason", msg)
 	t.Logf("%s -> %s (%s): %s, while %s answers", box, c.name, c.addr, a.nc, control.name)
 }
@@ -190,7 +192,7 @@ func TestSystemEgressTunnel(t *testing.T) {
 	// Each refusal has its reason, for the operator.
 	res = r.run(t, "egress", w, "log", "--json")
 	require.Equal(t, exitOK, res.code, res.err)
-	var refusals []stack.EgressRefusal
+	var refusals []egress.Refusal
 	require.NoError(t, json.Unmarshal([]byte(res.out), &refusals))
 	logged := map[string]string{}
 	for _, x := range refusals {
@@ -213,15 +215,15 @@ func TestSystemEgressClosed(t *testing.T) {
 	r, c := worldBox(t)
 	st := testenv.World(t)
 	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS}
-	if _, running, err := h.WatcherRunning(); err != nil || running {
+	if _, running, err := hostns.WatcherRunning(h.NetNS); err != nil || running {
 		t.Fatalf("a port watcher runs in %s (%v): this test runs the egress service itself", st.Names.HostNS, err)
 	}
 	serve := func() func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- h.ServeEgress(ctx, io.Discard) }()
+		go func() { done <- egress.Serve(ctx, h.NetNS, io.Discard) }()
 		deadline := time.Now().Add(5 * time.Second)
-		for !h.EgressServing() {
+		for !egress.Serving(h.NetNS) {
 			require.True(t, time.Now().Before(deadline), "the egress service did not answer within 5 s")
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -238,7 +240,7 @@ func TestSystemEgressClosed(t *testing.T) {
 	stop := serve()
 	require.True(t, reaches(t, r, w, first), "with the service: the allowed canary")
 	stop()
-	require.False(t, h.EgressServing())
+	require.False(t, egress.Serving(h.NetNS))
 
 	res = r.run(t, "exec", w, "--", "sh", "-c", "nslookup canary.example.net 10.88.0.1")
 	assert.NotEqual(t, exitOK, res.code, "no service: the box resolves nothing: %s", res.out)

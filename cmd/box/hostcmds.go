@@ -68,7 +68,7 @@ func setupWatchPorts(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		if err := h.WatchAndHeal(c.ctx, c.err); err != nil {
+		if err := stack.WatchAndHeal(c.ctx, h, c.err); err != nil {
 			return fmt.Errorf("watching the bridge ports: %w", err)
 		}
 		return nil

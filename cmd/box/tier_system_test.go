@@ -30,6 +30,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -122,7 +123,7 @@ func openToAll(p string) bool {
 func portWatcher(t *testing.T, st *world.State, c *incus.Client) {
 	t.Helper()
 	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS}
-	if pid, running, err := h.WatcherRunning(); err != nil {
+	if pid, running, err := hostns.WatcherRunning(h.NetNS); err != nil {
 		t.Fatalf("asking for a port watcher: %v", err)
 	} else if running {
 		t.Logf("a port watcher (pid %d) already watches %s: the test uses it", pid, st.Names.HostNS)
@@ -148,7 +149,7 @@ func portWatcher(t *testing.T, st *world.State, c *incus.Client) {
 	})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		pid, running, err := h.WatcherRunning()
+		pid, running, err := hostns.WatcherRunning(h.NetNS)
 		if err == nil && running && pid == cmd.Process.Pid {
 			t.Logf("started box watch-ports (pid %d) for %s", pid, st.Names.HostNS)
 			return
@@ -156,7 +157,7 @@ func portWatcher(t *testing.T, st *world.State, c *incus.Client) {
 		select {
 		case <-done:
 			if strings.Contains(logBuf.String(), "already watches") {
-				if pid, running, _ := h.WatcherRunning(); running {
+				if pid, running, _ := hostns.WatcherRunning(h.NetNS); running {
 					t.Logf("another port watcher (pid %d) took the namespace first: the test uses it", pid)
 					return
 				}

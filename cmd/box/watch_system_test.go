@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/internal/syncbuf"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 
 	"github.com/stretchr/testify/assert"
@@ -57,7 +58,7 @@ func TestSystemRestartedBoxStaysInTheSet(t *testing.T) {
 
 	// Control: no watcher. The restarted box's new port is outside the set
 	// and not isolated, and the sibling's frames reach it.
-	_, running, err := host.WatcherRunning()
+	_, running, err := hostns.WatcherRunning(host.NetNS)
 	require.NoError(t, err)
 	require.False(t, running, "no port watcher may run in the world before this test")
 	got := restartWhileSending(t, c, st.Names.HostNS, victim, sender, vmac)
@@ -84,7 +85,7 @@ func TestSystemRestartedBoxStaysInTheSet(t *testing.T) {
 	}
 	t.Cleanup(stop)
 	require.Eventually(t, func() bool {
-		pid, running, err := host.WatcherRunning()
+		pid, running, err := hostns.WatcherRunning(host.NetNS)
 		return err == nil && running && pid == cmd.Process.Pid
 	}, 10*time.Second, 20*time.Millisecond, "the watcher takes its lock")
 

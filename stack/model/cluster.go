@@ -10,14 +10,14 @@ import (
 // ClusterSliceBits is the size of a member's address slice in a /24.
 const ClusterSliceBits = 27
 
-// keySlice prefixes a member's slice on the bridge's config.
+// KeySlice prefixes a member's slice on the bridge's config.
 const KeySlice = "user.box.slice."
 
 // MaxMembers is how many members a /24 has slices for: the first slice is
 // the gateway's and the dynamic range's.
 const MaxMembers = 1<<(ClusterSliceBits-24) - 1
 
-// slicesOf reads the members' slices stored on the bridge's config.
+// SlicesOf reads the members' slices stored on the bridge's config.
 func SlicesOf(cfg map[string]string) (map[string]netip.Prefix, error) {
 	out := map[string]netip.Prefix{}
 	for k, v := range cfg {
@@ -32,7 +32,7 @@ func SlicesOf(cfg map[string]string) (map[string]netip.Prefix, error) {
 	return out, nil
 }
 
-// assignSlices gives every member without a slice the first free one of
+// AssignSlices gives every member without a slice the first free one of
 // subnet, keeping every slice already given (boxes hold addresses in it).
 func AssignSlices(subnet netip.Prefix, have map[string]netip.Prefix, members []string) (map[string]netip.Prefix, error) {
 	out := map[string]netip.Prefix{}
@@ -56,7 +56,7 @@ func AssignSlices(subnet netip.Prefix, have map[string]netip.Prefix, members []s
 	return out, nil
 }
 
-// allSlices cuts subnet into its /27s.
+// AllSlices cuts subnet into its /27s.
 func AllSlices(subnet netip.Prefix) []netip.Prefix {
 	var out []netip.Prefix
 	a := subnet.Masked().Addr()
@@ -69,7 +69,7 @@ func AllSlices(subnet netip.Prefix) []netip.Prefix {
 	return out
 }
 
-// dynamicRange is ipv4.dhcp.ranges on a cluster: the first slice after
+// DynamicRange is ipv4.dhcp.ranges on a cluster: the first slice after
 // the gateway.
 func DynamicRange(subnet netip.Prefix) string {
 	first := AllSlices(subnet)[0]
@@ -78,7 +78,7 @@ func DynamicRange(subnet netip.Prefix) string {
 	return lo.String() + "-" + hi.String()
 }
 
-// lastOf is the last address of p.
+// LastOf is the last address of p.
 func LastOf(p netip.Prefix) netip.Addr {
 	a := p.Masked().Addr()
 	for range 1<<(32-p.Bits()) - 1 {

@@ -247,7 +247,7 @@ func BuildDesired(subnet netip.Prefix, opts Options) Desired {
 	return d
 }
 
-// aclRulesEqual compares rules as Incus stores them (it fills State).
+// ACLRulesEqual compares rules as Incus stores them (it fills State).
 func ACLRulesEqual(a, b []incus.ACLRule) bool {
 	norm := func(rs []incus.ACLRule) []string {
 		out := make([]string, len(rs))

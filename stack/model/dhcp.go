@@ -1,6 +1,6 @@
 package model
 
-// dhcpLines are the bridge's dnsmasq settings for L-DHCP. dhcp-ignore=
+// DHCPLines are the bridge's dnsmasq settings for L-DHCP. dhcp-ignore=
 // tag:!known ignores a client no dhcp-host names (Incus writes one for a
 // NIC with ipv4.address, none otherwise); dhcp-ignore-clid identifies a
 // client by its hardware address only: dnsmasq would otherwise key a lease

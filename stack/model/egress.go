@@ -12,11 +12,11 @@ import (
 // the host, in three places (stack/nft/egress.go has the table):
 //
 //   - DNS: the box's questions to its gateway go to box's own resolver
-//     (egressdns.go), which answers the policy's names only, from the
+//     (stack/egress/dns.go), which answers the policy's names only, from the
 //     stack's pinned upstream, and puts the addresses it answered into the
 //     policy's allow set; any other question is refused at once, with the
 //     reason, and never leaves the host (no DNS tunnel).
-//   - TLS and HTTP (tcp 443 and 80): box's proxy (egressproxy.go) takes
+//   - TLS and HTTP (tcp 443 and 80): box's proxy (stack/egress/proxy.go) takes
 //     the connection, reads the TLS server name or the HTTP Host, and
 //     dials the name's address itself only when the name is allowed.
 //   - Every other new connection the box forwards goes only to the allow
@@ -26,7 +26,7 @@ import (
 // The resolver and the proxy run in the port watcher's process (box
 // watch-ports); when none runs, an allowlisted box resolves nothing and
 // opens nothing on 80 and 443: closed, never open, and box doctor says
-// so. Every refusal is logged with the box and the name (egresslog.go).
+// so. Every refusal is logged with the box and the name (stack/egress/log.go).
 //
 // Sets are per policy, and boxes join one by their address (the pins keep
 // a box to its own). A policy is named by its names (PolicyID), stored on
@@ -51,7 +51,7 @@ func PolicyID(names []string) string {
 	return "p" + hex.EncodeToString(sum[:])[:10]
 }
 
-// policiesOf reads the policies stored on the bridge's config.
+// PoliciesOf reads the policies stored on the bridge's config.
 func PoliciesOf(cfg map[string]string) map[string][]string {
 	out := map[string][]string{}
 	for k, v := range cfg {

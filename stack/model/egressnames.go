@@ -156,7 +156,7 @@ func Allows(names []string, name string) bool {
 	return false
 }
 
-// nameMatcher is an allowlist made for asking often: a question costs a
+// NameMatcher is an allowlist made for asking often: a question costs a
 // lookup per label of the name, however long the list.
 type NameMatcher struct {
 	exact, under map[string]bool
@@ -174,7 +174,7 @@ func NewNameMatcher(names []string) *NameMatcher {
 	return m
 }
 
-// allows is Allows for the matcher's list.
+// Allows is Allows for the matcher's list.
 func (m *NameMatcher) Allows(name string) bool {
 	q := strings.TrimSuffix(strings.ToLower(name), ".")
 	if m.exact[q] {

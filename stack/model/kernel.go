@@ -23,7 +23,7 @@ type kernelKeyRule struct {
 	judge func(key, value string) (problem, allowed string)
 }
 
-// restartNote ends the fix of a key Incus applies only at start.
+// RestartNote ends the fix of a key Incus applies only at start.
 const RestartNote = " (it takes effect when the box starts again: box down, box start)"
 
 func exactly(k string) func(string) bool { return func(key string) bool { return key == k } }
@@ -162,7 +162,7 @@ func GuestAPIOff(cfg map[string]string) bool {
 	return v != "" && !IncusTrue(v)
 }
 
-// judgeKernelKey judges one instance config key of the kernel boundary:
+// JudgeKernelKey judges one instance config key of the kernel boundary:
 // ok says the key is of this family; problem is what it takes away, or
 // allowed why it is allowed (both empty: the default, nothing to say).
 func JudgeKernelKey(key, value string) (problem, allowed string, ok bool) {
@@ -204,7 +204,7 @@ func OneLine(v string) string {
 	return strings.ReplaceAll(strings.TrimSpace(v), "\n", "; ")
 }
 
-// incusTrue is a boolean config value as Incus reads it: "1", "yes" and
+// IncusTrue is a boolean config value as Incus reads it: "1", "yes" and
 // "on" are true as well (a privileged box spelt security.privileged=1 is
 // privileged).
 func IncusTrue(v string) bool {

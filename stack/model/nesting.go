@@ -24,7 +24,7 @@ func NestingConfig() map[string]string {
 	return cfg
 }
 
-// nestingReason is why the census accepts key=value, or "" when nesting
+// NestingReason is why the census accepts key=value, or "" when nesting
 // does not set it.
 func NestingReason(key, value string) string {
 	for _, k := range nestingKeys {
@@ -35,7 +35,7 @@ func NestingReason(key, value string) string {
 	return ""
 }
 
-// withNesting adds the nesting keys to an instance's config.
+// WithNesting adds the nesting keys to an instance's config.
 func WithNesting(cfg map[string]string) {
 	maps.Copy(cfg, NestingConfig())
 }

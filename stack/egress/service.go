@@ -1,4 +1,4 @@
-package stack
+package egress
 
 import (
 	"context"
@@ -19,12 +19,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
-// The egress service: box's resolver (egressdns.go) and proxy
-// (egressproxy.go) for the allowlisted boxes, in one process per network
+// The egress service: box's resolver (dns.go) and proxy
+// (proxy.go) for the allowlisted boxes, in one process per network
 // namespace. It runs in the port watcher (box watch-ports, which systemd
 // runs as box-ports.service) and knows the policies from a state file that
 // every refresh of the egress table rewrites (applyEgress), so a change a
@@ -33,37 +34,37 @@ import (
 // resolver on nft.EgressDNSAddr (udp and tcp 53), the proxy on
 // nft.EgressProxyAddr:nft.EgressProxyPort (IP_TRANSPARENT, for TPROXY).
 
-// EgressServiceState is what the egress service needs to know.
-type EgressServiceState struct {
-	Bridge   string                   `json:"bridge"`
-	Table    string                   `json:"table"`
-	Gateway  netip.Addr               `json:"gateway"`
-	Subnet   netip.Prefix             `json:"subnet"`
-	Upstream []netip.Addr             `json:"upstream"`
-	Policies map[string][]string      `json:"policies"`
-	Boxes    map[netip.Addr]EgressBox `json:"boxes"`
+// State is what the egress service needs to know.
+type State struct {
+	Bridge   string              `json:"bridge"`
+	Table    string              `json:"table"`
+	Gateway  netip.Addr          `json:"gateway"`
+	Subnet   netip.Prefix        `json:"subnet"`
+	Upstream []netip.Addr        `json:"upstream"`
+	Policies map[string][]string `json:"policies"`
+	Boxes    map[netip.Addr]Box  `json:"boxes"`
 }
 
-// egressStatePath is the state file of the namespace with inode ino.
-func egressStatePath(ino uint64) string {
-	return filepath.Join(watchLockDir, fmt.Sprintf("egress-%d.json", ino))
+// StatePath is the state file of the namespace with inode ino.
+func StatePath(ino uint64) string {
+	return filepath.Join(hostns.RunDir, fmt.Sprintf("egress-%d.json", ino))
 }
 
-// writeEgressState replaces the state file in one rename, so the service
+// WriteState replaces the state file in one rename, so the service
 // never reads half of it.
-func writeEgressState(ino uint64, st EgressServiceState) error {
+func WriteState(ino uint64, st State) error {
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err
 	}
-	path := egressStatePath(ino)
+	path := StatePath(ino)
 	if old, err := os.ReadFile(path); err == nil && string(old) == string(b) {
 		return nil
 	}
-	if err := os.MkdirAll(watchLockDir, 0o755); err != nil {
+	if err := os.MkdirAll(hostns.RunDir, 0o755); err != nil {
 		return fmt.Errorf("writing the egress state: %w", err)
 	}
-	tmp, err := os.CreateTemp(watchLockDir, ".egress-*.json")
+	tmp, err := os.CreateTemp(hostns.RunDir, ".egress-*.json")
 	if err != nil {
 		return fmt.Errorf("writing the egress state: %w", err)
 	}
@@ -85,16 +86,16 @@ func writeEgressState(ino uint64, st EgressServiceState) error {
 	return nil
 }
 
-func removeEgressState(ino uint64) error {
-	if err := os.Remove(egressStatePath(ino)); err != nil && !errors.Is(err, os.ErrNotExist) {
+func RemoveState(ino uint64) error {
+	if err := os.Remove(StatePath(ino)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("removing the egress state: %w", err)
 	}
 	return nil
 }
 
 // readEgressState reads a state file.
-func readEgressState(path string) (EgressServiceState, error) {
-	var st EgressServiceState
+func readEgressState(path string) (State, error) {
+	var st State
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return st, err
@@ -105,9 +106,9 @@ func readEgressState(path string) (EgressServiceState, error) {
 	return st, nil
 }
 
-// egressStateProblem says how the state file differs from want.
-func egressStateProblem(ino uint64, want EgressServiceState) string {
-	have, err := readEgressState(egressStatePath(ino))
+// StateProblem says how the state file differs from want.
+func StateProblem(ino uint64, want State) string {
+	have, err := readEgressState(StatePath(ino))
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return "missing: the egress service knows no policy, and refuses every allowlisted box's question"
@@ -116,7 +117,7 @@ func egressStateProblem(ino uint64, want EgressServiceState) string {
 	}
 	// Through JSON both ways, so nil and empty compare alike.
 	b, _ := json.Marshal(want)
-	var w EgressServiceState
+	var w State
 	_ = json.Unmarshal(b, &w)
 	if !reflect.DeepEqual(have, w) {
 		return "stale: it does not hold the policies and boxes as they are"
@@ -129,24 +130,24 @@ func egressStateProblem(ino uint64, want EgressServiceState) string {
 type egressStateFile struct {
 	path     string
 	mu       sync.Mutex
-	st       EgressServiceState
+	st       State
 	matchers map[string]*model.NameMatcher // by policy
 	id       [4]int64                      // inode, size, mtime seconds and nanoseconds
 	err      error
 }
 
-func (f *egressStateFile) get() (EgressServiceState, error) {
+func (f *egressStateFile) get() (State, error) {
 	st, _, err := f.getWith()
 	return st, err
 }
 
 // getWith is the state and each policy's matcher.
-func (f *egressStateFile) getWith() (EgressServiceState, map[string]*model.NameMatcher, error) {
+func (f *egressStateFile) getWith() (State, map[string]*model.NameMatcher, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var fi syscall.Stat_t
 	if err := syscall.Stat(f.path, &fi); err != nil {
-		f.st, f.matchers, f.id, f.err = EgressServiceState{}, nil, [4]int64{}, err
+		f.st, f.matchers, f.id, f.err = State{}, nil, [4]int64{}, err
 		return f.st, nil, err
 	}
 	id := [4]int64{int64(fi.Ino), fi.Size, fi.Mtim.Sec, fi.Mtim.Nsec}
@@ -167,27 +168,27 @@ func allows(m map[string]*model.NameMatcher, policy, name string) bool {
 	return pm != nil && pm.Allows(name)
 }
 
-// ErrEgressServing is returned by ServeEgress when another egress service
+// ErrServing is returned by ServeEgress when another egress service
 // holds the namespace's sockets.
-var ErrEgressServing = errors.New("another egress service (box watch-ports) serves this namespace")
+var ErrServing = errors.New("another egress service (box watch-ports) serves this namespace")
 
-// ServeEgress runs box's egress resolver and proxy in the host's
+// Serve runs box's egress resolver and proxy in the host's
 // namespace until ctx ends, logging what it does (every refusal among
 // it) to log. One runs per namespace: the sockets are its lock.
-func (host *Host) ServeEgress(ctx context.Context, log io.Writer) error {
-	g, err := host.ground()
+func Serve(ctx context.Context, netns string, log io.Writer) error {
+	g, err := hostns.Open(netns)
 	if err != nil {
 		return fmt.Errorf("egress service: %w", err)
 	}
-	ino := g.ino
-	ncfg := g.nftConfig(model.Current)
+	ino := g.Inode
+	ncfg := g.NFTConfig(model.Current)
 	allower, err := nft.NewEgressAllower(ncfg)
-	g.close()
+	g.Close()
 	if err != nil {
 		return fmt.Errorf("egress service: %w", err)
 	}
 	defer allower.Close()
-	s := newEgressService(host.NetNS, &egressStateFile{path: egressStatePath(ino)}, allower, newRefusalLog(egressLogPath(ino), log))
+	s := newEgressService(netns, &egressStateFile{path: StatePath(ino)}, allower, newRefusalLog(LogPath(ino), log))
 	if err := s.listen(); err != nil {
 		return err
 	}
@@ -198,7 +199,7 @@ func (host *Host) ServeEgress(ctx context.Context, log io.Writer) error {
 		return err
 	}
 	defer unlock()
-	logf(log, "egress service: resolver on %s:53, proxy on %s:%d, state %s", nft.EgressDNSAddr, nft.EgressProxyAddr, nft.EgressProxyPort, egressStatePath(ino))
+	logf(log, "egress service: resolver on %s:53, proxy on %s:%d, state %s", nft.EgressDNSAddr, nft.EgressProxyAddr, nft.EgressProxyPort, StatePath(ino))
 	s.serve(ctx)
 	return nil
 }
@@ -206,13 +207,13 @@ func (host *Host) ServeEgress(ctx context.Context, log io.Writer) error {
 // egressLockPath is the lock the egress service of the namespace with
 // inode ino holds while it runs.
 func egressLockPath(ino uint64) string {
-	return filepath.Join(watchLockDir, fmt.Sprintf("egress-%d.lock", ino))
+	return filepath.Join(hostns.RunDir, fmt.Sprintf("egress-%d.lock", ino))
 }
 
 // lockEgress takes the namespace's egress lock, or says another service
 // holds it.
 func lockEgress(ino uint64) (func(), error) {
-	if err := os.MkdirAll(watchLockDir, 0o755); err != nil {
+	if err := os.MkdirAll(hostns.RunDir, 0o755); err != nil {
 		return nil, fmt.Errorf("egress service: %w", err)
 	}
 	path := egressLockPath(ino)
@@ -232,18 +233,18 @@ func lockEgress(ino uint64) (func(), error) {
 			return nil, fmt.Errorf("egress service: locking %s: %w", path, err)
 		case time.Now().After(deadline):
 			f.Close()
-			return nil, fmt.Errorf("%w (it holds %s)", ErrEgressServing, path)
+			return nil, fmt.Errorf("%w (it holds %s)", ErrServing, path)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-// EgressServing says whether an egress service runs for the host's
+// Serving says whether an egress service runs for the host's
 // namespace (it holds the namespace's egress lock while it does). It
 // takes the lock shared and at once lets go, so it never waits, and it
 // sends nothing.
-func (host *Host) EgressServing() bool {
-	ino, err := host.nsInode()
+func Serving(netns string) bool {
+	ino, err := hostns.Inode(netns)
 	if err != nil {
 		return false
 	}
@@ -257,13 +258,13 @@ func (host *Host) EgressServing() bool {
 
 func logf(w io.Writer, format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
 
-// serveEgressLoop keeps an egress service running beside the watcher: when
+// Run keeps an egress service running beside the watcher: when
 // another holds the sockets (the drill's, say) it tries again every few
 // seconds, and takes over when that one stops.
-func (host *Host) serveEgressLoop(ctx context.Context, logfn func(string, ...any)) {
+func Run(ctx context.Context, netns string, logfn func(string, ...any)) {
 	said := ""
 	for ctx.Err() == nil {
-		err := host.ServeEgress(ctx, writerFunc(func(b []byte) { logfn("%s", trimNL(b)) }))
+		err := Serve(ctx, netns, writerFunc(func(b []byte) { logfn("%s", trimNL(b)) }))
 		if ctx.Err() != nil {
 			return
 		}
@@ -325,7 +326,7 @@ type egressService struct {
 	dial func(ctx context.Context, to netip.AddrPort) (net.Conn, error)
 	// dialable says whether the proxy may dial an address (public, and
 	// the host routes it by its default route).
-	dialable func(a netip.Addr, st EgressServiceState) string
+	dialable func(a netip.Addr, st State) string
 }
 
 func newEgressService(netns string, st *egressStateFile, allower interface {
@@ -375,7 +376,7 @@ func (s *egressService) listen() error {
 	if err != nil {
 		s.close()
 		if errors.Is(err, unix.EADDRINUSE) {
-			return fmt.Errorf("%w (%s:53 or %s taken)", ErrEgressServing, nft.EgressDNSAddr, proxyAt)
+			return fmt.Errorf("%w (%s:53 or %s taken)", ErrServing, nft.EgressDNSAddr, proxyAt)
 		}
 		return fmt.Errorf("egress service: %w", err)
 	}
@@ -414,4 +415,12 @@ func (s *egressService) serve(ctx context.Context) {
 	s.dnsT.Shutdown()
 	s.proxy.Close()
 	s.wg.Wait()
+}
+
+// Box is an allowlisted box as the egress service knows it, by its
+// address.
+type Box struct {
+	Name    string `json:"name"`
+	Project string `json:"project,omitempty"`
+	Policy  string `json:"policy"`
 }

@@ -1,4 +1,4 @@
-package stack
+package hostns
 
 import (
 	"errors"
@@ -48,14 +48,14 @@ type egressNetState struct {
 	addr, rule, route bool
 }
 
-func (g *ground) readEgressNet() (egressNetState, error) {
+func (g *NS) readEgressNet() (egressNetState, error) {
 	var st egressNetState
-	lo, err := g.h.LinkByName("lo")
+	lo, err := g.Netlink.LinkByName("lo")
 	if err != nil {
 		return st, fmt.Errorf("the loopback device: %w", err)
 	}
 	st.lo = lo
-	addrs, err := g.h.AddrList(lo, netlink.FAMILY_V4)
+	addrs, err := g.Netlink.AddrList(lo, netlink.FAMILY_V4)
 	if err != nil {
 		return st, fmt.Errorf("the loopback device's addresses: %w", err)
 	}
@@ -64,7 +64,7 @@ func (g *ground) readEgressNet() (egressNetState, error) {
 			st.addr = true
 		}
 	}
-	rules, err := g.h.RuleList(netlink.FAMILY_V4)
+	rules, err := g.Netlink.RuleList(netlink.FAMILY_V4)
 	if err != nil {
 		return st, fmt.Errorf("listing the policy routing rules: %w", err)
 	}
@@ -76,7 +76,7 @@ func (g *ground) readEgressNet() (egressNetState, error) {
 			st.rule = true
 		}
 	}
-	routes, err := g.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: nft.EgressRouteTable}, netlink.RT_FILTER_TABLE)
+	routes, err := g.Netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: nft.EgressRouteTable}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return st, fmt.Errorf("listing routing table %d: %w", nft.EgressRouteTable, err)
 	}
@@ -88,27 +88,27 @@ func (g *ground) readEgressNet() (egressNetState, error) {
 	return st, nil
 }
 
-// ensureEgressNet puts the three objects in place and says what it did.
-func (g *ground) ensureEgressNet() ([]string, error) {
+// EnsureEgressNet puts the three objects in place and says what it did.
+func (g *NS) EnsureEgressNet() ([]string, error) {
 	st, err := g.readEgressNet()
 	if err != nil {
 		return nil, err
 	}
 	var did []string
 	if !st.addr {
-		if err := g.h.AddrAdd(st.lo, egressAddr()); err != nil && !errors.Is(err, os.ErrExist) {
+		if err := g.Netlink.AddrAdd(st.lo, egressAddr()); err != nil && !errors.Is(err, os.ErrExist) {
 			return did, fmt.Errorf("adding the egress resolver's address %s to lo: %w", nft.EgressDNSAddr, err)
 		}
 		did = append(did, "added "+nft.EgressDNSAddr.String()+"/32 to lo (box's egress resolver)")
 	}
 	if !st.route {
-		if err := g.h.RouteReplace(egressRoute(st.lo.Attrs().Index)); err != nil {
+		if err := g.Netlink.RouteReplace(egressRoute(st.lo.Attrs().Index)); err != nil {
 			return did, fmt.Errorf("adding the egress proxy's route (local 0.0.0.0/0 dev lo table %d): %w", nft.EgressRouteTable, err)
 		}
 		did = append(did, fmt.Sprintf("added route local 0.0.0.0/0 dev lo table %d (box's egress proxy)", nft.EgressRouteTable))
 	}
 	if !st.rule {
-		if err := g.h.RuleAdd(egressRule()); err != nil && !errors.Is(err, os.ErrExist) {
+		if err := g.Netlink.RuleAdd(egressRule()); err != nil && !errors.Is(err, os.ErrExist) {
 			return did, fmt.Errorf("adding the egress proxy's rule (fwmark 0x%x lookup %d): %w", nft.EgressMark, nft.EgressRouteTable, err)
 		}
 		did = append(did, fmt.Sprintf("added rule fwmark 0x%x lookup %d (box's egress proxy)", nft.EgressMark, nft.EgressRouteTable))
@@ -116,8 +116,8 @@ func (g *ground) ensureEgressNet() ([]string, error) {
 	return did, nil
 }
 
-// egressNetProblems says which objects are missing.
-func (g *ground) egressNetProblems() ([]string, error) {
+// EgressNetProblems says which objects are missing.
+func (g *NS) EgressNetProblems() ([]string, error) {
 	st, err := g.readEgressNet()
 	if err != nil {
 		return nil, err
@@ -135,27 +135,27 @@ func (g *ground) egressNetProblems() ([]string, error) {
 	return p, nil
 }
 
-// deleteEgressNet removes whichever of the objects are there.
-func (g *ground) deleteEgressNet() ([]string, error) {
+// DeleteEgressNet removes whichever of the objects are there.
+func (g *NS) DeleteEgressNet() ([]string, error) {
 	st, err := g.readEgressNet()
 	if err != nil {
 		return nil, err
 	}
 	var did []string
 	if st.rule {
-		if err := g.h.RuleDel(egressRule()); err != nil {
+		if err := g.Netlink.RuleDel(egressRule()); err != nil {
 			return did, fmt.Errorf("removing the egress proxy's rule: %w", err)
 		}
 		did = append(did, fmt.Sprintf("removed rule fwmark 0x%x lookup %d", nft.EgressMark, nft.EgressRouteTable))
 	}
 	if st.route {
-		if err := g.h.RouteDel(egressRoute(st.lo.Attrs().Index)); err != nil {
+		if err := g.Netlink.RouteDel(egressRoute(st.lo.Attrs().Index)); err != nil {
 			return did, fmt.Errorf("removing the egress proxy's route: %w", err)
 		}
 		did = append(did, fmt.Sprintf("removed route local 0.0.0.0/0 dev lo table %d", nft.EgressRouteTable))
 	}
 	if st.addr {
-		if err := g.h.AddrDel(st.lo, egressAddr()); err != nil {
+		if err := g.Netlink.AddrDel(st.lo, egressAddr()); err != nil {
 			return did, fmt.Errorf("removing %s from lo: %w", nft.EgressDNSAddr, err)
 		}
 		did = append(did, "removed "+nft.EgressDNSAddr.String()+"/32 from lo")

@@ -1,8 +1,7 @@
-package stack
+package egress
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +10,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/box-isolation/box/stack/hostns"
 )
 
 // Reasons (layer L-EGRESS): every refusal of the egress service, a name
@@ -21,8 +22,8 @@ import (
 // thousand names a second is not a thousand lines: past refusalBurst in a
 // second, its refusals are counted, and the count is a line of its own.
 
-// EgressRefusal is one refusal.
-type EgressRefusal struct {
+// Refusal is one refusal.
+type Refusal struct {
 	At      time.Time `json:"at"`
 	Box     string    `json:"box"`
 	Project string    `json:"project,omitempty"`
@@ -40,7 +41,7 @@ type EgressRefusal struct {
 	Suppressed int `json:"suppressed,omitempty"`
 }
 
-func (r EgressRefusal) String() string {
+func (r Refusal) String() string {
 	who := r.Box
 	if r.Project != "" && r.Project != "default" {
 		who = r.Project + "/" + r.Box
@@ -58,9 +59,9 @@ func (r EgressRefusal) String() string {
 	return fmt.Sprintf("%s %s: %s %s refused: %s", r.At.UTC().Format(time.RFC3339), who, r.Kind, what, r.Reason)
 }
 
-// egressLogPath is the refusal log of the namespace with inode ino.
-func egressLogPath(ino uint64) string {
-	return filepath.Join(watchLockDir, fmt.Sprintf("egress-%d.log", ino))
+// LogPath is the refusal log of the namespace with inode ino.
+func LogPath(ino uint64) string {
+	return filepath.Join(hostns.RunDir, fmt.Sprintf("egress-%d.log", ino))
 }
 
 // The refusal log's bounds: rotated to .1 past refusalLogMax bytes;
@@ -87,7 +88,7 @@ func newRefusalLog(path string, out io.Writer) *refusalLog {
 	return &refusalLog{path: path, out: out, sec: map[string]int64{}, lines: map[string]int{}, dropped: map[string]int{}}
 }
 
-func (l *refusalLog) add(r EgressRefusal) {
+func (l *refusalLog) add(r Refusal) {
 	if r.At.IsZero() {
 		r.At = time.Now()
 	}
@@ -97,7 +98,7 @@ func (l *refusalLog) add(r EgressRefusal) {
 	sec := r.At.Unix()
 	if l.sec[key] != sec {
 		if n := l.dropped[key]; n > 0 {
-			l.write(EgressRefusal{At: r.At, Box: r.Box, Project: r.Project, Policy: r.Policy, From: r.From, Kind: r.Kind, Suppressed: n})
+			l.write(Refusal{At: r.At, Box: r.Box, Project: r.Project, Policy: r.Policy, From: r.From, Kind: r.Kind, Suppressed: n})
 		}
 		l.sec[key], l.lines[key], l.dropped[key] = sec, 0, 0
 	}
@@ -110,7 +111,7 @@ func (l *refusalLog) add(r EgressRefusal) {
 }
 
 // write appends one line (the lock held).
-func (l *refusalLog) write(r EgressRefusal) {
+func (l *refusalLog) write(r Refusal) {
 	if l.out != nil {
 		fmt.Fprintf(l.out, "egress: %s\n", r)
 	}
@@ -139,10 +140,10 @@ func (l *refusalLog) write(r EgressRefusal) {
 	l.size += int64(n)
 }
 
-// readRefusals reads the refusal logs (the rotated one first), keeping
+// ReadRefusals reads the refusal logs (the rotated one first), keeping
 // the lines keep says.
-func readRefusals(path string, keep func(EgressRefusal) bool) ([]EgressRefusal, error) {
-	var out []EgressRefusal
+func ReadRefusals(path string, keep func(Refusal) bool) ([]Refusal, error) {
+	var out []Refusal
 	for _, p := range []string{path + ".1", path} {
 		f, err := os.Open(p)
 		if errors.Is(err, os.ErrNotExist) {
@@ -154,7 +155,7 @@ func readRefusals(path string, keep func(EgressRefusal) bool) ([]EgressRefusal, 
 		sc := bufio.NewScanner(f)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
-			var r EgressRefusal
+			var r Refusal
 			if json.Unmarshal(sc.Bytes(), &r) == nil && keep(r) {
 				out = append(out, r)
 			}
@@ -162,21 +163,4 @@ func readRefusals(path string, keep func(EgressRefusal) bool) ([]EgressRefusal, 
 		f.Close()
 	}
 	return out, nil
-}
-
-// EgressRefusals reads a box's refusals since since (all with a zero
-// since), oldest first.
-func (host *Host) EgressRefusals(ctx context.Context, box string, since time.Time) ([]EgressRefusal, error) {
-	inst, _, err := host.resolve(ctx, box)
-	if err != nil {
-		return nil, err
-	}
-	ino, err := host.nsInode()
-	if err != nil {
-		return nil, err
-	}
-	project := inst.Project
-	return readRefusals(egressLogPath(ino), func(r EgressRefusal) bool {
-		return r.Box == box && (project == "" || r.Project == "" || r.Project == project) && !r.At.Before(since)
-	})
 }

@@ -1,4 +1,4 @@
-package stack
+package egress
 
 import (
 	"bufio"
@@ -93,7 +93,7 @@ func (s *egressService) serveConn(ctx context.Context, c proxyConn) {
 	from, to := addrPortOf(c.RemoteAddr()), addrPortOf(c.LocalAddr())
 	st, matchers, _ := s.state.getWith()
 	box, ok := st.Boxes[from.Addr()]
-	refusal := EgressRefusal{Box: box.Name, Project: box.Project, Policy: box.Policy, From: from.Addr().String(), Kind: "tcp", To: to.String()}
+	refusal := Refusal{Box: box.Name, Project: box.Project, Policy: box.Policy, From: from.Addr().String(), Kind: "tcp", To: to.String()}
 	if !ok {
 		refusal.Reason = "this address is under no allowlist box's proxy knows"
 		s.reset(c)
@@ -154,7 +154,7 @@ func (s *egressService) serveConn(ctx context.Context, c proxyConn) {
 		case !allows(matchers, box.Policy, n):
 			refuse(fmt.Sprintf("%s is not on the allowlist %s of box %s (%s)", n, box.Policy, box.Name, strings.Join(policy, " ")))
 			return
-		case isDoHName(n):
+		case IsDoHName(n):
 			refuse(n + " is a public DNS-over-HTTPS resolver: it would answer any name")
 			return
 		}
@@ -188,7 +188,7 @@ func (s *egressService) reset(c proxyConn) { _ = c.SetLinger(0) }
 // pick is the address the proxy dials for name: the box's own choice when
 // the resolver answered it for the name, else the resolver's first
 // answer (asked now when it has none); a refusal's reason otherwise.
-func (s *egressService) pick(policy, name string, chosen netip.Addr, st EgressServiceState) (netip.Addr, string) {
+func (s *egressService) pick(policy, name string, chosen netip.Addr, st State) (netip.Addr, string) {
 	addrs := s.answers.get(policy, name)
 	if !slices.Contains(addrs, chosen) {
 		q := new(dns.Msg)
@@ -222,11 +222,11 @@ func (s *egressService) pick(policy, name string, chosen netip.Addr, st EgressSe
 // routable says why the proxy may not dial a: it is not public, it is a
 // resolver no allowlisted box reaches, or the host routes it otherwise
 // than by its default route (a LAN, a VPN: not the internet).
-func (s *egressService) routable(a netip.Addr, st EgressServiceState) string {
+func (s *egressService) routable(a netip.Addr, st State) string {
 	if !publicAddr(a) || st.Subnet.Contains(a) {
 		return a.String() + " is a private or special address"
 	}
-	if slices.Contains(egressResolvers(st.Upstream), a) {
+	if slices.Contains(Resolvers(st.Upstream), a) {
 		return a.String() + " is a public resolver's address (DNS over HTTPS)"
 	}
 	var why string

@@ -1,4 +1,4 @@
-package stack
+package egress
 
 import (
 	"bufio"
@@ -67,10 +67,10 @@ var (
 func newSvcWorld(t *testing.T) *svcWorld {
 	t.Helper()
 	dir := t.TempDir()
-	st := EgressServiceState{Bridge: "boxnet", Table: "box_egress", Gateway: netip.MustParseAddr("10.88.0.1"), Subnet: netip.MustParsePrefix("10.88.0.0/24"),
+	st := State{Bridge: "boxnet", Table: "box_egress", Gateway: netip.MustParseAddr("10.88.0.1"), Subnet: netip.MustParsePrefix("10.88.0.0/24"),
 		Upstream: []netip.Addr{netip.MustParseAddr("203.0.113.53")},
 		Policies: map[string][]string{"pw": {"*.pkg.example", "canary.example.net"}, "px": {"other.example.net"}},
-		Boxes:    map[netip.Addr]EgressBox{boxW: {Name: "box-w", Project: "default", Policy: "pw"}, boxX: {Name: "box-x", Policy: "px"}}}
+		Boxes:    map[netip.Addr]Box{boxW: {Name: "box-w", Project: "default", Policy: "pw"}, boxX: {Name: "box-x", Policy: "px"}}}
 	b, err := json.Marshal(st)
 	require.NoError(t, err)
 	statePath := filepath.Join(dir, "state.json")
@@ -200,7 +200,7 @@ func TestEgressResolver(t *testing.T) {
 	assert.Equal(t, dns.RcodeRefused, w.ask(netip.MustParseAddr("10.88.0.99"), "canary.example.net", dns.TypeA).Rcode)
 
 	// Every refusal is logged with the box and the name.
-	rs, err := readRefusals(w.logPath, func(EgressRefusal) bool { return true })
+	rs, err := ReadRefusals(w.logPath, func(Refusal) bool { return true })
 	require.NoError(t, err)
 	require.Len(t, rs, 7)
 	assert.Equal(t, "box-w", rs[0].Box)
@@ -225,7 +225,7 @@ func TestEgressResolverRate(t *testing.T) {
 	}
 	assert.GreaterOrEqual(t, answered, dnsBurst)
 	assert.Less(t, answered, dnsBurst+50, "past the burst, questions are dropped")
-	rs, err := readRefusals(w.logPath, func(EgressRefusal) bool { return true })
+	rs, err := ReadRefusals(w.logPath, func(Refusal) bool { return true })
 	require.NoError(t, err)
 	assert.LessOrEqual(t, len(rs), refusalBurst+2, "a flood of refusals is not a flood of lines")
 }
@@ -285,7 +285,7 @@ func TestEgressProxy(t *testing.T) {
 		dialed = append(dialed, to)
 		return net.Dial("tcp4", up.Addr().String())
 	}
-	w.s.dialable = func(a netip.Addr, _ EgressServiceState) string {
+	w.s.dialable = func(a netip.Addr, _ State) string {
 		if !publicAddr(a) {
 			return a.String() + " is a private or special address"
 		}
@@ -367,7 +367,7 @@ func TestEgressProxy(t *testing.T) {
 		assert.Contains(t, resp, "private")
 	})
 	assert.Len(t, dialed, 2, "only the allowed names were dialed: %v", dialed)
-	rs, err := readRefusals(w.logPath, func(r EgressRefusal) bool { return r.Kind != "dns" })
+	rs, err := ReadRefusals(w.logPath, func(r Refusal) bool { return r.Kind != "dns" })
 	require.NoError(t, err)
 	assert.Len(t, rs, 9)
 	assert.Contains(t, w.log.String(), "box-w: tls other.example.net to ")
@@ -375,7 +375,7 @@ func TestEgressProxy(t *testing.T) {
 
 func TestEgressPick(t *testing.T) {
 	w := newSvcWorld(t)
-	w.s.dialable = func(a netip.Addr, _ EgressServiceState) string {
+	w.s.dialable = func(a netip.Addr, _ State) string {
 		if !publicAddr(a) {
 			return a.String() + " is private"
 		}
@@ -431,7 +431,7 @@ func TestEgressServiceStops(t *testing.T) {
 	w.s.dial = func(ctx context.Context, _ netip.AddrPort) (net.Conn, error) {
 		return net.Dial("tcp4", up.Addr().String())
 	}
-	w.s.dialable = func(netip.Addr, EgressServiceState) string { return "" }
+	w.s.dialable = func(netip.Addr, State) string { return "" }
 	w.s.answers.add("pw", "canary.example.net", []netip.Addr{netip.MustParseAddr("203.0.113.10")})
 	w.s.udp, err = net.ListenPacket("udp4", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package stack
+package egress
 
 import (
 	"context"
@@ -47,7 +47,7 @@ func (s *egressService) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	st, matchers, stErr := s.state.getWith()
 	box, ok := st.Boxes[from]
 	if !s.limits.allow(from) {
-		s.log.add(EgressRefusal{Box: box.Name, Project: box.Project, Policy: box.Policy, From: from.String(), Kind: "dns",
+		s.log.add(Refusal{Box: box.Name, Project: box.Project, Policy: box.Policy, From: from.String(), Kind: "dns",
 			Reason: fmt.Sprintf("more than %d questions a second: dropped", dnsRate)})
 		return
 	}
@@ -64,17 +64,17 @@ func (s *egressService) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 		if stErr != nil {
 			why = "box's resolver knows no policy yet (" + stErr.Error() + ")"
 		}
-		s.refuse(w, q, EgressRefusal{From: from.String(), Kind: "dns", Name: name, QType: qtype, Reason: why})
+		s.refuse(w, q, Refusal{From: from.String(), Kind: "dns", Name: name, QType: qtype, Reason: why})
 		return
 	}
 	names := st.Policies[box.Policy]
-	refusal := EgressRefusal{Box: box.Name, Project: box.Project, Policy: box.Policy, From: from.String(), Kind: "dns", Name: name, QType: qtype}
+	refusal := Refusal{Box: box.Name, Project: box.Project, Policy: box.Policy, From: from.String(), Kind: "dns", Name: name, QType: qtype}
 	switch {
 	case !allows(matchers, box.Policy, name):
 		refusal.Reason = fmt.Sprintf("not on the allowlist %s of box %s (%s)", box.Policy, box.Name, strings.Join(names, " "))
 		s.refuse(w, q, refusal)
 		return
-	case isDoHName(name):
+	case IsDoHName(name):
 		refusal.Reason = "a public DNS-over-HTTPS resolver: it would answer any name"
 		s.refuse(w, q, refusal)
 		return
@@ -151,7 +151,7 @@ func (s *egressService) allow(policy string, addrs []netip.Addr) error {
 const allowFresh = 10 * time.Second
 
 // refuse answers REFUSED with the reason, and logs it.
-func (s *egressService) refuse(w dns.ResponseWriter, q *dns.Msg, r EgressRefusal) {
+func (s *egressService) refuse(w dns.ResponseWriter, q *dns.Msg, r Refusal) {
 	m := new(dns.Msg)
 	m.SetRcode(q, dns.RcodeRefused)
 	m.RecursionAvailable = true
@@ -262,7 +262,7 @@ var dohNames = []string{
 	"doh.dns.sb", "*.dns.sb", "dns.mullvad.net", "*.mullvad.net", "doh.mullvad.net", "mozilla.cloudflare-dns.com",
 }
 
-func isDoHName(name string) bool { return model.Allows(dohNames, name) }
+func IsDoHName(name string) bool { return model.Allows(dohNames, name) }
 
 // resolve answers a question from the cache or the upstream.
 func (s *egressService) resolve(q *dns.Msg, upstream []netip.Addr) (*dns.Msg, error) {
@@ -492,3 +492,39 @@ func (l *rateLimits) allow(a netip.Addr) bool {
 	b.tokens--
 	return true
 }
+
+// Resolvers are what no allowlisted box reaches straight, on any
+// port: the bridge's own upstream and the well-known public resolvers
+// that answer DNS over HTTPS or TLS (a resolver there would answer any
+// name, and over TLS its questions cannot be read).
+func Resolvers(upstream []netip.Addr) []netip.Addr {
+	out := slices.Clone(upstream)
+	for _, a := range knownResolvers {
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// knownResolvers are the public DNS-over-HTTPS and -TLS services' IPv4
+// addresses (Cloudflare, Google, Quad9, OpenDNS, AdGuard, CleanBrowsing,
+// NextDNS, Control D, DNS.SB, Mullvad).
+var knownResolvers = func() []netip.Addr {
+	var out []netip.Addr
+	for _, s := range []string{
+		"1.1.1.1", "1.0.0.1", "1.1.1.2", "1.0.0.2", "1.1.1.3", "1.0.0.3",
+		"8.8.8.8", "8.8.4.4",
+		"9.9.9.9", "149.112.112.112", "9.9.9.10", "149.112.112.10", "9.9.9.11", "149.112.112.11",
+		"208.67.222.222", "208.67.220.220", "208.67.222.123", "208.67.220.123",
+		"94.140.14.14", "94.140.15.15", "94.140.14.140", "94.140.14.141",
+		"185.228.168.9", "185.228.169.9", "185.228.168.168", "185.228.169.168",
+		"45.90.28.0", "45.90.30.0",
+		"76.76.2.0", "76.76.10.0",
+		"185.222.222.222", "45.11.45.11",
+		"194.242.2.2",
+	} {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}()

@@ -1,0 +1,68 @@
+package hostns
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// ProcArgs is a process's command line; nil when it cannot be read (the
+// process is gone, or is a kernel thread).
+func ProcArgs(pid int) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || len(b) == 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+}
+
+// DnsmasqFor finds the dnsmasq process serving the bridge in the host's
+// namespace: Incus can report a network Created while none runs (after an
+// unclean daemon death), so the process is the ground truth.
+func (g *NS) DnsmasqFor(bridge string) int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		args := ProcArgs(pid)
+		if len(args) == 0 || !strings.HasSuffix(args[0], "dnsmasq") {
+			continue
+		}
+		serving := false
+		for _, a := range args {
+			if a == "--interface="+bridge || a == "-i"+bridge {
+				serving = true
+			}
+		}
+		if !serving {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Stat("/proc/"+e.Name()+"/ns/net", &st) == nil && st.Ino == g.Inode {
+			return pid
+		}
+	}
+	return 0
+}
+
+// DnsmasqLeaseFile finds the lease file of the dnsmasq serving the bridge,
+// as that process was told it (Incus passes --dhcp-leasefile=PATH). pid is
+// 0 when no dnsmasq serves the bridge, path empty when it names none.
+func (g *NS) DnsmasqLeaseFile(bridge string) (path string, pid int) {
+	pid = g.DnsmasqFor(bridge)
+	if pid == 0 {
+		return "", 0
+	}
+	for _, a := range ProcArgs(pid) {
+		if p, ok := strings.CutPrefix(a, "--dhcp-leasefile="); ok {
+			path = p
+		}
+	}
+	return path, pid
+}
