@@ -86,7 +86,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 			}
 		}
 	}
-	rep.noteInstanceType(r.boxNew)
+	noteInstanceType(rep, r.boxNew)
 	actx, cancelAfter := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancelAfter()
 	if err := applyMutations(actx, cfg, true, names); err != nil {
@@ -203,7 +203,7 @@ func mintProbeBox(ctx context.Context, cfg *Config, req stack.MintRequest) error
 // the minted probe boxes, beside the kind box new makes on this host
 // (boxNew, the decision box new acts on), and a note where they differ: a
 // claim proved on a container is not proved on a virtual machine.
-func (rep *Report) noteInstanceType(boxNew model.TypeDecision) {
+func noteInstanceType(rep *Report, boxNew model.TypeDecision) {
 	var types []string
 	for _, b := range rep.Boxes {
 		if !slices.Contains(types, b.Type) {

@@ -114,7 +114,7 @@ func TestJudgeSpoofNewLease(t *testing.T) {
 		rs := judgeSpoofClaim(&run{state: claimStates{SpoofID: &spoofRun{dhcp: &tc.d}}}, claimSpoof, nil)
 		require.Len(t, rs, 2, "the new box, and the stack channel beside it")
 		assert.Equal(t, ChannelNewLease, rs[0].Channel)
-		assert.Equal(t, EvidenceRequests, rs[0].Channel.Evidence())
+		assert.Equal(t, EvidenceRequests, evidenceOf(rs[0].Channel))
 		assert.Equal(t, tc.want, rs[0].Verdict, rs[0].Evidence)
 	}
 	assert.Empty(t, judgeSpoofClaim(&run{}, claimSpoof, nil), "no DHCP lies, no box minted after them")

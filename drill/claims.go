@@ -31,6 +31,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -114,6 +115,11 @@ func stateOf[T any](s claimStates, id ClaimID) *T {
 func keep[T any](s claimStates, id ClaimID, v *T) *T {
 	s[id] = v
 	return v
+}
+
+// Reported is the claim as a report shows it.
+func (c Claim) Reported() verdicts.Claim {
+	return verdicts.Claim{ID: c.ID, From: c.From, To: c.To, Channels: c.Channels, Expect: c.Expect, Layers: c.Layers, Why: c.Why, Baseline: c.Baseline}
 }
 
 // Catalogue is every claim, in report order: the order they are built,

@@ -9,13 +9,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/fixtures/world"
 )
 
 // probeFailures lists a claim's failed results outside the stack channel:
 // the probes' own proof, which is what a mutation must show (docs/claims.md, "Mutations").
-func probeFailures(cr drill.ClaimResult) []drill.Result {
-	var out []drill.Result
+func probeFailures(cr drill.ClaimResult) []verdicts.Result {
+	var out []verdicts.Result
 	for _, r := range cr.Results {
 		if r.Verdict == drill.Fail && r.Channel != drill.ChannelStack {
 			out = append(out, r)
@@ -25,8 +26,8 @@ func probeFailures(cr drill.ClaimResult) []drill.Result {
 }
 
 // stackFailures lists a claim's failed stack-channel results.
-func stackFailures(cr drill.ClaimResult) []drill.Result {
-	var out []drill.Result
+func stackFailures(cr drill.ClaimResult) []verdicts.Result {
+	var out []verdicts.Result
 	for _, r := range cr.Results {
 		if r.Verdict == drill.Fail && r.Channel == drill.ChannelStack {
 			out = append(out, r)
@@ -284,7 +285,7 @@ func TestSystemDrillCanFail(t *testing.T) {
 			rep := run(t, cfg)
 			assert.Equal(t, tc.mutations, rep.Mutations)
 			tc.check(t, rep)
-			t.Logf("verdicts: %v; mutation results: %+v", verdicts(rep), rep.MutationResults)
+			t.Logf("verdicts: %v; mutation results: %+v", claimVerdicts(rep), rep.MutationResults)
 			// Restored and verified by the run itself.
 			v, err := cfg.Host.Verify(context.Background())
 			require.NoError(t, err)
@@ -292,13 +293,13 @@ func TestSystemDrillCanFail(t *testing.T) {
 		})
 	}
 	rep := run(t, config(t))
-	assert.Equal(t, drill.ExitOK, rep.ExitCode, "a normal run passes again: %v", verdicts(rep))
+	assert.Equal(t, drill.ExitOK, rep.ExitCode, "a normal run passes again: %v", claimVerdicts(rep))
 }
 
 // hostLied says a C-SPOOF result failed on the host's own state: its
 // neighbour entry for box-b at another MAC, or the bridge's forwarding
 // database holding box-b's MAC on another port (not the summary of what
 // it held, which every result carries).
-func hostLied(r drill.Result) bool {
+func hostLied(r verdicts.Result) bool {
 	return strings.Contains(r.Evidence, "(box-b is ") || strings.Contains(r.Evidence, "the bridge learned box-b's MAC on another port")
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/internal/jsonkeys"
 )
 
@@ -25,7 +26,7 @@ func TestReportFinish(t *testing.T) {
 	cr := func(id ClaimID, v Verdict) ClaimResult {
 		c, ok := ClaimByID(id)
 		require.True(t, ok, id)
-		return ClaimResult{Claim: c, Verdict: v}
+		return ClaimResult{Claim: c.Reported(), Verdict: v}
 	}
 	allPass := func(over map[ClaimID]Verdict) []ClaimResult {
 		var out []ClaimResult
@@ -50,7 +51,8 @@ func TestReportFinish(t *testing.T) {
 			exit: ExitOK, summary: Summary{Passed: n - 2, Skipped: 2}},
 		{name: "a selected claim that could not run is no pass", claims: func() []ClaimResult {
 			cs := allPass(nil)
-			cs[len(cs)-1] = aggregate(cs[len(cs)-1].Claim, nil)
+			last, _ := ClaimByID(cs[len(cs)-1].ID)
+			cs[len(cs)-1] = aggregate(last, nil)
 			return cs
 		}(), exit: ExitInconclusive, summary: Summary{Passed: n - 1, Skipped: 1}},
 		{name: "a blocked claim fails", claims: allPass(map[ClaimID]Verdict{"C-SIBLING": Fail}),
@@ -70,7 +72,7 @@ func TestReportFinish(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rep := &Report{Claims: tt.claims, Summary: Summary{Probes: 92}}
-			rep.finish()
+			finish(rep)
 			assert.Equal(t, tt.exit, rep.ExitCode)
 			tt.summary.Probes = 92
 			assert.Equal(t, tt.summary, rep.Summary)
@@ -81,21 +83,21 @@ func TestReportFinish(t *testing.T) {
 // TestReportGroupsByMember: finish sums each member's results and names
 // the boxes that ran there; off a cluster there is no group.
 func TestReportGroupsByMember(t *testing.T) {
-	res := func(member string, v Verdict) Result { return Result{Action: Action{Member: member}, Verdict: v} }
+	res := func(member string, v Verdict) verdicts.Result { return verdicts.Result{Member: member, Verdict: v} }
 	rep := &Report{
 		Environment: Environment{Members: []string{"m1", "m2"}},
 		Boxes:       []BoxEnd{{Place: PlaceA, Member: "m1"}, {Place: PlaceB, Member: "m1"}, {Place: memberBoxPlace("m2"), Member: "m2"}},
 		Claims: []ClaimResult{
-			{Results: []Result{res("m1", Pass), res("m2", Fail), res("", Pass)}},
-			{Results: []Result{res("m2", Inconclusive), res("m2", Pass), res("m1", Pass)}},
+			{Results: []verdicts.Result{res("m1", Pass), res("m2", Fail), res("", Pass)}},
+			{Results: []verdicts.Result{res("m2", Inconclusive), res("m2", Pass), res("m1", Pass)}},
 		},
 	}
-	rep.finish()
+	finish(rep)
 	assert.Equal(t, []MemberResult{
 		{Member: "m1", Boxes: []Place{PlaceA, PlaceB}, Passed: 2},
 		{Member: "m2", Boxes: []Place{"box@m2"}, Passed: 1, Failed: 1, Inconclusive: 1},
 	}, rep.Members)
 	rep.Environment.Members = nil
-	rep.finish()
+	finish(rep)
 	assert.Empty(t, rep.Members)
 }

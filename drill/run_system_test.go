@@ -20,6 +20,7 @@ import (
 
 	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/image"
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
@@ -152,7 +153,7 @@ func claim(t *testing.T, rep *drill.Report, id drill.ClaimID) drill.ClaimResult 
 	return drill.ClaimResult{}
 }
 
-func verdicts(rep *drill.Report) map[drill.ClaimID]drill.Verdict {
+func claimVerdicts(rep *drill.Report) map[drill.ClaimID]drill.Verdict {
 	out := map[drill.ClaimID]drill.Verdict{}
 	for _, cr := range rep.Claims {
 		out[cr.ID] = cr.Verdict
@@ -177,7 +178,7 @@ func TestSystemDrillHolds(t *testing.T) {
 	}
 	assert.Empty(t, rep.Stack.Findings, "a run after a successful ensure verifies clean")
 	// What the host really runs is aimed at, and judged after the filter.
-	aimed := map[string]drill.Result{}
+	aimed := map[string]verdicts.Result{}
 	for _, r := range claim(t, rep, "C-HOST").Results {
 		aimed[r.Target] = r
 	}
@@ -196,7 +197,7 @@ func TestSystemDrillHolds(t *testing.T) {
 		}
 	}
 	// Names only the host's side knows are asked, and do not resolve.
-	asked := map[string]drill.Result{}
+	asked := map[string]verdicts.Result{}
 	for _, r := range claim(t, rep, "C-NAMES").Results {
 		asked[r.Target] = r
 	}
@@ -213,7 +214,7 @@ func TestSystemDrillHolds(t *testing.T) {
 				stackCh++
 				assert.Equal(t, drill.Pass, r.Verdict, "%s stack channel: %s", cr.ID, r.Evidence)
 			}
-			if r.Witness != nil && r.Channel != drill.ChannelStack {
+			if r.Witnessed && r.Channel != drill.ChannelStack {
 				w := r.Obs
 				require.NotNil(t, w, "%s %s", cr.ID, r.Channel)
 				assert.Contains(t, r.AtTarget, "alive", "%s %s: every witness proved it was capturing", cr.ID, r.Channel)
@@ -339,8 +340,8 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 		}
 		return &rep
 	}
-	lanResults := func(rep *drill.Report) map[string][]drill.Result {
-		out := map[string][]drill.Result{}
+	lanResults := func(rep *drill.Report) map[string][]verdicts.Result {
+		out := map[string][]verdicts.Result{}
 		for _, r := range claim(t, rep, "C-LAN").Results {
 			out[r.TargetKey+" "+r.Target] = append(out[r.TargetKey+" "+r.Target], r)
 		}

@@ -7,15 +7,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/stack/model"
 )
 
 func TestCompareRuns(t *testing.T) {
-	res := func(id string, claim ClaimID, ch Channel, v Verdict) Result {
-		return Result{Action: Action{ID: id, Claim: claim, Channel: ch, From: PlaceA, TargetKey: string(PlaceB), Target: "box-b"}, Verdict: v}
+	res := func(id string, claim ClaimID, ch Channel, v Verdict) verdicts.Result {
+		return verdicts.Result{ID: id, Claim: claim, Channel: ch, From: PlaceA, TargetKey: string(PlaceB), Target: "box-b", Verdict: v}
 	}
-	rep := func(rs ...Result) *Report {
-		byClaim := map[ClaimID][]Result{}
+	rep := func(rs ...verdicts.Result) *Report {
+		byClaim := map[ClaimID][]verdicts.Result{}
 		var order []ClaimID
 		for _, r := range rs {
 			if _, ok := byClaim[r.Claim]; !ok {
@@ -25,7 +26,7 @@ func TestCompareRuns(t *testing.T) {
 		}
 		out := &Report{}
 		for _, c := range order {
-			out.Claims = append(out.Claims, ClaimResult{Claim: Claim{ID: c}, Results: byClaim[c]})
+			out.Claims = append(out.Claims, ClaimResult{Claim: verdicts.Claim{ID: c}, Results: byClaim[c]})
 		}
 		return out
 	}

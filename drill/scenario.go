@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/drill/topo"
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -81,8 +82,9 @@ const (
 	controlSpan = planDeadline - controlDelay - probes.AgentMargin - passiveCushion
 )
 
-// Expectation is what an action must observe to pass.
-type Expectation string
+// Expectation is what an action must observe to pass
+// (verdicts.Expectation).
+type Expectation = verdicts.Expectation
 
 const (
 	ExpectReach    Expectation = "reached"         // reached, with proof of who answered

@@ -171,7 +171,7 @@ func TestBuildScenarioCoversEveryChannel(t *testing.T) {
 				}
 			}
 			for _, ch := range c.Channels {
-				if !ch.Probe() {
+				if evidenceOf(ch) != EvidenceProbes {
 					continue // judged from Verify's census or Incus's answers, not from a probe
 				}
 				assert.True(t, have[ch], "channel %s of %s has no action (have %v)", ch, c.ID, have)

@@ -21,30 +21,10 @@ import (
 	"github.com/box-isolation/box/stack/model"
 )
 
-// BoxEnd is one probe box as the drill knows it after minting.
-type BoxEnd struct {
-	Place     Place            `json:"place"`
-	Instance  string           `json:"instance"`
-	IP        netip.Addr       `json:"ip"`
-	MAC       net.HardwareAddr `json:"-"`
-	LinkLocal netip.Addr       `json:"link_local"`
-	// Type is the instance's type as Incus reports it; the report's
-	// environment says it once for all the boxes.
-	Type string `json:"-"`
-	// Port is its port on the bridge, as the census met it.
-	Port string `json:"-"`
-	// Member is, on a cluster, the member it runs on.
-	Member string `json:"member,omitempty"`
-	// Via is the subnet its probes leave by when it is not the box subnet:
-	// a workload nested behind a box's NAT, whose packets reach the wire
-	// as the box's (IP and MAC above) and only by routing.
-	Via netip.Prefix `json:"-"`
-}
-
 // routed reports whether a sender reaches the box subnet only by routing
 // (a workload behind a box's NAT): nothing it sends at layer 2 (ARP,
 // broadcast, multicast, IPv6 link-local) leaves its own bridge.
-func (e BoxEnd) routed() bool { return e.Via.IsValid() }
+func routed(e BoxEnd) bool { return e.Via.IsValid() }
 
 // HostAddr and Target are the topology's.
 type (

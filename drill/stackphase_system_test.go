@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack/model"
@@ -231,8 +232,8 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		t.Cleanup(func() { inHost(t, cfg, "nft", "delete", "table", "ip", "portfwd") })
 		cfg.NoSetup = true
 		cfg.Claims = []drill.Claim{claimOf(t, "C-HOST")}
-		forwarded := func(rep *drill.Report) []drill.Result {
-			var out []drill.Result
+		forwarded := func(rep *drill.Report) []verdicts.Result {
+			var out []verdicts.Result
 			for _, r := range claim(t, rep, "C-HOST").Results {
 				if r.Provenance == "forward" {
 					out = append(out, r)

@@ -40,7 +40,7 @@ func TestSystemKilledRunIsCleanedUp(t *testing.T) {
 	require.NotEmpty(t, left, "the killed run left boxes behind (nothing to clean up otherwise)")
 
 	rep := run(t, cfg)
-	assert.Equal(t, drill.ExitOK, rep.ExitCode, "%v", verdicts(rep))
+	assert.Equal(t, drill.ExitOK, rep.ExitCode, "%v", claimVerdicts(rep))
 }
 
 // TestSystemFailureAfterMintCleansUp: a run that fails once its boxes

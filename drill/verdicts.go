@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"strings"
+
+	"github.com/box-isolation/box/drill/verdicts"
 )
 
 // judgeAll gives every action its verdict, the baselines first, for they
@@ -48,7 +50,7 @@ func (r *run) judgeAll(context.Context) error {
 	for _, c := range Catalogue {
 		r.rep.Claims = append(r.rep.Claims, r.judgeClaim(c, selected[c.ID]))
 	}
-	r.rep.finish()
+	finish(r.rep)
 	return nil
 }
 
@@ -59,10 +61,10 @@ func (r *run) judgeClaim(c Claim, selected bool) ClaimResult {
 		if why == "" {
 			why = "not selected (--claim/--skip); run without them to include it"
 		}
-		return ClaimResult{Claim: c, Verdict: Skipped, Reason: why, Results: []Result{}}
+		return ClaimResult{Claim: c.Reported(), Verdict: Skipped, Reason: why, Results: []verdicts.Result{}}
 	}
 	if why := r.skipped[c.ID]; why != "" {
-		return ClaimResult{Claim: c, Verdict: Skipped, Reason: "could not run here: " + why, Results: []Result{}, Unrun: true}
+		return ClaimResult{Claim: c.Reported(), Verdict: Skipped, Reason: "could not run here: " + why, Results: []verdicts.Result{}, Unrun: true}
 	}
 	var rs []Result
 	for _, res := range r.judged {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/report"
+	"github.com/box-isolation/box/drill/verdicts"
 )
 
 // sampleJSON is a small recorded report.
@@ -20,8 +21,8 @@ func sampleJSON(t *testing.T, version int) string {
 	c, ok := drill.ClaimByID("C-SIBLING")
 	require.True(t, ok)
 	rep := drill.Report{SchemaVersion: version, RunID: "0a1b2c", Version: "e51ae38", Environment: drill.Environment{Mode: "world"},
-		Claims: []drill.ClaimResult{{Claim: c, Verdict: drill.Fail, Results: []drill.Result{{
-			Action:  drill.Action{ID: "p007", Claim: "C-SIBLING", Channel: "tcp", From: drill.PlaceA, Target: "box-b 10.88.0.12", TargetKey: string(drill.PlaceB), Expect: drill.ExpectBlocked},
+		Claims: []drill.ClaimResult{{Claim: c.Reported(), Verdict: drill.Fail, Results: []verdicts.Result{{
+			ID: "p007", Claim: "C-SIBLING", Channel: "tcp", From: drill.PlaceA, Target: "box-b 10.88.0.12", TargetKey: string(drill.PlaceB), Expect: drill.ExpectBlocked,
 			Verdict: drill.Fail, Observed: "silent", Evidence: "the target saw the traffic arrive <b>",
 		}}}},
 		Summary: drill.Summary{Failed: 1}, ExitCode: drill.ExitViolated}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/topo"
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/internal/hostscan"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack/model"
@@ -136,7 +137,10 @@ func fullReport(t testing.TB) *drill.Report {
 		rs = append(rs, drill.Result{Action: drill.Action{ID: "s-" + string(c.ID), Claim: c.ID, Channel: drill.ChannelStack, From: "verify",
 			Target: strings.Join(drill.Strings(c.Layers), ", "), TargetKey: string(drill.ChannelStack), Expect: drill.ExpectPresent},
 			Verdict: drill.Pass, Observed: "present", Evidence: "Verify found " + strings.Join(drill.Strings(c.Layers), ", ") + " as desired"})
-		cr := drill.ClaimResult{Claim: c, Verdict: drill.Pass, Results: rs}
+		cr := drill.ClaimResult{Claim: c.Reported(), Verdict: drill.Pass}
+		for _, r := range rs {
+			cr.Results = append(cr.Results, r.Reported())
+		}
 		for _, r := range rs {
 			if r.Verdict == drill.Fail || (r.Verdict == drill.Inconclusive && cr.Verdict == drill.Pass) {
 				cr.Verdict = r.Verdict
@@ -160,8 +164,8 @@ func fullReport(t testing.TB) *drill.Report {
 }
 
 // results is every result of a report.
-func results(rep *drill.Report) []drill.Result {
-	var out []drill.Result
+func results(rep *drill.Report) []verdicts.Result {
+	var out []verdicts.Result
 	for _, cr := range rep.Claims {
 		out = append(out, cr.Results...)
 	}

@@ -23,23 +23,24 @@ import (
 	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/gate/gatetest"
 	"github.com/box-isolation/box/drill/report"
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack/model"
 )
 
 var started = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 
-func claim(t *testing.T, id drill.ClaimID) drill.Claim {
+func claim(t *testing.T, id drill.ClaimID) verdicts.Claim {
 	t.Helper()
 	c, ok := drill.ClaimByID(id)
 	require.True(t, ok, id)
-	return c
+	return c.Reported()
 }
 
 // res is a judged action. The observation is optional.
-func res[K ~string](id string, claim drill.ClaimID, channel drill.Channel, from drill.Place, target string, key K, expect drill.Expectation, v drill.Verdict, observed, evidence, atTarget string, o *probes.Observation) drill.Result {
-	return drill.Result{
-		Action:   drill.Action{ID: id, Claim: claim, Channel: channel, From: from, Target: target, TargetKey: string(key), Expect: expect},
+func res[K ~string](id string, claim drill.ClaimID, channel drill.Channel, from drill.Place, target string, key K, expect drill.Expectation, v drill.Verdict, observed, evidence, atTarget string, o *probes.Observation) verdicts.Result {
+	return verdicts.Result{
+		ID: id, Claim: claim, Channel: channel, From: from, Target: target, TargetKey: string(key), Expect: expect,
 		Verdict:  v,
 		Observed: observed,
 		Evidence: evidence,
@@ -58,9 +59,9 @@ func obs(id string, kind probes.Kind, target string, o probes.Outcome, reason st
 // mutation.
 func sampleReport(t *testing.T) *drill.Report {
 	t.Helper()
-	cr := func(id drill.ClaimID, v drill.Verdict, rs ...drill.Result) drill.ClaimResult {
+	cr := func(id drill.ClaimID, v drill.Verdict, rs ...verdicts.Result) drill.ClaimResult {
 		if rs == nil {
-			rs = []drill.Result{}
+			rs = []verdicts.Result{}
 		}
 		return drill.ClaimResult{Claim: claim(t, id), Verdict: v, Results: rs}
 	}
@@ -163,7 +164,7 @@ func withInbound(t *testing.T, rep *drill.Report) *drill.Report {
 	t.Helper()
 	for i, cr := range rep.Claims {
 		if cr.ID == "C-INBOUND" {
-			rep.Claims[i] = drill.ClaimResult{Claim: cr.Claim, Verdict: drill.Inconclusive, Results: []drill.Result{
+			rep.Claims[i] = drill.ClaimResult{Claim: cr.Claim, Verdict: drill.Inconclusive, Results: []verdicts.Result{
 				res("p018", "C-INBOUND", "tcp", drill.PlaceHost, "box-a 10.88.0.11", drill.PlaceA, drill.ExpectBlocked, drill.Pass, "silent", "dropped", "the witness saw nothing (0 frames read)", nil),
 				res("p019", "C-INBOUND", "icmp", drill.PlaceLAN, "box-a 10.88.0.11", drill.PlaceA, drill.ExpectBlocked, drill.Inconclusive, "error", "the probe could not run", "", nil),
 			}}
@@ -333,7 +334,7 @@ func TestSchemaMatchesGoTypes(t *testing.T) {
 		"finding":      model.Finding{},
 		"box":          drill.BoxEnd{},
 		"claim_result": drill.ClaimResult{},
-		"result":       drill.Result{},
+		"result":       verdicts.Result{},
 		"summary":      drill.Summary{},
 		"observation":  probes.Observation{},
 		"evidence":     probes.Evidence{},
@@ -403,7 +404,7 @@ func TestJUnit(t *testing.T) {
 	// The skipped claim is C-V6 this time.
 	for i, cr := range rep.Claims {
 		if cr.ID == "C-V6" {
-			rep.Claims[i] = drill.ClaimResult{Claim: cr.Claim, Verdict: drill.Skipped, Reason: "not selected", Results: []drill.Result{}}
+			rep.Claims[i] = drill.ClaimResult{Claim: cr.Claim, Verdict: drill.Skipped, Reason: "not selected", Results: []verdicts.Result{}}
 		}
 	}
 	var b bytes.Buffer
@@ -614,7 +615,7 @@ func TestMatrix(t *testing.T) {
 // stay narrow, long labels are cut and spelled out under the grid.
 func TestMatrixLongTargets(t *testing.T) {
 	rep := sampleReport(t)
-	var rs []drill.Result
+	var rs []verdicts.Result
 	for i := range 24 {
 		key := fmt.Sprintf("router-192.168.%d.254", 100+i)
 		rs = append(rs, res(fmt.Sprintf("p%03d", 100+i), "C-LAN", "tcp", drill.PlaceA, key+" 192.168.1.1", key, drill.ExpectBlocked, drill.Pass, "silent", "dropped", "", nil))
@@ -717,8 +718,8 @@ func TestMembers(t *testing.T) {
 	rep := fullReport(t)
 	rep.Environment.Members = []string{"m1", "m2"}
 	cr := &rep.Claims[0]
-	bad := drill.Result{Action: drill.Action{ID: "p900", Claim: cr.ID, Channel: "tcp", From: "box@m2", Member: "m2",
-		Target: "member m2 uplink 192.0.2.2 tcp/22", Expect: drill.ExpectBlocked}, Verdict: drill.Fail, Evidence: "unexpected success: the ssh banner"}
+	bad := verdicts.Result{ID: "p900", Claim: cr.ID, Channel: "tcp", From: "box@m2", Member: "m2",
+		Target: "member m2 uplink 192.0.2.2 tcp/22", Expect: drill.ExpectBlocked, Verdict: drill.Fail, Evidence: "unexpected success: the ssh banner"}
 	cr.Results = append(cr.Results, bad)
 	rep.Members = []drill.MemberResult{{Member: "m1", Boxes: []drill.Place{"box-a"}, Passed: 3}, {Member: "m2", Boxes: []drill.Place{"box@m2"}, Failed: 1}}
 	var b strings.Builder
