@@ -5,7 +5,7 @@ import (
 	"github.com/box-isolation/box/stack/model"
 )
 
-// The report's types are drill/verdict's, a leaf that the renderer
+// The report's types are drill/verdicts', a leaf that the renderer
 // (drill/report) and the release gate (drill/gate) read without the
 // engine; the engine fills a report in, and names its types here.
 type (

@@ -3,7 +3,7 @@ package drill
 import "github.com/box-isolation/box/drill/verdicts"
 
 // The words that travel through a run: typed (their types are the
-// report's, drill/verdict's), so a claim's ID is never taken for a
+// report's, drill/verdicts'), so a claim's ID is never taken for a
 // place's name or a channel's, and each listed once.
 
 // ClaimID names a claim (docs/claims.md): "C-" and a word. The IDs are
