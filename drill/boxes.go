@@ -142,7 +142,7 @@ func (r *run) mintCommon(ctx context.Context) error {
 	if _, err := cfg.Host.WaitAddress(ctx, names[PlaceA], 30*time.Second); err != nil {
 		return err
 	}
-	if _, err := cfg.Host.CloneTo(ctx, names[PlaceA], "", names[PlaceC], r.members.local()); err != nil {
+	if _, err := stack.NewManager(cfg.Host).CloneTo(ctx, names[PlaceA], "", names[PlaceC], r.members.local()); err != nil {
 		return err
 	}
 	if _, err := cfg.Host.WaitAddress(ctx, names[PlaceC], 30*time.Second); err != nil {
@@ -186,7 +186,7 @@ func (r *run) stamps() map[string]string {
 // operation timing out). A probe box is scaffolding, not evidence: a second
 // try changes no verdict.
 func mintProbeBox(ctx context.Context, cfg *Config, req stack.MintRequest) error {
-	_, err := cfg.Host.Mint(ctx, req)
+	_, err := stack.NewManager(cfg.Host).Mint(ctx, req)
 	var ns *stack.NotStartedError
 	if !errors.As(err, &ns) {
 		return err
@@ -195,7 +195,7 @@ func mintProbeBox(ctx context.Context, cfg *Config, req stack.MintRequest) error
 	if rerr := removeWhenIdle(ctx, cfg.Host, req.Name); rerr != nil && !isGone(rerr) {
 		return errors.Join(err, rerr)
 	}
-	_, err = cfg.Host.Mint(ctx, req)
+	_, err = stack.NewManager(cfg.Host).Mint(ctx, req)
 	return err
 }
 

@@ -41,7 +41,7 @@ const doorHostPort = 19100
 // openDoor opens the door to box-a's listener. A door that cannot be
 // opened here makes C-EXPOSE inconclusive, not the run fail.
 func openDoor(ctx context.Context, r *run) error {
-	d, err := r.cfg.Host.Expose(ctx, r.names[PlaceA], stack.DoorSpec{Port: listenTCP, HostPort: doorHostPort, Kind: stack.DoorTCP})
+	d, err := stack.NewDoors(r.cfg.Host).Expose(ctx, r.names[PlaceA], stack.DoorSpec{Port: listenTCP, HostPort: doorHostPort, Kind: stack.DoorTCP})
 	if err != nil {
 		keep(r.state, ExposeID, &exposeRun{doorErr: err.Error()})
 		return nil

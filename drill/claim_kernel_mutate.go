@@ -51,10 +51,10 @@ func kernelMutation(cfg map[string]string, devices map[string]map[string]string)
 		if len(cfg) == 0 {
 			return nil
 		}
-		if err := h.Stop(ctx, name, true); err != nil {
+		if err := stack.NewManager(h).Stop(ctx, name, true); err != nil {
 			return err
 		}
-		if err := h.Start(ctx, name); err != nil {
+		if err := stack.NewManager(h).Start(ctx, name); err != nil {
 			return err
 		}
 		_, err = h.WaitAddress(ctx, name, 30*time.Second)

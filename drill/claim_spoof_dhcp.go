@@ -156,7 +156,7 @@ func afterSpoof(ctx context.Context, r *run) {
 	d.newBox = r.boxName("d") // minted after the DHCP lies
 	mctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if _, err := r.cfg.Host.Mint(mctx, stack.MintRequest{Name: d.newBox, Image: r.cfg.Image, Type: probeType, Stamps: r.stamps()}); err != nil {
+	if _, err := stack.NewManager(r.cfg.Host).Mint(mctx, stack.MintRequest{Name: d.newBox, Image: r.cfg.Image, Type: probeType, Stamps: r.stamps()}); err != nil {
 		d.newErr, d.newRefused = err.Error(), strings.Contains(err.Error(), "is taken by a box or a lease") || strings.Contains(err.Error(), "is full")
 	} else if ip, err := r.cfg.Host.WaitAddress(mctx, d.newBox, newLeaseWait); err != nil {
 		d.newErr = err.Error()

@@ -10,6 +10,7 @@ import (
 	"github.com/box-isolation/box/internal/accounts"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/access"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -124,7 +125,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 		return fmt.Errorf("tier: %w", err)
 	}
 	defer stopWatcher()
-	if _, err := cfg.Host.Grant(ctx, stack.GrantRequest{User: u, Group: group}); err != nil {
+	if _, err := access.NewManager(cfg.Host).Grant(ctx, access.GrantRequest{User: u, Group: group}); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
 	t.client = cfg.Host.AsUser(u, t.gid)

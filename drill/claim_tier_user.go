@@ -12,6 +12,8 @@ import (
 
 	"github.com/box-isolation/box/internal/accounts"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/access"
+	"github.com/box-isolation/box/stack/daemon"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 )
@@ -61,7 +63,7 @@ func ensureWatcher(ctx context.Context, h *stack.Host, logf func(string, ...any)
 	}
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
-	go func() { done <- stack.WatchPorts(wctx, h, discard{}) }()
+	go func() { done <- daemon.WatchPorts(wctx, h, discard{}) }()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if _, running, _ := hostns.WatcherRunning(h.NetNS); running {
@@ -92,7 +94,7 @@ func removeTierUser(ctx context.Context, h *stack.Host, name string) error {
 	if err != nil {
 		return nil // gone already
 	}
-	if _, err := h.Revoke(ctx, u, "", true); err != nil {
+	if _, err := access.NewManager(h).Revoke(ctx, u, "", true); err != nil {
 		return fmt.Errorf("teardown: purging tier user %s: %w", name, err)
 	}
 	// The purge leaves a tombstone for the uid; the account goes, so does it.

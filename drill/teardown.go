@@ -86,7 +86,7 @@ func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
 func removeWhenIdle(ctx context.Context, h *stack.Host, name string) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
-		err := h.Remove(ctx, name)
+		err := stack.NewManager(h).Remove(ctx, name)
 		if err == nil || !strings.Contains(err.Error(), "is busy") || time.Now().After(deadline) {
 			return err
 		}

@@ -79,9 +79,9 @@ func readSavedFirewall(path string) (SavedFirewall, error) {
 	return s, nil
 }
 
-// saveFirewall updates the saved firewall through edit, writing it only
+// SaveFirewall updates the saved firewall through edit, writing it only
 // when it changed (atomically: a boot never reads half a file).
-func (host *Host) saveFirewall(edit func(*SavedFirewall)) error {
+func (host *Host) SaveFirewall(edit func(*SavedFirewall)) error {
 	path := host.firewallFile()
 	if path == "" {
 		return nil
@@ -160,7 +160,7 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	defer unlock()
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +214,7 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 	for _, a := range applied {
 		rep.Changes = append(rep.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
-	routed, err := ensureRoute(g)
+	routed, err := EnsureRoute(g)
 	rep.Changes = append(rep.Changes, routed...)
 	if err != nil {
 		return rep, err

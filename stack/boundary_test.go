@@ -19,26 +19,43 @@ var boundaryOps = []struct {
 	name string
 	call func(ctx context.Context, h *Host, box string) error
 }{
-	{"start", func(ctx context.Context, h *Host, b string) error { return h.Start(ctx, b) }},
-	{"stop", func(ctx context.Context, h *Host, b string) error { return h.Stop(ctx, b, true) }},
-	{"rename", func(ctx context.Context, h *Host, b string) error { return h.Rename(ctx, b, b+"-new") }},
-	{"move", func(ctx context.Context, h *Host, b string) error { _, err := h.Move(ctx, b, "m2"); return err }},
-	{"snapshot", func(ctx context.Context, h *Host, b string) error { _, err := h.Snapshot(ctx, b, "s"); return err }},
-	{"snapshots", func(ctx context.Context, h *Host, b string) error { _, err := h.Snapshots(ctx, b); return err }},
-	{"restore", func(ctx context.Context, h *Host, b string) error { return h.Restore(ctx, b, "s") }},
-	{"remove", func(ctx context.Context, h *Host, b string) error { return h.Remove(ctx, b) }},
+	{"start", func(ctx context.Context, h *Host, b string) error { return (&Manager{host: h}).Start(ctx, b) }},
+	{"stop", func(ctx context.Context, h *Host, b string) error { return (&Manager{host: h}).Stop(ctx, b, true) }},
+	{"rename", func(ctx context.Context, h *Host, b string) error {
+		return (&Manager{host: h}).Rename(ctx, b, b+"-new")
+	}},
+	{"move", func(ctx context.Context, h *Host, b string) error {
+		_, err := (&Manager{host: h}).Move(ctx, b, "m2")
+		return err
+	}},
+	{"snapshot", func(ctx context.Context, h *Host, b string) error {
+		_, err := (&Manager{host: h}).Snapshot(ctx, b, "s")
+		return err
+	}},
+	{"snapshots", func(ctx context.Context, h *Host, b string) error {
+		_, err := (&Manager{host: h}).Snapshots(ctx, b)
+		return err
+	}},
+	{"restore", func(ctx context.Context, h *Host, b string) error { return (&Manager{host: h}).Restore(ctx, b, "s") }},
+	{"remove", func(ctx context.Context, h *Host, b string) error { return (&Manager{host: h}).Remove(ctx, b) }},
 	{"clone", func(ctx context.Context, h *Host, b string) error {
-		_, err := h.Clone(ctx, b, "", b+"-copy")
+		_, err := (&Manager{host: h}).Clone(ctx, b, "", b+"-copy")
 		return err
 	}},
 	{"info", func(ctx context.Context, h *Host, b string) error { _, err := h.Info(ctx, b); return err }},
 	{"expose", func(ctx context.Context, h *Host, b string) error {
-		_, err := h.Expose(ctx, b, DoorSpec{Port: 80, Kind: DoorTCP})
+		_, err := (&Doors{host: h}).Expose(ctx, b, DoorSpec{Port: 80, Kind: DoorTCP})
 		return err
 	}},
-	{"doors", func(ctx context.Context, h *Host, b string) error { _, err := h.Doors(ctx, b); return err }},
-	{"unexpose", func(ctx context.Context, h *Host, b string) error { return h.Unexpose(ctx, b, 80) }},
-	{"export", func(ctx context.Context, h *Host, b string) error { _, err := h.Export(ctx, b, io.Discard); return err }},
+	{"doors", func(ctx context.Context, h *Host, b string) error {
+		_, err := (&Doors{host: h}).ListDoors(ctx, b)
+		return err
+	}},
+	{"unexpose", func(ctx context.Context, h *Host, b string) error { return (&Doors{host: h}).Unexpose(ctx, b, 80) }},
+	{"export", func(ctx context.Context, h *Host, b string) error {
+		_, err := (&Manager{host: h}).Export(ctx, b, io.Discard)
+		return err
+	}},
 	{"migrate", func(ctx context.Context, h *Host, b string) error {
 		_, err := h.Migrate(ctx, MigrateRequest{Box: b})
 		return err

@@ -165,7 +165,8 @@ func (host *Host) Info(ctx context.Context, name string) (*Box, error) {
 
 // NewBoxType is DecideType for this host: incusd is asked what it can run
 // only when the operator did not choose.
-func (host *Host) NewBoxType(ctx context.Context, want string) (model.TypeDecision, error) {
+func (mgr *Manager) NewBoxType(ctx context.Context, want string) (model.TypeDecision, error) {
+	host := mgr.host
 	if want != "" {
 		return model.DecideType(nil, want)
 	}
@@ -219,9 +220,9 @@ func (e *NoStackError) Error() string {
 	return fmt.Sprintf("there is no isolation stack on this host (%s is missing): run `box setup-host` first (as root)", e.Missing)
 }
 
-// requireStack returns the stack's bridge, or a NoStackError naming what
+// RequireStack returns the stack's bridge, or a NoStackError naming what
 // is missing; a daemon that does not answer is incus's own error.
-func (host *Host) requireStack(ctx context.Context) (*incus.Network, error) {
+func (host *Host) RequireStack(ctx context.Context) (*incus.Network, error) {
 	net, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if incus.IsNotFound(err) {
 		return nil, &NoStackError{Missing: "network " + model.Current.Network}
@@ -250,7 +251,8 @@ const (
 
 // rememberNoMemoryLimits stores the finding on the bridge (best effort: a
 // later mint finds it out again).
-func (host *Host) rememberNoMemoryLimits(ctx context.Context) {
+func (mgr *Manager) rememberNoMemoryLimits(ctx context.Context) {
+	host := mgr.host
 	net, etag, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return
@@ -264,7 +266,8 @@ func (host *Host) rememberNoMemoryLimits(ctx context.Context) {
 // profile only, the ownership tag and the stamps. On a host that cannot
 // apply a memory limit it mints without one and says so in the box's
 // Notes.
-func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
+func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*Box, error) {
+	host := mgr.host
 	if req.Name == "" || req.Image == "" {
 		return nil, errors.New("minting a box needs a name and an image")
 	}
@@ -277,12 +280,12 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 	} else if !incus.IsNotFound(err) {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	net, err := host.requireStack(ctx)
+	net, err := host.RequireStack(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
 	if host.Tier {
-		if err := host.requireWatcher(); err != nil {
+		if err := host.RequireWatcher(); err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 		}
 	}
@@ -308,7 +311,7 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 		notes = append(notes, fmt.Sprintf("%s: this host cannot apply one (%s=%s on %s, found at an earlier mint)", NoteNoMemoryLimit, KeyMemoryLimits, memoryUnsupported, model.Current.Network))
 		req.Memory = ""
 	}
-	b, err := host.mint(ctx, req)
+	b, err := mgr.mint(ctx, req)
 	var ns *NotStartedError
 	if req.Memory != "" && errors.As(err, &ns) && ns.RemoveErr == nil {
 		// The usual reason a fresh box will not start on a small host: a
@@ -317,9 +320,9 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 		// remember it on the stack.
 		wanted := req.Memory
 		req.Memory = ""
-		if b, err2 := host.mint(ctx, req); err2 == nil {
+		if b, err2 := mgr.mint(ctx, req); err2 == nil {
 			b.Notes = append(notes, fmt.Sprintf("%s: this host cannot apply one (the start with limits.memory=%s failed, the same box without it started); later mints skip it", NoteNoMemoryLimit, wanted))
-			host.rememberNoMemoryLimits(ctx)
+			mgr.rememberNoMemoryLimits(ctx)
 			return b, nil
 		}
 	}
@@ -330,9 +333,10 @@ func (host *Host) Mint(ctx context.Context, req MintRequest) (*Box, error) {
 }
 
 // mint creates and starts one box as asked.
-func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
+func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*Box, error) {
+	host := mgr.host
 	typ := cmp.Or(req.Type, model.TypeContainer)
-	img, err := host.mintImage(ctx, req.Image)
+	img, err := mgr.mintImage(ctx, req.Image)
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
@@ -363,7 +367,7 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	}
 	devices := map[string]map[string]string{}
 	if req.Disk != "" {
-		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.pool(), "size": req.Disk}
+		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.Pool(), "size": req.Disk}
 	}
 	req.progress = func(s string) { host.progressf("minting %s from %s: %s", req.Name, req.Image, s) }
 	err = host.create(ctx, req, incus.InstancesPost{
@@ -378,7 +382,7 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 		// the caller gave up: the check runs past its cancellation).
 		cctx := context.WithoutCancel(ctx)
 		if inst, _, gerr := host.Incus.Instance(cctx, req.Name); gerr == nil {
-			rerr := host.removeInstance(cctx, req.Name)
+			rerr := host.RemoveInstance(cctx, req.Name)
 			if rerr == nil {
 				// Incus leaves the NIC's veth pair when a start fails.
 				host.removeLeftPorts(inst)
@@ -390,20 +394,20 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 		}
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		// A box that is not isolated is not a box: remove it too.
-		if rerr := host.removeInstance(context.WithoutCancel(ctx), req.Name); rerr != nil {
+		if rerr := host.RemoveInstance(context.WithoutCancel(ctx), req.Name); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("removing it: %w (remove it by hand: incus delete --force %s)", rerr, req.Name))
 		}
 		return nil, fmt.Errorf("minting %s: isolating its bridge port failed, so it was not kept: %w", req.Name, err)
 	}
 	var notes []string
 	if img.fingerprint == "" {
-		if err := host.stampBaseImage(ctx, req.Name); err != nil {
+		if err := mgr.stampBaseImage(ctx, req.Name); err != nil {
 			notes = append(notes, fmt.Sprintf("the fingerprint %s resolved to is not stamped: %v", req.Image, err))
 		}
 	}
-	if n := host.diskLimitNote(ctx, req); n != "" {
+	if n := mgr.diskLimitNote(ctx, req); n != "" {
 		notes = append(notes, n)
 	} else if n := host.accountingNote(ctx, req); n != "" {
 		notes = append(notes, n)
@@ -415,7 +419,7 @@ func (host *Host) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	return b, err
 }
 
-func (host *Host) pool() string {
+func (host *Host) Pool() string {
 	if host.Options.Pool != "" {
 		return host.Options.Pool
 	}
@@ -435,7 +439,8 @@ type mintImage struct {
 // through the incus CLI's remotes, which incusd pulls and caches itself.
 // Nothing here asks the image server: a server that is down must not stop
 // a mint Incus can make from its cache.
-func (host *Host) mintImage(ctx context.Context, image string) (mintImage, error) {
+func (mgr *Manager) mintImage(ctx context.Context, image string) (mintImage, error) {
+	host := mgr.host
 	remotes, err := incus.LoadRemotes(host.IncusConfigDir)
 	if err != nil {
 		return mintImage{}, err
@@ -448,7 +453,7 @@ func (host *Host) mintImage(ctx context.Context, image string) (mintImage, error
 		src, err := remote.PullSource(name)
 		return mintImage{source: src}, err
 	}
-	fp, err := host.resolveImage(ctx, name)
+	fp, err := mgr.resolveImage(ctx, name)
 	if err != nil {
 		return mintImage{}, err
 	}
@@ -485,7 +490,8 @@ func (e *ImagePullError) Unwrap() error { return e.Err }
 
 // stampBaseImage stamps a box with the fingerprint Incus resolved its
 // image to (volatile.base_image): known only once a pulled image is made.
-func (host *Host) stampBaseImage(ctx context.Context, name string) error {
+func (mgr *Manager) stampBaseImage(ctx context.Context, name string) error {
+	host := mgr.host
 	inst, etag, err := host.Incus.Instance(ctx, name)
 	if err != nil {
 		return err
@@ -501,7 +507,8 @@ func (host *Host) stampBaseImage(ctx context.Context, name string) error {
 
 // resolveImage turns an alias (or a fingerprint) on the server into a
 // fingerprint.
-func (host *Host) resolveImage(ctx context.Context, image string) (string, error) {
+func (mgr *Manager) resolveImage(ctx context.Context, image string) (string, error) {
+	host := mgr.host
 	a, err := host.Incus.ImageAlias(ctx, image)
 	if err == nil {
 		return a.Target, nil
@@ -535,15 +542,16 @@ type CloneResult struct {
 // Clone copies a box (or one of its snapshots) into a new box with a fresh
 // MAC address and machine identity, re-stamped with its own coming into
 // being and its lineage, and starts it (CloneTo, where Incus places it).
-func (host *Host) Clone(ctx context.Context, src, snap, name string) (*CloneResult, error) {
-	return host.CloneTo(ctx, src, snap, name, "")
+func (mgr *Manager) Clone(ctx context.Context, src, snap, name string) (*CloneResult, error) {
+	return mgr.CloneTo(ctx, src, snap, name, "")
 }
 
 // CloneTo is Clone onto a cluster member (target; "" is where Incus places
 // it). On a cluster the clone gets a fixed address of its own member's
 // slice: a copy carries its source's NIC with the source's address, which
 // another member would accept as it is.
-func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (_ *CloneResult, err error) {
+func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string) (_ *CloneResult, err error) {
+	host := mgr.host
 	inst, _, err := host.resolve(ctx, src)
 	if err != nil {
 		return nil, err
@@ -569,7 +577,7 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 	copyReq := incus.InstancesPost{Name: name, Type: inst.Type, Source: incus.InstanceSource{Type: "copy", Source: source}}
 	cl := host.Incus
 	if ci.Clustered() {
-		if copyReq, err = host.clusterCopy(ctx, inst, snap, copyReq); err != nil {
+		if copyReq, err = mgr.clusterCopy(ctx, inst, snap, copyReq); err != nil {
 			return nil, fmt.Errorf("cloning %s: %w", source, err)
 		}
 		if target != "" {
@@ -610,7 +618,7 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 	// (an inherited identity): remove it rather than leave it behind.
 	defer func() {
 		if err != nil {
-			if rerr := host.removeInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
+			if rerr := host.RemoveInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
 				err = errors.Join(err, fmt.Errorf("removing the half-made clone %s: %w", name, rerr))
 			}
 			err = errors.Join(err, restartSource())
@@ -648,18 +656,18 @@ func (host *Host) CloneTo(ctx context.Context, src, snap, name, target string) (
 	if _, err := host.fixAddress(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("cloning %s into %s: %w", source, name, err)
 	}
-	if err := host.freshMachineID(ctx, clone); err != nil {
+	if err := mgr.freshMachineID(ctx, clone); err != nil {
 		return nil, fmt.Errorf("giving clone %s a machine-id: %w", name, err)
 	}
 	if res.Provisioning != "" {
-		if err := host.emptyMarkers(ctx, clone); err != nil {
+		if err := mgr.emptyMarkers(ctx, clone); err != nil {
 			return nil, fmt.Errorf("emptying the provisioning markers clone %s inherited: %w", name, err)
 		}
 	}
 	if err = host.startFixed(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("starting clone %s: %w", name, err)
 	}
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("cloned %s, but isolating its bridge port failed: %w (run box doctor --fix)", name, err)
 	}
 	res.Box, err = host.Info(ctx, name)
@@ -677,7 +685,8 @@ func needsColdCopy(err error) bool {
 // isn't supported"), so the request carries the source's (or its
 // snapshot's) config, devices and profiles, as the incus CLI sends them,
 // with the NIC's fixed address left out: the source's stays the source's.
-func (host *Host) clusterCopy(ctx context.Context, inst *incus.Instance, snap string, req incus.InstancesPost) (incus.InstancesPost, error) {
+func (mgr *Manager) clusterCopy(ctx context.Context, inst *incus.Instance, snap string, req incus.InstancesPost) (incus.InstancesPost, error) {
+	host := mgr.host
 	def := inst
 	if snap != "" {
 		snaps, err := host.Incus.SnapshotDefinitions(ctx, inst.Name)
@@ -713,7 +722,8 @@ func (host *Host) clusterCopy(ctx context.Context, inst *incus.Instance, snap st
 
 // keepMACs puts back the MACs a stopped instance had (as was, before a
 // restore changed them).
-func (host *Host) keepMACs(ctx context.Context, was *incus.Instance) error {
+func (mgr *Manager) keepMACs(ctx context.Context, was *incus.Instance) error {
+	host := mgr.host
 	cur, etag, err := host.Incus.Instance(ctx, was.Name)
 	if err != nil || cur.Status != "Stopped" {
 		return err
@@ -759,9 +769,10 @@ func forgetMACs(cfg map[string]string) {
 // its own before it boots: a container's is written into its disk; a
 // VM's disk cannot be written before its agent runs, so Incus writes it
 // (machineIDTemplate).
-func (host *Host) freshMachineID(ctx context.Context, inst *incus.Instance) error {
+func (mgr *Manager) freshMachineID(ctx context.Context, inst *incus.Instance) error {
+	host := mgr.host
 	if inst.Type != model.TypeContainer {
-		return host.machineIDTemplate(ctx, inst.Name)
+		return mgr.machineIDTemplate(ctx, inst.Name)
 	}
 	id := make([]byte, 16)
 	if _, err := rand.Read(id); err != nil {
@@ -784,12 +795,13 @@ const (
 // machineIDTemplate has Incus write the instance's /etc/machine-id at its
 // next start after a copy: in a VM its agent writes it early in the boot,
 // before cloud-init (and reboots a cloud image it seeds).
-func (host *Host) machineIDTemplate(ctx context.Context, name string) error {
-	return host.copyTemplate(ctx, name, MachineIDTemplate, machineIDTemplateText, "/etc/machine-id")
+func (mgr *Manager) machineIDTemplate(ctx context.Context, name string) error {
+	return mgr.copyTemplate(ctx, name, MachineIDTemplate, machineIDTemplateText, "/etc/machine-id")
 }
 
 // Snapshot takes a snapshot; an empty label gets a time-stamped name.
-func (host *Host) Snapshot(ctx context.Context, name, label string) (string, error) {
+func (mgr *Manager) Snapshot(ctx context.Context, name, label string) (string, error) {
+	host := mgr.host
 	if _, _, err := host.resolve(ctx, name); err != nil {
 		return "", err
 	}
@@ -806,7 +818,8 @@ func (host *Host) Snapshot(ctx context.Context, name, label string) (string, err
 }
 
 // Snapshots lists a box's snapshots.
-func (host *Host) Snapshots(ctx context.Context, name string) ([]incus.Snapshot, error) {
+func (mgr *Manager) Snapshots(ctx context.Context, name string) ([]incus.Snapshot, error) {
+	host := mgr.host
 	if _, _, err := host.resolve(ctx, name); err != nil {
 		return nil, err
 	}
@@ -817,7 +830,8 @@ func (host *Host) Snapshots(ctx context.Context, name string) ([]incus.Snapshot,
 // MAC: Incus restores the snapshot's volatile keys, and a snapshot a clone
 // carried holds its source's (two boxes with one MAC), while the box's
 // lease is its own MAC's.
-func (host *Host) Restore(ctx context.Context, name, snap string) error {
+func (mgr *Manager) Restore(ctx context.Context, name, snap string) error {
+	host := mgr.host
 	inst, _, err := host.resolve(ctx, name)
 	if err != nil {
 		return err
@@ -825,13 +839,13 @@ func (host *Host) Restore(ctx context.Context, name, snap string) error {
 	if err := host.Incus.RestoreSnapshot(ctx, name, snap); err != nil {
 		return fmt.Errorf("restoring %s to %s: %w", name, snap, err)
 	}
-	if err := host.keepMACs(ctx, inst); err != nil && !host.Tier {
+	if err := mgr.keepMACs(ctx, inst); err != nil && !host.Tier {
 		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
 	}
 	if err := host.readdressIfTaken(ctx, name); err != nil && !host.Tier {
 		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
 	}
-	_, err = host.refreshPorts(ctx)
+	_, err = host.RefreshPorts(ctx)
 	return err
 }
 
@@ -840,7 +854,8 @@ func (host *Host) Restore(ctx context.Context, name, snap string) error {
 // half-way, else the one it still leases, else a free one of its member's
 // slice (a box minted before box gave them). A granted user's gets one
 // from the port watcher once it runs.
-func (host *Host) Start(ctx context.Context, name string) error {
+func (mgr *Manager) Start(ctx context.Context, name string) error {
+	host := mgr.host
 	inst, _, err := host.resolve(ctx, name)
 	if err != nil {
 		return err
@@ -867,7 +882,7 @@ func (host *Host) Start(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	_, err = host.refreshPorts(ctx)
+	_, err = host.RefreshPorts(ctx)
 	return err
 }
 
@@ -883,7 +898,8 @@ func (host *Host) memberOf(ctx context.Context, inst *incus.Instance) (string, e
 // Stop stops a box, cleanly within a minute or at once with force, and
 // takes its port out of the bridge drop's port set (on whatever member it
 // is: a stale name there is a doctor finding).
-func (host *Host) Stop(ctx context.Context, name string, force bool) error {
+func (mgr *Manager) Stop(ctx context.Context, name string, force bool) error {
+	host := mgr.host
 	if _, _, err := host.resolve(ctx, name); err != nil {
 		return err
 	}
@@ -893,7 +909,7 @@ func (host *Host) Stop(ctx context.Context, name string, force bool) error {
 	if host.Tier {
 		return nil // the port watcher's to refresh
 	}
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		return fmt.Errorf("stopped %s, but refreshing the bridge ports failed: %w (run box doctor --fix)", name, err)
 	}
 	return nil
@@ -901,12 +917,13 @@ func (host *Host) Stop(ctx context.Context, name string, force bool) error {
 
 // Remove deletes a box with its snapshots, stopping it first, and drops
 // its port from the bridge drop's port set.
-func (host *Host) Remove(ctx context.Context, name string) error {
+func (mgr *Manager) Remove(ctx context.Context, name string) error {
+	host := mgr.host
 	inst, _, err := host.resolve(ctx, name)
 	if err != nil {
 		return err
 	}
-	if err := host.removeInstance(ctx, name); err != nil {
+	if err := host.RemoveInstance(ctx, name); err != nil {
 		return err
 	}
 	for _, d := range inst.Devices {
@@ -914,11 +931,11 @@ func (host *Host) Remove(ctx context.Context, name string) error {
 			removeDoorSocket(d)
 		}
 	}
-	_, err = host.refreshPorts(ctx)
+	_, err = host.RefreshPorts(ctx)
 	return err
 }
 
-func (host *Host) removeInstance(ctx context.Context, name string) error {
+func (host *Host) RemoveInstance(ctx context.Context, name string) error {
 	inst, _, err := host.Incus.Instance(ctx, name)
 	if err != nil {
 		return fmt.Errorf("removing %s: %w", name, err)
@@ -937,7 +954,8 @@ func (host *Host) removeInstance(ctx context.Context, name string) error {
 }
 
 // Rename renames a stopped box; a running one is refused with the fix.
-func (host *Host) Rename(ctx context.Context, name, newName string) error {
+func (mgr *Manager) Rename(ctx context.Context, name, newName string) error {
+	host := mgr.host
 	inst, _, err := host.resolve(ctx, name)
 	if err != nil {
 		return err
@@ -948,7 +966,7 @@ func (host *Host) Rename(ctx context.Context, name, newName string) error {
 	if err := host.Incus.RenameInstance(ctx, name, newName); err != nil {
 		return fmt.Errorf("renaming %s: %w", name, err)
 	}
-	if err := host.renameDoors(ctx, newName); err != nil {
+	if err := (&Doors{host: host}).renameDoors(ctx, newName); err != nil {
 		return fmt.Errorf("renamed %s to %s, but: %w", name, newName, err)
 	}
 	return nil
@@ -975,7 +993,7 @@ func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Durat
 	}
 	// The box holds its address now: a refresh pins a granted user's box
 	// (the watcher gave it its address) and fills its egress sets.
-	_, err = host.refreshPorts(ctx)
+	_, err = host.RefreshPorts(ctx)
 	return ip, err
 }
 
@@ -1001,3 +1019,19 @@ func (host *Host) bridgeSubnetFromState(ctx context.Context) (netip.Prefix, erro
 	}
 	return netip.Prefix{}, fmt.Errorf("%s has no IPv4 address", model.Current.Network)
 }
+
+// Manager runs the box lifecycle on a host, behind the ownership tag.
+type Manager struct {
+	host *Host
+}
+
+// NewManager is the box manager of host.
+func NewManager(host *Host) *Manager { return &Manager{host: host} }
+
+// Doors opens and closes a host's loopback doors to its boxes.
+type Doors struct {
+	host *Host
+}
+
+// NewDoors is the door keeper of host.
+func NewDoors(host *Host) *Doors { return &Doors{host: host} }

@@ -32,7 +32,7 @@ func TestNewBoxType(t *testing.T) {
 			srv := incustest.New(t)
 			srv.Drivers(tc.driver)
 			h := &Host{Incus: incus.New(srv.Socket())}
-			d, err := h.NewBoxType(context.Background(), tc.want)
+			d, err := (&Manager{host: h}).NewBoxType(context.Background(), tc.want)
 			require.NoError(t, err)
 			assert.Equal(t, model.TypeDecision{Type: tc.wantType, Reason: tc.reason, Chosen: tc.chosen}, d)
 			asked := len(srv.Find("GET", "/1.0")) > 0
@@ -51,7 +51,7 @@ func TestDecideTypeRefuses(t *testing.T) {
 func TestMintRefusesAnUnknownType(t *testing.T) {
 	srv := incustest.New(t)
 	h := &Host{Incus: incus.New(srv.Socket())}
-	_, err := h.Mint(context.Background(), MintRequest{Name: "b", Image: "img", Type: "vm"})
+	_, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: "img", Type: "vm"})
 	require.ErrorContains(t, err, `minting b: instance type "vm"`)
 	assert.Empty(t, srv.Requests(), "refused before incusd is asked")
 }

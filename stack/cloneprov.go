@@ -56,10 +56,11 @@ const emptyTemplate = "box-empty.tpl"
 // cannot be written before its agent runs, so Incus empties them at the
 // copy's first start, as with its machine-id (not proven on a VM here:
 // docs/images.md).
-func (host *Host) emptyMarkers(ctx context.Context, inst *incus.Instance) error {
+func (mgr *Manager) emptyMarkers(ctx context.Context, inst *incus.Instance) error {
+	host := mgr.host
 	markers := []string{templates.ReadyMarker, templates.FailedMarker}
 	if inst.Type != model.TypeContainer {
-		return host.copyTemplate(ctx, inst.Name, emptyTemplate, "", markers...)
+		return mgr.copyTemplate(ctx, inst.Name, emptyTemplate, "", markers...)
 	}
 	for _, p := range markers {
 		b, err := host.Incus.PullFile(ctx, inst.Name, p)
@@ -81,7 +82,8 @@ func (host *Host) emptyMarkers(ctx context.Context, inst *incus.Instance) error 
 // template to the instance's image metadata, beside the image's own. An
 // import is no copy to Incus: its copy templates are made to run at its
 // next start too, as `incus copy` would.
-func (host *Host) copyTemplate(ctx context.Context, name, tpl, text string, paths ...string) error {
+func (mgr *Manager) copyTemplate(ctx context.Context, name, tpl, text string, paths ...string) error {
+	host := mgr.host
 	if err := host.Incus.PutInstanceTemplate(ctx, name, tpl, strings.NewReader(text)); err != nil {
 		return err
 	}

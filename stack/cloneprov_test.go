@@ -47,7 +47,7 @@ func TestCloneIsNotProvisionedAgain(t *testing.T) {
 		io.WriteString(w, "claude\n") //nolint:errcheck
 	})
 
-	res, err := h.Clone(context.Background(), "src", "", "c")
+	res, err := (&Manager{host: h}).Clone(context.Background(), "src", "", "c")
 	require.NoError(t, err)
 	assert.Equal(t, ProvisionChecks, res.Provisioning)
 	want, ok := templates.ForClone(ud, "c")
@@ -96,13 +96,13 @@ func TestCloneOfOtherUserData(t *testing.T) {
 		w.Header().Set("X-Incus-type", "file")
 		io.WriteString(w, "x\n") //nolint:errcheck
 	})
-	res, err := h.Clone(context.Background(), "src", "", "c")
+	res, err := (&Manager{host: h}).Clone(context.Background(), "src", "", "c")
 	require.NoError(t, err)
 	assert.Equal(t, ProvisionAgain, res.Provisioning)
 	assert.Equal(t, "#cloud-config\npackages: [vim]\n", f.inst(t, "c").Config[keyUserData])
 	assert.Len(t, f.srv.Find(http.MethodPost, "/1.0/instances/c/files"), 3, "machine-id and both markers")
 
-	res, err = h.Clone(context.Background(), "bare", "", "d")
+	res, err = (&Manager{host: h}).Clone(context.Background(), "bare", "", "d")
 	require.NoError(t, err)
 	assert.Empty(t, res.Provisioning)
 	assert.Len(t, f.srv.Find(http.MethodPost, "/1.0/instances/d/files"), 1, "the machine-id only")
@@ -132,7 +132,7 @@ func TestVMCloneMarkersEmptiedByIncus(t *testing.T) {
 		incustest.Sync(w, nil)
 	})
 
-	res, err := h.Clone(context.Background(), "src", "", "c")
+	res, err := (&Manager{host: h}).Clone(context.Background(), "src", "", "c")
 	require.NoError(t, err)
 	assert.Equal(t, ProvisionChecks, res.Provisioning)
 	assert.Empty(t, f.srv.Find(http.MethodPost, "/1.0/instances/c/files"), "a VM's files cannot be written before it runs")

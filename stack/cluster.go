@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/box-isolation/box/internal/converge"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -202,7 +203,7 @@ func (host *Host) memberSlice(ctx context.Context, member string) (slice, gw net
 // usedAddresses is every address a NIC on the bridge asks for, a box
 // being moved holds (keyMoving) or a lease holds, in every project on
 // every member.
-func usedAddresses(f fleet) map[netip.Addr]bool {
+func usedAddresses(f Fleet) map[netip.Addr]bool {
 	used := map[netip.Addr]bool{}
 	for i := range f.insts {
 		// A box on its way to another member holds its address here.
@@ -228,7 +229,7 @@ func usedAddresses(f fleet) map[netip.Addr]bool {
 // addressFindings names every address two members hand out (a lease on
 // each, or a fixed address asked for on each). A box with no fixed address
 // is dhcpFindings', on every host.
-func addressFindings(f fleet) []model.Finding {
+func addressFindings(f Fleet) []model.Finding {
 	where := map[netip.Addr]map[string]bool{}
 	add := func(a netip.Addr, member string) {
 		if where[a] == nil {
@@ -325,7 +326,7 @@ func (host *Host) clusterAddressUses(ctx context.Context, g *hostns.NS, ci Clust
 			unread = append(unread, m)
 			continue
 		}
-		mg, err := mh.ground()
+		mg, err := mh.OpenNS()
 		if err != nil {
 			return nil, fmt.Errorf("member %s: %w", m, err)
 		}
@@ -375,10 +376,10 @@ func (host *Host) ensureMember(ctx context.Context, g *hostns.NS, net *incus.Net
 	if _, ok := opts.Slices[host.here()]; !ok {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("NOTE: member %s has no address slice on %s yet, so no box can be minted here: run box setup-host (without --member-only) on any member", host.here(), model.Current.Network))
 	}
-	var undos undoStack
+	var undos converge.Undos
 	defer func() {
 		if err != nil {
-			if uerr := undos.run(context.WithoutCancel(ctx)); uerr != nil {
+			if uerr := undos.Run(context.WithoutCancel(ctx)); uerr != nil {
 				err = errors.Join(err, uerr)
 			}
 		}
@@ -437,7 +438,7 @@ func (host *Host) readMember(ctx context.Context, member string, d model.Desired
 	if !ok {
 		return nil, nil, false, nil
 	}
-	g, err := mh.ground()
+	g, err := mh.OpenNS()
 	if err != nil {
 		return nil, nil, true, err
 	}
@@ -510,7 +511,7 @@ func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d model.Des
 	if err != nil {
 		return err
 	}
-	v.Findings = append(v.Findings, addressFindings(fleet{insts: insts, leases: leases})...)
+	v.Findings = append(v.Findings, addressFindings(Fleet{insts: insts, leases: leases})...)
 	return nil
 }
 
@@ -788,7 +789,7 @@ func (host *Host) teardownMembers(ctx context.Context) ([]model.Change, error) {
 		if !ok {
 			continue
 		}
-		g, err := mh.ground()
+		g, err := mh.OpenNS()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("member %s: %w", m, err))
 			continue
@@ -856,4 +857,17 @@ func (host *Host) readdressIfTaken(ctx context.Context, name string) error {
 	}
 	_, err = host.fixAddress(ctx, name, member)
 	return err
+}
+
+// landAddress gives a box on member its fixed address addr again (after a
+// move), or a fresh one of the member's slice when addr is not valid or
+// another NIC on the member took it meanwhile.
+func (host *Host) landAddress(ctx context.Context, name, member string, addr netip.Addr) (netip.Addr, error) {
+	if addr.IsValid() {
+		err := host.setFixedAddress(ctx, name, addr)
+		if !isAddressConflict(err) {
+			return addr, err
+		}
+	}
+	return host.fixAddress(ctx, name, member)
 }

@@ -506,7 +506,7 @@ func TestCreateRefusesAnUnknownMember(t *testing.T) {
 func TestStartGivesAFixedAddress(t *testing.T) {
 	f, h := newClusterFake(t)
 	f.add("old", "m2", "Stopped", "")
-	require.NoError(t, h.Start(context.Background(), "old"))
+	require.NoError(t, (&Manager{host: h}).Start(context.Background(), "old"))
 	b := f.inst(t, "old")
 	assert.Equal(t, "Running", b.Status)
 	inSlice(t, "m2", fixedAddressOf(b))
@@ -534,7 +534,7 @@ func TestCloneOnAClusterGetsItsOwnAddress(t *testing.T) {
 			f.snaps["src"] = []incus.Instance{{Name: "s1", Architecture: "x86_64", Profiles: []string{"box-net"},
 				Config:  map[string]string{model.Current.Tag: "1", StampTemplate: "older"},
 				Devices: map[string]map[string]string{"eth0": fixedNIC(netip.MustParseAddr("10.88.0.32")), "root": {"type": "disk", "path": "/", "pool": "default", "size": "20GiB"}}}}
-			res, err := h.CloneTo(context.Background(), "src", tc.snap, "c", tc.target)
+			res, err := (&Manager{host: h}).CloneTo(context.Background(), "src", tc.snap, "c", tc.target)
 			require.NoError(t, err)
 			assert.Equal(t, tc.coldCopy, res.SourceStopped)
 			assert.Equal(t, tc.member, res.Box.Member)
@@ -574,10 +574,10 @@ func TestCloneOffAClusterIsAPlainCopy(t *testing.T) {
 	f, h := newClusterFake(t)
 	f.clustered = false
 	f.add("src", "", "Stopped", "10.88.0.2")
-	_, err := h.CloneTo(context.Background(), "src", "", "c", "m2")
+	_, err := (&Manager{host: h}).CloneTo(context.Background(), "src", "", "c", "m2")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--target m2: this incusd is not a cluster member")
-	_, err = h.Clone(context.Background(), "src", "", "c")
+	_, err = (&Manager{host: h}).Clone(context.Background(), "src", "", "c")
 	require.NoError(t, err)
 	var sent incus.InstancesPost
 	require.NoError(t, json.Unmarshal(f.srv.Find(http.MethodPost, "/1.0/instances")[0].Body, &sent))
@@ -590,7 +590,7 @@ func TestCloneOffAClusterIsAPlainCopy(t *testing.T) {
 func TestMoveKeepsTheAddress(t *testing.T) {
 	f, h := newClusterFake(t)
 	f.add("b", "m1", "Stopped", "10.88.0.33")
-	res, err := h.Move(context.Background(), "b", "m3")
+	res, err := (&Manager{host: h}).Move(context.Background(), "b", "m3")
 	require.NoError(t, err)
 	assert.Equal(t, "m1", res.From)
 	assert.Equal(t, "m3", res.To)
@@ -625,7 +625,7 @@ func TestMoveKeepsTheAddress(t *testing.T) {
 	assert.NotContains(t, land.Config, keyMoving)
 
 	// Where it is already, nothing moves.
-	res, err = h.Move(context.Background(), "b", "m3")
+	res, err = (&Manager{host: h}).Move(context.Background(), "b", "m3")
 	require.NoError(t, err)
 	assert.Contains(t, res.Notes[0], "it is on m3 already")
 	assert.Len(t, f.srv.Find(http.MethodPost, "/1.0/instances/b"), 1)
@@ -642,7 +642,7 @@ func TestAMovingBoxKeepsItsAddress(t *testing.T) {
 	assert.Equal(t, "10.88.0.33", a.String())
 
 	// A move that stopped half-way: box start puts it back.
-	require.NoError(t, h.Start(context.Background(), "b"))
+	require.NoError(t, (&Manager{host: h}).Start(context.Background(), "b"))
 	b := f.inst(t, "b")
 	assert.Equal(t, "10.88.0.32", fixedAddressOf(b).String())
 	assert.NotContains(t, b.Config, keyMoving)
@@ -653,7 +653,7 @@ func TestAFailedMoveGivesTheAddressBack(t *testing.T) {
 	f, h := newClusterFake(t)
 	f.add("b", "m1", "Stopped", "10.88.0.33")
 	f.moveErr = "Failed migration on target: no space left"
-	_, err := h.Move(context.Background(), "b", "m2")
+	_, err := (&Manager{host: h}).Move(context.Background(), "b", "m2")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no space left")
 	b := f.inst(t, "b")
@@ -667,7 +667,7 @@ func TestAFailedMoveGivesTheAddressBack(t *testing.T) {
 func TestMoveGivesAnAddressToABoxWithout(t *testing.T) {
 	f, h := newClusterFake(t)
 	f.add("old", "m1", "Stopped", "")
-	res, err := h.Move(context.Background(), "old", "m2")
+	res, err := (&Manager{host: h}).Move(context.Background(), "old", "m2")
 	require.NoError(t, err)
 	inSlice(t, "m2", netip.MustParseAddr(res.Address))
 	assert.Equal(t, res.Address, fixedAddressOf(f.inst(t, "old")).String())
@@ -694,7 +694,7 @@ func TestMoveRefuses(t *testing.T) {
 				f.members = append(f.members, "m4")
 			}
 			f.add("b", "m1", tc.status, "10.88.0.33")
-			_, err := h.Move(context.Background(), tc.box, tc.member)
+			_, err := (&Manager{host: h}).Move(context.Background(), tc.box, tc.member)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.Empty(t, f.srv.Find(http.MethodPost, "/1.0/instances/"+tc.box), "nothing was moved")
@@ -720,7 +720,7 @@ func TestImportOnAClusterGetsAnAddressOfItsMember(t *testing.T) {
 					Config:  map[string]string{model.Current.Tag: "1", "volatile.eth0.hwaddr": "10:66:6a:00:00:01"},
 					Devices: map[string]map[string]string{"eth0": fixedNIC(netip.MustParseAddr("10.88.0.32"))}}
 			}
-			res, err := h.Import(context.Background(), fixtureFile(t, fixture), "copy")
+			res, err := (&Manager{host: h}).Import(context.Background(), fixtureFile(t, fixture), "copy")
 			require.NoError(t, err)
 			c := f.inst(t, "copy")
 			assert.Equal(t, "Running", c.Status)
@@ -751,13 +751,13 @@ func TestRestoreOnAClusterReaddressesATakenAddress(t *testing.T) {
 		return []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{"eth0": fixedNIC(netip.MustParseAddr(addr))}}}
 	}
 	f.snaps["c"] = snap("10.88.0.64") // carried over from src
-	require.NoError(t, h.Restore(context.Background(), "c", "s1"))
+	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "c", "s1"))
 	a := fixedAddressOf(f.inst(t, "c"))
 	inSlice(t, "m3", a)
 	assert.NotEqual(t, "10.88.0.64", a.String(), "not src's address, which src still has")
 	assert.Equal(t, "10.88.0.64", fixedAddressOf(f.inst(t, "src")).String())
 
 	f.snaps["c"] = snap("10.88.0.97")
-	require.NoError(t, h.Restore(context.Background(), "c", "s1"))
+	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "c", "s1"))
 	assert.Equal(t, "10.88.0.97", fixedAddressOf(f.inst(t, "c")).String(), "its own address, taken by nobody else, stays")
 }

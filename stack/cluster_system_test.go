@@ -229,7 +229,7 @@ func TestSystemClusterStackBoxes(t *testing.T) {
 	}
 	m2 := st.Members[1].Name
 	box := uniq(t, "cb-")
-	_, err = hosts[0].Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias, Target: m2})
+	_, err = stack.NewManager(hosts[0]).Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias, Target: m2})
 	require.NoError(t, err)
 	inst, _, err := hosts[0].Incus.Instance(ctx, box)
 	require.NoError(t, err)

@@ -163,7 +163,7 @@ func TestOnMember(t *testing.T) {
 
 func TestAddressFindings(t *testing.T) {
 	t.Run("clean", func(t *testing.T) {
-		f := fleet{
+		f := Fleet{
 			insts: []incus.Instance{clusterInst("cb-a", "m1", "10.88.0.32", true), clusterInst("cb-b", "m2", "10.88.0.64", true)},
 			leases: []incus.NetworkLease{
 				{Address: "10.88.0.32", Location: "m1", Type: "static"}, {Address: "10.88.0.64", Location: "m2", Type: "static"},
@@ -175,7 +175,7 @@ func TestAddressFindings(t *testing.T) {
 	})
 
 	t.Run("an address on two members", func(t *testing.T) {
-		f := fleet{
+		f := Fleet{
 			insts: []incus.Instance{
 				clusterInst("cb-a", "m1", "10.88.0.32", true),
 				clusterInst("other", "m3", "", false), // not box's: no finding for its dynamic address itself
@@ -196,7 +196,7 @@ func TestAddressFindings(t *testing.T) {
 	})
 
 	t.Run("a fixed address asked for on two members", func(t *testing.T) {
-		f := fleet{insts: []incus.Instance{
+		f := Fleet{insts: []incus.Instance{
 			clusterInst("cb-a", "m1", "10.88.0.40", true), clusterInst("cb-b", "m2", "10.88.0.40", true),
 			clusterInst("cb-c", "m2", "10.88.0.41", true), clusterInst("cb-d", "m2", "10.88.0.41", true), // one member: Incus's own check
 		}}
@@ -212,7 +212,7 @@ func TestAddressFindings(t *testing.T) {
 			clusterInst("not-a-box", "m2", "", false),
 			fleetInst("cb-elsewhere", func(i *incus.Instance) { i.ExpandedDevices["eth0"]["network"] = "lxdbr0" }),
 		}
-		assert.Empty(t, addressFindings(fleet{insts: insts}), "no address, nothing handed out twice")
+		assert.Empty(t, addressFindings(Fleet{insts: insts}), "no address, nothing handed out twice")
 		fs := dhcpFindings(insts)
 		require.Len(t, fs, 2, "%v", fs)
 		assert.Equal(t, "box cb-loose", fs[0].Object)

@@ -136,7 +136,7 @@ func (host *Host) keepLeased(ctx context.Context, inst *incus.Instance) (netip.A
 		return netip.Addr{}, false, err
 	}
 	var leased netip.Addr
-	others := fleet{insts: slices.DeleteFunc(slices.Clone(f.insts), func(i incus.Instance) bool {
+	others := Fleet{insts: slices.DeleteFunc(slices.Clone(f.insts), func(i incus.Instance) bool {
 		return i.Name == inst.Name && projectOf(i.Project) == projectOf(inst.Project)
 	})}
 	for _, l := range f.leases {
@@ -215,7 +215,7 @@ func qualified(inst *incus.Instance) string {
 // box stored addresses, at the next refresh. A box whose start Incus is
 // still running takes no change yet: it is named in busy, to be looked at
 // again soon.
-func (host *Host) fixMissingAddresses(ctx context.Context, f fleet) (fixed bool, busy []string, err error) {
+func (host *Host) fixMissingAddresses(ctx context.Context, f Fleet) (fixed bool, busy []string, err error) {
 	for i := range f.insts {
 		inst := &f.insts[i]
 		if !needsAddress(inst) || !slices.ContainsFunc(bridgeNICs(model.Current.Network, inst), func(n bridgeNIC) bool { return n.port != "" }) {
@@ -327,7 +327,7 @@ func (p DHCPPool) String() string {
 // bridge in the host's namespace. An error says it could not: no dnsmasq
 // serves the bridge, or its lease file is unreadable.
 func (host *Host) DHCPLeases() (DHCPPool, error) {
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return DHCPPool{}, err
 	}

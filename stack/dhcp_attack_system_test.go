@@ -45,8 +45,8 @@ type dhcpBox struct {
 func mintDHCPBox(t *testing.T, ctx context.Context, h *stack.Host, prefix string) *dhcpBox {
 	t.Helper()
 	name := uniq(t, prefix)
-	t.Cleanup(func() { _ = h.Remove(context.Background(), name) })
-	_, err := h.Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias})
+	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), name) })
+	_, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias})
 	require.NoError(t, err)
 	return openDHCPBox(t, ctx, h, name)
 }
@@ -303,8 +303,8 @@ func TestSystemDHCPPoolStarvation(t *testing.T) {
 	assert.Empty(t, taken, "dnsmasq leased nothing to a made-up hardware address")
 
 	n := uniq(t, "t-dhcp-n-")
-	t.Cleanup(func() { _ = h.Remove(context.Background(), n) })
-	_, err = h.Mint(ctx, stack.MintRequest{Name: n, Image: image.DefaultAlias})
+	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), n) })
+	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: n, Image: image.DefaultAlias})
 	require.NoError(t, err, "a box minted after the attack")
 	ip, err := h.WaitAddress(ctx, n, 30*time.Second)
 	require.NoError(t, err, "a box minted after the attack gets an address")

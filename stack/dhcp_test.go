@@ -181,12 +181,12 @@ func TestFixMissingAddresses(t *testing.T) {
 	insts, err := h.Incus.AllInstances(context.Background())
 	require.NoError(t, err)
 	f.starting = "up"
-	fixed, busy, err := h.fixMissingAddresses(context.Background(), fleet{insts: insts})
+	fixed, busy, err := h.fixMissingAddresses(context.Background(), Fleet{insts: insts})
 	require.NoError(t, err, "a box Incus is starting is no failure")
 	assert.False(t, fixed)
 	assert.Equal(t, []string{"up"}, busy, "to be looked at again soon")
 	f.starting = ""
-	fixed, busy, err = h.fixMissingAddresses(context.Background(), fleet{insts: insts})
+	fixed, busy, err = h.fixMissingAddresses(context.Background(), Fleet{insts: insts})
 	require.NoError(t, err)
 	assert.True(t, fixed)
 	assert.Empty(t, busy)
@@ -197,7 +197,7 @@ func TestFixMissingAddresses(t *testing.T) {
 	n := len(f.srv.Find(http.MethodPut, "/1.0/instances/up"))
 	insts, err = h.Incus.AllInstances(context.Background())
 	require.NoError(t, err)
-	fixed, _, err = h.fixMissingAddresses(context.Background(), fleet{insts: insts})
+	fixed, _, err = h.fixMissingAddresses(context.Background(), Fleet{insts: insts})
 	require.NoError(t, err)
 	assert.False(t, fixed)
 	assert.Len(t, f.srv.Find(http.MethodPut, "/1.0/instances/up"), n, "nothing more to do")
@@ -211,7 +211,7 @@ func TestRestoreGivesAFixedAddress(t *testing.T) {
 	f.add("b", "", "Stopped", "10.88.0.9")
 	f.snaps["b"] = []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{}}}
 	f.leases = []incus.NetworkLease{{Hwaddr: "10:66:6a:00:00:01", Address: "10.88.0.9", Type: "dynamic"}}
-	require.NoError(t, h.Restore(context.Background(), "b", "s1"))
+	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "b", "s1"))
 	assert.Equal(t, "10.88.0.9", fixedAddressOf(f.inst(t, "b")).String())
 }
 
@@ -242,7 +242,7 @@ func TestPinFindingsOfDHCPRules(t *testing.T) {
 		{Object: "table bridge box_pin chain prerouting", Problem: "rule 8 missing: want `iifname @boxnet_ports meta protocol ip udp dport 67 iifname . @th,288,48 != @hw drop`"},
 		{Object: "table bridge box_pin chain prerouting", Problem: "rule 10 missing: want `iifname @boxnet_ports ip saddr 0.0.0.0 udp dport 67 accept`"},
 		{Object: "table bridge box_pin chain prerouting", Problem: "rule 1 missing: want `iifname @boxnet_ports iifname . ether saddr != @hw drop`"},
-	}, &pinPlan{})
+	}, &PinPlan{})
 	require.Len(t, fs, 3)
 	assert.Equal(t, []model.LayerID{model.LayerDHCP, model.LayerPin, model.LayerPin}, []model.LayerID{fs[0].Layer, fs[1].Layer, fs[2].Layer})
 }

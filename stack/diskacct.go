@@ -114,7 +114,7 @@ func (host *Host) poolAccounting(ctx context.Context) (a poolAcct, ok bool, why 
 	if host.Remote != "" {
 		return a, false, ""
 	}
-	pool, _, err := host.Incus.StoragePool(ctx, host.pool())
+	pool, _, err := host.Incus.StoragePool(ctx, host.Pool())
 	if err != nil || pool.Driver != "btrfs" {
 		return a, false, ""
 	}

@@ -48,8 +48,8 @@ func TestSystemDiskAccounting(t *testing.T) {
 	mint := func() *stack.Box {
 		t.Helper()
 		name := uniq(t, "t-acct-")
-		t.Cleanup(func() { _ = h.Remove(context.Background(), name) })
-		b, err := h.Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias, Disk: "64MiB"})
+		t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), name) })
+		b, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias, Disk: "64MiB"})
 		require.NoError(t, err)
 		return b
 	}

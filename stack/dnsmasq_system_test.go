@@ -29,8 +29,8 @@ func TestSystemHandEditedDnsmasq(t *testing.T) {
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	box := uniq(t, "t-raw-")
-	t.Cleanup(func() { _ = h.Remove(context.Background(), box) })
-	_, err = h.Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
+	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), box) })
+	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
 	require.NoError(t, err)
 
 	n, _, err := h.Incus.Network(ctx, model.Current.Network)
@@ -49,7 +49,7 @@ func TestSystemHandEditedDnsmasq(t *testing.T) {
 	require.True(t, strings.HasSuffix(edited, "log-async"), "Incus stored it with no newline at the end: %q", edited)
 
 	t0 := time.Now()
-	ch, err := h.SetEgress(ctx, box, []string{"canary.example.net"})
+	ch, err := stack.NewManager(h).SetEgress(ctx, box, []string{"canary.example.net"})
 	require.NoError(t, err, "the change after the hand edit")
 	t.Logf("new policy %v in %s", ch.NewPolicy, time.Since(t0).Round(time.Millisecond))
 	n, _, err = h.Incus.Network(ctx, model.Current.Network)

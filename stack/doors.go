@@ -255,9 +255,10 @@ func doorsOf(inst *incus.Instance) []Door {
 	return out
 }
 
-// Doors lists a box's doors, and every proxy device on it named or tagged
+// ListDoors lists a box's doors, and every proxy device on it named or tagged
 // like one (with its Problem).
-func (host *Host) Doors(ctx context.Context, name string) ([]Door, error) {
+func (doors *Doors) ListDoors(ctx context.Context, name string) ([]Door, error) {
+	host := doors.host
 	inst, _, err := host.resolve(ctx, name)
 	if err != nil {
 		return nil, err
@@ -271,7 +272,8 @@ var errTierDoors = errors.New("a granted user's boxes get no doors: your project
 // Expose makes a door to a box's port (DoorSpec says which). Asking again
 // for the same door changes nothing; a different door to the same port is
 // refused until the old one is removed (Unexpose).
-func (host *Host) Expose(ctx context.Context, name string, spec DoorSpec) (*Door, error) {
+func (doors *Doors) Expose(ctx context.Context, name string, spec DoorSpec) (*Door, error) {
+	host := doors.host
 	if host.Tier {
 		return nil, errTierDoors
 	}
@@ -287,7 +289,7 @@ func (host *Host) Expose(ctx context.Context, name string, spec DoorSpec) (*Door
 	}
 	var note string
 	if spec.Kind == "" {
-		granted, err := host.grantedUsers(ctx)
+		granted, err := doors.grantedUsers(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("expose: finding out whether this host has granted users (a unix door where it has): %w", err)
 		}
@@ -331,7 +333,7 @@ func (host *Host) Expose(ctx context.Context, name string, spec DoorSpec) (*Door
 		return nil, fmt.Errorf("%s already has a device %s (listen %s): remove it first (box expose %s --remove %d)", name, dev, have["listen"], name, spec.Port)
 	}
 	if spec.Kind == DoorTCP {
-		if err := host.checkHostPort(ctx, name, spec.Port, netip.AddrPortFrom(spec.Listen, spec.HostPort)); err != nil {
+		if err := doors.checkHostPort(ctx, name, spec.Port, netip.AddrPortFrom(spec.Listen, spec.HostPort)); err != nil {
 			return nil, err
 		}
 	} else if err := mkdirDoors(); err != nil {
@@ -382,7 +384,8 @@ func CheckDoorListen(a netip.Addr) error {
 
 // checkHostPort refuses a host port another door or a listener on the
 // host's loopback already uses.
-func (host *Host) checkHostPort(ctx context.Context, self string, port uint16, ap netip.AddrPort) error {
+func (doors *Doors) checkHostPort(ctx context.Context, self string, port uint16, ap netip.AddrPort) error {
+	host := doors.host
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
 		// A client that may not list every project still lists its own.
@@ -406,7 +409,7 @@ func (host *Host) checkHostPort(ctx context.Context, self string, port uint16, a
 				ap, who, dn, strings.ToLower(inst.Status), self, port)
 		}
 	}
-	holder, err := host.loopbackHolder(ap)
+	holder, err := doors.loopbackHolder(ap)
 	if err != nil {
 		return fmt.Errorf("checking %s on the host: %w", ap, err)
 	}
@@ -451,7 +454,8 @@ func sameTCPListen(have, want string) bool {
 // ("" when it is free): a bind says whether it is taken, the listener
 // table says by what. Without the right to bind there (a port under 1024
 // as a user), the listener table alone decides.
-func (host *Host) loopbackHolder(ap netip.AddrPort) (string, error) {
+func (doors *Doors) loopbackHolder(ap netip.AddrPort) (string, error) {
+	host := doors.host
 	var holder string
 	err := nsrun.Do(host.NetNS, func() error {
 		inUse := false
@@ -495,7 +499,8 @@ func (host *Host) loopbackHolder(ap netip.AddrPort) (string, error) {
 }
 
 // grantedUsers names the users (or projects) of the host's granted tiers.
-func (host *Host) grantedUsers(ctx context.Context) ([]string, error) {
+func (doors *Doors) grantedUsers(ctx context.Context) ([]string, error) {
+	host := doors.host
 	projects, err := host.Incus.Projects(ctx)
 	if err != nil {
 		return nil, err
@@ -512,7 +517,8 @@ func (host *Host) grantedUsers(ctx context.Context) ([]string, error) {
 
 // Unexpose removes the door to a box's port, and its socket. A device of
 // that name that box did not make is refused.
-func (host *Host) Unexpose(ctx context.Context, name string, port uint16) error {
+func (doors *Doors) Unexpose(ctx context.Context, name string, port uint16) error {
+	host := doors.host
 	inst, etag, err := host.resolve(ctx, name)
 	if err != nil {
 		return err
@@ -565,7 +571,8 @@ func withoutDoors(devices map[string]map[string]string) []string {
 
 // renameDoors moves a renamed box's unix doors to the sockets its new name
 // gives them (the census accepts a unix door only at its box's path).
-func (host *Host) renameDoors(ctx context.Context, name string) error {
+func (doors *Doors) renameDoors(ctx context.Context, name string) error {
+	host := doors.host
 	inst, etag, err := host.Incus.Instance(ctx, name)
 	if err != nil {
 		return err

@@ -273,7 +273,7 @@ func TestExposeMakesTheDoor(t *testing.T) {
 	ctx := context.Background()
 	hp := freePort(t)
 	ds := newDoorServer(t, model.TypeContainer, map[string]map[string]string{}, nil, 1)
-	door, err := ds.host().Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp})
+	door, err := NewDoors(ds.host()).Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp})
 	require.NoError(t, err)
 	put := <-ds.put
 	want := tcpDoor("tcp:127.0.0.1:" + strconv.Itoa(int(hp)))
@@ -284,17 +284,17 @@ func TestExposeMakesTheDoor(t *testing.T) {
 
 	// The same door again: nothing to do.
 	ds = newDoorServer(t, model.TypeContainer, map[string]map[string]string{"box-door-8080": want}, nil, 1)
-	_, err = ds.host().Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp})
+	_, err = NewDoors(ds.host()).Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp})
 	require.NoError(t, err)
 	assert.Empty(t, ds.srv.Find(http.MethodPut, "/1.0/instances/web"), "an existing door is not written again")
 	// Another door to the same port: refused until the old one goes.
-	_, err = ds.host().Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp + 1})
+	_, err = NewDoors(ds.host()).Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp + 1})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "box expose web --remove 8080")
 
 	// ::1.
 	ds = newDoorServer(t, model.TypeContainer, nil, nil, 1)
-	door, err = ds.host().Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp, Listen: netip.MustParseAddr("::1")})
+	door, err = NewDoors(ds.host()).Expose(ctx, "web", DoorSpec{Port: 8080, HostPort: hp, Listen: netip.MustParseAddr("::1")})
 	if err != nil && strings.Contains(err.Error(), "assign requested address") {
 		tier.Unavailable(t, "no ::1 here: turn IPv6 on for the loopback (sysctl net.ipv6.conf.lo.disable_ipv6=0)")
 	}
@@ -334,7 +334,7 @@ func TestExposeRefuses(t *testing.T) {
 			ds := newDoorServer(t, cmp.Or(tc.typ, model.TypeContainer), nil, tc.projects, taken)
 			h := ds.host()
 			h.Tier = tc.tier
-			_, err := h.Expose(ctx, "web", tc.spec)
+			_, err := (&Doors{host: h}).Expose(ctx, "web", tc.spec)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.Empty(t, ds.srv.Find(http.MethodPut, "/1.0/instances/web"), "nothing was changed")
@@ -350,7 +350,7 @@ func TestExposeUnixWhereUsersAreGranted(t *testing.T) {
 	mkdirDoors = func() error { made = true; return nil }
 	granted := []incus.Project{{Name: "user-1000", Config: map[string]string{KeyTier: TierGranted}}, {Name: "user-1001", Config: map[string]string{KeyTier: TierRevoked}}}
 	ds := newDoorServer(t, model.TypeContainer, nil, granted, 1)
-	door, err := ds.host().Expose(context.Background(), "web", DoorSpec{Port: 8080})
+	door, err := NewDoors(ds.host()).Expose(context.Background(), "web", DoorSpec{Port: 8080})
 	require.NoError(t, err)
 	assert.Equal(t, DoorUnix, door.Kind)
 	assert.Contains(t, door.Note, "granted users (user-1000)")
@@ -366,22 +366,22 @@ func TestExposeUnixWhereUsersAreGranted(t *testing.T) {
 func TestUnexposeTakesOnlyBoxsDoors(t *testing.T) {
 	ctx := context.Background()
 	ds := newDoorServer(t, model.TypeContainer, map[string]map[string]string{"box-door-8080": tcpDoor("tcp:127.0.0.1:8080"), "root": {"type": "disk", "path": "/", "pool": "default"}}, nil, 1)
-	require.NoError(t, ds.host().Unexpose(ctx, "web", 8080))
+	require.NoError(t, NewDoors(ds.host()).Unexpose(ctx, "web", 8080))
 	put := <-ds.put
 	assert.NotContains(t, put.Devices, "box-door-8080")
 	assert.Contains(t, put.Devices, "root")
 
-	err := ds.host().Unexpose(ctx, "web", 9090)
+	err := NewDoors(ds.host()).Unexpose(ctx, "web", 9090)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "web has no door to port 9090")
 
 	ds = newDoorServer(t, model.TypeContainer, map[string]map[string]string{"box-door-8080": edit(tcpDoor("tcp:127.0.0.1:8080"), DoorTag, "")}, nil, 1)
-	err = ds.host().Unexpose(ctx, "web", 8080)
+	err = NewDoors(ds.host()).Unexpose(ctx, "web", 8080)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "box did not make it")
 	assert.Empty(t, ds.srv.Find(http.MethodPut, "/1.0/instances/web"))
 
-	doors, err := ds.host().Doors(ctx, "web")
+	doors, err := NewDoors(ds.host()).ListDoors(ctx, "web")
 	require.NoError(t, err)
 	require.Len(t, doors, 1, "a lookalike is listed")
 	assert.Contains(t, doors[0].Problem, "no user.box.door=1 tag")

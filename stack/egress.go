@@ -78,7 +78,7 @@ type egressPlan struct {
 }
 
 // egressPlan reads the stored policies and the bridge's resolver settings.
-func (host *Host) egressPlan(ctx context.Context, f fleet) (egressPlan, error) {
+func (host *Host) egressPlan(ctx context.Context, f Fleet) (egressPlan, error) {
 	n, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return egressPlan{}, err
@@ -113,14 +113,14 @@ func dnsmasqServers(raw string) []netip.Addr {
 // service's state what the policies and their boxes are now: only boxes
 // sets, and new policies' sets and rules, change (the resolver's allow
 // elements stay). With no policy there is none of them.
-func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]string, error) {
+func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f Fleet) ([]string, error) {
 	plan, err := host.egressPlan(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
 	ncfg := g.NFTConfig(model.Current)
 	ncfg.Gateway = plan.state.Gateway
-	if err := host.saveFirewall(func(s *SavedFirewall) {
+	if err := host.SaveFirewall(func(s *SavedFirewall) {
 		if plan.state.Gateway.Is4() {
 			s.Gateway = plan.state.Gateway
 		}
@@ -168,7 +168,7 @@ func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]str
 // verifyEgress reports how the egress table, its host objects and the
 // boxes' policies differ from what they should be, and notes when no
 // egress service answers for the allowlisted boxes.
-func (host *Host) verifyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]model.Finding, []string, error) {
+func (host *Host) verifyEgress(ctx context.Context, g *hostns.NS, f Fleet) ([]model.Finding, []string, error) {
 	out, err := host.verifyEgressLayer(ctx, g, f)
 	if err != nil {
 		return nil, nil, err
@@ -180,7 +180,7 @@ func (host *Host) verifyEgress(ctx context.Context, g *hostns.NS, f fleet) ([]mo
 	return out, notes, nil
 }
 
-func (host *Host) verifyEgressLayer(ctx context.Context, g *hostns.NS, f fleet) ([]model.Finding, error) {
+func (host *Host) verifyEgressLayer(ctx context.Context, g *hostns.NS, f Fleet) ([]model.Finding, error) {
 	plan, err := host.egressPlan(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
@@ -225,7 +225,8 @@ type EgressChange struct {
 
 // SetEgress puts a box under an allowlist (names) or opens it (names nil).
 // It takes effect at the next refresh, which it makes at once.
-func (host *Host) SetEgress(ctx context.Context, box string, names []string) (*EgressChange, error) {
+func (mgr *Manager) SetEgress(ctx context.Context, box string, names []string) (*EgressChange, error) {
+	host := mgr.host
 	inst, etag, err := host.resolve(ctx, box)
 	if err != nil {
 		return nil, err
@@ -256,7 +257,7 @@ func (host *Host) SetEgress(ctx context.Context, box string, names []string) (*E
 			return nil, fmt.Errorf("egress of %s: %w", box, err)
 		}
 	}
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("egress of %s: %w", box, err)
 	}
 	return ch, nil
@@ -275,13 +276,13 @@ func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (
 	if host.Tier {
 		return false, fmt.Errorf("the allowlist %v is not on this host yet, and only its admin can add one (box egress BOX allow %s, as root, on any box)", names, strings.Join(names, " "))
 	}
-	f, err := host.readFleet(ctx)
+	f, err := host.ReadFleet(ctx)
 	if err != nil {
 		return false, err
 	}
 	policies := model.PoliciesOf(n.Config)
 	policies[id] = names
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return false, err
 	}
@@ -313,7 +314,8 @@ type EgressState struct {
 }
 
 // Egress reads a box's policy and what its allow set holds now.
-func (host *Host) Egress(ctx context.Context, box string) (*EgressState, error) {
+func (mgr *Manager) Egress(ctx context.Context, box string) (*EgressState, error) {
+	host := mgr.host
 	inst, _, err := host.resolve(ctx, box)
 	if err != nil {
 		return nil, err
@@ -332,7 +334,7 @@ func (host *Host) Egress(ctx context.Context, box string) (*EgressState, error) 
 	if host.Tier {
 		return st, nil // the kernel's sets are the admin's to read
 	}
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return nil, err
 	}
@@ -376,7 +378,8 @@ func unusedPolicyKeys(live, want map[string]string) []string {
 
 // EgressRefusals reads a box's refusals since since (all with a zero
 // since), oldest first.
-func (host *Host) EgressRefusals(ctx context.Context, box string, since time.Time) ([]egress.Refusal, error) {
+func (mgr *Manager) EgressRefusals(ctx context.Context, box string, since time.Time) ([]egress.Refusal, error) {
+	host := mgr.host
 	inst, _, err := host.resolve(ctx, box)
 	if err != nil {
 		return nil, err

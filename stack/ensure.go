@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/internal/converge"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -48,7 +49,7 @@ func (host *Host) Ensure(ctx context.Context) (*Report, error) {
 
 // ensure is Ensure under the setup lock.
 func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return nil, err
 	}
@@ -56,12 +57,12 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	c := host.Incus
 	rep = &Report{Changes: []model.Change{}, Notes: []string{}}
 
-	var undos undoStack
+	var undos converge.Undos
 	defer func() {
 		if err == nil {
 			return
 		}
-		if uerr := undos.run(context.WithoutCancel(ctx)); uerr != nil {
+		if uerr := undos.Run(context.WithoutCancel(ctx)); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
 	}()
@@ -158,21 +159,21 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	}
 
 	// The ACL first: the network refers to it.
-	action, diff, err := converge(ctx, &undos, incusObject[incus.NetworkACL]{
-		what:   "acl " + d.ACL.Name,
-		read:   func(ctx context.Context) (*incus.NetworkACL, string, error) { return c.NetworkACL(ctx, d.ACL.Name) },
-		create: func(ctx context.Context) error { return c.CreateNetworkACL(ctx, d.ACL) },
-		remove: func(ctx context.Context) error { return c.DeleteNetworkACL(ctx, d.ACL.Name) },
-		differs: func(cur *incus.NetworkACL) []string {
+	action, diff, err := converge.Do(ctx, &undos, converge.Object[incus.NetworkACL]{
+		What:   "acl " + d.ACL.Name,
+		Read:   func(ctx context.Context) (*incus.NetworkACL, string, error) { return c.NetworkACL(ctx, d.ACL.Name) },
+		Create: func(ctx context.Context) error { return c.CreateNetworkACL(ctx, d.ACL) },
+		Remove: func(ctx context.Context) error { return c.DeleteNetworkACL(ctx, d.ACL.Name) },
+		Differs: func(cur *incus.NetworkACL) []string {
 			if model.ACLRulesEqual(cur.Egress, d.ACL.Egress) && model.ACLRulesEqual(cur.Ingress, d.ACL.Ingress) {
 				return nil
 			}
 			return []string{"rules differed"}
 		},
-		update: func(ctx context.Context, _ *incus.NetworkACL, etag string) error {
+		Update: func(ctx context.Context, _ *incus.NetworkACL, etag string) error {
 			return c.UpdateNetworkACL(ctx, d.ACL.Name, d.ACL, etag)
 		},
-		restore: func(ctx context.Context, old incus.NetworkACL) error {
+		Restore: func(ctx context.Context, old incus.NetworkACL) error {
 			return c.UpdateNetworkACL(ctx, old.Name, old, "")
 		},
 	})
@@ -184,20 +185,20 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	}
 
 	// The bridge, as read above.
-	action, diff, err = converge(ctx, &undos, incusObject[incus.Network]{
-		what: "network " + d.Network.Name,
-		read: func(context.Context) (*incus.Network, string, error) { return net, netETag, nil },
-		create: func(ctx context.Context) error {
+	action, diff, err = converge.Do(ctx, &undos, converge.Object[incus.Network]{
+		What: "network " + d.Network.Name,
+		Read: func(context.Context) (*incus.Network, string, error) { return net, netETag, nil },
+		Create: func(ctx context.Context) error {
 			if err := host.createNetwork(ctx, ci, d.Network); err != nil {
 				return fmt.Errorf("on %s: %w", d.Subnet, err)
 			}
 			return nil
 		},
-		remove: func(ctx context.Context) error { return c.DeleteNetwork(ctx, d.Network.Name) },
-		differs: func(cur *incus.Network) []string {
+		Remove: func(ctx context.Context) error { return c.DeleteNetwork(ctx, d.Network.Name) },
+		Differs: func(cur *incus.Network) []string {
 			return append(configDiff(cur.Config, d.Network.Config), unusedPolicyKeys(cur.Config, d.Network.Config)...)
 		},
-		update: func(ctx context.Context, cur *incus.Network, etag string) error {
+		Update: func(ctx context.Context, cur *incus.Network, etag string) error {
 			cfg := maps.Clone(cur.Config)
 			maps.Copy(cfg, d.Network.Config)
 			for k := range cfg {
@@ -207,7 +208,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 			}
 			return c.UpdateNetwork(ctx, d.Network.Name, incus.NetworkPut{Description: d.Network.Description, Config: cfg}, etag)
 		},
-		restore: func(ctx context.Context, old incus.Network) error {
+		Restore: func(ctx context.Context, old incus.Network) error {
 			return c.UpdateNetwork(ctx, d.Network.Name, incus.NetworkPut{Description: old.Description, Config: old.Config}, "")
 		},
 	})
@@ -222,16 +223,16 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	}
 
 	// The profile: exactly the NIC and the root disk.
-	action, diff, err = converge(ctx, &undos, incusObject[incus.Profile]{
-		what:    "profile " + d.Profile.Name,
-		read:    func(ctx context.Context) (*incus.Profile, string, error) { return c.Profile(ctx, d.Profile.Name) },
-		create:  func(ctx context.Context) error { return c.CreateProfile(ctx, d.Profile) },
-		remove:  func(ctx context.Context) error { return c.DeleteProfile(ctx, d.Profile.Name) },
-		differs: func(cur *incus.Profile) []string { return profileDiff(cur, d.Profile) },
-		update: func(ctx context.Context, _ *incus.Profile, etag string) error {
+	action, diff, err = converge.Do(ctx, &undos, converge.Object[incus.Profile]{
+		What:    "profile " + d.Profile.Name,
+		Read:    func(ctx context.Context) (*incus.Profile, string, error) { return c.Profile(ctx, d.Profile.Name) },
+		Create:  func(ctx context.Context) error { return c.CreateProfile(ctx, d.Profile) },
+		Remove:  func(ctx context.Context) error { return c.DeleteProfile(ctx, d.Profile.Name) },
+		Differs: func(cur *incus.Profile) []string { return ProfileDiff(cur, d.Profile) },
+		Update: func(ctx context.Context, _ *incus.Profile, etag string) error {
 			return c.UpdateProfile(ctx, d.Profile.Name, d.Profile, etag)
 		},
-		restore: func(ctx context.Context, old incus.Profile) error { return c.UpdateProfile(ctx, old.Name, old, "") },
+		Restore: func(ctx context.Context, old incus.Profile) error { return c.UpdateProfile(ctx, old.Name, old, "") },
 	})
 	if err != nil {
 		return rep, err
@@ -289,9 +290,9 @@ func shortQuote(v string) string {
 	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(v[:most]), len(v))
 }
 
-// profileDiff names how a live profile differs from the desired one: a
+// ProfileDiff names how a live profile differs from the desired one: a
 // device missing, changed or extra, or config present.
-func profileDiff(live *incus.Profile, want incus.Profile) []string {
+func ProfileDiff(live *incus.Profile, want incus.Profile) []string {
 	var out []string
 	for _, name := range slices.Sorted(maps.Keys(want.Devices)) {
 		if d := configDiff(live.Devices[name], want.Devices[name]); len(d) > 0 {
@@ -506,19 +507,19 @@ func (host *Host) removeBootUnits() ([]model.Change, error) {
 	return changes, errors.Join(errs...)
 }
 
-// firewallResult is what ensureFirewall did.
-type firewallResult struct {
-	changes       []model.Change
+// FirewallResult is what ensureFirewall did.
+type FirewallResult struct {
+	Changes       []model.Change
 	mode          nft.BridgeMode
 	note          string
 	createdTables bool
 }
 
-// applyFirewall isolates every port of the bridge, whatever attached it,
+// ApplyFirewall isolates every port of the bridge, whatever attached it,
 // and converges the two nft tables. It touches no Incus object, so it is
 // what runs at boot.
-func (host *Host) applyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr) (firewallResult, error) {
-	var res firewallResult
+func (host *Host) ApplyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr) (FirewallResult, error) {
+	var res FirewallResult
 	bridge := model.Current.Network
 	unlock, err := hostns.LockPorts(ctx)
 	if err != nil {
@@ -527,7 +528,7 @@ func (host *Host) applyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 	defer unlock()
 	leaked, err := host.sweepLeaks(ctx, g)
 	for _, name := range leaked {
-		res.changes = append(res.changes, model.Change{Object: "bridge port " + name, Action: "removed", Detail: "a veth pair an instance's NIC left behind (both ends in the host's namespace, claimed by no instance)"})
+		res.Changes = append(res.Changes, model.Change{Object: "bridge port " + name, Action: "removed", Detail: "a veth pair an instance's NIC left behind (both ends in the host's namespace, claimed by no instance)"})
 	}
 	if err != nil {
 		return res, err
@@ -537,7 +538,7 @@ func (host *Host) applyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 		return res, err
 	}
 	for _, name := range isolated {
-		res.changes = append(res.changes, model.Change{Object: "bridge port " + name, Action: "updated", Detail: "isolated on"})
+		res.Changes = append(res.Changes, model.Change{Object: "bridge port " + name, Action: "updated", Detail: "isolated on"})
 	}
 	ncfg := g.NFTConfig(model.Current)
 	ncfg.Gateway = gw
@@ -554,7 +555,7 @@ func (host *Host) applyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 		return res, fmt.Errorf("applying nft tables: %w", err)
 	}
 	for _, a := range applied {
-		res.changes = append(res.changes, model.Change{Object: "nft", Action: "updated", Detail: a})
+		res.Changes = append(res.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
 	res.createdTables = len(applied) > 0 && !inetBefore && !bridgeBefore
 	unlockPins, err := hostns.LockFile(ctx, hostns.PinsLock, "the pins")
@@ -562,29 +563,29 @@ func (host *Host) applyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 		return res, err
 	}
 	defer unlockPins()
-	f, err := host.readFleet(ctx)
+	f, err := host.ReadFleet(ctx)
 	if err != nil {
 		return res, fmt.Errorf("reading what to pin: %w", err)
 	}
-	plan := f.planPins(hostns.PortNames(ports))
-	pinned, err := nft.ApplyPins(ncfg, caps, plan.scope, plan.pins)
+	plan := f.PlanPins(hostns.PortNames(ports))
+	pinned, err := nft.ApplyPins(ncfg, caps, plan.Scope, plan.Pins)
 	if err != nil {
 		return res, fmt.Errorf("applying the pin table: %w", err)
 	}
 	for _, a := range pinned {
-		res.changes = append(res.changes, model.Change{Object: "nft", Action: "updated", Detail: a})
+		res.Changes = append(res.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
-	routed, err := ensureRoute(g)
+	routed, err := EnsureRoute(g)
 	if err != nil {
 		return res, err
 	}
-	res.changes = append(res.changes, routed...)
+	res.Changes = append(res.Changes, routed...)
 	egress, err := host.applyEgress(ctx, g, f)
 	if err != nil {
 		return res, err
 	}
 	for _, a := range egress {
-		res.changes = append(res.changes, model.Change{Object: "nft", Action: "updated", Detail: a})
+		res.Changes = append(res.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
 	}
 	res.mode = nft.Desired(ncfg, caps).Mode
 	if res.mode != nft.ModeBridgeMeta {
@@ -611,18 +612,18 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 	if err != nil || !p.Addr().Is4() {
 		return nil, fmt.Errorf("firewall only: network %s has ipv4.address=%q, not an address box can use (run box setup-host without --firewall-only)", model.Current.Network, n.Config["ipv4.address"])
 	}
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return nil, err
 	}
 	defer g.Close()
-	fw, err := host.applyFirewall(ctx, g, p.Addr())
-	rep := &Report{Changes: append([]model.Change{}, fw.changes...), BridgeMode: fw.mode, Notes: []string{}}
+	fw, err := host.ApplyFirewall(ctx, g, p.Addr())
+	rep := &Report{Changes: append([]model.Change{}, fw.Changes...), BridgeMode: fw.mode, Notes: []string{}}
 	if fw.note != "" {
 		rep.Notes = append(rep.Notes, fw.note)
 	}
 	if err == nil {
-		err = host.saveFirewall(func(s *SavedFirewall) { s.Gateway = p.Addr() })
+		err = host.SaveFirewall(func(s *SavedFirewall) { s.Gateway = p.Addr() })
 	}
 	return rep, err
 }
@@ -630,7 +631,7 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 // ensureHostLayers converges this host's (this member's) own layers: IPv6
 // off on the bridge, the ports' isolated flags and the nft tables, the
 // forward-policy warnings, dnsmasq serving, and the boot unit.
-func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.Desired, rep *Report, undos *undoStack) error {
+func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.Desired, rep *Report, undos *converge.Undos) error {
 	gen := model.Current
 	changed := func(obj, action, detail string) {
 		rep.Changes = append(rep.Changes, model.Change{Object: obj, Action: action, Detail: detail})
@@ -662,14 +663,14 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.De
 	}
 
 	// The firewall: live ports isolated and the nft tables.
-	fw, err := host.applyFirewall(ctx, g, d.Gateway)
-	rep.Changes = append(rep.Changes, fw.changes...)
+	fw, err := host.ApplyFirewall(ctx, g, d.Gateway)
+	rep.Changes = append(rep.Changes, fw.Changes...)
 	rep.BridgeMode = fw.mode
 	if fw.note != "" {
 		rep.Notes = append(rep.Notes, fw.note)
 	}
 	if fw.createdTables {
-		undos.push("delete nft tables", func(context.Context) error { _, err := nft.Delete(g.NFTConfig(gen)); return err })
+		undos.Push("delete nft tables", func(context.Context) error { _, err := nft.Delete(g.NFTConfig(gen)); return err })
 	}
 	if err != nil {
 		return err
@@ -691,7 +692,7 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.De
 		return err
 	}
 
-	if err := host.saveFirewall(func(s *SavedFirewall) { s.Gateway = d.Gateway }); err != nil {
+	if err := host.SaveFirewall(func(s *SavedFirewall) { s.Gateway = d.Gateway }); err != nil {
 		return err
 	}
 	if err := host.ensureAccounting(ctx, rep); err != nil {

@@ -1,5 +1,9 @@
 package stack
 
-// MachineIDTemplateOf is (*Host).machineIDTemplate, for the system test
-// that proves the template on this machine's incusd.
-var MachineIDTemplateOf = (*Host).machineIDTemplate
+import "context"
+
+// MachineIDTemplateOf is (*Manager).machineIDTemplate on host, for the
+// system test that proves the template on this machine's incusd.
+func MachineIDTemplateOf(host *Host) func(ctx context.Context, name string) error {
+	return NewManager(host).machineIDTemplate
+}

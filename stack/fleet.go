@@ -408,7 +408,7 @@ func (host *Host) BoxesOnStack(ctx context.Context) (boxes []Box, censusErr, err
 		}
 	}
 	sort.Slice(boxes, func(a, b int) bool { return boxes[a].Name < boxes[b].Name })
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return boxes, err, nil
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/internal/syncbuf"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/daemon"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -31,7 +32,7 @@ func TestSystemHealAfterFlush(t *testing.T) {
 	require.NoError(t, err)
 	for i := range 2 {
 		name := uniq(t, fmt.Sprintf("t-heal%d-", i))
-		_, err := h.Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias})
+		_, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias})
 		require.NoError(t, err)
 		_, err = h.WaitAddress(ctx, name, 30*time.Second)
 		require.NoError(t, err)
@@ -44,7 +45,7 @@ func TestSystemHealAfterFlush(t *testing.T) {
 	start := func() func() {
 		wctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func(log *syncbuf.Buffer) { done <- stack.WatchAndHeal(wctx, h, log) }(log)
+		go func(log *syncbuf.Buffer) { done <- daemon.WatchAndHeal(wctx, h, log) }(log)
 		require.Eventually(t, func() bool { _, r, err := hostns.WatcherRunning(h.NetNS); return err == nil && r }, 10*time.Second, 10*time.Millisecond)
 		stopped := false
 		return func() {

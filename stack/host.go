@@ -87,9 +87,9 @@ func (host *Host) progressf(format string, args ...any) {
 	}
 }
 
-// ground opens netlink inside the host's network namespace; a remote
+// OpenNS opens netlink inside the host's network namespace; a remote
 // host's kernel is another machine's.
-func (host *Host) ground() (*hostns.NS, error) {
+func (host *Host) OpenNS() (*hostns.NS, error) {
 	if host.Remote != "" {
 		return nil, &RemoteHostError{Remote: host.Remote}
 	}

@@ -204,7 +204,7 @@ func TestMintPullsFromTheImageServer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f, h := newMintFake(t)
 			h.IncusConfigDir = tc.dir
-			b, err := h.Mint(context.Background(), MintRequest{Name: "b", Image: tc.image})
+			b, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: tc.image})
 			require.NoError(t, err)
 			req := f.created(t)
 			assert.Equal(t, tc.want, req.Source)
@@ -224,7 +224,7 @@ func TestMintPullsFromTheImageServer(t *testing.T) {
 func TestMintFromAnImageHere(t *testing.T) {
 	for _, image := range []string{"here", "local:here"} {
 		f, h := newMintFake(t)
-		b, err := h.Mint(context.Background(), MintRequest{Name: "b", Image: image})
+		b, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: image})
 		require.NoError(t, err, image)
 		req := f.created(t)
 		assert.Equal(t, incus.InstanceSource{Type: "image", Fingerprint: "10ca1f"}, req.Source, image)
@@ -238,7 +238,7 @@ func TestMintFromAnImageHere(t *testing.T) {
 		assert.Equal(t, "10.88.0.2", put.Devices["eth0"]["ipv4.address"], image)
 	}
 	f, h := newMintFake(t)
-	_, err := h.Mint(context.Background(), MintRequest{Name: "b", Image: "missing"})
+	_, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: "missing"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no image missing on this server")
 	assert.Contains(t, err.Error(), "incus image import FILE --alias missing")
@@ -253,7 +253,7 @@ func TestMintWhenTheImageServerIsUnreachable(t *testing.T) {
 	f.srv.WaitLikeIncus60() // and answers the failed operation's wait as 6.0.4 does
 	h.IncusConfigDir = remotesDir(t)
 	f.createErr = unreachableServer
-	_, err := h.Mint(context.Background(), MintRequest{Name: "b", Image: "images:debian/12/cloud"})
+	_, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: "images:debian/12/cloud"})
 	require.Error(t, err)
 	var pe *ImagePullError
 	require.ErrorAs(t, err, &pe)
@@ -280,7 +280,7 @@ func TestMintWhenTheImageServerIsUnreachable(t *testing.T) {
 func TestMintFailureNotAPull(t *testing.T) {
 	f, h := newMintFake(t)
 	f.createErr = "Failed creating instance record: Storage pool is full"
-	_, err := h.Mint(context.Background(), MintRequest{Name: "b", Image: "images:debian/12/cloud"})
+	_, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: "images:debian/12/cloud"})
 	require.Error(t, err)
 	var pe *ImagePullError
 	assert.False(t, errors.As(err, &pe), "%v", err)
@@ -292,7 +292,7 @@ func TestMintFailureNotAPull(t *testing.T) {
 func TestMintWhenTheServerIsDownButTheImageIsCached(t *testing.T) {
 	f, h := newMintFake(t)
 	h.IncusConfigDir = remotesDir(t)
-	b, err := h.Mint(context.Background(), MintRequest{Name: "b", Image: "images:debian/12/cloud"})
+	b, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: "images:debian/12/cloud"})
 	require.NoError(t, err)
 	assert.Equal(t, pulledFP, b.Stamps[StampFingerprint])
 	var before []string
@@ -316,7 +316,7 @@ func TestMintRefusesRemotesItCannotPullFrom(t *testing.T) {
 	} {
 		f, h := newMintFake(t)
 		h.IncusConfigDir = remotesDir(t)
-		_, err := h.Mint(context.Background(), MintRequest{Name: "b", Image: tc.image})
+		_, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: tc.image})
 		require.Error(t, err, tc.image)
 		assert.Contains(t, err.Error(), tc.want)
 		assert.Empty(t, f.srv.Find(http.MethodPost, "/1.0/instances"), tc.image)
@@ -335,7 +335,7 @@ func TestMintShowsTheDownload(t *testing.T) {
 		got = append(got, line)
 		f.seen <- line
 	}
-	_, err := h.Mint(context.Background(), MintRequest{Name: "b", Image: "images:debian/12/cloud"})
+	_, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: "images:debian/12/cloud"})
 	require.NoError(t, err)
 	var want []string
 	for _, p := range f.progress {

@@ -49,9 +49,9 @@ func wantIncusChains(d model.Desired) []incusChain {
 	return out
 }
 
-// incusChainFindings compares what the kernel holds in inet incus with what
+// IncusChainFindings compares what the kernel holds in inet incus with what
 // Incus should have written for d.
-func incusChainFindings(d model.Desired, chains map[string]int, present bool) []model.Finding {
+func IncusChainFindings(d model.Desired, chains map[string]int, present bool) []model.Finding {
 	var out []model.Finding
 	for _, w := range wantIncusChains(d) {
 		obj := "nft chain inet " + nft.IncusTable + " " + w.name
@@ -72,10 +72,10 @@ func incusChainFindings(d model.Desired, chains map[string]int, present bool) []
 	return out
 }
 
-// incusNft says whether Incus's firewall driver is nftables (the driver
+// IncusUsesNft says whether Incus's firewall driver is nftables (the driver
 // Incus picks unless the host has iptables rules of its own), and which
 // driver it is otherwise.
-func (host *Host) incusNft(ctx context.Context) (bool, string, error) {
+func (host *Host) IncusUsesNft(ctx context.Context) (bool, string, error) {
 	srv, err := host.Incus.Server(ctx)
 	if err != nil {
 		return false, "", fmt.Errorf("reading Incus's firewall driver: %w", err)
@@ -86,7 +86,7 @@ func (host *Host) incusNft(ctx context.Context) (bool, string, error) {
 
 // verifyIncusChains reads inet incus in g's namespace into v.
 func (host *Host) verifyIncusChains(ctx context.Context, g *hostns.NS, d model.Desired, v *Verification) error {
-	if ok, fw, err := host.incusNft(ctx); err != nil {
+	if ok, fw, err := host.IncusUsesNft(ctx); err != nil {
 		return err
 	} else if !ok {
 		v.Notes = append(v.Notes, fmt.Sprintf("Incus's firewall driver is %q, not nftables: its ACL and NAT rules are not read from the kernel here (Verify reads inet %s only)", fw, nft.IncusTable))
@@ -96,7 +96,7 @@ func (host *Host) verifyIncusChains(ctx context.Context, g *hostns.NS, d model.D
 	if err != nil {
 		return fmt.Errorf("reading Incus's firewall: %w", err)
 	}
-	v.Findings = append(v.Findings, incusChainFindings(d, chains, present)...)
+	v.Findings = append(v.Findings, IncusChainFindings(d, chains, present)...)
 	return nil
 }
 
@@ -158,7 +158,7 @@ func spelled(v string) string {
 // ensureIncusFirewall has Incus rewrite its chains when the kernel lacks
 // any the stack needs, and checks that it did.
 func (host *Host) ensureIncusFirewall(ctx context.Context, g *hostns.NS, d model.Desired, rep *Report) error {
-	if ok, _, err := host.incusNft(ctx); err != nil || !ok {
+	if ok, _, err := host.IncusUsesNft(ctx); err != nil || !ok {
 		return err
 	}
 	cfg := g.NFTConfig(model.Current)
@@ -166,7 +166,7 @@ func (host *Host) ensureIncusFirewall(ctx context.Context, g *hostns.NS, d model
 	if err != nil {
 		return fmt.Errorf("reading Incus's firewall: %w", err)
 	}
-	if len(incusChainFindings(d, chains, present)) == 0 {
+	if len(IncusChainFindings(d, chains, present)) == 0 {
 		return nil
 	}
 	detail, err := host.ReapplyIncusFirewall(ctx)
@@ -177,7 +177,7 @@ func (host *Host) ensureIncusFirewall(ctx context.Context, g *hostns.NS, d model
 	if chains, present, err = nft.IncusChains(cfg); err != nil {
 		return fmt.Errorf("reading Incus's firewall: %w", err)
 	}
-	if fs := incusChainFindings(d, chains, present); len(fs) > 0 {
+	if fs := IncusChainFindings(d, chains, present); len(fs) > 0 {
 		return fmt.Errorf("bridge %s was set up again, but Incus's firewall is still not whole (%s): read incusd's log", d.Network.Name, fs[0].Object)
 	}
 	return nil

@@ -17,16 +17,16 @@ func TestSameMeaningFlipsSpellingOnly(t *testing.T) {
 func TestIncusChainFindings(t *testing.T) {
 	d := model.BuildDesired(netip.MustParsePrefix("10.88.0.0/24"), model.Options{})
 	whole := map[string]int{"acl.boxnet": 9, "aclin.boxnet": 7, "aclout.boxnet": 5, "aclfwd.boxnet": 2, "pstrt.boxnet": 1, "fwd.boxnet": 2}
-	assert.Empty(t, incusChainFindings(d, whole, true), "Incus's table as it writes it")
+	assert.Empty(t, IncusChainFindings(d, whole, true), "Incus's table as it writes it")
 
-	gone := incusChainFindings(d, nil, false)
+	gone := IncusChainFindings(d, nil, false)
 	assert.Len(t, gone, 5, "each chain the stack needs, named")
 	for _, f := range gone {
 		assert.Contains(t, f.Problem, "whole table inet incus is gone")
 	}
 
 	partial := map[string]int{"acl.boxnet": 0, "aclin.boxnet": 7, "aclout.boxnet": 5, "aclfwd.boxnet": 2}
-	fs := incusChainFindings(d, partial, true)
+	fs := IncusChainFindings(d, partial, true)
 	if assert.Len(t, fs, 2) {
 		byObj := map[string]model.Finding{}
 		for _, f := range fs {

@@ -72,7 +72,7 @@ func (host *Host) removeLeftPorts(inst *incus.Instance) {
 		}
 		return
 	}
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return
 	}

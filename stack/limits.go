@@ -65,11 +65,12 @@ func withLimits(cfg map[string]string, req MintRequest) {
 // Incus measures a dir volume's usage only through its project quota, so
 // a root disk it reports no usage for has none. "" when the size holds,
 // or when no size was asked for.
-func (host *Host) diskLimitNote(ctx context.Context, req MintRequest) string {
+func (mgr *Manager) diskLimitNote(ctx context.Context, req MintRequest) string {
+	host := mgr.host
 	if req.Disk == "" {
 		return ""
 	}
-	pool, _, err := host.Incus.StoragePool(ctx, host.pool())
+	pool, _, err := host.Incus.StoragePool(ctx, host.Pool())
 	if err != nil {
 		// A granted user may not read pools: say nothing rather than guess.
 		return ""

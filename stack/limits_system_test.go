@@ -30,8 +30,8 @@ func TestSystemLimitsHold(t *testing.T) {
 	ctx, h, st := worldHost(t)
 	ensureCounting(ctx, t, h)
 	box := uniq(t, "t-lim-")
-	t.Cleanup(func() { _ = h.Remove(context.Background(), box) })
-	b, err := h.Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias,
+	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), box) })
+	b, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias,
 		Processes: "64", CPUAllowance: "20ms/100ms", Memory: "128MiB", Disk: "128MiB"})
 	require.NoError(t, err)
 	assert.Empty(t, b.Notes, "every limit applied")
@@ -89,8 +89,8 @@ func TestSystemLimitsHold(t *testing.T) {
 
 	// A sibling beside it, minted while it was held, is untouched.
 	sib := uniq(t, "t-lim-")
-	t.Cleanup(func() { _ = h.Remove(context.Background(), sib) })
-	_, err = h.Mint(ctx, stack.MintRequest{Name: sib, Image: image.DefaultAlias})
+	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), sib) })
+	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: sib, Image: image.DefaultAlias})
 	require.NoError(t, err)
 	_, err = h.WaitAddress(ctx, sib, 30*time.Second)
 	require.NoError(t, err)
@@ -102,12 +102,12 @@ func TestSystemLimitsHold(t *testing.T) {
 	onDir := *h
 	onDir.Options.Pool = dirPool
 	dirBox := uniq(t, "t-lim-")
-	t.Cleanup(func() { _ = h.Remove(context.Background(), dirBox) })
-	b, err = onDir.Mint(ctx, stack.MintRequest{Name: dirBox, Image: image.DefaultAlias, Disk: "128MiB"})
+	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), dirBox) })
+	b, err = stack.NewManager(&onDir).Mint(ctx, stack.MintRequest{Name: dirBox, Image: image.DefaultAlias, Disk: "128MiB"})
 	require.NoError(t, err)
 	require.Len(t, b.Notes, 1, "%v", b.Notes)
 	assert.Contains(t, b.Notes[0], "no disk limit: pool "+dirPool+" (dir) did not enforce the root disk's size 128MiB")
-	t.Cleanup(func() { _ = onDir.Remove(context.Background(), dirBox) })
+	t.Cleanup(func() { _ = stack.NewManager(&onDir).Remove(context.Background(), dirBox) })
 }
 
 // poolQuotaGroups is what the btrfs quota groups of the world's pool say

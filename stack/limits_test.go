@@ -64,7 +64,7 @@ func TestDiskLimitNote(t *testing.T) {
 				_ = json.NewEncoder(w).Encode(map[string]any{"type": "sync", "status_code": 200, "metadata": incus.InstanceState{Status: "Running", Disk: tc.disk}})
 			})
 			h := &Host{Incus: incus.New(srv.Socket())}
-			got := h.diskLimitNote(context.Background(), MintRequest{Name: "b", Disk: tc.size})
+			got := (&Manager{host: h}).diskLimitNote(context.Background(), MintRequest{Name: "b", Disk: tc.size})
 			if tc.want == "" {
 				require.Empty(t, got)
 				return

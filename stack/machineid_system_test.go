@@ -53,7 +53,7 @@ func TestSystemMachineIDTemplate(t *testing.T) {
 		return inst.Config["volatile.uuid"], strings.TrimSpace(string(b))
 	}
 
-	require.NoError(t, stack.MachineIDTemplateOf(h, ctx, dst))
+	require.NoError(t, stack.MachineIDTemplateOf(h)(ctx, dst))
 	md, _, err := c.InstanceMetadata(ctx, dst)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"copy"}, md.Templates["/etc/machine-id"].When)
@@ -65,7 +65,7 @@ func TestSystemMachineIDTemplate(t *testing.T) {
 	// copy is pending; the template still runs at its next start.
 	// (The probe image's init makes up a machine-id when it has none.)
 	srcUUID, before := ownID(src)
-	require.NoError(t, stack.MachineIDTemplateOf(h, ctx, src))
+	require.NoError(t, stack.MachineIDTemplateOf(h)(ctx, src))
 	_, after := ownID(src)
 	assert.Equal(t, strings.ReplaceAll(srcUUID, "-", ""), after)
 	assert.NotEqual(t, before, after)

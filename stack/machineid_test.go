@@ -43,7 +43,7 @@ func TestVMCloneGetsAFreshMachineID(t *testing.T) {
 		incustest.Sync(w, nil)
 	})
 
-	_, err := h.Clone(context.Background(), "src", "", "c")
+	_, err := (&Manager{host: h}).Clone(context.Background(), "src", "", "c")
 	require.NoError(t, err)
 
 	assert.Empty(t, f.srv.Find(http.MethodPost, "/1.0/instances/c/files"), "a VM's files cannot be written before it runs")
@@ -77,7 +77,7 @@ func TestContainerCloneGetsAFreshMachineID(t *testing.T) {
 	f, h := newClusterFake(t)
 	f.clustered = false
 	f.add("src", "", "Stopped", "")
-	_, err := h.Clone(context.Background(), "src", "", "c")
+	_, err := (&Manager{host: h}).Clone(context.Background(), "src", "", "c")
 	require.NoError(t, err)
 	files := f.srv.Find(http.MethodPost, "/1.0/instances/c/files")
 	require.Len(t, files, 1)

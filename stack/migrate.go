@@ -135,7 +135,7 @@ func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 	if err := c.SetInstanceState(ctx, name, "start", 0, false); err != nil {
 		return fmt.Errorf("migrating %s: starting it again: %w", name, err)
 	}
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		return err
 	}
 	if _, err := host.WaitAddress(ctx, name, 30*time.Second); err != nil {
@@ -165,7 +165,7 @@ func (host *Host) retireLegacy(ctx context.Context) ([]model.Change, error) {
 	if err != nil {
 		return changes, err
 	}
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return changes, err
 	}

@@ -28,7 +28,8 @@ type MoveResult struct {
 // fixed address (a box minted before box gave them gets one of its new
 // member's slice), its snapshots and its stamps; its doors listen on the
 // new member's loopback from its next start.
-func (host *Host) Move(ctx context.Context, name, member string) (*MoveResult, error) {
+func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult, error) {
+	host := mgr.host
 	inst, _, err := host.resolve(ctx, name)
 	if err != nil {
 		return nil, err
@@ -59,7 +60,7 @@ func (host *Host) Move(ctx context.Context, name, member string) (*MoveResult, e
 		if _, _, err := host.memberSlice(ctx, member); err != nil {
 			return nil, fmt.Errorf("moving %s: %w", name, err)
 		}
-		if err := host.leaveMember(ctx, name, addr); err != nil {
+		if err := mgr.leaveMember(ctx, name, addr); err != nil {
 			return nil, fmt.Errorf("moving %s: %w", name, err)
 		}
 		if err := host.Incus.MoveInstance(ctx, name, member); err != nil {
@@ -90,7 +91,7 @@ func (host *Host) Move(ctx context.Context, name, member string) (*MoveResult, e
 		addr = got
 	}
 	res.Address = addr.String()
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("moved %s to %s, but refreshing the bridge ports failed: %w (run box doctor --fix)", name, member, err)
 	}
 	if res.Box, err = host.Info(ctx, name); err != nil {
@@ -112,7 +113,8 @@ const keyMoving = "user.box.moving"
 // cannot apply in place does: the NIC loses its address and is renamed
 // (transitName) at once. The address is kept under keyMoving until
 // landAddress puts the NIC back as it was, on the new member.
-func (host *Host) leaveMember(ctx context.Context, name string, addr netip.Addr) error {
+func (mgr *Manager) leaveMember(ctx context.Context, name string, addr netip.Addr) error {
+	host := mgr.host
 	if !addr.IsValid() {
 		return nil
 	}
@@ -136,19 +138,6 @@ func (host *Host) leaveMember(ctx context.Context, name string, addr netip.Addr)
 
 // transitName names a moving box's NIC inside it until it lands.
 const transitName = "box-moving"
-
-// landAddress gives a box on member its fixed address addr again (after a
-// move), or a fresh one of the member's slice when addr is not valid or
-// another NIC on the member took it meanwhile.
-func (host *Host) landAddress(ctx context.Context, name, member string, addr netip.Addr) (netip.Addr, error) {
-	if addr.IsValid() {
-		err := host.setFixedAddress(ctx, name, addr)
-		if !isAddressConflict(err) {
-			return addr, err
-		}
-	}
-	return host.fixAddress(ctx, name, member)
-}
 
 // movingAddress is the address a box held when a move of it stopped half
 // way (invalid when none).

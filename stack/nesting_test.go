@@ -15,7 +15,7 @@ import (
 // security.* key is sent at all.
 func TestMintNesting(t *testing.T) {
 	f, h := newMintFake(t)
-	_, err := h.Mint(context.Background(), MintRequest{Name: "d", Image: "here", Nesting: true})
+	_, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "d", Image: "here", Nesting: true})
 	require.NoError(t, err)
 	req := f.created(t)
 	for k, v := range model.NestingConfig() {
@@ -25,7 +25,7 @@ func TestMintNesting(t *testing.T) {
 	assert.Empty(t, f.srv.Find("PUT", "/1.0/profiles/"+model.Current.Profile))
 
 	f, h = newMintFake(t)
-	_, err = h.Mint(context.Background(), MintRequest{Name: "p", Image: "here"})
+	_, err = (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "p", Image: "here"})
 	require.NoError(t, err)
 	for k := range f.created(t).Config {
 		assert.False(t, strings.HasPrefix(k, "security."), "%s sent without nesting", k)

@@ -131,8 +131,8 @@ func TestSystemPendingBridgeRepaired(t *testing.T) {
 
 	// A box on it: nothing of the user's is touched; the fix is named.
 	name := uniq(t, "pend-")
-	t.Cleanup(func() { _ = h.Remove(context.Background(), name) })
-	_, err = h.Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias})
+	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), name) })
+	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias})
 	require.NoError(t, err)
 	leavePending(t, st)
 	v, err = h.Verify(ctx)

@@ -22,11 +22,11 @@ import (
 // from the lease file, which any DHCP message a box gets through to
 // dnsmasq can change.
 
-// pinPlan is what the pin table should hold now.
-type pinPlan struct {
+// PinPlan is what the pin table should hold now.
+type PinPlan struct {
 	// scope are the bridge's ports the table pins; pins what each may be.
-	scope []string
-	pins  []nft.Pin
+	Scope []string
+	Pins  []nft.Pin
 	// unresolved are ports no instance claims yet (a port is on the bridge
 	// a moment before Incus records whose it is, and a stray port is
 	// nobody's): they are left out of the scope rather than cut off, and a
@@ -36,50 +36,50 @@ type pinPlan struct {
 	notes []string
 }
 
-// fleet is every instance and the bridge's leases, read once for what a
+// Fleet is every instance and the bridge's leases, read once for what a
 // refresh, Verify or Ensure plans from them (the pins, the egress sets).
-type fleet struct {
+type Fleet struct {
 	insts  []incus.Instance
 	leases []incus.NetworkLease
 }
 
-// readFleet lists every instance and the bridge's leases: on a cluster,
+// ReadFleet lists every instance and the bridge's leases: on a cluster,
 // those of this host's member (what its pins and egress sets are made of).
-func (host *Host) readFleet(ctx context.Context) (fleet, error) {
+func (host *Host) ReadFleet(ctx context.Context) (Fleet, error) {
 	f, err := host.readClusterFleet(ctx)
 	if err != nil {
-		return fleet{}, err
+		return Fleet{}, err
 	}
-	return fleet{insts: onMember(f.insts, host.here()), leases: leasesOn(f.leases, host.here())}, nil
+	return Fleet{insts: onMember(f.insts, host.here()), leases: leasesOn(f.leases, host.here())}, nil
 }
 
 // readClusterFleet is readFleet for every member of a cluster.
-func (host *Host) readClusterFleet(ctx context.Context) (fleet, error) {
+func (host *Host) readClusterFleet(ctx context.Context) (Fleet, error) {
 	if _, err := host.Cluster(ctx); err != nil {
-		return fleet{}, err
+		return Fleet{}, err
 	}
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
-		return fleet{}, err
+		return Fleet{}, err
 	}
 	leases, err := host.bridgeLeases(ctx, insts)
 	if err != nil {
-		return fleet{}, err
+		return Fleet{}, err
 	}
-	return fleet{insts: insts, leases: leases}, nil
+	return Fleet{insts: insts, leases: leases}, nil
 }
 
 // fleetOf is readFleet from a listing of the instances already made.
-func (host *Host) fleetOf(ctx context.Context, insts []incus.Instance) (fleet, error) {
+func (host *Host) fleetOf(ctx context.Context, insts []incus.Instance) (Fleet, error) {
 	leases, err := host.bridgeLeases(ctx, insts)
 	if err != nil {
-		return fleet{}, err
+		return Fleet{}, err
 	}
-	return fleet{insts: insts, leases: leasesOn(leases, host.here())}, nil
+	return Fleet{insts: insts, leases: leasesOn(leases, host.here())}, nil
 }
 
-// planPins says what to pin on ports.
-func (f fleet) planPins(ports []string) *pinPlan {
+// PlanPins says what to pin on ports.
+func (f Fleet) PlanPins(ports []string) *PinPlan {
 	return pinPlanOf(model.Current.Network, f.insts, ports)
 }
 
@@ -114,7 +114,7 @@ func (host *Host) bridgeLeases(ctx context.Context, insts []incus.Instance) ([]i
 // to and the fixed address stored for that NIC (none when it has none: it
 // may then only ask for one from 0.0.0.0). An address stored for the NICs
 // of two ports is pinned to neither, with a note.
-func pinPlanOf(bridge string, insts []incus.Instance, ports []string) *pinPlan {
+func pinPlanOf(bridge string, insts []incus.Instance, ports []string) *PinPlan {
 	macOf := map[string]net.HardwareAddr{} // port -> its NIC's MAC
 	addrOf := map[string][]netip.Addr{}    // port -> its NIC's fixed address
 	for i := range insts {
@@ -127,7 +127,7 @@ func pinPlanOf(bridge string, insts []incus.Instance, ports []string) *pinPlan {
 			}
 		}
 	}
-	p := &pinPlan{}
+	p := &PinPlan{}
 	owner := map[netip.Addr]string{}
 	dup := map[netip.Addr]bool{}
 	for _, port := range ports {
@@ -146,17 +146,17 @@ func pinPlanOf(bridge string, insts []incus.Instance, ports []string) *pinPlan {
 			owner[a] = port
 			pin.Addrs = append(pin.Addrs, a)
 		}
-		p.scope = append(p.scope, port)
-		p.pins = append(p.pins, pin)
+		p.Scope = append(p.Scope, port)
+		p.Pins = append(p.Pins, pin)
 	}
-	for i := range p.pins {
-		p.pins[i].Addrs = slices.DeleteFunc(p.pins[i].Addrs, func(a netip.Addr) bool { return dup[a] })
+	for i := range p.Pins {
+		p.Pins[i].Addrs = slices.DeleteFunc(p.Pins[i].Addrs, func(a netip.Addr) bool { return dup[a] })
 	}
 	return p
 }
 
 // pinFindings turns the pin table's findings into Verify's.
-func pinFindings(nf []nft.Finding, p *pinPlan) []model.Finding {
+func pinFindings(nf []nft.Finding, p *PinPlan) []model.Finding {
 	var out []model.Finding
 	for _, f := range nf {
 		layer := model.LayerPin

@@ -38,7 +38,7 @@ func TestPinPlan(t *testing.T) {
 	p := pinPlanOf("boxnet", []incus.Instance{a, b, c, twin, old}, []string{"veth-a", "veth-b", "veth-c", "veth-twin", "veth-old", "veth-stray"})
 
 	got := map[string]string{}
-	for _, pin := range p.pins {
+	for _, pin := range p.Pins {
 		var addrs []string
 		for _, x := range pin.Addrs {
 			addrs = append(addrs, x.String())
@@ -52,7 +52,7 @@ func TestPinPlan(t *testing.T) {
 		"veth-twin": "10:66:6a:00:00:0d ",
 		"veth-old":  "10:66:6a:00:00:0e ",
 	}, got, "each NIC's fixed address; one two NICs ask for is pinned to neither")
-	assert.Equal(t, []string{"veth-a", "veth-b", "veth-c", "veth-twin", "veth-old"}, p.scope)
+	assert.Equal(t, []string{"veth-a", "veth-b", "veth-c", "veth-twin", "veth-old"}, p.Scope)
 	assert.Equal(t, []string{"veth-stray"}, p.unresolved, "a port no instance claims is left out of the scope, not cut off")
 	require.Len(t, p.notes, 1)
 	assert.Contains(t, p.notes[0], "10.88.0.11 is the fixed address of the NICs of both veth-b and veth-twin")

@@ -45,7 +45,8 @@ type ExportResult struct {
 // running container by reading its files while it keeps writing them (it
 // freezes it for a snapshot, but not for a backup), and this host could
 // not freeze it anyway, so only a stopped box makes a consistent file.
-func (host *Host) Export(ctx context.Context, name string, w io.Writer) (*ExportResult, error) {
+func (mgr *Manager) Export(ctx context.Context, name string, w io.Writer) (*ExportResult, error) {
+	host := mgr.host
 	inst, _, err := host.resolve(ctx, name)
 	if err != nil {
 		return nil, err
@@ -73,7 +74,7 @@ func (host *Host) Export(ctx context.Context, name string, w io.Writer) (*Export
 	})
 	if res.SourceStopped {
 		// The copy to w reads incusd's backup, not the box.
-		if serr := host.startAgain(ctx, name); serr != nil {
+		if serr := mgr.startAgain(ctx, name); serr != nil {
 			err = errors.Join(err, serr)
 		}
 	}
@@ -97,12 +98,13 @@ func (host *Host) Export(ctx context.Context, name string, w io.Writer) (*Export
 
 // startAgain starts a box that was stopped for a moment, even if the
 // caller has given up, and isolates its new port.
-func (host *Host) startAgain(ctx context.Context, name string) error {
+func (mgr *Manager) startAgain(ctx context.Context, name string) error {
+	host := mgr.host
 	ctx = context.WithoutCancel(ctx)
 	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
 		return fmt.Errorf("starting %s again: %w (start it: box start %s)", name, err, name)
 	}
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		return fmt.Errorf("started %s again, but isolating its bridge port failed: %w (run box doctor --fix)", name, err)
 	}
 	return nil
@@ -129,7 +131,8 @@ type ImportResult struct {
 // machine-id and instance UUID, always, since a file can be imported
 // beside its source or twice, and two boxes with one identity share one
 // DHCP lease. Then it is started and its port isolated.
-func (host *Host) Import(ctx context.Context, file, name string) (res *ImportResult, err error) {
+func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportResult, err error) {
+	host := mgr.host
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, fmt.Errorf("importing: %w", err)
@@ -140,12 +143,12 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	name = cmp.Or(name, bf.Name)
-	net, err := host.requireStack(ctx)
+	net, err := host.RequireStack(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	if host.Tier {
-		if err := host.requireWatcher(); err != nil {
+		if err := host.RequireWatcher(); err != nil {
 			return nil, fmt.Errorf("importing %s: %w", file, err)
 		}
 	}
@@ -173,14 +176,14 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	host.progressf("importing %s as %s...", file, name)
-	if err := host.Incus.ImportBackup(ctx, name, f, host.pool()); err != nil {
+	if err := host.Incus.ImportBackup(ctx, name, f, host.Pool()); err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	// From here on a failure leaves an instance that is not a proper box:
 	// remove it.
 	defer func() {
 		if err != nil {
-			if rerr := host.removeInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
+			if rerr := host.RemoveInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
 				err = errors.Join(err, fmt.Errorf("removing the half-imported %s: %w (remove it by hand: incus delete --force %s)", name, rerr, name))
 			}
 		}
@@ -190,7 +193,7 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 	if err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
-	if err := host.judgeImported(ctx, file, inst); err != nil {
+	if err := mgr.judgeImported(ctx, file, inst); err != nil {
 		return nil, err
 	}
 	snaps, err := host.Incus.Snapshots(ctx, name)
@@ -265,14 +268,14 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 	if _, err := host.fixAddress(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
-	if err := host.freshMachineID(ctx, inst); err != nil {
+	if err := mgr.freshMachineID(ctx, inst); err != nil {
 		return nil, fmt.Errorf("giving %s a machine-id: %w", name, err)
 	}
 	host.progressf("starting %s...", name)
 	if err = host.startFixed(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	if _, err := host.refreshPorts(ctx); err != nil {
+	if _, err := host.RefreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("imported %s, but isolating its bridge port failed: %w", name, err)
 	}
 	res.Box, err = host.Info(ctx, name)
@@ -282,7 +285,8 @@ func (host *Host) Import(ctx context.Context, file, name string) (res *ImportRes
 // judgeImported judges the instance Incus made of a file, and its
 // snapshots, as the server expanded them: what was judged in the file is
 // what Incus made, or the import is undone.
-func (host *Host) judgeImported(ctx context.Context, file string, inst *incus.Instance) error {
+func (mgr *Manager) judgeImported(ctx context.Context, file string, inst *incus.Instance) error {
+	host := mgr.host
 	var reasons []string
 	for _, p := range judgeDefinition(model.Current.Network, inst).Problems {
 		reasons = append(reasons, "as Incus made it, the box: "+p.What)

@@ -113,7 +113,7 @@ func TestImportRefusesBeforeCreatingAnything(t *testing.T) {
 	f, h := newStackFake(t)
 	tampered := newBackupFixture()
 	tampered.backup.Container.Devices["eth1"] = map[string]string{"type": "nic", "nictype": "macvlan", "parent": "eno1"}
-	_, err := h.Import(context.Background(), fixtureFile(t, tampered), "copy")
+	_, err := (&Manager{host: h}).Import(context.Background(), fixtureFile(t, tampered), "copy")
 	var refused *ImportRefusedError
 	require.ErrorAs(t, err, &refused)
 	assert.Contains(t, err.Error(), "second NIC eth1")
@@ -121,7 +121,7 @@ func TestImportRefusesBeforeCreatingAnything(t *testing.T) {
 
 	notABox := newBackupFixture()
 	delete(notABox.backup.Container.Config, model.Current.Tag)
-	_, err = h.Import(context.Background(), fixtureFile(t, notABox), "copy")
+	_, err = (&Manager{host: h}).Import(context.Background(), fixtureFile(t, notABox), "copy")
 	require.ErrorAs(t, err, &refused)
 	assert.Contains(t, err.Error(), "it is not a box")
 	assert.Empty(t, f.writes())
@@ -130,7 +130,7 @@ func TestImportRefusesBeforeCreatingAnything(t *testing.T) {
 func TestImportRefusesATakenName(t *testing.T) {
 	f, h := newStackFake(t)
 	f.insts["work"] = f.madeFrom("work")
-	_, err := h.Import(context.Background(), fixtureFile(t, newBackupFixture()), "")
+	_, err := (&Manager{host: h}).Import(context.Background(), fixtureFile(t, newBackupFixture()), "")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "an instance named work already exists (it is the box this file was exported from, or another import of it: pass --name NEW)")
 	assert.Empty(t, f.writes())
@@ -150,7 +150,7 @@ func TestImportUndoesWhatIncusMadeOffTheStack(t *testing.T) {
 		i["expanded_devices"] = devs
 		return i
 	}
-	_, err := h.Import(context.Background(), fixtureFile(t, newBackupFixture()), "copy")
+	_, err := (&Manager{host: h}).Import(context.Background(), fixtureFile(t, newBackupFixture()), "copy")
 	var refused *ImportRefusedError
 	require.ErrorAs(t, err, &refused)
 	assert.Contains(t, err.Error(), "as Incus made it, the box: has a second NIC eth1")
@@ -184,7 +184,7 @@ func TestExportAStoppedBox(t *testing.T) {
 	})
 	var out bytes.Buffer
 	start := time.Now()
-	res, err := h.Export(context.Background(), "work", &out)
+	res, err := (&Manager{host: h}).Export(context.Background(), "work", &out)
 	require.NoError(t, err)
 	assert.Equal(t, "the tarball", out.String())
 	assert.Equal(t, int64(len("the tarball")), res.Bytes)
@@ -201,7 +201,7 @@ func TestExportAStoppedBox(t *testing.T) {
 
 	// A copy that fails still deletes incusd's backup.
 	failExport = true
-	_, err = h.Export(context.Background(), "work", io.Discard)
+	_, err = (&Manager{host: h}).Export(context.Background(), "work", io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "exporting work")
 	w := f.writes()
@@ -214,7 +214,7 @@ func TestExportFailsCleanly(t *testing.T) {
 	f.srv.Handle("POST /1.0/instances/{name}/backups", func(w http.ResponseWriter, r *http.Request) {
 		f.srv.Async(w, incustest.Op{Description: "Backing up instance", Err: "Create backup: no space left on device"})
 	})
-	_, err := h.Export(context.Background(), "work", io.Discard)
+	_, err := (&Manager{host: h}).Export(context.Background(), "work", io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no space left on device")
 	assert.False(t, errors.Is(err, context.Canceled))

@@ -17,25 +17,25 @@ import (
 // its instance's MAC and fixed address. Box commands call refreshPorts; the port
 // watcher (watch.go) calls syncPorts and refreshPins apart.
 
-// portsRefresh is what one refreshPorts changed.
-type portsRefresh struct {
-	isolated []string // ports whose isolated flag it turned on
-	added    []string // ports it put in the bridge drop's port set
-	removed  []string // names it took out of the set
+// PortsRefresh is what one refreshPorts changed.
+type PortsRefresh struct {
+	Isolated []string // ports whose isolated flag it turned on
+	Added    []string // ports it put in the bridge drop's port set
+	Removed  []string // names it took out of the set
 	// isolatedAt and addedAt are when the flags were set and when the
 	// additions were committed (zero when there were none).
-	isolatedAt, addedAt time.Time
+	IsolatedAt, AddedAt time.Time
 	// pinned says the pin table's sets changed; unresolved are ports no
 	// instance claims yet, left unpinned (planPins); addressless are boxes
 	// Incus was still starting, given no fixed address yet.
-	pinned      bool
-	unresolved  []string
-	addressless []string
+	Pinned      bool
+	Unresolved  []string
+	Addressless []string
 }
 
-func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.removed) == 0 }
+func (r PortsRefresh) empty() bool { return len(r.Isolated)+len(r.Added)+len(r.Removed) == 0 }
 
-// refreshPorts isolates every port of the bridge and, where the kernel has
+// RefreshPorts isolates every port of the bridge and, where the kernel has
 // no nft bridge meta, refreshes the bridge drop's port set (syncPorts),
 // then the pins (refreshPins): a box's port name is only known once it has
 // started, its lease once it has asked. It is the one refresh box commands
@@ -45,17 +45,17 @@ func (r portsRefresh) empty() bool { return len(r.isolated)+len(r.added)+len(r.r
 // On a cluster it refreshes every member it can reach (its own, and those
 // MemberNetNS names): a box minted, started or moved from here may live on
 // any of them. Another machine's member is its port watcher's to refresh.
-func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
+func (host *Host) RefreshPorts(ctx context.Context) (PortsRefresh, error) {
 	if host.kernelless || host.Remote != "" {
 		// A remote's ports are its host's port watcher's.
-		return portsRefresh{}, nil
+		return PortsRefresh{}, nil
 	}
 	if host.Tier || host.member != "" {
 		return host.refreshPortsHere(ctx)
 	}
 	ci, err := host.Cluster(ctx)
 	if err != nil {
-		return portsRefresh{}, err
+		return PortsRefresh{}, err
 	}
 	r, err := host.refreshPortsHere(ctx)
 	if err != nil || !ci.Clustered() {
@@ -72,37 +72,37 @@ func (host *Host) refreshPorts(ctx context.Context) (portsRefresh, error) {
 }
 
 // refreshPortsHere is refreshPorts on this host's member only.
-func (host *Host) refreshPortsHere(ctx context.Context) (portsRefresh, error) {
+func (host *Host) refreshPortsHere(ctx context.Context) (PortsRefresh, error) {
 	if host.Tier {
 		// A granted user cannot touch the kernel: the port watcher (root)
 		// puts the port in the set and pins it, as it does for any box.
-		return portsRefresh{}, host.requireWatcher()
+		return PortsRefresh{}, host.RequireWatcher()
 	}
-	r, err := host.syncPorts(ctx)
+	r, err := host.SyncPorts(ctx)
 	if err != nil {
 		return r, err
 	}
-	return r, host.refreshPins(ctx, &r)
+	return r, host.RefreshPins(ctx, &r)
 }
 
-// syncPorts is the kernel-only half of a refresh: every port isolated, the
+// SyncPorts is the kernel-only half of a refresh: every port isolated, the
 // port set exact. Refreshes are serialised across processes, so two box
 // commands at once cannot drop each other's ports.
-func (host *Host) syncPorts(ctx context.Context) (portsRefresh, error) {
-	var r portsRefresh
+func (host *Host) SyncPorts(ctx context.Context) (PortsRefresh, error) {
+	var r PortsRefresh
 	unlock, err := hostns.LockFile(ctx, hostns.PortsLock, "the port set")
 	if err != nil {
 		return r, err
 	}
 	defer unlock()
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return r, err
 	}
 	defer g.Close()
 	ports, isolated, err := g.IsolatePorts(model.Current.Network)
 	if len(isolated) > 0 {
-		r.isolated, r.isolatedAt = isolated, time.Now()
+		r.Isolated, r.IsolatedAt = isolated, time.Now()
 	}
 	if err != nil {
 		return r, err
@@ -113,15 +113,15 @@ func (host *Host) syncPorts(ctx context.Context) (portsRefresh, error) {
 		return r, err // no bridge table: nothing to refresh (doctor reports it)
 	}
 	ch, err := nft.SyncPorts(ncfg, hostns.PortNames(ports))
-	r.added, r.removed, r.addedAt = ch.Added, ch.Removed, ch.AddedAt
+	r.Added, r.Removed, r.AddedAt = ch.Added, ch.Removed, ch.AddedAt
 	return r, err
 }
 
-// refreshPins makes the pin table pin the bridge's ports as they are now,
+// RefreshPins makes the pin table pin the bridge's ports as they are now,
 // with the fixed addresses as they are now: it asks Incus whose each port
 // is and what its NIC's address is. A box up without a fixed address gets
 // one first, table or none (the bridge's DHCP answers it only then).
-func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
+func (host *Host) RefreshPins(ctx context.Context, r *PortsRefresh) error {
 	if host.Incus == nil {
 		return nil
 	}
@@ -130,7 +130,7 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 		return err
 	}
 	defer unlock()
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return err
 	}
@@ -152,7 +152,7 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 			return err
 		}
 	}
-	f, err := host.readFleet(ctx)
+	f, err := host.ReadFleet(ctx)
 	if err != nil {
 		return err
 	}
@@ -160,12 +160,12 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	// granted user's, whose user could pick none (the port watcher runs
 	// this as its port comes up), or one started by hand.
 	fixed, busy, err := host.fixMissingAddresses(ctx, f)
-	r.addressless = busy
+	r.Addressless = busy
 	if err != nil {
 		return err
 	}
 	if fixed {
-		if f, err = host.readFleet(ctx); err != nil {
+		if f, err = host.ReadFleet(ctx); err != nil {
 			return err
 		}
 	}
@@ -184,19 +184,19 @@ func (host *Host) refreshPins(ctx context.Context, r *portsRefresh) error {
 	if err != nil {
 		return err
 	}
-	plan := f.planPins(hostns.PortNames(ports))
-	r.unresolved = plan.unresolved
-	r.pinned, err = nft.SetPins(ncfg, plan.scope, plan.pins)
+	plan := f.PlanPins(hostns.PortNames(ports))
+	r.Unresolved = plan.unresolved
+	r.Pinned, err = nft.SetPins(ncfg, plan.Scope, plan.Pins)
 	if err != nil {
 		return fmt.Errorf("refreshing the pins: %w", err)
 	}
 	return nil
 }
 
-// requireWatcher refuses, on a granted user's behalf, when no port watcher
+// RequireWatcher refuses, on a granted user's behalf, when no port watcher
 // runs: without one a new box's port stays outside the bridge drop and the
 // pins.
-func (host *Host) requireWatcher() error {
+func (host *Host) RequireWatcher() error {
 	_, running, err := hostns.WatcherRunning(host.NetNS)
 	if err != nil {
 		return err

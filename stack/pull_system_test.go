@@ -203,14 +203,14 @@ func TestSystemMintPullsFromAnImageServer(t *testing.T) {
 	names := []string{uniq(t, "t-pull-"), uniq(t, "t-pull-"), uniq(t, "t-pull-"), uniq(t, "t-pull-")}
 	t.Cleanup(func() {
 		for _, n := range names {
-			_ = h.Remove(context.Background(), n)
+			_ = stack.NewManager(h).Remove(context.Background(), n)
 		}
 	})
 	img := "images:" + p.alias
 	rootfs := "/images/" + strings.TrimPrefix(p.alias, "box-pull/") + "/root.tar.xz"
 
 	start := time.Now()
-	b, err := h.Mint(ctx, stack.MintRequest{Name: names[0], Image: img})
+	b, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: names[0], Image: img})
 	require.NoError(t, err)
 	t.Logf("first mint (download) %s; progress: %q", time.Since(start).Round(time.Millisecond), progress)
 	assert.Equal(t, p.fp, b.Stamps[stack.StampFingerprint], "the fingerprint incusd resolved the alias to")
@@ -233,7 +233,7 @@ func TestSystemMintPullsFromAnImageServer(t *testing.T) {
 
 	downloads := p.got(rootfs)
 	start = time.Now()
-	b, err = h.Mint(ctx, stack.MintRequest{Name: names[1], Image: img})
+	b, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: names[1], Image: img})
 	require.NoError(t, err)
 	t.Logf("second mint (cached) %s", time.Since(start).Round(time.Millisecond))
 	assert.Equal(t, downloads, p.got(rootfs), "the second mint downloads nothing")
@@ -241,13 +241,13 @@ func TestSystemMintPullsFromAnImageServer(t *testing.T) {
 
 	// The server down, the image cached: Incus mints from its cache.
 	p.stop()
-	b, err = h.Mint(ctx, stack.MintRequest{Name: names[2], Image: img})
+	b, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: names[2], Image: img})
 	require.NoError(t, err, "a server down does not stop a mint of a cached image")
 	assert.Equal(t, p.fp, b.Stamps[stack.StampFingerprint])
 
 	// A server never reached, the image never fetched: a clear error,
 	// nothing made.
-	_, err = h.Mint(ctx, stack.MintRequest{Name: names[3], Image: "gone:" + p.alias})
+	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: names[3], Image: "gone:" + p.alias})
 	require.Error(t, err)
 	t.Logf("server unreachable: %v", err)
 	var pe *stack.ImagePullError

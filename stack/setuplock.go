@@ -18,9 +18,9 @@ func (host *Host) lockSetup(ctx context.Context) (unlock func(), err error) {
 	return hostns.TakeSetupLock(ctx, path, host.LockWait, host.Notice)
 }
 
-// setupHeld says whether another holder has the host's setup lock now,
+// SetupHeld says whether another holder has the host's setup lock now,
 // and who, without waiting and without taking it.
-func (host *Host) setupHeld() (string, bool) {
+func (host *Host) SetupHeld() (string, bool) {
 	path := host.SetupLockPath
 	if path == "" {
 		path = hostns.SetupLockPath(host.NetNS)

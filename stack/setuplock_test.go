@@ -93,15 +93,15 @@ func TestSetupLockEndsWithItsContext(t *testing.T) {
 func TestSetupHeld(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "setup.lock")
 	h := &Host{SetupLockPath: path}
-	_, held := h.setupHeld()
+	_, held := h.SetupHeld()
 	assert.False(t, held, "no lock file yet")
 	unlock, err := hostns.TakeSetupLock(context.Background(), path, time.Minute, nil)
 	require.NoError(t, err)
-	holder, held := h.setupHeld()
+	holder, held := h.SetupHeld()
 	assert.True(t, held)
 	assert.Contains(t, holder, "pid ")
 	unlock()
-	_, held = h.setupHeld()
+	_, held = h.SetupHeld()
 	assert.False(t, held, "free again")
 	again, err := hostns.TakeSetupLock(context.Background(), path, time.Second, nil)
 	require.NoError(t, err, "the look took nothing")

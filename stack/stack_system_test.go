@@ -138,7 +138,7 @@ func TestSystemDriftIsFoundAndHealed(t *testing.T) {
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	box := uniq(t, "t-drift-")
-	_, err = h.Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
+	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
 	require.NoError(t, err)
 	_, err = h.WaitAddress(ctx, box, 30*time.Second)
 	require.NoError(t, err)
@@ -253,13 +253,13 @@ func TestSystemBoundary(t *testing.T) {
 		name string
 		call func() error
 	}{
-		{"stop", func() error { return h.Stop(ctx, name, true) }},
-		{"start", func() error { return h.Start(ctx, name) }},
-		{"rename", func() error { return h.Rename(ctx, name, name+"-x") }},
-		{"snapshot", func() error { _, err := h.Snapshot(ctx, name, "s"); return err }},
-		{"restore", func() error { return h.Restore(ctx, name, "s") }},
-		{"remove", func() error { return h.Remove(ctx, name) }},
-		{"clone", func() error { _, err := h.Clone(ctx, name, "", name+"-c"); return err }},
+		{"stop", func() error { return stack.NewManager(h).Stop(ctx, name, true) }},
+		{"start", func() error { return stack.NewManager(h).Start(ctx, name) }},
+		{"rename", func() error { return stack.NewManager(h).Rename(ctx, name, name+"-x") }},
+		{"snapshot", func() error { _, err := stack.NewManager(h).Snapshot(ctx, name, "s"); return err }},
+		{"restore", func() error { return stack.NewManager(h).Restore(ctx, name, "s") }},
+		{"remove", func() error { return stack.NewManager(h).Remove(ctx, name) }},
+		{"clone", func() error { _, err := stack.NewManager(h).Clone(ctx, name, "", name+"-c"); return err }},
 		{"migrate", func() error { _, err := h.Migrate(ctx, stack.MigrateRequest{Box: name}); return err }},
 	}
 	for _, op := range ops {
@@ -289,12 +289,12 @@ func TestSystemCloneGetsItsOwnIdentity(t *testing.T) {
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	src, dst := uniq(t, "t-src-"), uniq(t, "t-clone-")
-	_, err = h.Mint(ctx, stack.MintRequest{Name: src, Image: image.DefaultAlias, Stamps: map[string]string{stack.StampTemplate: "blank"}})
+	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: src, Image: image.DefaultAlias, Stamps: map[string]string{stack.StampTemplate: "blank"}})
 	require.NoError(t, err)
 	srcIP, err := h.WaitAddress(ctx, src, 30*time.Second)
 	require.NoError(t, err)
 
-	res, err := h.Clone(ctx, src, "", dst)
+	res, err := stack.NewManager(h).Clone(ctx, src, "", dst)
 	require.NoError(t, err)
 	t.Logf("clone of a running box: source stopped for the copy: %v", res.SourceStopped)
 	dstIP, err := h.WaitAddress(ctx, dst, 30*time.Second)
@@ -394,7 +394,7 @@ func TestSystemFirewallOnly(t *testing.T) {
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	box := uniq(t, "t-fw-")
-	_, err = h.Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
+	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
 	require.NoError(t, err)
 	// Its lease taken (and pinned), as box new and the drill wait for.
 	_, err = h.WaitAddress(ctx, box, 30*time.Second)

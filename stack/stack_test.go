@@ -110,12 +110,12 @@ func TestProfileDiffNamesEveryDrift(t *testing.T) {
 		"gpu":  {"type": "gpu"},
 	}
 	live.Config = map[string]string{"security.privileged": "true"}
-	diff := strings.Join(profileDiff(&live, d.Profile), "; ")
+	diff := strings.Join(ProfileDiff(&live, d.Profile), "; ")
 	assert.Contains(t, diff, "security.port_isolation")
 	assert.Contains(t, diff, "extra device gpu")
 	assert.Contains(t, diff, "extra config security.privileged")
 	assert.Contains(t, diff, `config: security.guestapi="false" (was "")`, "the guest API left on")
-	assert.Empty(t, profileDiff(&d.Profile, d.Profile))
+	assert.Empty(t, ProfileDiff(&d.Profile, d.Profile))
 }
 
 // The operator's choices are stored on the bridge and are what a later run

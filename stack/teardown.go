@@ -42,14 +42,14 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 		}
 		for i, b := range boxes {
 			host.progressf("removing box %d of %d: %s", i+1, len(boxes), b.Name)
-			if err := host.removeInstance(ctx, b.Name); err != nil {
+			if err := host.RemoveInstance(ctx, b.Name); err != nil {
 				return changes, err
 			}
 			changes = append(changes, model.Change{Object: "box " + b.Name, Action: "removed"})
 		}
 	}
 
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return changes, err
 	}

@@ -52,7 +52,7 @@ const fixEnsure = "box doctor --fix"
 // flag, the dnsmasq process actually serving the bridge and who holds the
 // gateway address. It changes nothing.
 func (host *Host) Verify(ctx context.Context) (*Verification, error) {
-	g, err := host.ground()
+	g, err := host.OpenNS()
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +131,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	case err != nil:
 		return nil, fmt.Errorf("reading profile %s: %w", gen.Profile, err)
 	default:
-		for _, diff := range profileDiff(prof, d.Profile) {
+		for _, diff := range ProfileDiff(prof, d.Profile) {
 			layer := model.LayerStack
 			if strings.Contains(diff, "port_isolation") {
 				layer = model.LayerPortIso
@@ -277,13 +277,13 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 	if err != nil {
 		return fmt.Errorf("reading what to pin: %w", err)
 	}
-	plan := f.planPins(hostns.PortNames(ports))
-	pf, err := nft.VerifyPins(ncfg, caps, plan.scope, plan.pins)
+	plan := f.PlanPins(hostns.PortNames(ports))
+	pf, err := nft.VerifyPins(ncfg, caps, plan.Scope, plan.Pins)
 	if err != nil {
 		return fmt.Errorf("reading the pin table: %w", err)
 	}
 	v.Findings = append(v.Findings, pinFindings(pf, plan)...)
-	rf, rnotes, err := verifyRoute(g)
+	rf, rnotes, err := VerifyRoute(g)
 	if err != nil {
 		return err
 	}

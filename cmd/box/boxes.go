@@ -157,7 +157,7 @@ func (c *call) newBox(o *newOpts) error {
 	case o.container:
 		want = model.TypeContainer
 	}
-	typ, err := h.NewBoxType(c.ctx, want)
+	typ, err := stack.NewManager(h).NewBoxType(c.ctx, want)
 	if err != nil {
 		return err
 	}
@@ -175,7 +175,7 @@ func (c *call) newBox(o *newOpts) error {
 	nesting := o.wantNesting(t)
 	start := time.Now()
 	c.progressf("minting %s from %s...", o.name, img)
-	b, err := h.Mint(c.ctx, stack.MintRequest{
+	b, err := stack.NewManager(h).Mint(c.ctx, stack.MintRequest{
 		Name: o.name, Image: img, Type: typ.Type,
 		CPU: res.CPU, Memory: res.Memory, Disk: res.Disk, Processes: res.Processes, CPUAllowance: res.CPUAllowance,
 		UserData: userData, Egress: egress, Target: o.target, Nesting: nesting,
@@ -236,7 +236,7 @@ func (c *call) cloneBox(o *newOpts) error {
 		return err
 	}
 	if snap != "" {
-		snaps, err := h.Snapshots(c.ctx, src)
+		snaps, err := stack.NewManager(h).Snapshots(c.ctx, src)
 		if err != nil {
 			return err
 		}
@@ -246,7 +246,7 @@ func (c *call) cloneBox(o *newOpts) error {
 	}
 	start := time.Now()
 	c.progressf("cloning %s into %s...", o.from, o.name)
-	cr, err := h.CloneTo(c.ctx, src, snap, o.name, o.target)
+	cr, err := stack.NewManager(h).CloneTo(c.ctx, src, snap, o.name, o.target)
 	c.progressDone()
 	if err != nil {
 		return err
@@ -529,13 +529,13 @@ func setupInfo(fs *flag.FlagSet) action {
 			return err
 		}
 		r := infoResult{Box: c.box, Addresses: []string{}}
-		if r.Snapshots, err = h.Snapshots(c.ctx, c.name()); err != nil {
+		if r.Snapshots, err = stack.NewManager(h).Snapshots(c.ctx, c.name()); err != nil {
 			return err
 		}
 		if r.Snapshots == nil {
 			r.Snapshots = []incus.Snapshot{}
 		}
-		if r.Doors, err = h.Doors(c.ctx, c.name()); err != nil {
+		if r.Doors, err = stack.NewDoors(h).ListDoors(c.ctx, c.name()); err != nil {
 			return err
 		}
 		if st, err := h.Incus.InstanceState(c.ctx, c.name()); err == nil {
@@ -694,7 +694,7 @@ func setupSnapshot(fs *flag.FlagSet) action {
 		if len(c.args) > 1 {
 			label = c.args[1]
 		}
-		snap, err := h.Snapshot(c.ctx, c.name(), label)
+		snap, err := stack.NewManager(h).Snapshot(c.ctx, c.name(), label)
 		if err != nil {
 			return err
 		}
@@ -710,14 +710,14 @@ func setupRestore(fs *flag.FlagSet) action {
 			return err
 		}
 		snap := c.args[1]
-		snaps, err := h.Snapshots(c.ctx, c.name())
+		snaps, err := stack.NewManager(h).Snapshots(c.ctx, c.name())
 		if err != nil {
 			return err
 		}
 		if !slices.ContainsFunc(snaps, func(s incus.Snapshot) bool { return s.Name == snap }) {
 			return fmt.Errorf("%s has no snapshot %s (box info %s lists them)", c.name(), snap, c.name())
 		}
-		if err := h.Restore(c.ctx, c.name(), snap); err != nil {
+		if err := stack.NewManager(h).Restore(c.ctx, c.name(), snap); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.out, "%s restored to %s\n", c.name(), snap)
@@ -731,7 +731,7 @@ func setupRename(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		if err := h.Rename(c.ctx, c.name(), c.args[1]); err != nil {
+		if err := stack.NewManager(h).Rename(c.ctx, c.name(), c.args[1]); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.out, "%s renamed to %s\n", c.name(), c.args[1])
@@ -750,7 +750,7 @@ func setupDown(fs *flag.FlagSet) action {
 			fmt.Fprintf(c.err, "%s is already stopped\n", c.name())
 			return nil
 		}
-		if err := h.Stop(c.ctx, c.name(), *force); err != nil {
+		if err := stack.NewManager(h).Stop(c.ctx, c.name(), *force); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.out, "%s stopped\n", c.name())
@@ -768,7 +768,7 @@ func setupStart(fs *flag.FlagSet) action {
 			fmt.Fprintf(c.err, "%s is already running\n", c.name())
 			return nil
 		}
-		if err := h.Start(c.ctx, c.name()); err != nil {
+		if err := stack.NewManager(h).Start(c.ctx, c.name()); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.out, "%s started\n", c.name())
@@ -782,11 +782,11 @@ func setupRm(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		snaps, err := h.Snapshots(c.ctx, c.name())
+		snaps, err := stack.NewManager(h).Snapshots(c.ctx, c.name())
 		if err != nil {
 			return err
 		}
-		if err := h.Remove(c.ctx, c.name()); err != nil {
+		if err := stack.NewManager(h).Remove(c.ctx, c.name()); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.out, "%s removed (with %d snapshots)\n", c.name(), len(snaps))
@@ -807,7 +807,7 @@ func setupMove(fs *flag.FlagSet) action {
 		}
 		start := time.Now()
 		c.progressf("moving %s to %s...", c.name(), *target)
-		res, err := h.Move(c.ctx, c.name(), *target)
+		res, err := stack.NewManager(h).Move(c.ctx, c.name(), *target)
 		c.progressDone()
 		if err != nil {
 			return err

@@ -34,7 +34,7 @@ func setupExpose(fs *flag.FlagSet) action {
 		case (*list || *remove != "") && (len(c.args) > 1 || *listen != "" || *unixDoor || *tcp):
 			return usagef("expose: --list and --remove take the box's name only\nusage: box %s", c.cmd.synopsis)
 		case *list:
-			doors, err := h.Doors(c.ctx, name)
+			doors, err := stack.NewDoors(h).ListDoors(c.ctx, name)
 			if err != nil {
 				return err
 			}
@@ -53,7 +53,7 @@ func setupExpose(fs *flag.FlagSet) action {
 			if err != nil {
 				return err
 			}
-			if err := h.Unexpose(c.ctx, name, port); err != nil {
+			if err := stack.NewDoors(h).Unexpose(c.ctx, name, port); err != nil {
 				return err
 			}
 			fmt.Fprintf(c.out, "%s: door to port %d removed\n", name, port)
@@ -91,7 +91,7 @@ func setupExpose(fs *flag.FlagSet) action {
 			}
 			spec.Listen = a
 		}
-		door, err := h.Expose(c.ctx, name, spec)
+		door, err := stack.NewDoors(h).Expose(c.ctx, name, spec)
 		if err != nil {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/daemon"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -68,7 +69,7 @@ func setupWatchPorts(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		if err := stack.WatchAndHeal(c.ctx, h, c.err); err != nil {
+		if err := daemon.WatchAndHeal(c.ctx, h, c.err); err != nil {
 			return fmt.Errorf("watching the bridge ports: %w", err)
 		}
 		return nil

@@ -30,6 +30,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/access"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -371,7 +372,7 @@ func heldConns(t *testing.T, h *stack.Host, uid uint32) []string {
 		}
 	}
 	server := map[uint32]bool{}
-	for _, p := range h.IncusUsers() {
+	for _, p := range access.NewManager(h).IncusUsers() {
 		for _, ino := range socketInodes(p.PID) {
 			server[ino] = true
 		}
@@ -407,13 +408,13 @@ func socketInodes(pid int) []uint32 {
 }
 
 // grant runs box grant --json as root and returns its result.
-func (e *tierEnv) grant(t *testing.T, u tierUser) (stack.GrantResult, time.Duration) {
+func (e *tierEnv) grant(t *testing.T, u tierUser) (access.GrantResult, time.Duration) {
 	t.Helper()
 	start := time.Now()
 	res := e.r.run(t, "grant", u.Name, "--json")
 	took := time.Since(start)
 	require.Equal(t, exitOK, res.code, "box grant %s: %s", u.Name, res.err)
-	var g stack.GrantResult
+	var g access.GrantResult
 	require.NoError(t, json.Unmarshal([]byte(res.out), &g), res.out)
 	return g, took
 }
@@ -659,7 +660,7 @@ func TestSystemTier(t *testing.T) {
 			default:
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("no process of %s holds a connection to incus-user (%v) 15s after starting incus monitor: %s", u1.Name, e.host.IncusUsers(), holderOut.String())
+				t.Fatalf("no process of %s holds a connection to incus-user (%v) 15s after starting incus monitor: %s", u1.Name, access.NewManager(e.host).IncusUsers(), holderOut.String())
 			}
 			time.Sleep(50 * time.Millisecond)
 			held = heldConns(t, e.host, u1.UID)
@@ -671,7 +672,7 @@ func TestSystemTier(t *testing.T) {
 		purgeTook := time.Since(start)
 		require.Equal(t, exitOK, res.code, "box revoke --purge %s: %s", u1.Name, res.err)
 		t.Logf("box revoke --purge with a session held open: %s", purgeTook.Round(time.Millisecond))
-		var rr stack.RevokeResult
+		var rr access.RevokeResult
 		require.NoError(t, json.Unmarshal([]byte(res.out), &rr), res.out)
 		assert.True(t, slices.ContainsFunc(rr.Ended, func(p accounts.Process) bool { return p.PID == holder.Process.Pid }),
 			"the purge names the holder (pid %d) among the processes it ended: %v", holder.Process.Pid, rr.Ended)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/box-isolation/box/internal/accounts"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/access"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -22,7 +23,7 @@ func setupGrant(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		res, err := h.Grant(c.ctx, stack.GrantRequest{User: u, Group: *group})
+		res, err := access.NewManager(h).Grant(c.ctx, access.GrantRequest{User: u, Group: *group})
 		if err != nil {
 			return err
 		}
@@ -53,8 +54,8 @@ func setupRevoke(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		res, err := h.Revoke(c.ctx, u, *group, *purge)
-		var left *stack.SessionsLeftError
+		res, err := access.NewManager(h).Revoke(c.ctx, u, *group, *purge)
+		var left *access.SessionsLeftError
 		if errors.As(err, &left) {
 			if res != nil {
 				printDid(c, res.Did) // the group membership went

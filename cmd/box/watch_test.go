@@ -2,11 +2,12 @@ package main
 
 import (
 	"context"
-	"github.com/box-isolation/box/internal/syncbuf"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/box-isolation/box/internal/syncbuf"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"

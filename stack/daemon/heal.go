@@ -1,4 +1,4 @@
-package stack
+package daemon
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -51,14 +52,14 @@ const (
 // watch-ports` (the boot unit) runs. WatchPorts alone is for a watcher that
 // must leave the tables as they are, such as the drill's while its
 // mutations hold a layer out on purpose.
-func WatchAndHeal(ctx context.Context, host *Host, log io.Writer) error {
+func WatchAndHeal(ctx context.Context, host *stack.Host, log io.Writer) error {
 	o := defaultWatchOptions()
 	o.heal = true
 	return watchPorts(ctx, host, log, o)
 }
 
 type healer struct {
-	host *Host
+	host *stack.Host
 	g    *hostns.NS // the event loop's; the Incus worker has its own
 	logf func(string, ...any)
 
@@ -69,7 +70,7 @@ type healer struct {
 	// addresses, the network's config), read by the Incus worker and used,
 	// as remembered, on the critical path.
 	mu      sync.Mutex
-	fleet   *fleet
+	fleet   *stack.Fleet
 	desired *model.Desired
 
 	pending []string // what was heard since the last check
@@ -93,8 +94,8 @@ type incusJob struct {
 
 // healLoop runs the healer until ctx ends. Failures are logged and
 // retried; it never ends the watcher.
-func healLoop(ctx context.Context, host *Host, logf func(string, ...any)) {
-	g, err := host.ground()
+func healLoop(ctx context.Context, host *stack.Host, logf func(string, ...any)) {
+	g, err := host.OpenNS()
 	if err != nil {
 		logf("heal: not healing: %v", err)
 		return
@@ -358,7 +359,7 @@ func (h *healer) check(ctx context.Context) error {
 	if pid := hostns.TearingDown(h.g.Inode); pid != 0 {
 		return idle(fmt.Sprintf("box teardown-host (pid %d) is removing the stack", pid))
 	}
-	if holder, held := h.host.setupHeld(); held {
+	if holder, held := h.host.SetupHeld(); held {
 		// setup-host or doctor --fix is converging the stack: what it
 		// removes on the way (a rollback) is not for the healer to put back.
 		return idle("the setup lock is held by " + holder)
@@ -400,9 +401,9 @@ func (h *healer) check(ctx context.Context) error {
 		pinsThere, err = nft.PinsPresent(cfg)
 	}
 	if err == nil && f != nil && !pinsThere {
-		plan := f.planPins(names)
+		plan := f.PlanPins(names)
 		var pinned []string
-		pinned, err = nft.ApplyPins(cfg, h.caps, plan.scope, plan.pins)
+		pinned, err = nft.ApplyPins(cfg, h.caps, plan.Scope, plan.Pins)
 		applied = append(applied, pinned...)
 	}
 	if err == nil {
@@ -453,7 +454,7 @@ func (h *healer) check(ctx context.Context) error {
 // egress table) after any heal, and keeps the memory the critical path
 // uses fresh (every healRemember).
 func (h *healer) incusWorker(ctx context.Context) {
-	g, err := h.host.ground()
+	g, err := h.host.OpenNS()
 	if err != nil {
 		h.logf("heal: not asking Incus: %v", err)
 		return
@@ -485,7 +486,7 @@ func (h *healer) incusStep(ctx context.Context, g *hostns.NS, job incusJob) erro
 	h.mu.Unlock()
 	// Incus's rules not in nftables (its xtables driver): only box's are
 	// healed here.
-	useNft, _, err := h.host.incusNft(ctx)
+	useNft, _, err := h.host.IncusUsesNft(ctx)
 	if err != nil {
 		return err
 	}
@@ -511,7 +512,7 @@ func (h *healer) incusStep(ctx context.Context, g *hostns.NS, job incusJob) erro
 		live.Network.Config = n.Config
 	}
 	var did []string
-	missing := incusChainFindings(live, chains, present)
+	missing := stack.IncusChainFindings(live, chains, present)
 	switch {
 	case !useNft || len(missing) == 0:
 		h.incusStuck = false
@@ -534,7 +535,7 @@ func (h *healer) incusStep(ctx context.Context, g *hostns.NS, job incusJob) erro
 		if err != nil {
 			return err
 		}
-		if still := incusChainFindings(*d, chains, present); len(still) > 0 {
+		if still := stack.IncusChainFindings(*d, chains, present); len(still) > 0 {
 			h.incusStuck = true
 			h.logf("heal: Incus set %s up again, but %s is still missing; asking again at the next resync (%s): read incusd's log", model.Current.Network, still[0].Object, healResync)
 		}
@@ -542,9 +543,9 @@ func (h *healer) incusStep(ctx context.Context, g *hostns.NS, job incusJob) erro
 	if len(did) == 0 && !job.boxFixed {
 		return nil
 	}
-	rest, err := h.host.applyFirewall(ctx, g, job.gw)
+	rest, err := h.host.ApplyFirewall(ctx, g, job.gw)
 	var more []string
-	for _, c := range rest.changes {
+	for _, c := range rest.Changes {
 		more = append(more, c.String())
 	}
 	if len(more) > 0 {
@@ -559,7 +560,7 @@ func (h *healer) incusStep(ctx context.Context, g *hostns.NS, job incusJob) erro
 // remember reads from Incus what the critical path needs: the fleet (for
 // the pins) and the network's desired config (for Incus's chains).
 func (h *healer) remember(ctx context.Context, gw netip.Addr) error {
-	f, err := h.host.readFleet(ctx)
+	f, err := h.host.ReadFleet(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the fleet: %w", err)
 	}

@@ -1,4 +1,4 @@
-package stack
+package daemon
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/internal/sdnotify"
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/egress"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
@@ -56,7 +57,7 @@ type watchOptions struct {
 	heal bool
 	// refreshed, when set, is called after every successful refresh with
 	// what it changed, the triggers it answered and when it finished.
-	refreshed func(r portsRefresh, causes []trigger, done time.Time)
+	refreshed func(r stack.PortsRefresh, causes []trigger, done time.Time)
 	// ready, when set, is called once, after the first refresh (done or
 	// failed) that followed the link subscription: from then on every new
 	// port is taken in from its link event. box-ports.service is
@@ -91,12 +92,12 @@ func notifyReady(logf func(string, ...any)) func() {
 //
 // One watcher runs per network namespace: a second one is refused while the
 // first holds /run/box/watch-ports-<namespace inode>.lock.
-func WatchPorts(ctx context.Context, host *Host, log io.Writer) error {
+func WatchPorts(ctx context.Context, host *stack.Host, log io.Writer) error {
 	return watchPorts(ctx, host, log, defaultWatchOptions())
 }
 
-func watchPorts(ctx context.Context, host *Host, log io.Writer, o watchOptions) error {
-	g, err := host.ground()
+func watchPorts(ctx context.Context, host *stack.Host, log io.Writer, o watchOptions) error {
+	g, err := host.OpenNS()
 	if err != nil {
 		return fmt.Errorf("watching ports: %w", err)
 	}
@@ -195,7 +196,7 @@ type linkEvent struct {
 }
 
 type watcher struct {
-	host   *Host
+	host   *stack.Host
 	g      *hostns.NS
 	o      watchOptions
 	log    io.Writer // written through logf: the run loop and the pin worker
@@ -326,7 +327,7 @@ func (w *watcher) add(ctx context.Context, t trigger) {
 }
 
 func (w *watcher) refresh(ctx context.Context) {
-	r, err := w.host.syncPorts(ctx)
+	r, err := w.host.SyncPorts(ctx)
 	done := time.Now()
 	w.lastRefresh = done
 	w.report(r, done)
@@ -394,8 +395,8 @@ func (w *watcher) pinWorker(ctx context.Context) {
 		case cause = <-w.pins:
 		}
 		for try := 0; ; try++ {
-			var r portsRefresh
-			err := w.host.refreshPins(ctx, &r)
+			var r stack.PortsRefresh
+			err := w.host.RefreshPins(ctx, &r)
 			switch {
 			case ctx.Err() != nil:
 				return
@@ -406,15 +407,15 @@ func (w *watcher) pinWorker(ctx context.Context) {
 				failed = ""
 				w.logf("refreshing the pins works again")
 			}
-			if r.pinned {
+			if r.Pinned {
 				w.logf("pins: the ports' MACs and addresses re-read and the pin table updated %s", cause.when(time.Now()))
 			}
-			if err != nil || len(r.unresolved)+len(r.addressless) == 0 || try >= unresolvedTries {
+			if err != nil || len(r.Unresolved)+len(r.Addressless) == 0 || try >= unresolvedTries {
 				break
 			}
-			cause = trigger{kind: trigSync, at: time.Now(), what: "ports not yet claimed by an instance: " + strings.Join(r.unresolved, ", ")}
-			if len(r.addressless) > 0 {
-				cause.what = "boxes Incus was starting, to be given a fixed address: " + strings.Join(r.addressless, ", ")
+			cause = trigger{kind: trigSync, at: time.Now(), what: "ports not yet claimed by an instance: " + strings.Join(r.Unresolved, ", ")}
+			if len(r.Addressless) > 0 {
+				cause.what = "boxes Incus was starting, to be given a fixed address: " + strings.Join(r.Addressless, ", ")
 			}
 			select {
 			case <-ctx.Done():
@@ -426,19 +427,19 @@ func (w *watcher) pinWorker(ctx context.Context) {
 }
 
 // report logs one line per port the refresh changed, naming its trigger.
-func (w *watcher) report(r portsRefresh, done time.Time) {
+func (w *watcher) report(r stack.PortsRefresh, done time.Time) {
 	for _, l := range reportLines(w.bridge, r, w.pending, done) {
 		w.logf("%s", l)
 	}
 }
 
-func reportLines(bridge string, r portsRefresh, causes []trigger, done time.Time) []string {
+func reportLines(bridge string, r stack.PortsRefresh, causes []trigger, done time.Time) []string {
 	isolated, added, removed := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	var names []string
 	for _, s := range []struct {
 		in  []string
 		set map[string]bool
-	}{{r.isolated, isolated}, {r.added, added}, {r.removed, removed}} {
+	}{{r.Isolated, isolated}, {r.Added, added}, {r.Removed, removed}} {
 		for _, n := range s.in {
 			s.set[n] = true
 			names = append(names, n)
@@ -468,10 +469,10 @@ func reportLines(bridge string, r portsRefresh, causes []trigger, done time.Time
 		// committed, or (a removal) the refresh's end.
 		at := done
 		switch {
-		case added[port] && !r.addedAt.IsZero():
-			at = r.addedAt
-		case isolated[port] && !removed[port] && !r.isolatedAt.IsZero():
-			at = r.isolatedAt
+		case added[port] && !r.AddedAt.IsZero():
+			at = r.AddedAt
+		case isolated[port] && !removed[port] && !r.IsolatedAt.IsZero():
+			at = r.IsolatedAt
 		}
 		var what string
 		switch {

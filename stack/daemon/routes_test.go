@@ -1,4 +1,4 @@
-package stack
+package daemon
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -72,11 +73,11 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	g, err := hostns.Open(w.host.NetNS)
 	require.NoError(t, err)
 	defer g.Close()
-	changes, err := ensureRoute(g)
+	changes, err := stack.EnsureRoute(g)
 	require.NoError(t, err)
 	require.NotEmpty(t, changes, "the table was made")
 	assert.Equal(t, []string{"up0"}, w.uplinkSet(t), "the default route's interface only, not the LAN's")
-	f, notes, err := verifyRoute(g)
+	f, notes, err := stack.VerifyRoute(g)
 	require.NoError(t, err)
 	assert.Empty(t, f)
 	assert.Empty(t, notes)
@@ -108,7 +109,7 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	// Nothing but LAN routes: no way out at all.
 	require.NoError(t, w.h.LinkSetDown(tun))
 	settle("no default route", []string{}...)
-	_, notes, err = verifyRoute(g)
+	_, notes, err = stack.VerifyRoute(g)
 	require.NoError(t, err)
 	assert.Len(t, notes, 1, "Verify says boxes reach nothing without a default route")
 	require.NoError(t, w.h.RouteAdd(routeVia(up, "", "192.0.2.1", 0)))
@@ -125,7 +126,7 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	current := func(what string) {
 		t.Helper()
 		require.Eventually(t, func() bool {
-			f, _, err := verifyRoute(g)
+			f, _, err := stack.VerifyRoute(g)
 			return err == nil && len(f) == 0
 		}, 5*time.Second, time.Millisecond, "%s: the table never matched the routes; the watcher said:\n%s", what, w.log.String())
 	}
@@ -161,7 +162,7 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	copy(key, "lan0")
 	require.NoError(t, c.SetAddElements(&nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyINet, Name: "box_route"}, Name: nft.UplinkSet, KeyType: nftables.TypeIFName}, []nftables.SetElement{{Key: key}}))
 	require.NoError(t, c.Flush())
-	f, _, err = verifyRoute(g)
+	f, _, err = stack.VerifyRoute(g)
 	require.NoError(t, err)
 	require.Len(t, f, 1)
 	assert.Equal(t, model.LayerRoute, f[0].Layer)
@@ -176,11 +177,11 @@ func TestPrivilegedRouteUplinks(t *testing.T) {
 	present, err := nft.RoutePresent(g.NFTConfig(model.Current))
 	require.NoError(t, err)
 	assert.False(t, present, "the watcher does not make the table")
-	f, _, err = verifyRoute(g)
+	f, _, err = stack.VerifyRoute(g)
 	require.NoError(t, err)
 	require.Len(t, f, 1)
 	assert.Equal(t, "missing", f[0].Problem)
-	_, err = ensureRoute(g)
+	_, err = stack.EnsureRoute(g)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"lan0", "up0"}, w.uplinkSet(t))
 }

@@ -1,4 +1,4 @@
-package stack
+package daemon
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/internal/syncbuf"
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/hostns"
 
 	"github.com/google/nftables"
@@ -89,7 +90,7 @@ func TestWatcherReportLines(t *testing.T) {
 	t0 := time.Now()
 	done := t0.Add(2100 * time.Microsecond)
 	link := func(port, what string) trigger { return trigger{kind: trigLink, at: t0, port: port, what: what} }
-	lines := reportLines("boxnet", portsRefresh{isolated: []string{"vj", "vf"}, added: []string{"vj", "vr"}, removed: []string{"vl", "ghost"}},
+	lines := reportLines("boxnet", stack.PortsRefresh{Isolated: []string{"vj", "vf"}, Added: []string{"vj", "vr"}, Removed: []string{"vl", "ghost"}},
 		[]trigger{link("vl", "left"), link("vj", "joined"), link("vf", "isolated turned off")}, done)
 	assert.Equal(t, []string{
 		"ghost: not a port of boxnet, removed from the port set 2.1ms after the link event",
@@ -99,8 +100,8 @@ func TestWatcherReportLines(t *testing.T) {
 		"vr: joined boxnet, in the port set (it was isolated already) 2.1ms after the link event",
 	}, lines)
 
-	lines = reportLines("boxnet", portsRefresh{isolated: []string{"va", "vi"}, added: []string{"va"}, removed: []string{"vr"},
-		isolatedAt: t0.Add(300 * time.Microsecond), addedAt: t0.Add(700 * time.Microsecond)},
+	lines = reportLines("boxnet", stack.PortsRefresh{Isolated: []string{"va", "vi"}, Added: []string{"va"}, Removed: []string{"vr"},
+		IsolatedAt: t0.Add(300 * time.Microsecond), AddedAt: t0.Add(700 * time.Microsecond)},
 		[]trigger{link("va", "joined"), link("vi", "isolated turned off"), link("vr", "left")}, done)
 	assert.Equal(t, []string{
 		"va: joined boxnet, isolated and in the port set 0.7ms after the link event",
@@ -108,20 +109,20 @@ func TestWatcherReportLines(t *testing.T) {
 		"vr: left boxnet, removed from the port set 2.1ms after the link event",
 	}, lines, "each change is timed when it took effect: the addition's commit, the flag, the refresh's end")
 
-	lines = reportLines("boxnet", portsRefresh{added: []string{"vnew"}, removed: []string{"vold"}}, []trigger{link("vnew", "renamed from vold")}, done)
+	lines = reportLines("boxnet", stack.PortsRefresh{Added: []string{"vnew"}, Removed: []string{"vold"}}, []trigger{link("vnew", "renamed from vold")}, done)
 	assert.Equal(t, []string{
 		"vnew: joined boxnet, in the port set (it was isolated already) 2.1ms after the link event",
 		"vold: renamed to vnew, the old name removed from the port set 2.1ms after the link event",
 	}, lines)
 
-	lines = reportLines("boxnet", portsRefresh{isolated: []string{"v1"}, added: []string{"v1"}},
+	lines = reportLines("boxnet", stack.PortsRefresh{Isolated: []string{"v1"}, Added: []string{"v1"}},
 		[]trigger{{kind: trigResync, at: t0}, {kind: trigLease, at: t0}}, done)
 	assert.Equal(t, []string{"v1: joined boxnet, isolated and in the port set at the periodic resync"}, lines, "the earliest trigger is the cause of a port no event named")
-	lines = reportLines("boxnet", portsRefresh{isolated: []string{"v1"}}, []trigger{{kind: trigLease, at: t0}}, done)
+	lines = reportLines("boxnet", stack.PortsRefresh{Isolated: []string{"v1"}}, []trigger{{kind: trigLease, at: t0}}, done)
 	assert.Equal(t, []string{"v1: isolated turned back on 2.1ms after the lease file change"}, lines)
-	lines = reportLines("boxnet", portsRefresh{isolated: []string{"v1"}, added: []string{"v1"}}, []trigger{{kind: trigSync, at: t0, what: "watcher started"}}, done)
+	lines = reportLines("boxnet", stack.PortsRefresh{Isolated: []string{"v1"}, Added: []string{"v1"}}, []trigger{{kind: trigSync, at: t0, what: "watcher started"}}, done)
 	assert.Equal(t, []string{"v1: joined boxnet, isolated and in the port set at the full sync (watcher started)"}, lines)
-	assert.Empty(t, reportLines("boxnet", portsRefresh{}, []trigger{link("v", "joined")}, done), "a refresh that changed nothing says nothing")
+	assert.Empty(t, reportLines("boxnet", stack.PortsRefresh{}, []trigger{link("v", "joined")}, done), "a refresh that changed nothing says nothing")
 }
 
 // The privileged tier: a throwaway namespace boxpw-<run>-host (never the
@@ -131,7 +132,7 @@ func TestWatcherReportLines(t *testing.T) {
 type watchWorld struct {
 	ns   *nstest.NS
 	h    *netlink.Handle
-	host *Host
+	host *stack.Host
 	log  *syncbuf.Buffer
 }
 
@@ -140,7 +141,7 @@ func newWatchWorld(t testing.TB) *watchWorld {
 	tier.Root(t)
 	w := &watchWorld{ns: nstest.New(t, "boxpw-"+nstest.RunID()+"-host"), log: &syncbuf.Buffer{}}
 	w.h = w.ns.Netlink(t)
-	w.host = &Host{NetNS: w.ns.Name}
+	w.host = &stack.Host{NetNS: w.ns.Name}
 	w.ns.AddBridge(t, "boxnet")
 	w.ns.LinkUp(t, "boxnet")
 	cfg := nft.Config{NetNS: int(w.ns.Handle), Gateway: netip.MustParseAddr("10.99.0.1")}
@@ -158,7 +159,7 @@ func (w *watchWorld) watch(t testing.TB, o watchOptions) (stop func() error) {
 	first := make(chan struct{})
 	var once sync.Once
 	inner := o.refreshed
-	o.refreshed = func(r portsRefresh, c []trigger, at time.Time) {
+	o.refreshed = func(r stack.PortsRefresh, c []trigger, at time.Time) {
 		once.Do(func() { close(first) })
 		if inner != nil {
 			inner(r, c, at)
@@ -414,7 +415,7 @@ func TestPrivilegedWatchPortsLeaseFile(t *testing.T) {
 	o.resync = time.Hour
 	o.leaseRecheck = 20 * time.Millisecond
 	causes := make(chan []trigger, 100)
-	o.refreshed = func(r portsRefresh, c []trigger, _ time.Time) {
+	o.refreshed = func(r stack.PortsRefresh, c []trigger, _ time.Time) {
 		select {
 		case causes <- c:
 		default:
@@ -476,13 +477,13 @@ func TestPrivilegedWatchPortsLeaseFile(t *testing.T) {
 func BenchmarkPrivilegedWatchPortsJoin(b *testing.B) {
 	w := newWatchWorld(b)
 	type done struct {
-		r      portsRefresh
+		r      stack.PortsRefresh
 		causes []trigger
 	}
 	refreshed := make(chan done, 1024)
 	o := defaultWatchOptions()
 	o.resync = time.Hour
-	o.refreshed = func(r portsRefresh, c []trigger, _ time.Time) {
+	o.refreshed = func(r stack.PortsRefresh, c []trigger, _ time.Time) {
 		select {
 		case refreshed <- done{r, c}:
 		default:
@@ -493,9 +494,9 @@ func BenchmarkPrivilegedWatchPortsJoin(b *testing.B) {
 		for {
 			select {
 			case d := <-refreshed:
-				list := d.r.removed
+				list := d.r.Removed
 				if added {
-					list = d.r.added
+					list = d.r.Added
 				}
 				if slices.Contains(list, port) {
 					return d
@@ -517,7 +518,7 @@ func BenchmarkPrivilegedWatchPortsJoin(b *testing.B) {
 		w.enslave(b, l)
 		d := waitFor(name, true)
 		b.StopTimer()
-		inSet := d.r.addedAt
+		inSet := d.r.AddedAt
 		fromCall = append(fromCall, inSet.Sub(t0))
 		for _, c := range d.causes {
 			if c.port == name {

@@ -1,4 +1,4 @@
-package stack
+package converge
 
 import (
 	"context"
@@ -22,10 +22,10 @@ type fakeObject struct {
 	calls    []string
 }
 
-func (f *fakeObject) object() incusObject[incus.Profile] {
-	return incusObject[incus.Profile]{
-		what: "profile p",
-		read: func(context.Context) (*incus.Profile, string, error) {
+func (f *fakeObject) object() Object[incus.Profile] {
+	return Object[incus.Profile]{
+		What: "profile p",
+		Read: func(context.Context) (*incus.Profile, string, error) {
 			f.calls = append(f.calls, "read")
 			if f.readErr != nil {
 				return nil, "", f.readErr
@@ -36,7 +36,7 @@ func (f *fakeObject) object() incusObject[incus.Profile] {
 			c := *f.cur
 			return &c, "etag-1", nil
 		},
-		create: func(context.Context) error {
+		Create: func(context.Context) error {
 			f.calls = append(f.calls, "create")
 			if f.writeErr != nil {
 				return f.writeErr
@@ -44,18 +44,18 @@ func (f *fakeObject) object() incusObject[incus.Profile] {
 			f.cur = &incus.Profile{Name: "p", Config: maps.Clone(f.want)}
 			return nil
 		},
-		remove: func(context.Context) error {
+		Remove: func(context.Context) error {
 			f.calls = append(f.calls, "remove")
 			f.cur = nil
 			return nil
 		},
-		differs: func(cur *incus.Profile) []string {
+		Differs: func(cur *incus.Profile) []string {
 			if maps.Equal(cur.Config, f.want) {
 				return nil
 			}
 			return []string{"config differs"}
 		},
-		update: func(_ context.Context, _ *incus.Profile, etag string) error {
+		Update: func(_ context.Context, _ *incus.Profile, etag string) error {
 			f.calls = append(f.calls, "update "+etag)
 			if f.writeErr != nil {
 				return f.writeErr
@@ -63,7 +63,7 @@ func (f *fakeObject) object() incusObject[incus.Profile] {
 			f.cur = &incus.Profile{Name: "p", Config: maps.Clone(f.want)}
 			return nil
 		},
-		restore: func(_ context.Context, old incus.Profile) error {
+		Restore: func(_ context.Context, old incus.Profile) error {
 			f.calls = append(f.calls, "restore")
 			f.cur = &old
 			return nil
@@ -107,8 +107,8 @@ func TestConverge(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fakeObject{cur: tc.cur, readErr: tc.readErr, writeErr: tc.writeErr, want: want}
-			var undos undoStack
-			action, diff, err := converge(context.Background(), &undos, f.object())
+			var undos Undos
+			action, diff, err := Do(context.Background(), &undos, f.object())
 			if tc.wantErr != "" {
 				require.EqualError(t, err, tc.wantErr)
 			} else {
@@ -122,7 +122,7 @@ func TestConverge(t *testing.T) {
 			}
 
 			f.calls = nil
-			require.NoError(t, undos.run(context.Background()))
+			require.NoError(t, undos.Run(context.Background()))
 			assert.Equal(t, tc.undone, f.calls, "the back-out")
 			assert.Equal(t, tc.after, f.cur, "backed out, the object is as it was")
 		})
@@ -133,9 +133,9 @@ func TestConverge(t *testing.T) {
 // and runs every step even when one fails, naming it.
 func TestUndoStackRunsNewestFirst(t *testing.T) {
 	var order []string
-	var u undoStack
+	var u Undos
 	for _, s := range []string{"a", "b", "c"} {
-		u.push("step "+s, func(context.Context) error {
+		u.Push("step "+s, func(context.Context) error {
 			order = append(order, s)
 			if s == "b" {
 				return errors.New("stuck")
@@ -143,7 +143,7 @@ func TestUndoStackRunsNewestFirst(t *testing.T) {
 			return nil
 		})
 	}
-	err := u.run(context.Background())
+	err := u.Run(context.Background())
 	assert.Equal(t, []string{"c", "b", "a"}, order)
 	assert.EqualError(t, err, "backing out (step b): stuck")
 }

@@ -1,4 +1,4 @@
-package stack
+package daemon
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/box-isolation/box/internal/nstest"
 	"github.com/box-isolation/box/internal/syncbuf"
 	"github.com/box-isolation/box/internal/testenv/tier"
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/nft"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -27,13 +28,13 @@ func TestPrivilegedBootFromSavedFile(t *testing.T) {
 	tier.Root(t)
 	ns := nstest.New(t, "boxboot-"+nstest.RunID()+"-host")
 	path := filepath.Join(t.TempDir(), "firewall.json")
-	h := &Host{NetNS: ns.Name, FirewallFile: path, SetupLockPath: filepath.Join(t.TempDir(), "setup.lock")}
+	h := &stack.Host{NetNS: ns.Name, FirewallFile: path, SetupLockPath: filepath.Join(t.TempDir(), "setup.lock")}
 	ctx := context.Background()
 
 	_, err := h.EnsureBoot(ctx)
 	require.ErrorContains(t, err, "run box setup-host once")
 
-	require.NoError(t, h.saveFirewall(func(s *SavedFirewall) { s.Gateway = netip.MustParseAddr("10.99.0.1") }))
+	require.NoError(t, h.SaveFirewall(func(s *stack.SavedFirewall) { s.Gateway = netip.MustParseAddr("10.99.0.1") }))
 	rep, err := h.EnsureBoot(ctx)
 	require.NoError(t, err)
 	t.Logf("boot: %v; %v", rep.Changes, rep.Notes)

@@ -1,0 +1,248 @@
+package access
+
+import (
+	"fmt"
+	"strings"
+
+	"cmp"
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/box-isolation/box/internal/accounts"
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+)
+
+// RevokeResult is what a revoke found and did.
+type RevokeResult struct {
+	User    string   `json:"user"`
+	UID     uint32   `json:"uid"`
+	Project string   `json:"project"`
+	Did     []string `json:"did"`
+	// Held are the user's processes at the end of a plain revoke: they
+	// keep the group, so the socket, until they end.
+	Held []accounts.Process `json:"held,omitempty"`
+	// Ended are the processes a purge ended.
+	Ended  []accounts.Process `json:"ended,omitempty"`
+	Purged bool               `json:"purged"`
+}
+
+// SessionsLeftError is a purge that could not end the user's processes;
+// nothing was deleted.
+type SessionsLeftError struct {
+	User  string
+	Procs []accounts.Process
+}
+
+func (e *SessionsLeftError) Error() string {
+	var ps []string
+	for _, p := range e.Procs {
+		ps = append(ps, fmt.Sprintf("%d (%s)", p.PID, p.Command))
+	}
+	return fmt.Sprintf("%d processes of %s would not end: %s; the purge deleted nothing (their group membership is removed): end them, then run box revoke --purge %s again",
+		len(e.Procs), e.User, strings.Join(ps, ", "), e.User)
+}
+
+// Revoke takes the tier away from u. Without purge the project and boxes
+// stay (stamped revoked) and the processes u already runs keep the group,
+// and so the socket, until they end. With purge those processes are ended
+// first (refusing if any survive), then the project with every box, the
+// private bridge and u's trusted certificate are deleted, and a tombstone
+// keeps incus-user from setting the uid up again.
+func (m *Manager) Revoke(ctx context.Context, u accounts.User, group string, purge bool) (*RevokeResult, error) {
+	host := m.host
+	if u.UID == 0 {
+		return nil, errors.New("root has no tier to revoke")
+	}
+	group = cmp.Or(group, host.TierGroup, stack.DefaultTierGroup)
+	project := stack.TierProject(u.UID)
+	res := &RevokeResult{User: u.Name, UID: u.UID, Project: project, Did: []string{}, Purged: purge}
+	did := func(format string, args ...any) { res.Did = append(res.Did, fmt.Sprintf(format, args...)) }
+	c := host.Incus
+
+	if in, err := accounts.InGroup(u.Name, group); err != nil {
+		return nil, err
+	} else if in {
+		if err := accounts.RemoveFromGroup(u.Name, group); err != nil {
+			return nil, fmt.Errorf("revoking %s: %w", u.Name, err)
+		}
+		did("removed %s from group %s", u.Name, group)
+	}
+	if !purge {
+		if p, etag, err := c.GetProject(ctx, project); err == nil {
+			if p.Config[stack.KeyTier] != stack.TierRevoked {
+				np := *p
+				np.Config = maps.Clone(p.Config)
+				np.Config[stack.KeyTier] = stack.TierRevoked
+				if err := c.UpdateProject(ctx, project, np, etag); err != nil {
+					return nil, fmt.Errorf("revoking %s: %w", u.Name, err)
+				}
+				did("marked project %s revoked (its boxes are kept)", project)
+			}
+		} else if !incus.IsNotFound(err) {
+			return nil, fmt.Errorf("revoking %s: %w", u.Name, err)
+		}
+		held, err := accounts.Processes(u.UID)
+		if err != nil {
+			return nil, err
+		}
+		res.Held = held
+		return res, nil
+	}
+
+	// What runs now is what the purge ends (EndSessions says only what
+	// survived).
+	running, err := accounts.Processes(u.UID)
+	if err != nil {
+		return nil, fmt.Errorf("purging %s: %w", u.Name, err)
+	}
+	left, err := accounts.EndSessions(u, 5*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("purging %s: %w", u.Name, err)
+	}
+	if len(left) > 0 {
+		return res, &SessionsLeftError{User: u.Name, Procs: left}
+	}
+	res.Ended = running
+	did("ended every process of %s", u.Name)
+	// The tombstone before anything is deleted, and incus-user restarted
+	// so no connection it proxies outlives the purge.
+	if err := m.writeTombstone(u.UID); err != nil {
+		return nil, fmt.Errorf("purging %s: %w", u.Name, err)
+	}
+	if _, err := m.restartIncusUser(ctx); err != nil {
+		return nil, fmt.Errorf("purging %s: %w", u.Name, err)
+	}
+	did("replaced incus-user's state for uid %d with a tombstone", u.UID)
+
+	certs, err := c.Certificates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, tc := range certs {
+		if tc.Name == tierCertName(u.UID) || slices.Contains(tc.Projects, project) {
+			if err := c.DeleteCertificate(ctx, tc.Fingerprint); err != nil {
+				return nil, fmt.Errorf("purging %s: %w", u.Name, err)
+			}
+			did("removed trusted certificate %s (%s)", tc.Name, tc.Fingerprint[:12])
+		}
+	}
+	if _, _, err := c.GetProject(ctx, project); err == nil {
+		if err := m.deleteProjectContents(ctx, project, true); err != nil {
+			return nil, fmt.Errorf("purging %s: %w", u.Name, err)
+		}
+		did("deleted project %s with its boxes", project)
+	} else if !incus.IsNotFound(err) {
+		return nil, err
+	}
+	if _, _, err := c.Network(ctx, stack.TierBridge(u.UID)); err == nil {
+		if err := c.DeleteNetwork(ctx, stack.TierBridge(u.UID)); err != nil {
+			return nil, fmt.Errorf("purging %s: %w", u.Name, err)
+		}
+		did("deleted the private bridge %s", stack.TierBridge(u.UID))
+	}
+	// Their boxes' ports are gone from the bridge: out of the set and the
+	// pins with them.
+	if _, err := host.RefreshPorts(ctx); err != nil {
+		return nil, fmt.Errorf("purging %s: refreshing the bridge ports: %w", u.Name, err)
+	}
+	// What must be gone is checked, not assumed.
+	if err := m.checkPurged(ctx, u.UID); err != nil {
+		return nil, fmt.Errorf("purging %s: %w", u.Name, err)
+	}
+	return res, nil
+}
+
+// checkPurged asserts nothing of uid's tier is left in Incus.
+func (m *Manager) checkPurged(ctx context.Context, uid uint32) error {
+	host := m.host
+	c := host.Incus
+	project := stack.TierProject(uid)
+	var left []string
+	if _, _, err := c.GetProject(ctx, project); err == nil {
+		left = append(left, "project "+project)
+	}
+	if _, _, err := c.Network(ctx, stack.TierBridge(uid)); err == nil {
+		left = append(left, "network "+stack.TierBridge(uid))
+	}
+	certs, err := c.Certificates(ctx)
+	if err != nil {
+		return err
+	}
+	for _, tc := range certs {
+		if tc.Name == tierCertName(uid) || slices.Contains(tc.Projects, project) {
+			left = append(left, "trusted certificate "+tc.Name)
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("still present after the purge: %s", strings.Join(left, ", "))
+	}
+	return nil
+}
+
+// deleteProjectContents deletes every instance, profile but default,
+// custom volume and image in project, then (with self) the project.
+func (m *Manager) deleteProjectContents(ctx context.Context, project string, self bool) error {
+	host := m.host
+	pc := host.Incus.Project(project)
+	insts, err := pc.Instances(ctx, nil)
+	if err != nil {
+		return err
+	}
+	for _, in := range insts {
+		if err := m.withClient(pc).RemoveInstance(ctx, in.Name); err != nil {
+			return fmt.Errorf("deleting %s in %s: %w", in.Name, project, err)
+		}
+	}
+	profs, err := pc.Profiles(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range profs {
+		if p.Name != "default" {
+			if err := pc.DeleteProfile(ctx, p.Name); err != nil {
+				return err
+			}
+		}
+	}
+	if err := m.deleteProjectVolumes(ctx, project); err != nil {
+		return err
+	}
+	if !self {
+		return nil
+	}
+	return host.Incus.DeleteProject(ctx, project)
+}
+
+// withClient is host acting through another client (a project's).
+func (m *Manager) withClient(c *incus.Client) *stack.Host {
+	host := m.host
+	h := *host
+	h.Incus = c
+	return &h
+}
+
+// deleteProjectVolumes deletes the custom volumes of project in every pool.
+func (m *Manager) deleteProjectVolumes(ctx context.Context, project string) error {
+	host := m.host
+	pools, err := host.Incus.StoragePools(ctx)
+	if err != nil {
+		return err
+	}
+	pc := host.Incus.Project(project)
+	for _, pool := range pools {
+		vols, err := pc.CustomVolumes(ctx, pool.Name)
+		if err != nil {
+			return err
+		}
+		for _, v := range vols {
+			if err := pc.DeleteCustomVolume(ctx, pool.Name, v.Name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
