@@ -178,7 +178,7 @@ func (r *run) boxName(suffix string) string { return "drill-" + r.rep.RunID + "-
 // stamps are the config keys every probe box carries: box's stamps, and
 // the drill's tags that find an aborted run's boxes.
 func (r *run) stamps() map[string]string {
-	return map[string]string{TagDrill: "1", TagRun: r.rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: r.cfg.Version}
+	return map[string]string{TagDrill: "1", TagRun: r.rep.RunID, model.StampTemplate: "drill-probe", model.StampVersion: r.cfg.Version}
 }
 
 // mintProbeBox mints one probe box, and once more if incusd created it but

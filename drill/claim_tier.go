@@ -143,7 +143,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 	box := r.names[PlaceT]
 	a := Action{ID: "t-isolation-off", Claim: TierID, Channel: ChannelIsolOff, From: placeUser, Target: "create " + box + " with security.port_isolation=false",
 		TargetKey: "incus", Expect: ExpectReach}
-	conf := map[string]string{model.Current.Tag: "1", TagDrill: "1", TagRun: r.rep.RunID, stack.StampTemplate: "drill-probe", stack.StampVersion: cfg.Version}
+	conf := map[string]string{model.Current.Tag: "1", TagDrill: "1", TagRun: r.rep.RunID, model.StampTemplate: "drill-probe", model.StampVersion: cfg.Version}
 	// In a template run, the user's box is the template's, as theirs would be.
 	req, err := r.mintRequest(box, "", true)
 	if err != nil {

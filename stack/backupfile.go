@@ -275,7 +275,7 @@ func judgeBackup(bf *BackupFile, profiles map[string]incus.Profile) []string {
 		}
 	}
 	for _, d := range bf.Definitions {
-		inst, missing := expandWith(d.Inst, profiles)
+		inst, missing := model.ExpandWith(d.Inst, profiles)
 		for _, p := range missing {
 			say(fmt.Sprintf("%s: its profile %s does not exist on this host (Incus would refuse it too)", d.Label(), p), d.File)
 		}
@@ -288,31 +288,4 @@ func judgeBackup(bf *BackupFile, profiles map[string]incus.Profile) []string {
 		reasons = append(reasons, fmt.Sprintf("%s (in %s)", what, strings.Join(where[what], ", ")))
 	}
 	return reasons
-}
-
-// expandWith expands an instance's config and devices with profiles as
-// Incus does (each profile in order, then the instance's own; a device
-// replaces one of the same name whole) and returns the profiles it names
-// that are not there.
-func expandWith(inst incus.Instance, profiles map[string]incus.Profile) (incus.Instance, []string) {
-	cfg := map[string]string{}
-	devs := map[string]map[string]string{}
-	var missing []string
-	for _, name := range inst.Profiles {
-		p, ok := profiles[name]
-		if !ok {
-			missing = append(missing, name)
-			continue
-		}
-		maps.Copy(cfg, p.Config)
-		for k, d := range p.Devices {
-			devs[k] = maps.Clone(d)
-		}
-	}
-	maps.Copy(cfg, inst.Config)
-	for k, d := range inst.Devices {
-		devs[k] = maps.Clone(d)
-	}
-	inst.ExpandedConfig, inst.ExpandedDevices = cfg, devs
-	return inst, missing
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
@@ -57,7 +59,7 @@ func tarball(t *testing.T, gz bool, entries ...tarEntry) []byte {
 // box-net profile, the tag and a stamp.
 func boxDef(name string) yamlInstance {
 	return yamlInstance{Name: name, Type: "container", Architecture: "x86_64",
-		Config:   map[string]string{model.Current.Tag: "1", StampOrigin: "image box-probe", "volatile.eth0.hwaddr": "10:66:6a:00:00:01"},
+		Config:   map[string]string{model.Current.Tag: "1", model.StampOrigin: "image box-probe", "volatile.eth0.hwaddr": "10:66:6a:00:00:01"},
 		Devices:  map[string]map[string]string{},
 		Profiles: []string{"box-net"}}
 }
@@ -112,21 +114,6 @@ func (f *backupFixture) bytes(t *testing.T, gz bool) []byte {
 	return tarball(t, gz, append(es, f.extra...)...)
 }
 
-// hostProfiles are this host's profiles: box-net as setup-host makes it,
-// and a stock default profile whose NIC is on another bridge.
-func hostProfiles() map[string]incus.Profile {
-	return map[string]incus.Profile{
-		"box-net": {Name: "box-net", Config: map[string]string{}, Devices: map[string]map[string]string{
-			"eth0": {"type": "nic", "name": "eth0", "network": "boxnet", "security.port_isolation": "true"},
-			"root": {"type": "disk", "path": "/", "pool": "default"},
-		}},
-		"default": {Name: "default", Devices: map[string]map[string]string{
-			"eth0": {"type": "nic", "name": "eth0", "network": "incusbr0"},
-			"root": {"type": "disk", "path": "/", "pool": "default"},
-		}},
-	}
-}
-
 func TestReadBackupFile(t *testing.T) {
 	for _, gz := range []bool{true, false} {
 		bf, err := ReadBackupFile(bytes.NewReader(newBackupFixture().bytes(t, gz)))
@@ -145,7 +132,7 @@ func TestReadBackupFile(t *testing.T) {
 			"backup/container/backup.yaml the box", "backup/container/backup.yaml snapshot s1",
 			"backup/snapshots/s1/backup.yaml snapshot s1",
 		}, where, "every definition in every file")
-		assert.Empty(t, judgeBackup(bf, hostProfiles()), "a box's own export is on the stack")
+		assert.Empty(t, judgeBackup(bf, stacktest.HostProfiles()), "a box's own export is on the stack")
 	}
 }
 
@@ -234,7 +221,7 @@ func TestJudgeBackup(t *testing.T) {
 			tc.edit(f)
 			bf, err := ReadBackupFile(bytes.NewReader(f.bytes(t, true)))
 			require.NoError(t, err)
-			reasons := judgeBackup(bf, hostProfiles())
+			reasons := judgeBackup(bf, stacktest.HostProfiles())
 			all := strings.Join(reasons, "\n")
 			for _, w := range tc.want {
 				assert.Contains(t, all, w)
@@ -249,10 +236,10 @@ func TestExpandWithIsIncus(t *testing.T) {
 	inst := incus.Instance{Profiles: []string{"box-net", "extra"},
 		Config:  map[string]string{"limits.cpu": "2"},
 		Devices: map[string]map[string]string{"eth0": {"type": "nic", "network": "boxnet"}}}
-	profiles := hostProfiles()
+	profiles := stacktest.HostProfiles()
 	profiles["extra"] = incus.Profile{Config: map[string]string{"limits.cpu": "1", "security.nesting": "true"},
 		Devices: map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": "fast"}}}
-	got, missing := expandWith(inst, profiles)
+	got, missing := model.ExpandWith(inst, profiles)
 	assert.Empty(t, missing)
 	assert.Equal(t, map[string]string{"limits.cpu": "2", "security.nesting": "true"}, got.ExpandedConfig, "later profiles, then the instance, win")
 	assert.Equal(t, map[string]string{"type": "nic", "network": "boxnet"}, got.ExpandedDevices["eth0"], "a device is replaced whole, not merged")

@@ -18,23 +18,6 @@ import (
 	"github.com/box-isolation/box/stack/model"
 )
 
-// Stamp keys written at mint (docs/box.md, "Stamps"). A box minted before a key
-// existed simply lacks it.
-const (
-	StampPrefix      = "user.box."
-	StampTemplate    = "user.box.template"
-	StampUser        = "user.box.user"
-	StampMinted      = "user.box.minted"
-	StampVersion     = "user.box.version"
-	StampImage       = "user.box.image"
-	StampFingerprint = "user.box.fingerprint"
-	// StampImageServer is the image server a REMOTE:ALIAS image was
-	// pulled from (the remote's address at mint time).
-	StampImageServer = "user.box.image_server"
-	StampType        = "user.box.type"
-	StampOrigin      = "user.box.origin"
-)
-
 // NotABoxError is returned for an instance that exists but that box did
 // not mint: every box verb refuses it.
 type NotABoxError struct {
@@ -109,7 +92,7 @@ func boxOf(i *incus.Instance, gen string) Box {
 		b.Member = i.Location
 	}
 	for k, v := range i.Config {
-		if strings.HasPrefix(k, StampPrefix) {
+		if strings.HasPrefix(k, model.StampPrefix) {
 			b.Stamps[k] = v
 		}
 	}
@@ -342,16 +325,16 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*Box, error) {
 	}
 	cfg := map[string]string{model.Current.Tag: "1"}
 	maps.Copy(cfg, req.Stamps)
-	cfg[StampMinted] = time.Now().UTC().Format(time.RFC3339)
-	cfg[StampImage] = req.Image
+	cfg[model.StampMinted] = time.Now().UTC().Format(time.RFC3339)
+	cfg[model.StampImage] = req.Image
 	if img.fingerprint != "" {
-		cfg[StampFingerprint] = img.fingerprint
+		cfg[model.StampFingerprint] = img.fingerprint
 	}
 	if img.source.Server != "" {
-		cfg[StampImageServer] = img.source.Server
+		cfg[model.StampImageServer] = img.source.Server
 	}
-	cfg[StampType] = typ
-	cfg[StampOrigin] = "image " + req.Image
+	cfg[model.StampType] = typ
+	cfg[model.StampOrigin] = "image " + req.Image
 	if req.CPU != "" {
 		cfg["limits.cpu"] = req.CPU
 	}
@@ -501,7 +484,7 @@ func (mgr *Manager) stampBaseImage(ctx context.Context, name string) error {
 		return errors.New("incus recorded no base image")
 	}
 	put := inst.Writable()
-	put.Config[StampFingerprint] = fp
+	put.Config[model.StampFingerprint] = fp
 	return host.Incus.UpdateInstance(ctx, name, put, etag)
 }
 
@@ -634,8 +617,8 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 	put := clone.Writable()
 	forgetMACs(put.Config)
 	put.Config[model.Current.Tag] = "1"
-	put.Config[StampMinted] = time.Now().UTC().Format(time.RFC3339)
-	put.Config[StampOrigin] = "clone of " + source
+	put.Config[model.StampMinted] = time.Now().UTC().Format(time.RFC3339)
+	put.Config[model.StampOrigin] = "clone of " + source
 	// The source's doors stay the source's: the clone would take their
 	// host port (and fail to start) or their socket.
 	res.DoorsDropped = withoutDoors(put.Devices)
@@ -716,7 +699,7 @@ func (mgr *Manager) clusterCopy(ctx context.Context, inst *incus.Instance, snap 
 	if req.Devices == nil {
 		req.Devices = map[string]map[string]string{}
 	}
-	req.Devices["eth0"] = boxNIC()
+	req.Devices["eth0"] = model.BoxNIC()
 	return req, nil
 }
 
@@ -749,7 +732,7 @@ func (mgr *Manager) keepMACs(ctx context.Context, was *incus.Instance) error {
 // bridge: it is its source's.
 func withoutFixedAddress(devices map[string]map[string]string) {
 	for _, d := range devices {
-		if isNIC(d) && onBridge(model.Current.Network, d) {
+		if model.IsNIC(d) && model.OnBridge(model.Current.Network, d) {
 			delete(d, "ipv4.address")
 		}
 	}
@@ -867,7 +850,7 @@ func (mgr *Manager) Start(ctx context.Context, name string) error {
 	if host.Tier {
 		err = host.Incus.SetInstanceState(ctx, name, "start", 0, false)
 	} else {
-		if !fixedAddressOf(inst).IsValid() {
+		if !model.FixedAddressOf(inst).IsValid() {
 			if a := movingAddress(inst); a.IsValid() {
 				_, err = host.landAddress(ctx, name, member, a)
 			} else {

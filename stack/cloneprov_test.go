@@ -34,11 +34,11 @@ func boxUserData(t *testing.T) string {
 // box new waits for the clone's own report.
 func TestCloneIsNotProvisionedAgain(t *testing.T) {
 	f, h := newClusterFake(t)
-	f.clustered = false
-	f.add("src", "", "Stopped", "")
+	f.Clustered = false
+	f.Add("src", "", "Stopped", "")
 	ud := boxUserData(t)
-	f.insts["src"].Config[keyUserData] = ud
-	f.srv.Handle("GET /1.0/instances/{name}/files", func(w http.ResponseWriter, r *http.Request) {
+	f.Insts["src"].Config[keyUserData] = ud
+	f.Srv.Handle("GET /1.0/instances/{name}/files", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("path") != templates.ReadyMarker {
 			incustest.Error(w, http.StatusNotFound, "not found")
 			return
@@ -52,11 +52,11 @@ func TestCloneIsNotProvisionedAgain(t *testing.T) {
 	assert.Equal(t, ProvisionChecks, res.Provisioning)
 	want, ok := templates.ForClone(ud, "c")
 	require.True(t, ok)
-	assert.Equal(t, want, f.inst(t, "c").Config[keyUserData])
-	assert.Equal(t, ud, f.inst(t, "src").Config[keyUserData], "the source's stays its own")
+	assert.Equal(t, want, f.Inst(t, "c").Config[keyUserData])
+	assert.Equal(t, ud, f.Inst(t, "src").Config[keyUserData], "the source's stays its own")
 
 	var pushed []string
-	for _, r := range f.srv.Find(http.MethodPost, "/1.0/instances/c/files") {
+	for _, r := range f.Srv.Find(http.MethodPost, "/1.0/instances/c/files") {
 		p := r.Query.Get("path")
 		pushed = append(pushed, p)
 		if p == templates.ReadyMarker {
@@ -67,7 +67,7 @@ func TestCloneIsNotProvisionedAgain(t *testing.T) {
 
 	// Before the first start, and the new user-data with it.
 	var order []string
-	for _, r := range f.srv.Requests() {
+	for _, r := range f.Srv.Requests() {
 		switch {
 		case r.Method == http.MethodPut && r.Path == "/1.0/instances/c" && strings.Contains(string(r.Body), "Rendered by box for the clone"):
 			// The fixed address's update carries it again.
@@ -88,46 +88,46 @@ func TestCloneIsNotProvisionedAgain(t *testing.T) {
 // them too). A box without user-data is left as it was.
 func TestCloneOfOtherUserData(t *testing.T) {
 	f, h := newClusterFake(t)
-	f.clustered = false
-	f.add("src", "", "Stopped", "")
-	f.add("bare", "", "Stopped", "")
-	f.insts["src"].Config[keyUserData] = "#cloud-config\npackages: [vim]\n"
-	f.srv.Handle("GET /1.0/instances/{name}/files", func(w http.ResponseWriter, r *http.Request) {
+	f.Clustered = false
+	f.Add("src", "", "Stopped", "")
+	f.Add("bare", "", "Stopped", "")
+	f.Insts["src"].Config[keyUserData] = "#cloud-config\npackages: [vim]\n"
+	f.Srv.Handle("GET /1.0/instances/{name}/files", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Incus-type", "file")
 		io.WriteString(w, "x\n") //nolint:errcheck
 	})
 	res, err := (&Manager{host: h}).Clone(context.Background(), "src", "", "c")
 	require.NoError(t, err)
 	assert.Equal(t, ProvisionAgain, res.Provisioning)
-	assert.Equal(t, "#cloud-config\npackages: [vim]\n", f.inst(t, "c").Config[keyUserData])
-	assert.Len(t, f.srv.Find(http.MethodPost, "/1.0/instances/c/files"), 3, "machine-id and both markers")
+	assert.Equal(t, "#cloud-config\npackages: [vim]\n", f.Inst(t, "c").Config[keyUserData])
+	assert.Len(t, f.Srv.Find(http.MethodPost, "/1.0/instances/c/files"), 3, "machine-id and both markers")
 
 	res, err = (&Manager{host: h}).Clone(context.Background(), "bare", "", "d")
 	require.NoError(t, err)
 	assert.Empty(t, res.Provisioning)
-	assert.Len(t, f.srv.Find(http.MethodPost, "/1.0/instances/d/files"), 1, "the machine-id only")
+	assert.Len(t, f.Srv.Find(http.MethodPost, "/1.0/instances/d/files"), 1, "the machine-id only")
 }
 
 // A VM clone's markers are emptied by Incus at its first start, through
 // a copy template beside the machine-id's and the image's own.
 func TestVMCloneMarkersEmptiedByIncus(t *testing.T) {
 	f, h := newClusterFake(t)
-	f.clustered = false
-	f.add("src", "", "Stopped", "")
-	f.insts["src"].Type = model.TypeVM
-	f.insts["src"].Config[keyUserData] = boxUserData(t)
+	f.Clustered = false
+	f.Add("src", "", "Stopped", "")
+	f.Insts["src"].Type = model.TypeVM
+	f.Insts["src"].Config[keyUserData] = boxUserData(t)
 	var md incus.ImageMetadata
 	require.NoError(t, json.Unmarshal([]byte(`{"architecture":"x86_64","templates":{"/etc/hostname":{"when":["create","copy"],"template":"hostname.tpl"}}}`), &md))
 	tpls := map[string]string{}
-	f.srv.Handle("POST /1.0/instances/{name}/metadata/templates", func(w http.ResponseWriter, r *http.Request) {
+	f.Srv.Handle("POST /1.0/instances/{name}/metadata/templates", func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		tpls[r.URL.Query().Get("path")] = string(b)
 		incustest.Sync(w, nil)
 	})
-	f.srv.Handle("GET /1.0/instances/{name}/metadata", func(w http.ResponseWriter, r *http.Request) {
+	f.Srv.Handle("GET /1.0/instances/{name}/metadata", func(w http.ResponseWriter, r *http.Request) {
 		incustest.SyncETag(w, `"m1"`, md)
 	})
-	f.srv.Handle("PUT /1.0/instances/{name}/metadata", func(w http.ResponseWriter, r *http.Request) {
+	f.Srv.Handle("PUT /1.0/instances/{name}/metadata", func(w http.ResponseWriter, r *http.Request) {
 		assert.NoError(t, json.NewDecoder(r.Body).Decode(&md))
 		incustest.Sync(w, nil)
 	})
@@ -135,12 +135,12 @@ func TestVMCloneMarkersEmptiedByIncus(t *testing.T) {
 	res, err := (&Manager{host: h}).Clone(context.Background(), "src", "", "c")
 	require.NoError(t, err)
 	assert.Equal(t, ProvisionChecks, res.Provisioning)
-	assert.Empty(t, f.srv.Find(http.MethodPost, "/1.0/instances/c/files"), "a VM's files cannot be written before it runs")
+	assert.Empty(t, f.Srv.Find(http.MethodPost, "/1.0/instances/c/files"), "a VM's files cannot be written before it runs")
 	assert.Equal(t, map[string]string{MachineIDTemplate: machineIDTemplateText, emptyTemplate: ""}, tpls)
 	for _, p := range []string{templates.ReadyMarker, templates.FailedMarker} {
 		assert.Equal(t, &incus.ImageTemplate{When: []string{"copy"}, Template: emptyTemplate, Properties: map[string]string{}}, md.Templates[p], p)
 	}
 	assert.Equal(t, MachineIDTemplate, md.Templates["/etc/machine-id"].Template)
 	assert.Equal(t, "hostname.tpl", md.Templates["/etc/hostname"].Template, "the image's own stay")
-	assert.Equal(t, "copy", f.inst(t, "c").Config["volatile.apply_template"])
+	assert.Equal(t, "copy", f.Inst(t, "c").Config["volatile.apply_template"])
 }

@@ -211,7 +211,7 @@ func usedAddresses(f Fleet) map[netip.Addr]bool {
 			used[a] = true
 		}
 		for _, d := range f.insts[i].ExpandedDevices {
-			if isNIC(d) && onBridge(model.Current.Network, d) {
+			if model.IsNIC(d) && model.OnBridge(model.Current.Network, d) {
 				if a, err := netip.ParseAddr(d["ipv4.address"]); err == nil {
 					used[a] = true
 				}
@@ -241,7 +241,7 @@ func addressFindings(f Fleet) []model.Finding {
 	for i := range f.insts {
 		inst := &f.insts[i]
 		for _, d := range inst.ExpandedDevices {
-			if !isNIC(d) || !onBridge(model.Current.Network, d) {
+			if !model.IsNIC(d) || !model.OnBridge(model.Current.Network, d) {
 				continue
 			}
 			a, err := netip.ParseAddr(d["ipv4.address"])
@@ -643,32 +643,6 @@ func (host *Host) startFixed(ctx context.Context, name, member string) error {
 	}
 }
 
-// boxNIC is the profile's NIC as a box's own device, without a fixed
-// address: what a copy or an import gets before fixAddress gives it one.
-func boxNIC() map[string]string {
-	return map[string]string{"type": "nic", "network": model.Current.Network, "name": "eth0", "security.port_isolation": "true"}
-}
-
-// fixedNIC is the profile's NIC with a fixed address.
-func fixedNIC(addr netip.Addr) map[string]string {
-	d := boxNIC()
-	d["ipv4.address"] = addr.String()
-	return d
-}
-
-// fixedAddressOf is the fixed address of an instance's NIC on the bridge
-// (invalid when it has none).
-func fixedAddressOf(inst *incus.Instance) netip.Addr {
-	for _, d := range inst.ExpandedDevices {
-		if isNIC(d) && onBridge(model.Current.Network, d) {
-			if a, err := netip.ParseAddr(d["ipv4.address"]); err == nil {
-				return a
-			}
-		}
-	}
-	return netip.Addr{}
-}
-
 // setFixedAddress gives an instance's NIC on the bridge a fixed address:
 // its own device's keys kept (a granted user's box may have turned port
 // isolation off in it), or the profile's NIC made its own. An instance with
@@ -682,9 +656,9 @@ func (host *Host) setFixedAddress(ctx context.Context, name string, addr netip.A
 	if put.Devices == nil {
 		put.Devices = map[string]map[string]string{}
 	}
-	dev, nic := bridgeNICOf(inst)
+	dev, nic := model.BridgeNICOf(inst)
 	if dev == "" {
-		dev, nic = "eth0", boxNIC()
+		dev, nic = "eth0", model.BoxNIC()
 	} else if own, ok := put.Devices[dev]; ok {
 		nic = maps.Clone(own)
 	} else {
@@ -697,17 +671,6 @@ func (host *Host) setFixedAddress(ctx context.Context, name string, addr netip.A
 	put.Devices[dev] = nic
 	delete(put.Config, keyMoving)
 	return host.Incus.UpdateInstance(ctx, name, put, etag)
-}
-
-// bridgeNICOf is an instance's NIC on the bridge, as Incus expands it
-// ("" when it has none).
-func bridgeNICOf(inst *incus.Instance) (string, map[string]string) {
-	for _, name := range sortedKeys(inst.ExpandedDevices) {
-		if d := inst.ExpandedDevices[name]; isNIC(d) && onBridge(model.Current.Network, d) {
-			return name, d
-		}
-	}
-	return "", nil
 }
 
 // MemberReport is one member's host layers converged (EnsureMembers).
@@ -837,7 +800,7 @@ func (host *Host) readdressIfTaken(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	addr := fixedAddressOf(inst)
+	addr := model.FixedAddressOf(inst)
 	if !addr.IsValid() {
 		_, err := host.ensureFixed(ctx, inst, member)
 		return err

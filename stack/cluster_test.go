@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -117,7 +119,7 @@ func TestParseMemberNetNS(t *testing.T) {
 // clusterInst is a box on a member; addr "" leaves its NIC without a
 // fixed address.
 func clusterInst(name, member, addr string, box bool) incus.Instance {
-	return fleetInst(name, func(i *incus.Instance) {
+	return stacktest.FleetInst(name, func(i *incus.Instance) {
 		i.Location = member
 		if addr != "" {
 			i.ExpandedDevices["eth0"]["ipv4.address"] = addr
@@ -210,7 +212,7 @@ func TestAddressFindings(t *testing.T) {
 		insts := []incus.Instance{
 			clusterInst("cb-loose", "m2", "", true),
 			clusterInst("not-a-box", "m2", "", false),
-			fleetInst("cb-elsewhere", func(i *incus.Instance) { i.ExpandedDevices["eth0"]["network"] = "lxdbr0" }),
+			stacktest.FleetInst("cb-elsewhere", func(i *incus.Instance) { i.ExpandedDevices["eth0"]["network"] = "lxdbr0" }),
 		}
 		assert.Empty(t, addressFindings(Fleet{insts: insts}), "no address, nothing handed out twice")
 		fs := dhcpFindings(insts)

@@ -105,7 +105,7 @@ func (host *Host) inProject(project string) *Host {
 // when nobody else holds or asks for it (a box converted keeps its
 // address, and its connections), else a free one of its member's slice.
 func (host *Host) ensureFixed(ctx context.Context, inst *incus.Instance, member string) (netip.Addr, error) {
-	if a := fixedAddressOf(inst); a.IsValid() {
+	if a := model.FixedAddressOf(inst); a.IsValid() {
 		return a, nil
 	}
 	h := host.inProject(inst.Project)
@@ -168,8 +168,8 @@ func needsAddress(inst *incus.Instance) bool {
 	if _, ok := isBox(inst); !ok {
 		return false
 	}
-	dev, _ := bridgeNICOf(inst)
-	return dev != "" && !fixedAddressOf(inst).IsValid()
+	dev, _ := model.BridgeNICOf(inst)
+	return dev != "" && !model.FixedAddressOf(inst).IsValid()
 }
 
 // fixAllAddresses gives every box on the bridge, in every project and on
@@ -269,8 +269,8 @@ func dhcpFindings(insts []incus.Instance) []model.Finding {
 	var out []model.Finding
 	for i := range insts {
 		inst := &insts[i]
-		dev, _ := bridgeNICOf(inst)
-		if dev == "" || fixedAddressOf(inst).IsValid() {
+		dev, _ := model.BridgeNICOf(inst)
+		if dev == "" || model.FixedAddressOf(inst).IsValid() {
 			continue
 		}
 		if _, ok := isBox(inst); ok {

@@ -14,6 +14,7 @@ import (
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
+	"github.com/box-isolation/box/stack/stacktest"
 )
 
 // A hand-set raw.dnsmasq has no trailing newline when it went through a
@@ -123,17 +124,17 @@ func TestPoolFindings(t *testing.T) {
 // mint are left alone.
 func TestFixAllAddressesKeepsTheLease(t *testing.T) {
 	f, h := newClusterFake(t)
-	f.clustered = false
-	f.add("old", "", "Running", "")
-	f.add("taken", "", "Running", "")
-	f.add("gone", "", "Stopped", "")
-	f.add("fixed", "", "Running", "10.88.0.40")
-	f.add("foreign", "", "Running", "")
-	f.insts["old"].Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0a"
-	f.insts["taken"].Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0b"
-	f.insts["gone"].Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0c"
-	delete(f.insts["foreign"].Config, model.Current.Tag)
-	f.leases = []incus.NetworkLease{
+	f.Clustered = false
+	f.Add("old", "", "Running", "")
+	f.Add("taken", "", "Running", "")
+	f.Add("gone", "", "Stopped", "")
+	f.Add("fixed", "", "Running", "10.88.0.40")
+	f.Add("foreign", "", "Running", "")
+	f.Insts["old"].Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0a"
+	f.Insts["taken"].Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0b"
+	f.Insts["gone"].Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0c"
+	delete(f.Insts["foreign"].Config, model.Current.Tag)
+	f.Leases = []incus.NetworkLease{
 		{Address: "10.88.0.1", Type: "gateway"},
 		{Hwaddr: "10:66:6a:00:00:0a", Address: "10.88.0.77", Type: "dynamic"},
 		// A lease whose address another box was given since.
@@ -149,20 +150,20 @@ func TestFixAllAddressesKeepsTheLease(t *testing.T) {
 	}
 	assert.Equal(t, []string{"updated box gone: fixed address 10.88.0.2", "updated box old: fixed address 10.88.0.77",
 		"updated box taken: fixed address 10.88.0.3"}, got, "in the listing's order, each the first free address or its lease's")
-	assert.Equal(t, "10.88.0.77", fixedAddressOf(f.inst(t, "old")).String(), "the address it leases")
-	assert.Equal(t, "10.88.0.40", fixedAddressOf(f.inst(t, "fixed")).String())
-	assert.False(t, fixedAddressOf(f.inst(t, "foreign")).IsValid(), "not box's")
+	assert.Equal(t, "10.88.0.77", model.FixedAddressOf(f.Inst(t, "old")).String(), "the address it leases")
+	assert.Equal(t, "10.88.0.40", model.FixedAddressOf(f.Inst(t, "fixed")).String())
+	assert.False(t, model.FixedAddressOf(f.Inst(t, "foreign")).IsValid(), "not box's")
 	assert.Empty(t, dhcpFindings(boxesOnly(f)), "every box has one now")
 	changes, err = h.fixAllAddresses(context.Background(), ci)
 	require.NoError(t, err)
 	assert.Empty(t, changes, "a second run changes nothing")
 }
 
-func boxesOnly(f *clusterFake) []incus.Instance {
+func boxesOnly(f *stacktest.ClusterFake) []incus.Instance {
 	var out []incus.Instance
-	for name, i := range f.insts {
+	for name, i := range f.Insts {
 		if i.Config[model.Current.Tag] == "1" {
-			out = append(out, *f.render(f.insts[name]))
+			out = append(out, *f.Render(f.Insts[name]))
 		}
 	}
 	return out
@@ -173,46 +174,46 @@ func boxesOnly(f *clusterFake) []incus.Instance {
 // stay (C-TIER's box-t has port isolation off in its own NIC).
 func TestFixMissingAddresses(t *testing.T) {
 	f, h := newClusterFake(t)
-	f.clustered = false
-	f.add("up", "", "Running", "")
-	f.add("down", "", "Stopped", "")
-	f.insts["up"].Config["volatile.eth0.host_name"] = "veth-up"
-	f.insts["up"].Devices["eth0"] = map[string]string{"type": "nic", "name": "eth0", "network": "boxnet", "security.port_isolation": "false"}
+	f.Clustered = false
+	f.Add("up", "", "Running", "")
+	f.Add("down", "", "Stopped", "")
+	f.Insts["up"].Config["volatile.eth0.host_name"] = "veth-up"
+	f.Insts["up"].Devices["eth0"] = map[string]string{"type": "nic", "name": "eth0", "network": "boxnet", "security.port_isolation": "false"}
 	insts, err := h.Incus.AllInstances(context.Background())
 	require.NoError(t, err)
-	f.starting = "up"
+	f.Starting = "up"
 	fixed, busy, err := h.fixMissingAddresses(context.Background(), Fleet{insts: insts})
 	require.NoError(t, err, "a box Incus is starting is no failure")
 	assert.False(t, fixed)
 	assert.Equal(t, []string{"up"}, busy, "to be looked at again soon")
-	f.starting = ""
+	f.Starting = ""
 	fixed, busy, err = h.fixMissingAddresses(context.Background(), Fleet{insts: insts})
 	require.NoError(t, err)
 	assert.True(t, fixed)
 	assert.Empty(t, busy)
-	up := f.inst(t, "up")
-	assert.Equal(t, "10.88.0.2", fixedAddressOf(up).String())
+	up := f.Inst(t, "up")
+	assert.Equal(t, "10.88.0.2", model.FixedAddressOf(up).String())
 	assert.Equal(t, "false", up.Devices["eth0"]["security.port_isolation"], "its own NIC's keys are kept")
-	assert.False(t, fixedAddressOf(f.inst(t, "down")).IsValid(), "no port: Start or Ensure gives it one")
-	n := len(f.srv.Find(http.MethodPut, "/1.0/instances/up"))
+	assert.False(t, model.FixedAddressOf(f.Inst(t, "down")).IsValid(), "no port: Start or Ensure gives it one")
+	n := len(f.Srv.Find(http.MethodPut, "/1.0/instances/up"))
 	insts, err = h.Incus.AllInstances(context.Background())
 	require.NoError(t, err)
 	fixed, _, err = h.fixMissingAddresses(context.Background(), Fleet{insts: insts})
 	require.NoError(t, err)
 	assert.False(t, fixed)
-	assert.Len(t, f.srv.Find(http.MethodPut, "/1.0/instances/up"), n, "nothing more to do")
+	assert.Len(t, f.Srv.Find(http.MethodPut, "/1.0/instances/up"), n, "nothing more to do")
 }
 
 // A restore of a snapshot taken before box stored addresses brings back a
 // NIC with none: it gets one (the one its MAC leases, if any).
 func TestRestoreGivesAFixedAddress(t *testing.T) {
 	f, h := newClusterFake(t)
-	f.clustered = false
-	f.add("b", "", "Stopped", "10.88.0.9")
-	f.snaps["b"] = []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{}}}
-	f.leases = []incus.NetworkLease{{Hwaddr: "10:66:6a:00:00:01", Address: "10.88.0.9", Type: "dynamic"}}
+	f.Clustered = false
+	f.Add("b", "", "Stopped", "10.88.0.9")
+	f.Snaps["b"] = []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{}}}
+	f.Leases = []incus.NetworkLease{{Hwaddr: "10:66:6a:00:00:01", Address: "10.88.0.9", Type: "dynamic"}}
 	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "b", "s1"))
-	assert.Equal(t, "10.88.0.9", fixedAddressOf(f.inst(t, "b")).String())
+	assert.Equal(t, "10.88.0.9", model.FixedAddressOf(f.Inst(t, "b")).String())
 }
 
 func TestLeaseClient(t *testing.T) {

@@ -194,7 +194,7 @@ func parseDoor(d map[string]string) (parsedDoor, error) {
 	default:
 		return p, fmt.Errorf("listen is %q: box's doors listen on the host's loopback or a unix socket in %s", d["listen"], DoorDir)
 	}
-	for _, k := range sortedKeys(d) {
+	for _, k := range model.SortedKeys(d) {
 		if !allowed[k] {
 			return p, fmt.Errorf("it sets %s=%s, which box's doors do not", k, d[k])
 		}
@@ -245,7 +245,7 @@ func doorOf(inst *incus.Instance, name string) Door {
 // like one, in port order.
 func doorsOf(inst *incus.Instance) []Door {
 	out := []Door{}
-	for _, name := range sortedKeys(inst.ExpandedDevices) {
+	for _, name := range model.SortedKeys(inst.ExpandedDevices) {
 		d := inst.ExpandedDevices[name]
 		if d["type"] == "proxy" && (strings.HasPrefix(name, DoorPrefix) || d[DoorTag] != "") {
 			out = append(out, doorOf(inst, name))
@@ -396,7 +396,7 @@ func (doors *Doors) checkHostPort(ctx context.Context, self string, port uint16,
 	listen := "tcp:" + ap.String()
 	for i := range insts {
 		inst := &insts[i]
-		for _, dn := range sortedKeys(inst.ExpandedDevices) {
+		for _, dn := range model.SortedKeys(inst.ExpandedDevices) {
 			d := inst.ExpandedDevices[dn]
 			if d["type"] != "proxy" || d["bind"] == "instance" || !sameTCPListen(d["listen"], listen) {
 				continue
@@ -559,7 +559,7 @@ func removeDoorSocket(d map[string]string) {
 // port or socket) and returns their names.
 func withoutDoors(devices map[string]map[string]string) []string {
 	var dropped []string
-	for _, name := range sortedKeys(devices) {
+	for _, name := range model.SortedKeys(devices) {
 		d := devices[name]
 		if d["type"] == "proxy" && d[DoorTag] == "1" {
 			delete(devices, name)
@@ -579,7 +579,7 @@ func (doors *Doors) renameDoors(ctx context.Context, name string) error {
 	}
 	put := inst.Writable()
 	var old []map[string]string
-	for _, dn := range sortedKeys(put.Devices) {
+	for _, dn := range model.SortedKeys(put.Devices) {
 		d := put.Devices[dn]
 		p, err := parseDoor(d)
 		if err != nil || p.kind != DoorUnix {

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -169,29 +171,29 @@ func TestCensusAcceptsExactlyBoxsDoors(t *testing.T) {
 		inst incus.Instance
 		want string // "" for on the stack
 	}{
-		{name: "a tcp door", inst: fleetInst("a", withDoor("box-door-8080", tcpDoor("tcp:127.0.0.1:18080")))},
-		{name: "a tcp door on ::1", inst: fleetInst("a", withDoor("box-door-8080", tcpDoor("tcp:[::1]:8080")))},
-		{name: "a unix door", inst: fleetInst("a", withDoor("box-door-8080", unixDoor(DoorDir+"/a-8080.sock")))},
-		{name: "a unix door at another box's path", inst: fleetInst("a", withDoor("box-door-8080", unixDoor(DoorDir+"/b-8080.sock"))),
+		{name: "a tcp door", inst: stacktest.FleetInst("a", withDoor("box-door-8080", tcpDoor("tcp:127.0.0.1:18080")))},
+		{name: "a tcp door on ::1", inst: stacktest.FleetInst("a", withDoor("box-door-8080", tcpDoor("tcp:[::1]:8080")))},
+		{name: "a unix door", inst: stacktest.FleetInst("a", withDoor("box-door-8080", unixDoor(DoorDir+"/a-8080.sock")))},
+		{name: "a unix door at another box's path", inst: stacktest.FleetInst("a", withDoor("box-door-8080", unixDoor(DoorDir+"/b-8080.sock"))),
 			want: "its socket is " + DoorDir + "/b-8080.sock"},
-		{name: "a door's name with a proxy to the host", inst: fleetInst("a", withDoor("box-door-8080",
+		{name: "a door's name with a proxy to the host", inst: stacktest.FleetInst("a", withDoor("box-door-8080",
 			edit(tcpDoor("tcp:127.0.0.1:9"), "bind", "instance", "connect", "tcp:198.51.100.2:22"))),
 			want: "proxy device box-door-8080 (listen tcp:127.0.0.1:9, connect tcp:198.51.100.2:22, bind instance) is a door between the box and the host, and not one of box's: bind is"},
-		{name: "a hand-made proxy toward the host", inst: fleetInst("a", withDoor("up", map[string]string{
+		{name: "a hand-made proxy toward the host", inst: stacktest.FleetInst("a", withDoor("up", map[string]string{
 			"type": "proxy", "bind": "instance", "listen": "tcp:127.0.0.1:2222", "connect": "tcp:127.0.0.1:22"})),
 			want: "proxy device up (listen tcp:127.0.0.1:2222, connect tcp:127.0.0.1:22, bind instance) is a door between the box and the host"},
-		{name: "a door with nat", inst: fleetInst("a", withDoor("box-door-8080", edit(tcpDoor("tcp:127.0.0.1:8080"), "nat", "true"))),
+		{name: "a door with nat", inst: stacktest.FleetInst("a", withDoor("box-door-8080", edit(tcpDoor("tcp:127.0.0.1:8080"), "nat", "true"))),
 			want: "sets nat=true"},
-		{name: "a door misnamed", inst: fleetInst("a", withDoor("box-door-80", tcpDoor("tcp:127.0.0.1:8080"))),
+		{name: "a door misnamed", inst: stacktest.FleetInst("a", withDoor("box-door-80", tcpDoor("tcp:127.0.0.1:8080"))),
 			want: "connects to port 8080 but is named box-door-80"},
-		{name: "a door from a profile", inst: fleetInst("a", func(i *incus.Instance) {
+		{name: "a door from a profile", inst: stacktest.FleetInst("a", func(i *incus.Instance) {
 			i.ExpandedDevices["box-door-8080"] = tcpDoor("tcp:127.0.0.1:8080")
 		}), want: "comes from a profile"},
-		{name: "a door on an instance box did not mint", inst: fleetInst("a", func(i *incus.Instance) {
+		{name: "a door on an instance box did not mint", inst: stacktest.FleetInst("a", func(i *incus.Instance) {
 			delete(i.Config, model.Current.Tag)
 			withDoor("box-door-8080", tcpDoor("tcp:127.0.0.1:8080"))(i)
 		}), want: "the instance is not a box"},
-		{name: "a door on the legacy generation's box", inst: fleetInst("a", func(i *incus.Instance) {
+		{name: "a door on the legacy generation's box", inst: stacktest.FleetInst("a", func(i *incus.Instance) {
 			delete(i.Config, model.Current.Tag)
 			i.Config[model.Legacy.Tag] = "1"
 			withDoor("box-door-8080", tcpDoor("tcp:127.0.0.1:8080"))(i)

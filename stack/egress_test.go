@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -99,7 +101,7 @@ func TestDesiredCarriesThePolicies(t *testing.T) {
 
 func TestEgressPlan(t *testing.T) {
 	withPolicy := func(name, mac, policy string) incus.Instance {
-		return fleetInst(name, func(i *incus.Instance) {
+		return stacktest.FleetInst(name, func(i *incus.Instance) {
 			i.Config["volatile.eth0.hwaddr"] = mac
 			if policy != "" {
 				i.Config[model.KeyEgress] = policy
@@ -113,7 +115,7 @@ func TestEgressPlan(t *testing.T) {
 		withPolicy("lost", "10:66:6a:00:00:0d", "pgone"),
 		// Its stored address, and no lease (yet): under its policy all the
 		// same, or its first packets would go out open.
-		fleetInst("d", func(i *incus.Instance) {
+		stacktest.FleetInst("d", func(i *incus.Instance) {
 			i.Config["volatile.eth0.hwaddr"] = "10:66:6a:00:00:0e"
 			i.Config[model.KeyEgress] = "pb"
 			i.ExpandedDevices["eth0"]["ipv4.address"] = "10.88.0.20"

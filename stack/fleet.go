@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -148,9 +147,9 @@ type bridgeNIC struct {
 // bridgeNICs lists an instance's NICs on bridge, in device name order.
 func bridgeNICs(bridge string, i *incus.Instance) []bridgeNIC {
 	var out []bridgeNIC
-	for _, name := range sortedKeys(i.ExpandedDevices) {
+	for _, name := range model.SortedKeys(i.ExpandedDevices) {
 		d := i.ExpandedDevices[name]
-		if !isNIC(d) || !onBridge(bridge, d) {
+		if !model.IsNIC(d) || !model.OnBridge(bridge, d) {
 			continue
 		}
 		mac := i.Config["volatile."+name+".hwaddr"]
@@ -169,18 +168,6 @@ func portsOf(bridge string, i *incus.Instance) []string {
 		out = append(out, n.port)
 	}
 	return out
-}
-
-func isNIC(d map[string]string) bool { return d["type"] == "nic" }
-
-func onBridge(bridge string, d map[string]string) bool {
-	return d["network"] == bridge || d["parent"] == bridge
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	ks := slices.Collect(maps.Keys(m))
-	sort.Strings(ks)
-	return ks
 }
 
 // nicOptions are the NIC settings that keep a box on the stack; anything
@@ -296,12 +283,12 @@ func judgeDefinition(bridge string, inst *incus.Instance) Sibling {
 			fmt.Sprintf(" (it comes from a profile: %s)", strings.Join(inst.Profiles, ", "))
 	}
 	nics := 0
-	for _, name := range sortedKeys(inst.ExpandedDevices) {
+	for _, name := range model.SortedKeys(inst.ExpandedDevices) {
 		d := inst.ExpandedDevices[name]
 		switch d["type"] {
 		case "nic":
 			nics++
-			if !onBridge(bridge, d) {
+			if !model.OnBridge(bridge, d) {
 				bad(fmt.Sprintf("has a second NIC %s on %s: a path off the stack", name, nicWhere(d)), incusCmd("incus config device remove %s %s", inst.Name, name))
 				continue
 			}
@@ -313,7 +300,7 @@ func judgeDefinition(bridge string, inst *incus.Instance) Sibling {
 				bad(fmt.Sprintf("NIC %s has port isolation off (security.port_isolation=%q)", name, d["security.port_isolation"]),
 					devFix(name, "set", "security.port_isolation=true"))
 			}
-			for _, k := range sortedKeys(d) {
+			for _, k := range model.SortedKeys(d) {
 				if !nicOptions[k] {
 					bad(fmt.Sprintf("NIC %s sets %s=%s, which box does not make", name, k, d[k]), devFix(name, "unset", k))
 				}
@@ -350,7 +337,7 @@ func judgeDefinition(bridge string, inst *incus.Instance) Sibling {
 	if nics != 1 {
 		bad(fmt.Sprintf("has %d NICs, want exactly one on %s", nics, bridge), "remove every NIC but the one from the box-net profile")
 	}
-	for _, k := range sortedKeys(inst.ExpandedConfig) {
+	for _, k := range model.SortedKeys(inst.ExpandedConfig) {
 		v := inst.ExpandedConfig[k]
 		switch {
 		case k == "raw.lxc" || strings.HasPrefix(k, "raw.qemu"):

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -12,24 +14,6 @@ import (
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
-
-// fleetInst is an instance as the box-net profile makes it, running on
-// port veth-<name>; edit changes it.
-func fleetInst(name string, edit func(i *incus.Instance)) incus.Instance {
-	i := incus.Instance{Name: name, Project: "default", Status: "Running", Type: "container",
-		Profiles: []string{"box-net"},
-		Config:   map[string]string{model.Current.Tag: "1", "volatile.eth0.host_name": "veth-" + name},
-		Devices:  map[string]map[string]string{},
-		ExpandedDevices: map[string]map[string]string{
-			"eth0": {"type": "nic", "name": "eth0", "network": "boxnet", "security.port_isolation": "true"},
-			"root": {"type": "disk", "path": "/", "pool": "default"},
-		}}
-	if edit != nil {
-		edit(&i)
-	}
-	i.ExpandedConfig = maps.Clone(i.Config)
-	return i
-}
 
 func TestCensusJudgesEverySibling(t *testing.T) {
 	good := hostns.KernelPort{Exists: true, Master: "boxnet", Isolated: true}
@@ -41,56 +25,56 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 		want     string // a problem that must be named; "" for on the stack
 		allowed  string
 	}{
-		{name: "on the stack", inst: fleetInst("ok", nil)},
-		{name: "the guest API turned on", inst: fleetInst("g", func(i *incus.Instance) { i.Config["security.guestapi"] = "true" }), want: "security.guestapi=true: the box has /dev/incus"},
-		{name: "nesting is allowed and said why", inst: fleetInst("dock", func(i *incus.Instance) { maps.Copy(i.Config, model.NestingConfig()) }),
+		{name: "on the stack", inst: stacktest.FleetInst("ok", nil)},
+		{name: "the guest API turned on", inst: stacktest.FleetInst("g", func(i *incus.Instance) { i.Config["security.guestapi"] = "true" }), want: "security.guestapi=true: the box has /dev/incus"},
+		{name: "nesting is allowed and said why", inst: stacktest.FleetInst("dock", func(i *incus.Instance) { maps.Copy(i.Config, model.NestingConfig()) }),
 			allowed: "security.nesting=true: allowed, containers inside the box (box new --nesting)"},
-		{name: "a syscall interception nesting does not set", inst: fleetInst("dock2", func(i *incus.Instance) {
+		{name: "a syscall interception nesting does not set", inst: stacktest.FleetInst("dock2", func(i *incus.Instance) {
 			maps.Copy(i.Config, model.NestingConfig())
 			i.Config["security.syscalls.intercept.mount"] = "true"
 		}), want: "sets security.syscalls.intercept.mount=true: incusd mounts file systems in the box on the host's behalf (Incus warns the kernel's file system code then meets data the box controls); box never sets it (nesting does not need it) (fix: incus config unset dock2 security.syscalls.intercept.mount (it takes effect when the box starts again: box down, box start))"},
-		{name: "mknod interception is not needed either", inst: fleetInst("dock3", func(i *incus.Instance) { i.Config["security.syscalls.intercept.mknod"] = "1" }),
+		{name: "mknod interception is not needed either", inst: stacktest.FleetInst("dock3", func(i *incus.Instance) { i.Config["security.syscalls.intercept.mknod"] = "1" }),
 			want: "sets security.syscalls.intercept.mknod=1"},
-		{name: "an interception turned off is nothing", inst: fleetInst("dock4", func(i *incus.Instance) { i.Config["security.syscalls.intercept.setxattr"] = "false" })},
-		{name: "isolation off on the NIC", inst: fleetInst("a", func(i *incus.Instance) {
+		{name: "an interception turned off is nothing", inst: stacktest.FleetInst("dock4", func(i *incus.Instance) { i.Config["security.syscalls.intercept.setxattr"] = "false" })},
+		{name: "isolation off on the NIC", inst: stacktest.FleetInst("a", func(i *incus.Instance) {
 			i.ExpandedDevices["eth0"]["security.port_isolation"] = "false"
 			i.Devices["eth0"] = i.ExpandedDevices["eth0"]
 		}), want: "incus config device set a eth0 security.port_isolation=true"},
-		{name: "isolation off from a profile", inst: fleetInst("b", func(i *incus.Instance) { delete(i.ExpandedDevices["eth0"], "security.port_isolation") }),
+		{name: "isolation off from a profile", inst: stacktest.FleetInst("b", func(i *incus.Instance) { delete(i.ExpandedDevices["eth0"], "security.port_isolation") }),
 			want: "incus config device override b eth0 security.port_isolation=true"},
-		{name: "a second NIC", inst: fleetInst("c", func(i *incus.Instance) {
+		{name: "a second NIC", inst: stacktest.FleetInst("c", func(i *incus.Instance) {
 			i.ExpandedDevices["eth1"] = map[string]string{"type": "nic", "nictype": "bridged", "parent": "lanbr0"}
 		}), want: "second NIC eth1 on bridged lanbr0"},
-		{name: "boxnet as a plain parent", inst: fleetInst("d", func(i *incus.Instance) {
+		{name: "boxnet as a plain parent", inst: stacktest.FleetInst("d", func(i *incus.Instance) {
 			i.ExpandedDevices["eth0"] = map[string]string{"type": "nic", "nictype": "bridged", "parent": "boxnet", "security.port_isolation": "true"}
 		}), want: "past the network's ACL"},
-		{name: "a NIC option box does not make", inst: fleetInst("e", func(i *incus.Instance) { i.ExpandedDevices["eth0"]["ipv4.routes"] = "192.168.1.0/24" }), want: "sets ipv4.routes"},
-		{name: "a proxy", inst: fleetInst("f", func(i *incus.Instance) {
+		{name: "a NIC option box does not make", inst: stacktest.FleetInst("e", func(i *incus.Instance) { i.ExpandedDevices["eth0"]["ipv4.routes"] = "192.168.1.0/24" }), want: "sets ipv4.routes"},
+		{name: "a proxy", inst: stacktest.FleetInst("f", func(i *incus.Instance) {
 			i.ExpandedDevices["p"] = map[string]string{"type": "proxy", "listen": "tcp:0.0.0.0:80", "connect": "tcp:127.0.0.1:80"}
 		}), want: "proxy device p"},
-		{name: "a host path", inst: fleetInst("g", func(i *incus.Instance) {
+		{name: "a host path", inst: stacktest.FleetInst("g", func(i *incus.Instance) {
 			i.ExpandedDevices["home"] = map[string]string{"type": "disk", "source": "/home/me", "path": "/mnt"}
 		}), want: `host path "/home/me"`},
-		{name: "a managed volume is fine", inst: fleetInst("h", func(i *incus.Instance) {
+		{name: "a managed volume is fine", inst: stacktest.FleetInst("h", func(i *incus.Instance) {
 			i.ExpandedDevices["data"] = map[string]string{"type": "disk", "pool": "default", "source": "vol1", "path": "/data"}
 		})},
-		{name: "a socket", inst: fleetInst("i", func(i *incus.Instance) {
+		{name: "a socket", inst: stacktest.FleetInst("i", func(i *incus.Instance) {
 			i.ExpandedDevices["s"] = map[string]string{"type": "unix-char", "source": "/dev/kvm"}
 		}), want: "device s (unix-char)"},
-		{name: "raw.lxc", inst: fleetInst("j", func(i *incus.Instance) { i.Config["raw.lxc"] = "lxc.mount.entry = /srv srv none bind" }), want: "sets raw.lxc"},
-		{name: "privileged", inst: fleetInst("k", func(i *incus.Instance) { i.Config["security.privileged"] = "true" }), want: "is privileged"},
-		{name: "privileged, as Incus also spells true", inst: fleetInst("k2", func(i *incus.Instance) { i.Config["security.privileged"] = "Yes" }), want: "is privileged"},
-		{name: "not privileged", inst: fleetInst("k3", func(i *incus.Instance) { i.Config["security.privileged"] = "false" })},
-		{name: "port not isolated", inst: fleetInst("l", nil), port: &hostns.KernelPort{Exists: true, Master: "boxnet"}, want: "is not isolated"},
-		{name: "port not in the set", inst: fleetInst("m", nil), notInSet: true, want: "not in the bridge drop's port set"},
-		{name: "port gone", inst: fleetInst("n", nil), port: &hostns.KernelPort{}, want: "does not exist"},
-		{name: "port elsewhere", inst: fleetInst("o", nil), port: &hostns.KernelPort{Exists: true, Master: "docker0", Isolated: true}, want: `not on boxnet (master "docker0")`},
-		{name: "stopped: judged by config only", inst: fleetInst("p", func(i *incus.Instance) {
+		{name: "raw.lxc", inst: stacktest.FleetInst("j", func(i *incus.Instance) { i.Config["raw.lxc"] = "lxc.mount.entry = /srv srv none bind" }), want: "sets raw.lxc"},
+		{name: "privileged", inst: stacktest.FleetInst("k", func(i *incus.Instance) { i.Config["security.privileged"] = "true" }), want: "is privileged"},
+		{name: "privileged, as Incus also spells true", inst: stacktest.FleetInst("k2", func(i *incus.Instance) { i.Config["security.privileged"] = "Yes" }), want: "is privileged"},
+		{name: "not privileged", inst: stacktest.FleetInst("k3", func(i *incus.Instance) { i.Config["security.privileged"] = "false" })},
+		{name: "port not isolated", inst: stacktest.FleetInst("l", nil), port: &hostns.KernelPort{Exists: true, Master: "boxnet"}, want: "is not isolated"},
+		{name: "port not in the set", inst: stacktest.FleetInst("m", nil), notInSet: true, want: "not in the bridge drop's port set"},
+		{name: "port gone", inst: stacktest.FleetInst("n", nil), port: &hostns.KernelPort{}, want: "does not exist"},
+		{name: "port elsewhere", inst: stacktest.FleetInst("o", nil), port: &hostns.KernelPort{Exists: true, Master: "docker0", Isolated: true}, want: `not on boxnet (master "docker0")`},
+		{name: "stopped: judged by config only", inst: stacktest.FleetInst("p", func(i *incus.Instance) {
 			i.Status = "Stopped"
 			delete(i.Config, "volatile.eth0.host_name")
 			i.ExpandedDevices["eth0"]["security.port_isolation"] = "false"
 		}), want: "port isolation off"},
-		{name: "untagged in another project is a sibling too", inst: fleetInst("q", func(i *incus.Instance) {
+		{name: "untagged in another project is a sibling too", inst: stacktest.FleetInst("q", func(i *incus.Instance) {
 			delete(i.Config, model.Current.Tag)
 			i.Project = "user-1000"
 			i.ExpandedDevices["eth0"]["security.port_isolation"] = "false"
@@ -134,10 +118,10 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 }
 
 func TestCensusStartsFromTheBridge(t *testing.T) {
-	elsewhere := fleetInst("lan", func(i *incus.Instance) {
+	elsewhere := stacktest.FleetInst("lan", func(i *incus.Instance) {
 		i.ExpandedDevices["eth0"] = map[string]string{"type": "nic", "network": "incusbr0"}
 	})
-	c := takeCensus("boxnet", []incus.Instance{fleetInst("a", nil), elsewhere},
+	c := takeCensus("boxnet", []incus.Instance{stacktest.FleetInst("a", nil), elsewhere},
 		[]string{"veth-a", "vethstray"}, map[string]hostns.KernelPort{"veth-a": {Exists: true, Master: "boxnet", Isolated: true}},
 		[]string{"veth-a", "vethstray"}, true, "")
 	require.Len(t, c.Siblings, 2, "the box on boxnet and the stray port; the instance on another bridge is none of the census's business")
@@ -159,7 +143,7 @@ func TestCensusStartsFromTheBridge(t *testing.T) {
 }
 
 func TestCensusWithoutAPortSetChecksNoMembership(t *testing.T) {
-	c := takeCensus("boxnet", []incus.Instance{fleetInst("a", nil)}, []string{"veth-a"},
+	c := takeCensus("boxnet", []incus.Instance{stacktest.FleetInst("a", nil)}, []string{"veth-a"},
 		map[string]hostns.KernelPort{"veth-a": {Exists: true, Master: "boxnet", Isolated: true}}, nil, false, "")
 	assert.True(t, c.Siblings[0].OnStack(), "bridge-meta mode has no set to be missing from")
 }
@@ -169,13 +153,13 @@ func TestCensusWithoutAPortSetChecksNoMembership(t *testing.T) {
 func TestCensusAcceptsExactlyTheNestingKeys(t *testing.T) {
 	cfg := model.NestingConfig()
 	require.Equal(t, map[string]string{"security.nesting": "true"}, cfg, "what Docker needed in a box here (docs/box.md)")
-	inst := fleetInst("n", func(i *incus.Instance) { maps.Copy(i.Config, cfg) })
+	inst := stacktest.FleetInst("n", func(i *incus.Instance) { maps.Copy(i.Config, cfg) })
 	s := takeCensus("boxnet", []incus.Instance{inst}, []string{"veth-n"}, map[string]hostns.KernelPort{"veth-n": {Exists: true, Master: "boxnet", Isolated: true}}, []string{"veth-n"}, true, "").Siblings[0]
 	require.True(t, s.OnStack())
 	for k, v := range cfg {
 		assert.Contains(t, strings.Join(s.Allowed, "\n"), k+"="+v+": allowed, ")
 	}
-	off := fleetInst("m", func(i *incus.Instance) { i.Config["security.nesting"] = "false" })
+	off := stacktest.FleetInst("m", func(i *incus.Instance) { i.Config["security.nesting"] = "false" })
 	s = takeCensus("boxnet", []incus.Instance{off}, nil, nil, nil, false, "").Siblings[0]
 	assert.NotContains(t, strings.Join(s.Allowed, "\n"), "security.nesting")
 }
@@ -221,7 +205,7 @@ func TestCensusNamesKernelKeys(t *testing.T) {
 		{"security.guestapi.images", "true", "hands the box the host's images", ""},
 	} {
 		t.Run(tc.key+"="+tc.value, func(t *testing.T) {
-			inst := fleetInst("kk", func(i *incus.Instance) { i.Config[tc.key] = tc.value })
+			inst := stacktest.FleetInst("kk", func(i *incus.Instance) { i.Config[tc.key] = tc.value })
 			c := takeCensus("boxnet", []incus.Instance{inst}, []string{"veth-kk"},
 				map[string]hostns.KernelPort{"veth-kk": {Exists: true, Master: "boxnet", Isolated: true}}, []string{"veth-kk"}, true, "")
 			require.Len(t, c.Siblings, 1)

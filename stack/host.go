@@ -73,11 +73,12 @@ type Host struct {
 	// wait (another run holds the setup lock); box prints it on stderr.
 	Notice func(string)
 
+	// NoKernel leaves this machine's kernel alone (RefreshPorts does
+	// nothing): for unit tests against a fake incusd.
+	NoKernel bool
+
 	cluster *ClusterInfo // read once (Cluster)
 	member  string       // the member this Host acts on ("" standalone or local)
-	// kernelless hosts (unit tests against a fake incusd) leave this
-	// machine's kernel alone: refreshPorts does nothing.
-	kernelless bool
 }
 
 // progressf tells Progress, if anyone listens.

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -58,7 +60,7 @@ func newMintFake(t *testing.T) (*mintFake, *Host) {
 		incustest.Sync(w, map[string]any{"name": "boxnet", "config": map[string]string{"ipv4.address": "10.88.0.1/24"}})
 	})
 	s.Handle("GET /1.0/profiles/box-net", func(w http.ResponseWriter, r *http.Request) {
-		incustest.Sync(w, hostProfiles()[model.Current.Profile])
+		incustest.Sync(w, stacktest.HostProfiles()[model.Current.Profile])
 	})
 	s.Handle("GET /1.0/images/aliases/{name...}", func(w http.ResponseWriter, r *http.Request) {
 		if r.PathValue("name") != "here" {
@@ -82,7 +84,7 @@ func newMintFake(t *testing.T) (*mintFake, *Host) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		out := []*incus.Instance{}
-		for _, name := range sortedKeys(f.insts) {
+		for _, name := range model.SortedKeys(f.insts) {
 			out = append(out, f.insts[name])
 		}
 		incustest.Sync(w, out)
@@ -150,7 +152,7 @@ func newMintFake(t *testing.T) (*mintFake, *Host) {
 		i.Config, i.Devices = put.Config, put.Devices
 		s.Async(w, incustest.Op{Description: "Updating instance"})
 	})
-	return f, &Host{Incus: incus.New(s.Socket()), kernelless: true}
+	return f, &Host{Incus: incus.New(s.Socket()), NoKernel: true}
 }
 
 // created is the create request box sent.
@@ -209,11 +211,11 @@ func TestMintPullsFromTheImageServer(t *testing.T) {
 			req := f.created(t)
 			assert.Equal(t, tc.want, req.Source)
 			assert.Empty(t, f.srv.Find(http.MethodGet, "/1.0/images/aliases/"+tc.image), "nothing of box's stands between Incus and its cache")
-			assert.Empty(t, req.Config[StampFingerprint], "not known before Incus resolves it")
-			assert.Equal(t, tc.want.Server, req.Config[StampImageServer])
-			assert.Equal(t, tc.image, b.Stamps[StampImage])
-			assert.Equal(t, pulledFP, b.Stamps[StampFingerprint], "read back from volatile.base_image")
-			assert.Equal(t, tc.want.Server, b.Stamps[StampImageServer])
+			assert.Empty(t, req.Config[model.StampFingerprint], "not known before Incus resolves it")
+			assert.Equal(t, tc.want.Server, req.Config[model.StampImageServer])
+			assert.Equal(t, tc.image, b.Stamps[model.StampImage])
+			assert.Equal(t, pulledFP, b.Stamps[model.StampFingerprint], "read back from volatile.base_image")
+			assert.Equal(t, tc.want.Server, b.Stamps[model.StampImageServer])
 			assert.Empty(t, b.Notes)
 		})
 	}
@@ -228,9 +230,9 @@ func TestMintFromAnImageHere(t *testing.T) {
 		require.NoError(t, err, image)
 		req := f.created(t)
 		assert.Equal(t, incus.InstanceSource{Type: "image", Fingerprint: "10ca1f"}, req.Source, image)
-		assert.Equal(t, "10ca1f", req.Config[StampFingerprint], image)
-		assert.NotContains(t, req.Config, StampImageServer, image)
-		assert.Equal(t, "10ca1f", b.Stamps[StampFingerprint], image)
+		assert.Equal(t, "10ca1f", req.Config[model.StampFingerprint], image)
+		assert.NotContains(t, req.Config, model.StampImageServer, image)
+		assert.Equal(t, "10ca1f", b.Stamps[model.StampFingerprint], image)
 		puts := f.srv.Find(http.MethodPut, "/1.0/instances/b")
 		require.Len(t, puts, 1, "%s: one update, the fixed address; nothing to stamp afterwards", image)
 		var put incus.InstancePut
@@ -294,7 +296,7 @@ func TestMintWhenTheServerIsDownButTheImageIsCached(t *testing.T) {
 	h.IncusConfigDir = remotesDir(t)
 	b, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: "images:debian/12/cloud"})
 	require.NoError(t, err)
-	assert.Equal(t, pulledFP, b.Stamps[StampFingerprint])
+	assert.Equal(t, pulledFP, b.Stamps[model.StampFingerprint])
 	var before []string
 	for _, r := range f.srv.Requests() {
 		if r.Method == http.MethodPost {

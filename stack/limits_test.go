@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -34,7 +36,7 @@ func TestWithLimits(t *testing.T) {
 	withLimits(cfg, MintRequest{})
 	assert.Empty(t, cfg, "nothing asked, nothing set")
 	// What box sets, the census allows.
-	inst := fleetInst("lim", func(i *incus.Instance) {
+	inst := stacktest.FleetInst("lim", func(i *incus.Instance) {
 		withLimits(i.Config, MintRequest{Processes: "2048", CPUAllowance: "50%", IsolatedIDMap: true})
 	})
 	assert.True(t, judgeDefinition("boxnet", &inst).OnStack())

@@ -21,20 +21,20 @@ import (
 // rendered from the clone's own UUID at its first start after the copy.
 func TestVMCloneGetsAFreshMachineID(t *testing.T) {
 	f, h := newClusterFake(t)
-	f.clustered = false
-	f.add("src", "", "Stopped", "")
-	f.insts["src"].Type = model.TypeVM
+	f.Clustered = false
+	f.Add("src", "", "Stopped", "")
+	f.Insts["src"].Type = model.TypeVM
 	var md incus.ImageMetadata
 	require.NoError(t, json.Unmarshal([]byte(`{"architecture":"x86_64","properties":{"os":"debian"},"templates":{"/etc/hostname":{"when":["create","copy"],"template":"hostname.tpl"}}}`), &md))
 	var tpl []byte
-	f.srv.Handle("POST /1.0/instances/{name}/metadata/templates", func(w http.ResponseWriter, r *http.Request) {
+	f.Srv.Handle("POST /1.0/instances/{name}/metadata/templates", func(w http.ResponseWriter, r *http.Request) {
 		tpl, _ = io.ReadAll(r.Body)
 		incustest.Sync(w, nil)
 	})
-	f.srv.Handle("GET /1.0/instances/{name}/metadata", func(w http.ResponseWriter, r *http.Request) {
+	f.Srv.Handle("GET /1.0/instances/{name}/metadata", func(w http.ResponseWriter, r *http.Request) {
 		incustest.SyncETag(w, `"m1"`, md)
 	})
-	f.srv.Handle("PUT /1.0/instances/{name}/metadata", func(w http.ResponseWriter, r *http.Request) {
+	f.Srv.Handle("PUT /1.0/instances/{name}/metadata", func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("If-Match") != `"m1"` {
 			incustest.Error(w, http.StatusPreconditionFailed, "stale")
 			return
@@ -46,8 +46,8 @@ func TestVMCloneGetsAFreshMachineID(t *testing.T) {
 	_, err := (&Manager{host: h}).Clone(context.Background(), "src", "", "c")
 	require.NoError(t, err)
 
-	assert.Empty(t, f.srv.Find(http.MethodPost, "/1.0/instances/c/files"), "a VM's files cannot be written before it runs")
-	tplPosts := f.srv.Find(http.MethodPost, "/1.0/instances/c/metadata/templates")
+	assert.Empty(t, f.Srv.Find(http.MethodPost, "/1.0/instances/c/files"), "a VM's files cannot be written before it runs")
+	tplPosts := f.Srv.Find(http.MethodPost, "/1.0/instances/c/metadata/templates")
 	require.Len(t, tplPosts, 1)
 	assert.Equal(t, MachineIDTemplate, tplPosts[0].Query.Get("path"))
 	assert.Equal(t, "application/octet-stream", tplPosts[0].Header.Get("Content-Type"))
@@ -55,12 +55,12 @@ func TestVMCloneGetsAFreshMachineID(t *testing.T) {
 	assert.Equal(t, &incus.ImageTemplate{When: []string{"copy"}, Template: MachineIDTemplate, Properties: map[string]string{}}, md.Templates["/etc/machine-id"])
 	assert.Equal(t, "hostname.tpl", md.Templates["/etc/hostname"].Template, "the image's own templates stay")
 	assert.Equal(t, "debian", md.Properties["os"])
-	assert.Equal(t, "copy", f.inst(t, "c").Config["volatile.apply_template"], "the copy's templates run at its first start")
-	assert.Equal(t, "Running", f.inst(t, "c").Status)
+	assert.Equal(t, "copy", f.Inst(t, "c").Config["volatile.apply_template"], "the copy's templates run at its first start")
+	assert.Equal(t, "Running", f.Inst(t, "c").Status)
 
 	// All of it before the first start.
 	var order []string
-	for _, r := range f.srv.Requests() {
+	for _, r := range f.Srv.Requests() {
 		switch {
 		case r.Method == http.MethodPut && r.Path == "/1.0/instances/c/metadata":
 			order = append(order, "template")
@@ -75,13 +75,13 @@ func TestVMCloneGetsAFreshMachineID(t *testing.T) {
 // starts, as before.
 func TestContainerCloneGetsAFreshMachineID(t *testing.T) {
 	f, h := newClusterFake(t)
-	f.clustered = false
-	f.add("src", "", "Stopped", "")
+	f.Clustered = false
+	f.Add("src", "", "Stopped", "")
 	_, err := (&Manager{host: h}).Clone(context.Background(), "src", "", "c")
 	require.NoError(t, err)
-	files := f.srv.Find(http.MethodPost, "/1.0/instances/c/files")
+	files := f.Srv.Find(http.MethodPost, "/1.0/instances/c/files")
 	require.Len(t, files, 1)
 	assert.Equal(t, "/etc/machine-id", files[0].Query.Get("path"))
 	assert.Regexp(t, `^[0-9a-f]{32}\n$`, string(files[0].Body))
-	assert.Empty(t, f.srv.Find(http.MethodPut, "/1.0/instances/c/metadata"))
+	assert.Empty(t, f.Srv.Find(http.MethodPut, "/1.0/instances/c/metadata"))
 }

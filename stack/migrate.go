@@ -123,8 +123,8 @@ func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 		}
 	}
 	put.Config[model.Current.Tag] = "1"
-	if put.Config[StampOrigin] == "" {
-		put.Config[StampOrigin] = "migrated from " + model.Legacy.Network
+	if put.Config[model.StampOrigin] == "" {
+		put.Config[model.StampOrigin] = "migrated from " + model.Legacy.Network
 	}
 	if err := c.UpdateInstance(ctx, name, put, etag); err != nil {
 		return fmt.Errorf("migrating %s: moving it to %s: %w", name, model.Current.Profile, err)

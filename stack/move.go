@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // MoveResult says how a move went.
@@ -51,7 +52,7 @@ func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult,
 		return nil, fmt.Errorf("%s is %s: stop it first (box down %s), then move it", name, strings.ToLower(inst.Status), name)
 	}
 	res := &MoveResult{From: inst.Location, To: member}
-	addr := fixedAddressOf(inst)
+	addr := model.FixedAddressOf(inst)
 	if inst.Location == member {
 		res.Notes = append(res.Notes, fmt.Sprintf("it is on %s already: nothing was moved", member))
 	} else {
@@ -77,7 +78,7 @@ func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult,
 	if err != nil {
 		return nil, fmt.Errorf("moved %s to %s, but: %w", name, member, err)
 	}
-	if !fixedAddressOf(now).IsValid() {
+	if !model.FixedAddressOf(now).IsValid() {
 		got, err := host.landAddress(ctx, name, member, addr)
 		if err != nil {
 			return nil, fmt.Errorf("moved %s to %s, but: %w (box start %s gives it an address)", name, member, err, name)
@@ -126,7 +127,7 @@ func (mgr *Manager) leaveMember(ctx context.Context, name string, addr netip.Add
 	if put.Devices == nil {
 		put.Devices = map[string]map[string]string{}
 	}
-	nic := boxNIC()
+	nic := model.BoxNIC()
 	nic["name"] = transitName
 	put.Devices["eth0"] = nic
 	put.Config[keyMoving] = addr.String()

@@ -128,7 +128,7 @@ func (host *Host) repairPending(ctx context.Context, g *hostns.NS, net *incus.Ne
 		}
 		changed("dnsmasq "+net.Name, "stopped", fmt.Sprintf("pid %d, left by Incus with the Pending network", pid))
 	}
-	if !host.kernelless {
+	if !host.NoKernel {
 		link, err := g.Netlink.LinkByName(net.Name)
 		var nf netlink.LinkNotFoundError
 		switch {

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -16,7 +18,7 @@ import (
 // lease file (which a DHCP message a box gets through can change).
 func TestPinPlan(t *testing.T) {
 	box := func(name, mac, addr string) incus.Instance {
-		return fleetInst(name, func(i *incus.Instance) {
+		return stacktest.FleetInst(name, func(i *incus.Instance) {
 			if mac != "" {
 				i.Config["volatile.eth0.hwaddr"] = mac
 			}

@@ -247,12 +247,12 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 	}
 	put.Config["volatile.uuid"], put.Config["volatile.uuid.generation"] = uuid, uuid
 	put.Config[model.Current.Tag] = "1"
-	put.Config[StampMinted] = time.Now().UTC().Format(time.RFC3339)
+	put.Config[model.StampMinted] = time.Now().UTC().Format(time.RFC3339)
 	abs, err := filepath.Abs(file)
 	if err != nil {
 		abs = file
 	}
-	put.Config[StampOrigin] = fmt.Sprintf("import of %s from %s", bf.Name, abs)
+	put.Config[model.StampOrigin] = fmt.Sprintf("import of %s from %s", bf.Name, abs)
 	if put.Config["limits.memory"] != "" && net.Config[KeyMemoryLimits] == memoryUnsupported {
 		res.Notes = append(res.Notes, fmt.Sprintf("%s: this host cannot apply one (%s=%s on %s), so limits.memory=%s from the file was dropped",
 			NoteNoMemoryLimit, KeyMemoryLimits, memoryUnsupported, model.Current.Network, put.Config["limits.memory"]))

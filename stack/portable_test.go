@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -35,7 +37,7 @@ type stackFake struct {
 func newStackFake(t *testing.T) (*stackFake, *Host) {
 	t.Helper()
 	f := &stackFake{srv: incustest.New(t), insts: map[string]map[string]any{}}
-	profiles := hostProfiles()
+	profiles := stacktest.HostProfiles()
 	f.srv.Handle("GET /1.0/networks/boxnet", func(w http.ResponseWriter, r *http.Request) {
 		incustest.Sync(w, map[string]any{"name": "boxnet", "config": map[string]string{"ipv4.address": "10.88.0.1/24"}})
 	})
@@ -83,7 +85,7 @@ func newStackFake(t *testing.T) (*stackFake, *Host) {
 		f.srv.Async(w, incustest.Op{Description: "Deleting instance"})
 	})
 	f.madeFrom = func(name string) map[string]any {
-		p := hostProfiles()["box-net"]
+		p := stacktest.HostProfiles()["box-net"]
 		return map[string]any{"name": name, "status": "Stopped", "type": "container", "profiles": []string{"box-net"},
 			"config": map[string]string{model.Current.Tag: "1"}, "devices": map[string]any{}, "expanded_devices": p.Devices,
 			"expanded_config": map[string]string{model.Current.Tag: "1"}}
@@ -144,7 +146,7 @@ func TestImportUndoesWhatIncusMadeOffTheStack(t *testing.T) {
 	f.madeFrom = func(name string) map[string]any {
 		i := made(name)
 		devs := map[string]map[string]string{"eth1": {"type": "nic", "nictype": "macvlan", "parent": "eno1"}}
-		for k, d := range hostProfiles()["box-net"].Devices {
+		for k, d := range stacktest.HostProfiles()["box-net"].Devices {
 			devs[k] = d
 		}
 		i["expanded_devices"] = devs

@@ -46,7 +46,7 @@ func (r PortsRefresh) empty() bool { return len(r.Isolated)+len(r.Added)+len(r.R
 // MemberNetNS names): a box minted, started or moved from here may live on
 // any of them. Another machine's member is its port watcher's to refresh.
 func (host *Host) RefreshPorts(ctx context.Context) (PortsRefresh, error) {
-	if host.kernelless || host.Remote != "" {
+	if host.NoKernel || host.Remote != "" {
 		// A remote's ports are its host's port watcher's.
 		return PortsRefresh{}, nil
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // pullServer is a tiny simplestreams image server in the world's internet
@@ -213,9 +214,9 @@ func TestSystemMintPullsFromAnImageServer(t *testing.T) {
 	b, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: names[0], Image: img})
 	require.NoError(t, err)
 	t.Logf("first mint (download) %s; progress: %q", time.Since(start).Round(time.Millisecond), progress)
-	assert.Equal(t, p.fp, b.Stamps[stack.StampFingerprint], "the fingerprint incusd resolved the alias to")
-	assert.Equal(t, p.url, b.Stamps[stack.StampImageServer])
-	assert.Equal(t, img, b.Stamps[stack.StampImage])
+	assert.Equal(t, p.fp, b.Stamps[model.StampFingerprint], "the fingerprint incusd resolved the alias to")
+	assert.Equal(t, p.url, b.Stamps[model.StampImageServer])
+	assert.Equal(t, img, b.Stamps[model.StampImage])
 	assert.Positive(t, p.got(rootfs), "incusd downloaded the rootfs")
 	mu.Lock()
 	assert.Condition(t, func() bool {
@@ -237,13 +238,13 @@ func TestSystemMintPullsFromAnImageServer(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("second mint (cached) %s", time.Since(start).Round(time.Millisecond))
 	assert.Equal(t, downloads, p.got(rootfs), "the second mint downloads nothing")
-	assert.Equal(t, p.fp, b.Stamps[stack.StampFingerprint])
+	assert.Equal(t, p.fp, b.Stamps[model.StampFingerprint])
 
 	// The server down, the image cached: Incus mints from its cache.
 	p.stop()
 	b, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: names[2], Image: img})
 	require.NoError(t, err, "a server down does not stop a mint of a cached image")
-	assert.Equal(t, p.fp, b.Stamps[stack.StampFingerprint])
+	assert.Equal(t, p.fp, b.Stamps[model.StampFingerprint])
 
 	// A server never reached, the image never fetched: a clear error,
 	// nothing made.

@@ -289,7 +289,7 @@ func TestSystemCloneGetsItsOwnIdentity(t *testing.T) {
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	src, dst := uniq(t, "t-src-"), uniq(t, "t-clone-")
-	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: src, Image: image.DefaultAlias, Stamps: map[string]string{stack.StampTemplate: "blank"}})
+	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: src, Image: image.DefaultAlias, Stamps: map[string]string{model.StampTemplate: "blank"}})
 	require.NoError(t, err)
 	srcIP, err := h.WaitAddress(ctx, src, 30*time.Second)
 	require.NoError(t, err)
@@ -318,9 +318,9 @@ func TestSystemCloneGetsItsOwnIdentity(t *testing.T) {
 
 	info, err := h.Info(ctx, dst)
 	require.NoError(t, err)
-	assert.Equal(t, "clone of "+src, info.Stamps[stack.StampOrigin])
-	assert.Equal(t, "blank", info.Stamps[stack.StampTemplate], "lineage kept")
-	assert.NotEqual(t, a.Config[stack.StampMinted], "", "source stamped")
+	assert.Equal(t, "clone of "+src, info.Stamps[model.StampOrigin])
+	assert.Equal(t, "blank", info.Stamps[model.StampTemplate], "lineage kept")
+	assert.NotEqual(t, a.Config[model.StampMinted], "", "source stamped")
 }
 
 func TestSystemMigrateLegacyBox(t *testing.T) {

@@ -180,9 +180,9 @@ func (c *call) newBox(o *newOpts) error {
 		CPU: res.CPU, Memory: res.Memory, Disk: res.Disk, Processes: res.Processes, CPUAllowance: res.CPUAllowance,
 		UserData: userData, Egress: egress, Target: o.target, Nesting: nesting,
 		Stamps: map[string]string{
-			stack.StampTemplate: t.Name,
-			stack.StampUser:     t.User,
-			stack.StampVersion:  version,
+			model.StampTemplate: t.Name,
+			model.StampUser:     t.User,
+			model.StampVersion:  version,
 		},
 	})
 	c.progressDone()
@@ -258,9 +258,9 @@ func (c *call) cloneBox(o *newOpts) error {
 		fmt.Fprintf(c.err, "box: %s's doors (%s) stay its own: the clone has none (box expose %s PORT makes one)\n", src, strings.Join(cr.DoorsDropped, ", "), o.name)
 	}
 	inherited := map[string]string{}
-	for _, k := range []string{stack.StampTemplate, stack.StampUser, stack.StampImage, stack.StampType, stack.StampVersion} {
+	for _, k := range []string{model.StampTemplate, model.StampUser, model.StampImage, model.StampType, model.StampVersion} {
 		if v, ok := srcBox.Stamps[k]; ok {
-			inherited[strings.TrimPrefix(k, stack.StampPrefix)] = v
+			inherited[strings.TrimPrefix(k, model.StampPrefix)] = v
 		}
 	}
 	r := &newResult{Box: cr.Box, Clone: &cloneInfo{Source: o.from, Inherited: inherited, SourceStopped: cr.SourceStopped, Provisioning: cr.Provisioning}}
@@ -484,7 +484,7 @@ func (c *call) printBoxes(boxes []stack.Box, censusErr error) error {
 			onStack, off = "OFF", off+1
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s%s\t%s\t%s\t%s\t%s\n", b.Name, b.Status, b.Type, member(b), onStack,
-			stamp(b, stack.StampTemplate), stamp(b, stack.StampUser), stamp(b, stack.StampMinted), stamp(b, stack.StampOrigin))
+			stamp(b, model.StampTemplate), stamp(b, model.StampUser), stamp(b, model.StampMinted), stamp(b, model.StampOrigin))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -575,9 +575,9 @@ func printInfo(w io.Writer, r infoResult) {
 	fmt.Fprintf(tw, "created:\t%s\n", r.Created.UTC().Format(time.RFC3339))
 	fmt.Fprintf(tw, "addresses:\t%s\n", addrs)
 	fmt.Fprintf(tw, "profiles:\t%s\n", strings.Join(r.Profiles, ", "))
-	for _, k := range []string{stack.StampTemplate, stack.StampUser, stack.StampMinted, stack.StampVersion,
-		stack.StampImage, stack.StampImageServer, stack.StampFingerprint, stack.StampType, stack.StampOrigin} {
-		fmt.Fprintf(tw, "%s:\t%s\n", strings.TrimPrefix(k, stack.StampPrefix), stamp(*r.Box, k))
+	for _, k := range []string{model.StampTemplate, model.StampUser, model.StampMinted, model.StampVersion,
+		model.StampImage, model.StampImageServer, model.StampFingerprint, model.StampType, model.StampOrigin} {
+		fmt.Fprintf(tw, "%s:\t%s\n", strings.TrimPrefix(k, model.StampPrefix), stamp(*r.Box, k))
 	}
 	tw.Flush()
 	if len(r.Doors) == 0 {
@@ -648,7 +648,7 @@ type boxUser struct {
 // boxUser maps the box's user stamp to ids through the box's own
 // /etc/passwd; a box without the stamp is entered as root.
 func (c *call) boxUser(cl *incus.Client) (boxUser, error) {
-	name := c.box.Stamps[stack.StampUser]
+	name := c.box.Stamps[model.StampUser]
 	if name == "" || name == "root" {
 		return boxUser{name: "root", home: "/root"}, nil
 	}

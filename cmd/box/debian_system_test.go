@@ -20,7 +20,6 @@ import (
 	"github.com/box-isolation/box/fixtures/simplestreams"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv"
-	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
@@ -203,7 +202,7 @@ func TestSystemDebianBoxes(t *testing.T) {
 		assert.Empty(t, downloads.FindAllString(serviceLog(t, st, from), -1), "a second mint downloads nothing")
 		info := infoOf(t, r, name)
 		assert.Equal(t, "Running", info.Status, "kept, running")
-		assert.Equal(t, fp, info.Stamps[stack.StampFingerprint], "from the cached image")
+		assert.Equal(t, fp, info.Stamps[model.StampFingerprint], "from the cached image")
 		assert.Contains(t, asRoot(t, c, name, "cat "+templates.FailedMarker), "agent command claude is not in /usr/local/bin")
 		assert.Contains(t, asRoot(t, c, name, "cat /var/log/cloud-init-output.log"), "E: Unable to locate package nodejs", "the whole story is inside")
 	})
@@ -227,8 +226,8 @@ func checkTemplateBox(t *testing.T, r runner, c *incus.Client, st *world.State, 
 
 	info := infoOf(t, r, name)
 	for k, want := range map[string]string{
-		stack.StampTemplate: tpl, stack.StampUser: tp.User, stack.StampImage: "images:" + debianAlias,
-		stack.StampImageServer: world.ImageServerURL(), stack.StampFingerprint: fp,
+		model.StampTemplate: tpl, model.StampUser: tp.User, model.StampImage: "images:" + debianAlias,
+		model.StampImageServer: world.ImageServerURL(), model.StampFingerprint: fp,
 	} {
 		assert.Equal(t, want, info.Stamps[k], k)
 	}
@@ -403,7 +402,7 @@ func TestSystemImageServerDown(t *testing.T) {
 	cleanup(t, c, b)
 	res = r.run(t, "new", "--name", b, "--image", image)
 	require.Equal(t, exitOK, res.code, "down, with the image here: %s", res.err)
-	assert.Equal(t, fp, infoOf(t, r, b).Stamps[stack.StampFingerprint])
+	assert.Equal(t, fp, infoOf(t, r, b).Stamps[model.StampFingerprint])
 
 	// Never fetched: no image, and no index of the server's (Incus keeps
 	// it under INCUS_DIR/cache/sha256(URL)).

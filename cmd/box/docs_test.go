@@ -15,6 +15,7 @@ import (
 
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // The man page comes from the table: every command shown has an entry
@@ -112,7 +113,7 @@ func TestBashCompletion(t *testing.T) {
 	yes := true
 	boxes := []stack.Box{
 		{Name: "alpha", Status: "Running", Type: "container", Generation: "box", Created: time.Unix(1700000000, 0).UTC(),
-			Stamps: map[string]string{stack.StampTemplate: "claude", stack.StampOrigin: "clone of name-of-origin"}, Profiles: []string{"box-net"}, OnStack: &yes},
+			Stamps: map[string]string{model.StampTemplate: "claude", model.StampOrigin: "clone of name-of-origin"}, Profiles: []string{"box-net"}, OnStack: &yes},
 		{Name: "beta-2", Status: "Stopped", Type: "virtual-machine", Generation: "claudebox", Stamps: map[string]string{}, OffStack: []string{`"name": "not-a-box"`}},
 	}
 	path := stubBox(t, boxes)

@@ -6,7 +6,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 )
 
 // Hand-overs: shell, tmux and the escape hatch end by replacing box with
@@ -40,7 +40,7 @@ func setupTmux(fs *flag.FlagSet) action {
 // loginUser is the template's user, or root for a box minted before the
 // stamp existed.
 func (c *call) loginUser() string {
-	if u := c.box.Stamps[stack.StampUser]; u != "" {
+	if u := c.box.Stamps[model.StampUser]; u != "" {
 		return u
 	}
 	return "root"

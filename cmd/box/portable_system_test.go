@@ -75,7 +75,7 @@ func TestSystemExportImport(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, src, bf.Name)
 	assert.Equal(t, []string{"s1"}, bf.Snapshots)
-	for _, k := range []string{stack.StampTemplate, stack.StampUser, stack.StampImage, stack.StampMinted, stack.StampOrigin} {
+	for _, k := range []string{model.StampTemplate, model.StampUser, model.StampImage, model.StampMinted, model.StampOrigin} {
 		assert.Equal(t, srcInfo.Stamps[k], bf.Instance.Config[k], "%s is in the file", k)
 	}
 
@@ -97,11 +97,11 @@ func TestSystemExportImport(t *testing.T) {
 	require.Len(t, dstInfo.Addresses, 1)
 	assert.NotEqual(t, srcInfo.Addresses, dstInfo.Addresses, "two boxes, two leases")
 	assert.Equal(t, []string{"s1"}, snapNames(dstInfo.Snapshots))
-	for _, k := range []string{stack.StampTemplate, stack.StampUser, stack.StampImage, stack.StampFingerprint, stack.StampType, stack.StampVersion} {
+	for _, k := range []string{model.StampTemplate, model.StampUser, model.StampImage, model.StampFingerprint, model.StampType, model.StampVersion} {
 		assert.Equal(t, srcInfo.Stamps[k], dstInfo.Stamps[k], "%s comes with the file", k)
 	}
-	assert.Equal(t, "import of "+src+" from "+file, dstInfo.Stamps[stack.StampOrigin])
-	assert.NotEqual(t, srcInfo.Stamps[stack.StampMinted], dstInfo.Stamps[stack.StampMinted], "minted here, now")
+	assert.Equal(t, "import of "+src+" from "+file, dstInfo.Stamps[model.StampOrigin])
+	assert.NotEqual(t, srcInfo.Stamps[model.StampMinted], dstInfo.Stamps[model.StampMinted], "minted here, now")
 
 	si, _, err := c.Instance(ctx, src)
 	require.NoError(t, err)

@@ -162,18 +162,18 @@ func TestSystemBoxLifecycle(t *testing.T) {
 		}
 	}
 	require.NotNil(t, mine, "list shows the box")
-	assert.Equal(t, "blank", mine.Stamps[stack.StampTemplate])
+	assert.Equal(t, "blank", mine.Stamps[model.StampTemplate])
 	res = r.run(t, "list")
 	assert.Regexp(t, a+`\s+Running\s+container\s+on\s+blank\s+dev\s`, res.out, "a fresh box is on the stack")
 	info := infoOf(t, r, a)
 	for k, want := range map[string]string{
-		stack.StampTemplate: "blank", stack.StampUser: "dev", stack.StampVersion: version,
-		stack.StampImage: image.DefaultAlias, stack.StampType: "container", stack.StampOrigin: "image " + image.DefaultAlias,
+		model.StampTemplate: "blank", model.StampUser: "dev", model.StampVersion: version,
+		model.StampImage: image.DefaultAlias, model.StampType: "container", model.StampOrigin: "image " + image.DefaultAlias,
 	} {
 		assert.Equal(t, want, info.Stamps[k], k)
 	}
-	assert.Len(t, info.Stamps[stack.StampFingerprint], 64)
-	assert.NotEmpty(t, info.Stamps[stack.StampMinted])
+	assert.Len(t, info.Stamps[model.StampFingerprint], 64)
+	assert.NotEmpty(t, info.Stamps[model.StampMinted])
 	require.Len(t, info.Addresses, 1)
 	inst, _, err := c.Instance(context.Background(), a)
 	require.NoError(t, err)
@@ -222,7 +222,7 @@ func TestSystemBoxLifecycle(t *testing.T) {
 	require.Len(t, ib.Addresses, 1)
 	require.Len(t, ic.Addresses, 1)
 	assert.NotEqual(t, ib.Addresses, ic.Addresses, "source and clone never share an address")
-	assert.Equal(t, "clone of "+b+"/s1", ic.Stamps[stack.StampOrigin])
+	assert.Equal(t, "clone of "+b+"/s1", ic.Stamps[model.StampOrigin])
 
 	// Restore asks; without a terminal and --force it refuses.
 	res = r.run(t, "restore", b, "s1")

@@ -1,0 +1,18 @@
+package model
+
+// Stamp keys written at mint (docs/box.md, "Stamps"). A box minted before a key
+// existed simply lacks it.
+const (
+	StampPrefix      = "user.box."
+	StampTemplate    = "user.box.template"
+	StampUser        = "user.box.user"
+	StampMinted      = "user.box.minted"
+	StampVersion     = "user.box.version"
+	StampImage       = "user.box.image"
+	StampFingerprint = "user.box.fingerprint"
+	// StampImageServer is the image server a REMOTE:ALIAS image was
+	// pulled from (the remote's address at mint time).
+	StampImageServer = "user.box.image_server"
+	StampType        = "user.box.type"
+	StampOrigin      = "user.box.origin"
+)

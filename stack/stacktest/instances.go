@@ -1,0 +1,41 @@
+package stacktest
+
+import (
+	"maps"
+
+	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
+)
+
+// HostProfiles are this host's profiles: box-net as setup-host makes it,
+// and a stock default profile whose NIC is on another bridge.
+func HostProfiles() map[string]incus.Profile {
+	return map[string]incus.Profile{
+		"box-net": {Name: "box-net", Config: map[string]string{}, Devices: map[string]map[string]string{
+			"eth0": {"type": "nic", "name": "eth0", "network": "boxnet", "security.port_isolation": "true"},
+			"root": {"type": "disk", "path": "/", "pool": "default"},
+		}},
+		"default": {Name: "default", Devices: map[string]map[string]string{
+			"eth0": {"type": "nic", "name": "eth0", "network": "incusbr0"},
+			"root": {"type": "disk", "path": "/", "pool": "default"},
+		}},
+	}
+}
+
+// FleetInst is an instance as the box-net profile makes it, running on
+// port veth-<name>; edit changes it.
+func FleetInst(name string, edit func(i *incus.Instance)) incus.Instance {
+	i := incus.Instance{Name: name, Project: "default", Status: "Running", Type: "container",
+		Profiles: []string{"box-net"},
+		Config:   map[string]string{model.Current.Tag: "1", "volatile.eth0.host_name": "veth-" + name},
+		Devices:  map[string]map[string]string{},
+		ExpandedDevices: map[string]map[string]string{
+			"eth0": {"type": "nic", "name": "eth0", "network": "boxnet", "security.port_isolation": "true"},
+			"root": {"type": "disk", "path": "/", "pool": "default"},
+		}}
+	if edit != nil {
+		edit(&i)
+	}
+	i.ExpandedConfig = maps.Clone(i.Config)
+	return i
+}
