@@ -33,8 +33,8 @@ func (r *run) pushAgents(ctx context.Context) error {
 
 // boxClient is the admin's client for the project a probe box lives in.
 func (r *run) boxClient(place Place) *incus.Client {
-	if place == PlaceT && r.tier != nil {
-		return r.cfg.Host.Incus.Project(r.tier.project)
+	if p, ok := r.projects[place]; ok {
+		return r.cfg.Host.Incus.Project(p)
 	}
 	return r.cfg.Host.Incus
 }

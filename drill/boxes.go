@@ -64,9 +64,50 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	}
 	mctx, cancel := context.WithTimeout(ctx, mintTime)
 	defer cancel()
+	if err := r.mintCommon(mctx); err != nil {
+		return fmt.Errorf("boxes: %w", err)
+	}
+	r.ends = map[Place]*BoxEnd{}
+	for _, p := range append([]Place{PlaceA, PlaceB, PlaceC}, r.members.boxPlaces()...) {
+		e, err := boxEnd(mctx, cfg.Host, p, names[p])
+		if err != nil {
+			return fmt.Errorf("boxes: %w", err)
+		}
+		r.ends[p] = e
+		rep.Boxes = append(rep.Boxes, *e)
+	}
+	if err := checkPlacement(r.members.local(), r.ends); err != nil {
+		return fmt.Errorf("boxes: %w", err)
+	}
+	for _, c := range cfg.Claims {
+		if c.prepare != nil {
+			if err := c.prepare(mctx, r); err != nil {
+				return err
+			}
+		}
+	}
+	noteInstanceType(rep, r.boxNew)
+	actx, cancelAfter := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancelAfter()
+	if err := applyMutations(actx, cfg, true, names); err != nil {
+		return err
+	}
+	for _, c := range cfg.Claims {
+		if c.requests != nil && r.skipped[c.ID] == "" {
+			c.requests(actx, r)
+		}
+	}
+	return r.verifyForProbes(actx)
+}
+
+// mintCommon mints the boxes every run has: box-a and box-b, one box on
+// every other member of a cluster, and clone-a, each provisioned in a
+// template run; and reads what box-a's image resolved to.
+func (r *run) mintCommon(ctx context.Context) error {
+	cfg, names := &r.cfg, r.names
 	// On a cluster, box-a, box-b and the clone live on the member the
 	// drill talks to, one more box on every other member it can enter.
-	mints := map[Place]string{PlaceA: r.localMember(), PlaceB: r.localMember()}
+	mints := map[Place]string{PlaceA: r.members.local(), PlaceB: r.members.local()}
 	for _, m := range r.members {
 		if !m.Local {
 			mints[memberBoxPlace(m.Name)] = m.Name
@@ -79,8 +120,8 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		// box-a first: it pulls the image, which the others then find in
 		// Incus's cache (two pulls of one image at once collide in incusd's
 		// cache folder: "mkdir ...: file exists").
-		if err := r.mintProvisioned(mctx, PlaceA, mints[PlaceA]); err != nil {
-			return fmt.Errorf("boxes: %w", err)
+		if err := r.mintProvisioned(ctx, PlaceA, mints[PlaceA]); err != nil {
+			return err
 		}
 		delete(mints, PlaceA)
 	}
@@ -88,7 +129,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := r.mintProvisioned(mctx, p, target)
+			err := r.mintProvisioned(ctx, p, target)
 			mu.Lock()
 			mintErr = append(mintErr, err)
 			mu.Unlock()
@@ -96,54 +137,21 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	}
 	wg.Wait()
 	if err := errors.Join(mintErr...); err != nil {
-		return fmt.Errorf("boxes: %w", err)
-	}
-	if _, err := cfg.Host.WaitAddress(mctx, names[PlaceA], 30*time.Second); err != nil {
-		return fmt.Errorf("boxes: %w", err)
-	}
-	if _, err := stack.NewManager(cfg.Host).CloneTo(mctx, names[PlaceA], "", names[PlaceC], r.localMember()); err != nil {
-		return fmt.Errorf("boxes: %w", err)
-	}
-	if _, err := cfg.Host.WaitAddress(mctx, names[PlaceC], 30*time.Second); err != nil {
-		return fmt.Errorf("boxes: %w", err)
-	}
-	if err := r.waitProvisioned(mctx, cfg.Host.Incus, names[PlaceC]); err != nil {
-		return fmt.Errorf("boxes: %w", err)
-	}
-	if err := r.readBaseImage(mctx); err != nil {
-		return fmt.Errorf("boxes: %w", err)
-	}
-	r.ends = map[Place]*BoxEnd{}
-	for _, p := range append([]Place{PlaceA, PlaceB, PlaceC}, r.memberBoxPlaces()...) {
-		e, err := boxEnd(mctx, cfg.Host, p, names[p])
-		if err != nil {
-			return fmt.Errorf("boxes: %w", err)
-		}
-		r.ends[p] = e
-		rep.Boxes = append(rep.Boxes, *e)
-	}
-	if err := r.checkPlacement(mctx); err != nil {
-		return fmt.Errorf("boxes: %w", err)
-	}
-	for _, c := range cfg.Claims {
-		if c.prepare != nil {
-			if err := c.prepare(mctx, r); err != nil {
-				return err
-			}
-		}
-	}
-	rep.noteInstanceType(r.boxNew)
-	actx, cancelAfter := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancelAfter()
-	if err := applyMutations(actx, cfg, true, names); err != nil {
 		return err
 	}
-	for _, c := range cfg.Claims {
-		if c.requests != nil && r.skipped[c.ID] == "" {
-			c.requests(actx, r)
-		}
+	if _, err := cfg.Host.WaitAddress(ctx, names[PlaceA], 30*time.Second); err != nil {
+		return err
 	}
-	return r.verifyForProbes(actx)
+	if _, err := stack.NewManager(cfg.Host).CloneTo(ctx, names[PlaceA], "", names[PlaceC], r.members.local()); err != nil {
+		return err
+	}
+	if _, err := cfg.Host.WaitAddress(ctx, names[PlaceC], 30*time.Second); err != nil {
+		return err
+	}
+	if err := r.waitProvisioned(ctx, cfg.Host.Incus, names[PlaceC]); err != nil {
+		return err
+	}
+	return r.readBaseImage(ctx)
 }
 
 // mintProvisioned mints the probe box at place on a member (target) and,
@@ -195,7 +203,7 @@ func mintProbeBox(ctx context.Context, cfg *Config, req stack.MintRequest) error
 // the minted probe boxes, beside the kind box new makes on this host
 // (boxNew, the decision box new acts on), and a note where they differ: a
 // claim proved on a container is not proved on a virtual machine.
-func (rep *Report) noteInstanceType(boxNew model.TypeDecision) {
+func noteInstanceType(rep *Report, boxNew model.TypeDecision) {
 	var types []string
 	for _, b := range rep.Boxes {
 		if !slices.Contains(types, b.Type) {

@@ -13,7 +13,8 @@ import (
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
-	"github.com/box-isolation/box/fixtures/world"
+	"github.com/box-isolation/box/drill/topo"
+	"github.com/box-isolation/box/internal/witnesslog"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/egress"
@@ -102,7 +103,7 @@ func prepareAllow(ctx context.Context, r *run) error {
 		r.skip(AllowID, "the topology has no second canary and internet witness (the hermetic world's)")
 		return nil
 	}
-	r.allow = &allowRun{}
+	keep(r.state, AllowID, &allowRun{})
 	if !egress.Serving(cfg.Host.NetNS) {
 		stop, err := serveEgress(ctx, cfg.Host)
 		if err != nil {
@@ -115,7 +116,7 @@ func prepareAllow(ctx context.Context, r *run) error {
 	names := allowNames(Scene{Topology: cfg.Topology})
 	cfg.logf("allow: minting %s under the allowlist %s", r.names[PlaceW], strings.Join(names, " "))
 	// Not provisioned: under its allowlist it reaches no package mirror.
-	req, err := r.mintRequest(r.names[PlaceW], r.localMember(), false)
+	req, err := r.mintRequest(r.names[PlaceW], r.members.local(), false)
 	if err != nil {
 		return fmt.Errorf("allow: %w", err)
 	}
@@ -163,110 +164,152 @@ func buildAllow(b *builder) {
 	if !t.W.IP.IsValid() || !t.Allow.Valid() {
 		return
 	}
-	al := t.Allow
-	name := func(n string) string { return strings.TrimSuffix(n, ".") }
-	allowed, other := name(t.PublicName), name(al.OtherName)
-	// byName resolves name at the gateway first (an allowlist's set
-	// learns the answer), then connects.
-	byName := func(n string, port int, speak, server string) probes.ProbeSpec {
-		return probes.ProbeSpec{Kind: probes.KindTCP, Name: n, Resolver: t.Gateway, Port: port, Via: t.Subnet, Speak: speak, ServerName: server,
-			DeadlineMS: int(allowDeadline.Milliseconds())}
-	}
-	byAddr := func(a netip.Addr, port int, speak, server string) probes.ProbeSpec {
-		return probes.ProbeSpec{Kind: probes.KindTCP, Target: a, Port: port, Via: t.Subnet, Speak: speak, ServerName: server}
-	}
-	probe := func(from BoxEnd, ch Channel, target, key string, e Expectation, spec probes.ProbeSpec) *Action {
-		return b.probe(Action{Claim: AllowID, Channel: ch, From: from.Place, Target: target, TargetKey: key, Expect: e}, spec)
-	}
-	inetWitness := func(a *Action, dst netip.Addr, proto string, port int) {
-		w := probes.WitnessSpec{Via: al.InetVia, Proto: proto, Port: port, DstIP: dst}
-		if a.Probe.Nonce != "" {
-			// By the nonce alone: the proxy dials, and the gateway's
-			// dnsmasq asks, from the host's own (NATed) address.
-			w.Nonces = []string{a.Probe.Nonce}
-		} else {
-			// A SYN carries no nonce: by the host's NATed source and the
-			// source port this probe pinned.
-			w.SrcIPs, w.SrcPort = []netip.Addr{al.InetNAT}, a.Probe.SrcPort
-		}
-		b.witness(a, PlaceInet, w)
-	}
-	// nonced gives a blocked probe the nonce its witness looks for.
-	nonced := func(spec probes.ProbeSpec) probes.ProbeSpec {
-		spec.Nonce = probes.NewNonce()
-		return spec
-	}
-	// pinned gives a blocked probe a source port of its own.
-	pinned := func(spec probes.ProbeSpec) probes.ProbeSpec {
-		spec.SrcPort = b.srcPort()
-		return spec
-	}
+	w := allowScenario{b: b, t: t, al: t.Allow,
+		allowed: strings.TrimSuffix(t.PublicName, "."), other: strings.TrimSuffix(t.Allow.OtherName, ".")}
+	w.controls()
+	w.otherNames()
+	w.resolvers()
+	w.tunnels()
+	w.rebinding()
+	w.open()
+}
 
-	// box-w's controls: the allowed canary by name, over HTTP through the
-	// proxy, and on a port no proxy takes, through the allow set.
-	probe(t.W, ChannelHTTP, "canary "+allowed+":80 (allowed, HTTP)", "internet", ExpectReach, byName(allowed, allowHTTPPort, probes.SpeakHTTP, "")).Greeting = t.CanaryGreeting
+// allowScenario builds C-ALLOW's probes: box-w's, from the names it is
+// allowed (allowed) and one it is not (other), and box-a's.
+type allowScenario struct {
+	b              *builder
+	t              Scene
+	al             topo.AllowTargets
+	allowed, other string
+}
+
+// byName resolves name at the gateway first (an allowlist's set learns
+// the answer), then connects.
+func (w allowScenario) byName(n string, port int, speak, server string) probes.ProbeSpec {
+	return probes.ProbeSpec{Kind: probes.KindTCP, Name: n, Resolver: w.t.Gateway, Port: port, Via: w.t.Subnet, Speak: speak, ServerName: server,
+		DeadlineMS: int(allowDeadline.Milliseconds())}
+}
+
+func (w allowScenario) byAddr(a netip.Addr, port int, speak, server string) probes.ProbeSpec {
+	return probes.ProbeSpec{Kind: probes.KindTCP, Target: a, Port: port, Via: w.t.Subnet, Speak: speak, ServerName: server}
+}
+
+func (w allowScenario) probe(from BoxEnd, ch Channel, target, key string, e Expectation, spec probes.ProbeSpec) *Action {
+	return w.b.probe(Action{Claim: AllowID, Channel: ch, From: from.Place, Target: target, TargetKey: key, Expect: e}, spec)
+}
+
+// inetWitness watches the internet's namespace for a blocked probe.
+func (w allowScenario) inetWitness(a *Action, dst netip.Addr, proto string, port int) {
+	ws := probes.WitnessSpec{Via: w.al.InetVia, Proto: proto, Port: port, DstIP: dst}
+	if a.Probe.Nonce != "" {
+		// By the nonce alone: the proxy dials, and the gateway's
+		// dnsmasq asks, from the host's own (NATed) address.
+		ws.Nonces = []string{a.Probe.Nonce}
+	} else {
+		// A SYN carries no nonce: by the host's NATed source and the
+		// source port this probe pinned.
+		ws.SrcIPs, ws.SrcPort = []netip.Addr{w.al.InetNAT}, a.Probe.SrcPort
+	}
+	w.b.witness(a, PlaceInet, ws)
+}
+
+// nonced gives a blocked probe the nonce its witness looks for.
+func nonced(spec probes.ProbeSpec) probes.ProbeSpec {
+	spec.Nonce = probes.NewNonce()
+	return spec
+}
+
+// pinned gives a blocked probe a source port of its own.
+func (w allowScenario) pinned(spec probes.ProbeSpec) probes.ProbeSpec {
+	spec.SrcPort = w.b.srcPort()
+	return spec
+}
+
+// controls: the allowed canary by name, over HTTP through the proxy, and
+// on a port no proxy takes, through the allow set.
+func (w allowScenario) controls() {
+	t, al, allowed := w.t, w.al, w.allowed
+	w.probe(t.W, ChannelHTTP, "canary "+allowed+":80 (allowed, HTTP)", "internet", ExpectReach, w.byName(allowed, allowHTTPPort, probes.SpeakHTTP, "")).Greeting = t.CanaryGreeting
 	if al.AltPort != 0 {
-		probe(t.W, ChannelTCP, fmt.Sprintf("canary %s:%d (allowed)", allowed, al.AltPort), "internet", ExpectReach, byName(allowed, al.AltPort, "", "")).Greeting = t.CanaryGreeting
+		w.probe(t.W, ChannelTCP, fmt.Sprintf("canary %s:%d (allowed)", allowed, al.AltPort), "internet", ExpectReach, w.byName(allowed, al.AltPort, "", "")).Greeting = t.CanaryGreeting
 	}
+}
 
-	// The allowed canary's own address, with another name.
-	a := probe(t.W, ChannelTLS, fmt.Sprintf("canary %s's address:443, TLS server name %s", allowed, other), "internet", ExpectBlocked,
-		nonced(byName(allowed, allowTLSPort, probes.SpeakTLS, other)))
-	inetWitness(a, t.Canary, "tcp", allowTLSPort)
-	a = probe(t.W, ChannelHTTP, fmt.Sprintf("canary %s's address:80, HTTP Host %s", allowed, other), "internet", ExpectBlocked,
-		nonced(byName(allowed, allowHTTPPort, probes.SpeakHTTP, other)))
-	inetWitness(a, t.Canary, "tcp", allowHTTPPort)
+// otherNames: the allowed canary's own address with another name (and
+// QUIC to it), and the other canary, by its Host or by address.
+func (w allowScenario) otherNames() {
+	t, al, allowed, other := w.t, w.al, w.allowed, w.other
+	a := w.probe(t.W, ChannelTLS, fmt.Sprintf("canary %s's address:443, TLS server name %s", allowed, other), "internet", ExpectBlocked,
+		nonced(w.byName(allowed, allowTLSPort, probes.SpeakTLS, other)))
+	w.inetWitness(a, t.Canary, "tcp", allowTLSPort)
+	a = w.probe(t.W, ChannelHTTP, fmt.Sprintf("canary %s's address:80, HTTP Host %s", allowed, other), "internet", ExpectBlocked,
+		nonced(w.byName(allowed, allowHTTPPort, probes.SpeakHTTP, other)))
+	w.inetWitness(a, t.Canary, "tcp", allowHTTPPort)
 	// QUIC to the allowed address (its name asked first by the controls).
-	a = probe(t.W, ChannelQUIC, fmt.Sprintf("canary %s:443 over QUIC (UDP)", t.Canary), "internet", ExpectBlocked,
+	a = w.probe(t.W, ChannelQUIC, fmt.Sprintf("canary %s:443 over QUIC (UDP)", t.Canary), "internet", ExpectBlocked,
 		probes.ProbeSpec{Kind: probes.KindUDP, Target: t.Canary, Port: allowTLSPort, Payload: probes.RequestQUIC, Nonce: probes.NewNonce(), Via: t.Subnet})
-	inetWitness(a, t.Canary, "udp", allowTLSPort)
+	w.inetWitness(a, t.Canary, "udp", allowTLSPort)
 
-	// Not the other canary, by its Host or by address.
-	a = probe(t.W, ChannelHTTP, fmt.Sprintf("second canary %s:80, HTTP Host %s", al.Other, other), "internet-2", ExpectBlocked,
-		nonced(byAddr(al.Other, allowHTTPPort, probes.SpeakHTTP, other)))
-	inetWitness(a, al.Other, "tcp", allowHTTPPort)
-	a = probe(t.W, ChannelTCP, fmt.Sprintf("second canary %s:%d by address", al.Other, allowByAddrPort), "internet-2", ExpectBlocked,
-		pinned(byAddr(al.Other, allowByAddrPort, "", "")))
-	inetWitness(a, al.Other, "tcp", allowByAddrPort)
+	a = w.probe(t.W, ChannelHTTP, fmt.Sprintf("second canary %s:80, HTTP Host %s", al.Other, other), "internet-2", ExpectBlocked,
+		nonced(w.byAddr(al.Other, allowHTTPPort, probes.SpeakHTTP, other)))
+	w.inetWitness(a, al.Other, "tcp", allowHTTPPort)
+	a = w.probe(t.W, ChannelTCP, fmt.Sprintf("second canary %s:%d by address", al.Other, allowByAddrPort), "internet-2", ExpectBlocked,
+		w.pinned(w.byAddr(al.Other, allowByAddrPort, "", "")))
+	w.inetWitness(a, al.Other, "tcp", allowByAddrPort)
+}
 
-	// Not a public resolver straight, nor over HTTPS.
-	nonce := probes.NewNonce()
-	a = b.probe(Action{Claim: AllowID, Channel: ChannelUDP, From: t.W.Place, Target: "public resolver " + t.Upstream.String() + ":53, straight", TargetKey: "resolver", Expect: ExpectBlocked},
-		probes.ProbeSpec{Kind: probes.KindUDP, Target: t.Upstream, Port: 53, Payload: "nonce", Nonce: nonce, Via: t.Subnet})
-	inetWitness(a, t.Upstream, "udp", 53)
-	a = probe(t.W, ChannelDoH, "public resolver "+t.Upstream.String()+":443, TLS without a name (DNS over HTTPS)", "resolver", ExpectBlocked,
-		nonced(byAddr(t.Upstream, allowTLSPort, probes.SpeakTLS, "")))
-	inetWitness(a, t.Upstream, "tcp", allowTLSPort)
+// resolvers: not a public resolver straight, nor over HTTPS.
+func (w allowScenario) resolvers() {
+	t := w.t
+	a := w.probe(t.W, ChannelUDP, "public resolver "+t.Upstream.String()+":53, straight", "resolver", ExpectBlocked,
+		probes.ProbeSpec{Kind: probes.KindUDP, Target: t.Upstream, Port: 53, Payload: "nonce", Nonce: probes.NewNonce(), Via: t.Subnet})
+	w.inetWitness(a, t.Upstream, "udp", 53)
+	a = w.probe(t.W, ChannelDoH, "public resolver "+t.Upstream.String()+":443, TLS without a name (DNS over HTTPS)", "resolver", ExpectBlocked,
+		nonced(w.byAddr(t.Upstream, allowTLSPort, probes.SpeakTLS, "")))
+	w.inetWitness(a, t.Upstream, "tcp", allowTLSPort)
+}
 
-	// Questions for other names: under the allowed name, beside it, and
-	// elsewhere. Each is judged at the witness nameserver, alive when
-	// box-a's question for the same zone got there.
-	if al.WitnessLog != "" && al.AttackerZone != "" {
-		for i, zone := range []string{allowed, other, name(al.AttackerZone)} {
-			q := probes.NewNonce() + "." + zone
-			ctl := b.reference(PlaceA, probes.ProbeSpec{ID: fmt.Sprintf("allow-ctl-%d", i), Kind: probes.KindDNS, Target: t.Gateway, Name: probes.NewNonce() + "." + zone, QType: "TXT", Via: t.Subnet,
-				DelayMS: int(probeDelay.Milliseconds()), DeadlineMS: int(probeDeadline.Milliseconds())})
-			a = probe(t.W, ChannelDNS, q+" (TXT, at the gateway)", "witness-ns", ExpectNotForwarded,
-				probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Name: q, QType: "TXT", Via: t.Subnet})
-			a.Reference = ctl
-		}
+// tunnels: questions for other names, under the allowed name, beside it,
+// and elsewhere. Each is judged at the witness nameserver, alive when
+// box-a's question for the same zone got there.
+func (w allowScenario) tunnels() {
+	t, al := w.t, w.al
+	if al.WitnessLog == "" || al.AttackerZone == "" {
+		return
 	}
-
-	// An allowed name that resolves to a LAN host stays unreachable.
-	if t.LANVia.IsValid() {
-		a = probe(t.W, ChannelHTTP, al.RebindName+":80 (allowed, resolves to "+al.RebindAddr.String()+")", "lan-rebind", ExpectBlocked,
-			pinned(byName(name(al.RebindName), allowHTTPPort, probes.SpeakHTTP, "")))
-		b.witness(a, PlaceLAN, probes.WitnessSpec{Via: t.LANVia, SrcIPs: []netip.Addr{t.W.IP, t.LANNAT}, Proto: "tcp", Port: 80, SrcPort: a.Probe.SrcPort, DstIP: al.RebindAddr})
+	for i, zone := range []string{w.allowed, w.other, strings.TrimSuffix(al.AttackerZone, ".")} {
+		q := probes.NewNonce() + "." + zone
+		ctl := w.b.reference(PlaceA, probes.ProbeSpec{ID: fmt.Sprintf("allow-ctl-%d", i), Kind: probes.KindDNS, Target: t.Gateway, Name: probes.NewNonce() + "." + zone, QType: "TXT", Via: t.Subnet,
+			DelayMS: int(probeDelay.Milliseconds()), DeadlineMS: int(probeDeadline.Milliseconds())})
+		a := w.probe(t.W, ChannelDNS, q+" (TXT, at the gateway)", "witness-ns", ExpectNotForwarded,
+			probes.ProbeSpec{Kind: probes.KindDNS, Target: t.Gateway, Name: q, QType: "TXT", Via: t.Subnet})
+		a.Reference = ctl
 	}
+}
 
-	// box-a, open, reaches what box-w may not: it was there to be blocked.
-	probe(t.A, ChannelHTTP, fmt.Sprintf("second canary %s:%d, HTTP Host %s (box-a is open)", al.Other, allowOpenPort, other), "internet-2", ExpectReach,
-		byAddr(al.Other, allowOpenPort, probes.SpeakHTTP, other)).Greeting = al.OtherGreeting
-	probe(t.A, ChannelQUIC, fmt.Sprintf("canary %s:443 over QUIC (box-a is open)", t.Canary), "internet", ExpectReach,
+// rebinding: an allowed name that resolves to a LAN host stays
+// unreachable.
+func (w allowScenario) rebinding() {
+	t, al := w.t, w.al
+	if !t.LANVia.IsValid() {
+		return
+	}
+	a := w.probe(t.W, ChannelHTTP, al.RebindName+":80 (allowed, resolves to "+al.RebindAddr.String()+")", "lan-rebind", ExpectBlocked,
+		w.pinned(w.byName(strings.TrimSuffix(al.RebindName, "."), allowHTTPPort, probes.SpeakHTTP, "")))
+	w.b.witness(a, PlaceLAN, probes.WitnessSpec{Via: t.LANVia, SrcIPs: []netip.Addr{t.W.IP, t.LANNAT}, Proto: "tcp", Port: 80, SrcPort: a.Probe.SrcPort, DstIP: al.RebindAddr})
+}
+
+// open: box-a, open, reaches what box-w may not: it was there to be
+// blocked.
+func (w allowScenario) open() {
+	t, al := w.t, w.al
+	w.probe(t.A, ChannelHTTP, fmt.Sprintf("second canary %s:%d, HTTP Host %s (box-a is open)", al.Other, allowOpenPort, w.other), "internet-2", ExpectReach,
+		w.byAddr(al.Other, allowOpenPort, probes.SpeakHTTP, w.other)).Greeting = al.OtherGreeting
+	w.probe(t.A, ChannelQUIC, fmt.Sprintf("canary %s:443 over QUIC (box-a is open)", t.Canary), "internet", ExpectReach,
 		probes.ProbeSpec{Kind: probes.KindUDP, Target: t.Canary, Port: allowTLSPort, Payload: probes.RequestQUIC, Via: t.Subnet}).Greeting = t.CanaryGreeting
 	if al.ResolverGreeting != "" {
-		probe(t.A, ChannelDoH, "public resolver "+t.Upstream.String()+":443 (box-a is open)", "resolver", ExpectReach,
-			byAddr(t.Upstream, allowTLSPort, probes.SpeakTLS, "")).Greeting = al.ResolverGreeting
+		w.probe(t.A, ChannelDoH, "public resolver "+t.Upstream.String()+":443 (box-a is open)", "resolver", ExpectReach,
+			w.byAddr(t.Upstream, allowTLSPort, probes.SpeakTLS, "")).Greeting = al.ResolverGreeting
 	}
 }
 
@@ -275,12 +318,12 @@ func buildAllow(b *builder) {
 // was told; its absence passes only when box-a's question for the same
 // zone is there.
 func refineAllow(r *run, res Result) Result {
-	if res.Expect != ExpectNotForwarded || res.Verdict == Fail || r.allow == nil {
+	al := stateOf[allowRun](r.state, AllowID)
+	if res.Expect != ExpectNotForwarded || res.Verdict == Fail || al == nil {
 		return res
 	}
-	al := r.allow
 	al.once.Do(func() {
-		qs, err := world.ReadWitnessLog(r.cfg.Topology.Allow.WitnessLog, r.rep.Started)
+		qs, err := witnesslog.Read(r.cfg.Topology.Allow.WitnessLog, r.rep.Started)
 		al.logErr = err
 		al.queries = map[string]bool{}
 		for _, q := range qs {

@@ -43,20 +43,23 @@ const doorHostPort = 19100
 func openDoor(ctx context.Context, r *run) error {
 	d, err := stack.NewDoors(r.cfg.Host).Expose(ctx, r.names[PlaceA], model.DoorSpec{Port: listenTCP, HostPort: doorHostPort, Kind: model.DoorTCP})
 	if err != nil {
-		r.doorErr = err.Error()
+		keep(r.state, ExposeID, &exposeRun{doorErr: err.Error()})
 		return nil
 	}
 	r.cfg.logf("expose: a door from 127.0.0.1:%d to %s's port %d (%s)", doorHostPort, r.names[PlaceA], listenTCP, d.Device)
-	r.door = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), doorHostPort)
+	r.cfg.Topology.Door = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), doorHostPort)
 	return nil
 }
+
+// exposeRun is C-EXPOSE's state over a run: why no door could be opened.
+type exposeRun struct{ doorErr string }
 
 // judgeExpose: a door that could not be opened leaves the claim
 // inconclusive, saying why.
 func judgeExpose(r *run, c Claim, rs []Result) []Result {
-	if len(rs) == 0 && r.doorErr != "" {
+	if e := stateOf[exposeRun](r.state, ExposeID); len(rs) == 0 && e != nil {
 		a := Action{ID: "e-door", Claim: c.ID, Channel: ChannelTCP, From: PlaceDrill, Target: "a door to box-a", TargetKey: "door", Expect: ExpectReach}
-		return []Result{{Action: a, Verdict: Inconclusive, Observed: "no door", Evidence: "box expose could not open the door here: " + r.doorErr}}
+		return []Result{{Action: a, Verdict: Inconclusive, Observed: "no door", Evidence: "box expose could not open the door here: " + e.doorErr}}
 	}
 	return judgeProbes(r, c, rs)
 }

@@ -16,6 +16,9 @@ var claimHost = Claim{
 	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
 	build: buildHost,
 	judge: judgeHost,
+	// The host's forwarded ports are targets: rules the drill could not
+	// read are ports it did not probe (the note says so).
+	inputs: map[sceneInput]string{inputForwards: ""},
 }
 
 // buildHost: box-a to every host address (scenario_host.go); on a
@@ -29,7 +32,7 @@ func buildHost(b *builder) {
 // judgeHost: on a cluster, another member's box's blocks count only if
 // its own controls (its C-EGRESS and C-DNS probes) held.
 func judgeHost(r *run, c Claim, rs []Result) []Result {
-	for _, p := range r.memberBoxPlaces() {
+	for _, p := range r.members.boxPlaces() {
 		rs = controlledBy(rs, r.judged, p)
 	}
 	return judgeProbes(r, c, rs)

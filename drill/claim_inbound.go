@@ -25,6 +25,7 @@ var claimInbound = Claim{
 	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
 	prepare: prepareInbound,
 	build:   buildInbound,
+	clean:   cleanLANSims,
 }
 
 // prepareInbound stands a throwaway namespace in for the LAN on a real
@@ -58,7 +59,7 @@ func prepareInbound(_ context.Context, r *run) error {
 	sources := lanSimSources(routes, boxSubnet, used)
 	sim, err := newLANSim(r.cfg.Host.NetNS, r.rep.RunID, r.ends[PlaceA].IP, sources)
 	if err != nil {
-		r.rep.Problems = append(r.rep.Problems, err.Error())
+		r.rep.Problems = append(r.rep.Problems, fmt.Sprintf("the LAN stand-in for %s: %v", InboundID, err))
 		r.rep.Notes = append(r.rep.Notes, string(InboundID)+": nothing probes a box from the LAN here: its LAN side rests on Verify alone (the stack channel, "+string(model.LayerACL)+")")
 		return nil
 	}

@@ -16,4 +16,7 @@ var claimNames = Claim{
 	// box-a asks every question, each compared with the public upstream
 	// asked from the host (scenario_names.go, judged by judgeNoName).
 	build: func(b *builder) { b.namesFrom(NamesID, b.t.A) },
+	// The names it asks: a hosts file not read, or names left out, are
+	// names not asked (the note says so).
+	inputs: map[sceneInput]string{inputNames: ""},
 }

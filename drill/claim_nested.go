@@ -52,7 +52,7 @@ var (
 // mintNestingBox mints box-n with nesting on, as box new --nesting does.
 func mintNestingBox(ctx context.Context, r *run) error {
 	r.names[PlaceN] = r.boxName("n")
-	req, err := r.mintRequest(r.names[PlaceN], r.localMember(), true)
+	req, err := r.mintRequest(r.names[PlaceN], r.members.local(), true)
 	if err != nil {
 		return fmt.Errorf("nested: %w", err)
 	}

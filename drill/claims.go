@@ -17,7 +17,11 @@
 // teardown of its own boxes, also when the caller's context is cancelled.
 //
 // The claims are listed once, in Catalogue; drill list, the build order,
-// the judging order and --claim selection all read that table.
+// the judging order and --claim selection all read that table. The engine
+// (the phases, the builder, judging, the report) names no claim: a claim
+// declares what it needs of it (Claim's hooks) and keeps what it learns
+// over a run under its own ID (claimStates). A claim with several
+// concerns spreads over claim_<name>_<concern>.go.
 package drill
 
 import (
@@ -27,6 +31,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/box-isolation/box/drill/verdicts"
+	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -73,6 +79,47 @@ type Claim struct {
 	// judge turns the claim's judged actions into its results; nil means
 	// judgeProbes: the actions and the stack channel.
 	judge func(r *run, c Claim, rs []Result) []Result
+
+	// What the engine asks of a claim besides its phases, each optional.
+	//
+	// clean removes what an aborted run of the claim left on the host (a
+	// user, a namespace): at every run's preflight, whatever is selected.
+	clean func(ctx context.Context, cfg *Config) error
+	// inputs are what the claim needs the drill to read off the host for
+	// the scene, each with what the claim loses when the drill could not
+	// ("" when the note about it says all): such a note is the claim's,
+	// under its ID.
+	inputs map[sceneInput]string
+	// apart takes the probes the claim needs run one box at a time, after
+	// the others, out of the plans into plans of their own.
+	apart func(plans map[Place]*probes.Plan) (rest, apart map[Place]*probes.Plan)
+	// keepFindings takes, from Verify's findings, those the drill caused
+	// on purpose for the claim (box-t's port isolation, off), keeps them
+	// as its evidence, and says why for the report: they fail no other
+	// claim.
+	keepFindings func(s claimStates, fs []model.Finding) (kept []model.Finding, why string)
+}
+
+// claimStates is what each claim keeps over a run (its user and box, its
+// door, what it read at a target), under its ID: the engine holds it for
+// the claims and never looks inside.
+type claimStates map[ClaimID]any
+
+// stateOf is what claim id keeps in s, nil until it kept something (keep).
+func stateOf[T any](s claimStates, id ClaimID) *T {
+	v, _ := s[id].(*T)
+	return v
+}
+
+// keep has claim id keep v in s, and returns v.
+func keep[T any](s claimStates, id ClaimID, v *T) *T {
+	s[id] = v
+	return v
+}
+
+// Reported is the claim as a report shows it.
+func (c Claim) Reported() verdicts.Claim {
+	return verdicts.Claim{ID: c.ID, From: c.From, To: c.To, Channels: c.Channels, Expect: c.Expect, Layers: c.Layers, Why: c.Why, Baseline: c.Baseline}
 }
 
 // Catalogue is every claim, in report order: the order they are built,

@@ -11,6 +11,7 @@ import (
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/internal/hostscan"
 	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -86,15 +87,20 @@ func memberOfPlace(place Place) string {
 	return ""
 }
 
-// clusterMembers reads the cluster the drill runs on: every member with
-// its namespace (where known) and cluster address; nil off a cluster.
-func (r *run) clusterMembers(ctx context.Context) ([]MemberScene, error) {
-	h := r.cfg.Host
+// cluster is the members of the Incus cluster a run drills, the local one
+// among them; empty off a cluster.
+type cluster []MemberScene
+
+// readCluster reads the cluster the drill runs on: every member with its
+// namespace (where known) and cluster address, and a note for each member
+// it cannot enter; nil off a cluster.
+func readCluster(ctx context.Context, h *stack.Host) (cluster, []string, error) {
 	ci, err := h.Cluster(ctx)
 	if err != nil || !ci.Clustered() {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []MemberScene
+	var out cluster
+	var notes []string
 	for _, ma := range ci.MemberAddrs() {
 		m := MemberScene{Name: ma.Name, ClusterAddr: ma.Addr, Local: ma.Name == ci.Local}
 		if m.Local {
@@ -102,17 +108,17 @@ func (r *run) clusterMembers(ctx context.Context) ([]MemberScene, error) {
 		} else if ns, ok := h.MemberNetNS[ma.Name]; ok {
 			m.NetNS = ns
 		} else {
-			r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("cluster: member %s's namespace is not known here (another machine): no probe box runs there and nothing there witnesses, so its cluster address is not a target", ma.Name))
+			notes = append(notes, fmt.Sprintf("cluster: member %s's namespace is not known here (another machine): no probe box runs there and nothing there witnesses, so its cluster address is not a target", ma.Name))
 			continue
 		}
 		out = append(out, m)
 	}
-	return out, nil
+	return out, notes, nil
 }
 
-// readMember reads a member's addresses, listeners and forwarding rules in
-// its namespace, as buildScene reads the local host's.
-func (r *run) readMember(m *MemberScene, subnet netip.Prefix, gw netip.Addr) error {
+// read reads a member's addresses, listeners and forwarding rules in its
+// namespace, as buildScene reads the local host's.
+func (m *MemberScene) read(subnet netip.Prefix, gw netip.Addr) error {
 	addrs, _, err := topo.ReadInterfaces(m.NetNS)
 	if err != nil {
 		return fmt.Errorf("member %s: %w", m.Name, err)
@@ -214,9 +220,9 @@ func (b *builder) countAt(place Place, k nft.CountKey) {
 	b.sc.MemberCounters[place] = append(b.sc.MemberCounters[place], k)
 }
 
-// localMember is the member the drill talks to ("" off a cluster).
-func (r *run) localMember() string {
-	for _, m := range r.members {
+// local is the member the drill talks to ("" off a cluster).
+func (c cluster) local() string {
+	for _, m := range c {
 		if m.Local {
 			return m.Name
 		}
@@ -224,10 +230,10 @@ func (r *run) localMember() string {
 	return ""
 }
 
-// memberBoxPlaces are the other members' probe boxes' places, sorted.
-func (r *run) memberBoxPlaces() []Place {
+// boxPlaces are the other members' probe boxes' places, sorted.
+func (c cluster) boxPlaces() []Place {
 	var out []Place
-	for _, m := range r.members {
+	for _, m := range c {
 		if !m.Local {
 			out = append(out, memberBoxPlace(m.Name))
 		}
@@ -251,16 +257,15 @@ func memberSuffix(member string) string {
 	return "m" + s
 }
 
-// checkPlacement makes sure every probe box is where the scenario says:
-// box-a, box-b and the clone on the local member, each member's box on
-// its member. A box elsewhere would be judged against the wrong host.
-func (r *run) checkPlacement(ctx context.Context) error {
-	local := r.localMember()
+// checkPlacement makes sure every probe box (ends) is where the scenario
+// says: box-a, box-b and the clone on the local member, each member's box
+// on its member. A box elsewhere would be judged against the wrong host.
+func checkPlacement(local string, ends map[Place]*BoxEnd) error {
 	if local == "" {
 		return nil
 	}
 	var wrong []string
-	for place, e := range r.ends {
+	for place, e := range ends {
 		want := local
 		if m := memberOfPlace(place); m != "" {
 			want = m

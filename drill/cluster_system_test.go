@@ -46,7 +46,7 @@ func clusterConfig(t *testing.T) (drill.Config, *world.State) {
 func TestSystemClusterDrill(t *testing.T) {
 	cfg, st := clusterConfig(t)
 	rep := run(t, cfg)
-	for id, v := range verdicts(rep) {
+	for id, v := range claimVerdicts(rep) {
 		assert.Equal(t, drill.Pass, v, "%s on a cluster", id)
 	}
 	require.Len(t, rep.Environment.Members, len(st.Members))

@@ -165,28 +165,6 @@ func TestClusterProbeGrowth(t *testing.T) {
 	}
 }
 
-// TestReportGroupsByMember: finish sums each member's results and names
-// the boxes that ran there; off a cluster there is no group.
-func TestReportGroupsByMember(t *testing.T) {
-	res := func(member string, v Verdict) Result { return Result{Action: Action{Member: member}, Verdict: v} }
-	rep := &Report{
-		Environment: Environment{Members: []string{"m1", "m2"}},
-		Boxes:       []BoxEnd{{Place: PlaceA, Member: "m1"}, {Place: PlaceB, Member: "m1"}, {Place: memberBoxPlace("m2"), Member: "m2"}},
-		Claims: []ClaimResult{
-			{Results: []Result{res("m1", Pass), res("m2", Fail), res("", Pass)}},
-			{Results: []Result{res("m2", Inconclusive), res("m2", Pass), res("m1", Pass)}},
-		},
-	}
-	rep.finish()
-	assert.Equal(t, []MemberResult{
-		{Member: "m1", Boxes: []Place{PlaceA, PlaceB}, Passed: 2},
-		{Member: "m2", Boxes: []Place{"box@m2"}, Passed: 1, Failed: 1, Inconclusive: 1},
-	}, rep.Members)
-	rep.Environment.Members = nil
-	rep.finish()
-	assert.Empty(t, rep.Members)
-}
-
 // TestClusterSourcePortsAreDistinct: the probes a counting chain past a
 // NAT keys on bind a port each, none twice, all below the kernel's
 // ephemeral range where the other probes' ports come from (one shared

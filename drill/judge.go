@@ -8,17 +8,19 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/probes"
 )
 
-// Verdict is the outcome of an action or a claim.
-type Verdict string
+// Verdict is the outcome of an action or a claim (verdicts.Verdict).
+type Verdict = verdicts.Verdict
 
+// The verdicts.
 const (
-	Pass         Verdict = "pass"
-	Fail         Verdict = "fail"
-	Inconclusive Verdict = "inconclusive"
-	Skipped      Verdict = "skipped"
+	Pass         = verdicts.Pass
+	Fail         = verdicts.Fail
+	Inconclusive = verdicts.Inconclusive
+	Skipped      = verdicts.Skipped
 )
 
 // Result is one judged action.
@@ -30,6 +32,13 @@ type Result struct {
 	// AtTarget is what the target saw, when a witness or listener was there.
 	AtTarget string              `json:"at_target,omitempty"`
 	Obs      *probes.Observation `json:"observation,omitempty"`
+}
+
+// Reported is the result as a report carries it.
+func (r Result) Reported() verdicts.Result {
+	a := r.Action
+	return verdicts.Result{ID: a.ID, Claim: a.Claim, Channel: a.Channel, From: a.From, Member: a.Member, Target: a.Target, TargetKey: a.TargetKey,
+		Expect: a.Expect, Provenance: string(a.Provenance), Verdict: r.Verdict, Observed: r.Observed, Evidence: r.Evidence, AtTarget: r.AtTarget, Obs: r.Obs, Witnessed: a.Witness != nil}
 }
 
 // observations indexes every agent's report: place -> observation id.
@@ -512,26 +521,15 @@ func frame(f *probes.FrameSummary) string {
 	return s + " (matched by " + f.MatchedBy + ")"
 }
 
-// ClaimResult is a claim with its judged actions.
-type ClaimResult struct {
-	Claim
-	Verdict Verdict  `json:"verdict"`
-	Reason  string   `json:"reason,omitempty"` // for skipped claims: why and how to enable
-	Results []Result `json:"results"`
-	// Unrun says the claim was selected but could not run here: it proves
-	// nothing, so the run is no pass (exit 3) though nothing failed.
-	Unrun bool `json:"-"`
-}
-
 // aggregate gives a claim the worst verdict of its actions. A claim with
 // no result was selected and built nothing: it is skipped, and unrun. A
 // result with a verdict judging never gives is no pass.
 func aggregate(c Claim, results []Result) ClaimResult {
 	if len(results) == 0 {
-		return ClaimResult{Claim: c, Verdict: Skipped, Results: []Result{}, Unrun: true,
+		return ClaimResult{Claim: c.Reported(), Verdict: Skipped, Results: []verdicts.Result{}, Unrun: true,
 			Reason: "selected, but it found nothing to probe here (its targets or boxes are not in this run)"}
 	}
-	cr := ClaimResult{Claim: c, Results: results, Verdict: Pass}
+	cr := ClaimResult{Claim: c.Reported(), Verdict: Pass}
 	for i, r := range results {
 		switch r.Verdict {
 		case Pass:
@@ -547,6 +545,9 @@ func aggregate(c Claim, results []Result) ClaimResult {
 		if cr.Verdict != Fail {
 			cr.Verdict = Inconclusive
 		}
+	}
+	for _, r := range results {
+		cr.Results = append(cr.Results, r.Reported())
 	}
 	return cr
 }

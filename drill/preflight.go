@@ -33,15 +33,14 @@ func (r *run) preflight(ctx context.Context) error {
 	if err := cleanLeftovers(pctx, r.cfg.Host, ""); err != nil {
 		return fmt.Errorf("preflight: cleaning an earlier run's boxes: %w", err)
 	}
-	if err := cleanTierLeftovers(pctx, r.cfg.Host, r.cfg.logf); err != nil {
-		return fmt.Errorf("preflight: removing an earlier run's tier user: %w", err)
-	}
-	removed, err := removeLANSims()
-	if len(removed) > 0 {
-		r.cfg.logf("preflight: removed an earlier run's %s", strings.Join(removed, ", "))
-	}
-	if err != nil {
-		return fmt.Errorf("preflight: removing an earlier run's LAN stand-in: %w", err)
+	// What an aborted run of any claim left (a user, a namespace).
+	for _, c := range Catalogue {
+		if c.clean == nil {
+			continue
+		}
+		if err := c.clean(pctx, &r.cfg); err != nil {
+			return fmt.Errorf("preflight: %w", err)
+		}
 	}
 	if err := withNetNS(r.cfg.Host.NetNS, func(fd int) error {
 		removed, err := nft.DeleteCounters(fd, "")

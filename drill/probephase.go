@@ -2,8 +2,6 @@ package drill
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -11,14 +9,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/box-isolation/box/drill/topo"
-	"github.com/box-isolation/box/internal/hostscan"
-	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -60,20 +54,26 @@ func (r *run) runProbes(ctx context.Context) error {
 		}
 	}
 	t0 := time.Now()
-	plans, guestAPI := splitGuestAPI(r.sc.Plans)
+	plans := r.sc.Plans
+	var apart []map[Place]*probes.Plan
+	for _, c := range r.cfg.Claims {
+		if c.apart != nil {
+			var a map[Place]*probes.Plan
+			plans, a = c.apart(plans)
+			apart = append(apart, a)
+		}
+	}
 	var late time.Duration
 	r.obs, r.agentErr, late = runPlans(ctx, r.cfg, r.boxClient, r.names, plans)
 	rep.Summary.AgentsLateMS = late.Milliseconds()
-	// The guest API probes, one box at a time, after the rest: incusd 6.0
-	// crashes on a guest API request while another box's connection opens
-	// or closes (lxc/incus#3618), and boxes' plans start some tens of
-	// milliseconds apart, so a stagger inside the plans was not enough
-	// (a clean-clone make test lost the world's incusd so).
-	for _, place := range slices.Sorted(maps.Keys(guestAPI)) {
-		obs, errs, _ := runPlans(ctx, r.cfg, r.boxClient, r.names, map[Place]*probes.Plan{place: guestAPI[place]})
-		r.obs.merge(obs)
-		for p, e := range errs {
-			r.agentErr[p] = strings.TrimPrefix(r.agentErr[p]+"; ", "; ") + e
+	// What a claim needs run apart, one box at a time, after the rest.
+	for _, a := range apart {
+		for _, place := range slices.Sorted(maps.Keys(a)) {
+			obs, errs, _ := runPlans(ctx, r.cfg, r.boxClient, r.names, map[Place]*probes.Plan{place: a[place]})
+			r.obs.merge(obs)
+			for p, e := range errs {
+				r.agentErr[p] = strings.TrimPrefix(r.agentErr[p]+"; ", "; ") + e
+			}
 		}
 	}
 	for _, stop := range stops {
@@ -96,33 +96,6 @@ func (r *run) runProbes(ctx context.Context) error {
 		r.obs[ch.place] = r.readCounters(ch.ns, table, ch.keys, ch.control)
 	}
 	return nil
-}
-
-// splitGuestAPI takes the guest API probes (unix_http on the guest
-// API's socket) out of each plan into a plan of their own for the same
-// place; plans are left as they are.
-func splitGuestAPI(plans map[Place]*probes.Plan) (rest, guestAPI map[Place]*probes.Plan) {
-	rest, guestAPI = map[Place]*probes.Plan{}, map[Place]*probes.Plan{}
-	for place, p := range plans {
-		isGuestAPI := func(s probes.ProbeSpec) bool { return s.Kind == probes.KindUnixHTTP && s.Socket == guestAPISocket }
-		if !slices.ContainsFunc(p.Probes, isGuestAPI) {
-			rest[place] = p
-			continue
-		}
-		q := *p
-		q.Probes = slices.DeleteFunc(slices.Clone(p.Probes), isGuestAPI)
-		g := &probes.Plan{Version: p.Version, DeadlineMS: guestAPIDeadlineMS + guestAPIPlanMarginMS}
-		for _, s := range p.Probes {
-			if isGuestAPI(s) {
-				g.Probes = append(g.Probes, s)
-			}
-		}
-		if len(q.Probes) > 0 || len(q.Listeners)+len(q.Witnesses)+len(q.Neighbors) > 0 || q.Nest != nil {
-			rest[place] = &q
-		}
-		guestAPI[place] = g
-	}
-	return rest, guestAPI
 }
 
 // countingChain is one namespace's counting chain: the local host's
@@ -200,120 +173,6 @@ func withNetNS(name string, fn func(fd int) error) error {
 	}
 	defer ns.Close()
 	return fn(int(ns))
-}
-
-// buildScene joins the topology with the stack, the boxes and what the
-// host's namespace holds now that the stack is up.
-func (r *run) buildScene(ctx context.Context) (Scene, error) {
-	v := r.v
-	s := Scene{Topology: r.cfg.Topology, Subnet: v.Subnet, Gateway: v.Gateway,
-		A: *r.ends[PlaceA], B: *r.ends[PlaceB], C: *r.ends[PlaceC], DNSDomain: "incus"}
-	for p, e := range map[Place]*BoxEnd{PlaceT: &s.T, PlaceW: &s.W, PlaceN: &s.N, PlaceL: &s.L} {
-		if end, ok := r.ends[p]; ok {
-			*e = *end
-		}
-	}
-	s.Door = r.door
-	if v.Fleet != nil {
-		for _, e := range []*BoxEnd{&s.A, &s.B, &s.C} {
-			if sib, ok := v.Fleet.Sibling(r.cfg.Host.Incus.ProjectName(), e.Instance); ok {
-				e.Port = sib.Port
-			}
-		}
-	}
-	if err := withNetNS(r.cfg.Host.NetNS, func(fd int) error {
-		h, err := netlink.NewHandleAt(netns.NsHandle(fd))
-		if fd == 0 {
-			h, err = netlink.NewHandle()
-		}
-		if err != nil {
-			return err
-		}
-		defer h.Close()
-		br, err := h.LinkByName(model.Current.Network)
-		if err == nil {
-			s.GatewayMAC = br.Attrs().HardwareAddr
-		}
-		return err
-	}); err != nil {
-		r.rep.Notes = append(r.rep.Notes, string(SpoofID)+": the bridge's MAC was not read ("+err.Error()+"): box-a's lies are not sent")
-	}
-	if n, _, err := r.cfg.Host.Incus.Network(ctx, model.Current.Network); err == nil && n.Config["dns.domain"] != "" {
-		s.DNSDomain = n.Config["dns.domain"]
-	}
-	addrs, _, err := topo.ReadInterfaces(r.cfg.Host.NetNS)
-	if err != nil {
-		return s, err
-	}
-	s.HostAddrs = topo.HostAddrs(addrs, v.Subnet, v.Gateway)
-	var fw hostscan.Forwarding
-	var fwErr error
-	if err := nsrun.Do(r.cfg.Host.NetNS, func() error {
-		var err error
-		s.Listeners, err = hostscan.Listeners()
-		fw, fwErr = hostscan.Forwards()
-		return err
-	}); err != nil {
-		return s, err
-	}
-	if fwErr != nil {
-		r.rep.Notes = append(r.rep.Notes, string(HostID)+": the host's forwarding rules were not read ("+fwErr.Error()+"): the ports they forward are not targets")
-	}
-	s.Forwards = fw.Forwards
-	if len(fw.LegacyTables) > 0 {
-		r.rep.Notes = append(r.rep.Notes, string(HostID)+": legacy iptables tables exist in the host's namespace ("+strings.Join(fw.LegacyTables, ", ")+"); their rules were not read, so the ports they forward are not targets")
-	}
-	for _, f := range fw.Forwards {
-		if f.PortUnknown || (f.AllPorts() && (f.Proto == "tcp" || f.Proto == "udp")) {
-			r.rep.Notes = append(r.rep.Notes, string(HostID)+": the ports of "+f.String()+" could not be listed, so they are not targets")
-		}
-	}
-	for _, m := range r.members {
-		if m.Local {
-			m.HostAddrs, m.Listeners, m.Forwards = s.HostAddrs, s.Listeners, s.Forwards
-		} else if err := r.readMember(&m, v.Subnet, v.Gateway); err != nil {
-			return s, err
-		}
-		if e, ok := r.ends[memberBoxPlace(m.Name)]; ok {
-			m.Box = *e
-		}
-		s.Members = append(s.Members, m)
-	}
-	// Boxes are not LAN targets.
-	s.LANHosts = slices.DeleteFunc(slices.Clone(s.LANHosts), func(t topo.Target) bool { return v.Subnet.Contains(t.Addr) })
-	r.rep.Notes = append(r.rep.Notes, s.Notes...)
-	hosts, note := readHosts(s.HostsFile)
-	if note != "" {
-		r.rep.Notes = append(r.rep.Notes, note)
-	}
-	var dropped int
-	s.questions, dropped = nameQuestions(s, hosts)
-	if dropped > 0 {
-		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%s: %d more names were not asked (at most %d a run)", NamesID, dropped, maxNames))
-	}
-	if pool, err := r.cfg.Host.DHCPLeases(); err != nil {
-		r.rep.Notes = append(r.rep.Notes, string(SpoofID)+": the bridge's DHCP pool was not read ("+err.Error()+"): the DHCP lies are not sent")
-	} else if len(pool.Ranges) > 0 {
-		lo, _, _ := strings.Cut(pool.Ranges[0], "-")
-		s.DHCPFirst, _ = netip.ParseAddr(lo)
-		s.DHCPSize = min(pool.Size, probes.MaxDHCPFlood)
-	}
-	if _, err := rand.Read(s.DHCPPrefix[:]); err != nil {
-		return s, err
-	}
-	// A locally administered unicast prefix: no vendor's, no group's.
-	s.DHCPPrefix[0] = s.DHCPPrefix[0]&0xfc | 0x02
-	if s.Source == topo.SourceHost {
-		// Listener ports picked per run from the dynamic range, so a
-		// service the host runs on a fixed port is never in the way.
-		var rnd [2]byte
-		if _, err := rand.Read(rnd[:]); err != nil {
-			return s, err
-		}
-		s.HostTCP = 49152 + int(binary.BigEndian.Uint16(rnd[:]))%16000
-		s.HostUDP = s.HostTCP + 1
-	}
-	return s, nil
 }
 
 // failedControls names the positive controls that did not work: plan

@@ -7,13 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/box-isolation/box/drill/topo"
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
@@ -75,9 +75,10 @@ func (cfg *Config) logf(format string, args ...any) {
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer raisePriority()()
 	if len(cfg.Mutations) == 0 {
-		return runOnce(ctx, cfg)
+		rep, _, err := runOnce(ctx, cfg)
+		return rep, err
 	}
-	cleanRep := cfg.Baseline
+	cleanRep, cleanDirty := cfg.Baseline, false
 	if cleanRep != nil {
 		if len(cleanRep.Mutations) > 0 {
 			return nil, fmt.Errorf("the baseline run %s had mutations (%s): compare with a clean run", cleanRep.RunID, strings.Join(cleanRep.Mutations, ", "))
@@ -88,11 +89,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		clean.Mutations = nil
 		cfg.logf("clean run: first, so the mutated run's probes have something to be compared with")
 		var err error
-		if cleanRep, err = runOnce(ctx, clean); err != nil {
+		if cleanRep, cleanDirty, err = runOnce(ctx, clean); err != nil {
 			return nil, fmt.Errorf("the clean run before the mutations: %w", err)
 		}
 	}
-	if cleanRep.dirty {
+	if cleanDirty {
 		// Its teardown failed: the host may be dirty, and a mutation on top
 		// of that proves nothing and makes it worse.
 		dirty := *cleanRep // a baseline is the caller's: not changed here
@@ -104,7 +105,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		names = append(names, m.Name)
 	}
 	cfg.logf("mutated run: %s", strings.Join(names, ", "))
-	rep, err := runOnce(ctx, cfg)
+	rep, _, err := runOnce(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -131,11 +132,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 // its layers went from pass to fail: a flip elsewhere, or of the census,
 // is listed among the changes and proves nothing about the layer.
 func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) {
-	keys := func(rep *Report, visit func(k string, r Result)) {
+	keys := func(rep *Report, visit func(k string, r verdicts.Result)) {
 		seen := map[string]int{}
 		for _, cr := range rep.Claims {
 			for _, r := range cr.Results {
-				if r.Channel.Evidence() == "" {
+				if evidenceOf(r.Channel) == "" {
 					continue
 				}
 				k := strings.Join([]string{string(r.Claim), string(r.Channel), string(r.From), r.TargetKey}, "|")
@@ -145,10 +146,10 @@ func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) 
 		}
 	}
 	before := map[string]Verdict{}
-	keys(clean, func(k string, r Result) { before[k] = r.Verdict })
+	keys(clean, func(k string, r verdicts.Result) { before[k] = r.Verdict })
 	changed := []ProbeChange{}
 	unmatched := 0
-	keys(mutated, func(k string, r Result) {
+	keys(mutated, func(k string, r verdicts.Result) {
 		was, ok := before[k]
 		switch {
 		case !ok:
@@ -164,7 +165,7 @@ func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) 
 		flipped := []ClaimID{}
 		for _, c := range changed {
 			cl, ok := ClaimByID(c.Claim)
-			if !ok || c.Clean != Pass || c.Mutated != Fail || c.Channel.Evidence() != m.shownBy() ||
+			if !ok || c.Clean != Pass || c.Mutated != Fail || evidenceOf(c.Channel) != m.shownBy() ||
 				!slices.ContainsFunc(cl.Layers, func(l model.LayerID) bool { return slices.Contains(m.Layers, l) }) || slices.Contains(flipped, c.Claim) {
 				continue
 			}
@@ -185,9 +186,6 @@ func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) 
 type run struct {
 	cfg Config
 	rep *Report
-	// guestAPIOff says, per probe box, that its config turns the guest API
-	// off (read before the probes: readGuestAPIConfig).
-	guestAPIOff map[Place]bool
 	// undo is what teardown runs, last first: the boxes' removal, the
 	// stack's restoration after mutations.
 	undo []func(context.Context) error
@@ -208,40 +206,26 @@ type run struct {
 	// host lacks); judged is every action's result.
 	skipped map[ClaimID]string
 	judged  []Result
-	// neigh is what the host's neighbour table and the bridge's forwarding
-	// database did over the probe phase (C-SPOOF); neighErr why it was not
-	// watched.
-	neigh    []neighEvent
-	neighErr string
-	// dhcp is what the DHCP server held around C-SPOOF's DHCP lies, and
-	// the box minted after them; nil when they were not sent.
-	dhcp *dhcpRun
-	// tier is the granted user's side (C-TIER); nil when it did not run.
-	// tierFindings are the census's findings on box-t's port isolation,
-	// which the drill turned off: C-TIER's evidence, kept out of findings.
-	tier         *tierRun
-	tierFindings []model.Finding
-	// allow is the allowlisted box's side (C-ALLOW); nil when it did not
-	// run.
-	allow *allowRun
-	// door is box-a's door (C-EXPOSE); doorErr why there is none.
-	door    netip.AddrPort
-	doorErr string
+	// state is what each claim keeps over the run; projects are the
+	// Incus projects of the probe boxes minted in one of their own (box-t,
+	// by its user).
+	state    claimStates
+	projects map[Place]string
 	// members are, on a cluster, the members the drill can enter.
-	members []MemberScene
+	members cluster
 	// baseImage is the fingerprint box-a's image resolved to: what the
 	// boxes minted without a pull (box-t, through incus-user) are made of.
 	baseImage string
 }
 
-func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
+func runOnce(ctx context.Context, cfg Config) (_ *Report, dirty bool, err error) {
 	if cfg.Host == nil || cfg.Topology.Source == "" {
-		return nil, errors.New("drill run needs a stack host and a topology: the hermetic world's (drill world up) or a real host's (--host --canary ADDR:PORT)")
+		return nil, false, errors.New("drill run needs a stack host and a topology: the hermetic world's (drill world up) or a real host's (--host --canary ADDR:PORT)")
 	}
 	if cfg.Agent == "" {
 		exe, err := os.Executable()
 		if err != nil {
-			return nil, fmt.Errorf("finding the agent binary: %w", err)
+			return nil, false, fmt.Errorf("finding the agent binary: %w", err)
 		}
 		cfg.Agent = exe
 	}
@@ -250,9 +234,9 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
 	}
 	id := make([]byte, 3)
 	if _, err := rand.Read(id); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	r := &run{cfg: cfg, skipped: map[ClaimID]string{}, rep: &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
+	r := &run{cfg: cfg, skipped: map[ClaimID]string{}, state: claimStates{}, projects: map[Place]string{}, rep: &Report{SchemaVersion: SchemaVersion, RunID: hex.EncodeToString(id), Version: cfg.Version, Started: time.Now().UTC(),
 		Stack: StackFacts{Changes: []model.Change{}, Findings: []model.Finding{}},
 		Boxes: []BoxEnd{}, Problems: []string{}, Notes: []string{}, Claims: []ClaimResult{}, Mutations: []string{}, MutationResults: []MutationResult{}}}
 	for _, m := range cfg.Mutations {
@@ -261,15 +245,15 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
 	// A teardown or restore that failed leaves the host in a state the
 	// operator must hear about, whatever the claims said.
 	defer func() {
-		dirty := r.teardown(ctx)
-		if len(dirty) == 0 {
+		left := r.teardown(ctx)
+		if len(left) == 0 {
 			return
 		}
 		if err != nil {
-			err = fmt.Errorf("%w; and: %s", err, strings.Join(dirty, "; "))
+			err = fmt.Errorf("%w; and: %s", err, strings.Join(left, "; "))
 			return
 		}
-		r.rep.dirty = true
+		dirty = true
 		// A violated claim stays 1 (the problems say the rest); otherwise
 		// the host may be left dirty, which is a tool error.
 		if r.rep.ExitCode != ExitViolated {
@@ -278,11 +262,11 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, err error) {
 	}()
 	for _, phase := range []func(context.Context) error{r.preflight, r.ensureStack, r.mintBoxes, r.pushAgents, r.runProbes, r.judgeAll} {
 		if err := phase(ctx); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	r.rep.DurationMS = time.Since(r.rep.Started).Milliseconds()
-	return r.rep, nil
+	return r.rep, false, nil
 }
 
 // skip records why a selected claim cannot run here; it is reported as

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/drill/topo"
-	"github.com/box-isolation/box/internal/hostscan"
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -82,8 +82,9 @@ const (
 	controlSpan = planDeadline - controlDelay - probes.AgentMargin - passiveCushion
 )
 
-// Expectation is what an action must observe to pass.
-type Expectation string
+// Expectation is what an action must observe to pass
+// (verdicts.Expectation).
+type Expectation = verdicts.Expectation
 
 const (
 	ExpectReach    Expectation = "reached"         // reached, with proof of who answered
@@ -106,106 +107,12 @@ const (
 	ExpectNoLease Expectation = "no lease taken or released"
 )
 
-// BoxEnd is one probe box as the drill knows it after minting.
-type BoxEnd struct {
-	Place     Place            `json:"place"`
-	Instance  string           `json:"instance"`
-	IP        netip.Addr       `json:"ip"`
-	MAC       net.HardwareAddr `json:"-"`
-	LinkLocal netip.Addr       `json:"link_local"`
-	// Type is the instance's type as Incus reports it; the report's
-	// environment says it once for all the boxes.
-	Type string `json:"-"`
-	// Port is its port on the bridge, as the census met it.
-	Port string `json:"-"`
-	// Member is, on a cluster, the member it runs on.
-	Member string `json:"member,omitempty"`
-	// Via is the subnet its probes leave by when it is not the box subnet:
-	// a workload nested behind a box's NAT, whose packets reach the wire
-	// as the box's (IP and MAC above) and only by routing.
-	Via netip.Prefix `json:"-"`
-}
-
 // via is the subnet a sender's probes leave by.
 func (b *builder) via(from BoxEnd) netip.Prefix {
 	if from.Via.IsValid() {
 		return from.Via
 	}
 	return b.t.Subnet
-}
-
-// routed reports whether a sender reaches the box subnet only by routing
-// (a workload behind a box's NAT): nothing it sends at layer 2 (ARP,
-// broadcast, multicast, IPv6 link-local) leaves its own bridge.
-func (e BoxEnd) routed() bool { return e.Via.IsValid() }
-
-// HostAddr and Target are the topology's.
-type (
-	HostAddr = topo.HostAddr
-	Target   = topo.Target
-)
-
-// Scene is everything the scenario needs to know about the run: the
-// topology it was given, the stack as Verify found it, the probe boxes, and
-// what the drill read in the host's namespace once the stack was up.
-type Scene struct {
-	topo.Topology
-
-	Subnet  netip.Prefix
-	Gateway netip.Addr
-	// GatewayMAC is the bridge's own MAC, where a box's frames to the
-	// host go.
-	GatewayMAC net.HardwareAddr
-	A, B, C    BoxEnd
-	// T is the granted user's box (C-TIER), W the allowlisted one
-	// (C-ALLOW), N the nesting one (C-NESTED), L the load box (C-KERNEL);
-	// zero when their claim is not run.
-	T, W, N, L BoxEnd
-	// Door is box-a's door on the host's loopback (C-EXPOSE); zero when
-	// there is none.
-	Door      netip.AddrPort
-	DNSDomain string // the bridge's DNS domain, for sibling name forms
-
-	// HostAddrs are the host's own addresses, the gateway first.
-	HostAddrs []HostAddr
-	// Listeners are the sockets listening in the host's namespace once the
-	// stack is up (read from the kernel): what a box would really aim at.
-	Listeners []hostscan.Listener
-	// Forwards are the host's DNAT and redirect rules (read from its
-	// nftables ruleset): the ports they forward are targets too.
-	Forwards []hostscan.Forward
-	// questions are the names C-NAMES asks besides the siblings'
-	// (nameQuestions).
-	questions []topo.Name
-	// Members are, on a cluster, its members the drill can enter (the
-	// local one, where box-a runs, among them); empty off a cluster.
-	Members []MemberScene
-	// HostTCP and HostUDP are the ports of the drill's listeners on the
-	// host's addresses (9100 and 9101 when zero); on a real host they are
-	// picked per run, so a service of the host's own is never in the way.
-	HostTCP, HostUDP int
-	// DHCPFirst and DHCPSize are the bridge's dynamic DHCP pool (its first
-	// range, as its dnsmasq was started with), what C-SPOOF's made-up
-	// clients ask for; DHCPPrefix makes their hardware addresses and
-	// client identifiers the run's own.
-	DHCPFirst  netip.Addr
-	DHCPSize   int
-	DHCPPrefix [3]byte
-}
-
-// box is the probe box at a place, if the scene has one there.
-func (t Scene) box(p Place) (BoxEnd, bool) {
-	for _, e := range []BoxEnd{t.A, t.B, t.C, t.T, t.W, t.N} {
-		if e.Place == p && e.IP.IsValid() {
-			return e, true
-		}
-	}
-	for _, m := range t.Members {
-		if m.Box.Place == p && m.Box.IP.IsValid() {
-			return m.Box, true
-		}
-	}
-	return BoxEnd{}, false
 }
 
 // Action is one probe with its expected result.

@@ -194,7 +194,7 @@ func readHosts(path string) ([]hostscan.HostsEntry, string) {
 	}
 	h, err := hostscan.ReadHosts(path)
 	if err != nil {
-		return nil, fmt.Sprintf("%s: the hosts file %s was not read (%v): its names were not asked", NamesID, path, err)
+		return nil, fmt.Sprintf("the hosts file %s was not read (%v): its names were not asked", path, err)
 	}
 	return h, ""
 }

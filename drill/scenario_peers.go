@@ -22,7 +22,7 @@ func (b *builder) siblingFrom(claim ClaimID, from BoxEnd) {
 	}
 	b.toBox(claim, from, t.B)
 	b.toBox(claim, from, t.C)
-	if from.routed() {
+	if routed(from) {
 		return // nothing of layer 2 leaves a routed sender's own bridge
 	}
 	b.pinPeers(from.Place)
@@ -78,7 +78,7 @@ func (b *builder) toBox(claim ClaimID, from BoxEnd, to BoxEnd) {
 		{ChannelUDP, probes.KindUDP, listenUDP, "udp", to.IP},
 		{ChannelV6LinkLocal, probes.KindICMP, 0, "icmpv6", to.LinkLocal},
 	} {
-		if !ch.target.IsValid() || (from.routed() && (ch.kind == probes.KindARP || !ch.target.Is4())) {
+		if !ch.target.IsValid() || (routed(from) && (ch.kind == probes.KindARP || !ch.target.Is4())) {
 			continue
 		}
 		spec := probes.ProbeSpec{Kind: ch.kind, Target: ch.target, Port: ch.port, Via: b.via(from)}
@@ -86,7 +86,7 @@ func (b *builder) toBox(claim ClaimID, from BoxEnd, to BoxEnd) {
 			spec.Nonce = probes.NewNonce()
 		}
 		a := b.probe(Action{Claim: claim, Channel: ch.channel, From: from.Place, Target: label, TargetKey: string(to.Place), Expect: ExpectBlocked}, spec)
-		if ch.kind != probes.KindARP && !from.routed() {
+		if ch.kind != probes.KindARP && !routed(from) {
 			// A routed sender's box resolves the peer itself: there is
 			// no neighbour of its own to pin.
 			a.Pinned = ch.target

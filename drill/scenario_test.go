@@ -45,7 +45,6 @@ func testTopology() Scene {
 		W:          testBox(PlaceW, "drill-0a1b2c-w", "10.88.0.15", "00:16:3e:00:00:0e"),
 		N:          testBox(PlaceN, "drill-0a1b2c-n", "10.88.0.16", "00:16:3e:00:00:0f"),
 		L:          testBox(PlaceL, "drill-0a1b2c-l", "10.88.0.17", "00:16:3e:00:00:10"),
-		Door:       netip.MustParseAddrPort("127.0.0.1:19100"),
 		DHCPFirst:  netip.MustParseAddr("10.88.0.2"),
 		DHCPSize:   253,
 		DHCPPrefix: [3]byte{0x0a, 0xb0, 0xc5},
@@ -61,6 +60,7 @@ func testTopology() Scene {
 			LANVia:         netip.MustParsePrefix("192.168.20.0/24"),
 			LANNAT:         netip.MustParseAddr("192.168.20.1"),
 			LANSources:     []netip.Addr{netip.MustParseAddr("192.168.20.2")},
+			Door:           netip.MustParseAddrPort("127.0.0.1:19100"),
 			Upstream:       netip.MustParseAddr("203.0.113.53"),
 			Allow: topo.AllowTargets{OtherName: "other.example.net.", Other: netip.MustParseAddr("203.0.113.20"), OtherGreeting: "hello from canary2",
 				RebindName: "rebind.example.net.", RebindAddr: netip.MustParseAddr("192.168.20.10"),
@@ -171,7 +171,7 @@ func TestBuildScenarioCoversEveryChannel(t *testing.T) {
 				}
 			}
 			for _, ch := range c.Channels {
-				if !ch.Probe() {
+				if evidenceOf(ch) != EvidenceProbes {
 					continue // judged from Verify's census or Incus's answers, not from a probe
 				}
 				assert.True(t, have[ch], "channel %s of %s has no action (have %v)", ch, c.ID, have)
@@ -577,4 +577,119 @@ func TestBuildScenarioWitnessesDoNotMatchReplies(t *testing.T) {
 				other.ID, other.Claim, other.Channel, other.From, other.Probe.Target, other.Claim, a.Claim)
 		}
 	}
+}
+
+// hostScene is a real host's topology as discovery gives it (host mode):
+// no LAN namespace of the drill's own, LAN targets from the host's routes,
+// neighbours and samples; outward interfaces where the host has them.
+func hostScene(outward bool) Scene {
+	t := testTopology()
+	t.Source = topo.SourceHost
+	t.LANVia, t.LANNAT = netip.Prefix{}, netip.Addr{}
+	t.LANNS, t.LANSources = "", []netip.Addr{netip.MustParseAddr("10.99.0.2")}
+	t.Allow = topo.AllowTargets{}
+	t.CanaryGreeting, t.CanaryUDP = "", 0
+	t.LANHosts = []Target{
+		{Name: "router-192.168.1.1", Addr: netip.MustParseAddr("192.168.1.1"), TCPPort: 80, UDPPort: 53, Provenance: topo.FromRoute},
+		{Name: "sample-10", Addr: netip.MustParseAddr("10.0.0.1"), TCPPort: 22, Provenance: topo.FromSample},
+		{Name: "metadata", Addr: netip.MustParseAddr("169.254.169.254"), TCPPort: 80, Provenance: topo.FromSample},
+	}
+	if outward {
+		t.Outward = []string{"eth0"}
+	}
+	t.HostTCP, t.HostUDP = 50123, 50124
+	return t
+}
+
+// routedScene is the world's routed shape in host mode (drill run --host
+// in the world's host namespace): the LAN behind a router, reached by a
+// routed prefix, one outward interface.
+func routedScene() Scene {
+	t := hostScene(true)
+	t.LANHosts = []Target{
+		{Name: "route-gw-10.30.0.1", Addr: netip.MustParseAddr("10.30.0.1"), TCPPort: 80, Provenance: topo.FromRoute},
+		{Name: "route-10.40.0.0/24", Addr: netip.MustParseAddr("10.40.0.10"), TCPPort: 80, UDPPort: 7, Provenance: topo.FromRoute},
+	}
+	return t
+}
+
+// topologies are every shape the builder knows, with the claims their mode
+// runs (C-TIER too in host mode, as a recorded run selects it).
+func topologies(t *testing.T) map[string]struct {
+	scene  Scene
+	claims []Claim
+} {
+	t.Helper()
+	world, err := Resolve(ModeWorld, nil, nil, false)
+	require.NoError(t, err)
+	host, err := Resolve(ModeHost, nil, nil, true)
+	require.NoError(t, err)
+	return map[string]struct {
+		scene  Scene
+		claims []Claim
+	}{
+		"world":                   {testTopology(), world.Claims},
+		"cluster":                 {clusterScene(3), world.Claims},
+		"host":                    {hostScene(true), host.Claims},
+		"host, no outward iface":  {hostScene(false), host.Claims},
+		"routed world, host mode": {routedScene(), host.Claims},
+	}
+}
+
+// TestNoEvidenceIsAnotherSenders: a witness that matches by source (a SYN
+// carries no nonce) matches none of another sender's probes: each probe
+// names its own source port where senders share an address past a NAT.
+func TestNoEvidenceIsAnotherSenders(t *testing.T) {
+	for name, tp := range topologies(t) {
+		t.Run(name, func(t *testing.T) {
+			s := tp.scene
+			sc := BuildScenario(s, tp.claims)
+			// Where a probe by name lands.
+			byName := map[string]netip.Addr{trimDot(s.PublicName): s.Canary, trimDot(s.Allow.OtherName): s.Allow.Other, trimDot(s.Allow.RebindName): s.Allow.RebindAddr}
+			dst := func(a Action) netip.Addr {
+				if a.Probe.Target.IsValid() {
+					return a.Probe.Target
+				}
+				return byName[a.Probe.Name]
+			}
+			// What a box's packet may carry as its source past the host.
+			sources := func(a Action) []netip.Addr {
+				out := []netip.Addr{s.LANNAT, s.Allow.InetNAT}
+				if e, ok := s.box(a.From); ok {
+					out = append(out, e.IP)
+				}
+				if a.From == PlaceNestNAT {
+					out = append(out, s.N.IP) // past box-n's NAT
+				}
+				return out
+			}
+			for _, a := range sc.Actions {
+				w := a.Witness
+				if w == nil || len(w.SrcIPs) == 0 || w.Proto != "tcp" {
+					continue
+				}
+				// A witness in a box sees what is sent to that box.
+				at, inBox := s.box(a.WitnessAt)
+				for _, o := range sc.Actions {
+					if inBox && dst(o) != at.IP && dst(o) != at.LinkLocal {
+						continue
+					}
+					if o.ID == a.ID || o.Probe.Kind != probes.KindTCP || (w.Port != 0 && o.Probe.Port != w.Port) ||
+						(w.DstIP.IsValid() && dst(o) != w.DstIP) || (w.SrcPort != 0 && o.Probe.SrcPort != w.SrcPort) {
+						continue
+					}
+					if slices.ContainsFunc(sources(o), func(src netip.Addr) bool { return src.IsValid() && slices.Contains(w.SrcIPs, src) }) {
+						t.Errorf("%s's witness (%s %s from %s) would take %s's SYN (%s %s from %s) for its own", a.ID, a.Claim, a.Channel, a.From, o.ID, o.Claim, o.Channel, o.From)
+					}
+				}
+			}
+		})
+	}
+}
+
+func trimDot(s string) string {
+	if len(s) > 0 && s[len(s)-1] == '.' {
+		return s[:len(s)-1]
+	}
+	return s
 }

@@ -43,11 +43,12 @@ func (r *run) ensureStack(ctx context.Context) error {
 			}
 		}
 	}
-	members, err := r.clusterMembers(sctx)
+	members, notes, err := readCluster(sctx, cfg.Host)
 	if err != nil {
 		return fmt.Errorf("stack: reading the cluster: %w", err)
 	}
 	r.members = members
+	rep.Notes = append(rep.Notes, notes...)
 	for _, m := range members {
 		rep.Environment.Members = append(rep.Environment.Members, m.Name)
 	}
@@ -92,11 +93,18 @@ func (r *run) verifyForProbes(ctx context.Context) error {
 	rep := r.rep
 	rep.Stack.Subnet, rep.Stack.Gateway, rep.Stack.BridgeMode = v.Subnet.String(), v.Gateway.String(), string(v.BridgeMode)
 	r.findings = mergeFindings(r.before.Findings, v.Findings)
-	// box-t's port isolation is off by the drill's own doing: C-TIER's
-	// evidence that the census names it, nobody else's finding.
-	if r.tierFindings = r.tierBoxFindings(r.findings); len(r.tierFindings) > 0 {
-		r.findings = slices.DeleteFunc(slices.Clone(r.findings), func(f model.Finding) bool { return slices.Contains(r.tierFindings, f) })
-		rep.Notes = append(rep.Notes, fmt.Sprintf("%s: box-t's NIC has port isolation off, as the drill made it (the census named it: %s); that finding is %[1]s's evidence and fails no other claim", TierID, r.tierFindings[0].Object))
+	// What the drill caused on purpose for a claim (box-t's port
+	// isolation, off) is that claim's evidence, nobody else's finding.
+	for _, c := range r.cfg.Claims {
+		if c.keepFindings == nil {
+			continue
+		}
+		kept, why := c.keepFindings(r.state, r.findings)
+		if len(kept) == 0 {
+			continue
+		}
+		r.findings = slices.DeleteFunc(slices.Clone(r.findings), func(f model.Finding) bool { return slices.Contains(kept, f) })
+		rep.Notes = append(rep.Notes, fmt.Sprintf("%s: %s; that finding is %[1]s's evidence and fails no other claim", c.ID, why))
 	}
 	for _, n := range v.Notes {
 		rep.Notes = append(rep.Notes, "stack: "+n)

@@ -2,6 +2,10 @@ package drill
 
 import (
 	"context"
+	"slices"
+	"strings"
+
+	"github.com/box-isolation/box/drill/verdicts"
 )
 
 // judgeAll gives every action its verdict, the baselines first, for they
@@ -46,7 +50,7 @@ func (r *run) judgeAll(context.Context) error {
 	for _, c := range Catalogue {
 		r.rep.Claims = append(r.rep.Claims, r.judgeClaim(c, selected[c.ID]))
 	}
-	r.rep.finish()
+	finish(r.rep)
 	return nil
 }
 
@@ -57,10 +61,10 @@ func (r *run) judgeClaim(c Claim, selected bool) ClaimResult {
 		if why == "" {
 			why = "not selected (--claim/--skip); run without them to include it"
 		}
-		return ClaimResult{Claim: c, Verdict: Skipped, Reason: why, Results: []Result{}}
+		return ClaimResult{Claim: c.Reported(), Verdict: Skipped, Reason: why, Results: []verdicts.Result{}}
 	}
 	if why := r.skipped[c.ID]; why != "" {
-		return ClaimResult{Claim: c, Verdict: Skipped, Reason: "could not run here: " + why, Results: []Result{}, Unrun: true}
+		return ClaimResult{Claim: c.Reported(), Verdict: Skipped, Reason: "could not run here: " + why, Results: []verdicts.Result{}, Unrun: true}
 	}
 	var rs []Result
 	for _, res := range r.judged {
@@ -73,4 +77,39 @@ func (r *run) judgeClaim(c Claim, selected bool) ClaimResult {
 		judgeFn = judgeProbes
 	}
 	return aggregate(c, judgeFn(r, c, rs))
+}
+
+// placeControlled makes the blocks of the probes from place inconclusive
+// unless place's own controls (its probes that expect to reach or
+// resolve) all passed: a box that reaches nothing "blocks" everything.
+func placeControlled(rs []Result, place Place) []Result { return controlledBy(rs, rs, place) }
+
+// controlledBy is placeControlled with place's controls taken from all
+// (another claim's results, for a member's box: its controls are C-EGRESS's
+// and C-DNS's).
+func controlledBy(rs, all []Result, place Place) []Result {
+	var failed []string
+	controls := 0
+	for _, r := range all {
+		if r.From == place && (r.Expect == ExpectReach || r.Expect == ExpectResolve) {
+			controls++
+			if r.Verdict != Pass {
+				failed = append(failed, r.Target+": "+r.Evidence)
+			}
+		}
+	}
+	if controls == 0 {
+		failed = append(failed, string(place)+" ran no control")
+	}
+	if len(failed) == 0 {
+		return rs
+	}
+	out := slices.Clone(rs)
+	for i, r := range out {
+		if r.From == place && r.Verdict == Pass && (r.Expect == ExpectBlocked || r.Expect == ExpectNoName || r.Expect == ExpectNotForwarded) {
+			out[i].Verdict = Inconclusive
+			out[i].Evidence = "looked blocked, but " + string(place) + "'s own control failed (" + strings.Join(failed, "; ") + "), so the block proves nothing"
+		}
+	}
+	return out
 }

@@ -1,15 +1,18 @@
 package drill
 
-// The words that travel through a run: typed, so a claim's ID is never
-// taken for a place's name or a channel's, and each listed once.
+import "github.com/box-isolation/box/drill/verdicts"
+
+// The words that travel through a run: typed (their types are the
+// report's, drill/verdicts'), so a claim's ID is never taken for a
+// place's name or a channel's, and each listed once.
 
 // ClaimID names a claim (docs/claims.md): "C-" and a word. The IDs are
 // constants in the claims' own files, and nowhere else.
-type ClaimID string
+type ClaimID = verdicts.ClaimID
 
 // Channel is what an action probes over (a protocol, or a kind of
 // evidence that is not a packet: the stack, the census, a request).
-type Channel string
+type Channel = verdicts.Channel
 
 // Channels of packets an agent sends.
 const (
@@ -61,13 +64,10 @@ const (
 	ChannelRestriction Channel = "restriction"   // an attempt to leave boxnet
 )
 
-// Probe reports whether the channel's results are packets an agent sent,
-// judged where they would land.
-func (c Channel) Probe() bool { return c.Evidence() == EvidenceProbes }
-
-// Evidence is the kind of evidence the channel's results are; "" for the
-// stack channel (Verify's findings, which prove no mutation).
-func (c Channel) Evidence() Evidence {
+// evidenceOf is the kind of evidence a channel's results are: packets an
+// agent sent (EvidenceProbes), judged where they would land, or another;
+// "" for the stack channel (Verify's findings, which prove no mutation).
+func evidenceOf(c Channel) Evidence {
 	switch c {
 	case ChannelStack:
 		return ""
@@ -82,7 +82,7 @@ func (c Channel) Evidence() Evidence {
 // Place is where a plan runs or a result comes from: a probe box, a
 // namespace of the world, the host, or a source that is no agent
 // ("verify", the granted user).
-type Place string
+type Place = verdicts.Place
 
 // Places where plans run: the probe boxes and the world's namespaces.
 const (
@@ -98,9 +98,9 @@ const (
 	// itself after the probes (observation id: the count key).
 	PlaceFilter Place = "host-filter"
 	// Sources of results that are no agent's.
-	PlaceVerify Place = "verify"       // the stack's Verify and census
-	PlaceDrill  Place = "drill"        // the drill itself (a door it could not open)
-	placeUser   Place = "granted-user" // C-TIER's requests, through incus-user
+	PlaceVerify       = verdicts.PlaceVerify // the stack's Verify and census
+	PlaceDrill  Place = "drill"              // the drill itself (a door it could not open)
+	placeUser   Place = "granted-user"       // C-TIER's requests, through incus-user
 )
 
 // ProbeRef names one plan probe by where it runs and its id.
@@ -114,12 +114,12 @@ func (p ProbeRef) Valid() bool { return p.ID != "" }
 
 // Evidence is where a claim's verdict comes from. Every claim has Verify's
 // findings besides (the stack channel).
-type Evidence string
+type Evidence = verdicts.Evidence
 
 const (
-	EvidenceProbes   Evidence = "probes"   // packets the agents sent, judged at their targets
-	EvidenceCensus   Evidence = "census"   // the stack's census of every instance and port on the bridge
-	EvidenceRequests Evidence = "requests" // requests to Incus, and whether it refused them
+	EvidenceProbes   = verdicts.EvidenceProbes   // packets the agents sent, judged at their targets
+	EvidenceCensus   = verdicts.EvidenceCensus   // the stack's census of every instance and port on the bridge
+	EvidenceRequests = verdicts.EvidenceRequests // requests to Incus, and whether it refused them
 )
 
 // Availability says whether a claim runs in one mode.
@@ -148,10 +148,4 @@ var everywhere = Modes{World: Runs, Host: Runs}
 
 // Strings turns typed words (claim IDs, channels, places, layers) into
 // plain strings, for output.
-func Strings[T ~string](ws []T) []string {
-	out := make([]string, len(ws))
-	for i, w := range ws {
-		out[i] = string(w)
-	}
-	return out
-}
+func Strings[T ~string](ws []T) []string { return verdicts.Strings(ws) }

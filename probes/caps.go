@@ -14,16 +14,6 @@ import (
 // own user namespace the sets are over that namespace only; what they
 // reach on the host depends on the id map (id_map).
 
-// CapsEvidence is the capability sets, by name.
-type CapsEvidence struct {
-	Effective   []string `json:"effective"`
-	Permitted   []string `json:"permitted"`
-	Inheritable []string `json:"inheritable"`
-	Bounding    []string `json:"bounding"`
-	Ambient     []string `json:"ambient"`
-	NoNewPrivs  bool     `json:"no_new_privs"`
-}
-
 // capNames are the capabilities by number (linux/capability.h).
 var capNames = []string{
 	"chown", "dac_override", "dac_read_search", "fowner", "fsetid", "kill", "setgid", "setuid",

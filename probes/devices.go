@@ -15,19 +15,6 @@ import (
 // console, ptmx and its own pseudo-terminals, fuse, net/tun). The drill
 // judges the list against those.
 
-// DeviceNode is one device node.
-type DeviceNode struct {
-	Path  string `json:"path"`
-	Type  string `json:"type"` // "c" or "b"
-	Major uint32 `json:"major"`
-	Minor uint32 `json:"minor"`
-}
-
-// String is "c 1:3 /dev/null".
-func (d DeviceNode) String() string {
-	return fmt.Sprintf("%s %d:%d %s", d.Type, d.Major, d.Minor, d.Path)
-}
-
 // MaxDeviceNodes bounds what a devices probe lists.
 const MaxDeviceNodes = 512
 

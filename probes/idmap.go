@@ -12,20 +12,6 @@ import (
 // its ids are. Root in a box that is root on the host is the end of every
 // other boundary.
 
-// IDRange is one line of an id map: Count ids from Inside in the box are
-// Outside on the host (the parent user namespace: the host's, for a box).
-type IDRange struct {
-	Inside  uint32 `json:"inside"`
-	Outside uint32 `json:"outside"`
-	Count   uint32 `json:"count"`
-}
-
-// IDMapEvidence is the box's uid and gid maps.
-type IDMapEvidence struct {
-	UID []IDRange `json:"uid"`
-	GID []IDRange `json:"gid"`
-}
-
 // HostID is the host id an id in the box is, and whether it is mapped.
 func HostID(m []IDRange, inside uint32) (uint32, bool) {
 	for _, r := range m {

@@ -14,27 +14,6 @@ import (
 // the box stays at its limit while the other boxes' probes run, and gives
 // it all back.
 
-// LoadEvidence is what a load reached.
-type LoadEvidence struct {
-	// Max is its own cap; Reached how far it got: processes started, MiB
-	// of memory touched or of disk written.
-	Max     int `json:"max"`
-	Reached int `json:"reached"`
-	// StoppedBy is what stopped it: the errno a fork or a write got
-	// (EAGAIN, EDQUOT, ENOSPC) or the signal that killed it (SIGKILL: the
-	// OOM killer); empty when it reached its cap.
-	StoppedBy string `json:"stopped_by,omitempty"`
-	// Tasks counts the box's tasks (processes and threads, as the pids
-	// limit counts them) when the kernel refused a process.
-	Tasks int `json:"tasks,omitempty"`
-	// CPUSeconds is the CPU time the agent got over WallSeconds of
-	// spinning (load_cpu).
-	CPUSeconds  float64 `json:"cpu_seconds,omitempty"`
-	WallSeconds float64 `json:"wall_seconds,omitempty"`
-	// HeldMS is how long it held what it reached.
-	HeldMS int64 `json:"held_ms,omitempty"`
-}
-
 // LoadReserve is kept at the end of a load probe's deadline to give back
 // what it holds (kill its children, remove its file): in a box held to
 // half a CPU on a busy host, reaping a hundred processes takes a while.

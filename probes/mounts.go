@@ -17,30 +17,6 @@ import (
 // views; a devtmpfs mount is one of the host's device nodes bound in, and
 // is listed for the drill to judge by the node it shows.
 
-// MountEntry is one line of mountinfo.
-type MountEntry struct {
-	Point  string `json:"point"`
-	Root   string `json:"root"` // the part of the file system shown there
-	FSType string `json:"fstype"`
-	Source string `json:"source"`
-	Dev    string `json:"dev"` // major:minor
-	// Options are the mount's own options (ro, rw, nosuid, ...).
-	Options string `json:"options"`
-}
-
-// MountsEvidence is the box's root mount, the mounts of file systems
-// outside it (Foreign), the host's device nodes bound in (DevNodes), the
-// kernel file systems' mounts (Kernel: the drill holds their devices
-// against the host's, since a host's /run or /proc bound in looks like
-// the box's own from inside) and how many mounts there are.
-type MountsEvidence struct {
-	Root     MountEntry   `json:"root"`
-	Foreign  []MountEntry `json:"foreign"`
-	DevNodes []MountEntry `json:"dev_nodes,omitempty"`
-	Kernel   []MountEntry `json:"kernel,omitempty"`
-	Count    int          `json:"count"`
-}
-
 // kernelFS are file systems with no backing store of the host's: a new
 // mount of one is a view of the box's own namespaces or memory (a bind of
 // the host's is not, which only its device tells).

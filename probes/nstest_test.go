@@ -13,12 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/box-isolation/box/internal/nstest"
-	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/box-isolation/box/internal/nstest"
+	"github.com/box-isolation/box/internal/testenv/tier"
 )
 
 // The privileged tier's test world: throwaway network namespaces

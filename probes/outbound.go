@@ -206,17 +206,19 @@ func (w *Witness) keep(r PacketRecord) {
 		w.records = append(w.records, r)
 		return
 	}
-	if !r.worth() {
+	if !worth(r) {
 		return
 	}
 	for i, old := range w.records {
-		if !old.worth() {
+		if !worth(old) {
 			w.records = append(append(w.records[:i:i], w.records[i+1:]...), r)
 			return
 		}
 	}
 }
 
-func (r PacketRecord) worth() bool {
+// worth says whether a record is worth keeping over another when the
+// list is full: one that matched, carried a nonce, or a SYN.
+func worth(r PacketRecord) bool {
 	return r.Nonce != "" || r.Matched || r.Proto == "tcp" && strings.HasPrefix(r.TCPFlags, "S") && !strings.Contains(r.TCPFlags, ".")
 }

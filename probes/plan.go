@@ -13,6 +13,8 @@ import (
 
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
+
+	"github.com/box-isolation/box/probes/observation"
 )
 
 // PlanVersion is the only plan version this agent runs.
@@ -44,8 +46,9 @@ const (
 	AgentMargin = 50 * time.Millisecond
 )
 
-// Kind names a probe, witness or listener.
-type Kind string
+// Kind names a probe, witness or listener (observation.Kind: an
+// observation says the kind it is of).
+type Kind = observation.Kind
 
 // Probe kinds.
 const (

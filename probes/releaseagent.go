@@ -28,43 +28,6 @@ import (
 // them at the box's own cgroup, so no release_agent is there to find: that
 // is what it checks). The child's mounts are private to it and go with it.
 
-// CgroupTry is one of the box's cgroup v1 hierarchies mounted afresh by
-// the child: whether the mount was allowed, and the release_agent it
-// found at its root.
-type CgroupTry struct {
-	Hierarchy    string       `json:"hierarchy"` // its options, e.g. "cpu,cpuacct" or "none,name=systemd"
-	Mounted      bool         `json:"mounted"`
-	Errno        string       `json:"errno,omitempty"`
-	ReleaseAgent *FileAttempt `json:"release_agent,omitempty"`
-}
-
-// ReleaseAgentEvidence is every release_agent the box could reach.
-type ReleaseAgentEvidence struct {
-	// Mounted are the release_agents at the roots of the box's own cgroup
-	// v1 mounts (none when it has none).
-	Mounted []FileAttempt `json:"mounted"`
-	// Fresh are the child's mounts; FreshError says why it could not try
-	// (no user namespace for it, for one).
-	Fresh      []CgroupTry `json:"fresh"`
-	FreshError string      `json:"fresh_error,omitempty"`
-}
-
-// Opened lists every release_agent opened for writing.
-func (e *ReleaseAgentEvidence) Opened() []string {
-	var out []string
-	for _, f := range e.Mounted {
-		if f.Opened {
-			out = append(out, f.Path)
-		}
-	}
-	for _, c := range e.Fresh {
-		if c.ReleaseAgent != nil && c.ReleaseAgent.Opened {
-			out = append(out, c.ReleaseAgent.Path+" (a fresh "+c.Hierarchy+" mount)")
-		}
-	}
-	return out
-}
-
 func probeReleaseAgent(ctx context.Context, obs Observation) Observation {
 	ev := &ReleaseAgentEvidence{Mounted: []FileAttempt{}, Fresh: []CgroupTry{}}
 	obs.Evidence.ReleaseAgent = ev

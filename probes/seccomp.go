@@ -20,31 +20,6 @@ import (
 // the kernel has the handle system calls at all (ENOSYS there means a
 // denial of open_by_handle_at proves nothing).
 
-// SeccompEvidence is the filter state and the trials' answers.
-type SeccompEvidence struct {
-	// Mode is 0 (none), 1 (strict) or 2 (filter); Filters how many.
-	Mode    int            `json:"mode"`
-	Filters int            `json:"filters"`
-	Trials  []SyscallTrial `json:"trials"`
-}
-
-// SyscallTrial is one system call tried, and what it answered ("" for
-// success).
-type SyscallTrial struct {
-	Name  string `json:"name"`
-	Errno string `json:"errno"`
-}
-
-// Trial finds a trial's answer by system call name.
-func (e *SeccompEvidence) Trial(name string) (string, bool) {
-	for _, t := range e.Trials {
-		if t.Name == name {
-			return t.Errno, true
-		}
-	}
-	return "", false
-}
-
 // The trials, by name.
 const (
 	TrialNameToHandle = "name_to_handle_at"
@@ -71,13 +46,13 @@ func probeSeccomp(obs Observation) Observation {
 	var mountID int32
 	root := []byte("/\x00")
 	cwd := unix.AT_FDCWD
-	ev.Trials = append(ev.Trials, SyscallTrial{TrialNameToHandle, errnoOf(unix.Syscall6(unix.SYS_NAME_TO_HANDLE_AT,
+	ev.Trials = append(ev.Trials, SyscallTrial{Name: TrialNameToHandle, Errno: errnoOf(unix.Syscall6(unix.SYS_NAME_TO_HANDLE_AT,
 		uintptr(cwd), uintptr(unsafe.Pointer(&root[0])), uintptr(unsafe.Pointer(&fh)), uintptr(unsafe.Pointer(&mountID)), 0, 0))})
 	// No mount fd and no handle: nothing to open.
-	ev.Trials = append(ev.Trials, SyscallTrial{TrialOpenByHandle, errnoOf(unix.Syscall(unix.SYS_OPEN_BY_HANDLE_AT, ^uintptr(0), 0, uintptr(unix.O_RDONLY)))})
+	ev.Trials = append(ev.Trials, SyscallTrial{Name: TrialOpenByHandle, Errno: errnoOf(unix.Syscall(unix.SYS_OPEN_BY_HANDLE_AT, ^uintptr(0), 0, uintptr(unix.O_RDONLY)))})
 	// A zero-length module image loads nothing.
 	args := []byte("\x00")
-	ev.Trials = append(ev.Trials, SyscallTrial{TrialInitModule, errnoOf(unix.Syscall(unix.SYS_INIT_MODULE, 0, 0, uintptr(unsafe.Pointer(&args[0]))))})
+	ev.Trials = append(ev.Trials, SyscallTrial{Name: TrialInitModule, Errno: errnoOf(unix.Syscall(unix.SYS_INIT_MODULE, 0, 0, uintptr(unsafe.Pointer(&args[0]))))})
 	obs.Evidence.Seccomp = ev
 	return done(obs, Reached, fmt.Sprintf("seccomp mode %d, %d filter(s)", ev.Mode, ev.Filters))
 }

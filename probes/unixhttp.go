@@ -15,15 +15,6 @@ import (
 // what a box is told about itself, and whether it is told about anything
 // else, is in the answers. It only reads.
 
-// HTTPAnswer is one GET's answer: its status and the start of its body
-// (at most MaxHTTPBody bytes, printable), or why there is none.
-type HTTPAnswer struct {
-	Path   string `json:"path"`
-	Status int    `json:"status,omitempty"`
-	Body   string `json:"body,omitempty"`
-	Error  string `json:"error,omitempty"`
-}
-
 // MaxHTTPBody is how much of each answer a unix_http probe keeps.
 const MaxHTTPBody = 16 << 10
 

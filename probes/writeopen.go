@@ -14,33 +14,6 @@ import (
 // (a sysctl's permission, a read-only mount). The paths are the plan's,
 // under /proc and /sys only (a device node may act on open).
 
-// FileAttempt is what one path answered: opened (for writing), read (the
-// start of it, printable), or the errno; Absent says it does not exist.
-type FileAttempt struct {
-	Path    string `json:"path"`
-	Opened  bool   `json:"opened,omitempty"`
-	Absent  bool   `json:"absent,omitempty"`
-	Errno   string `json:"errno,omitempty"`
-	Content string `json:"content,omitempty"`
-}
-
-// Refused reports whether the kernel refused the path to a writer: a
-// permission, or a read-only mount.
-func (f FileAttempt) Refused() bool {
-	return f.Errno == "EACCES" || f.Errno == "EPERM" || f.Errno == "EROFS"
-}
-
-// String is "PATH: opened", "PATH: EACCES" or "PATH: absent".
-func (f FileAttempt) String() string {
-	switch {
-	case f.Opened:
-		return f.Path + ": opened for writing"
-	case f.Absent:
-		return f.Path + ": absent"
-	}
-	return f.Path + ": " + f.Errno
-}
-
 // openForWrite opens path for writing and closes it: no byte is written,
 // nothing is created or truncated, a FIFO does not block.
 func openForWrite(path string) FileAttempt {

@@ -2,18 +2,11 @@ package main
 
 import (
 	"bytes"
-	"os"
-	"os/exec"
-	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
-
-	"github.com/box-isolation/box/drill"
-	"github.com/box-isolation/box/drill/report"
-	"github.com/box-isolation/box/internal/testenv/tier"
 )
 
 func runCLI(args ...string) (code int, out, errOut string) {
@@ -70,20 +63,6 @@ func TestVersion(t *testing.T) {
 	assert.Equal(t, "drill dev\n", out)
 }
 
-// Host mode never aims at the machine's own namespace where a world is;
-// aimed at a namespace (a namespace world's host), it may run.
-func TestHostModeGuard(t *testing.T) {
-	assert.NoError(t, hostModeGuard("", ""), "a real host with no world")
-	err := hostModeGuard("network namespace boxw-host", "")
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "BOX_NETNS")
-	netnsDir = t.TempDir()
-	t.Cleanup(func() { netnsDir = "/run/netns" })
-	assert.Error(t, hostModeGuard("network namespace boxw-host", "bxr-host"), "a namespace that does not exist")
-	require.NoError(t, os.WriteFile(filepath.Join(netnsDir, "bxr-host"), nil, 0o644))
-	assert.NoError(t, hostModeGuard("network namespace boxw-host", "bxr-host"), "aimed at a namespace world's host namespace")
-}
-
 // world's synopsis and usage name every subcommand that is shown; help
 // shows a command's options from its flags.
 func TestWorldAndOptionsHelp(t *testing.T) {
@@ -112,149 +91,22 @@ func TestWorldAndOptionsHelp(t *testing.T) {
 	}
 }
 
-// The man page and the completions come from the table: every command
-// shown, and its subcommands, have an entry; hidden ones have none.
-func TestManAndCompletion(t *testing.T) {
-	code, page, _ := runCLI("man")
-	require.Equal(t, exitOK, code)
-	assert.Contains(t, page, ".TH DRILL 1 ")
-	roff := func(s string) string { return strings.ReplaceAll(s, "-", `\-`) }
-	for _, c := range commands() {
-		entry := "\n.B drill " + roff(c.synopsis) + "\n"
-		if c.hidden {
-			assert.NotContains(t, page, "\n.B drill "+c.name)
-			continue
-		}
-		assert.Contains(t, page, entry)
-		for _, sc := range c.sub {
-			if !sc.hidden {
-				assert.Contains(t, page, "\n.B drill "+roff(sc.synopsis)+"\n")
-			}
-		}
+func TestBuildVersion(t *testing.T) {
+	info := func(settings ...debug.BuildSetting) func() (*debug.BuildInfo, bool) {
+		return func() (*debug.BuildInfo, bool) { return &debug.BuildInfo{Settings: settings}, true }
 	}
-	assert.NotContains(t, page, "world serve")
-	assert.NotContains(t, page, "world incus-user")
-	assert.Contains(t, page, ".BI \\-\\-canary \" CANARY\"\n")
-
-	for _, sh := range []string{"bash", "zsh", "fish"} {
-		code, out, errOut := runCLI("completion", sh)
-		require.Equal(t, exitOK, code, errOut)
-		assert.Contains(t, out, "completion for drill")
-		assert.Contains(t, out, "C-SIBLING", "claim ids complete for --claim")
-		assert.NotContains(t, out, "serve")
-	}
-}
-
-// drill's bash completion, sourced in bash as on TAB: subcommands,
-// their flags, and the values --mutate and --claim take.
-func TestBashCompletion(t *testing.T) {
-	bash := tier.Tool(t, "bash", "bash")
-	code, script, _ := runCLI("completion", "bash")
-	require.Equal(t, exitOK, code)
-	file := filepath.Join(t.TempDir(), "drill.bash")
-	require.NoError(t, os.WriteFile(file, []byte(script), 0o644))
+	rev := debug.BuildSetting{Key: "vcs.revision", Value: "0123456789abcdef0123456789abcdef01234567"}
 	for _, tc := range []struct {
-		words string
-		want  []string
+		name, set string
+		read      func() (*debug.BuildInfo, bool)
+		want      string
 	}{
-		{"drill w", []string{"world"}},
-		{"drill world ", []string{"up", "down", "status", "image", "check"}},
-		{"drill world up --n", []string{"--name", "--no-incus"}},
-		{"drill run --mutate p", []string{"pinning", "port-isolation", "privileged"}},
-		{"drill run --claim C-SI", []string{"C-SIBLING"}},
-		{"drill run --json --skip C-E", []string{"C-EGRESS", "C-EXPOSE"}},
-		{"drill help wo", []string{"world"}},
-		{"drill ma", nil},
+		{"set at build time", "v1.2.0-3-g0123456-dirty", info(rev), "v1.2.0-3-g0123456-dirty"},
+		{"go build, clean tree", "dev", info(rev, debug.BuildSetting{Key: "vcs.modified", Value: "false"}), "0123456789ab"},
+		{"go build, dirty tree", "dev", info(rev, debug.BuildSetting{Key: "vcs.modified", Value: "true"}), "0123456789ab-dirty"},
+		{"no vcs stamp", "dev", info(), "dev"},
+		{"no build info", "dev", func() (*debug.BuildInfo, bool) { return nil, false }, "dev"},
 	} {
-		// The word being completed comes in as $2 (it may be empty).
-		words := strings.Split(tc.words, " ")
-		last := words[len(words)-1]
-		src := `source "$1" || exit 9
-COMP_WORDS=(` + strings.Join(words[:len(words)-1], " ") + ` "$2")
-COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
-_drill
-printf '%s\n' "${COMPREPLY[@]}"`
-		out, err := exec.Command(bash, "--norc", "--noprofile", "-c", src, "bash", file, last).CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		got := strings.Fields(string(out))
-		if len(got) == 0 {
-			got = nil
-		}
-		assert.Equal(t, tc.want, got, tc.words)
-	}
-}
-
-// sampleJSON is a small recorded report.
-func sampleJSON(t *testing.T, version int) string {
-	t.Helper()
-	c, ok := drill.ClaimByID("C-SIBLING")
-	require.True(t, ok)
-	rep := drill.Report{SchemaVersion: version, RunID: "0a1b2c", Version: "e51ae38", Environment: drill.Environment{Mode: "world"},
-		Claims: []drill.ClaimResult{{Claim: c, Verdict: drill.Fail, Results: []drill.Result{{
-			Action:  drill.Action{ID: "p007", Claim: "C-SIBLING", Channel: "tcp", From: drill.PlaceA, Target: "box-b 10.88.0.12", TargetKey: string(drill.PlaceB), Expect: drill.ExpectBlocked},
-			Verdict: drill.Fail, Observed: "silent", Evidence: "the target saw the traffic arrive <b>",
-		}}}},
-		Summary: drill.Summary{Failed: 1}, ExitCode: drill.ExitViolated}
-	var b bytes.Buffer
-	require.NoError(t, report.JSON(&b, &rep))
-	path := filepath.Join(t.TempDir(), "report.json")
-	require.NoError(t, os.WriteFile(path, b.Bytes(), 0o644))
-	return path
-}
-
-func TestReport(t *testing.T) {
-	in := sampleJSON(t, drill.SchemaVersion)
-	out := filepath.Join(t.TempDir(), "report.html")
-	code, stdout, stderr := runCLI("report", "html", in, out)
-	require.Equal(t, exitOK, code, stderr)
-	assert.Empty(t, stdout)
-	page, err := os.ReadFile(out)
-	require.NoError(t, err)
-	assert.Contains(t, string(page), "<!DOCTYPE html>")
-	assert.Contains(t, string(page), "C-SIBLING")
-	assert.Contains(t, string(page), "arrive &lt;b&gt;")
-	assert.Contains(t, string(page), `href="#r-p007"`, "the matrix marks the probe")
-
-	for format, want := range map[string]string{"text": "C-SIBLING  tcp", "matrix": "<svg", "junit": "<testsuites", "json": `"run_id": "0a1b2c"`} {
-		code, stdout, stderr = runCLI("report", format, in)
-		assert.Equal(t, exitOK, code, stderr)
-		assert.Contains(t, stdout, want, format)
-	}
-	// From stdin too.
-	data, err := os.ReadFile(in)
-	require.NoError(t, err)
-	var o, e bytes.Buffer
-	assert.Equal(t, exitOK, run([]string{"report", "text", "-"}, bytes.NewReader(data), &o, &e), e.String())
-	assert.Contains(t, o.String(), "C-SIBLING")
-}
-
-func TestReportErrors(t *testing.T) {
-	dir := t.TempDir()
-	notReport := filepath.Join(dir, "other.json")
-	require.NoError(t, os.WriteFile(notReport, []byte(`{"name": "x"}`), 0o644))
-	garbage := filepath.Join(dir, "garbage.json")
-	require.NoError(t, os.WriteFile(garbage, []byte(`<html>`), 0o644))
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"report"}, "usage: drill report"},
-		{[]string{"report", "html"}, "usage: drill report"},
-		{[]string{"report", "htlm", "r.json"}, `unknown format "htlm" (did you mean "html"?); the formats are html, json`},
-		{[]string{"report", "html", filepath.Join(dir, "missing.json")}, "reading the report: open"},
-		{[]string{"report", "html", garbage}, "want the JSON of drill run --json"},
-		{[]string{"report", "html", notReport}, "is not a drill report: it has no schema_version"},
-		{[]string{"report", "html", sampleJSON(t, drill.SchemaVersion+1)}, "newer than this drill's"},
-		{[]string{"report", "html", sampleJSON(t, 1), filepath.Join(dir, "no", "such", "dir.html")}, "no such file or directory"},
-		{[]string{"report", "html", "a", "b", "c"}, `unexpected argument "c"`},
-	} {
-		code, out, errOut := runCLI(tc.args...)
-		assert.Equal(t, exitUsage, code, "%v", tc.args)
-		assert.Contains(t, out+errOut, tc.want, "%v", tc.args)
-		for _, line := range strings.Split(strings.TrimSpace(errOut), "\n") {
-			if msg, ok := strings.CutPrefix(line, "drill: "); ok && msg != "" {
-				assert.Equal(t, strings.ToLower(msg[:1]), msg[:1], "errors start lowercase: %q", line)
-			}
-		}
+		assert.Equal(t, tc.want, buildVersion(tc.set, tc.read), tc.name)
 	}
 }

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
+	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/report"
 )
 
@@ -73,4 +75,33 @@ func recordVerify(s stdio, asJSON bool, args []string) int {
 		return exitMismatch
 	}
 	return exitOK
+}
+
+// recordRun records a finished run into RUNS.md and says where, and what
+// the release gate will make of a build that names no clean commit.
+func recordRun(s stdio, path string, rep *drill.Report) error {
+	rec, err := report.Record(path, rep)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(s.err, "drill: recorded %s line %d: report %s sha256 %s (commit both)\n", path, rec.Line, rec.Report, rec.SHA256)
+	if why := versionProblem(rep.Version); why != "" {
+		fmt.Fprintf(s.err, "drill: this row can never let a release ship: %s\n", why)
+	}
+	if rep.Environment.Mode != "host" {
+		fmt.Fprintf(s.err, "drill: this row can never let a release ship: a %s-mode run (only a --host run on a real Incus host can)\n", rep.Environment.Mode)
+	}
+	return nil
+}
+
+// versionProblem says why a build's version cannot name the clean commit
+// it was built from, or "".
+func versionProblem(v string) string {
+	switch {
+	case v == "" || v == "dev":
+		return fmt.Sprintf("version %q names no commit (build with make build)", v)
+	case strings.HasSuffix(v, "-dirty"):
+		return fmt.Sprintf("version %s was built from a tree with changes (build from a clean checkout)", v)
+	}
+	return ""
 }

@@ -15,8 +15,7 @@ import (
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/drill/report"
 	"github.com/box-isolation/box/drill/topo"
-	"github.com/box-isolation/box/fixtures/world"
-	"github.com/box-isolation/box/probes"
+	"github.com/box-isolation/box/internal/worldstate"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -91,7 +90,7 @@ func setupRun(fs *flag.FlagSet) runner {
 		if err != nil {
 			return fail(s, err)
 		}
-		st, err := world.Load()
+		st, err := worldstate.Load()
 		if err != nil {
 			return fail(s, fmt.Errorf("%w (on a real Incus host, use --host --canary ADDR:PORT)", err))
 		}
@@ -101,7 +100,7 @@ func setupRun(fs *flag.FlagSet) runner {
 		}
 		if len(opts.DNS) == 0 {
 			// The world's own resolver stands in for the public ones.
-			opts.DNS = []netip.Addr{world.Resolver}
+			opts.DNS = []netip.Addr{worldstate.Resolver}
 		}
 		host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts, MemberNetNS: st.MemberNetNS(),
 			IncusConfigDir: st.IncusConf}
@@ -283,62 +282,6 @@ func mutationNames() []string {
 	return out
 }
 
-// listedClaim is one claim as drill list --json prints it.
-type listedClaim struct {
-	drill.Claim
-	StackRule string `json:"stack_rule"`
-}
-
-func setupList(fs *flag.FlagSet) runner {
-	asJSON := fs.Bool("json", false, "print the claims as JSON")
-	return func(_ context.Context, s stdio, _ []string) int {
-		var out []listedClaim
-		for _, c := range drill.Catalogue {
-			out = append(out, listedClaim{c, c.StackRule()})
-		}
-		emit(s, *asJSON, out, func(w io.Writer) {
-			for _, c := range drill.Catalogue {
-				fmt.Fprintf(w, "%-10s %s -> %s over %s: %s [%s]\n           %s\n           stack channel: %s\n", c.ID, c.From, c.To,
-					joinWords(c.Channels), c.Expect, joinWords(c.Layers), c.Why, c.StackRule())
-				if note := c.ModeNote(drill.ModeHost); note != "" {
-					fmt.Fprintf(w, "           %s\n", note)
-				}
-			}
-		})
-		return exitOK
-	}
-}
-
-// joinWords joins typed words (channels, layers) for people.
-func joinWords[T ~string](ws []T) string {
-	out := make([]string, len(ws))
-	for i, w := range ws {
-		out[i] = string(w)
-	}
-	return strings.Join(out, ", ")
-}
-
-// runAgent is the in-box agent: a JSON plan in (stdin or --plan FILE),
-// JSON observations out, within the plan's deadline.
-func setupAgent(fs *flag.FlagSet) runner {
-	planPath := fs.String("plan", "", "read the plan from FILE instead of stdin (exec has no stdin)")
-	return func(ctx context.Context, s stdio, _ []string) int {
-		in := s.in
-		if *planPath != "" {
-			f, err := os.Open(*planPath)
-			if err != nil {
-				return fail(s, err)
-			}
-			defer f.Close()
-			in = f
-		}
-		if err := probes.RunAgent(ctx, in, s.out); err != nil {
-			return fail(s, err)
-		}
-		return exitOK
-	}
-}
-
 // netnsDir is where `ip netns` keeps named namespaces.
 var netnsDir = "/run/netns"
 
@@ -364,43 +307,14 @@ func hostModeGuard(traces, netns string) error {
 // state file, a world namespace), or "" if nothing does. Any trace, even of
 // a broken world, makes this a development or CI machine.
 func worldTraces() string {
-	if _, err := world.Load(); !errors.Is(err, world.ErrNoWorld) {
-		return "world state under " + world.StateRoot
+	if _, err := worldstate.Load(); !errors.Is(err, worldstate.ErrNoWorld) {
+		return "world state under " + worldstate.StateRoot
 	}
-	if m, _ := filepath.Glob(filepath.Join(world.StateRoot, "*", "state.json")); len(m) > 0 {
+	if m, _ := filepath.Glob(filepath.Join(worldstate.StateRoot, "*", "state.json")); len(m) > 0 {
 		return m[0]
 	}
-	if m, _ := filepath.Glob("/run/netns/" + world.DefaultName + "-*"); len(m) > 0 {
+	if m, _ := filepath.Glob("/run/netns/" + worldstate.DefaultName + "-*"); len(m) > 0 {
 		return "network namespace " + filepath.Base(m[0])
-	}
-	return ""
-}
-
-// recordRun records a finished run into RUNS.md and says where, and what
-// the release gate will make of a build that names no clean commit.
-func recordRun(s stdio, path string, rep *drill.Report) error {
-	rec, err := report.Record(path, rep)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(s.err, "drill: recorded %s line %d: report %s sha256 %s (commit both)\n", path, rec.Line, rec.Report, rec.SHA256)
-	if why := versionProblem(rep.Version); why != "" {
-		fmt.Fprintf(s.err, "drill: this row can never let a release ship: %s\n", why)
-	}
-	if rep.Environment.Mode != "host" {
-		fmt.Fprintf(s.err, "drill: this row can never let a release ship: a %s-mode run (only a --host run on a real Incus host can)\n", rep.Environment.Mode)
-	}
-	return nil
-}
-
-// versionProblem says why a build's version cannot name the clean commit
-// it was built from, or "".
-func versionProblem(v string) string {
-	switch {
-	case v == "" || v == "dev":
-		return fmt.Sprintf("version %q names no commit (build with make build)", v)
-	case strings.HasSuffix(v, "-dirty"):
-		return fmt.Sprintf("version %s was built from a tree with changes (build from a clean checkout)", v)
 	}
 	return ""
 }

@@ -24,8 +24,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/report"
+	"github.com/box-isolation/box/drill/verdicts"
 )
 
 // Options say what to check.
@@ -191,10 +191,10 @@ func unverified(checks []report.RowCheck) int {
 }
 
 // notRun names the claims rep skipped because a host cannot run them.
-func notRun(rep *drill.Report, hostCannot map[string]string) []string {
+func notRun(rep *verdicts.Report, hostCannot map[string]string) []string {
 	notRun := []string{}
 	for _, cr := range rep.Claims {
-		if why, ok := hostCannot[string(cr.ID)]; ok && cr.Verdict == drill.Skipped {
+		if why, ok := hostCannot[string(cr.ID)]; ok && cr.Verdict == verdicts.Skipped {
 			notRun = append(notRun, fmt.Sprintf("%s (%s)", cr.ID, why))
 		}
 	}
@@ -204,12 +204,12 @@ func notRun(rep *drill.Report, hostCannot map[string]string) []string {
 // passReasons are why a run does not prove every claim: its exit code,
 // any claim not passed (a skipped claim is not proven, unless a host can
 // never run it), a claim of the catalogue it did not judge.
-func passReasons(rep *drill.Report, claims []string, hostCannot map[string]string) []string {
+func passReasons(rep *verdicts.Report, claims []string, hostCannot map[string]string) []string {
 	var reasons []string
 	if len(rep.Mutations) > 0 || rep.Clean != nil {
 		reasons = append(reasons, fmt.Sprintf("a mutation run (%s): its claims were meant to fail", strings.Join(rep.Mutations, ", ")))
 	}
-	if rep.ExitCode != drill.ExitOK {
+	if rep.ExitCode != verdicts.ExitOK {
 		reasons = append(reasons, fmt.Sprintf("exited %d: a release needs exit 0", rep.ExitCode))
 	}
 	s := rep.Summary
@@ -219,10 +219,10 @@ func passReasons(rep *drill.Report, claims []string, hostCannot map[string]strin
 	var judged, notPassed []string
 	for _, cr := range rep.Claims {
 		judged = append(judged, string(cr.ID))
-		if _, never := hostCannot[string(cr.ID)]; never && cr.Verdict == drill.Skipped {
+		if _, never := hostCannot[string(cr.ID)]; never && cr.Verdict == verdicts.Skipped {
 			continue
 		}
-		if cr.Verdict != drill.Pass {
+		if cr.Verdict != verdicts.Pass {
 			notPassed = append(notPassed, fmt.Sprintf("%s %s", cr.ID, cr.Verdict))
 		}
 	}

@@ -7,11 +7,11 @@ import (
 	"io"
 	"strings"
 
-	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/drill/verdicts"
 )
 
 // JSON writes the versioned report (schema.json beside this file).
-func JSON(w io.Writer, rep *drill.Report) error {
+func JSON(w io.Writer, rep *verdicts.Report) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(rep)
@@ -53,16 +53,16 @@ type junitMessage struct {
 
 // JUnit writes one test suite per claim and one test case per claim and
 // channel: a violated action is a failure, an inconclusive one an error.
-func JUnit(w io.Writer, rep *drill.Report) error {
+func JUnit(w io.Writer, rep *verdicts.Report) error {
 	out := junitSuites{Name: "drill " + rep.RunID, Time: fmt.Sprintf("%.3f", float64(rep.DurationMS)/1000)}
 	for _, cr := range rep.Claims {
 		id := string(cr.ID)
 		s := junitSuite{Name: id}
-		if cr.Verdict == drill.Skipped {
+		if cr.Verdict == verdicts.Skipped {
 			s.Cases = append(s.Cases, junitCase{Name: id, Classname: "drill." + id, Skipped: &junitMessage{Message: cr.Reason}})
 		}
-		var channels []drill.Channel
-		byChannel := map[drill.Channel][]drill.Result{}
+		var channels []verdicts.Channel
+		byChannel := map[verdicts.Channel][]verdicts.Result{}
 		for _, r := range cr.Results {
 			if _, ok := byChannel[r.Channel]; !ok {
 				channels = append(channels, r.Channel)
@@ -79,9 +79,9 @@ func JUnit(w io.Writer, rep *drill.Report) error {
 				}
 				lines = append(lines, line)
 				switch r.Verdict {
-				case drill.Fail:
+				case verdicts.Fail:
 					failed = append(failed, line)
-				case drill.Inconclusive:
+				case verdicts.Inconclusive:
 					inconclusive = append(inconclusive, line)
 				}
 			}

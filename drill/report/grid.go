@@ -5,7 +5,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/drill/verdicts"
 )
 
 // grid is the reachability matrix both pictures draw (the HTML page and
@@ -48,7 +48,7 @@ type gridCell struct {
 type mark struct {
 	Source, Target    string
 	Claim, Channel    string
-	Verdict           drill.Verdict
+	Verdict           verdicts.Verdict
 	Pass, Fail, Incon int
 	// First is the id of the first probe with the mark's verdict: where a
 	// click on the mark leads.
@@ -61,11 +61,11 @@ const maxPerLine = 3
 // Letter is the mark's verdict as a letter, so nothing rests on colour.
 func (m mark) Letter() string { return verdictLetter(m.Verdict) }
 
-func verdictLetter(v drill.Verdict) string {
+func verdictLetter(v verdicts.Verdict) string {
 	switch v {
-	case drill.Pass:
+	case verdicts.Pass:
 		return "P"
-	case drill.Fail:
+	case verdicts.Fail:
 		return "F"
 	}
 	return "I"
@@ -79,7 +79,7 @@ func (m mark) Title() string {
 
 // targetKey is a result's matrix column. Reports from before target_key
 // was in the JSON lack it: the first word of the target stands in.
-func targetKey(r drill.Result) string {
+func targetKey(r verdicts.Result) string {
 	if r.TargetKey != "" {
 		return r.TargetKey
 	}
@@ -91,14 +91,14 @@ func targetKey(r drill.Result) string {
 
 // worse reports whether verdict a outranks b: fail over inconclusive over
 // pass.
-func worse(a, b drill.Verdict) bool {
-	rank := func(v drill.Verdict) int {
+func worse(a, b verdicts.Verdict) bool {
+	rank := func(v verdicts.Verdict) int {
 		switch v {
-		case drill.Fail:
+		case verdicts.Fail:
 			return 3
-		case drill.Inconclusive:
+		case verdicts.Inconclusive:
 			return 2
-		case drill.Pass:
+		case verdicts.Pass:
 			return 1
 		}
 		return 0
@@ -109,7 +109,7 @@ func worse(a, b drill.Verdict) bool {
 // buildGrid lays the report's results out. Sources are sorted; targets come
 // in the order the claims first aim at them, Verify's own columns (stack,
 // census) last.
-func buildGrid(rep *drill.Report) grid {
+func buildGrid(rep *verdicts.Report) grid {
 	var g grid
 	var targets, verifyTargets []string
 	seenS, seenT := map[string]bool{}, map[string]bool{}
@@ -126,7 +126,7 @@ func buildGrid(rep *drill.Report) grid {
 			}
 			if !seenT[tgt] {
 				seenT[tgt] = true
-				if src == string(drill.PlaceVerify) {
+				if src == string(verdicts.PlaceVerify) {
 					verifyTargets = append(verifyTargets, tgt)
 				} else {
 					targets = append(targets, tgt)
@@ -148,9 +148,9 @@ func buildGrid(rep *drill.Report) grid {
 				cells[k] = append(cells[k], m)
 			}
 			switch r.Verdict {
-			case drill.Pass:
+			case verdicts.Pass:
 				m.Pass++
-			case drill.Fail:
+			case verdicts.Fail:
 				m.Fail++
 			default:
 				m.Incon++
@@ -204,7 +204,7 @@ func (g grid) problems() []mark {
 	for _, row := range g.Rows {
 		for _, c := range row.Cells {
 			for _, m := range c.Marks {
-				if m.Verdict != drill.Pass {
+				if m.Verdict != verdicts.Pass {
 					out = append(out, m)
 				}
 			}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -27,9 +27,9 @@ type label struct {
 	Text, Class string
 }
 
-func verdictLabel(v drill.Verdict) label {
+func verdictLabel(v verdicts.Verdict) label {
 	if v == "" {
-		v = drill.Inconclusive
+		v = verdicts.Inconclusive
 	}
 	return label{Text: strings.ToUpper(string(v)), Class: "v-" + string(v)}
 }
@@ -37,7 +37,7 @@ func verdictLabel(v drill.Verdict) label {
 // htmlPage is what the template draws, worked out from the report so the
 // template only lays it out.
 type htmlPage struct {
-	Rep      *drill.Report
+	Rep      *verdicts.Report
 	Overall  label
 	Exit     string
 	Started  string
@@ -54,19 +54,19 @@ type htmlPage struct {
 // htmlChange is a probe verdict a mutation changed; Here says the probe is
 // among this report's results, to link to.
 type htmlChange struct {
-	drill.ProbeChange
+	verdicts.ProbeChange
 	Here bool
 }
 
 type htmlClaim struct {
-	drill.ClaimResult
+	verdicts.ClaimResult
 	Label   label
 	Counts  string
 	Results []htmlResult
 }
 
 type htmlResult struct {
-	drill.Result
+	verdicts.Result
 	Label  label
 	Column string // its matrix column
 	Obs    string // the observation as indented JSON
@@ -82,15 +82,15 @@ type htmlLayer struct {
 // environment and notes, and every probe with its evidence on demand. No
 // file or font is fetched from anywhere: the page works offline, and
 // every string from the report is escaped (html/template).
-func HTML(w io.Writer, rep *drill.Report) error {
+func HTML(w io.Writer, rep *verdicts.Report) error {
 	p := htmlPage{Rep: rep, Grid: buildGrid(rep)}
 	p.Failing = p.Grid.problems()
 	switch rep.ExitCode {
-	case drill.ExitOK:
+	case verdicts.ExitOK:
 		p.Overall, p.Exit = label{"HOLDS", "v-pass"}, "every claim holds"
-	case drill.ExitViolated:
+	case verdicts.ExitViolated:
 		p.Overall, p.Exit = label{"VIOLATED", "v-fail"}, "a claim is violated"
-	case drill.ExitInconclusive:
+	case verdicts.ExitInconclusive:
 		p.Overall, p.Exit = label{"INCONCLUSIVE", "v-inconclusive"}, "nothing failed, but something is inconclusive"
 	default:
 		p.Overall, p.Exit = label{"ERROR", "v-fail"}, "the run's teardown or restore failed (see problems)"
@@ -118,9 +118,9 @@ func HTML(w io.Writer, rep *drill.Report) error {
 			}
 			c.Results = append(c.Results, hr)
 			switch r.Verdict {
-			case drill.Pass:
+			case verdicts.Pass:
 				pass++
-			case drill.Fail:
+			case verdicts.Fail:
 				fail++
 			default:
 				incon++
@@ -130,7 +130,7 @@ func HTML(w io.Writer, rep *drill.Report) error {
 		p.Claims = append(p.Claims, c)
 	}
 	// The layers a report names beyond this build's come after, sorted.
-	layers := drill.Layers()
+	layers := verdicts.Layers()
 	var extra []model.LayerID
 	for l := range rep.Stack.Layers {
 		if !slices.Contains(layers, l) {

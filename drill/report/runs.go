@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/drill/verdicts"
 )
 
 // RunsColumns are the columns of RUNS.md's table, in order.
@@ -57,7 +57,7 @@ func tableHeader() string {
 
 // ReportPath is where a run's report is stored, relative to RUNS.md's
 // directory (with forward slashes, as the row names it).
-func ReportPath(rep *drill.Report) string { return ReportsDir + "/" + rep.RunID + ".json" }
+func ReportPath(rep *verdicts.Report) string { return ReportsDir + "/" + rep.RunID + ".json" }
 
 // reportPathRE is a report path a row may name: a file directly under
 // drills/, so the release gate can tell a report from code.
@@ -94,7 +94,7 @@ func CheckRecordTarget(path string) error {
 // and appends the run's row to it, creating the file with its header when
 // it does not exist. The row carries the SHA-256 of the exact bytes
 // stored.
-func Record(path string, rep *drill.Report) (Recorded, error) {
+func Record(path string, rep *verdicts.Report) (Recorded, error) {
 	if !runIDRE.MatchString(rep.RunID) {
 		return Recorded{}, fmt.Errorf("run id %q cannot name a report file", rep.RunID)
 	}
@@ -151,12 +151,12 @@ func Record(path string, rep *drill.Report) (Recorded, error) {
 var runIDRE = regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z_-]*$`)
 
 // Row is the run's RUNS.md table row, for a report whose bytes hash to sum.
-func Row(rep *drill.Report, sum string) string {
+func Row(rep *verdicts.Report, sum string) string {
 	return "| " + strings.Join(rowCells(rep, sum), " | ") + " |"
 }
 
 // rowCells are the row's cells, in RunsColumns' order.
-func rowCells(rep *drill.Report, sum string) []string {
+func rowCells(rep *verdicts.Report, sum string) []string {
 	cell := func(s string) string {
 		return strings.TrimSpace(strings.NewReplacer("|", "/", "\n", " ", "\r", " ").Replace(s))
 	}
@@ -243,7 +243,7 @@ type RowCheck struct {
 	// match.
 	Problems []string `json:"problems"`
 	// Report is the report as stored, nil when it could not be read.
-	Report *drill.Report `json:"-"`
+	Report *verdicts.Report `json:"-"`
 }
 
 // OK says the row matches its report.
@@ -326,7 +326,7 @@ func checkRow(dir string, r runsRow) RowCheck {
 		c.Problems = append(c.Problems, fmt.Sprintf("its report %s has SHA-256 %s, the row says %s: the report changed after it was recorded (git log -p -- %s shows how); restore it or record a new run",
 			rel, c.SHA256, c.Cells["sha256"], rel))
 	}
-	var rep drill.Report
+	var rep verdicts.Report
 	if err := json.Unmarshal(data, &rep); err != nil {
 		c.Problems = append(c.Problems, fmt.Sprintf("its report %s is not a drill report: %v", rel, err))
 		return c

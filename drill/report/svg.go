@@ -6,7 +6,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/drill/verdicts"
 )
 
 // The SVG's geometry, in pixels. Text is 12 px monospace (about 7.2 px a
@@ -34,7 +34,7 @@ const (
 // well as coloured, so nothing rests on colour alone. A mark's title (the
 // tooltip) says what it is; the marks that did not hold are also listed in
 // words under the grid, with the layers and the environment.
-func Matrix(w io.Writer, rep *drill.Report) error {
+func Matrix(w io.Writer, rep *verdicts.Report) error {
 	g := buildGrid(rep)
 	left := svgMargin + svgPad*2
 	for _, s := range g.Sources {
@@ -143,11 +143,11 @@ func clipLabel(s string) string {
 	return string(r[:svgLabel-1]) + "~"
 }
 
-func markFill(v drill.Verdict) string {
+func markFill(v verdicts.Verdict) string {
 	switch v {
-	case drill.Pass:
+	case verdicts.Pass:
 		return "#2e7d32"
-	case drill.Fail:
+	case verdicts.Fail:
 		return "#c62828"
 	}
 	return "#757575"
@@ -184,9 +184,9 @@ func wrap(text string, n int) []string {
 	return out
 }
 
-func layerLine(rep *drill.Report) string {
+func layerLine(rep *verdicts.Report) string {
 	var parts []string
-	for _, l := range drill.Layers() {
+	for _, l := range verdicts.Layers() {
 		state, ok := rep.Stack.Layers[l]
 		switch {
 		case !ok:

@@ -14,13 +14,13 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/drill/verdicts"
 )
 
 // Text writes the run as a table grouped by claim: each line a claim,
 // channel, source, target, expected, observed, verdict and evidence. Plain
 // ASCII; verdicts are words, never colours.
-func Text(w io.Writer, rep *drill.Report) {
+func Text(w io.Writer, rep *verdicts.Report) {
 	env := rep.Environment
 	drilled := env.InstanceType
 	if env.BoxNewType != "" && env.BoxNewType != env.InstanceType {
@@ -43,7 +43,7 @@ func Text(w io.Writer, rep *drill.Report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CLAIM\tCHANNEL\tFROM\tTARGET\tEXPECTED\tOBSERVED\tVERDICT\tEVIDENCE")
 	for _, cr := range rep.Claims {
-		if cr.Verdict == drill.Skipped {
+		if cr.Verdict == verdicts.Skipped {
 			fmt.Fprintf(tw, "%s\t-\t-\t-\t%s\t-\tSKIPPED\t%s\n", cr.ID, cr.Expect, cr.Reason)
 			continue
 		}
@@ -65,10 +65,10 @@ func Text(w io.Writer, rep *drill.Report) {
 		fmt.Fprintln(w)
 		for _, m := range rep.Members {
 			fmt.Fprintf(w, "member %-16s %d passed, %d failed, %d inconclusive; probe boxes there: %s\n",
-				m.Member, m.Passed, m.Failed, m.Inconclusive, strings.Join(drill.Strings(m.Boxes), ", "))
+				m.Member, m.Passed, m.Failed, m.Inconclusive, strings.Join(verdicts.Strings(m.Boxes), ", "))
 			for _, cr := range rep.Claims {
 				for _, r := range cr.Results {
-					if r.Member == m.Member && r.Verdict != drill.Pass {
+					if r.Member == m.Member && r.Verdict != verdicts.Pass {
 						fmt.Fprintf(w, "  %s %s %s -> %s: %s\n", strings.ToUpper(string(r.Verdict)), cr.ID, r.From, r.Target, clip(r.Evidence, 120))
 					}
 				}
@@ -118,25 +118,25 @@ func clip(s string, n int) string {
 // measured against its clean run (the mutations of a run are applied
 // together: one comparison serves them all, and each is judged by the
 // claims resting on its own layers).
-func mutationLines(rep *drill.Report) []string {
+func mutationLines(rep *verdicts.Report) []string {
 	var names []string
 	for _, r := range rep.MutationResults {
 		names = append(names, r.Name)
 	}
 	var out []string
 	for _, m := range rep.MutationResults {
-		what := "mutation " + m.Name + " (" + strings.Join(drill.Strings(m.Layers), ", ")
+		what := "mutation " + m.Name + " (" + strings.Join(verdicts.Strings(m.Layers), ", ")
 		if len(names) > 1 {
 			what += "; applied with " + strings.Join(slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == m.Name }), ", ")
 		}
 		what += ")"
 		if m.Detected {
 			by := string(m.DetectedBy)
-			if m.DetectedBy == drill.EvidenceRequests {
+			if m.DetectedBy == verdicts.EvidenceRequests {
 				by += " (Incus's answers)"
 			}
 			out = append(out, fmt.Sprintf("%s: detected by %s: %s flipped from pass to fail (%d verdict(s) changed from the clean run)",
-				what, by, strings.Join(drill.Strings(m.Flipped), ", "), len(m.Changed)))
+				what, by, strings.Join(verdicts.Strings(m.Flipped), ", "), len(m.Changed)))
 			continue
 		}
 		out = append(out, fmt.Sprintf("%s: not detected: nothing of a claim resting on its layers flipped from pass to fail (%d verdict(s) changed): redundant (another layer holds alone) or untested",

@@ -1,11 +1,11 @@
 // Package topo is what a drill run aims at, as one data value: the
-// Topology. Two sources produce it: the hermetic world (fixtures/world,
-// whose addresses are fixed) and a real host's discovery (Discover: its
-// routes, neighbours, resolvers, hosts file and names). The drill package
-// receives a Topology and never looks at where it came from; what only
-// exists once the stack is up (the host's addresses on the bridge, its
-// listening sockets) the drill reads itself, in the host's namespace, at
-// probe time.
+// Topology. Two sources produce it: the hermetic world (its fixed plan
+// and its state file, internal/worldstate) and a real host's discovery
+// (Discover: its routes, neighbours, resolvers, hosts file and names).
+// The drill package receives a Topology and never looks at where it came
+// from; what only exists once the stack is up (the host's addresses on
+// the bridge, its listening sockets) the drill reads itself, in the
+// host's namespace, at probe time.
 //
 // Every target carries its provenance, so a report says why an address
 // was probed: a route, a neighbour, a resolver, a sample.
@@ -98,6 +98,11 @@ type Topology struct {
 	// a second canary with a name of its own, a name that resolves to a
 	// LAN host (DNS rebinding), and where a witness watches the internet.
 	Allow AllowTargets `json:"allow,omitzero"`
+
+	// Door is box-a's door on the host's loopback (box expose's, to its
+	// listener) once C-EXPOSE opened it: the drill's own doing, as the LAN
+	// stand-in's LANSources are in host mode; zero when there is none.
+	Door netip.AddrPort `json:"door,omitzero"`
 
 	// Notes are what the discovery could not read, for the report.
 	Notes []string `json:"notes,omitempty"`

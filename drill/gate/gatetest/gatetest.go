@@ -15,6 +15,7 @@ import (
 
 	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/report"
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -49,8 +50,8 @@ func HostPass(runID, version string) *drill.Report {
 	}
 	for i, c := range drill.Catalogue {
 		id := fmt.Sprintf("p%03d", i+1)
-		rep.Claims = append(rep.Claims, drill.ClaimResult{Claim: c, Verdict: drill.Pass, Results: []drill.Result{{
-			Action:   drill.Action{ID: id, Claim: c.ID, Channel: drill.ChannelStack, From: drill.PlaceVerify, Target: "the stack", Expect: drill.ExpectPresent},
+		rep.Claims = append(rep.Claims, drill.ClaimResult{Claim: c.Reported(), Verdict: drill.Pass, Results: []verdicts.Result{{
+			ID: id, Claim: c.ID, Channel: drill.ChannelStack, From: drill.PlaceVerify, Target: "the stack", Expect: drill.ExpectPresent,
 			Verdict:  drill.Pass,
 			Observed: "present",
 			Evidence: "Verify found every layer " + string(c.ID) + " rests on as desired",
@@ -79,7 +80,7 @@ func Set(rep *drill.Report, id string, v drill.Verdict) {
 			}
 			if v == drill.Skipped {
 				rep.Claims[i].Reason = "not selected"
-				rep.Claims[i].Results = []drill.Result{}
+				rep.Claims[i].Results = []verdicts.Result{}
 			}
 		}
 	}

@@ -17,7 +17,8 @@ import (
 // lease file before and after them.
 func spoofDHCPRun(before, after []stack.DHCPLease) *run {
 	sc := testTopology()
-	return &run{scene: sc, dhcp: &dhcpRun{before: stack.DHCPPool{Leases: before}, after: stack.DHCPPool{Leases: after}},
+	d := &dhcpRun{before: stack.DHCPPool{Leases: before}, after: stack.DHCPPool{Leases: after}}
+	return &run{scene: sc, state: claimStates{SpoofID: &spoofRun{dhcp: d}},
 		obs: observations{PlaceA: {dhcpOwnID: {Outcome: probes.Silent}}}}
 }
 
@@ -78,7 +79,7 @@ func TestJudgeSpoofDHCP(t *testing.T) {
 	}
 
 	r := spoofDHCPRun(held, after())
-	r.dhcp.afterErr = "open /var/lib/incus/networks/boxnet/dnsmasq.leases: permission denied"
+	dhcpOf(r.state).afterErr = "open /var/lib/incus/networks/boxnet/dnsmasq.leases: permission denied"
 	got := refineSpoof(r, starve)
 	assert.Equal(t, Inconclusive, got.Verdict, "an unread lease file proves nothing")
 	assert.Contains(t, got.Evidence, "permission denied")
@@ -95,7 +96,7 @@ func TestJudgeSpoofDHCP(t *testing.T) {
 
 	// The made-up leases are what the run releases afterwards.
 	r = spoofDHCPRun(held, after(dhcpLease("0a:b0:c5:00:00:07", "10.88.0.99", t0), dhcpLease("06-"+sc.A.MAC.String(), "10.88.0.97", t0)))
-	assert.Len(t, r.dhcp.madeUp(r.scene), 2)
+	assert.Len(t, dhcpOf(r.state).madeUp(r.scene), 2)
 }
 
 // A box minted after the lies is a result of C-SPOOF's own, beside its
@@ -110,10 +111,10 @@ func TestJudgeSpoofNewLease(t *testing.T) {
 		{dhcpRun{newBox: "drill-x-d", newErr: "drill-x-d has no address in 10.88.0.0/24 after 20s"}, Fail},
 		{dhcpRun{newBox: "drill-x-d", newErr: "no image box-probe"}, Inconclusive},
 	} {
-		rs := judgeSpoofClaim(&run{dhcp: &tc.d}, claimSpoof, nil)
+		rs := judgeSpoofClaim(&run{state: claimStates{SpoofID: &spoofRun{dhcp: &tc.d}}}, claimSpoof, nil)
 		require.Len(t, rs, 2, "the new box, and the stack channel beside it")
 		assert.Equal(t, ChannelNewLease, rs[0].Channel)
-		assert.Equal(t, EvidenceRequests, rs[0].Channel.Evidence())
+		assert.Equal(t, EvidenceRequests, evidenceOf(rs[0].Channel))
 		assert.Equal(t, tc.want, rs[0].Verdict, rs[0].Evidence)
 	}
 	assert.Empty(t, judgeSpoofClaim(&run{}, claimSpoof, nil), "no DHCP lies, no box minted after them")

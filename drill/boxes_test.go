@@ -68,7 +68,7 @@ func TestReportSaysWhichKindOfBoxItProved(t *testing.T) {
 				require.NoError(t, err)
 				rep.Boxes = append(rep.Boxes, *e)
 			}
-			rep.noteInstanceType(boxNew)
+			noteInstanceType(rep, boxNew)
 
 			assert.Equal(t, tc.minted, rep.Environment.InstanceType, "what was minted")
 			assert.Equal(t, tc.boxNew, rep.Environment.BoxNewType, "what box new makes")
@@ -84,7 +84,7 @@ func TestReportSaysWhichKindOfBoxItProved(t *testing.T) {
 
 func TestMixedProbeTypesAreAllNamed(t *testing.T) {
 	rep := &Report{Boxes: []BoxEnd{{Type: "virtual-machine"}, {Type: "container"}, {Type: "container"}}}
-	rep.noteInstanceType(model.TypeDecision{Type: model.TypeContainer, Reason: "this host cannot run VMs (incus drivers: lxc)"})
+	noteInstanceType(rep, model.TypeDecision{Type: model.TypeContainer, Reason: "this host cannot run VMs (incus drivers: lxc)"})
 	assert.Equal(t, "container, virtual-machine", rep.Environment.InstanceType)
 	require.Len(t, rep.Notes, 1, "mixed probe boxes are not the one kind box new makes")
 }

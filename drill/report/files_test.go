@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,23 +22,24 @@ import (
 	"github.com/box-isolation/box/drill"
 	"github.com/box-isolation/box/drill/gate/gatetest"
 	"github.com/box-isolation/box/drill/report"
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack/model"
 )
 
 var started = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 
-func claim(t *testing.T, id drill.ClaimID) drill.Claim {
+func claim(t *testing.T, id drill.ClaimID) verdicts.Claim {
 	t.Helper()
 	c, ok := drill.ClaimByID(id)
 	require.True(t, ok, id)
-	return c
+	return c.Reported()
 }
 
 // res is a judged action. The observation is optional.
-func res[K ~string](id string, claim drill.ClaimID, channel drill.Channel, from drill.Place, target string, key K, expect drill.Expectation, v drill.Verdict, observed, evidence, atTarget string, o *probes.Observation) drill.Result {
-	return drill.Result{
-		Action:   drill.Action{ID: id, Claim: claim, Channel: channel, From: from, Target: target, TargetKey: string(key), Expect: expect},
+func res[K ~string](id string, claim drill.ClaimID, channel drill.Channel, from drill.Place, target string, key K, expect drill.Expectation, v drill.Verdict, observed, evidence, atTarget string, o *probes.Observation) verdicts.Result {
+	return verdicts.Result{
+		ID: id, Claim: claim, Channel: channel, From: from, Target: target, TargetKey: string(key), Expect: expect,
 		Verdict:  v,
 		Observed: observed,
 		Evidence: evidence,
@@ -58,9 +58,9 @@ func obs(id string, kind probes.Kind, target string, o probes.Outcome, reason st
 // mutation.
 func sampleReport(t *testing.T) *drill.Report {
 	t.Helper()
-	cr := func(id drill.ClaimID, v drill.Verdict, rs ...drill.Result) drill.ClaimResult {
+	cr := func(id drill.ClaimID, v drill.Verdict, rs ...verdicts.Result) drill.ClaimResult {
 		if rs == nil {
-			rs = []drill.Result{}
+			rs = []verdicts.Result{}
 		}
 		return drill.ClaimResult{Claim: claim(t, id), Verdict: v, Results: rs}
 	}
@@ -163,7 +163,7 @@ func withInbound(t *testing.T, rep *drill.Report) *drill.Report {
 	t.Helper()
 	for i, cr := range rep.Claims {
 		if cr.ID == "C-INBOUND" {
-			rep.Claims[i] = drill.ClaimResult{Claim: cr.Claim, Verdict: drill.Inconclusive, Results: []drill.Result{
+			rep.Claims[i] = drill.ClaimResult{Claim: cr.Claim, Verdict: drill.Inconclusive, Results: []verdicts.Result{
 				res("p018", "C-INBOUND", "tcp", drill.PlaceHost, "box-a 10.88.0.11", drill.PlaceA, drill.ExpectBlocked, drill.Pass, "silent", "dropped", "the witness saw nothing (0 frames read)", nil),
 				res("p019", "C-INBOUND", "icmp", drill.PlaceLAN, "box-a 10.88.0.11", drill.PlaceA, drill.ExpectBlocked, drill.Inconclusive, "error", "the probe could not run", "", nil),
 			}}
@@ -333,7 +333,7 @@ func TestSchemaMatchesGoTypes(t *testing.T) {
 		"finding":      model.Finding{},
 		"box":          drill.BoxEnd{},
 		"claim_result": drill.ClaimResult{},
-		"result":       drill.Result{},
+		"result":       verdicts.Result{},
 		"summary":      drill.Summary{},
 		"observation":  probes.Observation{},
 		"evidence":     probes.Evidence{},
@@ -403,7 +403,7 @@ func TestJUnit(t *testing.T) {
 	// The skipped claim is C-V6 this time.
 	for i, cr := range rep.Claims {
 		if cr.ID == "C-V6" {
-			rep.Claims[i] = drill.ClaimResult{Claim: cr.Claim, Verdict: drill.Skipped, Reason: "not selected", Results: []drill.Result{}}
+			rep.Claims[i] = drill.ClaimResult{Claim: cr.Claim, Verdict: drill.Skipped, Reason: "not selected", Results: []verdicts.Result{}}
 		}
 	}
 	var b bytes.Buffer
@@ -488,220 +488,6 @@ func wellFormed(t *testing.T, data []byte) bool {
 	}
 }
 
-// svgDoc is what the matrix's SVG holds: its size, every <text>'s own
-// text (titles aside), every mark (a group with a title and a lettered
-// text) and every font size it sets.
-type svgDoc struct {
-	width, height int
-	texts         []string
-	marks         [][2]string // title, letter
-	fontSizes     []int
-}
-
-func svgParse(t *testing.T, data []byte) svgDoc {
-	t.Helper()
-	var doc svgDoc
-	d := xml.NewDecoder(bytes.NewReader(data))
-	var stack []xml.StartElement
-	var cur, title strings.Builder
-	inMark := false
-	for {
-		tok, err := d.Token()
-		if err == io.EOF {
-			break
-		}
-		require.NoError(t, err)
-		switch tok := tok.(type) {
-		case xml.StartElement:
-			stack = append(stack, tok)
-			for _, a := range tok.Attr {
-				switch {
-				case a.Name.Local == "font-size":
-					n, err := strconv.Atoi(a.Value)
-					require.NoError(t, err)
-					doc.fontSizes = append(doc.fontSizes, n)
-				case tok.Name.Local == "svg" && a.Name.Local == "width":
-					doc.width, _ = strconv.Atoi(a.Value)
-				case tok.Name.Local == "svg" && a.Name.Local == "height":
-					doc.height, _ = strconv.Atoi(a.Value)
-				case tok.Name.Local == "g" && a.Name.Local == "class" && a.Value == "mark":
-					inMark = true
-				}
-			}
-			switch tok.Name.Local {
-			case "text":
-				cur.Reset()
-			case "title":
-				title.Reset()
-			}
-		case xml.CharData:
-			if len(stack) > 0 {
-				switch stack[len(stack)-1].Name.Local {
-				case "text":
-					cur.Write(tok)
-				case "title":
-					title.Write(tok)
-				}
-			}
-		case xml.EndElement:
-			stack = stack[:len(stack)-1]
-			switch tok.Name.Local {
-			case "text":
-				doc.texts = append(doc.texts, cur.String())
-				if inMark {
-					doc.marks = append(doc.marks, [2]string{title.String(), cur.String()})
-				}
-			case "g":
-				inMark = false
-			}
-		}
-	}
-	require.Empty(t, stack)
-	return doc
-}
-
-func TestMatrix(t *testing.T) {
-	for name, rep := range map[string]*drill.Report{"with inbound": withInbound(t, sampleReport(t)), "full": fullReport(t)} {
-		t.Run(name, func(t *testing.T) {
-			var b bytes.Buffer
-			require.NoError(t, report.Matrix(&b, rep))
-			doc := svgParse(t, b.Bytes())
-
-			// One mark per source, target, claim and channel.
-			sources, targets, marks := map[string]bool{}, map[string]bool{}, map[string]bool{}
-			for _, cr := range rep.Claims {
-				for _, r := range cr.Results {
-					sources[string(r.From)] = true
-					targets[r.TargetKey] = true
-					marks[strings.Join([]string{string(r.From), r.TargetKey, string(cr.ID), string(r.Channel)}, " ")] = true
-				}
-			}
-			for s := range sources {
-				assert.Contains(t, doc.texts, s, "source %s is labelled", s)
-			}
-			for tg := range targets {
-				assert.Contains(t, doc.texts, tg, "target %s is labelled", tg)
-			}
-			require.Len(t, doc.marks, len(marks), "one mark per claim and channel in a cell")
-			word := map[string]string{"P": "PASS", "F": "FAIL", "I": "INCONCLUSIVE"}
-			for _, m := range doc.marks {
-				title, letter := m[0], m[1]
-				require.Contains(t, word, letter, "mark %q carries a letter, not colour alone", title)
-				assert.Contains(t, title, ": "+word[letter]+" (", "mark %q", title)
-			}
-			assert.Contains(t, b.String(), "P held")
-
-			// Readable on a laptop (1366x768): no wider than its screen, no
-			// text smaller than 11 px.
-			assert.LessOrEqual(t, doc.width, 1366)
-			assert.Positive(t, doc.height)
-			for _, fs := range doc.fontSizes {
-				assert.GreaterOrEqual(t, fs, 11)
-			}
-			// What did not hold is also said in words.
-			for _, cr := range rep.Claims {
-				for _, r := range cr.Results {
-					if r.Verdict == drill.Fail {
-						assert.Contains(t, strings.Join(doc.texts, "\n"), "F "+string(cr.ID)+" "+string(r.Channel)+", "+string(r.From)+" -> "+r.TargetKey+": FAIL")
-					}
-				}
-			}
-		})
-	}
-}
-
-// A host-mode run aims at many LAN targets with long names: the columns
-// stay narrow, long labels are cut and spelled out under the grid.
-func TestMatrixLongTargets(t *testing.T) {
-	rep := sampleReport(t)
-	var rs []drill.Result
-	for i := range 24 {
-		key := fmt.Sprintf("router-192.168.%d.254", 100+i)
-		rs = append(rs, res(fmt.Sprintf("p%03d", 100+i), "C-LAN", "tcp", drill.PlaceA, key+" 192.168.1.1", key, drill.ExpectBlocked, drill.Pass, "silent", "dropped", "", nil))
-	}
-	for i, cr := range rep.Claims {
-		if cr.ID == "C-LAN" {
-			rep.Claims[i].Results = append(rep.Claims[i].Results, rs...)
-		}
-	}
-	var b bytes.Buffer
-	require.NoError(t, report.Matrix(&b, rep))
-	doc := svgParse(t, b.Bytes())
-	assert.LessOrEqual(t, doc.width, 1366, "36 narrow columns fit a laptop's screen")
-	assert.Contains(t, doc.texts, "router-192.168.~")
-	all := strings.Join(doc.texts, " ")
-	assert.Contains(t, all, "router-192.168.~ = router-192.168.100.254")
-	assert.Contains(t, all, "router-192.168.~ = router-192.168.123.254")
-}
-
-// Hostile strings stay text: the SVG parses, with no element of theirs.
-func TestMatrixEscapes(t *testing.T) {
-	rep := withInbound(t, sampleReport(t))
-	rep.RunID = hostile
-	rep.Environment.Hostname = hostile
-	rep.Claims[3].Results[0].TargetKey = hostile
-	rep.Claims[3].Results[1].Channel = hostile
-	var b bytes.Buffer
-	require.NoError(t, report.Matrix(&b, rep))
-	assert.NotContains(t, b.String(), "<script")
-	assert.NotContains(t, b.String(), "<img")
-	doc := svgParse(t, b.Bytes())
-	assert.Contains(t, strings.Join(doc.texts, ""), "console.error")
-}
-
-func TestText(t *testing.T) {
-	for name, rep := range map[string]*drill.Report{"sample": sampleReport(t), "with inbound": withInbound(t, sampleReport(t))} {
-		t.Run(name, func(t *testing.T) {
-			var b bytes.Buffer
-			report.Text(&b, rep)
-			out := b.String()
-			for _, c := range rep.Claims {
-				assert.Contains(t, out, c.ID)
-			}
-			s := rep.Summary
-			line := fmt.Sprintf("%d passed, %d failed, %d inconclusive, %d skipped", s.Passed, s.Failed, s.Inconclusive, s.Skipped)
-			assert.Contains(t, out, line)
-			assert.Regexp(t, regexp.MustCompile(`(?m)^\d+ passed, \d+ failed, \d+ inconclusive, \d+ skipped;`), out)
-			for _, p := range rep.Problems {
-				assert.Contains(t, out, "problem: "+p)
-			}
-			for _, c := range rep.Claims {
-				if c.Verdict == drill.Skipped {
-					assert.Regexp(t, `(?m)^`+string(c.ID)+` +- .*SKIPPED +`+regexp.QuoteMeta(c.Reason), out, "a skipped claim says so in words, with its reason")
-				}
-			}
-			assert.Contains(t, out, "FAIL")
-			assert.Contains(t, out, "mutation host-fw (L-HOSTFW): detected by probes: C-HOST flipped from pass to fail", "a mutation says what showed it")
-			for _, r := range out {
-				assert.Less(t, r, rune(0x80), "plain ASCII")
-				if r >= 0x80 {
-					break
-				}
-			}
-			assert.NotContains(t, out, "\x1b[", "no colour")
-		})
-	}
-}
-
-// The header says which kind of box the run proved, and that it is not the
-// kind box new makes where the two differ.
-func TestTextInstanceType(t *testing.T) {
-	header := func(rep *drill.Report) string {
-		var b bytes.Buffer
-		report.Text(&b, rep)
-		first, _, _ := strings.Cut(b.String(), "\n")
-		return first
-	}
-	same := sampleReport(t)
-	same.Environment.BoxNewType = "container"
-	for name, rep := range map[string]*drill.Report{"box new makes containers": same, "from before box_new_type": sampleReport(t)} {
-		h := header(rep)
-		assert.Contains(t, h, ", container, bridge netfilter", name)
-		assert.NotContains(t, h, "box new makes", name)
-	}
-	assert.Contains(t, header(vmHost(t)), ", container (box new makes virtual-machine here: not drilled), bridge netfilter")
-}
-
 // The example in docs/drill-report.md is a valid report.
 func TestDocExampleMatchesSchema(t *testing.T) {
 	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "drill-report.md"))
@@ -709,29 +495,4 @@ func TestDocExampleMatchesSchema(t *testing.T) {
 	m := regexp.MustCompile("(?s)```json\n(.*?)```").FindSubmatch(doc)
 	require.NotNil(t, m, "no json example in the doc")
 	assert.NoError(t, compileSchema(t).Validate(instance(t, m[1])))
-}
-
-// TestMembers: a cluster run's table and page group the results by
-// member, each member's failures under it.
-func TestMembers(t *testing.T) {
-	rep := fullReport(t)
-	rep.Environment.Members = []string{"m1", "m2"}
-	cr := &rep.Claims[0]
-	bad := drill.Result{Action: drill.Action{ID: "p900", Claim: cr.ID, Channel: "tcp", From: "box@m2", Member: "m2",
-		Target: "member m2 uplink 192.0.2.2 tcp/22", Expect: drill.ExpectBlocked}, Verdict: drill.Fail, Evidence: "unexpected success: the ssh banner"}
-	cr.Results = append(cr.Results, bad)
-	rep.Members = []drill.MemberResult{{Member: "m1", Boxes: []drill.Place{"box-a"}, Passed: 3}, {Member: "m2", Boxes: []drill.Place{"box@m2"}, Failed: 1}}
-	var b strings.Builder
-	report.Text(&b, rep)
-	out := b.String()
-	assert.Contains(t, out, "member m1               3 passed, 0 failed, 0 inconclusive; probe boxes there: box-a")
-	assert.Contains(t, out, "member m2               0 passed, 1 failed, 0 inconclusive; probe boxes there: box@m2\n  FAIL "+cr.ID+" box@m2 -> member m2 uplink 192.0.2.2 tcp/22: unexpected success")
-	raw, _ := renderHTML(t, rep)
-	assert.Contains(t, raw, `<h2 id="members">Cluster members</h2>`)
-	assert.Contains(t, raw, `<td class="mono">box@m2</td>`)
-
-	rep.Members = nil
-	b.Reset()
-	report.Text(&b, rep)
-	assert.NotContains(t, b.String(), "member m1", "off a cluster there is no member section")
 }

@@ -1,6 +1,7 @@
 package drill
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -110,7 +111,6 @@ func newLANSim(hostNS, runID string, box netip.Addr, sources []netip.Addr) (_ *l
 	l := &lanSim{ns: lanSimPrefix + runID, hostVeth: "drl" + runID}
 	defer func() {
 		if err != nil {
-			err = fmt.Errorf("the LAN stand-in for %s: %w", InboundID, err)
 			if rerr := l.remove(); rerr != nil {
 				err = fmt.Errorf("%w; and removing it: %v", err, rerr)
 			}
@@ -178,6 +178,18 @@ func (l *lanSim) remove() error {
 }
 
 func removeLANSim(ns string) error { return nsrun.Delete(ns) }
+
+// cleanLANSims is C-INBOUND's clean: an aborted run's LAN stand-in.
+func cleanLANSims(_ context.Context, cfg *Config) error {
+	removed, err := removeLANSims()
+	if len(removed) > 0 {
+		cfg.logf("preflight: removed an earlier run's %s", strings.Join(removed, ", "))
+	}
+	if err != nil {
+		return fmt.Errorf("removing an earlier run's LAN stand-in: %w", err)
+	}
+	return nil
+}
 
 // removeLANSims removes what aborted runs left: every namespace whose name
 // starts with lanSimPrefix.

@@ -61,7 +61,7 @@ func TestAllowTunnelJudgedAtTheWitness(t *testing.T) {
 			PlaceA: {a.Reference.ID: {ID: a.Reference.ID, Kind: probes.KindDNS, Outcome: probes.Refused,
 				Evidence: probes.Evidence{DNS: &probes.DNSEvidence{Name: ctlName(a) + ".", QType: "TXT", Rcode: "NXDOMAIN"}}}},
 		}
-		r := &run{cfg: Config{Topology: scene.Topology}, rep: &Report{Started: started}, obs: obs, allow: &allowRun{}}
+		r := &run{cfg: Config{Topology: scene.Topology}, rep: &Report{Started: started}, obs: obs, state: claimStates{AllowID: &allowRun{}}}
 		res := judge(a, obs, scene, true, nil)
 		return refineAllow(r, res)
 	}
@@ -82,7 +82,7 @@ func TestAllowTunnelJudgedAtTheWitness(t *testing.T) {
 	assert.Equal(t, Inconclusive, res.Verdict, "box-a's question for another zone is no control for this one")
 
 	require.NoError(t, os.Remove(scene.Allow.WitnessLog))
-	r := &run{cfg: Config{Topology: scene.Topology}, rep: &Report{Started: started}, obs: observations{}, allow: &allowRun{}}
+	r := &run{cfg: Config{Topology: scene.Topology}, rep: &Report{Started: started}, obs: observations{}, state: claimStates{AllowID: &allowRun{}}}
 	res = refineAllow(r, judge(a, observations{}, scene, true, nil))
 	assert.Equal(t, Inconclusive, res.Verdict, "no log: nothing to judge by")
 
