@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -142,7 +143,7 @@ func (r *run) mintCommon(ctx context.Context) error {
 	if _, err := cfg.Host.WaitAddress(ctx, names[PlaceA], 30*time.Second); err != nil {
 		return err
 	}
-	if _, err := stack.NewManager(cfg.Host).CloneTo(ctx, names[PlaceA], "", names[PlaceC], r.members.local()); err != nil {
+	if _, err := boxes.NewManager(cfg.Host).CloneTo(ctx, names[PlaceA], "", names[PlaceC], r.members.local()); err != nil {
 		return err
 	}
 	if _, err := cfg.Host.WaitAddress(ctx, names[PlaceC], 30*time.Second); err != nil {
@@ -185,9 +186,9 @@ func (r *run) stamps() map[string]string {
 // could not start it (seen on a loaded machine: incusd's own start
 // operation timing out). A probe box is scaffolding, not evidence: a second
 // try changes no verdict.
-func mintProbeBox(ctx context.Context, cfg *Config, req stack.MintRequest) error {
-	_, err := stack.NewManager(cfg.Host).Mint(ctx, req)
-	var ns *stack.NotStartedError
+func mintProbeBox(ctx context.Context, cfg *Config, req boxes.MintRequest) error {
+	_, err := boxes.NewManager(cfg.Host).Mint(ctx, req)
+	var ns *boxes.NotStartedError
 	if !errors.As(err, &ns) {
 		return err
 	}
@@ -195,7 +196,7 @@ func mintProbeBox(ctx context.Context, cfg *Config, req stack.MintRequest) error
 	if rerr := removeWhenIdle(ctx, cfg.Host, req.Name); rerr != nil && !isGone(rerr) {
 		return errors.Join(err, rerr)
 	}
-	_, err = stack.NewManager(cfg.Host).Mint(ctx, req)
+	_, err = boxes.NewManager(cfg.Host).Mint(ctx, req)
 	return err
 }
 

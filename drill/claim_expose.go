@@ -7,6 +7,7 @@ import (
 
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -41,7 +42,7 @@ const doorHostPort = 19100
 // openDoor opens the door to box-a's listener. A door that cannot be
 // opened here makes C-EXPOSE inconclusive, not the run fail.
 func openDoor(ctx context.Context, r *run) error {
-	d, err := stack.NewDoors(r.cfg.Host).Expose(ctx, r.names[PlaceA], model.DoorSpec{Port: listenTCP, HostPort: doorHostPort, Kind: model.DoorTCP})
+	d, err := boxes.NewDoors(r.cfg.Host).Expose(ctx, r.names[PlaceA], model.DoorSpec{Port: listenTCP, HostPort: doorHostPort, Kind: model.DoorTCP})
 	if err != nil {
 		keep(r.state, ExposeID, &exposeRun{doorErr: err.Error()})
 		return nil

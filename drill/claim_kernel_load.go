@@ -11,7 +11,7 @@ import (
 
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 )
 
 // C-KERNEL's load box: box-l, minted with limits (processes, a CPU
@@ -135,7 +135,7 @@ var loadTargets = map[Channel]string{
 func mintLoadBox(ctx context.Context, r *run) error {
 	name := r.boxName("l")
 	r.names[PlaceL], r.names[PlaceK] = name, r.boxName("k")
-	reqs := map[Place]stack.MintRequest{}
+	reqs := map[Place]boxes.MintRequest{}
 	for _, p := range []Place{PlaceL, PlaceK} {
 		req, err := r.mintRequest(r.names[p], r.members.local(), false)
 		if err != nil {

@@ -6,6 +6,8 @@ import (
 	"maps"
 	"time"
 
+	"github.com/box-isolation/box/stack/boxes"
+
 	"github.com/box-isolation/box/stack"
 )
 
@@ -29,12 +31,12 @@ var (
 
 // kernelMutation sets config keys and adds devices on the run's clone-a,
 // restarting it when a key needs a start to apply.
-func kernelMutation(cfg map[string]string, devices map[string]map[string]string) func(ctx context.Context, h *stack.Host, boxes []string) error {
-	return func(ctx context.Context, h *stack.Host, boxes []string) error {
-		if len(boxes) < 3 {
-			return fmt.Errorf("no clone-a among the run's boxes %v", boxes)
+func kernelMutation(cfg map[string]string, devices map[string]map[string]string) func(ctx context.Context, h *stack.Host, names []string) error {
+	return func(ctx context.Context, h *stack.Host, names []string) error {
+		if len(names) < 3 {
+			return fmt.Errorf("no clone-a among the run's boxes %v", names)
 		}
-		name := boxes[2]
+		name := names[2]
 		inst, etag, err := h.Incus.Instance(ctx, name)
 		if err != nil {
 			return err
@@ -51,10 +53,10 @@ func kernelMutation(cfg map[string]string, devices map[string]map[string]string)
 		if len(cfg) == 0 {
 			return nil
 		}
-		if err := stack.NewManager(h).Stop(ctx, name, true); err != nil {
+		if err := boxes.NewManager(h).Stop(ctx, name, true); err != nil {
 			return err
 		}
-		if err := stack.NewManager(h).Start(ctx, name); err != nil {
+		if err := boxes.NewManager(h).Start(ctx, name); err != nil {
 			return err
 		}
 		_, err = h.WaitAddress(ctx, name, 30*time.Second)

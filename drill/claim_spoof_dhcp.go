@@ -11,6 +11,7 @@ import (
 
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 )
 
 // The DHCP lies (L-DHCP). box-a sends, from its own port, MAC and address
@@ -156,7 +157,7 @@ func afterSpoof(ctx context.Context, r *run) {
 	d.newBox = r.boxName("d") // minted after the DHCP lies
 	mctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if _, err := stack.NewManager(r.cfg.Host).Mint(mctx, stack.MintRequest{Name: d.newBox, Image: r.cfg.Image, Type: probeType, Stamps: r.stamps()}); err != nil {
+	if _, err := boxes.NewManager(r.cfg.Host).Mint(mctx, boxes.MintRequest{Name: d.newBox, Image: r.cfg.Image, Type: probeType, Stamps: r.stamps()}); err != nil {
 		d.newErr, d.newRefused = err.Error(), strings.Contains(err.Error(), "is taken by a box or a lease") || strings.Contains(err.Error(), "is full")
 	} else if ip, err := r.cfg.Host.WaitAddress(mctx, d.newBox, newLeaseWait); err != nil {
 		d.newErr = err.Error()

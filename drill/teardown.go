@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -86,7 +87,7 @@ func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
 func removeWhenIdle(ctx context.Context, h *stack.Host, name string) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
-		err := stack.NewManager(h).Remove(ctx, name)
+		err := boxes.NewManager(h).Remove(ctx, name)
 		if err == nil || !strings.Contains(err.Error(), "is busy") || time.Now().After(deadline) {
 			return err
 		}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/templates"
 )
@@ -25,8 +25,8 @@ const provisionWait = 10 * time.Minute
 
 // mintRequest is what a probe box at place is minted with: the run's
 // image, and in a template run its user-data (unless provision is false).
-func (r *run) mintRequest(name, target string, provision bool) (stack.MintRequest, error) {
-	req := stack.MintRequest{Name: name, Image: r.cfg.Image, Type: probeType, Stamps: r.stamps(), Target: target}
+func (r *run) mintRequest(name, target string, provision bool) (boxes.MintRequest, error) {
+	req := boxes.MintRequest{Name: name, Image: r.cfg.Image, Type: probeType, Stamps: r.stamps(), Target: target}
 	if t := r.cfg.Template; t != nil {
 		req.Image = t.Image
 		if r.cfg.Image != "" && r.cfg.Image != t.Image {

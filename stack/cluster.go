@@ -140,7 +140,7 @@ func placedOn[T any](xs []T, member string, location func(T) string) []T {
 // bridge's subnet) that no instance's NIC on the bridge holds or asks for,
 // and no lease holds, anywhere in the cluster, in any project.
 func (host *Host) AddressFor(ctx context.Context, member string) (netip.Addr, error) {
-	slice, gw, err := host.memberSlice(ctx, member)
+	slice, gw, err := host.MemberSlice(ctx, member)
 	if err != nil {
 		return netip.Addr{}, err
 	}
@@ -173,10 +173,10 @@ func freeAddress(slice, gw netip.Prefix, used map[netip.Addr]bool) (netip.Addr, 
 	return netip.Addr{}, false
 }
 
-// memberSlice is member's address slice and the bridge's address; a
+// MemberSlice is member's address slice and the bridge's address; a
 // member without a slice has never been set up by box. A standalone
 // host's (member "") is the bridge's whole subnet.
-func (host *Host) memberSlice(ctx context.Context, member string) (slice, gw netip.Prefix, err error) {
+func (host *Host) MemberSlice(ctx context.Context, member string) (slice, gw netip.Prefix, err error) {
 	n, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return slice, gw, fmt.Errorf("reading network %s: %w", model.Current.Network, err)
@@ -529,14 +529,14 @@ func ParseMemberNetNS(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// create creates (and, with post.Start, starts) a box's instance. The
+// Create creates (and, with post.Start, starts) a box's instance. The
 // box gets a fixed address (L-DHCP: the bridge's DHCP answers no one
 // else), on a cluster from its member's slice: it is created stopped on
 // the member asked for (or where Incus places it), given the address
 // (fixAddress), then started (startFixed). A granted user sees neither the
 // bridge nor the other projects' boxes to pick one from: the port watcher
 // (root) gives theirs one as its port comes up (fixMissingAddresses).
-func (host *Host) create(ctx context.Context, post incus.InstancesPost, target string, progress func(string)) error {
+func (host *Host) Create(ctx context.Context, post incus.InstancesPost, target string, progress func(string)) error {
 	ci, err := host.Cluster(ctx)
 	if err != nil {
 		return err
@@ -547,7 +547,7 @@ func (host *Host) create(ctx context.Context, post incus.InstancesPost, target s
 	if host.Tier {
 		return host.Incus.CreateInstanceWithProgress(ctx, post, progress)
 	}
-	if err := ci.checkMember(target); err != nil {
+	if err := ci.CheckMember(target); err != nil {
 		return fmt.Errorf("minting %s: %w", post.Name, err)
 	}
 	start := post.Start
@@ -567,18 +567,18 @@ func (host *Host) create(ctx context.Context, post incus.InstancesPost, target s
 		}
 		member = inst.Location
 	}
-	if _, err := host.fixAddress(ctx, post.Name, member); err != nil {
+	if _, err := host.FixAddress(ctx, post.Name, member); err != nil {
 		return err
 	}
 	if !start {
 		return nil
 	}
-	return host.startFixed(ctx, post.Name, member)
+	return host.StartFixed(ctx, post.Name, member)
 }
 
-// checkMember refuses a --target that names no member ("" is Incus's
+// CheckMember refuses a --target that names no member ("" is Incus's
 // choice).
-func (ci ClusterInfo) checkMember(member string) error {
+func (ci ClusterInfo) CheckMember(member string) error {
 	if member != "" && !slices.Contains(ci.Names(), member) {
 		return fmt.Errorf("no cluster member %s (members: %s)", member, strings.Join(ci.Names(), ", "))
 	}
@@ -596,7 +596,7 @@ func isAddressConflict(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "already defined on another NIC")
 }
 
-// fixAddress gives an instance a fixed address of its member's slice (of
+// FixAddress gives an instance a fixed address of its member's slice (of
 // the bridge's subnet on a standalone host, member ""). A box minted at
 // the same moment on the same member may have taken the address between
 // AddressFor and the update: Incus refuses it, and box picks again.
@@ -605,7 +605,7 @@ func isAddressConflict(err error) bool {
 // this machine: two mints at once could pick the same one, which Incus
 // refuses to one of them only at its start (docs/measurements.md, "A
 // cluster").
-func (host *Host) fixAddress(ctx context.Context, name, member string) (netip.Addr, error) {
+func (host *Host) FixAddress(ctx context.Context, name, member string) (netip.Addr, error) {
 	for try := 1; ; try++ {
 		unlock, err := hostns.LockFile(ctx, hostns.AddressLock, "the address slices")
 		if err != nil {
@@ -628,16 +628,16 @@ func (host *Host) fixAddress(ctx context.Context, name, member string) (netip.Ad
 	}
 }
 
-// startFixed starts an instance with a fixed address. Incus checks it
+// StartFixed starts an instance with a fixed address. Incus checks it
 // again at the start: one another NIC on the member asks for by then is
 // replaced by a fresh one (fixAddress), and it starts.
-func (host *Host) startFixed(ctx context.Context, name, member string) error {
+func (host *Host) StartFixed(ctx context.Context, name, member string) error {
 	for try := 1; ; try++ {
 		err := host.Incus.SetInstanceState(ctx, name, "start", 0, false)
 		if !isAddressConflict(err) || try == addressTries {
 			return err
 		}
-		if _, err := host.fixAddress(ctx, name, member); err != nil {
+		if _, err := host.FixAddress(ctx, name, member); err != nil {
 			return err
 		}
 	}
@@ -785,24 +785,24 @@ func (host *Host) CreateNetwork(ctx context.Context, req incus.NetworksPost) err
 	return host.createNetwork(ctx, ci, req)
 }
 
-// readdressIfTaken gives a box a fresh address of its member's slice when
+// ReaddressIfTaken gives a box a fresh address of its member's slice when
 // the one it asks for is another instance's: a snapshot a clone or a copy
 // carried holds its source's address, and a restore brings it back (Incus
 // does not let box edit a snapshot's devices). A snapshot taken before box
 // gave its boxes fixed addresses brings back a NIC with none: it gets one
 // (ensureFixed).
-func (host *Host) readdressIfTaken(ctx context.Context, name string) error {
+func (host *Host) ReaddressIfTaken(ctx context.Context, name string) error {
 	inst, _, err := host.Incus.Instance(ctx, name)
 	if err != nil {
 		return err
 	}
-	member, err := host.memberOf(ctx, inst)
+	member, err := host.MemberOf(ctx, inst)
 	if err != nil {
 		return err
 	}
 	addr := model.FixedAddressOf(inst)
 	if !addr.IsValid() {
-		_, err := host.ensureFixed(ctx, inst, member)
+		_, err := host.EnsureFixed(ctx, inst, member)
 		return err
 	}
 	f, err := host.readClusterFleet(ctx)
@@ -818,19 +818,19 @@ func (host *Host) readdressIfTaken(ctx context.Context, name string) error {
 	if !usedAddresses(others)[addr] {
 		return nil
 	}
-	_, err = host.fixAddress(ctx, name, member)
+	_, err = host.FixAddress(ctx, name, member)
 	return err
 }
 
-// landAddress gives a box on member its fixed address addr again (after a
+// LandAddress gives a box on member its fixed address addr again (after a
 // move), or a fresh one of the member's slice when addr is not valid or
 // another NIC on the member took it meanwhile.
-func (host *Host) landAddress(ctx context.Context, name, member string, addr netip.Addr) (netip.Addr, error) {
+func (host *Host) LandAddress(ctx context.Context, name, member string, addr netip.Addr) (netip.Addr, error) {
 	if addr.IsValid() {
 		err := host.setFixedAddress(ctx, name, addr)
 		if !isAddressConflict(err) {
 			return addr, err
 		}
 	}
-	return host.fixAddress(ctx, name, member)
+	return host.FixAddress(ctx, name, member)
 }

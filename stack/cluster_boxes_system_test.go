@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -20,6 +22,7 @@ import (
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -62,7 +65,7 @@ func removeAtEnd(t *testing.T, h *stack.Host, names ...string) {
 		defer cancel()
 		for _, n := range names {
 			var nsb *stack.NoSuchBoxError
-			if err := stack.NewManager(h).Remove(ctx, n); err != nil && !errors.As(err, &nsb) {
+			if err := boxes.NewManager(h).Remove(ctx, n); err != nil && !errors.As(err, &nsb) {
 				t.Errorf("removing %s: %v", n, err)
 			}
 		}
@@ -141,14 +144,14 @@ func TestSystemClusterMintOnEveryMember(t *testing.T) {
 	sl := memberSlices(t, ctx, h)
 	var names []string
 	for range st.Members {
-		names = append(names, uniq(t, "ca-mint-"))
+		names = append(names, stacktest.Name(t, "ca-mint-"))
 	}
 	removeAtEnd(t, h, names...)
 
 	seen := map[netip.Addr]string{}
 	for i, m := range st.Members {
 		start := time.Now()
-		b, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: names[i], Image: image.DefaultAlias, Target: m.Name})
+		b, err := boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: names[i], Image: image.DefaultAlias, Target: m.Name})
 		require.NoError(t, err, "minting on %s", m.Name)
 		t.Logf("minted %s on %s in %s", names[i], m.Name, time.Since(start).Round(time.Millisecond))
 		assert.Equal(t, m.Name, b.Member)
@@ -170,10 +173,10 @@ func TestSystemClusterMintOnEveryMember(t *testing.T) {
 	assert.Equal(t, remote, strings.TrimSpace(string(res.Stdout)), "the command ran in the box on %s", st.Members[2].Name)
 	a, inst := fixedAddress(t, ctx, h, remote)
 	port := inst.Config["volatile.eth0.host_name"]
-	require.NoError(t, stack.NewManager(h).Stop(ctx, remote, false))
+	require.NoError(t, boxes.NewManager(h).Stop(ctx, remote, false))
 	_, set := memberPorts(t, st.Members[2].Name)
 	assert.NotContains(t, set, port, "down takes its port out of %s's port set", st.Members[2].Name)
-	require.NoError(t, stack.NewManager(h).Start(ctx, remote))
+	require.NoError(t, boxes.NewManager(h).Start(ctx, remote))
 	got, err := h.WaitAddress(ctx, remote, 30*time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, a, got, "the same address after a restart")
@@ -187,7 +190,7 @@ func TestSystemClusterMintOnEveryMember(t *testing.T) {
 	ports, set := memberPorts(t, st.Members[2].Name)
 	require.Contains(t, ports, port)
 	require.Contains(t, set, port)
-	require.NoError(t, stack.NewManager(h).Remove(ctx, remote))
+	require.NoError(t, boxes.NewManager(h).Remove(ctx, remote))
 	ports, set = memberPorts(t, st.Members[2].Name)
 	assert.NotContains(t, ports, port, "no port left on %s's bridge", st.Members[2].Name)
 	assert.NotContains(t, set, port, "nor in its port set")
@@ -200,16 +203,16 @@ func TestSystemClusterMintOnEveryMember(t *testing.T) {
 func TestSystemClusterCloneAndMove(t *testing.T) {
 	ctx, h, st := clusterWorld(t)
 	sl := memberSlices(t, ctx, h)
-	src, toM2, placed := uniq(t, "ca-src-"), uniq(t, "ca-clone-"), uniq(t, "ca-clone-")
+	src, toM2, placed := stacktest.Name(t, "ca-src-"), stacktest.Name(t, "ca-clone-"), stacktest.Name(t, "ca-clone-")
 	removeAtEnd(t, h, src, toM2, placed)
 	first, second, third := st.Members[0].Name, st.Members[1].Name, st.Members[2].Name
 
-	_, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: src, Image: image.DefaultAlias, Target: first})
+	_, err := boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: src, Image: image.DefaultAlias, Target: first})
 	require.NoError(t, err)
 	srcAddr, _ := fixedAddress(t, ctx, h, src)
 
 	start := time.Now()
-	res, err := stack.NewManager(h).CloneTo(ctx, src, "", toM2, second)
+	res, err := boxes.NewManager(h).CloneTo(ctx, src, "", toM2, second)
 	require.NoError(t, err)
 	t.Logf("cloned a running box to another member in %s (source stopped for it: %v)", time.Since(start).Round(time.Millisecond), res.SourceStopped)
 	assert.Equal(t, second, res.Box.Member)
@@ -223,11 +226,11 @@ func TestSystemClusterCloneAndMove(t *testing.T) {
 
 	// From a snapshot (of a stopped box: this host cannot freeze one),
 	// where Incus places it.
-	require.NoError(t, stack.NewManager(h).Stop(ctx, src, false))
-	_, err = stack.NewManager(h).Snapshot(ctx, src, "s1")
+	require.NoError(t, boxes.NewManager(h).Stop(ctx, src, false))
+	_, err = boxes.NewManager(h).Snapshot(ctx, src, "s1")
 	require.NoError(t, err)
-	require.NoError(t, stack.NewManager(h).Start(ctx, src))
-	_, err = stack.NewManager(h).CloneTo(ctx, src, "s1", placed, "")
+	require.NoError(t, boxes.NewManager(h).Start(ctx, src))
+	_, err = boxes.NewManager(h).CloneTo(ctx, src, "s1", placed, "")
 	require.NoError(t, err)
 	b, inst := fixedAddress(t, ctx, h, placed)
 	t.Logf("a clone of a snapshot placed by Incus landed on %s with %s", inst.Location, b)
@@ -237,12 +240,12 @@ func TestSystemClusterCloneAndMove(t *testing.T) {
 	assertClean(t, ctx, h)
 
 	// The move: refused while it runs, then it keeps its address.
-	_, err = stack.NewManager(h).Move(ctx, toM2, third)
+	_, err = boxes.NewManager(h).Move(ctx, toM2, third)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "stop it first (box down "+toM2+")")
-	require.NoError(t, stack.NewManager(h).Stop(ctx, toM2, false))
+	require.NoError(t, boxes.NewManager(h).Stop(ctx, toM2, false))
 	start = time.Now()
-	mv, err := stack.NewManager(h).Move(ctx, toM2, third)
+	mv, err := boxes.NewManager(h).Move(ctx, toM2, third)
 	require.NoError(t, err)
 	t.Logf("moved a stopped box from %s to %s in %s", mv.From, mv.To, time.Since(start).Round(time.Millisecond))
 	assert.Equal(t, second, mv.From)
@@ -256,7 +259,7 @@ func TestSystemClusterCloneAndMove(t *testing.T) {
 	leases, err := os.ReadFile(filepath.Join(left, "networks", model.Current.Network, "dnsmasq.leases"))
 	require.NoError(t, err)
 	assert.NotContains(t, string(leases), " "+a.String()+" ", "no lease left on %s", second)
-	require.NoError(t, stack.NewManager(h).Start(ctx, toM2))
+	require.NoError(t, boxes.NewManager(h).Start(ctx, toM2))
 	got, err = h.WaitAddress(ctx, toM2, 30*time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, a, got, "the address it had on %s", second)
@@ -279,20 +282,20 @@ func TestSystemClusterCloneAndMove(t *testing.T) {
 func TestSystemClusterImportBesideItsSource(t *testing.T) {
 	ctx, h, st := clusterWorld(t)
 	sl := memberSlices(t, ctx, h)
-	src, imp := uniq(t, "ca-exp-"), uniq(t, "ca-imp-")
+	src, imp := stacktest.Name(t, "ca-exp-"), stacktest.Name(t, "ca-imp-")
 	removeAtEnd(t, h, src, imp)
-	_, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: src, Image: image.DefaultAlias, Target: st.Members[0].Name})
+	_, err := boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: src, Image: image.DefaultAlias, Target: st.Members[0].Name})
 	require.NoError(t, err)
 	srcAddr, _ := fixedAddress(t, ctx, h, src)
 
 	file := filepath.Join(t.TempDir(), src+".tar.gz")
 	w, err := os.Create(file)
 	require.NoError(t, err)
-	_, err = stack.NewManager(h).Export(ctx, src, w)
+	_, err = boxes.NewManager(h).Export(ctx, src, w)
 	require.NoError(t, err)
 	require.NoError(t, w.Close())
 	start := time.Now()
-	res, err := stack.NewManager(h).Import(ctx, file, imp)
+	res, err := boxes.NewManager(h).Import(ctx, file, imp)
 	require.NoError(t, err)
 	t.Logf("imported beside its source in %s, on %s", time.Since(start).Round(time.Millisecond), res.Box.Member)
 	a, inst := fixedAddress(t, ctx, h, imp)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/google/nftables"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,6 +18,7 @@ import (
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -228,8 +231,8 @@ func TestSystemClusterStackBoxes(t *testing.T) {
 		require.NoError(t, err)
 	}
 	m2 := st.Members[1].Name
-	box := uniq(t, "cb-")
-	_, err = stack.NewManager(hosts[0]).Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias, Target: m2})
+	box := stacktest.Name(t, "cb-")
+	_, err = boxes.NewManager(hosts[0]).Mint(ctx, boxes.MintRequest{Name: box, Image: image.DefaultAlias, Target: m2})
 	require.NoError(t, err)
 	inst, _, err := hosts[0].Incus.Instance(ctx, box)
 	require.NoError(t, err)

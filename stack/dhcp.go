@@ -100,11 +100,11 @@ func (host *Host) inProject(project string) *Host {
 	return &cp
 }
 
-// ensureFixed gives an instance whose NIC on the bridge has no fixed
+// EnsureFixed gives an instance whose NIC on the bridge has no fixed
 // address one, and returns the address it has: the address it leases now
 // when nobody else holds or asks for it (a box converted keeps its
 // address, and its connections), else a free one of its member's slice.
-func (host *Host) ensureFixed(ctx context.Context, inst *incus.Instance, member string) (netip.Addr, error) {
+func (host *Host) EnsureFixed(ctx context.Context, inst *incus.Instance, member string) (netip.Addr, error) {
 	if a := model.FixedAddressOf(inst); a.IsValid() {
 		return a, nil
 	}
@@ -112,7 +112,7 @@ func (host *Host) ensureFixed(ctx context.Context, inst *incus.Instance, member 
 	if a, ok, err := h.keepLeased(ctx, inst); err != nil || ok {
 		return a, err
 	}
-	return h.fixAddress(ctx, inst.Name, member)
+	return h.FixAddress(ctx, inst.Name, member)
 }
 
 // keepLeased makes the address an instance leases now its fixed address,
@@ -191,7 +191,7 @@ func (host *Host) fixAllAddresses(ctx context.Context, ci ClusterInfo) ([]model.
 		if ci.Clustered() {
 			member = inst.Location
 		}
-		a, err := host.ensureFixed(ctx, inst, member)
+		a, err := host.EnsureFixed(ctx, inst, member)
 		if err != nil {
 			return changes, fmt.Errorf("box %s: %w", inst.Name, err)
 		}
@@ -221,7 +221,7 @@ func (host *Host) fixMissingAddresses(ctx context.Context, f Fleet) (fixed bool,
 		if !needsAddress(inst) || !slices.ContainsFunc(bridgeNICs(model.Current.Network, inst), func(n bridgeNIC) bool { return n.port != "" }) {
 			continue
 		}
-		if _, err := host.ensureFixed(ctx, inst, host.here()); isBusy(err) {
+		if _, err := host.EnsureFixed(ctx, inst, host.here()); isBusy(err) {
 			busy = append(busy, qualified(inst))
 			continue
 		} else if err != nil {

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netns"
@@ -25,6 +27,7 @@ import (
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -44,9 +47,9 @@ type dhcpBox struct {
 
 func mintDHCPBox(t *testing.T, ctx context.Context, h *stack.Host, prefix string) *dhcpBox {
 	t.Helper()
-	name := uniq(t, prefix)
-	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), name) })
-	_, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias})
+	name := stacktest.Name(t, prefix)
+	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), name) })
+	_, err := boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: name, Image: image.DefaultAlias})
 	require.NoError(t, err)
 	return openDHCPBox(t, ctx, h, name)
 }
@@ -302,9 +305,9 @@ func TestSystemDHCPPoolStarvation(t *testing.T) {
 	t.Logf("measured: %d made-up clients asked in %s; dnsmasq leased %d of the pool's %d addresses to them", pool, sent.Round(time.Millisecond), len(taken), pool)
 	assert.Empty(t, taken, "dnsmasq leased nothing to a made-up hardware address")
 
-	n := uniq(t, "t-dhcp-n-")
-	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), n) })
-	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: n, Image: image.DefaultAlias})
+	n := stacktest.Name(t, "t-dhcp-n-")
+	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), n) })
+	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: n, Image: image.DefaultAlias})
 	require.NoError(t, err, "a box minted after the attack")
 	ip, err := h.WaitAddress(ctx, n, 30*time.Second)
 	require.NoError(t, err, "a box minted after the attack gets an address")

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/stacktest"
+
+	"github.com/box-isolation/box/stack/boxes"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -41,8 +43,8 @@ func TestSystemDHCPConversion(t *testing.T) {
 	n.Config["raw.dnsmasq"] = old
 	require.NoError(t, h.Incus.UpdateNetwork(ctx, model.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
 	// A box as box minted it then: the profile's NIC, a dynamic lease.
-	name := uniq(t, "t-dhcp-old-")
-	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), name) })
+	name := stacktest.Name(t, "t-dhcp-old-")
+	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), name) })
 	fp, err := image.Ensure(ctx, h.Incus, image.DefaultAlias, image.Options{})
 	require.NoError(t, err)
 	require.NoError(t, h.Incus.CreateInstance(ctx, incus.InstancesPost{Name: name, Type: model.TypeContainer,
@@ -115,14 +117,14 @@ func TestSystemDHCPFixedAddresses(t *testing.T) {
 		return ad
 	}
 	assert.Equal(t, a.ip, fixed(a.name), "a minted box holds the address box stored for it")
-	require.NoError(t, stack.NewManager(h).Stop(ctx, a.name, false))
-	_, err = stack.NewManager(h).Snapshot(ctx, a.name, "s1")
+	require.NoError(t, boxes.NewManager(h).Stop(ctx, a.name, false))
+	_, err = boxes.NewManager(h).Snapshot(ctx, a.name, "s1")
 	require.NoError(t, err)
-	require.NoError(t, stack.NewManager(h).Start(ctx, a.name))
+	require.NoError(t, boxes.NewManager(h).Start(ctx, a.name))
 
-	clone := uniq(t, "t-dhcp-c-")
-	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), clone) })
-	_, err = stack.NewManager(h).Clone(ctx, a.name, "", clone)
+	clone := stacktest.Name(t, "t-dhcp-c-")
+	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), clone) })
+	_, err = boxes.NewManager(h).Clone(ctx, a.name, "", clone)
 	require.NoError(t, err)
 	c := openDHCPBox(t, ctx, h, clone)
 	assert.Equal(t, c.ip, fixed(clone), "the clone holds its own stored address")
@@ -131,9 +133,9 @@ func TestSystemDHCPFixedAddresses(t *testing.T) {
 
 	// The clone's copy of s1 holds a's address: restored, the clone gets
 	// its own again.
-	require.NoError(t, stack.NewManager(h).Stop(ctx, clone, false))
-	require.NoError(t, stack.NewManager(h).Restore(ctx, clone, "s1"))
-	require.NoError(t, stack.NewManager(h).Start(ctx, clone))
+	require.NoError(t, boxes.NewManager(h).Stop(ctx, clone, false))
+	require.NoError(t, boxes.NewManager(h).Restore(ctx, clone, "s1"))
+	require.NoError(t, boxes.NewManager(h).Start(ctx, clone))
 	c = openDHCPBox(t, ctx, h, clone)
 	assert.NotEqual(t, a.ip, fixed(clone), "not its source's")
 	assert.Equal(t, fixed(clone), c.ip, "it leases the address it holds")

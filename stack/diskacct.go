@@ -227,9 +227,9 @@ func (host *Host) ensureAccounting(ctx context.Context, rep *Report) error {
 	return nil
 }
 
-// accountingNote is Mint's note for a box given a size the pool cannot
+// AccountingNote is Mint's note for a box given a size the pool cannot
 // hold now, "" when it can (or cannot be told).
-func (host *Host) accountingNote(ctx context.Context, disk string) string {
+func (host *Host) AccountingNote(ctx context.Context, disk string) string {
 	if disk == "" {
 		return ""
 	}

@@ -10,11 +10,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -47,9 +50,9 @@ func TestSystemDiskAccounting(t *testing.T) {
 	}
 	mint := func() *stack.Box {
 		t.Helper()
-		name := uniq(t, "t-acct-")
-		t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), name) })
-		b, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias, Disk: "64MiB"})
+		name := stacktest.Name(t, "t-acct-")
+		t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), name) })
+		b, err := boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: name, Image: image.DefaultAlias, Disk: "64MiB"})
 		require.NoError(t, err)
 		return b
 	}

@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill/image"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -28,9 +30,9 @@ func TestSystemHandEditedDnsmasq(t *testing.T) {
 	ctx, h, st := worldHost(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
-	box := uniq(t, "t-raw-")
-	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), box) })
-	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
+	box := stacktest.Name(t, "t-raw-")
+	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), box) })
+	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: box, Image: image.DefaultAlias})
 	require.NoError(t, err)
 
 	n, _, err := h.Incus.Network(ctx, model.Current.Network)
@@ -49,7 +51,7 @@ func TestSystemHandEditedDnsmasq(t *testing.T) {
 	require.True(t, strings.HasSuffix(edited, "log-async"), "Incus stored it with no newline at the end: %q", edited)
 
 	t0 := time.Now()
-	ch, err := stack.NewManager(h).SetEgress(ctx, box, []string{"canary.example.net"})
+	ch, err := boxes.NewManager(h).SetEgress(ctx, box, []string{"canary.example.net"})
 	require.NoError(t, err, "the change after the hand edit")
 	t.Logf("new policy %v in %s", ch.NewPolicy, time.Since(t0).Round(time.Millisecond))
 	n, _, err = h.Incus.Network(ctx, model.Current.Network)

@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/box-isolation/box/stack/egress"
 	"github.com/box-isolation/box/stack/hostns"
@@ -214,58 +213,9 @@ func (host *Host) verifyEgressLayer(ctx context.Context, g *hostns.NS, f Fleet) 
 	return out, nil
 }
 
-// EgressChange is what SetEgress did.
-type EgressChange struct {
-	Box    string   `json:"box"`
-	Policy string   `json:"policy"` // the id, or "open"
-	Names  []string `json:"names,omitempty"`
-	// NewPolicy: the allowlist was stored on the bridge by this change.
-	NewPolicy bool `json:"new_policy"`
-}
-
-// SetEgress puts a box under an allowlist (names) or opens it (names nil).
-// It takes effect at the next refresh, which it makes at once.
-func (mgr *Manager) SetEgress(ctx context.Context, box string, names []string) (*EgressChange, error) {
-	host := mgr.host
-	inst, etag, err := host.resolve(ctx, box)
-	if err != nil {
-		return nil, err
-	}
-	ch := &EgressChange{Box: box, Policy: model.EgressOpen}
-	id := ""
-	if names != nil {
-		if names, err = model.NormalizeNames(names); err != nil {
-			return nil, err
-		}
-		id = model.PolicyID(names)
-		ch.Policy, ch.Names = id, names
-		if ch.NewPolicy, err = host.ensurePolicy(ctx, id, names); err != nil {
-			return nil, fmt.Errorf("egress of %s: %w", box, err)
-		}
-	}
-	if inst.Config[model.KeyEgress] != id {
-		put := inst.Writable()
-		put.Config = maps.Clone(put.Config)
-		if id == "" {
-			delete(put.Config, model.KeyEgress)
-			delete(put.Config, model.KeyEgressNames)
-		} else {
-			put.Config[model.KeyEgress] = id
-			put.Config[model.KeyEgressNames] = strings.Join(names, ",")
-		}
-		if err := host.Incus.UpdateInstance(ctx, box, put, etag); err != nil {
-			return nil, fmt.Errorf("egress of %s: %w", box, err)
-		}
-	}
-	if _, err := host.RefreshPorts(ctx); err != nil {
-		return nil, fmt.Errorf("egress of %s: %w", box, err)
-	}
-	return ch, nil
-}
-
-// ensurePolicy stores a policy on the bridge, after its sets and rule are
+// EnsurePolicy stores a policy on the bridge, after its sets and rule are
 // in the egress table.
-func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (bool, error) {
+func (host *Host) EnsurePolicy(ctx context.Context, id string, names []string) (bool, error) {
 	n, etag, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return false, err
@@ -305,46 +255,6 @@ func (host *Host) ensurePolicy(ctx context.Context, id string, names []string) (
 	return true, nil
 }
 
-// EgressState is a box's policy as it stands.
-type EgressState struct {
-	Box     string
-	Policy  string // the id, or EgressOpen
-	Names   []string
-	Allowed []netip.Addr
-}
-
-// Egress reads a box's policy and what its allow set holds now.
-func (mgr *Manager) Egress(ctx context.Context, box string) (*EgressState, error) {
-	host := mgr.host
-	inst, _, err := host.resolve(ctx, box)
-	if err != nil {
-		return nil, err
-	}
-	st := &EgressState{Box: box, Policy: model.EgressOpen}
-	id := inst.Config[model.KeyEgress]
-	if id == "" {
-		return st, nil
-	}
-	st.Policy = id
-	n, _, err := host.Incus.Network(ctx, model.Current.Network)
-	if err != nil {
-		return nil, err
-	}
-	st.Names = model.PoliciesOf(n.Config)[id]
-	if host.Tier {
-		return st, nil // the kernel's sets are the admin's to read
-	}
-	g, err := host.OpenNS()
-	if err != nil {
-		return nil, err
-	}
-	defer g.Close()
-	if st.Allowed, err = nft.EgressAllowed(g.NFTConfig(model.Current), id); err != nil {
-		return nil, err
-	}
-	return st, nil
-}
-
 // usedPolicies keeps the policies some instance names: the others go at
 // the next converge (their sets with them), not when their last box leaves
 // (a box moving between policies and back finds its policy there).
@@ -374,22 +284,4 @@ func unusedPolicyKeys(live, want map[string]string) []string {
 		}
 	}
 	return out
-}
-
-// EgressRefusals reads a box's refusals since since (all with a zero
-// since), oldest first.
-func (mgr *Manager) EgressRefusals(ctx context.Context, box string, since time.Time) ([]egress.Refusal, error) {
-	host := mgr.host
-	inst, _, err := host.resolve(ctx, box)
-	if err != nil {
-		return nil, err
-	}
-	ino, err := hostns.Inode(host.NetNS)
-	if err != nil {
-		return nil, err
-	}
-	project := inst.Project
-	return egress.ReadRefusals(egress.LogPath(ino), func(r egress.Refusal) bool {
-		return r.Box == box && (project == "" || r.Project == "" || r.Project == project) && !r.At.Before(since)
-	})
 }

@@ -125,7 +125,7 @@ func censusOf(g *hostns.NS, insts []incus.Instance, member string) (*Census, err
 			links[port] = g.LinkState(port)
 		}
 	}
-	c := takeCensus(bridge, insts, hostns.PortNames(ports), links, members, setOK, member)
+	c := TakeCensus(bridge, insts, hostns.PortNames(ports), links, members, setOK, member)
 	return c, nil
 }
 
@@ -172,10 +172,10 @@ var nicOptions = map[string]bool{
 	"limits.ingress": true, "limits.egress": true, "limits.max": true, "limits.priority": true,
 }
 
-// takeCensus judges every instance on the bridge and every port on it.
+// TakeCensus judges every instance on the bridge and every port on it.
 // ports are the bridge's ports, links the kernel's view of every port
 // named, members the bridge drop's port set (checked when setOK).
-func takeCensus(bridge string, insts []incus.Instance, ports []string, links map[string]hostns.KernelPort, members []string, setOK bool, member string) *Census {
+func TakeCensus(bridge string, insts []incus.Instance, ports []string, links map[string]hostns.KernelPort, members []string, setOK bool, member string) *Census {
 	c := &Census{Bridge: bridge, Ports: append([]string{}, ports...), SetChecked: setOK, Siblings: []Sibling{}}
 	claimed := map[string]bool{}
 	for i := range insts {
@@ -185,7 +185,7 @@ func takeCensus(bridge string, insts []incus.Instance, ports []string, links map
 		}
 		var s Sibling
 		if member != "" && inst.Location != member && inst.Location != "" && inst.Location != "none" {
-			s = judgeDefinition(bridge, inst)
+			s = JudgeDefinition(bridge, inst)
 			s.Member = inst.Location
 		} else {
 			s = judgeInstance(bridge, inst, links, members, setOK)
@@ -221,7 +221,7 @@ func takeCensus(bridge string, insts []incus.Instance, ports []string, links map
 // judgeInstance checks one instance's expanded devices and config
 // (judgeDefinition), and, while it runs, its port as the kernel has it.
 func judgeInstance(bridge string, inst *incus.Instance, links map[string]hostns.KernelPort, members []string, setOK bool) Sibling {
-	s := judgeDefinition(bridge, inst)
+	s := JudgeDefinition(bridge, inst)
 	bad := func(what, fix string) { s.Problems = append(s.Problems, Problem{What: what, Fix: fix}) }
 	if inst.Status != "Running" {
 		return s
@@ -250,11 +250,11 @@ func judgeInstance(bridge string, inst *incus.Instance, links map[string]hostns.
 	return s
 }
 
-// judgeDefinition checks what an instance is made of, whatever its state:
+// JudgeDefinition checks what an instance is made of, whatever its state:
 // its expanded devices and config, by the census's rules. It is pure, so
 // an instance that does not exist yet (a backup to import) is judged the
 // same way.
-func judgeDefinition(bridge string, inst *incus.Instance) Sibling {
+func JudgeDefinition(bridge string, inst *incus.Instance) Sibling {
 	_, box := model.IsBox(inst)
 	s := Sibling{Name: inst.Name, Project: model.ProjectOf(inst.Project), Status: inst.Status, Type: inst.Type, Box: box, Problems: []Problem{}}
 	// incusCmd renders an incus command line for this instance's project.

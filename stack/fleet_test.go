@@ -94,7 +94,7 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 			if links[port].Master == "boxnet" && tc.inst.Status == "Running" {
 				ports = []string{port}
 			}
-			c := takeCensus("boxnet", []incus.Instance{tc.inst}, ports, links, members, true, "")
+			c := TakeCensus("boxnet", []incus.Instance{tc.inst}, ports, links, members, true, "")
 			require.Len(t, c.Siblings, 1, "the instance is a sibling")
 			s := c.Siblings[0]
 			problems := ""
@@ -121,7 +121,7 @@ func TestCensusStartsFromTheBridge(t *testing.T) {
 	elsewhere := stacktest.FleetInst("lan", func(i *incus.Instance) {
 		i.ExpandedDevices["eth0"] = map[string]string{"type": "nic", "network": "incusbr0"}
 	})
-	c := takeCensus("boxnet", []incus.Instance{stacktest.FleetInst("a", nil), elsewhere},
+	c := TakeCensus("boxnet", []incus.Instance{stacktest.FleetInst("a", nil), elsewhere},
 		[]string{"veth-a", "vethstray"}, map[string]hostns.KernelPort{"veth-a": {Exists: true, Master: "boxnet", Isolated: true}},
 		[]string{"veth-a", "vethstray"}, true, "")
 	require.Len(t, c.Siblings, 2, "the box on boxnet and the stray port; the instance on another bridge is none of the census's business")
@@ -129,7 +129,7 @@ func TestCensusStartsFromTheBridge(t *testing.T) {
 	assert.Equal(t, "port vethstray", stray.Label())
 	assert.Contains(t, stray.Problems[0].What, "no instance claims it")
 
-	orphan := takeCensus("boxnet", nil, []string{"vethleft"}, map[string]hostns.KernelPort{"vethleft": {Exists: true, Master: "boxnet", Isolated: true, Peer: "vethpeer"}}, nil, true, "")
+	orphan := TakeCensus("boxnet", nil, []string{"vethleft"}, map[string]hostns.KernelPort{"vethleft": {Exists: true, Master: "boxnet", Isolated: true, Peer: "vethpeer"}}, nil, true, "")
 	assert.Contains(t, orphan.Siblings[0].Problems[0].What, "its other end vethpeer is in the host's namespace")
 	assert.Equal(t, "ip link del vethleft (removes both ends)", orphan.Siblings[0].Problems[0].Fix)
 
@@ -143,7 +143,7 @@ func TestCensusStartsFromTheBridge(t *testing.T) {
 }
 
 func TestCensusWithoutAPortSetChecksNoMembership(t *testing.T) {
-	c := takeCensus("boxnet", []incus.Instance{stacktest.FleetInst("a", nil)}, []string{"veth-a"},
+	c := TakeCensus("boxnet", []incus.Instance{stacktest.FleetInst("a", nil)}, []string{"veth-a"},
 		map[string]hostns.KernelPort{"veth-a": {Exists: true, Master: "boxnet", Isolated: true}}, nil, false, "")
 	assert.True(t, c.Siblings[0].OnStack(), "bridge-meta mode has no set to be missing from")
 }
@@ -154,13 +154,13 @@ func TestCensusAcceptsExactlyTheNestingKeys(t *testing.T) {
 	cfg := model.NestingConfig()
 	require.Equal(t, map[string]string{"security.nesting": "true"}, cfg, "what Docker needed in a box here (docs/box.md)")
 	inst := stacktest.FleetInst("n", func(i *incus.Instance) { maps.Copy(i.Config, cfg) })
-	s := takeCensus("boxnet", []incus.Instance{inst}, []string{"veth-n"}, map[string]hostns.KernelPort{"veth-n": {Exists: true, Master: "boxnet", Isolated: true}}, []string{"veth-n"}, true, "").Siblings[0]
+	s := TakeCensus("boxnet", []incus.Instance{inst}, []string{"veth-n"}, map[string]hostns.KernelPort{"veth-n": {Exists: true, Master: "boxnet", Isolated: true}}, []string{"veth-n"}, true, "").Siblings[0]
 	require.True(t, s.OnStack())
 	for k, v := range cfg {
 		assert.Contains(t, strings.Join(s.Allowed, "\n"), k+"="+v+": allowed, ")
 	}
 	off := stacktest.FleetInst("m", func(i *incus.Instance) { i.Config["security.nesting"] = "false" })
-	s = takeCensus("boxnet", []incus.Instance{off}, nil, nil, nil, false, "").Siblings[0]
+	s = TakeCensus("boxnet", []incus.Instance{off}, nil, nil, nil, false, "").Siblings[0]
 	assert.NotContains(t, strings.Join(s.Allowed, "\n"), "security.nesting")
 }
 
@@ -206,7 +206,7 @@ func TestCensusNamesKernelKeys(t *testing.T) {
 	} {
 		t.Run(tc.key+"="+tc.value, func(t *testing.T) {
 			inst := stacktest.FleetInst("kk", func(i *incus.Instance) { i.Config[tc.key] = tc.value })
-			c := takeCensus("boxnet", []incus.Instance{inst}, []string{"veth-kk"},
+			c := TakeCensus("boxnet", []incus.Instance{inst}, []string{"veth-kk"},
 				map[string]hostns.KernelPort{"veth-kk": {Exists: true, Master: "boxnet", Isolated: true}}, []string{"veth-kk"}, true, "")
 			require.Len(t, c.Siblings, 1)
 			s := c.Siblings[0]

@@ -9,12 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/internal/syncbuf"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/daemon"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/nft"
@@ -31,8 +33,8 @@ func TestSystemHealAfterFlush(t *testing.T) {
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	for i := range 2 {
-		name := uniq(t, fmt.Sprintf("t-heal%d-", i))
-		_, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias})
+		name := stacktest.Name(t, fmt.Sprintf("t-heal%d-", i))
+		_, err := boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: name, Image: image.DefaultAlias})
 		require.NoError(t, err)
 		_, err = h.WaitAddress(ctx, name, 30*time.Second)
 		require.NoError(t, err)

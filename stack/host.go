@@ -81,8 +81,8 @@ type Host struct {
 	member  string       // the member this Host acts on ("" standalone or local)
 }
 
-// progressf tells Progress, if anyone listens.
-func (host *Host) progressf(format string, args ...any) {
+// Progressf tells Progress, if anyone listens.
+func (host *Host) Progressf(format string, args ...any) {
 	if host.Progress != nil {
 		host.Progress(format, args...)
 	}

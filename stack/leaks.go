@@ -61,14 +61,14 @@ func (host *Host) sweepLeaks(ctx context.Context, g *hostns.NS) ([]string, error
 	return removed, nil
 }
 
-// removeLeftPorts removes the ports a removed instance's NICs left on the
+// RemoveLeftPorts removes the ports a removed instance's NICs left on the
 // bridge with their other end in the host's namespace (best effort: a
 // port left behind is what Ensure's sweep and the census are for).
-func (host *Host) removeLeftPorts(inst *incus.Instance) {
+func (host *Host) RemoveLeftPorts(inst *incus.Instance) {
 	if h := host.here(); h != "" && inst.Location != "" && inst.Location != h {
 		// On another member: its kernel holds the pair, where reachable.
 		if mh, ok := host.memberHost(inst.Location); ok {
-			mh.removeLeftPorts(inst)
+			mh.RemoveLeftPorts(inst)
 		}
 		return
 	}

@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill/image"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 )
 
@@ -29,9 +31,9 @@ import (
 func TestSystemLimitsHold(t *testing.T) {
 	ctx, h, st := worldHost(t)
 	ensureCounting(ctx, t, h)
-	box := uniq(t, "t-lim-")
-	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), box) })
-	b, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias,
+	box := stacktest.Name(t, "t-lim-")
+	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), box) })
+	b, err := boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: box, Image: image.DefaultAlias,
 		Processes: "64", CPUAllowance: "20ms/100ms", Memory: "128MiB", Disk: "128MiB"})
 	require.NoError(t, err)
 	assert.Empty(t, b.Notes, "every limit applied")
@@ -88,9 +90,9 @@ func TestSystemLimitsHold(t *testing.T) {
 	assert.Contains(t, out, "rc=137", "killed (SIGKILL) at the memory limit, not its 512 MiB")
 
 	// A sibling beside it, minted while it was held, is untouched.
-	sib := uniq(t, "t-lim-")
-	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), sib) })
-	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: sib, Image: image.DefaultAlias})
+	sib := stacktest.Name(t, "t-lim-")
+	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), sib) })
+	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: sib, Image: image.DefaultAlias})
 	require.NoError(t, err)
 	_, err = h.WaitAddress(ctx, sib, 30*time.Second)
 	require.NoError(t, err)
@@ -101,13 +103,13 @@ func TestSystemLimitsHold(t *testing.T) {
 	t.Cleanup(func() { _ = h.Incus.DeleteStoragePool(context.Background(), dirPool) })
 	onDir := *h
 	onDir.Options.Pool = dirPool
-	dirBox := uniq(t, "t-lim-")
-	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), dirBox) })
-	b, err = stack.NewManager(&onDir).Mint(ctx, stack.MintRequest{Name: dirBox, Image: image.DefaultAlias, Disk: "128MiB"})
+	dirBox := stacktest.Name(t, "t-lim-")
+	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), dirBox) })
+	b, err = boxes.NewManager(&onDir).Mint(ctx, boxes.MintRequest{Name: dirBox, Image: image.DefaultAlias, Disk: "128MiB"})
 	require.NoError(t, err)
 	require.Len(t, b.Notes, 1, "%v", b.Notes)
 	assert.Contains(t, b.Notes[0], "no disk limit: pool "+dirPool+" (dir) did not enforce the root disk's size 128MiB")
-	t.Cleanup(func() { _ = stack.NewManager(&onDir).Remove(context.Background(), dirBox) })
+	t.Cleanup(func() { _ = boxes.NewManager(&onDir).Remove(context.Background(), dirBox) })
 }
 
 // poolQuotaGroups is what the btrfs quota groups of the world's pool say

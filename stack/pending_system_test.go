@@ -11,12 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -130,9 +133,9 @@ func TestSystemPendingBridgeRepaired(t *testing.T) {
 	assert.Empty(t, v.Findings, "a whole stack after the repair")
 
 	// A box on it: nothing of the user's is touched; the fix is named.
-	name := uniq(t, "pend-")
-	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), name) })
-	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: name, Image: image.DefaultAlias})
+	name := stacktest.Name(t, "pend-")
+	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), name) })
+	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: name, Image: image.DefaultAlias})
 	require.NoError(t, err)
 	leavePending(t, st)
 	v, err = h.Verify(ctx)

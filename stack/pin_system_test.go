@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/stretchr/testify/assert"
@@ -22,7 +24,7 @@ import (
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/nstest"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -37,9 +39,9 @@ func TestSystemNATInsideABoxWithPinning(t *testing.T) {
 	ctx, h, st := worldHost(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
-	box := uniq(t, "t-nat-")
-	t.Cleanup(func() { _ = stack.NewManager(h).Remove(context.Background(), box) })
-	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
+	box := stacktest.Name(t, "t-nat-")
+	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), box) })
+	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: box, Image: image.DefaultAlias})
 	require.NoError(t, err)
 	_, err = h.WaitAddress(ctx, box, 30*time.Second)
 	require.NoError(t, err)

@@ -28,13 +28,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/nsrun"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -201,17 +203,17 @@ func TestSystemMintPullsFromAnImageServer(t *testing.T) {
 		progress = append(progress, fmt.Sprintf(format, args...))
 	}
 	t.Cleanup(func() { _ = h.Incus.DeleteImage(context.Background(), p.fp) })
-	names := []string{uniq(t, "t-pull-"), uniq(t, "t-pull-"), uniq(t, "t-pull-"), uniq(t, "t-pull-")}
+	names := []string{stacktest.Name(t, "t-pull-"), stacktest.Name(t, "t-pull-"), stacktest.Name(t, "t-pull-"), stacktest.Name(t, "t-pull-")}
 	t.Cleanup(func() {
 		for _, n := range names {
-			_ = stack.NewManager(h).Remove(context.Background(), n)
+			_ = boxes.NewManager(h).Remove(context.Background(), n)
 		}
 	})
 	img := "images:" + p.alias
 	rootfs := "/images/" + strings.TrimPrefix(p.alias, "box-pull/") + "/root.tar.xz"
 
 	start := time.Now()
-	b, err := stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: names[0], Image: img})
+	b, err := boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: names[0], Image: img})
 	require.NoError(t, err)
 	t.Logf("first mint (download) %s; progress: %q", time.Since(start).Round(time.Millisecond), progress)
 	assert.Equal(t, p.fp, b.Stamps[model.StampFingerprint], "the fingerprint incusd resolved the alias to")
@@ -234,7 +236,7 @@ func TestSystemMintPullsFromAnImageServer(t *testing.T) {
 
 	downloads := p.got(rootfs)
 	start = time.Now()
-	b, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: names[1], Image: img})
+	b, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: names[1], Image: img})
 	require.NoError(t, err)
 	t.Logf("second mint (cached) %s", time.Since(start).Round(time.Millisecond))
 	assert.Equal(t, downloads, p.got(rootfs), "the second mint downloads nothing")
@@ -242,16 +244,16 @@ func TestSystemMintPullsFromAnImageServer(t *testing.T) {
 
 	// The server down, the image cached: Incus mints from its cache.
 	p.stop()
-	b, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: names[2], Image: img})
+	b, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: names[2], Image: img})
 	require.NoError(t, err, "a server down does not stop a mint of a cached image")
 	assert.Equal(t, p.fp, b.Stamps[model.StampFingerprint])
 
 	// A server never reached, the image never fetched: a clear error,
 	// nothing made.
-	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: names[3], Image: "gone:" + p.alias})
+	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: names[3], Image: "gone:" + p.alias})
 	require.Error(t, err)
 	t.Logf("server unreachable: %v", err)
-	var pe *stack.ImagePullError
+	var pe *boxes.ImagePullError
 	require.ErrorAs(t, err, &pe)
 	assert.Equal(t, dead, pe.Server)
 	assert.Contains(t, err.Error(), "connection refused")

@@ -2,8 +2,6 @@ package stack_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"net"
 	"net/netip"
@@ -11,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/box-isolation/box/stack/stacktest"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -23,6 +23,7 @@ import (
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -46,14 +47,6 @@ func worldHost(t *testing.T) (context.Context, *stack.Host, *world.State) {
 	bare()
 	t.Cleanup(bare)
 	return ctx, h, st
-}
-
-func uniq(t *testing.T, prefix string) string {
-	t.Helper()
-	b := make([]byte, 3)
-	_, err := rand.Read(b)
-	require.NoError(t, err)
-	return prefix + hex.EncodeToString(b)
 }
 
 func hostNetlink(t *testing.T, st *world.State) *netlink.Handle {
@@ -137,8 +130,8 @@ func TestSystemDriftIsFoundAndHealed(t *testing.T) {
 	ctx, h, st := worldHost(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
-	box := uniq(t, "t-drift-")
-	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
+	box := stacktest.Name(t, "t-drift-")
+	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: box, Image: image.DefaultAlias})
 	require.NoError(t, err)
 	_, err = h.WaitAddress(ctx, box, 30*time.Second)
 	require.NoError(t, err)
@@ -236,7 +229,7 @@ func TestSystemBoundary(t *testing.T) {
 	ctx, h, _ := worldHost(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
-	name := uniq(t, "t-stranger-")
+	name := stacktest.Name(t, "t-stranger-")
 	require.NoError(t, h.Incus.CreateInstance(ctx, incus.InstancesPost{
 		Name: name, Type: "container", Start: true, Profiles: []string{"box-net"},
 		Config: map[string]string{"user.other": "1"},
@@ -253,13 +246,13 @@ func TestSystemBoundary(t *testing.T) {
 		name string
 		call func() error
 	}{
-		{"stop", func() error { return stack.NewManager(h).Stop(ctx, name, true) }},
-		{"start", func() error { return stack.NewManager(h).Start(ctx, name) }},
-		{"rename", func() error { return stack.NewManager(h).Rename(ctx, name, name+"-x") }},
-		{"snapshot", func() error { _, err := stack.NewManager(h).Snapshot(ctx, name, "s"); return err }},
-		{"restore", func() error { return stack.NewManager(h).Restore(ctx, name, "s") }},
-		{"remove", func() error { return stack.NewManager(h).Remove(ctx, name) }},
-		{"clone", func() error { _, err := stack.NewManager(h).Clone(ctx, name, "", name+"-c"); return err }},
+		{"stop", func() error { return boxes.NewManager(h).Stop(ctx, name, true) }},
+		{"start", func() error { return boxes.NewManager(h).Start(ctx, name) }},
+		{"rename", func() error { return boxes.NewManager(h).Rename(ctx, name, name+"-x") }},
+		{"snapshot", func() error { _, err := boxes.NewManager(h).Snapshot(ctx, name, "s"); return err }},
+		{"restore", func() error { return boxes.NewManager(h).Restore(ctx, name, "s") }},
+		{"remove", func() error { return boxes.NewManager(h).Remove(ctx, name) }},
+		{"clone", func() error { _, err := boxes.NewManager(h).Clone(ctx, name, "", name+"-c"); return err }},
 		{"migrate", func() error { _, err := h.Migrate(ctx, stack.MigrateRequest{Box: name}); return err }},
 	}
 	for _, op := range ops {
@@ -288,13 +281,13 @@ func TestSystemCloneGetsItsOwnIdentity(t *testing.T) {
 	ctx, h, _ := worldHost(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
-	src, dst := uniq(t, "t-src-"), uniq(t, "t-clone-")
-	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: src, Image: image.DefaultAlias, Stamps: map[string]string{model.StampTemplate: "blank"}})
+	src, dst := stacktest.Name(t, "t-src-"), stacktest.Name(t, "t-clone-")
+	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: src, Image: image.DefaultAlias, Stamps: map[string]string{model.StampTemplate: "blank"}})
 	require.NoError(t, err)
 	srcIP, err := h.WaitAddress(ctx, src, 30*time.Second)
 	require.NoError(t, err)
 
-	res, err := stack.NewManager(h).Clone(ctx, src, "", dst)
+	res, err := boxes.NewManager(h).Clone(ctx, src, "", dst)
 	require.NoError(t, err)
 	t.Logf("clone of a running box: source stopped for the copy: %v", res.SourceStopped)
 	dstIP, err := h.WaitAddress(ctx, dst, 30*time.Second)
@@ -338,7 +331,7 @@ func TestSystemMigrateLegacyBox(t *testing.T) {
 	conn, _ := nftIn(t, st)
 	conn.AddTable(&nftables.Table{Family: nftables.TableFamilyBridge, Name: "claudebox"})
 	require.NoError(t, conn.Flush())
-	name := uniq(t, "t-legacy-")
+	name := stacktest.Name(t, "t-legacy-")
 	require.NoError(t, c.CreateInstance(ctx, incus.InstancesPost{
 		Name: name, Type: "container", Start: true, Profiles: []string{"claude-dev"},
 		Config: map[string]string{"user.claudebox": "1"},
@@ -393,8 +386,8 @@ func TestSystemFirewallOnly(t *testing.T) {
 	ctx, h, st := worldHost(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
-	box := uniq(t, "t-fw-")
-	_, err = stack.NewManager(h).Mint(ctx, stack.MintRequest{Name: box, Image: image.DefaultAlias})
+	box := stacktest.Name(t, "t-fw-")
+	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: box, Image: image.DefaultAlias})
 	require.NoError(t, err)
 	// Its lease taken (and pinned), as box new and the drill wait for.
 	_, err = h.WaitAddress(ctx, box, 30*time.Second)

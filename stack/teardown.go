@@ -41,7 +41,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 			return nil, fmt.Errorf("%d boxes still exist (%s): remove them with `box rm`, or pass --force to delete them with the stack", len(boxes), strings.Join(names(boxes), ", "))
 		}
 		for i, b := range boxes {
-			host.progressf("removing box %d of %d: %s", i+1, len(boxes), b.Name)
+			host.Progressf("removing box %d of %d: %s", i+1, len(boxes), b.Name)
 			if err := host.RemoveInstance(ctx, b.Name); err != nil {
 				return changes, err
 			}

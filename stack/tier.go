@@ -55,7 +55,7 @@ func TierBridge(uid uint32) string {
 // less its NUL).
 const maxIfaceName = 15
 
-var tierProjectRE = regexp.MustCompile(`^user-([0-9]+)$`)
+var TierProjectRE = regexp.MustCompile(`^user-([0-9]+)$`)
 
 // TierSet is what a granted project's config must say: boxnet only, no
 // host paths, no proxies, unprivileged, snapshots and backups allowed, and
@@ -171,7 +171,7 @@ func (host *Host) Tiers(ctx context.Context, group string) ([]Tier, error) {
 	out := []Tier{}
 	seen := map[uint32]bool{}
 	for _, p := range projects {
-		m := tierProjectRE.FindStringSubmatch(p.Name)
+		m := TierProjectRE.FindStringSubmatch(p.Name)
 		if m == nil {
 			continue
 		}

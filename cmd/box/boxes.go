@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
@@ -157,7 +158,7 @@ func (c *call) newBox(o *newOpts) error {
 	case o.container:
 		want = model.TypeContainer
 	}
-	typ, err := stack.NewManager(h).NewBoxType(c.ctx, want)
+	typ, err := boxes.NewManager(h).NewBoxType(c.ctx, want)
 	if err != nil {
 		return err
 	}
@@ -175,7 +176,7 @@ func (c *call) newBox(o *newOpts) error {
 	nesting := o.wantNesting(t)
 	start := time.Now()
 	c.progressf("minting %s from %s...", o.name, img)
-	b, err := stack.NewManager(h).Mint(c.ctx, stack.MintRequest{
+	b, err := boxes.NewManager(h).Mint(c.ctx, boxes.MintRequest{
 		Name: o.name, Image: img, Type: typ.Type,
 		CPU: res.CPU, Memory: res.Memory, Disk: res.Disk, Processes: res.Processes, CPUAllowance: res.CPUAllowance,
 		UserData: userData, Egress: egress, Target: o.target, Nesting: nesting,
@@ -189,7 +190,7 @@ func (c *call) newBox(o *newOpts) error {
 	if b != nil {
 		for _, n := range b.Notes {
 			fmt.Fprintf(c.err, "box: %s: %s\n", o.name, n)
-			if strings.HasPrefix(n, stack.NoteNoMemoryLimit) {
+			if strings.HasPrefix(n, boxes.NoteNoMemoryLimit) {
 				res.Memory = ""
 			}
 		}
@@ -198,7 +199,7 @@ func (c *call) newBox(o *newOpts) error {
 	if nesting {
 		wanted += ", nesting"
 	}
-	var notStarted *stack.NotStartedError
+	var notStarted *boxes.NotStartedError
 	if errors.As(err, &notStarted) {
 		// stack removes a box that was created but would not start (and
 		// has already tried without a memory limit).
@@ -236,7 +237,7 @@ func (c *call) cloneBox(o *newOpts) error {
 		return err
 	}
 	if snap != "" {
-		snaps, err := stack.NewManager(h).Snapshots(c.ctx, src)
+		snaps, err := boxes.NewManager(h).Snapshots(c.ctx, src)
 		if err != nil {
 			return err
 		}
@@ -246,7 +247,7 @@ func (c *call) cloneBox(o *newOpts) error {
 	}
 	start := time.Now()
 	c.progressf("cloning %s into %s...", o.from, o.name)
-	cr, err := stack.NewManager(h).CloneTo(c.ctx, src, snap, o.name, o.target)
+	cr, err := boxes.NewManager(h).CloneTo(c.ctx, src, snap, o.name, o.target)
 	c.progressDone()
 	if err != nil {
 		return err
@@ -280,9 +281,9 @@ func (c *call) cloneBox(o *newOpts) error {
 	}
 	what := fmt.Sprintf("clone of %s, inherited %s; its disk state and users come with it, its MAC and machine-id are its own", o.from, inh)
 	switch cr.Provisioning {
-	case stack.ProvisionChecks:
+	case boxes.ProvisionChecks:
 		what += "; not provisioned again (its user and agent checked only)"
-	case stack.ProvisionAgain:
+	case boxes.ProvisionAgain:
 		what += "; its user-data is not box's and ran again"
 	}
 	return c.printNew(r, o.asJSON, what)
@@ -529,13 +530,13 @@ func setupInfo(fs *flag.FlagSet) action {
 			return err
 		}
 		r := infoResult{Box: c.box, Addresses: []string{}}
-		if r.Snapshots, err = stack.NewManager(h).Snapshots(c.ctx, c.name()); err != nil {
+		if r.Snapshots, err = boxes.NewManager(h).Snapshots(c.ctx, c.name()); err != nil {
 			return err
 		}
 		if r.Snapshots == nil {
 			r.Snapshots = []incus.Snapshot{}
 		}
-		if r.Doors, err = stack.NewDoors(h).ListDoors(c.ctx, c.name()); err != nil {
+		if r.Doors, err = boxes.NewDoors(h).ListDoors(c.ctx, c.name()); err != nil {
 			return err
 		}
 		if st, err := h.Incus.InstanceState(c.ctx, c.name()); err == nil {
@@ -694,7 +695,7 @@ func setupSnapshot(fs *flag.FlagSet) action {
 		if len(c.args) > 1 {
 			label = c.args[1]
 		}
-		snap, err := stack.NewManager(h).Snapshot(c.ctx, c.name(), label)
+		snap, err := boxes.NewManager(h).Snapshot(c.ctx, c.name(), label)
 		if err != nil {
 			return err
 		}
@@ -710,14 +711,14 @@ func setupRestore(fs *flag.FlagSet) action {
 			return err
 		}
 		snap := c.args[1]
-		snaps, err := stack.NewManager(h).Snapshots(c.ctx, c.name())
+		snaps, err := boxes.NewManager(h).Snapshots(c.ctx, c.name())
 		if err != nil {
 			return err
 		}
 		if !slices.ContainsFunc(snaps, func(s incus.Snapshot) bool { return s.Name == snap }) {
 			return fmt.Errorf("%s has no snapshot %s (box info %s lists them)", c.name(), snap, c.name())
 		}
-		if err := stack.NewManager(h).Restore(c.ctx, c.name(), snap); err != nil {
+		if err := boxes.NewManager(h).Restore(c.ctx, c.name(), snap); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.out, "%s restored to %s\n", c.name(), snap)
@@ -731,7 +732,7 @@ func setupRename(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		if err := stack.NewManager(h).Rename(c.ctx, c.name(), c.args[1]); err != nil {
+		if err := boxes.NewManager(h).Rename(c.ctx, c.name(), c.args[1]); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.out, "%s renamed to %s\n", c.name(), c.args[1])
@@ -750,7 +751,7 @@ func setupDown(fs *flag.FlagSet) action {
 			fmt.Fprintf(c.err, "%s is already stopped\n", c.name())
 			return nil
 		}
-		if err := stack.NewManager(h).Stop(c.ctx, c.name(), *force); err != nil {
+		if err := boxes.NewManager(h).Stop(c.ctx, c.name(), *force); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.out, "%s stopped\n", c.name())
@@ -768,7 +769,7 @@ func setupStart(fs *flag.FlagSet) action {
 			fmt.Fprintf(c.err, "%s is already running\n", c.name())
 			return nil
 		}
-		if err := stack.NewManager(h).Start(c.ctx, c.name()); err != nil {
+		if err := boxes.NewManager(h).Start(c.ctx, c.name()); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.out, "%s started\n", c.name())
@@ -782,11 +783,11 @@ func setupRm(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		snaps, err := stack.NewManager(h).Snapshots(c.ctx, c.name())
+		snaps, err := boxes.NewManager(h).Snapshots(c.ctx, c.name())
 		if err != nil {
 			return err
 		}
-		if err := stack.NewManager(h).Remove(c.ctx, c.name()); err != nil {
+		if err := boxes.NewManager(h).Remove(c.ctx, c.name()); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.out, "%s removed (with %d snapshots)\n", c.name(), len(snaps))
@@ -807,7 +808,7 @@ func setupMove(fs *flag.FlagSet) action {
 		}
 		start := time.Now()
 		c.progressf("moving %s to %s...", c.name(), *target)
-		res, err := stack.NewManager(h).Move(c.ctx, c.name(), *target)
+		res, err := boxes.NewManager(h).Move(c.ctx, c.name(), *target)
 		c.progressDone()
 		if err != nil {
 			return err

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/egress"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -61,7 +61,7 @@ func setupEgress(fs *flag.FlagSet) action {
 			if len(c.args) > 2 {
 				return usagef("egress: show takes no names")
 			}
-			st, err := stack.NewManager(h).Egress(c.ctx, c.name())
+			st, err := boxes.NewManager(h).Egress(c.ctx, c.name())
 			if err != nil {
 				return err
 			}
@@ -94,7 +94,7 @@ func setupEgress(fs *flag.FlagSet) action {
 				return usagef("egress: open takes no names")
 			}
 			t0 := time.Now()
-			ch, err := stack.NewManager(h).SetEgress(c.ctx, c.name(), names)
+			ch, err := boxes.NewManager(h).SetEgress(c.ctx, c.name(), names)
 			if err != nil {
 				return err
 			}
@@ -115,7 +115,7 @@ func setupEgress(fs *flag.FlagSet) action {
 			if *since > 0 {
 				from = time.Now().Add(-*since)
 			}
-			rs, err := stack.NewManager(h).EgressRefusals(c.ctx, c.name(), from)
+			rs, err := boxes.NewManager(h).EgressRefusals(c.ctx, c.name(), from)
 			if err != nil {
 				return err
 			}

@@ -19,6 +19,7 @@ import (
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/egress"
 	"github.com/box-isolation/box/stack/hostns"
 )
@@ -118,7 +119,7 @@ func TestSystemEgressAllowlist(t *testing.T) {
 	res = r.run(t, "egress", box, "allow", "canary.example.net", "--json")
 	took := time.Since(t0)
 	require.Equal(t, exitOK, res.code, res.err)
-	var ch stack.EgressChange
+	var ch boxes.EgressChange
 	require.NoError(t, json.Unmarshal([]byte(res.out), &ch))
 	t.Logf("box egress allow (existing policy) took %s; new policy: %v", took, ch.NewPolicy)
 	assert.False(t, ch.NewPolicy, "the policy was there")

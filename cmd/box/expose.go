@@ -10,7 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -35,7 +35,7 @@ func setupExpose(fs *flag.FlagSet) action {
 		case (*list || *remove != "") && (len(c.args) > 1 || *listen != "" || *unixDoor || *tcp):
 			return usagef("expose: --list and --remove take the box's name only\nusage: box %s", c.cmd.synopsis)
 		case *list:
-			doors, err := stack.NewDoors(h).ListDoors(c.ctx, name)
+			doors, err := boxes.NewDoors(h).ListDoors(c.ctx, name)
 			if err != nil {
 				return err
 			}
@@ -54,7 +54,7 @@ func setupExpose(fs *flag.FlagSet) action {
 			if err != nil {
 				return err
 			}
-			if err := stack.NewDoors(h).Unexpose(c.ctx, name, port); err != nil {
+			if err := boxes.NewDoors(h).Unexpose(c.ctx, name, port); err != nil {
 				return err
 			}
 			fmt.Fprintf(c.out, "%s: door to port %d removed\n", name, port)
@@ -92,7 +92,7 @@ func setupExpose(fs *flag.FlagSet) action {
 			}
 			spec.Listen = a
 		}
-		door, err := stack.NewDoors(h).Expose(c.ctx, name, spec)
+		door, err := boxes.NewDoors(h).Expose(c.ctx, name, spec)
 		if err != nil {
 			return err
 		}

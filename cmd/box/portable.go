@@ -10,12 +10,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 )
 
 // exportResult is what `box export --json` prints.
 type exportResult struct {
-	*stack.ExportResult
+	*boxes.ExportResult
 	File    string  `json:"file"`
 	Seconds float64 `json:"seconds"`
 }
@@ -60,7 +60,7 @@ func (c *call) export(force, asJSON bool) error {
 	}
 	start := time.Now()
 	c.progressf("exporting %s...", name)
-	res, err := stack.NewManager(h).Export(c.ctx, name, tmp)
+	res, err := boxes.NewManager(h).Export(c.ctx, name, tmp)
 	c.progressDone()
 	if res != nil && res.SourceStopped {
 		fmt.Fprintf(c.err, "box: %s was running: it was stopped for the export and started again (Incus copies a running box's files while they change, and this host cannot freeze it: only a stopped box makes a consistent file)\n", name)
@@ -130,7 +130,7 @@ func byteSize(n int64) string {
 
 // importResult is what `box import --json` prints.
 type importResult struct {
-	*stack.ImportResult
+	*boxes.ImportResult
 	Address string  `json:"address"`
 	Seconds float64 `json:"seconds"`
 }
@@ -148,7 +148,7 @@ func (c *call) importBox(file, name string, asJSON bool) error {
 	}
 	start := time.Now()
 	c.progressf("importing %s...", file)
-	res, err := stack.NewManager(h).Import(c.ctx, file, name)
+	res, err := boxes.NewManager(h).Import(c.ctx, file, name)
 	c.progressDone()
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -70,7 +71,7 @@ func TestSystemExportImport(t *testing.T) {
 	// The file holds the box's stamps and its snapshot.
 	f, err := os.Open(file)
 	require.NoError(t, err)
-	bf, err := stack.ReadBackupFile(f)
+	bf, err := boxes.ReadBackupFile(f)
 	f.Close()
 	require.NoError(t, err)
 	assert.Equal(t, src, bf.Name)

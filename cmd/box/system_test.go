@@ -23,6 +23,7 @@ import (
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
@@ -315,10 +316,10 @@ func forgetMemoryLimits(t *testing.T, c *incus.Client) {
 	forget := func() {
 		n, etag, err := c.Network(context.Background(), model.Current.Network)
 		require.NoError(t, err)
-		if _, ok := n.Config[stack.KeyMemoryLimits]; !ok {
+		if _, ok := n.Config[boxes.KeyMemoryLimits]; !ok {
 			return
 		}
-		delete(n.Config, stack.KeyMemoryLimits)
+		delete(n.Config, boxes.KeyMemoryLimits)
 		require.NoError(t, c.UpdateNetwork(context.Background(), model.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
 	}
 	forget()
@@ -531,7 +532,7 @@ func TestSystemMemoryLimitFallback(t *testing.T) {
 		assert.Equal(t, "4GiB", inst.Config["limits.memory"], "the template's limit, applied")
 		n, _, err := c.Network(ctx, model.Current.Network)
 		require.NoError(t, err)
-		assert.NotEqual(t, "unsupported", n.Config[stack.KeyMemoryLimits], "nothing to remember")
+		assert.NotEqual(t, "unsupported", n.Config[boxes.KeyMemoryLimits], "nothing to remember")
 		return
 	}
 	assert.Contains(t, res.err, "no memory limit: this host cannot apply one (the start with limits.memory=4GiB failed")
@@ -541,7 +542,7 @@ func TestSystemMemoryLimitFallback(t *testing.T) {
 	assert.NotContains(t, inst.Config, "limits.memory")
 	n, _, err := c.Network(ctx, model.Current.Network)
 	require.NoError(t, err)
-	assert.Equal(t, "unsupported", n.Config[stack.KeyMemoryLimits], "remembered on the stack")
+	assert.Equal(t, "unsupported", n.Config[boxes.KeyMemoryLimits], "remembered on the stack")
 
 	res = withMemory.run(t, "new", "--name", second)
 	require.Equal(t, exitOK, res.code, res.err)

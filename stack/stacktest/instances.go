@@ -1,10 +1,14 @@
 package stacktest
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"maps"
+	"testing"
 
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
+	"github.com/stretchr/testify/require"
 )
 
 // HostProfiles are this host's profiles: box-net as setup-host makes it,
@@ -38,4 +42,14 @@ func FleetInst(name string, edit func(i *incus.Instance)) incus.Instance {
 	}
 	i.ExpandedConfig = maps.Clone(i.Config)
 	return i
+}
+
+// Name is prefix and six random hex digits: a name no other test run
+// uses at the same time.
+func Name(t testing.TB, prefix string) string {
+	t.Helper()
+	b := make([]byte, 3)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return prefix + hex.EncodeToString(b)
 }

@@ -1,4 +1,4 @@
-package stack_test
+package boxes_test
 
 import (
 	"context"
@@ -6,12 +6,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 )
 
@@ -27,7 +30,7 @@ func TestSystemMachineIDTemplate(t *testing.T) {
 	defer cancel()
 	_, err := image.Ensure(ctx, c, image.DefaultAlias, image.Options{})
 	require.NoError(t, err)
-	src, dst := uniq(t, "t-mid-"), uniq(t, "t-mid-")
+	src, dst := stacktest.Name(t, "t-mid-"), stacktest.Name(t, "t-mid-")
 	for _, n := range []string{src, dst} {
 		t.Cleanup(func() {
 			_ = c.SetInstanceState(context.Background(), n, "stop", 0, true)
@@ -53,7 +56,7 @@ func TestSystemMachineIDTemplate(t *testing.T) {
 		return inst.Config["volatile.uuid"], strings.TrimSpace(string(b))
 	}
 
-	require.NoError(t, stack.MachineIDTemplateOf(h)(ctx, dst))
+	require.NoError(t, boxes.MachineIDTemplateOf(h)(ctx, dst))
 	md, _, err := c.InstanceMetadata(ctx, dst)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"copy"}, md.Templates["/etc/machine-id"].When)
@@ -65,7 +68,7 @@ func TestSystemMachineIDTemplate(t *testing.T) {
 	// copy is pending; the template still runs at its next start.
 	// (The probe image's init makes up a machine-id when it has none.)
 	srcUUID, before := ownID(src)
-	require.NoError(t, stack.MachineIDTemplateOf(h)(ctx, src))
+	require.NoError(t, boxes.MachineIDTemplateOf(h)(ctx, src))
 	_, after := ownID(src)
 	assert.Equal(t, strings.ReplaceAll(srcUUID, "-", ""), after)
 	assert.NotEqual(t, before, after)

@@ -1,4 +1,4 @@
-package stack
+package boxes
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/stacktest"
 
 	"github.com/stretchr/testify/assert"
@@ -49,7 +50,7 @@ type mintFake struct {
 // to.
 const pulledFP = "5eb1e0b7c0ffee5eb1e0b7c0ffee5eb1e0b7c0ffee5eb1e0b7c0ffee5eb1e0b7"
 
-func newMintFake(t *testing.T) (*mintFake, *Host) {
+func newMintFake(t *testing.T) (*mintFake, *stack.Host) {
 	t.Helper()
 	f := &mintFake{srv: incustest.New(t), insts: map[string]*incus.Instance{}}
 	s := f.srv
@@ -152,7 +153,7 @@ func newMintFake(t *testing.T) (*mintFake, *Host) {
 		i.Config, i.Devices = put.Config, put.Devices
 		s.Async(w, incustest.Op{Description: "Updating instance"})
 	})
-	return f, &Host{Incus: incus.New(s.Socket()), NoKernel: true}
+	return f, &stack.Host{Incus: incus.New(s.Socket()), NoKernel: true}
 }
 
 // created is the create request box sent.

@@ -1,4 +1,4 @@
-package stack
+package boxes
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/stacktest"
 
 	"github.com/stretchr/testify/assert"
@@ -39,7 +40,7 @@ func TestWithLimits(t *testing.T) {
 	inst := stacktest.FleetInst("lim", func(i *incus.Instance) {
 		withLimits(i.Config, MintRequest{Processes: "2048", CPUAllowance: "50%", IsolatedIDMap: true})
 	})
-	assert.True(t, judgeDefinition("boxnet", &inst).OnStack())
+	assert.True(t, stack.JudgeDefinition("boxnet", &inst).OnStack())
 }
 
 // TestDiskLimitNote: a root disk size the pool does not enforce is said,
@@ -65,7 +66,7 @@ func TestDiskLimitNote(t *testing.T) {
 			srv.Handle("/1.0/instances/b/state", func(w http.ResponseWriter, r *http.Request) {
 				_ = json.NewEncoder(w).Encode(map[string]any{"type": "sync", "status_code": 200, "metadata": incus.InstanceState{Status: "Running", Disk: tc.disk}})
 			})
-			h := &Host{Incus: incus.New(srv.Socket())}
+			h := &stack.Host{Incus: incus.New(srv.Socket())}
 			got := (&Manager{host: h}).diskLimitNote(context.Background(), MintRequest{Name: "b", Disk: tc.size})
 			if tc.want == "" {
 				require.Empty(t, got)

@@ -1,4 +1,4 @@
-package stack
+package boxes
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
 	"github.com/box-isolation/box/stack/model"
@@ -31,7 +32,7 @@ func TestNewBoxType(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := incustest.New(t)
 			srv.Drivers(tc.driver)
-			h := &Host{Incus: incus.New(srv.Socket())}
+			h := &stack.Host{Incus: incus.New(srv.Socket())}
 			d, err := (&Manager{host: h}).NewBoxType(context.Background(), tc.want)
 			require.NoError(t, err)
 			assert.Equal(t, model.TypeDecision{Type: tc.wantType, Reason: tc.reason, Chosen: tc.chosen}, d)
@@ -50,7 +51,7 @@ func TestDecideTypeRefuses(t *testing.T) {
 
 func TestMintRefusesAnUnknownType(t *testing.T) {
 	srv := incustest.New(t)
-	h := &Host{Incus: incus.New(srv.Socket())}
+	h := &stack.Host{Incus: incus.New(srv.Socket())}
 	_, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: "img", Type: "vm"})
 	require.ErrorContains(t, err, `minting b: instance type "vm"`)
 	assert.Empty(t, srv.Requests(), "refused before incusd is asked")

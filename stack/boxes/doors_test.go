@@ -1,4 +1,4 @@
-package stack
+package boxes
 
 import (
 	"cmp"
@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/stacktest"
 
 	"github.com/stretchr/testify/assert"
@@ -201,7 +202,7 @@ func TestCensusAcceptsExactlyBoxsDoors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			port := "veth-" + tc.inst.Name
-			c := takeCensus("boxnet", []incus.Instance{tc.inst}, []string{port}, map[string]hostns.KernelPort{port: good}, []string{port}, true, "")
+			c := stack.TakeCensus("boxnet", []incus.Instance{tc.inst}, []string{port}, map[string]hostns.KernelPort{port: good}, []string{port}, true, "")
 			require.Len(t, c.Siblings, 1)
 			s := c.Siblings[0]
 			var problems []string
@@ -260,7 +261,7 @@ func newDoorServer(t *testing.T, typ string, devices map[string]map[string]strin
 	return ds
 }
 
-func (ds *doorServer) host() *Host { return &Host{Incus: incus.New(ds.srv.Socket())} }
+func (ds *doorServer) host() *stack.Host { return &stack.Host{Incus: incus.New(ds.srv.Socket())} }
 
 // freePort is a TCP port nothing listens on at 127.0.0.1 here.
 func freePort(t *testing.T) uint16 {
@@ -312,7 +313,7 @@ func TestExposeRefuses(t *testing.T) {
 	defer held.Close()
 	inUse := uint16(held.Addr().(*net.TCPAddr).Port)
 	taken := freePort(t)
-	granted := []incus.Project{{Name: "user-1000", Config: map[string]string{KeyTier: TierGranted, KeyTierUser: "alice"}}}
+	granted := []incus.Project{{Name: "user-1000", Config: map[string]string{stack.KeyTier: stack.TierGranted, stack.KeyTierUser: "alice"}}}
 	for _, tc := range []struct {
 		name     string
 		typ      string
@@ -350,7 +351,7 @@ func TestExposeUnixWhereUsersAreGranted(t *testing.T) {
 	made := false
 	defer func(f func() error) { mkdirDoors = f }(mkdirDoors)
 	mkdirDoors = func() error { made = true; return nil }
-	granted := []incus.Project{{Name: "user-1000", Config: map[string]string{KeyTier: TierGranted}}, {Name: "user-1001", Config: map[string]string{KeyTier: TierRevoked}}}
+	granted := []incus.Project{{Name: "user-1000", Config: map[string]string{stack.KeyTier: stack.TierGranted}}, {Name: "user-1001", Config: map[string]string{stack.KeyTier: stack.TierRevoked}}}
 	ds := newDoorServer(t, model.TypeContainer, nil, granted, 1)
 	door, err := NewDoors(ds.host()).Expose(context.Background(), "web", model.DoorSpec{Port: 8080})
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package stack
+package boxes
 
 import (
 	"cmp"
@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -47,7 +48,7 @@ type ExportResult struct {
 // not freeze it anyway, so only a stopped box makes a consistent file.
 func (mgr *Manager) Export(ctx context.Context, name string, w io.Writer) (*ExportResult, error) {
 	host := mgr.host
-	inst, _, err := host.resolve(ctx, name)
+	inst, _, err := host.Resolve(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -60,14 +61,14 @@ func (mgr *Manager) Export(ctx context.Context, name string, w io.Writer) (*Expo
 		res.Snapshots = append(res.Snapshots, s.Name)
 	}
 	if inst.Status != "Stopped" {
-		host.progressf("stopping %s for the export...", name)
+		host.Progressf("stopping %s for the export...", name)
 		if err := host.Incus.SetInstanceState(ctx, name, "stop", time.Minute, false); err != nil {
 			return nil, fmt.Errorf("exporting %s: stopping it for a consistent copy: %w", name, err)
 		}
 		res.SourceStopped = true
 	}
 	backup := fmt.Sprintf("box-export-%d", time.Now().UnixNano())
-	host.progressf("exporting %s: incusd writes the backup...", name)
+	host.Progressf("exporting %s: incusd writes the backup...", name)
 	err = host.Incus.CreateBackup(ctx, name, incus.BackupsPost{
 		Name: backup, ExpiresAt: time.Now().Add(backupExpiry).UTC(),
 		InstanceOnly: false, OptimizedStorage: false, CompressionAlgorithm: "gzip",
@@ -88,7 +89,7 @@ func (mgr *Manager) Export(ctx context.Context, name string, w io.Writer) (*Expo
 			res.Notes = append(res.Notes, fmt.Sprintf("incusd's copy of the backup was not deleted (%v): it expires by itself within %s", derr, backupExpiry))
 		}
 	}()
-	host.progressf("exporting %s: copying the backup...", name)
+	host.Progressf("exporting %s: copying the backup...", name)
 	res.Bytes, err = host.Incus.ExportBackup(ctx, name, backup, w)
 	if err != nil {
 		return res, fmt.Errorf("exporting %s: %w", name, err)
@@ -112,7 +113,7 @@ func (mgr *Manager) startAgain(ctx context.Context, name string) error {
 
 // ImportResult says how an import went.
 type ImportResult struct {
-	Box *Box `json:"box"`
+	Box *stack.Box `json:"box"`
 	// From is the box's name in the file; File the file.
 	From      string   `json:"from"`
 	File      string   `json:"file"`
@@ -175,7 +176,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
-	host.progressf("importing %s as %s...", file, name)
+	host.Progressf("importing %s as %s...", file, name)
 	if err := host.Incus.ImportBackup(ctx, name, f, host.Pool()); err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
@@ -217,7 +218,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 		if err != nil || model.PolicyID(names) != id {
 			return nil, &ImportRefusedError{File: file, Reasons: []string{fmt.Sprintf("it is under egress allowlist %s, whose names the file does not carry (%s=%q): import it on a host that has the allowlist, or export it again from a box whose allowlist was set with this version", id, model.KeyEgressNames, put.Config[model.KeyEgressNames])}}
 		}
-		if _, err := host.ensurePolicy(ctx, id, names); err != nil {
+		if _, err := host.EnsurePolicy(ctx, id, names); err != nil {
 			return nil, fmt.Errorf("importing %s: its egress allowlist: %w", file, err)
 		}
 	}
@@ -234,7 +235,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 	if a := put.Devices["eth0"]["ipv4.address"]; a != "" {
 		res.Notes = append(res.Notes, fmt.Sprintf("its fixed address %s was the host's it came from: it gets one of this host's", a))
 	}
-	forgetMACs(put.Config)
+	stack.ForgetMACs(put.Config)
 	for k := range put.Config {
 		// The source's bridge port, which is not this box's.
 		if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".host_name") {
@@ -265,14 +266,14 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 	if ci.Clustered() {
 		member = inst.Location
 	}
-	if _, err := host.fixAddress(ctx, name, member); err != nil {
+	if _, err := host.FixAddress(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	if err := mgr.freshMachineID(ctx, inst); err != nil {
 		return nil, fmt.Errorf("giving %s a machine-id: %w", name, err)
 	}
-	host.progressf("starting %s...", name)
-	if err = host.startFixed(ctx, name, member); err != nil {
+	host.Progressf("starting %s...", name)
+	if err = host.StartFixed(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
 	if _, err := host.RefreshPorts(ctx); err != nil {
@@ -288,7 +289,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 func (mgr *Manager) judgeImported(ctx context.Context, file string, inst *incus.Instance) error {
 	host := mgr.host
 	var reasons []string
-	for _, p := range judgeDefinition(model.Current.Network, inst).Problems {
+	for _, p := range stack.JudgeDefinition(model.Current.Network, inst).Problems {
 		reasons = append(reasons, "as Incus made it, the box: "+p.What)
 	}
 	snaps, err := host.Incus.SnapshotDefinitions(ctx, inst.Name)
@@ -296,7 +297,7 @@ func (mgr *Manager) judgeImported(ctx context.Context, file string, inst *incus.
 		return fmt.Errorf("importing %s: %w", file, err)
 	}
 	for i := range snaps {
-		for _, p := range judgeDefinition(model.Current.Network, &snaps[i]).Problems {
+		for _, p := range stack.JudgeDefinition(model.Current.Network, &snaps[i]).Problems {
 			reasons = append(reasons, fmt.Sprintf("as Incus made it, snapshot %s: %s", snaps[i].Name, p.What))
 		}
 	}

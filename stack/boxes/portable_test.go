@@ -1,4 +1,4 @@
-package stack
+package boxes
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/stacktest"
 
 	"github.com/stretchr/testify/assert"
@@ -34,7 +35,7 @@ type stackFake struct {
 	madeFrom func(name string) map[string]any
 }
 
-func newStackFake(t *testing.T) (*stackFake, *Host) {
+func newStackFake(t *testing.T) (*stackFake, *stack.Host) {
 	t.Helper()
 	f := &stackFake{srv: incustest.New(t), insts: map[string]map[string]any{}}
 	profiles := stacktest.HostProfiles()
@@ -90,7 +91,7 @@ func newStackFake(t *testing.T) (*stackFake, *Host) {
 			"config": map[string]string{model.Current.Tag: "1"}, "devices": map[string]any{}, "expanded_devices": p.Devices,
 			"expanded_config": map[string]string{model.Current.Tag: "1"}}
 	}
-	return f, &Host{Incus: incus.New(f.srv.Socket())}
+	return f, &stack.Host{Incus: incus.New(f.srv.Socket())}
 }
 
 // writes lists the requests that change something.

@@ -1,4 +1,4 @@
-package stack
+package boxes
 
 import (
 	"cmp"
@@ -13,16 +13,17 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/stacktest"
 )
 
-func newClusterFake(t *testing.T) (*stacktest.ClusterFake, *Host) {
+func newClusterFake(t *testing.T) (*stacktest.ClusterFake, *stack.Host) {
 	t.Helper()
 	f := stacktest.NewClusterServer(t)
-	return f, &Host{Incus: incus.New(f.Srv.Socket()), NoKernel: true}
+	return f, &stack.Host{Incus: incus.New(f.Srv.Socket()), NoKernel: true}
 }
 
 // A box on a cluster without a fixed address (minted before box gave

@@ -1,4 +1,4 @@
-package stack
+package boxes
 
 import (
 	"cmp"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/box-isolation/box/internal/hostscan"
 	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -25,7 +26,7 @@ import (
 // like one (with its Problem).
 func (doors *Doors) ListDoors(ctx context.Context, name string) ([]model.Door, error) {
 	host := doors.host
-	inst, _, err := host.resolve(ctx, name)
+	inst, _, err := host.Resolve(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -43,7 +44,7 @@ func (doors *Doors) Expose(ctx context.Context, name string, spec model.DoorSpec
 	if host.Tier {
 		return nil, errTierDoors
 	}
-	inst, etag, err := host.resolve(ctx, name)
+	inst, etag, err := host.Resolve(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -255,8 +256,8 @@ func (doors *Doors) grantedUsers(ctx context.Context) ([]string, error) {
 	}
 	var out []string
 	for _, p := range projects {
-		if tierProjectRE.MatchString(p.Name) && p.Config[KeyTier] == TierGranted {
-			out = append(out, cmp.Or(p.Config[KeyTierUser], p.Name))
+		if stack.TierProjectRE.MatchString(p.Name) && p.Config[stack.KeyTier] == stack.TierGranted {
+			out = append(out, cmp.Or(p.Config[stack.KeyTierUser], p.Name))
 		}
 	}
 	slices.Sort(out)
@@ -267,7 +268,7 @@ func (doors *Doors) grantedUsers(ctx context.Context) ([]string, error) {
 // that name that box did not make is refused.
 func (doors *Doors) Unexpose(ctx context.Context, name string, port uint16) error {
 	host := doors.host
-	inst, etag, err := host.resolve(ctx, name)
+	inst, etag, err := host.Resolve(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -349,3 +350,11 @@ func (doors *Doors) renameDoors(ctx context.Context, name string) error {
 	}
 	return nil
 }
+
+// Doors opens and closes a host's loopback doors to its boxes.
+type Doors struct {
+	host *stack.Host
+}
+
+// NewDoors is the door keeper of host.
+func NewDoors(host *stack.Host) *Doors { return &Doors{host: host} }

@@ -1,4 +1,4 @@
-package stack
+package boxes
 
 import (
 	"context"
@@ -8,13 +8,14 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
 
 // MoveResult says how a move went.
 type MoveResult struct {
-	Box *Box `json:"box"`
+	Box *stack.Box `json:"box"`
 	// From and To are the members it was on and is on now.
 	From string `json:"from"`
 	To   string `json:"to"`
@@ -31,7 +32,7 @@ type MoveResult struct {
 // new member's loopback from its next start.
 func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult, error) {
 	host := mgr.host
-	inst, _, err := host.resolve(ctx, name)
+	inst, _, err := host.Resolve(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -45,7 +46,7 @@ func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult,
 	if member == "" {
 		return nil, fmt.Errorf("moving %s: which member? (members: %s)", name, strings.Join(ci.Names(), ", "))
 	}
-	if err := ci.checkMember(member); err != nil {
+	if err := ci.CheckMember(member); err != nil {
 		return nil, fmt.Errorf("moving %s: %w", name, err)
 	}
 	if inst.Status != "Stopped" {
@@ -58,14 +59,14 @@ func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult,
 	} else {
 		// A member without a slice has never had its host layers set up
 		// by box: a box there would be off the stack.
-		if _, _, err := host.memberSlice(ctx, member); err != nil {
+		if _, _, err := host.MemberSlice(ctx, member); err != nil {
 			return nil, fmt.Errorf("moving %s: %w", name, err)
 		}
 		if err := mgr.leaveMember(ctx, name, addr); err != nil {
 			return nil, fmt.Errorf("moving %s: %w", name, err)
 		}
 		if err := host.Incus.MoveInstance(ctx, name, member); err != nil {
-			if _, rerr := host.landAddress(context.WithoutCancel(ctx), name, inst.Location, addr); rerr != nil {
+			if _, rerr := host.LandAddress(context.WithoutCancel(ctx), name, inst.Location, addr); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("giving it its address back: %w (box start %s gives it one)", rerr, name))
 			}
 			return nil, fmt.Errorf("moving %s: %w", name, err)
@@ -79,7 +80,7 @@ func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult,
 		return nil, fmt.Errorf("moved %s to %s, but: %w", name, member, err)
 	}
 	if !model.FixedAddressOf(now).IsValid() {
-		got, err := host.landAddress(ctx, name, member, addr)
+		got, err := host.LandAddress(ctx, name, member, addr)
 		if err != nil {
 			return nil, fmt.Errorf("moved %s to %s, but: %w (box start %s gives it an address)", name, member, err, name)
 		}

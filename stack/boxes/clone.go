@@ -1,0 +1,263 @@
+package boxes
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
+)
+
+// CloneResult says how a clone came to be.
+type CloneResult struct {
+	Box *stack.Box `json:"box"`
+	// SourceStopped is set when the source had to be stopped for the copy
+	// (a host that cannot freeze containers cannot copy a running one).
+	SourceStopped bool `json:"source_stopped"`
+	// DoorsDropped names the source's doors the clone did not get.
+	DoorsDropped []string `json:"doors_dropped,omitempty"`
+	// Provisioning is what the clone's cloud-init does at its first boot:
+	// ProvisionChecks, ProvisionAgain, or "" (no user-data).
+	Provisioning string `json:"provisioning,omitempty"`
+}
+
+// MachineIDTemplate is the instance template (in the instance's image
+// metadata) that writes a copy's /etc/machine-id: its own Incus UUID
+// (volatile.uuid, new in every copy), without dashes, which is also what
+// systemd makes of a VM's empty machine-id (the VM's SMBIOS UUID is that
+// UUID). Not proven on a VM here (no vhost-vsock): docs/images.md.
+const (
+	MachineIDTemplate     = "box-machine-id.tpl"
+	machineIDTemplateText = `{{ config_get("volatile.uuid", "")|cut:"-" }}` + "\n"
+)
+
+// Clone copies a box (or one of its snapshots) into a new box with a fresh
+// MAC address and machine identity, re-stamped with its own coming into
+// being and its lineage, and starts it (CloneTo, where Incus places it).
+func (mgr *Manager) Clone(ctx context.Context, src, snap, name string) (*CloneResult, error) {
+	return mgr.CloneTo(ctx, src, snap, name, "")
+}
+
+// CloneTo is Clone onto a cluster member (target; "" is where Incus places
+// it). On a cluster the clone gets a fixed address of its own member's
+// slice: a copy carries its source's NIC with the source's address, which
+// another member would accept as it is.
+func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string) (_ *CloneResult, err error) {
+	host := mgr.host
+	inst, _, err := host.Resolve(ctx, src)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := host.Incus.Instance(ctx, name); err == nil {
+		return nil, fmt.Errorf("cloning %s: an instance named %s already exists: pick another --name", src, name)
+	}
+	ci, err := host.Cluster(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cloning %s: %w", src, err)
+	}
+	if target != "" && !ci.Clustered() {
+		return nil, fmt.Errorf("cloning %s: --target %s: this incusd is not a cluster member", src, target)
+	}
+	if err := ci.CheckMember(target); err != nil {
+		return nil, fmt.Errorf("cloning %s: %w", src, err)
+	}
+	source := src
+	if snap != "" {
+		source = src + "/" + snap
+	}
+	res := &CloneResult{}
+	copyReq := incus.InstancesPost{Name: name, Type: inst.Type, Source: incus.InstanceSource{Type: "copy", Source: source}}
+	cl := host.Incus
+	if ci.Clustered() {
+		if copyReq, err = mgr.clusterCopy(ctx, inst, snap, copyReq); err != nil {
+			return nil, fmt.Errorf("cloning %s: %w", source, err)
+		}
+		if target != "" {
+			cl = cl.Target(target)
+		}
+	}
+	err = cl.CreateInstance(ctx, copyReq)
+	if err != nil && snap == "" && inst.Status == "Running" && stack.NeedsColdCopy(err) {
+		// This host cannot freeze a running container to copy it
+		// consistently (nor, on a cluster, migrate it live to another
+		// member): stop the source for the copy and start it again.
+		if serr := host.Incus.SetInstanceState(ctx, src, "stop", 60*time.Second, false); serr != nil {
+			return nil, fmt.Errorf("cloning %s: %w; stopping it for a cold copy: %v", src, err, serr)
+		}
+		res.SourceStopped = true
+		err = cl.CreateInstance(ctx, copyReq)
+	}
+	// A source stopped for the copy starts again once the copy no longer
+	// asks for its fixed address (the re-stamp below, or the copy's
+	// removal): Incus refuses to start a NIC whose address another NIC
+	// asks for.
+	stopped := res.SourceStopped
+	restartSource := func() error {
+		if !stopped {
+			return nil
+		}
+		stopped = false
+		if serr := host.Incus.SetInstanceState(context.WithoutCancel(ctx), src, "start", 0, false); serr != nil {
+			return fmt.Errorf("restarting %s after the copy: %w", src, serr)
+		}
+		return nil
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("cloning %s into %s: %w", source, name, err), restartSource())
+	}
+
+	// From here on a failure leaves a copy that is not yet a proper box
+	// (an inherited identity): remove it rather than leave it behind.
+	defer func() {
+		if err != nil {
+			if rerr := host.RemoveInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
+				err = errors.Join(err, fmt.Errorf("removing the half-made clone %s: %w", name, rerr))
+			}
+			err = errors.Join(err, restartSource())
+		}
+	}()
+
+	// A fresh identity before the first boot: no inherited MAC, a new
+	// machine-id (a shared one means one DHCP lease for two boxes).
+	clone, etag, err := host.Incus.Instance(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	put := clone.Writable()
+	stack.ForgetMACs(put.Config)
+	put.Config[model.Current.Tag] = "1"
+	put.Config[model.StampMinted] = time.Now().UTC().Format(time.RFC3339)
+	put.Config[model.StampOrigin] = "clone of " + source
+	// The source's doors stay the source's: the clone would take their
+	// host port (and fail to start) or their socket.
+	res.DoorsDropped = withoutDoors(put.Devices)
+	// So does its fixed address: the clone gets its own (below).
+	stack.WithoutFixedAddress(put.Devices)
+	// Not provisioned again (cloneprov.go).
+	res.Provisioning = cloneUserData(put.Config, name)
+	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
+		return nil, fmt.Errorf("re-stamping clone %s: %w", name, err)
+	}
+	if err := restartSource(); err != nil {
+		return nil, err
+	}
+	member, err := host.MemberOf(ctx, clone)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := host.FixAddress(ctx, name, member); err != nil {
+		return nil, fmt.Errorf("cloning %s into %s: %w", source, name, err)
+	}
+	if err := mgr.freshMachineID(ctx, clone); err != nil {
+		return nil, fmt.Errorf("giving clone %s a machine-id: %w", name, err)
+	}
+	if res.Provisioning != "" {
+		if err := mgr.emptyMarkers(ctx, clone); err != nil {
+			return nil, fmt.Errorf("emptying the provisioning markers clone %s inherited: %w", name, err)
+		}
+	}
+	if err = host.StartFixed(ctx, name, member); err != nil {
+		return nil, fmt.Errorf("starting clone %s: %w", name, err)
+	}
+	if _, err := host.RefreshPorts(ctx); err != nil {
+		return nil, fmt.Errorf("cloned %s, but isolating its bridge port failed: %w (run box doctor --fix)", name, err)
+	}
+	res.Box, err = host.Info(ctx, name)
+	return res, err
+}
+
+// clusterCopy is a copy request on a cluster: Incus copies across members
+// only from a whole definition (a bare copy is refused, "Architecture
+// isn't supported"), so the request carries the source's (or its
+// snapshot's) config, devices and profiles, as the incus CLI sends them,
+// with the NIC's fixed address left out: the source's stays the source's.
+func (mgr *Manager) clusterCopy(ctx context.Context, inst *incus.Instance, snap string, req incus.InstancesPost) (incus.InstancesPost, error) {
+	host := mgr.host
+	def := inst
+	if snap != "" {
+		snaps, err := host.Incus.SnapshotDefinitions(ctx, inst.Name)
+		if err != nil {
+			return req, err
+		}
+		i := slices.IndexFunc(snaps, func(s incus.Instance) bool { return s.Name == snap })
+		if i < 0 {
+			return req, fmt.Errorf("%s has no snapshot %s (box info %s lists them)", inst.Name, snap, inst.Name)
+		}
+		def = &snaps[i]
+	}
+	w := def.Writable()
+	req.Architecture = w.Architecture
+	req.Profiles = w.Profiles
+	if req.Profiles == nil {
+		req.Profiles = []string{} // nil would be the "default" profile
+	}
+	req.Config = map[string]string{}
+	for k, v := range w.Config {
+		// The copy's own volatile state is Incus's to make.
+		if !strings.HasPrefix(k, "volatile.") || k == "volatile.base_image" {
+			req.Config[k] = v
+		}
+	}
+	req.Devices = w.Devices
+	if req.Devices == nil {
+		req.Devices = map[string]map[string]string{}
+	}
+	req.Devices["eth0"] = model.BoxNIC()
+	return req, nil
+}
+
+// keepMACs puts back the MACs a stopped instance had (as was, before a
+// restore changed them).
+func (mgr *Manager) keepMACs(ctx context.Context, was *incus.Instance) error {
+	host := mgr.host
+	cur, etag, err := host.Incus.Instance(ctx, was.Name)
+	if err != nil || cur.Status != "Stopped" {
+		return err
+	}
+	put := cur.Writable()
+	changed := false
+	for k, v := range was.Config {
+		if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".hwaddr") && put.Config[k] != v {
+			put.Config[k] = v
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if err := host.Incus.UpdateInstance(ctx, was.Name, put, etag); err != nil {
+		return fmt.Errorf("keeping its own MAC: %w", err)
+	}
+	return nil
+}
+
+// freshMachineID gives a stopped copy (a clone, an import) a machine-id of
+// its own before it boots: a container's is written into its disk; a
+// VM's disk cannot be written before its agent runs, so Incus writes it
+// (machineIDTemplate).
+func (mgr *Manager) freshMachineID(ctx context.Context, inst *incus.Instance) error {
+	host := mgr.host
+	if inst.Type != model.TypeContainer {
+		return mgr.machineIDTemplate(ctx, inst.Name)
+	}
+	id := make([]byte, 16)
+	if _, err := rand.Read(id); err != nil {
+		return err
+	}
+	mid := hex.EncodeToString(id) + "\n"
+	return host.Incus.PushFile(ctx, inst.Name, "/etc/machine-id", strings.NewReader(mid), 0o444, 0, 0)
+}
+
+// machineIDTemplate has Incus write the instance's /etc/machine-id at its
+// next start after a copy: in a VM its agent writes it early in the boot,
+// before cloud-init (and reboots a cloud image it seeds).
+func (mgr *Manager) machineIDTemplate(ctx context.Context, name string) error {
+	return mgr.copyTemplate(ctx, name, MachineIDTemplate, machineIDTemplateText, "/etc/machine-id")
+}
