@@ -68,8 +68,8 @@ func boxOf(i *incus.Instance, gen string) Box {
 var boxFilter = fmt.Sprintf("config.%s eq 1 or config.%s eq 1", model.Current.Tag, model.Legacy.Tag)
 
 // Boxes lists every box, of either tag, in one request.
-func (host *Host) Boxes(ctx context.Context) ([]Box, error) {
-	insts, err := host.Incus.InstancesWhere(ctx, boxFilter)
+func Boxes(ctx context.Context, c *incus.Client) ([]Box, error) {
+	insts, err := c.InstancesWhere(ctx, boxFilter)
 	if err != nil {
 		return nil, fmt.Errorf("listing boxes: %w", err)
 	}
@@ -120,15 +120,15 @@ func (e *NoStackError) Error() string {
 
 // RequireStack returns the stack's bridge, or a NoStackError naming what
 // is missing; a daemon that does not answer is incus's own error.
-func (host *Host) RequireStack(ctx context.Context) (*incus.Network, error) {
-	net, _, err := host.Incus.Network(ctx, model.Current.Network)
+func RequireStack(ctx context.Context, c *incus.Client) (*incus.Network, error) {
+	net, _, err := c.Network(ctx, model.Current.Network)
 	if incus.IsNotFound(err) {
 		return nil, &NoStackError{Missing: "network " + model.Current.Network}
 	}
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := host.Incus.Profile(ctx, model.Current.Profile); incus.IsNotFound(err) {
+	if _, _, err := c.Profile(ctx, model.Current.Profile); incus.IsNotFound(err) {
 		return nil, &NoStackError{Missing: "profile " + model.Current.Profile}
 	} else if err != nil {
 		return nil, err
@@ -178,19 +178,19 @@ func (host *Host) MemberOf(ctx context.Context, inst *incus.Instance) (string, e
 	return inst.Location, nil
 }
 
-func (host *Host) RemoveInstance(ctx context.Context, name string) error {
-	inst, _, err := host.Incus.Instance(ctx, name)
+func RemoveInstance(ctx context.Context, c *incus.Client, name string) error {
+	inst, _, err := c.Instance(ctx, name)
 	if err != nil {
 		return fmt.Errorf("removing %s: %w", name, err)
 	}
 	// The status from the instance, not its state: incusd answers 500
 	// "invalid PID" for the state of a box whose start just failed.
 	if inst.Status != "Stopped" {
-		if err := host.Incus.SetInstanceState(ctx, name, "stop", 0, true); err != nil {
+		if err := c.SetInstanceState(ctx, name, "stop", 0, true); err != nil {
 			return fmt.Errorf("stopping %s to remove it: %w", name, err)
 		}
 	}
-	if err := host.Incus.DeleteInstance(ctx, name); err != nil {
+	if err := c.DeleteInstance(ctx, name); err != nil {
 		return fmt.Errorf("removing %s: %w", name, err)
 	}
 	return nil
@@ -206,7 +206,7 @@ func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Durat
 	p, err := netip.ParsePrefix(net.Config["ipv4.address"])
 	if err != nil && host.Tier {
 		// A granted user sees no network's config, only its state.
-		p, err = host.bridgeSubnetFromState(ctx)
+		p, err = bridgeSubnetFromState(ctx, host.Incus)
 	}
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("network %s has no usable ipv4.address", model.Current.Network)
@@ -231,8 +231,8 @@ func names(bs []Box) []string {
 }
 
 // bridgeSubnetFromState reads the bridge's IPv4 subnet from its state.
-func (host *Host) bridgeSubnetFromState(ctx context.Context) (netip.Prefix, error) {
-	st, err := host.Incus.NetworkState(ctx, model.Current.Network)
+func bridgeSubnetFromState(ctx context.Context, c *incus.Client) (netip.Prefix, error) {
+	st, err := c.NetworkState(ctx, model.Current.Network)
 	if err != nil {
 		return netip.Prefix{}, err
 	}

@@ -507,7 +507,7 @@ func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d model.Des
 		}
 		v.Members = append(v.Members, ml)
 	}
-	leases, err := host.bridgeLeases(ctx, insts)
+	leases, err := bridgeLeases(ctx, host.Incus, insts)
 	if err != nil {
 		return err
 	}

@@ -77,8 +77,8 @@ type egressPlan struct {
 }
 
 // egressPlan reads the stored policies and the bridge's resolver settings.
-func (host *Host) egressPlan(ctx context.Context, f Fleet) (egressPlan, error) {
-	n, _, err := host.Incus.Network(ctx, model.Current.Network)
+func planEgress(ctx context.Context, c *incus.Client, f Fleet) (egressPlan, error) {
+	n, _, err := c.Network(ctx, model.Current.Network)
 	if err != nil {
 		return egressPlan{}, err
 	}
@@ -113,7 +113,7 @@ func dnsmasqServers(raw string) []netip.Addr {
 // sets, and new policies' sets and rules, change (the resolver's allow
 // elements stay). With no policy there is none of them.
 func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f Fleet) ([]string, error) {
-	plan, err := host.egressPlan(ctx, f)
+	plan, err := planEgress(ctx, host.Incus, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
@@ -180,7 +180,7 @@ func (host *Host) verifyEgress(ctx context.Context, g *hostns.NS, f Fleet) ([]mo
 }
 
 func (host *Host) verifyEgressLayer(ctx context.Context, g *hostns.NS, f Fleet) ([]model.Finding, error) {
-	plan, err := host.egressPlan(ctx, f)
+	plan, err := planEgress(ctx, host.Incus, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
@@ -258,11 +258,11 @@ func (host *Host) EnsurePolicy(ctx context.Context, id string, names []string) (
 // usedPolicies keeps the policies some instance names: the others go at
 // the next converge (their sets with them), not when their last box leaves
 // (a box moving between policies and back finds its policy there).
-func (host *Host) usedPolicies(ctx context.Context, policies map[string][]string) (map[string][]string, error) {
+func usedPolicies(ctx context.Context, c *incus.Client, policies map[string][]string) (map[string][]string, error) {
 	if len(policies) == 0 {
 		return policies, nil
 	}
-	insts, err := host.Incus.AllInstances(ctx)
+	insts, err := c.AllInstances(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -135,7 +135,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		if opts, err = opts.With(cfg); err != nil {
 			return nil, err
 		}
-		if opts.Egress, err = host.usedPolicies(ctx, opts.Egress); err != nil {
+		if opts.Egress, err = usedPolicies(ctx, host.Incus, opts.Egress); err != nil {
 			return nil, err
 		}
 	}

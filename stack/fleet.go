@@ -371,13 +371,13 @@ func nicWhere(d map[string]string) string {
 // of the ports needs root).
 func (host *Host) BoxesOnStack(ctx context.Context) (boxes []Box, censusErr, err error) {
 	if host.Tier {
-		boxes, err := host.Boxes(ctx)
+		boxes, err := Boxes(ctx, host.Incus)
 		return boxes, errors.New("a granted user sees only their own project"), err
 	}
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
 		// A client that may not list every project still lists its own.
-		boxes, berr := host.Boxes(ctx)
+		boxes, berr := Boxes(ctx, host.Incus)
 		return boxes, err, berr
 	}
 	project := model.ProjectOf(host.Incus.ProjectName())

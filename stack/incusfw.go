@@ -75,8 +75,8 @@ func IncusChainFindings(d model.Desired, chains map[string]int, present bool) []
 // IncusUsesNft says whether Incus's firewall driver is nftables (the driver
 // Incus picks unless the host has iptables rules of its own), and which
 // driver it is otherwise.
-func (host *Host) IncusUsesNft(ctx context.Context) (bool, string, error) {
-	srv, err := host.Incus.Server(ctx)
+func IncusUsesNft(ctx context.Context, c *incus.Client) (bool, string, error) {
+	srv, err := c.Server(ctx)
 	if err != nil {
 		return false, "", fmt.Errorf("reading Incus's firewall driver: %w", err)
 	}
@@ -86,7 +86,7 @@ func (host *Host) IncusUsesNft(ctx context.Context) (bool, string, error) {
 
 // verifyIncusChains reads inet incus in g's namespace into v.
 func (host *Host) verifyIncusChains(ctx context.Context, g *hostns.NS, d model.Desired, v *Verification) error {
-	if ok, fw, err := host.IncusUsesNft(ctx); err != nil {
+	if ok, fw, err := IncusUsesNft(ctx, host.Incus); err != nil {
 		return err
 	} else if !ok {
 		v.Notes = append(v.Notes, fmt.Sprintf("Incus's firewall driver is %q, not nftables: its ACL and NAT rules are not read from the kernel here (Verify reads inet %s only)", fw, nft.IncusTable))
@@ -125,9 +125,9 @@ func sameMeaning(v string) string {
 // so this flips ipv4.firewall between two spellings of the same value: one
 // update, one setup. The setup also restarts the bridge's dnsmasq (its
 // leases are on disk). It returns what it changed.
-func (host *Host) ReapplyIncusFirewall(ctx context.Context) (string, error) {
+func ReapplyIncusFirewall(ctx context.Context, c *incus.Client) (string, error) {
 	name := model.Current.Network
-	net, etag, err := host.Incus.Network(ctx, name)
+	net, etag, err := c.Network(ctx, name)
 	if err != nil {
 		return "", fmt.Errorf("re-applying Incus's firewall: %w", err)
 	}
@@ -142,7 +142,7 @@ func (host *Host) ReapplyIncusFirewall(ctx context.Context) (string, error) {
 		cfg[firewallKey] = next
 	}
 	put := incus.NetworkPut{Description: net.Description, Config: cfg}
-	if err := host.Incus.UpdateNetwork(ctx, name, put, etag); err != nil {
+	if err := c.UpdateNetwork(ctx, name, put, etag); err != nil {
 		return "", fmt.Errorf("re-applying Incus's firewall (network %s %s %q -> %q): %w", name, firewallKey, old, cfg[firewallKey], err)
 	}
 	return fmt.Sprintf("%s %s %s -> %s: Incus set the bridge up again and rewrote table inet %s", name, firewallKey, spelled(old), spelled(cfg[firewallKey]), nft.IncusTable), nil
@@ -158,7 +158,7 @@ func spelled(v string) string {
 // ensureIncusFirewall has Incus rewrite its chains when the kernel lacks
 // any the stack needs, and checks that it did.
 func (host *Host) ensureIncusFirewall(ctx context.Context, g *hostns.NS, d model.Desired, rep *Report) error {
-	if ok, _, err := host.IncusUsesNft(ctx); err != nil || !ok {
+	if ok, _, err := IncusUsesNft(ctx, host.Incus); err != nil || !ok {
 		return err
 	}
 	cfg := g.NFTConfig(model.Current)
@@ -169,7 +169,7 @@ func (host *Host) ensureIncusFirewall(ctx context.Context, g *hostns.NS, d model
 	if len(IncusChainFindings(d, chains, present)) == 0 {
 		return nil
 	}
-	detail, err := host.ReapplyIncusFirewall(ctx)
+	detail, err := ReapplyIncusFirewall(ctx, host.Incus)
 	if err != nil {
 		return err
 	}

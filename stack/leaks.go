@@ -30,7 +30,7 @@ const leakGrace = time.Second
 // down in the host's own namespace, seen so twice leakGrace apart. It
 // returns the ports it removed.
 func (host *Host) sweepLeaks(ctx context.Context, g *hostns.NS) ([]string, error) {
-	candidates, err := host.leakCandidates(ctx, g)
+	candidates, err := leakCandidates(ctx, host.Incus, g)
 	if err != nil || len(candidates) == 0 {
 		return nil, err
 	}
@@ -39,7 +39,7 @@ func (host *Host) sweepLeaks(ctx context.Context, g *hostns.NS) ([]string, error
 		return nil, ctx.Err()
 	case <-time.After(leakGrace):
 	}
-	again, err := host.leakCandidates(ctx, g)
+	again, err := leakCandidates(ctx, host.Incus, g)
 	if err != nil {
 		return nil, err
 	}
@@ -89,8 +89,8 @@ func (host *Host) RemoveLeftPorts(inst *incus.Instance) {
 
 // leakCandidates maps each unclaimed port of the bridge whose other end is
 // down in the host's namespace to that end's name.
-func (host *Host) leakCandidates(ctx context.Context, g *hostns.NS) (map[string]string, error) {
-	insts, err := host.Incus.AllInstances(ctx)
+func leakCandidates(ctx context.Context, c *incus.Client, g *hostns.NS) (map[string]string, error) {
+	insts, err := c.AllInstances(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -161,7 +161,7 @@ func (host *Host) retireLegacy(ctx context.Context) ([]model.Change, error) {
 	if len(still) > 0 {
 		return nil, fmt.Errorf("instances still on the legacy stack: %v: migrate them first (box migrate-host --all-boxes)", still)
 	}
-	changes, err := host.removeObjects(ctx, model.Legacy)
+	changes, err := removeObjects(ctx, host.Incus, model.Legacy)
 	if err != nil {
 		return changes, err
 	}

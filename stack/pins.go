@@ -62,7 +62,7 @@ func (host *Host) readClusterFleet(ctx context.Context) (Fleet, error) {
 	if err != nil {
 		return Fleet{}, err
 	}
-	leases, err := host.bridgeLeases(ctx, insts)
+	leases, err := bridgeLeases(ctx, host.Incus, insts)
 	if err != nil {
 		return Fleet{}, err
 	}
@@ -71,7 +71,7 @@ func (host *Host) readClusterFleet(ctx context.Context) (Fleet, error) {
 
 // fleetOf is readFleet from a listing of the instances already made.
 func (host *Host) fleetOf(ctx context.Context, insts []incus.Instance) (Fleet, error) {
-	leases, err := host.bridgeLeases(ctx, insts)
+	leases, err := bridgeLeases(ctx, host.Incus, insts)
 	if err != nil {
 		return Fleet{}, err
 	}
@@ -86,7 +86,7 @@ func (f Fleet) PlanPins(ports []string) *PinPlan {
 // bridgeLeases reads the bridge's leases in every project with an instance
 // (Incus lists a network's leases per project, and has no all-projects
 // form: a granted user's box's lease is only listed in its project).
-func (host *Host) bridgeLeases(ctx context.Context, insts []incus.Instance) ([]incus.NetworkLease, error) {
+func bridgeLeases(ctx context.Context, c *incus.Client, insts []incus.Instance) ([]incus.NetworkLease, error) {
 	projects := []string{"default"}
 	for i := range insts {
 		if p := model.ProjectOf(insts[i].Project); !slices.Contains(projects, p) {
@@ -96,7 +96,7 @@ func (host *Host) bridgeLeases(ctx context.Context, insts []incus.Instance) ([]i
 	var out []incus.NetworkLease
 	seen := map[string]bool{}
 	for _, p := range projects {
-		ls, err := host.Incus.Project(p).NetworkLeases(ctx, model.Current.Network)
+		ls, err := c.Project(p).NetworkLeases(ctx, model.Current.Network)
 		if err != nil {
 			return nil, fmt.Errorf("project %s: %w", p, err)
 		}

@@ -26,7 +26,7 @@ func TestPurgeIncusRemovesOnlyTheProbeImage(t *testing.T) {
 		srv.Async(w, incustest.Op{Description: "Deleting image"})
 	})
 	h := &Host{Incus: incus.New(srv.Socket())}
-	changes, err := h.PurgeIncus(context.Background())
+	changes, err := PurgeIncus(context.Background(), h.Incus)
 	require.NoError(t, err)
 	require.Len(t, changes, 1)
 	assert.Equal(t, "image aaaaaaaaaaaa", changes[0].Object)

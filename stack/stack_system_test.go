@@ -270,7 +270,7 @@ func TestSystemBoundary(t *testing.T) {
 	snaps, err := h.Incus.Snapshots(ctx, name)
 	require.NoError(t, err)
 	assert.Empty(t, snaps)
-	boxes, err := h.Boxes(ctx)
+	boxes, err := stack.Boxes(ctx, h.Incus)
 	require.NoError(t, err)
 	for _, b := range boxes {
 		assert.NotEqual(t, name, b.Name, "an untagged instance is never listed as a box")
@@ -339,7 +339,7 @@ func TestSystemMigrateLegacyBox(t *testing.T) {
 	}))
 	require.NoError(t, c.PushFile(ctx, name, "/root/keep", strings.NewReader("written before the move\n"), 0o600, 0, 0))
 
-	boxes, err := h.Boxes(ctx)
+	boxes, err := stack.Boxes(ctx, h.Incus)
 	require.NoError(t, err)
 	require.Len(t, boxes, 1)
 	assert.Equal(t, "legacy", boxes[0].Generation)

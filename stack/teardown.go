@@ -25,7 +25,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 		return nil, err
 	}
 	defer unlock()
-	boxes, err := host.Boxes(ctx)
+	boxes, err := Boxes(ctx, host.Incus)
 	if err != nil {
 		return nil, err
 	}
@@ -42,7 +42,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 		}
 		for i, b := range boxes {
 			host.Progressf("removing box %d of %d: %s", i+1, len(boxes), b.Name)
-			if err := host.RemoveInstance(ctx, b.Name); err != nil {
+			if err := RemoveInstance(ctx, host.Incus, b.Name); err != nil {
 				return changes, err
 			}
 			changes = append(changes, model.Change{Object: "box " + b.Name, Action: "removed"})
@@ -56,7 +56,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 	defer g.Close()
 	var errs []error
 	for _, gen := range []model.Generation{model.Current, model.Legacy} {
-		removed, err := host.removeObjects(ctx, gen)
+		removed, err := removeObjects(ctx, host.Incus, gen)
 		changes = append(changes, removed...)
 		if err != nil {
 			errs = append(errs, err)
@@ -103,8 +103,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 // removeObjects deletes a generation's Incus objects: the profile before
 // the network (it refers to it), the network before the ACL (it uses it).
 // Objects already gone are skipped.
-func (host *Host) removeObjects(ctx context.Context, gen model.Generation) ([]model.Change, error) {
-	c := host.Incus
+func removeObjects(ctx context.Context, c *incus.Client, gen model.Generation) ([]model.Change, error) {
 	changes := []model.Change{}
 	var errs []error
 	for _, s := range []struct {
@@ -134,8 +133,8 @@ const ProbeImagePrefix = "box probe image"
 // stack: the probe images they imported. box installs no Incus package and
 // initialises nothing in Incus (no storage pool, no default profile), so
 // that is all; the Incus package itself is the operator's to remove.
-func (host *Host) PurgeIncus(ctx context.Context) ([]model.Change, error) {
-	imgs, err := host.Incus.Images(ctx)
+func PurgeIncus(ctx context.Context, c *incus.Client) ([]model.Change, error) {
+	imgs, err := c.Images(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing images: %w", err)
 	}
@@ -144,7 +143,7 @@ func (host *Host) PurgeIncus(ctx context.Context) ([]model.Change, error) {
 		if !strings.HasPrefix(img.Properties["description"], ProbeImagePrefix) {
 			continue
 		}
-		if err := host.Incus.DeleteImage(ctx, img.Fingerprint); err != nil && !incus.IsNotFound(err) {
+		if err := c.DeleteImage(ctx, img.Fingerprint); err != nil && !incus.IsNotFound(err) {
 			return changes, fmt.Errorf("removing the probe image %.12s: %w", img.Fingerprint, err)
 		}
 		changes = append(changes, model.Change{Object: "image " + img.Fingerprint[:12], Action: "removed", Detail: img.Properties["description"]})

@@ -300,7 +300,7 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 
 // verifyLegacy reports legacy objects still on the host.
 func (host *Host) verifyLegacy(ctx context.Context, g *hostns.NS, v *Verification) error {
-	objs, err := host.legacyObjects(ctx, g)
+	objs, err := legacyObjects(ctx, host.Incus, g)
 	if err != nil {
 		return err
 	}
@@ -312,8 +312,7 @@ func (host *Host) verifyLegacy(ctx context.Context, g *hostns.NS, v *Verificatio
 }
 
 // legacyObjects lists the legacy generation's objects that exist.
-func (host *Host) legacyObjects(ctx context.Context, g *hostns.NS) ([]string, error) {
-	c := host.Incus
+func legacyObjects(ctx context.Context, c *incus.Client, g *hostns.NS) ([]string, error) {
 	var out []string
 	inet, bridge, err := nft.Present(g.NFTConfig(model.Legacy))
 	if err != nil {

@@ -211,7 +211,7 @@ func setupTeardownHost(fs *flag.FlagSet) action {
 		c.progressDone()
 		if err == nil && *purge {
 			var more []model.Change
-			more, err = h.PurgeIncus(c.ctx)
+			more, err = stack.PurgeIncus(c.ctx, h.Incus)
 			changes = append(changes, more...)
 		}
 		if *asJSON && changes != nil {

@@ -151,7 +151,7 @@ func runOnHost(ctx context.Context, s stdio, o runOptions) int {
 	if len(mutations) > 0 {
 		// Knocking a layer out acts on the whole bridge: refuse while
 		// boxes the drill did not mint live on it.
-		boxes, err := host.Boxes(ctx)
+		boxes, err := stack.Boxes(ctx, host.Incus)
 		if err != nil {
 			return fail(s, err)
 		}

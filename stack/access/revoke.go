@@ -193,7 +193,7 @@ func (m *Manager) deleteProjectContents(ctx context.Context, project string, sel
 		return err
 	}
 	for _, in := range insts {
-		if err := m.withClient(pc).RemoveInstance(ctx, in.Name); err != nil {
+		if err := stack.RemoveInstance(ctx, pc, in.Name); err != nil {
 			return fmt.Errorf("deleting %s in %s: %w", in.Name, project, err)
 		}
 	}
@@ -215,14 +215,6 @@ func (m *Manager) deleteProjectContents(ctx context.Context, project string, sel
 		return nil
 	}
 	return host.Incus.DeleteProject(ctx, project)
-}
-
-// withClient is host acting through another client (a project's).
-func (m *Manager) withClient(c *incus.Client) *stack.Host {
-	host := m.host
-	h := *host
-	h.Incus = c
-	return &h
 }
 
 // deleteProjectVolumes deletes the custom volumes of project in every pool.

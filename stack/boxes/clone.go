@@ -117,7 +117,7 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 	// (an inherited identity): remove it rather than leave it behind.
 	defer func() {
 		if err != nil {
-			if rerr := host.RemoveInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
+			if rerr := stack.RemoveInstance(context.WithoutCancel(ctx), host.Incus, name); rerr != nil && !incus.IsNotFound(rerr) {
 				err = errors.Join(err, fmt.Errorf("removing the half-made clone %s: %w", name, rerr))
 			}
 			err = errors.Join(err, restartSource())

@@ -135,7 +135,7 @@ func (mgr *Manager) Remove(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := host.RemoveInstance(ctx, name); err != nil {
+	if err := stack.RemoveInstance(ctx, host.Incus, name); err != nil {
 		return err
 	}
 	for _, d := range inst.Devices {

@@ -161,7 +161,7 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	} else if !incus.IsNotFound(err) {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	net, err := host.RequireStack(ctx)
+	net, err := stack.RequireStack(ctx, host.Incus)
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
@@ -263,7 +263,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		// the caller gave up: the check runs past its cancellation).
 		cctx := context.WithoutCancel(ctx)
 		if inst, _, gerr := host.Incus.Instance(cctx, req.Name); gerr == nil {
-			rerr := host.RemoveInstance(cctx, req.Name)
+			rerr := stack.RemoveInstance(cctx, host.Incus, req.Name)
 			if rerr == nil {
 				// Incus leaves the NIC's veth pair when a start fails.
 				host.RemoveLeftPorts(inst)
@@ -277,7 +277,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	}
 	if _, err := host.RefreshPorts(ctx); err != nil {
 		// A box that is not isolated is not a box: remove it too.
-		if rerr := host.RemoveInstance(context.WithoutCancel(ctx), req.Name); rerr != nil {
+		if rerr := stack.RemoveInstance(context.WithoutCancel(ctx), host.Incus, req.Name); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("removing it: %w (remove it by hand: incus delete --force %s)", rerr, req.Name))
 		}
 		return nil, fmt.Errorf("minting %s: isolating its bridge port failed, so it was not kept: %w", req.Name, err)

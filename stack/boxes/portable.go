@@ -144,7 +144,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	name = cmp.Or(name, bf.Name)
-	net, err := host.RequireStack(ctx)
+	net, err := stack.RequireStack(ctx, host.Incus)
 	if err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
@@ -184,7 +184,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 	// remove it.
 	defer func() {
 		if err != nil {
-			if rerr := host.RemoveInstance(context.WithoutCancel(ctx), name); rerr != nil && !incus.IsNotFound(rerr) {
+			if rerr := stack.RemoveInstance(context.WithoutCancel(ctx), host.Incus, name); rerr != nil && !incus.IsNotFound(rerr) {
 				err = errors.Join(err, fmt.Errorf("removing the half-imported %s: %w (remove it by hand: incus delete --force %s)", name, rerr, name))
 			}
 		}

@@ -486,7 +486,7 @@ func (h *healer) incusStep(ctx context.Context, g *hostns.NS, job incusJob) erro
 	h.mu.Unlock()
 	// Incus's rules not in nftables (its xtables driver): only box's are
 	// healed here.
-	useNft, _, err := h.host.IncusUsesNft(ctx)
+	useNft, _, err := stack.IncusUsesNft(ctx, h.host.Incus)
 	if err != nil {
 		return err
 	}
@@ -521,7 +521,7 @@ func (h *healer) incusStep(ctx context.Context, g *hostns.NS, job incusJob) erro
 		// cannot be told from another tool's by who: a rewrite that left
 		// a chain out is asked for again at the resync only.
 	default:
-		detail, err := h.host.ReapplyIncusFirewall(ctx)
+		detail, err := stack.ReapplyIncusFirewall(ctx, h.host.Incus)
 		if err != nil {
 			return err
 		}
