@@ -86,8 +86,8 @@ func Boxes(ctx context.Context, c *incus.Client) ([]Box, error) {
 
 // Resolve finds a box by name through the tag: every operation on a named
 // box goes through here first.
-func (host *Host) Resolve(ctx context.Context, name string) (*incus.Instance, string, error) {
-	inst, etag, err := host.Incus.Instance(ctx, name)
+func Resolve(ctx context.Context, c *incus.Client, name string) (*incus.Instance, string, error) {
+	inst, etag, err := c.Instance(ctx, name)
 	if incus.IsNotFound(err) {
 		return nil, "", &NoSuchBoxError{Name: name}
 	}
@@ -101,8 +101,8 @@ func (host *Host) Resolve(ctx context.Context, name string) (*incus.Instance, st
 }
 
 // Info returns one box.
-func (host *Host) Info(ctx context.Context, name string) (*Box, error) {
-	inst, _, err := host.Resolve(ctx, name)
+func Info(ctx context.Context, c *incus.Client, name string) (*Box, error) {
+	inst, _, err := Resolve(ctx, c, name)
 	if err != nil {
 		return nil, err
 	}

@@ -53,7 +53,7 @@ func (host *Host) Migrate(ctx context.Context, req MigrateRequest) ([]model.Chan
 	var todo []string
 	if req.Box != "" {
 		// The boundary before anything changes on the host.
-		inst, _, err := host.Resolve(ctx, req.Box)
+		inst, _, err := Resolve(ctx, host.Incus, req.Box)
 		if err != nil {
 			return nil, err
 		}
@@ -87,7 +87,7 @@ func (host *Host) Migrate(ctx context.Context, req MigrateRequest) ([]model.Chan
 
 func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 	c := host.Incus
-	inst, _, err := host.Resolve(ctx, name)
+	inst, _, err := Resolve(ctx, host.Incus, name)
 	if err != nil {
 		return err
 	}

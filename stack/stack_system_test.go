@@ -309,7 +309,7 @@ func TestSystemCloneGetsItsOwnIdentity(t *testing.T) {
 	assert.NotEqual(t, strings.TrimSpace(string(ma)), strings.TrimSpace(string(mb)))
 	assert.Len(t, strings.TrimSpace(string(mb)), 32)
 
-	info, err := h.Info(ctx, dst)
+	info, err := stack.Info(ctx, h.Incus, dst)
 	require.NoError(t, err)
 	assert.Equal(t, "clone of "+src, info.Stamps[model.StampOrigin])
 	assert.Equal(t, "blank", info.Stamps[model.StampTemplate], "lineage kept")

@@ -232,7 +232,7 @@ func (c *call) cloneBox(o *newOpts) error {
 	if err != nil {
 		return err
 	}
-	srcBox, err := h.Info(c.ctx, src)
+	srcBox, err := stack.Info(c.ctx, h.Incus, src)
 	if err != nil {
 		return err
 	}

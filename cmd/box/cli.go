@@ -237,7 +237,7 @@ func (a *app) dispatch(c *command, args []string) error {
 		}
 		// The boundary: the name resolves through the ownership tag
 		// before anything else happens.
-		if cl.box, err = h.Info(a.ctx, cl.name()); err != nil {
+		if cl.box, err = stack.Info(a.ctx, h.Incus, cl.name()); err != nil {
 			return err
 		}
 		if c.box == stoppedBox && cl.box.Status != "Stopped" {

@@ -51,7 +51,7 @@ func (mgr *Manager) Clone(ctx context.Context, src, snap, name string) (*CloneRe
 // another member would accept as it is.
 func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string) (_ *CloneResult, err error) {
 	host := mgr.host
-	inst, _, err := host.Resolve(ctx, src)
+	inst, _, err := stack.Resolve(ctx, host.Incus, src)
 	if err != nil {
 		return nil, err
 	}
@@ -169,7 +169,7 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 	if _, err := host.RefreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("cloned %s, but isolating its bridge port failed: %w (run box doctor --fix)", name, err)
 	}
-	res.Box, err = host.Info(ctx, name)
+	res.Box, err = stack.Info(ctx, host.Incus, name)
 	return res, err
 }
 

@@ -26,7 +26,7 @@ import (
 // like one (with its Problem).
 func (doors *Doors) ListDoors(ctx context.Context, name string) ([]model.Door, error) {
 	host := doors.host
-	inst, _, err := host.Resolve(ctx, name)
+	inst, _, err := stack.Resolve(ctx, host.Incus, name)
 	if err != nil {
 		return nil, err
 	}
@@ -44,7 +44,7 @@ func (doors *Doors) Expose(ctx context.Context, name string, spec model.DoorSpec
 	if host.Tier {
 		return nil, errTierDoors
 	}
-	inst, etag, err := host.Resolve(ctx, name)
+	inst, etag, err := stack.Resolve(ctx, host.Incus, name)
 	if err != nil {
 		return nil, err
 	}
@@ -268,7 +268,7 @@ func (doors *Doors) grantedUsers(ctx context.Context) ([]string, error) {
 // that name that box did not make is refused.
 func (doors *Doors) Unexpose(ctx context.Context, name string, port uint16) error {
 	host := doors.host
-	inst, etag, err := host.Resolve(ctx, name)
+	inst, etag, err := stack.Resolve(ctx, host.Incus, name)
 	if err != nil {
 		return err
 	}

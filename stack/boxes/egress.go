@@ -3,6 +3,8 @@ package boxes
 import (
 	"net/netip"
 
+	"github.com/box-isolation/box/stack"
+
 	"context"
 	"fmt"
 	"maps"
@@ -36,7 +38,7 @@ type EgressState struct {
 // It takes effect at the next refresh, which it makes at once.
 func (mgr *Manager) SetEgress(ctx context.Context, box string, names []string) (*EgressChange, error) {
 	host := mgr.host
-	inst, etag, err := host.Resolve(ctx, box)
+	inst, etag, err := stack.Resolve(ctx, host.Incus, box)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +77,7 @@ func (mgr *Manager) SetEgress(ctx context.Context, box string, names []string) (
 // Egress reads a box's policy and what its allow set holds now.
 func (mgr *Manager) Egress(ctx context.Context, box string) (*EgressState, error) {
 	host := mgr.host
-	inst, _, err := host.Resolve(ctx, box)
+	inst, _, err := stack.Resolve(ctx, host.Incus, box)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +110,7 @@ func (mgr *Manager) Egress(ctx context.Context, box string) (*EgressState, error
 // since), oldest first.
 func (mgr *Manager) EgressRefusals(ctx context.Context, box string, since time.Time) ([]egress.Refusal, error) {
 	host := mgr.host
-	inst, _, err := host.Resolve(ctx, box)
+	inst, _, err := stack.Resolve(ctx, host.Incus, box)
 	if err != nil {
 		return nil, err
 	}

@@ -23,7 +23,7 @@ import (
 // Snapshot takes a snapshot; an empty label gets a time-stamped name.
 func (mgr *Manager) Snapshot(ctx context.Context, name, label string) (string, error) {
 	host := mgr.host
-	if _, _, err := host.Resolve(ctx, name); err != nil {
+	if _, _, err := stack.Resolve(ctx, host.Incus, name); err != nil {
 		return "", err
 	}
 	if label == "" {
@@ -41,7 +41,7 @@ func (mgr *Manager) Snapshot(ctx context.Context, name, label string) (string, e
 // Snapshots lists a box's snapshots.
 func (mgr *Manager) Snapshots(ctx context.Context, name string) ([]incus.Snapshot, error) {
 	host := mgr.host
-	if _, _, err := host.Resolve(ctx, name); err != nil {
+	if _, _, err := stack.Resolve(ctx, host.Incus, name); err != nil {
 		return nil, err
 	}
 	return host.Incus.Snapshots(ctx, name)
@@ -53,7 +53,7 @@ func (mgr *Manager) Snapshots(ctx context.Context, name string) ([]incus.Snapsho
 // lease is its own MAC's.
 func (mgr *Manager) Restore(ctx context.Context, name, snap string) error {
 	host := mgr.host
-	inst, _, err := host.Resolve(ctx, name)
+	inst, _, err := stack.Resolve(ctx, host.Incus, name)
 	if err != nil {
 		return err
 	}
@@ -77,7 +77,7 @@ func (mgr *Manager) Restore(ctx context.Context, name, snap string) error {
 // from the port watcher once it runs.
 func (mgr *Manager) Start(ctx context.Context, name string) error {
 	host := mgr.host
-	inst, _, err := host.Resolve(ctx, name)
+	inst, _, err := stack.Resolve(ctx, host.Incus, name)
 	if err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func (mgr *Manager) Start(ctx context.Context, name string) error {
 // is: a stale name there is a doctor finding).
 func (mgr *Manager) Stop(ctx context.Context, name string, force bool) error {
 	host := mgr.host
-	if _, _, err := host.Resolve(ctx, name); err != nil {
+	if _, _, err := stack.Resolve(ctx, host.Incus, name); err != nil {
 		return err
 	}
 	if err := host.Incus.SetInstanceState(ctx, name, "stop", time.Minute, force); err != nil {
@@ -131,7 +131,7 @@ func (mgr *Manager) Stop(ctx context.Context, name string, force bool) error {
 // its port from the bridge drop's port set.
 func (mgr *Manager) Remove(ctx context.Context, name string) error {
 	host := mgr.host
-	inst, _, err := host.Resolve(ctx, name)
+	inst, _, err := stack.Resolve(ctx, host.Incus, name)
 	if err != nil {
 		return err
 	}
@@ -150,7 +150,7 @@ func (mgr *Manager) Remove(ctx context.Context, name string) error {
 // Rename renames a stopped box; a running one is refused with the fix.
 func (mgr *Manager) Rename(ctx context.Context, name, newName string) error {
 	host := mgr.host
-	inst, _, err := host.Resolve(ctx, name)
+	inst, _, err := stack.Resolve(ctx, host.Incus, name)
 	if err != nil {
 		return err
 	}

@@ -293,7 +293,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	} else if n := host.AccountingNote(ctx, req.Disk); n != "" {
 		notes = append(notes, n)
 	}
-	b, err := host.Info(ctx, req.Name)
+	b, err := stack.Info(ctx, host.Incus, req.Name)
 	if b != nil {
 		b.Notes = append(b.Notes, notes...)
 	}

@@ -32,7 +32,7 @@ type MoveResult struct {
 // new member's loopback from its next start.
 func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult, error) {
 	host := mgr.host
-	inst, _, err := host.Resolve(ctx, name)
+	inst, _, err := stack.Resolve(ctx, host.Incus, name)
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +96,7 @@ func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult,
 	if _, err := host.RefreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("moved %s to %s, but refreshing the bridge ports failed: %w (run box doctor --fix)", name, member, err)
 	}
-	if res.Box, err = host.Info(ctx, name); err != nil {
+	if res.Box, err = stack.Info(ctx, host.Incus, name); err != nil {
 		return nil, err
 	}
 	return res, nil

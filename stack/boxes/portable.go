@@ -48,7 +48,7 @@ type ExportResult struct {
 // not freeze it anyway, so only a stopped box makes a consistent file.
 func (mgr *Manager) Export(ctx context.Context, name string, w io.Writer) (*ExportResult, error) {
 	host := mgr.host
-	inst, _, err := host.Resolve(ctx, name)
+	inst, _, err := stack.Resolve(ctx, host.Incus, name)
 	if err != nil {
 		return nil, err
 	}
@@ -279,7 +279,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 	if _, err := host.RefreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("imported %s, but isolating its bridge port failed: %w", name, err)
 	}
-	res.Box, err = host.Info(ctx, name)
+	res.Box, err = stack.Info(ctx, host.Incus, name)
 	return res, err
 }
 
