@@ -112,7 +112,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 	}
 	t.user, t.project = u, stack.TierProject(u.UID)
 	r.projects[PlaceT] = t.project
-	group := cmp.Or(cfg.Host.TierGroup, stack.DefaultTierGroup)
+	group := cmp.Or(cfg.Host.Tier.Group, stack.DefaultTierGroup)
 	if t.gid, err = accounts.GroupGID(group); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}

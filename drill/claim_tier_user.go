@@ -42,7 +42,7 @@ func tierPrereqs(h *stack.Host) string {
 	if _, err := os.Stat(h.UserSocket()); err != nil {
 		return "no incus-user socket at " + h.UserSocket() + " (enable incus-user.socket; the world runs one)"
 	}
-	if _, err := accounts.GroupGID(stack.DefaultTierGroup); h.TierGroup == "" && err != nil {
+	if _, err := accounts.GroupGID(stack.DefaultTierGroup); h.Tier.Group == "" && err != nil {
 		return err.Error()
 	}
 	for _, bin := range []string{"useradd", "userdel", "gpasswd"} {

@@ -105,7 +105,7 @@ func readCluster(ctx context.Context, h *stack.Host) (cluster, []string, error) 
 		m := MemberScene{Name: ma.Name, ClusterAddr: ma.Addr, Local: ma.Name == ci.Local}
 		if m.Local {
 			m.NetNS = h.NetNS
-		} else if ns, ok := h.MemberNetNS[ma.Name]; ok {
+		} else if ns, ok := h.Members.NetNS[ma.Name]; ok {
 			m.NetNS = ns
 		} else {
 			notes = append(notes, fmt.Sprintf("cluster: member %s's namespace is not known here (another machine): no probe box runs there and nothing there witnesses, so its cluster address is not a target", ma.Name))

@@ -32,8 +32,7 @@ func clusterConfig(t *testing.T) (drill.Config, *world.State) {
 	_, err := image.Ensure(ctx, c, image.DefaultAlias, image.Options{})
 	require.NoError(t, err)
 	return drill.Config{
-		Host: &stack.Host{Incus: c, NetNS: st.Names.HostNS, MemberNetNS: st.MemberNetNS(),
-			Options: model.Options{DNS: []netip.Addr{world.Resolver}}},
+		Host:     &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: model.Options{DNS: []netip.Addr{world.Resolver}}, Members: stack.Membership{NetNS: st.MemberNetNS()}},
 		Topology: st.Topology(), Image: image.DefaultAlias, Agent: agent(t), Version: "test",
 		Log: testWriter{t},
 	}, st
@@ -108,8 +107,7 @@ func TestSystemClusterMemberFirewallGone(t *testing.T) {
 	victim := st.Members[1]
 	t.Cleanup(func() {
 		// Put it back the way an operator would: member-only setup there.
-		h := &stack.Host{Incus: incus.New(victim.IncusSocket), NetNS: victim.Name, MemberOnly: true,
-			Options: model.Options{DNS: []netip.Addr{world.Resolver}}}
+		h := &stack.Host{Incus: incus.New(victim.IncusSocket), NetNS: victim.Name, Options: model.Options{DNS: []netip.Addr{world.Resolver}}, Members: stack.Membership{Only: true}}
 		_, err := h.Ensure(context.Background())
 		assert.NoError(t, err)
 	})

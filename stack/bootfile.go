@@ -53,10 +53,10 @@ const savedFirewallVersion = 1
 // firewallFile is where this host saves its firewall; "" saves none (the
 // hermetic world: no boot; a granted user: the kernel's layers are root's).
 func (host *Host) firewallFile() string {
-	if host.Tier || host.Remote != "" {
+	if host.Tier.Granted || host.Remote != "" {
 		return ""
 	}
-	return host.FirewallFile
+	return host.Boot.FirewallFile
 }
 
 // readSavedFirewall reads the saved firewall; os.ErrNotExist when there is
@@ -220,7 +220,7 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 		return rep, err
 	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("loaded from %s (saved %s, gateway %s) with no Incus call; the port watcher pins each box as Incus starts it", path, saved.Saved.Format(time.RFC3339), saved.Gateway))
-	stale, err := removeStaleDnsmasqPIDs(host.IncusDir)
+	stale, err := removeStaleDnsmasqPIDs(host.Boot.IncusDir)
 	for _, f := range stale {
 		rep.Changes = append(rep.Changes, model.Change{Object: "file " + f, Action: "removed", Detail: "a dnsmasq pid file from before the boot (Incus would signal that pid, which may now be one of incusd's own threads)"})
 	}
@@ -283,7 +283,7 @@ func dnsmasqRuns(pidFile string) bool {
 // the saved firewall naming the live gateway. Its findings are advisory:
 // the layers hold now, the next boot would open them.
 func (host *Host) verifyBoot(gw netip.Addr) []model.Finding {
-	if host.BootUnitDir == "" || !systemdRunning() {
+	if host.Boot.UnitDir == "" || !systemdRunning() {
 		return nil
 	}
 	var out []model.Finding
@@ -291,11 +291,11 @@ func (host *Host) verifyBoot(gw netip.Addr) []model.Finding {
 		out = append(out, model.Finding{Layer: model.LayerHostFW, Object: obj, Problem: problem + ": at the next boot boxes could send before box's tables hold", Fix: fixEnsure, Advisory: true})
 	}
 	files := map[string]string{IncusDropInName: incusDropIn}
-	for _, u := range BootUnits(host.Exe) {
+	for _, u := range BootUnits(host.Boot.Exe) {
 		files[u.Name] = u.Text
 	}
 	for _, name := range slices.Sorted(maps.Keys(files)) {
-		b, err := os.ReadFile(filepath.Join(host.BootUnitDir, name))
+		b, err := os.ReadFile(filepath.Join(host.Boot.UnitDir, name))
 		switch {
 		case errors.Is(err, os.ErrNotExist):
 			find("unit "+name, "missing")

@@ -19,7 +19,7 @@ import (
 
 func TestSavedFirewallFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "box", "firewall.json")
-	h := &Host{FirewallFile: path}
+	h := &Host{Boot: BootFiles{FirewallFile: path}}
 	require.NoError(t, h.SaveFirewall(func(s *SavedFirewall) {}), "no gateway: nothing to save")
 	assert.NoFileExists(t, path)
 	gw := netip.MustParseAddr("10.88.0.1")
@@ -43,7 +43,7 @@ func TestSavedFirewallFile(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte(`{"version":99}`), 0o644))
 	_, err = readSavedFirewall(path)
 	assert.ErrorContains(t, err, "box setup-host writes it again")
-	assert.Empty(t, (&Host{FirewallFile: path, Tier: true}).firewallFile(), "a granted user saves nothing")
+	assert.Empty(t, (&Host{Boot: BootFiles{FirewallFile: path}, Tier: TierConfig{Granted: true}}).firewallFile(), "a granted user saves nothing")
 
 	removed, err := h.removeSavedFirewall()
 	require.NoError(t, err)
@@ -56,7 +56,7 @@ func TestSavedFirewallFile(t *testing.T) {
 func TestVerifyBoot(t *testing.T) {
 	withSystemd(t, true)
 	dir := t.TempDir()
-	h := &Host{BootUnitDir: dir, Exe: "/usr/bin/box", FirewallFile: filepath.Join(dir, "firewall.json")}
+	h := &Host{Boot: BootFiles{UnitDir: dir, Exe: "/usr/bin/box", FirewallFile: filepath.Join(dir, "firewall.json")}}
 	gw := netip.MustParseAddr("10.88.0.1")
 	objects := func(fs []model.Finding) []string {
 		var out []string
@@ -66,7 +66,7 @@ func TestVerifyBoot(t *testing.T) {
 		}
 		return out
 	}
-	assert.Equal(t, []string{"unit box-firewall.service", "unit box-ports.service", "unit incus.service.d/box.conf", "file " + h.FirewallFile},
+	assert.Equal(t, []string{"unit box-firewall.service", "unit box-ports.service", "unit incus.service.d/box.conf", "file " + h.Boot.FirewallFile},
 		objects(h.verifyBoot(gw)), "nothing set up for the next boot")
 	_, _, err := h.ensureBootUnit()
 	require.NoError(t, err)

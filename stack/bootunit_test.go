@@ -20,7 +20,7 @@ func withSystemd(t *testing.T, running bool) {
 func TestBootUnits(t *testing.T) {
 	withSystemd(t, true)
 	dir := t.TempDir()
-	h := &Host{BootUnitDir: dir, Exe: "/usr/local/bin/box"}
+	h := &Host{Boot: BootFiles{UnitDir: dir, Exe: "/usr/local/bin/box"}}
 
 	note, changes, err := h.ensureBootUnit()
 	require.NoError(t, err)
@@ -95,7 +95,7 @@ func TestBootUnitsWithoutSystemd(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			withSystemd(t, tc.systemd)
-			h := &Host{BootUnitDir: tc.dir, Exe: "/usr/local/bin/box"}
+			h := &Host{Boot: BootFiles{UnitDir: tc.dir, Exe: "/usr/local/bin/box"}}
 			note, changes, err := h.ensureBootUnit()
 			require.NoError(t, err)
 			assert.Empty(t, changes)
@@ -112,7 +112,7 @@ func TestBootUnitsWithoutSystemd(t *testing.T) {
 func TestBootUnitsExported(t *testing.T) {
 	withSystemd(t, true)
 	dir := t.TempDir()
-	h := &Host{BootUnitDir: dir, Exe: "/usr/bin/box"}
+	h := &Host{Boot: BootFiles{UnitDir: dir, Exe: "/usr/bin/box"}}
 	_, _, err := h.ensureBootUnit()
 	require.NoError(t, err)
 	units := BootUnits("/usr/bin/box")

@@ -204,7 +204,7 @@ func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Durat
 		return netip.Addr{}, fmt.Errorf("reading network %s: %w", model.Current.Network, err)
 	}
 	p, err := netip.ParsePrefix(net.Config["ipv4.address"])
-	if err != nil && host.Tier {
+	if err != nil && host.Tier.Granted {
 		// A granted user sees no network's config, only its state.
 		p, err = bridgeSubnetFromState(ctx, host.Incus)
 	}

@@ -84,7 +84,7 @@ func (host *Host) Cluster(ctx context.Context) (ClusterInfo, error) {
 	if err != nil {
 		return ci, err
 	}
-	if srv.Environment.ServerClustered && !host.Tier {
+	if srv.Environment.ServerClustered && !host.Tier.Granted {
 		ci.Local = srv.Environment.ServerName
 		if ci.Members, err = host.Incus.ClusterMembers(ctx); err != nil {
 			return ci, err
@@ -99,11 +99,11 @@ func (host *Host) Cluster(ctx context.Context) (ClusterInfo, error) {
 // it, and its network namespace when MemberNetNS names one (ok false
 // when it does not: its host layers cannot be read from here).
 func (host *Host) memberHost(member string) (mh *Host, ok bool) {
-	ns, ok := host.MemberNetNS[member]
+	ns, ok := host.Members.NetNS[member]
 	cp := *host
 	cp.Incus = host.Incus.Target(member)
 	cp.NetNS = ns
-	cp.BootUnitDir = "" // another machine's boot unit is its own business
+	cp.Boot.UnitDir = "" // another machine's boot unit is its own business
 	cp.member = member
 	return &cp, ok
 }
@@ -544,7 +544,7 @@ func (host *Host) Create(ctx context.Context, post incus.InstancesPost, target s
 	if !ci.Clustered() && target != "" {
 		return fmt.Errorf("minting %s: --target %s: this incusd is not a cluster member", post.Name, target)
 	}
-	if host.Tier {
+	if host.Tier.Granted {
 		return host.Incus.CreateInstanceWithProgress(ctx, post, progress)
 	}
 	if err := ci.CheckMember(target); err != nil {
@@ -694,7 +694,7 @@ func (host *Host) EnsureMembers(ctx context.Context) ([]MemberReport, error) {
 		if !ok || m == ci.Local {
 			continue
 		}
-		mh.MemberOnly = true
+		mh.Members.Only = true
 		rep, err := mh.Ensure(ctx)
 		if err != nil {
 			return out, fmt.Errorf("member %s: %w", m, err)

@@ -46,11 +46,11 @@ func clusterWorld(t *testing.T) (context.Context, *stack.Host, *world.State) {
 	_, err := image.Ensure(ctx, c, image.DefaultAlias, image.Options{})
 	require.NoError(t, err)
 	opts := model.Options{DNS: []netip.Addr{world.Resolver}}
-	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS, MemberNetNS: st.MemberNetNS(), Options: opts}
+	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: opts, Members: stack.Membership{NetNS: st.MemberNetNS()}}
 	_, err = h.Ensure(ctx)
 	require.NoError(t, err)
 	for _, m := range st.Members[1:] {
-		_, err := (&stack.Host{Incus: incus.New(m.IncusSocket), NetNS: m.Name, MemberOnly: true, Options: opts}).Ensure(ctx)
+		_, err := (&stack.Host{Incus: incus.New(m.IncusSocket), NetNS: m.Name, Options: opts, Members: stack.Membership{Only: true}}).Ensure(ctx)
 		require.NoError(t, err, "member %s", m.Name)
 	}
 	return ctx, h, st

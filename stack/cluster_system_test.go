@@ -39,9 +39,9 @@ func clusterHosts(t *testing.T) (context.Context, []*stack.Host, *world.State) {
 	for i, m := range st.Members {
 		h := &stack.Host{Incus: incus.New(m.IncusSocket), NetNS: m.Name, Options: opts}
 		if i == 0 {
-			h.MemberNetNS = st.MemberNetNS()
+			h.Members.NetNS = st.MemberNetNS()
 		} else {
-			h.MemberOnly = true
+			h.Members.Only = true
 		}
 		hosts = append(hosts, h)
 	}

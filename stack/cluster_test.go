@@ -341,7 +341,7 @@ func TestCreateOnAStandaloneHost(t *testing.T) {
 	assert.False(t, sent.Start, "created stopped, started once it has its address")
 
 	tier := *h
-	tier.Tier = true
+	tier.Tier.Granted = true
 	post.Name = "t"
 	require.NoError(t, tier.Create(context.Background(), post, "", nil))
 	assert.Equal(t, "Running", f.Inst(t, "t").Status, "a granted user's: created and started in one request")

@@ -223,7 +223,7 @@ func (host *Host) EnsurePolicy(ctx context.Context, id string, names []string) (
 	if have, ok := model.PoliciesOf(n.Config)[id]; ok && slices.Equal(have, names) {
 		return false, nil
 	}
-	if host.Tier {
+	if host.Tier.Granted {
 		return false, fmt.Errorf("the allowlist %v is not on this host yet, and only its admin can add one (box egress BOX allow %s, as root, on any box)", names, strings.Join(names, " "))
 	}
 	f, err := host.ReadFleet(ctx)

@@ -74,7 +74,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if host.MemberOnly && !ci.Clustered() {
+	if host.Members.Only && !ci.Clustered() {
 		return nil, errors.New("--member-only is for a member of an Incus cluster, and this incusd is standalone: run box setup-host")
 	}
 
@@ -84,7 +84,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	if err != nil && !incus.IsNotFound(err) {
 		return nil, fmt.Errorf("reading network %s: %w", gen.Network, err)
 	}
-	if host.MemberOnly {
+	if host.Members.Only {
 		if net == nil {
 			return nil, fmt.Errorf("the cluster has no network %s yet: run box setup-host on any one member first, then box setup-host --member-only here", gen.Network)
 		}
@@ -435,22 +435,22 @@ var systemdRunning = func() bool {
 // ensureBootUnit writes the boot units where systemd is, and says what
 // happens where it is not.
 func (host *Host) ensureBootUnit() (string, []model.Change, error) {
-	if host.BootUnitDir == "" {
+	if host.Boot.UnitDir == "" {
 		return "no boot unit here: the nft tables are not re-applied at boot and no port watcher runs; run `box setup-host` after a reboot, and keep `box watch-ports` running", nil, nil
 	}
 	if !systemdRunning() {
 		return "no systemd on this host: the nft tables are not re-applied at boot and no port watcher runs; from your init system, run `box setup-host --firewall-only` after each boot and keep `box watch-ports` running", nil, nil
 	}
 	var changes []model.Change
-	for _, u := range BootUnits(host.Exe) {
-		path := filepath.Join(host.BootUnitDir, u.Name)
+	for _, u := range BootUnits(host.Boot.Exe) {
+		path := filepath.Join(host.Boot.UnitDir, u.Name)
 		if b, err := os.ReadFile(path); err == nil && string(b) == u.Text {
 			continue
 		}
 		if err := os.WriteFile(path, []byte(u.Text), 0o644); err != nil {
 			return "", changes, fmt.Errorf("writing %s: %w", path, err)
 		}
-		link := filepath.Join(host.BootUnitDir, "multi-user.target.wants", u.Name)
+		link := filepath.Join(host.Boot.UnitDir, "multi-user.target.wants", u.Name)
 		if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
 			return "", changes, err
 		}
@@ -460,7 +460,7 @@ func (host *Host) ensureBootUnit() (string, []model.Change, error) {
 		}
 		changes = append(changes, model.Change{Object: "unit " + u.Name, Action: "created", Detail: u.Does})
 	}
-	dropIn := filepath.Join(host.BootUnitDir, IncusDropInName)
+	dropIn := filepath.Join(host.Boot.UnitDir, IncusDropInName)
 	if b, err := os.ReadFile(dropIn); err != nil || string(b) != incusDropIn {
 		if err := os.MkdirAll(filepath.Dir(dropIn), 0o755); err != nil {
 			return "", changes, err
@@ -486,10 +486,10 @@ func (host *Host) ensureBootUnit() (string, []model.Change, error) {
 func (host *Host) removeBootUnits() ([]model.Change, error) {
 	var changes []model.Change
 	var errs []error
-	if host.BootUnitDir == "" {
+	if host.Boot.UnitDir == "" {
 		return nil, nil
 	}
-	dropIn := filepath.Join(host.BootUnitDir, IncusDropInName)
+	dropIn := filepath.Join(host.Boot.UnitDir, IncusDropInName)
 	if err := os.Remove(dropIn); err == nil {
 		changes = append(changes, model.Change{Object: "unit incus.service drop-in " + filepath.Base(dropIn), Action: "removed"})
 		os.Remove(filepath.Dir(dropIn)) // only if empty: another drop-in there is not box's
@@ -497,8 +497,8 @@ func (host *Host) removeBootUnits() ([]model.Change, error) {
 		errs = append(errs, err)
 	}
 	for _, u := range bootUnits {
-		os.Remove(filepath.Join(host.BootUnitDir, "multi-user.target.wants", u.name))
-		if err := os.Remove(filepath.Join(host.BootUnitDir, u.name)); err == nil {
+		os.Remove(filepath.Join(host.Boot.UnitDir, "multi-user.target.wants", u.name))
+		if err := os.Remove(filepath.Join(host.Boot.UnitDir, u.name)); err == nil {
 			changes = append(changes, model.Change{Object: "unit " + u.name, Action: "removed"})
 		} else if !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)

@@ -370,7 +370,7 @@ func nicWhere(d map[string]string) string {
 // unmarked when the census could not be taken (reading the kernel's view
 // of the ports needs root).
 func (host *Host) BoxesOnStack(ctx context.Context) (boxes []Box, censusErr, err error) {
-	if host.Tier {
+	if host.Tier.Granted {
 		boxes, err := Boxes(ctx, host.Incus)
 		return boxes, errors.New("a granted user sees only their own project"), err
 	}

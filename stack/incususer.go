@@ -21,8 +21,8 @@ func (host *Host) ServerDir() string { return filepath.Dir(host.Incus.Socket()) 
 // UserSocket is incus-user's socket: IncusUserSocket, else
 // unix.socket.user beside incusd's.
 func (host *Host) UserSocket() string {
-	if host.IncusUserSocket != "" {
-		return host.IncusUserSocket
+	if host.Tier.UserSocket != "" {
+		return host.Tier.UserSocket
 	}
 	return filepath.Join(host.ServerDir(), "unix.socket.user")
 }

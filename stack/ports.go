@@ -50,7 +50,7 @@ func (host *Host) RefreshPorts(ctx context.Context) (PortsRefresh, error) {
 		// A remote's ports are its host's port watcher's.
 		return PortsRefresh{}, nil
 	}
-	if host.Tier || host.member != "" {
+	if host.Tier.Granted || host.member != "" {
 		return host.refreshPortsHere(ctx)
 	}
 	ci, err := host.Cluster(ctx)
@@ -73,7 +73,7 @@ func (host *Host) RefreshPorts(ctx context.Context) (PortsRefresh, error) {
 
 // refreshPortsHere is refreshPorts on this host's member only.
 func (host *Host) refreshPortsHere(ctx context.Context) (PortsRefresh, error) {
-	if host.Tier {
+	if host.Tier.Granted {
 		// A granted user cannot touch the kernel: the port watcher (root)
 		// puts the port in the set and pins it, as it does for any box.
 		return PortsRefresh{}, host.RequireWatcher()

@@ -11,17 +11,17 @@ import (
 
 // lockSetup takes the host's setup lock for the caller's change.
 func (host *Host) lockSetup(ctx context.Context) (unlock func(), err error) {
-	path := host.SetupLockPath
+	path := host.Lock.Path
 	if path == "" {
 		path = hostns.SetupLockPath(host.NetNS)
 	}
-	return hostns.TakeSetupLock(ctx, path, host.LockWait, host.Notice)
+	return hostns.TakeSetupLock(ctx, path, host.Lock.Wait, host.Lock.Notice)
 }
 
 // SetupHeld says whether another holder has the host's setup lock now,
 // and who, without waiting and without taking it.
 func (host *Host) SetupHeld() (string, bool) {
-	path := host.SetupLockPath
+	path := host.Lock.Path
 	if path == "" {
 		path = hostns.SetupLockPath(host.NetNS)
 	}

@@ -92,7 +92,7 @@ func TestSetupLockEndsWithItsContext(t *testing.T) {
 // nothing, and sees it free once the holder lets go.
 func TestSetupHeld(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "setup.lock")
-	h := &Host{SetupLockPath: path}
+	h := &Host{Lock: SetupLock{Path: path}}
 	_, held := h.SetupHeld()
 	assert.False(t, held, "no lock file yet")
 	unlock, err := hostns.TakeSetupLock(context.Background(), path, time.Minute, nil)

@@ -49,7 +49,7 @@ func TestTiersNamesALongUIDsBridge(t *testing.T) {
 	srv.Handle("GET /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
 		incustest.Sync(w, []map[string]any{})
 	})
-	h := &Host{Incus: incus.New(srv.Socket()), IncusUserSocket: t.TempDir() + "/unix.socket.user"}
+	h := &Host{Incus: incus.New(srv.Socket()), Tier: TierConfig{UserSocket: t.TempDir() + "/unix.socket.user"}}
 	tiers, err := h.Tiers(context.Background(), "")
 	require.NoError(t, err)
 	require.Len(t, tiers, 1)

@@ -164,7 +164,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		}
 	}
 	v.Findings = append(v.Findings, dhcpFindings(insts)...)
-	if v.Tiers, err = host.Tiers(ctx, host.TierGroup); err != nil {
+	if v.Tiers, err = host.Tiers(ctx, host.Tier.Group); err != nil {
 		return nil, fmt.Errorf("reading the access tiers: %w", err)
 	}
 	for _, t := range v.Tiers {

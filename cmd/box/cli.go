@@ -305,25 +305,25 @@ func (a *app) host() (*stack.Host, error) {
 		return a.remoteHost(opts)
 	}
 	h := &stack.Host{Incus: incus.New(a.socket()), NetNS: a.getenv("BOX_NETNS"), Options: opts, Progress: a.progressf,
-		IncusUserSocket: a.getenv("BOX_INCUS_USER_SOCKET"), TierGroup: a.getenv("BOX_TIER_GROUP"),
+		Tier:           stack.TierConfig{UserSocket: a.getenv("BOX_INCUS_USER_SOCKET"), Group: a.getenv("BOX_TIER_GROUP")},
 		IncusConfigDir: incus.ConfigDir(a.getenv)}
-	h.Notice = func(s string) { fmt.Fprintln(a.err, "box: "+s) }
-	if h.MemberNetNS, err = stack.ParseMemberNetNS(a.getenv("BOX_MEMBER_NETNS")); err != nil {
+	h.Lock.Notice = func(s string) { fmt.Fprintln(a.err, "box: "+s) }
+	if h.Members.NetNS, err = stack.ParseMemberNetNS(a.getenv("BOX_MEMBER_NETNS")); err != nil {
 		return nil, usagef("%v", err)
 	}
 	if tierSock, ok := a.tierSocket(); ok {
 		// A granted user: incus-user's socket, their own project.
 		h.Incus = incus.New(tierSock).Project(stack.TierProject(uint32(os.Geteuid())))
-		h.Tier = true
+		h.Tier.Granted = true
 	}
 	if h.NetNS == "" {
 		// A real host: the firewall is re-applied at boot by a unit that
 		// runs this binary (Ensure checks that systemd is there).
-		h.BootUnitDir = "/etc/systemd/system"
-		h.FirewallFile = stack.DefaultFirewallFile
-		h.IncusDir = cmp.Or(a.getenv("INCUS_DIR"), "/var/lib/incus")
+		h.Boot.UnitDir = "/etc/systemd/system"
+		h.Boot.FirewallFile = stack.DefaultFirewallFile
+		h.Boot.IncusDir = cmp.Or(a.getenv("INCUS_DIR"), "/var/lib/incus")
 		if exe, err := os.Executable(); err == nil {
-			h.Exe = exe
+			h.Boot.Exe = exe
 		}
 	}
 	a.h = h

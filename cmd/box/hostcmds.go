@@ -38,7 +38,7 @@ func setupSetupHost(fs *flag.FlagSet) action {
 		if picked > 1 {
 			return usagef("--member-only, --firewall-only and --boot: pick one (--member-only also installs the boot unit; --boot is the boot unit's)")
 		}
-		h.MemberOnly = *memberOnly
+		h.Members.Only = *memberOnly
 		ensure := h.Ensure
 		switch {
 		case *firewallOnly:

@@ -101,7 +101,7 @@ func tierTarget(c *call, group string) (accounts.User, *stack.Host, error) {
 		return accounts.User{}, nil, err
 	}
 	if group != "" {
-		h.TierGroup = group
+		h.Tier.Group = group
 	}
 	return u, h, nil
 }

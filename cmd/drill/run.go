@@ -102,8 +102,7 @@ func setupRun(fs *flag.FlagSet) runner {
 			// The world's own resolver stands in for the public ones.
 			opts.DNS = []netip.Addr{worldstate.Resolver}
 		}
-		host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts, MemberNetNS: st.MemberNetNS(),
-			IncusConfigDir: st.IncusConf}
+		host := &stack.Host{Incus: incus.New(st.IncusSocket), NetNS: st.Names.HostNS, Options: opts, IncusConfigDir: st.IncusConf, Members: stack.Membership{NetNS: st.MemberNetNS()}}
 		cfg := drill.Config{Host: host, Topology: st.Topology(), Image: o.image, NoSetup: o.noSetup, FillLoads: o.fillLoads,
 			Claims: sel.Claims, Left: sel.Left, Log: s.err, Version: version, Mutations: mutations}
 		if err := withTemplate(&cfg, o); err != nil {

@@ -72,7 +72,7 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	if u.UID == 0 {
 		return nil, errors.New("root needs no tier: it is an admin already")
 	}
-	group := cmp.Or(req.Group, host.TierGroup, stack.DefaultTierGroup)
+	group := cmp.Or(req.Group, host.Tier.Group, stack.DefaultTierGroup)
 	gid, err := accounts.GroupGID(group)
 	if err != nil {
 		return nil, err

@@ -57,7 +57,7 @@ func (m *Manager) Revoke(ctx context.Context, u accounts.User, group string, pur
 	if u.UID == 0 {
 		return nil, errors.New("root has no tier to revoke")
 	}
-	group = cmp.Or(group, host.TierGroup, stack.DefaultTierGroup)
+	group = cmp.Or(group, host.Tier.Group, stack.DefaultTierGroup)
 	project := stack.TierProject(u.UID)
 	res := &RevokeResult{User: u.Name, UID: u.UID, Project: project, Did: []string{}, Purged: purge}
 	did := func(format string, args ...any) { res.Did = append(res.Did, fmt.Sprintf(format, args...)) }

@@ -48,7 +48,10 @@ var boundaryOps = []struct {
 		_, err := (&Manager{host: h}).Clone(ctx, b, "", b+"-copy")
 		return err
 	}},
-	{"info", func(ctx context.Context, h *stack.Host, b string) error { _, err := stack.Info(ctx, h.Incus, b); return err }},
+	{"info", func(ctx context.Context, h *stack.Host, b string) error {
+		_, err := stack.Info(ctx, h.Incus, b)
+		return err
+	}},
 	{"expose", func(ctx context.Context, h *stack.Host, b string) error {
 		_, err := (&Doors{host: h}).Expose(ctx, b, model.DoorSpec{Port: 80, Kind: model.DoorTCP})
 		return err

@@ -41,7 +41,7 @@ var errTierDoors = errors.New("a granted user's boxes get no doors: your project
 // refused until the old one is removed (Unexpose).
 func (doors *Doors) Expose(ctx context.Context, name string, spec model.DoorSpec) (*model.Door, error) {
 	host := doors.host
-	if host.Tier {
+	if host.Tier.Granted {
 		return nil, errTierDoors
 	}
 	inst, etag, err := stack.Resolve(ctx, host.Incus, name)

@@ -336,7 +336,7 @@ func TestExposeRefuses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ds := newDoorServer(t, cmp.Or(tc.typ, model.TypeContainer), nil, tc.projects, taken)
 			h := ds.host()
-			h.Tier = tc.tier
+			h.Tier.Granted = tc.tier
 			_, err := (&Doors{host: h}).Expose(ctx, "web", tc.spec)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)

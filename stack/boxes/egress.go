@@ -92,7 +92,7 @@ func (mgr *Manager) Egress(ctx context.Context, box string) (*EgressState, error
 		return nil, err
 	}
 	st.Names = model.PoliciesOf(n.Config)[id]
-	if host.Tier {
+	if host.Tier.Granted {
 		return st, nil // the kernel's sets are the admin's to read
 	}
 	g, err := host.OpenNS()

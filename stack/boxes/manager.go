@@ -60,10 +60,10 @@ func (mgr *Manager) Restore(ctx context.Context, name, snap string) error {
 	if err := host.Incus.RestoreSnapshot(ctx, name, snap); err != nil {
 		return fmt.Errorf("restoring %s to %s: %w", name, snap, err)
 	}
-	if err := mgr.keepMACs(ctx, inst); err != nil && !host.Tier {
+	if err := mgr.keepMACs(ctx, inst); err != nil && !host.Tier.Granted {
 		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
 	}
-	if err := host.ReaddressIfTaken(ctx, name); err != nil && !host.Tier {
+	if err := host.ReaddressIfTaken(ctx, name); err != nil && !host.Tier.Granted {
 		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
 	}
 	_, err = host.RefreshPorts(ctx)
@@ -85,7 +85,7 @@ func (mgr *Manager) Start(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	if host.Tier {
+	if host.Tier.Granted {
 		err = host.Incus.SetInstanceState(ctx, name, "start", 0, false)
 	} else {
 		if !model.FixedAddressOf(inst).IsValid() {
@@ -118,7 +118,7 @@ func (mgr *Manager) Stop(ctx context.Context, name string, force bool) error {
 	if err := host.Incus.SetInstanceState(ctx, name, "stop", time.Minute, force); err != nil {
 		return fmt.Errorf("stopping %s: %w", name, err)
 	}
-	if host.Tier {
+	if host.Tier.Granted {
 		return nil // the port watcher's to refresh
 	}
 	if _, err := host.RefreshPorts(ctx); err != nil {

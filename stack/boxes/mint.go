@@ -165,7 +165,7 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	if host.Tier {
+	if host.Tier.Granted {
 		if err := host.RequireWatcher(); err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 		}

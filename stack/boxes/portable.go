@@ -148,7 +148,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 	if err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
-	if host.Tier {
+	if host.Tier.Granted {
 		if err := host.RequireWatcher(); err != nil {
 			return nil, fmt.Errorf("importing %s: %w", file, err)
 		}

@@ -28,7 +28,7 @@ func TestPrivilegedBootFromSavedFile(t *testing.T) {
 	tier.Root(t)
 	ns := nstest.New(t, "boxboot-"+nstest.RunID()+"-host")
 	path := filepath.Join(t.TempDir(), "firewall.json")
-	h := &stack.Host{NetNS: ns.Name, FirewallFile: path, SetupLockPath: filepath.Join(t.TempDir(), "setup.lock")}
+	h := &stack.Host{NetNS: ns.Name, Boot: stack.BootFiles{FirewallFile: path}, Lock: stack.SetupLock{Path: filepath.Join(t.TempDir(), "setup.lock")}}
 	ctx := context.Background()
 
 	_, err := h.EnsureBoot(ctx)
