@@ -50,13 +50,14 @@ type SavedFirewall struct {
 
 const savedFirewallVersion = 1
 
-// firewallFile is where this host saves its firewall; "" saves none (the
-// hermetic world: no boot; a granted user: the kernel's layers are root's).
-func (host *Host) firewallFile() string {
+// BootFiles are the files Host writes for the next boot: none for a
+// granted user's Host or a remote's (their host's boot is its own admin's).
+func (host *Host) BootFiles() BootFiles {
+	b := host.Boot
 	if host.Tier.Granted || host.Remote != "" {
-		return ""
+		b.FirewallFile = ""
 	}
-	return host.Boot.FirewallFile
+	return b
 }
 
 // readSavedFirewall reads the saved firewall; os.ErrNotExist when there is
@@ -81,8 +82,8 @@ func readSavedFirewall(path string) (SavedFirewall, error) {
 
 // SaveFirewall updates the saved firewall through edit, writing it only
 // when it changed (atomically: a boot never reads half a file).
-func (host *Host) SaveFirewall(edit func(*SavedFirewall)) error {
-	path := host.firewallFile()
+func (boot BootFiles) SaveFirewall(edit func(*SavedFirewall)) error {
+	path := boot.FirewallFile
 	if path == "" {
 		return nil
 	}
@@ -119,8 +120,8 @@ func (host *Host) SaveFirewall(edit func(*SavedFirewall)) error {
 }
 
 // removeSavedFirewall is teardown's: no firewall to load at the next boot.
-func (host *Host) removeSavedFirewall() ([]model.Change, error) {
-	path := host.firewallFile()
+func (boot BootFiles) removeSavedFirewall() ([]model.Change, error) {
+	path := boot.FirewallFile
 	if path == "" {
 		return nil, nil
 	}
@@ -141,7 +142,7 @@ func (host *Host) removeSavedFirewall() ([]model.Change, error) {
 // at a boot) has all its frames dropped until the watcher pins it. The
 // egress table comes back with its allow sets empty.
 func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
-	path := host.firewallFile()
+	path := host.BootFiles().FirewallFile
 	if path == "" {
 		return nil, errors.New("no saved firewall on this host (it is saved on a host with systemd): run box setup-host --firewall-only")
 	}
@@ -155,7 +156,7 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 	if saved.Bridge != model.Current.Network {
 		return nil, fmt.Errorf("the saved firewall %s is for bridge %s, this box's is %s: run box setup-host", path, saved.Bridge, model.Current.Network)
 	}
-	unlock, err := host.lockSetup(ctx)
+	unlock, err := host.Lock.take(ctx, host.NetNS)
 	if err != nil {
 		return nil, err
 	}
@@ -282,8 +283,8 @@ func dnsmasqRuns(pidFile string) bool {
 // no window: the units and Incus's drop-in as setup-host writes them, and
 // the saved firewall naming the live gateway. Its findings are advisory:
 // the layers hold now, the next boot would open them.
-func (host *Host) verifyBoot(gw netip.Addr) []model.Finding {
-	if host.Boot.UnitDir == "" || !systemdRunning() {
+func (boot BootFiles) verify(gw netip.Addr) []model.Finding {
+	if boot.UnitDir == "" || !systemdRunning() {
 		return nil
 	}
 	var out []model.Finding
@@ -291,11 +292,11 @@ func (host *Host) verifyBoot(gw netip.Addr) []model.Finding {
 		out = append(out, model.Finding{Layer: model.LayerHostFW, Object: obj, Problem: problem + ": at the next boot boxes could send before box's tables hold", Fix: fixEnsure, Advisory: true})
 	}
 	files := map[string]string{IncusDropInName: incusDropIn}
-	for _, u := range BootUnits(host.Boot.Exe) {
+	for _, u := range BootUnits(boot.Exe) {
 		files[u.Name] = u.Text
 	}
 	for _, name := range slices.Sorted(maps.Keys(files)) {
-		b, err := os.ReadFile(filepath.Join(host.Boot.UnitDir, name))
+		b, err := os.ReadFile(filepath.Join(boot.UnitDir, name))
 		switch {
 		case errors.Is(err, os.ErrNotExist):
 			find("unit "+name, "missing")
@@ -305,15 +306,15 @@ func (host *Host) verifyBoot(gw netip.Addr) []model.Finding {
 			find("unit "+name, "not as box setup-host writes it")
 		}
 	}
-	saved, err := readSavedFirewall(host.firewallFile())
+	saved, err := readSavedFirewall(boot.FirewallFile)
 	switch {
-	case host.firewallFile() == "":
+	case boot.FirewallFile == "":
 	case errors.Is(err, os.ErrNotExist):
-		find("file "+host.firewallFile(), "no saved firewall for box-firewall.service to load")
+		find("file "+boot.FirewallFile, "no saved firewall for box-firewall.service to load")
 	case err != nil:
-		find("file "+host.firewallFile(), err.Error())
+		find("file "+boot.FirewallFile, err.Error())
 	case saved.Gateway != gw:
-		find("file "+host.firewallFile(), fmt.Sprintf("the saved gateway is %s, the bridge's is %s", saved.Gateway, gw))
+		find("file "+boot.FirewallFile, fmt.Sprintf("the saved gateway is %s, the bridge's is %s", saved.Gateway, gw))
 	}
 	return out
 }

@@ -20,21 +20,21 @@ import (
 func TestSavedFirewallFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "box", "firewall.json")
 	h := &Host{Boot: BootFiles{FirewallFile: path}}
-	require.NoError(t, h.SaveFirewall(func(s *SavedFirewall) {}), "no gateway: nothing to save")
+	require.NoError(t, h.BootFiles().SaveFirewall(func(s *SavedFirewall) {}), "no gateway: nothing to save")
 	assert.NoFileExists(t, path)
 	gw := netip.MustParseAddr("10.88.0.1")
-	require.NoError(t, h.SaveFirewall(func(s *SavedFirewall) { s.Gateway = gw }))
+	require.NoError(t, h.BootFiles().SaveFirewall(func(s *SavedFirewall) { s.Gateway = gw }))
 	s, err := readSavedFirewall(path)
 	require.NoError(t, err)
 	assert.Equal(t, gw, s.Gateway)
 	assert.Equal(t, model.Current.Network, s.Bridge)
 	first := s.Saved
-	require.NoError(t, h.SaveFirewall(func(s *SavedFirewall) { s.Gateway = gw }))
+	require.NoError(t, h.BootFiles().SaveFirewall(func(s *SavedFirewall) { s.Gateway = gw }))
 	s, err = readSavedFirewall(path)
 	require.NoError(t, err)
 	assert.Equal(t, first, s.Saved, "unchanged: not written again")
 	eg := &nft.Egress{Policies: []nft.EgressPolicy{{ID: "p1", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.20")}}}}
-	require.NoError(t, h.SaveFirewall(func(s *SavedFirewall) { s.Egress = eg }))
+	require.NoError(t, h.BootFiles().SaveFirewall(func(s *SavedFirewall) { s.Egress = eg }))
 	s, err = readSavedFirewall(path)
 	require.NoError(t, err)
 	assert.Equal(t, eg, s.Egress, "the egress policies kept with the gateway")
@@ -43,12 +43,12 @@ func TestSavedFirewallFile(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte(`{"version":99}`), 0o644))
 	_, err = readSavedFirewall(path)
 	assert.ErrorContains(t, err, "box setup-host writes it again")
-	assert.Empty(t, (&Host{Boot: BootFiles{FirewallFile: path}, Tier: TierConfig{Granted: true}}).firewallFile(), "a granted user saves nothing")
+	assert.Empty(t, (&Host{Boot: BootFiles{FirewallFile: path}, Tier: TierConfig{Granted: true}}).BootFiles().FirewallFile, "a granted user saves nothing")
 
-	removed, err := h.removeSavedFirewall()
+	removed, err := h.BootFiles().removeSavedFirewall()
 	require.NoError(t, err)
 	assert.Len(t, removed, 1)
-	removed, err = h.removeSavedFirewall()
+	removed, err = h.BootFiles().removeSavedFirewall()
 	require.NoError(t, err)
 	assert.Empty(t, removed, "a second teardown finds nothing")
 }
@@ -67,18 +67,18 @@ func TestVerifyBoot(t *testing.T) {
 		return out
 	}
 	assert.Equal(t, []string{"unit box-firewall.service", "unit box-ports.service", "unit incus.service.d/box.conf", "file " + h.Boot.FirewallFile},
-		objects(h.verifyBoot(gw)), "nothing set up for the next boot")
-	_, _, err := h.ensureBootUnit()
+		objects(h.BootFiles().verify(gw)), "nothing set up for the next boot")
+	_, _, err := h.BootFiles().ensureUnits()
 	require.NoError(t, err)
-	require.NoError(t, h.SaveFirewall(func(s *SavedFirewall) { s.Gateway = gw }))
-	assert.Empty(t, h.verifyBoot(gw))
-	f := h.verifyBoot(netip.MustParseAddr("10.89.0.1"))
+	require.NoError(t, h.BootFiles().SaveFirewall(func(s *SavedFirewall) { s.Gateway = gw }))
+	assert.Empty(t, h.BootFiles().verify(gw))
+	f := h.BootFiles().verify(netip.MustParseAddr("10.89.0.1"))
 	require.Len(t, f, 1)
 	assert.Contains(t, f[0].Problem, "the saved gateway is 10.88.0.1, the bridge's is 10.89.0.1")
 	require.NoError(t, os.WriteFile(filepath.Join(dir, IncusDropInName), []byte("[Unit]\n"), 0o644))
-	assert.Equal(t, []string{"unit incus.service.d/box.conf"}, objects(h.verifyBoot(gw)), "an edited drop-in")
+	assert.Equal(t, []string{"unit incus.service.d/box.conf"}, objects(h.BootFiles().verify(gw)), "an edited drop-in")
 	withSystemd(t, false)
-	assert.Empty(t, h.verifyBoot(gw), "no systemd: no boot units to check")
+	assert.Empty(t, h.BootFiles().verify(gw), "no systemd: no boot units to check")
 }
 
 // TestRemoveStaleDnsmasqPIDs: a pid file naming no process, or a thread of

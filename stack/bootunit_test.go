@@ -22,7 +22,7 @@ func TestBootUnits(t *testing.T) {
 	dir := t.TempDir()
 	h := &Host{Boot: BootFiles{UnitDir: dir, Exe: "/usr/local/bin/box"}}
 
-	note, changes, err := h.ensureBootUnit()
+	note, changes, err := h.BootFiles().ensureUnits()
 	require.NoError(t, err)
 	assert.Equal(t, []model.Change{
 		{Object: "unit box-firewall.service", Action: "created", Detail: "loads the saved nft tables at boot, before Incus starts"},
@@ -58,26 +58,26 @@ func TestBootUnits(t *testing.T) {
 		assert.Equal(t, filepath.Join(dir, name), target)
 	}
 
-	note, changes, err = h.ensureBootUnit()
+	note, changes, err = h.BootFiles().ensureUnits()
 	require.NoError(t, err)
 	assert.Empty(t, changes, "a second run changes nothing")
 	assert.Empty(t, note)
 
 	require.NoError(t, os.WriteFile(filepath.Join(dir, PortsUnitName), []byte("edited\n"), 0o644))
-	_, changes, err = h.ensureBootUnit()
+	_, changes, err = h.BootFiles().ensureUnits()
 	require.NoError(t, err)
 	require.Len(t, changes, 1, "only the drifted unit is rewritten")
 	assert.Equal(t, "unit box-ports.service", changes[0].Object)
 	assert.Equal(t, ports, read(PortsUnitName))
 
-	removed, err := h.removeBootUnits()
+	removed, err := h.BootFiles().removeUnits()
 	require.NoError(t, err)
 	assert.Equal(t, []model.Change{{Object: "unit incus.service drop-in box.conf", Action: "removed"}, {Object: "unit box-firewall.service", Action: "removed"}, {Object: "unit box-ports.service", Action: "removed"}}, removed)
 	assert.NoDirExists(t, filepath.Join(dir, "incus.service.d"), "the drop-in's directory, empty, goes with it")
 	left, err := os.ReadDir(filepath.Join(dir, "multi-user.target.wants"))
 	require.NoError(t, err)
 	assert.Empty(t, left, "both units disabled")
-	removed, err = h.removeBootUnits()
+	removed, err = h.BootFiles().removeUnits()
 	require.NoError(t, err)
 	assert.Empty(t, removed, "a second removal finds nothing")
 }
@@ -96,7 +96,7 @@ func TestBootUnitsWithoutSystemd(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			withSystemd(t, tc.systemd)
 			h := &Host{Boot: BootFiles{UnitDir: tc.dir, Exe: "/usr/local/bin/box"}}
-			note, changes, err := h.ensureBootUnit()
+			note, changes, err := h.BootFiles().ensureUnits()
 			require.NoError(t, err)
 			assert.Empty(t, changes)
 			assert.Contains(t, note, tc.note)
@@ -113,7 +113,7 @@ func TestBootUnitsExported(t *testing.T) {
 	withSystemd(t, true)
 	dir := t.TempDir()
 	h := &Host{Boot: BootFiles{UnitDir: dir, Exe: "/usr/bin/box"}}
-	_, _, err := h.ensureBootUnit()
+	_, _, err := h.BootFiles().ensureUnits()
 	require.NoError(t, err)
 	units := BootUnits("/usr/bin/box")
 	require.Len(t, units, 2)

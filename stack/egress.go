@@ -119,7 +119,7 @@ func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f Fleet) ([]str
 	}
 	ncfg := g.NFTConfig(model.Current)
 	ncfg.Gateway = plan.state.Gateway
-	if err := host.SaveFirewall(func(s *SavedFirewall) {
+	if err := host.BootFiles().SaveFirewall(func(s *SavedFirewall) {
 		if plan.state.Gateway.Is4() {
 			s.Gateway = plan.state.Gateway
 		}

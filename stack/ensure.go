@@ -39,7 +39,7 @@ type Report struct {
 // nothing and says so (an empty Changes). If a step fails, what this run
 // created is removed again and what it changed is put back.
 func (host *Host) Ensure(ctx context.Context) (*Report, error) {
-	unlock, err := host.lockSetup(ctx)
+	unlock, err := host.Lock.take(ctx, host.NetNS)
 	if err != nil {
 		return nil, err
 	}
@@ -434,23 +434,23 @@ var systemdRunning = func() bool {
 
 // ensureBootUnit writes the boot units where systemd is, and says what
 // happens where it is not.
-func (host *Host) ensureBootUnit() (string, []model.Change, error) {
-	if host.Boot.UnitDir == "" {
+func (boot BootFiles) ensureUnits() (string, []model.Change, error) {
+	if boot.UnitDir == "" {
 		return "no boot unit here: the nft tables are not re-applied at boot and no port watcher runs; run `box setup-host` after a reboot, and keep `box watch-ports` running", nil, nil
 	}
 	if !systemdRunning() {
 		return "no systemd on this host: the nft tables are not re-applied at boot and no port watcher runs; from your init system, run `box setup-host --firewall-only` after each boot and keep `box watch-ports` running", nil, nil
 	}
 	var changes []model.Change
-	for _, u := range BootUnits(host.Boot.Exe) {
-		path := filepath.Join(host.Boot.UnitDir, u.Name)
+	for _, u := range BootUnits(boot.Exe) {
+		path := filepath.Join(boot.UnitDir, u.Name)
 		if b, err := os.ReadFile(path); err == nil && string(b) == u.Text {
 			continue
 		}
 		if err := os.WriteFile(path, []byte(u.Text), 0o644); err != nil {
 			return "", changes, fmt.Errorf("writing %s: %w", path, err)
 		}
-		link := filepath.Join(host.Boot.UnitDir, "multi-user.target.wants", u.Name)
+		link := filepath.Join(boot.UnitDir, "multi-user.target.wants", u.Name)
 		if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
 			return "", changes, err
 		}
@@ -460,7 +460,7 @@ func (host *Host) ensureBootUnit() (string, []model.Change, error) {
 		}
 		changes = append(changes, model.Change{Object: "unit " + u.Name, Action: "created", Detail: u.Does})
 	}
-	dropIn := filepath.Join(host.Boot.UnitDir, IncusDropInName)
+	dropIn := filepath.Join(boot.UnitDir, IncusDropInName)
 	if b, err := os.ReadFile(dropIn); err != nil || string(b) != incusDropIn {
 		if err := os.MkdirAll(filepath.Dir(dropIn), 0o755); err != nil {
 			return "", changes, err
@@ -483,13 +483,13 @@ func (host *Host) ensureBootUnit() (string, []model.Change, error) {
 }
 
 // removeBootUnits disables and removes the boot units.
-func (host *Host) removeBootUnits() ([]model.Change, error) {
+func (boot BootFiles) removeUnits() ([]model.Change, error) {
 	var changes []model.Change
 	var errs []error
-	if host.Boot.UnitDir == "" {
+	if boot.UnitDir == "" {
 		return nil, nil
 	}
-	dropIn := filepath.Join(host.Boot.UnitDir, IncusDropInName)
+	dropIn := filepath.Join(boot.UnitDir, IncusDropInName)
 	if err := os.Remove(dropIn); err == nil {
 		changes = append(changes, model.Change{Object: "unit incus.service drop-in " + filepath.Base(dropIn), Action: "removed"})
 		os.Remove(filepath.Dir(dropIn)) // only if empty: another drop-in there is not box's
@@ -497,8 +497,8 @@ func (host *Host) removeBootUnits() ([]model.Change, error) {
 		errs = append(errs, err)
 	}
 	for _, u := range bootUnits {
-		os.Remove(filepath.Join(host.Boot.UnitDir, "multi-user.target.wants", u.name))
-		if err := os.Remove(filepath.Join(host.Boot.UnitDir, u.name)); err == nil {
+		os.Remove(filepath.Join(boot.UnitDir, "multi-user.target.wants", u.name))
+		if err := os.Remove(filepath.Join(boot.UnitDir, u.name)); err == nil {
 			changes = append(changes, model.Change{Object: "unit " + u.name, Action: "removed"})
 		} else if !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
@@ -599,7 +599,7 @@ func (host *Host) ApplyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 // a reboot; it is what the boot unit runs (`box setup-host
 // --firewall-only`). The bridge must exist.
 func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
-	unlock, err := host.lockSetup(ctx)
+	unlock, err := host.Lock.take(ctx, host.NetNS)
 	if err != nil {
 		return nil, err
 	}
@@ -623,7 +623,7 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 		rep.Notes = append(rep.Notes, fw.note)
 	}
 	if err == nil {
-		err = host.SaveFirewall(func(s *SavedFirewall) { s.Gateway = p.Addr() })
+		err = host.BootFiles().SaveFirewall(func(s *SavedFirewall) { s.Gateway = p.Addr() })
 	}
 	return rep, err
 }
@@ -692,13 +692,13 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.De
 		return err
 	}
 
-	if err := host.SaveFirewall(func(s *SavedFirewall) { s.Gateway = d.Gateway }); err != nil {
+	if err := host.BootFiles().SaveFirewall(func(s *SavedFirewall) { s.Gateway = d.Gateway }); err != nil {
 		return err
 	}
 	if err := host.ensureAccounting(ctx, rep); err != nil {
 		return err
 	}
-	note, chs, err := host.ensureBootUnit()
+	note, chs, err := host.BootFiles().ensureUnits()
 	rep.Changes = append(rep.Changes, chs...)
 	if err != nil {
 		return err

@@ -9,22 +9,24 @@ import (
 	"github.com/box-isolation/box/stack/hostns"
 )
 
-// lockSetup takes the host's setup lock for the caller's change.
-func (host *Host) lockSetup(ctx context.Context) (unlock func(), err error) {
-	path := host.Lock.Path
-	if path == "" {
-		path = hostns.SetupLockPath(host.NetNS)
+// path is the lock's file for the host whose namespace is netns.
+func (l SetupLock) path(netns string) string {
+	if l.Path != "" {
+		return l.Path
 	}
-	return hostns.TakeSetupLock(ctx, path, host.Lock.Wait, host.Lock.Notice)
+	return hostns.SetupLockPath(netns)
 }
 
-// SetupHeld says whether another holder has the host's setup lock now,
-// and who, without waiting and without taking it.
-func (host *Host) SetupHeld() (string, bool) {
-	path := host.Lock.Path
-	if path == "" {
-		path = hostns.SetupLockPath(host.NetNS)
-	}
+// take takes the setup lock of the host whose namespace is netns for the
+// caller's change.
+func (l SetupLock) take(ctx context.Context, netns string) (unlock func(), err error) {
+	return hostns.TakeSetupLock(ctx, l.path(netns), l.Wait, l.Notice)
+}
+
+// Held says whether another holder has the setup lock of the host whose
+// namespace is netns now, and who, without waiting and without taking it.
+func (l SetupLock) Held(netns string) (string, bool) {
+	path := l.path(netns)
 	f, err := os.Open(path)
 	if err != nil {
 		return "", false

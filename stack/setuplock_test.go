@@ -93,15 +93,15 @@ func TestSetupLockEndsWithItsContext(t *testing.T) {
 func TestSetupHeld(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "setup.lock")
 	h := &Host{Lock: SetupLock{Path: path}}
-	_, held := h.SetupHeld()
+	_, held := h.Lock.Held(h.NetNS)
 	assert.False(t, held, "no lock file yet")
 	unlock, err := hostns.TakeSetupLock(context.Background(), path, time.Minute, nil)
 	require.NoError(t, err)
-	holder, held := h.SetupHeld()
+	holder, held := h.Lock.Held(h.NetNS)
 	assert.True(t, held)
 	assert.Contains(t, holder, "pid ")
 	unlock()
-	_, held = h.SetupHeld()
+	_, held = h.Lock.Held(h.NetNS)
 	assert.False(t, held, "free again")
 	again, err := hostns.TakeSetupLock(context.Background(), path, time.Second, nil)
 	require.NoError(t, err, "the look took nothing")

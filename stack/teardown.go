@@ -20,7 +20,7 @@ import (
 // deleted (with their snapshots) first. A second Teardown finds nothing and
 // changes nothing.
 func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Change, error) {
-	unlock, err := host.lockSetup(ctx)
+	unlock, err := host.Lock.take(ctx, host.NetNS)
 	if err != nil {
 		return nil, err
 	}
@@ -87,12 +87,12 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 	if err != nil {
 		errs = append(errs, err)
 	}
-	removed, err = host.removeBootUnits()
+	removed, err = host.BootFiles().removeUnits()
 	changes = append(changes, removed...)
 	if err != nil {
 		errs = append(errs, err)
 	}
-	removed, err = host.removeSavedFirewall()
+	removed, err = host.BootFiles().removeSavedFirewall()
 	changes = append(changes, removed...)
 	if err != nil {
 		errs = append(errs, err)

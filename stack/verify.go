@@ -258,7 +258,7 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 			v.Notes = append(v.Notes, "no port watcher runs here: a box that restarts on its own, or whose NIC is re-plugged, stays outside the port set and unpinned until the next box command; start box watch-ports (the boot unit box-ports.service runs it)")
 		}
 	}
-	v.Findings = append(v.Findings, host.verifyBoot(p.Addr())...)
+	v.Findings = append(v.Findings, host.BootFiles().verify(p.Addr())...)
 	nf, err := nft.Verify(ncfg, caps, hostns.PortNames(ports))
 	if err != nil {
 		return fmt.Errorf("reading nft tables: %w", err)

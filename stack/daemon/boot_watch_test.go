@@ -34,7 +34,7 @@ func TestPrivilegedBootFromSavedFile(t *testing.T) {
 	_, err := h.EnsureBoot(ctx)
 	require.ErrorContains(t, err, "run box setup-host once")
 
-	require.NoError(t, h.SaveFirewall(func(s *stack.SavedFirewall) { s.Gateway = netip.MustParseAddr("10.99.0.1") }))
+	require.NoError(t, h.BootFiles().SaveFirewall(func(s *stack.SavedFirewall) { s.Gateway = netip.MustParseAddr("10.99.0.1") }))
 	rep, err := h.EnsureBoot(ctx)
 	require.NoError(t, err)
 	t.Logf("boot: %v; %v", rep.Changes, rep.Notes)

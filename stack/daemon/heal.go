@@ -359,7 +359,7 @@ func (h *healer) check(ctx context.Context) error {
 	if pid := hostns.TearingDown(h.g.Inode); pid != 0 {
 		return idle(fmt.Sprintf("box teardown-host (pid %d) is removing the stack", pid))
 	}
-	if holder, held := h.host.SetupHeld(); held {
+	if holder, held := h.host.Lock.Held(h.host.NetNS); held {
 		// setup-host or doctor --fix is converging the stack: what it
 		// removes on the way (a rollback) is not for the healer to put back.
 		return idle("the setup lock is held by " + holder)
