@@ -39,8 +39,8 @@ func tierUserHost(h *stack.Host) string {
 
 // tierPrereqs says what this machine lacks for C-TIER ("" when nothing).
 func tierPrereqs(h *stack.Host) string {
-	if _, err := os.Stat(h.UserSocket()); err != nil {
-		return "no incus-user socket at " + h.UserSocket() + " (enable incus-user.socket; the world runs one)"
+	if _, err := os.Stat(h.Tier.Socket(h.Incus)); err != nil {
+		return "no incus-user socket at " + h.Tier.Socket(h.Incus) + " (enable incus-user.socket; the world runs one)"
 	}
 	if _, err := accounts.GroupGID(stack.DefaultTierGroup); h.Tier.Group == "" && err != nil {
 		return err.Error()
@@ -98,7 +98,7 @@ func removeTierUser(ctx context.Context, h *stack.Host, name string) error {
 		return fmt.Errorf("teardown: purging tier user %s: %w", name, err)
 	}
 	// The purge leaves a tombstone for the uid; the account goes, so does it.
-	_ = os.Remove(h.UserStatePath(u.UID))
+	_ = os.Remove(stack.UserStatePath(stack.ServerDir(h.Incus), u.UID))
 	if out, err := exec.CommandContext(ctx, "userdel", name).CombinedOutput(); err != nil {
 		return fmt.Errorf("teardown: userdel %s: %w: %s", name, err, strings.TrimSpace(string(out)))
 	}

@@ -136,12 +136,6 @@ func RequireStack(ctx context.Context, c *incus.Client) (*incus.Network, error) 
 	return net, nil
 }
 
-func (host *Host) Pool() string {
-	if host.Options.Pool != "" {
-		return host.Options.Pool
-	}
-	return "default"
-}
 
 // NeedsColdCopy says a copy of a running container failed only because it
 // ran: this host cannot freeze it, or (to another member) migrate it live.

@@ -345,8 +345,7 @@ func (host *Host) clusterAddressUses(ctx context.Context, g *hostns.NS, ci Clust
 
 // createNetwork creates the bridge: on a cluster, defined on every member
 // first (?target=), then committed with its config.
-func (host *Host) createNetwork(ctx context.Context, ci ClusterInfo, req incus.NetworksPost) error {
-	c := host.Incus
+func createNetwork(ctx context.Context, c *incus.Client, ci ClusterInfo, req incus.NetworksPost) error {
 	if !ci.Clustered() || len(ci.Members) < 2 {
 		return c.CreateNetwork(ctx, req)
 	}
@@ -782,7 +781,7 @@ func (host *Host) CreateNetwork(ctx context.Context, req incus.NetworksPost) err
 	if err != nil {
 		return err
 	}
-	return host.createNetwork(ctx, ci, req)
+	return createNetwork(ctx, host.Incus, ci, req)
 }
 
 // ReaddressIfTaken gives a box a fresh address of its member's slice when

@@ -12,6 +12,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/box-isolation/box/stack/incus"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/internal/mountinfo"
@@ -106,19 +108,19 @@ func readPoolAcct(pid int, pool string) (poolAcct, error) {
 	return a, nil
 }
 
-// poolAccounting reads the accounting of the pool box mints on, when it
+// accounting reads the accounting of the pool box mints on, when it
 // is a btrfs pool of this host's incusd. ok is false when there is
 // nothing to say: another driver, a remote, or a host box cannot look
 // into (not root: why says so).
-func (host *Host) poolAccounting(ctx context.Context) (a poolAcct, ok bool, why string) {
-	if host.Remote != "" {
+func (st Storage) accounting(ctx context.Context) (a poolAcct, ok bool, why string) {
+	if st.Remote {
 		return a, false, ""
 	}
-	pool, _, err := host.Incus.StoragePool(ctx, host.Pool())
+	pool, _, err := st.Incus.StoragePool(ctx, st.Pool)
 	if err != nil || pool.Driver != "btrfs" {
 		return a, false, ""
 	}
-	srv, err := host.Incus.Server(ctx)
+	srv, err := st.Incus.Server(ctx)
 	if err != nil || srv.Environment.ServerPid <= 0 || srv.Environment.ServerClustered {
 		return a, false, ""
 	}
@@ -142,9 +144,9 @@ func (a poolAcct) fixCommand() string {
 	return "box doctor --fix (or: btrfs quota rescan -w " + filepath.Join(a.root, a.mount) + ")"
 }
 
-// accountingFinding is Verify's finding for the pool's accounting, if any.
-func (host *Host) accountingFinding(ctx context.Context, v *Verification) {
-	a, ok, why := host.poolAccounting(ctx)
+// finding is Verify's finding for the pool's accounting, if any.
+func (st Storage) finding(ctx context.Context, v *Verification) {
+	a, ok, why := st.accounting(ctx)
 	if why != "" {
 		v.Notes = append(v.Notes, why)
 	}
@@ -205,10 +207,10 @@ func ioctlPtr(fd int, req uintptr, p *byte) error {
 	return nil
 }
 
-// ensureAccounting rescans the pool's accounting when the kernel has
+// ensure rescans the pool's accounting when the kernel has
 // stopped counting, and says what it did.
-func (host *Host) ensureAccounting(ctx context.Context, rep *Report) error {
-	a, ok, why := host.poolAccounting(ctx)
+func (st Storage) ensure(ctx context.Context, rep *Report) error {
+	a, ok, why := st.accounting(ctx)
 	if why != "" {
 		rep.Notes = append(rep.Notes, why)
 	}
@@ -229,13 +231,28 @@ func (host *Host) ensureAccounting(ctx context.Context, rep *Report) error {
 
 // AccountingNote is Mint's note for a box given a size the pool cannot
 // hold now, "" when it can (or cannot be told).
-func (host *Host) AccountingNote(ctx context.Context, disk string) string {
+func (st Storage) AccountingNote(ctx context.Context, disk string) string {
 	if disk == "" {
 		return ""
 	}
-	a, ok, _ := host.poolAccounting(ctx)
+	a, ok, _ := st.accounting(ctx)
 	if !ok || !a.inconsistent {
 		return ""
 	}
 	return fmt.Sprintf("%s: pool %s's %s; run %s", model.NoteNoDiskLimit, a.pool, a.problem(), a.fixCommand())
+}
+
+// Storage is the storage pool box mints on, as the stack keeps an eye on
+// it: a btrfs pool whose kernel stopped counting holds no box's size.
+type Storage struct {
+	Incus *incus.Client
+	Pool  string
+	// Remote: the pool is another machine's, whose kernel is not read
+	// from here.
+	Remote bool
+}
+
+// Storage is the pool this host mints on.
+func (host *Host) Storage() Storage {
+	return Storage{Incus: host.Incus, Pool: host.Options.PoolName(), Remote: host.Remote != ""}
 }

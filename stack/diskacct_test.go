@@ -122,8 +122,8 @@ func TestAccountingFinding(t *testing.T) {
 			})
 			h := &Host{Incus: incus.New(srv.Socket())}
 			v := &Verification{}
-			h.accountingFinding(context.Background(), v)
-			note := h.AccountingNote(context.Background(), "64MiB")
+			h.Storage().finding(context.Background(), v)
+			note := h.Storage().AccountingNote(context.Background(), "64MiB")
 			assert.Empty(t, v.Notes)
 			if !tc.want {
 				assert.Empty(t, v.Findings)
@@ -136,7 +136,7 @@ func TestAccountingFinding(t *testing.T) {
 			assert.Equal(t, "storage pool default", f.Object)
 			assert.Contains(t, f.Problem, "the kernel counts no box's writes until a rescan")
 			assert.Contains(t, note, "no disk limit: pool default's btrfs quota accounting is inconsistent")
-			assert.Empty(t, h.AccountingNote(context.Background(), ""), "no size asked, nothing to say")
+			assert.Empty(t, h.Storage().AccountingNote(context.Background(), ""), "no size asked, nothing to say")
 		})
 	}
 }

@@ -168,7 +168,7 @@ func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f Fleet) ([]str
 // boxes' policies differ from what they should be, and notes when no
 // egress service answers for the allowlisted boxes.
 func (host *Host) verifyEgress(ctx context.Context, g *hostns.NS, f Fleet) ([]model.Finding, []string, error) {
-	out, err := host.verifyEgressLayer(ctx, g, f)
+	out, err := verifyEgressLayer(ctx, host.Incus, g, f)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -179,8 +179,8 @@ func (host *Host) verifyEgress(ctx context.Context, g *hostns.NS, f Fleet) ([]mo
 	return out, notes, nil
 }
 
-func (host *Host) verifyEgressLayer(ctx context.Context, g *hostns.NS, f Fleet) ([]model.Finding, error) {
-	plan, err := planEgress(ctx, host.Incus, f)
+func verifyEgressLayer(ctx context.Context, c *incus.Client, g *hostns.NS, f Fleet) ([]model.Finding, error) {
+	plan, err := planEgress(ctx, c, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}

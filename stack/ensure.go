@@ -189,7 +189,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		What: "network " + d.Network.Name,
 		Read: func(context.Context) (*incus.Network, string, error) { return net, netETag, nil },
 		Create: func(ctx context.Context) error {
-			if err := host.createNetwork(ctx, ci, d.Network); err != nil {
+			if err := createNetwork(ctx, host.Incus, ci, d.Network); err != nil {
 				return fmt.Errorf("on %s: %w", d.Subnet, err)
 			}
 			return nil
@@ -526,7 +526,7 @@ func (host *Host) ApplyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 		return res, err
 	}
 	defer unlock()
-	leaked, err := host.sweepLeaks(ctx, g)
+	leaked, err := sweepLeaks(ctx, host.Incus, g)
 	for _, name := range leaked {
 		res.Changes = append(res.Changes, model.Change{Object: "bridge port " + name, Action: "removed", Detail: "a veth pair an instance's NIC left behind (both ends in the host's namespace, claimed by no instance)"})
 	}
@@ -695,7 +695,7 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.De
 	if err := host.BootFiles().SaveFirewall(func(s *SavedFirewall) { s.Gateway = d.Gateway }); err != nil {
 		return err
 	}
-	if err := host.ensureAccounting(ctx, rep); err != nil {
+	if err := host.Storage().ensure(ctx, rep); err != nil {
 		return err
 	}
 	note, chs, err := host.BootFiles().ensureUnits()

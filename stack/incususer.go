@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+
+	"github.com/box-isolation/box/stack/incus"
 )
 
 // incus-user keeps, per uid, a directory under INCUS_DIR/users holding
@@ -15,28 +17,27 @@ import (
 // that directory: a regular file in its place makes the setup fail before
 // it touches incusd, which is how a purged uid stays purged.
 
-// ServerDir is INCUS_DIR of the host's incusd: where its socket is.
-func (host *Host) ServerDir() string { return filepath.Dir(host.Incus.Socket()) }
+// ServerDir is INCUS_DIR of the incusd c talks to: where its socket is.
+func ServerDir(c *incus.Client) string { return filepath.Dir(c.Socket()) }
 
-// UserSocket is incus-user's socket: IncusUserSocket, else
+// Socket is incus-user's socket beside c's incusd: UserSocket, else
 // unix.socket.user beside incusd's.
-func (host *Host) UserSocket() string {
-	if host.Tier.UserSocket != "" {
-		return host.Tier.UserSocket
+func (t TierConfig) Socket(c *incus.Client) string {
+	if t.UserSocket != "" {
+		return t.UserSocket
 	}
-	return filepath.Join(host.ServerDir(), "unix.socket.user")
+	return filepath.Join(ServerDir(c), "unix.socket.user")
 }
 
-// UserState is incus-user's directory (or, once purged, tombstone) for uid.
-func (host *Host) UserState(uid uint32) string {
-	return filepath.Join(host.ServerDir(), "users", strconv.FormatUint(uint64(uid), 10))
+// UserStatePath is incus-user's state directory (or, once purged, box's
+// tombstone) for uid, under INCUS_DIR dir.
+func UserStatePath(dir string, uid uint32) string {
+	return filepath.Join(dir, "users", strconv.FormatUint(uint64(uid), 10))
 }
 
-// UserStatePath is incus-user's state (or box's purge tombstone) for uid.
-func (host *Host) UserStatePath(uid uint32) string { return host.UserState(uid) }
-
-// Tombstoned reports whether uid's state is box's purge tombstone.
-func (host *Host) Tombstoned(uid uint32) bool {
-	fi, err := os.Lstat(host.UserState(uid))
+// Tombstoned reports whether uid's state under INCUS_DIR dir is box's
+// purge tombstone.
+func Tombstoned(dir string, uid uint32) bool {
+	fi, err := os.Lstat(UserStatePath(dir, uid))
 	return err == nil && fi.Mode().IsRegular()
 }

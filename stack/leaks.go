@@ -29,8 +29,8 @@ const leakGrace = time.Second
 // after its NIC was plugged): a port no instance claims whose other end is
 // down in the host's own namespace, seen so twice leakGrace apart. It
 // returns the ports it removed.
-func (host *Host) sweepLeaks(ctx context.Context, g *hostns.NS) ([]string, error) {
-	candidates, err := leakCandidates(ctx, host.Incus, g)
+func sweepLeaks(ctx context.Context, c *incus.Client, g *hostns.NS) ([]string, error) {
+	candidates, err := leakCandidates(ctx, c, g)
 	if err != nil || len(candidates) == 0 {
 		return nil, err
 	}
@@ -39,7 +39,7 @@ func (host *Host) sweepLeaks(ctx context.Context, g *hostns.NS) ([]string, error
 		return nil, ctx.Err()
 	case <-time.After(leakGrace):
 	}
-	again, err := leakCandidates(ctx, host.Incus, g)
+	again, err := leakCandidates(ctx, c, g)
 	if err != nil {
 		return nil, err
 	}

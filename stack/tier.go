@@ -225,10 +225,10 @@ func (host *Host) Tiers(ctx context.Context, group string) ([]Tier, error) {
 		out = append(out, t)
 	}
 	// Tombstones of purged uids whose project is gone.
-	if ents, err := os.ReadDir(filepath.Dir(host.UserState(0))); err == nil {
+	if ents, err := os.ReadDir(filepath.Dir(UserStatePath(ServerDir(host.Incus), 0))); err == nil {
 		for _, e := range ents {
 			uid64, err := strconv.ParseUint(e.Name(), 10, 32)
-			if err != nil || seen[uint32(uid64)] || !host.Tombstoned(uint32(uid64)) {
+			if err != nil || seen[uint32(uid64)] || !Tombstoned(ServerDir(host.Incus), uint32(uid64)) {
 				continue
 			}
 			t := Tier{UID: uint32(uid64), Project: TierProject(uint32(uid64)), State: TierPurged}
@@ -281,7 +281,7 @@ func tierProblems(cfg map[string]string, defaultProfile *incus.Profile, bridge s
 // AsUser is a client that reaches incusd the way u does: through
 // incus-user's socket, under u's uid and with the tier's group.
 func (host *Host) AsUser(u accounts.User, groupGID uint32) *incus.Client {
-	sock := host.UserSocket()
+	sock := host.Tier.Socket(host.Incus)
 	cred := ascred.Cred{UID: u.UID, GID: u.GID, Groups: []uint32{groupGID}}
 	return incus.NewDialer(sock, func(ctx context.Context) (net.Conn, error) {
 		return ascred.DialUnix(ctx, sock, cred)

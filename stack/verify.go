@@ -67,7 +67,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	net, _, err := c.Network(ctx, gen.Network)
 	if incus.IsNotFound(err) {
 		v.Findings = append(v.Findings, model.Finding{Layer: model.LayerNAT, Object: "network " + gen.Network, Problem: "missing: the isolation stack is not set up", Fix: "box setup-host"})
-		return v, host.verifyLegacy(ctx, g, v)
+		return v, verifyLegacy(ctx, host.Incus, g, v)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading network %s: %w", gen.Network, err)
@@ -170,7 +170,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	for _, t := range v.Tiers {
 		v.Findings = append(v.Findings, t.Findings...)
 	}
-	return v, host.verifyLegacy(ctx, g, v)
+	return v, verifyLegacy(ctx, host.Incus, g, v)
 }
 
 // verifyGround checks the layers that live in this host's (this member's)
@@ -240,7 +240,7 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 	}
 	v.Findings = append(v.Findings, v.Fleet.Findings()...)
 	// A root disk's size holds only while the pool's kernel counts.
-	host.accountingFinding(ctx, v)
+	host.Storage().finding(ctx, v)
 
 	ncfg := g.NFTConfig(gen)
 	ncfg.Gateway = p.Addr()
@@ -299,8 +299,8 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 }
 
 // verifyLegacy reports legacy objects still on the host.
-func (host *Host) verifyLegacy(ctx context.Context, g *hostns.NS, v *Verification) error {
-	objs, err := legacyObjects(ctx, host.Incus, g)
+func verifyLegacy(ctx context.Context, c *incus.Client, g *hostns.NS, v *Verification) error {
+	objs, err := legacyObjects(ctx, c, g)
 	if err != nil {
 		return err
 	}

@@ -39,7 +39,7 @@ func setupGrant(fs *flag.FlagSet) action {
 			state = "already granted; nothing changed"
 		}
 		fmt.Fprintf(c.out, "%s (uid %d): %s. Project %s, on %s only (incus-user's private bridge %s is not allowed); %s reaches it through %s as a member of group %s.\n",
-			res.User, res.UID, state, res.Project, model.Current.Network, res.Bridge, res.User, h.UserSocket(), res.Group)
+			res.User, res.UID, state, res.Project, model.Current.Network, res.Bridge, res.User, h.Tier.Socket(h.Incus), res.Group)
 		fmt.Fprintf(c.out, "Sessions %s opened before the grant lack the group: they log in again to use box.\n", res.User)
 		return nil
 	}

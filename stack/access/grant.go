@@ -119,7 +119,7 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 			}
 		}
 		if _, ok := np.Devices["root"]; !ok {
-			np.Devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.Pool()}
+			np.Devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.Options.PoolName()}
 		}
 		// A copy: deleting from prof's own map would hide the change from the
 		// comparison below and from the profile restored on a back-out.
@@ -268,8 +268,8 @@ func (m *Manager) convergeUserState(ctx context.Context, u accounts.User, back *
 	host := m.host
 	c := host.Incus
 	changed := false
-	if host.Tombstoned(u.UID) {
-		st := host.UserState(u.UID)
+	if stack.Tombstoned(stack.ServerDir(host.Incus), u.UID) {
+		st := stack.UserStatePath(stack.ServerDir(host.Incus), u.UID)
 		if err := os.Remove(st); err != nil {
 			return false, fmt.Errorf("removing the purge tombstone %s: %w", st, err)
 		}
@@ -285,7 +285,7 @@ func (m *Manager) convergeUserState(ctx context.Context, u accounts.User, back *
 		if cert, err = m.writeUserCert(u.UID, tierCertName(u.UID)); err != nil {
 			return false, err
 		}
-		st := host.UserState(u.UID)
+		st := stack.UserStatePath(stack.ServerDir(host.Incus), u.UID)
 		back.Push("removing "+st, func(context.Context) error { return os.RemoveAll(st) })
 		did("made incus-user's client certificate for uid %d", u.UID)
 		changed = true
@@ -347,7 +347,7 @@ func (m *Manager) checkAsUser(ctx context.Context, u accounts.User, gid uint32) 
 	defer cancel()
 	p, _, err := uc.GetProject(cctx, project)
 	if incus.IsUnreachable(err) {
-		return fmt.Errorf("no incus-user answers on %s (%v): enable it with systemctl enable --now incus-user.socket, then grant again", host.UserSocket(), err)
+		return fmt.Errorf("no incus-user answers on %s (%v): enable it with systemctl enable --now incus-user.socket, then grant again", host.Tier.Socket(host.Incus), err)
 	}
 	if err != nil {
 		return fmt.Errorf("checking the grant as %s through incus-user: %w", u.Name, err)

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/box-isolation/box/stack"
 )
 
 // userCert is a client certificate in incus-user's layout.
@@ -63,7 +65,7 @@ func waitExit(ctx context.Context, pid int, limit time.Duration) bool {
 // can never set the uid up again until a grant removes it.
 func (m *Manager) writeTombstone(uid uint32) error {
 	host := m.host
-	p := host.UserState(uid)
+	p := stack.UserStatePath(stack.ServerDir(host.Incus), uid)
 	if err := os.RemoveAll(p); err != nil {
 		return fmt.Errorf("removing incus-user's state for uid %d: %w", uid, err)
 	}
@@ -82,7 +84,7 @@ func (m *Manager) writeTombstone(uid uint32) error {
 // none (or only half of it).
 func (m *Manager) readUserCert(uid uint32) (userCert, bool, error) {
 	host := m.host
-	dir := host.UserState(uid)
+	dir := stack.UserStatePath(stack.ServerDir(host.Incus), uid)
 	crt, err := os.ReadFile(filepath.Join(dir, "client.crt"))
 	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 		return userCert{}, false, nil
@@ -104,7 +106,7 @@ func (m *Manager) readUserCert(uid uint32) (userCert, bool, error) {
 // (ECDSA P-384, self-signed, for client authentication).
 func (m *Manager) writeUserCert(uid uint32, name string) (userCert, error) {
 	host := m.host
-	dir := host.UserState(uid)
+	dir := stack.UserStatePath(stack.ServerDir(host.Incus), uid)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return userCert{}, fmt.Errorf("creating %s: %w", dir, err)
 	}
@@ -145,7 +147,7 @@ func (m *Manager) writeUserCert(uid uint32, name string) (userCert, error) {
 // IncusUsers lists the incus-user processes serving this host's incusd.
 func (m *Manager) IncusUsers() []IncusUserProc {
 	host := m.host
-	dir := host.ServerDir()
+	dir := stack.ServerDir(host.Incus)
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil

@@ -68,7 +68,7 @@ func (mgr *Manager) diskLimitNote(ctx context.Context, req MintRequest) string {
 	if req.Disk == "" {
 		return ""
 	}
-	pool, _, err := host.Incus.StoragePool(ctx, host.Pool())
+	pool, _, err := host.Incus.StoragePool(ctx, host.Options.PoolName())
 	if err != nil {
 		// A granted user may not read pools: say nothing rather than guess.
 		return ""

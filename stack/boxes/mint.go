@@ -248,7 +248,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	}
 	devices := map[string]map[string]string{}
 	if req.Disk != "" {
-		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.Pool(), "size": req.Disk}
+		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.Options.PoolName(), "size": req.Disk}
 	}
 	req.progress = func(s string) { host.Progressf("minting %s from %s: %s", req.Name, req.Image, s) }
 	err = host.Create(ctx, incus.InstancesPost{
@@ -290,7 +290,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	}
 	if n := mgr.diskLimitNote(ctx, req); n != "" {
 		notes = append(notes, n)
-	} else if n := host.AccountingNote(ctx, req.Disk); n != "" {
+	} else if n := host.Storage().AccountingNote(ctx, req.Disk); n != "" {
 		notes = append(notes, n)
 	}
 	b, err := stack.Info(ctx, host.Incus, req.Name)

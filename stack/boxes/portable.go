@@ -177,7 +177,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	host.Progressf("importing %s as %s...", file, name)
-	if err := host.Incus.ImportBackup(ctx, name, f, host.Pool()); err != nil {
+	if err := host.Incus.ImportBackup(ctx, name, f, host.Options.PoolName()); err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	// From here on a failure leaves an instance that is not a proper box:

@@ -108,6 +108,14 @@ func (o Options) With(stored map[string]string) (Options, error) {
 	return o, nil
 }
 
+// PoolName is the storage pool boxes are minted on: Pool, else "default".
+func (o Options) PoolName() string {
+	if o.Pool != "" {
+		return o.Pool
+	}
+	return "default"
+}
+
 // OptionsFromEnv reads BOX_SUBNET and BOX_DNS (comma or space separated).
 func OptionsFromEnv(getenv func(string) string) (Options, error) {
 	var o Options
