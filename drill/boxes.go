@@ -47,7 +47,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	// The run leaves dnsmasq's lease file as it found it: after its boxes
 	// are gone, a lease of one of them (Incus does not always give one up)
 	// or one its DHCP lies got is released.
-	if before, err := cfg.Host.DHCPLeases(); err == nil {
+	if before, err := cfg.Host.Addresses().DHCPLeases(); err == nil {
 		r.later(func(ctx context.Context) error { return releaseRunLeases(ctx, cfg, before) })
 	}
 	r.later(func(ctx context.Context) error {
@@ -140,13 +140,13 @@ func (r *run) mintCommon(ctx context.Context) error {
 	if err := errors.Join(mintErr...); err != nil {
 		return err
 	}
-	if _, err := cfg.Host.WaitAddress(ctx, names[PlaceA], 30*time.Second); err != nil {
+	if _, err := cfg.Host.Addresses().Wait(ctx, names[PlaceA], 30*time.Second); err != nil {
 		return err
 	}
 	if _, err := boxes.NewManager(cfg.Host).CloneTo(ctx, names[PlaceA], "", names[PlaceC], r.members.local()); err != nil {
 		return err
 	}
-	if _, err := cfg.Host.WaitAddress(ctx, names[PlaceC], 30*time.Second); err != nil {
+	if _, err := cfg.Host.Addresses().Wait(ctx, names[PlaceC], 30*time.Second); err != nil {
 		return err
 	}
 	if err := r.waitProvisioned(ctx, cfg.Host.Incus, names[PlaceC]); err != nil {
@@ -167,7 +167,7 @@ func (r *run) mintProvisioned(ctx context.Context, place Place, target string) e
 	}
 	// Its lease pinned first: until then the pin table drops what it
 	// sends, its provisioning's traffic too.
-	if _, err := r.cfg.Host.WaitAddress(ctx, r.names[place], 30*time.Second); err != nil {
+	if _, err := r.cfg.Host.Addresses().Wait(ctx, r.names[place], 30*time.Second); err != nil {
 		return err
 	}
 	return r.waitProvisioned(ctx, r.cfg.Host.Incus, r.names[place])
@@ -222,7 +222,7 @@ func noteInstanceType(rep *Report, boxNew model.TypeDecision) {
 
 // boxEnd reads what the scenario needs about a probe box.
 func boxEnd(ctx context.Context, h *stack.Host, place Place, name string) (*BoxEnd, error) {
-	ip, err := h.WaitAddress(ctx, name, 30*time.Second)
+	ip, err := h.Addresses().Wait(ctx, name, 30*time.Second)
 	if err != nil {
 		return nil, err
 	}

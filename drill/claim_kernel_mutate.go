@@ -59,7 +59,7 @@ func kernelMutation(cfg map[string]string, devices map[string]map[string]string)
 		if err := boxes.NewManager(h).Start(ctx, name); err != nil {
 			return err
 		}
-		_, err = h.WaitAddress(ctx, name, 30*time.Second)
+		_, err = h.Addresses().Wait(ctx, name, 30*time.Second)
 		return err
 	}
 }

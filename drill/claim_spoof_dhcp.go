@@ -118,7 +118,7 @@ func hasDHCPLies(sc *Scenario) bool {
 // readLeasesBefore reads the lease file before the probes.
 func readLeasesBefore(h *stack.Host) *dhcpRun {
 	d := &dhcpRun{}
-	pool, err := h.DHCPLeases()
+	pool, err := h.Addresses().DHCPLeases()
 	if err != nil {
 		d.beforeErr = err.Error()
 	}
@@ -159,7 +159,7 @@ func afterSpoof(ctx context.Context, r *run) {
 	defer cancel()
 	if _, err := boxes.NewManager(r.cfg.Host).Mint(mctx, boxes.MintRequest{Name: d.newBox, Image: r.cfg.Image, Type: probeType, Stamps: r.stamps()}); err != nil {
 		d.newErr, d.newRefused = err.Error(), strings.Contains(err.Error(), "is taken by a box or a lease") || strings.Contains(err.Error(), "is full")
-	} else if ip, err := r.cfg.Host.WaitAddress(mctx, d.newBox, newLeaseWait); err != nil {
+	} else if ip, err := r.cfg.Host.Addresses().Wait(mctx, d.newBox, newLeaseWait); err != nil {
 		d.newErr = err.Error()
 	} else {
 		d.newAddr = ip.String()
@@ -180,14 +180,14 @@ const (
 
 // settledLeases reads the lease file once it stopped changing.
 func settledLeases(ctx context.Context, h *stack.Host) (stack.DHCPPool, error) {
-	prev, err := h.DHCPLeases()
+	prev, err := h.Addresses().DHCPLeases()
 	for deadline := time.Now().Add(settleWait); err == nil && time.Now().Before(deadline); {
 		select {
 		case <-ctx.Done():
 			return prev, nil
 		case <-time.After(settleStep):
 		}
-		cur, cerr := h.DHCPLeases()
+		cur, cerr := h.Addresses().DHCPLeases()
 		if cerr != nil || slices.Equal(cur.Leases, prev.Leases) {
 			return cur, cerr
 		}
@@ -214,7 +214,7 @@ func (d *dhcpRun) release(ctx context.Context, r *run) {
 		if len(made) == 0 {
 			return
 		}
-		left, err = r.cfg.Host.ReleaseLeases(ctx, made)
+		left, err = r.cfg.Host.Addresses().ReleaseLeases(ctx, made)
 		d.released += len(made) - len(left)
 		if err != nil {
 			r.rep.Problems = append(r.rep.Problems, fmt.Sprintf("%s: releasing the leases the DHCP lies got: %v", SpoofID, err))

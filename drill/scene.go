@@ -274,7 +274,7 @@ func (s *Scene) askNames() []string {
 
 // readDHCPPool reads the bridge's dynamic DHCP pool: its first range.
 func (s *Scene) readDHCPPool(h *stack.Host) error {
-	pool, err := h.DHCPLeases()
+	pool, err := h.Addresses().DHCPLeases()
 	if err != nil {
 		return err
 	}

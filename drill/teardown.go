@@ -109,7 +109,7 @@ func isGone(err error) bool {
 // bridge: the run's, its boxes being gone.
 func releaseRunLeases(ctx context.Context, cfg *Config, before stack.DHCPPool) error {
 	h := cfg.Host
-	pool, err := h.DHCPLeases()
+	pool, err := h.Addresses().DHCPLeases()
 	if err != nil {
 		return nil // nothing to read it with now: doctor names what is left
 	}
@@ -139,7 +139,7 @@ func releaseRunLeases(ctx context.Context, cfg *Config, before stack.DHCPPool) e
 		return nil
 	}
 	cfg.logf("teardown: releasing %d lease(s) the run left in dnsmasq's lease file", len(ours))
-	left, err := h.ReleaseLeases(ctx, ours)
+	left, err := h.Addresses().ReleaseLeases(ctx, ours)
 	if err != nil {
 		return fmt.Errorf("teardown: releasing the run's leases: %w", err)
 	}

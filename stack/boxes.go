@@ -136,7 +136,6 @@ func RequireStack(ctx context.Context, c *incus.Client) (*incus.Network, error) 
 	return net, nil
 }
 
-
 // NeedsColdCopy says a copy of a running container failed only because it
 // ran: this host cannot freeze it, or (to another member) migrate it live.
 func NeedsColdCopy(err error) bool {
@@ -164,7 +163,8 @@ func ForgetMACs(cfg map[string]string) {
 }
 
 // MemberOf is the cluster member an instance is on; "" off a cluster.
-func (host *Host) MemberOf(ctx context.Context, inst *incus.Instance) (string, error) {
+func (addrs *Addresses) MemberOf(ctx context.Context, inst *incus.Instance) (string, error) {
+	host := addrs.host
 	ci, err := host.Cluster(ctx)
 	if err != nil || !ci.Clustered() {
 		return "", err
@@ -190,9 +190,10 @@ func RemoveInstance(ctx context.Context, c *incus.Client, name string) error {
 	return nil
 }
 
-// WaitAddress waits until a box has an IPv4 address on the stack's subnet,
+// Wait waits until a box has an IPv4 address on the stack's subnet,
 // read from Incus's view of its interfaces (whatever they are named).
-func (host *Host) WaitAddress(ctx context.Context, name string, limit time.Duration) (netip.Addr, error) {
+func (addrs *Addresses) Wait(ctx context.Context, name string, limit time.Duration) (netip.Addr, error) {
+	host := addrs.host
 	net, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("reading network %s: %w", model.Current.Network, err)

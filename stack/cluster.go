@@ -135,12 +135,13 @@ func placedOn[T any](xs []T, member string, location func(T) string) []T {
 	return out
 }
 
-// AddressFor picks a fixed address for a new box on member (L-DHCP): the
+// For picks a fixed address for a new box on member (L-DHCP): the
 // first of the member's slice (on a standalone host, member "", of the
 // bridge's subnet) that no instance's NIC on the bridge holds or asks for,
 // and no lease holds, anywhere in the cluster, in any project.
-func (host *Host) AddressFor(ctx context.Context, member string) (netip.Addr, error) {
-	slice, gw, err := host.MemberSlice(ctx, member)
+func (addrs *Addresses) For(ctx context.Context, member string) (netip.Addr, error) {
+	host := addrs.host
+	slice, gw, err := addrs.Slice(ctx, member)
 	if err != nil {
 		return netip.Addr{}, err
 	}
@@ -149,7 +150,7 @@ func (host *Host) AddressFor(ctx context.Context, member string) (netip.Addr, er
 		return netip.Addr{}, err
 	}
 	used := usedAddresses(f)
-	for a := range host.strayLeases(member) {
+	for a := range addrs.strayLeases(member) {
 		used[a] = true
 	}
 	if a, ok := freeAddress(slice, gw, used); ok {
@@ -173,10 +174,11 @@ func freeAddress(slice, gw netip.Prefix, used map[netip.Addr]bool) (netip.Addr, 
 	return netip.Addr{}, false
 }
 
-// MemberSlice is member's address slice and the bridge's address; a
+// Slice is member's address slice and the bridge's address; a
 // member without a slice has never been set up by box. A standalone
 // host's (member "") is the bridge's whole subnet.
-func (host *Host) MemberSlice(ctx context.Context, member string) (slice, gw netip.Prefix, err error) {
+func (addrs *Addresses) Slice(ctx context.Context, member string) (slice, gw netip.Prefix, err error) {
+	host := addrs.host
 	n, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return slice, gw, fmt.Errorf("reading network %s: %w", model.Current.Network, err)
@@ -535,7 +537,8 @@ func ParseMemberNetNS(s string) (map[string]string, error) {
 // (fixAddress), then started (startFixed). A granted user sees neither the
 // bridge nor the other projects' boxes to pick one from: the port watcher
 // (root) gives theirs one as its port comes up (fixMissingAddresses).
-func (host *Host) Create(ctx context.Context, post incus.InstancesPost, target string, progress func(string)) error {
+func (addrs *Addresses) Create(ctx context.Context, post incus.InstancesPost, target string, progress func(string)) error {
+	host := addrs.host
 	ci, err := host.Cluster(ctx)
 	if err != nil {
 		return err
@@ -566,13 +569,13 @@ func (host *Host) Create(ctx context.Context, post incus.InstancesPost, target s
 		}
 		member = inst.Location
 	}
-	if _, err := host.FixAddress(ctx, post.Name, member); err != nil {
+	if _, err := addrs.FixAddress(ctx, post.Name, member); err != nil {
 		return err
 	}
 	if !start {
 		return nil
 	}
-	return host.StartFixed(ctx, post.Name, member)
+	return addrs.StartFixed(ctx, post.Name, member)
 }
 
 // CheckMember refuses a --target that names no member ("" is Incus's
@@ -604,15 +607,15 @@ func isAddressConflict(err error) bool {
 // this machine: two mints at once could pick the same one, which Incus
 // refuses to one of them only at its start (docs/measurements.md, "A
 // cluster").
-func (host *Host) FixAddress(ctx context.Context, name, member string) (netip.Addr, error) {
+func (addrs *Addresses) FixAddress(ctx context.Context, name, member string) (netip.Addr, error) {
 	for try := 1; ; try++ {
 		unlock, err := hostns.LockFile(ctx, hostns.AddressLock, "the address slices")
 		if err != nil {
 			return netip.Addr{}, err
 		}
-		addr, err := host.AddressFor(ctx, member)
+		addr, err := addrs.For(ctx, member)
 		if err == nil {
-			err = host.setFixedAddress(ctx, name, addr)
+			err = addrs.setFixedAddress(ctx, name, addr)
 		}
 		unlock()
 		if err == nil {
@@ -630,13 +633,14 @@ func (host *Host) FixAddress(ctx context.Context, name, member string) (netip.Ad
 // StartFixed starts an instance with a fixed address. Incus checks it
 // again at the start: one another NIC on the member asks for by then is
 // replaced by a fresh one (fixAddress), and it starts.
-func (host *Host) StartFixed(ctx context.Context, name, member string) error {
+func (addrs *Addresses) StartFixed(ctx context.Context, name, member string) error {
+	host := addrs.host
 	for try := 1; ; try++ {
 		err := host.Incus.SetInstanceState(ctx, name, "start", 0, false)
 		if !isAddressConflict(err) || try == addressTries {
 			return err
 		}
-		if _, err := host.FixAddress(ctx, name, member); err != nil {
+		if _, err := addrs.FixAddress(ctx, name, member); err != nil {
 			return err
 		}
 	}
@@ -646,7 +650,8 @@ func (host *Host) StartFixed(ctx context.Context, name, member string) error {
 // its own device's keys kept (a granted user's box may have turned port
 // isolation off in it), or the profile's NIC made its own. An instance with
 // no NIC on the bridge gets the profile's.
-func (host *Host) setFixedAddress(ctx context.Context, name string, addr netip.Addr) error {
+func (addrs *Addresses) setFixedAddress(ctx context.Context, name string, addr netip.Addr) error {
+	host := addrs.host
 	inst, etag, err := host.Incus.Instance(ctx, name)
 	if err != nil {
 		return err
@@ -790,18 +795,19 @@ func (host *Host) CreateNetwork(ctx context.Context, req incus.NetworksPost) err
 // does not let box edit a snapshot's devices). A snapshot taken before box
 // gave its boxes fixed addresses brings back a NIC with none: it gets one
 // (ensureFixed).
-func (host *Host) ReaddressIfTaken(ctx context.Context, name string) error {
+func (addrs *Addresses) ReaddressIfTaken(ctx context.Context, name string) error {
+	host := addrs.host
 	inst, _, err := host.Incus.Instance(ctx, name)
 	if err != nil {
 		return err
 	}
-	member, err := host.MemberOf(ctx, inst)
+	member, err := addrs.MemberOf(ctx, inst)
 	if err != nil {
 		return err
 	}
 	addr := model.FixedAddressOf(inst)
 	if !addr.IsValid() {
-		_, err := host.EnsureFixed(ctx, inst, member)
+		_, err := addrs.EnsureFixed(ctx, inst, member)
 		return err
 	}
 	f, err := host.readClusterFleet(ctx)
@@ -817,19 +823,30 @@ func (host *Host) ReaddressIfTaken(ctx context.Context, name string) error {
 	if !usedAddresses(others)[addr] {
 		return nil
 	}
-	_, err = host.FixAddress(ctx, name, member)
+	_, err = addrs.FixAddress(ctx, name, member)
 	return err
 }
 
 // LandAddress gives a box on member its fixed address addr again (after a
 // move), or a fresh one of the member's slice when addr is not valid or
 // another NIC on the member took it meanwhile.
-func (host *Host) LandAddress(ctx context.Context, name, member string, addr netip.Addr) (netip.Addr, error) {
+func (addrs *Addresses) LandAddress(ctx context.Context, name, member string, addr netip.Addr) (netip.Addr, error) {
 	if addr.IsValid() {
-		err := host.setFixedAddress(ctx, name, addr)
+		err := addrs.setFixedAddress(ctx, name, addr)
 		if !isAddressConflict(err) {
 			return addr, err
 		}
 	}
-	return host.FixAddress(ctx, name, member)
+	return addrs.FixAddress(ctx, name, member)
 }
+
+// Addresses hands out and keeps boxes' fixed addresses (L-DHCP): a free
+// one of the member's slice for a new box, a fresh one for a copy that
+// carried its source's, the lease a box held before box gave addresses;
+// and reads and releases the bridge's DHCP leases.
+type Addresses struct {
+	host *Host
+}
+
+// Addresses is this host's address keeper.
+func (host *Host) Addresses() *Addresses { return &Addresses{host: host} }

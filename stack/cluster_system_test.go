@@ -243,7 +243,7 @@ func TestSystemClusterStackBoxes(t *testing.T) {
 	require.NoError(t, err)
 	slice := netip.MustParsePrefix(n.Config["user.box.slice."+m2])
 	assert.True(t, slice.Contains(addr), "%s is in member 2's slice %s", addr, slice)
-	got, err := hosts[0].WaitAddress(ctx, box, time.Minute)
+	got, err := hosts[0].Addresses().Wait(ctx, box, time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, addr, got, "member 2's dnsmasq leases it its fixed address")
 

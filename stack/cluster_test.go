@@ -263,7 +263,7 @@ func TestCreateOnAClusterGivesAFixedAddress(t *testing.T) {
 			f.Place = tc.place
 			f.Add("moved", "m1", "Running", "10.88.0.96")
 			post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{model.Current.Tag: "1"}, Start: true}
-			require.NoError(t, h.Create(context.Background(), post, tc.target, nil))
+			require.NoError(t, h.Addresses().Create(context.Background(), post, tc.target, nil))
 
 			b := f.Inst(t, "b")
 			assert.Equal(t, tc.member, b.Location)
@@ -301,7 +301,7 @@ func TestCreateOnAClusterRetriesAnAddressConflict(t *testing.T) {
 			f, h := newClusterFake(t)
 			f.SetRace, f.StartRace = tc.setRace, tc.startRace
 			post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{model.Current.Tag: "1"}, Start: true}
-			err := h.Create(context.Background(), post, "m3", nil)
+			err := h.Addresses().Create(context.Background(), post, "m3", nil)
 			if tc.fail {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), "already defined on another NIC")
@@ -329,10 +329,10 @@ func TestCreateOnAStandaloneHost(t *testing.T) {
 	f.Clustered = false
 	f.Add("a", "", "Running", "10.88.0.2")
 	post := incus.InstancesPost{Name: "b", Type: "container", Profiles: []string{"box-net"}, Config: map[string]string{model.Current.Tag: "1"}, Start: true}
-	err := h.Create(context.Background(), post, "m3", nil)
+	err := h.Addresses().Create(context.Background(), post, "m3", nil)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--target m3: this incusd is not a cluster member")
-	require.NoError(t, h.Create(context.Background(), post, "", nil))
+	require.NoError(t, h.Addresses().Create(context.Background(), post, "", nil))
 	b := f.Inst(t, "b")
 	assert.Equal(t, "Running", b.Status)
 	assert.Equal(t, "10.88.0.3", model.FixedAddressOf(b).String(), "the first address of the subnet nobody holds (.1 is the gateway, .2 a's)")
@@ -343,7 +343,7 @@ func TestCreateOnAStandaloneHost(t *testing.T) {
 	tier := *h
 	tier.Tier.Granted = true
 	post.Name = "t"
-	require.NoError(t, tier.Create(context.Background(), post, "", nil))
+	require.NoError(t, tier.Addresses().Create(context.Background(), post, "", nil))
 	assert.Equal(t, "Running", f.Inst(t, "t").Status, "a granted user's: created and started in one request")
 	assert.False(t, model.FixedAddressOf(f.Inst(t, "t")).IsValid(), "its user picks none")
 	assert.Empty(t, f.Srv.Find(http.MethodPut, "/1.0/instances/t"))
@@ -351,7 +351,7 @@ func TestCreateOnAStandaloneHost(t *testing.T) {
 
 func TestCreateRefusesAnUnknownMember(t *testing.T) {
 	f, h := newClusterFake(t)
-	err := h.Create(context.Background(), incus.InstancesPost{Name: "b"}, "m9", nil)
+	err := h.Addresses().Create(context.Background(), incus.InstancesPost{Name: "b"}, "m9", nil)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no cluster member m9 (members: m1, m2, m3)")
 	assert.Empty(t, f.Srv.Find(http.MethodPost, "/1.0/instances"))

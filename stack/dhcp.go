@@ -104,20 +104,22 @@ func (host *Host) inProject(project string) *Host {
 // address one, and returns the address it has: the address it leases now
 // when nobody else holds or asks for it (a box converted keeps its
 // address, and its connections), else a free one of its member's slice.
-func (host *Host) EnsureFixed(ctx context.Context, inst *incus.Instance, member string) (netip.Addr, error) {
+func (addrs *Addresses) EnsureFixed(ctx context.Context, inst *incus.Instance, member string) (netip.Addr, error) {
+	host := addrs.host
 	if a := model.FixedAddressOf(inst); a.IsValid() {
 		return a, nil
 	}
 	h := host.inProject(inst.Project)
-	if a, ok, err := h.keepLeased(ctx, inst); err != nil || ok {
+	if a, ok, err := h.Addresses().keepLeased(ctx, inst); err != nil || ok {
 		return a, err
 	}
-	return h.FixAddress(ctx, inst.Name, member)
+	return h.Addresses().FixAddress(ctx, inst.Name, member)
 }
 
 // keepLeased makes the address an instance leases now its fixed address,
 // when it leases one and nobody else holds or asks for it.
-func (host *Host) keepLeased(ctx context.Context, inst *incus.Instance) (netip.Addr, bool, error) {
+func (addrs *Addresses) keepLeased(ctx context.Context, inst *incus.Instance) (netip.Addr, bool, error) {
+	host := addrs.host
 	nics := bridgeNICs(model.Current.Network, inst)
 	if len(nics) == 0 {
 		return netip.Addr{}, false, nil
@@ -153,7 +155,7 @@ func (host *Host) keepLeased(ctx context.Context, inst *incus.Instance) (netip.A
 	if !leased.IsValid() || usedAddresses(others)[leased] {
 		return netip.Addr{}, false, nil
 	}
-	if err := host.setFixedAddress(ctx, inst.Name, leased); err != nil {
+	if err := addrs.setFixedAddress(ctx, inst.Name, leased); err != nil {
 		if isAddressConflict(err) {
 			return netip.Addr{}, false, nil
 		}
@@ -176,7 +178,8 @@ func needsAddress(inst *incus.Instance) bool {
 // every member, a fixed address (ensureFixed): before the bridge's DHCP
 // answers known clients only, or a box minted before box stored its
 // address would lose its lease at its next renewal.
-func (host *Host) fixAllAddresses(ctx context.Context, ci ClusterInfo) ([]model.Change, error) {
+func (addrs *Addresses) fixAllAddresses(ctx context.Context, ci ClusterInfo) ([]model.Change, error) {
+	host := addrs.host
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing the instances to give fixed addresses: %w", err)
@@ -191,7 +194,7 @@ func (host *Host) fixAllAddresses(ctx context.Context, ci ClusterInfo) ([]model.
 		if ci.Clustered() {
 			member = inst.Location
 		}
-		a, err := host.EnsureFixed(ctx, inst, member)
+		a, err := addrs.EnsureFixed(ctx, inst, member)
 		if err != nil {
 			return changes, fmt.Errorf("box %s: %w", inst.Name, err)
 		}
@@ -215,13 +218,14 @@ func qualified(inst *incus.Instance) string {
 // box stored addresses, at the next refresh. A box whose start Incus is
 // still running takes no change yet: it is named in busy, to be looked at
 // again soon.
-func (host *Host) fixMissingAddresses(ctx context.Context, f Fleet) (fixed bool, busy []string, err error) {
+func (addrs *Addresses) fixMissingAddresses(ctx context.Context, f Fleet) (fixed bool, busy []string, err error) {
+	host := addrs.host
 	for i := range f.insts {
 		inst := &f.insts[i]
 		if !needsAddress(inst) || !slices.ContainsFunc(bridgeNICs(model.Current.Network, inst), func(n bridgeNIC) bool { return n.port != "" }) {
 			continue
 		}
-		if _, err := host.EnsureFixed(ctx, inst, host.here()); isBusy(err) {
+		if _, err := addrs.EnsureFixed(ctx, inst, host.here()); isBusy(err) {
 			busy = append(busy, qualified(inst))
 			continue
 		} else if err != nil {
@@ -242,7 +246,8 @@ func isBusy(err error) bool { return err != nil && strings.Contains(err.Error(),
 // client that is no instance (made up by a box before the stack stopped
 // it) still keeps dnsmasq from handing its address to a box. Best
 // effort: nothing when the file cannot be read.
-func (host *Host) strayLeases(member string) map[netip.Addr]bool {
+func (addrs *Addresses) strayLeases(member string) map[netip.Addr]bool {
+	host := addrs.host
 	h := host
 	if member != "" && member != host.here() {
 		mh, ok := host.memberHost(member)
@@ -251,7 +256,7 @@ func (host *Host) strayLeases(member string) map[netip.Addr]bool {
 		}
 		h = mh
 	}
-	pool, err := h.DHCPLeases()
+	pool, err := h.Addresses().DHCPLeases()
 	if err != nil {
 		return nil
 	}
@@ -326,7 +331,8 @@ func (p DHCPPool) String() string {
 // DHCPLeases reads the lease file and ranges of the dnsmasq serving the
 // bridge in the host's namespace. An error says it could not: no dnsmasq
 // serves the bridge, or its lease file is unreadable.
-func (host *Host) DHCPLeases() (DHCPPool, error) {
+func (addrs *Addresses) DHCPLeases() (DHCPPool, error) {
+	host := addrs.host
 	g, err := host.OpenNS()
 	if err != nil {
 		return DHCPPool{}, err
@@ -499,7 +505,8 @@ func poolFindings(p DHCPPool) []model.Finding {
 // would hold the pool for the lease time, across dnsmasq restarts. It
 // sends again, a few times, until the lease file has none of them, and
 // returns those it still has.
-func (host *Host) ReleaseLeases(ctx context.Context, leases []DHCPLease) ([]DHCPLease, error) {
+func (addrs *Addresses) ReleaseLeases(ctx context.Context, leases []DHCPLease) ([]DHCPLease, error) {
+	host := addrs.host
 	n, _, err := host.Incus.Network(ctx, model.Current.Network)
 	if err != nil {
 		return leases, err
@@ -518,7 +525,7 @@ func (host *Host) ReleaseLeases(ctx context.Context, leases []DHCPLease) ([]DHCP
 			return left, ctx.Err()
 		case <-time.After(200 * time.Millisecond):
 		}
-		pool, err := host.DHCPLeases()
+		pool, err := addrs.DHCPLeases()
 		if err != nil {
 			return left, err
 		}

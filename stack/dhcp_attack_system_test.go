@@ -56,7 +56,7 @@ func mintDHCPBox(t *testing.T, ctx context.Context, h *stack.Host, prefix string
 
 func openDHCPBox(t *testing.T, ctx context.Context, h *stack.Host, name string) *dhcpBox {
 	t.Helper()
-	ip, err := h.WaitAddress(ctx, name, 30*time.Second)
+	ip, err := h.Addresses().Wait(ctx, name, 30*time.Second)
 	require.NoError(t, err, "%s gets an address", name)
 	return boxAt(t, ctx, h, name, ip)
 }
@@ -309,7 +309,7 @@ func TestSystemDHCPPoolStarvation(t *testing.T) {
 	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), n) })
 	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: n, Image: image.DefaultAlias})
 	require.NoError(t, err, "a box minted after the attack")
-	ip, err := h.WaitAddress(ctx, n, 30*time.Second)
+	ip, err := h.Addresses().Wait(ctx, n, 30*time.Second)
 	require.NoError(t, err, "a box minted after the attack gets an address")
 	t.Logf("the box minted after the attack holds %s", ip)
 }

@@ -142,7 +142,7 @@ func TestFixAllAddressesKeepsTheLease(t *testing.T) {
 	}
 	ci, err := h.Cluster(context.Background())
 	require.NoError(t, err)
-	changes, err := h.fixAllAddresses(context.Background(), ci)
+	changes, err := h.Addresses().fixAllAddresses(context.Background(), ci)
 	require.NoError(t, err)
 	var got []string
 	for _, c := range changes {
@@ -154,7 +154,7 @@ func TestFixAllAddressesKeepsTheLease(t *testing.T) {
 	assert.Equal(t, "10.88.0.40", model.FixedAddressOf(f.Inst(t, "fixed")).String())
 	assert.False(t, model.FixedAddressOf(f.Inst(t, "foreign")).IsValid(), "not box's")
 	assert.Empty(t, dhcpFindings(boxesOnly(f)), "every box has one now")
-	changes, err = h.fixAllAddresses(context.Background(), ci)
+	changes, err = h.Addresses().fixAllAddresses(context.Background(), ci)
 	require.NoError(t, err)
 	assert.Empty(t, changes, "a second run changes nothing")
 }
@@ -182,12 +182,12 @@ func TestFixMissingAddresses(t *testing.T) {
 	insts, err := h.Incus.AllInstances(context.Background())
 	require.NoError(t, err)
 	f.Starting = "up"
-	fixed, busy, err := h.fixMissingAddresses(context.Background(), Fleet{insts: insts})
+	fixed, busy, err := h.Addresses().fixMissingAddresses(context.Background(), Fleet{insts: insts})
 	require.NoError(t, err, "a box Incus is starting is no failure")
 	assert.False(t, fixed)
 	assert.Equal(t, []string{"up"}, busy, "to be looked at again soon")
 	f.Starting = ""
-	fixed, busy, err = h.fixMissingAddresses(context.Background(), Fleet{insts: insts})
+	fixed, busy, err = h.Addresses().fixMissingAddresses(context.Background(), Fleet{insts: insts})
 	require.NoError(t, err)
 	assert.True(t, fixed)
 	assert.Empty(t, busy)
@@ -198,7 +198,7 @@ func TestFixMissingAddresses(t *testing.T) {
 	n := len(f.Srv.Find(http.MethodPut, "/1.0/instances/up"))
 	insts, err = h.Incus.AllInstances(context.Background())
 	require.NoError(t, err)
-	fixed, _, err = h.fixMissingAddresses(context.Background(), Fleet{insts: insts})
+	fixed, _, err = h.Addresses().fixMissingAddresses(context.Background(), Fleet{insts: insts})
 	require.NoError(t, err)
 	assert.False(t, fixed)
 	assert.Len(t, f.Srv.Find(http.MethodPut, "/1.0/instances/up"), n, "nothing more to do")

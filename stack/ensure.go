@@ -151,7 +151,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	// one else (L-DHCP): one minted before box stored addresses keeps the
 	// one it leases, and so its lease at its next renewal.
 	if net != nil {
-		chs, err := host.fixAllAddresses(ctx, ci)
+		chs, err := host.Addresses().fixAllAddresses(ctx, ci)
 		rep.Changes = append(rep.Changes, chs...)
 		if err != nil {
 			return rep, fmt.Errorf("giving the boxes fixed addresses: %w", err)

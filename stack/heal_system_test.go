@@ -36,7 +36,7 @@ func TestSystemHealAfterFlush(t *testing.T) {
 		name := stacktest.Name(t, fmt.Sprintf("t-heal%d-", i))
 		_, err := boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: name, Image: image.DefaultAlias})
 		require.NoError(t, err)
-		_, err = h.WaitAddress(ctx, name, 30*time.Second)
+		_, err = h.Addresses().Wait(ctx, name, 30*time.Second)
 		require.NoError(t, err)
 	}
 	_, running, err := hostns.WatcherRunning(h.NetNS)

@@ -94,7 +94,7 @@ func TestSystemLimitsHold(t *testing.T) {
 	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), sib) })
 	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: sib, Image: image.DefaultAlias})
 	require.NoError(t, err)
-	_, err = h.WaitAddress(ctx, sib, 30*time.Second)
+	_, err = h.Addresses().Wait(ctx, sib, 30*time.Second)
 	require.NoError(t, err)
 
 	// A dir pool on this machine's ext4 skips the size, and box says so.

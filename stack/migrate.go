@@ -138,7 +138,7 @@ func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 	if _, err := host.RefreshPorts(ctx); err != nil {
 		return err
 	}
-	if _, err := host.WaitAddress(ctx, name, 30*time.Second); err != nil {
+	if _, err := host.Addresses().Wait(ctx, name, 30*time.Second); err != nil {
 		return fmt.Errorf("migrating %s: %w", name, err)
 	}
 	return nil

@@ -43,7 +43,7 @@ func TestSystemNATInsideABoxWithPinning(t *testing.T) {
 	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), box) })
 	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: box, Image: image.DefaultAlias})
 	require.NoError(t, err)
-	_, err = h.WaitAddress(ctx, box, 30*time.Second)
+	_, err = h.Addresses().Wait(ctx, box, 30*time.Second)
 	require.NoError(t, err)
 	v, err := h.Verify(ctx)
 	require.NoError(t, err)

@@ -159,7 +159,7 @@ func (host *Host) RefreshPins(ctx context.Context, r *PortsRefresh) error {
 	// A box whose port is up with no fixed address gets one first: a
 	// granted user's, whose user could pick none (the port watcher runs
 	// this as its port comes up), or one started by hand.
-	fixed, busy, err := host.fixMissingAddresses(ctx, f)
+	fixed, busy, err := host.Addresses().fixMissingAddresses(ctx, f)
 	r.Addressless = busy
 	if err != nil {
 		return err

@@ -133,7 +133,7 @@ func TestSystemDriftIsFoundAndHealed(t *testing.T) {
 	box := stacktest.Name(t, "t-drift-")
 	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: box, Image: image.DefaultAlias})
 	require.NoError(t, err)
-	_, err = h.WaitAddress(ctx, box, 30*time.Second)
+	_, err = h.Addresses().Wait(ctx, box, 30*time.Second)
 	require.NoError(t, err)
 
 	// Five drifts, one per layer.
@@ -284,15 +284,15 @@ func TestSystemCloneGetsItsOwnIdentity(t *testing.T) {
 	src, dst := stacktest.Name(t, "t-src-"), stacktest.Name(t, "t-clone-")
 	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: src, Image: image.DefaultAlias, Stamps: map[string]string{model.StampTemplate: "blank"}})
 	require.NoError(t, err)
-	srcIP, err := h.WaitAddress(ctx, src, 30*time.Second)
+	srcIP, err := h.Addresses().Wait(ctx, src, 30*time.Second)
 	require.NoError(t, err)
 
 	res, err := boxes.NewManager(h).Clone(ctx, src, "", dst)
 	require.NoError(t, err)
 	t.Logf("clone of a running box: source stopped for the copy: %v", res.SourceStopped)
-	dstIP, err := h.WaitAddress(ctx, dst, 30*time.Second)
+	dstIP, err := h.Addresses().Wait(ctx, dst, 30*time.Second)
 	require.NoError(t, err)
-	srcIP, err = h.WaitAddress(ctx, src, 30*time.Second) // it may have restarted
+	srcIP, err = h.Addresses().Wait(ctx, src, 30*time.Second) // it may have restarted
 	require.NoError(t, err)
 	assert.NotEqual(t, srcIP, dstIP, "two boxes, one IP breaks everything")
 
@@ -356,7 +356,7 @@ func TestSystemMigrateLegacyBox(t *testing.T) {
 	got, err := c.PullFile(ctx, name, "/root/keep")
 	require.NoError(t, err)
 	assert.Equal(t, "written before the move\n", string(got))
-	ip, err := h.WaitAddress(ctx, name, 30*time.Second)
+	ip, err := h.Addresses().Wait(ctx, name, 30*time.Second)
 	require.NoError(t, err)
 	assert.True(t, netip.MustParsePrefix("10.88.0.0/24").Contains(ip), "a boxnet address: %s", ip)
 
@@ -390,7 +390,7 @@ func TestSystemFirewallOnly(t *testing.T) {
 	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: box, Image: image.DefaultAlias})
 	require.NoError(t, err)
 	// Its lease taken (and pinned), as box new and the drill wait for.
-	_, err = h.WaitAddress(ctx, box, 30*time.Second)
+	_, err = h.Addresses().Wait(ctx, box, 30*time.Second)
 	require.NoError(t, err)
 	_, ncfg := nftIn(t, st)
 	_, err = nft.Delete(ncfg)

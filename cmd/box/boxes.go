@@ -309,7 +309,7 @@ func (c *call) settle(h *stack.Host, r *newResult, start time.Time) error {
 		}
 	}()
 	t0 := time.Now()
-	addr, err := h.WaitAddress(c.ctx, name, addressWait)
+	addr, err := h.Addresses().Wait(c.ctx, name, addressWait)
 	if err != nil {
 		c.progressDone()
 		return fmt.Errorf("minted %s, but: %w", name, err)

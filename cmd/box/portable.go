@@ -156,7 +156,7 @@ func (c *call) importBox(file, name string, asJSON bool) error {
 	for _, n := range res.Notes {
 		fmt.Fprintf(c.err, "box: %s: %s\n", res.Box.Name, n)
 	}
-	addr, err := h.WaitAddress(c.ctx, res.Box.Name, addressWait)
+	addr, err := h.Addresses().Wait(c.ctx, res.Box.Name, addressWait)
 	if err != nil {
 		return fmt.Errorf("imported %s, but: %w", res.Box.Name, err)
 	}

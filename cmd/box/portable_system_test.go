@@ -64,7 +64,7 @@ func TestSystemExportImport(t *testing.T) {
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
 	t.Logf("box export of a running probe-image box with one snapshot: %s, %d bytes (%s)", took.Round(time.Millisecond), st.Size(), byteSize(st.Size()))
 	assert.Equal(t, "Running", infoOf(t, r, src).Status, "started again")
-	_, err = r.host(t).WaitAddress(ctx, src, addressWait)
+	_, err = r.host(t).Addresses().Wait(ctx, src, addressWait)
 	require.NoError(t, err, "the source has its address again")
 	srcInfo := infoOf(t, r, src)
 

@@ -217,7 +217,7 @@ func TestSystemBoxLifecycle(t *testing.T) {
 	ex = r.run(t, "exec", cl, "--", "id", "-u")
 	assert.Equal(t, "1001\n", ex.out)
 	require.Equal(t, exitOK, r.run(t, "start", b).code)
-	_, err = (&stack.Host{Incus: c}).WaitAddress(context.Background(), b, 30*time.Second)
+	_, err = (&stack.Host{Incus: c}).Addresses().Wait(context.Background(), b, 30*time.Second)
 	require.NoError(t, err)
 	ib, ic := infoOf(t, r, b), infoOf(t, r, cl)
 	require.Len(t, ib.Addresses, 1)

@@ -148,11 +148,11 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 	if err := restartSource(); err != nil {
 		return nil, err
 	}
-	member, err := host.MemberOf(ctx, clone)
+	member, err := host.Addresses().MemberOf(ctx, clone)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := host.FixAddress(ctx, name, member); err != nil {
+	if _, err := host.Addresses().FixAddress(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("cloning %s into %s: %w", source, name, err)
 	}
 	if err := mgr.freshMachineID(ctx, clone); err != nil {
@@ -163,7 +163,7 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 			return nil, fmt.Errorf("emptying the provisioning markers clone %s inherited: %w", name, err)
 		}
 	}
-	if err = host.StartFixed(ctx, name, member); err != nil {
+	if err = host.Addresses().StartFixed(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("starting clone %s: %w", name, err)
 	}
 	if _, err := host.RefreshPorts(ctx); err != nil {

@@ -163,7 +163,7 @@ func TestAMovingBoxKeepsItsAddress(t *testing.T) {
 	f, h := newClusterFake(t)
 	f.Add("b", "m1", "Stopped", "")
 	f.Insts["b"].Config[model.KeyMoving] = "10.88.0.32"
-	a, err := h.AddressFor(context.Background(), "m1")
+	a, err := h.Addresses().For(context.Background(), "m1")
 	require.NoError(t, err)
 	assert.Equal(t, "10.88.0.33", a.String())
 

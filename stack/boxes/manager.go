@@ -63,7 +63,7 @@ func (mgr *Manager) Restore(ctx context.Context, name, snap string) error {
 	if err := mgr.keepMACs(ctx, inst); err != nil && !host.Tier.Granted {
 		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
 	}
-	if err := host.ReaddressIfTaken(ctx, name); err != nil && !host.Tier.Granted {
+	if err := host.Addresses().ReaddressIfTaken(ctx, name); err != nil && !host.Tier.Granted {
 		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
 	}
 	_, err = host.RefreshPorts(ctx)
@@ -81,7 +81,7 @@ func (mgr *Manager) Start(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	member, err := host.MemberOf(ctx, inst)
+	member, err := host.Addresses().MemberOf(ctx, inst)
 	if err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
@@ -90,15 +90,15 @@ func (mgr *Manager) Start(ctx context.Context, name string) error {
 	} else {
 		if !model.FixedAddressOf(inst).IsValid() {
 			if a := movingAddress(inst); a.IsValid() {
-				_, err = host.LandAddress(ctx, name, member, a)
+				_, err = host.Addresses().LandAddress(ctx, name, member, a)
 			} else {
-				_, err = host.EnsureFixed(ctx, inst, member)
+				_, err = host.Addresses().EnsureFixed(ctx, inst, member)
 			}
 			if err != nil {
 				return fmt.Errorf("starting %s: %w", name, err)
 			}
 		}
-		err = host.StartFixed(ctx, name, member)
+		err = host.Addresses().StartFixed(ctx, name, member)
 	}
 	if err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)

@@ -251,7 +251,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.Options.PoolName(), "size": req.Disk}
 	}
 	req.progress = func(s string) { host.Progressf("minting %s from %s: %s", req.Name, req.Image, s) }
-	err = host.Create(ctx, incus.InstancesPost{
+	err = host.Addresses().Create(ctx, incus.InstancesPost{
 		Name: req.Name, Type: typ, Config: cfg, Devices: devices,
 		Profiles: []string{model.Current.Profile},
 		Source:   img.source,

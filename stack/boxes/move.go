@@ -59,14 +59,14 @@ func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult,
 	} else {
 		// A member without a slice has never had its host layers set up
 		// by box: a box there would be off the stack.
-		if _, _, err := host.MemberSlice(ctx, member); err != nil {
+		if _, _, err := host.Addresses().Slice(ctx, member); err != nil {
 			return nil, fmt.Errorf("moving %s: %w", name, err)
 		}
 		if err := mgr.leaveMember(ctx, name, addr); err != nil {
 			return nil, fmt.Errorf("moving %s: %w", name, err)
 		}
 		if err := host.Incus.MoveInstance(ctx, name, member); err != nil {
-			if _, rerr := host.LandAddress(context.WithoutCancel(ctx), name, inst.Location, addr); rerr != nil {
+			if _, rerr := host.Addresses().LandAddress(context.WithoutCancel(ctx), name, inst.Location, addr); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("giving it its address back: %w (box start %s gives it one)", rerr, name))
 			}
 			return nil, fmt.Errorf("moving %s: %w", name, err)
@@ -80,7 +80,7 @@ func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult,
 		return nil, fmt.Errorf("moved %s to %s, but: %w", name, member, err)
 	}
 	if !model.FixedAddressOf(now).IsValid() {
-		got, err := host.LandAddress(ctx, name, member, addr)
+		got, err := host.Addresses().LandAddress(ctx, name, member, addr)
 		if err != nil {
 			return nil, fmt.Errorf("moved %s to %s, but: %w (box start %s gives it an address)", name, member, err, name)
 		}

@@ -266,14 +266,14 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 	if ci.Clustered() {
 		member = inst.Location
 	}
-	if _, err := host.FixAddress(ctx, name, member); err != nil {
+	if _, err := host.Addresses().FixAddress(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	if err := mgr.freshMachineID(ctx, inst); err != nil {
 		return nil, fmt.Errorf("giving %s a machine-id: %w", name, err)
 	}
 	host.Progressf("starting %s...", name)
-	if err = host.StartFixed(ctx, name, member); err != nil {
+	if err = host.Addresses().StartFixed(ctx, name, member); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
 	if _, err := host.RefreshPorts(ctx); err != nil {
