@@ -95,10 +95,11 @@ func (host *Host) Cluster(ctx context.Context) (ClusterInfo, error) {
 	return ci, nil
 }
 
-// memberHost is host acting on another member: the Incus client aimed at
-// it, and its network namespace when MemberNetNS names one (ok false
-// when it does not: its host layers cannot be read from here).
-func (host *Host) memberHost(member string) (mh *Host, ok bool) {
+// ForMember is host acting on another member of its cluster: its Incus
+// client aimed there, and its network namespace, which Members.NetNS must
+// name (ok false otherwise: the member is another machine's, and nothing
+// here may act in its place).
+func (host *Host) ForMember(member string) (mh *Host, ok bool) {
 	ns, ok := host.Members.NetNS[member]
 	cp := *host
 	cp.Incus = host.Incus.Target(member)
@@ -310,10 +311,10 @@ const (
 	MemberNotRead   = "not-read"
 )
 
-// clusterAddressUses is what uses addresses on this member and on every member
+// addressUses is what uses addresses on this member and on every member
 // whose namespace is known, so an auto-picked subnet is free on all of
 // them; members not read are noted.
-func (host *Host) clusterAddressUses(ctx context.Context, g *hostns.NS, ci ClusterInfo, rep *Report) ([]model.AddressUse, error) {
+func (ms Membership) addressUses(g *hostns.NS, ci ClusterInfo, rep *Report) ([]model.AddressUse, error) {
 	uses, err := g.AddressUses(model.Current.Network)
 	if err != nil || !ci.Clustered() {
 		return uses, err
@@ -323,12 +324,12 @@ func (host *Host) clusterAddressUses(ctx context.Context, g *hostns.NS, ci Clust
 		if m == ci.Local {
 			continue
 		}
-		mh, ok := host.memberHost(m)
+		ns, ok := ms.NetNS[m]
 		if !ok {
 			unread = append(unread, m)
 			continue
 		}
-		mg, err := mh.OpenNS()
+		mg, err := hostns.Open(ns)
 		if err != nil {
 			return nil, fmt.Errorf("member %s: %w", m, err)
 		}
@@ -435,7 +436,7 @@ func (host *Host) memberState(ctx context.Context, member string, d model.Desire
 // its census of the instances placed there.
 // insts is every instance of the cluster, listed once by the caller.
 func (host *Host) readMember(ctx context.Context, member string, d model.Desired, insts []incus.Instance) (fs []model.Finding, census *Census, read bool, err error) {
-	mh, ok := host.memberHost(member)
+	mh, ok := host.ForMember(member)
 	if !ok {
 		return nil, nil, false, nil
 	}
@@ -694,7 +695,7 @@ func (host *Host) EnsureMembers(ctx context.Context) ([]MemberReport, error) {
 	}
 	var out []MemberReport
 	for _, m := range ci.Names() {
-		mh, ok := host.memberHost(m)
+		mh, ok := host.ForMember(m)
 		if !ok || m == ci.Local {
 			continue
 		}
@@ -729,22 +730,13 @@ func (ci ClusterInfo) MemberAddrs() []ClusterMemberAddr {
 	return out
 }
 
-// ForMember is host acting on another member of its cluster: its Incus
-// client aimed there, and its network namespace, which MemberNetNS must
-// name (ok false otherwise: the member is another machine's, and nothing
-// here may act in its place).
-func (host *Host) ForMember(member string) (*Host, bool) {
-	return host.memberHost(member)
-}
-
-// teardownMembers removes, on a cluster, both generations' nft tables on
+// teardown removes, on a cluster, both generations' nft tables on
 // every other member whose namespace is known (Host.MemberNetNS). The
 // cluster's Incus objects went with Teardown's own calls; a member on
 // another machine keeps its tables until `box teardown-host` runs there.
-func (host *Host) teardownMembers(ctx context.Context) ([]model.Change, error) {
-	ci, err := host.Cluster(ctx)
-	if err != nil || !ci.Clustered() {
-		return nil, err
+func (ms Membership) teardown(ci ClusterInfo) ([]model.Change, error) {
+	if !ci.Clustered() {
+		return nil, nil
 	}
 	var changes []model.Change
 	var errs []error
@@ -752,11 +744,11 @@ func (host *Host) teardownMembers(ctx context.Context) ([]model.Change, error) {
 		if m == ci.Local {
 			continue
 		}
-		mh, ok := host.memberHost(m)
+		ns, ok := ms.NetNS[m]
 		if !ok {
 			continue
 		}
-		g, err := mh.OpenNS()
+		g, err := hostns.Open(ns)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("member %s: %w", m, err))
 			continue

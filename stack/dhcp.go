@@ -250,7 +250,7 @@ func (addrs *Addresses) strayLeases(member string) map[netip.Addr]bool {
 	host := addrs.host
 	h := host
 	if member != "" && member != host.here() {
-		mh, ok := host.memberHost(member)
+		mh, ok := host.ForMember(member)
 		if !ok {
 			return nil
 		}

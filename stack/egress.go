@@ -112,14 +112,14 @@ func dnsmasqServers(raw string) []netip.Addr {
 // service's state what the policies and their boxes are now: only boxes
 // sets, and new policies' sets and rules, change (the resolver's allow
 // elements stay). With no policy there is none of them.
-func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f Fleet) ([]string, error) {
-	plan, err := planEgress(ctx, host.Incus, f)
+func applyEgress(ctx context.Context, c *incus.Client, g *hostns.NS, f Fleet, boot BootFiles) ([]string, error) {
+	plan, err := planEgress(ctx, c, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress policies: %w", err)
 	}
 	ncfg := g.NFTConfig(model.Current)
 	ncfg.Gateway = plan.state.Gateway
-	if err := host.BootFiles().SaveFirewall(func(s *SavedFirewall) {
+	if err := boot.SaveFirewall(func(s *SavedFirewall) {
 		if plan.state.Gateway.Is4() {
 			s.Gateway = plan.state.Gateway
 		}
@@ -167,13 +167,13 @@ func (host *Host) applyEgress(ctx context.Context, g *hostns.NS, f Fleet) ([]str
 // verifyEgress reports how the egress table, its host objects and the
 // boxes' policies differ from what they should be, and notes when no
 // egress service answers for the allowlisted boxes.
-func (host *Host) verifyEgress(ctx context.Context, g *hostns.NS, f Fleet) ([]model.Finding, []string, error) {
-	out, err := verifyEgressLayer(ctx, host.Incus, g, f)
+func verifyEgress(ctx context.Context, c *incus.Client, g *hostns.NS, f Fleet) ([]model.Finding, []string, error) {
+	out, err := verifyEgressLayer(ctx, c, g, f)
 	if err != nil {
 		return nil, nil, err
 	}
 	var notes []string
-	if present, _ := nft.EgressPresent(g.NFTConfig(model.Current)); present && !egress.Serving(host.NetNS) {
+	if present, _ := nft.EgressPresent(g.NFTConfig(model.Current)); present && !egress.Serving(g.Name) {
 		notes = append(notes, "no egress service answers here: every allowlisted box resolves nothing and opens nothing on ports 80 and 443 (closed, not open); box watch-ports runs it (the boot unit box-ports.service runs that)")
 	}
 	return out, notes, nil

@@ -95,7 +95,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	// (pending.go); with instances on it, the error names the fix.
 	var stored map[string]string
 	if net != nil && net.Status == networkPending && !ci.Clustered() {
-		if err := host.repairPending(ctx, g, net, changed); err != nil {
+		if err := repairPending(ctx, host.Incus, g, net, host.NoKernel, changed); err != nil {
 			return nil, err
 		}
 		stored, net, netETag = net.Config, nil, ""
@@ -110,7 +110,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		}
 		rep.Subnet = model.SubnetChoice{Subnet: p.Masked(), Reason: "existing " + gen.Network}
 	} else {
-		uses, err := host.clusterAddressUses(ctx, g, ci, rep)
+		uses, err := host.Members.addressUses(g, ci, rep)
 		if err != nil {
 			return nil, err
 		}
@@ -245,7 +245,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		return rep, err
 	}
 	// Incus's own chains, once its objects are converged (incusfw.go).
-	if err := host.ensureIncusFirewall(ctx, g, d, rep); err != nil {
+	if err := ensureIncusFirewall(ctx, host.Incus, g, d, rep); err != nil {
 		return rep, err
 	}
 	if ci.Clustered() {
@@ -580,7 +580,7 @@ func (host *Host) ApplyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 		return res, err
 	}
 	res.Changes = append(res.Changes, routed...)
-	egress, err := host.applyEgress(ctx, g, f)
+	egress, err := applyEgress(ctx, host.Incus, g, f, host.BootFiles())
 	if err != nil {
 		return res, err
 	}

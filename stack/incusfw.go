@@ -85,8 +85,8 @@ func IncusUsesNft(ctx context.Context, c *incus.Client) (bool, string, error) {
 }
 
 // verifyIncusChains reads inet incus in g's namespace into v.
-func (host *Host) verifyIncusChains(ctx context.Context, g *hostns.NS, d model.Desired, v *Verification) error {
-	if ok, fw, err := IncusUsesNft(ctx, host.Incus); err != nil {
+func verifyIncusChains(ctx context.Context, c *incus.Client, g *hostns.NS, d model.Desired, v *Verification) error {
+	if ok, fw, err := IncusUsesNft(ctx, c); err != nil {
 		return err
 	} else if !ok {
 		v.Notes = append(v.Notes, fmt.Sprintf("Incus's firewall driver is %q, not nftables: its ACL and NAT rules are not read from the kernel here (Verify reads inet %s only)", fw, nft.IncusTable))
@@ -157,8 +157,8 @@ func spelled(v string) string {
 
 // ensureIncusFirewall has Incus rewrite its chains when the kernel lacks
 // any the stack needs, and checks that it did.
-func (host *Host) ensureIncusFirewall(ctx context.Context, g *hostns.NS, d model.Desired, rep *Report) error {
-	if ok, _, err := IncusUsesNft(ctx, host.Incus); err != nil || !ok {
+func ensureIncusFirewall(ctx context.Context, c *incus.Client, g *hostns.NS, d model.Desired, rep *Report) error {
+	if ok, _, err := IncusUsesNft(ctx, c); err != nil || !ok {
 		return err
 	}
 	cfg := g.NFTConfig(model.Current)
@@ -169,7 +169,7 @@ func (host *Host) ensureIncusFirewall(ctx context.Context, g *hostns.NS, d model
 	if len(IncusChainFindings(d, chains, present)) == 0 {
 		return nil
 	}
-	detail, err := ReapplyIncusFirewall(ctx, host.Incus)
+	detail, err := ReapplyIncusFirewall(ctx, c)
 	if err != nil {
 		return err
 	}

@@ -67,7 +67,7 @@ func sweepLeaks(ctx context.Context, c *incus.Client, g *hostns.NS) ([]string, e
 func (host *Host) RemoveLeftPorts(inst *incus.Instance) {
 	if h := host.here(); h != "" && inst.Location != "" && inst.Location != h {
 		// On another member: its kernel holds the pair, where reachable.
-		if mh, ok := host.memberHost(inst.Location); ok {
+		if mh, ok := host.ForMember(inst.Location); ok {
 			mh.RemoveLeftPorts(inst)
 		}
 		return

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -45,7 +46,12 @@ func onLegacyStack(i *incus.Instance) bool {
 func (host *Host) Migrate(ctx context.Context, req MigrateRequest) ([]model.Change, error) {
 	changes := []model.Change{}
 	if req.RetireLegacy {
-		return host.retireLegacy(ctx)
+		g, err := host.OpenNS()
+		if err != nil {
+			return nil, err
+		}
+		defer g.Close()
+		return retireLegacy(ctx, host.Incus, g)
 	}
 	if req.Box == "" && !req.AllBoxes {
 		return nil, errors.New("migrate what? name a box (--box N), or --all-boxes, or --retire-legacy")
@@ -146,8 +152,7 @@ func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 
 // retireLegacy removes the legacy profile, bridge and ACL once nothing uses
 // them.
-func (host *Host) retireLegacy(ctx context.Context) ([]model.Change, error) {
-	c := host.Incus
+func retireLegacy(ctx context.Context, c *incus.Client, g *hostns.NS) ([]model.Change, error) {
 	insts, err := c.Instances(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("listing instances: %w", err)
@@ -161,15 +166,10 @@ func (host *Host) retireLegacy(ctx context.Context) ([]model.Change, error) {
 	if len(still) > 0 {
 		return nil, fmt.Errorf("instances still on the legacy stack: %v: migrate them first (box migrate-host --all-boxes)", still)
 	}
-	changes, err := removeObjects(ctx, host.Incus, model.Legacy)
+	changes, err := removeObjects(ctx, c, model.Legacy)
 	if err != nil {
 		return changes, err
 	}
-	g, err := host.OpenNS()
-	if err != nil {
-		return changes, err
-	}
-	defer g.Close()
 	removed, err := nft.Delete(g.NFTConfig(model.Legacy))
 	for _, r := range removed {
 		changes = append(changes, model.Change{Object: "nft " + r, Action: "removed"})

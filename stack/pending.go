@@ -95,7 +95,7 @@ func pendingFinding(net *incus.Network) model.Finding {
 // Ensure makes it again: box's own profiles that name it, Incus's record,
 // then the kernel bridge and the dnsmasq Incus leaves behind. With
 // instances on it, it changes nothing and names the fix.
-func (host *Host) repairPending(ctx context.Context, g *hostns.NS, net *incus.Network, changed func(obj, action, detail string)) error {
+func repairPending(ctx context.Context, c *incus.Client, g *hostns.NS, net *incus.Network, noKernel bool, changed func(obj, action, detail string)) error {
 	instances, profiles, refs := pendingUsers(net.UsedBy)
 	if len(instances) > 0 {
 		return fmt.Errorf("network %s is Pending in Incus's database (a create that never finished) and instances are on it (%s): box does not remove it under them; run %s",
@@ -113,12 +113,12 @@ func (host *Host) repairPending(ctx context.Context, g *hostns.NS, net *incus.Ne
 		}
 	}
 	for i, ref := range refs {
-		if err := host.Incus.Project(ref[0]).DeleteProfile(ctx, ref[1]); err != nil && !incus.IsNotFound(err) {
+		if err := c.Project(ref[0]).DeleteProfile(ctx, ref[1]); err != nil && !incus.IsNotFound(err) {
 			return fmt.Errorf("repairing Pending network %s: removing profile %s: %w", net.Name, profiles[i], err)
 		}
 		changed("profile "+profiles[i], "removed", "it named the Pending network "+net.Name+"; made again below")
 	}
-	if err := host.Incus.DeleteNetwork(ctx, net.Name); err != nil && !incus.IsNotFound(err) {
+	if err := c.DeleteNetwork(ctx, net.Name); err != nil && !incus.IsNotFound(err) {
 		return fmt.Errorf("repairing Pending network %s: %w", net.Name, err)
 	}
 	changed("network "+net.Name, "removed", "Pending in Incus's database with no instance on it; made again below")
@@ -128,7 +128,7 @@ func (host *Host) repairPending(ctx context.Context, g *hostns.NS, net *incus.Ne
 		}
 		changed("dnsmasq "+net.Name, "stopped", fmt.Sprintf("pid %d, left by Incus with the Pending network", pid))
 	}
-	if !host.NoKernel {
+	if !noKernel {
 		link, err := g.Netlink.LinkByName(net.Name)
 		var nf netlink.LinkNotFoundError
 		switch {

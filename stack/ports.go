@@ -62,7 +62,7 @@ func (host *Host) RefreshPorts(ctx context.Context) (PortsRefresh, error) {
 		return r, err
 	}
 	for _, m := range ci.Names() {
-		if mh, ok := host.memberHost(m); ok && m != ci.Local {
+		if mh, ok := host.ForMember(m); ok && m != ci.Local {
 			if _, err := mh.refreshPortsHere(ctx); err != nil {
 				return r, fmt.Errorf("member %s: %w", m, err)
 			}
@@ -76,7 +76,7 @@ func (host *Host) refreshPortsHere(ctx context.Context) (PortsRefresh, error) {
 	if host.Tier.Granted {
 		// A granted user cannot touch the kernel: the port watcher (root)
 		// puts the port in the set and pins it, as it does for any box.
-		return PortsRefresh{}, host.RequireWatcher()
+		return PortsRefresh{}, RequireWatcher(host.NetNS)
 	}
 	r, err := host.SyncPorts(ctx)
 	if err != nil {
@@ -174,7 +174,7 @@ func (host *Host) RefreshPins(ctx context.Context, r *PortsRefresh) error {
 	}
 	// A box's egress policy follows its lease (also where the pin table
 	// is gone).
-	if _, err := host.applyEgress(ctx, g, f); err != nil {
+	if _, err := applyEgress(ctx, host.Incus, g, f, host.BootFiles()); err != nil {
 		return err
 	}
 	if !present {
@@ -196,8 +196,8 @@ func (host *Host) RefreshPins(ctx context.Context, r *PortsRefresh) error {
 // RequireWatcher refuses, on a granted user's behalf, when no port watcher
 // runs: without one a new box's port stays outside the bridge drop and the
 // pins.
-func (host *Host) RequireWatcher() error {
-	_, running, err := hostns.WatcherRunning(host.NetNS)
+func RequireWatcher(netns string) error {
+	_, running, err := hostns.WatcherRunning(netns)
 	if err != nil {
 		return err
 	}

@@ -82,12 +82,16 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 	if err := egress.RemoveState(g.Inode); err != nil {
 		errs = append(errs, err)
 	}
-	removed, err := host.teardownMembers(ctx)
-	changes = append(changes, removed...)
+	ci, err := host.Cluster(ctx)
+	if err == nil {
+		var removed []model.Change
+		removed, err = host.Members.teardown(ci)
+		changes = append(changes, removed...)
+	}
 	if err != nil {
 		errs = append(errs, err)
 	}
-	removed, err = host.BootFiles().removeUnits()
+	removed, err := host.BootFiles().removeUnits()
 	changes = append(changes, removed...)
 	if err != nil {
 		errs = append(errs, err)

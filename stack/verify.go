@@ -263,7 +263,7 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 	if err != nil {
 		return fmt.Errorf("reading nft tables: %w", err)
 	}
-	if err := host.verifyIncusChains(ctx, g, d, v); err != nil {
+	if err := verifyIncusChains(ctx, host.Incus, g, d, v); err != nil {
 		return err
 	}
 	for _, f := range nf {
@@ -289,7 +289,7 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 	}
 	v.Findings = append(v.Findings, rf...)
 	v.Notes = append(v.Notes, rnotes...)
-	ef, notes, err := host.verifyEgress(ctx, g, f)
+	ef, notes, err := verifyEgress(ctx, host.Incus, g, f)
 	if err != nil {
 		return err
 	}

@@ -84,7 +84,7 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	if _, err := stack.RequireStack(ctx, host.Incus); err != nil {
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 	}
-	if err := host.RequireWatcher(); err != nil {
+	if err := stack.RequireWatcher(host.NetNS); err != nil {
 		return nil, fmt.Errorf("granting %s: %w (a granted user's boxes join the bridge drop and the pins only through it; box setup-host installs box-ports.service)", u.Name, err)
 	}
 

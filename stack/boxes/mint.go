@@ -166,7 +166,7 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
 	if host.Tier.Granted {
-		if err := host.RequireWatcher(); err != nil {
+		if err := stack.RequireWatcher(host.NetNS); err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 		}
 	}

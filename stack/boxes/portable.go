@@ -149,7 +149,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	if host.Tier.Granted {
-		if err := host.RequireWatcher(); err != nil {
+		if err := stack.RequireWatcher(host.NetNS); err != nil {
 			return nil, fmt.Errorf("importing %s: %w", file, err)
 		}
 	}
