@@ -129,7 +129,7 @@ func (t *tierRun) undoEscape(ctx context.Context, c *incus.Client, box string) e
 // liftTierRestriction is the mutation "tier": the run's tier project may
 // use every network.
 func liftTierRestriction(ctx context.Context, h *stack.Host, _ []string) error {
-	ps, err := h.Incus.Projects(ctx)
+	ps, err := h.Incus.ListProjects(ctx)
 	if err != nil {
 		return err
 	}

@@ -39,7 +39,7 @@ func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
 	if run != "" {
 		filter[TagRun] = run
 	}
-	insts, err := h.Incus.Instances(ctx, filter)
+	insts, err := h.Incus.ListInstances(ctx, filter)
 	if err != nil {
 		return err
 	}
@@ -66,7 +66,7 @@ func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	left, err := h.Incus.Instances(ctx, filter)
+	left, err := h.Incus.ListInstances(ctx, filter)
 	if err != nil {
 		return err
 	}

@@ -153,7 +153,7 @@ func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 // retireLegacy removes the legacy profile, bridge and ACL once nothing uses
 // them.
 func retireLegacy(ctx context.Context, c *incus.Client, g *hostns.NS) ([]model.Change, error) {
-	insts, err := c.Instances(ctx, nil)
+	insts, err := c.ListInstances(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("listing instances: %w", err)
 	}

@@ -138,7 +138,7 @@ const ProbeImagePrefix = "box probe image"
 // initialises nothing in Incus (no storage pool, no default profile), so
 // that is all; the Incus package itself is the operator's to remove.
 func PurgeIncus(ctx context.Context, c *incus.Client) ([]model.Change, error) {
-	imgs, err := c.Images(ctx)
+	imgs, err := c.ListImages(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing images: %w", err)
 	}

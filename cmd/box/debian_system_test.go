@@ -409,7 +409,7 @@ func TestSystemImageServerDown(t *testing.T) {
 	forgetImage(t, c, fp)
 	sum := sha256.Sum256([]byte(world.ImageServerURL()))
 	require.NoError(t, os.RemoveAll(filepath.Join(st.IncusDir, "cache", hex.EncodeToString(sum[:]))))
-	before, err := c.Images(ctx)
+	before, err := c.ListImages(ctx)
 	require.NoError(t, err)
 	n := uniq(t)
 	cleanup(t, c, n)
@@ -420,7 +420,7 @@ func TestSystemImageServerDown(t *testing.T) {
 	assert.Contains(t, res.err, "import an image file (incus image import FILE --alias NAME) and mint with --image NAME")
 	_, _, err = c.Instance(ctx, n)
 	assert.True(t, incus.IsNotFound(err), "no box left: %v", err)
-	after, err := c.Images(ctx)
+	after, err := c.ListImages(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, len(before), len(after), "no image left")
 }

@@ -586,7 +586,7 @@ func TestSystemTeardownPurgeIncus(t *testing.T) {
 	require.Equal(t, exitOK, res.code, res.err)
 	assert.Contains(t, res.out, "network boxnet")
 	assert.Contains(t, res.out, "removed image ")
-	imgs, err := c.Images(ctx)
+	imgs, err := c.ListImages(ctx)
 	require.NoError(t, err)
 	for _, img := range imgs {
 		assert.NotContains(t, img.Properties["description"], stack.ProbeImagePrefix, "the probe image is gone")

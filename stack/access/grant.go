@@ -318,7 +318,7 @@ func (m *Manager) convergeUserState(ctx context.Context, u accounts.User, back *
 // other than boxnet: narrowing it would strand them.
 func (m *Manager) checkNoOtherNetworks(ctx context.Context, project string) error {
 	host := m.host
-	insts, err := host.Incus.Project(project).Instances(ctx, nil)
+	insts, err := host.Incus.Project(project).ListInstances(ctx, nil)
 	if err != nil {
 		return err
 	}

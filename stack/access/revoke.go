@@ -188,7 +188,7 @@ func (m *Manager) checkPurged(ctx context.Context, uid uint32) error {
 func (m *Manager) deleteProjectContents(ctx context.Context, project string, self bool) error {
 	host := m.host
 	pc := host.Incus.Project(project)
-	insts, err := pc.Instances(ctx, nil)
+	insts, err := pc.ListInstances(ctx, nil)
 	if err != nil {
 		return err
 	}

@@ -138,7 +138,7 @@ func (doors *Doors) checkHostPort(ctx context.Context, self string, port uint16,
 	insts, err := host.Incus.AllInstances(ctx)
 	if err != nil {
 		// A client that may not list every project still lists its own.
-		if insts, err = host.Incus.Instances(ctx, nil); err != nil {
+		if insts, err = host.Incus.ListInstances(ctx, nil); err != nil {
 			return fmt.Errorf("listing instances for their doors: %w", err)
 		}
 	}
@@ -250,7 +250,7 @@ func (doors *Doors) loopbackHolder(ap netip.AddrPort) (string, error) {
 // grantedUsers names the users (or projects) of the host's granted tiers.
 func (doors *Doors) grantedUsers(ctx context.Context) ([]string, error) {
 	host := doors.host
-	projects, err := host.Incus.Projects(ctx)
+	projects, err := host.Incus.ListProjects(ctx)
 	if err != nil {
 		return nil, err
 	}

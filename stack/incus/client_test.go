@@ -73,10 +73,10 @@ func TestProjectScopesEveryRequest(t *testing.T) {
 	assert.Equal(t, "box-alice", p.ProjectName())
 	assert.Equal(t, "", c.ProjectName(), "Project must return a copy")
 
-	_, err := p.Instances(testCtx(t), nil)
+	_, err := p.ListInstances(testCtx(t), nil)
 	require.NoError(t, err)
 	require.NoError(t, p.DeleteInstance(testCtx(t), "b1"))
-	_, err = c.Instances(testCtx(t), nil)
+	_, err = c.ListInstances(testCtx(t), nil)
 	require.NoError(t, err)
 
 	reqs := srv.Requests()
@@ -188,7 +188,7 @@ func TestIgnoresHTTPProxy(t *testing.T) {
 	t.Setenv("http_proxy", "http://127.0.0.1:1")
 	srv, c := newFake(t)
 	srv.Handle("GET /1.0/instances", func(w http.ResponseWriter, r *http.Request) { incustest.Sync(w, []any{}) })
-	_, err := c.Instances(testCtx(t), nil)
+	_, err := c.ListInstances(testCtx(t), nil)
 	require.NoError(t, err)
 }
 

@@ -115,8 +115,8 @@ func writeImageParts(mw *multipart.Writer, metadata io.Reader, rootfsField strin
 	return mw.Close()
 }
 
-// Images lists the images in the store.
-func (c *Client) Images(ctx context.Context) ([]Image, error) {
+// ListImages lists the images in the store.
+func (c *Client) ListImages(ctx context.Context) ([]Image, error) {
 	var out []Image
 	if err := c.list(ctx, apiPath("images"), nil, &out); err != nil {
 		return nil, fmt.Errorf("listing images: %w", err)

@@ -140,7 +140,7 @@ func TestImages(t *testing.T) {
 	})
 	ctx := testCtx(t)
 
-	list, err := c.Images(ctx)
+	list, err := c.ListImages(ctx)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	assert.Equal(t, "box/debian", list[0].Aliases[0].Name)

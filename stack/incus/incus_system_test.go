@@ -72,7 +72,7 @@ func TestSystemInstanceLifecycle(t *testing.T) {
 	assert.True(t, incus.IsAlreadyExists(err), "creating it twice: %v", err)
 
 	// The server-side filter finds exactly this instance.
-	list, err := c.Instances(ctx, tag)
+	list, err := c.ListInstances(ctx, tag)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	assert.Equal(t, name, list[0].Name)

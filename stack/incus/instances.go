@@ -150,12 +150,12 @@ type NetworkAddress struct {
 	Scope   string `json:"scope"` // "global", "link", "local"
 }
 
-// Instances lists the instances whose config matches every key/value in
+// ListInstances lists the instances whose config matches every key/value in
 // filter (nil lists all), filtered by the server in a single request.
 // Values may contain single spaces, but not double quotes, other whitespace
 // or nothing at all: the Incus filter language cannot express those, so they
 // are refused here rather than silently matching something else.
-func (c *Client) Instances(ctx context.Context, filter map[string]string) ([]Instance, error) {
+func (c *Client) ListInstances(ctx context.Context, filter map[string]string) ([]Instance, error) {
 	expr, err := configFilter(filter)
 	if err != nil {
 		return nil, fmt.Errorf("listing instances: %w", err)

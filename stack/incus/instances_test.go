@@ -22,33 +22,33 @@ func TestInstancesFilter(t *testing.T) {
 	}{
 		{
 			name: "nil lists all",
-			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) { return c.Instances(ctx, nil) },
+			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) { return c.ListInstances(ctx, nil) },
 		},
 		{
 			name: "one key",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.Instances(ctx, map[string]string{"user.box": "1"})
+				return c.ListInstances(ctx, map[string]string{"user.box": "1"})
 			},
 			want: "config.user.box eq 1",
 		},
 		{
 			name: "keys are sorted and joined with and",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.Instances(ctx, map[string]string{"user.box": "1", "user.box.owner": "alice", "image.os": "Debian"})
+				return c.ListInstances(ctx, map[string]string{"user.box": "1", "user.box.owner": "alice", "image.os": "Debian"})
 			},
 			want: "config.image.os eq Debian and config.user.box eq 1 and config.user.box.owner eq alice",
 		},
 		{
 			name: "a value with spaces is quoted",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.Instances(ctx, map[string]string{"user.note": "my box"})
+				return c.ListInstances(ctx, map[string]string{"user.note": "my box"})
 			},
 			want: `config.user.note eq "my box"`,
 		},
 		{
 			name: "a value Incus would match loosely is refused",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.Instances(ctx, map[string]string{"user.note": "my  box"})
+				return c.ListInstances(ctx, map[string]string{"user.note": "my  box"})
 			},
 			wantErr: "cannot be used in an incus filter",
 		},
@@ -62,21 +62,21 @@ func TestInstancesFilter(t *testing.T) {
 		{
 			name: "empty value is refused",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.Instances(ctx, map[string]string{"user.box": ""})
+				return c.ListInstances(ctx, map[string]string{"user.box": ""})
 			},
 			wantErr: "cannot be used in an incus filter",
 		},
 		{
 			name: "quote in value is refused",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.Instances(ctx, map[string]string{"user.box": `a"b`})
+				return c.ListInstances(ctx, map[string]string{"user.box": `a"b`})
 			},
 			wantErr: "cannot be used in an incus filter",
 		},
 		{
 			name: "space in key is refused",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.Instances(ctx, map[string]string{"user.box or": "1"})
+				return c.ListInstances(ctx, map[string]string{"user.box or": "1"})
 			},
 			wantErr: "cannot be used in an incus filter",
 		},

@@ -42,8 +42,8 @@ type NetworkState struct {
 	Type      string           `json:"type"`
 }
 
-// Networks lists all networks.
-func (c *Client) Networks(ctx context.Context) ([]Network, error) {
+// ListNetworks lists all networks.
+func (c *Client) ListNetworks(ctx context.Context) ([]Network, error) {
 	var out []Network
 	if err := c.list(ctx, apiPath("networks"), nil, &out); err != nil {
 		return nil, fmt.Errorf("listing networks: %w", err)

@@ -28,7 +28,7 @@ func TestObjectReads(t *testing.T) {
 			object: map[string]any{"name": "boxnet", "type": "bridge", "managed": true, "status": "Created",
 				"config": map[string]string{"ipv4.address": "10.88.0.1/24"}, "used_by": []string{"/1.0/profiles/box-net"}},
 			read: func(ctx context.Context, c *incus.Client) (any, any, string, error) {
-				l, err := c.Networks(ctx)
+				l, err := c.ListNetworks(ctx)
 				if err != nil {
 					return nil, nil, "", err
 				}
@@ -83,7 +83,7 @@ func TestObjectReads(t *testing.T) {
 			name: "projects", collection: "/1.0/projects",
 			object: map[string]any{"name": "box-alice", "config": map[string]string{"features.networks": "false"}},
 			read: func(ctx context.Context, c *incus.Client) (any, any, string, error) {
-				l, err := c.Projects(ctx)
+				l, err := c.ListProjects(ctx)
 				if err != nil {
 					return nil, nil, "", err
 				}

@@ -20,8 +20,8 @@ type projectPut struct {
 	Config      map[string]string `json:"config"`
 }
 
-// Projects lists all projects the caller may see.
-func (c *Client) Projects(ctx context.Context) ([]Project, error) {
+// ListProjects lists all projects the caller may see.
+func (c *Client) ListProjects(ctx context.Context) ([]Project, error) {
 	var out []Project
 	if err := c.list(ctx, apiPath("projects"), nil, &out); err != nil {
 		return nil, fmt.Errorf("listing projects: %w", err)
