@@ -57,7 +57,7 @@ func pushAgent(ctx context.Context, client func(place Place) *incus.Client, agen
 			f, err := os.Open(agent)
 			if err == nil {
 				defer f.Close()
-				err = c.PushFile(ctx, names[p], agentPath, f, 0o755, 0, 0)
+				err = c.Instances().PushFile(ctx, names[p], agentPath, f, 0o755, 0, 0)
 			}
 			if err != nil {
 				mu.Lock()
@@ -185,11 +185,11 @@ func runPlan(ctx context.Context, cfg Config, c *incus.Client, names map[Place]s
 		box := names[place]
 		// One file a place: a box may hold several (a nested workload's).
 		planPath := "/tmp/drill-plan-" + strings.NewReplacer("/", "-", "@", "-").Replace(string(place)) + ".json"
-		if err := c.PushFile(ctx, box, planPath, bytes.NewReader(data), 0o600, 0, 0); err != nil {
+		if err := c.Instances().PushFile(ctx, box, planPath, bytes.NewReader(data), 0o600, 0, 0); err != nil {
 			return nil, fmt.Errorf("pushing the plan: %w", err)
 		}
 		var res *incus.ExecResult
-		res, err = c.Exec(ctx, box, incus.ExecRequest{Command: []string{agentPath, "agent", "--plan", planPath}})
+		res, err = c.Instances().Exec(ctx, box, incus.ExecRequest{Command: []string{agentPath, "agent", "--plan", planPath}})
 		if res != nil {
 			stdout, stderr = res.Stdout, res.Stderr
 			if err == nil && res.ExitCode != 0 {

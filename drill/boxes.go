@@ -226,7 +226,7 @@ func boxEnd(ctx context.Context, h *stack.Host, place Place, name string) (*BoxE
 	if err != nil {
 		return nil, err
 	}
-	inst, _, err := h.Incus.Instance(ctx, name)
+	inst, _, err := h.Incus.Instances().Get(ctx, name)
 	if err != nil {
 		return nil, err
 	}

@@ -117,7 +117,7 @@ func widenDoor(ctx context.Context, h *stack.Host, boxes []string) error {
 		return fmt.Errorf("no box-a")
 	}
 	a := boxes[0]
-	inst, etag, err := h.Incus.Instance(ctx, a)
+	inst, etag, err := h.Incus.Instances().Get(ctx, a)
 	if err != nil {
 		return err
 	}
@@ -128,5 +128,5 @@ func widenDoor(ctx context.Context, h *stack.Host, boxes []string) error {
 		return fmt.Errorf("%s has no door %s (C-EXPOSE must be selected)", a, dev)
 	}
 	d["listen"] = fmt.Sprintf("tcp:0.0.0.0:%d", doorHostPort)
-	return h.Incus.UpdateInstance(ctx, a, put, etag)
+	return h.Incus.Instances().Update(ctx, a, put, etag)
 }

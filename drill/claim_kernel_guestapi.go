@@ -34,7 +34,7 @@ var (
 func readGuestAPIConfig(ctx context.Context, r *run) {
 	g := keep(r.state, KernelID, &guestAPIConfig{off: map[Place]bool{}})
 	for place, name := range r.names {
-		inst, _, err := r.boxClient(place).Instance(ctx, name)
+		inst, _, err := r.boxClient(place).Instances().Get(ctx, name)
 		if err != nil {
 			continue // judged inconclusive: no config read
 		}

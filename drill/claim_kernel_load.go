@@ -192,14 +192,14 @@ func mintLoadBox(ctx context.Context, r *run) error {
 		loadPlans.Unlock()
 		return nil
 	}
-	inst, _, err := r.cfg.Host.Incus.Instance(ctx, name)
+	inst, _, err := r.cfg.Host.Incus.Instances().Get(ctx, name)
 	if err != nil {
 		return fmt.Errorf("kernel: %w", err)
 	}
 	if lp.memory = inst.ExpandedConfig["limits.memory"] != ""; !lp.memory {
 		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%s: box-l's memory is not loaded: this host cannot apply a memory limit (box says so when it mints), so a memory hog would take the host's", KernelID))
 	}
-	st, err := r.cfg.Host.Incus.InstanceState(ctx, name)
+	st, err := r.cfg.Host.Incus.Instances().State(ctx, name)
 	if err != nil {
 		return fmt.Errorf("kernel: %w", err)
 	}

@@ -37,7 +37,7 @@ func kernelMutation(cfg map[string]string, devices map[string]map[string]string)
 			return fmt.Errorf("no clone-a among the run's boxes %v", names)
 		}
 		name := names[2]
-		inst, etag, err := h.Incus.Instance(ctx, name)
+		inst, etag, err := h.Incus.Instances().Get(ctx, name)
 		if err != nil {
 			return err
 		}
@@ -47,7 +47,7 @@ func kernelMutation(cfg map[string]string, devices map[string]map[string]string)
 			put.Devices = map[string]map[string]string{}
 		}
 		maps.Copy(put.Devices, devices)
-		if err := h.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
+		if err := h.Incus.Instances().Update(ctx, name, put, etag); err != nil {
 			return fmt.Errorf("changing %s: %w", name, err)
 		}
 		if len(cfg) == 0 {

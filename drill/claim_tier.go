@@ -152,7 +152,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 	if req.UserData != "" {
 		conf["cloud-init.user-data"] = req.UserData
 	}
-	err = t.client.CreateInstance(ctx, incus.InstancesPost{Name: box, Type: probeType,
+	err = t.client.Instances().Create(ctx, incus.InstancesPost{Name: box, Type: probeType,
 		Config:   conf,
 		Devices:  map[string]map[string]string{"eth0": {"type": "nic", "name": "eth0", "network": model.Current.Network, "security.port_isolation": "false"}},
 		Profiles: []string{model.Current.Profile}, Source: r.localImage(), Start: true})
@@ -249,7 +249,7 @@ func placeTierBox(ctx context.Context, c *incus.Client, box, local string, logf 
 	if local == "" {
 		return nil
 	}
-	inst, _, err := c.Instance(ctx, box)
+	inst, _, err := c.Instances().Get(ctx, box)
 	if err != nil {
 		return err
 	}
@@ -257,11 +257,11 @@ func placeTierBox(ctx context.Context, c *incus.Client, box, local string, logf 
 		return nil
 	}
 	logf("tier: Incus placed %s on %s; moving it to %s, where the drill's witnesses are", box, inst.Location, local)
-	if err := c.SetInstanceState(ctx, box, "stop", 0, true); err != nil {
+	if err := c.Instances().SetState(ctx, box, "stop", 0, true); err != nil {
 		return err
 	}
-	if err := c.MoveInstance(ctx, box, local); err != nil {
+	if err := c.Instances().Move(ctx, box, local); err != nil {
 		return err
 	}
-	return c.SetInstanceState(ctx, box, "start", 0, false)
+	return c.Instances().SetState(ctx, box, "start", 0, false)
 }

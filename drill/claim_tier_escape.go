@@ -40,7 +40,7 @@ func tryEscapes(ctx context.Context, r *run) {
 	}
 	withDevice := func(dev string, d map[string]string) func(context.Context) error {
 		return func(ctx context.Context) error {
-			inst, etag, err := t.client.Instance(ctx, box)
+			inst, etag, err := t.client.Instances().Get(ctx, box)
 			if err != nil {
 				return err
 			}
@@ -49,7 +49,7 @@ func tryEscapes(ctx context.Context, r *run) {
 				put.Devices = map[string]map[string]string{}
 			}
 			put.Devices[dev] = d
-			return t.client.UpdateInstance(ctx, box, put, etag)
+			return t.client.Instances().Update(ctx, box, put, etag)
 		}
 	}
 	var escapes []escape
@@ -64,19 +64,19 @@ func tryEscapes(ctx context.Context, r *run) {
 			escape{"t-proxy", "a proxy device to the host's loopback", "Proxy devices are forbidden",
 				withDevice("door", map[string]string{"type": "proxy", "listen": "tcp:127.0.0.1:9", "connect": "tcp:127.0.0.1:22"})},
 			escape{"t-privileged", "security.privileged=true", "Privileged containers are forbidden", func(ctx context.Context) error {
-				inst, etag, err := t.client.Instance(ctx, box)
+				inst, etag, err := t.client.Instances().Get(ctx, box)
 				if err != nil {
 					return err
 				}
 				put := inst.Writable()
 				put.Config = maps.Clone(put.Config)
 				put.Config["security.privileged"] = "true"
-				return t.client.UpdateInstance(ctx, box, put, etag)
+				return t.client.Instances().Update(ctx, box, put, etag)
 			}},
 		)
 	}
 	escapes = append(escapes, escape{"t-net-create", "a network of its own (" + t.decoy + "x)", "Network not allowed in project", func(ctx context.Context) error {
-		return t.client.CreateNetwork(ctx, incus.NetworksPost{Name: t.decoy + "x", Type: "bridge", Config: map[string]string{"ipv4.address": "none", "ipv6.address": "none"}})
+		return t.client.Networks().Create(ctx, incus.NetworksPost{Name: t.decoy + "x", Type: "bridge", Config: map[string]string{"ipv4.address": "none", "ipv6.address": "none"}})
 	}})
 	for _, e := range escapes {
 		a := Action{ID: e.id, Claim: TierID, Channel: ChannelRestriction, From: placeUser, Target: e.what, TargetKey: "incus", Expect: ExpectRefused}
@@ -114,7 +114,7 @@ func (t *tierRun) undoEscape(ctx context.Context, c *incus.Client, box string) e
 		return nil
 	}
 	pc := c.Project(t.project)
-	inst, etag, err := pc.Instance(ctx, box)
+	inst, etag, err := pc.Instances().Get(ctx, box)
 	if err != nil {
 		return nil
 	}
@@ -123,13 +123,13 @@ func (t *tierRun) undoEscape(ctx context.Context, c *incus.Client, box string) e
 		delete(put.Devices, dev)
 	}
 	delete(put.Config, "security.privileged")
-	return pc.UpdateInstance(ctx, box, put, etag)
+	return pc.Instances().Update(ctx, box, put, etag)
 }
 
 // liftTierRestriction is the mutation "tier": the run's tier project may
 // use every network.
 func liftTierRestriction(ctx context.Context, h *stack.Host, _ []string) error {
-	ps, err := h.Incus.ListProjects(ctx)
+	ps, err := h.Incus.Projects().List(ctx)
 	if err != nil {
 		return err
 	}
@@ -140,7 +140,7 @@ func liftTierRestriction(ctx context.Context, h *stack.Host, _ []string) error {
 		np := p
 		np.Config = maps.Clone(p.Config)
 		delete(np.Config, "restricted.networks.access")
-		return h.Incus.UpdateProject(ctx, p.Name, np, "")
+		return h.Incus.Projects().Update(ctx, p.Name, np, "")
 	}
 	return errors.New("no drill tier project to lift the restriction of (C-TIER must be selected)")
 }

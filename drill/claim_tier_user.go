@@ -144,10 +144,10 @@ func cleanTierLeftovers(ctx context.Context, h *stack.Host, logf func(string, ..
 
 // deleteNetworkEventually deletes a network if it exists.
 func deleteNetworkEventually(ctx context.Context, c *incus.Client, name string) error {
-	if _, _, err := c.Network(ctx, name); incus.IsNotFound(err) {
+	if _, _, err := c.Networks().Get(ctx, name); incus.IsNotFound(err) {
 		return nil
 	}
-	if err := c.DeleteNetwork(ctx, name); err != nil && !incus.IsNotFound(err) {
+	if err := c.Networks().Delete(ctx, name); err != nil && !incus.IsNotFound(err) {
 		return fmt.Errorf("deleting network %s: %w", name, err)
 	}
 	return nil

@@ -65,7 +65,7 @@ var Mutations = []Mutation{
 		return setNetwork(ctx, h, map[string]string{"dns.mode": "managed", "raw.dnsmasq": "no-resolv\nserver=" + firstDNS(h) + "\n"})
 	}},
 	{Name: "hosts-file", Layers: []model.LayerID{model.LayerDNS}, What: "take no-hosts out of boxnet's dnsmasq settings (it answers from the host's hosts file)", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
-		n, _, err := h.Incus.Network(ctx, model.Current.Network)
+		n, _, err := h.Incus.Networks().Get(ctx, model.Current.Network)
 		if err != nil {
 			return err
 		}
@@ -112,7 +112,7 @@ var Mutations = []Mutation{
 // dnsmasq settings, and the pin table's DHCP drops (a refresh of the pins
 // changes only their sets, so they stay away for the run).
 func dhcpOpen(ctx context.Context, h *stack.Host, _ []string) error {
-	n, _, err := h.Incus.Network(ctx, model.Current.Network)
+	n, _, err := h.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return err
 	}
@@ -218,7 +218,7 @@ func withNFT(h *stack.Host, fn func(conn *nftables.Conn) error) error {
 }
 
 func setNetwork(ctx context.Context, h *stack.Host, set map[string]string) error {
-	n, etag, err := h.Incus.Network(ctx, model.Current.Network)
+	n, etag, err := h.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return err
 	}
@@ -229,7 +229,7 @@ func setNetwork(ctx context.Context, h *stack.Host, set map[string]string) error
 			n.Config[k] = v
 		}
 	}
-	return h.Incus.UpdateNetwork(ctx, model.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag)
+	return h.Incus.Networks().Update(ctx, model.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag)
 }
 
 // portIsolationOff turns the isolated flag off on the run's own boxes'
@@ -237,7 +237,7 @@ func setNetwork(ctx context.Context, h *stack.Host, set map[string]string) error
 func portIsolationOff(ctx context.Context, h *stack.Host, boxes []string) error {
 	ports := map[string]bool{}
 	for _, b := range boxes {
-		st, err := h.Incus.InstanceState(ctx, b)
+		st, err := h.Incus.Instances().State(ctx, b)
 		if err != nil {
 			return err
 		}

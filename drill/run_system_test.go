@@ -137,7 +137,7 @@ func baseline(t *testing.T, cfg drill.Config) *drill.Report {
 
 func assertNoDrillBoxes(t *testing.T, cfg drill.Config) {
 	t.Helper()
-	left, err := cfg.Host.Incus.ListInstances(context.Background(), map[string]string{drill.TagDrill: "1"})
+	left, err := cfg.Host.Incus.Instances().List(context.Background(), map[string]string{drill.TagDrill: "1"})
 	require.NoError(t, err)
 	assert.Empty(t, left, "the run removed its boxes")
 }
@@ -306,7 +306,7 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 	require.NoError(t, err)
 	// A fresh host: no probe image, no image server. The run imports its
 	// own.
-	imgs, err := incus.New(st.IncusSocket).ListImages(ctx)
+	imgs, err := incus.New(st.IncusSocket).Images().List(ctx)
 	require.NoError(t, err)
 	require.Empty(t, imgs, "the test world starts with no image")
 

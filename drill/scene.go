@@ -137,7 +137,7 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 	} else {
 		s.GatewayMAC = mac
 	}
-	if n, _, err := h.Incus.Network(ctx, model.Current.Network); err == nil && n.Config["dns.domain"] != "" {
+	if n, _, err := h.Incus.Networks().Get(ctx, model.Current.Network); err == nil && n.Config["dns.domain"] != "" {
 		s.DNSDomain = n.Config["dns.domain"]
 	}
 	missed, err := s.readHost(h.NetNS)

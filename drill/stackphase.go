@@ -52,7 +52,7 @@ func (r *run) ensureStack(ctx context.Context) error {
 	for _, m := range members {
 		rep.Environment.Members = append(rep.Environment.Members, m.Name)
 	}
-	if _, _, err := cfg.Host.Incus.Network(sctx, model.Current.Network); incus.IsNotFound(err) {
+	if _, _, err := cfg.Host.Incus.Networks().Get(sctx, model.Current.Network); incus.IsNotFound(err) {
 		return fmt.Errorf("stack: there is no isolation stack to drill (no network %s): run box setup-host, or drop --no-setup", model.Current.Network)
 	}
 	// Is the host fit to judge on? A bridge with no dnsmasq, or a gateway

@@ -209,7 +209,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		}
 		assert.True(t, asked, "the name written into the hosts file is asked")
 
-		n, _, err := cfg.Host.Incus.Network(context.Background(), model.Current.Network)
+		n, _, err := cfg.Host.Incus.Networks().Get(context.Background(), model.Current.Network)
 		require.NoError(t, err)
 		inHost(t, cfg, "incus", "network", "set", model.Current.Network, "raw.dnsmasq="+strings.Replace(n.Config["raw.dnsmasq"], "no-hosts\n", "", 1))
 		rep = run(t, cfg)

@@ -39,7 +39,7 @@ func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
 	if run != "" {
 		filter[TagRun] = run
 	}
-	insts, err := h.Incus.ListInstances(ctx, filter)
+	insts, err := h.Incus.Instances().List(ctx, filter)
 	if err != nil {
 		return err
 	}
@@ -66,7 +66,7 @@ func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	left, err := h.Incus.ListInstances(ctx, filter)
+	left, err := h.Incus.Instances().List(ctx, filter)
 	if err != nil {
 		return err
 	}
@@ -113,7 +113,7 @@ func releaseRunLeases(ctx context.Context, cfg *Config, before stack.DHCPPool) e
 	if err != nil {
 		return nil // nothing to read it with now: doctor names what is left
 	}
-	insts, err := h.Incus.AllInstances(ctx)
+	insts, err := h.Incus.Instances().All(ctx)
 	if err != nil {
 		return fmt.Errorf("teardown: listing the instances whose leases stay: %w", err)
 	}

@@ -24,7 +24,7 @@ func TestSystemKilledRunIsCleanedUp(t *testing.T) {
 	killed := false
 	deadline := time.Now().Add(90 * time.Second)
 	for time.Now().Before(deadline) {
-		insts, err := cfg.Host.Incus.ListInstances(context.Background(), map[string]string{drill.TagDrill: "1"})
+		insts, err := cfg.Host.Incus.Instances().List(context.Background(), map[string]string{drill.TagDrill: "1"})
 		require.NoError(t, err)
 		if len(insts) >= 2 {
 			require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
@@ -35,7 +35,7 @@ func TestSystemKilledRunIsCleanedUp(t *testing.T) {
 	}
 	cmd.Wait() //nolint:errcheck
 	require.True(t, killed, "the first run never minted its boxes")
-	left, err := cfg.Host.Incus.ListInstances(context.Background(), map[string]string{drill.TagDrill: "1"})
+	left, err := cfg.Host.Incus.Instances().List(context.Background(), map[string]string{drill.TagDrill: "1"})
 	require.NoError(t, err)
 	require.NotEmpty(t, left, "the killed run left boxes behind (nothing to clean up otherwise)")
 

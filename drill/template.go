@@ -56,16 +56,16 @@ func (r *run) waitProvisioned(ctx context.Context, c *incus.Client, name string)
 	defer cancel()
 	start := time.Now()
 	// Its exit code says little (2 for a warning); the markers decide.
-	if _, err := c.Exec(ctx, name, incus.ExecRequest{Command: []string{"cloud-init", "status", "--wait"}}); err != nil {
+	if _, err := c.Instances().Exec(ctx, name, incus.ExecRequest{Command: []string{"cloud-init", "status", "--wait"}}); err != nil {
 		return fmt.Errorf("%s: waiting for cloud-init: %w", name, err)
 	}
 	// An empty marker is no marker: a clone's inherited ones are emptied
 	// before its first boot.
-	if b, err := c.PullFile(ctx, name, templates.ReadyMarker); err == nil && len(b) > 0 {
+	if b, err := c.Instances().PullFile(ctx, name, templates.ReadyMarker); err == nil && len(b) > 0 {
 		r.cfg.logf("boxes: %s provisioned from template %s in %s", name, r.cfg.Template.Name, time.Since(start).Round(time.Second))
 		return nil
 	}
-	if b, err := c.PullFile(ctx, name, templates.FailedMarker); err == nil && len(b) > 0 {
+	if b, err := c.Instances().PullFile(ctx, name, templates.FailedMarker); err == nil && len(b) > 0 {
 		return fmt.Errorf("%s: template %s's provisioning failed: %s%s", name, r.cfg.Template.Name, strings.TrimSpace(string(b)), logTail(ctx, c, name))
 	}
 	return fmt.Errorf("%s: cloud-init finished, but template %s's user-data left no marker (%s or %s)%s", name, r.cfg.Template.Name, templates.ReadyMarker, templates.FailedMarker, logTail(ctx, c, name))
@@ -74,7 +74,7 @@ func (r *run) waitProvisioned(ctx context.Context, c *incus.Client, name string)
 // logTail is the end of a box's cloud-init output, for a provisioning
 // failure's error ("" when it cannot be read).
 func logTail(ctx context.Context, c *incus.Client, name string) string {
-	b, err := c.PullFile(ctx, name, "/var/log/cloud-init-output.log")
+	b, err := c.Instances().PullFile(ctx, name, "/var/log/cloud-init-output.log")
 	if err != nil {
 		return ""
 	}
@@ -84,7 +84,7 @@ func logTail(ctx context.Context, c *incus.Client, name string) string {
 
 // readBaseImage records the fingerprint box-a's image resolved to.
 func (r *run) readBaseImage(ctx context.Context) error {
-	inst, _, err := r.cfg.Host.Incus.Instance(ctx, r.names[PlaceA])
+	inst, _, err := r.cfg.Host.Incus.Instances().Get(ctx, r.names[PlaceA])
 	if err != nil {
 		return err
 	}

@@ -69,7 +69,7 @@ var boxFilter = fmt.Sprintf("config.%s eq 1 or config.%s eq 1", model.Current.Ta
 
 // Boxes lists every box, of either tag, in one request.
 func Boxes(ctx context.Context, c *incus.Client) ([]Box, error) {
-	insts, err := c.InstancesWhere(ctx, boxFilter)
+	insts, err := c.Instances().Where(ctx, boxFilter)
 	if err != nil {
 		return nil, fmt.Errorf("listing boxes: %w", err)
 	}
@@ -87,7 +87,7 @@ func Boxes(ctx context.Context, c *incus.Client) ([]Box, error) {
 // Resolve finds a box by name through the tag: every operation on a named
 // box goes through here first.
 func Resolve(ctx context.Context, c *incus.Client, name string) (*incus.Instance, string, error) {
-	inst, etag, err := c.Instance(ctx, name)
+	inst, etag, err := c.Instances().Get(ctx, name)
 	if incus.IsNotFound(err) {
 		return nil, "", &NoSuchBoxError{Name: name}
 	}
@@ -121,7 +121,7 @@ func (e *NoStackError) Error() string {
 // RequireStack returns the stack's bridge, or a NoStackError naming what
 // is missing; a daemon that does not answer is incus's own error.
 func RequireStack(ctx context.Context, c *incus.Client) (*incus.Network, error) {
-	net, _, err := c.Network(ctx, model.Current.Network)
+	net, _, err := c.Networks().Get(ctx, model.Current.Network)
 	if incus.IsNotFound(err) {
 		return nil, &NoStackError{Missing: "network " + model.Current.Network}
 	}
@@ -173,18 +173,18 @@ func (addrs *Addresses) MemberOf(ctx context.Context, inst *incus.Instance) (str
 }
 
 func RemoveInstance(ctx context.Context, c *incus.Client, name string) error {
-	inst, _, err := c.Instance(ctx, name)
+	inst, _, err := c.Instances().Get(ctx, name)
 	if err != nil {
 		return fmt.Errorf("removing %s: %w", name, err)
 	}
 	// The status from the instance, not its state: incusd answers 500
 	// "invalid PID" for the state of a box whose start just failed.
 	if inst.Status != "Stopped" {
-		if err := c.SetInstanceState(ctx, name, "stop", 0, true); err != nil {
+		if err := c.Instances().SetState(ctx, name, "stop", 0, true); err != nil {
 			return fmt.Errorf("stopping %s to remove it: %w", name, err)
 		}
 	}
-	if err := c.DeleteInstance(ctx, name); err != nil {
+	if err := c.Instances().Delete(ctx, name); err != nil {
 		return fmt.Errorf("removing %s: %w", name, err)
 	}
 	return nil
@@ -194,7 +194,7 @@ func RemoveInstance(ctx context.Context, c *incus.Client, name string) error {
 // read from Incus's view of its interfaces (whatever they are named).
 func (addrs *Addresses) Wait(ctx context.Context, name string, limit time.Duration) (netip.Addr, error) {
 	host := addrs.host
-	net, _, err := host.Incus.Network(ctx, model.Current.Network)
+	net, _, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("reading network %s: %w", model.Current.Network, err)
 	}
@@ -206,7 +206,7 @@ func (addrs *Addresses) Wait(ctx context.Context, name string, limit time.Durati
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("network %s has no usable ipv4.address", model.Current.Network)
 	}
-	ip, err := host.Incus.WaitAddress(ctx, name, p.Masked(), limit)
+	ip, err := host.Incus.Instances().WaitAddress(ctx, name, p.Masked(), limit)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("%w: is dnsmasq serving %s? (box doctor)", err, model.Current.Network)
 	}
@@ -227,7 +227,7 @@ func names(bs []Box) []string {
 
 // bridgeSubnetFromState reads the bridge's IPv4 subnet from its state.
 func bridgeSubnetFromState(ctx context.Context, c *incus.Client) (netip.Prefix, error) {
-	st, err := c.NetworkState(ctx, model.Current.Network)
+	st, err := c.Networks().State(ctx, model.Current.Network)
 	if err != nil {
 		return netip.Prefix{}, err
 	}

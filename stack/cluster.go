@@ -180,7 +180,7 @@ func freeAddress(slice, gw netip.Prefix, used map[netip.Addr]bool) (netip.Addr, 
 // host's (member "") is the bridge's whole subnet.
 func (addrs *Addresses) Slice(ctx context.Context, member string) (slice, gw netip.Prefix, err error) {
 	host := addrs.host
-	n, _, err := host.Incus.Network(ctx, model.Current.Network)
+	n, _, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return slice, gw, fmt.Errorf("reading network %s: %w", model.Current.Network, err)
 	}
@@ -350,15 +350,15 @@ func (ms Membership) addressUses(g *hostns.NS, ci ClusterInfo, rep *Report) ([]m
 // first (?target=), then committed with its config.
 func createNetwork(ctx context.Context, c *incus.Client, ci ClusterInfo, req incus.NetworksPost) error {
 	if !ci.Clustered() || len(ci.Members) < 2 {
-		return c.CreateNetwork(ctx, req)
+		return c.Networks().Create(ctx, req)
 	}
 	for _, m := range ci.Names() {
 		pending := incus.NetworksPost{Name: req.Name, Type: req.Type, Config: map[string]string{}}
-		if err := c.Target(m).CreateNetwork(ctx, pending); err != nil && !incus.IsConflict(err) {
+		if err := c.Target(m).Networks().Create(ctx, pending); err != nil && !incus.IsConflict(err) {
 			return fmt.Errorf("defining it on member %s: %w", m, err)
 		}
 	}
-	return c.CreateNetwork(ctx, req)
+	return c.Networks().Create(ctx, req)
 }
 
 // ensureMember converges this member's host layers only (setup-host
@@ -393,7 +393,7 @@ func (host *Host) ensureMember(ctx context.Context, g *hostns.NS, net *incus.Net
 // layers are in place (this member's were converged by the run).
 func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d model.Desired) []MemberLayers {
 	var out []MemberLayers
-	insts, lerr := host.Incus.AllInstances(ctx)
+	insts, lerr := host.Incus.Instances().All(ctx)
 	for _, m := range ci.Names() {
 		ml, _, err := host.memberState(ctx, m, d, insts)
 		switch {
@@ -548,7 +548,7 @@ func (addrs *Addresses) Create(ctx context.Context, post incus.InstancesPost, ta
 		return fmt.Errorf("minting %s: --target %s: this incusd is not a cluster member", post.Name, target)
 	}
 	if host.Tier.Granted {
-		return host.Incus.CreateInstanceWithProgress(ctx, post, progress)
+		return host.Incus.Instances().CreateWithProgress(ctx, post, progress)
 	}
 	if err := ci.CheckMember(target); err != nil {
 		return fmt.Errorf("minting %s: %w", post.Name, err)
@@ -559,12 +559,12 @@ func (addrs *Addresses) Create(ctx context.Context, post incus.InstancesPost, ta
 	if target != "" {
 		cl = cl.Target(target)
 	}
-	if err := cl.CreateInstanceWithProgress(ctx, post, progress); err != nil {
+	if err := cl.Instances().CreateWithProgress(ctx, post, progress); err != nil {
 		return err
 	}
 	member := target
 	if member == "" && ci.Clustered() {
-		inst, _, err := host.Incus.Instance(ctx, post.Name)
+		inst, _, err := host.Incus.Instances().Get(ctx, post.Name)
 		if err != nil {
 			return err
 		}
@@ -637,7 +637,7 @@ func (addrs *Addresses) FixAddress(ctx context.Context, name, member string) (ne
 func (addrs *Addresses) StartFixed(ctx context.Context, name, member string) error {
 	host := addrs.host
 	for try := 1; ; try++ {
-		err := host.Incus.SetInstanceState(ctx, name, "start", 0, false)
+		err := host.Incus.Instances().SetState(ctx, name, "start", 0, false)
 		if !isAddressConflict(err) || try == addressTries {
 			return err
 		}
@@ -653,7 +653,7 @@ func (addrs *Addresses) StartFixed(ctx context.Context, name, member string) err
 // no NIC on the bridge gets the profile's.
 func (addrs *Addresses) setFixedAddress(ctx context.Context, name string, addr netip.Addr) error {
 	host := addrs.host
-	inst, etag, err := host.Incus.Instance(ctx, name)
+	inst, etag, err := host.Incus.Instances().Get(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -675,7 +675,7 @@ func (addrs *Addresses) setFixedAddress(ctx context.Context, name string, addr n
 	nic["ipv4.address"] = addr.String()
 	put.Devices[dev] = nic
 	delete(put.Config, model.KeyMoving)
-	return host.Incus.UpdateInstance(ctx, name, put, etag)
+	return host.Incus.Instances().Update(ctx, name, put, etag)
 }
 
 // MemberReport is one member's host layers converged (EnsureMembers).
@@ -789,7 +789,7 @@ func (host *Host) CreateNetwork(ctx context.Context, req incus.NetworksPost) err
 // (ensureFixed).
 func (addrs *Addresses) ReaddressIfTaken(ctx context.Context, name string) error {
 	host := addrs.host
-	inst, _, err := host.Incus.Instance(ctx, name)
+	inst, _, err := host.Incus.Instances().Get(ctx, name)
 	if err != nil {
 		return err
 	}

@@ -75,7 +75,7 @@ func removeAtEnd(t *testing.T, h *stack.Host, names ...string) {
 // memberSlices reads the members' address slices from the bridge.
 func memberSlices(t *testing.T, ctx context.Context, h *stack.Host) map[string]netip.Prefix {
 	t.Helper()
-	n, _, err := h.Incus.Network(ctx, model.Current.Network)
+	n, _, err := h.Incus.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	out := map[string]netip.Prefix{}
 	for k, v := range n.Config {
@@ -89,7 +89,7 @@ func memberSlices(t *testing.T, ctx context.Context, h *stack.Host) map[string]n
 // fixedAddress is the fixed address of a box's NIC.
 func fixedAddress(t *testing.T, ctx context.Context, h *stack.Host, name string) (netip.Addr, *incus.Instance) {
 	t.Helper()
-	inst, _, err := h.Incus.Instance(ctx, name)
+	inst, _, err := h.Incus.Instances().Get(ctx, name)
 	require.NoError(t, err)
 	a, err := netip.ParseAddr(inst.ExpandedDevices["eth0"]["ipv4.address"])
 	require.NoError(t, err, "%s has a fixed address", name)
@@ -168,7 +168,7 @@ func TestSystemClusterMintOnEveryMember(t *testing.T) {
 
 	// A box on another member: exec, down and start from here.
 	remote := names[2]
-	res, err := h.Incus.Exec(ctx, remote, incus.ExecRequest{Command: []string{"hostname"}})
+	res, err := h.Incus.Instances().Exec(ctx, remote, incus.ExecRequest{Command: []string{"hostname"}})
 	require.NoError(t, err)
 	assert.Equal(t, remote, strings.TrimSpace(string(res.Stdout)), "the command ran in the box on %s", st.Members[2].Name)
 	a, inst := fixedAddress(t, ctx, h, remote)

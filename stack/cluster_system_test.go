@@ -234,12 +234,12 @@ func TestSystemClusterStackBoxes(t *testing.T) {
 	box := stacktest.Name(t, "cb-")
 	_, err = boxes.NewManager(hosts[0]).Mint(ctx, boxes.MintRequest{Name: box, Image: image.DefaultAlias, Target: m2})
 	require.NoError(t, err)
-	inst, _, err := hosts[0].Incus.Instance(ctx, box)
+	inst, _, err := hosts[0].Incus.Instances().Get(ctx, box)
 	require.NoError(t, err)
 	assert.Equal(t, m2, inst.Location)
 	addr, err := netip.ParseAddr(inst.ExpandedDevices["eth0"]["ipv4.address"])
 	require.NoError(t, err, "the box has a fixed address")
-	n, _, err := hosts[0].Incus.Network(ctx, model.Current.Network)
+	n, _, err := hosts[0].Incus.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	slice := netip.MustParsePrefix(n.Config["user.box.slice."+m2])
 	assert.True(t, slice.Contains(addr), "%s is in member 2's slice %s", addr, slice)
@@ -261,7 +261,7 @@ func TestSystemClusterStackBoxes(t *testing.T) {
 	}
 	t.Logf("teardown:\n%s", strings.Join(done, "\n"))
 	assert.Contains(t, done, "removed box "+box)
-	_, _, err = hosts[0].Incus.Instance(ctx, box)
+	_, _, err = hosts[0].Incus.Instances().Get(ctx, box)
 	assert.True(t, incus.IsNotFound(err), "the box is gone: %v", err)
 	assert.Empty(t, objects(t, ctx, hosts[0].Incus))
 	for _, m := range st.Members {

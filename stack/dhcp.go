@@ -180,7 +180,7 @@ func needsAddress(inst *incus.Instance) bool {
 // address would lose its lease at its next renewal.
 func (addrs *Addresses) fixAllAddresses(ctx context.Context, ci ClusterInfo) ([]model.Change, error) {
 	host := addrs.host
-	insts, err := host.Incus.AllInstances(ctx)
+	insts, err := host.Incus.Instances().All(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing the instances to give fixed addresses: %w", err)
 	}
@@ -507,7 +507,7 @@ func poolFindings(p DHCPPool) []model.Finding {
 // returns those it still has.
 func (addrs *Addresses) ReleaseLeases(ctx context.Context, leases []DHCPLease) ([]DHCPLease, error) {
 	host := addrs.host
-	n, _, err := host.Incus.Network(ctx, model.Current.Network)
+	n, _, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return leases, err
 	}

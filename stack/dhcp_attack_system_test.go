@@ -63,11 +63,11 @@ func openDHCPBox(t *testing.T, ctx context.Context, h *stack.Host, name string) 
 
 func boxAt(t *testing.T, ctx context.Context, h *stack.Host, name string, ip netip.Addr) *dhcpBox {
 	t.Helper()
-	inst, _, err := h.Incus.Instance(ctx, name)
+	inst, _, err := h.Incus.Instances().Get(ctx, name)
 	require.NoError(t, err)
 	mac, err := net.ParseMAC(inst.Config["volatile.eth0.hwaddr"])
 	require.NoError(t, err)
-	st, err := h.Incus.InstanceState(ctx, name)
+	st, err := h.Incus.Instances().State(ctx, name)
 	require.NoError(t, err)
 	ns, err := netns.GetFromPid(int(st.Pid))
 	require.NoError(t, err)
@@ -183,7 +183,7 @@ func leasedTo(t *testing.T, st *world.State, mac net.HardwareAddr) netip.Addr {
 // gatewayOf is the bridge's address and MAC.
 func gatewayOf(t *testing.T, ctx context.Context, h *stack.Host, st *world.State) (netip.Addr, net.HardwareAddr) {
 	t.Helper()
-	n, _, err := h.Incus.Network(ctx, model.Current.Network)
+	n, _, err := h.Incus.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	p := netip.MustParsePrefix(n.Config["ipv4.address"])
 	br, err := hostNetlink(t, st).LinkByName(model.Current.Network)

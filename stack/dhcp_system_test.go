@@ -34,29 +34,29 @@ func TestSystemDHCPConversion(t *testing.T) {
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	// The stack as it was: no DHCP lines.
-	n, etag, err := h.Incus.Network(ctx, model.Current.Network)
+	n, etag, err := h.Incus.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	old := n.Config["raw.dnsmasq"]
 	for _, l := range []string{"dhcp-ignore=tag:!known\n", "dhcp-ignore-clid\n"} {
 		old = strings.Replace(old, l, "", 1)
 	}
 	n.Config["raw.dnsmasq"] = old
-	require.NoError(t, h.Incus.UpdateNetwork(ctx, model.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
+	require.NoError(t, h.Incus.Networks().Update(ctx, model.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
 	// A box as box minted it then: the profile's NIC, a dynamic lease.
 	name := stacktest.Name(t, "t-dhcp-old-")
 	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), name) })
 	fp, err := image.Ensure(ctx, h.Incus, image.DefaultAlias, image.Options{})
 	require.NoError(t, err)
-	require.NoError(t, h.Incus.CreateInstance(ctx, incus.InstancesPost{Name: name, Type: model.TypeContainer,
+	require.NoError(t, h.Incus.Instances().Create(ctx, incus.InstancesPost{Name: name, Type: model.TypeContainer,
 		Config: map[string]string{model.Current.Tag: "1"}, Profiles: []string{model.Current.Profile},
 		Source: incus.InstanceSource{Type: "image", Fingerprint: fp.Fingerprint}, Start: true}))
 	// Waited for as Incus sees it: box's own wait refreshes the pins,
 	// which gives a box without a fixed address one (this test is of
 	// setup-host's).
-	ip, err := h.Incus.WaitAddress(ctx, name, netip.MustParsePrefix(n.Config["ipv4.address"]).Masked(), 30*time.Second)
+	ip, err := h.Incus.Instances().WaitAddress(ctx, name, netip.MustParsePrefix(n.Config["ipv4.address"]).Masked(), 30*time.Second)
 	require.NoError(t, err)
 	box := boxAt(t, ctx, h, name, ip)
-	inst, _, err := h.Incus.Instance(ctx, name)
+	inst, _, err := h.Incus.Instances().Get(ctx, name)
 	require.NoError(t, err)
 	require.Empty(t, inst.ExpandedDevices["eth0"]["ipv4.address"], "minted with no fixed address")
 	// The pins as they were: the lease's address.
@@ -82,10 +82,10 @@ func TestSystemDHCPConversion(t *testing.T) {
 		changes = append(changes, c.String())
 	}
 	assert.Contains(t, changes, "updated box "+name+": fixed address "+box.ip.String(), "the address it leased")
-	inst, _, err = h.Incus.Instance(ctx, name)
+	inst, _, err = h.Incus.Instances().Get(ctx, name)
 	require.NoError(t, err)
 	assert.Equal(t, box.ip.String(), inst.ExpandedDevices["eth0"]["ipv4.address"])
-	n, _, err = h.Incus.Network(ctx, model.Current.Network)
+	n, _, err = h.Incus.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	assert.Contains(t, n.Config["raw.dnsmasq"], "dhcp-ignore=tag:!known\ndhcp-ignore-clid\n")
 	assert.Contains(t, box.greet(t), "BOXWORLD canary", "its traffic goes on across the switch")
@@ -111,7 +111,7 @@ func TestSystemDHCPFixedAddresses(t *testing.T) {
 	require.NoError(t, err)
 	a := mintDHCPBox(t, ctx, h, "t-dhcp-a-")
 	fixed := func(name string) netip.Addr {
-		inst, _, err := h.Incus.Instance(ctx, name)
+		inst, _, err := h.Incus.Instances().Get(ctx, name)
 		require.NoError(t, err)
 		ad, _ := netip.ParseAddr(inst.ExpandedDevices["eth0"]["ipv4.address"])
 		return ad

@@ -179,7 +179,7 @@ func TestFixMissingAddresses(t *testing.T) {
 	f.Add("down", "", "Stopped", "")
 	f.Insts["up"].Config["volatile.eth0.host_name"] = "veth-up"
 	f.Insts["up"].Devices["eth0"] = map[string]string{"type": "nic", "name": "eth0", "network": "boxnet", "security.port_isolation": "false"}
-	insts, err := h.Incus.AllInstances(context.Background())
+	insts, err := h.Incus.Instances().All(context.Background())
 	require.NoError(t, err)
 	f.Starting = "up"
 	fixed, busy, err := h.Addresses().fixMissingAddresses(context.Background(), Fleet{insts: insts})
@@ -196,7 +196,7 @@ func TestFixMissingAddresses(t *testing.T) {
 	assert.Equal(t, "false", up.Devices["eth0"]["security.port_isolation"], "its own NIC's keys are kept")
 	assert.False(t, model.FixedAddressOf(f.Inst(t, "down")).IsValid(), "no port: Start or Ensure gives it one")
 	n := len(f.Srv.Find(http.MethodPut, "/1.0/instances/up"))
-	insts, err = h.Incus.AllInstances(context.Background())
+	insts, err = h.Incus.Instances().All(context.Background())
 	require.NoError(t, err)
 	fixed, _, err = h.Addresses().fixMissingAddresses(context.Background(), Fleet{insts: insts})
 	require.NoError(t, err)

@@ -116,7 +116,7 @@ func (st Storage) accounting(ctx context.Context) (a poolAcct, ok bool, why stri
 	if st.Remote {
 		return a, false, ""
 	}
-	pool, _, err := st.Incus.StoragePool(ctx, st.Pool)
+	pool, _, err := st.Incus.Storage().Pool(ctx, st.Pool)
 	if err != nil || pool.Driver != "btrfs" {
 		return a, false, ""
 	}

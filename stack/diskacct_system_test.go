@@ -42,7 +42,7 @@ func TestSystemDiskAccounting(t *testing.T) {
 	}
 	fill := func(box string) (int, string) {
 		t.Helper()
-		res, err := h.Incus.Exec(ctx, box, incus.ExecRequest{Command: []string{"sh", "-c",
+		res, err := h.Incus.Instances().Exec(ctx, box, incus.ExecRequest{Command: []string{"sh", "-c",
 			`dd if=/dev/urandom of=/fill bs=1M count=96 oflag=direct >/tmp/fill.out 2>&1; rm -f /fill; sync; cat /tmp/fill.out`}})
 		require.NoError(t, err)
 		out := string(res.Stdout) + string(res.Stderr)

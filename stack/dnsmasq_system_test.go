@@ -35,7 +35,7 @@ func TestSystemHandEditedDnsmasq(t *testing.T) {
 	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: box, Image: image.DefaultAlias})
 	require.NoError(t, err)
 
-	n, _, err := h.Incus.Network(ctx, model.Current.Network)
+	n, _, err := h.Incus.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	lines := strings.Split(strings.TrimSuffix(n.Config["raw.dnsmasq"], "\n"), "\n")
 	lines = append(lines, "log-async")
@@ -45,7 +45,7 @@ func TestSystemHandEditedDnsmasq(t *testing.T) {
 	cmd.Env = append(os.Environ(), "INCUS_DIR="+st.IncusDir)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	n, _, err = h.Incus.Network(ctx, model.Current.Network)
+	n, _, err = h.Incus.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	edited := n.Config["raw.dnsmasq"]
 	require.True(t, strings.HasSuffix(edited, "log-async"), "Incus stored it with no newline at the end: %q", edited)
@@ -54,7 +54,7 @@ func TestSystemHandEditedDnsmasq(t *testing.T) {
 	ch, err := boxes.NewManager(h).SetEgress(ctx, box, []string{"canary.example.net"})
 	require.NoError(t, err, "the change after the hand edit")
 	t.Logf("new policy %v in %s", ch.NewPolicy, time.Since(t0).Round(time.Millisecond))
-	n, _, err = h.Incus.Network(ctx, model.Current.Network)
+	n, _, err = h.Incus.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	assert.Equal(t, edited, n.Config["raw.dnsmasq"], "an allowlist writes nothing into dnsmasq's settings")
 	v, err := h.Verify(ctx)
@@ -63,7 +63,7 @@ func TestSystemHandEditedDnsmasq(t *testing.T) {
 
 	_, err = h.Ensure(ctx)
 	require.NoError(t, err, "a converge after the hand edit")
-	n, _, err = h.Incus.Network(ctx, model.Current.Network)
+	n, _, err = h.Incus.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	raw := n.Config["raw.dnsmasq"]
 	assert.True(t, strings.HasSuffix(raw, "\n"), "box ends its lines: %q", raw)

@@ -78,7 +78,7 @@ type egressPlan struct {
 
 // egressPlan reads the stored policies and the bridge's resolver settings.
 func planEgress(ctx context.Context, c *incus.Client, f Fleet) (egressPlan, error) {
-	n, _, err := c.Network(ctx, model.Current.Network)
+	n, _, err := c.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return egressPlan{}, err
 	}
@@ -216,7 +216,7 @@ func verifyEgressLayer(ctx context.Context, c *incus.Client, g *hostns.NS, f Fle
 // EnsurePolicy stores a policy on the bridge, after its sets and rule are
 // in the egress table.
 func (host *Host) EnsurePolicy(ctx context.Context, id string, names []string) (bool, error) {
-	n, etag, err := host.Incus.Network(ctx, model.Current.Network)
+	n, etag, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return false, err
 	}
@@ -249,7 +249,7 @@ func (host *Host) EnsurePolicy(ctx context.Context, id string, names []string) (
 	}
 	cfg := maps.Clone(n.Config)
 	cfg[model.KeyEgressPolicy+id] = strings.Join(names, ",")
-	if err := host.Incus.UpdateNetwork(ctx, model.Current.Network, incus.NetworkPut{Description: n.Description, Config: cfg}, etag); err != nil {
+	if err := host.Incus.Networks().Update(ctx, model.Current.Network, incus.NetworkPut{Description: n.Description, Config: cfg}, etag); err != nil {
 		return false, fmt.Errorf("storing the policy on %s: %w", model.Current.Network, err)
 	}
 	return true, nil
@@ -262,7 +262,7 @@ func usedPolicies(ctx context.Context, c *incus.Client, policies map[string][]st
 	if len(policies) == 0 {
 		return policies, nil
 	}
-	insts, err := c.AllInstances(ctx)
+	insts, err := c.Instances().All(ctx)
 	if err != nil {
 		return nil, err
 	}

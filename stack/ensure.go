@@ -80,7 +80,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 
 	// The subnet: an existing bridge is converged on as it is.
 	gen := model.Current
-	net, netETag, err := c.Network(ctx, gen.Network)
+	net, netETag, err := c.Networks().Get(ctx, gen.Network)
 	if err != nil && !incus.IsNotFound(err) {
 		return nil, fmt.Errorf("reading network %s: %w", gen.Network, err)
 	}
@@ -161,9 +161,9 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 	// The ACL first: the network refers to it.
 	action, diff, err := converge.Do(ctx, &undos, converge.Object[incus.NetworkACL]{
 		What:   "acl " + d.ACL.Name,
-		Read:   func(ctx context.Context) (*incus.NetworkACL, string, error) { return c.NetworkACL(ctx, d.ACL.Name) },
-		Create: func(ctx context.Context) error { return c.CreateNetworkACL(ctx, d.ACL) },
-		Remove: func(ctx context.Context) error { return c.DeleteNetworkACL(ctx, d.ACL.Name) },
+		Read:   func(ctx context.Context) (*incus.NetworkACL, string, error) { return c.Networks().ACL(ctx, d.ACL.Name) },
+		Create: func(ctx context.Context) error { return c.Networks().CreateACL(ctx, d.ACL) },
+		Remove: func(ctx context.Context) error { return c.Networks().DeleteACL(ctx, d.ACL.Name) },
 		Differs: func(cur *incus.NetworkACL) []string {
 			if model.ACLRulesEqual(cur.Egress, d.ACL.Egress) && model.ACLRulesEqual(cur.Ingress, d.ACL.Ingress) {
 				return nil
@@ -171,10 +171,10 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 			return []string{"rules differed"}
 		},
 		Update: func(ctx context.Context, _ *incus.NetworkACL, etag string) error {
-			return c.UpdateNetworkACL(ctx, d.ACL.Name, d.ACL, etag)
+			return c.Networks().UpdateACL(ctx, d.ACL.Name, d.ACL, etag)
 		},
 		Restore: func(ctx context.Context, old incus.NetworkACL) error {
-			return c.UpdateNetworkACL(ctx, old.Name, old, "")
+			return c.Networks().UpdateACL(ctx, old.Name, old, "")
 		},
 	})
 	if err != nil {
@@ -194,7 +194,7 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 			}
 			return nil
 		},
-		Remove: func(ctx context.Context) error { return c.DeleteNetwork(ctx, d.Network.Name) },
+		Remove: func(ctx context.Context) error { return c.Networks().Delete(ctx, d.Network.Name) },
 		Differs: func(cur *incus.Network) []string {
 			return append(configDiff(cur.Config, d.Network.Config), unusedPolicyKeys(cur.Config, d.Network.Config)...)
 		},
@@ -206,10 +206,10 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 					delete(cfg, k)
 				}
 			}
-			return c.UpdateNetwork(ctx, d.Network.Name, incus.NetworkPut{Description: d.Network.Description, Config: cfg}, etag)
+			return c.Networks().Update(ctx, d.Network.Name, incus.NetworkPut{Description: d.Network.Description, Config: cfg}, etag)
 		},
 		Restore: func(ctx context.Context, old incus.Network) error {
-			return c.UpdateNetwork(ctx, d.Network.Name, incus.NetworkPut{Description: old.Description, Config: old.Config}, "")
+			return c.Networks().Update(ctx, d.Network.Name, incus.NetworkPut{Description: old.Description, Config: old.Config}, "")
 		},
 	})
 	if err != nil {
@@ -604,7 +604,7 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	defer unlock()
-	n, _, err := host.Incus.Network(ctx, model.Current.Network)
+	n, _, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return nil, fmt.Errorf("firewall only: network %s: %w (run box setup-host without --firewall-only)", model.Current.Network, err)
 	}

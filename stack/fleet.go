@@ -374,7 +374,7 @@ func (host *Host) BoxesOnStack(ctx context.Context) (boxes []Box, censusErr, err
 		boxes, err := Boxes(ctx, host.Incus)
 		return boxes, errors.New("a granted user sees only their own project"), err
 	}
-	insts, err := host.Incus.AllInstances(ctx)
+	insts, err := host.Incus.Instances().All(ctx)
 	if err != nil {
 		// A client that may not list every project still lists its own.
 		boxes, berr := Boxes(ctx, host.Incus)

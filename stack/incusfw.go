@@ -127,7 +127,7 @@ func sameMeaning(v string) string {
 // leases are on disk). It returns what it changed.
 func ReapplyIncusFirewall(ctx context.Context, c *incus.Client) (string, error) {
 	name := model.Current.Network
-	net, etag, err := c.Network(ctx, name)
+	net, etag, err := c.Networks().Get(ctx, name)
 	if err != nil {
 		return "", fmt.Errorf("re-applying Incus's firewall: %w", err)
 	}
@@ -142,7 +142,7 @@ func ReapplyIncusFirewall(ctx context.Context, c *incus.Client) (string, error) 
 		cfg[firewallKey] = next
 	}
 	put := incus.NetworkPut{Description: net.Description, Config: cfg}
-	if err := c.UpdateNetwork(ctx, name, put, etag); err != nil {
+	if err := c.Networks().Update(ctx, name, put, etag); err != nil {
 		return "", fmt.Errorf("re-applying Incus's firewall (network %s %s %q -> %q): %w", name, firewallKey, old, cfg[firewallKey], err)
 	}
 	return fmt.Sprintf("%s %s %s -> %s: Incus set the bridge up again and rewrote table inet %s", name, firewallKey, spelled(old), spelled(cfg[firewallKey]), nft.IncusTable), nil

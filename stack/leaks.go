@@ -90,7 +90,7 @@ func (host *Host) RemoveLeftPorts(inst *incus.Instance) {
 // leakCandidates maps each unclaimed port of the bridge whose other end is
 // down in the host's namespace to that end's name.
 func leakCandidates(ctx context.Context, c *incus.Client, g *hostns.NS) (map[string]string, error) {
-	insts, err := c.AllInstances(ctx)
+	insts, err := c.Instances().All(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -37,14 +37,14 @@ func TestSystemLimitsHold(t *testing.T) {
 		Processes: "64", CPUAllowance: "20ms/100ms", Memory: "128MiB", Disk: "128MiB"})
 	require.NoError(t, err)
 	assert.Empty(t, b.Notes, "every limit applied")
-	inst, _, err := h.Incus.Instance(ctx, box)
+	inst, _, err := h.Incus.Instances().Get(ctx, box)
 	require.NoError(t, err)
 	assert.Equal(t, "64", inst.Config["limits.processes"])
 	assert.Equal(t, "20ms/100ms", inst.Config["limits.cpu.allowance"])
 
 	sh := func(script string) incus.ExecResult {
 		t.Helper()
-		res, err := h.Incus.Exec(ctx, box, incus.ExecRequest{Command: []string{"sh", "-c", script}})
+		res, err := h.Incus.Instances().Exec(ctx, box, incus.ExecRequest{Command: []string{"sh", "-c", script}})
 		require.NoError(t, err)
 		return *res
 	}
@@ -60,7 +60,7 @@ func TestSystemLimitsHold(t *testing.T) {
 	assert.Less(t, started, 64, "the process limit stopped it")
 	assert.Contains(t, string(res.Stderr), "can't fork")
 	require.Eventually(t, func() bool {
-		r, err := h.Incus.Exec(ctx, box, incus.ExecRequest{Command: []string{"sh", "-c", `ps | grep -v grep | grep -q "sleep 5" && exit 1; exit 0`}})
+		r, err := h.Incus.Instances().Exec(ctx, box, incus.ExecRequest{Command: []string{"sh", "-c", `ps | grep -v grep | grep -q "sleep 5" && exit 1; exit 0`}})
 		return err == nil && r.ExitCode == 0
 	}, 30*time.Second, time.Second, "the box takes processes again once its sleepers end")
 
@@ -99,8 +99,8 @@ func TestSystemLimitsHold(t *testing.T) {
 
 	// A dir pool on this machine's ext4 skips the size, and box says so.
 	const dirPool = "t-lim-dir"
-	require.NoError(t, h.Incus.CreateStoragePool(ctx, incus.StoragePool{Name: dirPool, Driver: "dir"}))
-	t.Cleanup(func() { _ = h.Incus.DeleteStoragePool(context.Background(), dirPool) })
+	require.NoError(t, h.Incus.Storage().CreatePool(ctx, incus.StoragePool{Name: dirPool, Driver: "dir"}))
+	t.Cleanup(func() { _ = h.Incus.Storage().DeletePool(context.Background(), dirPool) })
 	onDir := *h
 	onDir.Options.Pool = dirPool
 	dirBox := stacktest.Name(t, "t-lim-")

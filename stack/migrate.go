@@ -72,7 +72,7 @@ func (host *Host) Migrate(ctx context.Context, req MigrateRequest) ([]model.Chan
 		return nil, fmt.Errorf("ensuring the current stack before migrating: %w", err)
 	}
 	if req.AllBoxes {
-		insts, err := host.Incus.InstancesWhere(ctx, boxFilter)
+		insts, err := host.Incus.Instances().Where(ctx, boxFilter)
 		if err != nil {
 			return nil, fmt.Errorf("listing boxes: %w", err)
 		}
@@ -99,7 +99,7 @@ func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 	}
 	wasRunning := inst.Status != "Stopped"
 	if wasRunning {
-		if err := c.SetInstanceState(ctx, name, "stop", time.Minute, false); err != nil {
+		if err := c.Instances().SetState(ctx, name, "stop", time.Minute, false); err != nil {
 			return fmt.Errorf("migrating %s: stopping it: %w", name, err)
 		}
 		// A failed move must not leave a working box stopped.
@@ -107,14 +107,14 @@ func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 			if err == nil {
 				return
 			}
-			if st, serr := c.InstanceState(context.WithoutCancel(ctx), name); serr == nil && st.Status == "Stopped" {
-				if serr := c.SetInstanceState(context.WithoutCancel(ctx), name, "start", 0, false); serr != nil {
+			if st, serr := c.Instances().State(context.WithoutCancel(ctx), name); serr == nil && st.Status == "Stopped" {
+				if serr := c.Instances().SetState(context.WithoutCancel(ctx), name, "start", 0, false); serr != nil {
 					err = errors.Join(err, fmt.Errorf("starting %s again: %w", name, serr))
 				}
 			}
 		}()
 	}
-	inst, etag, err := c.Instance(ctx, name)
+	inst, etag, err := c.Instances().Get(ctx, name)
 	if err != nil {
 		return fmt.Errorf("migrating %s: %w", name, err)
 	}
@@ -132,13 +132,13 @@ func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 	if put.Config[model.StampOrigin] == "" {
 		put.Config[model.StampOrigin] = "migrated from " + model.Legacy.Network
 	}
-	if err := c.UpdateInstance(ctx, name, put, etag); err != nil {
+	if err := c.Instances().Update(ctx, name, put, etag); err != nil {
 		return fmt.Errorf("migrating %s: moving it to %s: %w", name, model.Current.Profile, err)
 	}
 	if !wasRunning {
 		return nil
 	}
-	if err := c.SetInstanceState(ctx, name, "start", 0, false); err != nil {
+	if err := c.Instances().SetState(ctx, name, "start", 0, false); err != nil {
 		return fmt.Errorf("migrating %s: starting it again: %w", name, err)
 	}
 	if _, err := host.RefreshPorts(ctx); err != nil {
@@ -153,7 +153,7 @@ func (host *Host) migrateOne(ctx context.Context, name string) (err error) {
 // retireLegacy removes the legacy profile, bridge and ACL once nothing uses
 // them.
 func retireLegacy(ctx context.Context, c *incus.Client, g *hostns.NS) ([]model.Change, error) {
-	insts, err := c.ListInstances(ctx, nil)
+	insts, err := c.Instances().List(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("listing instances: %w", err)
 	}

@@ -118,7 +118,7 @@ func repairPending(ctx context.Context, c *incus.Client, g *hostns.NS, net *incu
 		}
 		changed("profile "+profiles[i], "removed", "it named the Pending network "+net.Name+"; made again below")
 	}
-	if err := c.DeleteNetwork(ctx, net.Name); err != nil && !incus.IsNotFound(err) {
+	if err := c.Networks().Delete(ctx, net.Name); err != nil && !incus.IsNotFound(err) {
 		return fmt.Errorf("repairing Pending network %s: %w", net.Name, err)
 	}
 	changed("network "+net.Name, "removed", "Pending in Incus's database with no instance on it; made again below")

@@ -48,7 +48,7 @@ func cutCreate(t *testing.T, ctx context.Context, st *world.State, h *stack.Host
 		cancel()
 		// Incus goes on with the request for a moment after the cut.
 		time.Sleep(300 * time.Millisecond)
-		n, _, err := h.Incus.Network(ctx, model.Current.Network)
+		n, _, err := h.Incus.Networks().Get(ctx, model.Current.Network)
 		switch {
 		case incus.IsNotFound(err):
 			continue
@@ -58,7 +58,7 @@ func cutCreate(t *testing.T, ctx context.Context, st *world.State, h *stack.Host
 			t.Logf("a create cut off after %s left %s Pending", cut, n.Name)
 			return
 		default:
-			require.NoError(t, h.Incus.DeleteNetwork(ctx, n.Name), "the whole create, undone for the next try")
+			require.NoError(t, h.Incus.Networks().Delete(ctx, n.Name), "the whole create, undone for the next try")
 		}
 	}
 	t.Fatal("no cut-off create left the network Pending")
@@ -104,7 +104,7 @@ func TestSystemPendingBridgeRepaired(t *testing.T) {
 	ctx, h, st := worldHost(t)
 	subnet := netip.MustParsePrefix("10.88.0.0/24")
 	cutCreate(t, ctx, st, h, subnet)
-	n, _, err := h.Incus.Network(ctx, model.Current.Network)
+	n, _, err := h.Incus.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	require.Equal(t, "Pending", n.Status, "the state made is the one Incus reports")
 	v, err := h.Verify(ctx)
@@ -125,7 +125,7 @@ func TestSystemPendingBridgeRepaired(t *testing.T) {
 	assert.Contains(t, joined, "removed network boxnet")
 	assert.Contains(t, joined, "created network boxnet")
 	assert.Equal(t, subnet, rep.Subnet.Subnet, "made again on its subnet")
-	n, _, err = h.Incus.Network(ctx, model.Current.Network)
+	n, _, err = h.Incus.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	assert.Equal(t, "Created", n.Status)
 	v, err = h.Verify(ctx)
@@ -148,7 +148,7 @@ func TestSystemPendingBridgeRepaired(t *testing.T) {
 	_, err = h.Ensure(ctx)
 	require.Error(t, err, "Ensure does not remove a bridge a box is on")
 	assert.Contains(t, err.Error(), "incus admin sql global")
-	_, _, err = h.Incus.Instance(ctx, name)
+	_, _, err = h.Incus.Instances().Get(ctx, name)
 	require.NoError(t, err, "the box is still there")
 
 	// The named fix, as the operator would run it (the bridge is live:

@@ -55,7 +55,7 @@ func TestSystemNATInsideABoxWithPinning(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, present, "the pin table is in the path")
 
-	state, err := h.Incus.InstanceState(ctx, box)
+	state, err := h.Incus.Instances().State(ctx, box)
 	require.NoError(t, err)
 	boxNS, err := netns.GetFromPid(int(state.Pid))
 	require.NoError(t, err)

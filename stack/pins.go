@@ -58,7 +58,7 @@ func (host *Host) readClusterFleet(ctx context.Context) (Fleet, error) {
 	if _, err := host.Cluster(ctx); err != nil {
 		return Fleet{}, err
 	}
-	insts, err := host.Incus.AllInstances(ctx)
+	insts, err := host.Incus.Instances().All(ctx)
 	if err != nil {
 		return Fleet{}, err
 	}
@@ -96,7 +96,7 @@ func bridgeLeases(ctx context.Context, c *incus.Client, insts []incus.Instance) 
 	var out []incus.NetworkLease
 	seen := map[string]bool{}
 	for _, p := range projects {
-		ls, err := c.Project(p).NetworkLeases(ctx, model.Current.Network)
+		ls, err := c.Project(p).Networks().Leases(ctx, model.Current.Network)
 		if err != nil {
 			return nil, fmt.Errorf("project %s: %w", p, err)
 		}

@@ -202,7 +202,7 @@ func TestSystemMintPullsFromAnImageServer(t *testing.T) {
 		defer mu.Unlock()
 		progress = append(progress, fmt.Sprintf(format, args...))
 	}
-	t.Cleanup(func() { _ = h.Incus.DeleteImage(context.Background(), p.fp) })
+	t.Cleanup(func() { _ = h.Incus.Images().Delete(context.Background(), p.fp) })
 	names := []string{stacktest.Name(t, "t-pull-"), stacktest.Name(t, "t-pull-"), stacktest.Name(t, "t-pull-"), stacktest.Name(t, "t-pull-")}
 	t.Cleanup(func() {
 		for _, n := range names {
@@ -230,7 +230,7 @@ func TestSystemMintPullsFromAnImageServer(t *testing.T) {
 		return false
 	}, "the download's progress was shown: %q", progress)
 	mu.Unlock()
-	cached, err := h.Incus.Image(ctx, p.fp)
+	cached, err := h.Incus.Images().Get(ctx, p.fp)
 	require.NoError(t, err, "incusd keeps the image")
 	assert.Equal(t, p.fp, cached.Fingerprint)
 
@@ -258,6 +258,6 @@ func TestSystemMintPullsFromAnImageServer(t *testing.T) {
 	assert.Equal(t, dead, pe.Server)
 	assert.Contains(t, err.Error(), "connection refused")
 	assert.Contains(t, err.Error(), "--image NAME")
-	_, _, err = h.Incus.Instance(ctx, names[3])
+	_, _, err = h.Incus.Instances().Get(ctx, names[3])
 	assert.True(t, incus.IsNotFound(err), "no instance left: %v", err)
 }

@@ -74,13 +74,13 @@ func objects(t *testing.T, ctx context.Context, c *incus.Client) []string {
 	t.Helper()
 	var out []string
 	for _, gen := range []model.Generation{model.Current, model.Legacy} {
-		if _, _, err := c.Network(ctx, gen.Network); err == nil {
+		if _, _, err := c.Networks().Get(ctx, gen.Network); err == nil {
 			out = append(out, "network "+gen.Network)
 		}
 		if _, _, err := c.Profile(ctx, gen.Profile); err == nil {
 			out = append(out, "profile "+gen.Profile)
 		}
-		if _, _, err := c.NetworkACL(ctx, gen.ACL); err == nil {
+		if _, _, err := c.Networks().ACL(ctx, gen.ACL); err == nil {
 			out = append(out, "acl "+gen.ACL)
 		}
 	}
@@ -148,10 +148,10 @@ func TestSystemDriftIsFoundAndHealed(t *testing.T) {
 	p.Devices["eth0"]["security.port_isolation"] = "false"
 	require.NoError(t, h.Incus.UpdateProfile(ctx, "box-net", *p, etag))
 
-	n, etag, err := h.Incus.Network(ctx, "boxnet")
+	n, etag, err := h.Incus.Networks().Get(ctx, "boxnet")
 	require.NoError(t, err)
 	n.Config["dns.mode"] = "managed"
-	require.NoError(t, h.Incus.UpdateNetwork(ctx, "boxnet", incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
+	require.NoError(t, h.Incus.Networks().Update(ctx, "boxnet", incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
 
 	nl := hostNetlink(t, st)
 	br, err := nl.LinkByName("boxnet")
@@ -230,16 +230,16 @@ func TestSystemBoundary(t *testing.T) {
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	name := stacktest.Name(t, "t-stranger-")
-	require.NoError(t, h.Incus.CreateInstance(ctx, incus.InstancesPost{
+	require.NoError(t, h.Incus.Instances().Create(ctx, incus.InstancesPost{
 		Name: name, Type: "container", Start: true, Profiles: []string{"box-net"},
 		Config: map[string]string{"user.other": "1"},
 		Source: incus.InstanceSource{Type: "image", Alias: image.DefaultAlias},
 	}))
 	t.Cleanup(func() {
-		h.Incus.SetInstanceState(context.Background(), name, "stop", 0, true) //nolint:errcheck
-		h.Incus.DeleteInstance(context.Background(), name)                    //nolint:errcheck
+		h.Incus.Instances().SetState(context.Background(), name, "stop", 0, true) //nolint:errcheck
+		h.Incus.Instances().Delete(context.Background(), name)                    //nolint:errcheck
 	})
-	before, _, err := h.Incus.Instance(ctx, name)
+	before, _, err := h.Incus.Instances().Get(ctx, name)
 	require.NoError(t, err)
 
 	ops := []struct {
@@ -263,11 +263,11 @@ func TestSystemBoundary(t *testing.T) {
 			assert.Contains(t, err.Error(), "no user.box=1 tag", op.name)
 		}
 	}
-	after, _, err := h.Incus.Instance(ctx, name)
+	after, _, err := h.Incus.Instances().Get(ctx, name)
 	require.NoError(t, err)
 	assert.Equal(t, "Running", after.Status, "still running")
 	assert.Equal(t, before.Config, after.Config, "config untouched")
-	snaps, err := h.Incus.Snapshots(ctx, name)
+	snaps, err := h.Incus.Instances().Snapshots(ctx, name)
 	require.NoError(t, err)
 	assert.Empty(t, snaps)
 	boxes, err := stack.Boxes(ctx, h.Incus)
@@ -296,15 +296,15 @@ func TestSystemCloneGetsItsOwnIdentity(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEqual(t, srcIP, dstIP, "two boxes, one IP breaks everything")
 
-	a, _, err := h.Incus.Instance(ctx, src)
+	a, _, err := h.Incus.Instances().Get(ctx, src)
 	require.NoError(t, err)
-	b, _, err := h.Incus.Instance(ctx, dst)
+	b, _, err := h.Incus.Instances().Get(ctx, dst)
 	require.NoError(t, err)
 	assert.NotEqual(t, a.Config["volatile.eth0.hwaddr"], b.Config["volatile.eth0.hwaddr"])
 	assert.NotEmpty(t, b.Config["volatile.eth0.hwaddr"])
-	ma, err := h.Incus.PullFile(ctx, src, "/etc/machine-id")
+	ma, err := h.Incus.Instances().PullFile(ctx, src, "/etc/machine-id")
 	require.NoError(t, err)
-	mb, err := h.Incus.PullFile(ctx, dst, "/etc/machine-id")
+	mb, err := h.Incus.Instances().PullFile(ctx, dst, "/etc/machine-id")
 	require.NoError(t, err)
 	assert.NotEqual(t, strings.TrimSpace(string(ma)), strings.TrimSpace(string(mb)))
 	assert.Len(t, strings.TrimSpace(string(mb)), 32)
@@ -320,7 +320,7 @@ func TestSystemMigrateLegacyBox(t *testing.T) {
 	ctx, h, st := worldHost(t)
 	c := h.Incus
 	// A legacy stack and a legacy box on it.
-	require.NoError(t, c.CreateNetwork(ctx, incus.NetworksPost{Name: "claudenet", Type: "bridge", Config: map[string]string{
+	require.NoError(t, c.Networks().Create(ctx, incus.NetworksPost{Name: "claudenet", Type: "bridge", Config: map[string]string{
 		"ipv4.address": "10.87.0.1/24", "ipv4.nat": "true", "ipv6.address": "none",
 	}}))
 	require.NoError(t, c.CreateProfile(ctx, incus.Profile{Name: "claude-dev", Devices: map[string]map[string]string{
@@ -332,12 +332,12 @@ func TestSystemMigrateLegacyBox(t *testing.T) {
 	conn.AddTable(&nftables.Table{Family: nftables.TableFamilyBridge, Name: "claudebox"})
 	require.NoError(t, conn.Flush())
 	name := stacktest.Name(t, "t-legacy-")
-	require.NoError(t, c.CreateInstance(ctx, incus.InstancesPost{
+	require.NoError(t, c.Instances().Create(ctx, incus.InstancesPost{
 		Name: name, Type: "container", Start: true, Profiles: []string{"claude-dev"},
 		Config: map[string]string{"user.claudebox": "1"},
 		Source: incus.InstanceSource{Type: "image", Alias: image.DefaultAlias},
 	}))
-	require.NoError(t, c.PushFile(ctx, name, "/root/keep", strings.NewReader("written before the move\n"), 0o600, 0, 0))
+	require.NoError(t, c.Instances().PushFile(ctx, name, "/root/keep", strings.NewReader("written before the move\n"), 0o600, 0, 0))
 
 	boxes, err := stack.Boxes(ctx, h.Incus)
 	require.NoError(t, err)
@@ -348,12 +348,12 @@ func TestSystemMigrateLegacyBox(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, changes, 1)
 
-	inst, _, err := c.Instance(ctx, name)
+	inst, _, err := c.Instances().Get(ctx, name)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"box-net"}, inst.Profiles)
 	assert.Equal(t, "1", inst.Config["user.box"])
 	assert.Equal(t, "1", inst.Config["user.claudebox"], "the legacy tag is honoured, not removed")
-	got, err := c.PullFile(ctx, name, "/root/keep")
+	got, err := c.Instances().PullFile(ctx, name, "/root/keep")
 	require.NoError(t, err)
 	assert.Equal(t, "written before the move\n", string(got))
 	ip, err := h.Addresses().Wait(ctx, name, 30*time.Second)
@@ -405,7 +405,7 @@ func TestSystemFirewallOnly(t *testing.T) {
 			require.NoError(t, nl.LinkSetIsolated(l, false))
 		}
 	}
-	netBefore, _, err := h.Incus.Network(ctx, "boxnet")
+	netBefore, _, err := h.Incus.Networks().Get(ctx, "boxnet")
 	require.NoError(t, err)
 
 	rep, err := h.EnsureFirewall(ctx)
@@ -414,7 +414,7 @@ func TestSystemFirewallOnly(t *testing.T) {
 	v, err := h.Verify(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, v.Findings, "clean after the firewall-only run")
-	netAfter, _, err := h.Incus.Network(ctx, "boxnet")
+	netAfter, _, err := h.Incus.Networks().Get(ctx, "boxnet")
 	require.NoError(t, err)
 	assert.Equal(t, netBefore.Config, netAfter.Config, "no Incus object touched")
 

@@ -115,8 +115,8 @@ func removeObjects(ctx context.Context, c *incus.Client, gen model.Generation) (
 		del        func(context.Context, string) error
 	}{
 		{"profile", gen.Profile, c.DeleteProfile},
-		{"network", gen.Network, c.DeleteNetwork},
-		{"acl", gen.ACL, c.DeleteNetworkACL},
+		{"network", gen.Network, c.Networks().Delete},
+		{"acl", gen.ACL, c.Networks().DeleteACL},
 	} {
 		err := s.del(ctx, s.name)
 		switch {
@@ -138,7 +138,7 @@ const ProbeImagePrefix = "box probe image"
 // initialises nothing in Incus (no storage pool, no default profile), so
 // that is all; the Incus package itself is the operator's to remove.
 func PurgeIncus(ctx context.Context, c *incus.Client) ([]model.Change, error) {
-	imgs, err := c.ListImages(ctx)
+	imgs, err := c.Images().List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing images: %w", err)
 	}
@@ -147,7 +147,7 @@ func PurgeIncus(ctx context.Context, c *incus.Client) ([]model.Change, error) {
 		if !strings.HasPrefix(img.Properties["description"], ProbeImagePrefix) {
 			continue
 		}
-		if err := c.DeleteImage(ctx, img.Fingerprint); err != nil && !incus.IsNotFound(err) {
+		if err := c.Images().Delete(ctx, img.Fingerprint); err != nil && !incus.IsNotFound(err) {
 			return changes, fmt.Errorf("removing the probe image %.12s: %w", img.Fingerprint, err)
 		}
 		changes = append(changes, model.Change{Object: "image " + img.Fingerprint[:12], Action: "removed", Detail: img.Properties["description"]})

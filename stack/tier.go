@@ -155,11 +155,11 @@ const (
 // Tiers lists every user project on the host, and every purged uid,
 // judged against the tier. group is the group incus-user serves.
 func (host *Host) Tiers(ctx context.Context, group string) ([]Tier, error) {
-	projects, err := host.Incus.ListProjects(ctx)
+	projects, err := host.Incus.Projects().List(ctx)
 	if err != nil {
 		return nil, err
 	}
-	nets, err := host.Incus.ListNetworks(ctx)
+	nets, err := host.Incus.Networks().List(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +186,7 @@ func (host *Host) Tiers(ctx context.Context, group string) ([]Tier, error) {
 			t.User = u.Name
 		}
 		t.InGroup = t.User != "" && slices.Contains(members, t.User)
-		insts, err := host.Incus.Project(p.Name).ListInstances(ctx, nil)
+		insts, err := host.Incus.Project(p.Name).Instances().List(ctx, nil)
 		if err != nil {
 			return nil, err
 		}

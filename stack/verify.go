@@ -64,7 +64,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	}
 	gen := model.Current
 
-	net, _, err := c.Network(ctx, gen.Network)
+	net, _, err := c.Networks().Get(ctx, gen.Network)
 	if incus.IsNotFound(err) {
 		v.Findings = append(v.Findings, model.Finding{Layer: model.LayerNAT, Object: "network " + gen.Network, Problem: "missing: the isolation stack is not set up", Fix: "box setup-host"})
 		return v, verifyLegacy(ctx, host.Incus, g, v)
@@ -114,7 +114,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 			find(layerOf[k], "network "+gen.Network, fmt.Sprintf("%s is %q, want %q", k, got, want))
 		}
 	}
-	acl, _, err := c.NetworkACL(ctx, gen.ACL)
+	acl, _, err := c.Networks().ACL(ctx, gen.ACL)
 	switch {
 	case incus.IsNotFound(err):
 		find(model.LayerACL, "acl "+gen.ACL, "missing")
@@ -142,7 +142,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 
 	// One listing of every instance serves the census, the pins and the
 	// cluster's addressing.
-	insts, err := c.AllInstances(ctx)
+	insts, err := c.Instances().All(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -329,12 +329,12 @@ func legacyObjects(ctx context.Context, c *incus.Client, g *hostns.NS) ([]string
 	} else if !incus.IsNotFound(err) {
 		return nil, err
 	}
-	if _, _, err := c.Network(ctx, model.Legacy.Network); err == nil {
+	if _, _, err := c.Networks().Get(ctx, model.Legacy.Network); err == nil {
 		out = append(out, "network "+model.Legacy.Network)
 	} else if !incus.IsNotFound(err) {
 		return nil, err
 	}
-	if _, _, err := c.NetworkACL(ctx, model.Legacy.ACL); err == nil {
+	if _, _, err := c.Networks().ACL(ctx, model.Legacy.ACL); err == nil {
 		out = append(out, "acl "+model.Legacy.ACL)
 	} else if !incus.IsNotFound(err) {
 		return nil, err

@@ -265,7 +265,7 @@ func (c *call) cloneBox(o *newOpts) error {
 		}
 	}
 	r := &newResult{Box: cr.Box, Clone: &cloneInfo{Source: o.from, Inherited: inherited, SourceStopped: cr.SourceStopped, Provisioning: cr.Provisioning}}
-	if inst, _, err := h.Incus.Instance(c.ctx, o.name); err == nil {
+	if inst, _, err := h.Incus.Instances().Get(c.ctx, o.name); err == nil {
 		r.Nesting = model.Nesting(inst.ExpandedConfig)
 	}
 	if err := c.settle(h, r, start); err != nil {
@@ -357,7 +357,7 @@ func (c *call) notProvisioned(r *newResult, asJSON bool, err error) error {
 	}
 	h, herr := c.host()
 	if herr == nil {
-		if out, lerr := h.Incus.Exec(c.ctx, pf.name, incus.ExecRequest{Command: []string{"tail", "-n", strconv.Itoa(logTail), cloudInitLog}}); lerr == nil && out.ExitCode == 0 && len(out.Stdout) > 0 {
+		if out, lerr := h.Incus.Instances().Exec(c.ctx, pf.name, incus.ExecRequest{Command: []string{"tail", "-n", strconv.Itoa(logTail), cloudInitLog}}); lerr == nil && out.ExitCode == 0 && len(out.Stdout) > 0 {
 			fmt.Fprintf(c.err, "box: the last lines of %s in %s:\n", cloudInitLog, pf.name)
 			for line := range strings.SplitSeq(strings.TrimRight(string(out.Stdout), "\n"), "\n") {
 				fmt.Fprintf(c.err, "  | %s\n", line)
@@ -374,7 +374,7 @@ const cloudInitLog = "/var/log/cloud-init-output.log"
 // without cloud-init stores the user-data and runs nothing: say so rather
 // than wait for a marker that never comes.
 func (c *call) waitProvisioned(cl *incus.Client, name string) (string, error) {
-	if _, err := cl.PullFile(c.ctx, name, "/usr/bin/cloud-init"); incus.IsNotFound(err) {
+	if _, err := cl.Instances().PullFile(c.ctx, name, "/usr/bin/cloud-init"); incus.IsNotFound(err) {
 		fmt.Fprintf(c.err, "box: %s's image has no cloud-init: the template's user-data is stored but not run\n", name)
 		return "not run", nil
 	}
@@ -383,10 +383,10 @@ func (c *call) waitProvisioned(cl *incus.Client, name string) (string, error) {
 	for {
 		// An empty marker is no marker: a clone's inherited ones are
 		// emptied before it boots (stack's cloneprov.go).
-		if b, err := cl.PullFile(ctx, name, templates.ReadyMarker); err == nil && len(b) > 0 {
+		if b, err := cl.Instances().PullFile(ctx, name, templates.ReadyMarker); err == nil && len(b) > 0 {
 			return "ready", nil
 		}
-		if b, err := cl.PullFile(ctx, name, templates.FailedMarker); err == nil && len(b) > 0 {
+		if b, err := cl.Instances().PullFile(ctx, name, templates.FailedMarker); err == nil && len(b) > 0 {
 			return "", &provisionFailed{name: name, reason: strings.TrimSpace(string(b))}
 		}
 		select {
@@ -539,7 +539,7 @@ func setupInfo(fs *flag.FlagSet) action {
 		if r.Doors, err = boxes.NewDoors(h).ListDoors(c.ctx, c.name()); err != nil {
 			return err
 		}
-		if st, err := h.Incus.InstanceState(c.ctx, c.name()); err == nil {
+		if st, err := h.Incus.Instances().State(c.ctx, c.name()); err == nil {
 			for nic, n := range st.Network {
 				if nic == "lo" {
 					continue
@@ -620,7 +620,7 @@ func setupExec(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		res, err := h.Incus.Exec(c.ctx, c.name(), incus.ExecRequest{
+		res, err := h.Incus.Instances().Exec(c.ctx, c.name(), incus.ExecRequest{
 			Command: argv, User: u.uid, Group: u.gid, Cwd: u.home,
 			Env: map[string]string{"HOME": u.home, "USER": u.name, "LOGNAME": u.name},
 		})
@@ -653,7 +653,7 @@ func (c *call) boxUser(cl *incus.Client) (boxUser, error) {
 	if name == "" || name == "root" {
 		return boxUser{name: "root", home: "/root"}, nil
 	}
-	passwd, err := cl.PullFile(c.ctx, c.name(), "/etc/passwd")
+	passwd, err := cl.Instances().PullFile(c.ctx, c.name(), "/etc/passwd")
 	if err != nil {
 		return boxUser{}, fmt.Errorf("looking up user %s in %s: %w", name, c.name(), err)
 	}

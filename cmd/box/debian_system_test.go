@@ -73,8 +73,8 @@ func served(t *testing.T, st *world.State, alias string) string {
 // next mint of its alias downloads it.
 func forgetImage(t *testing.T, c *incus.Client, fp string) {
 	t.Helper()
-	if _, err := c.Image(context.Background(), fp); err == nil {
-		require.NoError(t, c.DeleteImage(context.Background(), fp))
+	if _, err := c.Images().Get(context.Background(), fp); err == nil {
+		require.NoError(t, c.Images().Delete(context.Background(), fp))
 	} else if !incus.IsNotFound(err) {
 		require.NoError(t, err)
 	}
@@ -100,7 +100,7 @@ func logEnd(t *testing.T, st *world.State) int64 {
 // box exec is) and returns its stdout; it must succeed.
 func asRoot(t *testing.T, c *incus.Client, name, script string) string {
 	t.Helper()
-	out, err := c.Exec(context.Background(), name, incus.ExecRequest{Command: []string{"sh", "-c", script}})
+	out, err := c.Instances().Exec(context.Background(), name, incus.ExecRequest{Command: []string{"sh", "-c", script}})
 	require.NoError(t, err, script)
 	require.Equal(t, 0, out.ExitCode, "%s: stdout %q stderr %q", script, out.Stdout, out.Stderr)
 	return strings.TrimSpace(string(out.Stdout))
@@ -235,7 +235,7 @@ func checkTemplateBox(t *testing.T, r runner, c *incus.Client, st *world.State, 
 	// cloud-init ran the template's user-data as box rendered it.
 	want, err := tp.UserData(templates.RenderOptions{BoxName: name, BoxVersion: version})
 	require.NoError(t, err)
-	inst, _, err := c.Instance(context.Background(), name)
+	inst, _, err := c.Instances().Get(context.Background(), name)
 	require.NoError(t, err)
 	assert.Equal(t, want, inst.Config["cloud-init.user-data"])
 	assert.Equal(t, strings.TrimSpace(want), asRoot(t, c, name, "cat /var/lib/cloud/seed/nocloud-net/user-data"), "the seed Incus rendered is the user-data, unmodified")
@@ -280,7 +280,7 @@ func checkDocker(t *testing.T, r runner, c *incus.Client, st *world.State, name 
 	t.Helper()
 	assert.Contains(t, res.out, "(template blank, ")
 	assert.Contains(t, res.out, ", nesting; made in ")
-	inst, _, err := c.Instance(context.Background(), name)
+	inst, _, err := c.Instances().Get(context.Background(), name)
 	require.NoError(t, err)
 	sec := map[string]string{}
 	for k, v := range inst.ExpandedConfig {
@@ -343,7 +343,7 @@ func checkClone(t *testing.T, r runner, c *incus.Client, st *world.State, src st
 	log := serviceLog(t, st, from)
 	assert.NotRegexp(t, `(debrepo|npmreg): GET`, log, "the clone asked neither the mirror nor the registry for anything")
 
-	inst, _, err := c.Instance(context.Background(), name)
+	inst, _, err := c.Instances().Get(context.Background(), name)
 	require.NoError(t, err)
 	want, ok := templates.ForClone(mustConfig(t, c, src, "cloud-init.user-data"), name)
 	require.True(t, ok)
@@ -360,7 +360,7 @@ func checkClone(t *testing.T, r runner, c *incus.Client, st *world.State, src st
 
 func mustConfig(t *testing.T, c *incus.Client, name, key string) string {
 	t.Helper()
-	inst, _, err := c.Instance(context.Background(), name)
+	inst, _, err := c.Instances().Get(context.Background(), name)
 	require.NoError(t, err)
 	return inst.Config[key]
 }
@@ -368,7 +368,7 @@ func mustConfig(t *testing.T, c *incus.Client, name, key string) string {
 // mustMachineID reads a stopped box's machine-id from its disk.
 func mustMachineID(t *testing.T, c *incus.Client, name string) string {
 	t.Helper()
-	b, err := c.PullFile(context.Background(), name, "/etc/machine-id")
+	b, err := c.Instances().PullFile(context.Background(), name, "/etc/machine-id")
 	require.NoError(t, err)
 	return strings.TrimSpace(string(b))
 }
@@ -391,7 +391,7 @@ func TestSystemImageServerDown(t *testing.T) {
 	cleanup(t, c, a)
 	res := r.run(t, "new", "--name", a, "--image", image)
 	require.Equal(t, exitOK, res.code, res.err)
-	_, err := c.Image(ctx, fp)
+	_, err := c.Images().Get(ctx, fp)
 	require.NoError(t, err, "the image is here")
 
 	startServer, err := st.StopStandIn(world.ImageServerAddr)
@@ -409,7 +409,7 @@ func TestSystemImageServerDown(t *testing.T) {
 	forgetImage(t, c, fp)
 	sum := sha256.Sum256([]byte(world.ImageServerURL()))
 	require.NoError(t, os.RemoveAll(filepath.Join(st.IncusDir, "cache", hex.EncodeToString(sum[:]))))
-	before, err := c.ListImages(ctx)
+	before, err := c.Images().List(ctx)
 	require.NoError(t, err)
 	n := uniq(t)
 	cleanup(t, c, n)
@@ -418,9 +418,9 @@ func TestSystemImageServerDown(t *testing.T) {
 	assert.Contains(t, res.err, "box: minting "+n+": incusd could not get "+image+" from the image server "+world.ImageServerURL()+", and has no copy of it: ")
 	assert.Contains(t, res.err, "connection refused", "incusd's reason")
 	assert.Contains(t, res.err, "import an image file (incus image import FILE --alias NAME) and mint with --image NAME")
-	_, _, err = c.Instance(ctx, n)
+	_, _, err = c.Instances().Get(ctx, n)
 	assert.True(t, incus.IsNotFound(err), "no box left: %v", err)
-	after, err := c.ListImages(ctx)
+	after, err := c.Images().List(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, len(before), len(after), "no image left")
 }

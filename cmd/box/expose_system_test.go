@@ -177,7 +177,7 @@ func TestSystemExpose(t *testing.T) {
 	})
 	require.Equal(t, exitOK, r.run(t, "new", "--name", name).code)
 	hostNS := st.Names.HostNS
-	net0, _, err := c.Network(ctx, model.Current.Network)
+	net0, _, err := c.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	gw := netip.MustParsePrefix(net0.Config["ipv4.address"]).Addr()
 
@@ -272,13 +272,13 @@ func TestSystemExpose(t *testing.T) {
 	// A hand-made proxy toward the host (listening in the box, connecting
 	// to the host's loopback): a hole, and the census names it; so is one
 	// named and tagged like a door.
-	inst, etag, err := c.Instance(ctx, name)
+	inst, etag, err := c.Instances().Get(ctx, name)
 	require.NoError(t, err)
 	put := inst.Writable()
 	put.Devices["up"] = map[string]string{"type": "proxy", "bind": "instance", "listen": "tcp:127.0.0.1:2222", "connect": fmt.Sprintf("tcp:127.0.0.1:%d", world.HostSSHPort)}
 	put.Devices["box-door-9"] = map[string]string{"type": "proxy", "bind": "instance", "listen": "tcp:127.0.0.1:2223", "connect": "tcp:127.0.0.1:9", model.DoorTag: "1"}
 	put.Devices["box-door-7"] = map[string]string{"type": "proxy", "listen": "tcp:127.0.0.1:2224", "connect": "tcp:127.0.0.1:7"}
-	require.NoError(t, c.UpdateInstance(ctx, name, put, etag))
+	require.NoError(t, c.Instances().Update(ctx, name, put, etag))
 	// Incus starts a proxy device about a second after it is added
 	// (docs/measurements.md, "Doors"): try for a while before calling it closed.
 	for i := 0; i < 20; i++ {
@@ -304,14 +304,14 @@ func TestSystemExpose(t *testing.T) {
 	assert.Contains(t, res.err, "box did not make it")
 	res = r.run(t, "expose", name, "--remove", "9")
 	assert.Equal(t, exitOK, res.code, "a device with box's name and tag is box's to remove, whatever it was changed into")
-	inst, etag, err = c.Instance(ctx, name)
+	inst, etag, err = c.Instances().Get(ctx, name)
 	require.NoError(t, err)
 	assert.Contains(t, inst.Devices, "box-door-7")
 	assert.NotContains(t, inst.Devices, "box-door-9")
 	put = inst.Writable()
 	delete(put.Devices, "up")
 	delete(put.Devices, "box-door-7")
-	require.NoError(t, c.UpdateInstance(ctx, name, put, etag))
+	require.NoError(t, c.Instances().Update(ctx, name, put, etag))
 
 	// --remove closes a door.
 	res = r.run(t, "expose", name, "--remove", "8080")

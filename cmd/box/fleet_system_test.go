@@ -143,15 +143,15 @@ func TestSystemFleet(t *testing.T) {
 	// A second NIC on another bridge.
 	other := "tcli" + name[len(name)-6:]
 	ctx := context.Background()
-	require.NoError(t, c.CreateNetwork(ctx, incus.NetworksPost{Name: other, Type: "bridge",
+	require.NoError(t, c.Networks().Create(ctx, incus.NetworksPost{Name: other, Type: "bridge",
 		Config: map[string]string{"ipv4.address": "none", "ipv6.address": "none"}}))
 	t.Cleanup(func() {
 		// The box first: Incus refuses to delete a network in use.
-		c.SetInstanceState(context.Background(), name, "stop", 0, true) //nolint:errcheck
+		c.Instances().SetState(context.Background(), name, "stop", 0, true) //nolint:errcheck
 		if err := deleteEventually(c, name); err != nil {
 			t.Errorf("cleaning up %s: %v", name, err)
 		}
-		if err := c.DeleteNetwork(context.Background(), other); err != nil && !incus.IsNotFound(err) {
+		if err := c.Networks().Delete(context.Background(), other); err != nil && !incus.IsNotFound(err) {
 			t.Errorf("deleting network %s: %v", other, err)
 		}
 	})

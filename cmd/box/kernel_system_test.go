@@ -97,6 +97,6 @@ func TestSystemKernelKeys(t *testing.T) {
 	assert.Equal(t, exitFailed, res.code)
 	assert.Contains(t, res.err, "refusing to import "+file)
 	assert.Contains(t, res.err, "sets raw.idmap=\"both 0 0\", mapping host id 0 into the box")
-	_, _, err := c.Instance(context.Background(), imported)
+	_, _, err := c.Instances().Get(context.Background(), imported)
 	assert.True(t, incus.IsNotFound(err), "nothing was created: %v", err)
 }

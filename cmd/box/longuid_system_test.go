@@ -65,14 +65,14 @@ func TestSystemTierLongUID(t *testing.T) {
 	// long it took.
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	began := time.Now()
-	_, _, err := e.host.AsUser(u.User, e.incusGID).GetProject(sctx, project)
+	_, _, err := e.host.AsUser(u.User, e.incusGID).Projects().Get(sctx, project)
 	cancel()
 	t.Logf("%s touches incus-user: GET project %s after %s: %v", u.Name, project, time.Since(began).Round(time.Millisecond), err)
-	_, _, err = e.c.GetProject(ctx, project)
+	_, _, err = e.c.Projects().Get(ctx, project)
 	require.NoError(t, err, "incus-user set up its stock project %s", project)
-	_, _, err = e.c.Network(ctx, bridge)
+	_, _, err = e.c.Networks().Get(ctx, bridge)
 	require.NoError(t, err, "incus-user named %s's private bridge %s", u.Name, bridge)
-	_, _, err = e.c.Network(ctx, fmt.Sprintf("incusbr-%d", u.UID))
+	_, _, err = e.c.Networks().Get(ctx, fmt.Sprintf("incusbr-%d", u.UID))
 	assert.True(t, incus.IsNotFound(err), "no bridge incusbr-%d (16 characters): %v", u.UID, err)
 
 	_, d := doctorOf(t, e.r)
@@ -89,7 +89,7 @@ func TestSystemTierLongUID(t *testing.T) {
 	t.Logf("box grant %s: %s", u.Name, strings.Join(g.Did, "; "))
 	assert.Equal(t, bridge, g.Bridge)
 	assert.Contains(t, g.Did, "deleted the private bridge "+bridge)
-	_, _, err = e.c.Network(ctx, bridge)
+	_, _, err = e.c.Networks().Get(ctx, bridge)
 	assert.True(t, incus.IsNotFound(err), "after the grant: no network %s: %v", bridge, err)
 
 	res := e.r.run(t, "revoke", "--purge", u.Name, "--json")

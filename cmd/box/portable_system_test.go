@@ -42,7 +42,7 @@ func TestSystemExportImport(t *testing.T) {
 	srcID := make([]byte, 16)
 	_, err := rand.Read(srcID)
 	require.NoError(t, err)
-	require.NoError(t, c.PushFile(ctx, src, "/etc/machine-id", strings.NewReader(hex.EncodeToString(srcID)+"\n"), 0o444, 0, 0))
+	require.NoError(t, c.Instances().PushFile(ctx, src, "/etc/machine-id", strings.NewReader(hex.EncodeToString(srcID)+"\n"), 0o444, 0, 0))
 	// A snapshot to carry along (this host cannot snapshot a running box).
 	require.Equal(t, exitOK, r.run(t, "down", src).code)
 	require.Equal(t, exitOK, r.run(t, "snapshot", src, "s1").code)
@@ -104,16 +104,16 @@ func TestSystemExportImport(t *testing.T) {
 	assert.Equal(t, "import of "+src+" from "+file, dstInfo.Stamps[model.StampOrigin])
 	assert.NotEqual(t, srcInfo.Stamps[model.StampMinted], dstInfo.Stamps[model.StampMinted], "minted here, now")
 
-	si, _, err := c.Instance(ctx, src)
+	si, _, err := c.Instances().Get(ctx, src)
 	require.NoError(t, err)
-	di, _, err := c.Instance(ctx, dst)
+	di, _, err := c.Instances().Get(ctx, dst)
 	require.NoError(t, err)
 	assert.NotEmpty(t, di.Config["volatile.eth0.hwaddr"])
 	assert.NotEqual(t, si.Config["volatile.eth0.hwaddr"], di.Config["volatile.eth0.hwaddr"], "a MAC of its own")
 	assert.NotEqual(t, si.Config["volatile.uuid"], di.Config["volatile.uuid"], "an instance UUID of its own")
-	srcMID, err := c.PullFile(ctx, src, "/etc/machine-id")
+	srcMID, err := c.Instances().PullFile(ctx, src, "/etc/machine-id")
 	require.NoError(t, err)
-	dstMID, err := c.PullFile(ctx, dst, "/etc/machine-id")
+	dstMID, err := c.Instances().PullFile(ctx, dst, "/etc/machine-id")
 	require.NoError(t, err)
 	assert.Equal(t, hex.EncodeToString(srcID)+"\n", string(srcMID))
 	assert.Len(t, strings.TrimSpace(string(dstMID)), 32)
@@ -195,7 +195,7 @@ func TestSystemImportRefusesATamperedExport(t *testing.T) {
 			for _, w := range tc.want {
 				assert.Contains(t, res.err, w)
 			}
-			_, _, err := c.Instance(ctx, dst)
+			_, _, err := c.Instances().Get(ctx, dst)
 			assert.True(t, incus.IsNotFound(err), "nothing was created: %v", err)
 			if tc.incusMakesEth1 == nil {
 				return
@@ -205,12 +205,12 @@ func TestSystemImportRefusesATamperedExport(t *testing.T) {
 			tf, err := os.Open(tampered)
 			require.NoError(t, err)
 			defer tf.Close()
-			require.NoError(t, c.ImportBackup(ctx, raw, tf, ""))
-			made, _, err := c.Instance(ctx, raw)
+			require.NoError(t, c.Instances().ImportBackup(ctx, raw, tf, ""))
+			made, _, err := c.Instances().Get(ctx, raw)
 			require.NoError(t, err)
 			_, eth1 := made.ExpandedDevices["eth1"]
 			assert.Equal(t, *tc.incusMakesEth1, eth1, "incus makes it with eth1: %v", eth1)
-			require.NoError(t, c.DeleteInstance(ctx, raw))
+			require.NoError(t, c.Instances().Delete(ctx, raw))
 		})
 	}
 }

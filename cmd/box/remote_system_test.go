@@ -106,7 +106,7 @@ func TestSystemRemote(t *testing.T) {
 	cleanup(t, c, name)
 	res = remote.run(t, "new", "--name", name)
 	require.Equal(t, exitOK, res.code, res.err)
-	inst, _, err := c.Instance(ctx, name)
+	inst, _, err := c.Instances().Get(ctx, name)
 	require.NoError(t, err, "minted on the world's incusd")
 	assert.Equal(t, "1", inst.Config[model.Current.Tag])
 	assert.Equal(t, []string{model.Current.Profile}, inst.Profiles)
@@ -188,7 +188,7 @@ func TestSystemRemote(t *testing.T) {
 
 	// The boundary: an instance without the tag is refused there too.
 	other := uniq(t)
-	require.NoError(t, c.CreateInstance(ctx, incus.InstancesPost{
+	require.NoError(t, c.Instances().Create(ctx, incus.InstancesPost{
 		Name: other, Type: "container", Profiles: []string{model.Current.Profile},
 		Source: incus.InstanceSource{Type: "image", Alias: image.DefaultAlias},
 	}))
@@ -199,7 +199,7 @@ func TestSystemRemote(t *testing.T) {
 		assert.Contains(t, res.err, other+" is not a box", "%v", args)
 		assert.Nil(t, res.handedOver, "%v", args)
 	}
-	_, _, err = c.Instance(ctx, other)
+	_, _, err = c.Instances().Get(ctx, other)
 	assert.NoError(t, err, "still there")
 
 	// Host verbs stay on the host.
@@ -211,6 +211,6 @@ func TestSystemRemote(t *testing.T) {
 	res = remote.run(t, "rm", name, "--force")
 	require.Equal(t, exitOK, res.code, res.err)
 	t.Logf("box --remote far rm: %s", time.Since(start).Round(time.Millisecond))
-	_, _, err = c.Instance(ctx, name)
+	_, _, err = c.Instances().Get(ctx, name)
 	assert.True(t, incus.IsNotFound(err), "removed on the world's incusd")
 }

@@ -47,7 +47,7 @@ func TestSystemConcurrentSetupHost(t *testing.T) {
 			t.Logf("round %d, setup-host #%d -> %d\nstdout: %s\nstderr: %s", round, i+1, o.code, o.out, o.err)
 			assert.Equal(t, exitOK, o.code, "round %d: setup-host #%d failed beside another: %s", round, i+1, o.err)
 		}
-		n, _, err := c.Network(ctx, model.Current.Network)
+		n, _, err := c.Networks().Get(ctx, model.Current.Network)
 		require.NoError(t, err, "round %d", round)
 		assert.Equal(t, "Created", n.Status, "round %d: network %s", round, n.Name)
 

@@ -79,12 +79,12 @@ func memoryLimitsWork(t *testing.T, c *incus.Client) bool {
 	t.Helper()
 	ctx := context.Background()
 	name := uniq(t)
-	err := c.CreateInstance(ctx, incus.InstancesPost{
+	err := c.Instances().Create(ctx, incus.InstancesPost{
 		Name: name, Type: "container", Start: true,
 		Config: map[string]string{"limits.memory": "256MiB"},
 		Source: incus.InstanceSource{Type: "image", Alias: image.DefaultAlias},
 	})
-	c.SetInstanceState(ctx, name, "stop", 0, true) //nolint:errcheck
+	c.Instances().SetState(ctx, name, "stop", 0, true) //nolint:errcheck
 	require.NoError(t, deleteEventually(c, name))
 	return err == nil
 }
@@ -94,7 +94,7 @@ func memoryLimitsWork(t *testing.T, c *incus.Client) bool {
 func deleteEventually(c *incus.Client, name string) error {
 	var err error
 	for range 20 {
-		if err = c.DeleteInstance(context.Background(), name); err == nil || incus.IsNotFound(err) {
+		if err = c.Instances().Delete(context.Background(), name); err == nil || incus.IsNotFound(err) {
 			return nil
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -114,7 +114,7 @@ func uniq(t *testing.T) string {
 func cleanup(t *testing.T, c *incus.Client, names ...string) {
 	t.Cleanup(func() {
 		for _, n := range names {
-			c.SetInstanceState(context.Background(), n, "stop", 0, true) //nolint:errcheck
+			c.Instances().SetState(context.Background(), n, "stop", 0, true) //nolint:errcheck
 			if err := deleteEventually(c, n); err != nil {
 				t.Errorf("cleaning up %s: %v", n, err)
 			}
@@ -176,7 +176,7 @@ func TestSystemBoxLifecycle(t *testing.T) {
 	assert.Len(t, info.Stamps[model.StampFingerprint], 64)
 	assert.NotEmpty(t, info.Stamps[model.StampMinted])
 	require.Len(t, info.Addresses, 1)
-	inst, _, err := c.Instance(context.Background(), a)
+	inst, _, err := c.Instances().Get(context.Background(), a)
 	require.NoError(t, err)
 	assert.Equal(t, "2", inst.Config["limits.cpu"], "the template's CPUs")
 
@@ -248,23 +248,23 @@ func TestSystemBoxLifecycle(t *testing.T) {
 	assert.Equal(t, exitFailed, res.code)
 	assert.Contains(t, res.err, "boxes still exist")
 	assert.Contains(t, res.err, b)
-	_, _, err = c.Network(context.Background(), model.Current.Network)
+	_, _, err = c.Networks().Get(context.Background(), model.Current.Network)
 	assert.NoError(t, err, "the stack is still there")
 
 	// rm without a terminal and --force removes nothing.
 	res = r.run(t, "rm", b)
 	assert.Equal(t, exitUsage, res.code)
 	assert.Contains(t, res.err, "no terminal to ask; pass --force")
-	_, _, err = c.Instance(context.Background(), b)
+	_, _, err = c.Instances().Get(context.Background(), b)
 	require.NoError(t, err, "still there")
 
 	// rm --force removes the box and its snapshots.
 	res = r.run(t, "rm", b, "--force")
 	require.Equal(t, exitOK, res.code, res.err)
 	assert.Contains(t, res.out, "with 1 snapshots")
-	_, _, err = c.Instance(context.Background(), b)
+	_, _, err = c.Instances().Get(context.Background(), b)
 	assert.True(t, incus.IsNotFound(err), "box gone: %v", err)
-	_, err = c.Snapshots(context.Background(), b)
+	_, err = c.Instances().Snapshots(context.Background(), b)
 	assert.True(t, incus.IsNotFound(err), "snapshots gone: %v", err)
 
 	// stack.Remove refreshes the bridge drop's port set: doctor is clean.
@@ -281,7 +281,7 @@ func TestSystemResourceFlagsBeatTheEnvironment(t *testing.T) {
 	cleanup(t, c, n1)
 	res := r.with("BOX_CPU", "1").run(t, "new", "--name", n1)
 	require.Equal(t, exitOK, res.code, res.err)
-	inst, _, err := c.Instance(ctx, n1)
+	inst, _, err := c.Instances().Get(ctx, n1)
 	require.NoError(t, err)
 	assert.Equal(t, "1", inst.Config["limits.cpu"])
 
@@ -293,7 +293,7 @@ func TestSystemResourceFlagsBeatTheEnvironment(t *testing.T) {
 	res = env.run(t, "new", "--name", n2, "--cpu", "1", "--memory", "256MiB")
 	if memOK {
 		require.Equal(t, exitOK, res.code, res.err)
-		inst, _, err = c.Instance(ctx, n2)
+		inst, _, err = c.Instances().Get(ctx, n2)
 		require.NoError(t, err, "the box was created")
 		assert.Equal(t, "1", inst.Config["limits.cpu"], "--cpu beats BOX_CPU")
 		assert.Equal(t, "256MiB", inst.Config["limits.memory"], "--memory beats BOX_MEMORY")
@@ -302,7 +302,7 @@ func TestSystemResourceFlagsBeatTheEnvironment(t *testing.T) {
 	// Here the limit cannot be applied: box tried the one asked for, then
 	// minted without it and says so.
 	require.Equal(t, exitOK, res.code, res.err)
-	inst, _, err = c.Instance(ctx, n2)
+	inst, _, err = c.Instances().Get(ctx, n2)
 	require.NoError(t, err, "the box was created")
 	assert.Equal(t, "1", inst.Config["limits.cpu"], "--cpu beats BOX_CPU")
 	assert.NotContains(t, inst.Config, "limits.memory")
@@ -314,13 +314,13 @@ func TestSystemResourceFlagsBeatTheEnvironment(t *testing.T) {
 func forgetMemoryLimits(t *testing.T, c *incus.Client) {
 	t.Helper()
 	forget := func() {
-		n, etag, err := c.Network(context.Background(), model.Current.Network)
+		n, etag, err := c.Networks().Get(context.Background(), model.Current.Network)
 		require.NoError(t, err)
 		if _, ok := n.Config[boxes.KeyMemoryLimits]; !ok {
 			return
 		}
 		delete(n.Config, boxes.KeyMemoryLimits)
-		require.NoError(t, c.UpdateNetwork(context.Background(), model.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
+		require.NoError(t, c.Networks().Update(context.Background(), model.Current.Network, incus.NetworkPut{Description: n.Description, Config: n.Config}, etag))
 	}
 	forget()
 	t.Cleanup(forget)
@@ -330,13 +330,13 @@ func TestSystemBoundary(t *testing.T) {
 	r, c := worldBox(t)
 	ctx := context.Background()
 	name := uniq(t)
-	require.NoError(t, c.CreateInstance(ctx, incus.InstancesPost{
+	require.NoError(t, c.Instances().Create(ctx, incus.InstancesPost{
 		Name: name, Type: "container", Start: true, Profiles: []string{model.Current.Profile},
 		Config: map[string]string{"user.other": "1"},
 		Source: incus.InstanceSource{Type: "image", Alias: image.DefaultAlias},
 	}))
 	cleanup(t, c, name)
-	before, _, err := c.Instance(ctx, name)
+	before, _, err := c.Instances().Get(ctx, name)
 	require.NoError(t, err)
 
 	for _, args := range [][]string{
@@ -351,14 +351,14 @@ func TestSystemBoundary(t *testing.T) {
 		assert.Contains(t, res.err, "no user.box=1 tag", "%v: the reason", args)
 		assert.Nil(t, res.handedOver, "%v: nothing was handed to incus", args)
 	}
-	after, _, err := c.Instance(ctx, name)
+	after, _, err := c.Instances().Get(ctx, name)
 	require.NoError(t, err)
 	assert.Equal(t, "Running", after.Status, "still running")
 	assert.Equal(t, before.Config, after.Config, "untouched")
-	snaps, err := c.Snapshots(ctx, name)
+	snaps, err := c.Instances().Snapshots(ctx, name)
 	require.NoError(t, err)
 	assert.Empty(t, snaps)
-	_, _, err = c.Instance(ctx, name+"-c")
+	_, _, err = c.Instances().Get(ctx, name+"-c")
 	assert.True(t, incus.IsNotFound(err), "no clone of it")
 	res := r.run(t, "list")
 	assert.NotContains(t, res.out, name)
@@ -527,20 +527,20 @@ func TestSystemMemoryLimitFallback(t *testing.T) {
 	require.Equal(t, exitOK, res.code, res.err)
 	if memOK {
 		assert.NotContains(t, res.err, "no memory limit", "this host applies limits: nothing falls back")
-		inst, _, err := c.Instance(ctx, first)
+		inst, _, err := c.Instances().Get(ctx, first)
 		require.NoError(t, err)
 		assert.Equal(t, "4GiB", inst.Config["limits.memory"], "the template's limit, applied")
-		n, _, err := c.Network(ctx, model.Current.Network)
+		n, _, err := c.Networks().Get(ctx, model.Current.Network)
 		require.NoError(t, err)
 		assert.NotEqual(t, "unsupported", n.Config[boxes.KeyMemoryLimits], "nothing to remember")
 		return
 	}
 	assert.Contains(t, res.err, "no memory limit: this host cannot apply one (the start with limits.memory=4GiB failed")
 	assert.Contains(t, res.out, "unlimited memory", "the summary says what was made")
-	inst, _, err := c.Instance(ctx, first)
+	inst, _, err := c.Instances().Get(ctx, first)
 	require.NoError(t, err)
 	assert.NotContains(t, inst.Config, "limits.memory")
-	n, _, err := c.Network(ctx, model.Current.Network)
+	n, _, err := c.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	assert.Equal(t, "unsupported", n.Config[boxes.KeyMemoryLimits], "remembered on the stack")
 
@@ -586,7 +586,7 @@ func TestSystemTeardownPurgeIncus(t *testing.T) {
 	require.Equal(t, exitOK, res.code, res.err)
 	assert.Contains(t, res.out, "network boxnet")
 	assert.Contains(t, res.out, "removed image ")
-	imgs, err := c.ListImages(ctx)
+	imgs, err := c.Images().List(ctx)
 	require.NoError(t, err)
 	for _, img := range imgs {
 		assert.NotContains(t, img.Properties["description"], stack.ProbeImagePrefix, "the probe image is gone")

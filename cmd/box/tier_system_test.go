@@ -249,10 +249,10 @@ func (e *tierEnv) tierLeft(t *testing.T, u accounts.User) []string {
 	ctx := context.Background()
 	project, bridge := stack.TierProject(u.UID), stack.TierBridge(u.UID)
 	var left []string
-	if _, _, err := e.c.GetProject(ctx, project); err == nil {
+	if _, _, err := e.c.Projects().Get(ctx, project); err == nil {
 		left = append(left, "project "+project)
 	}
-	if _, _, err := e.c.Network(ctx, bridge); err == nil {
+	if _, _, err := e.c.Networks().Get(ctx, bridge); err == nil {
 		left = append(left, "network "+bridge)
 	}
 	certs, err := e.c.Certificates(ctx)
@@ -425,7 +425,7 @@ func TestSystemTier(t *testing.T) {
 	u1 := e.newUser(t)
 	u2 := e.newUser(t)
 	project1 := stack.TierProject(u1.UID)
-	boxnet, _, err := e.c.Network(ctx, model.Current.Network)
+	boxnet, _, err := e.c.Networks().Get(ctx, model.Current.Network)
 	require.NoError(t, err)
 	subnet, err := netip.ParsePrefix(boxnet.Config["ipv4.address"])
 	require.NoError(t, err, "%s's ipv4.address", model.Current.Network)
@@ -444,7 +444,7 @@ func TestSystemTier(t *testing.T) {
 		res := ur.run(t, "new", "--name", userBox)
 		require.Equal(t, exitOK, res.code, "box new as %s: %s", u1.Name, res.err)
 		t.Logf("box new as the granted user: %s", time.Since(start).Round(time.Millisecond))
-		inst, _, err := e.c.Project(project1).Instance(ctx, userBox)
+		inst, _, err := e.c.Project(project1).Instances().Get(ctx, userBox)
 		require.NoError(t, err, "the user's box is in project %s", project1)
 		nics := 0
 		for name, d := range inst.ExpandedDevices {
@@ -476,8 +476,8 @@ func TestSystemTier(t *testing.T) {
 		// An admin's box is unknown to the user.
 		adminBox := uniq(t)
 		t.Cleanup(func() {
-			e.c.SetInstanceState(context.Background(), adminBox, "stop", 0, true) //nolint:errcheck
-			if _, _, err := e.c.Instance(context.Background(), adminBox); incus.IsNotFound(err) {
+			e.c.Instances().SetState(context.Background(), adminBox, "stop", 0, true) //nolint:errcheck
+			if _, _, err := e.c.Instances().Get(context.Background(), adminBox); incus.IsNotFound(err) {
 				return
 			}
 			if err := deleteEventually(e.c, adminBox); err != nil {
@@ -496,7 +496,7 @@ func TestSystemTier(t *testing.T) {
 		require.Equal(t, exitOK, res.code)
 		assert.Contains(t, res.out, `"name": "`+adminBox+`"`, "the admin's list shows the admin's box")
 		assert.NotContains(t, res.out, userBox, "the admin's list (project default) does not show the user's box")
-		a, _, err := e.c.Instance(ctx, adminBox)
+		a, _, err := e.c.Instances().Get(ctx, adminBox)
 		require.NoError(t, err)
 		assert.Equal(t, "Running", a.Status, "the admin's box is untouched")
 	})
@@ -518,17 +518,17 @@ func TestSystemTier(t *testing.T) {
 
 	t.Run("OtherNetworksRefused", func(t *testing.T) {
 		decoy := "bxtd" + uniq(t)[len("t-cli-"):]
-		require.NoError(t, e.c.CreateNetwork(ctx, incus.NetworksPost{Name: decoy, Type: "bridge",
+		require.NoError(t, e.c.Networks().Create(ctx, incus.NetworksPost{Name: decoy, Type: "bridge",
 			Config: map[string]string{"ipv4.address": "none", "ipv6.address": "none"}}))
 		t.Cleanup(func() {
-			if err := e.c.DeleteNetwork(context.Background(), decoy); err != nil {
+			if err := e.c.Networks().Delete(context.Background(), decoy); err != nil {
 				t.Errorf("deleting the decoy network %s: %v", decoy, err)
 			} else {
 				t.Logf("cleanup: deleted the decoy network %s", decoy)
 			}
 		})
 		uc := e.host.AsUser(u1.User, e.incusGID)
-		inst, etag, err := uc.Instance(ctx, userBox)
+		inst, etag, err := uc.Instances().Get(ctx, userBox)
 		require.NoError(t, err, "as the user, their own box is readable (else the refusals below prove nothing)")
 
 		put := inst.Writable()
@@ -536,13 +536,13 @@ func TestSystemTier(t *testing.T) {
 			put.Devices = map[string]map[string]string{}
 		}
 		put.Devices["eth9"] = map[string]string{"type": "nic", "network": decoy}
-		refusedFor(t, "a NIC on the managed network "+decoy, uc.UpdateInstance(ctx, userBox, put, etag), "Network not allowed in project")
+		refusedFor(t, "a NIC on the managed network "+decoy, uc.Instances().Update(ctx, userBox, put, etag), "Network not allowed in project")
 
 		stray := "bxtn" + uniq(t)[len("t-cli-"):]
-		err = uc.CreateNetwork(ctx, incus.NetworksPost{Name: stray, Type: "bridge",
+		err = uc.Networks().Create(ctx, incus.NetworksPost{Name: stray, Type: "bridge",
 			Config: map[string]string{"ipv4.address": "none", "ipv6.address": "none"}})
 		if err == nil {
-			t.Cleanup(func() { _ = e.c.DeleteNetwork(context.Background(), stray) })
+			t.Cleanup(func() { _ = e.c.Networks().Delete(context.Background(), stray) })
 		}
 		refusedFor(t, "creating the network "+stray, err, "Network not allowed in project")
 
@@ -551,12 +551,12 @@ func TestSystemTier(t *testing.T) {
 			put.Devices = map[string]map[string]string{}
 		}
 		put.Devices["eth8"] = map[string]string{"type": "nic", "nictype": "bridged", "parent": model.Current.Network}
-		refusedFor(t, "a bridged NIC with parent "+model.Current.Network, uc.UpdateInstance(ctx, userBox, put, ""), "Only managed network devices are allowed")
+		refusedFor(t, "a bridged NIC with parent "+model.Current.Network, uc.Instances().Update(ctx, userBox, put, ""), "Only managed network devices are allowed")
 
-		after, _, err := e.c.Project(project1).Instance(ctx, userBox)
+		after, _, err := e.c.Project(project1).Instances().Get(ctx, userBox)
 		require.NoError(t, err)
 		assert.Equal(t, inst.Devices, after.Devices, "the user's box has the devices it had")
-		_, _, err = e.c.Network(ctx, stray)
+		_, _, err = e.c.Networks().Get(ctx, stray)
 		assert.True(t, incus.IsNotFound(err), "no network %s: %v", stray, err)
 	})
 
@@ -595,7 +595,7 @@ func TestSystemTier(t *testing.T) {
 		assert.Contains(t, res.err, "no incus-user answers on "+dead, "it failed at its last step, the check as the user")
 		assert.Contains(t, res.err, "the grant was backed out", "it says it was backed out")
 		assert.False(t, groupMembers(t, stack.DefaultTierGroup)[u2.Name], "%s is not in group %s (/etc/group)", u2.Name, stack.DefaultTierGroup)
-		_, _, err = e.c.GetProject(ctx, stack.TierProject(u2.UID))
+		_, _, err = e.c.Projects().Get(ctx, stack.TierProject(u2.UID))
 		assert.True(t, incus.IsNotFound(err), "no project %s: %v", stack.TierProject(u2.UID), err)
 		certs, err := e.c.Certificates(ctx)
 		require.NoError(t, err)
@@ -614,10 +614,10 @@ func TestSystemTier(t *testing.T) {
 		assert.Contains(t, res.err, "keep the group", "the warning says held sessions keep the group")
 		assert.Contains(t, res.err, "loginctl terminate-user "+u1.Name, "and how to end them")
 		assert.False(t, groupMembers(t, stack.DefaultTierGroup)[u1.Name], "%s left group %s", u1.Name, stack.DefaultTierGroup)
-		p, _, err := e.c.GetProject(ctx, project1)
+		p, _, err := e.c.Projects().Get(ctx, project1)
 		require.NoError(t, err, "a plain revoke keeps the project")
 		assert.Equal(t, stack.TierRevoked, p.Config[stack.KeyTier])
-		_, _, err = e.c.Project(project1).Instance(ctx, userBox)
+		_, _, err = e.c.Project(project1).Instances().Get(ctx, userBox)
 		assert.NoError(t, err, "and the user's box")
 	})
 
@@ -691,9 +691,9 @@ func TestSystemTier(t *testing.T) {
 		for _, what := range e.tierLeft(t, u1.User) {
 			t.Errorf("after the purge: %s is left", what)
 		}
-		_, _, err = e.c.Project(project1).Instance(ctx, userBox)
+		_, _, err = e.c.Project(project1).Instances().Get(ctx, userBox)
 		assert.True(t, incus.IsNotFound(err), "no box %s: %v", userBox, err)
-		all, err := e.c.AllInstances(ctx)
+		all, err := e.c.Instances().All(ctx)
 		require.NoError(t, err)
 		for _, in := range all {
 			assert.NotEqual(t, userBox, in.Name, "the user's box is in no project")
@@ -708,14 +708,14 @@ func TestSystemTier(t *testing.T) {
 		// incus-user, whose stock setup must fail on the tombstone.
 		stale := e.host.AsUser(u1.User, e.incusGID)
 		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		p, _, err := stale.GetProject(sctx, project1)
+		p, _, err := stale.Projects().Get(sctx, project1)
 		cancel()
 		t.Logf("a stale session of %s after the purge: GET project %s: %v", u1.Name, project1, err)
 		assert.Error(t, err, "a stale session reached project %s after the purge: %+v", project1, p)
 		time.Sleep(time.Second) // anything incus-user did, it did before answering; a margin all the same
-		_, _, err = e.c.GetProject(ctx, project1)
+		_, _, err = e.c.Projects().Get(ctx, project1)
 		assert.True(t, incus.IsNotFound(err), "after the stale touch: no project %s: %v", project1, err)
-		_, _, err = e.c.Network(ctx, stack.TierBridge(u1.UID))
+		_, _, err = e.c.Networks().Get(ctx, stack.TierBridge(u1.UID))
 		assert.True(t, incus.IsNotFound(err), "after the stale touch: no network %s: %v", stack.TierBridge(u1.UID), err)
 
 		// The positive control: the same touch for a uid never granted and
@@ -731,13 +731,13 @@ func TestSystemTier(t *testing.T) {
 		}
 		fp, fb := stack.TierProject(fresh.UID), stack.TierBridge(fresh.UID)
 		sctx, cancel = context.WithTimeout(ctx, 30*time.Second)
-		_, _, err = e.host.AsUser(fresh.User, e.incusGID).GetProject(sctx, fp)
+		_, _, err = e.host.AsUser(fresh.User, e.incusGID).Projects().Get(sctx, fp)
 		cancel()
 		t.Logf("the same touch for %s (uid %d, never granted): GET project %s: %v", fresh.Name, fresh.UID, fp, err)
-		sp, _, err := e.c.GetProject(ctx, fp)
+		sp, _, err := e.c.Projects().Get(ctx, fp)
 		require.NoError(t, err, "the touch for a fresh uid made incus-user set up its stock project %s: else the trap proves nothing", fp)
 		assert.Empty(t, sp.Config[stack.KeyTier], "incus-user's stock project, never narrowed by box")
-		if _, _, err := e.c.Network(ctx, fb); err == nil {
+		if _, _, err := e.c.Networks().Get(ctx, fb); err == nil {
 			t.Logf("incus-user's stock setup made the private bridge %s too", fb)
 		}
 		_, d := doctorOf(t, e.r)

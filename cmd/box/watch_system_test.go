@@ -50,7 +50,7 @@ func TestSystemRestartedBoxStaysInTheSet(t *testing.T) {
 	handOver(t, r, victim, "--", "config", "device", "set", "{}", "eth0", "security.port_isolation=false")
 	require.Equal(t, exitOK, r.run(t, "setup-host").code, "the re-plugged port back in the set")
 
-	inst, _, err := c.Instance(context.Background(), victim)
+	inst, _, err := c.Instances().Get(context.Background(), victim)
 	require.NoError(t, err)
 	vmac, err := net.ParseMAC(inst.Config["volatile.eth0.hwaddr"])
 	require.NoError(t, err)
@@ -132,10 +132,10 @@ func (r restarted) String() string {
 func restartWhileSending(t *testing.T, c *incus.Client, hostNS, victim, sender string, vmac net.HardwareAddr) restarted {
 	t.Helper()
 	ctx := context.Background()
-	before, _, err := c.Instance(ctx, victim)
+	before, _, err := c.Instances().Get(ctx, victim)
 	require.NoError(t, err)
 	oldPort := before.Config["volatile.eth0.host_name"]
-	sst, err := c.InstanceState(ctx, sender)
+	sst, err := c.Instances().State(ctx, sender)
 	require.NoError(t, err)
 	nonce := probes.NewNonce()
 
@@ -234,7 +234,7 @@ func restartWhileSending(t *testing.T, c *incus.Client, hostNS, victim, sender s
 
 	time.Sleep(200 * time.Millisecond)
 	start := time.Now()
-	res, err := c.Exec(ctx, victim, incus.ExecRequest{Command: []string{"reboot", "-f"}})
+	res, err := c.Instances().Exec(ctx, victim, incus.ExecRequest{Command: []string{"reboot", "-f"}})
 	if err != nil {
 		t.Logf("reboot: %v (the box going away under the exec is expected)", err)
 	} else {
@@ -275,7 +275,7 @@ func restartWhileSending(t *testing.T, c *incus.Client, hostNS, victim, sender s
 			if newPort != "" {
 				continue
 			}
-			if i, _, err := c.Instance(ctx, victim); err == nil && i.Status == "Running" {
+			if i, _, err := c.Instances().Get(ctx, victim); err == nil && i.Status == "Running" {
 				if p := i.Config["volatile.eth0.host_name"]; p != "" && p != oldPort {
 					newPort = p
 				}

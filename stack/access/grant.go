@@ -137,7 +137,7 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	}
 
 	// 1. The project, narrowed.
-	p, etag, perr := c.GetProject(ctx, project)
+	p, etag, perr := c.Projects().Get(ctx, project)
 	if perr == nil {
 		if err := m.checkNoOtherNetworks(ctx, project); err != nil {
 			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
@@ -150,7 +150,7 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 		What: "project " + project,
 		Read: func(context.Context) (*incus.Project, string, error) { return p, etag, perr },
 		Create: func(ctx context.Context) error {
-			return c.CreateProject(ctx, incus.Project{Name: project, Description: fmt.Sprintf("box tier for %s (uid %d)", u.Name, u.UID), Config: tierConfig(nil, stack.TierGranted, u.Name)})
+			return c.Projects().Create(ctx, incus.Project{Name: project, Description: fmt.Sprintf("box tier for %s (uid %d)", u.Name, u.UID), Config: tierConfig(nil, stack.TierGranted, u.Name)})
 		},
 		Remove: func(ctx context.Context) error { return m.deleteProjectContents(ctx, project, true) },
 		Differs: func(cur *incus.Project) []string {
@@ -162,9 +162,9 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 		Update: func(ctx context.Context, cur *incus.Project, etag string) error {
 			np := *cur
 			np.Config = tierConfig(cur.Config, stack.TierGranted, u.Name)
-			return c.UpdateProject(ctx, project, np, etag)
+			return c.Projects().Update(ctx, project, np, etag)
 		},
-		Restore: func(ctx context.Context, old incus.Project) error { return c.UpdateProject(ctx, project, old, "") },
+		Restore: func(ctx context.Context, old incus.Project) error { return c.Projects().Update(ctx, project, old, "") },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
@@ -182,12 +182,12 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	}
 
 	// 3. The private bridge, deleted.
-	if n, _, err := c.Network(ctx, bridge); err == nil {
-		if err := c.DeleteNetwork(ctx, bridge); err != nil {
+	if n, _, err := c.Networks().Get(ctx, bridge); err == nil {
+		if err := c.Networks().Delete(ctx, bridge); err != nil {
 			return nil, fmt.Errorf("granting %s: deleting the private bridge %s: %w", u.Name, bridge, err)
 		}
 		old := incus.NetworksPost{Name: n.Name, Type: n.Type, Description: n.Description, Config: n.Config}
-		back.Push("re-creating "+bridge, func(ctx context.Context) error { return c.CreateNetwork(ctx, old) })
+		back.Push("re-creating "+bridge, func(ctx context.Context) error { return c.Networks().Create(ctx, old) })
 		did("deleted the private bridge %s", bridge)
 	} else if !incus.IsNotFound(err) {
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
@@ -318,7 +318,7 @@ func (m *Manager) convergeUserState(ctx context.Context, u accounts.User, back *
 // other than boxnet: narrowing it would strand them.
 func (m *Manager) checkNoOtherNetworks(ctx context.Context, project string) error {
 	host := m.host
-	insts, err := host.Incus.Project(project).ListInstances(ctx, nil)
+	insts, err := host.Incus.Project(project).Instances().List(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -345,7 +345,7 @@ func (m *Manager) checkAsUser(ctx context.Context, u accounts.User, gid uint32) 
 	uc := host.AsUser(u, gid)
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	p, _, err := uc.GetProject(cctx, project)
+	p, _, err := uc.Projects().Get(cctx, project)
 	if incus.IsUnreachable(err) {
 		return fmt.Errorf("no incus-user answers on %s (%v): enable it with systemctl enable --now incus-user.socket, then grant again", host.Tier.Socket(host.Incus), err)
 	}
@@ -359,7 +359,7 @@ func (m *Manager) checkAsUser(ctx context.Context, u accounts.User, gid uint32) 
 		return fmt.Errorf("as %s, profile %s is not reachable: %w", u.Name, model.Current.Profile, err)
 	}
 	// incus-user's stock setup, had it run, would have made the bridge.
-	if _, _, err := host.Incus.Network(ctx, stack.TierBridge(u.UID)); err == nil {
+	if _, _, err := host.Incus.Networks().Get(ctx, stack.TierBridge(u.UID)); err == nil {
 		return fmt.Errorf("incus-user re-ran its stock setup for %s (the private bridge %s is back): restart incus-user and grant again", u.Name, stack.TierBridge(u.UID))
 	} else if !incus.IsNotFound(err) {
 		return err
@@ -370,7 +370,7 @@ func (m *Manager) checkAsUser(ctx context.Context, u accounts.User, gid uint32) 
 // desiredNow is the desired stack for the bridge as it is.
 func (m *Manager) desiredNow(ctx context.Context) (model.Desired, error) {
 	host := m.host
-	n, _, err := host.Incus.Network(ctx, model.Current.Network)
+	n, _, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return model.Desired{}, err
 	}

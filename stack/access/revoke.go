@@ -72,12 +72,12 @@ func (m *Manager) Revoke(ctx context.Context, u accounts.User, group string, pur
 		did("removed %s from group %s", u.Name, group)
 	}
 	if !purge {
-		if p, etag, err := c.GetProject(ctx, project); err == nil {
+		if p, etag, err := c.Projects().Get(ctx, project); err == nil {
 			if p.Config[stack.KeyTier] != stack.TierRevoked {
 				np := *p
 				np.Config = maps.Clone(p.Config)
 				np.Config[stack.KeyTier] = stack.TierRevoked
-				if err := c.UpdateProject(ctx, project, np, etag); err != nil {
+				if err := c.Projects().Update(ctx, project, np, etag); err != nil {
 					return nil, fmt.Errorf("revoking %s: %w", u.Name, err)
 				}
 				did("marked project %s revoked (its boxes are kept)", project)
@@ -130,7 +130,7 @@ func (m *Manager) Revoke(ctx context.Context, u accounts.User, group string, pur
 			did("removed trusted certificate %s (%s)", tc.Name, tc.Fingerprint[:12])
 		}
 	}
-	if _, _, err := c.GetProject(ctx, project); err == nil {
+	if _, _, err := c.Projects().Get(ctx, project); err == nil {
 		if err := m.deleteProjectContents(ctx, project, true); err != nil {
 			return nil, fmt.Errorf("purging %s: %w", u.Name, err)
 		}
@@ -138,8 +138,8 @@ func (m *Manager) Revoke(ctx context.Context, u accounts.User, group string, pur
 	} else if !incus.IsNotFound(err) {
 		return nil, err
 	}
-	if _, _, err := c.Network(ctx, stack.TierBridge(u.UID)); err == nil {
-		if err := c.DeleteNetwork(ctx, stack.TierBridge(u.UID)); err != nil {
+	if _, _, err := c.Networks().Get(ctx, stack.TierBridge(u.UID)); err == nil {
+		if err := c.Networks().Delete(ctx, stack.TierBridge(u.UID)); err != nil {
 			return nil, fmt.Errorf("purging %s: %w", u.Name, err)
 		}
 		did("deleted the private bridge %s", stack.TierBridge(u.UID))
@@ -162,10 +162,10 @@ func (m *Manager) checkPurged(ctx context.Context, uid uint32) error {
 	c := host.Incus
 	project := stack.TierProject(uid)
 	var left []string
-	if _, _, err := c.GetProject(ctx, project); err == nil {
+	if _, _, err := c.Projects().Get(ctx, project); err == nil {
 		left = append(left, "project "+project)
 	}
-	if _, _, err := c.Network(ctx, stack.TierBridge(uid)); err == nil {
+	if _, _, err := c.Networks().Get(ctx, stack.TierBridge(uid)); err == nil {
 		left = append(left, "network "+stack.TierBridge(uid))
 	}
 	certs, err := c.Certificates(ctx)
@@ -188,7 +188,7 @@ func (m *Manager) checkPurged(ctx context.Context, uid uint32) error {
 func (m *Manager) deleteProjectContents(ctx context.Context, project string, self bool) error {
 	host := m.host
 	pc := host.Incus.Project(project)
-	insts, err := pc.ListInstances(ctx, nil)
+	insts, err := pc.Instances().List(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -214,24 +214,24 @@ func (m *Manager) deleteProjectContents(ctx context.Context, project string, sel
 	if !self {
 		return nil
 	}
-	return host.Incus.DeleteProject(ctx, project)
+	return host.Incus.Projects().Delete(ctx, project)
 }
 
 // deleteProjectVolumes deletes the custom volumes of project in every pool.
 func (m *Manager) deleteProjectVolumes(ctx context.Context, project string) error {
 	host := m.host
-	pools, err := host.Incus.StoragePools(ctx)
+	pools, err := host.Incus.Storage().Pools(ctx)
 	if err != nil {
 		return err
 	}
 	pc := host.Incus.Project(project)
 	for _, pool := range pools {
-		vols, err := pc.CustomVolumes(ctx, pool.Name)
+		vols, err := pc.Storage().CustomVolumes(ctx, pool.Name)
 		if err != nil {
 			return err
 		}
 		for _, v := range vols {
-			if err := pc.DeleteCustomVolume(ctx, pool.Name, v.Name); err != nil {
+			if err := pc.Storage().DeleteCustomVolume(ctx, pool.Name, v.Name); err != nil {
 				return err
 			}
 		}

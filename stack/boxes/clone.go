@@ -55,7 +55,7 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := host.Incus.Instance(ctx, name); err == nil {
+	if _, _, err := host.Incus.Instances().Get(ctx, name); err == nil {
 		return nil, fmt.Errorf("cloning %s: an instance named %s already exists: pick another --name", src, name)
 	}
 	ci, err := host.Cluster(ctx)
@@ -83,16 +83,16 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 			cl = cl.Target(target)
 		}
 	}
-	err = cl.CreateInstance(ctx, copyReq)
+	err = cl.Instances().Create(ctx, copyReq)
 	if err != nil && snap == "" && inst.Status == "Running" && stack.NeedsColdCopy(err) {
 		// This host cannot freeze a running container to copy it
 		// consistently (nor, on a cluster, migrate it live to another
 		// member): stop the source for the copy and start it again.
-		if serr := host.Incus.SetInstanceState(ctx, src, "stop", 60*time.Second, false); serr != nil {
+		if serr := host.Incus.Instances().SetState(ctx, src, "stop", 60*time.Second, false); serr != nil {
 			return nil, fmt.Errorf("cloning %s: %w; stopping it for a cold copy: %v", src, err, serr)
 		}
 		res.SourceStopped = true
-		err = cl.CreateInstance(ctx, copyReq)
+		err = cl.Instances().Create(ctx, copyReq)
 	}
 	// A source stopped for the copy starts again once the copy no longer
 	// asks for its fixed address (the re-stamp below, or the copy's
@@ -104,7 +104,7 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 			return nil
 		}
 		stopped = false
-		if serr := host.Incus.SetInstanceState(context.WithoutCancel(ctx), src, "start", 0, false); serr != nil {
+		if serr := host.Incus.Instances().SetState(context.WithoutCancel(ctx), src, "start", 0, false); serr != nil {
 			return fmt.Errorf("restarting %s after the copy: %w", src, serr)
 		}
 		return nil
@@ -126,7 +126,7 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 
 	// A fresh identity before the first boot: no inherited MAC, a new
 	// machine-id (a shared one means one DHCP lease for two boxes).
-	clone, etag, err := host.Incus.Instance(ctx, name)
+	clone, etag, err := host.Incus.Instances().Get(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -142,7 +142,7 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 	stack.WithoutFixedAddress(put.Devices)
 	// Not provisioned again (cloneprov.go).
 	res.Provisioning = cloneUserData(put.Config, name)
-	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
+	if err := host.Incus.Instances().Update(ctx, name, put, etag); err != nil {
 		return nil, fmt.Errorf("re-stamping clone %s: %w", name, err)
 	}
 	if err := restartSource(); err != nil {
@@ -182,7 +182,7 @@ func (mgr *Manager) clusterCopy(ctx context.Context, inst *incus.Instance, snap 
 	host := mgr.host
 	def := inst
 	if snap != "" {
-		snaps, err := host.Incus.SnapshotDefinitions(ctx, inst.Name)
+		snaps, err := host.Incus.Instances().SnapshotDefinitions(ctx, inst.Name)
 		if err != nil {
 			return req, err
 		}
@@ -217,7 +217,7 @@ func (mgr *Manager) clusterCopy(ctx context.Context, inst *incus.Instance, snap 
 // restore changed them).
 func (mgr *Manager) keepMACs(ctx context.Context, was *incus.Instance) error {
 	host := mgr.host
-	cur, etag, err := host.Incus.Instance(ctx, was.Name)
+	cur, etag, err := host.Incus.Instances().Get(ctx, was.Name)
 	if err != nil || cur.Status != "Stopped" {
 		return err
 	}
@@ -232,7 +232,7 @@ func (mgr *Manager) keepMACs(ctx context.Context, was *incus.Instance) error {
 	if !changed {
 		return nil
 	}
-	if err := host.Incus.UpdateInstance(ctx, was.Name, put, etag); err != nil {
+	if err := host.Incus.Instances().Update(ctx, was.Name, put, etag); err != nil {
 		return fmt.Errorf("keeping its own MAC: %w", err)
 	}
 	return nil
@@ -252,7 +252,7 @@ func (mgr *Manager) freshMachineID(ctx context.Context, inst *incus.Instance) er
 		return err
 	}
 	mid := hex.EncodeToString(id) + "\n"
-	return host.Incus.PushFile(ctx, inst.Name, "/etc/machine-id", strings.NewReader(mid), 0o444, 0, 0)
+	return host.Incus.Instances().PushFile(ctx, inst.Name, "/etc/machine-id", strings.NewReader(mid), 0o444, 0, 0)
 }
 
 // machineIDTemplate has Incus write the instance's /etc/machine-id at its

@@ -63,14 +63,14 @@ func (mgr *Manager) emptyMarkers(ctx context.Context, inst *incus.Instance) erro
 		return mgr.copyTemplate(ctx, inst.Name, emptyTemplate, "", markers...)
 	}
 	for _, p := range markers {
-		b, err := host.Incus.PullFile(ctx, inst.Name, p)
+		b, err := host.Incus.Instances().PullFile(ctx, inst.Name, p)
 		if incus.IsNotFound(err) || (err == nil && len(b) == 0) {
 			continue
 		}
 		if err != nil {
 			return err
 		}
-		if err := host.Incus.PushFile(ctx, inst.Name, p, strings.NewReader(""), 0o644, 0, 0); err != nil {
+		if err := host.Incus.Instances().PushFile(ctx, inst.Name, p, strings.NewReader(""), 0o644, 0, 0); err != nil {
 			return err
 		}
 	}
@@ -84,10 +84,10 @@ func (mgr *Manager) emptyMarkers(ctx context.Context, inst *incus.Instance) erro
 // next start too, as `incus copy` would.
 func (mgr *Manager) copyTemplate(ctx context.Context, name, tpl, text string, paths ...string) error {
 	host := mgr.host
-	if err := host.Incus.PutInstanceTemplate(ctx, name, tpl, strings.NewReader(text)); err != nil {
+	if err := host.Incus.Instances().PutTemplate(ctx, name, tpl, strings.NewReader(text)); err != nil {
 		return err
 	}
-	md, etag, err := host.Incus.InstanceMetadata(ctx, name)
+	md, etag, err := host.Incus.Instances().Metadata(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -97,10 +97,10 @@ func (mgr *Manager) copyTemplate(ctx context.Context, name, tpl, text string, pa
 	for _, p := range paths {
 		md.Templates[p] = &incus.ImageTemplate{When: []string{"copy"}, Template: tpl, Properties: map[string]string{}}
 	}
-	if err := host.Incus.UpdateInstanceMetadata(ctx, name, *md, etag); err != nil {
+	if err := host.Incus.Instances().UpdateMetadata(ctx, name, *md, etag); err != nil {
 		return err
 	}
-	inst, etag, err := host.Incus.Instance(ctx, name)
+	inst, etag, err := host.Incus.Instances().Get(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -109,5 +109,5 @@ func (mgr *Manager) copyTemplate(ctx context.Context, name, tpl, text string, pa
 	}
 	put := inst.Writable()
 	put.Config["volatile.apply_template"] = "copy"
-	return host.Incus.UpdateInstance(ctx, name, put, etag)
+	return host.Incus.Instances().Update(ctx, name, put, etag)
 }

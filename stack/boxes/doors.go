@@ -111,7 +111,7 @@ func (doors *Doors) Expose(ctx context.Context, name string, spec model.DoorSpec
 		put.Devices = map[string]map[string]string{}
 	}
 	put.Devices[dev] = want
-	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
+	if err := host.Incus.Instances().Update(ctx, name, put, etag); err != nil {
 		if incus.IsPreconditionFailed(err) {
 			return nil, fmt.Errorf("exposing %s: it changed while box was adding the door: run the command again", name)
 		}
@@ -135,10 +135,10 @@ var mkdirDoors = func() error { return os.MkdirAll(model.DoorDir, 0o711) }
 // host's loopback already uses.
 func (doors *Doors) checkHostPort(ctx context.Context, self string, port uint16, ap netip.AddrPort) error {
 	host := doors.host
-	insts, err := host.Incus.AllInstances(ctx)
+	insts, err := host.Incus.Instances().All(ctx)
 	if err != nil {
 		// A client that may not list every project still lists its own.
-		if insts, err = host.Incus.ListInstances(ctx, nil); err != nil {
+		if insts, err = host.Incus.Instances().List(ctx, nil); err != nil {
 			return fmt.Errorf("listing instances for their doors: %w", err)
 		}
 	}
@@ -250,7 +250,7 @@ func (doors *Doors) loopbackHolder(ap netip.AddrPort) (string, error) {
 // grantedUsers names the users (or projects) of the host's granted tiers.
 func (doors *Doors) grantedUsers(ctx context.Context) ([]string, error) {
 	host := doors.host
-	projects, err := host.Incus.ListProjects(ctx)
+	projects, err := host.Incus.Projects().List(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +285,7 @@ func (doors *Doors) Unexpose(ctx context.Context, name string, port uint16) erro
 	}
 	put := inst.Writable()
 	delete(put.Devices, dev)
-	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
+	if err := host.Incus.Instances().Update(ctx, name, put, etag); err != nil {
 		if incus.IsPreconditionFailed(err) {
 			return fmt.Errorf("removing %s's door: it changed while box was removing it: run the command again", name)
 		}
@@ -322,7 +322,7 @@ func withoutDoors(devices map[string]map[string]string) []string {
 // gives them (the census accepts a unix door only at its box's path).
 func (doors *Doors) renameDoors(ctx context.Context, name string) error {
 	host := doors.host
-	inst, etag, err := host.Incus.Instance(ctx, name)
+	inst, etag, err := host.Incus.Instances().Get(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -342,7 +342,7 @@ func (doors *Doors) renameDoors(ctx context.Context, name string) error {
 	if len(old) == 0 {
 		return nil
 	}
-	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
+	if err := host.Incus.Instances().Update(ctx, name, put, etag); err != nil {
 		return fmt.Errorf("moving its unix doors to their new sockets: %w (box expose %s --remove PORT, then expose them again)", err, name)
 	}
 	for _, d := range old {

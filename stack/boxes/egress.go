@@ -64,7 +64,7 @@ func (mgr *Manager) SetEgress(ctx context.Context, box string, names []string) (
 			put.Config[model.KeyEgress] = id
 			put.Config[model.KeyEgressNames] = strings.Join(names, ",")
 		}
-		if err := host.Incus.UpdateInstance(ctx, box, put, etag); err != nil {
+		if err := host.Incus.Instances().Update(ctx, box, put, etag); err != nil {
 			return nil, fmt.Errorf("egress of %s: %w", box, err)
 		}
 	}
@@ -87,7 +87,7 @@ func (mgr *Manager) Egress(ctx context.Context, box string) (*EgressState, error
 		return st, nil
 	}
 	st.Policy = id
-	n, _, err := host.Incus.Network(ctx, model.Current.Network)
+	n, _, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return nil, err
 	}

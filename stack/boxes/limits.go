@@ -68,7 +68,7 @@ func (mgr *Manager) diskLimitNote(ctx context.Context, req MintRequest) string {
 	if req.Disk == "" {
 		return ""
 	}
-	pool, _, err := host.Incus.StoragePool(ctx, host.Options.PoolName())
+	pool, _, err := host.Incus.Storage().Pool(ctx, host.Options.PoolName())
 	if err != nil {
 		// A granted user may not read pools: say nothing rather than guess.
 		return ""
@@ -77,7 +77,7 @@ func (mgr *Manager) diskLimitNote(ctx context.Context, req MintRequest) string {
 		return ""
 	}
 	if pool.Driver == "dir" {
-		st, err := host.Incus.InstanceState(ctx, req.Name)
+		st, err := host.Incus.Instances().State(ctx, req.Name)
 		if err != nil {
 			return ""
 		}

@@ -33,31 +33,31 @@ func TestSystemMachineIDTemplate(t *testing.T) {
 	src, dst := stacktest.Name(t, "t-mid-"), stacktest.Name(t, "t-mid-")
 	for _, n := range []string{src, dst} {
 		t.Cleanup(func() {
-			_ = c.SetInstanceState(context.Background(), n, "stop", 0, true)
-			_ = c.DeleteInstance(context.Background(), n)
+			_ = c.Instances().SetState(context.Background(), n, "stop", 0, true)
+			_ = c.Instances().Delete(context.Background(), n)
 		})
 	}
 	// No network: the template is all this is about.
-	require.NoError(t, c.CreateInstance(ctx, incus.InstancesPost{Name: src, Type: "container", Profiles: []string{},
+	require.NoError(t, c.Instances().Create(ctx, incus.InstancesPost{Name: src, Type: "container", Profiles: []string{},
 		Devices: map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": "default"}},
 		Source:  incus.InstanceSource{Type: "image", Alias: image.DefaultAlias}}))
-	require.NoError(t, c.CreateInstance(ctx, incus.InstancesPost{Name: dst, Type: "container", Profiles: []string{},
+	require.NoError(t, c.Instances().Create(ctx, incus.InstancesPost{Name: dst, Type: "container", Profiles: []string{},
 		Source: incus.InstanceSource{Type: "copy", Source: src}}))
 	h := &stack.Host{Incus: c}
 
 	ownID := func(name string) (uuid, mid string) {
 		t.Helper()
-		require.NoError(t, c.SetInstanceState(ctx, name, "start", 0, false))
-		inst, _, err := c.Instance(ctx, name)
+		require.NoError(t, c.Instances().SetState(ctx, name, "start", 0, false))
+		inst, _, err := c.Instances().Get(ctx, name)
 		require.NoError(t, err)
-		b, err := c.PullFile(ctx, name, "/etc/machine-id")
+		b, err := c.Instances().PullFile(ctx, name, "/etc/machine-id")
 		require.NoError(t, err)
-		require.NoError(t, c.SetInstanceState(ctx, name, "stop", 0, true))
+		require.NoError(t, c.Instances().SetState(ctx, name, "stop", 0, true))
 		return inst.Config["volatile.uuid"], strings.TrimSpace(string(b))
 	}
 
 	require.NoError(t, boxes.MachineIDTemplateOf(h)(ctx, dst))
-	md, _, err := c.InstanceMetadata(ctx, dst)
+	md, _, err := c.Instances().Metadata(ctx, dst)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"copy"}, md.Templates["/etc/machine-id"].When)
 	uuid, mid := ownID(dst)

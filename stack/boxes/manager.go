@@ -29,7 +29,7 @@ func (mgr *Manager) Snapshot(ctx context.Context, name, label string) (string, e
 	if label == "" {
 		label = "snap-" + time.Now().UTC().Format("20060102-150405")
 	}
-	if err := host.Incus.CreateSnapshot(ctx, name, label); err != nil {
+	if err := host.Incus.Instances().CreateSnapshot(ctx, name, label); err != nil {
 		if strings.Contains(err.Error(), "freezing") {
 			return "", fmt.Errorf("snapshotting %s: this host cannot freeze a running container: stop it first (box down %s)", name, name)
 		}
@@ -44,7 +44,7 @@ func (mgr *Manager) Snapshots(ctx context.Context, name string) ([]incus.Snapsho
 	if _, _, err := stack.Resolve(ctx, host.Incus, name); err != nil {
 		return nil, err
 	}
-	return host.Incus.Snapshots(ctx, name)
+	return host.Incus.Instances().Snapshots(ctx, name)
 }
 
 // Restore rolls a box back to a snapshot. A stopped box keeps its own
@@ -57,7 +57,7 @@ func (mgr *Manager) Restore(ctx context.Context, name, snap string) error {
 	if err != nil {
 		return err
 	}
-	if err := host.Incus.RestoreSnapshot(ctx, name, snap); err != nil {
+	if err := host.Incus.Instances().RestoreSnapshot(ctx, name, snap); err != nil {
 		return fmt.Errorf("restoring %s to %s: %w", name, snap, err)
 	}
 	if err := mgr.keepMACs(ctx, inst); err != nil && !host.Tier.Granted {
@@ -86,7 +86,7 @@ func (mgr *Manager) Start(ctx context.Context, name string) error {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
 	if host.Tier.Granted {
-		err = host.Incus.SetInstanceState(ctx, name, "start", 0, false)
+		err = host.Incus.Instances().SetState(ctx, name, "start", 0, false)
 	} else {
 		if !model.FixedAddressOf(inst).IsValid() {
 			if a := movingAddress(inst); a.IsValid() {
@@ -115,7 +115,7 @@ func (mgr *Manager) Stop(ctx context.Context, name string, force bool) error {
 	if _, _, err := stack.Resolve(ctx, host.Incus, name); err != nil {
 		return err
 	}
-	if err := host.Incus.SetInstanceState(ctx, name, "stop", time.Minute, force); err != nil {
+	if err := host.Incus.Instances().SetState(ctx, name, "stop", time.Minute, force); err != nil {
 		return fmt.Errorf("stopping %s: %w", name, err)
 	}
 	if host.Tier.Granted {
@@ -157,7 +157,7 @@ func (mgr *Manager) Rename(ctx context.Context, name, newName string) error {
 	if inst.Status != "Stopped" {
 		return fmt.Errorf("%s is %s: stop it first (box down %s), then rename it", name, strings.ToLower(inst.Status), name)
 	}
-	if err := host.Incus.RenameInstance(ctx, name, newName); err != nil {
+	if err := host.Incus.Instances().Rename(ctx, name, newName); err != nil {
 		return fmt.Errorf("renaming %s: %w", name, err)
 	}
 	if err := (&Doors{host: host}).renameDoors(ctx, newName); err != nil {

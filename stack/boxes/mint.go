@@ -134,13 +134,13 @@ func (mgr *Manager) NewBoxType(ctx context.Context, want string) (model.TypeDeci
 // later mint finds it out again).
 func (mgr *Manager) rememberNoMemoryLimits(ctx context.Context) {
 	host := mgr.host
-	net, etag, err := host.Incus.Network(ctx, model.Current.Network)
+	net, etag, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return
 	}
 	cfg := maps.Clone(net.Config)
 	cfg[KeyMemoryLimits] = memoryUnsupported
-	_ = host.Incus.UpdateNetwork(ctx, model.Current.Network, incus.NetworkPut{Description: net.Description, Config: cfg}, etag)
+	_ = host.Incus.Networks().Update(ctx, model.Current.Network, incus.NetworkPut{Description: net.Description, Config: cfg}, etag)
 }
 
 // Mint creates and starts a box on the isolation stack: the box-net
@@ -156,7 +156,7 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	if err := model.CheckType(typ); err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	if _, _, err := host.Incus.Instance(ctx, req.Name); err == nil {
+	if _, _, err := host.Incus.Instances().Get(ctx, req.Name); err == nil {
 		return nil, fmt.Errorf("minting %s: an instance of that name already exists: pick another --name", req.Name)
 	} else if !incus.IsNotFound(err) {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
@@ -262,7 +262,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		// rather than leave a tagged, stopped half-box behind (also when
 		// the caller gave up: the check runs past its cancellation).
 		cctx := context.WithoutCancel(ctx)
-		if inst, _, gerr := host.Incus.Instance(cctx, req.Name); gerr == nil {
+		if inst, _, gerr := host.Incus.Instances().Get(cctx, req.Name); gerr == nil {
 			rerr := stack.RemoveInstance(cctx, host.Incus, req.Name)
 			if rerr == nil {
 				// Incus leaves the NIC's veth pair when a start fails.
@@ -330,7 +330,7 @@ func (mgr *Manager) mintImage(ctx context.Context, image string) (mintImage, err
 // image to (volatile.base_image): known only once a pulled image is made.
 func (mgr *Manager) stampBaseImage(ctx context.Context, name string) error {
 	host := mgr.host
-	inst, etag, err := host.Incus.Instance(ctx, name)
+	inst, etag, err := host.Incus.Instances().Get(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -340,21 +340,21 @@ func (mgr *Manager) stampBaseImage(ctx context.Context, name string) error {
 	}
 	put := inst.Writable()
 	put.Config[model.StampFingerprint] = fp
-	return host.Incus.UpdateInstance(ctx, name, put, etag)
+	return host.Incus.Instances().Update(ctx, name, put, etag)
 }
 
 // resolveImage turns an alias (or a fingerprint) on the server into a
 // fingerprint.
 func (mgr *Manager) resolveImage(ctx context.Context, image string) (string, error) {
 	host := mgr.host
-	a, err := host.Incus.ImageAlias(ctx, image)
+	a, err := host.Incus.Images().Alias(ctx, image)
 	if err == nil {
 		return a.Target, nil
 	}
 	if !incus.IsNotFound(err) {
 		return "", fmt.Errorf("resolving image %s: %w", image, err)
 	}
-	img, err := host.Incus.Image(ctx, image)
+	img, err := host.Incus.Images().Get(ctx, image)
 	if err != nil {
 		if incus.IsNotFound(err) {
 			return "", fmt.Errorf("no image %s on this server (incus image list shows them): import one (incus image import FILE --alias %s), or name one on an image server (images:ALIAS)", image, image)

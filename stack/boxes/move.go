@@ -65,7 +65,7 @@ func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult,
 		if err := mgr.leaveMember(ctx, name, addr); err != nil {
 			return nil, fmt.Errorf("moving %s: %w", name, err)
 		}
-		if err := host.Incus.MoveInstance(ctx, name, member); err != nil {
+		if err := host.Incus.Instances().Move(ctx, name, member); err != nil {
 			if _, rerr := host.Addresses().LandAddress(context.WithoutCancel(ctx), name, inst.Location, addr); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("giving it its address back: %w (box start %s gives it one)", rerr, name))
 			}
@@ -75,7 +75,7 @@ func (mgr *Manager) Move(ctx context.Context, name, member string) (*MoveResult,
 			res.Notes = append(res.Notes, fmt.Sprintf("its doors (%s) listen on %s's loopback from its next start", strings.Join(doors, ", "), member))
 		}
 	}
-	now, _, err := host.Incus.Instance(ctx, name)
+	now, _, err := host.Incus.Instances().Get(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("moved %s to %s, but: %w", name, member, err)
 	}
@@ -116,7 +116,7 @@ func (mgr *Manager) leaveMember(ctx context.Context, name string, addr netip.Add
 	if !addr.IsValid() {
 		return nil
 	}
-	inst, etag, err := host.Incus.Instance(ctx, name)
+	inst, etag, err := host.Incus.Instances().Get(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -128,7 +128,7 @@ func (mgr *Manager) leaveMember(ctx context.Context, name string, addr netip.Add
 	nic["name"] = model.TransitName
 	put.Devices["eth0"] = nic
 	put.Config[model.KeyMoving] = addr.String()
-	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
+	if err := host.Incus.Instances().Update(ctx, name, put, etag); err != nil {
 		return fmt.Errorf("clearing its address on %s before the move: %w", inst.Location, err)
 	}
 	return nil

@@ -52,7 +52,7 @@ func (mgr *Manager) Export(ctx context.Context, name string, w io.Writer) (*Expo
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := host.Incus.Snapshots(ctx, name)
+	snaps, err := host.Incus.Instances().Snapshots(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("exporting %s: %w", name, err)
 	}
@@ -62,14 +62,14 @@ func (mgr *Manager) Export(ctx context.Context, name string, w io.Writer) (*Expo
 	}
 	if inst.Status != "Stopped" {
 		host.Progressf("stopping %s for the export...", name)
-		if err := host.Incus.SetInstanceState(ctx, name, "stop", time.Minute, false); err != nil {
+		if err := host.Incus.Instances().SetState(ctx, name, "stop", time.Minute, false); err != nil {
 			return nil, fmt.Errorf("exporting %s: stopping it for a consistent copy: %w", name, err)
 		}
 		res.SourceStopped = true
 	}
 	backup := fmt.Sprintf("box-export-%d", time.Now().UnixNano())
 	host.Progressf("exporting %s: incusd writes the backup...", name)
-	err = host.Incus.CreateBackup(ctx, name, incus.BackupsPost{
+	err = host.Incus.Instances().CreateBackup(ctx, name, incus.BackupsPost{
 		Name: backup, ExpiresAt: time.Now().Add(backupExpiry).UTC(),
 		InstanceOnly: false, OptimizedStorage: false, CompressionAlgorithm: "gzip",
 	})
@@ -85,12 +85,12 @@ func (mgr *Manager) Export(ctx context.Context, name string, w io.Writer) (*Expo
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		if derr := host.Incus.DeleteBackup(dctx, name, backup); derr != nil {
+		if derr := host.Incus.Instances().DeleteBackup(dctx, name, backup); derr != nil {
 			res.Notes = append(res.Notes, fmt.Sprintf("incusd's copy of the backup was not deleted (%v): it expires by itself within %s", derr, backupExpiry))
 		}
 	}()
 	host.Progressf("exporting %s: copying the backup...", name)
-	res.Bytes, err = host.Incus.ExportBackup(ctx, name, backup, w)
+	res.Bytes, err = host.Incus.Instances().ExportBackup(ctx, name, backup, w)
 	if err != nil {
 		return res, fmt.Errorf("exporting %s: %w", name, err)
 	}
@@ -102,7 +102,7 @@ func (mgr *Manager) Export(ctx context.Context, name string, w io.Writer) (*Expo
 func (mgr *Manager) startAgain(ctx context.Context, name string) error {
 	host := mgr.host
 	ctx = context.WithoutCancel(ctx)
-	if err := host.Incus.SetInstanceState(ctx, name, "start", 0, false); err != nil {
+	if err := host.Incus.Instances().SetState(ctx, name, "start", 0, false); err != nil {
 		return fmt.Errorf("starting %s again: %w (start it: box start %s)", name, err, name)
 	}
 	if _, err := host.RefreshPorts(ctx); err != nil {
@@ -164,7 +164,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 	if reasons := judgeBackup(bf, profiles); len(reasons) > 0 {
 		return nil, &ImportRefusedError{File: file, Reasons: reasons}
 	}
-	if _, _, err := host.Incus.Instance(ctx, name); err == nil {
+	if _, _, err := host.Incus.Instances().Get(ctx, name); err == nil {
 		hint := "pass --name NEW"
 		if name == bf.Name {
 			hint = "it is the box this file was exported from, or another import of it: pass --name NEW"
@@ -177,7 +177,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	host.Progressf("importing %s as %s...", file, name)
-	if err := host.Incus.ImportBackup(ctx, name, f, host.Options.PoolName()); err != nil {
+	if err := host.Incus.Instances().ImportBackup(ctx, name, f, host.Options.PoolName()); err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	// From here on a failure leaves an instance that is not a proper box:
@@ -190,14 +190,14 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 		}
 	}()
 	res = &ImportResult{From: bf.Name, File: file, Snapshots: []string{}}
-	inst, etag, err := host.Incus.Instance(ctx, name)
+	inst, etag, err := host.Incus.Instances().Get(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	if err := mgr.judgeImported(ctx, file, inst); err != nil {
 		return nil, err
 	}
-	snaps, err := host.Incus.Snapshots(ctx, name)
+	snaps, err := host.Incus.Instances().Snapshots(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
@@ -259,7 +259,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 			NoteNoMemoryLimit, KeyMemoryLimits, memoryUnsupported, model.Current.Network, put.Config["limits.memory"]))
 		delete(put.Config, "limits.memory")
 	}
-	if err := host.Incus.UpdateInstance(ctx, name, put, etag); err != nil {
+	if err := host.Incus.Instances().Update(ctx, name, put, etag); err != nil {
 		return nil, fmt.Errorf("re-stamping %s: %w", name, err)
 	}
 	member := ""
@@ -292,7 +292,7 @@ func (mgr *Manager) judgeImported(ctx context.Context, file string, inst *incus.
 	for _, p := range stack.JudgeDefinition(model.Current.Network, inst).Problems {
 		reasons = append(reasons, "as Incus made it, the box: "+p.What)
 	}
-	snaps, err := host.Incus.SnapshotDefinitions(ctx, inst.Name)
+	snaps, err := host.Incus.Instances().SnapshotDefinitions(ctx, inst.Name)
 	if err != nil {
 		return fmt.Errorf("importing %s: %w", file, err)
 	}

@@ -508,7 +508,7 @@ func (h *healer) incusStep(ctx context.Context, g *hostns.NS, job incusJob) erro
 	// chains, and asking again at every resync would only restart dnsmasq.
 	// That drift is Verify's to name.
 	live := *d
-	if n, _, nerr := h.host.Incus.Network(ctx, model.Current.Network); nerr == nil {
+	if n, _, nerr := h.host.Incus.Networks().Get(ctx, model.Current.Network); nerr == nil {
 		live.Network.Config = n.Config
 	}
 	var did []string
@@ -564,7 +564,7 @@ func (h *healer) remember(ctx context.Context, gw netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("reading the fleet: %w", err)
 	}
-	n, _, err := h.host.Incus.Network(ctx, model.Current.Network)
+	n, _, err := h.host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return err
 	}

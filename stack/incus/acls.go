@@ -52,7 +52,8 @@ func withStates(rules []ACLRule) []ACLRule {
 }
 
 // NetworkACLs lists all network ACLs.
-func (c *Client) NetworkACLs(ctx context.Context) ([]NetworkACL, error) {
+func (api Networks) ACLs(ctx context.Context) ([]NetworkACL, error) {
+	c := api.c
 	var out []NetworkACL
 	if err := c.list(ctx, apiPath("network-acls"), nil, &out); err != nil {
 		return nil, fmt.Errorf("listing network ACLs: %w", err)
@@ -61,7 +62,8 @@ func (c *Client) NetworkACLs(ctx context.Context) ([]NetworkACL, error) {
 }
 
 // NetworkACL fetches one ACL and its ETag for UpdateNetworkACL.
-func (c *Client) NetworkACL(ctx context.Context, name string) (*NetworkACL, string, error) {
+func (api Networks) ACL(ctx context.Context, name string) (*NetworkACL, string, error) {
+	c := api.c
 	var acl NetworkACL
 	etag, err := c.get(ctx, apiPath("network-acls", name), nil, &acl)
 	if err != nil {
@@ -72,7 +74,8 @@ func (c *Client) NetworkACL(ctx context.Context, name string) (*NetworkACL, stri
 
 // CreateNetworkACL creates an ACL. An existing one is a 400 in Incus, not a
 // 409: use IsAlreadyExists.
-func (c *Client) CreateNetworkACL(ctx context.Context, acl NetworkACL) error {
+func (api Networks) CreateACL(ctx context.Context, acl NetworkACL) error {
+	c := api.c
 	body := struct {
 		Name string `json:"name"`
 		aclPut
@@ -86,7 +89,8 @@ func (c *Client) CreateNetworkACL(ctx context.Context, acl NetworkACL) error {
 // UpdateNetworkACL replaces an ACL's description, rules and config (acl.Name
 // and acl.UsedBy are ignored). With an etag a concurrent change makes it
 // fail with IsPreconditionFailed.
-func (c *Client) UpdateNetworkACL(ctx context.Context, name string, acl NetworkACL, etag string) error {
+func (api Networks) UpdateACL(ctx context.Context, name string, acl NetworkACL, etag string) error {
+	c := api.c
 	body := aclPut{acl.Description, withStates(acl.Egress), withStates(acl.Ingress), acl.Config}
 	if _, err := c.do(ctx, request{method: http.MethodPut, path: apiPath("network-acls", name), json: body, etag: etag}); err != nil {
 		return fmt.Errorf("updating network ACL %s: %w", name, err)
@@ -95,7 +99,8 @@ func (c *Client) UpdateNetworkACL(ctx context.Context, name string, acl NetworkA
 }
 
 // DeleteNetworkACL deletes an ACL; Incus refuses while a network uses it.
-func (c *Client) DeleteNetworkACL(ctx context.Context, name string) error {
+func (api Networks) DeleteACL(ctx context.Context, name string) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodDelete, path: apiPath("network-acls", name)}); err != nil {
 		return fmt.Errorf("deleting network ACL %s: %w", name, err)
 	}

@@ -28,7 +28,8 @@ type BackupsPost struct {
 
 // CreateBackup makes a backup of an instance and waits until incusd has
 // written it.
-func (c *Client) CreateBackup(ctx context.Context, inst string, req BackupsPost) error {
+func (api Instances) CreateBackup(ctx context.Context, inst string, req BackupsPost) error {
+	c := api.c
 	if req.Name == "" {
 		return fmt.Errorf("backing up instance %s: no backup name given", inst)
 	}
@@ -40,7 +41,8 @@ func (c *Client) CreateBackup(ctx context.Context, inst string, req BackupsPost)
 
 // ExportBackup streams a backup's tarball into w and returns how many
 // bytes it wrote; nothing is held in memory.
-func (c *Client) ExportBackup(ctx context.Context, inst, backup string, w io.Writer) (int64, error) {
+func (api Instances) ExportBackup(ctx context.Context, inst, backup string, w io.Writer) (int64, error) {
+	c := api.c
 	p := apiPath("instances", inst, "backups", backup, "export")
 	resp, err := c.roundTrip(ctx, request{method: http.MethodGet, path: p})
 	if err != nil {
@@ -62,7 +64,8 @@ func (c *Client) ExportBackup(ctx context.Context, inst, backup string, w io.Wri
 }
 
 // DeleteBackup deletes a backup from incusd's disk.
-func (c *Client) DeleteBackup(ctx context.Context, inst, backup string) error {
+func (api Instances) DeleteBackup(ctx context.Context, inst, backup string) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodDelete, path: apiPath("instances", inst, "backups", backup)}); err != nil {
 		return fmt.Errorf("deleting backup %s of instance %s: %w", backup, inst, err)
 	}
@@ -74,7 +77,8 @@ func (c *Client) DeleteBackup(ctx context.Context, inst, backup string) error {
 // POST /1.0/instances, and waits until incusd has unpacked it. The instance
 // is left stopped, with the config the tarball holds. pool, when not
 // empty, is the storage pool to put it in (X-Incus-pool).
-func (c *Client) ImportBackup(ctx context.Context, name string, backup io.Reader, pool string) error {
+func (api Instances) ImportBackup(ctx context.Context, name string, backup io.Reader, pool string) error {
+	c := api.c
 	if name == "" {
 		return fmt.Errorf("importing a backup: no instance name given")
 	}

@@ -48,7 +48,7 @@ func TestBackupRoundTrip(t *testing.T) {
 	srv, c, stored := backupsFake(t)
 	ctx := testCtx(t)
 	expires := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	require.NoError(t, c.CreateBackup(ctx, "b1", incus.BackupsPost{Name: "x", ExpiresAt: expires, CompressionAlgorithm: "gzip"}))
+	require.NoError(t, c.Instances().CreateBackup(ctx, "b1", incus.BackupsPost{Name: "x", ExpiresAt: expires, CompressionAlgorithm: "gzip"}))
 	posts := srv.Find("POST", "/1.0/instances/b1/backups")
 	require.Len(t, posts, 1)
 	body := jsonBody(t, posts[0])
@@ -58,25 +58,25 @@ func TestBackupRoundTrip(t *testing.T) {
 	assert.Equal(t, "2030-01-02T03:04:05Z", body["expires_at"])
 
 	var out bytes.Buffer
-	n, err := c.ExportBackup(ctx, "b1", "x", &out)
+	n, err := c.Instances().ExportBackup(ctx, "b1", "x", &out)
 	require.NoError(t, err)
 	assert.Equal(t, "tarball of b1", out.String())
 	assert.Equal(t, int64(out.Len()), n)
 
-	require.NoError(t, c.DeleteBackup(ctx, "b1", "x"))
+	require.NoError(t, c.Instances().DeleteBackup(ctx, "b1", "x"))
 	assert.Empty(t, stored)
 
-	_, err = c.ExportBackup(ctx, "b1", "x", io.Discard)
+	_, err = c.Instances().ExportBackup(ctx, "b1", "x", io.Discard)
 	assert.True(t, incus.IsNotFound(err), "%v", err)
 	assert.Contains(t, err.Error(), "exporting backup x of instance b1")
 }
 
 func TestCreateBackupWithoutExpiry(t *testing.T) {
 	srv, c, _ := backupsFake(t)
-	require.NoError(t, c.CreateBackup(testCtx(t), "b1", incus.BackupsPost{Name: "y"}))
+	require.NoError(t, c.Instances().CreateBackup(testCtx(t), "b1", incus.BackupsPost{Name: "y"}))
 	body := jsonBody(t, srv.Find("POST", "/1.0/instances/b1/backups")[0])
 	assert.NotContains(t, body, "expires_at", "no expiry is the server's never, not year 1")
-	assert.Error(t, c.CreateBackup(testCtx(t), "b1", incus.BackupsPost{}), "a backup needs a name to be fetched by")
+	assert.Error(t, c.Instances().CreateBackup(testCtx(t), "b1", incus.BackupsPost{}), "a backup needs a name to be fetched by")
 }
 
 func TestCreateBackupFails(t *testing.T) {
@@ -84,7 +84,7 @@ func TestCreateBackupFails(t *testing.T) {
 	srv.Handle("POST /1.0/instances/{name}/backups", func(w http.ResponseWriter, r *http.Request) {
 		srv.Async(w, incustest.Op{Description: "Backing up instance", Err: "Failed to create backup: no space left on device"})
 	})
-	err := c.CreateBackup(testCtx(t), "b1", incus.BackupsPost{Name: "x"})
+	err := c.Instances().CreateBackup(testCtx(t), "b1", incus.BackupsPost{Name: "x"})
 	var oe *incus.OperationError
 	require.ErrorAs(t, err, &oe)
 	assert.Contains(t, err.Error(), "backing up instance b1")
@@ -104,16 +104,16 @@ func TestImportBackup(t *testing.T) {
 	})
 	tarball := strings.Repeat("x", 3<<20) // more than the fake records
 	// A plain io.Reader: streamed, whatever its size.
-	err := c.ImportBackup(testCtx(t), "new", io.MultiReader(strings.NewReader(tarball)), "default")
+	err := c.Instances().ImportBackup(testCtx(t), "new", io.MultiReader(strings.NewReader(tarball)), "default")
 	require.NoError(t, err)
 	assert.Equal(t, tarball, string(got), "the body is the tarball, whole")
 	req := srv.Find("POST", "/1.0/instances")[0]
 	assert.Equal(t, "new", req.Header.Get("X-Incus-name"))
 	assert.Equal(t, "default", req.Header.Get("X-Incus-pool"))
 
-	require.NoError(t, c.ImportBackup(testCtx(t), "other", strings.NewReader("t"), ""))
+	require.NoError(t, c.Instances().ImportBackup(testCtx(t), "other", strings.NewReader("t"), ""))
 	assert.Empty(t, srv.Find("POST", "/1.0/instances")[1].Header.Values("X-Incus-pool"), "no pool: the backup's own")
-	assert.Error(t, c.ImportBackup(testCtx(t), "", strings.NewReader("t"), ""))
+	assert.Error(t, c.Instances().ImportBackup(testCtx(t), "", strings.NewReader("t"), ""))
 }
 
 func TestImportBackupFails(t *testing.T) {
@@ -121,7 +121,7 @@ func TestImportBackupFails(t *testing.T) {
 	srv.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
 		srv.Async(w, incustest.Op{Description: "Creating instance", Err: "Failed importing backup: Failed loading profiles (nosuch) for instance: Profile not found"})
 	})
-	err := c.ImportBackup(testCtx(t), "new", strings.NewReader("t"), "")
+	err := c.Instances().ImportBackup(testCtx(t), "new", strings.NewReader("t"), "")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "importing instance new from a backup")
 	assert.Contains(t, err.Error(), "Profile not found", "incus's reason, as it gave it")

@@ -347,3 +347,33 @@ const cleanupTimeout = 5 * time.Second
 func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 }
+
+// Instances is the instances part of the API.
+type Instances struct{ c *Client }
+
+// Instances is the instances part of the API, through c.
+func (c *Client) Instances() Instances { return Instances{c} }
+
+// Networks is the networks part of the API.
+type Networks struct{ c *Client }
+
+// Networks is the networks part of the API, through c.
+func (c *Client) Networks() Networks { return Networks{c} }
+
+// Images is the images part of the API.
+type Images struct{ c *Client }
+
+// Images is the images part of the API, through c.
+func (c *Client) Images() Images { return Images{c} }
+
+// Storage is the storage part of the API.
+type Storage struct{ c *Client }
+
+// Storage is the storage part of the API, through c.
+func (c *Client) Storage() Storage { return Storage{c} }
+
+// Projects is the projects part of the API.
+type Projects struct{ c *Client }
+
+// Projects is the projects part of the API, through c.
+func (c *Client) Projects() Projects { return Projects{c} }

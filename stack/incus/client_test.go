@@ -73,10 +73,10 @@ func TestProjectScopesEveryRequest(t *testing.T) {
 	assert.Equal(t, "box-alice", p.ProjectName())
 	assert.Equal(t, "", c.ProjectName(), "Project must return a copy")
 
-	_, err := p.ListInstances(testCtx(t), nil)
+	_, err := p.Instances().List(testCtx(t), nil)
 	require.NoError(t, err)
-	require.NoError(t, p.DeleteInstance(testCtx(t), "b1"))
-	_, err = c.ListInstances(testCtx(t), nil)
+	require.NoError(t, p.Instances().Delete(testCtx(t), "b1"))
+	_, err = c.Instances().List(testCtx(t), nil)
 	require.NoError(t, err)
 
 	reqs := srv.Requests()
@@ -188,7 +188,7 @@ func TestIgnoresHTTPProxy(t *testing.T) {
 	t.Setenv("http_proxy", "http://127.0.0.1:1")
 	srv, c := newFake(t)
 	srv.Handle("GET /1.0/instances", func(w http.ResponseWriter, r *http.Request) { incustest.Sync(w, []any{}) })
-	_, err := c.ListInstances(testCtx(t), nil)
+	_, err := c.Instances().List(testCtx(t), nil)
 	require.NoError(t, err)
 }
 
@@ -297,7 +297,7 @@ func TestErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			srv, c := newFake(t)
 			srv.Handle("GET /1.0/instances/x", tt.handler)
-			inst, etag, err := c.Instance(testCtx(t), "x")
+			inst, etag, err := c.Instances().Get(testCtx(t), "x")
 			require.Error(t, err)
 			assert.Nil(t, inst)
 			assert.Empty(t, etag)
@@ -311,7 +311,7 @@ func TestOperationFailure(t *testing.T) {
 	srv.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
 		srv.Async(w, incustest.Op{Description: "Creating instance", Err: "Failed creating instance from image: Image not found"})
 	})
-	err := c.CreateInstance(testCtx(t), incus.InstancesPost{Name: "b1", Source: incus.InstanceSource{Type: "image", Alias: "nope"}})
+	err := c.Instances().Create(testCtx(t), incus.InstancesPost{Name: "b1", Source: incus.InstanceSource{Type: "image", Alias: "nope"}})
 	require.Error(t, err)
 	var oe *incus.OperationError
 	require.ErrorAs(t, err, &oe)
@@ -334,7 +334,7 @@ func TestOperationAlreadyExists(t *testing.T) {
 		srv.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
 			srv.Async(w, incustest.Op{Description: "Creating instance", Err: msg})
 		})
-		err := c.CreateInstance(testCtx(t), incus.InstancesPost{Name: "b1"})
+		err := c.Instances().Create(testCtx(t), incus.InstancesPost{Name: "b1"})
 		assert.True(t, incus.IsAlreadyExists(err), msg)
 		assert.False(t, incus.IsConflict(err))
 	}
@@ -342,7 +342,7 @@ func TestOperationAlreadyExists(t *testing.T) {
 	srv.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
 		srv.Async(w, incustest.Op{Description: "Creating instance", Err: "Failed creating instance from image: Image not found"})
 	})
-	err := c.CreateInstance(testCtx(t), incus.InstancesPost{Name: "b1"})
+	err := c.Instances().Create(testCtx(t), incus.InstancesPost{Name: "b1"})
 	assert.False(t, incus.IsAlreadyExists(err), "another failure is not 'already exists'")
 }
 
@@ -355,7 +355,7 @@ func TestWaitTimeoutCancelsOperation(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err := c.CreateInstance(ctx, incus.InstancesPost{Name: "slow"})
+	err := c.Instances().Create(ctx, incus.InstancesPost{Name: "slow"})
 	require.Error(t, err)
 	assert.Less(t, time.Since(start), 3*time.Second, "the deadline must bound the wait")
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
@@ -448,7 +448,7 @@ func TestWaitOnIncus60(t *testing.T) {
 		srv.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
 			srv.Async(w, incustest.Op{Description: "Creating instance", Err: "Failed getting remote image info: boom"})
 		})
-		err := c.CreateInstance(testCtx(t), incus.InstancesPost{Name: "b"})
+		err := c.Instances().Create(testCtx(t), incus.InstancesPost{Name: "b"})
 		var oe *incus.OperationError
 		require.ErrorAs(t, err, &oe)
 		assert.Equal(t, "Failed getting remote image info: boom", oe.Message)

@@ -169,13 +169,13 @@ func TestTarget(t *testing.T) {
 	assert.Equal(t, "m2", m2.TargetName())
 	assert.Equal(t, "", c.TargetName())
 
-	_, _, err := m2.Network(ctx, "boxnet")
+	_, _, err := m2.Networks().Get(ctx, "boxnet")
 	require.NoError(t, err)
-	require.NoError(t, m2.CreateNetwork(ctx, incus.NetworksPost{Name: "boxnet", Type: "bridge"}))
-	require.NoError(t, m2.CreateInstance(ctx, incus.InstancesPost{Name: "cb-one"}))
-	_, _, err = c.Network(ctx, "boxnet")
+	require.NoError(t, m2.Networks().Create(ctx, incus.NetworksPost{Name: "boxnet", Type: "bridge"}))
+	require.NoError(t, m2.Instances().Create(ctx, incus.InstancesPost{Name: "cb-one"}))
+	_, _, err = c.Networks().Get(ctx, "boxnet")
 	require.NoError(t, err)
-	_, _, err = c.Target("").Network(ctx, "boxnet")
+	_, _, err = c.Target("").Networks().Get(ctx, "boxnet")
 	require.NoError(t, err)
 
 	reqs := srv.Requests()

@@ -100,7 +100,8 @@
 //		typ = "virtual-machine"
 //	}
 //
-//	err = c.CreateInstance(ctx, incus.InstancesPost{
+//	insts := c.Instances() // the instances part of the API; Networks, Images, Storage, Projects likewise
+//	err = insts.Create(ctx, incus.InstancesPost{
 //		Name:   "demo",
 //		Type:   typ,
 //		Source: incus.InstanceSource{Type: "image", Alias: "debian/12"},
@@ -113,7 +114,7 @@
 //		return err
 //	}
 //
-//	res, err := c.Exec(ctx, "demo", incus.ExecRequest{
+//	res, err := insts.Exec(ctx, "demo", incus.ExecRequest{
 //		Command: []string{"sh", "-c", "echo hello; uname -r >&2"},
 //		Env:     map[string]string{"LANG": "C.UTF-8"},
 //	})
@@ -122,17 +123,17 @@
 //	}
 //	fmt.Printf("exit %d, stdout %q, stderr %q\n", res.ExitCode, res.Stdout, res.Stderr)
 //
-//	mine, err := c.Instances(ctx, map[string]string{"user.box": "1"}) // filtered by the server
+//	mine, err := insts.List(ctx, map[string]string{"user.box": "1"}) // filtered by the server
 //	if err != nil {
 //		return err
 //	}
 //	_ = mine
 //
 //	// Incus will not delete a running instance.
-//	if err := c.SetInstanceState(ctx, "demo", "stop", 0, true); err != nil {
+//	if err := insts.SetState(ctx, "demo", "stop", 0, true); err != nil {
 //		return err
 //	}
-//	if err := c.DeleteInstance(ctx, "demo"); err != nil && !incus.IsNotFound(err) {
+//	if err := insts.Delete(ctx, "demo"); err != nil && !incus.IsNotFound(err) {
 //		return err
 //	}
 //

@@ -44,7 +44,8 @@ type ExecResult struct {
 // has none). If it does not, Exec asks Incus to cancel the operation and
 // returns an error wrapping context.DeadlineExceeded; Incus cannot cancel a
 // recorded exec, so the command may go on running in the instance.
-func (c *Client) Exec(ctx context.Context, name string, req ExecRequest) (*ExecResult, error) {
+func (api Instances) Exec(ctx context.Context, name string, req ExecRequest) (*ExecResult, error) {
+	c := api.c
 	if len(req.Command) == 0 {
 		return nil, fmt.Errorf("exec in %s: empty command", name)
 	}
@@ -78,13 +79,13 @@ func (c *Client) Exec(ctx context.Context, name string, req ExecRequest) (*ExecR
 	} else {
 		err = op.result()
 	}
-	logs := c.execLogs(name, op)
+	logs := c.Instances().execLogs(name, op)
 	if err != nil {
 		// Whatever ran, the logs are ours to clean up; on a timeout the
 		// command may still be writing to them, which unlinking tolerates.
 		cctx, cancel := cleanupContext(ctx)
 		defer cancel()
-		c.deleteExecLogs(cctx, logs)
+		c.Instances().deleteExecLogs(cctx, logs)
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%s: %w; the command may still be running", what, err)
 		}
@@ -95,7 +96,7 @@ func (c *Client) Exec(ctx context.Context, name string, req ExecRequest) (*ExecR
 	if !ok {
 		cctx, cancel := cleanupContext(ctx)
 		defer cancel()
-		c.deleteExecLogs(cctx, logs)
+		c.Instances().deleteExecLogs(cctx, logs)
 		return nil, fmt.Errorf("%s: %w", what, &MalformedError{
 			Method: http.MethodGet, Path: apiPath("operations", op.ID, "wait"),
 			Err: fmt.Errorf("no exit code in operation metadata (return=%v)", op.Metadata["return"]),
@@ -103,16 +104,16 @@ func (c *Client) Exec(ctx context.Context, name string, req ExecRequest) (*ExecR
 	}
 	res := &ExecResult{ExitCode: int(code)}
 	var truncated [2]bool
-	res.Stdout, truncated[0], err = c.readExecLog(ctx, logs[0])
+	res.Stdout, truncated[0], err = c.Instances().readExecLog(ctx, logs[0])
 	if err == nil {
-		res.Stderr, truncated[1], err = c.readExecLog(ctx, logs[1])
+		res.Stderr, truncated[1], err = c.Instances().readExecLog(ctx, logs[1])
 	}
 	res.Truncated = truncated[0] || truncated[1]
 	// A log that fails to delete stays on the host; it does not cost the
 	// caller a result they already have.
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	c.deleteExecLogs(cctx, logs)
+	c.Instances().deleteExecLogs(cctx, logs)
 	if err != nil {
 		return nil, fmt.Errorf("%s: reading output: %w", what, err)
 	}
@@ -123,7 +124,7 @@ func (c *Client) Exec(ctx context.Context, name string, req ExecRequest) (*ExecR
 // names are taken from the operation: the paths Incus reports carry no
 // project, and a failed exec may report none, in which case the names are
 // the ones Incus derives from the operation id.
-func (c *Client) execLogs(inst string, op *Operation) [2]string {
+func (api Instances) execLogs(inst string, op *Operation) [2]string {
 	var out [2]string
 	if op == nil {
 		return out
@@ -144,7 +145,8 @@ func (c *Client) execLogs(inst string, op *Operation) [2]string {
 }
 
 // readExecLog reads at most MaxExecOutput bytes of a log.
-func (c *Client) readExecLog(ctx context.Context, p string) ([]byte, bool, error) {
+func (api Instances) readExecLog(ctx context.Context, p string) ([]byte, bool, error) {
+	c := api.c
 	if p == "" {
 		return nil, false, nil
 	}
@@ -170,7 +172,8 @@ func (c *Client) readExecLog(ctx context.Context, p string) ([]byte, bool, error
 	return data, false, nil
 }
 
-func (c *Client) deleteExecLogs(ctx context.Context, logs [2]string) {
+func (api Instances) deleteExecLogs(ctx context.Context, logs [2]string) {
+	c := api.c
 	for _, p := range logs {
 		if p != "" {
 			_, _, _ = c.call(ctx, request{method: http.MethodDelete, path: p})

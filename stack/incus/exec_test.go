@@ -84,7 +84,7 @@ func TestExec(t *testing.T) {
 		}}
 	}, "hello\n", "oops\n")
 
-	res, err := c.Project("box-alice").Exec(testCtx(t), "b1", incus.ExecRequest{
+	res, err := c.Project("box-alice").Instances().Exec(testCtx(t), "b1", incus.ExecRequest{
 		Command: []string{"sh", "-c", "echo hello; echo oops >&2; exit 3"},
 		Env:     map[string]string{"HOME": "/home/u"},
 		User:    1000, Group: 1000, Cwd: "/home/u",
@@ -120,7 +120,7 @@ func TestExecOperationFails(t *testing.T) {
 		// reports the log paths; the logs exist all the same.
 		return incustest.Op{Description: "Executing command", Err: `Command not found`}
 	}, "", "")
-	_, err := c.Exec(testCtx(t), "b1", incus.ExecRequest{Command: []string{"nope"}})
+	_, err := c.Instances().Exec(testCtx(t), "b1", incus.ExecRequest{Command: []string{"nope"}})
 	require.Error(t, err)
 	var oe *incus.OperationError
 	require.ErrorAs(t, err, &oe)
@@ -138,7 +138,7 @@ func TestExecTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := c.Exec(ctx, "b1", incus.ExecRequest{Command: []string{"sleep", "1000"}})
+	_, err := c.Instances().Exec(ctx, "b1", incus.ExecRequest{Command: []string{"sleep", "1000"}})
 	require.Error(t, err)
 	assert.Less(t, time.Since(start), 3*time.Second)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
@@ -153,7 +153,7 @@ func TestExecTruncatesOutput(t *testing.T) {
 	_, c := newExecFake(t, func(id string) incustest.Op {
 		return incustest.Op{Metadata: map[string]any{"return": 0}}
 	}, big, "")
-	res, err := c.Exec(testCtx(t), "b1", incus.ExecRequest{Command: []string{"yes"}})
+	res, err := c.Instances().Exec(testCtx(t), "b1", incus.ExecRequest{Command: []string{"yes"}})
 	require.NoError(t, err)
 	assert.Len(t, res.Stdout, incus.MaxExecOutput)
 	assert.True(t, res.Truncated)
@@ -163,7 +163,7 @@ func TestExecMissingExitCode(t *testing.T) {
 	f, c := newExecFake(t, func(id string) incustest.Op {
 		return incustest.Op{Metadata: map[string]any{}}
 	}, "", "")
-	_, err := c.Exec(testCtx(t), "b1", incus.ExecRequest{Command: []string{"true"}})
+	_, err := c.Instances().Exec(testCtx(t), "b1", incus.ExecRequest{Command: []string{"true"}})
 	var me *incus.MalformedError
 	require.ErrorAs(t, err, &me)
 	assert.Empty(t, f.remaining())
@@ -171,7 +171,7 @@ func TestExecMissingExitCode(t *testing.T) {
 
 func TestExecEmptyCommand(t *testing.T) {
 	srv, c := newFake(t)
-	_, err := c.Exec(testCtx(t), "b1", incus.ExecRequest{})
+	_, err := c.Instances().Exec(testCtx(t), "b1", incus.ExecRequest{})
 	require.ErrorContains(t, err, "empty command")
 	assert.Empty(t, srv.Requests())
 }

@@ -17,7 +17,8 @@ const MaxPullSize = 64 << 20
 // there, with the given permission bits and owner. A negative uid or gid
 // leaves the choice to Incus (root, or the existing file's owner). The body
 // is streamed, not buffered.
-func (c *Client) PushFile(ctx context.Context, name, path string, content io.Reader, mode os.FileMode, uid, gid int) error {
+func (api Instances) PushFile(ctx context.Context, name, path string, content io.Reader, mode os.FileMode, uid, gid int) error {
+	c := api.c
 	h := http.Header{}
 	h.Set("X-Incus-type", "file")
 	h.Set("X-Incus-write", "overwrite")
@@ -49,7 +50,8 @@ func (c *Client) PushFile(ctx context.Context, name, path string, content io.Rea
 
 // PullFile reads a regular file from inside the instance (at most
 // MaxPullSize bytes).
-func (c *Client) PullFile(ctx context.Context, name, path string) ([]byte, error) {
+func (api Instances) PullFile(ctx context.Context, name, path string) ([]byte, error) {
+	c := api.c
 	p := apiPath("instances", name, "files")
 	resp, err := c.roundTrip(ctx, request{method: http.MethodGet, path: p, query: url.Values{"path": {path}}})
 	if err != nil {

@@ -70,7 +70,7 @@ func TestPushPullFile(t *testing.T) {
 			ctx := testCtx(t)
 			content := "#!/bin/sh\necho hi\n"
 			// A plain io.Reader (no length) must stream, not be buffered.
-			err := c.PushFile(ctx, "b1", tt.wantPath, io.MultiReader(strings.NewReader(content)), tt.mode, tt.uid, tt.gid)
+			err := c.Instances().PushFile(ctx, "b1", tt.wantPath, io.MultiReader(strings.NewReader(content)), tt.mode, tt.uid, tt.gid)
 			require.NoError(t, err)
 
 			posts := srv.Find("POST", "/1.0/instances/b1/files")
@@ -84,7 +84,7 @@ func TestPushPullFile(t *testing.T) {
 			assert.Equal(t, "overwrite", h.Get("X-Incus-write"))
 			assert.Equal(t, tt.wantPath, posts[0].Query.Get("path"))
 
-			got, err := c.PullFile(ctx, "b1", tt.wantPath)
+			got, err := c.Instances().PullFile(ctx, "b1", tt.wantPath)
 			require.NoError(t, err)
 			assert.Equal(t, content, string(got), "the pushed content must arrive, not an empty file")
 		})
@@ -93,11 +93,11 @@ func TestPushPullFile(t *testing.T) {
 
 func TestPullFileErrors(t *testing.T) {
 	_, c, _ := filesFake(t)
-	_, err := c.PullFile(testCtx(t), "b1", "/nope")
+	_, err := c.Instances().PullFile(testCtx(t), "b1", "/nope")
 	assert.True(t, incus.IsNotFound(err))
 	assert.Contains(t, err.Error(), "pulling /nope from instance b1")
 
-	_, err = c.PullFile(testCtx(t), "b1", "/etc")
+	_, err = c.Instances().PullFile(testCtx(t), "b1", "/etc")
 	require.ErrorContains(t, err, "it is a directory")
 }
 
@@ -106,7 +106,7 @@ func TestPushFileError(t *testing.T) {
 	srv.Handle("POST /1.0/instances/{name}/files", func(w http.ResponseWriter, r *http.Request) {
 		incustest.Error(w, http.StatusBadRequest, "Instance is not running")
 	})
-	err := c.PushFile(testCtx(t), "b1", "/x", strings.NewReader("x"), 0o644, 0, 0)
+	err := c.Instances().PushFile(testCtx(t), "b1", "/x", strings.NewReader("x"), 0o644, 0, 0)
 	var se *incus.StatusError
 	require.ErrorAs(t, err, &se)
 	assert.Equal(t, 400, se.Code)

@@ -143,7 +143,7 @@ func TestAddRemoteWithAToken(t *testing.T) {
 	trusted, err := c.Trusted(ctx)
 	require.NoError(t, err)
 	assert.True(t, trusted)
-	insts, err := c.ListInstances(ctx, nil)
+	insts, err := c.Instances().List(ctx, nil)
 	require.NoError(t, err)
 	require.Len(t, insts, 1)
 	assert.Equal(t, "default", c.ProjectName())
@@ -188,7 +188,7 @@ func TestRemotePinRefusesAnotherCertificate(t *testing.T) {
 	r.Addr = other.srv.URL
 	c, err := r.Client(dir, nil)
 	require.NoError(t, err)
-	_, err = c.ListInstances(ctx, nil)
+	_, err = c.Instances().List(ctx, nil)
 	require.ErrorContains(t, err, "other than the one pinned for it")
 }
 

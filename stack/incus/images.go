@@ -45,15 +45,17 @@ type ImageUpload struct {
 
 // ImportImage imports a split container image and then creates the given
 // aliases for it. It returns the image's fingerprint.
-func (c *Client) ImportImage(ctx context.Context, metadata, rootfs io.Reader, aliases ...string) (string, error) {
-	return c.UploadImage(ctx, ImageUpload{Metadata: metadata, Rootfs: rootfs, Aliases: aliases})
+func (api Images) Import(ctx context.Context, metadata, rootfs io.Reader, aliases ...string) (string, error) {
+	c := api.c
+	return c.Images().Upload(ctx, ImageUpload{Metadata: metadata, Rootfs: rootfs, Aliases: aliases})
 }
 
 // UploadImage imports a split image as multipart/form-data, streaming both
 // parts (a rootfs is never held in memory), waits for Incus to unpack it and
 // creates the aliases. If the image is already in the store the import fails
 // with an error for which IsAlreadyExists is true.
-func (c *Client) UploadImage(ctx context.Context, up ImageUpload) (string, error) {
+func (api Images) Upload(ctx context.Context, up ImageUpload) (string, error) {
+	c := api.c
 	if up.Metadata == nil || up.Rootfs == nil {
 		return "", errors.New("importing image: both metadata and rootfs are required")
 	}
@@ -90,7 +92,7 @@ func (c *Client) UploadImage(ctx context.Context, up ImageUpload) (string, error
 		return "", fmt.Errorf("importing image: %w", &MalformedError{Method: r.method, Path: r.path, Err: errors.New("no fingerprint in the operation's metadata")})
 	}
 	for _, a := range up.Aliases {
-		if err := c.CreateImageAlias(ctx, a, fp, ""); err != nil {
+		if err := c.Images().CreateAlias(ctx, a, fp, ""); err != nil {
 			return fp, fmt.Errorf("importing image %s: %w", fp, err)
 		}
 	}
@@ -116,7 +118,8 @@ func writeImageParts(mw *multipart.Writer, metadata io.Reader, rootfsField strin
 }
 
 // ListImages lists the images in the store.
-func (c *Client) ListImages(ctx context.Context) ([]Image, error) {
+func (api Images) List(ctx context.Context) ([]Image, error) {
+	c := api.c
 	var out []Image
 	if err := c.list(ctx, apiPath("images"), nil, &out); err != nil {
 		return nil, fmt.Errorf("listing images: %w", err)
@@ -125,7 +128,8 @@ func (c *Client) ListImages(ctx context.Context) ([]Image, error) {
 }
 
 // Image fetches one image by its full fingerprint (or a unique prefix).
-func (c *Client) Image(ctx context.Context, fingerprint string) (*Image, error) {
+func (api Images) Get(ctx context.Context, fingerprint string) (*Image, error) {
+	c := api.c
 	var img Image
 	if _, err := c.get(ctx, apiPath("images", fingerprint), nil, &img); err != nil {
 		return nil, fmt.Errorf("getting image %s: %w", fingerprint, err)
@@ -134,7 +138,8 @@ func (c *Client) Image(ctx context.Context, fingerprint string) (*Image, error) 
 }
 
 // ImageAlias resolves an alias to its target fingerprint.
-func (c *Client) ImageAlias(ctx context.Context, name string) (*ImageAlias, error) {
+func (api Images) Alias(ctx context.Context, name string) (*ImageAlias, error) {
+	c := api.c
 	var a ImageAlias
 	if _, err := c.get(ctx, apiPath("images", "aliases", name), nil, &a); err != nil {
 		return nil, fmt.Errorf("getting image alias %s: %w", name, err)
@@ -144,7 +149,8 @@ func (c *Client) ImageAlias(ctx context.Context, name string) (*ImageAlias, erro
 
 // CreateImageAlias points a new alias at an image; an existing alias is a
 // 409 (IsConflict).
-func (c *Client) CreateImageAlias(ctx context.Context, name, target, description string) error {
+func (api Images) CreateAlias(ctx context.Context, name, target, description string) error {
+	c := api.c
 	body := ImageAlias{Name: name, Target: target, Description: description}
 	if _, err := c.do(ctx, request{method: http.MethodPost, path: apiPath("images", "aliases"), json: body}); err != nil {
 		return fmt.Errorf("creating image alias %s: %w", name, err)
@@ -153,7 +159,8 @@ func (c *Client) CreateImageAlias(ctx context.Context, name, target, description
 }
 
 // DeleteImageAlias deletes an alias (not the image).
-func (c *Client) DeleteImageAlias(ctx context.Context, name string) error {
+func (api Images) DeleteAlias(ctx context.Context, name string) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodDelete, path: apiPath("images", "aliases", name)}); err != nil {
 		return fmt.Errorf("deleting image alias %s: %w", name, err)
 	}
@@ -161,7 +168,8 @@ func (c *Client) DeleteImageAlias(ctx context.Context, name string) error {
 }
 
 // DeleteImage deletes an image and its aliases.
-func (c *Client) DeleteImage(ctx context.Context, fingerprint string) error {
+func (api Images) Delete(ctx context.Context, fingerprint string) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodDelete, path: apiPath("images", fingerprint)}); err != nil {
 		return fmt.Errorf("deleting image %s: %w", fingerprint, err)
 	}

@@ -63,7 +63,7 @@ func TestImportImage(t *testing.T) {
 	})
 
 	rootfs := &gatedReader{gate: gotMetadata, r: strings.NewReader(strings.Repeat("R", 1<<20))}
-	got, err := c.ImportImage(testCtx(t), strings.NewReader("META"), rootfs, "box/debian", "box/default")
+	got, err := c.Images().Import(testCtx(t), strings.NewReader("META"), rootfs, "box/debian", "box/default")
 	require.NoError(t, err)
 	assert.Equal(t, fp, got)
 	assert.Equal(t, "META", parts["metadata"])
@@ -86,7 +86,7 @@ func TestImportImageFailures(t *testing.T) {
 		endless := io.MultiReader(strings.NewReader("x"), neverEnding('x'))
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_, err := c.ImportImage(ctx, strings.NewReader("META"), endless)
+		_, err := c.Images().Import(ctx, strings.NewReader("META"), endless)
 		require.Error(t, err)
 		assert.NotErrorIs(t, err, context.DeadlineExceeded)
 	})
@@ -96,7 +96,7 @@ func TestImportImageFailures(t *testing.T) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			srv.Async(w, incustest.Op{Err: "Image with same fingerprint already exists"})
 		})
-		_, err := c.ImportImage(testCtx(t), strings.NewReader("M"), strings.NewReader("R"), "a")
+		_, err := c.Images().Import(testCtx(t), strings.NewReader("M"), strings.NewReader("R"), "a")
 		assert.True(t, incus.IsAlreadyExists(err))
 		assert.Empty(t, srv.Find("POST", "/1.0/images/aliases"))
 	})
@@ -106,7 +106,7 @@ func TestImportImageFailures(t *testing.T) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			srv.Async(w, incustest.Op{})
 		})
-		_, err := c.ImportImage(testCtx(t), strings.NewReader("M"), strings.NewReader("R"))
+		_, err := c.Images().Import(testCtx(t), strings.NewReader("M"), strings.NewReader("R"))
 		var me *incus.MalformedError
 		require.ErrorAs(t, err, &me)
 	})
@@ -140,22 +140,22 @@ func TestImages(t *testing.T) {
 	})
 	ctx := testCtx(t)
 
-	list, err := c.ListImages(ctx)
+	list, err := c.Images().List(ctx)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	assert.Equal(t, "box/debian", list[0].Aliases[0].Name)
 	assert.Equal(t, int64(1234), list[0].Size)
 
-	one, err := c.Image(ctx, "abc")
+	one, err := c.Images().Get(ctx, "abc")
 	require.NoError(t, err)
 	assert.Equal(t, "debian", one.Properties["os"])
 
-	alias, err := c.ImageAlias(ctx, "box/debian")
+	alias, err := c.Images().Alias(ctx, "box/debian")
 	require.NoError(t, err)
 	assert.Equal(t, incus.ImageAlias{Name: "box/debian", Target: "abc", Type: "container", Description: "d"}, *alias)
 	assert.Len(t, srv.Find("GET", "/1.0/images/aliases/box/debian"), 1, "the alias's slash is escaped, not a path")
 
-	require.NoError(t, c.DeleteImageAlias(ctx, "box/debian"))
-	require.NoError(t, c.DeleteImage(ctx, "abc"))
+	require.NoError(t, c.Images().DeleteAlias(ctx, "box/debian"))
+	require.NoError(t, c.Images().Delete(ctx, "abc"))
 	assert.Len(t, srv.Find("DELETE", "/1.0/images/abc"), 1)
 }

@@ -39,8 +39,8 @@ func removeInstances(t *testing.T, c *incus.Client, names ...string) {
 	t.Cleanup(func() {
 		ctx := context.Background()
 		for _, n := range names {
-			c.SetInstanceState(ctx, n, "stop", 0, true) //nolint:errcheck
-			if err := c.DeleteInstance(ctx, n); err != nil && !incus.IsNotFound(err) {
+			c.Instances().SetState(ctx, n, "stop", 0, true) //nolint:errcheck
+			if err := c.Instances().Delete(ctx, n); err != nil && !incus.IsNotFound(err) {
 				t.Errorf("cleanup: %v", err)
 			}
 		}
@@ -62,51 +62,51 @@ func TestSystemInstanceLifecycle(t *testing.T) {
 	removeInstances(t, c, name, clone, renamed)
 
 	tag := map[string]string{"user.box-test": name}
-	require.NoError(t, c.CreateInstance(ctx, incus.InstancesPost{
+	require.NoError(t, c.Instances().Create(ctx, incus.InstancesPost{
 		Name: name, Type: "container", Start: true, Config: tag,
 		Source: incus.InstanceSource{Type: "image", Alias: image.DefaultAlias},
 	}))
-	err := c.CreateInstance(ctx, incus.InstancesPost{
+	err := c.Instances().Create(ctx, incus.InstancesPost{
 		Name: name, Type: "container", Source: incus.InstanceSource{Type: "image", Alias: image.DefaultAlias},
 	})
 	assert.True(t, incus.IsAlreadyExists(err), "creating it twice: %v", err)
 
 	// The server-side filter finds exactly this instance.
-	list, err := c.ListInstances(ctx, tag)
+	list, err := c.Instances().List(ctx, tag)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	assert.Equal(t, name, list[0].Name)
 	assert.Equal(t, "Running", list[0].Status)
 
 	// Exec: exit code, stdout and stderr kept apart; the user is honoured.
-	res, err := c.Exec(ctx, name, incus.ExecRequest{Command: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}})
+	res, err := c.Instances().Exec(ctx, name, incus.ExecRequest{Command: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}})
 	require.NoError(t, err)
 	assert.Equal(t, 3, res.ExitCode)
 	assert.Equal(t, "out\n", string(res.Stdout))
 	assert.Equal(t, "err\n", string(res.Stderr))
-	res, err = c.Exec(ctx, name, incus.ExecRequest{Command: []string{"id", "-u"}, User: 1000, Group: 1000})
+	res, err = c.Instances().Exec(ctx, name, incus.ExecRequest{Command: []string{"id", "-u"}, User: 1000, Group: 1000})
 	require.NoError(t, err)
 	assert.Equal(t, "1000\n", string(res.Stdout))
-	res, err = c.Exec(ctx, name, incus.ExecRequest{Command: []string{"sh", "-c", "cat; echo eof"}})
+	res, err = c.Instances().Exec(ctx, name, incus.ExecRequest{Command: []string{"sh", "-c", "cat; echo eof"}})
 	require.NoError(t, err)
 	assert.Equal(t, "eof\n", string(res.Stdout), "stdin is closed")
 
 	// A command past its deadline is abandoned with DeadlineExceeded.
 	short, cancel := context.WithTimeout(ctx, time.Second)
-	_, err = c.Exec(short, name, incus.ExecRequest{Command: []string{"sleep", "30"}})
+	_, err = c.Instances().Exec(short, name, incus.ExecRequest{Command: []string{"sleep", "30"}})
 	cancel()
 	assert.True(t, errors.Is(err, context.DeadlineExceeded), "exec past its deadline: %v", err)
 
 	// Push a binary file with mode and owner, then read it back.
 	payload := append([]byte("box\x00probe\n"), bytes.Repeat([]byte{0xff, 0x00}, 4096)...)
-	require.NoError(t, c.PushFile(ctx, name, "/home/box/payload", bytes.NewReader(payload), 0o640, 1000, 1000))
-	got, err := c.PullFile(ctx, name, "/home/box/payload")
+	require.NoError(t, c.Instances().PushFile(ctx, name, "/home/box/payload", bytes.NewReader(payload), 0o640, 1000, 1000))
+	got, err := c.Instances().PullFile(ctx, name, "/home/box/payload")
 	require.NoError(t, err)
 	assert.Equal(t, payload, got)
-	res, err = c.Exec(ctx, name, incus.ExecRequest{Command: []string{"stat", "-c", "%a %u %g", "/home/box/payload"}})
+	res, err = c.Instances().Exec(ctx, name, incus.ExecRequest{Command: []string{"stat", "-c", "%a %u %g", "/home/box/payload"}})
 	require.NoError(t, err)
 	assert.Equal(t, "640 1000 1000\n", string(res.Stdout))
-	_, err = c.PullFile(ctx, name, "/home/box/nothing-here")
+	_, err = c.Instances().PullFile(ctx, name, "/home/box/nothing-here")
 	assert.True(t, incus.IsNotFound(err), "pulling a missing file: %v", err)
 
 	// Snapshot, then change the box, then copy from the snapshot: the copy
@@ -114,65 +114,65 @@ func TestSystemInstanceLifecycle(t *testing.T) {
 	// a running container's snapshot freezes it first, and these machines
 	// have no usable freezer cgroup (incusd: "freezing the container
 	// failed").
-	require.NoError(t, c.SetInstanceState(ctx, name, "stop", 30*time.Second, false))
-	require.NoError(t, c.CreateSnapshot(ctx, name, "snap0"))
-	require.NoError(t, c.SetInstanceState(ctx, name, "start", 0, false))
-	snaps, err := c.Snapshots(ctx, name)
+	require.NoError(t, c.Instances().SetState(ctx, name, "stop", 30*time.Second, false))
+	require.NoError(t, c.Instances().CreateSnapshot(ctx, name, "snap0"))
+	require.NoError(t, c.Instances().SetState(ctx, name, "start", 0, false))
+	snaps, err := c.Instances().Snapshots(ctx, name)
 	require.NoError(t, err)
 	require.Len(t, snaps, 1)
 	assert.Equal(t, "snap0", snaps[0].Name)
-	require.NoError(t, c.PushFile(ctx, name, "/home/box/after", strings.NewReader("after\n"), 0o644, 0, 0))
+	require.NoError(t, c.Instances().PushFile(ctx, name, "/home/box/after", strings.NewReader("after\n"), 0o644, 0, 0))
 
-	require.NoError(t, c.CreateInstance(ctx, incus.InstancesPost{
+	require.NoError(t, c.Instances().Create(ctx, incus.InstancesPost{
 		Name: clone, Type: "container", Start: true,
 		Source: incus.InstanceSource{Type: "copy", Source: name + "/snap0"},
 	}))
-	got, err = c.PullFile(ctx, clone, "/home/box/payload")
+	got, err = c.Instances().PullFile(ctx, clone, "/home/box/payload")
 	require.NoError(t, err)
 	assert.Equal(t, payload, got, "the copy carries the snapshot's file")
-	_, err = c.PullFile(ctx, clone, "/home/box/after")
+	_, err = c.Instances().PullFile(ctx, clone, "/home/box/after")
 	assert.True(t, incus.IsNotFound(err), "the copy is from before the change: %v", err)
 
 	// Restore brings the box back to the snapshot.
-	require.NoError(t, c.RestoreSnapshot(ctx, name, "snap0"))
-	_, err = c.PullFile(ctx, name, "/home/box/after")
+	require.NoError(t, c.Instances().RestoreSnapshot(ctx, name, "snap0"))
+	_, err = c.Instances().PullFile(ctx, name, "/home/box/after")
 	assert.True(t, incus.IsNotFound(err), "restored: %v", err)
 
 	// Rename: a conflict while running, done once stopped.
-	err = c.RenameInstance(ctx, name, renamed)
+	err = c.Instances().Rename(ctx, name, renamed)
 	require.Error(t, err)
 	assert.True(t, incus.IsConflict(err), "renaming a running instance: %v", err)
-	require.NoError(t, c.SetInstanceState(ctx, name, "stop", 30*time.Second, false))
-	require.NoError(t, c.RenameInstance(ctx, name, renamed))
-	_, _, err = c.Instance(ctx, name)
+	require.NoError(t, c.Instances().SetState(ctx, name, "stop", 30*time.Second, false))
+	require.NoError(t, c.Instances().Rename(ctx, name, renamed))
+	_, _, err = c.Instances().Get(ctx, name)
 	assert.True(t, incus.IsNotFound(err), "the old name is gone: %v", err)
-	moved, etag, err := c.Instance(ctx, renamed)
+	moved, etag, err := c.Instances().Get(ctx, renamed)
 	require.NoError(t, err)
 	assert.Equal(t, "Stopped", moved.Status)
-	snaps, err = c.Snapshots(ctx, renamed)
+	snaps, err = c.Instances().Snapshots(ctx, renamed)
 	require.NoError(t, err)
 	require.Len(t, snaps, 1, "the snapshot follows the rename")
 
 	// Update config with the ETag; a stale ETag is refused.
 	put := moved.Writable()
 	put.Config["user.box-test-note"] = "updated"
-	require.NoError(t, c.UpdateInstance(ctx, renamed, put, etag))
-	err = c.UpdateInstance(ctx, renamed, put, etag)
+	require.NoError(t, c.Instances().Update(ctx, renamed, put, etag))
+	err = c.Instances().Update(ctx, renamed, put, etag)
 	assert.True(t, incus.IsPreconditionFailed(err), "a stale etag: %v", err)
-	after, _, err := c.Instance(ctx, renamed)
+	after, _, err := c.Instances().Get(ctx, renamed)
 	require.NoError(t, err)
 	assert.Equal(t, "updated", after.Config["user.box-test-note"])
 
 	// Delete: the snapshot first, then both instances.
-	require.NoError(t, c.DeleteSnapshot(ctx, renamed, "snap0"))
-	require.NoError(t, c.DeleteInstance(ctx, renamed))
-	require.NoError(t, c.SetInstanceState(ctx, clone, "stop", 0, true))
-	require.NoError(t, c.DeleteInstance(ctx, clone))
+	require.NoError(t, c.Instances().DeleteSnapshot(ctx, renamed, "snap0"))
+	require.NoError(t, c.Instances().Delete(ctx, renamed))
+	require.NoError(t, c.Instances().SetState(ctx, clone, "stop", 0, true))
+	require.NoError(t, c.Instances().Delete(ctx, clone))
 	for _, n := range []string{renamed, clone} {
-		_, _, err := c.Instance(ctx, n)
+		_, _, err := c.Instances().Get(ctx, n)
 		assert.True(t, incus.IsNotFound(err), "%s deleted: %v", n, err)
 	}
-	err = c.DeleteInstance(ctx, renamed)
+	err = c.Instances().Delete(ctx, renamed)
 	assert.True(t, incus.IsNotFound(err), "deleting twice: %v", err)
 }
 
@@ -181,22 +181,22 @@ func TestSystemNetworkACLProfileProject(t *testing.T) {
 	net := "tn" + name[len(name)-6:] // bridge names are interface names: short
 
 	// Network.
-	require.NoError(t, c.CreateNetwork(ctx, incus.NetworksPost{Name: net, Type: "bridge", Config: map[string]string{
+	require.NoError(t, c.Networks().Create(ctx, incus.NetworksPost{Name: net, Type: "bridge", Config: map[string]string{
 		"ipv4.address": "10.251.0.1/24", "ipv4.nat": "false", "ipv6.address": "none",
 	}}))
-	t.Cleanup(func() { c.DeleteNetwork(context.Background(), net) }) //nolint:errcheck
-	err := c.CreateNetwork(ctx, incus.NetworksPost{Name: net, Type: "bridge"})
+	t.Cleanup(func() { c.Networks().Delete(context.Background(), net) }) //nolint:errcheck
+	err := c.Networks().Create(ctx, incus.NetworksPost{Name: net, Type: "bridge"})
 	assert.True(t, incus.IsAlreadyExists(err), "creating it twice: %v", err)
-	n, etag, err := c.Network(ctx, net)
+	n, etag, err := c.Networks().Get(ctx, net)
 	require.NoError(t, err)
 	assert.True(t, n.Managed)
 	assert.Equal(t, "10.251.0.1/24", n.Config["ipv4.address"])
 	n.Config["dns.mode"] = "none"
-	require.NoError(t, c.UpdateNetwork(ctx, net, incus.NetworkPut{Description: "box test", Config: n.Config}, etag))
-	n, _, err = c.Network(ctx, net)
+	require.NoError(t, c.Networks().Update(ctx, net, incus.NetworkPut{Description: "box test", Config: n.Config}, etag))
+	n, _, err = c.Networks().Get(ctx, net)
 	require.NoError(t, err)
 	assert.Equal(t, "none", n.Config["dns.mode"])
-	st, err := c.NetworkState(ctx, net)
+	st, err := c.Networks().State(ctx, net)
 	require.NoError(t, err)
 	assert.Equal(t, "up", st.State)
 
@@ -204,15 +204,15 @@ func TestSystemNetworkACLProfileProject(t *testing.T) {
 	acl := incus.NetworkACL{Name: name + "-acl", Description: "box test", Egress: []incus.ACLRule{
 		{Action: "drop", Destination: "10.0.0.0/8", Description: "private"},
 	}}
-	require.NoError(t, c.CreateNetworkACL(ctx, acl))
-	t.Cleanup(func() { c.DeleteNetworkACL(context.Background(), acl.Name) }) //nolint:errcheck
-	got, etag, err := c.NetworkACL(ctx, acl.Name)
+	require.NoError(t, c.Networks().CreateACL(ctx, acl))
+	t.Cleanup(func() { c.Networks().DeleteACL(context.Background(), acl.Name) }) //nolint:errcheck
+	got, etag, err := c.Networks().ACL(ctx, acl.Name)
 	require.NoError(t, err)
 	require.Len(t, got.Egress, 1)
 	assert.Equal(t, "drop", got.Egress[0].Action)
 	got.Egress = append(got.Egress, incus.ACLRule{Action: "allow", Protocol: "udp", DestinationPort: "53"})
-	require.NoError(t, c.UpdateNetworkACL(ctx, acl.Name, *got, etag))
-	got, _, err = c.NetworkACL(ctx, acl.Name)
+	require.NoError(t, c.Networks().UpdateACL(ctx, acl.Name, *got, etag))
+	got, _, err = c.Networks().ACL(ctx, acl.Name)
 	require.NoError(t, err)
 	assert.Len(t, got.Egress, 2)
 
@@ -233,23 +233,23 @@ func TestSystemNetworkACLProfileProject(t *testing.T) {
 
 	// Project.
 	proj := incus.Project{Name: name + "-proj", Description: "box test", Config: map[string]string{"features.profiles": "true"}}
-	require.NoError(t, c.CreateProject(ctx, proj))
-	t.Cleanup(func() { c.DeleteProject(context.Background(), proj.Name) }) //nolint:errcheck
-	pj, _, err := c.GetProject(ctx, proj.Name)
+	require.NoError(t, c.Projects().Create(ctx, proj))
+	t.Cleanup(func() { c.Projects().Delete(context.Background(), proj.Name) }) //nolint:errcheck
+	pj, _, err := c.Projects().Get(ctx, proj.Name)
 	require.NoError(t, err)
 	assert.Equal(t, "box test", pj.Description)
 
 	// Deletes, in dependency order, and each object is gone.
-	require.NoError(t, c.DeleteProject(ctx, proj.Name))
+	require.NoError(t, c.Projects().Delete(ctx, proj.Name))
 	require.NoError(t, c.DeleteProfile(ctx, prof.Name))
-	require.NoError(t, c.DeleteNetworkACL(ctx, acl.Name))
-	require.NoError(t, c.DeleteNetwork(ctx, net))
-	_, _, err = c.GetProject(ctx, proj.Name)
+	require.NoError(t, c.Networks().DeleteACL(ctx, acl.Name))
+	require.NoError(t, c.Networks().Delete(ctx, net))
+	_, _, err = c.Projects().Get(ctx, proj.Name)
 	assert.True(t, incus.IsNotFound(err), "project: %v", err)
 	_, _, err = c.Profile(ctx, prof.Name)
 	assert.True(t, incus.IsNotFound(err), "profile: %v", err)
-	_, _, err = c.NetworkACL(ctx, acl.Name)
+	_, _, err = c.Networks().ACL(ctx, acl.Name)
 	assert.True(t, incus.IsNotFound(err), "acl: %v", err)
-	_, _, err = c.Network(ctx, net)
+	_, _, err = c.Networks().Get(ctx, net)
 	assert.True(t, incus.IsNotFound(err), "network: %v", err)
 }

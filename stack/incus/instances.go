@@ -155,17 +155,19 @@ type NetworkAddress struct {
 // Values may contain single spaces, but not double quotes, other whitespace
 // or nothing at all: the Incus filter language cannot express those, so they
 // are refused here rather than silently matching something else.
-func (c *Client) ListInstances(ctx context.Context, filter map[string]string) ([]Instance, error) {
+func (api Instances) List(ctx context.Context, filter map[string]string) ([]Instance, error) {
+	c := api.c
 	expr, err := configFilter(filter)
 	if err != nil {
 		return nil, fmt.Errorf("listing instances: %w", err)
 	}
-	return c.InstancesWhere(ctx, expr)
+	return c.Instances().Where(ctx, expr)
 }
 
 // InstancesWhere lists instances matching a raw Incus filter expression,
 // e.g. `config.user.box eq 1 or config.user.claudebox eq 1` ("" for all).
-func (c *Client) InstancesWhere(ctx context.Context, rawFilter string) ([]Instance, error) {
+func (api Instances) Where(ctx context.Context, rawFilter string) ([]Instance, error) {
+	c := api.c
 	var q url.Values
 	if rawFilter != "" {
 		q = url.Values{"filter": {rawFilter}}
@@ -206,7 +208,8 @@ func configFilter(filter map[string]string) (string, error) {
 }
 
 // Instance fetches one instance and its ETag for UpdateInstance.
-func (c *Client) Instance(ctx context.Context, name string) (*Instance, string, error) {
+func (api Instances) Get(ctx context.Context, name string) (*Instance, string, error) {
+	c := api.c
 	var inst Instance
 	etag, err := c.get(ctx, apiPath("instances", name), nil, &inst)
 	if err != nil {
@@ -216,7 +219,8 @@ func (c *Client) Instance(ctx context.Context, name string) (*Instance, string, 
 }
 
 // InstanceState fetches the runtime state: status, init pid, interfaces.
-func (c *Client) InstanceState(ctx context.Context, name string) (*InstanceState, error) {
+func (api Instances) State(ctx context.Context, name string) (*InstanceState, error) {
+	c := api.c
 	var st InstanceState
 	if _, err := c.get(ctx, apiPath("instances", name, "state"), nil, &st); err != nil {
 		return nil, fmt.Errorf("getting state of instance %s: %w", name, err)
@@ -226,15 +230,17 @@ func (c *Client) InstanceState(ctx context.Context, name string) (*InstanceState
 
 // CreateInstance creates (and, with Start, starts) an instance and waits
 // until Incus has finished.
-func (c *Client) CreateInstance(ctx context.Context, req InstancesPost) error {
-	return c.CreateInstanceWithProgress(ctx, req, nil)
+func (api Instances) Create(ctx context.Context, req InstancesPost) error {
+	c := api.c
+	return c.Instances().CreateWithProgress(ctx, req, nil)
 }
 
 // CreateInstanceWithProgress is CreateInstance telling progress, while
 // Incus works, each new line of progress it reports (ProgressText): an
 // image pulled from an image server ("rootfs: 45% (12.34MB/s)"), then
 // unpacked. A nil progress hears nothing.
-func (c *Client) CreateInstanceWithProgress(ctx context.Context, req InstancesPost, progress func(string)) error {
+func (api Instances) CreateWithProgress(ctx context.Context, req InstancesPost, progress func(string)) error {
+	c := api.c
 	if req.Name == "" {
 		return errors.New("creating instance: no name given")
 	}
@@ -247,7 +253,8 @@ func (c *Client) CreateInstanceWithProgress(ctx context.Context, req InstancesPo
 // SetInstanceState runs start, stop, restart, freeze or unfreeze and waits.
 // For stop and restart, timeout is how long a clean shutdown may take (0
 // means the server's default of 10 minutes); force kills at once instead.
-func (c *Client) SetInstanceState(ctx context.Context, name, action string, timeout time.Duration, force bool) error {
+func (api Instances) SetState(ctx context.Context, name, action string, timeout time.Duration, force bool) error {
+	c := api.c
 	secs := -1
 	if timeout > 0 {
 		secs = max(1, int(timeout.Round(time.Second)/time.Second))
@@ -262,7 +269,8 @@ func (c *Client) SetInstanceState(ctx context.Context, name, action string, time
 // UpdateInstance replaces the writable state of an instance. With a non-empty
 // etag (from Instance) the PUT is refused with 412 if someone changed the
 // instance since; check with IsPreconditionFailed.
-func (c *Client) UpdateInstance(ctx context.Context, name string, put InstancePut, etag string) error {
+func (api Instances) Update(ctx context.Context, name string, put InstancePut, etag string) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodPut, path: apiPath("instances", name), json: put, etag: etag}); err != nil {
 		return fmt.Errorf("updating instance %s: %w", name, err)
 	}
@@ -273,8 +281,9 @@ func (c *Client) UpdateInstance(ctx context.Context, name string, put InstancePu
 // only inside the operation, as a generic failure; so the state is checked
 // first and a running instance gets a StatusError with Code 409 (IsConflict)
 // that says to stop it.
-func (c *Client) RenameInstance(ctx context.Context, name, newName string) error {
-	st, err := c.InstanceState(ctx, name)
+func (api Instances) Rename(ctx context.Context, name, newName string) error {
+	c := api.c
+	st, err := c.Instances().State(ctx, name)
 	if err != nil {
 		return fmt.Errorf("renaming instance %s to %s: %w", name, newName, err)
 	}
@@ -293,7 +302,8 @@ func (c *Client) RenameInstance(ctx context.Context, name, newName string) error
 
 // DeleteInstance deletes an instance and its snapshots. Incus refuses a
 // running instance (400 "Instance is running"): stop it first.
-func (c *Client) DeleteInstance(ctx context.Context, name string) error {
+func (api Instances) Delete(ctx context.Context, name string) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodDelete, path: apiPath("instances", name)}); err != nil {
 		return fmt.Errorf("deleting instance %s: %w", name, err)
 	}
@@ -303,11 +313,12 @@ func (c *Client) DeleteInstance(ctx context.Context, name string) error {
 // WaitAddress waits until the instance has an IPv4 address inside subnet,
 // read from Incus's view of its interfaces (whatever they are named, eth0
 // in a container, enp5s0 in a VM), and returns it.
-func (c *Client) WaitAddress(ctx context.Context, name string, subnet netip.Prefix, limit time.Duration) (netip.Addr, error) {
+func (api Instances) WaitAddress(ctx context.Context, name string, subnet netip.Prefix, limit time.Duration) (netip.Addr, error) {
+	c := api.c
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	for {
-		if st, err := c.InstanceState(ctx, name); err == nil {
+		if st, err := c.Instances().State(ctx, name); err == nil {
 			for _, nic := range st.Network {
 				for _, a := range nic.Addresses {
 					if ip, err := netip.ParseAddr(a.Address); err == nil && subnet.Contains(ip) {
@@ -327,7 +338,8 @@ func (c *Client) WaitAddress(ctx context.Context, name string, subnet netip.Pref
 // AllInstances lists every instance of every project (all-projects=true),
 // each naming its Project: what a census of a bridge must start from, since
 // any project's instance may have a NIC on it.
-func (c *Client) AllInstances(ctx context.Context) ([]Instance, error) {
+func (api Instances) All(ctx context.Context) ([]Instance, error) {
+	c := api.c
 	var out []Instance
 	// Incus refuses a project alongside all-projects.
 	if err := c.Project("").list(ctx, apiPath("instances"), url.Values{"all-projects": {"true"}}, &out); err != nil {
@@ -340,7 +352,8 @@ func (c *Client) AllInstances(ctx context.Context) ([]Instance, error) {
 // waits: POST /1.0/instances/NAME?target=MEMBER with {"migration": true}.
 // On local storage the member pulls it, snapshots and all; its config and
 // devices stay as they are.
-func (c *Client) MoveInstance(ctx context.Context, name, member string) error {
+func (api Instances) Move(ctx context.Context, name, member string) error {
+	c := api.c
 	if member == "" {
 		return fmt.Errorf("moving instance %s: no member given", name)
 	}

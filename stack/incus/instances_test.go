@@ -22,61 +22,63 @@ func TestInstancesFilter(t *testing.T) {
 	}{
 		{
 			name: "nil lists all",
-			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) { return c.ListInstances(ctx, nil) },
+			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
+				return c.Instances().List(ctx, nil)
+			},
 		},
 		{
 			name: "one key",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.ListInstances(ctx, map[string]string{"user.box": "1"})
+				return c.Instances().List(ctx, map[string]string{"user.box": "1"})
 			},
 			want: "config.user.box eq 1",
 		},
 		{
 			name: "keys are sorted and joined with and",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.ListInstances(ctx, map[string]string{"user.box": "1", "user.box.owner": "alice", "image.os": "Debian"})
+				return c.Instances().List(ctx, map[string]string{"user.box": "1", "user.box.owner": "alice", "image.os": "Debian"})
 			},
 			want: "config.image.os eq Debian and config.user.box eq 1 and config.user.box.owner eq alice",
 		},
 		{
 			name: "a value with spaces is quoted",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.ListInstances(ctx, map[string]string{"user.note": "my box"})
+				return c.Instances().List(ctx, map[string]string{"user.note": "my box"})
 			},
 			want: `config.user.note eq "my box"`,
 		},
 		{
 			name: "a value Incus would match loosely is refused",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.ListInstances(ctx, map[string]string{"user.note": "my  box"})
+				return c.Instances().List(ctx, map[string]string{"user.note": "my  box"})
 			},
 			wantErr: "cannot be used in an incus filter",
 		},
 		{
 			name: "raw expression",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.InstancesWhere(ctx, "config.user.box eq 1 or config.user.claudebox eq 1")
+				return c.Instances().Where(ctx, "config.user.box eq 1 or config.user.claudebox eq 1")
 			},
 			want: "config.user.box eq 1 or config.user.claudebox eq 1",
 		},
 		{
 			name: "empty value is refused",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.ListInstances(ctx, map[string]string{"user.box": ""})
+				return c.Instances().List(ctx, map[string]string{"user.box": ""})
 			},
 			wantErr: "cannot be used in an incus filter",
 		},
 		{
 			name: "quote in value is refused",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.ListInstances(ctx, map[string]string{"user.box": `a"b`})
+				return c.Instances().List(ctx, map[string]string{"user.box": `a"b`})
 			},
 			wantErr: "cannot be used in an incus filter",
 		},
 		{
 			name: "space in key is refused",
 			list: func(ctx context.Context, c *incus.Client) ([]incus.Instance, error) {
-				return c.ListInstances(ctx, map[string]string{"user.box or": "1"})
+				return c.Instances().List(ctx, map[string]string{"user.box or": "1"})
 			},
 			wantErr: "cannot be used in an incus filter",
 		},
@@ -134,7 +136,7 @@ func TestInstanceGetAndUpdate(t *testing.T) {
 	})
 
 	ctx := testCtx(t)
-	inst, gotTag, err := c.Instance(ctx, "b1")
+	inst, gotTag, err := c.Instances().Get(ctx, "b1")
 	require.NoError(t, err)
 	assert.Equal(t, etag, gotTag)
 	assert.Equal(t, "b1", inst.Name)
@@ -143,7 +145,7 @@ func TestInstanceGetAndUpdate(t *testing.T) {
 	put := inst.Writable()
 	put.Config["user.box.note"] = "hi"
 	assert.NotContains(t, inst.Config, "user.box.note", "Writable must copy")
-	require.NoError(t, c.UpdateInstance(ctx, "b1", put, gotTag))
+	require.NoError(t, c.Instances().Update(ctx, "b1", put, gotTag))
 	puts := srv.Find("PUT", "/1.0/instances/b1")
 	require.Len(t, puts, 1)
 	assert.Equal(t, etag, puts[0].Header.Get("If-Match"))
@@ -159,14 +161,14 @@ func TestInstanceGetAndUpdate(t *testing.T) {
 	assert.Regexp(t, `^/1\.0/operations/[^/]+/wait$`, reqs[2].Path)
 
 	t.Run("stale etag", func(t *testing.T) {
-		err := c.UpdateInstance(ctx, "b1", put, `"stale"`)
+		err := c.Instances().Update(ctx, "b1", put, `"stale"`)
 		require.Error(t, err)
 		assert.True(t, incus.IsPreconditionFailed(err))
 		assert.False(t, incus.IsConflict(err))
 		assert.Contains(t, err.Error(), "updating instance b1")
 	})
 	t.Run("no etag sends no If-Match", func(t *testing.T) {
-		require.NoError(t, c.UpdateInstance(ctx, "b2", put, ""))
+		require.NoError(t, c.Instances().Update(ctx, "b2", put, ""))
 		puts := srv.Find("PUT", "/1.0/instances/b2")
 		require.Len(t, puts, 1)
 		assert.Empty(t, puts[0].Header.Get("If-Match"))
@@ -187,7 +189,7 @@ func TestInstanceMutations(t *testing.T) {
 			name:    "create from image",
 			pattern: "POST /1.0/instances",
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.CreateInstance(ctx, incus.InstancesPost{
+				return c.Instances().Create(ctx, incus.InstancesPost{
 					Name: "b1", Type: "container",
 					Source:   incus.InstanceSource{Type: "image", Alias: "box/debian"},
 					Config:   map[string]string{"user.box": "1"},
@@ -206,7 +208,7 @@ func TestInstanceMutations(t *testing.T) {
 			name:    "create as a copy, nil profiles means default",
 			pattern: "POST /1.0/instances",
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.CreateInstance(ctx, incus.InstancesPost{
+				return c.Instances().Create(ctx, incus.InstancesPost{
 					Name: "b2", Source: incus.InstanceSource{Type: "copy", Source: "b1/clean", InstanceOnly: true},
 				})
 			},
@@ -220,7 +222,7 @@ func TestInstanceMutations(t *testing.T) {
 			name:    "start",
 			pattern: "PUT /1.0/instances/{name}/state",
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.SetInstanceState(ctx, "b1", "start", 0, false)
+				return c.Instances().SetState(ctx, "b1", "start", 0, false)
 			},
 			path:     "/1.0/instances/b1/state",
 			wantBody: map[string]any{"action": "start", "timeout": float64(-1), "force": false},
@@ -229,7 +231,7 @@ func TestInstanceMutations(t *testing.T) {
 			name:    "stop with a timeout",
 			pattern: "PUT /1.0/instances/{name}/state",
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.SetInstanceState(ctx, "b1", "stop", 30*time.Second, false)
+				return c.Instances().SetState(ctx, "b1", "stop", 30*time.Second, false)
 			},
 			path:     "/1.0/instances/b1/state",
 			wantBody: map[string]any{"action": "stop", "timeout": float64(30), "force": false},
@@ -237,26 +239,32 @@ func TestInstanceMutations(t *testing.T) {
 		{
 			name:    "delete",
 			pattern: "DELETE /1.0/instances/{name}",
-			call:    func(ctx context.Context, c *incus.Client) error { return c.DeleteInstance(ctx, "b1") },
+			call:    func(ctx context.Context, c *incus.Client) error { return c.Instances().Delete(ctx, "b1") },
 			path:    "/1.0/instances/b1",
 		},
 		{
 			name:    "create snapshot",
 			pattern: "POST /1.0/instances/{name}/snapshots",
-			call:    func(ctx context.Context, c *incus.Client) error { return c.CreateSnapshot(ctx, "b1", "clean") },
-			path:    "/1.0/instances/b1/snapshots", wantBody: map[string]any{"name": "clean", "stateful": false},
+			call: func(ctx context.Context, c *incus.Client) error {
+				return c.Instances().CreateSnapshot(ctx, "b1", "clean")
+			},
+			path: "/1.0/instances/b1/snapshots", wantBody: map[string]any{"name": "clean", "stateful": false},
 		},
 		{
 			name:    "restore snapshot",
 			pattern: "PUT /1.0/instances/{name}",
-			call:    func(ctx context.Context, c *incus.Client) error { return c.RestoreSnapshot(ctx, "b1", "clean") },
-			path:    "/1.0/instances/b1", wantBody: map[string]any{"restore": "clean"},
+			call: func(ctx context.Context, c *incus.Client) error {
+				return c.Instances().RestoreSnapshot(ctx, "b1", "clean")
+			},
+			path: "/1.0/instances/b1", wantBody: map[string]any{"restore": "clean"},
 		},
 		{
 			name:    "delete snapshot",
 			pattern: "DELETE /1.0/instances/{name}/snapshots/{snap}",
-			call:    func(ctx context.Context, c *incus.Client) error { return c.DeleteSnapshot(ctx, "b1", "clean") },
-			path:    "/1.0/instances/b1/snapshots/clean",
+			call: func(ctx context.Context, c *incus.Client) error {
+				return c.Instances().DeleteSnapshot(ctx, "b1", "clean")
+			},
+			path: "/1.0/instances/b1/snapshots/clean",
 		},
 	}
 	for _, tt := range tests {
@@ -282,7 +290,7 @@ func TestInstanceMutations(t *testing.T) {
 
 func TestInstanceNameIsEscaped(t *testing.T) {
 	srv, c := newFake(t)
-	_, _, err := c.Instance(testCtx(t), "../networks?x")
+	_, _, err := c.Instances().Get(testCtx(t), "../networks?x")
 	assert.True(t, incus.IsNotFound(err))
 	reqs := srv.Requests()
 	require.Len(t, reqs, 1)
@@ -304,7 +312,7 @@ func TestInstanceState(t *testing.T) {
 			}},
 		})
 	})
-	st, err := c.InstanceState(testCtx(t), "b1")
+	st, err := c.Instances().State(testCtx(t), "b1")
 	require.NoError(t, err)
 	assert.Equal(t, "Running", st.Status)
 	assert.EqualValues(t, 4242, st.Pid)
@@ -323,7 +331,7 @@ func TestSnapshots(t *testing.T) {
 			{"name": "b1/authed", "expires_at": "2026-02-01T00:00:00Z", "config": map[string]string{"user.box": "1"}},
 		})
 	})
-	snaps, err := c.Snapshots(testCtx(t), "b1")
+	snaps, err := c.Instances().Snapshots(testCtx(t), "b1")
 	require.NoError(t, err)
 	require.Len(t, snaps, 2)
 	assert.Equal(t, "clean", snaps[0].Name)
@@ -341,7 +349,7 @@ func TestSnapshotDefinitions(t *testing.T) {
 			"expanded_devices": map[string]any{"eth0": map[string]string{"type": "nic", "network": "boxnet"}, "eth1": map[string]string{"type": "nic"}},
 		}})
 	})
-	snaps, err := c.SnapshotDefinitions(testCtx(t), "b1")
+	snaps, err := c.Instances().SnapshotDefinitions(testCtx(t), "b1")
 	require.NoError(t, err)
 	require.Len(t, snaps, 1)
 	assert.Equal(t, "s1", snaps[0].Name, "names are always short")
@@ -365,7 +373,7 @@ func TestRenameInstance(t *testing.T) {
 			srv.Handle("POST /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
 				srv.Async(w, incustest.Op{Description: "Renaming instance"})
 			})
-			err := c.RenameInstance(testCtx(t), "b1", "b9")
+			err := c.Instances().Rename(testCtx(t), "b1", "b9")
 			posts := srv.Find(http.MethodPost, "/1.0/instances/b1")
 			if !tc.conflict {
 				require.NoError(t, err)
@@ -386,20 +394,20 @@ func TestMoveInstance(t *testing.T) {
 	srv.Handle("POST /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
 		srv.Async(w, incustest.Op{Description: "Migrating instance"})
 	})
-	require.NoError(t, c.MoveInstance(testCtx(t), "b1", "m2"))
+	require.NoError(t, c.Instances().Move(testCtx(t), "b1", "m2"))
 	posts := srv.Find(http.MethodPost, "/1.0/instances/b1")
 	require.Len(t, posts, 1)
 	assert.Equal(t, "m2", posts[0].Query.Get("target"), "the member it moves to")
 	assert.Equal(t, map[string]any{"migration": true}, jsonBody(t, posts[0]), "a move within the cluster, under its own name")
 
-	require.Error(t, c.MoveInstance(testCtx(t), "b1", ""))
+	require.Error(t, c.Instances().Move(testCtx(t), "b1", ""))
 	assert.Len(t, srv.Find(http.MethodPost, "/1.0/instances/b1"), 1, "no member, no request")
 
 	srv2, c2 := newFake(t)
 	srv2.Handle("POST /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
 		srv2.Async(w, incustest.Op{Description: "Migrating instance", Err: "Instance is running"})
 	})
-	err := c2.MoveInstance(testCtx(t), "b1", "m2")
+	err := c2.Instances().Move(testCtx(t), "b1", "m2")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "moving instance b1 to member m2")
 	assert.Contains(t, err.Error(), "instance is running")

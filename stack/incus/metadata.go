@@ -37,7 +37,8 @@ type ImageTemplate struct {
 
 // InstanceMetadata fetches an instance's image metadata and its ETag for
 // UpdateInstanceMetadata.
-func (c *Client) InstanceMetadata(ctx context.Context, name string) (*ImageMetadata, string, error) {
+func (api Instances) Metadata(ctx context.Context, name string) (*ImageMetadata, string, error) {
+	c := api.c
 	var md ImageMetadata
 	etag, err := c.get(ctx, apiPath("instances", name, "metadata"), nil, &md)
 	if err != nil {
@@ -48,7 +49,8 @@ func (c *Client) InstanceMetadata(ctx context.Context, name string) (*ImageMetad
 
 // UpdateInstanceMetadata replaces an instance's image metadata (412 on a
 // stale non-empty etag).
-func (c *Client) UpdateInstanceMetadata(ctx context.Context, name string, md ImageMetadata, etag string) error {
+func (api Instances) UpdateMetadata(ctx context.Context, name string, md ImageMetadata, etag string) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodPut, path: apiPath("instances", name, "metadata"), json: md, etag: etag}); err != nil {
 		return fmt.Errorf("updating metadata of instance %s: %w", name, err)
 	}
@@ -57,7 +59,8 @@ func (c *Client) UpdateInstanceMetadata(ctx context.Context, name string, md Ima
 
 // PutInstanceTemplate creates or replaces the instance's template file
 // named tpl (a pongo2 template; plain text renders as itself).
-func (c *Client) PutInstanceTemplate(ctx context.Context, name, tpl string, content io.Reader) error {
+func (api Instances) PutTemplate(ctx context.Context, name, tpl string, content io.Reader) error {
+	c := api.c
 	r := request{
 		method: http.MethodPost, path: apiPath("instances", name, "metadata", "templates"),
 		query: url.Values{"path": {tpl}}, body: content, contentType: "application/octet-stream",

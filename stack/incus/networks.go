@@ -43,7 +43,8 @@ type NetworkState struct {
 }
 
 // ListNetworks lists all networks.
-func (c *Client) ListNetworks(ctx context.Context) ([]Network, error) {
+func (api Networks) List(ctx context.Context) ([]Network, error) {
+	c := api.c
 	var out []Network
 	if err := c.list(ctx, apiPath("networks"), nil, &out); err != nil {
 		return nil, fmt.Errorf("listing networks: %w", err)
@@ -52,7 +53,8 @@ func (c *Client) ListNetworks(ctx context.Context) ([]Network, error) {
 }
 
 // Network fetches one network and its ETag for UpdateNetwork.
-func (c *Client) Network(ctx context.Context, name string) (*Network, string, error) {
+func (api Networks) Get(ctx context.Context, name string) (*Network, string, error) {
+	c := api.c
 	var n Network
 	etag, err := c.get(ctx, apiPath("networks", name), nil, &n)
 	if err != nil {
@@ -62,7 +64,8 @@ func (c *Client) Network(ctx context.Context, name string) (*Network, string, er
 }
 
 // CreateNetwork creates a managed network.
-func (c *Client) CreateNetwork(ctx context.Context, req NetworksPost) error {
+func (api Networks) Create(ctx context.Context, req NetworksPost) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodPost, path: apiPath("networks"), json: req}); err != nil {
 		return fmt.Errorf("creating network %s: %w", req.Name, err)
 	}
@@ -71,7 +74,8 @@ func (c *Client) CreateNetwork(ctx context.Context, req NetworksPost) error {
 
 // UpdateNetwork replaces a network's description and config; with an etag
 // a concurrent change makes it fail with IsPreconditionFailed.
-func (c *Client) UpdateNetwork(ctx context.Context, name string, put NetworkPut, etag string) error {
+func (api Networks) Update(ctx context.Context, name string, put NetworkPut, etag string) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodPut, path: apiPath("networks", name), json: put, etag: etag}); err != nil {
 		return fmt.Errorf("updating network %s: %w", name, err)
 	}
@@ -79,7 +83,8 @@ func (c *Client) UpdateNetwork(ctx context.Context, name string, put NetworkPut,
 }
 
 // DeleteNetwork deletes a managed network; Incus refuses while it is in use.
-func (c *Client) DeleteNetwork(ctx context.Context, name string) error {
+func (api Networks) Delete(ctx context.Context, name string) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodDelete, path: apiPath("networks", name)}); err != nil {
 		return fmt.Errorf("deleting network %s: %w", name, err)
 	}
@@ -87,7 +92,8 @@ func (c *Client) DeleteNetwork(ctx context.Context, name string) error {
 }
 
 // NetworkState fetches the state of a network's host interface.
-func (c *Client) NetworkState(ctx context.Context, name string) (*NetworkState, error) {
+func (api Networks) State(ctx context.Context, name string) (*NetworkState, error) {
+	c := api.c
 	var st NetworkState
 	if _, err := c.get(ctx, apiPath("networks", name, "state"), nil, &st); err != nil {
 		return nil, fmt.Errorf("getting state of network %s: %w", name, err)
@@ -108,7 +114,8 @@ type NetworkLease struct {
 }
 
 // NetworkLeases lists a managed network's leases.
-func (c *Client) NetworkLeases(ctx context.Context, name string) ([]NetworkLease, error) {
+func (api Networks) Leases(ctx context.Context, name string) ([]NetworkLease, error) {
+	c := api.c
 	var out []NetworkLease
 	if _, err := c.get(ctx, apiPath("networks", name, "leases"), nil, &out); err != nil {
 		return nil, fmt.Errorf("reading leases of network %s: %w", name, err)

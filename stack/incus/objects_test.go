@@ -28,11 +28,11 @@ func TestObjectReads(t *testing.T) {
 			object: map[string]any{"name": "boxnet", "type": "bridge", "managed": true, "status": "Created",
 				"config": map[string]string{"ipv4.address": "10.88.0.1/24"}, "used_by": []string{"/1.0/profiles/box-net"}},
 			read: func(ctx context.Context, c *incus.Client) (any, any, string, error) {
-				l, err := c.ListNetworks(ctx)
+				l, err := c.Networks().List(ctx)
 				if err != nil {
 					return nil, nil, "", err
 				}
-				o, etag, err := c.Network(ctx, "boxnet")
+				o, etag, err := c.Networks().Get(ctx, "boxnet")
 				return l, o, etag, err
 			},
 			check: func(t *testing.T, list, one any) {
@@ -49,11 +49,11 @@ func TestObjectReads(t *testing.T) {
 				"egress":  []map[string]string{{"action": "drop", "destination": "10.0.0.0/8", "state": "enabled"}},
 				"ingress": []map[string]string{}, "config": map[string]string{}},
 			read: func(ctx context.Context, c *incus.Client) (any, any, string, error) {
-				l, err := c.NetworkACLs(ctx)
+				l, err := c.Networks().ACLs(ctx)
 				if err != nil {
 					return nil, nil, "", err
 				}
-				o, etag, err := c.NetworkACL(ctx, "box-isolate")
+				o, etag, err := c.Networks().ACL(ctx, "box-isolate")
 				return l, o, etag, err
 			},
 			check: func(t *testing.T, list, one any) {
@@ -83,11 +83,11 @@ func TestObjectReads(t *testing.T) {
 			name: "projects", collection: "/1.0/projects",
 			object: map[string]any{"name": "box-alice", "config": map[string]string{"features.networks": "false"}},
 			read: func(ctx context.Context, c *incus.Client) (any, any, string, error) {
-				l, err := c.ListProjects(ctx)
+				l, err := c.Projects().List(ctx)
 				if err != nil {
 					return nil, nil, "", err
 				}
-				o, etag, err := c.GetProject(ctx, "box-alice")
+				o, etag, err := c.Projects().Get(ctx, "box-alice")
 				return l, o, etag, err
 			},
 			check: func(t *testing.T, list, one any) {
@@ -99,11 +99,11 @@ func TestObjectReads(t *testing.T) {
 			name: "storage pools", collection: "/1.0/storage-pools",
 			object: map[string]any{"name": "default", "driver": "dir", "status": "Created", "config": map[string]string{"source": "/var/lib/incus/storage-pools/default"}},
 			read: func(ctx context.Context, c *incus.Client) (any, any, string, error) {
-				l, err := c.StoragePools(ctx)
+				l, err := c.Storage().Pools(ctx)
 				if err != nil {
 					return nil, nil, "", err
 				}
-				o, etag, err := c.StoragePool(ctx, "default")
+				o, etag, err := c.Storage().Pool(ctx, "default")
 				return l, o, etag, err
 			},
 			check: func(t *testing.T, list, one any) {
@@ -146,25 +146,25 @@ func TestObjectWrites(t *testing.T) {
 		{
 			name: "create network", method: "POST", path: "/1.0/networks",
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.CreateNetwork(ctx, incus.NetworksPost{Name: "boxnet", Type: "bridge", Config: map[string]string{"ipv4.nat": "true"}})
+				return c.Networks().Create(ctx, incus.NetworksPost{Name: "boxnet", Type: "bridge", Config: map[string]string{"ipv4.nat": "true"}})
 			},
 			wantBody: map[string]any{"name": "boxnet", "type": "bridge", "description": "", "config": map[string]any{"ipv4.nat": "true"}},
 		},
 		{
 			name: "update network", method: "PUT", path: "/1.0/networks/boxnet", wantETag: `"e"`,
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.UpdateNetwork(ctx, "boxnet", incus.NetworkPut{Description: "d", Config: map[string]string{"dns.mode": "none"}}, `"e"`)
+				return c.Networks().Update(ctx, "boxnet", incus.NetworkPut{Description: "d", Config: map[string]string{"dns.mode": "none"}}, `"e"`)
 			},
 			wantBody: map[string]any{"description": "d", "config": map[string]any{"dns.mode": "none"}},
 		},
 		{
 			name: "delete network", method: "DELETE", path: "/1.0/networks/boxnet",
-			call: func(ctx context.Context, c *incus.Client) error { return c.DeleteNetwork(ctx, "boxnet") },
+			call: func(ctx context.Context, c *incus.Client) error { return c.Networks().Delete(ctx, "boxnet") },
 		},
 		{
 			name: "create ACL fills in rule state", method: "POST", path: "/1.0/network-acls",
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.CreateNetworkACL(ctx, incus.NetworkACL{Name: "box-isolate",
+				return c.Networks().CreateACL(ctx, incus.NetworkACL{Name: "box-isolate",
 					Egress: []incus.ACLRule{
 						{Action: "allow", Destination: "10.88.0.1/32", Protocol: "udp", DestinationPort: "53"},
 						{Action: "drop", Destination: "10.0.0.0/8", State: "logged"},
@@ -179,7 +179,7 @@ func TestObjectWrites(t *testing.T) {
 		{
 			name: "update ACL", method: "PUT", path: "/1.0/network-acls/box-isolate", wantETag: `"e"`,
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.UpdateNetworkACL(ctx, "box-isolate", incus.NetworkACL{Name: "ignored", UsedBy: []string{"ignored"},
+				return c.Networks().UpdateACL(ctx, "box-isolate", incus.NetworkACL{Name: "ignored", UsedBy: []string{"ignored"},
 					Ingress: []incus.ACLRule{{Action: "reject", ICMPType: "8"}}}, `"e"`)
 			},
 			wantBody: map[string]any{"description": "", "config": nil, "egress": []any{},
@@ -187,7 +187,7 @@ func TestObjectWrites(t *testing.T) {
 		},
 		{
 			name: "delete ACL", method: "DELETE", path: "/1.0/network-acls/box-isolate",
-			call: func(ctx context.Context, c *incus.Client) error { return c.DeleteNetworkACL(ctx, "box-isolate") },
+			call: func(ctx context.Context, c *incus.Client) error { return c.Networks().DeleteACL(ctx, "box-isolate") },
 		},
 		{
 			name: "create profile", method: "POST", path: "/1.0/profiles",
@@ -212,36 +212,36 @@ func TestObjectWrites(t *testing.T) {
 		{
 			name: "create project", method: "POST", path: "/1.0/projects",
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.CreateProject(ctx, incus.Project{Name: "box-alice", Config: map[string]string{"features.images": "false"}})
+				return c.Projects().Create(ctx, incus.Project{Name: "box-alice", Config: map[string]string{"features.images": "false"}})
 			},
 			wantBody: map[string]any{"name": "box-alice", "description": "", "config": map[string]any{"features.images": "false"}},
 		},
 		{
 			name: "update project", method: "PUT", path: "/1.0/projects/box-alice", wantETag: `"e"`,
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.UpdateProject(ctx, "box-alice", incus.Project{Description: "alice"}, `"e"`)
+				return c.Projects().Update(ctx, "box-alice", incus.Project{Description: "alice"}, `"e"`)
 			},
 			wantBody: map[string]any{"description": "alice", "config": nil},
 		},
 		{
 			name: "delete project", method: "DELETE", path: "/1.0/projects/box-alice",
-			call: func(ctx context.Context, c *incus.Client) error { return c.DeleteProject(ctx, "box-alice") },
+			call: func(ctx context.Context, c *incus.Client) error { return c.Projects().Delete(ctx, "box-alice") },
 		},
 		{
 			name: "create storage pool", method: "POST", path: "/1.0/storage-pools",
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.CreateStoragePool(ctx, incus.StoragePool{Name: "default", Driver: "dir", Status: "ignored"})
+				return c.Storage().CreatePool(ctx, incus.StoragePool{Name: "default", Driver: "dir", Status: "ignored"})
 			},
 			wantBody: map[string]any{"name": "default", "driver": "dir", "description": "", "config": nil},
 		},
 		{
 			name: "delete storage pool", method: "DELETE", path: "/1.0/storage-pools/default",
-			call: func(ctx context.Context, c *incus.Client) error { return c.DeleteStoragePool(ctx, "default") },
+			call: func(ctx context.Context, c *incus.Client) error { return c.Storage().DeletePool(ctx, "default") },
 		},
 		{
 			name: "create image alias", method: "POST", path: "/1.0/images/aliases",
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.CreateImageAlias(ctx, "box/debian", "abc", "debian")
+				return c.Images().CreateAlias(ctx, "box/debian", "abc", "debian")
 			},
 			wantBody: map[string]any{"name": "box/debian", "target": "abc", "description": "debian"},
 		},
@@ -280,7 +280,7 @@ func TestObjectWriteErrors(t *testing.T) {
 			name: "stale etag on a network", code: 412, msg: "ETag doesn't match",
 			pattern: "PUT /1.0/networks/boxnet",
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.UpdateNetwork(ctx, "boxnet", incus.NetworkPut{}, `"old"`)
+				return c.Networks().Update(ctx, "boxnet", incus.NetworkPut{}, `"old"`)
 			},
 			check: func(t *testing.T, err error) {
 				assert.True(t, incus.IsPreconditionFailed(err))
@@ -291,7 +291,7 @@ func TestObjectWriteErrors(t *testing.T) {
 			name: "network exists", code: 409, msg: `Network "boxnet" already exists`,
 			pattern: "POST /1.0/networks",
 			call: func(ctx context.Context, c *incus.Client) error {
-				return c.CreateNetwork(ctx, incus.NetworksPost{Name: "boxnet"})
+				return c.Networks().Create(ctx, incus.NetworksPost{Name: "boxnet"})
 			},
 			check: func(t *testing.T, err error) {
 				assert.True(t, incus.IsConflict(err))
@@ -312,7 +312,7 @@ func TestObjectWriteErrors(t *testing.T) {
 		{
 			name: "network in use", code: 400, msg: "The network is currently in use",
 			pattern: "DELETE /1.0/networks/boxnet",
-			call:    func(ctx context.Context, c *incus.Client) error { return c.DeleteNetwork(ctx, "boxnet") },
+			call:    func(ctx context.Context, c *incus.Client) error { return c.Networks().Delete(ctx, "boxnet") },
 			check: func(t *testing.T, err error) {
 				assert.False(t, incus.IsAlreadyExists(err))
 				assert.False(t, incus.IsNotFound(err))
@@ -322,7 +322,7 @@ func TestObjectWriteErrors(t *testing.T) {
 		{
 			name: "missing ACL", code: 404, msg: "Network ACL not found",
 			pattern: "DELETE /1.0/network-acls/x",
-			call:    func(ctx context.Context, c *incus.Client) error { return c.DeleteNetworkACL(ctx, "x") },
+			call:    func(ctx context.Context, c *incus.Client) error { return c.Networks().DeleteACL(ctx, "x") },
 			check: func(t *testing.T, err error) {
 				assert.True(t, incus.IsNotFound(err))
 				assert.False(t, incus.IsConflict(err))
@@ -348,7 +348,7 @@ func TestNetworkState(t *testing.T) {
 		incustest.Sync(w, map[string]any{"hwaddr": "00:16:3e:00:00:01", "mtu": 1500, "state": "up", "type": "broadcast",
 			"addresses": []map[string]string{{"family": "inet", "address": "10.88.0.1", "netmask": "24", "scope": "global"}}})
 	})
-	st, err := c.NetworkState(testCtx(t), "boxnet")
+	st, err := c.Networks().State(testCtx(t), "boxnet")
 	require.NoError(t, err)
 	assert.Equal(t, "up", st.State)
 	assert.Equal(t, "00:16:3e:00:00:01", st.Hwaddr)

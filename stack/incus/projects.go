@@ -21,7 +21,8 @@ type projectPut struct {
 }
 
 // ListProjects lists all projects the caller may see.
-func (c *Client) ListProjects(ctx context.Context) ([]Project, error) {
+func (api Projects) List(ctx context.Context) ([]Project, error) {
+	c := api.c
 	var out []Project
 	if err := c.list(ctx, apiPath("projects"), nil, &out); err != nil {
 		return nil, fmt.Errorf("listing projects: %w", err)
@@ -31,7 +32,8 @@ func (c *Client) ListProjects(ctx context.Context) ([]Project, error) {
 
 // GetProject fetches one project and its ETag for UpdateProject. (The name
 // Project is taken by the method that scopes a client to a project.)
-func (c *Client) GetProject(ctx context.Context, name string) (*Project, string, error) {
+func (api Projects) Get(ctx context.Context, name string) (*Project, string, error) {
+	c := api.c
 	var p Project
 	etag, err := c.get(ctx, apiPath("projects", name), nil, &p)
 	if err != nil {
@@ -41,7 +43,8 @@ func (c *Client) GetProject(ctx context.Context, name string) (*Project, string,
 }
 
 // CreateProject creates a project.
-func (c *Client) CreateProject(ctx context.Context, p Project) error {
+func (api Projects) Create(ctx context.Context, p Project) error {
+	c := api.c
 	body := struct {
 		Name string `json:"name"`
 		projectPut
@@ -55,7 +58,8 @@ func (c *Client) CreateProject(ctx context.Context, p Project) error {
 // UpdateProject replaces a project's description and config (p.Name and
 // p.UsedBy are ignored). With an etag a concurrent change fails with
 // IsPreconditionFailed.
-func (c *Client) UpdateProject(ctx context.Context, name string, p Project, etag string) error {
+func (api Projects) Update(ctx context.Context, name string, p Project, etag string) error {
+	c := api.c
 	body := projectPut{p.Description, p.Config}
 	if _, err := c.do(ctx, request{method: http.MethodPut, path: apiPath("projects", name), json: body, etag: etag}); err != nil {
 		return fmt.Errorf("updating project %s: %w", name, err)
@@ -64,7 +68,8 @@ func (c *Client) UpdateProject(ctx context.Context, name string, p Project, etag
 }
 
 // DeleteProject deletes a project; Incus refuses unless it is empty.
-func (c *Client) DeleteProject(ctx context.Context, name string) error {
+func (api Projects) Delete(ctx context.Context, name string) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodDelete, path: apiPath("projects", name)}); err != nil {
 		return fmt.Errorf("deleting project %s: %w", name, err)
 	}

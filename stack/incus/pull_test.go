@@ -23,7 +23,7 @@ func TestCreateFromAnImageServer(t *testing.T) {
 	})
 	src := incus.InstanceSource{Type: "image", Mode: "pull", Server: "https://203.0.113.30:8443", Protocol: "simplestreams",
 		Alias: "debian/12/cloud", Certificate: "PEM"}
-	require.NoError(t, c.CreateInstance(testCtx(t), incus.InstancesPost{Name: "b", Type: "container", Source: src}))
+	require.NoError(t, c.Instances().Create(testCtx(t), incus.InstancesPost{Name: "b", Type: "container", Source: src}))
 	var body struct {
 		Source map[string]any `json:"source"`
 	}
@@ -71,7 +71,7 @@ func TestCreateInstanceWithProgress(t *testing.T) {
 		}()
 	})
 	var got []string
-	err := c.CreateInstanceWithProgress(testCtx(t), incus.InstancesPost{Name: "b"}, func(s string) {
+	err := c.Instances().CreateWithProgress(testCtx(t), incus.InstancesPost{Name: "b"}, func(s string) {
 		got = append(got, s)
 		seen <- s
 	})
@@ -93,14 +93,14 @@ func TestInstanceMetadataAndTemplates(t *testing.T) {
 		tpl = string(b)
 		incustest.Sync(w, nil)
 	})
-	md, etag, err := c.InstanceMetadata(testCtx(t), "b")
+	md, etag, err := c.Instances().Metadata(testCtx(t), "b")
 	require.NoError(t, err)
 	assert.Equal(t, `"m1"`, etag)
 	assert.Equal(t, int64(1767225600), md.CreationDate)
 	assert.Equal(t, []string{"create", "copy"}, md.Templates["/etc/hostname"].When)
 
 	md.Templates["/etc/x"] = &incus.ImageTemplate{When: []string{"copy"}, Template: "x.tpl"}
-	require.NoError(t, c.UpdateInstanceMetadata(testCtx(t), "b", *md, etag))
+	require.NoError(t, c.Instances().UpdateMetadata(testCtx(t), "b", *md, etag))
 	put := srv.Find(http.MethodPut, "/1.0/instances/b/metadata")
 	require.Len(t, put, 1)
 	assert.Equal(t, `"m1"`, put[0].Header.Get("If-Match"))
@@ -108,7 +108,7 @@ func TestInstanceMetadataAndTemplates(t *testing.T) {
 	require.NoError(t, json.Unmarshal(put[0].Body, &sent))
 	assert.Equal(t, *md, sent)
 
-	require.NoError(t, c.PutInstanceTemplate(testCtx(t), "b", "x.tpl", strings.NewReader("hello\n")))
+	require.NoError(t, c.Instances().PutTemplate(testCtx(t), "b", "x.tpl", strings.NewReader("hello\n")))
 	post := srv.Find(http.MethodPost, "/1.0/instances/b/metadata/templates")
 	require.Len(t, post, 1)
 	assert.Equal(t, "x.tpl", post[0].Query.Get("path"))

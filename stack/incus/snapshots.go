@@ -19,7 +19,8 @@ type Snapshot struct {
 }
 
 // CreateSnapshot takes a (stateless) snapshot and waits for it.
-func (c *Client) CreateSnapshot(ctx context.Context, inst, snap string) error {
+func (api Instances) CreateSnapshot(ctx context.Context, inst, snap string) error {
+	c := api.c
 	body := map[string]any{"name": snap, "stateful": false}
 	if _, err := c.do(ctx, request{method: http.MethodPost, path: apiPath("instances", inst, "snapshots"), json: body}); err != nil {
 		return fmt.Errorf("creating snapshot %s/%s: %w", inst, snap, err)
@@ -28,7 +29,8 @@ func (c *Client) CreateSnapshot(ctx context.Context, inst, snap string) error {
 }
 
 // Snapshots lists an instance's snapshots.
-func (c *Client) Snapshots(ctx context.Context, inst string) ([]Snapshot, error) {
+func (api Instances) Snapshots(ctx context.Context, inst string) ([]Snapshot, error) {
+	c := api.c
 	var out []Snapshot
 	if err := c.list(ctx, apiPath("instances", inst, "snapshots"), nil, &out); err != nil {
 		return nil, fmt.Errorf("listing snapshots of %s: %w", inst, err)
@@ -44,7 +46,8 @@ func (c *Client) Snapshots(ctx context.Context, inst string) ([]Snapshot, error)
 // would put back: its config, devices and profiles, plain and expanded, in
 // an Instance (the fields Incus's snapshot shares with an instance; Name
 // is the snapshot's short name).
-func (c *Client) SnapshotDefinitions(ctx context.Context, inst string) ([]Instance, error) {
+func (api Instances) SnapshotDefinitions(ctx context.Context, inst string) ([]Instance, error) {
+	c := api.c
 	var out []Instance
 	if err := c.list(ctx, apiPath("instances", inst, "snapshots"), nil, &out); err != nil {
 		return nil, fmt.Errorf("listing snapshots of %s: %w", inst, err)
@@ -56,7 +59,8 @@ func (c *Client) SnapshotDefinitions(ctx context.Context, inst string) ([]Instan
 }
 
 // RestoreSnapshot rolls the instance back to a snapshot.
-func (c *Client) RestoreSnapshot(ctx context.Context, inst, snap string) error {
+func (api Instances) RestoreSnapshot(ctx context.Context, inst, snap string) error {
+	c := api.c
 	body := map[string]any{"restore": snap}
 	if _, err := c.do(ctx, request{method: http.MethodPut, path: apiPath("instances", inst), json: body}); err != nil {
 		return fmt.Errorf("restoring %s to snapshot %s: %w", inst, snap, err)
@@ -65,7 +69,8 @@ func (c *Client) RestoreSnapshot(ctx context.Context, inst, snap string) error {
 }
 
 // DeleteSnapshot deletes one snapshot.
-func (c *Client) DeleteSnapshot(ctx context.Context, inst, snap string) error {
+func (api Instances) DeleteSnapshot(ctx context.Context, inst, snap string) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodDelete, path: apiPath("instances", inst, "snapshots", snap)}); err != nil {
 		return fmt.Errorf("deleting snapshot %s/%s: %w", inst, snap, err)
 	}

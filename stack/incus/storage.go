@@ -17,7 +17,8 @@ type StoragePool struct {
 }
 
 // StoragePools lists all storage pools.
-func (c *Client) StoragePools(ctx context.Context) ([]StoragePool, error) {
+func (api Storage) Pools(ctx context.Context) ([]StoragePool, error) {
+	c := api.c
 	var out []StoragePool
 	if err := c.list(ctx, apiPath("storage-pools"), nil, &out); err != nil {
 		return nil, fmt.Errorf("listing storage pools: %w", err)
@@ -26,7 +27,8 @@ func (c *Client) StoragePools(ctx context.Context) ([]StoragePool, error) {
 }
 
 // StoragePool fetches one pool and its ETag.
-func (c *Client) StoragePool(ctx context.Context, name string) (*StoragePool, string, error) {
+func (api Storage) Pool(ctx context.Context, name string) (*StoragePool, string, error) {
+	c := api.c
 	var p StoragePool
 	etag, err := c.get(ctx, apiPath("storage-pools", name), nil, &p)
 	if err != nil {
@@ -37,7 +39,8 @@ func (c *Client) StoragePool(ctx context.Context, name string) (*StoragePool, st
 
 // CreateStoragePool creates a pool from Name, Driver, Description and
 // Config (Status and UsedBy are ignored).
-func (c *Client) CreateStoragePool(ctx context.Context, p StoragePool) error {
+func (api Storage) CreatePool(ctx context.Context, p StoragePool) error {
+	c := api.c
 	body := map[string]any{"name": p.Name, "driver": p.Driver, "description": p.Description, "config": p.Config}
 	if _, err := c.do(ctx, request{method: http.MethodPost, path: apiPath("storage-pools"), json: body}); err != nil {
 		return fmt.Errorf("creating storage pool %s: %w", p.Name, err)
@@ -46,7 +49,8 @@ func (c *Client) CreateStoragePool(ctx context.Context, p StoragePool) error {
 }
 
 // DeleteStoragePool deletes a pool; Incus refuses while anything uses it.
-func (c *Client) DeleteStoragePool(ctx context.Context, name string) error {
+func (api Storage) DeletePool(ctx context.Context, name string) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodDelete, path: apiPath("storage-pools", name)}); err != nil {
 		return fmt.Errorf("deleting storage pool %s: %w", name, err)
 	}
@@ -61,7 +65,8 @@ type StorageVolume struct {
 
 // CustomVolumes lists the custom volumes of a pool (in the client's
 // project).
-func (c *Client) CustomVolumes(ctx context.Context, pool string) ([]StorageVolume, error) {
+func (api Storage) CustomVolumes(ctx context.Context, pool string) ([]StorageVolume, error) {
+	c := api.c
 	var out []StorageVolume
 	if err := c.list(ctx, apiPath("storage-pools", pool, "volumes", "custom"), nil, &out); err != nil {
 		return nil, fmt.Errorf("listing custom volumes of pool %s: %w", pool, err)
@@ -70,7 +75,8 @@ func (c *Client) CustomVolumes(ctx context.Context, pool string) ([]StorageVolum
 }
 
 // DeleteCustomVolume deletes a custom volume (and its snapshots).
-func (c *Client) DeleteCustomVolume(ctx context.Context, pool, name string) error {
+func (api Storage) DeleteCustomVolume(ctx context.Context, pool, name string) error {
+	c := api.c
 	if _, err := c.do(ctx, request{method: http.MethodDelete, path: apiPath("storage-pools", pool, "volumes", "custom", name)}); err != nil {
 		return fmt.Errorf("deleting volume %s of pool %s: %w", name, pool, err)
 	}
