@@ -54,7 +54,7 @@
 // While incusd pulls, it reports the download in the create operation's
 // metadata under DownloadProgress ("download_progress": "rootfs: 45%
 // (12.34MB/s)"), then the unpacking under another "*_progress" key;
-// CreateInstanceWithProgress reads the operation every half second and
+// Instances().CreateWithProgress reads the operation every half second and
 // passes each new line on (ProgressText). When the server cannot be
 // reached and incusd never fetched its index, the operation fails before
 // any instance exists, with incusd's own text, e.g. (6.0.4, measured):
