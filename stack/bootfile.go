@@ -201,7 +201,7 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 		applied = append(applied, pinned...)
 	}
 	if saved.Egress != nil && len(saved.Egress.Policies) > 0 {
-		eg, err := nft.ApplyEgress(cfg, *saved.Egress)
+		eg, err := (*saved.Egress).Apply(cfg)
 		if err != nil {
 			return rep, fmt.Errorf("applying the egress table: %w", err)
 		}

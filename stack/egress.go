@@ -149,7 +149,7 @@ func applyEgress(ctx context.Context, c *incus.Client, g *hostns.NS, f Fleet, bo
 		}
 		return changes, nil
 	}
-	changes, err := nft.ApplyEgress(ncfg, nft.Egress{Policies: plan.policies, Resolvers: egress.Resolvers(plan.state.Upstream)})
+	changes, err := nft.Egress{Policies: plan.policies, Resolvers: egress.Resolvers(plan.state.Upstream)}.Apply(ncfg)
 	if err != nil {
 		return nil, fmt.Errorf("applying the egress table: %w", err)
 	}
@@ -193,7 +193,7 @@ func verifyEgressLayer(ctx context.Context, c *incus.Client, g *hostns.NS, f Fle
 		}
 		return append(out, model.Finding{Layer: model.LayerEgress, Object: "nft table inet " + ncfg.EgressTable(), Problem: "present with no egress policy", Fix: fixEnsure}), nil
 	}
-	nf, err := nft.VerifyEgress(ncfg, nft.Egress{Policies: plan.policies, Resolvers: egress.Resolvers(plan.state.Upstream)})
+	nf, err := nft.Egress{Policies: plan.policies, Resolvers: egress.Resolvers(plan.state.Upstream)}.Verify(ncfg)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress table: %w", err)
 	}
@@ -244,7 +244,7 @@ func (host *Host) EnsurePolicy(ctx context.Context, id string, names []string) (
 		return false, fmt.Errorf("%s has ipv4.address=%q: run box doctor", model.Current.Network, n.Config["ipv4.address"])
 	}
 	ncfg.Gateway = p.Addr()
-	if _, err := nft.ApplyEgress(ncfg, nft.Egress{Policies: ps, Resolvers: egress.Resolvers(dnsmasqServers(n.Config["raw.dnsmasq"]))}); err != nil {
+	if _, err := (nft.Egress{Policies: ps, Resolvers: egress.Resolvers(dnsmasqServers(n.Config["raw.dnsmasq"]))}).Apply(ncfg); err != nil {
 		return false, fmt.Errorf("adding the policy's sets: %w", err)
 	}
 	cfg := maps.Clone(n.Config)

@@ -6,7 +6,6 @@ import (
 
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
-	"github.com/box-isolation/box/stack/nft"
 )
 
 // L-ROUTE: a box's forwarded traffic leaves the host only by the
@@ -22,7 +21,7 @@ func EnsureRoute(g *hostns.NS) ([]model.Change, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the routes for %s: %w", model.LayerRoute, err)
 	}
-	applied, err := nft.ApplyRoute(g.NFTConfig(model.Current), rt)
+	applied, err := rt.Apply(g.NFTConfig(model.Current))
 	if err != nil {
 		return nil, fmt.Errorf("applying the route table: %w", err)
 	}
@@ -41,7 +40,7 @@ func VerifyRoute(g *hostns.NS) (findings []model.Finding, notes []string, err er
 		return nil, nil, fmt.Errorf("reading the routes for %s: %w", model.LayerRoute, err)
 	}
 	up := rt.Uplinks
-	rf, err := nft.VerifyRoute(g.NFTConfig(model.Current), rt)
+	rf, err := rt.Verify(g.NFTConfig(model.Current))
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the route table: %w", err)
 	}

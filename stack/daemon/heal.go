@@ -411,7 +411,7 @@ func (h *healer) check(ctx context.Context) error {
 		var rt nft.Route
 		if rt, err = h.g.RouteView(model.Current.Network); err == nil {
 			var routed []string
-			routed, err = nft.ApplyRoute(cfg, rt)
+			routed, err = rt.Apply(cfg)
 			applied = append(applied, routed...)
 		}
 	}

@@ -68,7 +68,7 @@ func watchRoutes(ctx context.Context, host *stack.Host, logf func(string, ...any
 		}
 		if err == nil {
 			var changed []string
-			if changed, err = nft.ApplyRoute(ncfg, rt); err == nil {
+			if changed, err = rt.Apply(ncfg); err == nil {
 				missing = false
 				if len(changed) > 0 {
 					logf("%s: %s (%s)", model.LayerRoute, strings.Join(changed, "; "), why)

@@ -107,8 +107,8 @@ const (
 	resolversSetID   = 11
 )
 
-// egressTable is the egress table for cfg (normalised) and e.
-func egressTable(cfg Config, e Egress) (Table, error) {
+// table is the egress table for cfg (normalised) and e.
+func (e Egress) table(cfg Config) (Table, error) {
 	t := Table{Family: "inet", Name: cfg.EgressTable(), SetsInPlace: true}
 	ps := slices.Clone(e.Policies)
 	slices.SortFunc(ps, func(a, b EgressPolicy) int {
@@ -264,24 +264,24 @@ func tproxyTo(a netip.Addr, port uint16) part {
 	}}
 }
 
-// DesiredEgress is the egress table for e.
-func DesiredEgress(cfg Config, e Egress) (Ruleset, error) {
+// Desired is the egress table for e.
+func (e Egress) Desired(cfg Config) (Ruleset, error) {
 	cfg, err := checkRules(cfg, nil)
 	if err != nil {
 		return Ruleset{}, err
 	}
-	t, err := egressTable(cfg, e)
+	t, err := e.table(cfg)
 	if err != nil {
 		return Ruleset{}, err
 	}
 	return Ruleset{Tables: []Table{t}}, nil
 }
 
-// ApplyEgress converges the egress table to DesiredEgress in one batch and
+// Apply converges the egress table to Desired in one batch and
 // says what it changed. The allow sets' elements are the resolver's and
 // are never touched.
-func ApplyEgress(cfg Config, e Egress) ([]string, error) {
-	r, err := DesiredEgress(cfg, e)
+func (e Egress) Apply(cfg Config) ([]string, error) {
+	r, err := e.Desired(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -289,9 +289,9 @@ func ApplyEgress(cfg Config, e Egress) ([]string, error) {
 	return converge(cfg, r.Tables)
 }
 
-// VerifyEgress compares the live egress table with DesiredEgress.
-func VerifyEgress(cfg Config, e Egress) ([]Finding, error) {
-	r, err := DesiredEgress(cfg, e)
+// Verify compares the live egress table with Desired.
+func (e Egress) Verify(cfg Config) ([]Finding, error) {
+	r, err := e.Desired(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -191,10 +191,10 @@ func TestPrivilegedEgress(t *testing.T) {
 	// Before any policy, both boxes reach both servers.
 	assert.Equal(t, reached, w.a.dial(t, "tcp", "10.98.0.10:8080", "inet 10.98.0.10:8080"))
 
-	changes, err := ApplyEgress(cfg, p1)
+	changes, err := p1.Apply(cfg)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"created table inet box_egress"}, changes)
-	f, err := VerifyEgress(cfg, p1)
+	f, err := p1.Verify(cfg)
 	require.NoError(t, err)
 	assert.Empty(t, f, "the live table, its tproxy rules included, is the desired one")
 
@@ -238,7 +238,7 @@ func TestPrivilegedEgress(t *testing.T) {
 	assert.Contains(t, w.a.read(t, "10.98.0.20:443"), "to 10.98.0.20:443 from 10.99.0.2", "443 too, to any address: the proxy decides")
 	delRule()
 	assert.Empty(t, w.a.read(t, "10.98.0.10:80"), "the rule gone: closed again")
-	f, err = VerifyEgress(cfg, p1)
+	f, err = p1.Verify(cfg)
 	require.NoError(t, err)
 	assert.Empty(t, f)
 
@@ -246,7 +246,7 @@ func TestPrivilegedEgress(t *testing.T) {
 	// new policy's sets and rule are added.
 	p12 := p1
 	p12.Policies = append(p12.Policies, EgressPolicy{ID: "p2", Boxes: []netip.Addr{netip.MustParseAddr("10.99.0.3")}})
-	changes, err = ApplyEgress(cfg, p12)
+	changes, err = p12.Apply(cfg)
 	require.NoError(t, err)
 	t.Logf("adding p2: %v", changes)
 	for _, c := range changes {
@@ -260,7 +260,7 @@ func TestPrivilegedEgress(t *testing.T) {
 
 	// Moving a box between policies is an element change only.
 	moved := Egress{Policies: []EgressPolicy{{ID: "p1", Boxes: []netip.Addr{a, netip.MustParseAddr("10.99.0.3")}}, {ID: "p2"}}, Resolvers: resolvers}
-	changes, err = ApplyEgress(cfg, moved)
+	changes, err = moved.Apply(cfg)
 	require.NoError(t, err)
 	assert.Len(t, changes, 2, "two boxes sets changed (both boxes were allowlisted already): %v", changes)
 	assert.Equal(t, reached, w.b.dial(t, "tcp", "10.98.0.10:8080", "inet 10.98.0.10:8080"), "b under p1 reaches p1's answer")

@@ -402,13 +402,13 @@ func TestEgressStringGolden(t *testing.T) {
 		{ID: "pa", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.10")}},
 		{ID: "pc"},
 	}, Resolvers: []netip.Addr{netip.MustParseAddr("1.1.1.1"), netip.MustParseAddr("2606:4700::1111"), netip.MustParseAddr("9.9.9.9")}}
-	r, err := DesiredEgress(Config{Gateway: testGW}, e)
+	r, err := e.Desired(Config{Gateway: testGW})
 	require.NoError(t, err)
 	golden(t, "egress.golden", r.String())
 
-	_, err = DesiredEgress(Config{}, e)
+	_, err = e.Desired(Config{})
 	assert.ErrorContains(t, err, "gateway", "the DNS rules need the gateway")
-	_, err = DesiredEgress(Config{Gateway: testGW}, Egress{Policies: []EgressPolicy{{ID: "P!"}}})
+	_, err = Egress{Policies: []EgressPolicy{{ID: "P!"}}}.Desired(Config{Gateway: testGW})
 	assert.ErrorContains(t, err, "policy id")
 }
 

@@ -14,7 +14,7 @@ import (
 // filter, policy accept): a box's forwarded traffic (iifname the bridge)
 // may leave only by an interface in the set uplinks, the interfaces of the
 // host's default routes, which the caller keeps current from the kernel's
-// route events (ApplyRoute). Whatever the host routes any other way (a LAN
+// route events (Route.Apply). Whatever the host routes any other way (a LAN
 // router's prefixes, a VPN's split routes, another bridge, a cluster's
 // own network) is dropped, private or not: the ACL drops only the private
 // ranges. Replies (ct direction reply, ct state established,related)
@@ -30,7 +30,7 @@ import (
 // the uplink's own segment is the LAN. So every prefix the host routes
 // other than by a default route (the routed prefixes: non-default routes
 // in every table but the local one) is dropped by destination too, one
-// rule each, kept current from the same route events (ApplyRoute).
+// rule each, kept current from the same route events (Route.Apply).
 //
 // It is a table of its own so that it can be removed apart from the host
 // firewall (the drill's route mutation does).
@@ -51,9 +51,9 @@ type Route struct {
 	Routed  []netip.Prefix
 }
 
-// DesiredRoute returns the route table for cfg: its set holding the
+// Desired returns the route table for cfg: its set holding the
 // uplinks, a drop for each routed prefix.
-func DesiredRoute(cfg Config, rt Route) (Ruleset, error) {
+func (rt Route) Desired(cfg Config) (Ruleset, error) {
 	cfg, err := cfg.normalized()
 	if err != nil {
 		return Ruleset{}, err
@@ -127,10 +127,10 @@ func ipDaddrPrefix(p netip.Prefix) part {
 	return part{"ip daddr " + p.Masked().String(), exprs}.after(nfproto(unix.NFPROTO_IPV4))
 }
 
-// ApplyRoute converges the route table to DesiredRoute in one batch and
+// Apply converges the route table to Desired in one batch and
 // says what it changed.
-func ApplyRoute(cfg Config, rt Route) ([]string, error) {
-	r, err := DesiredRoute(cfg, rt)
+func (rt Route) Apply(cfg Config) ([]string, error) {
+	r, err := rt.Desired(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -138,10 +138,10 @@ func ApplyRoute(cfg Config, rt Route) ([]string, error) {
 	return converge(cfg, r.Tables)
 }
 
-// VerifyRoute compares the live route table with DesiredRoute; no findings
+// Verify compares the live route table with Desired; no findings
 // means they match, the set's elements and the routed prefixes included.
-func VerifyRoute(cfg Config, rt Route) ([]Finding, error) {
-	r, err := DesiredRoute(cfg, rt)
+func (rt Route) Verify(cfg Config) ([]Finding, error) {
+	r, err := rt.Desired(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -14,8 +14,9 @@ import (
 )
 
 func TestRouteStringGolden(t *testing.T) {
-	r, err := DesiredRoute(Config{}, Route{Uplinks: []string{"wlan0", "eth0", "eth0"},
-		Routed: []netip.Prefix{netip.MustParsePrefix("30.1.7.0/16"), netip.MustParsePrefix("192.168.1.0/24"), netip.MustParsePrefix("172.16.0.0/12"), netip.MustParsePrefix("30.1.0.0/16"), netip.MustParsePrefix("100.64.0.1/32")}})
+	r, err := Route{Uplinks: []string{"wlan0", "eth0", "eth0"},
+		Routed: []netip.Prefix{netip.MustParsePrefix("30.1.7.0/16"), netip.MustParsePrefix("192.168.1.0/24"), netip.MustParsePrefix("172.16.0.0/12"), netip.MustParsePrefix("30.1.0.0/16"), netip.MustParsePrefix("100.64.0.1/32")}}.Desired(Config{})
+
 	require.NoError(t, err)
 	golden(t, "route.golden", r.String())
 	// Every rule is scoped to the bridge: no other traffic is looked at.
@@ -27,14 +28,14 @@ func TestRouteStringGolden(t *testing.T) {
 
 func TestRouteRefusesBadUplinks(t *testing.T) {
 	for _, up := range [][]string{{"boxnet"}, {""}, {"a-name-far-too-long"}} {
-		_, err := DesiredRoute(Config{}, Route{Uplinks: up})
+		_, err := Route{Uplinks: up}.Desired(Config{})
 		assert.Error(t, err, "%q", up)
 	}
 	for _, p := range []string{"0.0.0.0/1", "128.0.0.0/0", "fd00::/8"} {
-		_, err := DesiredRoute(Config{}, Route{Routed: []netip.Prefix{netip.MustParsePrefix(p)}})
+		_, err := Route{Routed: []netip.Prefix{netip.MustParsePrefix(p)}}.Desired(Config{})
 		assert.Error(t, err, "%s is no routed prefix", p)
 	}
-	r, err := DesiredRoute(Config{}, Route{})
+	r, err := Route{}.Desired(Config{})
 	require.NoError(t, err, "no default route: an empty set, which drops every new connection")
 	assert.Empty(t, r.Tables[0].Sets[0].Elements)
 }
@@ -46,7 +47,7 @@ func TestRouteRefusesBadUplinks(t *testing.T) {
 // a second router on the uplink's segment. With the table, a's traffic
 // leaves by up0 only and never to a routed prefix; the host's own traffic
 // and a connection opened into a from the LAN are untouched; the set and
-// the routed prefixes decide, as ApplyRoute changes them.
+// the routed prefixes decide, as Route.Apply changes them.
 func TestPrivilegedRouteDropsAllButTheDefaultWay(t *testing.T) {
 	requireRoot(t)
 	run := runID()
@@ -96,19 +97,19 @@ func TestPrivilegedRouteDropsAllButTheDefaultWay(t *testing.T) {
 	cfg := Config{NetNS: int(host.Handle)}
 	// The uplinks alone (the table before routed prefixes): the prefix the
 	// uplink's own interface routes gets through.
-	changes, err := ApplyRoute(cfg, Route{Uplinks: []string{"up0"}})
+	changes, err := Route{Uplinks: []string{"up0"}}.Apply(cfg)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"created table inet box_route"}, changes)
 	assert.Equal(t, silent, a.ping(t, "198.18.40.10"), "a -> the prefix routed by lan0: dropped")
 	assert.Equal(t, reached, a.ping(t, "198.18.50.10"), "a -> the prefix routed by up0: through, by interface alone")
 	both := Route{Uplinks: []string{"up0"}, Routed: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("198.18.40.0/24"), netip.MustParsePrefix("198.18.50.0/24")}}
-	f, err := VerifyRoute(cfg, both)
+	f, err := both.Verify(cfg)
 	require.NoError(t, err)
 	require.NotEmpty(t, f, "the routed prefixes missing: a finding")
-	changes, err = ApplyRoute(cfg, both)
+	changes, err = both.Apply(cfg)
 	require.NoError(t, err)
 	assert.NotEmpty(t, changes)
-	f, err = VerifyRoute(cfg, both)
+	f, err = both.Verify(cfg)
 	require.NoError(t, err)
 	assert.Empty(t, f)
 	assert.Equal(t, reached, a.ping(t, "203.0.113.1"), "a -> the internet, the default way")
@@ -118,14 +119,14 @@ func TestPrivilegedRouteDropsAllButTheDefaultWay(t *testing.T) {
 	assert.Equal(t, reached, host.ping(t, "198.18.40.10"), "the host's own traffic is not looked at")
 	assert.Equal(t, reached, lan.ping(t, "10.99.0.2"), "the LAN -> a: the table keeps a's replies (the ACL is what drops this)")
 
-	changed, err := ApplyRoute(cfg, Route{Uplinks: []string{"lan0", "up0"}, Routed: both.Routed[:2]})
+	changed, err := Route{Uplinks: []string{"lan0", "up0"}, Routed: both.Routed[:2]}.Apply(cfg)
 	require.NoError(t, err)
 	assert.Contains(t, strings.Join(changed, "; "), "added interfaces lan0")
 	assert.Equal(t, reached, a.ping(t, "198.18.50.10"), "a -> the prefix routed by up0, no longer a routed prefix")
-	_, err = ApplyRoute(cfg, Route{})
+	_, err = Route{}.Apply(cfg)
 	require.NoError(t, err)
 	assert.Equal(t, silent, a.ping(t, "203.0.113.1"), "no uplink: nothing leaves")
-	f, err = VerifyRoute(cfg, both)
+	f, err = both.Verify(cfg)
 	require.NoError(t, err)
 	require.NotEmpty(t, f)
 	assert.Contains(t, f[0].Problem+f[len(f)-1].Problem, "missing interfaces up0")
