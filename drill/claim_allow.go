@@ -94,7 +94,7 @@ type allowRun struct {
 }
 
 // prepareAllow runs an egress service when none serves (box's resolver
-// and proxy for box-w; box-ports.service runs one on a host), then mints
+// and proxy for box-w; box-guard-and-serve.service runs one on a host), then mints
 // box-w under its allowlist. Without the world's second canary there is
 // nothing to allow or deny.
 func prepareAllow(ctx context.Context, r *run) error {

@@ -118,7 +118,7 @@ func mintTierBox(ctx context.Context, r *run) error {
 	}
 
 	// A granted user's boxes join the port set through the watcher; run
-	// one for the grant and box-t, as box-ports.service does on a host,
+	// one for the grant and box-t, as box-guard-and-serve.service does on a host,
 	// and stop it before the mutations (its resync would undo them).
 	stopWatcher, err := ensureWatcher(ctx, cfg.Host, cfg.logf)
 	if err != nil {

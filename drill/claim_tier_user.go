@@ -56,7 +56,7 @@ func tierPrereqs(h *stack.Host) string {
 // ensureWatcher starts a port watcher in this process when none runs; the
 // returned function stops it (and does nothing when one ran already).
 func ensureWatcher(ctx context.Context, h *stack.Host, logf func(string, ...any)) (func(), error) {
-	if _, running, err := hostns.WatcherRunning(h.NetNS); err != nil {
+	if _, running, err := hostns.DaemonRunning(h.NetNS); err != nil {
 		return nil, err
 	} else if running {
 		return func() {}, nil
@@ -66,7 +66,7 @@ func ensureWatcher(ctx context.Context, h *stack.Host, logf func(string, ...any)
 	go func() { done <- daemon.WatchPorts(wctx, h, discard{}) }()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if _, running, _ := hostns.WatcherRunning(h.NetNS); running {
+		if _, running, _ := hostns.DaemonRunning(h.NetNS); running {
 			logf("tier: no port watcher ran; the drill runs one while it grants and mints box-t")
 			return func() { cancel(); <-done }, nil
 		}

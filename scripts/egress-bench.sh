@@ -23,7 +23,7 @@ CGO_ENABLED=0 go build -o /tmp/egressbench ./scripts/testdata/egressbench
 bin/box setup-host >/dev/null
 watcher=
 if ! bin/box doctor 2>&1 | grep -q "port watcher (pid"; then
-	bin/box watch-ports >/tmp/egress-bench-watch.log 2>&1 &
+	bin/box guard-and-serve >/tmp/egress-bench-watch.log 2>&1 &
 	watcher=$!
 	sleep 1
 fi

@@ -306,6 +306,11 @@ func (boot BootFiles) verify(gw netip.Addr) []model.Finding {
 			find("unit "+name, "not as box setup-host writes it")
 		}
 	}
+	if boot.legacyDaemonUnit() {
+		out = append(out, model.Finding{Layer: model.LayerHostFW, Object: "unit " + LegacyDaemonUnitName,
+			Problem: "box's daemon under its old name (now " + DaemonUnitName + "); the drop-in and the next boot want the new one",
+			Fix:     fixEnsure + ", then systemctl daemon-reload && systemctl start " + DaemonUnitName, Advisory: true})
+	}
 	saved, err := readSavedFirewall(boot.FirewallFile)
 	switch {
 	case boot.FirewallFile == "":

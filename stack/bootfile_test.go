@@ -66,7 +66,7 @@ func TestVerifyBoot(t *testing.T) {
 		}
 		return out
 	}
-	assert.Equal(t, []string{"unit box-firewall.service", "unit box-ports.service", "unit incus.service.d/box.conf", "file " + h.Boot.FirewallFile},
+	assert.Equal(t, []string{"unit box-firewall.service", "unit box-guard-and-serve.service", "unit incus.service.d/box.conf", "file " + h.Boot.FirewallFile},
 		objects(h.BootFiles().verify(gw)), "nothing set up for the next boot")
 	_, _, err := h.BootFiles().ensureUnits()
 	require.NoError(t, err)

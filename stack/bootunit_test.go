@@ -1,8 +1,10 @@
 package stack
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/box-isolation/box/stack/model"
@@ -26,10 +28,10 @@ func TestBootUnits(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []model.Change{
 		{Object: "unit box-firewall.service", Action: "created", Detail: "loads the saved nft tables at boot, before Incus starts"},
-		{Object: "unit box-ports.service", Action: "created", Detail: "runs box watch-ports, which keeps the bridge's ports isolated, in the port set and pinned"},
-		{Object: "unit incus.service drop-in box.conf", Action: "created", Detail: "Incus starts after box's firewall and port watcher, with an empty read-only /dev/mqueue"},
+		{Object: "unit box-guard-and-serve.service", Action: "created", Detail: "runs box guard-and-serve: guards the stack (ports, pins, tables, routes) and serves allowlisted boxes (resolver and proxy)"},
+		{Object: "unit incus.service drop-in box.conf", Action: "created", Detail: "Incus starts after box's firewall and daemon, with an empty read-only /dev/mqueue"},
 	}, changes)
-	assert.Contains(t, note, "systemctl restart box-ports.service", "box starts no service itself: it says how")
+	assert.Contains(t, note, "systemctl restart box-guard-and-serve.service", "box starts no service itself: it says how")
 	assert.Contains(t, note, "systemctl restart incus", "and how Incus takes its drop-in")
 
 	read := func(name string) string {
@@ -44,15 +46,15 @@ func TestBootUnits(t *testing.T) {
 		"Type=oneshot\nRemainAfterExit=yes\nExecStart=/usr/local/bin/box setup-host --boot"} {
 		assert.Contains(t, fw, line+"\n")
 	}
-	ports := read(PortsUnitName)
-	for _, line := range []string{"After=local-fs.target box-firewall.service", "Before=incus.service incus-startup.service shutdown.target",
-		"Type=notify", "ExecStart=/usr/local/bin/box watch-ports", "Restart=always", "WantedBy=multi-user.target"} {
+	ports := read(DaemonUnitName)
+	for _, line := range []string{"After=local-fs.target box-firewall.service box-ports.service", "Before=incus.service incus-startup.service shutdown.target",
+		"Conflicts=shutdown.target box-ports.service", "Type=notify", "ExecStart=/usr/local/bin/box guard-and-serve --take-over", "Restart=always", "WantedBy=multi-user.target"} {
 		assert.Contains(t, ports, line+"\n")
 	}
 	dropIn := read(IncusDropInName)
-	assert.Contains(t, dropIn, "[Unit]\nWants=box-firewall.service box-ports.service\nAfter=box-firewall.service box-ports.service\n")
+	assert.Contains(t, dropIn, "[Unit]\nWants=box-firewall.service box-guard-and-serve.service\nAfter=box-firewall.service box-guard-and-serve.service\n")
 	assert.Contains(t, dropIn, "[Service]\nTemporaryFileSystem=/dev/mqueue:ro\n", "not the host's message queues in every box")
-	for _, name := range []string{BootUnitName, PortsUnitName} {
+	for _, name := range []string{BootUnitName, DaemonUnitName} {
 		target, err := os.Readlink(filepath.Join(dir, "multi-user.target.wants", name))
 		require.NoError(t, err, "%s is enabled", name)
 		assert.Equal(t, filepath.Join(dir, name), target)
@@ -63,16 +65,16 @@ func TestBootUnits(t *testing.T) {
 	assert.Empty(t, changes, "a second run changes nothing")
 	assert.Empty(t, note)
 
-	require.NoError(t, os.WriteFile(filepath.Join(dir, PortsUnitName), []byte("edited\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, DaemonUnitName), []byte("edited\n"), 0o644))
 	_, changes, err = h.BootFiles().ensureUnits()
 	require.NoError(t, err)
 	require.Len(t, changes, 1, "only the drifted unit is rewritten")
-	assert.Equal(t, "unit box-ports.service", changes[0].Object)
-	assert.Equal(t, ports, read(PortsUnitName))
+	assert.Equal(t, "unit box-guard-and-serve.service", changes[0].Object)
+	assert.Equal(t, ports, read(DaemonUnitName))
 
 	removed, err := h.BootFiles().removeUnits()
 	require.NoError(t, err)
-	assert.Equal(t, []model.Change{{Object: "unit incus.service drop-in box.conf", Action: "removed"}, {Object: "unit box-firewall.service", Action: "removed"}, {Object: "unit box-ports.service", Action: "removed"}}, removed)
+	assert.Equal(t, []model.Change{{Object: "unit incus.service drop-in box.conf", Action: "removed"}, {Object: "unit box-firewall.service", Action: "removed"}, {Object: "unit box-guard-and-serve.service", Action: "removed"}}, removed)
 	assert.NoDirExists(t, filepath.Join(dir, "incus.service.d"), "the drop-in's directory, empty, goes with it")
 	left, err := os.ReadDir(filepath.Join(dir, "multi-user.target.wants"))
 	require.NoError(t, err)
@@ -100,7 +102,7 @@ func TestBootUnitsWithoutSystemd(t *testing.T) {
 			require.NoError(t, err)
 			assert.Empty(t, changes)
 			assert.Contains(t, note, tc.note)
-			assert.Contains(t, note, "box watch-ports", "it says the port watcher must be kept running by hand")
+			assert.Contains(t, note, "box guard-and-serve", "it says the daemon must be kept running by hand")
 			ents, err := os.ReadDir(dir)
 			require.NoError(t, err)
 			assert.Empty(t, ents, "nothing written")
@@ -124,4 +126,83 @@ func TestBootUnitsExported(t *testing.T) {
 		assert.Contains(t, u.Text, "ExecStart=/usr/bin/box ")
 		assert.NotEmpty(t, u.Does)
 	}
+}
+
+// oldDaemonUnit is the daemon's unit as box wrote it before the rename
+// (the last release's text, for /usr/local/bin/box).
+const oldDaemonUnit = `[Unit]
+Description=box: keep boxnet's bridge ports isolated, in the bridge drop's port set and pinned; put box's tables back
+DefaultDependencies=no
+After=local-fs.target box-firewall.service
+Wants=box-firewall.service
+Before=incus.service incus-startup.service shutdown.target
+Conflicts=shutdown.target
+
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart=/usr/local/bin/box watch-ports
+Restart=always
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// TestBootUnitsReplaceTheOldDaemon: on a host a box of before the rename
+// set up, setup-host replaces the daemon's old unit (and its wants link)
+// with the new one, rewrites the drop-in to want it, and says how to
+// switch; doctor names the old unit until then. A unit of that name that
+// is not box's is left alone.
+func TestBootUnitsReplaceTheOldDaemon(t *testing.T) {
+	withSystemd(t, true)
+	dir := t.TempDir()
+	h := &Host{Boot: BootFiles{UnitDir: dir, Exe: "/usr/local/bin/box"}}
+	_, _, err := h.BootFiles().ensureUnits()
+	require.NoError(t, err)
+	// As the old box left the host: its unit enabled, the drop-in wanting it.
+	require.NoError(t, os.Remove(filepath.Join(dir, "multi-user.target.wants", DaemonUnitName)))
+	require.NoError(t, os.Remove(filepath.Join(dir, DaemonUnitName)))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, LegacyDaemonUnitName), []byte(oldDaemonUnit), 0o644))
+	require.NoError(t, os.Symlink(filepath.Join(dir, LegacyDaemonUnitName), filepath.Join(dir, "multi-user.target.wants", LegacyDaemonUnitName)))
+	drop := filepath.Join(dir, IncusDropInName)
+	b, err := os.ReadFile(drop)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(drop, []byte(strings.ReplaceAll(string(b), DaemonUnitName, LegacyDaemonUnitName)), 0o644))
+
+	var objects []string
+	for _, f := range h.BootFiles().verify(netip.Addr{}) {
+		objects = append(objects, f.Object)
+	}
+	assert.Contains(t, objects, "unit "+LegacyDaemonUnitName, "doctor names the old unit")
+
+	note, changes, err := h.BootFiles().ensureUnits()
+	require.NoError(t, err)
+	var did []string
+	for _, c := range changes {
+		did = append(did, c.Action+" "+c.Object)
+	}
+	assert.Equal(t, []string{"created unit " + DaemonUnitName, "removed unit " + LegacyDaemonUnitName, "created unit incus.service drop-in box.conf"}, did)
+	assert.Contains(t, note, "systemctl daemon-reload && systemctl start "+DaemonUnitName)
+	assert.NoFileExists(t, filepath.Join(dir, LegacyDaemonUnitName))
+	wants, err := os.ReadDir(filepath.Join(dir, "multi-user.target.wants"))
+	require.NoError(t, err)
+	var enabled []string
+	for _, e := range wants {
+		enabled = append(enabled, e.Name())
+	}
+	assert.ElementsMatch(t, []string{BootUnitName, DaemonUnitName}, enabled, "exactly one daemon unit enabled")
+	b, err = os.ReadFile(drop)
+	require.NoError(t, err)
+	assert.NotContains(t, string(b), LegacyDaemonUnitName, "the drop-in wants the new unit only")
+
+	// Someone else's box-ports.service is not box's to remove.
+	other := "[Unit]\nDescription=a port forwarder of the admin's own\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, LegacyDaemonUnitName), []byte(other), 0o644))
+	_, changes, err = h.BootFiles().ensureUnits()
+	require.NoError(t, err)
+	assert.Empty(t, changes)
+	b, err = os.ReadFile(filepath.Join(dir, LegacyDaemonUnitName))
+	require.NoError(t, err)
+	assert.Equal(t, other, string(b))
 }

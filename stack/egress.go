@@ -174,7 +174,7 @@ func verifyEgress(ctx context.Context, c *incus.Client, g *hostns.NS, f Fleet) (
 	}
 	var notes []string
 	if present, _ := nft.EgressPresent(g.NFTConfig(model.Current)); present && !egress.Serving(g.Name) {
-		notes = append(notes, "no egress service answers here: every allowlisted box resolves nothing and opens nothing on ports 80 and 443 (closed, not open); box watch-ports runs it (the boot unit box-ports.service runs that)")
+		notes = append(notes, "no egress service answers here: every allowlisted box resolves nothing and opens nothing on ports 80 and 443 (closed, not open); box guard-and-serve runs it (the boot unit box-guard-and-serve.service runs that)")
 	}
 	return out, notes, nil
 }

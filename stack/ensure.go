@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -317,196 +315,6 @@ func ProfileDiff(live *incus.Profile, want incus.Profile) []string {
 	return out
 }
 
-// bootUnit loads the firewall part of the stack at boot from the file
-// setup-host saved (SavedFirewall), with no Incus call, before Incus
-// starts: box's tables hold before incusd restores a single box. Its
-// rules name boxnet, which need not exist yet.
-const bootUnit = `[Unit]
-Description=box: load the isolation firewall box setup-host saved (nft tables inet box, bridge box, bridge box_pin, inet box_route), before Incus starts
-DefaultDependencies=no
-After=local-fs.target
-Before=network-pre.target incus.service incus-startup.service shutdown.target
-Wants=network-pre.target
-Conflicts=shutdown.target
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=%s setup-host --boot
-
-[Install]
-WantedBy=multi-user.target
-`
-
-// portsUnit runs the port watcher, which keeps the bridge's ports isolated,
-// in the bridge drop's port set and pinned as boxes restart on their own,
-// and heals box's tables. It is ready (Type=notify) once it has subscribed
-// to the kernel's link events and synced the ports, with no Incus call:
-// Incus starts after it (incusDropIn), so the port of every box Incus
-// restores at boot joins the drop's set from the link event alone.
-const portsUnit = `[Unit]
-Description=box: keep boxnet's bridge ports isolated, in the bridge drop's port set and pinned; put box's tables back
-DefaultDependencies=no
-After=local-fs.target box-firewall.service
-Wants=box-firewall.service
-Before=incus.service incus-startup.service shutdown.target
-Conflicts=shutdown.target
-
-[Service]
-Type=notify
-NotifyAccess=main
-ExecStart=%s watch-ports
-Restart=always
-RestartSec=2
-
-[Install]
-WantedBy=multi-user.target
-`
-
-// incusDropIn makes Incus's daemon want box's units and start after them,
-// however it is started (at boot, by its socket, by incus-startup): Incus
-// restores at boot every instance that ran at shutdown. Wants, not
-// Requires: a failing box unit does not keep Incus down (box doctor names
-// it). setup-host writes it; the package does not ship it (installing box
-// changes nothing until setup-host runs).
-//
-// It also gives incusd an empty, read-only /dev/mqueue: Incus binds the
-// host's /dev/mqueue into every unprivileged container when it exists
-// (systemd mounts it on every host), and that is the host's POSIX message
-// queue instance, shared by the host and every box (a queue made on the
-// host, or in one box, is listed, opened and removed in another: measured
-// in the world's machine, caught by C-KERNEL's mounts). A box's own
-// mq_open(3) uses its own IPC namespace, which needs no mount. The
-// option runs incusd in a mount namespace of its own (systemd's
-// PrivateMounts): its mounts (a pool's, an instance's rootfs) are not
-// seen from the host's shell (docs/box.md, "Incus's /dev/mqueue").
-const incusDropIn = `# box: Incus starts, and restores its instances, only after box's firewall
-# is loaded and its port watcher is ready; and Incus binds an empty,
-# read-only /dev/mqueue into its containers, not the host's message queues
-# (written by box setup-host; box teardown-host removes it).
-[Unit]
-Wants=box-firewall.service box-ports.service
-After=box-firewall.service box-ports.service
-
-[Service]
-TemporaryFileSystem=/dev/mqueue:ro
-`
-
-// IncusDropInName is the drop-in Ensure writes for incus.service, relative
-// to the unit directory.
-const IncusDropInName = "incus.service.d/box.conf"
-
-// BootUnitName and PortsUnitName are the systemd units Ensure installs on
-// systemd hosts.
-const (
-	BootUnitName  = "box-firewall.service"
-	PortsUnitName = "box-ports.service"
-)
-
-// bootUnits are the units, in the order they are written.
-var bootUnits = []struct{ name, text, does string }{
-	{BootUnitName, bootUnit, "loads the saved nft tables at boot, before Incus starts"},
-	{PortsUnitName, portsUnit, "runs box watch-ports, which keeps the bridge's ports isolated, in the port set and pinned"},
-}
-
-// BootUnit is one systemd unit as Ensure writes it.
-type BootUnit struct {
-	Name string // e.g. box-firewall.service
-	Text string // the unit file
-	Does string // what it is for, one line
-}
-
-// BootUnits are the units Ensure writes, for the box binary at exe: the
-// packages ship the same text, so the two never drift.
-func BootUnits(exe string) []BootUnit {
-	var out []BootUnit
-	for _, u := range bootUnits {
-		out = append(out, BootUnit{Name: u.name, Text: fmt.Sprintf(u.text, exe), Does: u.does})
-	}
-	return out
-}
-
-// systemdRunning reports whether systemd is the init system here.
-var systemdRunning = func() bool {
-	_, err := os.Stat("/run/systemd/system")
-	return err == nil
-}
-
-// ensureBootUnit writes the boot units where systemd is, and says what
-// happens where it is not.
-func (boot BootFiles) ensureUnits() (string, []model.Change, error) {
-	if boot.UnitDir == "" {
-		return "no boot unit here: the nft tables are not re-applied at boot and no port watcher runs; run `box setup-host` after a reboot, and keep `box watch-ports` running", nil, nil
-	}
-	if !systemdRunning() {
-		return "no systemd on this host: the nft tables are not re-applied at boot and no port watcher runs; from your init system, run `box setup-host --firewall-only` after each boot and keep `box watch-ports` running", nil, nil
-	}
-	var changes []model.Change
-	for _, u := range BootUnits(boot.Exe) {
-		path := filepath.Join(boot.UnitDir, u.Name)
-		if b, err := os.ReadFile(path); err == nil && string(b) == u.Text {
-			continue
-		}
-		if err := os.WriteFile(path, []byte(u.Text), 0o644); err != nil {
-			return "", changes, fmt.Errorf("writing %s: %w", path, err)
-		}
-		link := filepath.Join(boot.UnitDir, "multi-user.target.wants", u.Name)
-		if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
-			return "", changes, err
-		}
-		os.Remove(link)
-		if err := os.Symlink(path, link); err != nil {
-			return "", changes, fmt.Errorf("enabling %s: %w", u.Name, err)
-		}
-		changes = append(changes, model.Change{Object: "unit " + u.Name, Action: "created", Detail: u.Does})
-	}
-	dropIn := filepath.Join(boot.UnitDir, IncusDropInName)
-	if b, err := os.ReadFile(dropIn); err != nil || string(b) != incusDropIn {
-		if err := os.MkdirAll(filepath.Dir(dropIn), 0o755); err != nil {
-			return "", changes, err
-		}
-		if err := os.WriteFile(dropIn, []byte(incusDropIn), 0o644); err != nil {
-			return "", changes, fmt.Errorf("writing %s: %w", dropIn, err)
-		}
-		changes = append(changes, model.Change{Object: "unit incus.service drop-in " + filepath.Base(dropIn), Action: "created", Detail: "Incus starts after box's firewall and port watcher, with an empty read-only /dev/mqueue"})
-	}
-	// box runs no systemctl: what it wrote takes effect at the next boot,
-	// or when the operator restarts the units.
-	var notes []string
-	if slices.ContainsFunc(changes, func(c model.Change) bool { return c.Object == "unit "+PortsUnitName }) {
-		notes = append(notes, "the port watcher starts at the next boot; to start it now: systemctl daemon-reload && systemctl restart "+PortsUnitName)
-	}
-	if slices.ContainsFunc(changes, func(c model.Change) bool { return strings.HasPrefix(c.Object, "unit incus.service drop-in") }) {
-		notes = append(notes, "Incus takes its drop-in at its next start: systemctl daemon-reload && systemctl restart incus (running boxes keep the host's /dev/mqueue until they restart)")
-	}
-	return strings.Join(notes, "; "), changes, nil
-}
-
-// removeBootUnits disables and removes the boot units.
-func (boot BootFiles) removeUnits() ([]model.Change, error) {
-	var changes []model.Change
-	var errs []error
-	if boot.UnitDir == "" {
-		return nil, nil
-	}
-	dropIn := filepath.Join(boot.UnitDir, IncusDropInName)
-	if err := os.Remove(dropIn); err == nil {
-		changes = append(changes, model.Change{Object: "unit incus.service drop-in " + filepath.Base(dropIn), Action: "removed"})
-		os.Remove(filepath.Dir(dropIn)) // only if empty: another drop-in there is not box's
-	} else if !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, err)
-	}
-	for _, u := range bootUnits {
-		os.Remove(filepath.Join(boot.UnitDir, "multi-user.target.wants", u.name))
-		if err := os.Remove(filepath.Join(boot.UnitDir, u.name)); err == nil {
-			changes = append(changes, model.Change{Object: "unit " + u.name, Action: "removed"})
-		} else if !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	return changes, errors.Join(errs...)
-}
-
 // FirewallResult is what ensureFirewall did.
 type FirewallResult struct {
 	Changes       []model.Change
@@ -589,7 +397,7 @@ func (host *Host) ApplyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 	}
 	res.mode = nft.Desired(ncfg, caps).Mode
 	if res.mode != nft.ModeBridgeMeta {
-		res.note = fmt.Sprintf("this kernel has no nft bridge meta (%s): the bridge drop matches a set of %s's ports, refreshed whenever box starts a box and, while `box watch-ports` runs, whenever a port comes or goes; `box doctor` reports a stale set", caps.Detail, bridge)
+		res.note = fmt.Sprintf("this kernel has no nft bridge meta (%s): the bridge drop matches a set of %s's ports, refreshed whenever box starts a box and, while `box guard-and-serve` runs, whenever a port comes or goes; `box doctor` reports a stale set", caps.Detail, bridge)
 	}
 	return res, nil
 }

@@ -39,7 +39,7 @@ func TestSystemHealAfterFlush(t *testing.T) {
 		_, err = h.Addresses().Wait(ctx, name, 30*time.Second)
 		require.NoError(t, err)
 	}
-	_, running, err := hostns.WatcherRunning(h.NetNS)
+	_, running, err := hostns.DaemonRunning(h.NetNS)
 	require.NoError(t, err)
 	require.False(t, running, "no port watcher may run in the world before this test")
 
@@ -47,8 +47,8 @@ func TestSystemHealAfterFlush(t *testing.T) {
 	start := func() func() {
 		wctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func(log *syncbuf.Buffer) { done <- daemon.WatchAndHeal(wctx, h, log) }(log)
-		require.Eventually(t, func() bool { _, r, err := hostns.WatcherRunning(h.NetNS); return err == nil && r }, 10*time.Second, 10*time.Millisecond)
+		go func(log *syncbuf.Buffer) { done <- daemon.Run(wctx, h, log, 0) }(log)
+		require.Eventually(t, func() bool { _, r, err := hostns.DaemonRunning(h.NetNS); return err == nil && r }, 10*time.Second, 10*time.Millisecond)
 		stopped := false
 		return func() {
 			if !stopped {

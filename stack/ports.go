@@ -39,7 +39,7 @@ func (r PortsRefresh) empty() bool { return len(r.Isolated)+len(r.Added)+len(r.R
 // no nft bridge meta, refreshes the bridge drop's port set (syncPorts),
 // then the pins (refreshPins): a box's port name is only known once it has
 // started, its lease once it has asked. It is the one refresh box commands
-// call after changing a box; `box watch-ports` (WatchPorts) calls the two
+// call after changing a box; `box guard-and-serve` (WatchPorts) calls the two
 // halves apart, so a new port never waits for Incus's answers.
 //
 // On a cluster it refreshes every member it can reach (its own, and those
@@ -197,12 +197,12 @@ func (host *Host) RefreshPins(ctx context.Context, r *PortsRefresh) error {
 // runs: without one a new box's port stays outside the bridge drop and the
 // pins.
 func RequireWatcher(netns string) error {
-	_, running, err := hostns.WatcherRunning(netns)
+	_, running, err := hostns.DaemonRunning(netns)
 	if err != nil {
 		return err
 	}
 	if !running {
-		return errors.New("no port watcher (box watch-ports) runs on this host, so a new box's bridge port would stay outside the bridge drop and the pins: ask the host's admin to start box-ports.service")
+		return errors.New("no port watcher (box guard-and-serve) runs on this host, so a new box's bridge port would stay outside the bridge drop and the pins: ask the host's admin to start box-guard-and-serve.service")
 	}
 	return nil
 }

@@ -27,9 +27,12 @@ type Verification struct {
 	// cluster, this member's); nil when it could not be read (Notes say
 	// why).
 	Pool *DHCPPool `json:"dhcp_pool,omitempty"`
-	// WatcherPID is the port watcher's (port-set mode), 0 when none runs.
-	WatcherPID int           `json:"watcher_pid,omitempty"`
-	Ports      []hostns.Port `json:"ports"`
+	// WatcherPID is the daemon's (port-set mode), 0 when none runs.
+	WatcherPID int `json:"watcher_pid,omitempty"`
+	// Daemon is box's daemon in the host's namespace and each of its
+	// services, up or down (nil when no daemon runs).
+	Daemon *hostns.DaemonStatus `json:"daemon,omitempty"`
+	Ports  []hostns.Port        `json:"ports"`
 	// Fleet is the census of every instance and port on the bridge.
 	Fleet *Census `json:"fleet,omitempty"`
 	// Tiers are the user projects (access tiers) and their state.
@@ -249,14 +252,12 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 		return fmt.Errorf("probing nftables: %w", err)
 	}
 	v.BridgeMode = nft.Desired(ncfg, caps).Mode
-	if v.BridgeMode == nft.ModePortSet {
-		if pid, running, err := hostns.WatcherRunning(host.NetNS); err != nil {
-			return err
-		} else if running {
-			v.WatcherPID = pid
-		} else {
-			v.Notes = append(v.Notes, "no port watcher runs here: a box that restarts on its own, or whose NIC is re-plugged, stays outside the port set and unpinned until the next box command; start box watch-ports (the boot unit box-ports.service runs it)")
-		}
+	if v.Daemon, err = hostns.ReadDaemonStatus(host.NetNS); err != nil {
+		return err
+	}
+	v.Notes = append(v.Notes, daemonNotes(v.Daemon, v.BridgeMode)...)
+	if v.Daemon != nil && v.BridgeMode == nft.ModePortSet {
+		v.WatcherPID = v.Daemon.PID
 	}
 	v.Findings = append(v.Findings, host.BootFiles().verify(p.Addr())...)
 	nf, err := nft.Verify(ncfg, caps, hostns.PortNames(ports))
@@ -340,4 +341,23 @@ func legacyObjects(ctx context.Context, c *incus.Client, g *hostns.NS) ([]string
 		return nil, err
 	}
 	return out, nil
+}
+
+// daemonNotes say what is missing while box's daemon, or one of its
+// services, is down.
+func daemonNotes(d *hostns.DaemonStatus, mode nft.BridgeMode) []string {
+	if d == nil {
+		note := "no daemon runs here (" + DaemonUnitName + ", box guard-and-serve): allowlisted boxes resolve nothing, and box's tables are not put back after another tool's flush until a box command runs"
+		if mode == nft.ModePortSet {
+			note += "; a box that restarts on its own, or whose NIC is re-plugged, stays outside the port set and unpinned until then"
+		}
+		return []string{note + "; start it: systemctl start " + DaemonUnitName}
+	}
+	var out []string
+	for _, s := range d.Services {
+		if !s.Up {
+			out = append(out, fmt.Sprintf("the daemon's %s service (it %s) is down since %s: %s; its log: journalctl -u %s", s.Name, s.Does, s.Since.Format("15:04:05 MST"), s.Problem, DaemonUnitName))
+		}
+	}
+	return out
 }

@@ -25,7 +25,7 @@ var offline = runner{env: map[string]string{"INCUS_SOCKET": "/nonexistent/box-te
 // The verbs (docs/box.md, "Commands").
 var wantVerbs = []string{
 	"new", "templates", "list", "status", "info", "shell", "exec", "tmux", "snapshot", "restore", "rename",
-	"move", "down", "start", "rm", "egress", "expose", "export", "import", "incus", "doctor", "setup-host", "watch-ports", "teardown-host", "grant", "revoke",
+	"move", "down", "start", "rm", "egress", "expose", "export", "import", "incus", "doctor", "setup-host", "guard-and-serve", "watch-ports", "teardown-host", "grant", "revoke",
 	"migrate-host", "remote", "completion", "man", "version", "help",
 }
 

@@ -216,7 +216,7 @@ func TestSystemEgressClosed(t *testing.T) {
 	r, c := worldBox(t)
 	st := testenv.World(t)
 	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS}
-	if _, running, err := hostns.WatcherRunning(h.NetNS); err != nil || running {
+	if _, running, err := hostns.DaemonRunning(h.NetNS); err != nil || running {
 		t.Fatalf("a port watcher runs in %s (%v): this test runs the egress service itself", st.Names.HostNS, err)
 	}
 	serve := func() func() {

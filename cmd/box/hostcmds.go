@@ -5,9 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/daemon"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -58,21 +60,41 @@ func setupSetupHost(fs *flag.FlagSet) action {
 	}
 }
 
-// setupWatchPorts runs the port watcher. Where the kernel has no nft bridge
-// meta, a box that restarts on its own gets a new port outside the bridge
-// drop's port set until something refreshes it; the watcher does, on the
-// kernel's link events. The signal that stops it ends c.ctx (run), so it
-// exits 0.
+// setupGuardAndServe runs box's daemon (package daemon): it guards the
+// stack (ports, pins, tables, routes) and serves the allowlisted boxes
+// (their resolver and proxy). The signal that stops it ends c.ctx (run),
+// so it exits 0.
+func setupGuardAndServe(fs *flag.FlagSet) action {
+	takeOver := fs.Bool("take-over", false, "wait for a daemon already serving this host (its unit's old name during an upgrade) to stop, then serve")
+	return func(c *call) error {
+		return guardAndServe(c, *takeOver)
+	}
+}
+
+// takeOverWait is how long --take-over waits for the daemon before it.
+const takeOverWait = time.Minute
+
+func guardAndServe(c *call, takeOver bool) error {
+	h, err := c.host()
+	if err != nil {
+		return err
+	}
+	wait := time.Duration(0)
+	if takeOver {
+		wait = takeOverWait
+	}
+	if err := daemon.Run(c.ctx, h, c.err, wait); err != nil {
+		return fmt.Errorf("guarding the stack: %w", err)
+	}
+	return nil
+}
+
+// setupWatchPorts is guard-and-serve under its old name, for the units a
+// box of before the rename wrote: it says so, then runs the daemon.
 func setupWatchPorts(fs *flag.FlagSet) action {
 	return func(c *call) error {
-		h, err := c.host()
-		if err != nil {
-			return err
-		}
-		if err := daemon.WatchAndHeal(c.ctx, h, c.err); err != nil {
-			return fmt.Errorf("watching the bridge ports: %w", err)
-		}
-		return nil
+		fmt.Fprintf(c.err, "box: watch-ports was renamed guard-and-serve (unit %s); running that (box setup-host replaces the old unit)\n", stack.DaemonUnitName)
+		return guardAndServe(c, false)
 	}
 }
 
@@ -162,6 +184,7 @@ func setupDoctor(fs *flag.FlagSet) action {
 				}
 				fmt.Fprintf(c.out, "%-12s %s: %s\n%-12s fix: %s\n", f.Layer, obj, f.Problem, "", f.Fix)
 			}
+			printDaemon(c, v.Daemon)
 			printMembers(c, v.Members)
 			printTiers(c, v.Tiers)
 			if v.Pool != nil {
@@ -361,5 +384,21 @@ func printTiers(c *call, tiers []stack.Tier) {
 			state += fmt.Sprintf(", %d findings", len(t.Findings))
 		}
 		fmt.Fprintf(c.out, "  %-12s uid %-7d %-12s %s, %d boxes, %s\n", who, t.UID, t.Project, state, t.Boxes, group)
+	}
+}
+
+// printDaemon names box's daemon and each service it runs, up or down.
+func printDaemon(c *call, d *hostns.DaemonStatus) {
+	if d == nil {
+		fmt.Fprintf(c.out, "daemon: not running (%s)\n", stack.DaemonUnitName)
+		return
+	}
+	fmt.Fprintf(c.out, "daemon: pid %d (%s)\n", d.PID, stack.DaemonUnitName)
+	for _, s := range d.Services {
+		state := "up"
+		if !s.Up {
+			state = "DOWN: " + s.Problem
+		}
+		fmt.Fprintf(c.out, "  %-7s %s (%s)\n", s.Name, state, s.Does)
 	}
 }

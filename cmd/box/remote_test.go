@@ -20,7 +20,7 @@ func TestHostVerbsRefuseARemote(t *testing.T) {
 			host = append(host, c.name)
 		}
 	}
-	assert.Subset(t, host, []string{"setup-host", "doctor", "watch-ports", "teardown-host", "grant", "revoke", "migrate-host", "expose", "egress"})
+	assert.Subset(t, host, []string{"setup-host", "doctor", "guard-and-serve", "watch-ports", "teardown-host", "grant", "revoke", "migrate-host", "expose", "egress"})
 	for _, name := range host {
 		args := []string{name}
 		switch name {

@@ -40,7 +40,7 @@ import (
 // and five random letters, made and removed here), box grant and box
 // revoke run by root, and box run as the granted user, which reaches
 // incusd only through incus-user's socket. A port watcher runs for the
-// whole test, as box-ports.service would on a host.
+// whole test, as box-guard-and-serve.service would on a host.
 
 // tierEnv is what the tier tests share.
 type tierEnv struct {
@@ -124,14 +124,14 @@ func openToAll(p string) bool {
 func portWatcher(t *testing.T, st *world.State, c *incus.Client) {
 	t.Helper()
 	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS}
-	if pid, running, err := hostns.WatcherRunning(h.NetNS); err != nil {
+	if pid, running, err := hostns.DaemonRunning(h.NetNS); err != nil {
 		t.Fatalf("asking for a port watcher: %v", err)
 	} else if running {
 		t.Logf("a port watcher (pid %d) already watches %s: the test uses it", pid, st.Names.HostNS)
 		return
 	}
 	var logBuf syncbuf.Buffer
-	cmd := exec.Command(testenv.Binary(t, "box"), "watch-ports")
+	cmd := exec.Command(testenv.Binary(t, "box"), "guard-and-serve")
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "INCUS_SOCKET=" + st.IncusSocket, "BOX_NETNS=" + st.Names.HostNS}
 	cmd.Stdout, cmd.Stderr = &logBuf, &logBuf
 	require.NoError(t, cmd.Start())
@@ -144,30 +144,30 @@ func portWatcher(t *testing.T, st *world.State, c *incus.Client) {
 		default:
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			<-done
-			assert.NoError(t, waitErr, "box watch-ports exits 0 on SIGTERM")
+			assert.NoError(t, waitErr, "box guard-and-serve exits 0 on SIGTERM")
 		}
-		t.Logf("box watch-ports (pid %d) stopped; it said:\n%s", cmd.Process.Pid, logBuf.String())
+		t.Logf("box guard-and-serve (pid %d) stopped; it said:\n%s", cmd.Process.Pid, logBuf.String())
 	})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		pid, running, err := hostns.WatcherRunning(h.NetNS)
+		pid, running, err := hostns.DaemonRunning(h.NetNS)
 		if err == nil && running && pid == cmd.Process.Pid {
-			t.Logf("started box watch-ports (pid %d) for %s", pid, st.Names.HostNS)
+			t.Logf("started box guard-and-serve (pid %d) for %s", pid, st.Names.HostNS)
 			return
 		}
 		select {
 		case <-done:
 			if strings.Contains(logBuf.String(), "already watches") {
-				if pid, running, _ := hostns.WatcherRunning(h.NetNS); running {
+				if pid, running, _ := hostns.DaemonRunning(h.NetNS); running {
 					t.Logf("another port watcher (pid %d) took the namespace first: the test uses it", pid)
 					return
 				}
 			}
-			t.Fatalf("box watch-ports exited at once (%v): %s", waitErr, logBuf.String())
+			t.Fatalf("box guard-and-serve exited at once (%v): %s", waitErr, logBuf.String())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("box watch-ports (pid %d) did not take its lock within 10s: %s", cmd.Process.Pid, logBuf.String())
+			t.Fatalf("box guard-and-serve (pid %d) did not take its lock within 10s: %s", cmd.Process.Pid, logBuf.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

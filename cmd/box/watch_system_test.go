@@ -33,7 +33,7 @@ import (
 )
 
 // TestSystemRestartedBoxStaysInTheSet: a box restarted from inside gets a
-// new port; with box watch-ports running (as a plain process, as the boot
+// new port; with box guard-and-serve running (as a plain process, as the boot
 // unit would start it) the port is isolated and in the bridge drop's set
 // before a sibling sending at it all along gets a frame through. Without
 // the watcher the same restart lets the sibling's frames through, so the
@@ -58,7 +58,7 @@ func TestSystemRestartedBoxStaysInTheSet(t *testing.T) {
 
 	// Control: no watcher. The restarted box's new port is outside the set
 	// and not isolated, and the sibling's frames reach it.
-	_, running, err := hostns.WatcherRunning(host.NetNS)
+	_, running, err := hostns.DaemonRunning(host.NetNS)
 	require.NoError(t, err)
 	require.False(t, running, "no port watcher may run in the world before this test")
 	got := restartWhileSending(t, c, st.Names.HostNS, victim, sender, vmac)
@@ -68,7 +68,7 @@ func TestSystemRestartedBoxStaysInTheSet(t *testing.T) {
 
 	// With the watcher, started as the boot unit would start it.
 	var logBuf syncbuf.Buffer
-	cmd := exec.Command(testenv.Binary(t, "box"), "watch-ports")
+	cmd := exec.Command(testenv.Binary(t, "box"), "guard-and-serve")
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "INCUS_SOCKET=" + st.IncusSocket, "BOX_NETNS=" + st.Names.HostNS}
 	cmd.Stdout, cmd.Stderr = &logBuf, &logBuf
 	require.NoError(t, cmd.Start())
@@ -80,12 +80,12 @@ func TestSystemRestartedBoxStaysInTheSet(t *testing.T) {
 		stopped = true
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		err := cmd.Wait()
-		assert.NoError(t, err, "box watch-ports exits 0 on SIGTERM")
-		t.Logf("box watch-ports said:\n%s", logBuf.String())
+		assert.NoError(t, err, "box guard-and-serve exits 0 on SIGTERM")
+		t.Logf("box guard-and-serve said:\n%s", logBuf.String())
 	}
 	t.Cleanup(stop)
 	require.Eventually(t, func() bool {
-		pid, running, err := hostns.WatcherRunning(host.NetNS)
+		pid, running, err := hostns.DaemonRunning(host.NetNS)
 		return err == nil && running && pid == cmd.Process.Pid
 	}, 10*time.Second, 20*time.Millisecond, "the watcher takes its lock")
 

@@ -18,27 +18,28 @@ import (
 	"github.com/box-isolation/box/stack/nft"
 )
 
-// TestPrivilegedWatchPortsCommand runs `box watch-ports` against a
+// TestPrivilegedGuardAndServeCommand runs `box guard-and-serve` against a
 // throwaway namespace (BOX_NETNS; never the machine's own) holding a
-// bridge boxnet and box's tables in port-set mode.
-func TestPrivilegedWatchPortsCommand(t *testing.T) {
+// bridge boxnet and box's tables in port-set mode; then its old name,
+// watch-ports, which says it was renamed and is refused beside it.
+func TestPrivilegedGuardAndServeCommand(t *testing.T) {
 	testenv.Root(t)
 	ns := nstest.New(t, "boxpc-"+nstest.RunID()+"-host")
 	ns.AddBridge(t, "boxnet")
 	_, err := nft.Apply(nft.Config{NetNS: int(ns.Handle), Gateway: netip.MustParseAddr("10.99.0.1")}, nft.Capabilities{}, nil)
 	require.NoError(t, err)
 	env := map[string]string{"BOX_NETNS": ns.Name, "INCUS_SOCKET": "/nonexistent/box-test.socket"}
-	start := func(ctx context.Context) (*syncbuf.Buffer, *syncbuf.Buffer, <-chan int) {
+	start := func(ctx context.Context, verb string) (*syncbuf.Buffer, *syncbuf.Buffer, <-chan int) {
 		out, errw := &syncbuf.Buffer{}, &syncbuf.Buffer{}
 		a := &app{ctx: ctx, in: strings.NewReader(""), out: out, err: errw, getenv: func(k string) string { return env[k] }}
 		code := make(chan int, 1)
-		go func() { code <- a.run([]string{"watch-ports"}) }()
+		go func() { code <- a.run([]string{verb}) }()
 		return out, errw, code
 	}
 
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	out, errw, code := start(ctx)
+	out, errw, code := start(ctx, "guard-and-serve")
 	started := "watching the ports of bridge boxnet in network namespace " + ns.Name
 	require.Eventually(t, func() bool { return strings.Contains(errw.String(), started) }, 5*time.Second, 5*time.Millisecond, "stderr: %s", errw.String())
 
@@ -53,15 +54,17 @@ func TestPrivilegedWatchPortsCommand(t *testing.T) {
 		return strings.Contains(errw.String(), "vcmd: joined boxnet, isolated and in the port set ")
 	}, 5*time.Second, 5*time.Millisecond, "progress goes to stderr: %s", errw.String())
 
-	// A second watcher in the same namespace is refused, and says why.
-	_, errw2, code2 := start(context.Background())
+	// A second daemon in the same namespace, by its old name, says it
+	// was renamed, is refused, and says why.
+	_, errw2, code2 := start(context.Background(), "watch-ports")
 	select {
 	case c := <-code2:
 		assert.Equal(t, exitFailed, c)
-		assert.Contains(t, errw2.String(), "box: watching the bridge ports: a port watcher (pid ")
-		assert.Contains(t, errw2.String(), "already watches network namespace "+ns.Name)
+		assert.Contains(t, errw2.String(), "box: watch-ports was renamed guard-and-serve")
+		assert.Contains(t, errw2.String(), "box: guarding the stack: box's daemon (pid ")
+		assert.Contains(t, errw2.String(), "already serves network namespace "+ns.Name)
 	case <-time.After(5 * time.Second):
-		t.Fatal("a second watch-ports did not give up within 5s")
+		t.Fatal("a second daemon did not give up within 5s")
 	}
 
 	// SIGINT or SIGTERM ends the context run() gives the command: that

@@ -85,7 +85,7 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 	}
 	if err := stack.RequireWatcher(host.NetNS); err != nil {
-		return nil, fmt.Errorf("granting %s: %w (a granted user's boxes join the bridge drop and the pins only through it; box setup-host installs box-ports.service)", u.Name, err)
+		return nil, fmt.Errorf("granting %s: %w (a granted user's boxes join the bridge drop and the pins only through it; box setup-host installs box-guard-and-serve.service)", u.Name, err)
 	}
 
 	var back converge.Undos

@@ -48,13 +48,16 @@ const (
 	healRemember = 5 * time.Second
 )
 
-// WatchAndHeal is WatchPorts with the healer beside it: what `box
-// watch-ports` (the boot unit) runs. WatchPorts alone is for a watcher that
-// must leave the tables as they are, such as the drill's while its
-// mutations hold a layer out on purpose.
-func WatchAndHeal(ctx context.Context, host *stack.Host, log io.Writer) error {
+// Run is the daemon, what `box guard-and-serve` (its unit) runs:
+// WatchPorts with the healer beside it. WatchPorts alone is for a watcher
+// that must leave the tables as they are, such as the drill's while its
+// mutations hold a layer out on purpose. takeOver is how long it waits for
+// a daemon already serving the namespace to stop (the unit's old name
+// during an upgrade) before it refuses.
+func Run(ctx context.Context, host *stack.Host, log io.Writer, takeOver time.Duration) error {
 	o := defaultWatchOptions()
 	o.heal = true
+	o.takeOver = takeOver
 	return watchPorts(ctx, host, log, o)
 }
 
@@ -94,14 +97,16 @@ type incusJob struct {
 
 // healLoop runs the healer until ctx ends. Failures are logged and
 // retried; it never ends the watcher.
-func healLoop(ctx context.Context, host *stack.Host, logf func(string, ...any)) {
+func healLoop(ctx context.Context, host *stack.Host, logf func(string, ...any), st *status) {
 	g, err := host.OpenNS()
 	if err != nil {
+		st.set(serviceHealer, false, err.Error())
 		logf("heal: not healing: %v", err)
 		return
 	}
 	defer g.Close()
 	h := &healer{host: host, g: g, logf: logf, incus: make(chan incusJob, 1)}
+	st.set(serviceHealer, true, "")
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

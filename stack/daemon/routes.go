@@ -32,9 +32,10 @@ const (
 // someone removed is Verify's to report. Between a new default route and
 // the update, a box's new connections by it are dropped: the set errs
 // closed.
-func watchRoutes(ctx context.Context, host *stack.Host, logf func(string, ...any)) {
+func watchRoutes(ctx context.Context, host *stack.Host, logf func(string, ...any), st *status) {
 	g, err := host.OpenNS()
 	if err != nil {
+		st.set(serviceRoutes, false, err.Error())
 		logf("%s: watching routes: %v", model.LayerRoute, err)
 		return
 	}
@@ -69,6 +70,7 @@ func watchRoutes(ctx context.Context, host *stack.Host, logf func(string, ...any
 		if err == nil {
 			var changed []string
 			if changed, err = rt.Apply(ncfg); err == nil {
+				st.set(serviceRoutes, true, "")
 				missing = false
 				if len(changed) > 0 {
 					logf("%s: %s (%s)", model.LayerRoute, strings.Join(changed, "; "), why)
@@ -77,12 +79,14 @@ func watchRoutes(ctx context.Context, host *stack.Host, logf func(string, ...any
 			}
 		}
 		if errors.Is(err, nft.ErrNotApplied) {
+			st.set(serviceRoutes, false, "table inet "+ncfg.RouteTable()+" is missing (box doctor --fix makes it)")
 			if !missing {
 				logf("%s: table inet %s is missing: boxes may leave by any route until `box doctor --fix` makes it", model.LayerRoute, ncfg.RouteTable())
 			}
 			missing = true
 			return
 		}
+		st.set(serviceRoutes, false, "keeping the uplink set: "+err.Error())
 		logf("%s: keeping the uplink set: %v", model.LayerRoute, err)
 	}
 
@@ -98,6 +102,7 @@ func watchRoutes(ctx context.Context, host *stack.Host, logf func(string, ...any
 			return
 		case <-retry.C:
 			if err := subscribe(); err != nil {
+				st.set(serviceRoutes, false, "subscribing to route events: "+err.Error())
 				logf("%s: subscribing to route events failed: %v; trying again in %s", model.LayerRoute, err, watchRetry)
 				retry.Reset(watchRetry)
 				continue

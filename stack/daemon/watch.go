@@ -53,16 +53,19 @@ type watchOptions struct {
 	// than it kills the subscription (ENOBUFS), and the watcher
 	// subscribes again and resyncs.
 	rcvbuf int
-	// heal runs the healer beside the watcher (WatchAndHeal).
+	// heal runs the healer beside the watcher (Run).
 	heal bool
 	// refreshed, when set, is called after every successful refresh with
 	// what it changed, the triggers it answered and when it finished.
 	refreshed func(r stack.PortsRefresh, causes []trigger, done time.Time)
 	// ready, when set, is called once, after the first refresh (done or
 	// failed) that followed the link subscription: from then on every new
-	// port is taken in from its link event. box-ports.service is
+	// port is taken in from its link event. The daemon's unit is
 	// Type=notify, and Incus starts after it (notifyReady).
 	ready func()
+	// takeOver is how long to wait for a daemon already serving the
+	// namespace to stop (0: refuse at once).
+	takeOver time.Duration
 }
 
 func defaultWatchOptions() watchOptions {
@@ -77,7 +80,7 @@ func notifyReady(logf func(string, ...any)) func() {
 		case err != nil:
 			logf("%v", err)
 		case there:
-			logf("ready: told systemd (Incus, ordered after box-ports.service, may start)")
+			logf("ready: told systemd (Incus, ordered after %s, may start)", stack.DaemonUnitName)
 		}
 	}
 }
@@ -90,8 +93,8 @@ func notifyReady(logf func(string, ...any)) func() {
 // the bridge changes, and every 30 s whatever it heard. It logs one line per
 // port a refresh changed, with the delay from the event's arrival.
 //
-// One watcher runs per network namespace: a second one is refused while the
-// first holds /run/box/watch-ports-<namespace inode>.lock.
+// One daemon runs per network namespace: a second one is refused while the
+// first holds its lock (hostns.LockDaemon).
 func WatchPorts(ctx context.Context, host *stack.Host, log io.Writer) error {
 	return watchPorts(ctx, host, log, defaultWatchOptions())
 }
@@ -102,11 +105,15 @@ func watchPorts(ctx context.Context, host *stack.Host, log io.Writer, o watchOpt
 		return fmt.Errorf("watching ports: %w", err)
 	}
 	defer g.Close()
-	release, err := hostns.LockWatcher(g.Inode, hostns.Label(host.NetNS))
+	release, err := hostns.LockDaemon(g.Inode, hostns.Label(host.NetNS), o.takeOver)
 	if err != nil {
 		return err
 	}
 	defer release()
+	services := []string{servicePorts, serviceRoutes, serviceEgress}
+	if o.heal {
+		services = slices.Insert(services, 1, serviceHealer)
+	}
 	w := &watcher{
 		host: host, g: g, o: o, log: log, bridge: model.Current.Network,
 		links: map[int]linkInfo{}, timer: time.NewTimer(time.Hour), pins: make(chan trigger, 1),
@@ -115,6 +122,8 @@ func watchPorts(ctx context.Context, host *stack.Host, log io.Writer, o watchOpt
 	if w.o.ready == nil {
 		w.o.ready = notifyReady(w.logf)
 	}
+	w.status = newStatus(g.Inode, os.Getpid(), services, w.logf)
+	defer os.Remove(hostns.DaemonStatusPath(g.Inode))
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(4)
@@ -126,18 +135,18 @@ func watchPorts(ctx context.Context, host *stack.Host, log io.Writer, o watchOpt
 	go func() {
 		defer wg.Done()
 		if o.heal {
-			healLoop(ctx, host, w.logf)
+			healLoop(ctx, host, w.logf, w.status)
 		}
 	}()
 	// L-ROUTE's uplink set follows the route events (routes.go).
 	go func() {
 		defer wg.Done()
-		watchRoutes(ctx, host, w.logf)
+		watchRoutes(ctx, host, w.logf, w.status)
 	}()
 	// The allowlisted boxes' resolver and proxy live here too.
 	go func() {
 		defer wg.Done()
-		egress.Run(ctx, host.NetNS, w.logf)
+		egress.Run(ctx, host.NetNS, w.logf, func(up bool, why string) { w.status.set(serviceEgress, up, why) })
 	}()
 	defer wg.Wait()
 	defer cancel()
@@ -217,6 +226,8 @@ type watcher struct {
 
 	lease    *leaseWatch
 	leaseErr string // the last failure to watch it, said once
+
+	status *status // what box doctor reads of the services
 }
 
 func (w *watcher) logf(format string, args ...any) {
@@ -226,7 +237,7 @@ func (w *watcher) logf(format string, args ...any) {
 }
 
 func (w *watcher) run(ctx context.Context) error {
-	w.logf("watching the ports of bridge %s in %s (pid %d, lock %s)", w.bridge, hostns.Label(w.host.NetNS), os.Getpid(), hostns.WatchLockPath(w.g.Inode))
+	w.logf("watching the ports of bridge %s in %s (pid %d, lock %s)", w.bridge, hostns.Label(w.host.NetNS), os.Getpid(), hostns.DaemonLockPath(w.g.Inode))
 	lease, err := newLeaseWatch()
 	if err != nil {
 		return fmt.Errorf("watching ports: %w", err)
@@ -346,6 +357,7 @@ func (w *watcher) refresh(ctx context.Context) {
 			w.pending = append(w.pending, trigger{kind: trigSync, at: done, what: "retry"})
 		}
 		// A lasting failure is said once, not at every retry.
+		w.status.set(servicePorts, false, "refreshing the ports failed: "+err.Error())
 		if msg := err.Error(); msg != w.refreshErr {
 			w.logf("refreshing the ports after a %s failed: %v; trying again every %s", w.pending[0].kind, err, w.o.retry)
 			w.refreshErr = msg
@@ -354,6 +366,7 @@ func (w *watcher) refresh(ctx context.Context) {
 		w.armed = true
 		return
 	}
+	w.status.set(servicePorts, true, "")
 	if w.refreshErr != "" {
 		w.logf("refreshing the ports works again")
 		w.refreshErr = ""

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -275,13 +276,13 @@ func TestPrivilegedWatchPorts(t *testing.T) {
 	})
 	w.waitLog(t, "vpre: joined boxnet, isolated and in the port set at the full sync (watcher started)")
 
-	pid, running, err := hostns.WatcherRunning(w.host.NetNS)
+	pid, running, err := hostns.DaemonRunning(w.host.NetNS)
 	require.NoError(t, err)
-	assert.True(t, running, "WatcherRunning while it runs")
+	assert.True(t, running, "DaemonRunning while it runs")
 	assert.Equal(t, os.Getpid(), pid, "the lock file holds the watcher's PID")
 	err = WatchPorts(context.Background(), w.host, io.Discard)
 	require.Error(t, err, "a second watcher in the same namespace")
-	assert.Contains(t, err.Error(), fmt.Sprintf("a port watcher (pid %d) already watches network namespace %s", os.Getpid(), w.ns.Name))
+	assert.Contains(t, err.Error(), fmt.Sprintf("box's daemon (pid %d) already serves network namespace %s", os.Getpid(), w.ns.Name))
 
 	// Each step is a kernel change no box command made, so only the
 	// watcher can answer it; the set and the flag are read back from the
@@ -343,7 +344,7 @@ func TestPrivilegedWatchPorts(t *testing.T) {
 	w.waitLog(t, "(bridge boxnet appeared)")
 
 	require.NoError(t, stop(), "WatchPorts returns nil when its context ends")
-	_, running, err = hostns.WatcherRunning(w.host.NetNS)
+	_, running, err = hostns.DaemonRunning(w.host.NetNS)
 	require.NoError(t, err)
 	assert.False(t, running, "the lock is released when the watcher stops")
 	t.Logf("watcher log:\n%s", w.log.String())
@@ -544,4 +545,71 @@ func BenchmarkPrivilegedWatchPortsJoin(b *testing.B) {
 	b.ReportMetric(ms(fromCall, 1), "ms-enslave-to-set-max")
 	b.ReportMetric(ms(fromEvent, 0.5), "ms-event-to-set-p50")
 	b.ReportMetric(ms(fromEvent, 1), "ms-event-to-set-max")
+}
+
+// TestPrivilegedDaemonTakeOver: a daemon told to take over waits while
+// another serves the namespace (as the renamed unit waits for the old one
+// during an upgrade), then serves the moment that one stops.
+func TestPrivilegedDaemonTakeOver(t *testing.T) {
+	w := newWatchWorld(t)
+	stopFirst := w.watch(t, defaultWatchOptions())
+	second := &syncbuf.Buffer{}
+	o := defaultWatchOptions()
+	o.takeOver = 10 * time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- watchPorts(ctx, w.host, second, o) }()
+	time.Sleep(500 * time.Millisecond)
+	assert.NotContains(t, second.String(), "watching the ports", "it waits while the first serves")
+	select {
+	case err := <-done:
+		t.Fatalf("the second daemon gave up while waiting: %v", err)
+	default:
+	}
+	require.NoError(t, stopFirst())
+	stopped := time.Now()
+	require.Eventually(t, func() bool { return strings.Contains(second.String(), "watching the ports") }, 5*time.Second, time.Millisecond,
+		"the second daemon took over; it said:\n%s", second.String())
+	t.Logf("took over %s after the first stopped", time.Since(stopped).Round(time.Millisecond))
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// TestPrivilegedDaemonStatus: the daemon writes what each service does and
+// whether it is up, box doctor reads it while the daemon runs, and the file
+// goes with the daemon.
+func TestPrivilegedDaemonStatus(t *testing.T) {
+	w := newWatchWorld(t)
+	stop := w.watch(t, defaultWatchOptions())
+	var st *hostns.DaemonStatus
+	require.Eventually(t, func() bool {
+		var err error
+		st, err = hostns.ReadDaemonStatus(w.host.NetNS)
+		require.NoError(t, err)
+		return st != nil && len(st.Services) == 3 && st.Services[0].Up
+	}, 5*time.Second, 5*time.Millisecond, "the status names the services, the port watcher up; log:\n%s", w.log.String())
+	assert.Equal(t, os.Getpid(), st.PID)
+	byName := map[string]hostns.ServiceState{}
+	for _, s := range st.Services {
+		byName[s.Name] = s
+		assert.NotEmpty(t, s.Does, s.Name)
+	}
+	assert.ElementsMatch(t, []string{servicePorts, serviceRoutes, serviceEgress}, slices.Collect(maps.Keys(byName)), "no healer: WatchPorts runs none")
+	// This namespace has no route table: the route watcher says so.
+	require.Eventually(t, func() bool {
+		st, _ := hostns.ReadDaemonStatus(w.host.NetNS)
+		for _, s := range st.Services {
+			if s.Name == serviceRoutes {
+				return !s.Up && strings.Contains(s.Problem, "is missing")
+			}
+		}
+		return false
+	}, 5*time.Second, 5*time.Millisecond, "the route watcher is down while its table is missing")
+	require.NoError(t, stop())
+	st, err := hostns.ReadDaemonStatus(w.host.NetNS)
+	require.NoError(t, err)
+	assert.Nil(t, st, "no daemon, no status")
+	ino, err := hostns.Inode(w.host.NetNS)
+	require.NoError(t, err)
+	assert.NoFileExists(t, hostns.DaemonStatusPath(ino))
 }

@@ -26,8 +26,8 @@ import (
 
 // The egress service: box's resolver (dns.go) and proxy
 // (proxy.go) for the allowlisted boxes, in one process per network
-// namespace. It runs in the port watcher (box watch-ports, which systemd
-// runs as box-ports.service) and knows the policies from a state file that
+// namespace. It runs in the port watcher (box guard-and-serve, which systemd
+// runs as box-guard-and-serve.service) and knows the policies from a state file that
 // every refresh of the egress table rewrites (applyEgress), so a change a
 // box command makes is in force at the next question, without a message
 // to the service. Its sockets are opened in the host's namespace: the
@@ -170,12 +170,17 @@ func allows(m map[string]*model.NameMatcher, policy, name string) bool {
 
 // ErrServing is returned by ServeEgress when another egress service
 // holds the namespace's sockets.
-var ErrServing = errors.New("another egress service (box watch-ports) serves this namespace")
+var ErrServing = errors.New("another egress service (box guard-and-serve) serves this namespace")
 
 // Serve runs box's egress resolver and proxy in the host's
 // namespace until ctx ends, logging what it does (every refusal among
 // it) to log. One runs per namespace: the sockets are its lock.
 func Serve(ctx context.Context, netns string, log io.Writer) error {
+	return serve(ctx, netns, log, nil)
+}
+
+// serve is Serve, calling up (when set) once its sockets are open.
+func serve(ctx context.Context, netns string, log io.Writer, up func()) error {
 	g, err := hostns.Open(netns)
 	if err != nil {
 		return fmt.Errorf("egress service: %w", err)
@@ -200,6 +205,9 @@ func Serve(ctx context.Context, netns string, log io.Writer) error {
 	}
 	defer unlock()
 	logf(log, "egress service: resolver on %s:53, proxy on %s:%d, state %s", nft.EgressDNSAddr, nft.EgressProxyAddr, nft.EgressProxyPort, StatePath(ino))
+	if up != nil {
+		up()
+	}
 	s.serve(ctx)
 	return nil
 }
@@ -258,13 +266,14 @@ func Serving(netns string) bool {
 
 func logf(w io.Writer, format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
 
-// Run keeps an egress service running beside the watcher: when
-// another holds the sockets (the drill's, say) it tries again every few
-// seconds, and takes over when that one stops.
-func Run(ctx context.Context, netns string, logfn func(string, ...any)) {
+// Run keeps an egress service running beside the daemon's other
+// services: when another holds the sockets (the drill's, say) it tries
+// again every few seconds, and takes over when that one stops. state hears
+// whether the service is up, and why not.
+func Run(ctx context.Context, netns string, logfn func(string, ...any), state func(up bool, why string)) {
 	said := ""
 	for ctx.Err() == nil {
-		err := Serve(ctx, netns, writerFunc(func(b []byte) { logfn("%s", trimNL(b)) }))
+		err := serve(ctx, netns, writerFunc(func(b []byte) { logfn("%s", trimNL(b)) }), func() { state(true, "") })
 		if ctx.Err() != nil {
 			return
 		}
@@ -272,6 +281,7 @@ func Run(ctx context.Context, netns string, logfn func(string, ...any)) {
 		if err != nil {
 			msg = err.Error()
 		}
+		state(false, msg)
 		if msg != said {
 			logfn("%s; trying again every %s", msg, egressRetry)
 			said = msg

@@ -1,6 +1,7 @@
 package hostns
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -52,12 +53,22 @@ func TearingDown(ino uint64) int {
 	return pid
 }
 
-// RunDir holds box's run-time files: the setup lock, one watcher lock
-// per network namespace watched, the teardown marker, the egress
-// service's state. Under /run, so a reboot clears them.
+// RunDir holds box's run-time files: the setup lock, the daemon's locks
+// (one per network namespace), the teardown marker, the egress service's
+// state. Under /run, so a reboot clears them.
 const RunDir = "/run/box"
 
-func WatchLockPath(ino uint64) string {
+// DaemonLockPath is the lock box's daemon holds while it serves the
+// namespace with inode ino: one daemon per namespace.
+func DaemonLockPath(ino uint64) string {
+	return filepath.Join(RunDir, fmt.Sprintf("guard-and-serve-%d.lock", ino))
+}
+
+// legacyLockPath is the lock of the daemon as box named it before
+// (box watch-ports). The daemon holds it too, so a box of the old name
+// and one of the new never serve a namespace at once: each refuses while
+// the other holds its lock.
+func legacyLockPath(ino uint64) string {
 	return filepath.Join(RunDir, fmt.Sprintf("watch-ports-%d.lock", ino))
 }
 
@@ -69,21 +80,31 @@ func Label(netns string) string {
 	return "network namespace " + netns
 }
 
-// WatcherRunning says whether a port watcher (box watch-ports) holds the
-// lock of the host's namespace, and its PID. It takes the lock shared and
-// at once lets go, so it never waits.
-func WatcherRunning(netns string) (pid int, running bool, err error) {
+// DaemonRunning says whether box's daemon (box guard-and-serve, or the
+// watch-ports of a box of before its rename) holds the lock of the host's
+// namespace, and its PID. It takes the lock shared and at once lets go,
+// so it never waits.
+func DaemonRunning(netns string) (pid int, running bool, err error) {
 	ino, err := Inode(netns)
 	if err != nil {
 		return 0, false, err
 	}
-	path := WatchLockPath(ino)
+	for _, path := range []string{DaemonLockPath(ino), legacyLockPath(ino)} {
+		if pid, running, err := lockHeld(path); err != nil || running {
+			return pid, running, err
+		}
+	}
+	return 0, false, nil
+}
+
+// lockHeld says whether a process holds the lock at path, and its PID.
+func lockHeld(path string) (pid int, held bool, err error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, false, nil
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("reading the port watcher's lock: %w", err)
+		return 0, false, fmt.Errorf("reading the daemon's lock: %w", err)
 	}
 	defer f.Close()
 	err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
@@ -91,7 +112,7 @@ func WatcherRunning(netns string) (pid int, running bool, err error) {
 		return 0, false, nil
 	}
 	if !errors.Is(err, syscall.EWOULDBLOCK) {
-		return 0, false, fmt.Errorf("testing the port watcher's lock %s: %w", path, err)
+		return 0, false, fmt.Errorf("testing the daemon's lock %s: %w", path, err)
 	}
 	b, _ := io.ReadAll(f)
 	pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
@@ -112,20 +133,38 @@ func Inode(netns string) (uint64, error) {
 	return st.Ino, nil
 }
 
-// LockWatcher takes the namespace's watcher lock and writes this process's
-// PID into it. The file is removed on release; a lock taken on a file that
-// was meanwhile removed is let go and taken again on the new one.
-func LockWatcher(ino uint64, ns string) (func(), error) {
-	path := WatchLockPath(ino)
+// LockDaemon takes the daemon's locks of the namespace with inode ino
+// (ns names it in messages), both its own and its old name's, and writes
+// this process's PID into them. While another daemon holds one, it waits
+// up to wait (at least a moment: DaemonRunning holds a lock shared for an
+// instant), then refuses. The files are removed on release.
+func LockDaemon(ino uint64, ns string, wait time.Duration) (func(), error) {
 	if err := os.MkdirAll(RunDir, 0o755); err != nil {
-		return nil, fmt.Errorf("watching ports: %w", err)
+		return nil, fmt.Errorf("locking the daemon: %w", err)
 	}
-	// WatcherRunning holds the lock shared for an instant: try for a while.
-	deadline := time.Now().Add(250 * time.Millisecond)
+	wait = max(wait, 250*time.Millisecond)
+	// The old name's first: a daemon of before the rename takes only it.
+	legacy, err := takeRunLock(legacyLockPath(ino), ns, wait)
+	if err != nil {
+		return nil, err
+	}
+	own, err := takeRunLock(DaemonLockPath(ino), ns, wait)
+	if err != nil {
+		legacy()
+		return nil, err
+	}
+	return func() { own(); legacy() }, nil
+}
+
+// takeRunLock takes the lock at path for this process, waiting up to wait
+// for another holder. A lock taken on a file that was meanwhile removed
+// is let go and taken again on the new one.
+func takeRunLock(path, ns string, wait time.Duration) (func(), error) {
+	deadline := time.Now().Add(wait)
 	for {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
 		if err != nil {
-			return nil, fmt.Errorf("watching ports: opening the lock: %w", err)
+			return nil, fmt.Errorf("locking the daemon: opening %s: %w", path, err)
 		}
 		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil && sameFile(f, path) {
@@ -134,21 +173,21 @@ func LockWatcher(ino uint64, ns string) (func(), error) {
 			}
 			if err != nil {
 				f.Close()
-				return nil, fmt.Errorf("watching ports: writing the PID into %s: %w", path, err)
+				return nil, fmt.Errorf("locking the daemon: writing the PID into %s: %w", path, err)
 			}
 			return func() { os.Remove(path); f.Close() }, nil
 		}
 		b, _ := io.ReadAll(f)
 		f.Close()
 		if err != nil && !errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("watching ports: locking %s: %w", path, err)
+			return nil, fmt.Errorf("locking the daemon: %s: %w", path, err)
 		}
 		if err != nil && time.Now().After(deadline) {
 			holder := strings.TrimSpace(string(b))
 			if holder == "" {
 				holder = "unknown"
 			}
-			return nil, fmt.Errorf("a port watcher (pid %s) already watches %s: one runs per namespace (it holds %s); stop it first", holder, ns, path)
+			return nil, fmt.Errorf("box's daemon (pid %s) already serves %s: one runs per namespace (it holds %s); stop it first", holder, ns, path)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -162,4 +201,78 @@ func sameFile(f *os.File, path string) bool {
 	}
 	b, err := os.Stat(path)
 	return err == nil && os.SameFile(a, b)
+}
+
+// DaemonStatus is what box's daemon runs in a namespace and whether each
+// service is up, as it last wrote it (DaemonStatusPath); box doctor reads
+// it beside the daemon's lock.
+type DaemonStatus struct {
+	PID      int            `json:"pid"`
+	Services []ServiceState `json:"services"`
+}
+
+// ServiceState is one service of the daemon.
+type ServiceState struct {
+	Name    string    `json:"name"`              // ports, healer, routes, egress
+	Does    string    `json:"does"`              // what it is for, one line
+	Up      bool      `json:"up"`                //
+	Problem string    `json:"problem,omitempty"` // why it is down
+	Since   time.Time `json:"since"`             // when it went up or down
+}
+
+// DaemonStatusPath is the daemon's status file in the namespace with inode
+// ino.
+func DaemonStatusPath(ino uint64) string {
+	return filepath.Join(RunDir, fmt.Sprintf("guard-and-serve-%d.json", ino))
+}
+
+// WriteDaemonStatus replaces the status file in one rename.
+func WriteDaemonStatus(ino uint64, st DaemonStatus) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(RunDir, ".guard-and-serve-*.json")
+	if err != nil {
+		return fmt.Errorf("writing the daemon's status: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return fmt.Errorf("writing the daemon's status: %w", err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), DaemonStatusPath(ino))
+}
+
+// ReadDaemonStatus reads the daemon's status in netns: what its services
+// last said, when the daemon runs (nil, nil when none runs).
+func ReadDaemonStatus(netns string) (*DaemonStatus, error) {
+	pid, running, err := DaemonRunning(netns)
+	if err != nil || !running {
+		return nil, err
+	}
+	ino, err := Inode(netns)
+	if err != nil {
+		return nil, err
+	}
+	st := &DaemonStatus{PID: pid}
+	b, err := os.ReadFile(DaemonStatusPath(ino))
+	if errors.Is(err, os.ErrNotExist) {
+		return st, nil // a daemon of before the services were told apart
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the daemon's status: %w", err)
+	}
+	if err := json.Unmarshal(b, st); err != nil {
+		return nil, fmt.Errorf("reading the daemon's status %s: %w", DaemonStatusPath(ino), err)
+	}
+	st.PID = pid
+	return st, nil
 }
