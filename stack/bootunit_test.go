@@ -47,7 +47,7 @@ func TestBootUnits(t *testing.T) {
 		assert.Contains(t, fw, line+"\n")
 	}
 	ports := read(DaemonUnitName)
-	for _, line := range []string{"After=local-fs.target box-firewall.service box-ports.service", "Before=incus.service incus-startup.service shutdown.target",
+	for _, line := range []string{"After=local-fs.target box-firewall.service\nWants=box-firewall.service", "Before=incus.service incus-startup.service shutdown.target",
 		"Conflicts=shutdown.target box-ports.service", "Type=notify", "ExecStart=/usr/local/bin/box guard-and-serve --take-over", "Restart=always", "WantedBy=multi-user.target"} {
 		assert.Contains(t, ports, line+"\n")
 	}

@@ -41,14 +41,15 @@ WantedBy=multi-user.target
 // kernel's link events and synced the ports, with no Incus call: Incus
 // starts after it (incusDropIn), so the port of every box Incus restores
 // at boot joins the drop's set from the link event alone. It conflicts
-// with, and starts after, its unit of its old name (box-ports.service):
-// starting it stops that one first, so the two never run at once. Should
-// another daemon still serve the namespace (one run by hand),
-// --take-over waits for it to stop instead of failing.
+// with its unit of its old name (box-ports.service): starting it stops
+// that one, and with --take-over it waits for the old daemon's lock and
+// serves the moment the old one lets go (it starts while the old one
+// stops, not after it: the allowlisted boxes' resolver is gone for
+// milliseconds, not for a daemon's start). The two never serve at once.
 const daemonUnit = `[Unit]
 Description=box: guard the isolation stack (ports isolated and pinned, box's tables put back, routes followed) and serve allowlisted boxes (their resolver and proxy)
 DefaultDependencies=no
-After=local-fs.target box-firewall.service box-ports.service
+After=local-fs.target box-firewall.service
 Wants=box-firewall.service
 Before=incus.service incus-startup.service shutdown.target
 Conflicts=shutdown.target box-ports.service
@@ -185,8 +186,8 @@ func (boot BootFiles) ensureUnits() (string, []model.Change, error) {
 	switch {
 	case len(renamed) > 0:
 		// The old unit's daemon still runs: starting the new one stops it
-		// first (Conflicts, After).
-		notes = append(notes, fmt.Sprintf("box's daemon is now %s (it was %s, which still runs): switch to it now with: systemctl daemon-reload && systemctl start %s (that stops the old one first)", DaemonUnitName, LegacyDaemonUnitName, DaemonUnitName))
+		// (Conflicts), and the new one takes over its lock (--take-over).
+		notes = append(notes, fmt.Sprintf("box's daemon is now %s (it was %s, which still runs): switch to it now with: systemctl daemon-reload && systemctl start %s (that stops the old one; the new one serves as it lets go)", DaemonUnitName, LegacyDaemonUnitName, DaemonUnitName))
 	case slices.ContainsFunc(changes, func(c model.Change) bool { return c.Object == "unit "+DaemonUnitName }):
 		notes = append(notes, "box's daemon starts at the next boot; to start it now: systemctl daemon-reload && systemctl restart "+DaemonUnitName)
 	}

@@ -272,8 +272,12 @@ func logf(w io.Writer, format string, args ...any) { fmt.Fprintf(w, format+"\n",
 // whether the service is up, and why not.
 func Run(ctx context.Context, netns string, logfn func(string, ...any), state func(up bool, why string)) {
 	said := ""
+	wait := egressFirstRetry
 	for ctx.Err() == nil {
-		err := serve(ctx, netns, writerFunc(func(b []byte) { logfn("%s", trimNL(b)) }), func() { state(true, "") })
+		err := serve(ctx, netns, writerFunc(func(b []byte) { logfn("%s", trimNL(b)) }), func() {
+			wait = egressFirstRetry
+			state(true, "")
+		})
 		if ctx.Err() != nil {
 			return
 		}
@@ -283,17 +287,24 @@ func Run(ctx context.Context, netns string, logfn func(string, ...any), state fu
 		}
 		state(false, msg)
 		if msg != said {
-			logfn("%s; trying again every %s", msg, egressRetry)
+			logfn("%s; trying again (soon, then every %s)", msg, egressRetry)
 			said = msg
 		}
+		// Soon at first: a daemon taking over from another binds the
+		// sockets the other has just let go of.
 		select {
 		case <-ctx.Done():
-		case <-time.After(egressRetry):
+		case <-time.After(wait):
 		}
+		wait = min(2*wait, egressRetry)
 	}
 }
 
 const egressRetry = 3 * time.Second
+
+// egressFirstRetry is how soon the first try again comes (doubling up to
+// egressRetry).
+const egressFirstRetry = 20 * time.Millisecond
 
 type writerFunc func([]byte)
 
