@@ -98,49 +98,12 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		}
 		stored, net, netETag = net.Config, nil, ""
 	}
-	if net != nil {
-		p, perr := netip.ParsePrefix(net.Config["ipv4.address"])
-		if perr != nil {
-			return nil, fmt.Errorf("network %s exists with ipv4.address=%q, which box cannot build on: remove it with `box teardown-host`", gen.Network, net.Config["ipv4.address"])
-		}
-		if pin := host.Options.Subnet; pin.IsValid() && pin != p.Masked() {
-			return nil, fmt.Errorf("network %s already exists on %s; BOX_SUBNET=%s would re-address it under live boxes: unset BOX_SUBNET, or `box teardown-host` first", gen.Network, p.Masked(), pin)
-		}
-		rep.Subnet = model.SubnetChoice{Subnet: p.Masked(), Reason: "existing " + gen.Network}
-	} else {
-		uses, err := host.Members.addressUses(g, ci, rep)
-		if err != nil {
-			return nil, err
-		}
-		pin := host.Options.Subnet
-		if p, perr := netip.ParsePrefix(stored["ipv4.address"]); perr == nil && !pin.IsValid() {
-			pin = p.Masked()
-		}
-		rep.Subnet, err = model.PickSubnet(pin, uses)
-		if err != nil {
-			return nil, err
-		}
-		if rep.Subnet.Auto {
-			rep.Notes = append(rep.Notes, "NOTE: "+rep.Subnet.Reason)
-		}
+	if rep.Subnet, err = chooseSubnet(g, ci, net, stored, host.Options.Subnet, host.Members, rep); err != nil {
+		return nil, err
 	}
-	opts := host.Options
-	if net != nil || stored != nil {
-		cfg := stored
-		if net != nil {
-			cfg = net.Config
-		}
-		if opts, err = opts.With(cfg); err != nil {
-			return nil, err
-		}
-		if opts.Egress, err = usedPolicies(ctx, host.Incus, opts.Egress); err != nil {
-			return nil, err
-		}
-	}
-	if ci.Clustered() {
-		if opts.Slices, err = model.AssignSlices(rep.Subnet.Subnet, opts.Slices, ci.Names()); err != nil {
-			return nil, err
-		}
+	opts, err := desiredOptions(ctx, c, ci, host.Options, rep.Subnet.Subnet, net, stored)
+	if err != nil {
+		return nil, err
 	}
 	d := model.BuildDesired(rep.Subnet.Subnet, opts)
 	rep.Gateway = d.Gateway
@@ -156,87 +119,8 @@ func (host *Host) ensure(ctx context.Context) (rep *Report, err error) {
 		}
 	}
 
-	// The ACL first: the network refers to it.
-	action, diff, err := converge.Do(ctx, &undos, converge.Object[incus.NetworkACL]{
-		What:   "acl " + d.ACL.Name,
-		Read:   func(ctx context.Context) (*incus.NetworkACL, string, error) { return c.Networks().ACL(ctx, d.ACL.Name) },
-		Create: func(ctx context.Context) error { return c.Networks().CreateACL(ctx, d.ACL) },
-		Remove: func(ctx context.Context) error { return c.Networks().DeleteACL(ctx, d.ACL.Name) },
-		Differs: func(cur *incus.NetworkACL) []string {
-			if model.ACLRulesEqual(cur.Egress, d.ACL.Egress) && model.ACLRulesEqual(cur.Ingress, d.ACL.Ingress) {
-				return nil
-			}
-			return []string{"rules differed"}
-		},
-		Update: func(ctx context.Context, _ *incus.NetworkACL, etag string) error {
-			return c.Networks().UpdateACL(ctx, d.ACL.Name, d.ACL, etag)
-		},
-		Restore: func(ctx context.Context, old incus.NetworkACL) error {
-			return c.Networks().UpdateACL(ctx, old.Name, old, "")
-		},
-	})
-	if err != nil {
+	if err := convergeObjects(ctx, c, ci, d, net, netETag, &undos, changed); err != nil {
 		return rep, err
-	}
-	if action != "" {
-		changed("acl "+d.ACL.Name, action, strings.Join(diff, ", "))
-	}
-
-	// The bridge, as read above.
-	action, diff, err = converge.Do(ctx, &undos, converge.Object[incus.Network]{
-		What: "network " + d.Network.Name,
-		Read: func(context.Context) (*incus.Network, string, error) { return net, netETag, nil },
-		Create: func(ctx context.Context) error {
-			if err := createNetwork(ctx, host.Incus, ci, d.Network); err != nil {
-				return fmt.Errorf("on %s: %w", d.Subnet, err)
-			}
-			return nil
-		},
-		Remove: func(ctx context.Context) error { return c.Networks().Delete(ctx, d.Network.Name) },
-		Differs: func(cur *incus.Network) []string {
-			return append(configDiff(cur.Config, d.Network.Config), unusedPolicyKeys(cur.Config, d.Network.Config)...)
-		},
-		Update: func(ctx context.Context, cur *incus.Network, etag string) error {
-			cfg := maps.Clone(cur.Config)
-			maps.Copy(cfg, d.Network.Config)
-			for k := range cfg {
-				if _, ok := d.Network.Config[k]; !ok && strings.HasPrefix(k, model.KeyEgressPolicy) {
-					delete(cfg, k)
-				}
-			}
-			return c.Networks().Update(ctx, d.Network.Name, incus.NetworkPut{Description: d.Network.Description, Config: cfg}, etag)
-		},
-		Restore: func(ctx context.Context, old incus.Network) error {
-			return c.Networks().Update(ctx, d.Network.Name, incus.NetworkPut{Description: old.Description, Config: old.Config}, "")
-		},
-	})
-	if err != nil {
-		return rep, err
-	}
-	if action == "created" {
-		diff = []string{d.Subnet.String()}
-	}
-	if action != "" {
-		changed("network "+d.Network.Name, action, strings.Join(diff, ", "))
-	}
-
-	// The profile: exactly the NIC and the root disk.
-	action, diff, err = converge.Do(ctx, &undos, converge.Object[incus.Profile]{
-		What:    "profile " + d.Profile.Name,
-		Read:    func(ctx context.Context) (*incus.Profile, string, error) { return c.Profile(ctx, d.Profile.Name) },
-		Create:  func(ctx context.Context) error { return c.CreateProfile(ctx, d.Profile) },
-		Remove:  func(ctx context.Context) error { return c.DeleteProfile(ctx, d.Profile.Name) },
-		Differs: func(cur *incus.Profile) []string { return ProfileDiff(cur, d.Profile) },
-		Update: func(ctx context.Context, _ *incus.Profile, etag string) error {
-			return c.UpdateProfile(ctx, d.Profile.Name, d.Profile, etag)
-		},
-		Restore: func(ctx context.Context, old incus.Profile) error { return c.UpdateProfile(ctx, old.Name, old, "") },
-	})
-	if err != nil {
-		return rep, err
-	}
-	if action != "" {
-		changed("profile "+d.Profile.Name, action, strings.Join(diff, ", "))
 	}
 
 	if err := host.ensureHostLayers(ctx, g, d, rep, &undos); err != nil {
@@ -514,5 +398,148 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.De
 	if note != "" {
 		rep.Notes = append(rep.Notes, note)
 	}
+	return nil
+}
+
+// chooseSubnet is the bridge's subnet: an existing bridge's as it is (a
+// pin that differs is refused: box never re-addresses live boxes), else
+// the one a repaired bridge stored, the pin, or the first free /24.
+func chooseSubnet(g *hostns.NS, ci ClusterInfo, net *incus.Network, stored map[string]string, pin netip.Prefix, members Membership, rep *Report) (model.SubnetChoice, error) {
+	if net != nil {
+		p, err := netip.ParsePrefix(net.Config["ipv4.address"])
+		if err != nil {
+			return model.SubnetChoice{}, fmt.Errorf("network %s exists with ipv4.address=%q, which box cannot build on: remove it with `box teardown-host`", model.Current.Network, net.Config["ipv4.address"])
+		}
+		if pin.IsValid() && pin != p.Masked() {
+			return model.SubnetChoice{}, fmt.Errorf("network %s already exists on %s; BOX_SUBNET=%s would re-address it under live boxes: unset BOX_SUBNET, or `box teardown-host` first", model.Current.Network, p.Masked(), pin)
+		}
+		return model.SubnetChoice{Subnet: p.Masked(), Reason: "existing " + model.Current.Network}, nil
+	}
+	uses, err := members.addressUses(g, ci, rep)
+	if err != nil {
+		return model.SubnetChoice{}, err
+	}
+	if p, perr := netip.ParsePrefix(stored["ipv4.address"]); perr == nil && !pin.IsValid() {
+		pin = p.Masked()
+	}
+	choice, err := model.PickSubnet(pin, uses)
+	if err == nil && choice.Auto {
+		rep.Notes = append(rep.Notes, "NOTE: "+choice.Reason)
+	}
+	return choice, err
+}
+
+// desiredOptions are the options the desired stack is built from: the
+// operator's, with what the bridge (or a repaired one) stored kept, the
+// egress policies boxes still name, and on a cluster every member's slice.
+func desiredOptions(ctx context.Context, c *incus.Client, ci ClusterInfo, opts model.Options, subnet netip.Prefix, net *incus.Network, stored map[string]string) (model.Options, error) {
+	var err error
+	if net != nil || stored != nil {
+		cfg := stored
+		if net != nil {
+			cfg = net.Config
+		}
+		if opts, err = opts.With(cfg); err != nil {
+			return opts, err
+		}
+		if opts.Egress, err = usedPolicies(ctx, c, opts.Egress); err != nil {
+			return opts, err
+		}
+	}
+	if ci.Clustered() {
+		if opts.Slices, err = model.AssignSlices(subnet, opts.Slices, ci.Names()); err != nil {
+			return opts, err
+		}
+	}
+	return opts, nil
+}
+
+// convergeObjects makes the stack's Incus objects what d says, in the
+// order they refer to each other (the ACL, the bridge, the profile),
+// pushing onto undos how to back each out.
+func convergeObjects(ctx context.Context, c *incus.Client, ci ClusterInfo, d model.Desired, net *incus.Network, netETag string, undos *converge.Undos, changed func(obj, action, detail string)) error {
+	// The ACL first: the network refers to it.
+	action, diff, err := converge.Do(ctx, undos, converge.Object[incus.NetworkACL]{
+		What:   "acl " + d.ACL.Name,
+		Read:   func(ctx context.Context) (*incus.NetworkACL, string, error) { return c.Networks().ACL(ctx, d.ACL.Name) },
+		Create: func(ctx context.Context) error { return c.Networks().CreateACL(ctx, d.ACL) },
+		Remove: func(ctx context.Context) error { return c.Networks().DeleteACL(ctx, d.ACL.Name) },
+		Differs: func(cur *incus.NetworkACL) []string {
+			if model.ACLRulesEqual(cur.Egress, d.ACL.Egress) && model.ACLRulesEqual(cur.Ingress, d.ACL.Ingress) {
+				return nil
+			}
+			return []string{"rules differed"}
+		},
+		Update: func(ctx context.Context, _ *incus.NetworkACL, etag string) error {
+			return c.Networks().UpdateACL(ctx, d.ACL.Name, d.ACL, etag)
+		},
+		Restore: func(ctx context.Context, old incus.NetworkACL) error {
+			return c.Networks().UpdateACL(ctx, old.Name, old, "")
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if action != "" {
+		changed("acl "+d.ACL.Name, action, strings.Join(diff, ", "))
+	}
+
+	// The bridge, as read above.
+	action, diff, err = converge.Do(ctx, undos, converge.Object[incus.Network]{
+		What: "network " + d.Network.Name,
+		Read: func(context.Context) (*incus.Network, string, error) { return net, netETag, nil },
+		Create: func(ctx context.Context) error {
+			if err := createNetwork(ctx, c, ci, d.Network); err != nil {
+				return fmt.Errorf("on %s: %w", d.Subnet, err)
+			}
+			return nil
+		},
+		Remove: func(ctx context.Context) error { return c.Networks().Delete(ctx, d.Network.Name) },
+		Differs: func(cur *incus.Network) []string {
+			return append(configDiff(cur.Config, d.Network.Config), unusedPolicyKeys(cur.Config, d.Network.Config)...)
+		},
+		Update: func(ctx context.Context, cur *incus.Network, etag string) error {
+			cfg := maps.Clone(cur.Config)
+			maps.Copy(cfg, d.Network.Config)
+			for k := range cfg {
+				if _, ok := d.Network.Config[k]; !ok && strings.HasPrefix(k, model.KeyEgressPolicy) {
+					delete(cfg, k)
+				}
+			}
+			return c.Networks().Update(ctx, d.Network.Name, incus.NetworkPut{Description: d.Network.Description, Config: cfg}, etag)
+		},
+		Restore: func(ctx context.Context, old incus.Network) error {
+			return c.Networks().Update(ctx, d.Network.Name, incus.NetworkPut{Description: old.Description, Config: old.Config}, "")
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if action == "created" {
+		diff = []string{d.Subnet.String()}
+	}
+	if action != "" {
+		changed("network "+d.Network.Name, action, strings.Join(diff, ", "))
+	}
+
+	// The profile: exactly the NIC and the root disk.
+	action, diff, err = converge.Do(ctx, undos, converge.Object[incus.Profile]{
+		What:    "profile " + d.Profile.Name,
+		Read:    func(ctx context.Context) (*incus.Profile, string, error) { return c.Profile(ctx, d.Profile.Name) },
+		Create:  func(ctx context.Context) error { return c.CreateProfile(ctx, d.Profile) },
+		Remove:  func(ctx context.Context) error { return c.DeleteProfile(ctx, d.Profile.Name) },
+		Differs: func(cur *incus.Profile) []string { return ProfileDiff(cur, d.Profile) },
+		Update: func(ctx context.Context, _ *incus.Profile, etag string) error {
+			return c.UpdateProfile(ctx, d.Profile.Name, d.Profile, etag)
+		},
+		Restore: func(ctx context.Context, old incus.Profile) error { return c.UpdateProfile(ctx, old.Name, old, "") },
+	})
+	if err != nil {
+		return err
+	}
+	if action != "" {
+		changed("profile "+d.Profile.Name, action, strings.Join(diff, ", "))
+	}
+
 	return nil
 }

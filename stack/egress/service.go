@@ -432,9 +432,11 @@ func (s *egressService) serve(ctx context.Context) {
 		s.acceptLoop(ctx)
 	}()
 	<-ctx.Done()
-	s.dnsU.Shutdown()
-	s.dnsT.Shutdown()
-	s.proxy.Close()
+	// Shutdown does nothing to a server that has not started yet (a
+	// context that ended at once): closing the sockets ends it either way.
+	_ = s.dnsU.Shutdown()
+	_ = s.dnsT.Shutdown()
+	s.close()
 	s.wg.Wait()
 }
 
