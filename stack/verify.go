@@ -94,54 +94,11 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	d := model.BuildDesired(p.Masked(), opts)
 	v.Subnet, v.Gateway = d.Subnet, d.Gateway
 
-	layerOf := map[string]model.LayerID{
-		"ipv4.address": model.LayerNAT, "ipv4.nat": model.LayerNAT, "dns.mode": model.LayerDNS, "raw.dnsmasq": model.LayerDNS, model.KeyDNS: model.LayerDNS, model.KeySubnet: model.LayerNAT,
-		"ipv6.address": model.LayerV6, "ipv6.nat": model.LayerV6, "security.acls": model.LayerACL,
-		"security.acls.default.egress.action": model.LayerACL, "security.acls.default.ingress.action": model.LayerACL,
+	objs, err := verifyObjects(ctx, c, d, net)
+	if err != nil {
+		return nil, err
 	}
-	for k := range d.Network.Config {
-		if strings.HasPrefix(k, model.KeyEgressPolicy) {
-			layerOf[k] = model.LayerEgress
-		}
-		if strings.HasPrefix(k, model.KeySlice) || k == "ipv4.dhcp.ranges" {
-			layerOf[k] = model.LayerNAT
-		}
-	}
-	for k, want := range d.Network.Config {
-		got := net.Config[k]
-		switch {
-		case got == want:
-		case k == "raw.dnsmasq":
-			v.Findings = append(v.Findings, rawDnsmasqFindings("network "+gen.Network, got, want)...)
-		default:
-			find(layerOf[k], "network "+gen.Network, fmt.Sprintf("%s is %q, want %q", k, got, want))
-		}
-	}
-	acl, _, err := c.Networks().ACL(ctx, gen.ACL)
-	switch {
-	case incus.IsNotFound(err):
-		find(model.LayerACL, "acl "+gen.ACL, "missing")
-	case err != nil:
-		return nil, fmt.Errorf("reading ACL %s: %w", gen.ACL, err)
-	case !model.ACLRulesEqual(acl.Egress, d.ACL.Egress) || !model.ACLRulesEqual(acl.Ingress, d.ACL.Ingress):
-		find(model.LayerACL, "acl "+gen.ACL, "rules differ from the desired ones")
-	}
-
-	prof, _, err := c.Profile(ctx, gen.Profile)
-	switch {
-	case incus.IsNotFound(err):
-		find(model.LayerPortIso, "profile "+gen.Profile, "missing")
-	case err != nil:
-		return nil, fmt.Errorf("reading profile %s: %w", gen.Profile, err)
-	default:
-		for _, diff := range ProfileDiff(prof, d.Profile) {
-			layer := model.LayerStack
-			if strings.Contains(diff, "port_isolation") {
-				layer = model.LayerPortIso
-			}
-			find(layer, "profile "+gen.Profile, diff)
-		}
-	}
+	v.Findings = append(v.Findings, objs...)
 
 	// One listing of every instance serves the census, the pins and the
 	// cluster's addressing.
@@ -185,36 +142,12 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 	find := func(layer model.LayerID, obj, problem string) {
 		v.Findings = append(v.Findings, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
 	}
-	if disabled, ok, err := g.IPv6Disabled(gen.Network); err != nil {
-		return err
-	} else if ok && !disabled {
-		find(model.LayerV6, "bridge "+gen.Network, "IPv6 is enabled on the bridge interface (disable_ipv6=0)")
-	}
-	v6, err := g.GlobalV6(gen.Network)
+	bridge, pid, err := verifyBridge(g, d, v.pending)
 	if err != nil {
 		return err
 	}
-	for _, a := range v6 {
-		find(model.LayerV6, "bridge "+gen.Network, "has IPv6 address "+a.IPNet.String())
-	}
-	blockers, err := forwardBlockers(g, gen.Network)
-	if err != nil {
-		return err
-	}
-	v.Findings = append(v.Findings, blockers...)
-	holders, err := g.GatewayHolders(gen.Network, d.Gateway)
-	if err != nil {
-		return err
-	}
-	for _, h := range holders {
-		v.Findings = append(v.Findings, model.Finding{Layer: model.LayerNAT, Object: "gateway " + d.Gateway.String(),
-			Problem: "also held by " + h, Fix: "remove " + d.Gateway.String() + " from " + h + " (ip addr del)"})
-	}
-	// A Pending bridge's finding says what to do; restarting incusd is not it.
-	if v.DnsmasqPID = g.DnsmasqFor(gen.Network); v.DnsmasqPID == 0 && !v.pending {
-		v.Findings = append(v.Findings, model.Finding{Layer: model.LayerDNS, Object: "dnsmasq for " + gen.Network,
-			Problem: "no dnsmasq process serves the bridge (Incus may still say Created)", Fix: "restart incusd, then box doctor"})
-	}
+	v.Findings = append(v.Findings, bridge...)
+	v.DnsmasqPID = pid
 
 	// The pool is this host's own to read: another member's, read from
 	// here, would name leases its own doctor names.
@@ -360,4 +293,106 @@ func daemonNotes(d *hostns.DaemonStatus, mode nft.BridgeMode) []string {
 		}
 	}
 	return out
+}
+
+// verifyObjects compares the stack's Incus objects with d: the bridge's
+// config key by key (each finding names the layer its key holds up), the
+// ACL's rules and the profile's devices and config.
+func verifyObjects(ctx context.Context, c *incus.Client, d model.Desired, net *incus.Network) ([]model.Finding, error) {
+	var out []model.Finding
+	find := func(layer model.LayerID, obj, problem string) {
+		out = append(out, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
+	}
+	layerOf := map[string]model.LayerID{
+		"ipv4.address": model.LayerNAT, "ipv4.nat": model.LayerNAT, "dns.mode": model.LayerDNS, "raw.dnsmasq": model.LayerDNS, model.KeyDNS: model.LayerDNS, model.KeySubnet: model.LayerNAT,
+		"ipv6.address": model.LayerV6, "ipv6.nat": model.LayerV6, "security.acls": model.LayerACL,
+		"security.acls.default.egress.action": model.LayerACL, "security.acls.default.ingress.action": model.LayerACL,
+	}
+	for k := range d.Network.Config {
+		if strings.HasPrefix(k, model.KeyEgressPolicy) {
+			layerOf[k] = model.LayerEgress
+		}
+		if strings.HasPrefix(k, model.KeySlice) || k == "ipv4.dhcp.ranges" {
+			layerOf[k] = model.LayerNAT
+		}
+	}
+	for k, want := range d.Network.Config {
+		got := net.Config[k]
+		switch {
+		case got == want:
+		case k == "raw.dnsmasq":
+			out = append(out, rawDnsmasqFindings("network "+model.Current.Network, got, want)...)
+		default:
+			find(layerOf[k], "network "+model.Current.Network, fmt.Sprintf("%s is %q, want %q", k, got, want))
+		}
+	}
+	acl, _, err := c.Networks().ACL(ctx, model.Current.ACL)
+	switch {
+	case incus.IsNotFound(err):
+		find(model.LayerACL, "acl "+model.Current.ACL, "missing")
+	case err != nil:
+		return nil, fmt.Errorf("reading ACL %s: %w", model.Current.ACL, err)
+	case !model.ACLRulesEqual(acl.Egress, d.ACL.Egress) || !model.ACLRulesEqual(acl.Ingress, d.ACL.Ingress):
+		find(model.LayerACL, "acl "+model.Current.ACL, "rules differ from the desired ones")
+	}
+
+	prof, _, err := c.Profile(ctx, model.Current.Profile)
+	switch {
+	case incus.IsNotFound(err):
+		find(model.LayerPortIso, "profile "+model.Current.Profile, "missing")
+	case err != nil:
+		return nil, fmt.Errorf("reading profile %s: %w", model.Current.Profile, err)
+	default:
+		for _, diff := range ProfileDiff(prof, d.Profile) {
+			layer := model.LayerStack
+			if strings.Contains(diff, "port_isolation") {
+				layer = model.LayerPortIso
+			}
+			find(layer, "profile "+model.Current.Profile, diff)
+		}
+	}
+	return out, nil
+}
+
+// verifyBridge checks the bridge in the host's kernel: IPv6 off on it, no
+// other firewall dropping what it forwards, no other link holding its
+// address, and a dnsmasq serving it (its pid, 0 for none; a Pending
+// bridge's own finding says what to do instead).
+func verifyBridge(g *hostns.NS, d model.Desired, pending bool) ([]model.Finding, int, error) {
+	var out []model.Finding
+	find := func(layer model.LayerID, obj, problem string) {
+		out = append(out, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
+	}
+	if disabled, ok, err := g.IPv6Disabled(model.Current.Network); err != nil {
+		return nil, 0, err
+	} else if ok && !disabled {
+		find(model.LayerV6, "bridge "+model.Current.Network, "IPv6 is enabled on the bridge interface (disable_ipv6=0)")
+	}
+	v6, err := g.GlobalV6(model.Current.Network)
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, a := range v6 {
+		find(model.LayerV6, "bridge "+model.Current.Network, "has IPv6 address "+a.IPNet.String())
+	}
+	blockers, err := forwardBlockers(g, model.Current.Network)
+	if err != nil {
+		return nil, 0, err
+	}
+	out = append(out, blockers...)
+	holders, err := g.GatewayHolders(model.Current.Network, d.Gateway)
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, h := range holders {
+		out = append(out, model.Finding{Layer: model.LayerNAT, Object: "gateway " + d.Gateway.String(),
+			Problem: "also held by " + h, Fix: "remove " + d.Gateway.String() + " from " + h + " (ip addr del)"})
+	}
+	// A Pending bridge's finding says what to do; restarting incusd is not it.
+	pid := g.DnsmasqFor(model.Current.Network)
+	if pid == 0 && !pending {
+		out = append(out, model.Finding{Layer: model.LayerDNS, Object: "dnsmasq for " + model.Current.Network,
+			Problem: "no dnsmasq process serves the bridge (Incus may still say Created)", Fix: "restart incusd, then box doctor"})
+	}
+	return out, pid, nil
 }
