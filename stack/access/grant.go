@@ -99,54 +99,70 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 			err = fmt.Errorf("%w (the grant was backed out: %s is as before)", err, u.Name)
 		}
 	}()
-	c := host.Incus
-	pc := c.Project(project)
 
-	// 2. Its default profile: no NIC (the private bridge's goes), no host
-	// id map. Cleared before the project is narrowed when incus-user's
-	// stock setup made it: Incus refuses to narrow a project whose default
-	// profile has a NIC on a network the narrowing forbids.
-	clearProfile := func() error {
-		prof, petag, err := pc.Profile(ctx, "default")
-		if err != nil {
-			return fmt.Errorf("granting %s: %w", u.Name, err)
-		}
-		np := *prof
-		np.Devices = map[string]map[string]string{}
-		for name, d := range prof.Devices {
-			if d["type"] != "nic" {
-				np.Devices[name] = d
-			}
-		}
-		if _, ok := np.Devices["root"]; !ok {
-			np.Devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.Options.PoolName()}
-		}
-		// A copy: deleting from prof's own map would hide the change from the
-		// comparison below and from the profile restored on a back-out.
-		np.Config = maps.Clone(prof.Config)
-		delete(np.Config, "raw.idmap")
-		if !maps.EqualFunc(np.Devices, prof.Devices, maps.Equal) || !maps.Equal(np.Config, prof.Config) {
-			old := *prof
-			if err := pc.UpdateProfile(ctx, "default", np, petag); err != nil {
-				return fmt.Errorf("granting %s: clearing %s's default profile: %w", u.Name, project, err)
-			}
-			back.Push("restoring "+project+"'s default profile", func(ctx context.Context) error { return pc.UpdateProfile(ctx, "default", old, "") })
-			did("removed the NIC and host id map from %s's default profile", project)
-		}
-		return nil
+	// 1. The project, narrowed, and 2. its default profile cleared.
+	created, err := m.narrowProject(ctx, u, &back, did)
+	if err != nil {
+		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 	}
 
-	// 1. The project, narrowed.
+	// 3. The private bridge, deleted.
+	if err := deletePrivateBridge(ctx, host.Incus, bridge, &back, did); err != nil {
+		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
+	}
+
+	// 4. The box-net profile in their project.
+	d, err := m.desiredNow(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
+	}
+	if err := installProfile(ctx, host.Incus.Project(project), project, d.Profile, &back, did); err != nil {
+		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
+	}
+
+	// 5. incus-user's state: the uid's certificate, trusted for the
+	// project only, and no tombstone; incus-user restarted when it would
+	// re-run its stock setup.
+	if res.RestartedIncusUser, err = m.settleIncusUser(ctx, u, created, &back, did); err != nil {
+		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
+	}
+
+	// 6. The group, last: nobody holds a socket to an un-narrowed project.
+	if err := joinGroup(u.Name, group, &back, did); err != nil {
+		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
+	}
+
+	// 7. Proof: as the user, through incus-user, the project is the tier's,
+	// and incus-user did not run its stock setup on the way.
+	if err := m.checkAsUser(ctx, u, gid); err != nil {
+		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
+	}
+	return res, nil
+}
+
+// narrowProject converges u's project to the tier (created narrowed, or
+// its config narrowed) and clears its default profile. A project that
+// exists (incus-user's stock setup made it) is refused when its instances
+// use other networks, and has its default profile cleared before it is
+// narrowed: Incus refuses to narrow a project whose default profile has a
+// NIC on a network the narrowing forbids. It reports whether it created
+// the project.
+func (m *Manager) narrowProject(ctx context.Context, u accounts.User, back *converge.Undos, did func(string, ...any)) (bool, error) {
+	host := m.host
+	c := host.Incus
+	project := stack.TierProject(u.UID)
+	pc := c.Project(project)
+	pool := host.Options.PoolName()
 	p, etag, perr := c.Projects().Get(ctx, project)
 	if perr == nil {
 		if err := m.checkNoOtherNetworks(ctx, project); err != nil {
-			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
+			return false, err
 		}
-		if err := clearProfile(); err != nil {
-			return nil, err
+		if err := clearDefaultProfile(ctx, pc, project, pool, back, did); err != nil {
+			return false, err
 		}
 	}
-	action, _, err := converge.Do(ctx, &back, converge.Object[incus.Project]{
+	action, _, err := converge.Do(ctx, back, converge.Object[incus.Project]{
 		What: "project " + project,
 		Read: func(context.Context) (*incus.Project, string, error) { return p, etag, perr },
 		Create: func(ctx context.Context) error {
@@ -167,54 +183,92 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 		Restore: func(ctx context.Context, old incus.Project) error { return c.Projects().Update(ctx, project, old, "") },
 	})
 	if err != nil {
-		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
+		return false, err
 	}
-	created := action == "created"
 	switch action {
 	case "created":
 		did("created project %s, narrowed to %s", project, model.Current.Network)
 	case "updated":
 		did("narrowed project %s to %s", project, model.Current.Network)
 	}
-
-	if err := clearProfile(); err != nil {
-		return nil, err
+	if err := clearDefaultProfile(ctx, pc, project, pool, back, did); err != nil {
+		return false, err
 	}
+	return action == "created", nil
+}
 
-	// 3. The private bridge, deleted.
-	if n, _, err := c.Networks().Get(ctx, bridge); err == nil {
-		if err := c.Networks().Delete(ctx, bridge); err != nil {
-			return nil, fmt.Errorf("granting %s: deleting the private bridge %s: %w", u.Name, bridge, err)
-		}
-		old := incus.NetworksPost{Name: n.Name, Type: n.Type, Description: n.Description, Config: n.Config}
-		back.Push("re-creating "+bridge, func(ctx context.Context) error { return c.Networks().Create(ctx, old) })
-		did("deleted the private bridge %s", bridge)
-	} else if !incus.IsNotFound(err) {
-		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
-	}
-
-	// 4. The box-net profile in their project.
-	d, err := m.desiredNow(ctx)
+// clearDefaultProfile leaves project's default profile (pc is a client of
+// project) no NIC (the private bridge's goes) and no host id map, with a
+// root disk on pool: a tier's boxes get their NIC from box's profile only.
+func clearDefaultProfile(ctx context.Context, pc *incus.Client, project, pool string, back *converge.Undos, did func(string, ...any)) error {
+	prof, petag, err := pc.Profile(ctx, "default")
 	if err != nil {
-		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
+		return err
 	}
-	action, _, err = converge.Do(ctx, &back, converge.Object[incus.Profile]{
+	np := *prof
+	np.Devices = map[string]map[string]string{}
+	for name, d := range prof.Devices {
+		if d["type"] != "nic" {
+			np.Devices[name] = d
+		}
+	}
+	if _, ok := np.Devices["root"]; !ok {
+		np.Devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": pool}
+	}
+	// A copy: deleting from prof's own map would hide the change from the
+	// comparison below and from the profile restored on a back-out.
+	np.Config = maps.Clone(prof.Config)
+	delete(np.Config, "raw.idmap")
+	if !maps.EqualFunc(np.Devices, prof.Devices, maps.Equal) || !maps.Equal(np.Config, prof.Config) {
+		old := *prof
+		if err := pc.UpdateProfile(ctx, "default", np, petag); err != nil {
+			return fmt.Errorf("clearing %s's default profile: %w", project, err)
+		}
+		back.Push("restoring "+project+"'s default profile", func(ctx context.Context) error { return pc.UpdateProfile(ctx, "default", old, "") })
+		did("removed the NIC and host id map from %s's default profile", project)
+	}
+	return nil
+}
+
+// deletePrivateBridge deletes the private bridge incus-user's stock setup
+// makes for a user (bridge), when it exists: a granted user's boxes live
+// on boxnet only.
+func deletePrivateBridge(ctx context.Context, c *incus.Client, bridge string, back *converge.Undos, did func(string, ...any)) error {
+	n, _, err := c.Networks().Get(ctx, bridge)
+	if incus.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if err := c.Networks().Delete(ctx, bridge); err != nil {
+		return fmt.Errorf("deleting the private bridge %s: %w", bridge, err)
+	}
+	old := incus.NetworksPost{Name: n.Name, Type: n.Type, Description: n.Description, Config: n.Config}
+	back.Push("re-creating "+bridge, func(ctx context.Context) error { return c.Networks().Create(ctx, old) })
+	did("deleted the private bridge %s", bridge)
+	return nil
+}
+
+// installProfile converges box's profile (want) in project (pc is a client
+// of project): the tier's boxes get the same NIC and root disk as root's.
+func installProfile(ctx context.Context, pc *incus.Client, project string, want incus.Profile, back *converge.Undos, did func(string, ...any)) error {
+	action, _, err := converge.Do(ctx, back, converge.Object[incus.Profile]{
 		What: "profile " + model.Current.Profile + " in " + project,
 		Read: func(ctx context.Context) (*incus.Profile, string, error) {
 			return pc.Profile(ctx, model.Current.Profile)
 		},
-		Create:  func(ctx context.Context) error { return pc.CreateProfile(ctx, d.Profile) },
+		Create:  func(ctx context.Context) error { return pc.CreateProfile(ctx, want) },
 		Remove:  func(ctx context.Context) error { return pc.DeleteProfile(ctx, model.Current.Profile) },
-		Differs: func(cur *incus.Profile) []string { return stack.ProfileDiff(cur, d.Profile) },
+		Differs: func(cur *incus.Profile) []string { return stack.ProfileDiff(cur, want) },
 		Update: func(ctx context.Context, _ *incus.Profile, etag string) error {
-			return pc.UpdateProfile(ctx, model.Current.Profile, d.Profile, etag)
+			return pc.UpdateProfile(ctx, model.Current.Profile, want, etag)
 		},
 		Restore: func(ctx context.Context, old incus.Profile) error {
 			return pc.UpdateProfile(ctx, model.Current.Profile, old, "")
 		},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
+		return err
 	}
 	switch action {
 	case "created":
@@ -222,43 +276,41 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	case "updated":
 		did("reset profile %s in %s", model.Current.Profile, project)
 	}
+	return nil
+}
 
-	// 5. incus-user's state: the uid's certificate, trusted for the
-	// project only, and no tombstone.
-	changedState, err := m.convergeUserState(ctx, u, &back, did)
+// joinGroup adds user to group, the grant's last step: the group is the
+// socket to incus-user, so nobody holds one before the project is narrowed.
+func joinGroup(user, group string, back *converge.Undos, did func(string, ...any)) error {
+	in, err := accounts.InGroup(user, group)
+	if err != nil || in {
+		return err
+	}
+	if err := accounts.AddToGroup(user, group); err != nil {
+		return err
+	}
+	back.Push("removing "+user+" from group "+group, func(context.Context) error { return accounts.RemoveFromGroup(user, group) })
+	did("added %s to group %s", user, group)
+	return nil
+}
+
+// settleIncusUser converges incus-user's state for u and, when a running
+// incus-user would otherwise re-run its stock setup for u, restarts it. It
+// returns the PIDs it ended.
+func (m *Manager) settleIncusUser(ctx context.Context, u accounts.User, created bool, back *converge.Undos, did func(string, ...any)) ([]int, error) {
+	changedState, err := m.convergeUserState(ctx, u, back, did)
 	if err != nil {
-		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
+		return nil, err
 	}
-	if created || changedState {
-		// A running incus-user read the project list before the project
-		// existed, or holds another certificate for the uid: it would
-		// re-run its stock setup. (A project that existed was in its list
-		// already: it made it, or a grant restarted it after making it.)
-		// The restart drops the connections it proxies, every user's.
-		if res.RestartedIncusUser, err = m.restartIncusUser(ctx); err != nil {
-			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
-		}
+	if !created && !changedState {
+		return nil, nil
 	}
-
-	// 6. The group, last: nobody holds a socket to an un-narrowed project.
-	in, err := accounts.InGroup(u.Name, group)
-	if err != nil {
-		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
-	}
-	if !in {
-		if err := accounts.AddToGroup(u.Name, group); err != nil {
-			return nil, fmt.Errorf("granting %s: %w", u.Name, err)
-		}
-		back.Push("removing "+u.Name+" from group "+group, func(context.Context) error { return accounts.RemoveFromGroup(u.Name, group) })
-		did("added %s to group %s", u.Name, group)
-	}
-
-	// 7. Proof: as the user, through incus-user, the project is the tier's,
-	// and incus-user did not run its stock setup on the way.
-	if err := m.checkAsUser(ctx, u, gid); err != nil {
-		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
-	}
-	return res, nil
+	// A running incus-user read the project list before the project
+	// existed, or holds another certificate for the uid: it would re-run
+	// its stock setup. (A project that existed was in its list already: it
+	// made it, or a grant restarted it after making it.) The restart drops
+	// the connections it proxies, every user's.
+	return m.restartIncusUser(ctx)
 }
 
 // convergeUserState makes incus-user's state for u match the trust store:
