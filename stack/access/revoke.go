@@ -61,7 +61,6 @@ func (m *Manager) Revoke(ctx context.Context, u accounts.User, group string, pur
 	project := stack.TierProject(u.UID)
 	res := &RevokeResult{User: u.Name, UID: u.UID, Project: project, Did: []string{}, Purged: purge}
 	did := func(format string, args ...any) { res.Did = append(res.Did, fmt.Sprintf(format, args...)) }
-	c := host.Incus
 
 	if in, err := accounts.InGroup(u.Name, group); err != nil {
 		return nil, err
@@ -71,28 +70,48 @@ func (m *Manager) Revoke(ctx context.Context, u accounts.User, group string, pur
 		}
 		did("removed %s from group %s", u.Name, group)
 	}
-	if !purge {
-		if p, etag, err := c.Projects().Get(ctx, project); err == nil {
-			if p.Config[stack.KeyTier] != stack.TierRevoked {
-				np := *p
-				np.Config = maps.Clone(p.Config)
-				np.Config[stack.KeyTier] = stack.TierRevoked
-				if err := c.Projects().Update(ctx, project, np, etag); err != nil {
-					return nil, fmt.Errorf("revoking %s: %w", u.Name, err)
-				}
-				did("marked project %s revoked (its boxes are kept)", project)
-			}
-		} else if !incus.IsNotFound(err) {
-			return nil, fmt.Errorf("revoking %s: %w", u.Name, err)
-		}
-		held, err := accounts.Processes(u.UID)
-		if err != nil {
-			return nil, err
-		}
-		res.Held = held
-		return res, nil
+	if purge {
+		return m.purge(ctx, u, res, did)
 	}
+	if err := markRevoked(ctx, host.Incus, project, did); err != nil {
+		return nil, fmt.Errorf("revoking %s: %w", u.Name, err)
+	}
+	held, err := accounts.Processes(u.UID)
+	if err != nil {
+		return nil, err
+	}
+	res.Held = held
+	return res, nil
+}
 
+// markRevoked stamps project revoked, when it exists: a plain revoke keeps
+// the project and its boxes, and box doctor lists the project as revoked.
+func markRevoked(ctx context.Context, c *incus.Client, project string, did func(string, ...any)) error {
+	p, etag, err := c.Projects().Get(ctx, project)
+	if incus.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if p.Config[stack.KeyTier] == stack.TierRevoked {
+		return nil
+	}
+	np := *p
+	np.Config = maps.Clone(p.Config)
+	np.Config[stack.KeyTier] = stack.TierRevoked
+	if err := c.Projects().Update(ctx, project, np, etag); err != nil {
+		return err
+	}
+	did("marked project %s revoked (its boxes are kept)", project)
+	return nil
+}
+
+// purge is Revoke's purge, once u is out of the group: u's processes
+// ended (res is returned with a SessionsLeftError, and nothing deleted,
+// when any survive), the tombstone written, then everything of the tier
+// deleted and checked gone.
+func (m *Manager) purge(ctx context.Context, u accounts.User, res *RevokeResult, did func(string, ...any)) (*RevokeResult, error) {
+	host := m.host
 	// What runs now is what the purge ends (EndSessions says only what
 	// survived).
 	running, err := accounts.Processes(u.UID)
@@ -118,31 +137,8 @@ func (m *Manager) Revoke(ctx context.Context, u accounts.User, group string, pur
 	}
 	did("replaced incus-user's state for uid %d with a tombstone", u.UID)
 
-	certs, err := c.Certificates(ctx)
-	if err != nil {
+	if err := m.deleteTier(ctx, u, did); err != nil {
 		return nil, err
-	}
-	for _, tc := range certs {
-		if tc.Name == tierCertName(u.UID) || slices.Contains(tc.Projects, project) {
-			if err := c.DeleteCertificate(ctx, tc.Fingerprint); err != nil {
-				return nil, fmt.Errorf("purging %s: %w", u.Name, err)
-			}
-			did("removed trusted certificate %s (%s)", tc.Name, tc.Fingerprint[:12])
-		}
-	}
-	if _, _, err := c.Projects().Get(ctx, project); err == nil {
-		if err := m.deleteProjectContents(ctx, project, true); err != nil {
-			return nil, fmt.Errorf("purging %s: %w", u.Name, err)
-		}
-		did("deleted project %s with its boxes", project)
-	} else if !incus.IsNotFound(err) {
-		return nil, err
-	}
-	if _, _, err := c.Networks().Get(ctx, stack.TierBridge(u.UID)); err == nil {
-		if err := c.Networks().Delete(ctx, stack.TierBridge(u.UID)); err != nil {
-			return nil, fmt.Errorf("purging %s: %w", u.Name, err)
-		}
-		did("deleted the private bridge %s", stack.TierBridge(u.UID))
 	}
 	// Their boxes' ports are gone from the bridge: out of the set and the
 	// pins with them.
@@ -154,6 +150,41 @@ func (m *Manager) Revoke(ctx context.Context, u accounts.User, group string, pur
 		return nil, fmt.Errorf("purging %s: %w", u.Name, err)
 	}
 	return res, nil
+}
+
+// deleteTier deletes what Incus holds of u's tier: the certificates
+// trusted for it, the project with every box, and the private bridge.
+// checkPurged is its proof.
+func (m *Manager) deleteTier(ctx context.Context, u accounts.User, did func(string, ...any)) error {
+	c := m.host.Incus
+	project := stack.TierProject(u.UID)
+	certs, err := c.Certificates(ctx)
+	if err != nil {
+		return err
+	}
+	for _, tc := range certs {
+		if tc.Name == tierCertName(u.UID) || slices.Contains(tc.Projects, project) {
+			if err := c.DeleteCertificate(ctx, tc.Fingerprint); err != nil {
+				return fmt.Errorf("purging %s: %w", u.Name, err)
+			}
+			did("removed trusted certificate %s (%s)", tc.Name, tc.Fingerprint[:12])
+		}
+	}
+	if _, _, err := c.Projects().Get(ctx, project); err == nil {
+		if err := m.deleteProjectContents(ctx, project, true); err != nil {
+			return fmt.Errorf("purging %s: %w", u.Name, err)
+		}
+		did("deleted project %s with its boxes", project)
+	} else if !incus.IsNotFound(err) {
+		return err
+	}
+	if _, _, err := c.Networks().Get(ctx, stack.TierBridge(u.UID)); err == nil {
+		if err := c.Networks().Delete(ctx, stack.TierBridge(u.UID)); err != nil {
+			return fmt.Errorf("purging %s: %w", u.Name, err)
+		}
+		did("deleted the private bridge %s", stack.TierBridge(u.UID))
+	}
+	return nil
 }
 
 // checkPurged asserts nothing of uid's tier is left in Incus.
