@@ -589,6 +589,58 @@ func checkIfaceName(n string) error {
 
 // Validate checks one probe on its own (RunProbe calls it too).
 func (s *ProbeSpec) Validate() error {
+	if err := s.validateCommon(); err != nil {
+		return err
+	}
+	if kernelKinds[s.Kind] {
+		return s.validateKernel()
+	}
+	if len(s.Paths) > 0 || s.Socket != "" || s.Max != 0 {
+		return fmt.Errorf("paths, socket and max are for kernel and load probes, not %s", s.Kind)
+	}
+	var err error
+	switch s.Kind {
+	case KindARP:
+		err = s.validateARP()
+	case KindICMP:
+		err = s.validateICMP()
+	case KindTCP, KindUDP:
+		err = s.validateTCPOrUDP()
+	case KindBroadcast:
+		err = s.validateBroadcast()
+	case KindDNS:
+		err = s.validateDNS()
+	case KindControl:
+		err = s.validateControl()
+	case KindARPSpoof:
+		err = s.validateARPSpoof()
+	case KindForgedUDP:
+		err = s.validateForgedUDP()
+	case KindDHCPForge, KindDHCPFlood:
+		err = s.validateDHCP()
+	case KindIPv6State, KindNDPRS, KindDHCPLease:
+		err = s.validateState()
+	default:
+		err = fmt.Errorf("kind %q is not a probe kind", truncate(string(s.Kind), 32))
+	}
+	if err != nil {
+		return err
+	}
+	if !nonceKinds[s.Kind] && s.Nonce != "" {
+		return fmt.Errorf("%s carries no nonce", s.Kind)
+	}
+	return s.validateOtherKindsFields()
+}
+
+// nonceKinds are the probe kinds whose packets carry the nonce; any other
+// kind given one is an error, lest a witness wait for a nonce never sent.
+var nonceKinds = map[Kind]bool{
+	KindICMP: true, KindTCP: true, KindUDP: true, KindBroadcast: true, KindControl: true, KindForgedUDP: true,
+}
+
+// validateCommon checks the fields every kind reads the same way, before
+// any kind's own rules.
+func (s *ProbeSpec) validateCommon() error {
 	if d := s.Deadline(); d < MinProbeDeadline || d > MaxPlanDeadline {
 		return fmt.Errorf("deadline_ms %d out of range %d..%d", s.DeadlineMS, MinProbeDeadline.Milliseconds(), MaxPlanDeadline.Milliseconds())
 	}
@@ -611,161 +663,179 @@ func (s *ProbeSpec) Validate() error {
 		// always found by subnet.
 		return errors.New("target: no zone; give via instead")
 	}
-	if kernelKinds[s.Kind] {
-		return s.validateKernel()
+	return nil
+}
+
+// validateARP checks an arp probe: who-has goes out of one IPv4 subnet's
+// interface and names no port or nonce.
+func (s *ProbeSpec) validateARP() error {
+	if !s.Target.Is4() {
+		return errors.New("arp needs an IPv4 target")
 	}
-	if len(s.Paths) > 0 || s.Socket != "" || s.Max != 0 {
-		return fmt.Errorf("paths, socket and max are for kernel and load probes, not %s", s.Kind)
+	if !s.Via.IsValid() || !s.Via.Addr().Is4() {
+		return errors.New("arp needs via, an IPv4 subnet")
 	}
-	needsNonce := false
-	switch s.Kind {
-	case KindARP:
-		if !s.Target.Is4() {
-			return errors.New("arp needs an IPv4 target")
+	if s.Port != 0 || s.Nonce != "" {
+		return errors.New("arp takes no port and carries no nonce")
+	}
+	return nil
+}
+
+// validateICMP checks an icmp probe: a link-local or multicast target is
+// only reachable through the interface via names.
+func (s *ProbeSpec) validateICMP() error {
+	if !s.Target.IsValid() {
+		return errors.New("icmp needs a target")
+	}
+	if s.Port != 0 {
+		return errors.New("icmp takes no port")
+	}
+	if needsZone(s.Target) && !s.Via.IsValid() {
+		return errors.New("a link-local or multicast target needs via (the interface's subnet)")
+	}
+	if s.Target.Is4() && s.Target.IsMulticast() {
+		return errors.New("IPv4 multicast targets are not supported; use broadcast")
+	}
+	return nil
+}
+
+// validateTCPOrUDP checks a tcp or udp probe: a unicast target and a port,
+// or, for a tcp probe with a resolver, a name to look up first.
+func (s *ProbeSpec) validateTCPOrUDP() error {
+	if s.Kind == KindTCP {
+		if err := s.validateSpeak(); err != nil {
+			return err
 		}
-		if !s.Via.IsValid() || !s.Via.Addr().Is4() {
-			return errors.New("arp needs via, an IPv4 subnet")
-		}
-		if s.Port != 0 || s.Nonce != "" {
-			return errors.New("arp takes no port and carries no nonce")
-		}
-	case KindICMP:
-		if !s.Target.IsValid() {
-			return errors.New("icmp needs a target")
-		}
-		if s.Port != 0 {
-			return errors.New("icmp takes no port")
-		}
-		if needsZone(s.Target) && !s.Via.IsValid() {
-			return errors.New("a link-local or multicast target needs via (the interface's subnet)")
-		}
-		if s.Target.Is4() && s.Target.IsMulticast() {
-			return errors.New("IPv4 multicast targets are not supported; use broadcast")
-		}
-		needsNonce = true
-	case KindTCP, KindUDP:
-		if s.Kind == KindTCP {
-			if err := s.validateSpeak(); err != nil {
-				return err
-			}
-		}
-		if s.Kind == KindTCP && s.Resolver.IsValid() {
-			if s.Name == "" || s.Target.IsValid() || s.QType != "" {
-				return errors.New("a tcp probe with a resolver is one by name: it needs a name, and no target or qtype")
-			}
-			if s.Port == 0 {
-				return fmt.Errorf("%s needs a port", s.Kind)
-			}
-			needsNonce = true
-			break
-		}
-		if !s.Target.IsValid() {
-			return fmt.Errorf("%s needs a target", s.Kind)
-		}
-		if s.Target.IsMulticast() || s.Target.IsUnspecified() {
-			return fmt.Errorf("%s needs a unicast target", s.Kind)
+	}
+	if s.Kind == KindTCP && s.Resolver.IsValid() {
+		if s.Name == "" || s.Target.IsValid() || s.QType != "" {
+			return errors.New("a tcp probe with a resolver is one by name: it needs a name, and no target or qtype")
 		}
 		if s.Port == 0 {
 			return fmt.Errorf("%s needs a port", s.Kind)
 		}
-		if s.Target.IsLinkLocalUnicast() && !s.Via.IsValid() {
-			return errors.New("a link-local target needs via (the interface's subnet)")
-		}
-		if s.Kind == KindUDP && s.Payload != "" {
-			if err := checkPayload(s.Payload); err != nil {
-				return err
-			}
-			if s.Payload == RequestDHCP && !s.Target.Unmap().Is4() {
-				return errors.New("payload dhcp needs an IPv4 target")
-			}
-		}
-		needsNonce = true
-	case KindBroadcast:
-		if !s.Via.IsValid() || !s.Via.Addr().Is4() {
-			return errors.New("broadcast needs via, an IPv4 subnet")
-		}
-		if s.Port == 0 {
-			return errors.New("broadcast needs a port")
-		}
-		if s.Target.IsValid() && !s.Target.Is4() {
-			return errors.New("broadcast target must be an IPv4 broadcast or multicast address")
-		}
-		if s.Payload != "" {
-			if err := checkPayload(s.Payload); err != nil {
-				return err
-			}
-			if s.Payload == RequestDHCP {
-				return errors.New("payload dhcp is for a udp probe to a server")
-			}
-		}
-		needsNonce = true
-	case KindDNS:
-		if !s.Target.IsValid() {
-			return errors.New("dns needs a target (the resolver)")
-		}
-		if s.Name == "" {
-			return errors.New("dns needs a name")
-		}
-		if s.Nonce != "" {
-			return errors.New("dns carries no nonce (the query id and question are its proof)")
-		}
-		if _, err := dnsQuestion(s.Name, s.QType); err != nil {
-			return err
-		}
-	case KindControl:
-		if !s.Via.IsValid() {
-			return errors.New("control needs via (the wire's subnet)")
-		}
-		if s.Target.IsValid() || s.Port != 0 {
-			return errors.New("control takes no target or port (dst_mac names where its frames go)")
-		}
-		if s.Nonce == "" {
-			return errors.New("control needs a nonce (the witnesses look for it)")
-		}
-		if s.DstMAC != "" {
-			if err := checkMAC(s.DstMAC); err != nil {
-				return fmt.Errorf("dst_mac: %w", err)
-			}
-		}
-		needsNonce = true
-	case KindARPSpoof:
-		if err := s.validateARPSpoof(); err != nil {
-			return err
-		}
-	case KindForgedUDP:
-		if !s.Target.IsValid() || !isUnicast4(s.Target) {
-			return errors.New("forged_udp needs an IPv4 unicast target")
-		}
-		if s.Port == 0 {
-			return errors.New("forged_udp needs a port")
-		}
-		if !s.SrcIP.IsValid() {
-			return errors.New("forged_udp needs src_ip (the forged source)")
-		}
-		if !isUnicast4(s.SrcIP) {
-			return fmt.Errorf("src_ip %s is not an IPv4 unicast address", s.SrcIP)
-		}
-		if s.Via.IsValid() && !s.Via.Addr().Is4() {
-			return errors.New("forged_udp via must be an IPv4 subnet")
-		}
-		needsNonce = true
-	case KindDHCPForge, KindDHCPFlood:
-		if err := s.validateDHCP(); err != nil {
-			return err
-		}
-	case KindIPv6State, KindNDPRS, KindDHCPLease:
-		if s.Target.IsValid() || s.Port != 0 || s.Nonce != "" {
-			return fmt.Errorf("%s takes no target, port or nonce", s.Kind)
-		}
-		if s.Kind != KindIPv6State && !s.Via.IsValid() {
-			return fmt.Errorf("%s needs via (the box subnet)", s.Kind)
-		}
-	default:
-		return fmt.Errorf("kind %q is not a probe kind", truncate(string(s.Kind), 32))
+		return nil
 	}
-	if !needsNonce && s.Nonce != "" {
-		return fmt.Errorf("%s carries no nonce", s.Kind)
+	if !s.Target.IsValid() {
+		return fmt.Errorf("%s needs a target", s.Kind)
 	}
+	if s.Target.IsMulticast() || s.Target.IsUnspecified() {
+		return fmt.Errorf("%s needs a unicast target", s.Kind)
+	}
+	if s.Port == 0 {
+		return fmt.Errorf("%s needs a port", s.Kind)
+	}
+	if s.Target.IsLinkLocalUnicast() && !s.Via.IsValid() {
+		return errors.New("a link-local target needs via (the interface's subnet)")
+	}
+	if s.Kind == KindUDP && s.Payload != "" {
+		if err := checkPayload(s.Payload); err != nil {
+			return err
+		}
+		if s.Payload == RequestDHCP && !s.Target.Unmap().Is4() {
+			return errors.New("payload dhcp needs an IPv4 target")
+		}
+	}
+	return nil
+}
+
+// validateBroadcast checks a broadcast probe: it leaves one IPv4 subnet's
+// interface, and a DHCP request is for a udp probe, which hears its server.
+func (s *ProbeSpec) validateBroadcast() error {
+	if !s.Via.IsValid() || !s.Via.Addr().Is4() {
+		return errors.New("broadcast needs via, an IPv4 subnet")
+	}
+	if s.Port == 0 {
+		return errors.New("broadcast needs a port")
+	}
+	if s.Target.IsValid() && !s.Target.Is4() {
+		return errors.New("broadcast target must be an IPv4 broadcast or multicast address")
+	}
+	if s.Payload != "" {
+		if err := checkPayload(s.Payload); err != nil {
+			return err
+		}
+		if s.Payload == RequestDHCP {
+			return errors.New("payload dhcp is for a udp probe to a server")
+		}
+	}
+	return nil
+}
+
+// validateDNS checks a dns probe: its question must be one the agent can
+// send, and its query id, not a nonce, proves the answer.
+func (s *ProbeSpec) validateDNS() error {
+	if !s.Target.IsValid() {
+		return errors.New("dns needs a target (the resolver)")
+	}
+	if s.Name == "" {
+		return errors.New("dns needs a name")
+	}
+	if s.Nonce != "" {
+		return errors.New("dns carries no nonce (the query id and question are its proof)")
+	}
+	if _, err := dnsQuestion(s.Name, s.QType); err != nil {
+		return err
+	}
+	return nil
+}
+
+// validateControl checks a control probe: its frames go to a MAC on the
+// wire, and its nonce is what the witnesses there look for.
+func (s *ProbeSpec) validateControl() error {
+	if !s.Via.IsValid() {
+		return errors.New("control needs via (the wire's subnet)")
+	}
+	if s.Target.IsValid() || s.Port != 0 {
+		return errors.New("control takes no target or port (dst_mac names where its frames go)")
+	}
+	if s.Nonce == "" {
+		return errors.New("control needs a nonce (the witnesses look for it)")
+	}
+	if s.DstMAC != "" {
+		if err := checkMAC(s.DstMAC); err != nil {
+			return fmt.Errorf("dst_mac: %w", err)
+		}
+	}
+	return nil
+}
+
+// validateForgedUDP checks a forged_udp probe: both the target and the
+// forged source must be IPv4 addresses a host can hold.
+func (s *ProbeSpec) validateForgedUDP() error {
+	if !s.Target.IsValid() || !isUnicast4(s.Target) {
+		return errors.New("forged_udp needs an IPv4 unicast target")
+	}
+	if s.Port == 0 {
+		return errors.New("forged_udp needs a port")
+	}
+	if !s.SrcIP.IsValid() {
+		return errors.New("forged_udp needs src_ip (the forged source)")
+	}
+	if !isUnicast4(s.SrcIP) {
+		return fmt.Errorf("src_ip %s is not an IPv4 unicast address", s.SrcIP)
+	}
+	if s.Via.IsValid() && !s.Via.Addr().Is4() {
+		return errors.New("forged_udp via must be an IPv4 subnet")
+	}
+	return nil
+}
+
+// validateState checks an ipv6_state, ndp_rs or dhcp_lease probe: they
+// read or ask about the box subnet itself, so they aim at no target.
+func (s *ProbeSpec) validateState() error {
+	if s.Target.IsValid() || s.Port != 0 || s.Nonce != "" {
+		return fmt.Errorf("%s takes no target, port or nonce", s.Kind)
+	}
+	if s.Kind != KindIPv6State && !s.Via.IsValid() {
+		return fmt.Errorf("%s needs via (the box subnet)", s.Kind)
+	}
+	return nil
+}
+
+// validateOtherKindsFields refuses a field that only other kinds use, so a
+// field meant for one kind never rides silently on another.
+func (s *ProbeSpec) validateOtherKindsFields() error {
 	if s.Kind != KindControl && s.Kind != KindARPSpoof && s.Kind != KindDHCPForge && s.DstMAC != "" {
 		return fmt.Errorf("dst_mac is for control, arp_spoof and dhcp_forge probes, not %s", s.Kind)
 	}
