@@ -144,34 +144,9 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	name = cmp.Or(name, bf.Name)
-	net, err := stack.RequireStack(ctx, host.Incus)
+	net, err := checkImportable(ctx, host, bf, file, name)
 	if err != nil {
-		return nil, fmt.Errorf("importing %s: %w", file, err)
-	}
-	if host.Tier.Granted {
-		if err := stack.RequireWatcher(host.NetNS); err != nil {
-			return nil, fmt.Errorf("importing %s: %w", file, err)
-		}
-	}
-	plist, err := host.Incus.Profiles(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("importing %s: %w", file, err)
-	}
-	profiles := map[string]incus.Profile{}
-	for _, p := range plist {
-		profiles[p.Name] = p
-	}
-	if reasons := judgeBackup(bf, profiles); len(reasons) > 0 {
-		return nil, &ImportRefusedError{File: file, Reasons: reasons}
-	}
-	if _, _, err := host.Incus.Instances().Get(ctx, name); err == nil {
-		hint := "pass --name NEW"
-		if name == bf.Name {
-			hint = "it is the box this file was exported from, or another import of it: pass --name NEW"
-		}
-		return nil, fmt.Errorf("importing %s: an instance named %s already exists (%s)", file, name, hint)
-	} else if !incus.IsNotFound(err) {
-		return nil, fmt.Errorf("importing %s: %w", file, err)
+		return nil, err
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
@@ -206,32 +181,101 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 	}
 
 	put := inst.Writable()
-	// Its doors stay the exporting host's: a host port here may be taken,
-	// and a unix door's socket names the source.
-	if dropped := withoutDoors(put.Devices); len(dropped) > 0 {
-		res.Notes = append(res.Notes, fmt.Sprintf("its doors (%s) were dropped: box expose %s PORT makes one here", strings.Join(dropped, ", "), name))
-	}
-	// Its egress allowlist travels by its names: this host learns it, or
-	// the box is not made (an allowlisted box must never come up open).
-	if id := put.Config[model.KeyEgress]; id != "" {
-		names, err := model.NormalizeNames(strings.Split(put.Config[model.KeyEgressNames], ","))
-		if err != nil || model.PolicyID(names) != id {
-			return nil, &ImportRefusedError{File: file, Reasons: []string{fmt.Sprintf("it is under egress allowlist %s, whose names the file does not carry (%s=%q): import it on a host that has the allowlist, or export it again from a box whose allowlist was set with this version", id, model.KeyEgressNames, put.Config[model.KeyEgressNames])}}
-		}
-		if _, err := host.EnsurePolicy(ctx, id, names); err != nil {
-			return nil, fmt.Errorf("importing %s: its egress allowlist: %w", file, err)
-		}
+	if err := importEgress(ctx, host, file, put.Config); err != nil {
+		return nil, err
 	}
 	ci, err := host.Cluster(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}
+	if err := freshImportConfig(&put, res, name, net); err != nil {
+		return nil, err
+	}
+	if err := host.Incus.Instances().Update(ctx, name, put, etag); err != nil {
+		return nil, fmt.Errorf("re-stamping %s: %w", name, err)
+	}
+	// A backup lands on the member that received it, whatever ?target=
+	// says: on a cluster the box's address is of that member's slice.
+	member := ""
+	if ci.Clustered() {
+		member = inst.Location
+	}
+	if err := mgr.startImported(ctx, file, inst, member); err != nil {
+		return nil, err
+	}
+	res.Box, err = stack.Info(ctx, host.Incus, name)
+	return res, err
+}
+
+// checkImportable judges a file (bf, read from file) before anything is
+// made of it, and returns the bridge: the stack must be up (and, for a
+// granted user, the port watcher), the file's box and snapshots on the
+// stack with this host's profiles, and name free.
+func checkImportable(ctx context.Context, host *stack.Host, bf *BackupFile, file, name string) (*incus.Network, error) {
+	net, err := stack.RequireStack(ctx, host.Incus)
+	if err != nil {
+		return nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	if host.Tier.Granted {
+		if err := stack.RequireWatcher(host.NetNS); err != nil {
+			return nil, fmt.Errorf("importing %s: %w", file, err)
+		}
+	}
+	plist, err := host.Incus.Profiles(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	profiles := map[string]incus.Profile{}
+	for _, p := range plist {
+		profiles[p.Name] = p
+	}
+	if reasons := judgeBackup(bf, profiles); len(reasons) > 0 {
+		return nil, &ImportRefusedError{File: file, Reasons: reasons}
+	}
+	if _, _, err := host.Incus.Instances().Get(ctx, name); err == nil {
+		hint := "pass --name NEW"
+		if name == bf.Name {
+			hint = "it is the box this file was exported from, or another import of it: pass --name NEW"
+		}
+		return nil, fmt.Errorf("importing %s: an instance named %s already exists (%s)", file, name, hint)
+	} else if !incus.IsNotFound(err) {
+		return nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	return net, nil
+}
+
+// importEgress: an imported box's egress allowlist travels by its names
+// (in its config, cfg): this host learns it, or the import is refused (an
+// allowlisted box must never come up open).
+func importEgress(ctx context.Context, host *stack.Host, file string, cfg map[string]string) error {
+	id := cfg[model.KeyEgress]
+	if id == "" {
+		return nil
+	}
+	names, err := model.NormalizeNames(strings.Split(cfg[model.KeyEgressNames], ","))
+	if err != nil || model.PolicyID(names) != id {
+		return &ImportRefusedError{File: file, Reasons: []string{fmt.Sprintf("it is under egress allowlist %s, whose names the file does not carry (%s=%q): import it on a host that has the allowlist, or export it again from a box whose allowlist was set with this version", id, model.KeyEgressNames, cfg[model.KeyEgressNames])}}
+	}
+	if _, err := host.EnsurePolicy(ctx, id, names); err != nil {
+		return fmt.Errorf("importing %s: its egress allowlist: %w", file, err)
+	}
+	return nil
+}
+
+// freshImportConfig makes put (the imported box name's) its own: no
+// doors, MACs, bridge port or instance UUID of its source, re-tagged and
+// stamped minted now from res.File, and without a memory limit this host
+// (net) cannot apply. What it drops goes into res.Notes.
+func freshImportConfig(put *incus.InstancePut, res *ImportResult, name string, net *incus.Network) error {
+	// Its doors stay the exporting host's: a host port here may be taken,
+	// and a unix door's socket names the source.
+	if dropped := withoutDoors(put.Devices); len(dropped) > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("its doors (%s) were dropped: box expose %s PORT makes one here", strings.Join(dropped, ", "), name))
+	}
 	// A fixed address in the file is the one of the host it came from.
-	// The box gets one of this host's (on a cluster of the member it
-	// landed on: a backup lands on the member that received it, whatever
-	// ?target= says) once it has its own MAC (below: Incus checks the NIC's
-	// MAC when the NIC changes, and the file's is its source's), before it
-	// starts.
+	// The box gets one of this host's (startImported) once it has its own
+	// MAC (Incus checks the NIC's MAC when the NIC changes, and the file's
+	// is its source's), before it starts.
 	if a := put.Devices["eth0"]["ipv4.address"]; a != "" {
 		res.Notes = append(res.Notes, fmt.Sprintf("its fixed address %s was the host's it came from: it gets one of this host's", a))
 	}
@@ -244,43 +288,44 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 	}
 	uuid, err := newUUID()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	put.Config["volatile.uuid"], put.Config["volatile.uuid.generation"] = uuid, uuid
 	put.Config[model.Current.Tag] = "1"
 	put.Config[model.StampMinted] = time.Now().UTC().Format(time.RFC3339)
-	abs, err := filepath.Abs(file)
+	abs, err := filepath.Abs(res.File)
 	if err != nil {
-		abs = file
+		abs = res.File
 	}
-	put.Config[model.StampOrigin] = fmt.Sprintf("import of %s from %s", bf.Name, abs)
+	put.Config[model.StampOrigin] = fmt.Sprintf("import of %s from %s", res.From, abs)
 	if put.Config["limits.memory"] != "" && net.Config[KeyMemoryLimits] == memoryUnsupported {
 		res.Notes = append(res.Notes, fmt.Sprintf("%s: this host cannot apply one (%s=%s on %s), so limits.memory=%s from the file was dropped",
 			NoteNoMemoryLimit, KeyMemoryLimits, memoryUnsupported, model.Current.Network, put.Config["limits.memory"]))
 		delete(put.Config, "limits.memory")
 	}
-	if err := host.Incus.Instances().Update(ctx, name, put, etag); err != nil {
-		return nil, fmt.Errorf("re-stamping %s: %w", name, err)
-	}
-	member := ""
-	if ci.Clustered() {
-		member = inst.Location
-	}
+	return nil
+}
+
+// startImported gives an imported box, re-stamped, an address of this
+// host's (of member's slice on a cluster) and a machine-id of its own, then
+// starts it and isolates its port.
+func (mgr *Manager) startImported(ctx context.Context, file string, inst *incus.Instance, member string) error {
+	host := mgr.host
+	name := inst.Name
 	if _, err := host.Addresses().FixAddress(ctx, name, member); err != nil {
-		return nil, fmt.Errorf("importing %s: %w", file, err)
+		return fmt.Errorf("importing %s: %w", file, err)
 	}
 	if err := mgr.freshMachineID(ctx, inst); err != nil {
-		return nil, fmt.Errorf("giving %s a machine-id: %w", name, err)
+		return fmt.Errorf("giving %s a machine-id: %w", name, err)
 	}
 	host.Progressf("starting %s...", name)
-	if err = host.Addresses().StartFixed(ctx, name, member); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", name, err)
+	if err := host.Addresses().StartFixed(ctx, name, member); err != nil {
+		return fmt.Errorf("starting %s: %w", name, err)
 	}
 	if _, err := host.RefreshPorts(ctx); err != nil {
-		return nil, fmt.Errorf("imported %s, but isolating its bridge port failed: %w", name, err)
+		return fmt.Errorf("imported %s, but isolating its bridge port failed: %w", name, err)
 	}
-	res.Box, err = stack.Info(ctx, host.Incus, name)
-	return res, err
+	return nil
 }
 
 // judgeImported judges the instance Incus made of a file, and its
