@@ -58,60 +58,16 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 	if _, _, err := host.Incus.Instances().Get(ctx, name); err == nil {
 		return nil, fmt.Errorf("cloning %s: an instance named %s already exists: pick another --name", src, name)
 	}
-	ci, err := host.Cluster(ctx)
+	copyReq, cl, err := cloneRequest(ctx, host, inst, src, snap, name, target)
 	if err != nil {
-		return nil, fmt.Errorf("cloning %s: %w", src, err)
+		return nil, err
 	}
-	if target != "" && !ci.Clustered() {
-		return nil, fmt.Errorf("cloning %s: --target %s: this incusd is not a cluster member", src, target)
-	}
-	if err := ci.CheckMember(target); err != nil {
-		return nil, fmt.Errorf("cloning %s: %w", src, err)
-	}
-	source := src
-	if snap != "" {
-		source = src + "/" + snap
-	}
-	res := &CloneResult{}
-	copyReq := incus.InstancesPost{Name: name, Type: inst.Type, Source: incus.InstanceSource{Type: "copy", Source: source}}
-	cl := host.Incus
-	if ci.Clustered() {
-		if copyReq, err = mgr.clusterCopy(ctx, inst, snap, copyReq); err != nil {
-			return nil, fmt.Errorf("cloning %s: %w", source, err)
-		}
-		if target != "" {
-			cl = cl.Target(target)
-		}
-	}
-	err = cl.Instances().Create(ctx, copyReq)
-	if err != nil && snap == "" && inst.Status == "Running" && stack.NeedsColdCopy(err) {
-		// This host cannot freeze a running container to copy it
-		// consistently (nor, on a cluster, migrate it live to another
-		// member): stop the source for the copy and start it again.
-		if serr := host.Incus.Instances().SetState(ctx, src, "stop", 60*time.Second, false); serr != nil {
-			return nil, fmt.Errorf("cloning %s: %w; stopping it for a cold copy: %v", src, err, serr)
-		}
-		res.SourceStopped = true
-		err = cl.Instances().Create(ctx, copyReq)
-	}
-	// A source stopped for the copy starts again once the copy no longer
-	// asks for its fixed address (the re-stamp below, or the copy's
-	// removal): Incus refuses to start a NIC whose address another NIC
-	// asks for.
-	stopped := res.SourceStopped
-	restartSource := func() error {
-		if !stopped {
-			return nil
-		}
-		stopped = false
-		if serr := host.Incus.Instances().SetState(context.WithoutCancel(ctx), src, "start", 0, false); serr != nil {
-			return fmt.Errorf("restarting %s after the copy: %w", src, serr)
-		}
-		return nil
-	}
+	source := copyReq.Source.Source // src, or src/snap
+	stopped, restartSource, err := copyBox(ctx, host.Incus, cl, copyReq, inst, src, snap)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("cloning %s into %s: %w", source, name, err), restartSource())
+		return nil, err
 	}
+	res := &CloneResult{SourceStopped: stopped}
 
 	// From here on a failure leaves a copy that is not yet a proper box
 	// (an inherited identity): remove it rather than leave it behind.
@@ -126,7 +82,95 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 
 	// A fresh identity before the first boot: no inherited MAC, a new
 	// machine-id (a shared one means one DHCP lease for two boxes).
-	clone, etag, err := host.Incus.Instances().Get(ctx, name)
+	clone, err := restampClone(ctx, host.Incus, name, source, res)
+	if err != nil {
+		return nil, err
+	}
+	if err := restartSource(); err != nil {
+		return nil, err
+	}
+	if err := mgr.startClone(ctx, clone, source, res.Provisioning != ""); err != nil {
+		return nil, err
+	}
+	res.Box, err = stack.Info(ctx, host.Incus, name)
+	return res, err
+}
+
+// cloneRequest is the request that copies src (or its snapshot snap) into
+// name, and the client to send it to, once the cluster allows it: on a
+// cluster the request carries a whole definition (clusterCopy), sent to
+// target when one is named.
+func cloneRequest(ctx context.Context, host *stack.Host, inst *incus.Instance, src, snap, name, target string) (incus.InstancesPost, *incus.Client, error) {
+	ci, err := host.Cluster(ctx)
+	if err != nil {
+		return incus.InstancesPost{}, nil, fmt.Errorf("cloning %s: %w", src, err)
+	}
+	if target != "" && !ci.Clustered() {
+		return incus.InstancesPost{}, nil, fmt.Errorf("cloning %s: --target %s: this incusd is not a cluster member", src, target)
+	}
+	if err := ci.CheckMember(target); err != nil {
+		return incus.InstancesPost{}, nil, fmt.Errorf("cloning %s: %w", src, err)
+	}
+	source := src
+	if snap != "" {
+		source = src + "/" + snap
+	}
+	req := incus.InstancesPost{Name: name, Type: inst.Type, Source: incus.InstanceSource{Type: "copy", Source: source}}
+	cl := host.Incus
+	if ci.Clustered() {
+		if req, err = clusterCopy(ctx, host.Incus, inst, snap, req); err != nil {
+			return incus.InstancesPost{}, nil, fmt.Errorf("cloning %s: %w", source, err)
+		}
+		if target != "" {
+			cl = cl.Target(target)
+		}
+	}
+	return req, cl, nil
+}
+
+// copyBox sends the copy request (req, to cl) for src (inst, or its
+// snapshot snap). A running source this host cannot copy live is stopped
+// for a cold copy (stopped), and restart starts it again, once: the caller
+// calls it when the copy no longer asks for the source's fixed address
+// (the re-stamp, or the copy's removal), since Incus refuses to start a
+// NIC whose address another NIC asks for. When the copy fails, copyBox
+// has started the source again itself.
+func copyBox(ctx context.Context, c, cl *incus.Client, req incus.InstancesPost, inst *incus.Instance, src, snap string) (stopped bool, restart func() error, err error) {
+	err = cl.Instances().Create(ctx, req)
+	if err != nil && snap == "" && inst.Status == "Running" && stack.NeedsColdCopy(err) {
+		// This host cannot freeze a running container to copy it
+		// consistently (nor, on a cluster, migrate it live to another
+		// member): stop the source for the copy and start it again.
+		if serr := c.Instances().SetState(ctx, src, "stop", 60*time.Second, false); serr != nil {
+			return false, nil, fmt.Errorf("cloning %s: %w; stopping it for a cold copy: %v", src, err, serr)
+		}
+		stopped = true
+		err = cl.Instances().Create(ctx, req)
+	}
+	pending := stopped
+	restart = func() error {
+		if !pending {
+			return nil
+		}
+		pending = false
+		if serr := c.Instances().SetState(context.WithoutCancel(ctx), src, "start", 0, false); serr != nil {
+			return fmt.Errorf("restarting %s after the copy: %w", src, serr)
+		}
+		return nil
+	}
+	if err != nil {
+		return false, nil, errors.Join(fmt.Errorf("cloning %s into %s: %w", req.Source.Source, req.Name, err), restart())
+	}
+	return stopped, restart, nil
+}
+
+// restampClone makes the copy name of source a box of its own: no
+// inherited MAC, stamped with its own coming into being and its lineage,
+// and none of the source's doors, fixed address or provisioning (res says
+// what it dropped). It returns the copy as read before the re-stamp, for
+// its member and type.
+func restampClone(ctx context.Context, c *incus.Client, name, source string, res *CloneResult) (*incus.Instance, error) {
+	clone, etag, err := c.Instances().Get(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -138,39 +182,45 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 	// The source's doors stay the source's: the clone would take their
 	// host port (and fail to start) or their socket.
 	res.DoorsDropped = withoutDoors(put.Devices)
-	// So does its fixed address: the clone gets its own (below).
+	// So does its fixed address: the clone gets its own (startClone).
 	stack.WithoutFixedAddress(put.Devices)
 	// Not provisioned again (cloneprov.go).
 	res.Provisioning = cloneUserData(put.Config, name)
-	if err := host.Incus.Instances().Update(ctx, name, put, etag); err != nil {
+	if err := c.Instances().Update(ctx, name, put, etag); err != nil {
 		return nil, fmt.Errorf("re-stamping clone %s: %w", name, err)
 	}
-	if err := restartSource(); err != nil {
-		return nil, err
-	}
+	return clone, nil
+}
+
+// startClone gives a re-stamped clone of source a fixed address of its
+// member's slice, a new machine-id and, when it has user-data (its
+// cloud-init runs at its first boot), empty provisioning markers, then
+// starts it and isolates its port.
+func (mgr *Manager) startClone(ctx context.Context, clone *incus.Instance, source string, userData bool) error {
+	host := mgr.host
+	name := clone.Name
 	member, err := host.Addresses().MemberOf(ctx, clone)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if _, err := host.Addresses().FixAddress(ctx, name, member); err != nil {
-		return nil, fmt.Errorf("cloning %s into %s: %w", source, name, err)
+		return fmt.Errorf("cloning %s into %s: %w", source, name, err)
 	}
 	if err := mgr.freshMachineID(ctx, clone); err != nil {
-		return nil, fmt.Errorf("giving clone %s a machine-id: %w", name, err)
+		return fmt.Errorf("giving clone %s a machine-id: %w", name, err)
 	}
-	if res.Provisioning != "" {
+	if userData {
 		if err := mgr.emptyMarkers(ctx, clone); err != nil {
-			return nil, fmt.Errorf("emptying the provisioning markers clone %s inherited: %w", name, err)
+			return fmt.Errorf("emptying the provisioning markers clone %s inherited: %w", name, err)
 		}
 	}
-	if err = host.Addresses().StartFixed(ctx, name, member); err != nil {
-		return nil, fmt.Errorf("starting clone %s: %w", name, err)
+	if err := host.Addresses().StartFixed(ctx, name, member); err != nil {
+		return fmt.Errorf("starting clone %s: %w", name, err)
 	}
 	if _, err := host.RefreshPorts(ctx); err != nil {
-		return nil, fmt.Errorf("cloned %s, but isolating its bridge port failed: %w (run box doctor --fix)", name, err)
+		return fmt.Errorf("cloned %s, but isolating its bridge port failed: %w (run box doctor --fix)", name, err)
 	}
-	res.Box, err = stack.Info(ctx, host.Incus, name)
-	return res, err
+	return nil
 }
 
 // clusterCopy is a copy request on a cluster: Incus copies across members
@@ -178,11 +228,10 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 // isn't supported"), so the request carries the source's (or its
 // snapshot's) config, devices and profiles, as the incus CLI sends them,
 // with the NIC's fixed address left out: the source's stays the source's.
-func (mgr *Manager) clusterCopy(ctx context.Context, inst *incus.Instance, snap string, req incus.InstancesPost) (incus.InstancesPost, error) {
-	host := mgr.host
+func clusterCopy(ctx context.Context, c *incus.Client, inst *incus.Instance, snap string, req incus.InstancesPost) (incus.InstancesPost, error) {
 	def := inst
 	if snap != "" {
-		snaps, err := host.Incus.Instances().SnapshotDefinitions(ctx, inst.Name)
+		snaps, err := c.Instances().SnapshotDefinitions(ctx, inst.Name)
 		if err != nil {
 			return req, err
 		}
