@@ -2,7 +2,9 @@ package incus_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -411,4 +413,54 @@ func TestMoveInstance(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "moving instance b1 to member m2")
 	assert.Contains(t, err.Error(), "instance is running")
+}
+
+// A pull from an image server is asked for with every field Incus's API
+// takes for one, and nothing of a copy's.
+func TestCreateFromAnImageServer(t *testing.T) {
+	srv, c := newFake(t)
+	srv.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
+		srv.Async(w, incustest.Op{Description: "Creating instance"})
+	})
+	src := incus.InstanceSource{Type: "image", Mode: "pull", Server: "https://203.0.113.30:8443", Protocol: "simplestreams",
+		Alias: "debian/12/cloud", Certificate: "PEM"}
+	require.NoError(t, c.Instances().Create(testCtx(t), incus.InstancesPost{Name: "b", Type: "container", Source: src}))
+	var body struct {
+		Source map[string]any `json:"source"`
+	}
+	require.NoError(t, json.Unmarshal(srv.Find(http.MethodPost, "/1.0/instances")[0].Body, &body))
+	assert.Equal(t, map[string]any{"type": "image", "mode": "pull", "server": "https://203.0.113.30:8443",
+		"protocol": "simplestreams", "alias": "debian/12/cloud", "certificate": "PEM"}, body.Source)
+}
+
+// While the create runs its progress is told, each new line once, and
+// nothing after the create has returned.
+func TestCreateInstanceWithProgress(t *testing.T) {
+	srv, c := newFake(t)
+	lines := []string{"metadata: 100% (2.00MB/s)", "rootfs: 10% (5.00MB/s)", "rootfs: 100% (6.00MB/s)", "Unpacking image: 40%"}
+	seen := make(chan string)
+	srv.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
+		id := srv.Async(w, incustest.Op{Description: "Creating instance", Hold: true})
+		go func() {
+			meta := map[string]any{}
+			for _, l := range lines {
+				if strings.HasPrefix(l, "Unpacking") {
+					meta["create_instance_from_image_unpack_progress"] = l
+				} else {
+					meta[incus.DownloadProgress] = l
+				}
+				srv.SetMetadata(id, meta)
+				<-seen
+				meta = map[string]any{incus.DownloadProgress: meta[incus.DownloadProgress], "create_instance_from_image_unpack_progress": meta["create_instance_from_image_unpack_progress"]}
+			}
+			srv.Release(id)
+		}()
+	})
+	var got []string
+	err := c.Instances().CreateWithProgress(testCtx(t), incus.InstancesPost{Name: "b"}, func(s string) {
+		got = append(got, s)
+		seen <- s
+	})
+	require.NoError(t, err)
+	assert.Equal(t, lines, got)
 }
