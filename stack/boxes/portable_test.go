@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -230,4 +232,40 @@ func TestNewUUID(t *testing.T) {
 	b, _ := newUUID()
 	assert.NotEqual(t, a, b)
 	assert.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, a)
+}
+
+// An import on a cluster lands on the member that received it and gets a
+// fixed address of that member's slice before it starts, whatever address
+// its file carries (here the one its source, on the same member, holds);
+// off a cluster it gets one of the subnet (L-DHCP), never the file's.
+func TestImportOnAClusterGetsAnAddressOfItsMember(t *testing.T) {
+	for _, clustered := range []bool{true, false} {
+		t.Run(fmt.Sprintf("clustered %v", clustered), func(t *testing.T) {
+			f, h := newClusterFake(t)
+			f.Clustered = clustered
+			f.Add("work", "m1", "Running", "10.88.0.32")
+			fixture := newBackupFixture()
+			fixture.backup.Container.Devices["eth0"] = model.FixedNIC(netip.MustParseAddr("10.88.0.32"))
+			f.ImportFile = func(name string) *incus.Instance {
+				return &incus.Instance{Name: name, Type: "container", Status: "Stopped", Profiles: []string{"box-net"},
+					Config:  map[string]string{model.Current.Tag: "1", "volatile.eth0.hwaddr": "10:66:6a:00:00:01"},
+					Devices: map[string]map[string]string{"eth0": model.FixedNIC(netip.MustParseAddr("10.88.0.32"))}}
+			}
+			res, err := (&Manager{host: h}).Import(context.Background(), fixtureFile(t, fixture), "copy")
+			require.NoError(t, err)
+			c := f.Inst(t, "copy")
+			assert.Equal(t, "Running", c.Status)
+			if clustered {
+				assert.Equal(t, "m1", res.Box.Member)
+				a := model.FixedAddressOf(c)
+				stacktest.InSlice(t, "m1", a)
+				assert.NotEqual(t, "10.88.0.32", a.String(), "not the address in the file")
+				return
+			}
+			a := model.FixedAddressOf(c)
+			assert.True(t, a.IsValid(), "a fixed address of this host's")
+			assert.NotEqual(t, "10.88.0.32", a.String(), "not the address in the file, which work holds")
+			assert.Contains(t, strings.Join(res.Notes, "\n"), "its fixed address 10.88.0.32 was the host's it came from: it gets one of this host's")
+		})
+	}
 }

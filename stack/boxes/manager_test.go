@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -14,6 +15,7 @@ import (
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
 	"github.com/box-isolation/box/stack/model"
+	"github.com/box-isolation/box/stack/stacktest"
 )
 
 // boundaryOps is every stack operation that takes a box by name.
@@ -101,4 +103,51 @@ func TestBoundaryUnit(t *testing.T) {
 			assert.True(t, errors.As(err, &nsb), "%s on a missing instance: %v", op.name, err)
 		})
 	}
+}
+
+// A box on a cluster without a fixed address (minted before box gave
+// them) gets one of its member's slice when it starts: the fix
+// addressFindings names.
+func TestStartGivesAFixedAddress(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.Add("old", "m2", "Stopped", "")
+	require.NoError(t, (&Manager{host: h}).Start(context.Background(), "old"))
+	b := f.Inst(t, "old")
+	assert.Equal(t, "Running", b.Status)
+	stacktest.InSlice(t, "m2", model.FixedAddressOf(b))
+}
+
+// A restore brings back the address a snapshot holds: a clone's snapshot
+// holds its source's, which the clone then asks for again on its own
+// member. The restored box gets a fresh address of its member's slice;
+// one that restores its own address keeps it.
+func TestRestoreOnAClusterReaddressesATakenAddress(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.Add("src", "m2", "Stopped", "10.88.0.64")
+	f.Add("c", "m3", "Stopped", "10.88.0.96")
+	snap := func(addr string) []incus.Instance {
+		return []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{"eth0": model.FixedNIC(netip.MustParseAddr(addr))}}}
+	}
+	f.Snaps["c"] = snap("10.88.0.64") // carried over from src
+	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "c", "s1"))
+	a := model.FixedAddressOf(f.Inst(t, "c"))
+	stacktest.InSlice(t, "m3", a)
+	assert.NotEqual(t, "10.88.0.64", a.String(), "not src's address, which src still has")
+	assert.Equal(t, "10.88.0.64", model.FixedAddressOf(f.Inst(t, "src")).String())
+
+	f.Snaps["c"] = snap("10.88.0.97")
+	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "c", "s1"))
+	assert.Equal(t, "10.88.0.97", model.FixedAddressOf(f.Inst(t, "c")).String(), "its own address, taken by nobody else, stays")
+}
+
+// A restore of a snapshot taken before box stored addresses brings back a
+// NIC with none: it gets one (the one its MAC leases, if any).
+func TestRestoreGivesAFixedAddress(t *testing.T) {
+	f, h := newClusterFake(t)
+	f.Clustered = false
+	f.Add("b", "", "Stopped", "10.88.0.9")
+	f.Snaps["b"] = []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{}}}
+	f.Leases = []incus.NetworkLease{{Hwaddr: "10:66:6a:00:00:01", Address: "10.88.0.9", Type: "dynamic"}}
+	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "b", "s1"))
+	assert.Equal(t, "10.88.0.9", model.FixedAddressOf(f.Inst(t, "b")).String())
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -345,4 +346,63 @@ func TestMintShowsTheDownload(t *testing.T) {
 		want = append(want, "minting b from images:debian/12/cloud: "+p)
 	}
 	assert.Equal(t, want, got)
+}
+
+// Nesting is set on the instance, in the create request itself (so the
+// box's first start already has it), never on the profile; without it no
+// security.* key is sent at all.
+func TestMintNesting(t *testing.T) {
+	f, h := newMintFake(t)
+	_, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "d", Image: "here", Nesting: true})
+	require.NoError(t, err)
+	req := f.created(t)
+	for k, v := range model.NestingConfig() {
+		assert.Equal(t, v, req.Config[k], k)
+	}
+	assert.Equal(t, []string{model.Current.Profile}, req.Profiles, "the box-net profile only, unchanged")
+	assert.Empty(t, f.srv.Find("PUT", "/1.0/profiles/"+model.Current.Profile))
+
+	f, h = newMintFake(t)
+	_, err = (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "p", Image: "here"})
+	require.NoError(t, err)
+	for k := range f.created(t).Config {
+		assert.False(t, strings.HasPrefix(k, "security."), "%s sent without nesting", k)
+	}
+}
+
+// TestNewBoxType: the server's drivers decide unless the operator chose,
+// and a choice is made without asking the server.
+func TestNewBoxType(t *testing.T) {
+	for _, tc := range []struct {
+		name, driver, want string
+		wantType           string
+		chosen             bool
+		reason             string
+	}{
+		{name: "a host that can run VMs", driver: "lxc | qemu", wantType: model.TypeVM, reason: "this host can run VMs"},
+		{name: "qemu alone", driver: "qemu", wantType: model.TypeVM, reason: "this host can run VMs"},
+		{name: "a host that cannot", driver: "lxc", wantType: model.TypeContainer, reason: "this host cannot run VMs (incus drivers: lxc)"},
+		{name: "no driver reported", driver: "", wantType: model.TypeContainer, reason: "this host cannot run VMs (incus drivers: )"},
+		{name: "--container on a VM host", driver: "lxc | qemu", want: model.TypeContainer, wantType: model.TypeContainer, chosen: true, reason: "chosen by the operator"},
+		{name: "--vm on a container host", driver: "lxc", want: model.TypeVM, wantType: model.TypeVM, chosen: true, reason: "chosen by the operator"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := incustest.New(t)
+			srv.Drivers(tc.driver)
+			h := &stack.Host{Incus: incus.New(srv.Socket())}
+			d, err := (&Manager{host: h}).NewBoxType(context.Background(), tc.want)
+			require.NoError(t, err)
+			assert.Equal(t, model.TypeDecision{Type: tc.wantType, Reason: tc.reason, Chosen: tc.chosen}, d)
+			asked := len(srv.Find("GET", "/1.0")) > 0
+			assert.Equal(t, !tc.chosen, asked, "the server is asked only when the operator did not choose")
+		})
+	}
+}
+
+func TestMintRefusesAnUnknownType(t *testing.T) {
+	srv := incustest.New(t)
+	h := &stack.Host{Incus: incus.New(srv.Socket())}
+	_, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: "img", Type: "vm"})
+	require.ErrorContains(t, err, `minting b: instance type "vm"`)
+	assert.Empty(t, srv.Requests(), "refused before incusd is asked")
 }
