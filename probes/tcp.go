@@ -57,22 +57,7 @@ func probeTCP(ctx context.Context, spec ProbeSpec, obs Observation) (out Observa
 	var localPort int
 	var syn *synCapture
 	var synErr error
-	defer func() {
-		if localPort == 0 {
-			return // nothing was sent
-		}
-		out.Evidence.SrcPort = localPort
-		if syn == nil {
-			out.Evidence.ISNError = "no capture of the SYN: " + synErr.Error()
-			return
-		}
-		isn, ok := syn.stop(min(synGrace, time.Until(deadlineOf(ctx))))
-		if !ok {
-			out.Evidence.ISNError = "the SYN was not seen leaving this host"
-			return
-		}
-		out.Evidence.ISN, out.Evidence.ISNCaptured = isn, true
-	}()
+	defer func() { recordSYN(ctx, &out, localPort, syn, synErr) }()
 	network := "tcp4"
 	if fam == 6 {
 		network = "tcp6"
@@ -86,31 +71,8 @@ func probeTCP(ctx context.Context, spec ProbeSpec, obs Observation) (out Observa
 				}
 				// Bind here so the source port is known before the SYN
 				// leaves: it is how an ICMP error is matched to this probe.
-				bindAddr := src.local
-				if !bindAddr.IsValid() {
-					bindAddr = netip.IPv4Unspecified()
-					if fam == 6 {
-						bindAddr = netip.IPv6Unspecified()
-					}
-				}
-				ifindex := 0
-				if src.ifi != nil {
-					ifindex = src.ifi.Index
-				}
-				if serr = unix.Bind(int(fd), sockaddrOf(bindAddr, src.port, ifindex)); serr != nil {
-					serr = fmt.Errorf("bind %s: %w", bindAddr, serr)
+				if localPort, serr = bindSource(int(fd), src); serr != nil {
 					return
-				}
-				sa, err := unix.Getsockname(int(fd))
-				if err != nil {
-					serr = err
-					return
-				}
-				switch v := sa.(type) {
-				case *unix.SockaddrInet4:
-					localPort = v.Port
-				case *unix.SockaddrInet6:
-					localPort = v.Port
 				}
 				// Armed before connect sends the SYN, on this thread (the
 				// probe's network namespace). A failure is only recorded.
@@ -136,6 +98,62 @@ func probeTCP(ctx context.Context, spec ProbeSpec, obs Observation) (out Observa
 		obs.Evidence.Source = conn.LocalAddr().String()
 	}
 	_ = conn.SetDeadline(deadlineOf(ctx))
+	return tcpAwaitEcho(conn, spec, obs)
+}
+
+// recordSYN puts the source port of a SYN that left, and its ISN when the
+// capture saw it, in out: a witness elsewhere knows a SYN by them alone.
+func recordSYN(ctx context.Context, out *Observation, localPort int, syn *synCapture, synErr error) {
+	if localPort == 0 {
+		return // nothing was sent
+	}
+	out.Evidence.SrcPort = localPort
+	if syn == nil {
+		out.Evidence.ISNError = "no capture of the SYN: " + synErr.Error()
+		return
+	}
+	isn, ok := syn.stop(min(synGrace, time.Until(deadlineOf(ctx))))
+	if !ok {
+		out.Evidence.ISNError = "the SYN was not seen leaving this host"
+		return
+	}
+	out.Evidence.ISN, out.Evidence.ISNCaptured = isn, true
+}
+
+// bindSource binds fd to src's address (any, when src has none), port and
+// interface, and returns the source port the SYN will carry.
+func bindSource(fd int, src source) (int, error) {
+	addr := src.local
+	if !addr.IsValid() {
+		addr = netip.IPv4Unspecified()
+		if family(src.target) == 6 {
+			addr = netip.IPv6Unspecified()
+		}
+	}
+	ifindex := 0
+	if src.ifi != nil {
+		ifindex = src.ifi.Index
+	}
+	if err := unix.Bind(fd, sockaddrOf(addr, src.port, ifindex)); err != nil {
+		return 0, fmt.Errorf("bind %s: %w", addr, err)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return 0, err
+	}
+	switch v := sa.(type) {
+	case *unix.SockaddrInet4:
+		return v.Port, nil
+	case *unix.SockaddrInet6:
+		return v.Port, nil
+	}
+	return 0, nil
+}
+
+// tcpAwaitEcho sends what the probe speaks on conn and reads until the
+// nonce comes back, an egress proxy's refusal is read, or the connection
+// ends.
+func tcpAwaitEcho(conn net.Conn, spec ProbeSpec, obs Observation) Observation {
 	if _, err := conn.Write(spoken(spec)); err != nil {
 		return tcpConnectedNoEcho(obs, nil, fmt.Sprintf("write after connect: %v", err))
 	}
