@@ -89,20 +89,7 @@ func RunPlan(ctx context.Context, p *Plan) *Report {
 	runCtx, cancel := context.WithDeadline(ctx, hard.Add(-AgentMargin/2))
 	defer cancel()
 
-	var removeLL func() LinkLocalState
-	if p.LinkLocal != nil {
-		st, rm, err := EnsureLinkLocal(p.LinkLocal.Via, p.LinkLocal.Address)
-		if err != nil {
-			st.Error = err.Error()
-		}
-		rep.LinkLocal = &st
-		removeLL = rm
-	}
-
-	var unpin func() []NeighborState
-	if len(p.Neighbors) > 0 {
-		rep.Neighbors, unpin = PinNeighbors(p.Neighbors)
-	}
+	tearDown := setUpLink(p, rep)
 
 	n := len(p.Listeners) + len(p.Witnesses) + len(p.Probes)
 	slots := make([]Observation, n)
@@ -117,46 +104,8 @@ func RunPlan(ctx context.Context, p *Plan) *Report {
 		}
 		mu.Unlock()
 	}
-	// Listeners and witnesses are armed, in order, before any probe fires:
-	// a witness armed late would see nothing and make a leak look blocked.
-	i := 0
-	for _, spec := range p.Listeners {
-		idx := i
-		i++
-		l, err := StartListener(runCtx, spec)
-		if err != nil {
-			set(idx, fail(Observation{ID: spec.ID, Kind: spec.Kind, StartedAt: time.Now()}, err.Error()))
-			continue
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); set(idx, l.Wait(runCtx)) }()
-	}
-	for _, spec := range p.Witnesses {
-		idx := i
-		i++
-		w, err := StartWitness(spec)
-		if err != nil {
-			set(idx, fail(Observation{ID: spec.ID, Kind: KindWitness, StartedAt: time.Now()}, err.Error()))
-			continue
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); set(idx, w.Wait(runCtx)) }()
-	}
-	for _, spec := range p.Probes {
-		idx := i
-		i++
-		wg.Add(1)
-		go func() { defer wg.Done(); set(idx, RunProbe(runCtx, spec)) }()
-	}
-
-	all := make(chan struct{})
-	go func() { wg.Wait(); close(all) }()
-	collect := time.NewTimer(time.Until(hard.Add(-AgentMargin / 4)))
-	select {
-	case <-all:
-	case <-collect.C:
-	}
-	collect.Stop()
+	startTasks(runCtx, p, &wg, set)
+	waitTasks(&wg, hard.Add(-AgentMargin/4))
 
 	mu.Lock()
 	closed = true
@@ -172,18 +121,89 @@ func RunPlan(ctx context.Context, p *Plan) *Report {
 	}
 	mu.Unlock()
 
-	if unpin != nil {
-		rep.Neighbors = unpin()
-	}
-	if removeLL != nil {
-		st := removeLL()
-		if rep.LinkLocal.Error != "" && st.Error == "" {
-			st.Error = rep.LinkLocal.Error
-		}
-		rep.LinkLocal = &st
-	}
+	tearDown()
 	rep.FinishedAt = time.Now()
 	return rep
+}
+
+// setUpLink adds the plan's link-local address and pins its neighbours
+// before any task runs, recording both in rep. tearDown undoes both once
+// the tasks are done and records in rep the state it leaves them in.
+func setUpLink(p *Plan, rep *Report) (tearDown func()) {
+	var removeLL func() LinkLocalState
+	if p.LinkLocal != nil {
+		st, rm, err := EnsureLinkLocal(p.LinkLocal.Via, p.LinkLocal.Address)
+		if err != nil {
+			st.Error = err.Error()
+		}
+		rep.LinkLocal = &st
+		removeLL = rm
+	}
+	var unpin func() []NeighborState
+	if len(p.Neighbors) > 0 {
+		rep.Neighbors, unpin = PinNeighbors(p.Neighbors)
+	}
+	return func() {
+		if unpin != nil {
+			rep.Neighbors = unpin()
+		}
+		if removeLL != nil {
+			st := removeLL()
+			if rep.LinkLocal.Error != "" && st.Error == "" {
+				st.Error = rep.LinkLocal.Error
+			}
+			rep.LinkLocal = &st
+		}
+	}
+}
+
+// startTasks starts the plan's tasks, each reporting to set under its
+// index in report order. Listeners and witnesses are armed, in order,
+// before any probe fires: a witness armed late would see nothing and make
+// a leak look blocked.
+func startTasks(ctx context.Context, p *Plan, wg *sync.WaitGroup, set func(int, Observation)) {
+	i := 0
+	for _, spec := range p.Listeners {
+		idx := i
+		i++
+		l, err := StartListener(ctx, spec)
+		if err != nil {
+			set(idx, fail(Observation{ID: spec.ID, Kind: spec.Kind, StartedAt: time.Now()}, err.Error()))
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); set(idx, l.Wait(ctx)) }()
+	}
+	for _, spec := range p.Witnesses {
+		idx := i
+		i++
+		w, err := StartWitness(spec)
+		if err != nil {
+			set(idx, fail(Observation{ID: spec.ID, Kind: KindWitness, StartedAt: time.Now()}, err.Error()))
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); set(idx, w.Wait(ctx)) }()
+	}
+	for _, spec := range p.Probes {
+		idx := i
+		i++
+		wg.Add(1)
+		go func() { defer wg.Done(); set(idx, RunProbe(ctx, spec)) }()
+	}
+}
+
+// waitTasks waits for every task of wg, but not past until: a task still
+// running then is reported unfinished rather than holding up the report.
+func waitTasks(wg *sync.WaitGroup, until time.Time) {
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	collect := time.NewTimer(time.Until(until))
+	select {
+	case <-all:
+	case <-collect.C:
+	}
+	collect.Stop()
 }
 
 // waitStart waits until at (not past ctx) and returns the instant the
