@@ -316,7 +316,6 @@ func DecodeRule(r *nftables.Rule, sets map[string][]PortRange) (Forward, bool) {
 	}
 	f.Handle = r.Handle
 	regs := map[uint32]reg{}
-	load := func(dst uint32, k regKind) { regs[reg32(dst)] = reg{kind: k} }
 	dportLoaded, dportUsed := false, false
 	note := func(s string) {
 		if !slices.Contains(f.Notes, s) {
@@ -329,143 +328,45 @@ func DecodeRule(r *nftables.Rule, sets map[string][]PortRange) (Forward, bool) {
 	}
 
 	for _, e := range r.Exprs {
-		switch e := e.(type) {
-		case *expr.Meta:
-			if e.SourceRegister {
-				continue
-			}
-			switch e.Key {
-			case expr.MetaKeyL4PROTO:
-				load(e.Register, regL4Proto)
-			case expr.MetaKeyIIFNAME:
-				load(e.Register, regIifname)
-			case expr.MetaKeyIIF:
-				load(e.Register, regIif)
-			default:
-				load(e.Register, regOther)
-			}
-		case *expr.Payload:
-			if e.OperationType != expr.PayloadLoad {
-				continue
-			}
-			k := regOther
-			switch {
-			case e.Base == expr.PayloadBaseTransportHeader && e.Offset == 2 && e.Len == 2:
-				k = regDport
+		if dst, v, ok := loaded(e, family); ok {
+			regs[reg32(dst)] = v
+			if v.kind == regDport {
 				dportLoaded = true
-			case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 9 && e.Len == 1 && family == nftables.TableFamilyIPv4:
-				k = regL4Proto
-			case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 16 && e.Len == 4 && family != nftables.TableFamilyIPv6,
-				e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 24 && e.Len == 16 && family != nftables.TableFamilyIPv4:
-				k = regDaddr
 			}
-			load(e.DestRegister, k)
-		case *expr.Immediate:
-			if e.Register != unix.NFT_REG_VERDICT {
-				regs[reg32(e.Register)] = reg{kind: regImm, data: e.Data}
-			}
+			continue
+		}
+		switch e := e.(type) {
 		case *expr.Cmp:
 			src := regs[reg32(e.Register)]
-			eq := e.Op == expr.CmpOpEq
-			switch src.kind {
-			case regL4Proto:
-				if eq && len(e.Data) == 1 {
-					f.Proto = protoName(e.Data[0])
-				}
-			case regDport:
+			if src.kind == regDport {
 				dportUsed = true
-				if eq && len(e.Data) == 2 {
-					p := binary.BigEndian.Uint16(e.Data)
-					f.Ports = append(f.Ports, PortRange{p, p})
-				} else {
-					unknownPorts("destination port compared other than with ==")
-				}
-			case regIifname:
-				if eq || e.Op == expr.CmpOpNeq {
-					f.InIface, f.InIfaceNot = ifname(e.Data), !eq
-				}
-			case regIif:
-				if eq && len(e.Data) == 4 {
-					f.InIfIndex = int(binary.NativeEndian.Uint32(e.Data))
-				}
-			case regDaddr:
-				if a, ok := netip.AddrFromSlice(e.Data); ok && eq {
-					f.Daddr = a.Unmap()
-				}
 			}
+			cmpCondition(&f, src.kind, e, unknownPorts)
 		case *expr.Range:
-			if regs[reg32(e.Register)].kind != regDport {
-				continue
-			}
-			dportUsed = true
-			if e.Op == expr.CmpOpEq && len(e.FromData) == 2 && len(e.ToData) == 2 {
-				f.Ports = append(f.Ports, PortRange{binary.BigEndian.Uint16(e.FromData), binary.BigEndian.Uint16(e.ToData)})
-			} else {
-				unknownPorts("destination port range negated")
+			if regs[reg32(e.Register)].kind == regDport {
+				dportUsed = true
+				rangePorts(&f, e, unknownPorts)
 			}
 		case *expr.Lookup:
 			src := regs[reg32(e.SourceRegister)]
 			if e.IsDestRegSet {
-				load(e.DestRegister, regMapped)
+				regs[reg32(e.DestRegister)] = reg{kind: regMapped}
 			}
-			if src.kind != regDport {
-				continue
-			}
-			dportUsed = true
-			prs, ok := sets[e.SetName]
-			switch {
-			case e.Invert:
-				unknownPorts("destination port not in set @" + e.SetName)
-			case !ok:
-				unknownPorts("destination port set @" + e.SetName + " not read")
-			default:
-				f.Ports = append(f.Ports, prs...)
+			if src.kind == regDport {
+				dportUsed = true
+				lookupPorts(&f, e, sets, unknownPorts)
 			}
 		case *expr.Match:
-			switch info := e.Info.(type) {
-			case *xt.Tcp:
-				f.Compat, f.Proto = true, "tcp"
-				xtPorts(&f, info.DstPorts, info.InvFlags&xt.TcpInvDestPorts != 0, unknownPorts)
-			case *xt.Udp:
-				f.Compat, f.Proto = true, "udp"
-				xtPorts(&f, info.DstPorts, info.InvFlags&xt.UdpInvDestPorts != 0, unknownPorts)
-			default:
-				f.Compat = true
-				if e.Name == "tcp" || e.Name == "udp" || e.Name == "multiport" || e.Name == "sctp" {
-					unknownPorts("xtables match " + e.Name + " not decoded")
-				}
-			}
+			xtMatch(&f, e, unknownPorts)
 		case *expr.NAT:
-			if e.Type != expr.NATTypeDestNAT {
-				continue
+			if e.Type == expr.NATTypeDestNAT {
+				dnat(&f, e, regs, note)
 			}
-			f.Kind = KindDNAT
-			if e.RegAddrMin != 0 {
-				switch a := regs[reg32(e.RegAddrMin)]; a.kind {
-				case regImm:
-					if ip, ok := netip.AddrFromSlice(trimAddr(a.data, e.Family)); ok {
-						f.ToAddr = ip.Unmap()
-					}
-				case regMapped:
-					note("new address from a map")
-				default:
-					note("new address not read")
-				}
-			}
-			f.ToPorts = natPorts(regs, e.RegProtoMin, e.RegProtoMax, note)
 		case *expr.Redir:
 			f.Kind = KindRedirect
 			f.ToPorts = natPorts(regs, e.RegisterProtoMin, e.RegisterProtoMax, note)
 		case *expr.Target:
-			switch e.Name {
-			case "DNAT":
-				f.Kind, f.Compat = KindDNAT, true
-			case "REDIRECT":
-				f.Kind, f.Compat = KindRedirect, true
-			default:
-				continue
-			}
-			xtTarget(&f, e.Info, note)
+			xtTarget(&f, e, note)
 		}
 	}
 	if f.Kind == "" {
@@ -475,6 +376,152 @@ func DecodeRule(r *nftables.Rule, sets map[string][]PortRange) (Forward, bool) {
 		unknownPorts("destination port matched in a way not decoded")
 	}
 	return f, true
+}
+
+// loaded reads an expression that loads a register (meta, payload,
+// immediate): the register and what it now holds. ok is false for any
+// other expression, which only reads registers.
+func loaded(e expr.Any, family nftables.TableFamily) (dst uint32, r reg, ok bool) {
+	switch e := e.(type) {
+	case *expr.Meta:
+		if !e.SourceRegister {
+			return e.Register, reg{kind: metaKind(e.Key)}, true
+		}
+	case *expr.Payload:
+		if e.OperationType == expr.PayloadLoad {
+			return e.DestRegister, reg{kind: payloadKind(e, family)}, true
+		}
+	case *expr.Immediate:
+		if e.Register != unix.NFT_REG_VERDICT {
+			return e.Register, reg{kind: regImm, data: e.Data}, true
+		}
+	}
+	return 0, reg{}, false
+}
+
+// metaKind is what a meta load of key puts in its register: only the
+// protocol and the input interface are conditions a Forward names.
+func metaKind(key expr.MetaKey) regKind {
+	switch key {
+	case expr.MetaKeyL4PROTO:
+		return regL4Proto
+	case expr.MetaKeyIIFNAME:
+		return regIifname
+	case expr.MetaKeyIIF:
+		return regIif
+	}
+	return regOther
+}
+
+// payloadKind is what a payload load e puts in its register. An offset in
+// the network header names a field only in a family whose header it can
+// be: the protocol byte in an ip table (nft matches meta l4proto
+// elsewhere), the IPv4 address outside ip6 tables, the IPv6 one outside ip.
+func payloadKind(e *expr.Payload, family nftables.TableFamily) regKind {
+	switch {
+	case e.Base == expr.PayloadBaseTransportHeader && e.Offset == 2 && e.Len == 2:
+		return regDport
+	case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 9 && e.Len == 1 && family == nftables.TableFamilyIPv4:
+		return regL4Proto
+	case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 16 && e.Len == 4 && family != nftables.TableFamilyIPv6,
+		e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 24 && e.Len == 16 && family != nftables.TableFamilyIPv4:
+		return regDaddr
+	}
+	return regOther
+}
+
+// cmpCondition applies a comparison of a register holding src to f. A
+// destination port compared other than with == makes the ports unknown;
+// another condition it cannot read is left out.
+func cmpCondition(f *Forward, src regKind, e *expr.Cmp, unknownPorts func(string)) {
+	eq := e.Op == expr.CmpOpEq
+	switch src {
+	case regL4Proto:
+		if eq && len(e.Data) == 1 {
+			f.Proto = protoName(e.Data[0])
+		}
+	case regDport:
+		if eq && len(e.Data) == 2 {
+			p := binary.BigEndian.Uint16(e.Data)
+			f.Ports = append(f.Ports, PortRange{p, p})
+		} else {
+			unknownPorts("destination port compared other than with ==")
+		}
+	case regIifname:
+		if eq || e.Op == expr.CmpOpNeq {
+			f.InIface, f.InIfaceNot = ifname(e.Data), !eq
+		}
+	case regIif:
+		if eq && len(e.Data) == 4 {
+			f.InIfIndex = int(binary.NativeEndian.Uint32(e.Data))
+		}
+	case regDaddr:
+		if a, ok := netip.AddrFromSlice(e.Data); ok && eq {
+			f.Daddr = a.Unmap()
+		}
+	}
+}
+
+// rangePorts applies a range match on the destination port; a negated
+// one leaves the ports unknown.
+func rangePorts(f *Forward, e *expr.Range, unknownPorts func(string)) {
+	if e.Op == expr.CmpOpEq && len(e.FromData) == 2 && len(e.ToData) == 2 {
+		f.Ports = append(f.Ports, PortRange{binary.BigEndian.Uint16(e.FromData), binary.BigEndian.Uint16(e.ToData)})
+	} else {
+		unknownPorts("destination port range negated")
+	}
+}
+
+// lookupPorts applies a lookup of the destination port in a set: its
+// ports when the set was read, unknown ports when it was not or the lookup
+// is negated.
+func lookupPorts(f *Forward, e *expr.Lookup, sets map[string][]PortRange, unknownPorts func(string)) {
+	prs, ok := sets[e.SetName]
+	switch {
+	case e.Invert:
+		unknownPorts("destination port not in set @" + e.SetName)
+	case !ok:
+		unknownPorts("destination port set @" + e.SetName + " not read")
+	default:
+		f.Ports = append(f.Ports, prs...)
+	}
+}
+
+// xtMatch applies an xtables match: it marks the rule as iptables-nft's,
+// and a port match it cannot decode leaves the ports unknown.
+func xtMatch(f *Forward, e *expr.Match, unknownPorts func(string)) {
+	switch info := e.Info.(type) {
+	case *xt.Tcp:
+		f.Compat, f.Proto = true, "tcp"
+		xtPorts(f, info.DstPorts, info.InvFlags&xt.TcpInvDestPorts != 0, unknownPorts)
+	case *xt.Udp:
+		f.Compat, f.Proto = true, "udp"
+		xtPorts(f, info.DstPorts, info.InvFlags&xt.UdpInvDestPorts != 0, unknownPorts)
+	default:
+		f.Compat = true
+		if e.Name == "tcp" || e.Name == "udp" || e.Name == "multiport" || e.Name == "sctp" {
+			unknownPorts("xtables match " + e.Name + " not decoded")
+		}
+	}
+}
+
+// dnat reads an nft dnat statement's new address and ports from the
+// registers it names.
+func dnat(f *Forward, e *expr.NAT, regs map[uint32]reg, note func(string)) {
+	f.Kind = KindDNAT
+	if e.RegAddrMin != 0 {
+		switch a := regs[reg32(e.RegAddrMin)]; a.kind {
+		case regImm:
+			if ip, ok := netip.AddrFromSlice(trimAddr(a.data, e.Family)); ok {
+				f.ToAddr = ip.Unmap()
+			}
+		case regMapped:
+			note("new address from a map")
+		default:
+			note("new address not read")
+		}
+	}
+	f.ToPorts = natPorts(regs, e.RegProtoMin, e.RegProtoMax, note)
 }
 
 // xtPorts applies an xtables tcp/udp match's destination port range.
@@ -489,12 +536,21 @@ func xtPorts(f *Forward, pr [2]uint16, inverted bool, unknown func(string)) {
 	}
 }
 
-// xtTarget reads an xtables DNAT or REDIRECT target's range.
-func xtTarget(f *Forward, info xt.InfoAny, note func(string)) {
+// xtTarget reads an xtables DNAT or REDIRECT target and its range; any
+// other target forwards nothing.
+func xtTarget(f *Forward, e *expr.Target, note func(string)) {
+	switch e.Name {
+	case "DNAT":
+		f.Kind, f.Compat = KindDNAT, true
+	case "REDIRECT":
+		f.Kind, f.Compat = KindRedirect, true
+	default:
+		return
+	}
 	var flags uint
 	var minIP []byte
 	var minPort, maxPort uint16
-	switch i := info.(type) {
+	switch i := e.Info.(type) {
 	case *xt.NatIPv4MultiRangeCompat:
 		if len(*i) == 0 {
 			note("target range not read")
