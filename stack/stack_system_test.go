@@ -2,7 +2,6 @@ package stack_test
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -223,97 +222,6 @@ func TestSystemSubnetChoice(t *testing.T) {
 	assert.Contains(t, err.Error(), "BOX_SUBNET=10.88.0.0/24 is already claimed by")
 	assert.Contains(t, err.Error(), "bxclaim")
 	assert.Empty(t, objects(t, ctx, h.Incus), "a refused Ensure creates nothing")
-}
-
-func TestSystemBoundary(t *testing.T) {
-	ctx, h, _ := worldHost(t)
-	_, err := h.Ensure(ctx)
-	require.NoError(t, err)
-	name := stacktest.Name(t, "t-stranger-")
-	require.NoError(t, h.Incus.Instances().Create(ctx, incus.InstancesPost{
-		Name: name, Type: "container", Start: true, Profiles: []string{"box-net"},
-		Config: map[string]string{"user.other": "1"},
-		Source: incus.InstanceSource{Type: "image", Alias: image.DefaultAlias},
-	}))
-	t.Cleanup(func() {
-		h.Incus.Instances().SetState(context.Background(), name, "stop", 0, true) //nolint:errcheck
-		h.Incus.Instances().Delete(context.Background(), name)                    //nolint:errcheck
-	})
-	before, _, err := h.Incus.Instances().Get(ctx, name)
-	require.NoError(t, err)
-
-	ops := []struct {
-		name string
-		call func() error
-	}{
-		{"stop", func() error { return boxes.NewManager(h).Stop(ctx, name, true) }},
-		{"start", func() error { return boxes.NewManager(h).Start(ctx, name) }},
-		{"rename", func() error { return boxes.NewManager(h).Rename(ctx, name, name+"-x") }},
-		{"snapshot", func() error { _, err := boxes.NewManager(h).Snapshot(ctx, name, "s"); return err }},
-		{"restore", func() error { return boxes.NewManager(h).Restore(ctx, name, "s") }},
-		{"remove", func() error { return boxes.NewManager(h).Remove(ctx, name) }},
-		{"clone", func() error { _, err := boxes.NewManager(h).Clone(ctx, name, "", name+"-c"); return err }},
-		{"migrate", func() error { _, err := h.Migrate(ctx, stack.MigrateRequest{Box: name}); return err }},
-	}
-	for _, op := range ops {
-		err := op.call()
-		var nab *stack.NotABoxError
-		assert.True(t, errors.As(err, &nab), "%s: %v", op.name, err)
-		if err != nil {
-			assert.Contains(t, err.Error(), "no user.box=1 tag", op.name)
-		}
-	}
-	after, _, err := h.Incus.Instances().Get(ctx, name)
-	require.NoError(t, err)
-	assert.Equal(t, "Running", after.Status, "still running")
-	assert.Equal(t, before.Config, after.Config, "config untouched")
-	snaps, err := h.Incus.Instances().Snapshots(ctx, name)
-	require.NoError(t, err)
-	assert.Empty(t, snaps)
-	boxes, err := stack.Boxes(ctx, h.Incus)
-	require.NoError(t, err)
-	for _, b := range boxes {
-		assert.NotEqual(t, name, b.Name, "an untagged instance is never listed as a box")
-	}
-}
-
-func TestSystemCloneGetsItsOwnIdentity(t *testing.T) {
-	ctx, h, _ := worldHost(t)
-	_, err := h.Ensure(ctx)
-	require.NoError(t, err)
-	src, dst := stacktest.Name(t, "t-src-"), stacktest.Name(t, "t-clone-")
-	_, err = boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: src, Image: image.DefaultAlias, Stamps: map[string]string{model.StampTemplate: "blank"}})
-	require.NoError(t, err)
-	srcIP, err := h.Addresses().Wait(ctx, src, 30*time.Second)
-	require.NoError(t, err)
-
-	res, err := boxes.NewManager(h).Clone(ctx, src, "", dst)
-	require.NoError(t, err)
-	t.Logf("clone of a running box: source stopped for the copy: %v", res.SourceStopped)
-	dstIP, err := h.Addresses().Wait(ctx, dst, 30*time.Second)
-	require.NoError(t, err)
-	srcIP, err = h.Addresses().Wait(ctx, src, 30*time.Second) // it may have restarted
-	require.NoError(t, err)
-	assert.NotEqual(t, srcIP, dstIP, "two boxes, one IP breaks everything")
-
-	a, _, err := h.Incus.Instances().Get(ctx, src)
-	require.NoError(t, err)
-	b, _, err := h.Incus.Instances().Get(ctx, dst)
-	require.NoError(t, err)
-	assert.NotEqual(t, a.Config["volatile.eth0.hwaddr"], b.Config["volatile.eth0.hwaddr"])
-	assert.NotEmpty(t, b.Config["volatile.eth0.hwaddr"])
-	ma, err := h.Incus.Instances().PullFile(ctx, src, "/etc/machine-id")
-	require.NoError(t, err)
-	mb, err := h.Incus.Instances().PullFile(ctx, dst, "/etc/machine-id")
-	require.NoError(t, err)
-	assert.NotEqual(t, strings.TrimSpace(string(ma)), strings.TrimSpace(string(mb)))
-	assert.Len(t, strings.TrimSpace(string(mb)), 32)
-
-	info, err := stack.Info(ctx, h.Incus, dst)
-	require.NoError(t, err)
-	assert.Equal(t, "clone of "+src, info.Stamps[model.StampOrigin])
-	assert.Equal(t, "blank", info.Stamps[model.StampTemplate], "lineage kept")
-	assert.NotEqual(t, a.Config[model.StampMinted], "", "source stamped")
 }
 
 func TestSystemMigrateLegacyBox(t *testing.T) {

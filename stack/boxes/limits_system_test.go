@@ -1,4 +1,4 @@
-package stack_test
+package boxes_test
 
 import (
 	"context"
@@ -6,19 +6,20 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/box-isolation/box/stack/stacktest"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill/image"
+	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/stacktest"
 )
 
 // TestSystemLimitsHold: a box minted with limits cannot outgrow them: a
@@ -128,4 +129,47 @@ func poolQuotaGroups(incusd int, incusDir string) string {
 		}
 	}
 	return b.String()
+}
+
+// ensureCounting, ddMiB and kernelQgroupLog are the stack's system-tier
+// helpers (stack/diskacct_system_test.go), as a test package's helpers are
+// its own.
+
+// ensureCounting ensures the stack, and says so when that rescanned the
+// pool's accounting: something before the test had stopped the kernel
+// counting, and what the kernel logged says what.
+func ensureCounting(ctx context.Context, t *testing.T, h *stack.Host) {
+	t.Helper()
+	rep, err := h.Ensure(ctx)
+	require.NoError(t, err)
+	for _, c := range rep.Changes {
+		if strings.HasPrefix(c.Object, "storage pool") {
+			t.Logf("the pool's accounting was inconsistent before this test (%s); the kernel said: %s", c.Detail, kernelQgroupLog(t))
+		}
+	}
+}
+
+// ddMiB is how many MiB dd (bs=1M) says it wrote, from an exec's output.
+func ddMiB(t *testing.T, res *incus.ExecResult) int {
+	t.Helper()
+	out := string(res.Stdout) + string(res.Stderr)
+	m := regexp.MustCompile(`(\d+)\+\d+ records out`).FindStringSubmatch(out)
+	require.NotNil(t, m, "exit %d: %q", res.ExitCode, out)
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// kernelQgroupLog is what the kernel logged of quota groups (dmesg).
+func kernelQgroupLog(t *testing.T) string {
+	out, err := exec.Command("dmesg").CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("dmesg: %v", err)
+	}
+	var lines []string
+	for l := range strings.SplitSeq(string(out), "\n") {
+		if strings.Contains(l, "qgroup") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	return strings.Join(lines, "; ")
 }
