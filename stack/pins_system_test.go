@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/box-isolation/box/stack/stacktest"
-
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/stretchr/testify/assert"
@@ -27,6 +25,7 @@ import (
 	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
+	"github.com/box-isolation/box/stack/stacktest"
 )
 
 // TestSystemNATInsideABoxWithPinning: per-port pinning lets a box send only
