@@ -180,7 +180,7 @@ func mintLoadBox(ctx context.Context, r *run) error {
 		// direct writes passed the 64MiB root disk: the pool's kernel had
 		// stopped counting, which the stack now names on L-FLEET and
 		// rescans (docs/claims.md, "C-KERNEL").
-		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%s: box-l's memory hog and disk fill are left out (drill run --fill-loads adds them); the limits they meet are shown by the stack's TestSystemLimitsHold", KernelID))
+		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%s: box-l's memory hog and disk fill are left out (drill run --fill-loads adds them); the limits they meet are shown by stack/boxes' TestSystemLimitsHold", KernelID))
 		r.later(func(context.Context) error {
 			loadPlans.Lock()
 			delete(loadPlans.m, name)
