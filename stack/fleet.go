@@ -112,7 +112,7 @@ func censusOf(g *hostns.NS, insts []incus.Instance, member string) (*Census, err
 	if err != nil {
 		return nil, fmt.Errorf("reading the bridge drop's port set: %w", err)
 	}
-	links := map[string]hostns.KernelPort{}
+	links := map[string]model.KernelPort{}
 	for _, p := range ports {
 		links[p.Name] = g.LinkState(p.Name)
 	}
@@ -175,7 +175,7 @@ var nicOptions = map[string]bool{
 // TakeCensus judges every instance on the bridge and every port on it.
 // ports are the bridge's ports, links the kernel's view of every port
 // named, members the bridge drop's port set (checked when setOK).
-func TakeCensus(bridge string, insts []incus.Instance, ports []string, links map[string]hostns.KernelPort, members []string, setOK bool, member string) *Census {
+func TakeCensus(bridge string, insts []incus.Instance, ports []string, links map[string]model.KernelPort, members []string, setOK bool, member string) *Census {
 	c := &Census{Bridge: bridge, Ports: append([]string{}, ports...), SetChecked: setOK, Siblings: []Sibling{}}
 	claimed := map[string]bool{}
 	for i := range insts {
@@ -220,7 +220,7 @@ func TakeCensus(bridge string, insts []incus.Instance, ports []string, links map
 
 // judgeInstance checks one instance's expanded devices and config
 // (judgeDefinition), and, while it runs, its port as the kernel has it.
-func judgeInstance(bridge string, inst *incus.Instance, links map[string]hostns.KernelPort, members []string, setOK bool) Sibling {
+func judgeInstance(bridge string, inst *incus.Instance, links map[string]model.KernelPort, members []string, setOK bool) Sibling {
 	s := JudgeDefinition(bridge, inst)
 	bad := func(what, fix string) { s.Problems = append(s.Problems, Problem{What: what, Fix: fix}) }
 	if inst.Status != "Running" {
@@ -408,13 +408,13 @@ func (host *Host) BoxesOnStack(ctx context.Context) (boxes []Box, censusErr, err
 	if err != nil {
 		return boxes, err, nil
 	}
-	c.Mark(project, boxes)
+	markOnStack(c, project, boxes)
 	return boxes, nil, nil
 }
 
-// Mark records the census's verdict on each box of project (as `box list`
+// markOnStack records the census's verdict on each box of project (as `box list`
 // shows it): a box the census did not meet has no NIC on the bridge.
-func (c *Census) Mark(project string, boxes []Box) {
+func markOnStack(c *Census, project string, boxes []Box) {
 	for i := range boxes {
 		b := &boxes[i]
 		on := false

@@ -10,17 +10,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
 
 func TestCensusJudgesEverySibling(t *testing.T) {
-	good := hostns.KernelPort{Exists: true, Master: "boxnet", Isolated: true}
+	good := model.KernelPort{Exists: true, Master: "boxnet", Isolated: true}
 	for _, tc := range []struct {
 		name     string
 		inst     incus.Instance
-		port     *hostns.KernelPort // the kernel's view of its port (nil: as good)
+		port     *model.KernelPort // the kernel's view of its port (nil: as good)
 		notInSet bool
 		want     string // a problem that must be named; "" for on the stack
 		allowed  string
@@ -65,10 +64,10 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 		{name: "privileged", inst: stacktest.FleetInst("k", func(i *incus.Instance) { i.Config["security.privileged"] = "true" }), want: "is privileged"},
 		{name: "privileged, as Incus also spells true", inst: stacktest.FleetInst("k2", func(i *incus.Instance) { i.Config["security.privileged"] = "Yes" }), want: "is privileged"},
 		{name: "not privileged", inst: stacktest.FleetInst("k3", func(i *incus.Instance) { i.Config["security.privileged"] = "false" })},
-		{name: "port not isolated", inst: stacktest.FleetInst("l", nil), port: &hostns.KernelPort{Exists: true, Master: "boxnet"}, want: "is not isolated"},
+		{name: "port not isolated", inst: stacktest.FleetInst("l", nil), port: &model.KernelPort{Exists: true, Master: "boxnet"}, want: "is not isolated"},
 		{name: "port not in the set", inst: stacktest.FleetInst("m", nil), notInSet: true, want: "not in the bridge drop's port set"},
-		{name: "port gone", inst: stacktest.FleetInst("n", nil), port: &hostns.KernelPort{}, want: "does not exist"},
-		{name: "port elsewhere", inst: stacktest.FleetInst("o", nil), port: &hostns.KernelPort{Exists: true, Master: "docker0", Isolated: true}, want: `not on boxnet (master "docker0")`},
+		{name: "port gone", inst: stacktest.FleetInst("n", nil), port: &model.KernelPort{}, want: "does not exist"},
+		{name: "port elsewhere", inst: stacktest.FleetInst("o", nil), port: &model.KernelPort{Exists: true, Master: "docker0", Isolated: true}, want: `not on boxnet (master "docker0")`},
 		{name: "stopped: judged by config only", inst: stacktest.FleetInst("p", func(i *incus.Instance) {
 			i.Status = "Stopped"
 			delete(i.Config, "volatile.eth0.host_name")
@@ -82,7 +81,7 @@ func TestCensusJudgesEverySibling(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			port := "veth-" + tc.inst.Name
-			links := map[string]hostns.KernelPort{port: good}
+			links := map[string]model.KernelPort{port: good}
 			if tc.port != nil {
 				links[port] = *tc.port
 			}
@@ -122,19 +121,19 @@ func TestCensusStartsFromTheBridge(t *testing.T) {
 		i.ExpandedDevices["eth0"] = map[string]string{"type": "nic", "network": "incusbr0"}
 	})
 	c := TakeCensus("boxnet", []incus.Instance{stacktest.FleetInst("a", nil), elsewhere},
-		[]string{"veth-a", "vethstray"}, map[string]hostns.KernelPort{"veth-a": {Exists: true, Master: "boxnet", Isolated: true}},
+		[]string{"veth-a", "vethstray"}, map[string]model.KernelPort{"veth-a": {Exists: true, Master: "boxnet", Isolated: true}},
 		[]string{"veth-a", "vethstray"}, true, "")
 	require.Len(t, c.Siblings, 2, "the box on boxnet and the stray port; the instance on another bridge is none of the census's business")
 	stray := c.Siblings[0]
 	assert.Equal(t, "port vethstray", stray.Label())
 	assert.Contains(t, stray.Problems[0].What, "no instance claims it")
 
-	orphan := TakeCensus("boxnet", nil, []string{"vethleft"}, map[string]hostns.KernelPort{"vethleft": {Exists: true, Master: "boxnet", Isolated: true, Peer: "vethpeer"}}, nil, true, "")
+	orphan := TakeCensus("boxnet", nil, []string{"vethleft"}, map[string]model.KernelPort{"vethleft": {Exists: true, Master: "boxnet", Isolated: true, Peer: "vethpeer"}}, nil, true, "")
 	assert.Contains(t, orphan.Siblings[0].Problems[0].What, "its other end vethpeer is in the host's namespace")
 	assert.Equal(t, "ip link del vethleft (removes both ends)", orphan.Siblings[0].Problems[0].Fix)
 
 	boxes := []Box{{Name: "a"}, {Name: "lan"}}
-	c.Mark("", boxes)
+	markOnStack(c, "", boxes)
 	require.NotNil(t, boxes[0].OnStack)
 	assert.True(t, *boxes[0].OnStack)
 	require.NotNil(t, boxes[1].OnStack)
@@ -144,7 +143,7 @@ func TestCensusStartsFromTheBridge(t *testing.T) {
 
 func TestCensusWithoutAPortSetChecksNoMembership(t *testing.T) {
 	c := TakeCensus("boxnet", []incus.Instance{stacktest.FleetInst("a", nil)}, []string{"veth-a"},
-		map[string]hostns.KernelPort{"veth-a": {Exists: true, Master: "boxnet", Isolated: true}}, nil, false, "")
+		map[string]model.KernelPort{"veth-a": {Exists: true, Master: "boxnet", Isolated: true}}, nil, false, "")
 	assert.True(t, c.Siblings[0].OnStack(), "bridge-meta mode has no set to be missing from")
 }
 
@@ -154,7 +153,7 @@ func TestCensusAcceptsExactlyTheNestingKeys(t *testing.T) {
 	cfg := model.NestingConfig()
 	require.Equal(t, map[string]string{"security.nesting": "true"}, cfg, "what Docker needed in a box here (docs/box.md)")
 	inst := stacktest.FleetInst("n", func(i *incus.Instance) { maps.Copy(i.Config, cfg) })
-	s := TakeCensus("boxnet", []incus.Instance{inst}, []string{"veth-n"}, map[string]hostns.KernelPort{"veth-n": {Exists: true, Master: "boxnet", Isolated: true}}, []string{"veth-n"}, true, "").Siblings[0]
+	s := TakeCensus("boxnet", []incus.Instance{inst}, []string{"veth-n"}, map[string]model.KernelPort{"veth-n": {Exists: true, Master: "boxnet", Isolated: true}}, []string{"veth-n"}, true, "").Siblings[0]
 	require.True(t, s.OnStack())
 	for k, v := range cfg {
 		assert.Contains(t, strings.Join(s.Allowed, "\n"), k+"="+v+": allowed, ")
@@ -207,7 +206,7 @@ func TestCensusNamesKernelKeys(t *testing.T) {
 		t.Run(tc.key+"="+tc.value, func(t *testing.T) {
 			inst := stacktest.FleetInst("kk", func(i *incus.Instance) { i.Config[tc.key] = tc.value })
 			c := TakeCensus("boxnet", []incus.Instance{inst}, []string{"veth-kk"},
-				map[string]hostns.KernelPort{"veth-kk": {Exists: true, Master: "boxnet", Isolated: true}}, []string{"veth-kk"}, true, "")
+				map[string]model.KernelPort{"veth-kk": {Exists: true, Master: "boxnet", Isolated: true}}, []string{"veth-kk"}, true, "")
 			require.Len(t, c.Siblings, 1)
 			s := c.Siblings[0]
 			problems := ""

@@ -20,7 +20,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/internal/testenv/tier"
-	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
 	"github.com/box-isolation/box/stack/model"
@@ -166,7 +165,7 @@ func withDoor(name string, d map[string]string) func(i *incus.Instance) {
 // TestCensusAcceptsExactlyBoxsDoors: the census passes box's doors and
 // names every other proxy device, however it is named.
 func TestCensusAcceptsExactlyBoxsDoors(t *testing.T) {
-	good := hostns.KernelPort{Exists: true, Master: "boxnet", Isolated: true}
+	good := model.KernelPort{Exists: true, Master: "boxnet", Isolated: true}
 	for _, tc := range []struct {
 		name string
 		inst incus.Instance
@@ -202,7 +201,7 @@ func TestCensusAcceptsExactlyBoxsDoors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			port := "veth-" + tc.inst.Name
-			c := stack.TakeCensus("boxnet", []incus.Instance{tc.inst}, []string{port}, map[string]hostns.KernelPort{port: good}, []string{port}, true, "")
+			c := stack.TakeCensus("boxnet", []incus.Instance{tc.inst}, []string{port}, map[string]model.KernelPort{port: good}, []string{port}, true, "")
 			require.Len(t, c.Siblings, 1)
 			s := c.Siblings[0]
 			var problems []string

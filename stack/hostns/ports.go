@@ -4,26 +4,17 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/box-isolation/box/stack/model"
 	"github.com/vishvananda/netlink"
 )
 
-// KernelPort is a link as the census needs it.
-type KernelPort struct {
-	Exists   bool
-	Master   string // the name of the bridge it is a port of, "" for none
-	Isolated bool
-	// peer names a veth's other end when it is in the host's own
-	// namespace: plugged into no instance at all.
-	Peer string
-}
-
 // LinkState reads one link's bridge membership and isolated flag.
-func (g *NS) LinkState(name string) KernelPort {
+func (g *NS) LinkState(name string) model.KernelPort {
 	l, err := g.Netlink.LinkByName(name)
 	if err != nil {
-		return KernelPort{}
+		return model.KernelPort{}
 	}
-	kp := KernelPort{Exists: true}
+	kp := model.KernelPort{Exists: true}
 	if _, veth := l.(*netlink.Veth); veth && l.Attrs().NetNsID < 0 && l.Attrs().ParentIndex > 0 {
 		if p, err := g.Netlink.LinkByIndex(l.Attrs().ParentIndex); err == nil {
 			kp.Peer = p.Attrs().Name
