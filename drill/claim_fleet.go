@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -28,7 +27,7 @@ var claimFleet = Claim{
 // ran. box-t lives in its user's project, and its isolation is off on
 // purpose: C-TIER judges it.
 func judgeFleet(r *run, c Claim, _ []Result) []Result {
-	var census *stack.Census
+	var census *model.Census
 	if r.v != nil {
 		census = r.v.Fleet
 	}
@@ -49,7 +48,7 @@ func judgeFleet(r *run, c Claim, _ []Result) []Result {
 // fleetResults judges C-FLEET from the census taken once the drill's
 // boxes ran (census), the boxes (place -> instance) of project, and every
 // finding of the run.
-func fleetResults(c Claim, census *stack.Census, project string, boxes map[Place]string, findings []model.Finding) []Result {
+func fleetResults(c Claim, census *model.Census, project string, boxes map[Place]string, findings []model.Finding) []Result {
 	a := Action{ID: "f-" + string(c.ID), Claim: c.ID, Channel: ChannelCensus, From: PlaceVerify, Target: "every instance and port on " + model.Current.Network,
 		TargetKey: string(ChannelCensus), Expect: ExpectPresent}
 	r := Result{Action: a, Verdict: Pass, Observed: "met the drill's own boxes"}
@@ -57,7 +56,7 @@ func fleetResults(c Claim, census *stack.Census, project string, boxes map[Place
 	var met, missed []string
 	for _, p := range places {
 		name := boxes[p]
-		s, ok := stack.Sibling{}, false
+		s, ok := model.Sibling{}, false
 		if census != nil {
 			s, ok = census.Sibling(project, name)
 		}
@@ -87,7 +86,7 @@ func fleetResults(c Claim, census *stack.Census, project string, boxes map[Place
 }
 
 // censusSummary says what the census covered.
-func censusSummary(c *stack.Census) string {
+func censusSummary(c *model.Census) string {
 	running, stopped, off := 0, 0, 0
 	projects := map[string]bool{}
 	for _, s := range c.Siblings {

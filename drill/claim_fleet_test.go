@@ -6,23 +6,22 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/model"
 )
 
 func TestFleetResults(t *testing.T) {
 	c := claimFor(t, "C-FLEET")
 	boxes := map[Place]string{PlaceA: "drill-a", PlaceB: "drill-b"}
-	met := &stack.Census{Bridge: "boxnet", Ports: []string{"veth1", "veth2"}, SetChecked: true, Siblings: []stack.Sibling{
-		{Name: "drill-a", Project: "default", Status: "Running", Box: true, Port: "veth1", Problems: []stack.Problem{}},
-		{Name: "drill-b", Project: "default", Status: "Running", Box: true, Port: "veth2", Problems: []stack.Problem{}},
-		{Name: "old", Project: "default", Status: "Stopped", Box: true, Problems: []stack.Problem{}},
+	met := &model.Census{Bridge: "boxnet", Ports: []string{"veth1", "veth2"}, SetChecked: true, Siblings: []model.Sibling{
+		{Name: "drill-a", Project: "default", Status: "Running", Box: true, Port: "veth1", Problems: []model.Problem{}},
+		{Name: "drill-b", Project: "default", Status: "Running", Box: true, Port: "veth2", Problems: []model.Problem{}},
+		{Name: "old", Project: "default", Status: "Stopped", Box: true, Problems: []model.Problem{}},
 	}}
-	blind := &stack.Census{Bridge: "boxnet", Ports: []string{"veth1"}, Siblings: met.Siblings[:1]}
+	blind := &model.Census{Bridge: "boxnet", Ports: []string{"veth1"}, Siblings: met.Siblings[:1]}
 	offStack := model.Finding{Layer: model.LayerFleet, Object: "box old", Problem: "has a second NIC eth1 on network lanbr", Fix: "incus config device remove old eth1"}
 	for _, tc := range []struct {
 		name     string
-		census   *stack.Census
+		census   *model.Census
 		findings []model.Finding
 		want     Verdict
 		evidence string

@@ -184,7 +184,7 @@ func (r *run) buildScene(ctx context.Context) (Scene, error) {
 // takeBoxes puts the probe boxes minted for claims of their own (box-t,
 // box-w, box-n, box-l) in the scene, and gives box-a, box-b and the clone
 // the ports the census met them on.
-func (s *Scene) takeBoxes(ends map[Place]*BoxEnd, fleet *stack.Census, project string) {
+func (s *Scene) takeBoxes(ends map[Place]*BoxEnd, fleet *model.Census, project string) {
 	for p, e := range map[Place]*BoxEnd{PlaceT: &s.T, PlaceW: &s.W, PlaceN: &s.N, PlaceL: &s.L} {
 		if end, ok := ends[p]; ok {
 			*e = *end

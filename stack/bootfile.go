@@ -289,7 +289,7 @@ func (boot BootFiles) verify(gw netip.Addr) []model.Finding {
 	}
 	var out []model.Finding
 	find := func(obj, problem string) {
-		out = append(out, model.Finding{Layer: model.LayerHostFW, Object: obj, Problem: problem + ": at the next boot boxes could send before box's tables hold", Fix: fixEnsure, Advisory: true})
+		out = append(out, model.Finding{Layer: model.LayerHostFW, Object: obj, Problem: problem + ": at the next boot boxes could send before box's tables hold", Fix: model.FixEnsure, Advisory: true})
 	}
 	files := map[string]string{IncusDropInName: incusDropIn}
 	for _, u := range BootUnits(boot.Exe) {
@@ -309,7 +309,7 @@ func (boot BootFiles) verify(gw netip.Addr) []model.Finding {
 	if boot.legacyDaemonUnit() {
 		out = append(out, model.Finding{Layer: model.LayerHostFW, Object: "unit " + LegacyDaemonUnitName,
 			Problem: "box's daemon under its old name (now " + DaemonUnitName + "); the drop-in and the next boot want the new one",
-			Fix:     fixEnsure + ", then systemctl daemon-reload && systemctl start " + DaemonUnitName, Advisory: true})
+			Fix:     model.FixEnsure + ", then systemctl daemon-reload && systemctl start " + DaemonUnitName, Advisory: true})
 	}
 	saved, err := readSavedFirewall(boot.FirewallFile)
 	switch {

@@ -411,7 +411,7 @@ func (host *Host) memberLayers(ctx context.Context, ci ClusterInfo, d model.Desi
 // memberState is another member's host layers as read from here (clean,
 // findings, or not read: another machine's), with its slice and its
 // census; for the local member only the slice.
-func (host *Host) memberState(ctx context.Context, member string, d model.Desired, insts []incus.Instance) (ml MemberLayers, census *Census, err error) {
+func (host *Host) memberState(ctx context.Context, member string, d model.Desired, insts []incus.Instance) (ml MemberLayers, census *model.Census, err error) {
 	ml = MemberLayers{Member: member, Local: member == host.here(), State: MemberClean}
 	if sl, ok := d.Slices[member]; ok {
 		ml.Slice = sl.String()
@@ -435,7 +435,7 @@ func (host *Host) memberState(ctx context.Context, member string, d model.Desire
 // known (read false where it is not), its findings naming it, and returns
 // its census of the instances placed there.
 // insts is every instance of the cluster, listed once by the caller.
-func (host *Host) readMember(ctx context.Context, member string, d model.Desired, insts []incus.Instance) (fs []model.Finding, census *Census, read bool, err error) {
+func (host *Host) readMember(ctx context.Context, member string, d model.Desired, insts []incus.Instance) (fs []model.Finding, census *model.Census, read bool, err error) {
 	mh, ok := host.ForMember(member)
 	if !ok {
 		return nil, nil, false, nil
@@ -451,32 +451,12 @@ func (host *Host) readMember(ctx context.Context, member string, d model.Desired
 	}
 	for i := range v.Findings {
 		v.Findings[i].Member = member
-		if v.Findings[i].Fix == fixEnsure {
+		if v.Findings[i].Fix == model.FixEnsure {
 			// doctor --fix here converges this member only.
 			v.Findings[i].Fix = "box setup-host --member-only on " + member
 		}
 	}
 	return v.Findings, v.Fleet, true, nil
-}
-
-// joinCensus puts another member's census into the local one: its
-// instances as that member's kernel has them (the local census judged
-// them by their definition only), and its bridge's ports.
-func (c *Census) joinCensus(m *Census) {
-	if c == nil || m == nil {
-		return
-	}
-	for _, s := range m.Siblings {
-		i := slices.IndexFunc(c.Siblings, func(o Sibling) bool {
-			return s.Name != "" && o.Name == s.Name && o.Project == s.Project
-		})
-		if i >= 0 {
-			c.Siblings[i] = s
-		} else {
-			c.Siblings = append(c.Siblings, s)
-		}
-	}
-	c.Ports = append(c.Ports, m.Ports...)
 }
 
 // verifyMembers adds, on a cluster, every other member's host layers that
@@ -504,7 +484,7 @@ func (host *Host) verifyMembers(ctx context.Context, ci ClusterInfo, d model.Des
 		case ml.State == MemberNotRead:
 			v.Notes = append(v.Notes, fmt.Sprintf("member %s's host layers were not read from here (another machine): run box doctor on %s", m, m))
 		default:
-			v.Fleet.joinCensus(census)
+			v.Fleet.JoinCensus(census)
 			v.Findings = append(v.Findings, ml.Findings...)
 		}
 		v.Members = append(v.Members, ml)

@@ -225,7 +225,7 @@ func TestAddressFindings(t *testing.T) {
 		assert.Equal(t, model.LayerDHCP, fs[0].Layer)
 		assert.False(t, fs[0].Advisory)
 		assert.Contains(t, fs[0].Problem, "eth0 has no fixed address")
-		assert.Equal(t, fixEnsure, fs[0].Fix)
+		assert.Equal(t, model.FixEnsure, fs[0].Fix)
 		assert.Equal(t, "instance not-a-box", fs[1].Object)
 		assert.True(t, fs[1].Advisory, "not box's: the bridge's DHCP simply does not answer it")
 	})

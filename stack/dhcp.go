@@ -68,23 +68,23 @@ func rawDnsmasqFindings(obj, got, want string) []model.Finding {
 	// (dnsmasq reads the line, and box ends it before it appends).
 	got = dnsmasqJoin(got, "")
 	if got == want {
-		return []model.Finding{{Layer: model.LayerDNS, Object: obj, Advisory: true, Fix: fixEnsure,
+		return []model.Finding{{Layer: model.LayerDNS, Object: obj, Advisory: true, Fix: model.FixEnsure,
 			Problem: "raw.dnsmasq's last line has no newline (set by hand through $(...)?): box ends it before it appends a line"}}
 	}
 	var out []model.Finding
 	gotRest, gotDHCP := withoutDHCPLines(got)
 	wantRest, _ := withoutDHCPLines(want)
 	if !gotDHCP {
-		out = append(out, model.Finding{Layer: model.LayerDHCP, Object: obj, Fix: fixEnsure,
+		out = append(out, model.Finding{Layer: model.LayerDHCP, Object: obj, Fix: model.FixEnsure,
 			Problem: fmt.Sprintf("raw.dnsmasq lacks %s: the bridge's DHCP answers clients box did not give an address, or keys leases on client IDs", strings.Join(model.DHCPLines, " and "))})
 	}
 	if gotRest != wantRest {
-		out = append(out, model.Finding{Layer: model.LayerDNS, Object: obj, Fix: fixEnsure,
+		out = append(out, model.Finding{Layer: model.LayerDNS, Object: obj, Fix: model.FixEnsure,
 			Problem: fmt.Sprintf("raw.dnsmasq is %q, want %q", got, want)})
 	}
 	if len(out) == 0 {
 		// Only where the lines sit differs.
-		out = append(out, model.Finding{Layer: model.LayerDHCP, Object: obj, Fix: fixEnsure,
+		out = append(out, model.Finding{Layer: model.LayerDHCP, Object: obj, Fix: model.FixEnsure,
 			Problem: fmt.Sprintf("raw.dnsmasq is %q, want %q", got, want)})
 	}
 	return out
@@ -120,11 +120,11 @@ func (addrs *Addresses) EnsureFixed(ctx context.Context, inst *incus.Instance, m
 // when it leases one and nobody else holds or asks for it.
 func (addrs *Addresses) keepLeased(ctx context.Context, inst *incus.Instance) (netip.Addr, bool, error) {
 	host := addrs.host
-	nics := bridgeNICs(model.Current.Network, inst)
+	nics := model.BridgeNICs(model.Current.Network, inst)
 	if len(nics) == 0 {
 		return netip.Addr{}, false, nil
 	}
-	mac, err := net.ParseMAC(nics[0].mac)
+	mac, err := net.ParseMAC(nics[0].Mac)
 	if err != nil {
 		return netip.Addr{}, false, nil
 	}
@@ -222,7 +222,7 @@ func (addrs *Addresses) fixMissingAddresses(ctx context.Context, f Fleet) (fixed
 	host := addrs.host
 	for i := range f.insts {
 		inst := &f.insts[i]
-		if !needsAddress(inst) || !slices.ContainsFunc(bridgeNICs(model.Current.Network, inst), func(n bridgeNIC) bool { return n.port != "" }) {
+		if !needsAddress(inst) || !slices.ContainsFunc(model.BridgeNICs(model.Current.Network, inst), func(n model.BridgeNIC) bool { return n.Port != "" }) {
 			continue
 		}
 		if _, err := addrs.EnsureFixed(ctx, inst, host.here()); isBusy(err) {
@@ -279,7 +279,7 @@ func dhcpFindings(insts []incus.Instance) []model.Finding {
 			continue
 		}
 		if _, ok := model.IsBox(inst); ok {
-			out = append(out, model.Finding{Layer: model.LayerDHCP, Object: "box " + qualified(inst), Fix: fixEnsure,
+			out = append(out, model.Finding{Layer: model.LayerDHCP, Object: "box " + qualified(inst), Fix: model.FixEnsure,
 				Problem: fmt.Sprintf("its NIC %s has no fixed address: the bridge's DHCP answers only the addresses box stored, so it gets no lease (and is not pinned to one)", dev)})
 			continue
 		}
@@ -454,8 +454,8 @@ func poolOf(g *hostns.NS, insts []incus.Instance) (DHCPPool, error) {
 	}
 	macs := map[string]bool{}
 	for i := range insts {
-		for _, n := range bridgeNICs(model.Current.Network, &insts[i]) {
-			if m, err := net.ParseMAC(n.mac); err == nil {
+		for _, n := range model.BridgeNICs(model.Current.Network, &insts[i]) {
+			if m, err := net.ParseMAC(n.Mac); err == nil {
 				macs[m.String()] = true
 			}
 		}

@@ -50,7 +50,7 @@ func TestRawDnsmasqFindings(t *testing.T) {
 		for _, f := range fs {
 			out = append(out, f.Layer)
 			assert.False(t, f.Advisory)
-			assert.Equal(t, fixEnsure, f.Fix)
+			assert.Equal(t, model.FixEnsure, f.Fix)
 		}
 		return out
 	}

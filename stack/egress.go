@@ -45,14 +45,14 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 				Fix:     fmt.Sprintf("box egress %s allow NAME... (or open)", insts[i].Name)})
 			continue
 		}
-		for _, n := range bridgeNICs(bridge, &insts[i]) {
+		for _, n := range model.BridgeNICs(bridge, &insts[i]) {
 			var addrs []netip.Addr
-			if mac, err := net.ParseMAC(n.mac); err == nil {
+			if mac, err := net.ParseMAC(n.Mac); err == nil {
 				addrs = byMAC[mac.String()]
 			}
 			// Its stored address too: the one address its pin lets it
 			// send from, leased or not (L-DHCP).
-			if a, err := netip.ParseAddr(insts[i].ExpandedDevices[n.dev]["ipv4.address"]); err == nil && !slices.Contains(addrs, a) {
+			if a, err := netip.ParseAddr(insts[i].ExpandedDevices[n.Dev]["ipv4.address"]); err == nil && !slices.Contains(addrs, a) {
 				addrs = append(addrs, a)
 			}
 			for _, a := range addrs {
@@ -191,24 +191,24 @@ func verifyEgressLayer(ctx context.Context, c *incus.Client, g *hostns.NS, f Fle
 		if present, err := nft.EgressPresent(ncfg); err != nil || !present {
 			return out, err
 		}
-		return append(out, model.Finding{Layer: model.LayerEgress, Object: "nft table inet " + ncfg.EgressTable(), Problem: "present with no egress policy", Fix: fixEnsure}), nil
+		return append(out, model.Finding{Layer: model.LayerEgress, Object: "nft table inet " + ncfg.EgressTable(), Problem: "present with no egress policy", Fix: model.FixEnsure}), nil
 	}
 	nf, err := nft.Egress{Policies: plan.policies, Resolvers: egress.Resolvers(plan.state.Upstream)}.Verify(ncfg)
 	if err != nil {
 		return nil, fmt.Errorf("reading the egress table: %w", err)
 	}
 	for _, f := range nf {
-		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
+		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "nft " + f.Object, Problem: f.Problem, Fix: model.FixEnsure})
 	}
 	probs, err := g.EgressNetProblems()
 	if err != nil {
 		return nil, err
 	}
 	for _, p := range probs {
-		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress routing", Problem: p, Fix: fixEnsure})
+		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress routing", Problem: p, Fix: model.FixEnsure})
 	}
 	if p := egress.StateProblem(g.Inode, plan.state); p != "" {
-		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress service state " + egress.StatePath(g.Inode), Problem: p, Fix: fixEnsure})
+		out = append(out, model.Finding{Layer: model.LayerEgress, Object: "egress service state " + egress.StatePath(g.Inode), Problem: p, Fix: model.FixEnsure})
 	}
 	return out, nil
 }

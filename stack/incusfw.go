@@ -67,7 +67,7 @@ func IncusChainFindings(d model.Desired, chains map[string]int, present bool) []
 		default:
 			continue
 		}
-		out = append(out, model.Finding{Layer: w.layer, Object: obj, Problem: problem, Fix: fixEnsure + " (it makes Incus set " + d.Network.Name + " up again, which rewrites its chains)"})
+		out = append(out, model.Finding{Layer: w.layer, Object: obj, Problem: problem, Fix: model.FixEnsure + " (it makes Incus set " + d.Network.Name + " up again, which rewrites its chains)"})
 	}
 	return out
 }

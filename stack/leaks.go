@@ -77,7 +77,7 @@ func (host *Host) RemoveLeftPorts(inst *incus.Instance) {
 		return
 	}
 	defer g.Close()
-	for _, port := range portsOf(model.Current.Network, inst) {
+	for _, port := range model.PortsOf(model.Current.Network, inst) {
 		if port == "" || g.LinkState(port).Peer == "" {
 			continue
 		}
@@ -96,7 +96,7 @@ func leakCandidates(ctx context.Context, c *incus.Client, g *hostns.NS) (map[str
 	}
 	claimed := map[string]bool{}
 	for i := range insts {
-		for _, p := range portsOf(model.Current.Network, &insts[i]) {
+		for _, p := range model.PortsOf(model.Current.Network, &insts[i]) {
 			claimed[p] = true
 		}
 	}

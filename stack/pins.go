@@ -118,11 +118,11 @@ func pinPlanOf(bridge string, insts []incus.Instance, ports []string) *PinPlan {
 	macOf := map[string]net.HardwareAddr{} // port -> its NIC's MAC
 	addrOf := map[string][]netip.Addr{}    // port -> its NIC's fixed address
 	for i := range insts {
-		for _, n := range bridgeNICs(bridge, &insts[i]) {
-			if mac, err := net.ParseMAC(n.mac); err == nil && n.port != "" {
-				macOf[n.port] = mac
-				if a, err := netip.ParseAddr(insts[i].ExpandedDevices[n.dev]["ipv4.address"]); err == nil && a.Is4() {
-					addrOf[n.port] = []netip.Addr{a}
+		for _, n := range model.BridgeNICs(bridge, &insts[i]) {
+			if mac, err := net.ParseMAC(n.Mac); err == nil && n.Port != "" {
+				macOf[n.Port] = mac
+				if a, err := netip.ParseAddr(insts[i].ExpandedDevices[n.Dev]["ipv4.address"]); err == nil && a.Is4() {
+					addrOf[n.Port] = []netip.Addr{a}
 				}
 			}
 		}
@@ -163,7 +163,7 @@ func pinFindings(nf []nft.Finding, p *PinPlan) []model.Finding {
 		if dhcpRule(f.Problem) {
 			layer = model.LayerDHCP // the pin table's DHCP drops are L-DHCP's
 		}
-		out = append(out, model.Finding{Layer: layer, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure})
+		out = append(out, model.Finding{Layer: layer, Object: "nft " + f.Object, Problem: f.Problem, Fix: model.FixEnsure})
 	}
 	for _, n := range p.notes {
 		out = append(out, model.Finding{Layer: model.LayerPin, Object: "pins", Problem: n, Fix: "give one of them another address (box incus N -- config device set {} eth0 ipv4.address=ADDR)"})

@@ -51,7 +51,7 @@ func VerifyRoute(g *hostns.NS) (findings []model.Finding, notes []string, err er
 		// drill's own LAN stand-in adds host routes by its veth for the
 		// run). The uplink set and the table's shape are not.
 		advisory := strings.Contains(f.Problem, "ip daddr ")
-		findings = append(findings, model.Finding{Layer: model.LayerRoute, Object: "nft " + f.Object, Problem: f.Problem, Fix: fixEnsure, Advisory: advisory})
+		findings = append(findings, model.Finding{Layer: model.LayerRoute, Object: "nft " + f.Object, Problem: f.Problem, Fix: model.FixEnsure, Advisory: advisory})
 	}
 	if len(up) == 0 {
 		notes = append(notes, "the host has no default route: boxes reach nothing outside the host until it has one ("+string(model.LayerRoute)+")")

@@ -34,7 +34,7 @@ type Verification struct {
 	Daemon *hostns.DaemonStatus `json:"daemon,omitempty"`
 	Ports  []hostns.Port        `json:"ports"`
 	// Fleet is the census of every instance and port on the bridge.
-	Fleet *Census `json:"fleet,omitempty"`
+	Fleet *model.Census `json:"fleet,omitempty"`
 	// Tiers are the user projects (access tiers) and their state.
 	Tiers []Tier `json:"tiers"`
 	// Notes say what is weaker than it could be without being a finding.
@@ -47,8 +47,6 @@ type Verification struct {
 
 // Clean reports whether nothing differs.
 func (v *Verification) Clean() bool { return len(v.Findings) == 0 }
-
-const fixEnsure = "box doctor --fix"
 
 // Verify compares the live host with the desired stack from ground truth:
 // Incus's objects, the kernel's nft ruleset, the bridge ports' isolated
@@ -63,7 +61,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 	c := host.Incus
 	v := &Verification{Findings: []model.Finding{}, Ports: []hostns.Port{}}
 	find := func(layer model.LayerID, obj, problem string) {
-		v.Findings = append(v.Findings, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
+		v.Findings = append(v.Findings, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: model.FixEnsure})
 	}
 	gen := model.Current
 
@@ -140,7 +138,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desired, p netip.Prefix, insts []incus.Instance, v *Verification) error {
 	gen := model.Current
 	find := func(layer model.LayerID, obj, problem string) {
-		v.Findings = append(v.Findings, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
+		v.Findings = append(v.Findings, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: model.FixEnsure})
 	}
 	bridge, pid, err := verifyBridge(g, d, v.pending)
 	if err != nil {
@@ -301,7 +299,7 @@ func daemonNotes(d *hostns.DaemonStatus, mode nft.BridgeMode) []string {
 func verifyObjects(ctx context.Context, c *incus.Client, d model.Desired, net *incus.Network) ([]model.Finding, error) {
 	var out []model.Finding
 	find := func(layer model.LayerID, obj, problem string) {
-		out = append(out, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
+		out = append(out, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: model.FixEnsure})
 	}
 	layerOf := map[string]model.LayerID{
 		"ipv4.address": model.LayerNAT, "ipv4.nat": model.LayerNAT, "dns.mode": model.LayerDNS, "raw.dnsmasq": model.LayerDNS, model.KeyDNS: model.LayerDNS, model.KeySubnet: model.LayerNAT,
@@ -361,7 +359,7 @@ func verifyObjects(ctx context.Context, c *incus.Client, d model.Desired, net *i
 func verifyBridge(g *hostns.NS, d model.Desired, pending bool) ([]model.Finding, int, error) {
 	var out []model.Finding
 	find := func(layer model.LayerID, obj, problem string) {
-		out = append(out, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: fixEnsure})
+		out = append(out, model.Finding{Layer: layer, Object: obj, Problem: problem, Fix: model.FixEnsure})
 	}
 	if disabled, ok, err := g.IPv6Disabled(model.Current.Network); err != nil {
 		return nil, 0, err

@@ -17,7 +17,6 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -280,7 +279,7 @@ func judgeBackup(bf *BackupFile, profiles map[string]incus.Profile) []string {
 		for _, p := range missing {
 			say(fmt.Sprintf("%s: its profile %s does not exist on this host (Incus would refuse it too)", d.Label(), p), d.File)
 		}
-		for _, p := range stack.JudgeDefinition(model.Current.Network, &inst).Problems {
+		for _, p := range model.JudgeDefinition(model.Current.Network, &inst).Problems {
 			say(d.Label()+": "+p.What, d.File)
 		}
 	}

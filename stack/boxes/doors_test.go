@@ -201,7 +201,7 @@ func TestCensusAcceptsExactlyBoxsDoors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			port := "veth-" + tc.inst.Name
-			c := stack.TakeCensus("boxnet", []incus.Instance{tc.inst}, []string{port}, map[string]model.KernelPort{port: good}, []string{port}, true, "")
+			c := model.TakeCensus("boxnet", []incus.Instance{tc.inst}, []string{port}, map[string]model.KernelPort{port: good}, []string{port}, true, "")
 			require.Len(t, c.Siblings, 1)
 			s := c.Siblings[0]
 			var problems []string

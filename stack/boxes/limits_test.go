@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/stacktest"
 
 	"github.com/stretchr/testify/assert"
@@ -40,7 +41,7 @@ func TestWithLimits(t *testing.T) {
 	inst := stacktest.FleetInst("lim", func(i *incus.Instance) {
 		withLimits(i.Config, MintRequest{Processes: "2048", CPUAllowance: "50%", IsolatedIDMap: true})
 	})
-	assert.True(t, stack.JudgeDefinition("boxnet", &inst).OnStack())
+	assert.True(t, model.JudgeDefinition("boxnet", &inst).OnStack())
 }
 
 // TestDiskLimitNote: a root disk size the pool does not enforce is said,

@@ -334,7 +334,7 @@ func (mgr *Manager) startImported(ctx context.Context, file string, inst *incus.
 func (mgr *Manager) judgeImported(ctx context.Context, file string, inst *incus.Instance) error {
 	host := mgr.host
 	var reasons []string
-	for _, p := range stack.JudgeDefinition(model.Current.Network, inst).Problems {
+	for _, p := range model.JudgeDefinition(model.Current.Network, inst).Problems {
 		reasons = append(reasons, "as Incus made it, the box: "+p.What)
 	}
 	snaps, err := host.Incus.Instances().SnapshotDefinitions(ctx, inst.Name)
@@ -342,7 +342,7 @@ func (mgr *Manager) judgeImported(ctx context.Context, file string, inst *incus.
 		return fmt.Errorf("importing %s: %w", file, err)
 	}
 	for i := range snaps {
-		for _, p := range stack.JudgeDefinition(model.Current.Network, &snaps[i]).Problems {
+		for _, p := range model.JudgeDefinition(model.Current.Network, &snaps[i]).Problems {
 			reasons = append(reasons, fmt.Sprintf("as Incus made it, snapshot %s: %s", snaps[i].Name, p.What))
 		}
 	}

@@ -44,3 +44,5 @@ func (f Finding) String() string {
 	}
 	return fmt.Sprintf("%s %s: %s (fix: %s)", f.Layer, f.Object, f.Problem, f.Fix)
 }
+
+const FixEnsure = "box doctor --fix"
