@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/internal/dhcpmsg"
+	"github.com/box-isolation/box/probes/observation"
 )
 
 // The DHCP messages a dhcp_forge probe sends (its "dhcp").
@@ -181,13 +182,13 @@ func foldSum(sum uint32) uint32 {
 func parseHexBytes(s string) ([]byte, error) {
 	parts := strings.Split(s, ":")
 	if len(parts) == 0 || len(parts) > 16 {
-		return nil, fmt.Errorf("%q: 1 to 16 colon-separated hex bytes", truncate(s, 32))
+		return nil, fmt.Errorf("%q: 1 to 16 colon-separated hex bytes", observation.Truncate(s, 32))
 	}
 	out := make([]byte, len(parts))
 	for i, p := range parts {
 		b, err := hex.DecodeString(p)
 		if err != nil || len(b) != 1 {
-			return nil, fmt.Errorf("%q: %q is not a hex byte", truncate(s, 64), truncate(p, 8))
+			return nil, fmt.Errorf("%q: %q is not a hex byte", observation.Truncate(s, 64), observation.Truncate(p, 8))
 		}
 		out[i] = b[0]
 	}
@@ -256,7 +257,7 @@ func (s *ProbeSpec) validateDHCP() error {
 	case "":
 		return errors.New("dhcp_forge needs dhcp: release, decline, discover or request")
 	default:
-		return fmt.Errorf("dhcp %q is not one of release, decline, discover, request", truncate(s.DHCP, 32))
+		return fmt.Errorf("dhcp %q is not one of release, decline, discover, request", observation.Truncate(s.DHCP, 32))
 	}
 	return nil
 }

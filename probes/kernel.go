@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"path"
 	"strings"
+
+	"github.com/box-isolation/box/probes/observation"
 )
 
 // The kernel probes look from inside a box at what the host's kernel lets
@@ -94,7 +96,7 @@ func (s *ProbeSpec) validateKernel() error {
 		}
 		for _, p := range s.Paths {
 			if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, " \t\r\n?#") || len(p) > MaxStringLen {
-				return fmt.Errorf("%q is not a URL path", truncate(p, 64))
+				return fmt.Errorf("%q is not a URL path", observation.Truncate(p, 64))
 			}
 		}
 		paths, socket = false, false
@@ -129,7 +131,7 @@ func checkPath(p string) error {
 		return err
 	}
 	if !strings.HasPrefix(p, "/") || path.Clean(p) != p {
-		return fmt.Errorf("path %q is not absolute and clean", truncate(p, 64))
+		return fmt.Errorf("path %q is not absolute and clean", observation.Truncate(p, 64))
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	mnt "github.com/box-isolation/box/internal/mountinfo"
+	"github.com/box-isolation/box/probes/observation"
 )
 
 // A mounts probe reads the box's mountinfo and names every mount that
@@ -63,7 +64,7 @@ func judgeMounts(mountinfo string) (*MountsEvidence, error) {
 		pre, post, ok := strings.Cut(line, " - ")
 		a, b := strings.Fields(pre), strings.Fields(post)
 		if !ok || len(a) < 6 || len(b) < 2 {
-			return nil, fmt.Errorf("mountinfo line %q: not as the kernel writes it", truncate(line, 80))
+			return nil, fmt.Errorf("mountinfo line %q: not as the kernel writes it", observation.Truncate(line, 80))
 		}
 		all = append(all, MountEntry{Point: mnt.Unescape(a[4]), Root: mnt.Unescape(a[3]), FSType: b[0], Source: mnt.Unescape(b[1]), Dev: a[2], Options: a[5]})
 	}

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/box-isolation/box/probes/observation"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
@@ -54,7 +55,7 @@ func (n *NestSpec) validate() error {
 	switch n.Kind {
 	case NestNAT, NestMACVLAN:
 	default:
-		return fmt.Errorf("kind %q is not %s or %s", truncate(n.Kind, 16), NestNAT, NestMACVLAN)
+		return fmt.Errorf("kind %q is not %s or %s", observation.Truncate(n.Kind, 16), NestNAT, NestMACVLAN)
 	}
 	if !n.Via.IsValid() || !n.Via.Addr().Is4() {
 		return errors.New("via must be the box's IPv4 subnet")

@@ -448,7 +448,7 @@ func (l *ListenerSpec) validate(budget time.Duration) error {
 	switch l.Kind {
 	case KindTCPGreeter, KindUDPEcho:
 	default:
-		return fmt.Errorf("kind %q is not a listener kind (tcp_greeter, udp_echo)", truncate(string(l.Kind), 32))
+		return fmt.Errorf("kind %q is not a listener kind (tcp_greeter, udp_echo)", observation.Truncate(string(l.Kind), 32))
 	}
 	if l.Port < 1 || l.Port > 65535 {
 		return fmt.Errorf("port %d out of range 1..65535", l.Port)
@@ -508,7 +508,7 @@ func (w *WitnessSpec) validate(budget time.Duration) error {
 	switch w.Proto {
 	case "", "arp", "icmp", "icmpv6", "tcp", "udp", ProtoIPv6Config:
 	default:
-		return fmt.Errorf("proto %q is not one of arp, icmp, icmpv6, tcp, udp, %s", truncate(w.Proto, 32), ProtoIPv6Config)
+		return fmt.Errorf("proto %q is not one of arp, icmp, icmpv6, tcp, udp, %s", observation.Truncate(w.Proto, 32), ProtoIPv6Config)
 	}
 	if w.Port < 0 || w.Port > 65535 {
 		return fmt.Errorf("port %d out of range 0..65535", w.Port)
@@ -565,7 +565,7 @@ func (w *WitnessSpec) validateOutbound() error {
 	switch w.Proto {
 	case "", "icmp", "tcp", "udp":
 	default:
-		return fmt.Errorf("proto %q: an outbound witness records IPv4 only (icmp, tcp, udp)", truncate(w.Proto, 32))
+		return fmt.Errorf("proto %q: an outbound witness records IPv4 only (icmp, tcp, udp)", observation.Truncate(w.Proto, 32))
 	}
 	if w.DstIP.IsValid() && !w.DstIP.Is4() {
 		return fmt.Errorf("dst_ip %s: an outbound witness records IPv4 only", w.DstIP)
@@ -576,7 +576,7 @@ func (w *WitnessSpec) validateOutbound() error {
 // checkIfaceName checks an interface name as Linux would take it.
 func checkIfaceName(n string) error {
 	if n == "" || len(n) >= unix.IFNAMSIZ || n == "." || n == ".." {
-		return fmt.Errorf("%q is not an interface name (1..%d bytes)", truncate(n, 32), unix.IFNAMSIZ-1)
+		return fmt.Errorf("%q is not an interface name (1..%d bytes)", observation.Truncate(n, 32), unix.IFNAMSIZ-1)
 	}
 	if err := checkText("interface name", n, unix.IFNAMSIZ-1); err != nil {
 		return err
@@ -621,7 +621,7 @@ func (s *ProbeSpec) Validate() error {
 	case KindIPv6State, KindNDPRS, KindDHCPLease:
 		err = s.validateState()
 	default:
-		err = fmt.Errorf("kind %q is not a probe kind", truncate(string(s.Kind), 32))
+		err = fmt.Errorf("kind %q is not a probe kind", observation.Truncate(string(s.Kind), 32))
 	}
 	if err != nil {
 		return err
@@ -875,7 +875,7 @@ func (s *ProbeSpec) validateSpeak() error {
 	switch s.Speak {
 	case "", SpeakHTTP, SpeakTLS:
 	default:
-		return fmt.Errorf("speak %q is not one of %s, %s", truncate(s.Speak, 16), SpeakHTTP, SpeakTLS)
+		return fmt.Errorf("speak %q is not one of %s, %s", observation.Truncate(s.Speak, 16), SpeakHTTP, SpeakTLS)
 	}
 	if s.ServerName != "" && s.Speak == "" {
 		return errors.New("server_name needs speak (http or tls)")
@@ -884,7 +884,7 @@ func (s *ProbeSpec) validateSpeak() error {
 		return err
 	}
 	if strings.ContainsAny(s.ServerName, " \t\r\n/:") {
-		return fmt.Errorf("server_name %q is not a name", truncate(s.ServerName, 32))
+		return fmt.Errorf("server_name %q is not a name", observation.Truncate(s.ServerName, 32))
 	}
 	return nil
 }
@@ -918,7 +918,7 @@ func (s *ProbeSpec) validateARPSpoof() error {
 	case "":
 		return errors.New("arp_spoof needs op: gratuitous, reply or request")
 	default:
-		return fmt.Errorf("op %q is not one of gratuitous, reply, request", truncate(s.Op, 32))
+		return fmt.Errorf("op %q is not one of gratuitous, reply, request", observation.Truncate(s.Op, 32))
 	}
 	if s.DstMAC != "" {
 		if _, err := ethernetMAC(s.DstMAC); err != nil {
@@ -966,7 +966,7 @@ func dnsQuestion(name, qtype string) (dns.Question, error) {
 		"SOA": dns.TypeSOA, "ANY": dns.TypeANY,
 	}[qtype]
 	if !ok {
-		return dns.Question{}, fmt.Errorf("qtype %q is not one of A, AAAA, PTR, TXT, CNAME, SRV, MX, NS, SOA, ANY", truncate(qtype, 16))
+		return dns.Question{}, fmt.Errorf("qtype %q is not one of A, AAAA, PTR, TXT, CNAME, SRV, MX, NS, SOA, ANY", observation.Truncate(qtype, 16))
 	}
 	if t == dns.TypePTR {
 		if ip, err := netip.ParseAddr(name); err == nil {
@@ -979,7 +979,7 @@ func dnsQuestion(name, qtype string) (dns.Question, error) {
 	}
 	fq := dns.Fqdn(name)
 	if _, ok := dns.IsDomainName(fq); !ok || len(fq) > 254 {
-		return dns.Question{}, fmt.Errorf("name %q is not a domain name", truncate(name, 64))
+		return dns.Question{}, fmt.Errorf("name %q is not a domain name", observation.Truncate(name, 64))
 	}
 	return dns.Question{Name: fq, Qtype: t, Qclass: dns.ClassINET}, nil
 }
@@ -993,11 +993,11 @@ func checkID(id string) error {
 		return errors.New("id is empty")
 	}
 	if len(id) > MaxIDLen {
-		return fmt.Errorf("id %q longer than %d", truncate(id, 32), MaxIDLen)
+		return fmt.Errorf("id %q longer than %d", observation.Truncate(id, 32), MaxIDLen)
 	}
 	for _, c := range id {
 		if !isIDChar(c) {
-			return fmt.Errorf("id %q: only letters, digits and . _ : - are allowed", truncate(id, 32))
+			return fmt.Errorf("id %q: only letters, digits and . _ : - are allowed", observation.Truncate(id, 32))
 		}
 	}
 	return nil
@@ -1006,7 +1006,7 @@ func checkID(id string) error {
 // checkMAC checks a hardware address from a plan, bounded before parsing.
 func checkMAC(m string) error {
 	if len(m) > 32 {
-		return fmt.Errorf("%q is too long", truncate(m, 32))
+		return fmt.Errorf("%q is too long", observation.Truncate(m, 32))
 	}
 	_, err := net.ParseMAC(m)
 	return err
@@ -1014,11 +1014,11 @@ func checkMAC(m string) error {
 
 func checkNonce(n string) error {
 	if len(n) < MinNonceLen || len(n) > MaxNonceLen {
-		return fmt.Errorf("nonce %q: length must be %d..%d", truncate(n, 32), MinNonceLen, MaxNonceLen)
+		return fmt.Errorf("nonce %q: length must be %d..%d", observation.Truncate(n, 32), MinNonceLen, MaxNonceLen)
 	}
 	for _, c := range n {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return fmt.Errorf("nonce %q: only letters, digits, - and _ are allowed", truncate(n, 32))
+			return fmt.Errorf("nonce %q: only letters, digits, - and _ are allowed", observation.Truncate(n, 32))
 		}
 	}
 	return nil
@@ -1038,21 +1038,4 @@ func checkText(field, v string, max int) error {
 
 func isIDChar(c rune) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._:-", c)
-}
-
-// truncate shortens s for an error message and keeps it plain ASCII.
-func truncate(s string, n int) string {
-	var b strings.Builder
-	for i := 0; i < len(s) && b.Len() < n; i++ {
-		c := s[i]
-		if c >= 0x20 && c < 0x7f {
-			b.WriteByte(c)
-		} else {
-			b.WriteByte('?')
-		}
-	}
-	if len(s) > n {
-		b.WriteString("...")
-	}
-	return b.String()
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/box-isolation/box/probes/observation"
 	"github.com/miekg/dns"
 )
 
@@ -107,7 +108,7 @@ func checkPayload(p string) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("payload %q is not one of %s", truncate(p, 16), strings.Join(udpRequests, ", "))
+	return fmt.Errorf("payload %q is not one of %s", observation.Truncate(p, 16), strings.Join(udpRequests, ", "))
 }
 
 // udpRequest is one request ready to send.
@@ -213,7 +214,7 @@ func newUDPRequest(name, nonce string, target netip.AddrPort) (udpRequest, error
 	case RequestQUIC:
 		r.build = fixed(quicInitial(nonce))
 	default:
-		return r, fmt.Errorf("no udp request %q", truncate(name, 16))
+		return r, fmt.Errorf("no udp request %q", observation.Truncate(name, 16))
 	}
 	return r, nil
 }

@@ -144,12 +144,27 @@ func TestImportsPointOneWay(t *testing.T) {
 
 // TestFixturesReachedFromOneDoor: the hermetic world is a fixture. Among
 // the tree's non-test files only cmd/drill's world verbs, the fixtures
-// themselves and the test tiers' gates (internal/testenv) import it.
+// themselves and test support (packages no non-test code imports: the
+// test tiers' gates, the stack's system-test helpers) import it.
 func TestFixturesReachedFromOneDoor(t *testing.T) {
 	pkgs := listPackages(t)
+	// Test support is named so (internal/testenv, *test, */*test/*) and
+	// imported by no other code.
+	named := func(path string) bool {
+		return under(path, "internal/testenv") || strings.HasSuffix(path, "test") || strings.Contains(path, "test/")
+	}
+	usedByCode := map[string]bool{}
+	for path, p := range pkgs {
+		for _, imp := range p.imports {
+			if !named(path) {
+				usedByCode[imp] = true
+			}
+		}
+	}
+	testSupport := func(path string) bool { return named(path) && !usedByCode[path] }
 	fset := token.NewFileSet()
 	for path, p := range pkgs {
-		if under(path, "fixtures") || under(path, "internal/testenv") {
+		if under(path, "fixtures") || testSupport(path) {
 			continue
 		}
 		for _, file := range p.files {

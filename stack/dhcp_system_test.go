@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netns"
@@ -43,7 +45,7 @@ import (
 // bridge's DHCP answers known clients only; it keeps it across its
 // renewal too.
 func TestSystemDHCPConversion(t *testing.T) {
-	ctx, h, st := worldHost(t)
+	ctx, h, st := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	// The stack as it was: no DHCP lines.
@@ -73,7 +75,7 @@ func TestSystemDHCPConversion(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, inst.ExpandedDevices["eth0"]["ipv4.address"], "minted with no fixed address")
 	// The pins as they were: the lease's address.
-	_, nc := nftIn(t, st)
+	_, nc := worldtest.NFT(t, st)
 	port := inst.Config["volatile.eth0.host_name"]
 	_, err = nft.SetPins(nc, []string{port}, []nft.Pin{{Port: port, MAC: box.mac, Addrs: []netip.Addr{box.ip}}})
 	require.NoError(t, err)
@@ -119,7 +121,7 @@ func TestSystemDHCPConversion(t *testing.T) {
 // their own, and the bridge's DHCP (known clients only) gives each its
 // own; Verify finds every box on the stack.
 func TestSystemDHCPFixedAddresses(t *testing.T) {
-	ctx, h, _ := worldHost(t)
+	ctx, h, _ := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	a := mintDHCPBox(t, ctx, h, "t-dhcp-a-")
@@ -363,7 +365,7 @@ func releaseFromHost(t *testing.T, st *world.State, gw netip.Addr, leases [][]st
 // pins are refreshed), and box-b renews. box-b keeps its lease, its
 // address and its traffic to the canary.
 func TestSystemDHCPReleaseOfASibling(t *testing.T) {
-	ctx, h, st := worldHost(t)
+	ctx, h, st := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	a := mintDHCPBox(t, ctx, h, "t-dhcp-a-")
@@ -399,7 +401,7 @@ func TestSystemDHCPReleaseOfASibling(t *testing.T) {
 // out are released again at the end (they would hold the pool for the
 // lease time, across dnsmasq restarts).
 func TestSystemDHCPPoolStarvation(t *testing.T) {
-	ctx, h, st := worldHost(t)
+	ctx, h, st := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	a := mintDHCPBox(t, ctx, h, "t-dhcp-a-")
@@ -456,7 +458,7 @@ func TestSystemDHCPPoolStarvation(t *testing.T) {
 // converge writes them whole, every line ended; dnsmasq serves the bridge
 // throughout.
 func TestSystemHandEditedDnsmasq(t *testing.T) {
-	ctx, h, st := worldHost(t)
+	ctx, h, st := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	box := stacktest.Name(t, "t-raw-")

@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
 
 	"github.com/box-isolation/box/stack/stacktest"
 
@@ -31,8 +32,8 @@ import (
 // box minted then says its size does not hold, doctor --fix rescans, and
 // a fill stops at the size again.
 func TestSystemDiskAccounting(t *testing.T) {
-	ctx, h, st := worldHost(t)
-	ensureCounting(ctx, t, h)
+	ctx, h, st := worldtest.Host(t)
+	worldtest.EnsureCounting(ctx, t, h)
 	pool := filepath.Join(st.IncusDir, "storage-pools", "default")
 	btrfs := func(args ...string) string {
 		t.Helper()
@@ -46,7 +47,7 @@ func TestSystemDiskAccounting(t *testing.T) {
 			`dd if=/dev/urandom of=/fill bs=1M count=96 oflag=direct >/tmp/fill.out 2>&1; rm -f /fill; sync; cat /tmp/fill.out`}})
 		require.NoError(t, err)
 		out := string(res.Stdout) + string(res.Stderr)
-		return ddMiB(t, res), out
+		return worldtest.DDMiB(t, res), out
 	}
 	mint := func() *stack.Box {
 		t.Helper()
@@ -111,30 +112,6 @@ func TestSystemDiskAccounting(t *testing.T) {
 	assert.Contains(t, out, "quota exceeded")
 }
 
-// ensureCounting ensures the stack, and says so when that rescanned the
-// pool's accounting: something before the test had stopped the kernel
-// counting, and what the kernel logged says what.
-func ensureCounting(ctx context.Context, t *testing.T, h *stack.Host) {
-	t.Helper()
-	rep, err := h.Ensure(ctx)
-	require.NoError(t, err)
-	for _, c := range rep.Changes {
-		if strings.HasPrefix(c.Object, "storage pool") {
-			t.Logf("the pool's accounting was inconsistent before this test (%s); the kernel said: %s", c.Detail, kernelQgroupLog(t))
-		}
-	}
-}
-
-// ddMiB is how many MiB dd (bs=1M) says it wrote, from an exec's output.
-func ddMiB(t *testing.T, res *incus.ExecResult) int {
-	t.Helper()
-	out := string(res.Stdout) + string(res.Stderr)
-	m := regexp.MustCompile(`(\d+)\+\d+ records out`).FindStringSubmatch(out)
-	require.NotNil(t, m, "exit %d: %q", res.ExitCode, out)
-	n, _ := strconv.Atoi(m[1])
-	return n
-}
-
 func findingOn(v *stack.Verification, object string) *model.Finding {
 	for i := range v.Findings {
 		if v.Findings[i].Object == object {
@@ -142,19 +119,4 @@ func findingOn(v *stack.Verification, object string) *model.Finding {
 		}
 	}
 	return nil
-}
-
-// kernelQgroupLog is what the kernel logged of quota groups (dmesg).
-func kernelQgroupLog(t *testing.T) string {
-	out, err := exec.Command("dmesg").CombinedOutput()
-	if err != nil {
-		return fmt.Sprintf("dmesg: %v", err)
-	}
-	var lines []string
-	for l := range strings.SplitSeq(string(out), "\n") {
-		if strings.Contains(l, "qgroup") {
-			lines = append(lines, strings.TrimSpace(l))
-		}
-	}
-	return strings.Join(lines, "; ")
 }

@@ -8,7 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -16,8 +17,6 @@ import (
 
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/fixtures/world"
-	"github.com/box-isolation/box/internal/testenv"
-	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -28,23 +27,6 @@ import (
 // The system tier runs against the hermetic world's incusd and host
 // namespace. Each test starts from a bare stack and leaves one.
 
-func worldHost(t *testing.T) (context.Context, *stack.Host, *world.State) {
-	t.Helper()
-	st, c := testenv.Incus(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
-	_, err := image.Ensure(ctx, c, image.DefaultAlias, image.Options{})
-	require.NoError(t, err)
-	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: model.Options{DNS: []netip.Addr{world.Resolver}}}
-	bare := func() {
-		_, err := h.Teardown(context.Background(), true)
-		require.NoError(t, err, "tearing the stack down")
-	}
-	bare()
-	t.Cleanup(bare)
-	return ctx, h, st
-}
-
 func hostNetlink(t *testing.T, st *world.State) *netlink.Handle {
 	t.Helper()
 	ns, err := netns.GetFromName(st.Names.HostNS)
@@ -54,16 +36,6 @@ func hostNetlink(t *testing.T, st *world.State) *netlink.Handle {
 	require.NoError(t, err)
 	t.Cleanup(h.Close)
 	return h
-}
-
-func nftIn(t *testing.T, st *world.State) (*nftables.Conn, nft.Config) {
-	t.Helper()
-	ns, err := netns.GetFromName(st.Names.HostNS)
-	require.NoError(t, err)
-	t.Cleanup(func() { ns.Close() })
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
-	require.NoError(t, err)
-	return conn, nft.Config{Table: "box", Bridge: "boxnet", NetNS: int(ns)}
 }
 
 func objects(t *testing.T, ctx context.Context, c *incus.Client) []string {
@@ -84,8 +56,8 @@ func objects(t *testing.T, ctx context.Context, c *incus.Client) []string {
 }
 
 func TestSystemEnsureVerifyTeardown(t *testing.T) {
-	ctx, h, st := worldHost(t)
-	_, ncfg := nftIn(t, st)
+	ctx, h, st := worldtest.Host(t)
+	_, ncfg := worldtest.NFT(t, st)
 
 	rep, err := h.Ensure(ctx)
 	require.NoError(t, err)
@@ -123,7 +95,7 @@ func TestSystemEnsureVerifyTeardown(t *testing.T) {
 }
 
 func TestSystemSubnetChoice(t *testing.T) {
-	ctx, h, st := worldHost(t)
+	ctx, h, st := worldtest.Host(t)
 	nl := hostNetlink(t, st)
 	// Something in the world claims 10.88.0.0/24: a connected route.
 	// (A veth pair: this kernel has no dummy links.)
@@ -154,7 +126,7 @@ func TestSystemSubnetChoice(t *testing.T) {
 // gone and a port's isolation off, as after a reboot, it restores them and
 // touches no Incus object.
 func TestSystemFirewallOnly(t *testing.T) {
-	ctx, h, st := worldHost(t)
+	ctx, h, st := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	box := stacktest.Name(t, "t-fw-")
@@ -163,7 +135,7 @@ func TestSystemFirewallOnly(t *testing.T) {
 	// Its lease taken (and pinned), as box new and the drill wait for.
 	_, err = h.Addresses().Wait(ctx, box, 30*time.Second)
 	require.NoError(t, err)
-	_, ncfg := nftIn(t, st)
+	_, ncfg := worldtest.NFT(t, st)
 	_, err = nft.Delete(ncfg)
 	require.NoError(t, err)
 	nl := hostNetlink(t, st)

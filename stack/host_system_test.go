@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
+
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/stretchr/testify/assert"
@@ -16,8 +18,8 @@ import (
 // host namespace is found by Verify and announced by Ensure, with the
 // commands that let boxes out, and nothing of Docker's is changed.
 func TestSystemDockerForwardDrop(t *testing.T) {
-	ctx, h, st := worldHost(t)
-	conn, _ := nftIn(t, st)
+	ctx, h, st := worldtest.Host(t)
+	conn, _ := worldtest.NFT(t, st)
 	filter := conn.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "filter"})
 	drop := nftables.ChainPolicyDrop
 	conn.AddChain(&nftables.Chain{Name: "FORWARD", Table: filter, Type: nftables.ChainTypeFilter,

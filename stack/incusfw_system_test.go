@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
+
 	"github.com/google/nftables"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,14 +18,14 @@ import (
 // leaves) is a finding per chain the stack needs, and Ensure has Incus write
 // it again.
 func TestSystemIncusFirewallGoneIsFoundAndHealed(t *testing.T) {
-	ctx, h, st := worldHost(t)
+	ctx, h, st := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	v, err := h.Verify(ctx)
 	require.NoError(t, err)
 	require.Empty(t, v.Findings, "clean after setup")
 
-	conn, cfg := nftIn(t, st)
+	conn, cfg := worldtest.NFT(t, st)
 	before, present, err := nft.IncusChains(cfg)
 	require.NoError(t, err)
 	require.True(t, present, "Incus wrote inet incus")

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
+
 	"github.com/google/nftables"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -20,7 +22,7 @@ import (
 )
 
 func TestSystemMigrateLegacyBox(t *testing.T) {
-	ctx, h, st := worldHost(t)
+	ctx, h, st := worldtest.Host(t)
 	c := h.Incus
 	// A legacy stack and a legacy box on it.
 	require.NoError(t, c.Networks().Create(ctx, incus.NetworksPost{Name: "claudenet", Type: "bridge", Config: map[string]string{
@@ -31,7 +33,7 @@ func TestSystemMigrateLegacyBox(t *testing.T) {
 		"root": {"type": "disk", "path": "/", "pool": "default"},
 	}}))
 	// The legacy firewall script's own nft table.
-	conn, _ := nftIn(t, st)
+	conn, _ := worldtest.NFT(t, st)
 	conn.AddTable(&nftables.Table{Family: nftables.TableFamilyBridge, Name: "claudebox"})
 	require.NoError(t, conn.Flush())
 	name := stacktest.Name(t, "t-legacy-")

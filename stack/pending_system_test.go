@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
+
 	"github.com/box-isolation/box/stack/stacktest"
 
 	"github.com/stretchr/testify/assert"
@@ -101,7 +103,7 @@ func pendingFindings(v *stack.Verification) (pending, restart []model.Finding) {
 // with a box on it, Ensure changes nothing and both name the incus
 // command, which does mend it.
 func TestSystemPendingBridgeRepaired(t *testing.T) {
-	ctx, h, st := worldHost(t)
+	ctx, h, st := worldtest.Host(t)
 	subnet := netip.MustParsePrefix("10.88.0.0/24")
 	cutCreate(t, ctx, st, h, subnet)
 	n, _, err := h.Incus.Networks().Get(ctx, model.Current.Network)

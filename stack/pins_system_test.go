@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
+
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/stretchr/testify/assert"
@@ -35,7 +37,7 @@ import (
 // same namespace without the box's NAT does not get out (its address is
 // nobody's lease, and the host's NAT carries only the box subnet).
 func TestSystemNATInsideABoxWithPinning(t *testing.T) {
-	ctx, h, st := worldHost(t)
+	ctx, h, st := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	box := stacktest.Name(t, "t-nat-")
@@ -49,7 +51,7 @@ func TestSystemNATInsideABoxWithPinning(t *testing.T) {
 	for _, f := range v.Findings {
 		assert.NotEqual(t, model.LayerPin, f.Layer, "the box is pinned: %s", f)
 	}
-	_, nc := nftIn(t, st)
+	_, nc := worldtest.NFT(t, st)
 	present, err := nft.PinsPresent(nc)
 	require.NoError(t, err)
 	require.True(t, present, "the pin table is in the path")

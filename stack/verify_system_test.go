@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
+
 	"github.com/google/nftables"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,7 +23,7 @@ import (
 )
 
 func TestSystemDriftIsFoundAndHealed(t *testing.T) {
-	ctx, h, st := worldHost(t)
+	ctx, h, st := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	box := stacktest.Name(t, "t-drift-")
@@ -31,7 +33,7 @@ func TestSystemDriftIsFoundAndHealed(t *testing.T) {
 	require.NoError(t, err)
 
 	// Five drifts, one per layer.
-	conn, _ := nftIn(t, st)
+	conn, _ := worldtest.NFT(t, st)
 	conn.DelTable(&nftables.Table{Family: nftables.TableFamilyBridge, Name: "box"})
 	require.NoError(t, conn.Flush(), "deleting the bridge drop table")
 	conn.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "box_route"})

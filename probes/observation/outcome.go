@@ -71,14 +71,14 @@ func (o Outcome) MarshalText() ([]byte, error) {
 func (o *Outcome) UnmarshalText(b []byte) error {
 	v := Outcome(b)
 	if !v.Valid() {
-		return fmt.Errorf("outcome %q is not one of reached, refused, rejected, silent, error", truncate(string(b), 32))
+		return fmt.Errorf("outcome %q is not one of reached, refused, rejected, silent, error", Truncate(string(b), 32))
 	}
 	*o = v
 	return nil
 }
 
-// truncate shortens s for an error message and keeps it plain ASCII.
-func truncate(s string, n int) string {
+// Truncate shortens s for an error message and keeps it plain ASCII.
+func Truncate(s string, n int) string {
 	var b strings.Builder
 	for i := 0; i < len(s) && b.Len() < n; i++ {
 		c := s[i]

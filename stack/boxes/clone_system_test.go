@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -79,7 +81,7 @@ func TestSystemMachineIDTemplate(t *testing.T) {
 }
 
 func TestSystemCloneGetsItsOwnIdentity(t *testing.T) {
-	ctx, h, _ := worldHost(t)
+	ctx, h, _ := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	src, dst := stacktest.Name(t, "t-src-"), stacktest.Name(t, "t-clone-")

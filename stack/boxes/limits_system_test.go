@@ -6,17 +6,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill/image"
-	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/stacktest"
@@ -30,8 +30,8 @@ import (
 // enforced, and box says so when it mints. Numbers: docs/measurements.md,
 // "The kernel boundary".
 func TestSystemLimitsHold(t *testing.T) {
-	ctx, h, st := worldHost(t)
-	ensureCounting(ctx, t, h)
+	ctx, h, st := worldtest.Host(t)
+	worldtest.EnsureCounting(ctx, t, h)
 	box := stacktest.Name(t, "t-lim-")
 	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), box) })
 	b, err := boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: box, Image: image.DefaultAlias,
@@ -73,13 +73,13 @@ func TestSystemLimitsHold(t *testing.T) {
 	sh(`dd if=/dev/urandom of=/fill bs=1M count=300 >/tmp/fill.out 2>&1; ls -l /fill >>/tmp/fill.out; rm -f /fill; sync`)
 	res = sh(`cat /tmp/fill.out`)
 	out = string(res.Stdout) + string(res.Stderr)
-	written := ddMiB(t, &res)
+	written := worldtest.DDMiB(t, &res)
 	t.Logf("disk fill: %d MiB written to a 128MiB root disk: %s", written, strings.TrimSpace(out))
 	if !assert.Less(t, written, 136, "the root disk's size stopped it") {
 		// Seen twice in clean-clone runs, after the drill's tests: the
 		// kernel had stopped counting (TestSystemDiskAccounting). What the
 		// pool's quota groups and the kernel said.
-		t.Logf("the pool's quota groups: %s; the kernel said: %s", poolQuotaGroups(st.IncusdPID, st.IncusDir), kernelQgroupLog(t))
+		t.Logf("the pool's quota groups: %s; the kernel said: %s", poolQuotaGroups(st.IncusdPID, st.IncusDir), worldtest.KernelQgroupLog())
 	}
 	assert.Contains(t, out, "quota exceeded")
 
@@ -134,42 +134,3 @@ func poolQuotaGroups(incusd int, incusDir string) string {
 // ensureCounting, ddMiB and kernelQgroupLog are the stack's system-tier
 // helpers (stack/diskacct_system_test.go), as a test package's helpers are
 // its own.
-
-// ensureCounting ensures the stack, and says so when that rescanned the
-// pool's accounting: something before the test had stopped the kernel
-// counting, and what the kernel logged says what.
-func ensureCounting(ctx context.Context, t *testing.T, h *stack.Host) {
-	t.Helper()
-	rep, err := h.Ensure(ctx)
-	require.NoError(t, err)
-	for _, c := range rep.Changes {
-		if strings.HasPrefix(c.Object, "storage pool") {
-			t.Logf("the pool's accounting was inconsistent before this test (%s); the kernel said: %s", c.Detail, kernelQgroupLog(t))
-		}
-	}
-}
-
-// ddMiB is how many MiB dd (bs=1M) says it wrote, from an exec's output.
-func ddMiB(t *testing.T, res *incus.ExecResult) int {
-	t.Helper()
-	out := string(res.Stdout) + string(res.Stderr)
-	m := regexp.MustCompile(`(\d+)\+\d+ records out`).FindStringSubmatch(out)
-	require.NotNil(t, m, "exit %d: %q", res.ExitCode, out)
-	n, _ := strconv.Atoi(m[1])
-	return n
-}
-
-// kernelQgroupLog is what the kernel logged of quota groups (dmesg).
-func kernelQgroupLog(t *testing.T) string {
-	out, err := exec.Command("dmesg").CombinedOutput()
-	if err != nil {
-		return fmt.Sprintf("dmesg: %v", err)
-	}
-	var lines []string
-	for l := range strings.SplitSeq(string(out), "\n") {
-		if strings.Contains(l, "qgroup") {
-			lines = append(lines, strings.TrimSpace(l))
-		}
-	}
-	return strings.Join(lines, "; ")
-}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -16,7 +18,7 @@ import (
 )
 
 func TestSystemBoundary(t *testing.T) {
-	ctx, h, _ := worldHost(t)
+	ctx, h, _ := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	name := stacktest.Name(t, "t-stranger-")

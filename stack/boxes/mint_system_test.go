@@ -30,6 +30,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -49,26 +51,6 @@ import (
 
 // The system tier runs against the hermetic world's incusd and host
 // namespace. Each test starts from a bare stack and leaves one.
-
-// worldHost is the world's stack, bare before and after the test: the
-// stack's system-tier helper (stack/ensure_system_test.go), as a test
-// package's helpers are its own.
-func worldHost(t *testing.T) (context.Context, *stack.Host, *world.State) {
-	t.Helper()
-	st, c := testenv.Incus(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
-	_, err := image.Ensure(ctx, c, image.DefaultAlias, image.Options{})
-	require.NoError(t, err)
-	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: model.Options{DNS: []netip.Addr{world.Resolver}}}
-	bare := func() {
-		_, err := h.Teardown(context.Background(), true)
-		require.NoError(t, err, "tearing the stack down")
-	}
-	bare()
-	t.Cleanup(bare)
-	return ctx, h, st
-}
 
 // pullServer is a tiny simplestreams image server in the world's internet
 // namespace, on the canary's address, serving one probe image under one
@@ -205,7 +187,7 @@ func deadPort(t *testing.T, st *world.State) string {
 // nothing; with the server down a cached image still mints, and one
 // incusd never fetched fails naming the server, leaving nothing.
 func TestSystemMintPullsFromAnImageServer(t *testing.T) {
-	ctx, h, st := worldHost(t)
+	ctx, h, st := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	p := startPullServer(t, st)

@@ -3,27 +3,22 @@ package daemon_test
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
+	"github.com/box-isolation/box/stack/stacktest/worldtest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/vishvananda/netns"
 
 	"github.com/box-isolation/box/drill/image"
-	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/syncbuf"
-	"github.com/box-isolation/box/internal/testenv"
-	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/daemon"
 	"github.com/box-isolation/box/stack/hostns"
-	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 	"github.com/box-isolation/box/stack/stacktest"
 )
@@ -35,7 +30,7 @@ import (
 // asserted. A restart of the watcher leaves the tables in place, and a
 // teardown-host under the running watcher stays torn down.
 func TestSystemHealAfterFlush(t *testing.T) {
-	ctx, h, st := worldHost(t)
+	ctx, h, st := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	for i := range 2 {
@@ -67,7 +62,7 @@ func TestSystemHealAfterFlush(t *testing.T) {
 	stop := start()
 	t.Cleanup(func() { stop(); t.Logf("the watcher said (last run):\n%s", log.String()) })
 
-	_, cfg := nftIn(t, st)
+	_, cfg := worldtest.NFT(t, st)
 	boxBack := func() bool {
 		inet, bridge, err := nft.Present(cfg)
 		pins, perr := nft.PinsPresent(cfg)
@@ -133,35 +128,4 @@ func median(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[len(s)/2]
-}
-
-// worldHost (the world's stack, bare before and after the test) and nftIn
-// (an nft connection into the world's host namespace) are the stack's
-// system-tier helpers (stack/ensure_system_test.go), as a test package's
-// helpers are its own.
-func worldHost(t *testing.T) (context.Context, *stack.Host, *world.State) {
-	t.Helper()
-	st, c := testenv.Incus(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
-	_, err := image.Ensure(ctx, c, image.DefaultAlias, image.Options{})
-	require.NoError(t, err)
-	h := &stack.Host{Incus: c, NetNS: st.Names.HostNS, Options: model.Options{DNS: []netip.Addr{world.Resolver}}}
-	bare := func() {
-		_, err := h.Teardown(context.Background(), true)
-		require.NoError(t, err, "tearing the stack down")
-	}
-	bare()
-	t.Cleanup(bare)
-	return ctx, h, st
-}
-
-func nftIn(t *testing.T, st *world.State) (*nftables.Conn, nft.Config) {
-	t.Helper()
-	ns, err := netns.GetFromName(st.Names.HostNS)
-	require.NoError(t, err)
-	t.Cleanup(func() { ns.Close() })
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
-	require.NoError(t, err)
-	return conn, nft.Config{Table: "box", Bridge: "boxnet", NetNS: int(ns)}
 }
