@@ -18,7 +18,7 @@ import (
 // On an Incus cluster the drill runs its usual probe boxes (box-a, box-b,
 // clone-a, box-t, box-w) on the member it talks to, and one more probe box
 // on every other member whose network namespace it can enter (the world's
-// members; Host.MemberNetNS). Each member's bridge is its own L2 segment
+// members; Host.Members.NetNS). Each member's bridge is its own L2 segment
 // with the same subnet and gateway address, so a box can reach another
 // member only through routing: from its own member's bridge, NATed to that
 // member's cluster address, to another member's cluster address. Those are

@@ -199,7 +199,7 @@ func ProfileDiff(live *incus.Profile, want incus.Profile) []string {
 	return out
 }
 
-// FirewallResult is what ensureFirewall did.
+// FirewallResult is what ApplyFirewall did.
 type FirewallResult struct {
 	Changes       []model.Change
 	mode          nft.BridgeMode

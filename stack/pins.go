@@ -53,7 +53,7 @@ func (host *Host) ReadFleet(ctx context.Context) (Fleet, error) {
 	return Fleet{insts: onMember(f.insts, host.here()), leases: leasesOn(f.leases, host.here())}, nil
 }
 
-// readClusterFleet is readFleet for every member of a cluster.
+// readClusterFleet is ReadFleet for every member of a cluster.
 func (host *Host) readClusterFleet(ctx context.Context) (Fleet, error) {
 	if _, err := host.Cluster(ctx); err != nil {
 		return Fleet{}, err
@@ -69,7 +69,7 @@ func (host *Host) readClusterFleet(ctx context.Context) (Fleet, error) {
 	return Fleet{insts: insts, leases: leases}, nil
 }
 
-// fleetOf is readFleet from a listing of the instances already made.
+// fleetOf is ReadFleet from a listing of the instances already made.
 func (host *Host) fleetOf(ctx context.Context, insts []incus.Instance) (Fleet, error) {
 	leases, err := bridgeLeases(ctx, host.Incus, insts)
 	if err != nil {

@@ -14,10 +14,10 @@ import (
 // Port and pin sync: after a box changes (minted, started, moved, leased),
 // every port of the bridge is isolated, the bridge drop's port set is exact
 // where the kernel has no bridge meta, and the pin table pins each port to
-// its instance's MAC and fixed address. Box commands call refreshPorts; the port
-// watcher (watch.go) calls syncPorts and refreshPins apart.
+// its instance's MAC and fixed address. Box commands call RefreshPorts; the port
+// daemon (stack/daemon) calls SyncPorts and RefreshPins apart.
 
-// PortsRefresh is what one refreshPorts changed.
+// PortsRefresh is what one RefreshPorts changed.
 type PortsRefresh struct {
 	Isolated []string // ports whose isolated flag it turned on
 	Added    []string // ports it put in the bridge drop's port set
@@ -36,14 +36,14 @@ type PortsRefresh struct {
 func (r PortsRefresh) empty() bool { return len(r.Isolated)+len(r.Added)+len(r.Removed) == 0 }
 
 // RefreshPorts isolates every port of the bridge and, where the kernel has
-// no nft bridge meta, refreshes the bridge drop's port set (syncPorts),
-// then the pins (refreshPins): a box's port name is only known once it has
+// no nft bridge meta, refreshes the bridge drop's port set (SyncPorts),
+// then the pins (RefreshPins): a box's port name is only known once it has
 // started, its lease once it has asked. It is the one refresh box commands
 // call after changing a box; `box guard-and-serve` (WatchPorts) calls the two
 // halves apart, so a new port never waits for Incus's answers.
 //
 // On a cluster it refreshes every member it can reach (its own, and those
-// MemberNetNS names): a box minted, started or moved from here may live on
+// Members.NetNS names): a box minted, started or moved from here may live on
 // any of them. Another machine's member is its port watcher's to refresh.
 func (host *Host) RefreshPorts(ctx context.Context) (PortsRefresh, error) {
 	if host.NoKernel || host.Remote != "" {
@@ -71,7 +71,7 @@ func (host *Host) RefreshPorts(ctx context.Context) (PortsRefresh, error) {
 	return r, nil
 }
 
-// refreshPortsHere is refreshPorts on this host's member only.
+// refreshPortsHere is RefreshPorts on this host's member only.
 func (host *Host) refreshPortsHere(ctx context.Context) (PortsRefresh, error) {
 	if host.Tier.Granted {
 		// A granted user cannot touch the kernel: the port watcher (root)

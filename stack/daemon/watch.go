@@ -29,7 +29,7 @@ import (
 // own (a box that restarts itself, a NIC replugged) is outside that set, and
 // not isolated, until something refreshes it. WatchPorts closes that window:
 // it refreshes on the kernel's link events, on changes to dnsmasq's lease
-// file and on a periodic resync, and each time it calls refreshPorts, the
+// file and on a periodic resync, and each time it calls RefreshPorts, the
 // same refresh box commands run.
 
 // How the watcher paces itself (watchOptions' defaults).
@@ -220,7 +220,7 @@ type watcher struct {
 	timer       *time.Timer // the debounced (or retried) refresh
 	armed       bool
 	refreshErr  string // the last refresh failure, said once
-	// pins wakes the pin worker (refreshPins asks Incus, which takes tens
+	// pins wakes the pin worker (RefreshPins asks Incus, which takes tens
 	// of milliseconds: a new port must never wait for that).
 	pins chan trigger
 
@@ -603,7 +603,7 @@ type linkSubscription struct {
 	err    error
 }
 
-// subscribeLinks subscribes to link events in the ground's namespace,
+// subscribeLinks subscribes to link events in the host's namespace,
 // dumping the existing links first; each event is stamped on arrival.
 func subscribeLinks(g *hostns.NS, rcvbuf int) (*linkSubscription, error) {
 	s := &linkSubscription{events: make(chan linkEvent, 1024), done: make(chan struct{})}
