@@ -99,6 +99,44 @@ func (api Images) Upload(ctx context.Context, up ImageUpload) (string, error) {
 	return fp, nil
 }
 
+// ImagePublish asks Incus to make an image of an instance (or of one of
+// its snapshots, Snapshot set) in the project the client is on. Incus
+// refuses a running instance ("Cannot export a running instance as an
+// image"): stop it first, or publish a snapshot.
+type ImagePublish struct {
+	Instance string
+	Snapshot string
+	// Compression is the tarball's ("none" packs it uncompressed, "" is
+	// Incus's default, gzip).
+	Compression string
+	// Properties are the image's (shown by incus image info).
+	Properties map[string]string
+}
+
+// Publish makes the image and returns its fingerprint. Incus packs and
+// hashes the tarball, one publish at a time whatever the pool, so this
+// takes a while for a large instance.
+func (api Images) Publish(ctx context.Context, p ImagePublish) (string, error) {
+	source := map[string]any{"type": "instance", "name": p.Instance}
+	if p.Snapshot != "" {
+		source = map[string]any{"type": "snapshot", "name": p.Instance + "/" + p.Snapshot}
+	}
+	body := map[string]any{"source": source, "properties": p.Properties, "public": false}
+	if p.Compression != "" {
+		body["compression_algorithm"] = p.Compression
+	}
+	r := request{method: http.MethodPost, path: apiPath("images"), json: body}
+	op, err := api.c.do(ctx, r)
+	if err != nil {
+		return "", fmt.Errorf("publishing %s as an image: %w", p.Instance, err)
+	}
+	fp, _ := op.Metadata["fingerprint"].(string)
+	if fp == "" {
+		return "", fmt.Errorf("publishing %s as an image: %w", p.Instance, &MalformedError{Method: r.method, Path: r.path, Err: errors.New("no fingerprint in the operation's metadata")})
+	}
+	return fp, nil
+}
+
 func writeImageParts(mw *multipart.Writer, metadata io.Reader, rootfsField string, rootfs io.Reader) error {
 	fw, err := mw.CreateFormFile("metadata", "metadata.tar")
 	if err != nil {

@@ -159,3 +159,38 @@ func TestImages(t *testing.T) {
 	require.NoError(t, c.Images().Delete(ctx, "abc"))
 	assert.Len(t, srv.Find("DELETE", "/1.0/images/abc"), 1)
 }
+
+func TestPublishImage(t *testing.T) {
+	srv, c := newFake(t)
+	const fp = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+	refuse := false
+	srv.Handle("POST /1.0/images", func(w http.ResponseWriter, r *http.Request) {
+		if refuse {
+			srv.Async(w, incustest.Op{Description: "Creating image", Err: "Cannot export a running instance as an image"})
+			return
+		}
+		srv.Async(w, incustest.Op{Description: "Creating image", Metadata: map[string]any{"fingerprint": fp}})
+	})
+	got, err := c.Images().Publish(testCtx(t), incus.ImagePublish{Instance: "builder", Compression: "none", Properties: map[string]string{"user.box.template": "claude"}})
+	require.NoError(t, err)
+	assert.Equal(t, fp, got)
+	reqs := srv.Find("POST", "/1.0/images")
+	require.Len(t, reqs, 1)
+	assert.Equal(t, map[string]any{
+		"source":                map[string]any{"type": "instance", "name": "builder"},
+		"properties":            map[string]any{"user.box.template": "claude"},
+		"public":                false,
+		"compression_algorithm": "none",
+	}, jsonBody(t, reqs[0]))
+
+	_, err = c.Images().Publish(testCtx(t), incus.ImagePublish{Instance: "builder", Snapshot: "s1"})
+	require.NoError(t, err)
+	reqs = srv.Find("POST", "/1.0/images")
+	assert.Equal(t, map[string]any{"type": "snapshot", "name": "builder/s1"}, jsonBody(t, reqs[1])["source"], "a snapshot is published as instance/snapshot")
+
+	refuse = true
+	_, err = c.Images().Publish(testCtx(t), incus.ImagePublish{Instance: "builder"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "publishing builder as an image: ")
+	assert.Contains(t, err.Error(), "cannot export a running instance")
+}
