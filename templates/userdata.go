@@ -38,6 +38,9 @@ var basePackages = []string{"sudo", "ca-certificates"}
 type RenderOptions struct {
 	BoxName    string
 	BoxVersion string
+	// Image renders for the template's image (built once, copied into
+	// every box of the template) instead of one box.
+	Image bool
 }
 
 func (o RenderOptions) validate() error {
@@ -88,12 +91,13 @@ func (t *Template) ContextFile(opts RenderOptions) (string, error) {
 		version = opts.BoxVersion
 	}
 	var b strings.Builder
-	err := contextTmpl.Execute(&b, map[string]string{
+	err := contextTmpl.Execute(&b, map[string]any{
 		"Agent":    t.Agent.Name,
 		"User":     t.User,
 		"Template": t.Name,
 		"Box":      box,
 		"Version":  version,
+		"Image":    opts.Image,
 	})
 	if err != nil {
 		return "", fmt.Errorf("render context file: %w", err)
@@ -204,6 +208,9 @@ func (t *Template) UserData(opts RenderOptions) (string, error) {
 		return "", fmt.Errorf("render user-data: %w", err)
 	}
 	header := fmt.Sprintf("#cloud-config\n%s%s from template %q for box %q.\n", renderedBy, orUnknown(opts.BoxVersion), t.Name, opts.BoxName)
+	if opts.Image {
+		header = fmt.Sprintf("#cloud-config\n%s%s from template %q for its image.\n", renderedBy, orUnknown(opts.BoxVersion), t.Name)
+	}
 	return header + body.String(), nil
 }
 
@@ -223,6 +230,12 @@ func clearMarkers() string { return fmt.Sprintf("rm -f %s %s", ReadyMarker, Fail
 // with. The clone's disk already holds all of it. Other user-data (not
 // box's, or edited since) is not box's to change: ok is false.
 func ForClone(userData, clone string) (_ string, ok bool) {
+	return forCopy(userData, fmt.Sprintf("for the clone %q: its source's user and checks; nothing is installed again (its disk has it all).", clone))
+}
+
+// forCopy is box's user-data reduced to its user and its checks, with
+// note saying for whom; ok is false for user-data box did not render.
+func forCopy(userData, note string) (_ string, ok bool) {
 	header, body, _ := strings.Cut(userData, "\n")
 	if header != "#cloud-config" || !strings.HasPrefix(body, renderedBy) {
 		return "", false
@@ -249,7 +262,7 @@ func ForClone(userData, clone string) (_ string, ok bool) {
 	if err := enc.Close(); err != nil {
 		return "", false
 	}
-	return fmt.Sprintf("#cloud-config\n%sfor the clone %q: its source's user and checks; nothing is installed again (its disk has it all).\n", renderedBy, clone) + b.String(), true
+	return fmt.Sprintf("#cloud-config\n%s%s\n", renderedBy, note) + b.String(), true
 }
 
 // check is a shell test and what to report when it fails; the last runcmd
