@@ -143,6 +143,10 @@ func (c *call) newBox(o *newOpts) error {
 	if o.image != "" {
 		img = o.image
 	}
+	// The template's own image is built into a local image once per host,
+	// and a box of it is a copy (docs/images.md, "Template images"); a
+	// box of another base image is provisioned in itself.
+	fromTemplateImage := img == t.Image
 	userData, err := t.UserData(templates.RenderOptions{BoxName: o.name, BoxVersion: version})
 	if err != nil {
 		return err
@@ -175,17 +179,23 @@ func (c *call) newBox(o *newOpts) error {
 	}
 	nesting := o.wantNesting(t)
 	start := time.Now()
-	c.progressf("minting %s from %s...", o.name, img)
-	b, err := boxes.NewManager(h).Mint(c.ctx, boxes.MintRequest{
-		Name: o.name, Image: img, Type: typ.Type,
-		CPU: res.CPU, Memory: res.Memory, Disk: res.Disk, Processes: res.Processes, CPUAllowance: res.CPUAllowance,
-		UserData: userData, Egress: egress, Target: o.target, Nesting: nesting,
+	req := boxes.MintRequest{Name: o.name, Image: img, UserData: userData,
 		Stamps: map[string]string{
 			model.StampTemplate: t.Name,
 			model.StampUser:     t.User,
 			model.StampVersion:  version,
 		},
-	})
+	}
+	if fromTemplateImage && typ.Type == model.TypeContainer {
+		if req, err = c.images(h).mint(t, o.name); err != nil {
+			return err
+		}
+		img = req.Image
+	}
+	req.Type, req.Egress, req.Target, req.Nesting = typ.Type, egress, o.target, nesting
+	req.CPU, req.Memory, req.Disk, req.Processes, req.CPUAllowance = res.CPU, res.Memory, res.Disk, res.Processes, res.CPUAllowance
+	c.progressf("minting %s from %s...", o.name, img)
+	b, err := boxes.NewManager(h).Mint(c.ctx, req)
 	c.progressDone()
 	if b != nil {
 		for _, n := range b.Notes {
@@ -419,22 +429,49 @@ func fmtSeconds(s float64) string {
 
 func setupTemplates(fs *flag.FlagSet) action {
 	asJSON := fs.Bool("json", false, "print JSON")
+	refresh := fs.Bool("refresh", false, "build: build again even where the image is current (a base that moved on)")
 	return func(c *call) error {
+		c.quiet = *asJSON
+		if len(c.args) > 0 {
+			if c.args[0] != "build" {
+				return usagef("templates: %q is not a verb of templates (build builds images)", c.args[0])
+			}
+			h, err := c.host()
+			if err != nil {
+				return err
+			}
+			return c.images(h).build(c.args[1:], *refresh, *asJSON)
+		}
+		if *refresh {
+			return usagef("templates: --refresh goes with build")
+		}
 		ts, err := templates.Builtin()
 		if err != nil {
 			return err
 		}
+		rows := make([]boxes.TemplateStatus, len(ts))
+		for i := range ts {
+			rows[i] = boxes.TemplateStatus{Template: ts[i]}
+		}
+		if h, err := c.host(); err == nil {
+			if list, err := c.images(h).ims.List(c.ctx); err == nil {
+				rows = list
+			} else {
+				fmt.Fprintf(c.err, "box: the templates' images were not read: %v\n", err)
+			}
+		}
 		if *asJSON {
-			return c.printJSON(ts)
+			return c.printJSON(rows)
 		}
 		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tUSER\tCPU\tMEMORY\tDISK\tDESCRIPTION")
-		for _, t := range ts {
-			name := t.Name
+		fmt.Fprintln(tw, "NAME\tUSER\tCPU\tMEMORY\tDISK\tIMAGE\tBUILT\tBASE\tDESCRIPTION")
+		for _, r := range rows {
+			name := r.Name
 			if name == templates.Default {
 				name += " (default)"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", name, t.User, t.Resources.CPU, t.Resources.Memory, t.Resources.Disk, t.Description)
+			img, built, base := imageCells(r)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, r.User, r.Resources.CPU, r.Resources.Memory, r.Resources.Disk, img, built, base, r.Description)
 		}
 		return tw.Flush()
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/daemon"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
@@ -56,6 +57,11 @@ func setupSetupHost(fs *flag.FlagSet) action {
 			return c.printJSON(rep)
 		}
 		printReport(c, rep)
+		if !*firewallOnly && !*boot {
+			if pc, err := c.images(h).ims.PoolCost(c.ctx); err == nil {
+				fmt.Fprintln(c.out, pc.String())
+			}
+		}
 		return nil
 	}
 }
@@ -146,6 +152,9 @@ func printMembers(c *call, ms []stack.MemberLayers) {
 type doctorResult struct {
 	Fixed        *stack.Report       `json:"fixed,omitempty"`
 	Verification *stack.Verification `json:"verification"`
+	// Storage is what a mint costs on the pool (nil when it could not be
+	// read: a note says why).
+	Storage *boxes.PoolCost `json:"storage,omitempty"`
 }
 
 func setupDoctor(fs *flag.FlagSet) action {
@@ -169,6 +178,18 @@ func setupDoctor(fs *flag.FlagSet) action {
 			return fmt.Errorf("checking the host: %w", err)
 		}
 		v := r.Verification
+		if h.Remote == "" {
+			ic := c.images(h)
+			ims := ic.ims
+			notes, err := ims.Notes(c.ctx, ic.maxAge())
+			if err != nil {
+				notes = append(notes, "template images: not read: "+err.Error())
+			}
+			v.Notes = append(v.Notes, notes...)
+			if r.Storage, err = ims.PoolCost(c.ctx); err != nil {
+				v.Notes = append(v.Notes, "storage pool: not read: "+err.Error())
+			}
+		}
 		if *asJSON {
 			if err := c.printJSON(r); err != nil {
 				return err
@@ -189,6 +210,9 @@ func setupDoctor(fs *flag.FlagSet) action {
 			printTiers(c, v.Tiers)
 			if v.Pool != nil {
 				fmt.Fprintln(c.out, v.Pool.String())
+			}
+			if r.Storage != nil {
+				fmt.Fprintln(c.out, r.Storage.String())
 			}
 			if v.Clean() {
 				fmt.Fprintf(c.out, "ok: the host matches the isolation stack (subnet %s, bridge drop: %s, %d bridge ports isolated)\n", v.Subnet, v.BridgeMode, len(v.Ports))
@@ -236,6 +260,10 @@ func setupTeardownHost(fs *flag.FlagSet) action {
 			var more []model.Change
 			more, err = stack.PurgeIncus(c.ctx, h.Incus)
 			changes = append(changes, more...)
+			if err == nil {
+				more, err = c.images(h).ims.Purge(c.ctx)
+				changes = append(changes, more...)
+			}
 		}
 		if *asJSON && changes != nil {
 			if jerr := c.printJSON(changes); jerr != nil {

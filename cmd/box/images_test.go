@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +33,9 @@ func pulling(t *testing.T, r runner, args ...string) (result, incus.InstancesPos
 	srv.Handle("GET /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
 		incustest.Error(w, http.StatusNotFound, "Instance not found")
 	})
+	srv.Handle("GET /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
+		incustest.Sync(w, []any{})
+	})
 	srv.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
 		id := srv.Async(w, incustest.Op{Description: "Creating instance", Hold: true, Err: unreachable})
 		go func() {
@@ -47,7 +52,8 @@ func pulling(t *testing.T, r runner, args ...string) (result, incus.InstancesPos
 	})
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.yml"), []byte("remotes:\n  images:\n    addr: https://203.0.113.30:8443\n    protocol: simplestreams\n    public: true\n"), 0o644))
-	res := r.with("INCUS_SOCKET", srv.Socket(), "BOX_NETNS", "box-unit-test-absent", "INCUS_CONF", dir).
+	res := r.with("INCUS_SOCKET", srv.Socket(), "BOX_NETNS", "box-unit-test-absent", "INCUS_CONF", dir,
+		"BOX_TEMPLATE_IMAGES", filepath.Join(dir, "template-images.json")).
 		run(t, append([]string{"new", "--name", "work"}, args...)...)
 	posts := srv.Find(http.MethodPost, "/1.0/instances")
 	require.Len(t, posts, 1)
@@ -56,10 +62,12 @@ func pulling(t *testing.T, r runner, args ...string) (result, incus.InstancesPos
 	return res, req
 }
 
-// box new pulls the template's images: image through the server the
-// incus CLI's remotes name, shows the download on a terminal (not with
-// --json, nor on a pipe), and, when the server cannot be reached, says
-// which and the offline way.
+// The first box new of a template on a host mints the builder of the
+// template's image from the template's images: image, which Incus pulls
+// through the server the incus CLI's remotes name; box shows the download
+// and the build's step on a terminal (not with --json; a pipe gets the
+// steps as lines), and, when the server cannot be reached, says which and
+// the offline way.
 func TestNewPullsTheTemplatesImage(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -76,16 +84,27 @@ func TestNewPullsTheTemplatesImage(t *testing.T) {
 			assert.Equal(t, incus.InstanceSource{Type: "image", Mode: "pull", Server: "https://203.0.113.30:8443", Protocol: "simplestreams", Alias: "debian/12/cloud"}, req.Source)
 			assert.Equal(t, "https://203.0.113.30:8443", req.Config["user.box.image_server"])
 			assert.Equal(t, exitFailed, res.code)
-			assert.Contains(t, res.err, "box: minting work: incusd could not get images:debian/12/cloud from the image server https://203.0.113.30:8443, and has no copy of it")
+			assert.True(t, strings.HasPrefix(req.Name, "box-build-blank-"), "the builder: %s", req.Name)
+			assert.Equal(t, "blank", req.Config["user.box.builder"])
+			assert.Contains(t, res.err, "box: building template blank's image: minting "+req.Name+": incusd could not get images:debian/12/cloud from the image server https://203.0.113.30:8443, and has no copy of it")
 			assert.Contains(t, res.err, "connection refused")
 			assert.Contains(t, res.err, "import an image file (incus image import FILE --alias NAME) and mint with --image NAME")
 			for _, p := range []string{"rootfs: 45% (12.34MB/s)", "rootfs: 90% (12.34MB/s)"} {
-				line := "minting work from images:debian/12/cloud: " + p
+				line := "minting " + req.Name + " from images:debian/12/cloud: " + p
 				if tc.progress {
 					assert.Contains(t, res.err, line)
 				} else {
 					assert.NotContains(t, res.err, line)
 				}
+			}
+			step := "building template blank's image: minting the builder " + req.Name
+			switch {
+			case tc.progress:
+				assert.Contains(t, res.err, "\r\033[K"+step)
+			case slices.Contains(tc.args, "--json"):
+				assert.NotContains(t, res.err, step)
+			default:
+				assert.Contains(t, res.err, "box: "+step+" from images:debian/12/cloud\n")
 			}
 			if !tc.progress {
 				assert.NotContains(t, res.err, "\r", "nothing drawn")

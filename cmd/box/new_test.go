@@ -3,12 +3,16 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus/incustest"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
@@ -34,7 +38,8 @@ func minting(t *testing.T, driver string, env []string, args ...string) (result,
 	withStack(srv)
 	// BOX_NETNS names no namespace: should anything reach for the host's
 	// network, it fails instead of touching this machine's.
-	r := offline.with(append([]string{"INCUS_SOCKET", srv.Socket(), "BOX_NETNS", "box-unit-test-absent"}, env...)...).
+	r := offline.with(append([]string{"INCUS_SOCKET", srv.Socket(), "BOX_NETNS", "box-unit-test-absent",
+		"BOX_TEMPLATE_IMAGES", withTemplateImage(t, srv, templates.Default, testImageFingerprint)}, env...)...).
 		run(t, append([]string{"new", "--name", "work"}, args...)...)
 	require.Equal(t, exitFailed, r.code, "the fake refuses the instance")
 	assert.Contains(t, r.err, "the fake creates nothing")
@@ -42,7 +47,34 @@ func minting(t *testing.T, driver string, env []string, args ...string) (result,
 	require.Len(t, posts, 1)
 	var body map[string]any
 	require.NoError(t, json.Unmarshal(posts[0].Body, &body))
+	if body["type"] == "container" {
+		assert.Equal(t, map[string]any{"type": "image", "fingerprint": testImageFingerprint}, body["source"], "a copy of the template's image, by fingerprint")
+	} else {
+		assert.Equal(t, "pull", body["source"].(map[string]any)["mode"], "a VM is provisioned in itself: the template's image is a container's")
+	}
 	return r, body
+}
+
+// testImageFingerprint is the fake's template image.
+const testImageFingerprint = "5eed5eed00000000000000000000000000000000000000000000000000000000"
+
+// withTemplateImage writes a record in which template's image is fp,
+// current, and makes the fake serve that image; it returns the record's
+// path (BOX_TEMPLATE_IMAGES).
+func withTemplateImage(t *testing.T, srv *incustest.Server, template, fp string) string {
+	t.Helper()
+	tm, err := templates.Get(template)
+	require.NoError(t, err)
+	hash, err := tm.Hash()
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "template-images.json")
+	b, err := json.Marshal(map[string]boxes.TemplateImage{template: {Template: template, Fingerprint: fp, Hash: hash, Base: tm.Image, Built: time.Now()}})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, b, 0o644))
+	srv.Handle("GET /1.0/images/"+fp, func(w http.ResponseWriter, r *http.Request) {
+		incustest.Sync(w, map[string]any{"fingerprint": fp, "properties": map[string]string{"user.box.template": template}})
+	})
+	return path
 }
 
 // withStack makes the fake serve the stack's bridge and profile.

@@ -64,6 +64,14 @@ type MintRequest struct {
 	// (security.idmap.isolated), shared with no other instance.
 	IsolatedIDMap bool
 
+	// Origin is how the box came to be, for its stamp (StampOrigin);
+	// "image IMAGE" when empty.
+	Origin string
+	// Fingerprint, when set, is the local image the box is made from,
+	// exactly: no alias is looked up (a name a granted user can create
+	// would come first), and Image is only what the stamps say.
+	Fingerprint string
+
 	// progress hears Incus's progress while it makes the box (a pulled
 	// image's download).
 	progress func(string)
@@ -217,7 +225,11 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, error) {
 	host := mgr.host
 	typ := cmp.Or(req.Type, model.TypeContainer)
-	img, err := mgr.mintImage(ctx, req.Image)
+	img := mintImage{source: incus.InstanceSource{Type: "image", Fingerprint: req.Fingerprint}, fingerprint: req.Fingerprint}
+	var err error
+	if req.Fingerprint == "" {
+		img, err = mgr.mintImage(ctx, req.Image)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
@@ -232,7 +244,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		cfg[model.StampImageServer] = img.source.Server
 	}
 	cfg[model.StampType] = typ
-	cfg[model.StampOrigin] = "image " + req.Image
+	cfg[model.StampOrigin] = cmp.Or(req.Origin, "image "+req.Image)
 	if req.CPU != "" {
 		cfg["limits.cpu"] = req.CPU
 	}

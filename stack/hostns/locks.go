@@ -25,6 +25,13 @@ func LockPorts(ctx context.Context) (func(), error) { return LockFile(ctx, Ports
 // stuck holder makes the caller fail with a message, not hang, and ctx is
 // honoured. what names what the lock guards, for that message.
 func LockFile(ctx context.Context, path, what string) (func(), error) {
+	return LockFileWait(ctx, path, what, 30*time.Second, nil)
+}
+
+// LockFileWait is LockFile waiting up to limit, for a lock held for long
+// (a template image's build); waiting, when set, is told once that another
+// holder has it.
+func LockFileWait(ctx context.Context, path, what string, limit time.Duration, waiting func()) (func(), error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
@@ -32,7 +39,7 @@ func LockFile(ctx context.Context, path, what string) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("locking %s: %w", what, err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(limit)
 	// A refresh holds the lock about a millisecond: look again soon, then
 	// less often (docs/measurements.md, "The port watcher").
 	wait := time.Millisecond
@@ -40,6 +47,10 @@ func LockFile(ctx context.Context, path, what string) (func(), error) {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
 			return func() { f.Close() }, nil
+		}
+		if waiting != nil {
+			waiting()
+			waiting = nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
 			f.Close()

@@ -22,6 +22,17 @@ type Image struct {
 	UploadedAt   time.Time         `json:"uploaded_at"`
 	CreatedAt    time.Time         `json:"created_at"`
 	Public       bool              `json:"public"`
+	// Cached marks an image Incus pulled from an image server for an
+	// instance (not imported or published); UpdateSource says from where.
+	Cached       bool         `json:"cached"`
+	UpdateSource *ImageSource `json:"update_source,omitempty"`
+}
+
+// ImageSource is where Incus pulled a cached image from.
+type ImageSource struct {
+	Alias    string `json:"alias"`
+	Server   string `json:"server"`
+	Protocol string `json:"protocol"`
 }
 
 // ImageAlias names an image. Target is the image's fingerprint.

@@ -14,7 +14,10 @@ const (
 	// pulled from (the remote's address at mint time).
 	StampImageServer = "user.box.image_server"
 	StampType        = "user.box.type"
-	StampOrigin      = "user.box.origin"
+	// StampBuilder marks a builder box of a template's image (the
+	// template's name): box removes one a killed build left behind.
+	StampBuilder = "user.box.builder"
+	StampOrigin  = "user.box.origin"
 )
 
 // NoteNoDiskLimit starts the note of a box whose root disk size the pool
