@@ -178,7 +178,6 @@ func (c *call) newBox(o *newOpts) error {
 		return err
 	}
 	nesting := o.wantNesting(t)
-	start := time.Now()
 	req := boxes.MintRequest{Name: o.name, Image: img, UserData: userData,
 		Stamps: map[string]string{
 			model.StampTemplate: t.Name,
@@ -192,6 +191,8 @@ func (c *call) newBox(o *newOpts) error {
 		}
 		img = req.Image
 	}
+	// The box's own time: a build of its image said its own.
+	start := time.Now()
 	req.Type, req.Egress, req.Target, req.Nesting = typ.Type, egress, o.target, nesting
 	req.CPU, req.Memory, req.Disk, req.Processes, req.CPUAllowance = res.CPU, res.Memory, res.Disk, res.Processes, res.CPUAllowance
 	c.progressf("minting %s from %s...", o.name, img)

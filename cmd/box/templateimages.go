@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"time"
@@ -25,9 +27,16 @@ type imagesCLI struct {
 func (c *call) images(h *stack.Host) *imagesCLI {
 	ims := boxes.NewTemplateImages(h)
 	if v := strings.TrimSpace(c.getenv("BOX_TEMPLATE_IMAGES")); v != "" {
-		ims.File = v
+		ims.File, ims.AliasPrefix = v, recordAliasPrefix(v)
 	}
 	return &imagesCLI{c: c, h: h, ims: ims}
+}
+
+// recordAliasPrefix starts the aliases of the images a record of its own
+// (BOX_TEMPLATE_IMAGES) names: they move none of the host's.
+func recordAliasPrefix(path string) string {
+	sum := sha256.Sum256([]byte(path))
+	return "box/template-" + hex.EncodeToString(sum[:4]) + "/"
 }
 
 // maxAge is the age past which doctor notes a template's image:
@@ -84,7 +93,7 @@ func (ic *imagesCLI) mint(t *templates.Template, name string) (boxes.MintRequest
 			fmt.Fprintf(c.err, "box: template %s's image was built from %s as it was on %s; incusd has a newer one since: box templates build --refresh %s rebuilds the image on it\n", t.Name, ti.Base, ti.Built.Format(time.DateOnly), t.Name)
 		}
 	}
-	return boxes.TemplateMint(t, ti, name, version)
+	return ims.Mint(t, ti, name, version)
 }
 
 // stepf says on stderr what box is doing while the operator waits: a

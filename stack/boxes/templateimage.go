@@ -1,6 +1,7 @@
 package boxes
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -75,7 +76,17 @@ const (
 
 // ImageAlias is the alias box puts on a template's image, for people to
 // read (incus image list); box never mints from it.
-func ImageAlias(template string) string { return "box/template/" + template }
+func ImageAlias(template string) string { return DefaultAliasPrefix + template }
+
+// DefaultAliasPrefix starts the alias of every template image a host's
+// own record names.
+const DefaultAliasPrefix = "box/template/"
+
+// Alias is the alias of template's image: ImageAlias, or under
+// AliasPrefix for a record of its own.
+func (ims *TemplateImages) Alias(template string) string {
+	return cmp.Or(ims.AliasPrefix, DefaultAliasPrefix) + template
+}
 
 // DefaultTemplateImagesFile is where box records the template images it
 // built on a real host.
@@ -144,6 +155,10 @@ type TemplateImages struct {
 	// File records the images root built on the host (TemplateImagesFile
 	// of its namespace by default).
 	File string
+	// AliasPrefix starts the aliases of the images File names
+	// (DefaultAliasPrefix when empty): a record of its own (a test's)
+	// moves no alias of the host's.
+	AliasPrefix string
 }
 
 // NewTemplateImages is host's template images.
@@ -260,6 +275,9 @@ func (ims *TemplateImages) Ensure(ctx context.Context, t *templates.Template, b 
 	return ti, ImageCurrent, err
 }
 
+// wtmpPath is the log a container's shutdown writes to.
+const wtmpPath = "/var/log/wtmp"
+
 // lock is the lock of template's image builds on this host, beside the
 // record.
 func (ims *TemplateImages) lock(template string) string {
@@ -336,8 +354,17 @@ func (ims *TemplateImages) build(ctx context.Context, t *templates.Template, b I
 	if out, err := execScript(ctx, host.Incus, name, templates.AnonymizeScript); err != nil {
 		return fail(fmt.Errorf("making it anonymous: %s", strings.TrimSpace(out+" "+err.Error())))
 	}
+	// The shutdown itself logs to wtmp: emptied once the builder stopped.
+	wtmp, _ := execScript(ctx, host.Incus, name, "stat -c '%a %u %g' "+wtmpPath)
 	if err := host.Incus.Instances().SetState(ctx, name, "stop", time.Minute, false); err != nil {
 		return fail(fmt.Errorf("stopping the builder: %w", err))
+	}
+	var mode os.FileMode
+	var uid, gid int
+	if _, err := fmt.Sscanf(wtmp, "%o %d %d", &mode, &uid, &gid); err == nil {
+		if err := host.Incus.Instances().PushFile(ctx, name, wtmpPath, strings.NewReader(""), mode, uid, gid); err != nil {
+			return fail(fmt.Errorf("emptying the builder's %s: %w", wtmpPath, err))
+		}
 	}
 	b.step("building template %s's image: publishing it", t.Name)
 	pub := time.Now()
@@ -420,7 +447,7 @@ func (ims *TemplateImages) record(ctx context.Context, ti TemplateImage) error {
 // not read it; people and doctor do.
 func (ims *TemplateImages) RepairAlias(ctx context.Context, ti TemplateImage) error {
 	c := ims.host.Incus
-	alias := ImageAlias(ti.Template)
+	alias := ims.Alias(ti.Template)
 	a, err := c.Images().Alias(ctx, alias)
 	switch {
 	case err == nil && a.Target == ti.Fingerprint:
@@ -513,15 +540,15 @@ func execScript(ctx context.Context, c *incus.Client, name, script string) (stri
 	return out, nil
 }
 
-// TemplateMint is the request that mints box name as a copy of t's image
-// ti: by fingerprint, with the user-data that only checks what the image
-// holds (nothing is installed), and the template's stamps.
-func TemplateMint(t *templates.Template, ti TemplateImage, name, version string) (MintRequest, error) {
+// Mint is the request that mints box name as a copy of t's image ti: by
+// fingerprint, with the user-data that only checks what the image holds
+// (nothing is installed), and the template's stamps.
+func (ims *TemplateImages) Mint(t *templates.Template, ti TemplateImage, name, version string) (MintRequest, error) {
 	ud, err := t.CopyUserData(name, version)
 	if err != nil {
 		return MintRequest{}, err
 	}
-	return MintRequest{Name: name, Image: ImageAlias(t.Name), Fingerprint: ti.Fingerprint, UserData: ud,
+	return MintRequest{Name: name, Image: ims.Alias(t.Name), Fingerprint: ti.Fingerprint, UserData: ud,
 		Stamps: map[string]string{model.StampTemplate: t.Name, model.StampUser: t.User, model.StampVersion: version},
 		Origin: "template " + t.Name + "'s image " + short(ti.Fingerprint)}, nil
 }

@@ -60,7 +60,7 @@ func (ims *TemplateImages) Notes(ctx context.Context, maxAge time.Duration) ([]s
 		if img.Properties["user.box.template"] != tpl || img.Properties["user.box.template_hash"] != ti.Hash {
 			notes = append(notes, fmt.Sprintf("template images: template %s's image %s has had its properties changed behind box's back (user.box.template=%q, user.box.template_hash=%q): box mints it by fingerprint, so its content is what box built; box templates build --refresh %s replaces it", tpl, short(ti.Fingerprint), img.Properties["user.box.template"], img.Properties["user.box.template_hash"], tpl))
 		}
-		alias := ImageAlias(tpl)
+		alias := ims.Alias(tpl)
 		switch a, err := ims.host.Incus.Images().Alias(ctx, alias); {
 		case incus.IsNotFound(err):
 			notes = append(notes, fmt.Sprintf("template images: the alias %s is gone (box mints by fingerprint, so mints are unaffected): box templates build %s puts it back", alias, tpl))
@@ -88,8 +88,8 @@ func (ims *TemplateImages) Purge(ctx context.Context) ([]model.Change, error) {
 	var changes []model.Change
 	for _, tpl := range slices.Sorted(maps.Keys(rec)) {
 		ti := rec[tpl]
-		if a, err := ims.host.Incus.Images().Alias(ctx, ImageAlias(tpl)); err == nil && a.Target == ti.Fingerprint {
-			if err := ims.host.Incus.Images().DeleteAlias(ctx, ImageAlias(tpl)); err != nil && !incus.IsNotFound(err) {
+		if a, err := ims.host.Incus.Images().Alias(ctx, ims.Alias(tpl)); err == nil && a.Target == ti.Fingerprint {
+			if err := ims.host.Incus.Images().DeleteAlias(ctx, ims.Alias(tpl)); err != nil && !incus.IsNotFound(err) {
 				return changes, err
 			}
 		}

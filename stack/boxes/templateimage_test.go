@@ -275,7 +275,7 @@ func TestTemplateImageNotes(t *testing.T) {
 func TestMintByFingerprint(t *testing.T) {
 	f, h := newMintFake(t)
 	tpl, _ := blank(t)
-	req, err := TemplateMint(tpl, TemplateImage{Template: "blank", Fingerprint: builtFP}, "b", "test")
+	req, err := (&TemplateImages{}).Mint(tpl, TemplateImage{Template: "blank", Fingerprint: builtFP}, "b", "test")
 	require.NoError(t, err)
 	_, err = (&Manager{host: h}).Mint(context.Background(), req)
 	require.NoError(t, err)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime/multipart"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -223,4 +224,30 @@ func (api Images) Delete(ctx context.Context, fingerprint string) error {
 		return fmt.Errorf("deleting image %s: %w", fingerprint, err)
 	}
 	return nil
+}
+
+// Export streams an image's file (GET /1.0/images/{fingerprint}/export):
+// a unified image's one tarball, compressed as it was made (a template
+// image is published uncompressed), holding metadata.yaml, templates/ and
+// rootfs/. The caller closes it. A split image's two files come as a
+// multipart body, which this refuses.
+func (api Images) Export(ctx context.Context, fingerprint string) (io.ReadCloser, error) {
+	p := apiPath("images", fingerprint, "export")
+	resp, err := api.c.roundTrip(ctx, request{method: http.MethodGet, path: p})
+	if err != nil {
+		return nil, fmt.Errorf("exporting image %s: %w", fingerprint, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		_, err := decodeEnvelope(http.MethodGet, p, resp)
+		if err == nil {
+			err = &StatusError{Method: http.MethodGet, Path: p, Code: resp.StatusCode, Message: http.StatusText(resp.StatusCode)}
+		}
+		return nil, fmt.Errorf("exporting image %s: %w", fingerprint, err)
+	}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "multipart/") {
+		resp.Body.Close()
+		return nil, fmt.Errorf("exporting image %s: a split image (metadata and rootfs apart): not one tarball", fingerprint)
+	}
+	return resp.Body, nil
 }
