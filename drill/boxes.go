@@ -60,11 +60,15 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	cfg.logf("boxes: minting %s, %s and cloning %s", names[PlaceA], names[PlaceB], names[PlaceC])
 	mintTime := 3 * time.Minute
 	if cfg.Template != nil {
-		// box-a, then its clone, each provisioned in turn.
-		mintTime += 2 * provisionWait
+		// The template's image built, then box-a and its clone, each
+		// provisioned in turn.
+		mintTime += 3 * provisionWait
 	}
 	mctx, cancel := context.WithTimeout(ctx, mintTime)
 	defer cancel()
+	if err := r.ensureTemplateImage(mctx); err != nil {
+		return fmt.Errorf("boxes: %w", err)
+	}
 	if err := r.mintCommon(mctx); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
@@ -117,10 +121,11 @@ func (r *run) mintCommon(ctx context.Context) error {
 	mintErr := make([]error, 0, len(mints))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	if cfg.Template != nil {
+	if cfg.Template != nil && r.tmplImage == nil {
 		// box-a first: it pulls the image, which the others then find in
 		// Incus's cache (two pulls of one image at once collide in incusd's
-		// cache folder: "mkdir ...: file exists").
+		// cache folder: "mkdir ...: file exists"). Copies of a template's
+		// image pull nothing.
 		if err := r.mintProvisioned(ctx, PlaceA, mints[PlaceA]); err != nil {
 			return err
 		}

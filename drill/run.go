@@ -15,6 +15,7 @@ import (
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
 )
@@ -216,6 +217,10 @@ type run struct {
 	// baseImage is the fingerprint box-a's image resolved to: what the
 	// boxes minted without a pull (box-t, through incus-user) are made of.
 	baseImage string
+	// tmplImages and tmplImage are, in a template run, the host's
+	// template images and the one every probe box is a copy of.
+	tmplImages *boxes.TemplateImages
+	tmplImage  *boxes.TemplateImage
 }
 
 func runOnce(ctx context.Context, cfg Config) (_ *Report, dirty bool, err error) {

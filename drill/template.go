@@ -13,20 +13,56 @@ import (
 
 // A run with a template (drill run --template) drills the boxes people
 // use: its probe boxes are minted as box new mints that template's boxes,
-// from its image (pulled by Incus from the image server) with its
-// cloud-init user-data, and the agent is pushed once each has reported
-// ready. box-w is the exception: under its allowlist it could reach no
-// package mirror, so it is minted from the template's image without the
-// user-data (docs/claims.md).
+// as copies of the template's image (built first when the host has none
+// current, as the first box new of it would: docs/images.md) with the
+// copy's cloud-init user-data, and the agent is pushed once each has
+// reported ready. box-w is minted from the image without the user-data
+// (docs/claims.md). A run with --image other than the template's, or
+// against a remote, mints from that image and provisions each box in
+// itself, as box new does.
 
 // provisionWait bounds how long a template box may take to report ready
 // (an agent template installs packages and the agent's npm package).
 const provisionWait = 10 * time.Minute
 
+// ensureTemplateImage makes sure a template run has its template's image
+// (building it when the host has none current) and mints from it; a run
+// that cannot (another image asked for, a remote) provisions each box.
+func (r *run) ensureTemplateImage(ctx context.Context) error {
+	t := r.cfg.Template
+	if t == nil || (r.cfg.Image != "" && r.cfg.Image != t.Image) || r.cfg.Host.Remote != "" {
+		return nil
+	}
+	ims := boxes.NewTemplateImages(r.cfg.Host)
+	start := time.Now()
+	ti, state, err := ims.Ensure(ctx, t, boxes.ImageBuild{Version: r.cfg.Version, Step: func(format string, args ...any) {
+		r.cfg.logf("boxes: "+format, args...)
+	}})
+	if err != nil {
+		return fmt.Errorf("template %s's image: %w", t.Name, err)
+	}
+	r.cfg.logf("boxes: template %s's image %s (%s; ready in %s): every probe box is a copy of it", t.Name, ti.Fingerprint[:12], state, time.Since(start).Round(time.Second))
+	r.tmplImages, r.tmplImage = ims, &ti
+	return nil
+}
+
 // mintRequest is what a probe box at place is minted with: the run's
-// image, and in a template run its user-data (unless provision is false).
+// image; in a template run a copy of the template's image with the copy's
+// user-data (none when provision is false), or where there is none the
+// template's base with its whole user-data.
 func (r *run) mintRequest(name, target string, provision bool) (boxes.MintRequest, error) {
 	req := boxes.MintRequest{Name: name, Image: r.cfg.Image, Type: probeType, Stamps: r.stamps(), Target: target}
+	if t, ti := r.cfg.Template, r.tmplImage; t != nil && ti != nil {
+		copyReq, err := r.tmplImages.Mint(t, *ti, name, r.cfg.Version)
+		if err != nil {
+			return req, fmt.Errorf("template %s: %w", t.Name, err)
+		}
+		req.Image, req.Fingerprint, req.Origin = copyReq.Image, copyReq.Fingerprint, copyReq.Origin
+		if provision {
+			req.UserData = copyReq.UserData
+		}
+		return req, nil
+	}
 	if t := r.cfg.Template; t != nil {
 		req.Image = t.Image
 		if r.cfg.Image != "" && r.cfg.Image != t.Image {

@@ -2,6 +2,7 @@ package drill_test
 
 import (
 	"context"
+	"io"
 	"testing"
 	"time"
 
@@ -9,17 +10,19 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/drill"
+	"github.com/box-isolation/box/internal/syncbuf"
 	"github.com/box-isolation/box/internal/testenv"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/templates"
 )
 
 // TestSystemDrillOnTemplateBoxes: the drill on the boxes people use. Its
-// probe boxes are minted as box new mints the claude template's, from
-// images:debian/12/cloud pulled through the world's image server, each
-// provisioned (cloud-init ran the template's user-data, installed the
-// agent from the stand-ins and wrote the ready marker) before the agent
-// is pushed; every claim holds there, the discovery multicast Debian would
-// send among the probes.
+// probe boxes are minted as box new mints the claude template's: copies
+// of the template's image (built from images:debian/12/cloud through the
+// world's image server and stand-ins when the world has none current),
+// each reporting ready (cloud-init ran the copy's user-data) before the
+// agent is pushed; every claim holds there, the discovery multicast
+// Debian would send among the probes.
 func TestSystemDrillOnTemplateBoxes(t *testing.T) {
 	cfg := config(t)
 	st := testenv.World(t)
@@ -30,6 +33,8 @@ func TestSystemDrillOnTemplateBoxes(t *testing.T) {
 	require.NoError(t, err)
 	cfg.Template, cfg.Image = tpl, tpl.Image
 	cfg.Host.IncusConfigDir = st.IncusConf
+	var log syncbuf.Buffer
+	cfg.Log = io.MultiWriter(cfg.Log, &log)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	start := time.Now()
@@ -50,4 +55,11 @@ func TestSystemDrillOnTemplateBoxes(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 6, multicast, "mDNS, LLMNR and SSDP at each of the two peers")
+
+	rec, err := boxes.ReadTemplateImages(boxes.TemplateImagesFile(st.Names.HostNS))
+	require.NoError(t, err)
+	ti, ok := rec["claude"]
+	require.True(t, ok, "the run built or found claude's image")
+	assert.Contains(t, log.String(), "boxes: template claude's image "+ti.Fingerprint[:12]+" (current; ready in ", "the probe boxes are copies of it")
+	assert.Regexp(t, `boxes: drill-\S+-a provisioned from template claude in `, log.String(), "box-a reported ready")
 }

@@ -89,7 +89,7 @@ func setupNew(fs *flag.FlagSet) action {
 	fs.StringVar(&o.disk, "disk", "", "root disk size, e.g. 20GiB, or none for the pool's default (beats BOX_DISK, which beats the template)")
 	fs.BoolVar(&o.vm, "vm", false, "make a virtual machine (default where the host can run one)")
 	fs.BoolVar(&o.container, "container", false, "make a container (default where the host cannot run VMs)")
-	fs.StringVar(&o.image, "image", "", "the image: an alias or fingerprint on this server, or REMOTE:ALIAS from an image server, as the incus CLI names it (beats BOX_IMAGE, which beats the template's)")
+	fs.StringVar(&o.image, "image", "", "the image: an alias or fingerprint on this server, or REMOTE:ALIAS from an image server, as the incus CLI names it (beats BOX_IMAGE, which beats the template's); a box of an image named here is provisioned in itself, not copied from the template's image")
 	fs.StringVar(&o.target, "target", "", "on an Incus cluster: the member to mint (or clone) it on (default: where Incus places it)")
 	fs.StringVar(&o.egress, "egress", "", "open (the default), or allow:FILE: the box reaches only the names in FILE (one name or *.suffix a line)")
 	fs.BoolVar(&o.nesting, "nesting", false, "let containers run inside the box (Docker); --nesting=false overrides a template's nesting: true (what it costs: docs/box.md)")
@@ -145,8 +145,9 @@ func (c *call) newBox(o *newOpts) error {
 	}
 	// The template's own image is built into a local image once per host,
 	// and a box of it is a copy (docs/images.md, "Template images"); a
-	// box of another base image is provisioned in itself.
-	fromTemplateImage := img == t.Image
+	// box of an image the operator names (--image, BOX_IMAGE), even the
+	// template's base, is provisioned in itself.
+	fromTemplateImage := img == t.Image && o.image == "" && strings.TrimSpace(c.getenv("BOX_IMAGE")) == ""
 	userData, err := t.UserData(templates.RenderOptions{BoxName: o.name, BoxVersion: version})
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -20,16 +21,18 @@ import (
 	"github.com/box-isolation/box/fixtures/simplestreams"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv"
+	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
 )
 
-// The boxes people use, end to end in the world: the templates minted
-// from their images: alias, pulled by incusd from the world's image
-// server (the Debian bookworm cloud image built from Debian's packages),
-// provisioned by cloud-init from the world's Debian mirror and npm
-// registry stand-ins (docs/world-stand-ins.md).
+// The boxes people use, end to end in the world: each template built once
+// into its image (docs/images.md), from its images: alias, which incusd
+// pulls from the world's image server (the Debian bookworm cloud image
+// built from Debian's packages), provisioned by cloud-init from the
+// world's Debian mirror and npm registry stand-ins
+// (docs/world-stand-ins.md); every box a copy of its template's image.
 
 // debianAlias is the templates' image on the world's image server.
 const debianAlias = "debian/12/cloud"
@@ -113,15 +116,27 @@ var downloads = regexp.MustCompile(`simplestreams: GET https? /images/debian/\S+
 // progressLine is box new's download progress, drawn on a terminal.
 var progressLine = regexp.MustCompile(`from images:` + regexp.QuoteMeta(debianAlias) + `: rootfs: \d+%`)
 
-// TestSystemDebianBoxes mints every template from images:debian/12/cloud
-// through the world's image server, all at once (incusd downloads the
-// image once; the others wait for it), beside a nesting box running
-// Docker; then a second mint, which downloads nothing, with the mirror
-// stopped: a provisioning failure; then a clone of the claude box, which
-// is not provisioned again.
+// TestSystemDebianBoxes mints every template from an uncached
+// images:debian/12/cloud through the world's image server, all at once,
+// beside a nesting box running Docker: each template's image is built
+// once (incusd downloads the base once; the others wait for it) and every
+// box is a copy of it. Then, with the image server, mirror and registry
+// all stopped, a mint from the current image succeeds and asks none of
+// them; a build in a record of its own fails with the mirror down,
+// naming the failure and leaving neither image nor builder; a clone of the
+// claude box is not provisioned again.
 func TestSystemDebianBoxes(t *testing.T) {
 	r, c, st := debianWorld(t)
+	ctx := context.Background()
 	fp := served(t, st, debianAlias)
+	rec := boxes.TemplateImagesFile(st.Names.HostNS)
+	// A base of its own for this run: every image here is built again
+	// (the record names images built from the base being forgotten).
+	if images, err := boxes.ReadTemplateImages(rec); err == nil {
+		for _, ti := range images {
+			forgetImage(t, c, ti.Fingerprint)
+		}
+	}
 	forgetImage(t, c, fp)
 	from := logEnd(t, st)
 	start := time.Now()
@@ -132,7 +147,7 @@ func TestSystemDebianBoxes(t *testing.T) {
 	// Every box is removed at the end of the whole test: the clone needs
 	// the claude box.
 	top := t
-	mint := func(t *testing.T, tpl string, args ...string) (string, result) {
+	mint := func(t *testing.T, r runner, tpl string, args ...string) (string, result) {
 		name := uniq(t)
 		cleanup(top, c, name)
 		res := r.withErrTTY().run(t, append([]string{"new", "--name", name, "--template", tpl}, args...)...)
@@ -155,24 +170,26 @@ func TestSystemDebianBoxes(t *testing.T) {
 	}
 	for _, tpl := range []string{"blank", "claude", "codex", "grok"} {
 		at(tpl, func(t *testing.T) {
-			name, res := mint(t, tpl)
+			name, res := mint(t, r, tpl)
 			require.Equal(t, exitOK, res.code, res.err)
 			mu.Lock()
 			minted[tpl] = name
 			mu.Unlock()
-			checkTemplateBox(t, r, c, st, tpl, name, fp, res)
+			ti := recordedImage(t, rec, tpl)
+			assert.Equal(t, fp, ti.BaseFingerprint, "built from the base the server gives")
+			checkTemplateBox(t, r, c, st, tpl, name, ti, res)
 		})
 	}
 	at("nesting", func(t *testing.T) {
-		name, res := mint(t, "blank", "--nesting")
+		name, res := mint(t, r, "blank", "--nesting")
 		require.Equal(t, exitOK, res.code, res.err)
 		checkDocker(t, r, c, st, name, res)
 	})
 	wg.Wait()
-	t.Logf("the four templates and the nesting box, minted at once from an uncached image: %s", time.Since(start).Round(time.Second))
+	t.Logf("the four templates' images built and the four boxes and the nesting box minted at once from an uncached base: %s", time.Since(start).Round(time.Second))
 
 	log := serviceLog(t, st, from)
-	assert.Len(t, downloads.FindAllString(log, -1), 1, "incusd downloaded the image once, for all five:\n%s", strings.Join(downloads.FindAllString(log, -1), "\n"))
+	assert.Len(t, downloads.FindAllString(log, -1), 1, "incusd downloaded the base once, for all four builds:\n%s", strings.Join(downloads.FindAllString(log, -1), "\n"))
 	shown := 0
 	for _, e := range progress {
 		if progressLine.MatchString(e) {
@@ -180,31 +197,55 @@ func TestSystemDebianBoxes(t *testing.T) {
 		}
 	}
 	assert.GreaterOrEqual(t, shown, 1, "the download's progress was shown")
+	noBuilders(t, c)
 	if t.Failed() {
 		return
 	}
 
-	t.Run("second mint, provisioning failed", func(t *testing.T) {
+	t.Run("the claude image's rootfs", func(t *testing.T) {
+		left, files := imageLeftovers(t, c, recordedImage(t, rec, "claude").Fingerprint)
+		assert.Greater(t, files, 1000, "the image's rootfs was read")
+		assert.Empty(t, left, "the image holds what belonged to its builder")
+	})
+
+	t.Run("offline, from the current image", func(t *testing.T) {
+		for _, addr := range []netip.Addr{world.ImageServerAddr, world.MirrorAddr, world.NPMRegistryAddr} {
+			restart, err := st.StopStandIn(addr)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, restart()) }()
+		}
+		from := logEnd(t, st)
+		name, res := mint(t, r, "claude")
+		require.Equal(t, exitOK, res.code, "the image server, mirror and registry down: %s", res.err)
+		assert.NotContains(t, res.err, "building")
+		assert.Equal(t, recordedImage(t, rec, "claude").Fingerprint, infoOf(t, r, name).Stamps[model.StampFingerprint])
+		ex := r.run(t, "exec", name, "--", "claude", "--version")
+		assert.Equal(t, npmreg.VersionLine("claude")+"\n", ex.out)
+		assert.NotRegexp(t, `(simplestreams|debrepo|npmreg): GET`, serviceLog(t, st, from), "asked no stand-in for anything")
+	})
+
+	t.Run("a build that fails", func(t *testing.T) {
 		// The mirror stopped: apt cannot install nodejs, so npm is not
-		// there and the agent never is. The box is kept, running, with
-		// the reason.
+		// there and the agent never is. No image is published, the
+		// builder goes, and the error says why.
 		startMirror, err := st.StopStandIn(world.MirrorAddr)
 		require.NoError(t, err)
 		defer func() { require.NoError(t, startMirror()) }()
-		from := logEnd(t, st)
-		name, res := mint(t, "claude")
+		own := filepath.Join(t.TempDir(), "template-images.json")
+		before, err := c.Images().List(ctx)
+		require.NoError(t, err)
+		name, res := mint(t, r.with("BOX_TEMPLATE_IMAGES", own), "claude")
 		assert.Equal(t, exitFailed, res.code)
-		assert.Contains(t, res.err, "box: minted "+name+", but provisioning failed: agent command claude is not in /usr/local/bin (npm install -g @anthropic-ai/claude-code failed?)")
-		assert.Contains(t, res.err, "box: the last lines of /var/log/cloud-init-output.log in "+name)
-		assert.Contains(t, res.err, name+" is kept, running, as it failed: look inside with box shell "+name)
-		assert.Contains(t, res.err, "box rm "+name+" --force")
-		assert.NotRegexp(t, progressLine, res.err, "nothing to download: no progress")
-		assert.Empty(t, downloads.FindAllString(serviceLog(t, st, from), -1), "a second mint downloads nothing")
-		info := infoOf(t, r, name)
-		assert.Equal(t, "Running", info.Status, "kept, running")
-		assert.Equal(t, fp, info.Stamps[model.StampFingerprint], "from the cached image")
-		assert.Contains(t, asRoot(t, c, name, "cat "+templates.FailedMarker), "agent command claude is not in /usr/local/bin")
-		assert.Contains(t, asRoot(t, c, name, "cat /var/log/cloud-init-output.log"), "E: Unable to locate package nodejs", "the whole story is inside")
+		assert.Contains(t, res.err, "box: building template claude's image: provisioning failed: agent command claude is not in /usr/local/bin (npm install -g @anthropic-ai/claude-code failed?)")
+		assert.Contains(t, res.err, "the end of its /var/log/cloud-init-output.log:")
+		after, err := c.Images().List(ctx)
+		require.NoError(t, err)
+		assert.Len(t, after, len(before), "no image left")
+		noBuilders(t, c)
+		_, _, err = c.Instances().Get(ctx, name)
+		assert.True(t, incus.IsNotFound(err), "no box made: %v", err)
+		_, err = os.Stat(own)
+		assert.True(t, os.IsNotExist(err), "nothing recorded: %v", err)
 	})
 
 	t.Run("clone", func(t *testing.T) {
@@ -217,7 +258,7 @@ func TestSystemDebianBoxes(t *testing.T) {
 // unmodified and wrote the ready marker, the agent answers, the context
 // file and the user with passwordless sudo exist, and box shell hands
 // over to a login shell in the user's home.
-func checkTemplateBox(t *testing.T, r runner, c *incus.Client, st *world.State, tpl, name, fp string, res result) {
+func checkTemplateBox(t *testing.T, r runner, c *incus.Client, st *world.State, tpl, name string, ti boxes.TemplateImage, res result) {
 	t.Helper()
 	tp, err := templates.Get(tpl)
 	require.NoError(t, err)
@@ -226,20 +267,22 @@ func checkTemplateBox(t *testing.T, r runner, c *incus.Client, st *world.State, 
 
 	info := infoOf(t, r, name)
 	for k, want := range map[string]string{
-		model.StampTemplate: tpl, model.StampUser: tp.User, model.StampImage: "images:" + debianAlias,
-		model.StampImageServer: world.ImageServerURL(), model.StampFingerprint: fp,
+		model.StampTemplate: tpl, model.StampUser: tp.User, model.StampImage: boxes.ImageAlias(tpl),
+		model.StampImageServer: "", model.StampFingerprint: ti.Fingerprint, model.StampOrigin: "template " + tpl + "'s image " + ti.Fingerprint[:12],
 	} {
 		assert.Equal(t, want, info.Stamps[k], k)
 	}
 
-	// cloud-init ran the template's user-data as box rendered it.
-	want, err := tp.UserData(templates.RenderOptions{BoxName: name, BoxVersion: version})
+	// cloud-init ran the copy's user-data as box rendered it: the user
+	// and the checks, nothing installed.
+	want, err := tp.CopyUserData(name, version)
 	require.NoError(t, err)
 	inst, _, err := c.Instances().Get(context.Background(), name)
 	require.NoError(t, err)
 	assert.Equal(t, want, inst.Config["cloud-init.user-data"])
 	assert.Equal(t, strings.TrimSpace(want), asRoot(t, c, name, "cat /var/lib/cloud/seed/nocloud-net/user-data"), "the seed Incus rendered is the user-data, unmodified")
 	assert.Equal(t, "status: done", asRoot(t, c, name, "cloud-init status"))
+	assert.Equal(t, name, asRoot(t, c, name, "cat /var/lib/cloud/data/instance-id"), "a cloud-init instance of its own")
 	assert.Equal(t, tpl, asRoot(t, c, name, "cat "+templates.ReadyMarker))
 	assert.Equal(t, "no", asRoot(t, c, name, "test -e "+templates.FailedMarker+" && echo yes || echo no"))
 
@@ -264,7 +307,8 @@ func checkTemplateBox(t *testing.T, r runner, c *incus.Client, st *world.State, 
 	ex = r.run(t, "exec", name, "--", tp.Agent.Command, "--version")
 	assert.Equal(t, exitOK, ex.code, ex.err)
 	assert.Equal(t, npmreg.VersionLine(tpl)+"\n", ex.out, "the agent answers")
-	ctxWant, err := tp.ContextFile(templates.RenderOptions{BoxName: name, BoxVersion: version})
+	// Written into the image, for every box of the template.
+	ctxWant, err := tp.ContextFile(templates.RenderOptions{BoxVersion: version, Image: true})
 	require.NoError(t, err)
 	ex = r.run(t, "exec", name, "--", "cat", tp.ContextPath())
 	assert.Equal(t, ctxWant, ex.out, "the context file")

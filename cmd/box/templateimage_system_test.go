@@ -19,7 +19,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/fixtures/world"
+	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
@@ -325,4 +327,72 @@ func purgeRecord(t *testing.T, c *incus.Client, rec string) {
 	changes, err := ims.Purge(context.Background())
 	assert.NoError(t, err)
 	t.Logf("cleanup: %v", changes)
+}
+
+// TestSystemTemplateImageAliasDrift: a granted user's mint is a copy of
+// the image root built (by fingerprint, through incus-user, from another
+// project). The user cannot move box's alias, but once it is gone they
+// can make one of that name pointing at another image: root's next mint
+// is still a copy of the image box recorded, box doctor names the drift,
+// and box templates build puts the alias back.
+func TestSystemTemplateImageAliasDrift(t *testing.T) {
+	e := tierWorld(t)
+	st := testenv.World(t)
+	if st.DebianImage == "" || st.IncusConf == "" {
+		testenv.Unavailable(t, "needs the world's Debian image on its image server: run `bin/drill world image --debian` (minutes, once per machine)")
+	}
+	ctx := context.Background()
+	root := e.r.with("BOX_IMAGE", "", "INCUS_CONF", st.IncusConf)
+	res := root.run(t, "templates", "build", "blank")
+	require.Equal(t, exitOK, res.code, res.err)
+	ti := recordedImage(t, boxes.TemplateImagesFile(st.Names.HostNS), "blank")
+	alias := boxes.ImageAlias("blank")
+
+	u := e.newUser(t)
+	e.grant(t, u)
+	ur := e.as(u).with("BOX_IMAGE", "", "HOME", u.home)
+	ub := uniq(t)
+	res = ur.run(t, "new", "--name", ub, "--template", "blank")
+	require.Equal(t, exitOK, res.code, "box new as the granted user: %s", res.err)
+	inst, _, err := e.c.Project(stack.TierProject(u.UID)).Instances().Get(ctx, ub)
+	require.NoError(t, err)
+	assert.Equal(t, ti.Fingerprint, inst.Config[model.StampFingerprint], "the user's box is a copy of root's image")
+	assert.NotContains(t, res.err, "provisioned in itself")
+
+	// The user cannot move box's alias: Incus 6.0.4 refuses them the
+	// default project's alias (their project shares its images, and an
+	// alias change made there is the default project's). But they can
+	// create one where there is none: once box's is gone (an operator
+	// cleaning up by hand), the user points box's name at an image of the
+	// host's they can see.
+	probe, err := e.c.Images().Alias(ctx, image.DefaultAlias)
+	require.NoError(t, err)
+	uc := e.host.AsUser(u.User, e.incusGID).Project(stack.TierProject(u.UID))
+	refusedFor(t, "the granted user deleting "+alias, uc.Images().DeleteAlias(ctx, alias), "does not have permission")
+	unmoved, err := e.c.Images().Alias(ctx, alias)
+	require.NoError(t, err)
+	require.Equal(t, ti.Fingerprint, unmoved.Target)
+	require.NoError(t, e.c.Images().DeleteAlias(ctx, alias), "the operator, by hand")
+	require.NoError(t, uc.Images().CreateAlias(ctx, alias, probe.Target, "the user's"), "as the granted user, where box's alias was")
+	t.Cleanup(func() { root.run(t, "templates", "build", "blank") })
+	moved, err := e.c.Images().Alias(ctx, alias)
+	require.NoError(t, err)
+	require.Equal(t, probe.Target, moved.Target, "the user's alias is the default project's, the one people read (else this proves nothing)")
+
+	rb := uniq(t)
+	cleanup(t, e.c, rb)
+	res = root.run(t, "new", "--name", rb, "--template", "blank")
+	require.Equal(t, exitOK, res.code, res.err)
+	assert.Equal(t, ti.Fingerprint, infoOf(t, root, rb).Stamps[model.StampFingerprint], "root's mint is a copy of the image box recorded, not the alias's")
+
+	res = root.run(t, "doctor")
+	assert.Contains(t, res.err, "the alias "+alias+" points at "+probe.Target[:12]+", not at the image box built and mints from ("+ti.Fingerprint[:12]+")")
+
+	res = root.run(t, "templates", "build", "blank")
+	require.Equal(t, exitOK, res.code, res.err)
+	back, err := e.c.Images().Alias(ctx, alias)
+	require.NoError(t, err)
+	assert.Equal(t, ti.Fingerprint, back.Target, "box templates build put it back")
+	res = root.run(t, "doctor")
+	assert.NotContains(t, res.err, "the alias "+alias)
 }
