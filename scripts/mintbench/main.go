@@ -30,7 +30,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/box-isolation/box/fixtures/world"
+	"github.com/box-isolation/box/internal/worldstate"
 	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -46,7 +46,7 @@ func main() {
 
 // bench is one run's setting.
 type bench struct {
-	st     *world.State
+	st     *worldstate.State
 	c      *incus.Client
 	box    string // the box binary
 	log    io.Writer
@@ -95,7 +95,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	st, err := world.Load()
+	st, err := worldstate.Load()
 	if err != nil {
 		return fmt.Errorf("%w (run it in a world: BOX_WORLD_STATE, or drill world up)", err)
 	}
@@ -145,7 +145,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 func (b *bench) boxCmd(ctx context.Context, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, b.box, args...)
 	cmd.Env = append(os.Environ(), "INCUS_SOCKET="+b.st.IncusSocket, "BOX_NETNS="+b.st.Names.HostNS,
-		"BOX_DNS="+world.Resolver.String(), "INCUS_CONF="+b.st.IncusConf, "BOX_IMAGE=", "BOX_TEMPLATE_IMAGES=")
+		"BOX_DNS="+worldstate.Resolver.String(), "INCUS_CONF="+b.st.IncusConf, "BOX_IMAGE=", "BOX_TEMPLATE_IMAGES=")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
@@ -349,4 +349,3 @@ func loadAvg() string {
 	f := strings.Fields(string(b))
 	return strings.Join(f[:min(3, len(f))], " ")
 }
-
