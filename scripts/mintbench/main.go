@@ -62,6 +62,8 @@ type Result struct {
 	BoxMedian   float64   `json:"box_new_median"`
 	LaunchMed   float64   `json:"incus_launch_median"`
 	Ratio       float64   `json:"ratio"`
+	Standby     []float64 `json:"standby_seconds,omitempty"`
+	StandbyMed  float64   `json:"standby_median,omitempty"`
 	Load        []string  `json:"load_average"` // before, after
 }
 
@@ -85,6 +87,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	first := fs.String("first", "claude", "the template whose first mint is measured (\"\" for none)")
 	boxBin := fs.String("box", "bin/box", "the box binary")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
+	standby := fs.Bool("standby", false, "also time taking a standby box: a stopped copy, stamped, started to the endpoint (what box templates warm would save)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -123,7 +126,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	for _, n := range names {
-		r, err := b.compare(ctx, n, *rounds)
+		r, err := b.compare(ctx, n, *rounds, *standby)
 		if err != nil {
 			return err
 		}
@@ -131,6 +134,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if !*asJSON {
 			fmt.Fprintf(stdout, "%-7s box new %5.1f s, incus launch %5.1f s (medians of %d): %.2fx; load %s -> %s; box new %v, incus launch %v\n",
 				n, r.BoxMedian, r.LaunchMed, *rounds, r.Ratio, r.Load[0], r.Load[1], r.BoxNew, r.Launch)
+			if *standby {
+				fmt.Fprintf(stdout, "%-7s a standby box taken %5.1f s (median; %v): box new is %.2fx that\n", n, r.StandbyMed, r.Standby, r.BoxMedian/r.StandbyMed)
+			}
 		}
 	}
 	if *asJSON {
@@ -200,7 +206,7 @@ func (b *bench) first(ctx context.Context, template string) (*First, error) {
 }
 
 // compare runs the alternating rounds of one template.
-func (b *bench) compare(ctx context.Context, template string, rounds int) (Result, error) {
+func (b *bench) compare(ctx context.Context, template string, rounds int, standby bool) (Result, error) {
 	tp, err := templates.Get(template)
 	if err != nil {
 		return Result{}, err
@@ -224,6 +230,13 @@ func (b *bench) compare(ctx context.Context, template string, rounds int) (Resul
 				return err
 			},
 		}
+		if standby {
+			steps = append(steps, func() error {
+				s, err := b.timeStandby(ctx, tp, fmt.Sprintf("mb-standby-%s-%d", template, i))
+				r.Standby = append(r.Standby, s)
+				return err
+			})
+		}
 		if i%2 == 1 {
 			slices.Reverse(steps)
 		}
@@ -234,7 +247,7 @@ func (b *bench) compare(ctx context.Context, template string, rounds int) (Resul
 		}
 		fmt.Fprintf(b.log, "mintbench: %s round %d: box new %.1f s, incus launch %.1f s (load %s)\n", template, i+1, r.BoxNew[i], r.Launch[i], loadAvg())
 	}
-	r.BoxMedian, r.LaunchMed = median(r.BoxNew), median(r.Launch)
+	r.BoxMedian, r.LaunchMed, r.StandbyMed = median(r.BoxNew), median(r.Launch), median(r.Standby)
 	r.Ratio = round(r.BoxMedian / r.LaunchMed)
 	r.Load = append(r.Load, loadAvg())
 	return r, nil
@@ -245,6 +258,35 @@ func (b *bench) timeBox(ctx context.Context, tp *templates.Template, name string
 	defer b.remove(name)
 	start := time.Now()
 	if _, err := b.boxCmd(ctx, args...); err != nil {
+		return 0, err
+	}
+	if err := b.endpoint(ctx, tp, name); err != nil {
+		return 0, err
+	}
+	return round(time.Since(start).Seconds()), nil
+}
+
+// timeStandby mints a copy and stops it (not timed), then times what
+// taking it as a standby box would: a stamp written, the start, to the
+// endpoint (its cloud-init ran at its mint and does not run again).
+func (b *bench) timeStandby(ctx context.Context, tp *templates.Template, name string) (float64, error) {
+	defer b.remove(name)
+	if _, err := b.boxCmd(ctx, "new", "--name", name, "--template", tp.Name); err != nil {
+		return 0, err
+	}
+	if err := b.endpoint(ctx, tp, name); err != nil {
+		return 0, err
+	}
+	if _, err := b.boxCmd(ctx, "down", name); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, "incus", "config", "set", name, "user.box.taken="+time.Now().UTC().Format(time.RFC3339))
+	cmd.Env = append(os.Environ(), "INCUS_DIR="+b.st.IncusDir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("stamping %s: %w: %s", name, err, out)
+	}
+	if _, err := b.boxCmd(ctx, "start", name); err != nil {
 		return 0, err
 	}
 	if err := b.endpoint(ctx, tp, name); err != nil {

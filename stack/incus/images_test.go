@@ -194,3 +194,32 @@ func TestPublishImage(t *testing.T) {
 	assert.Contains(t, err.Error(), "publishing builder as an image: ")
 	assert.Contains(t, err.Error(), "cannot export a running instance")
 }
+
+// Export streams a unified image's tarball as incusd sends it; a missing
+// image is incusd's error, and a split image (multipart) is refused.
+func TestExportImage(t *testing.T) {
+	srv, c := newFake(t)
+	srv.Handle("GET /1.0/images/{fp}/export", func(w http.ResponseWriter, r *http.Request) {
+		switch r.PathValue("fp") {
+		case "unified":
+			w.Header().Set("Content-Type", "application/octet-stream")
+			_, _ = io.WriteString(w, "the tarball")
+		case "split":
+			w.Header().Set("Content-Type", "multipart/form-data; boundary=x")
+			_, _ = io.WriteString(w, "--x--")
+		default:
+			incustest.Error(w, http.StatusNotFound, "Image not found")
+		}
+	})
+	rc, err := c.Images().Export(context.Background(), "unified")
+	require.NoError(t, err)
+	b, err := io.ReadAll(rc)
+	require.NoError(t, err)
+	require.NoError(t, rc.Close())
+	assert.Equal(t, "the tarball", string(b))
+
+	_, err = c.Images().Export(context.Background(), "gone")
+	assert.True(t, incus.IsNotFound(err), "%v", err)
+	_, err = c.Images().Export(context.Background(), "split")
+	assert.ErrorContains(t, err, "a split image")
+}
