@@ -146,7 +146,7 @@ func mintLoadBox(ctx context.Context, r *run) error {
 			if err != nil {
 				return fmt.Errorf("kernel: the probe image for %s: %w", p, err)
 			}
-			req.Image = res.Alias
+			req.Image, req.Fingerprint, req.Origin = res.Alias, "", ""
 		}
 		req.IsolatedIDMap = true
 		reqs[p] = req
