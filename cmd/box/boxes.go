@@ -379,6 +379,12 @@ func (c *call) notProvisioned(r *newResult, asJSON bool, err error) error {
 	return fmt.Errorf("%w\n%s is kept, running, as it failed: look inside with box shell %s (%s has the whole story), or remove it and start again: box rm %s --force", err, pf.name, pf.name, cloudInitLog, pf.name)
 }
 
+// markerPoll is how often box new looks for a box's markers: a copy of a
+// template's image reports within seconds, and every poll's wait is
+// time the operator waits on top (two reads through incusd's file API,
+// a few milliseconds each).
+const markerPoll = 100 * time.Millisecond
+
 // cloudInitLog is where cloud-init writes its modules' output.
 const cloudInitLog = "/var/log/cloud-init-output.log"
 
@@ -404,7 +410,7 @@ func (c *call) waitProvisioned(cl *incus.Client, name string) (string, error) {
 		select {
 		case <-ctx.Done():
 			return "", fmt.Errorf("minted %s, but it has not finished provisioning after %s: look inside with box shell %s (cloud-init status --long)", name, provisionWait, name)
-		case <-time.After(2 * time.Second):
+		case <-time.After(markerPoll):
 		}
 	}
 }

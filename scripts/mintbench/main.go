@@ -3,9 +3,10 @@
 // numbers). For each template, with its image built:
 //
 //   - ROUNDS alternating rounds of `box new --template T` and `incus
-//     launch` of the same image fingerprint with the same profile, limits
-//     and user-data, each timed from its start to one endpoint: the box
-//     running with an IPv4 address, the ready marker present and the
+//     launch` of the same image fingerprint with the same profile, limits,
+//     user-data and a fixed address (boxnet's dnsmasq leases no other),
+//     each timed from its start to one endpoint: the box running with its
+//     IPv4 address, the ready marker present and the
 //     agent's --version answering (blank has no agent: the marker only);
 //     the medians, their ratio and the load average are reported;
 //   - with -first T (claude by default), the first mint's cost: a mint
@@ -24,6 +25,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
@@ -51,6 +53,9 @@ type bench struct {
 	box    string // the box binary
 	log    io.Writer
 	record string // the world host's template images
+	// launched counts the instances incus launch made: each gets a fixed
+	// address of its own (launchAddr).
+	launched int
 }
 
 // Result is one template's measurement (the -json output).
@@ -305,7 +310,11 @@ func (b *bench) timeLaunch(ctx context.Context, tp *templates.Template, ti boxes
 		return 0, err
 	}
 	res := tp.Resources
-	args := []string{"launch", ti.Fingerprint, name, "--profile", model.Current.Profile,
+	addr, err := b.launchAddr(ctx)
+	if err != nil {
+		return 0, err
+	}
+	args := []string{"launch", ti.Fingerprint, name, "--profile", model.Current.Profile, "-d", "eth0,ipv4.address=" + addr.String(),
 		"-c", "limits.cpu=" + res.CPU, "-c", "limits.memory=" + res.Memory, "-c", "limits.processes=" + res.Processes,
 		"-c", "limits.cpu.allowance=" + res.CPUAllowance, "-c", "cloud-init.user-data=" + ud, "-d", "root,size=" + res.Disk}
 	start := time.Now()
@@ -318,6 +327,26 @@ func (b *bench) timeLaunch(ctx context.Context, tp *templates.Template, ti boxes
 		return 0, err
 	}
 	return round(time.Since(start).Seconds()), nil
+}
+
+// launchAddr is a fixed address for the next launched instance, as box
+// gives each box one (boxnet's dnsmasq answers only the addresses Incus
+// names: an instance without one gets no lease there): from .200 up in
+// the bridge's /24, one per launch, so no lease of an earlier round is in
+// the way.
+func (b *bench) launchAddr(ctx context.Context) (netip.Addr, error) {
+	n, _, err := b.c.Networks().Get(ctx, model.Current.Network)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("%s's ipv4.address: %w", model.Current.Network, err)
+	}
+	a := p.Masked().Addr().As4()
+	a[3] = byte(200 + b.launched%50)
+	b.launched++
+	return netip.AddrFrom4(a), nil
 }
 
 // endpoint waits for name to be running with an IPv4 address on eth0,
