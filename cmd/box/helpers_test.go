@@ -6,6 +6,7 @@ import (
 	"errors"
 	"maps"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -58,6 +59,12 @@ func (r runner) run(t *testing.T, args ...string) result {
 	t.Helper()
 	if r.as != nil {
 		return r.runAs(t, args...)
+	}
+	if _, ok := r.env["BOX_TEMPLATE_IMAGES"]; !ok {
+		// A test not aimed at a world keeps its template images' record
+		// (and the lock beside it) in a directory of its own, never the
+		// host's /var/lib/box.
+		r = r.with("BOX_TEMPLATE_IMAGES", filepath.Join(t.TempDir(), "template-images.json"))
 	}
 	var o, e bytes.Buffer
 	var res result

@@ -53,6 +53,9 @@ func worldBox(t *testing.T) (runner, *incus.Client) {
 		"BOX_NETNS":    st.Names.HostNS,
 		"BOX_DNS":      world.Resolver.String(),
 		"BOX_IMAGE":    image.DefaultAlias,
+		// The world's own record of template images (its host namespace's),
+		// shared by every test aimed at the world.
+		"BOX_TEMPLATE_IMAGES": "",
 	}}
 	// A start that fails leaves its NIC's veth pair on the bridge (Incus
 	// 6.0): find out first, so setup-host below sweeps it away.
@@ -500,7 +503,7 @@ func countingProxy(t *testing.T, target string) (string, *atomic.Int64) {
 // used to call the operator's resolver drift and --fix would replace it).
 func TestSystemChosenSettingsStay(t *testing.T) {
 	r, _ := worldBox(t) // setup-host with BOX_DNS set
-	bare := runner{env: map[string]string{"INCUS_SOCKET": r.env["INCUS_SOCKET"], "BOX_NETNS": r.env["BOX_NETNS"]}}
+	bare := runner{env: map[string]string{"INCUS_SOCKET": r.env["INCUS_SOCKET"], "BOX_NETNS": r.env["BOX_NETNS"], "BOX_TEMPLATE_IMAGES": ""}}
 	res := bare.run(t, "doctor", "--json")
 	require.Equal(t, exitOK, res.code, "no finding without BOX_DNS: %s", res.out)
 	var d doctorResult
