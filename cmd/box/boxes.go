@@ -205,6 +205,11 @@ func (c *call) newBox(o *newOpts) error {
 			if strings.HasPrefix(n, boxes.NoteNoMemoryLimit) {
 				res.Memory = ""
 			}
+			if strings.HasPrefix(n, boxes.NoteStandbyTaken) {
+				if ready, _, err := c.images(h).ims.Standbys(c.ctx, t.Name, req.Fingerprint); err == nil {
+					fmt.Fprintf(c.err, "box: %d standby boxes of template %s left: box templates warm %s makes them up again\n", len(ready), t.Name, t.Name)
+				}
+			}
 		}
 	}
 	wanted := fmt.Sprintf("template %s, %s", t.Name, res)
@@ -441,12 +446,18 @@ func setupTemplates(fs *flag.FlagSet) action {
 	return func(c *call) error {
 		c.quiet = *asJSON
 		if len(c.args) > 0 {
-			if c.args[0] != "build" {
-				return usagef("templates: %q is not a verb of templates (build builds images)", c.args[0])
+			if c.args[0] != "build" && c.args[0] != "warm" {
+				return usagef("templates: %q is not a verb of templates (build builds images, warm keeps standby boxes)", c.args[0])
 			}
 			h, err := c.host()
 			if err != nil {
 				return err
+			}
+			if c.args[0] == "warm" {
+				if *refresh {
+					return usagef("templates: --refresh goes with build")
+				}
+				return c.images(h).warm(c.args[1:], *asJSON)
 			}
 			return c.images(h).build(c.args[1:], *refresh, *asJSON)
 		}
@@ -472,14 +483,18 @@ func setupTemplates(fs *flag.FlagSet) action {
 			return c.printJSON(rows)
 		}
 		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tUSER\tCPU\tMEMORY\tDISK\tIMAGE\tBUILT\tBASE\tDESCRIPTION")
+		fmt.Fprintln(tw, "NAME\tUSER\tCPU\tMEMORY\tDISK\tIMAGE\tBUILT\tBASE\tSTANDBY\tDESCRIPTION")
 		for _, r := range rows {
 			name := r.Name
 			if name == templates.Default {
 				name += " (default)"
 			}
 			img, built, base := imageCells(r)
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, r.User, r.Resources.CPU, r.Resources.Memory, r.Resources.Disk, img, built, base, r.Description)
+			standby := "-"
+			if r.Image != nil && (r.Image.Standby > 0 || r.Standby > 0) {
+				standby = fmt.Sprintf("%d/%d", r.Standby, r.Image.Standby)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, r.User, r.Resources.CPU, r.Resources.Memory, r.Resources.Disk, img, built, base, standby, r.Description)
 		}
 		return tw.Flush()
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -395,4 +396,117 @@ func TestSystemTemplateImageAliasDrift(t *testing.T) {
 	assert.Equal(t, ti.Fingerprint, back.Target, "box templates build put it back")
 	res = root.run(t, "doctor")
 	assert.NotContains(t, res.err, "the alias "+alias)
+}
+
+// TestSystemStandbyBoxes: box templates warm keeps standby boxes of a
+// template's image (booted once, stopped); box new takes one instead of
+// making a copy: renamed, answering to its new hostname (Incus renders
+// none at a rename: without box's rewrite it keeps the standby's), on the
+// standby's fixed address, its identity its own, ready, isolated as any
+// box. With none left the next mint is a copy; warm 0 removes the rest.
+func TestSystemStandbyBoxes(t *testing.T) {
+	r, c, _ := debianWorld(t)
+	ctx := context.Background()
+	rec := filepath.Join(t.TempDir(), "template-images.json")
+	r = r.with("BOX_TEMPLATE_IMAGES", rec)
+	t.Cleanup(func() { purgeRecord(t, c, rec) })
+	t.Cleanup(func() { r.run(t, "templates", "warm", "blank", "0") })
+
+	res := r.run(t, "templates", "warm", "blank", "2", "--json")
+	require.Equal(t, exitOK, res.code, res.err)
+	var w boxes.WarmResult
+	require.NoError(t, json.Unmarshal([]byte(res.out), &w))
+	require.Len(t, w.Made, 2, "two standby boxes made")
+	cleanup(t, c, w.Made...)
+	ti := recordedImage(t, rec, "blank")
+	assert.Equal(t, 2, ti.Standby, "the number kept is recorded")
+	addrs := map[string]string{}
+	for _, n := range w.Made {
+		inst, _, err := c.Instances().Get(ctx, n)
+		require.NoError(t, err)
+		assert.Equal(t, "Stopped", inst.Status, "%s waits stopped", n)
+		assert.Equal(t, ti.Fingerprint, inst.Config[model.StampFingerprint])
+		addrs[n] = model.FixedAddressOf(inst).String()
+		require.NotEqual(t, "invalid IP", addrs[n], "%s holds a fixed address", n)
+	}
+	res = r.run(t, "templates", "--json")
+	require.Equal(t, exitOK, res.code, res.err)
+	var rows []boxes.TemplateStatus
+	require.NoError(t, json.Unmarshal([]byte(res.out), &rows))
+	for _, row := range rows {
+		if row.Name == "blank" {
+			assert.Equal(t, 2, row.Standby, "box templates says two are ready")
+		}
+	}
+
+	ids := map[string]identity{}
+	takenFrom := map[string]bool{}
+	for i, name := range []string{uniq(t), uniq(t)} {
+		cleanup(t, c, name)
+		res := r.run(t, "new", "--name", name, "--template", "blank", "--json")
+		require.Equal(t, exitOK, res.code, res.err)
+		var nr newResult
+		require.NoError(t, json.Unmarshal([]byte(res.out), &nr))
+		t.Logf("%s: made in %.2f s, address %.2f s, provisioned %.2f s", name, nr.Seconds.Made, nr.Seconds.Address, nr.Seconds.Provisioned)
+		taken := ""
+		for _, n := range w.Made {
+			if strings.Contains(strings.Join(nr.Box.Notes, "\n"), boxes.NoteStandbyTaken+n+",") {
+				taken = n
+			}
+		}
+		require.NotEmpty(t, taken, "taken from one of the standby boxes %v: %v", w.Made, nr.Box.Notes)
+		require.False(t, takenFrom[taken], "%s taken twice", taken)
+		takenFrom[taken] = true
+		assert.Contains(t, res.err, fmt.Sprintf("box: %d standby boxes of template blank left", 1-i))
+		_, _, err := c.Instances().Get(ctx, taken)
+		assert.True(t, incus.IsNotFound(err), "the standby %s is the box now: %v", taken, err)
+		assert.Equal(t, name, asRoot(t, c, name, "hostname"), "it answers to its own name")
+		assert.Contains(t, asRoot(t, c, name, "cat /etc/hosts"), "127.0.1.1\t"+name+"\n")
+		assert.Equal(t, "blank", asRoot(t, c, name, "cat "+templates.ReadyMarker))
+		assert.Equal(t, addrs[taken], nr.Address, "the standby's fixed address")
+		info := infoOf(t, r, name)
+		assert.NotContains(t, info.Stamps, model.StampStandby)
+		assert.Equal(t, ti.Fingerprint, info.Stamps[model.StampFingerprint])
+		ids[name] = identityOf(t, r, c, name)
+		assert.Equal(t, taken, ids[name].instanceID, "cloud-init's instance stays the standby's (a new one would rerun its first boot)")
+	}
+	var both []identity
+	for _, id := range ids {
+		both = append(both, id)
+	}
+	assert.NotEqual(t, both[0].machineID, both[1].machineID, "machine-ids")
+	assert.NotEqual(t, both[0].mac, both[1].mac, "MACs")
+	assert.NotEqual(t, both[0].addr, both[1].addr, "fixed addresses")
+	assert.NotEqual(t, both[0].hostKeys, both[1].hostKeys, "SSH host keys")
+
+	// Taken boxes are isolated as any box: doctor names none of them.
+	res = r.run(t, "doctor", "--json")
+	var d doctorResult
+	require.NoError(t, json.Unmarshal([]byte(res.out), &d), res.out)
+	for _, f := range d.Verification.Findings {
+		for name := range ids {
+			assert.NotContains(t, f.Object+" "+f.Problem, name, "a finding about a taken box")
+		}
+	}
+
+	copyName := uniq(t)
+	cleanup(t, c, copyName)
+	res = r.run(t, "new", "--name", copyName, "--template", "blank")
+	require.Equal(t, exitOK, res.code, res.err)
+	assert.NotContains(t, res.err, "taken from", "none left: a copy")
+	assert.Equal(t, copyName, asRoot(t, c, copyName, "cat /var/lib/cloud/data/instance-id"), "a copy is a cloud-init instance of its own")
+
+	res = r.run(t, "templates", "warm", "blank", "1")
+	require.Equal(t, exitOK, res.code, res.err)
+	ims := boxes.NewTemplateImages(&stack.Host{Incus: c})
+	ims.File = rec
+	ready, _, err := ims.Standbys(ctx, "blank", ti.Fingerprint)
+	require.NoError(t, err)
+	require.Len(t, ready, 1, "made up to one")
+	cleanup(t, c, ready[0].Name)
+	res = r.run(t, "templates", "warm", "blank", "0")
+	require.Equal(t, exitOK, res.code, res.err)
+	ready, other, err := ims.Standbys(ctx, "blank", ti.Fingerprint)
+	require.NoError(t, err)
+	assert.Empty(t, append(ready, other...), "warm 0 removes them")
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -93,8 +95,58 @@ func (ic *imagesCLI) mint(t *templates.Template, name string) (boxes.MintRequest
 			fmt.Fprintf(c.err, "box: template %s's image was built from %s as it was on %s; incusd has a newer one since: box templates build --refresh %s rebuilds the image on it\n", t.Name, ti.Base, ti.Built.Format(time.DateOnly), t.Name)
 		}
 	}
-	return ims.Mint(t, ti, name, version)
+	req, err := ims.Mint(t, ti, name, version)
+	if h.Remote == "" && !h.Tier.Granted {
+		req.Standby = t.Name // root's own: a standby box of the image may be taken
+	}
+	return req, err
 }
+
+// warm is box templates warm T [N]: N standby boxes of T kept (the number
+// recorded at the last warm when N is left out; 0 removes them).
+func (ic *imagesCLI) warm(args []string, asJSON bool) error {
+	c, ims := ic.c, ic.ims
+	if len(args) < 1 || len(args) > 2 {
+		return usagef("templates warm: want T [N] (N standby boxes of template T; 0 removes them)")
+	}
+	t, err := templates.Get(args[0])
+	if err != nil {
+		return usagef("templates warm: %v", err)
+	}
+	n := -1
+	if len(args) == 2 {
+		if n, err = strconv.Atoi(args[1]); err != nil || n < 0 || n > maxStandby {
+			return usagef("templates warm: N is a number of boxes from 0 to %d, not %q", maxStandby, args[1])
+		}
+	}
+	if ic.h.Remote != "" || ic.h.Tier.Granted {
+		return errors.New("templates warm: standby boxes are root's, on the host itself (run box templates warm there, as root)")
+	}
+	res, err := ims.Warm(c.ctx, t, n, ic.buildOpts(t, false))
+	c.progressDone()
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return c.printJSON(res)
+	}
+	fmt.Fprintf(c.out, "%s: %d standby boxes of image %s kept (%s made, %s removed); box new --template %s takes one; box templates warm %s makes them up again\n",
+		t.Name, res.Want, short(res.Fingerprint), orNone(res.Made), orNone(res.Removed), t.Name, t.Name)
+	return nil
+}
+
+// maxStandby bounds box templates warm's N: every standby box holds one of
+// the bridge's fixed addresses.
+const maxStandby = 32
+
+func orNone(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
+}
+
+func short(fp string) string { return fp[:min(12, len(fp))] }
 
 // stepf says on stderr what box is doing while the operator waits: a
 // progress line on a terminal, a line of its own elsewhere; nothing with

@@ -1,6 +1,7 @@
 // Package boxes is the box lifecycle on a host, behind the ownership tag
-// (user.box=1): minting from an image or a template (Manager.Mint),
-// cloning with a fresh identity (Clone), snapshots and restores, start,
+// (user.box=1): minting from an image or a template (Manager.Mint; a
+// template's box is a copy of the template's image, TemplateImages, or a
+// standby box of it taken, TemplateImages.Warm), cloning with a fresh identity (Clone), snapshots and restores, start,
 // stop, rename and removal, moving between cluster members, export and
 // import as Incus backup files, a box's egress allowlist, its limits, and
 // its loopback doors (Doors). Every verb resolves the name through the tag

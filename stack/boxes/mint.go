@@ -71,6 +71,10 @@ type MintRequest struct {
 	// exactly: no alias is looked up (a name a granted user can create
 	// would come first), and Image is only what the stamps say.
 	Fingerprint string
+	// Standby, when set, is the template whose standby boxes of
+	// Fingerprint the box may be taken from (standby.go) before a copy is
+	// made.
+	Standby string
 
 	// progress hears Incus's progress while it makes the box (a pulled
 	// image's download).
@@ -200,7 +204,10 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		notes = append(notes, fmt.Sprintf("%s: this host cannot apply one (%s=%s on %s, found at an earlier mint)", NoteNoMemoryLimit, KeyMemoryLimits, memoryUnsupported, model.Current.Network))
 		req.Memory = ""
 	}
-	b, err := mgr.mint(ctx, req)
+	b, taken, err := mgr.take(ctx, req)
+	if !taken {
+		b, err = mgr.mint(ctx, req)
+	}
 	var ns *NotStartedError
 	if req.Memory != "" && errors.As(err, &ns) && ns.RemoveErr == nil {
 		// The usual reason a fresh box will not start on a small host: a
@@ -233,31 +240,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	cfg := map[string]string{model.Current.Tag: "1"}
-	maps.Copy(cfg, req.Stamps)
-	cfg[model.StampMinted] = time.Now().UTC().Format(time.RFC3339)
-	cfg[model.StampImage] = req.Image
-	if img.fingerprint != "" {
-		cfg[model.StampFingerprint] = img.fingerprint
-	}
-	if img.source.Server != "" {
-		cfg[model.StampImageServer] = img.source.Server
-	}
-	cfg[model.StampType] = typ
-	cfg[model.StampOrigin] = cmp.Or(req.Origin, "image "+req.Image)
-	if req.CPU != "" {
-		cfg["limits.cpu"] = req.CPU
-	}
-	if req.Memory != "" {
-		cfg["limits.memory"] = req.Memory
-	}
-	withLimits(cfg, req)
-	if req.UserData != "" {
-		cfg["cloud-init.user-data"] = req.UserData
-	}
-	if req.Nesting {
-		model.WithNesting(cfg)
-	}
+	cfg := mintConfig(req, typ, img)
 	devices := map[string]map[string]string{}
 	if req.Disk != "" {
 		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.Options.PoolName(), "size": req.Disk}
@@ -310,6 +293,37 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		b.Notes = append(b.Notes, notes...)
 	}
 	return b, err
+}
+
+// mintConfig is a new box's config as req asks for it: the ownership tag,
+// the stamps, the limits, the user-data and nesting.
+func mintConfig(req MintRequest, typ string, img mintImage) map[string]string {
+	cfg := map[string]string{model.Current.Tag: "1"}
+	maps.Copy(cfg, req.Stamps)
+	cfg[model.StampMinted] = time.Now().UTC().Format(time.RFC3339)
+	cfg[model.StampImage] = req.Image
+	if img.fingerprint != "" {
+		cfg[model.StampFingerprint] = img.fingerprint
+	}
+	if img.source.Server != "" {
+		cfg[model.StampImageServer] = img.source.Server
+	}
+	cfg[model.StampType] = typ
+	cfg[model.StampOrigin] = cmp.Or(req.Origin, "image "+req.Image)
+	if req.CPU != "" {
+		cfg["limits.cpu"] = req.CPU
+	}
+	if req.Memory != "" {
+		cfg["limits.memory"] = req.Memory
+	}
+	withLimits(cfg, req)
+	if req.UserData != "" {
+		cfg["cloud-init.user-data"] = req.UserData
+	}
+	if req.Nesting {
+		model.WithNesting(cfg)
+	}
+	return cfg
 }
 
 // mintImage resolves the image a box is minted from: an alias or

@@ -62,6 +62,9 @@ type TemplateImage struct {
 	SizeBytes     int64   `json:"size_bytes"`
 	UnpackSeconds float64 `json:"unpack_seconds"`
 	Pool          string  `json:"pool"`
+	// Standby is how many standby boxes of the template box templates
+	// warm keeps (a rebuild keeps the number).
+	Standby int `json:"standby,omitempty"`
 }
 
 // ImageState says how a template's recorded image stands.
@@ -107,6 +110,20 @@ func TemplateImagesFile(netns string) string {
 		return DefaultTemplateImagesFile
 	}
 	return filepath.Join(filepath.Dir(DefaultTemplateImagesFile), "template-images-"+netns+".json")
+}
+
+// TemplateImagesFiles is what the record of netns's host keeps on disk:
+// the record and the locks of its templates' builds beside it (whatever
+// exists of them). Whoever removes the host's images for good (a world's
+// purge) removes these with them.
+func TemplateImagesFiles(netns string) []string {
+	ims := &TemplateImages{File: TemplateImagesFile(netns)}
+	out := []string{ims.File}
+	names, _ := templates.Names() // built in: cannot fail at run time
+	for _, n := range names {
+		out = append(out, ims.lock(n))
+	}
+	return out
 }
 
 // ReadTemplateImages reads a record; a missing one records nothing.
@@ -434,6 +451,7 @@ func (ims *TemplateImages) record(ctx context.Context, ti TemplateImage) error {
 		return err
 	}
 	old, had := rec[ti.Template]
+	ti.Standby = old.Standby
 	rec[ti.Template] = ti
 	if err := writeTemplateImages(ims.File, rec); err != nil {
 		return err
@@ -578,6 +596,13 @@ func (ims *TemplateImages) List(ctx context.Context) ([]TemplateStatus, error) {
 		if state != ImageNone {
 			s.Image = &ti
 		}
+		if state.Usable() {
+			ready, _, err := ims.Standbys(ctx, ts[i].Name, ti.Fingerprint)
+			if err != nil {
+				return nil, err
+			}
+			s.Standby = len(ready)
+		}
 		out = append(out, s)
 	}
 	return out, nil
@@ -589,4 +614,7 @@ type TemplateStatus struct {
 	templates.Template
 	State ImageState     `json:"image_state,omitempty"`
 	Image *TemplateImage `json:"template_image,omitempty"`
+	// Standby is how many standby boxes of the image are ready to take
+	// (Image.Standby is how many box templates warm keeps).
+	Standby int `json:"standby_ready"`
 }

@@ -69,6 +69,13 @@ func (ims *TemplateImages) Notes(ctx context.Context, maxAge time.Duration) ([]s
 		case a.Target != ti.Fingerprint:
 			notes = append(notes, fmt.Sprintf("template images: the alias %s points at %s, not at the image box built and mints from (%s): someone moved it (a granted user's project shares the default project's aliases); mints are unaffected; box templates build %s puts it back", alias, short(a.Target), short(ti.Fingerprint), tpl))
 		}
+		ready, other, err := ims.Standbys(ctx, tpl, ti.Fingerprint)
+		if err != nil {
+			return notes, err
+		}
+		if len(ready) < ti.Standby || len(other) > 0 {
+			notes = append(notes, fmt.Sprintf("template images: template %s has %d of the %d standby boxes box templates warm keeps ready to take, and %d others (of an older image, or started by hand): box templates warm %s makes them up and removes the stopped others", tpl, len(ready), ti.Standby, len(other), tpl))
+		}
 	}
 	for _, img := range imgs {
 		if tpl := img.Properties["user.box.template"]; tpl != "" && !recorded[img.Fingerprint] && strings.HasPrefix(img.Properties["description"], "box template ") {

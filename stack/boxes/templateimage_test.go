@@ -28,6 +28,7 @@ type imageFake struct {
 	mu      sync.Mutex
 	images  map[string]incus.Image
 	aliases map[string]string
+	insts   []incus.Instance
 }
 
 const (
@@ -47,6 +48,11 @@ func newImageFake(t *testing.T) (*imageFake, *TemplateImages) {
 			out = append(out, img)
 		}
 		incustest.Sync(w, out)
+	})
+	s.Handle("GET /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		incustest.Sync(w, append([]incus.Instance{}, f.insts...))
 	})
 	s.Handle("GET /1.0/images/{fp}", func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
@@ -228,7 +234,8 @@ func TestTemplateImageRecord(t *testing.T) {
 
 // Doctor's notes: an alias moved or gone, an image deleted or edited
 // behind box's back, one past the age, one of a template box no longer
-// has, and one box published that the record does not name. A host whose
+// has, one box published that the record does not name, and standby
+// boxes short of the number kept (one of an older image). A host whose
 // images are as box left them has none.
 func TestTemplateImageNotes(t *testing.T) {
 	_, hash := blank(t)
@@ -243,7 +250,9 @@ func TestTemplateImageNotes(t *testing.T) {
 	f.aliases[ImageAlias("blank")] = otherFP
 	f.images[builtFP].Properties["user.box.template_hash"] = "edited"
 	f.add(otherFP, "claude", "whatever")
-	writeRecord(t, ims, TemplateImage{Template: "blank", Fingerprint: builtFP, Hash: hash, Built: time.Now().Add(-40 * 24 * time.Hour)},
+	f.insts = []incus.Instance{{Name: "box-standby-blank-000000", Type: model.TypeContainer, Status: "Stopped",
+		Config: map[string]string{model.StampStandby: "blank", model.StampFingerprint: otherFP}}}
+	writeRecord(t, ims, TemplateImage{Template: "blank", Fingerprint: builtFP, Hash: hash, Built: time.Now().Add(-40 * 24 * time.Hour), Standby: 2},
 		TemplateImage{Template: "gone-template", Fingerprint: "9099"},
 		TemplateImage{Template: "claude", Fingerprint: "dead"})
 	notes, err = ims.Notes(context.Background(), DefaultImageMaxAge)
@@ -257,10 +266,11 @@ func TestTemplateImageNotes(t *testing.T) {
 		"9099 is the image of template gone-template, which this box no longer has: incus image delete 9099 removes it",
 		"template claude's image dead is gone from Incus (deleted behind box's back): the next mint builds it again",
 		"image 07e507e507e5 says it is template claude's, but box's record does not name it",
+		"template blank has 0 of the 2 standby boxes box templates warm keeps ready to take, and 1 others (of an older image, or started by hand): box templates warm blank makes them up",
 	} {
 		assert.Contains(t, all, want)
 	}
-	assert.Len(t, notes, 6)
+	assert.Len(t, notes, 7)
 
 	delete(f.aliases, ImageAlias("blank"))
 	notes, err = ims.Notes(context.Background(), 0)

@@ -17,6 +17,10 @@ const (
 	// StampBuilder marks a builder box of a template's image (the
 	// template's name): box removes one a killed build left behind.
 	StampBuilder = "user.box.builder"
+	// StampStandby marks a standby box of a template (the template's
+	// name): minted from its image, booted once, stopped, and taken by the
+	// next box new of the template (box templates warm).
+	StampStandby = "user.box.standby"
 	StampOrigin  = "user.box.origin"
 )
 
