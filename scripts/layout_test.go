@@ -195,6 +195,8 @@ const maxStackLines = 6000
 // stack/ to maxStackLines.
 func TestNoGodObject(t *testing.T) {
 	pkgs := listPackages(t)
+	largest, most := "", 0
+	defer func() { t.Logf("the largest type: %s, %d methods (at most %d)", largest, most, maxMethods) }()
 	fset := token.NewFileSet()
 	imp := importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) {
 		return os.Open(exportData[path])
@@ -244,6 +246,9 @@ func TestNoGodObject(t *testing.T) {
 				continue
 			}
 			n := types.NewMethodSet(types.NewPointer(named)).Len() + first[tn]
+			if n > most {
+				largest, most = path+"."+name, n
+			}
 			assert.LessOrEqual(t, n, maxMethods, "%s.%s has %d methods (with the functions that take it first): split it by concern", path, name, n)
 		}
 		if under(path, "stack") {
