@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test.sh runs every test tier (SPEC section 8) from a bare Debian machine:
+# test.sh runs every test tier (docs/world.md) from a bare Debian machine:
 # it installs what is missing, builds static binaries, brings up the
 # hermetic world (incusd in its own namespace) and the cluster world boxc
 # (three members, for the cluster tests), runs unit, privileged and system
