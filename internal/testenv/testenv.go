@@ -6,10 +6,15 @@
 package testenv
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/box-isolation/box/fixtures/world"
@@ -83,7 +88,8 @@ func Binary(t testing.TB, name string) string {
 	if p, ok := built[name]; ok {
 		return p
 	}
-	dir, err := os.MkdirTemp("", "box-test-"+name+"-")
+	sweepBinaries()
+	dir, err := os.MkdirTemp("", fmt.Sprintf("box-test-%s-%d-", name, os.Getpid()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,6 +101,26 @@ func Binary(t testing.TB, name string) string {
 	}
 	built[name] = p
 	return p
+}
+
+// sweepBinaries removes the binaries Binary built for test processes that
+// have ended (a test process cannot remove its own: every test of it may
+// use them until it exits), so a run leaves at most its last process's.
+func sweepBinaries() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "box-test-*-*-*"))
+	for _, d := range dirs {
+		parts := strings.Split(filepath.Base(d), "-")
+		if len(parts) < 5 {
+			continue
+		}
+		pid, err := strconv.Atoi(parts[len(parts)-2])
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			os.RemoveAll(d)
+		}
+	}
 }
 
 // Drill is the drill binary: the agent a drill run pushes into its boxes.
