@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/chromedp/chromedp v0.23.0
+	github.com/cilium/ebpf v0.22.0
 	github.com/google/nftables v0.3.0
 	github.com/goreleaser/nfpm/v2 v2.45.2
 	github.com/mdlayher/arp v0.0.0-20220512170110-6706a2966875

@@ -1,0 +1,228 @@
+package guard
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+
+	"github.com/box-isolation/box/internal/nstest"
+	"github.com/box-isolation/box/internal/testenv/tier"
+)
+
+// The privileged tier's world for the guard: throwaway namespaces
+// boxgd-<run>-<role> (internal/nstest), deleted in cleanup. "host" has the
+// bridge boxnet (10.88.0.1/24) with one box on it, an uplink to "inet"
+// (the default route; inet holds the public address 203.0.113.10) and a
+// link to "lan" (192.168.20.0/24, which also holds the public address
+// 192.0.2.7, routed there and not by the default route). Nothing in them
+// has a route off the machine; every nft command runs inside "host".
+
+type guardWorld struct {
+	host, box, inet, lan *nstest.NS
+}
+
+func newGuardWorld(t *testing.T) *guardWorld {
+	t.Helper()
+	run := nstest.RunID()
+	w := &guardWorld{}
+	for role, n := range map[string]**nstest.NS{"host": &w.host, "box": &w.box, "inet": &w.inet, "lan": &w.lan} {
+		*n = nstest.New(t, "boxgd-"+run+"-"+role)
+	}
+	require.NoError(t, w.host.Sysctl("net.ipv4.ip_forward", "1"))
+	w.host.AddBridge(t, "boxnet")
+	w.host.AddAddr(t, "boxnet", "10.88.0.1/24")
+	w.host.LinkUp(t, "boxnet")
+	nstest.Veth(t, w.host, "vbox", w.box, "eth0")
+	w.host.SetMaster(t, "vbox", "boxnet")
+	w.host.LinkUp(t, "vbox")
+	w.box.AddAddr(t, "eth0", "10.88.0.2/24")
+	w.box.LinkUp(t, "eth0")
+	nstest.Veth(t, w.host, "up", w.inet, "eth0")
+	w.host.AddAddr(t, "up", "198.51.100.2/24")
+	w.host.LinkUp(t, "up")
+	w.inet.AddAddr(t, "eth0", "198.51.100.1/24")
+	w.inet.AddAddr(t, "lo", "203.0.113.10/32")
+	w.inet.LinkUp(t, "eth0")
+	nstest.Veth(t, w.host, "lan", w.lan, "eth0")
+	w.host.AddAddr(t, "lan", "192.168.20.1/24")
+	w.host.LinkUp(t, "lan")
+	w.lan.AddAddr(t, "eth0", "192.168.20.2/24")
+	w.lan.AddAddr(t, "lo", "192.0.2.7/32")
+	w.lan.LinkUp(t, "eth0")
+	w.host.WaitOperUp(t, "vbox", "up", "lan")
+	w.box.WaitOperUp(t, "eth0")
+	route(t, w.box, "0.0.0.0/0", "10.88.0.1")
+	route(t, w.host, "0.0.0.0/0", "198.51.100.1")
+	route(t, w.host, "192.0.2.7/32", "192.168.20.2")
+	route(t, w.inet, "10.88.0.0/24", "198.51.100.2")
+	route(t, w.lan, "10.88.0.0/24", "192.168.20.1")
+	return w
+}
+
+func route(t *testing.T, n *nstest.NS, dst, via string) {
+	t.Helper()
+	_, d, err := net.ParseCIDR(dst)
+	require.NoError(t, err)
+	require.NoError(t, n.Netlink(t).RouteAdd(&netlink.Route{Dst: d, Gw: net.ParseIP(via)}), "%s: route %s via %s", n.Name, dst, via)
+}
+
+// target is a UDP listener in a namespace.
+type target struct {
+	name string
+	ns   *nstest.NS
+	addr netip.AddrPort
+	conn net.PacketConn
+}
+
+func listen(t *testing.T, name string, ns *nstest.NS, addr string) *target {
+	t.Helper()
+	tg := &target{name: name, ns: ns, addr: netip.MustParseAddrPort(addr)}
+	require.NoError(t, ns.Run(func() error {
+		var err error
+		tg.conn, err = net.ListenPacket("udp4", addr)
+		return err
+	}))
+	t.Cleanup(func() { tg.conn.Close() })
+	return tg
+}
+
+// reached sends one datagram from the box to the target and says whether
+// it arrived within half a second.
+func (w *guardWorld) reached(t *testing.T, tg *target) bool {
+	t.Helper()
+	payload := fmt.Sprintf("probe %s %d", tg.name, time.Now().UnixNano())
+	require.NoError(t, w.box.Run(func() error {
+		c, err := net.Dial("udp4", tg.addr.String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte(payload))
+		return err
+	}))
+	buf := make([]byte, 256)
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for {
+		require.NoError(t, tg.conn.SetReadDeadline(deadline))
+		n, _, err := tg.conn.ReadFrom(buf)
+		if err != nil {
+			return false
+		}
+		if string(buf[:n]) == payload {
+			return true
+		}
+	}
+}
+
+// On the bridge's ingress the guard passes DHCP and DNS to the gateway,
+// DNS to box's egress resolver, and what the routing table forwards out
+// of the default route to a public address, and drops the rest: another
+// port of the gateway or of the resolver's address, the host's uplink
+// address, a private LAN address, a public address routed to the LAN;
+// ARP still resolves. Each drop is shown reachable without the guard
+// first (so the guard, not the topology, dropped it), counted under its
+// reason, and still dropped after `nft flush ruleset` in the host's
+// namespace, which leaves the guard attached.
+func TestPrivilegedGuard(t *testing.T) {
+	tier.Root(t)
+	nft := tier.Tool(t, "nft", "nftables")
+	w := newGuardWorld(t)
+	w.host.AddAddr(t, "lo", "192.0.0.8/32") // box's egress resolver address
+	dns := listen(t, "DNS at the gateway", w.host, "10.88.0.1:53")
+	dhcp := listen(t, "DHCP at the gateway", w.host, "10.88.0.1:67")
+	resolver := listen(t, "DNS at the egress resolver", w.host, "192.0.0.8:53")
+	resolverOther := listen(t, "another port of the egress resolver's address", w.host, "192.0.0.8:9999")
+	other := listen(t, "another port of the gateway", w.host, "10.88.0.1:9999")
+	uplink := listen(t, "the host's uplink address", w.host, "198.51.100.2:9999")
+	lan := listen(t, "a LAN host", w.lan, "192.168.20.2:9999")
+	routedLAN := listen(t, "a public address routed to the LAN", w.lan, "192.0.2.7:9999")
+	public := listen(t, "a public address by the default route", w.inet, "203.0.113.10:9999")
+	all := []*target{dns, dhcp, resolver, resolverOther, other, uplink, lan, routedLAN, public}
+	passes := map[*target]bool{dns: true, dhcp: true, resolver: true, public: true}
+
+	for _, tg := range all {
+		assert.True(t, w.reached(t, tg), "without the guard, %s is reached (the control)", tg.name)
+	}
+
+	p, err := Build(Config{Gateway: netip.MustParseAddr("10.88.0.1"), Resolver: netip.MustParseAddr("192.0.0.8")})
+	require.NoError(t, err)
+	h := w.host.Netlink(t)
+	att, err := Attach(h, "boxnet", p)
+	require.NoError(t, err)
+	tag, err := p.KernelTag()
+	require.NoError(t, err)
+	assert.Equal(t, tag, att.Tag, "the kernel's tag is box's own build's")
+	elsewhere, err := Build(Config{Gateway: netip.MustParseAddr("10.88.0.1")})
+	require.NoError(t, err)
+	otherTag, err := elsewhere.KernelTag()
+	require.NoError(t, err)
+	assert.NotEqual(t, tag, otherTag, "a build for other addresses has another tag")
+	assert.True(t, att.DirectAction)
+
+	// The box asks for the gateway's MAC again, through the guard.
+	out, err := exec.Command("ip", "-n", w.box.Name, "neigh", "flush", "all").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	check := func(when string) {
+		for _, tg := range all {
+			assert.Equal(t, passes[tg], w.reached(t, tg), "%s: %s reached", when, tg.name)
+		}
+	}
+	check("guarded")
+	got, err := Counters(att.ID)
+	require.NoError(t, err)
+	t.Logf("counters: %v", got)
+	for _, r := range []Reason{PassDNS, PassDHCP, PassForward, DropHost, DropRange, DropRoute, PassARP} {
+		assert.NotZero(t, got[r], "counted under %s", r)
+	}
+	assert.GreaterOrEqual(t, got[DropRoute], uint64(2), "the uplink address and the LAN-routed public address")
+	assert.GreaterOrEqual(t, got[PassDNS], uint64(2), "the gateway's and the resolver's")
+	assert.GreaterOrEqual(t, got[DropRange], uint64(2), "the LAN host and the resolver's other port")
+
+	// The neighbour of the gateway resolved through the guard (ARP).
+	neigh, err := w.box.Netlink(t).NeighList(0, netlink.FAMILY_V4)
+	require.NoError(t, err)
+	resolved := false
+	for _, n := range neigh {
+		resolved = resolved || (n.IP.Equal(net.ParseIP("10.88.0.1")) && n.HardwareAddr != nil)
+	}
+	assert.True(t, resolved, "ARP for the gateway answered: %v", neigh)
+
+	// Another tool flushes the ruleset: the guard is not in it.
+	out, err = exec.Command("ip", "netns", "exec", w.host.Name, nft, "add table inet other").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	out, err = exec.Command("ip", "netns", "exec", w.host.Name, nft, "flush ruleset").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	found, err := Find(h, "boxnet")
+	require.NoError(t, err)
+	require.Len(t, found, 1)
+	assert.Equal(t, att.ID, found[0].ID, "the same program, untouched")
+	check("after nft flush ruleset")
+	again, err := Counters(att.ID)
+	require.NoError(t, err)
+	assert.Greater(t, again[DropHost], got[DropHost], "the flush changed nothing: the guard dropped them")
+
+	// Attached again: replaced in place, one guard.
+	att2, err := Attach(h, "boxnet", p)
+	require.NoError(t, err)
+	assert.NotEqual(t, att.ID, att2.ID)
+	assert.Equal(t, att.Tag, att2.Tag, "the same build, the same tag")
+	found, err = Find(h, "boxnet")
+	require.NoError(t, err)
+	assert.Len(t, found, 1)
+
+	require.NoError(t, Detach(h, "boxnet"))
+	found, err = Find(h, "boxnet")
+	require.NoError(t, err)
+	assert.Empty(t, found)
+	for _, tg := range all {
+		assert.True(t, w.reached(t, tg), "detached, %s is reached again", tg.name)
+	}
+	require.NoError(t, Detach(h, "boxnet"), "detaching twice is nothing")
+}

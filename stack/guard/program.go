@@ -1,0 +1,411 @@
+// Package guard is layer L-GUARD's program: a tc eBPF classifier for the
+// clsact ingress hook of box's bridge, which no firewall tool's `nft flush
+// ruleset` touches. It sees what the bridge passes up to the host (to the
+// host's MAC, broadcast, multicast): everything a box sends to the host or
+// routes through it, after the bridge's forwarding decision. It passes
+// only what a box may send there:
+//
+//   - ARP;
+//   - DHCP (UDP to port 67) to the gateway or the broadcast address;
+//   - DNS (UDP or TCP to port 53) to the gateway or box's egress resolver;
+//   - IPv4 to a destination outside the private, CGNAT, link-local,
+//     loopback, multicast, reserved and "this network" ranges that the
+//     kernel's own routing table (bpf_fib_lookup) forwards, not delivers,
+//     and out of the interface of the default route;
+//
+// and drops the rest (IPv6, VLAN tags, other ethertypes, anything else to
+// the host), counting each verdict by its reason in a per-CPU array. The
+// program decides from the routing table at the moment of the packet, so
+// it holds while box's watcher is stopped.
+//
+// The program is assembled in Go (cilium/ebpf's asm), with the gateway and
+// resolver addresses in its instructions: its kernel tag, which a netlink
+// filter dump reports, says whether what is attached is box's own build
+// for this bridge (Program.KernelTag). Attach, Find and Detach (attach.go) work
+// through a netlink handle in the bridge's namespace.
+//
+// This package is the program and its plumbing; wiring it into setup-host,
+// doctor, the watcher and the drill is not done yet.
+package guard
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+)
+
+// Config is what the program is built for.
+type Config struct {
+	// Gateway is the bridge's own IPv4 address: DHCP and DNS to it pass,
+	// anything else to it is dropped.
+	Gateway netip.Addr
+	// Resolver is box's egress resolver address, where DNS of a box under
+	// an allowlist goes (invalid: none).
+	Resolver netip.Addr
+}
+
+// Reason is why the program passed or dropped a frame: the index of its
+// counter.
+type Reason uint32
+
+// The reasons, passes first.
+const (
+	PassARP Reason = iota
+	PassDHCP
+	PassDNS
+	PassForward
+	DropIPv6
+	DropVLAN
+	DropEthertype
+	DropHost      // to the gateway, not DHCP or DNS
+	DropRange     // to a private, CGNAT, link-local, loopback, multicast, reserved or "this network" address
+	DropRoute     // the routing table delivers it locally, has no route, or routes it elsewhere than the default route's interface
+	DropTruncated // a header too short to read
+	numReasons
+)
+
+var reasonNames = [...]string{"pass_arp", "pass_dhcp", "pass_dns", "pass_forward", "drop_ipv6", "drop_vlan", "drop_ethertype", "drop_host", "drop_range", "drop_route", "drop_truncated"}
+
+func (r Reason) String() string {
+	if int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("reason_%d", uint32(r))
+}
+
+// Reasons are all the reasons, in counter order.
+func Reasons() []Reason {
+	out := make([]Reason, numReasons)
+	for i := range out {
+		out[i] = Reason(i)
+	}
+	return out
+}
+
+// Names of the program and its counters, as the kernel lists them.
+const (
+	ProgramName  = "box_guard"
+	countersName = "box_guard_cnt"
+)
+
+// forbidden are the destination ranges a box's traffic may not be routed
+// to through the host, whatever the routing table says.
+var forbidden = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),      // this network
+	netip.MustParsePrefix("10.0.0.0/8"),     // private
+	netip.MustParsePrefix("100.64.0.0/10"),  // CGNAT
+	netip.MustParsePrefix("127.0.0.0/8"),    // loopback
+	netip.MustParsePrefix("169.254.0.0/16"), // link-local
+	netip.MustParsePrefix("172.16.0.0/12"),  // private
+	netip.MustParsePrefix("192.0.0.0/24"),   // IETF protocol assignments (box's egress resolver lives here)
+	netip.MustParsePrefix("192.168.0.0/16"), // private
+	netip.MustParsePrefix("198.18.0.0/15"),  // benchmarking
+	netip.MustParsePrefix("224.0.0.0/4"),    // multicast
+	netip.MustParsePrefix("240.0.0.0/4"),    // reserved, and the broadcast address
+}
+
+// Forbidden reports whether a is in a range the guard never routes to.
+func Forbidden(a netip.Addr) bool {
+	for _, p := range forbidden {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// Stack layout of the program (offsets from r10).
+const (
+	stKey    = -4   // u32: the counter's index
+	stEth    = -8   // u16: the ethertype
+	stL4     = -12  // u32: source and destination port, as in the packet
+	stIP     = -32  // 20 bytes: the IPv4 header
+	stFib    = -96  // 64 bytes: struct bpf_fib_lookup
+	stEgress = -100 // u32: the interface the destination leaves by
+)
+
+// Offsets in the kernel's structures.
+const (
+	skbIfindex  = 40 // struct __sk_buff: ifindex
+	fibFamily   = 0  // struct bpf_fib_lookup
+	fibProto    = 1
+	fibIfindex  = 8
+	fibSrc      = 16
+	fibDst      = 32
+	fibSize     = 64
+	fibSuccess  = 0 // BPF_FIB_LKUP_RET_SUCCESS
+	fibNoNeigh  = 7 // BPF_FIB_LKUP_RET_NO_NEIGH: routed, its next hop not resolved yet
+	tcActOK     = 0
+	tcActShot   = 2
+	ethHeader   = 14
+	etherARP    = 0x0806
+	etherIPv4   = 0x0800
+	etherIPv6   = 0x86dd
+	etherVLAN   = 0x8100
+	etherQinQ   = 0x88a8
+	protoTCP    = 6
+	protoUDP    = 17
+	portDHCP    = 67
+	portDNS     = 53
+	afInet      = 2
+	broadcastIP = 0xffffffff
+)
+
+// wire is a 16-bit value as a little-endian load of its network-order
+// bytes reads it (the program runs on little-endian machines only).
+func wire16(v uint16) int32 { return int32(v>>8 | (v&0xff)<<8) }
+
+// be32 is an address as a 32-bit immediate compared after a byte swap to
+// host order.
+func be32(a netip.Addr) int32 {
+	b := a.As4()
+	return int32(binary.BigEndian.Uint32(b[:]))
+}
+
+// Program is the guard built for a bridge.
+type Program struct {
+	cfg  Config
+	spec *ebpf.CollectionSpec
+}
+
+// Build assembles the program for cfg.
+func Build(cfg Config) (*Program, error) {
+	if !cfg.Gateway.Is4() {
+		return nil, errors.New("building the guard: the gateway must be an IPv4 address")
+	}
+	if cfg.Resolver.IsValid() && !cfg.Resolver.Is4() {
+		return nil, errors.New("building the guard: the resolver must be an IPv4 address")
+	}
+	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
+		return nil, errors.New("building the guard: a big-endian machine is not supported")
+	}
+	spec := &ebpf.CollectionSpec{
+		Maps: map[string]*ebpf.MapSpec{
+			countersName: {Name: countersName, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: uint32(numReasons)},
+		},
+		Programs: map[string]*ebpf.ProgramSpec{
+			ProgramName: {Name: ProgramName, Type: ebpf.SchedCLS, License: "GPL", Instructions: instructions(cfg)},
+		},
+	}
+	return &Program{cfg: cfg, spec: spec}, nil
+}
+
+// KernelTag is the tag the kernel gives this build (what a filter dump
+// reports for it): the program is loaded to ask, not attached. The kernel
+// hashes the instructions as it received them (SHA-1 before Linux 6.18,
+// SHA-256 since), so the same build has the same tag at every load.
+func (p *Program) KernelTag() (string, error) {
+	coll, err := ebpf.NewCollection(p.spec)
+	if err != nil {
+		return "", fmt.Errorf("loading the guard: %w", err)
+	}
+	defer coll.Close()
+	info, err := coll.Programs[ProgramName].Info()
+	if err != nil {
+		return "", fmt.Errorf("reading the guard's tag: %w", err)
+	}
+	return info.Tag, nil
+}
+
+// loadBytes reads n bytes at packet offset off into the stack at st; a
+// failure (a packet too short) goes to the truncated verdict.
+func loadBytes(off int32, st int16, n int32) asm.Instructions {
+	return asm.Instructions{
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Imm(asm.R2, off),
+		asm.Mov.Reg(asm.R3, asm.R10),
+		asm.Add.Imm(asm.R3, int32(st)),
+		asm.Mov.Imm(asm.R4, n),
+		asm.FnSkbLoadBytes.Call(),
+		asm.Mov.Imm(asm.R7, int32(DropTruncated)),
+		asm.JNE.Imm(asm.R0, 0, "count"),
+	}
+}
+
+// verdict sets the reason and goes to the counter.
+func verdict(r Reason) asm.Instructions {
+	return asm.Instructions{
+		asm.Mov.Imm(asm.R7, int32(r)),
+		asm.Ja.Label("count"),
+	}
+}
+
+// fibLookup zeroes the lookup's parameters, fills in the family, the
+// ingress interface and, withDst, the packet's protocol, source and
+// destination (else the destination is 0.0.0.0: the default route), and
+// calls bpf_fib_lookup: r0 is its answer, the parameters' ifindex the
+// interface it leaves by, r7 the route verdict for the caller to count.
+func fibLookup(withDst bool) asm.Instructions {
+	ins := asm.Instructions{asm.Mov.Imm(asm.R1, 0)}
+	for off := int16(0); off < fibSize; off += 8 {
+		ins = append(ins, asm.StoreMem(asm.R10, stFib+off, asm.R1, asm.DWord))
+	}
+	ins = append(ins,
+		asm.StoreImm(asm.R10, stFib+fibFamily, afInet, asm.Byte),
+		asm.LoadMem(asm.R1, asm.R6, skbIfindex, asm.Word),
+		asm.StoreMem(asm.R10, stFib+fibIfindex, asm.R1, asm.Word),
+	)
+	if withDst {
+		ins = append(ins,
+			asm.LoadMem(asm.R1, asm.R10, stIP+9, asm.Byte),
+			asm.StoreMem(asm.R10, stFib+fibProto, asm.R1, asm.Byte),
+			asm.LoadMem(asm.R1, asm.R10, stIP+12, asm.Word),
+			asm.StoreMem(asm.R10, stFib+fibSrc, asm.R1, asm.Word),
+			asm.LoadMem(asm.R1, asm.R10, stIP+16, asm.Word),
+			asm.StoreMem(asm.R10, stFib+fibDst, asm.R1, asm.Word),
+		)
+	}
+	ins = append(ins,
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Reg(asm.R2, asm.R10),
+		asm.Add.Imm(asm.R2, stFib),
+		asm.Mov.Imm(asm.R3, fibSize),
+		asm.Mov.Imm(asm.R4, 0),
+		asm.FnFibLookup.Call(),
+		asm.Mov.Imm(asm.R7, int32(DropRoute)),
+	)
+	return ins
+}
+
+// instructions is the program. Registers: r6 the packet's context, r7 the
+// reason, r8 the IPv4 header's length, r9 the destination in host order.
+func instructions(cfg Config) asm.Instructions {
+	ins := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
+	ins = append(ins, loadBytes(12, stEth, 2)...)
+	ins = append(ins,
+		asm.LoadMem(asm.R1, asm.R10, stEth, asm.Half),
+		asm.JEq.Imm(asm.R1, wire16(etherARP), "arp"),
+		asm.JEq.Imm(asm.R1, wire16(etherIPv6), "ipv6"),
+		asm.JEq.Imm(asm.R1, wire16(etherVLAN), "vlan"),
+		asm.JEq.Imm(asm.R1, wire16(etherQinQ), "vlan"),
+		asm.JEq.Imm(asm.R1, wire16(etherIPv4), "ipv4"),
+	)
+	ins = append(ins, verdict(DropEthertype)...)
+	ins = append(ins, verdict(PassARP)...)
+	ins[len(ins)-2] = ins[len(ins)-2].WithSymbol("arp")
+	ins = append(ins, verdict(DropIPv6)...)
+	ins[len(ins)-2] = ins[len(ins)-2].WithSymbol("ipv6")
+	ins = append(ins, verdict(DropVLAN)...)
+	ins[len(ins)-2] = ins[len(ins)-2].WithSymbol("vlan")
+
+	// IPv4: the header, its length, the destination.
+	hdr := loadBytes(ethHeader, stIP, 20)
+	hdr[0] = hdr[0].WithSymbol("ipv4")
+	ins = append(ins, hdr...)
+	ins = append(ins,
+		asm.LoadMem(asm.R8, asm.R10, stIP, asm.Byte),
+		asm.And.Imm(asm.R8, 0x0f),
+		asm.LSh.Imm(asm.R8, 2),
+		asm.Mov.Imm(asm.R7, int32(DropTruncated)),
+		asm.JLT.Imm(asm.R8, 20, "count"),
+		asm.LoadMem(asm.R9, asm.R10, stIP+16, asm.Word),
+		asm.HostTo(asm.BE, asm.R9, asm.Word),
+		// The ports, for the first fragment of TCP and UDP; 0 otherwise.
+		asm.StoreImm(asm.R10, stL4, 0, asm.Word),
+		asm.LoadMem(asm.R1, asm.R10, stIP+6, asm.Half),
+		asm.And.Imm(asm.R1, wire16(0x1fff)),
+		asm.JNE.Imm(asm.R1, 0, "ports done"),
+		asm.LoadMem(asm.R1, asm.R10, stIP+9, asm.Byte),
+		asm.JEq.Imm(asm.R1, protoUDP, "ports"),
+		asm.JNE.Imm(asm.R1, protoTCP, "ports done"),
+		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("ports"),
+		asm.Mov.Reg(asm.R2, asm.R8),
+		asm.Add.Imm(asm.R2, ethHeader),
+		asm.Mov.Reg(asm.R3, asm.R10),
+		asm.Add.Imm(asm.R3, stL4),
+		asm.Mov.Imm(asm.R4, 4),
+		asm.FnSkbLoadBytes.Call(),
+		asm.Mov.Imm(asm.R7, int32(DropTruncated)),
+		asm.JNE.Imm(asm.R0, 0, "count"),
+		// r2: the destination port (host order), r3: the protocol.
+		asm.LoadMem(asm.R2, asm.R10, stL4+2, asm.Half).WithSymbol("ports done"),
+		asm.HostTo(asm.BE, asm.R2, asm.Half),
+		asm.LoadMem(asm.R3, asm.R10, stIP+9, asm.Byte),
+
+		// DHCP to the gateway or the broadcast address.
+		asm.JNE.Imm(asm.R3, protoUDP, "not dhcp"),
+		asm.JNE.Imm(asm.R2, portDHCP, "not dhcp"),
+		asm.JEq.Imm32(asm.R9, be32(cfg.Gateway), "dhcp"),
+		asm.JEq.Imm32(asm.R9, -1, "dhcp"), // 255.255.255.255
+		asm.Ja.Label("not dhcp"),
+	)
+	ins = append(ins, verdict(PassDHCP)...)
+	ins[len(ins)-2] = ins[len(ins)-2].WithSymbol("dhcp")
+
+	// DNS to the gateway or the resolver.
+	ins = append(ins,
+		asm.JNE.Imm(asm.R2, portDNS, "not dns").WithSymbol("not dhcp"),
+		asm.JEq.Imm(asm.R3, protoUDP, "dns proto"),
+		asm.JNE.Imm(asm.R3, protoTCP, "not dns"),
+		asm.JEq.Imm32(asm.R9, be32(cfg.Gateway), "dns").WithSymbol("dns proto"),
+	)
+	if cfg.Resolver.IsValid() {
+		ins = append(ins, asm.JEq.Imm32(asm.R9, be32(cfg.Resolver), "dns"))
+	}
+	ins = append(ins, asm.Ja.Label("not dns"))
+	ins = append(ins, verdict(PassDNS)...)
+	ins[len(ins)-2] = ins[len(ins)-2].WithSymbol("dns")
+
+	// Anything else to the gateway.
+	ins = append(ins, asm.JNE.Imm32(asm.R9, be32(cfg.Gateway), "ranges").WithSymbol("not dns"))
+	ins = append(ins, verdict(DropHost)...)
+
+	// The ranges never routed to.
+	for i, p := range forbidden {
+		mask := int32(^uint32(0) << (32 - p.Bits()))
+		first := asm.Mov.Reg(asm.R1, asm.R9)
+		if i == 0 {
+			first = first.WithSymbol("ranges")
+		}
+		ins = append(ins,
+			first,
+			asm.And.Imm32(asm.R1, mask),
+			asm.JEq.Imm32(asm.R1, be32(p.Addr()), "forbidden"),
+		)
+	}
+	ins = append(ins, asm.Ja.Label("route"))
+	ins = append(ins, verdict(DropRange)...)
+	ins[len(ins)-2] = ins[len(ins)-2].WithSymbol("forbidden")
+
+	// The routing table: forwarded, out of the default route's interface.
+	route := fibLookup(true)
+	route[0] = route[0].WithSymbol("route")
+	ins = append(ins, route...)
+	ins = append(ins,
+		asm.JEq.Imm(asm.R0, fibSuccess, "routed"),
+		asm.JNE.Imm(asm.R0, fibNoNeigh, "count"),
+		asm.LoadMem(asm.R1, asm.R10, stFib+fibIfindex, asm.Word).WithSymbol("routed"),
+		asm.StoreMem(asm.R10, stEgress, asm.R1, asm.Word),
+	)
+	ins = append(ins, fibLookup(false)...)
+	ins = append(ins,
+		asm.JEq.Imm(asm.R0, fibSuccess, "default"),
+		asm.JNE.Imm(asm.R0, fibNoNeigh, "count"),
+		asm.LoadMem(asm.R1, asm.R10, stFib+fibIfindex, asm.Word).WithSymbol("default"),
+		asm.LoadMem(asm.R2, asm.R10, stEgress, asm.Word),
+		asm.JNE.Reg(asm.R1, asm.R2, "count"),
+	)
+	ins = append(ins, verdict(PassForward)...)
+
+	// Count the reason, then pass or drop by it.
+	ins = append(ins,
+		asm.StoreMem(asm.R10, stKey, asm.R7, asm.Word).WithSymbol("count"),
+		asm.LoadMapPtr(asm.R1, 0).WithReference(countersName),
+		asm.Mov.Reg(asm.R2, asm.R10),
+		asm.Add.Imm(asm.R2, stKey),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "decide"),
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+		asm.Add.Imm(asm.R1, 1),
+		asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
+		asm.Mov.Imm(asm.R0, tcActShot).WithSymbol("decide"),
+		asm.JGE.Imm(asm.R7, int32(DropIPv6), "out"),
+		asm.Mov.Imm(asm.R0, tcActOK),
+		asm.Return().WithSymbol("out"),
+	)
+	return ins
+}
