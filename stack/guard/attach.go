@@ -16,9 +16,11 @@ const (
 	filterPriority = 0xb0c5
 )
 
-// Attached is a guard filter the kernel has on a link's ingress.
+// Attached is a guard filter the kernel has on a link.
 type Attached struct {
 	Link string `json:"link"`
+	Hook string `json:"hook"` // Ingress or Egress
+	Name string `json:"program"`
 	// ID and Tag are the kernel's for the program (Tag as Program.Tag
 	// computes it for box's own build).
 	ID  uint32 `json:"id"`
@@ -27,9 +29,10 @@ type Attached struct {
 	DirectAction bool `json:"direct_action"`
 }
 
-// Attach loads p and puts it on link's clsact ingress hook (adding the
-// clsact qdisc where there is none), replacing a guard already there in
-// one step: the link is never without one once it had one.
+// Attach loads p and puts it on its hook of link (the clsact qdisc's
+// ingress or egress; the qdisc added where there is none), replacing a
+// guard already there in one step: the link is never without one once it
+// had one.
 func Attach(h *netlink.Handle, link string, p *Program) (Attached, error) {
 	l, err := h.LinkByName(link)
 	if err != nil {
@@ -40,55 +43,66 @@ func Attach(h *netlink.Handle, link string, p *Program) (Attached, error) {
 		return Attached{}, fmt.Errorf("loading the guard: %w", err)
 	}
 	defer coll.Close() // the filter holds the program, the program its map
-	prog := coll.Programs[ProgramName]
+	prog := coll.Programs[p.name]
 	q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: l.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
 	if err := h.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
 		return Attached{}, fmt.Errorf("adding a clsact qdisc to %s: %w (another ingress qdisc there? tc qdisc show dev %s)", link, err, link)
 	}
 	f := &netlink.BpfFilter{
-		FilterAttrs: netlink.FilterAttrs{LinkIndex: l.Attrs().Index, Parent: netlink.HANDLE_MIN_INGRESS, Handle: filterHandle, Protocol: unix.ETH_P_ALL, Priority: filterPriority},
-		Fd:          prog.FD(), Name: ProgramName, DirectAction: true,
+		FilterAttrs: netlink.FilterAttrs{LinkIndex: l.Attrs().Index, Parent: parents[p.hook], Handle: filterHandle, Protocol: unix.ETH_P_ALL, Priority: filterPriority},
+		Fd:          prog.FD(), Name: p.name, DirectAction: true,
 	}
 	if err := h.FilterReplace(f); err != nil {
-		return Attached{}, fmt.Errorf("attaching the guard to %s's ingress: %w", link, err)
+		return Attached{}, fmt.Errorf("attaching the guard to %s's %s: %w", link, p.hook, err)
 	}
 	found, err := Find(h, link)
 	if err != nil {
 		return Attached{}, err
 	}
-	if len(found) != 1 {
-		return Attached{}, fmt.Errorf("attached the guard to %s, but the kernel lists %d of it there", link, len(found))
+	var on []Attached
+	for _, a := range found {
+		if a.Hook == p.hook {
+			on = append(on, a)
+		}
 	}
-	return found[0], nil
+	if len(on) != 1 || on[0].Name != p.name {
+		return Attached{}, fmt.Errorf("attached the guard to %s's %s, but the kernel lists %v there", link, p.hook, on)
+	}
+	return on[0], nil
 }
 
-// Find lists the guard filters on link's ingress, as the kernel has them
-// (none where there is no clsact qdisc).
+// parents are the clsact qdisc's hooks as tc names their parents.
+var parents = map[string]uint32{Ingress: netlink.HANDLE_MIN_INGRESS, Egress: netlink.HANDLE_MIN_EGRESS}
+
+// Find lists the guard filters on link's ingress and egress, as the
+// kernel has them (none where there is no clsact qdisc).
 func Find(h *netlink.Handle, link string) ([]Attached, error) {
 	l, err := h.LinkByName(link)
 	if err != nil {
 		return nil, fmt.Errorf("reading the guard on %s: %w", link, err)
 	}
-	fs, err := h.FilterList(l, netlink.HANDLE_MIN_INGRESS)
-	if err != nil {
-		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
-			return nil, nil // no ingress qdisc
-		}
-		return nil, fmt.Errorf("reading %s's ingress filters: %w", link, err)
-	}
 	var out []Attached
-	for _, f := range fs {
-		b, ok := f.(*netlink.BpfFilter)
-		if !ok || b.Name != ProgramName || b.Attrs().Handle != filterHandle || b.Attrs().Priority != filterPriority {
-			continue
+	for _, hook := range []string{Ingress, Egress} {
+		fs, err := h.FilterList(l, parents[hook])
+		if err != nil {
+			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+				continue // no clsact qdisc
+			}
+			return nil, fmt.Errorf("reading %s's %s filters: %w", link, hook, err)
 		}
-		out = append(out, Attached{Link: link, ID: uint32(b.Id), Tag: b.Tag, DirectAction: b.DirectAction})
+		for _, f := range fs {
+			b, ok := f.(*netlink.BpfFilter)
+			if !ok || (b.Name != ProgramName && b.Name != UplinkProgramName) || b.Attrs().Handle != filterHandle || b.Attrs().Priority != filterPriority {
+				continue
+			}
+			out = append(out, Attached{Link: link, Hook: hook, Name: b.Name, ID: uint32(b.Id), Tag: b.Tag, DirectAction: b.DirectAction})
+		}
 	}
 	return out, nil
 }
 
-// Detach removes the guard from link's ingress (nothing to do where it is
-// not attached). The clsact qdisc stays: another tool may hold filters
+// Detach removes the guard from link, both hooks (nothing to do where it
+// is not attached). The clsact qdisc stays: another tool may hold filters
 // on it.
 func Detach(h *netlink.Handle, link string) error {
 	l, err := h.LinkByName(link)
@@ -96,12 +110,14 @@ func Detach(h *netlink.Handle, link string) error {
 		return fmt.Errorf("detaching the guard from %s: %w", link, err)
 	}
 	found, err := Find(h, link)
-	if err != nil || len(found) == 0 {
+	if err != nil {
 		return err
 	}
-	f := &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: l.Attrs().Index, Parent: netlink.HANDLE_MIN_INGRESS, Handle: filterHandle, Protocol: unix.ETH_P_ALL, Priority: filterPriority}}
-	if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("detaching the guard from %s: %w", link, err)
+	for _, a := range found {
+		f := &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: l.Attrs().Index, Parent: parents[a.Hook], Handle: filterHandle, Protocol: unix.ETH_P_ALL, Priority: filterPriority}}
+		if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("detaching the guard from %s's %s: %w", link, a.Hook, err)
+		}
 	}
 	return nil
 }

@@ -97,8 +97,16 @@ func listen(t *testing.T, name string, ns *nstest.NS, addr string) *target {
 // it arrived within half a second.
 func (w *guardWorld) reached(t *testing.T, tg *target) bool {
 	t.Helper()
+	_, ok := sendFrom(t, w.box, tg)
+	return ok
+}
+
+// sendFrom sends one datagram from namespace from to the target and
+// returns the source it arrived from, if it arrived within half a second.
+func sendFrom(t *testing.T, from *nstest.NS, tg *target) (netip.Addr, bool) {
+	t.Helper()
 	payload := fmt.Sprintf("probe %s %d", tg.name, time.Now().UnixNano())
-	require.NoError(t, w.box.Run(func() error {
+	require.NoError(t, from.Run(func() error {
 		c, err := net.Dial("udp4", tg.addr.String())
 		if err != nil {
 			return err
@@ -111,12 +119,12 @@ func (w *guardWorld) reached(t *testing.T, tg *target) bool {
 	deadline := time.Now().Add(500 * time.Millisecond)
 	for {
 		require.NoError(t, tg.conn.SetReadDeadline(deadline))
-		n, _, err := tg.conn.ReadFrom(buf)
+		n, src, err := tg.conn.ReadFrom(buf)
 		if err != nil {
-			return false
+			return netip.Addr{}, false
 		}
 		if string(buf[:n]) == payload {
-			return true
+			return src.(*net.UDPAddr).AddrPort().Addr().Unmap(), true
 		}
 	}
 }
@@ -225,4 +233,62 @@ func TestPrivilegedGuard(t *testing.T) {
 		assert.True(t, w.reached(t, tg), "detached, %s is reached again", tg.name)
 	}
 	require.NoError(t, Detach(h, "boxnet"), "detaching twice is nothing")
+}
+
+// On the uplink's egress the uplinks' guard drops what would leave with a
+// box's source: reached un-masqueraded without it (the control), not with
+// it (counted), reached again masqueraded once a NAT rule is there (tc's
+// egress hook sees the packet after postrouting), and not after `nft
+// flush ruleset` takes that rule away. The host's own traffic passes.
+func TestPrivilegedUplinkGuard(t *testing.T) {
+	tier.Root(t)
+	nft := tier.Tool(t, "nft", "nftables")
+	w := newGuardWorld(t)
+	public := listen(t, "a public address by the default route", w.inet, "203.0.113.10:9999")
+	box, uplink := netip.MustParseAddr("10.88.0.2"), netip.MustParseAddr("198.51.100.2")
+
+	src, ok := sendFrom(t, w.box, public)
+	require.True(t, ok, "without the guard the box reaches it (the control)")
+	assert.Equal(t, box, src, "un-masqueraded: this world has no NAT rule")
+
+	p, err := BuildUplink(netip.MustParsePrefix("10.88.0.0/24"))
+	require.NoError(t, err)
+	h := w.host.Netlink(t)
+	att, err := Attach(h, "up", p)
+	require.NoError(t, err)
+	assert.Equal(t, Egress, att.Hook)
+	assert.Equal(t, UplinkProgramName, att.Name)
+	_, ok = sendFrom(t, w.box, public)
+	assert.False(t, ok, "a box's source does not leave un-masqueraded")
+	src, ok = sendFrom(t, w.host, public)
+	assert.True(t, ok, "the host's own traffic passes")
+	assert.Equal(t, uplink, src)
+	got, err := Counters(att.ID)
+	require.NoError(t, err)
+	assert.NotZero(t, got[DropUnNATed])
+	assert.NotZero(t, got[PassUplink])
+
+	nftIn := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command("ip", append([]string{"netns", "exec", w.host.Name, nft}, args...)...).CombinedOutput()
+		require.NoError(t, err, "nft %v: %s", args, out)
+	}
+	nftIn("add table ip nat")
+	nftIn("add chain ip nat post { type nat hook postrouting priority 100 ; }")
+	nftIn("add rule ip nat post oifname up masquerade")
+	src, ok = sendFrom(t, w.box, public)
+	assert.True(t, ok, "masqueraded, it leaves")
+	assert.Equal(t, uplink, src)
+
+	nftIn("flush ruleset")
+	_, ok = sendFrom(t, w.box, public)
+	assert.False(t, ok, "the NAT rule flushed: it does not leave")
+	again, err := Counters(att.ID)
+	require.NoError(t, err)
+	assert.Greater(t, again[DropUnNATed], got[DropUnNATed])
+
+	require.NoError(t, Detach(h, "up"))
+	found, err := Find(h, "up")
+	require.NoError(t, err)
+	assert.Empty(t, found)
 }

@@ -16,7 +16,10 @@
 // and drops the rest (IPv6, VLAN tags, other ethertypes, anything else to
 // the host), counting each verdict by its reason in a per-CPU array. The
 // program decides from the routing table at the moment of the packet, so
-// it holds while box's watcher is stopped.
+// it holds while box's watcher is stopped. A second program (BuildUplink),
+// on the egress hook of the interfaces the default routes leave by, drops
+// what would leave with a source in the bridge's subnet: a box's packet
+// whose masquerade rule was flushed.
 //
 // The program is assembled in Go (cilium/ebpf's asm), with the gateway and
 // resolver addresses in its instructions: its kernel tag, which a netlink
@@ -52,12 +55,14 @@ type Config struct {
 // counter.
 type Reason uint32
 
-// The reasons, passes first.
+// The reasons, passes first (the bridge's program counts all but
+// PassUplink and DropUnNATed, the uplinks' program only those two).
 const (
 	PassARP Reason = iota
 	PassDHCP
 	PassDNS
 	PassForward
+	PassUplink // leaving by an uplink: not from the bridge's subnet, or not IPv4
 	DropIPv6
 	DropVLAN
 	DropEthertype
@@ -65,10 +70,11 @@ const (
 	DropRange     // to a private, CGNAT, link-local, loopback, multicast, reserved or "this network" address
 	DropRoute     // the routing table delivers it locally, has no route, or routes it elsewhere than the default route's interface
 	DropTruncated // a header too short to read
+	DropUnNATed   // leaving by an uplink with a source in the bridge's subnet: not masqueraded
 	numReasons
 )
 
-var reasonNames = [...]string{"pass_arp", "pass_dhcp", "pass_dns", "pass_forward", "drop_ipv6", "drop_vlan", "drop_ethertype", "drop_host", "drop_range", "drop_route", "drop_truncated"}
+var reasonNames = [...]string{"pass_arp", "pass_dhcp", "pass_dns", "pass_forward", "pass_uplink", "drop_ipv6", "drop_vlan", "drop_ethertype", "drop_host", "drop_range", "drop_route", "drop_truncated", "drop_unnated"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {
@@ -86,10 +92,18 @@ func Reasons() []Reason {
 	return out
 }
 
-// Names of the program and its counters, as the kernel lists them.
+// Names of the programs and their counters, as the kernel lists them:
+// the bridge's (on its ingress) and the uplinks' (on their egress).
 const (
-	ProgramName  = "box_guard"
-	countersName = "box_guard_cnt"
+	ProgramName       = "box_guard"
+	UplinkProgramName = "box_guard_up"
+	countersName      = "box_guard_cnt"
+)
+
+// Hooks a program is attached to.
+const (
+	Ingress = "ingress"
+	Egress  = "egress"
 )
 
 // forbidden are the destination ranges a box's traffic may not be routed
@@ -166,10 +180,23 @@ func be32(a netip.Addr) int32 {
 	return int32(binary.BigEndian.Uint32(b[:]))
 }
 
-// Program is the guard built for a bridge.
+// Program is a guard program built: the bridge's or the uplinks'.
 type Program struct {
-	cfg  Config
+	name string // ProgramName or UplinkProgramName
+	hook string // Ingress or Egress
 	spec *ebpf.CollectionSpec
+}
+
+// newProgram is the collection of one program and its counters.
+func newProgram(name, hook string, ins asm.Instructions) *Program {
+	return &Program{name: name, hook: hook, spec: &ebpf.CollectionSpec{
+		Maps: map[string]*ebpf.MapSpec{
+			countersName: {Name: countersName, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: uint32(numReasons)},
+		},
+		Programs: map[string]*ebpf.ProgramSpec{
+			name: {Name: name, Type: ebpf.SchedCLS, License: "GPL", Instructions: ins},
+		},
+	}}
 }
 
 // Build assembles the program for cfg.
@@ -183,15 +210,38 @@ func Build(cfg Config) (*Program, error) {
 	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
 		return nil, errors.New("building the guard: a big-endian machine is not supported")
 	}
-	spec := &ebpf.CollectionSpec{
-		Maps: map[string]*ebpf.MapSpec{
-			countersName: {Name: countersName, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: uint32(numReasons)},
-		},
-		Programs: map[string]*ebpf.ProgramSpec{
-			ProgramName: {Name: ProgramName, Type: ebpf.SchedCLS, License: "GPL", Instructions: instructions(cfg)},
-		},
+	return newProgram(ProgramName, Ingress, instructions(cfg)), nil
+}
+
+// BuildUplink assembles the uplinks' program, for the egress hook of each
+// interface a default route leaves by: IPv4 with a source in subnet (the
+// bridge's) is dropped, as it would leave un-masqueraded (its NAT rule
+// gone); the rest passes. tc's egress hook runs after netfilter's
+// postrouting, so a masqueraded packet shows the uplink's source here.
+func BuildUplink(subnet netip.Prefix) (*Program, error) {
+	if !subnet.Addr().Is4() {
+		return nil, errors.New("building the uplinks' guard: the subnet must be IPv4")
 	}
-	return &Program{cfg: cfg, spec: spec}, nil
+	subnet = subnet.Masked()
+	mask := int32(^uint32(0) << (32 - subnet.Bits()))
+	ins := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
+	ins = append(ins, loadBytes(12, stEth, 2, PassUplink)...)
+	ins = append(ins,
+		asm.LoadMem(asm.R1, asm.R10, stEth, asm.Half),
+		asm.Mov.Imm(asm.R7, int32(PassUplink)),
+		asm.JNE.Imm(asm.R1, wire16(etherIPv4), "count"),
+	)
+	ins = append(ins, loadBytes(ethHeader+12, stIP, 4, PassUplink)...)
+	ins = append(ins,
+		asm.LoadMem(asm.R1, asm.R10, stIP, asm.Word),
+		asm.HostTo(asm.BE, asm.R1, asm.Word),
+		asm.And.Imm32(asm.R1, mask),
+		asm.Mov.Imm(asm.R7, int32(PassUplink)),
+		asm.JNE.Imm32(asm.R1, be32(subnet.Addr()), "count"),
+		asm.Mov.Imm(asm.R7, int32(DropUnNATed)),
+	)
+	ins = append(ins, countTail()...)
+	return newProgram(UplinkProgramName, Egress, ins), nil
 }
 
 // KernelTag is the tag the kernel gives this build (what a filter dump
@@ -204,7 +254,7 @@ func (p *Program) KernelTag() (string, error) {
 		return "", fmt.Errorf("loading the guard: %w", err)
 	}
 	defer coll.Close()
-	info, err := coll.Programs[ProgramName].Info()
+	info, err := coll.Programs[p.name].Info()
 	if err != nil {
 		return "", fmt.Errorf("reading the guard's tag: %w", err)
 	}
@@ -212,8 +262,8 @@ func (p *Program) KernelTag() (string, error) {
 }
 
 // loadBytes reads n bytes at packet offset off into the stack at st; a
-// failure (a packet too short) goes to the truncated verdict.
-func loadBytes(off int32, st int16, n int32) asm.Instructions {
+// failure (a packet too short) goes to the verdict short.
+func loadBytes(off int32, st int16, n int32, short Reason) asm.Instructions {
 	return asm.Instructions{
 		asm.Mov.Reg(asm.R1, asm.R6),
 		asm.Mov.Imm(asm.R2, off),
@@ -221,7 +271,7 @@ func loadBytes(off int32, st int16, n int32) asm.Instructions {
 		asm.Add.Imm(asm.R3, int32(st)),
 		asm.Mov.Imm(asm.R4, n),
 		asm.FnSkbLoadBytes.Call(),
-		asm.Mov.Imm(asm.R7, int32(DropTruncated)),
+		asm.Mov.Imm(asm.R7, int32(short)),
 		asm.JNE.Imm(asm.R0, 0, "count"),
 	}
 }
@@ -275,7 +325,7 @@ func fibLookup(withDst bool) asm.Instructions {
 // reason, r8 the IPv4 header's length, r9 the destination in host order.
 func instructions(cfg Config) asm.Instructions {
 	ins := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
-	ins = append(ins, loadBytes(12, stEth, 2)...)
+	ins = append(ins, loadBytes(12, stEth, 2, DropTruncated)...)
 	ins = append(ins,
 		asm.LoadMem(asm.R1, asm.R10, stEth, asm.Half),
 		asm.JEq.Imm(asm.R1, wire16(etherARP), "arp"),
@@ -293,7 +343,7 @@ func instructions(cfg Config) asm.Instructions {
 	ins[len(ins)-2] = ins[len(ins)-2].WithSymbol("vlan")
 
 	// IPv4: the header, its length, the destination.
-	hdr := loadBytes(ethHeader, stIP, 20)
+	hdr := loadBytes(ethHeader, stIP, 20, DropTruncated)
 	hdr[0] = hdr[0].WithSymbol("ipv4")
 	ins = append(ins, hdr...)
 	ins = append(ins,
@@ -391,8 +441,13 @@ func instructions(cfg Config) asm.Instructions {
 	)
 	ins = append(ins, verdict(PassForward)...)
 
-	// Count the reason, then pass or drop by it.
-	ins = append(ins,
+	return append(ins, countTail()...)
+}
+
+// countTail is every program's end, at the label "count": the reason in r7
+// counted, then the packet passed or dropped by it.
+func countTail() asm.Instructions {
+	return asm.Instructions{
 		asm.StoreMem(asm.R10, stKey, asm.R7, asm.Word).WithSymbol("count"),
 		asm.LoadMapPtr(asm.R1, 0).WithReference(countersName),
 		asm.Mov.Reg(asm.R2, asm.R10),
@@ -406,6 +461,5 @@ func instructions(cfg Config) asm.Instructions {
 		asm.JGE.Imm(asm.R7, int32(DropIPv6), "out"),
 		asm.Mov.Imm(asm.R0, tcActOK),
 		asm.Return().WithSymbol("out"),
-	)
-	return ins
+	}
 }
