@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -291,4 +292,68 @@ func TestPrivilegedUplinkGuard(t *testing.T) {
 	found, err := Find(h, "up")
 	require.NoError(t, err)
 	assert.Empty(t, found)
+}
+
+// frame is an Ethernet frame from a box (10.88.0.2) carrying UDP to dst:port.
+func frame(dst string, port uint16) []byte {
+	b := make([]byte, 14+20+8+16)
+	copy(b[0:6], []byte{0x02, 0, 0, 0, 0, 1})  // the bridge
+	copy(b[6:12], []byte{0x02, 0, 0, 0, 0, 2}) // the box
+	b[12], b[13] = 0x08, 0x00
+	ip := b[14:]
+	ip[0] = 0x45
+	ip[2], ip[3] = 0, byte(len(b)-14)
+	ip[8], ip[9] = 64, 17
+	copy(ip[12:16], netip.MustParseAddr("10.88.0.2").AsSlice())
+	copy(ip[16:20], netip.MustParseAddr(dst).AsSlice())
+	udp := ip[20:]
+	udp[0], udp[1] = 0xc3, 0x50
+	udp[2], udp[3] = byte(port>>8), byte(port)
+	udp[5] = byte(len(udp))
+	return b
+}
+
+// BenchmarkPrivilegedGuard times the bridge's program per packet
+// (BPF_PROG_TEST_RUN, in a throwaway namespace whose routing table has a
+// default route): a packet dropped early (another port of the gateway),
+// DNS to the gateway, a private destination, and one forwarded to a public
+// address (two route lookups, the longest path).
+func BenchmarkPrivilegedGuard(b *testing.B) {
+	tier.Root(b)
+	ns := nstest.New(b, "boxgd-"+nstest.RunID()+"-bench")
+	require.NoError(b, ns.Sysctl("net.ipv4.ip_forward", "1"))
+	nstest.Veth(b, ns, "up", ns, "peer")
+	ns.AddAddr(b, "up", "198.51.100.2/24")
+	ns.LinkUp(b, "up")
+	ns.LinkUp(b, "peer")
+	_, dflt, _ := net.ParseCIDR("0.0.0.0/0")
+	require.NoError(b, ns.Netlink(b).RouteAdd(&netlink.Route{Dst: dflt, Gw: net.ParseIP("198.51.100.1")}))
+	p, err := Build(Config{Gateway: netip.MustParseAddr("10.88.0.1"), Resolver: netip.MustParseAddr("192.0.0.8")})
+	require.NoError(b, err)
+	coll, err := ebpf.NewCollection(p.spec)
+	require.NoError(b, err)
+	b.Cleanup(func() { coll.Close() })
+	prog := coll.Programs[ProgramName]
+	for _, bc := range []struct {
+		name string
+		in   []byte
+		want uint32
+	}{
+		{"to the host", frame("10.88.0.1", 9999), tcActShot},
+		{"dns", frame("10.88.0.1", 53), tcActOK},
+		{"private", frame("192.168.20.2", 9999), tcActShot},
+		{"forwarded", frame("203.0.113.10", 9999), tcActOK},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var ret uint32
+			var per time.Duration
+			require.NoError(b, ns.Run(func() error {
+				var err error
+				ret, per, err = prog.Benchmark(bc.in, b.N, b.ResetTimer)
+				return err
+			}))
+			require.Equal(b, bc.want, ret, "the verdict")
+			b.ReportMetric(float64(per.Nanoseconds()), "ns/packet")
+		})
+	}
 }
