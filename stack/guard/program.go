@@ -3,20 +3,25 @@
 // ruleset` touches. It sees what the bridge passes up to the host (to the
 // host's MAC, broadcast, multicast): everything a box sends to the host or
 // routes through it, after the bridge's forwarding decision. It passes
-// only what a box may send there:
+// only what a box may send there, from an address of the bridge's subnet
+// (or from 0.0.0.0, for DHCP):
 //
 //   - ARP;
 //   - DHCP (UDP to port 67) to the gateway or the broadcast address;
 //   - DNS (UDP or TCP to port 53) to the gateway or box's egress resolver;
 //   - IPv4 to a destination outside the private, CGNAT, link-local,
 //     loopback, multicast, reserved and "this network" ranges that the
-//     kernel's own routing table (bpf_fib_lookup) forwards, not delivers,
-//     and out of the interface of the default route;
+//     kernel's own routing table (bpf_fib_lookup, with the packet's source)
+//     forwards, not delivers, and out of the interface of the default
+//     route (looked up with the same source, so policy routing by source
+//     agrees; with multipath default routes a destination hashed onto
+//     another path than 0.0.0.0's is dropped);
 //
-// and drops the rest (IPv6, VLAN tags, other ethertypes, anything else to
-// the host), counting each verdict by its reason in a per-CPU array. The
-// program decides from the routing table at the moment of the packet, so
-// it holds while box's watcher is stopped. A second program (BuildUplink),
+// and drops the rest (IPv6, VLAN tags, whether in the frame or already
+// taken off by the device, other ethertypes, anything else to the host,
+// other sources), counting each verdict by its reason in a per-CPU
+// array. The program decides from the routing table at the moment of the
+// packet, so it holds while box's watcher is stopped. A second program (BuildUplink),
 // on the egress hook of the interfaces the default routes leave by, drops
 // what would leave with a source in the bridge's subnet: a box's packet
 // whose masquerade rule was flushed.
@@ -24,8 +29,8 @@
 // The program is assembled in Go (cilium/ebpf's asm), with the gateway and
 // resolver addresses in its instructions: its kernel tag, which a netlink
 // filter dump reports, says whether what is attached is box's own build
-// for this bridge (Program.KernelTag). Attach, Find and Detach (attach.go) work
-// through a netlink handle in the bridge's namespace.
+// for this bridge (Program.KernelTag). Attach, Find and Detach
+// (attach.go) work through a netlink handle in the bridge's namespace.
 //
 // This package is the program and its plumbing; wiring it into setup-host,
 // doctor, the watcher and the drill is not done yet.
@@ -43,6 +48,9 @@ import (
 
 // Config is what the program is built for.
 type Config struct {
+	// Subnet is the bridge's: a box's packets come from an address in it
+	// (or from 0.0.0.0, for DHCP only).
+	Subnet netip.Prefix
 	// Gateway is the bridge's own IPv4 address: DHCP and DNS to it pass,
 	// anything else to it is dropped.
 	Gateway netip.Addr
@@ -70,11 +78,12 @@ const (
 	DropRange     // to a private, CGNAT, link-local, loopback, multicast, reserved or "this network" address
 	DropRoute     // the routing table delivers it locally, has no route, or routes it elsewhere than the default route's interface
 	DropTruncated // a header too short to read
+	DropSource    // a source outside the bridge's subnet (0.0.0.0 only for DHCP)
 	DropUnNATed   // leaving by an uplink with a source in the bridge's subnet: not masqueraded
 	numReasons
 )
 
-var reasonNames = [...]string{"pass_arp", "pass_dhcp", "pass_dns", "pass_forward", "pass_uplink", "drop_ipv6", "drop_vlan", "drop_ethertype", "drop_host", "drop_range", "drop_route", "drop_truncated", "drop_unnated"}
+var reasonNames = [...]string{"pass_arp", "pass_dhcp", "pass_dns", "pass_forward", "pass_uplink", "drop_ipv6", "drop_vlan", "drop_ethertype", "drop_host", "drop_range", "drop_route", "drop_truncated", "drop_source", "drop_unnated"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {
@@ -134,44 +143,57 @@ func Forbidden(a netip.Addr) bool {
 
 // Stack layout of the program (offsets from r10).
 const (
-	stKey    = -4   // u32: the counter's index
-	stEth    = -8   // u16: the ethertype
-	stL4     = -12  // u32: source and destination port, as in the packet
-	stIP     = -32  // 20 bytes: the IPv4 header
-	stFib    = -96  // 64 bytes: struct bpf_fib_lookup
-	stEgress = -100 // u32: the interface the destination leaves by
+	stKey     = -4   // u32: the counter's index
+	stEth     = -8   // u16: the ethertype
+	stL4      = -12  // u32: source and destination port, as in the packet
+	stIP      = -32  // 20 bytes: the IPv4 header
+	stFib     = -96  // 64 bytes: struct bpf_fib_lookup
+	stEgress  = -100 // u32: the interface the destination leaves by
+	stSrcZero = -104 // u32: the source, in host order
 )
 
 // Offsets in the kernel's structures.
 const (
-	skbIfindex  = 40 // struct __sk_buff: ifindex
-	fibFamily   = 0  // struct bpf_fib_lookup
-	fibProto    = 1
-	fibIfindex  = 8
-	fibSrc      = 16
-	fibDst      = 32
-	fibSize     = 64
-	fibSuccess  = 0 // BPF_FIB_LKUP_RET_SUCCESS
-	fibNoNeigh  = 7 // BPF_FIB_LKUP_RET_NO_NEIGH: routed, its next hop not resolved yet
-	tcActOK     = 0
-	tcActShot   = 2
-	ethHeader   = 14
-	etherARP    = 0x0806
-	etherIPv4   = 0x0800
-	etherIPv6   = 0x86dd
-	etherVLAN   = 0x8100
-	etherQinQ   = 0x88a8
-	protoTCP    = 6
-	protoUDP    = 17
-	portDHCP    = 67
-	portDNS     = 53
-	afInet      = 2
-	broadcastIP = 0xffffffff
+	skbProtocol    = 16 // struct __sk_buff: protocol (network order)
+	skbVLANPresent = 20 // vlan_present: a tag the device took off into vlan_tci
+	skbIfindex     = 40 // ifindex
+	fibFamily      = 0  // struct bpf_fib_lookup
+	fibProto       = 1
+	fibIfindex     = 8
+	fibSrc         = 16
+	fibDst         = 32
+	fibSize        = 64
+	fibSuccess     = 0 // BPF_FIB_LKUP_RET_SUCCESS
+	fibNoNeigh     = 7 // BPF_FIB_LKUP_RET_NO_NEIGH: routed, its next hop not resolved yet
+	fibFragNeed    = 8 // BPF_FIB_LKUP_RET_FRAG_NEEDED: routed, larger than the way out's MTU (the forward path answers it)
+	hdrStartNet    = 1 // BPF_HDR_START_NET
+	tcActOK        = 0
+	tcActShot      = 2
+	ethHeader      = 14
+	etherARP       = 0x0806
+	etherIPv4      = 0x0800
+	etherIPv6      = 0x86dd
+	etherVLAN      = 0x8100
+	etherQinQ      = 0x88a8
+	protoTCP       = 6
+	protoUDP       = 17
+	portDHCP       = 67
+	portDNS        = 53
+	afInet         = 2
+	broadcastIP    = 0xffffffff
 )
 
 // wire is a 16-bit value as a little-endian load of its network-order
 // bytes reads it (the program runs on little-endian machines only).
 func wire16(v uint16) int32 { return int32(v>>8 | (v&0xff)<<8) }
+
+// subnetMask is p's mask as a 32-bit immediate (host order).
+func subnetMask(p netip.Prefix) int32 {
+	if p.Bits() == 0 {
+		return 0
+	}
+	return int32(^uint32(0) << (32 - p.Bits()))
+}
 
 // be32 is an address as a 32-bit immediate compared after a byte swap to
 // host order.
@@ -201,8 +223,8 @@ func newProgram(name, hook string, ins asm.Instructions) *Program {
 
 // Build assembles the program for cfg.
 func Build(cfg Config) (*Program, error) {
-	if !cfg.Gateway.Is4() {
-		return nil, errors.New("building the guard: the gateway must be an IPv4 address")
+	if !cfg.Gateway.Is4() || !cfg.Subnet.Addr().Is4() || !cfg.Subnet.Contains(cfg.Gateway) {
+		return nil, errors.New("building the guard: the subnet must be IPv4 and hold the gateway")
 	}
 	if cfg.Resolver.IsValid() && !cfg.Resolver.Is4() {
 		return nil, errors.New("building the guard: the resolver must be an IPv4 address")
@@ -223,15 +245,24 @@ func BuildUplink(subnet netip.Prefix) (*Program, error) {
 		return nil, errors.New("building the uplinks' guard: the subnet must be IPv4")
 	}
 	subnet = subnet.Masked()
-	mask := int32(^uint32(0) << (32 - subnet.Bits()))
-	ins := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
-	ins = append(ins, loadBytes(12, stEth, 2, PassUplink)...)
-	ins = append(ins,
-		asm.LoadMem(asm.R1, asm.R10, stEth, asm.Half),
+	mask := subnetMask(subnet)
+	// skb->protocol and the network header, not the frame: an uplink may
+	// have no link-layer header (WireGuard, tun, PPP).
+	ins := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.LoadMem(asm.R1, asm.R6, skbProtocol, asm.Word),
 		asm.Mov.Imm(asm.R7, int32(PassUplink)),
 		asm.JNE.Imm(asm.R1, wire16(etherIPv4), "count"),
-	)
-	ins = append(ins, loadBytes(ethHeader+12, stIP, 4, PassUplink)...)
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Imm(asm.R2, 12),
+		asm.Mov.Reg(asm.R3, asm.R10),
+		asm.Add.Imm(asm.R3, stIP),
+		asm.Mov.Imm(asm.R4, 4),
+		asm.Mov.Imm(asm.R5, hdrStartNet),
+		asm.FnSkbLoadBytesRelative.Call(),
+		asm.Mov.Imm(asm.R7, int32(PassUplink)),
+		asm.JNE.Imm(asm.R0, 0, "count"),
+	}
 	ins = append(ins,
 		asm.LoadMem(asm.R1, asm.R10, stIP, asm.Word),
 		asm.HostTo(asm.BE, asm.R1, asm.Word),
@@ -285,7 +316,7 @@ func verdict(r Reason) asm.Instructions {
 }
 
 // fibLookup zeroes the lookup's parameters, fills in the family, the
-// ingress interface and, withDst, the packet's protocol, source and
+// ingress interface, the packet's source and, withDst, its protocol and
 // destination (else the destination is 0.0.0.0: the default route), and
 // calls bpf_fib_lookup: r0 is its answer, the parameters' ifindex the
 // interface it leaves by, r7 the route verdict for the caller to count.
@@ -299,12 +330,16 @@ func fibLookup(withDst bool) asm.Instructions {
 		asm.LoadMem(asm.R1, asm.R6, skbIfindex, asm.Word),
 		asm.StoreMem(asm.R10, stFib+fibIfindex, asm.R1, asm.Word),
 	)
+	// The source in both lookups: a rule routing the bridge's subnet by a
+	// table of its own (policy routing) then gives both the same answer.
+	ins = append(ins,
+		asm.LoadMem(asm.R1, asm.R10, stIP+12, asm.Word),
+		asm.StoreMem(asm.R10, stFib+fibSrc, asm.R1, asm.Word),
+	)
 	if withDst {
 		ins = append(ins,
 			asm.LoadMem(asm.R1, asm.R10, stIP+9, asm.Byte),
 			asm.StoreMem(asm.R10, stFib+fibProto, asm.R1, asm.Byte),
-			asm.LoadMem(asm.R1, asm.R10, stIP+12, asm.Word),
-			asm.StoreMem(asm.R10, stFib+fibSrc, asm.R1, asm.Word),
 			asm.LoadMem(asm.R1, asm.R10, stIP+16, asm.Word),
 			asm.StoreMem(asm.R10, stFib+fibDst, asm.R1, asm.Word),
 		)
@@ -324,7 +359,12 @@ func fibLookup(withDst bool) asm.Instructions {
 // instructions is the program. Registers: r6 the packet's context, r7 the
 // reason, r8 the IPv4 header's length, r9 the destination in host order.
 func instructions(cfg Config) asm.Instructions {
-	ins := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
+	ins := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		// A tag the device took off already (into vlan_tci).
+		asm.LoadMem(asm.R1, asm.R6, skbVLANPresent, asm.Word),
+		asm.JNE.Imm(asm.R1, 0, "vlan"),
+	}
 	ins = append(ins, loadBytes(12, stEth, 2, DropTruncated)...)
 	ins = append(ins,
 		asm.LoadMem(asm.R1, asm.R10, stEth, asm.Half),
@@ -354,6 +394,16 @@ func instructions(cfg Config) asm.Instructions {
 		asm.JLT.Imm(asm.R8, 20, "count"),
 		asm.LoadMem(asm.R9, asm.R10, stIP+16, asm.Word),
 		asm.HostTo(asm.BE, asm.R9, asm.Word),
+		// The source: in the bridge's subnet, or 0.0.0.0 (DHCP, below).
+		asm.LoadMem(asm.R1, asm.R10, stIP+12, asm.Word),
+		asm.HostTo(asm.BE, asm.R1, asm.Word),
+		asm.StoreMem(asm.R10, stSrcZero, asm.R1, asm.Word),
+		asm.And.Imm32(asm.R1, subnetMask(cfg.Subnet)),
+		asm.JEq.Imm32(asm.R1, be32(cfg.Subnet.Masked().Addr()), "source ok"),
+		asm.LoadMem(asm.R1, asm.R10, stSrcZero, asm.Word),
+		asm.Mov.Imm(asm.R7, int32(DropSource)),
+		asm.JNE.Imm32(asm.R1, 0, "count"),
+		asm.Mov.Imm(asm.R1, 0).WithSymbol("source ok"),
 		// The ports, for the first fragment of TCP and UDP; 0 otherwise.
 		asm.StoreImm(asm.R10, stL4, 0, asm.Word),
 		asm.LoadMem(asm.R1, asm.R10, stIP+6, asm.Half),
@@ -388,7 +438,10 @@ func instructions(cfg Config) asm.Instructions {
 
 	// DNS to the gateway or the resolver.
 	ins = append(ins,
-		asm.JNE.Imm(asm.R2, portDNS, "not dns").WithSymbol("not dhcp"),
+		asm.LoadMem(asm.R1, asm.R10, stSrcZero, asm.Word).WithSymbol("not dhcp"),
+		asm.Mov.Imm(asm.R7, int32(DropSource)),
+		asm.JEq.Imm32(asm.R1, 0, "count"),
+		asm.JNE.Imm(asm.R2, portDNS, "not dns"),
 		asm.JEq.Imm(asm.R3, protoUDP, "dns proto"),
 		asm.JNE.Imm(asm.R3, protoTCP, "not dns"),
 		asm.JEq.Imm32(asm.R9, be32(cfg.Gateway), "dns").WithSymbol("dns proto"),
@@ -406,7 +459,7 @@ func instructions(cfg Config) asm.Instructions {
 
 	// The ranges never routed to.
 	for i, p := range forbidden {
-		mask := int32(^uint32(0) << (32 - p.Bits()))
+		mask := subnetMask(p)
 		first := asm.Mov.Reg(asm.R1, asm.R9)
 		if i == 0 {
 			first = first.WithSymbol("ranges")
@@ -427,6 +480,7 @@ func instructions(cfg Config) asm.Instructions {
 	ins = append(ins, route...)
 	ins = append(ins,
 		asm.JEq.Imm(asm.R0, fibSuccess, "routed"),
+		asm.JEq.Imm(asm.R0, fibFragNeed, "routed"),
 		asm.JNE.Imm(asm.R0, fibNoNeigh, "count"),
 		asm.LoadMem(asm.R1, asm.R10, stFib+fibIfindex, asm.Word).WithSymbol("routed"),
 		asm.StoreMem(asm.R10, stEgress, asm.R1, asm.Word),
@@ -434,6 +488,7 @@ func instructions(cfg Config) asm.Instructions {
 	ins = append(ins, fibLookup(false)...)
 	ins = append(ins,
 		asm.JEq.Imm(asm.R0, fibSuccess, "default"),
+		asm.JEq.Imm(asm.R0, fibFragNeed, "default"),
 		asm.JNE.Imm(asm.R0, fibNoNeigh, "count"),
 		asm.LoadMem(asm.R1, asm.R10, stFib+fibIfindex, asm.Word).WithSymbol("default"),
 		asm.LoadMem(asm.R2, asm.R10, stEgress, asm.Word),

@@ -9,11 +9,14 @@ import (
 
 // Build takes IPv4 addresses only.
 func TestBuild(t *testing.T) {
-	_, err := Build(Config{Gateway: netip.MustParseAddr("10.88.0.1"), Resolver: netip.MustParseAddr("192.0.0.8")})
+	subnet := netip.MustParsePrefix("10.88.0.0/24")
+	_, err := Build(Config{Subnet: subnet, Gateway: netip.MustParseAddr("10.88.0.1"), Resolver: netip.MustParseAddr("192.0.0.8")})
 	assert.NoError(t, err)
-	_, err = Build(Config{Gateway: netip.MustParseAddr("fd00::1")})
+	_, err = Build(Config{Subnet: netip.MustParsePrefix("fd00::/64"), Gateway: netip.MustParseAddr("fd00::1")})
 	assert.Error(t, err, "IPv4 only")
-	_, err = Build(Config{Gateway: netip.MustParseAddr("10.88.0.1"), Resolver: netip.MustParseAddr("fd00::53")})
+	_, err = Build(Config{Subnet: subnet, Gateway: netip.MustParseAddr("10.89.0.1")})
+	assert.Error(t, err, "the gateway in the subnet")
+	_, err = Build(Config{Subnet: subnet, Gateway: netip.MustParseAddr("10.88.0.1"), Resolver: netip.MustParseAddr("fd00::53")})
 	assert.Error(t, err, "IPv4 only")
 	_, err = Build(Config{})
 	assert.Error(t, err)
