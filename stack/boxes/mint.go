@@ -204,8 +204,14 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		notes = append(notes, fmt.Sprintf("%s: this host cannot apply one (%s=%s on %s, found at an earlier mint)", NoteNoMemoryLimit, KeyMemoryLimits, memoryUnsupported, model.Current.Network))
 		req.Memory = ""
 	}
-	b, taken, err := mgr.take(ctx, req)
-	if !taken {
+	b, took, err := mgr.take(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if took != "" {
+		notes = append(notes, took)
+	}
+	if b == nil {
 		b, err = mgr.mint(ctx, req)
 	}
 	var ns *NotStartedError

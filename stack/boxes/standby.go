@@ -48,17 +48,19 @@ func isStandby(inst incus.Instance, template string) bool {
 }
 
 // take makes req's box of a standby box of req.Standby's image, when one
-// is there; taken is false when there was none to take (the caller makes
-// a copy). Two takes at once each rename a different one: a rename of a
-// box another take renamed first fails, and the next is tried.
-func (mgr *Manager) take(ctx context.Context, req MintRequest) (b *stack.Box, taken bool, err error) {
+// is there. b is nil when there was none to take, or when taking one
+// failed (then note says why, the half-taken box is removed, and the
+// caller makes a copy as if there had been none). Two takes at once each
+// rename a different one: a rename of a box another take renamed first
+// fails, and the next is tried.
+func (mgr *Manager) take(ctx context.Context, req MintRequest) (b *stack.Box, note string, err error) {
 	host := mgr.host
 	if req.Standby == "" || req.Fingerprint == "" || cmp.Or(req.Type, model.TypeContainer) != model.TypeContainer || req.Target != "" || host.Tier.Granted {
-		return nil, false, nil
+		return nil, "", nil
 	}
 	insts, err := host.Incus.Instances().List(ctx, map[string]string{model.StampStandby: req.Standby})
 	if err != nil {
-		return nil, false, fmt.Errorf("minting %s: looking for a standby box: %w", req.Name, err)
+		return nil, "", fmt.Errorf("minting %s: looking for a standby box: %w", req.Name, err)
 	}
 	slices.SortFunc(insts, func(a, b incus.Instance) int { return strings.Compare(a.Name, b.Name) })
 	for _, inst := range insts {
@@ -68,28 +70,42 @@ func (mgr *Manager) take(ctx context.Context, req MintRequest) (b *stack.Box, ta
 		if err := host.Incus.Instances().Rename(ctx, inst.Name, req.Name); err != nil {
 			continue // taken by another mint, or gone: the next
 		}
-		b, err := mgr.ready(ctx, inst.Name, req)
-		if err != nil {
+		if err := mgr.ready(ctx, inst.Name, req); err != nil {
+			// Whatever failed, the box is no box: removed (with the veth
+			// pair a failed start leaves), and a copy is made instead.
 			cctx := context.WithoutCancel(ctx)
-			rerr := stack.RemoveInstance(cctx, host.Incus, req.Name)
-			if rerr == nil {
-				host.RemoveLeftPorts(&inst)
+			cur, _, gerr := host.Incus.Instances().Get(cctx, req.Name)
+			if gerr == nil {
+				if rerr := stack.RemoveInstance(cctx, host.Incus, req.Name); rerr != nil {
+					return nil, "", fmt.Errorf("minting %s: the standby box %s taken for it failed (%v), and removing it failed: %w (remove it by hand: incus delete --force %s)", req.Name, inst.Name, err, rerr, req.Name)
+				}
+				host.RemoveLeftPorts(cur)
 			}
-			return nil, true, &NotStartedError{Name: req.Name, Err: fmt.Errorf("the standby box %s taken for it: %w", inst.Name, err), RemoveErr: rerr}
+			return nil, fmt.Sprintf("the standby box %s could not be taken (%v) and was removed: a copy of the image was made instead", inst.Name, err), nil
 		}
-		return b, true, nil
+		b, err := stack.Info(ctx, host.Incus, req.Name)
+		if err != nil {
+			return nil, "", fmt.Errorf("minted %s from the standby box %s, but: %w", req.Name, inst.Name, err)
+		}
+		b.Notes = append(b.Notes, fmt.Sprintf("%s%s, booted once and stopped: its SSH host keys, machine-id, MAC and fixed address are its own; its cloud-init instance stays %s", NoteStandbyTaken, inst.Name, inst.Name))
+		if n := mgr.diskLimitNote(ctx, req); n != "" {
+			b.Notes = append(b.Notes, n)
+		} else if n := host.Storage().AccountingNote(ctx, req.Disk); n != "" {
+			b.Notes = append(b.Notes, n)
+		}
+		return b, "", nil
 	}
-	return nil, false, nil
+	return nil, "", nil
 }
 
 // ready makes the standby box standby, renamed to req.Name, req's box:
 // its config the mint's (kept: Incus's volatile and image keys), its root
-// disk req's size, its hostname req.Name; then starts it.
-func (mgr *Manager) ready(ctx context.Context, standby string, req MintRequest) (*stack.Box, error) {
+// disk req's size (none: no size), its hostname req.Name; then starts it.
+func (mgr *Manager) ready(ctx context.Context, standby string, req MintRequest) error {
 	host := mgr.host
 	inst, etag, err := host.Incus.Instances().Get(ctx, req.Name)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	put := inst.Writable()
 	cfg := mintConfig(req, model.TypeContainer, mintImage{fingerprint: req.Fingerprint})
@@ -99,25 +115,22 @@ func (mgr *Manager) ready(ctx context.Context, standby string, req MintRequest) 
 		}
 	}
 	put.Config = cfg
-	if root, ok := put.Devices["root"]; ok && req.Disk != "" {
+	if root, ok := put.Devices["root"]; ok {
 		root = maps.Clone(root)
-		root["size"] = req.Disk
+		if req.Disk != "" {
+			root["size"] = req.Disk
+		} else {
+			delete(root, "size")
+		}
 		put.Devices["root"] = root
 	}
 	if err := host.Incus.Instances().Update(ctx, req.Name, put, etag); err != nil {
-		return nil, fmt.Errorf("setting its config: %w", err)
+		return fmt.Errorf("setting its config: %w", err)
 	}
 	if err := mgr.moveHostname(ctx, standby, req.Name); err != nil {
-		return nil, err
+		return err
 	}
-	if err := mgr.Start(ctx, req.Name); err != nil {
-		return nil, err
-	}
-	b, err := stack.Info(ctx, host.Incus, req.Name)
-	if b != nil {
-		b.Notes = append(b.Notes, fmt.Sprintf("%s%s, booted once and stopped: its SSH host keys, machine-id, MAC and fixed address are its own; its cloud-init instance stays %s", NoteStandbyTaken, standby, standby))
-	}
-	return b, err
+	return mgr.Start(ctx, req.Name)
 }
 
 // NoteStandbyTaken starts the note of a box taken from a standby box.

@@ -23,6 +23,12 @@ func withStandbys(t *testing.T, f *mintFake) map[string]string {
 	t.Helper()
 	pushed := map[string]string{}
 	s := f.srv
+	s.Handle("DELETE /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		delete(f.insts, r.PathValue("name"))
+		f.mu.Unlock()
+		s.Async(w, incustest.Op{Description: "Deleting instance"})
+	})
 	s.Handle("POST /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
 		var post struct{ Name string }
 		require.NoError(t, json.NewDecoder(r.Body).Decode(&post))
@@ -49,6 +55,10 @@ func withStandbys(t *testing.T, f *mintFake) map[string]string {
 		incustest.Sync(w, map[string]any{"status": i.Status})
 	})
 	s.Handle("POST /1.0/instances/{name}/files", func(w http.ResponseWriter, r *http.Request) {
+		if pushed["fail"] != "" {
+			incustest.Error(w, http.StatusInternalServerError, pushed["fail"])
+			return
+		}
 		b, _ := io.ReadAll(r.Body)
 		f.mu.Lock()
 		pushed[r.PathValue("name")+":"+r.URL.Query().Get("path")] = string(b)
@@ -126,11 +136,31 @@ func TestMintTakesNoStandbyUnasked(t *testing.T) {
 			require.NoError(t, err)
 			req.Standby = "blank"
 			edit(&req)
-			taken, ok, err := (&Manager{host: h}).take(context.Background(), req)
+			taken, note, err := (&Manager{host: h}).take(context.Background(), req)
 			require.NoError(t, err)
-			assert.False(t, ok)
+			assert.Empty(t, note)
 			assert.Nil(t, taken)
 			assert.Contains(t, f.insts, "box-standby-blank-222222")
 		})
 	}
+}
+
+// A take that fails half way (here the hostname's files cannot be
+// written) leaves nothing of the standby box: it is removed, a copy of the
+// image is made instead, and the box's notes say so.
+func TestMintFallsBackToACopy(t *testing.T) {
+	f, h := newMintFake(t)
+	pushed := withStandbys(t, f)
+	pushed["fail"] = "the fake writes no file"
+	tpl, _ := blank(t)
+	req, err := (&TemplateImages{}).Mint(tpl, TemplateImage{Template: "blank", Fingerprint: builtFP}, "b", "test")
+	require.NoError(t, err)
+	req.Standby = "blank"
+	b, err := (&Manager{host: h}).Mint(context.Background(), req)
+	require.NoError(t, err)
+	assert.Len(t, f.srv.Find(http.MethodPost, "/1.0/instances"), 1, "a copy was made")
+	assert.NotContains(t, f.insts, "box-standby-blank-222222", "the standby box is gone")
+	assert.Equal(t, builtFP, f.insts["b"].Config[model.StampFingerprint])
+	assert.NotContains(t, f.insts["b"].Config, model.StampStandby, "the box is the copy, not the standby renamed")
+	assert.Contains(t, strings.Join(b.Notes, "\n"), "the standby box box-standby-blank-222222 could not be taken")
 }

@@ -113,15 +113,15 @@ func TemplateImagesFile(netns string) string {
 }
 
 // TemplateImagesFiles is what the record of netns's host keeps on disk:
-// the record and the locks of its templates' builds beside it (whatever
-// exists of them). Whoever removes the host's images for good (a world's
+// the record and the locks of its templates' builds and standby boxes
+// beside it (whatever exists of them). Whoever removes the host's images for good (a world's
 // purge) removes these with them.
 func TemplateImagesFiles(netns string) []string {
 	ims := &TemplateImages{File: TemplateImagesFile(netns)}
 	out := []string{ims.File}
 	names, _ := templates.Names() // built in: cannot fail at run time
 	for _, n := range names {
-		out = append(out, ims.lock(n))
+		out = append(out, ims.lock(n), ims.lock(n+"-standby"))
 	}
 	return out
 }
