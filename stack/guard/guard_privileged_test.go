@@ -319,6 +319,27 @@ func frameFrom(src, dst string, port uint16) []byte {
 	return b
 }
 
+// loadedInRoutedNS is the bridge's program loaded (not attached) and a
+// throwaway namespace with a default route to run it in: a test run's
+// route lookups see that namespace's table, never the machine's.
+func loadedInRoutedNS(tb testing.TB, role string) (*nstest.NS, *ebpf.Program) {
+	tb.Helper()
+	ns := nstest.New(tb, "boxgd-"+nstest.RunID()+"-"+role)
+	require.NoError(tb, ns.Sysctl("net.ipv4.ip_forward", "1"))
+	nstest.Veth(tb, ns, "up", ns, "peer")
+	ns.AddAddr(tb, "up", "198.51.100.2/24")
+	ns.LinkUp(tb, "up")
+	ns.LinkUp(tb, "peer")
+	_, dflt, _ := net.ParseCIDR("0.0.0.0/0")
+	require.NoError(tb, ns.Netlink(tb).RouteAdd(&netlink.Route{Dst: dflt, Gw: net.ParseIP("198.51.100.1")}))
+	p, err := Build(testConfig)
+	require.NoError(tb, err)
+	coll, err := ebpf.NewCollection(p.spec)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { coll.Close() })
+	return ns, coll.Programs[ProgramName]
+}
+
 // BenchmarkPrivilegedGuard times the bridge's program per packet
 // (BPF_PROG_TEST_RUN, in a throwaway namespace whose routing table has a
 // default route): a packet dropped early (another port of the gateway),
@@ -326,20 +347,7 @@ func frameFrom(src, dst string, port uint16) []byte {
 // address (two route lookups, the longest path).
 func BenchmarkPrivilegedGuard(b *testing.B) {
 	tier.Root(b)
-	ns := nstest.New(b, "boxgd-"+nstest.RunID()+"-bench")
-	require.NoError(b, ns.Sysctl("net.ipv4.ip_forward", "1"))
-	nstest.Veth(b, ns, "up", ns, "peer")
-	ns.AddAddr(b, "up", "198.51.100.2/24")
-	ns.LinkUp(b, "up")
-	ns.LinkUp(b, "peer")
-	_, dflt, _ := net.ParseCIDR("0.0.0.0/0")
-	require.NoError(b, ns.Netlink(b).RouteAdd(&netlink.Route{Dst: dflt, Gw: net.ParseIP("198.51.100.1")}))
-	p, err := Build(testConfig)
-	require.NoError(b, err)
-	coll, err := ebpf.NewCollection(p.spec)
-	require.NoError(b, err)
-	b.Cleanup(func() { coll.Close() })
-	prog := coll.Programs[ProgramName]
+	ns, prog := loadedInRoutedNS(b, "bench")
 	for _, bc := range []struct {
 		name string
 		in   []byte
@@ -374,20 +382,7 @@ func BenchmarkPrivilegedGuard(b *testing.B) {
 // larger ones are refused.)
 func TestPrivilegedGuardVerdicts(t *testing.T) {
 	tier.Root(t)
-	ns := nstest.New(t, "boxgd-"+nstest.RunID()+"-verdicts")
-	require.NoError(t, ns.Sysctl("net.ipv4.ip_forward", "1"))
-	nstest.Veth(t, ns, "up", ns, "peer")
-	ns.AddAddr(t, "up", "198.51.100.2/24")
-	ns.LinkUp(t, "up")
-	ns.LinkUp(t, "peer")
-	_, dflt, _ := net.ParseCIDR("0.0.0.0/0")
-	require.NoError(t, ns.Netlink(t).RouteAdd(&netlink.Route{Dst: dflt, Gw: net.ParseIP("198.51.100.1")}))
-	p, err := Build(testConfig)
-	require.NoError(t, err)
-	coll, err := ebpf.NewCollection(p.spec)
-	require.NoError(t, err)
-	defer coll.Close()
-	prog := coll.Programs[ProgramName]
+	ns, prog := loadedInRoutedNS(t, "verdicts")
 
 	ipv6 := frame("203.0.113.10", 9999)
 	ipv6[12], ipv6[13] = 0x86, 0xdd
