@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/internal/atomicfile"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
@@ -151,23 +152,10 @@ func writeTemplateImages(path string, rec map[string]TemplateImage) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("writing the template images' record: %w", err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".template-images-*.json")
-	if err != nil {
+	if err := atomicfile.Write(path, append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("writing the template images' record: %w", err)
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing the template images' record: %w", err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return nil
 }
 
 // TemplateImages keeps a host's template images: which image each

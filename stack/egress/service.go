@@ -18,6 +18,7 @@ import (
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 
+	"github.com/box-isolation/box/internal/atomicfile"
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
@@ -64,23 +65,7 @@ func WriteState(ino uint64, st State) error {
 	if err := os.MkdirAll(hostns.RunDir, 0o755); err != nil {
 		return fmt.Errorf("writing the egress state: %w", err)
 	}
-	tmp, err := os.CreateTemp(hostns.RunDir, ".egress-*.json")
-	if err != nil {
-		return fmt.Errorf("writing the egress state: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing the egress state: %w", err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := atomicfile.Write(path, b, 0o644); err != nil {
 		return fmt.Errorf("writing the egress state: %w", err)
 	}
 	return nil

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/box-isolation/box/internal/atomicfile"
 )
 
 // teardownMarker is the file `box teardown-host` holds while it removes
@@ -232,23 +234,10 @@ func WriteDaemonStatus(ino uint64, st DaemonStatus) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(RunDir, ".guard-and-serve-*.json")
-	if err != nil {
+	if err := atomicfile.Write(DaemonStatusPath(ino), b, 0o644); err != nil {
 		return fmt.Errorf("writing the daemon's status: %w", err)
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing the daemon's status: %w", err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), DaemonStatusPath(ino))
+	return nil
 }
 
 // ReadDaemonStatus reads the daemon's status in netns: what its services
