@@ -102,20 +102,9 @@ func (r *run) waitProvisioned(ctx context.Context, c *incus.Client, name string)
 		return nil
 	}
 	if b, err := c.Instances().PullFile(ctx, name, templates.FailedMarker); err == nil && len(b) > 0 {
-		return fmt.Errorf("%s: template %s's provisioning failed: %s%s", name, r.cfg.Template.Name, strings.TrimSpace(string(b)), logTail(ctx, c, name))
+		return fmt.Errorf("%s: template %s's provisioning failed: %s%s", name, r.cfg.Template.Name, strings.TrimSpace(string(b)), boxes.CloudInitTail(ctx, c, name))
 	}
-	return fmt.Errorf("%s: cloud-init finished, but template %s's user-data left no marker (%s or %s)%s", name, r.cfg.Template.Name, templates.ReadyMarker, templates.FailedMarker, logTail(ctx, c, name))
-}
-
-// logTail is the end of a box's cloud-init output, for a provisioning
-// failure's error ("" when it cannot be read).
-func logTail(ctx context.Context, c *incus.Client, name string) string {
-	b, err := c.Instances().PullFile(ctx, name, "/var/log/cloud-init-output.log")
-	if err != nil {
-		return ""
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	return "; the end of its /var/log/cloud-init-output.log:\n  " + strings.Join(lines[max(0, len(lines)-12):], "\n  ")
+	return fmt.Errorf("%s: cloud-init finished, but template %s's user-data left no marker (%s or %s)%s", name, r.cfg.Template.Name, templates.ReadyMarker, templates.FailedMarker, boxes.CloudInitTail(ctx, c, name))
 }
 
 // readBaseImage records the fingerprint box-a's image resolved to.

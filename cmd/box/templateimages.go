@@ -89,7 +89,7 @@ func (ic *imagesCLI) mint(t *templates.Template, name string) (boxes.MintRequest
 			return boxes.MintRequest{}, err
 		}
 		if d := time.Since(start); d > time.Second {
-			ic.stepf("template %s's image %s is ready (%s)", t.Name, ti.Fingerprint[:12], d.Round(time.Second))
+			ic.stepf("template %s's image %s is ready (%s)", t.Name, boxes.Short(ti.Fingerprint), d.Round(time.Second))
 		}
 		if state == boxes.ImageBaseOutdated && !c.quiet {
 			fmt.Fprintf(c.err, "box: template %s's image was built from %s as it was on %s; incusd has a newer one since: box templates build --refresh %s rebuilds the image on it\n", t.Name, ti.Base, ti.Built.Format(time.DateOnly), t.Name)
@@ -131,7 +131,7 @@ func (ic *imagesCLI) warm(args []string, asJSON bool) error {
 		return c.printJSON(res)
 	}
 	fmt.Fprintf(c.out, "%s: %d standby boxes of image %s kept (%s made, %s removed); box new --template %s takes one; box templates warm %s makes them up again\n",
-		t.Name, res.Want, short(res.Fingerprint), orNone(res.Made), orNone(res.Removed), t.Name, t.Name)
+		t.Name, res.Want, boxes.Short(res.Fingerprint), orNone(res.Made), orNone(res.Removed), t.Name, t.Name)
 	return nil
 }
 
@@ -145,8 +145,6 @@ func orNone(names []string) string {
 	}
 	return strings.Join(names, ", ")
 }
-
-func short(fp string) string { return fp[:min(12, len(fp))] }
 
 // stepf says on stderr what box is doing while the operator waits: a
 // progress line on a terminal, a line of its own elsewhere; nothing with
@@ -180,7 +178,7 @@ func imageCells(r boxes.TemplateStatus) (image, built, base string) {
 	case r.Image == nil:
 		return string(r.State), "-", "-"
 	}
-	return fmt.Sprintf("%s %s", r.State, r.Image.Fingerprint[:min(12, len(r.Image.Fingerprint))]),
+	return fmt.Sprintf("%s %s", r.State, boxes.Short(r.Image.Fingerprint)),
 		time.Since(r.Image.Built).Round(time.Minute).String() + " ago", r.Image.Base
 }
 
@@ -213,7 +211,7 @@ func (ic *imagesCLI) build(names []string, refresh, asJSON bool) error {
 		}
 		built = append(built, ti)
 		if !asJSON {
-			fmt.Fprintf(c.out, "%s: image %s (built %s, in %.0fs)\n", t.Name, ti.Fingerprint[:12], ti.Built.Format(time.RFC3339), ti.BuildSeconds)
+			fmt.Fprintf(c.out, "%s: image %s (built %s, in %.0fs)\n", t.Name, boxes.Short(ti.Fingerprint), ti.Built.Format(time.RFC3339), ti.BuildSeconds)
 		}
 	}
 	if asJSON {

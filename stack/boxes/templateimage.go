@@ -413,7 +413,7 @@ func (ims *TemplateImages) unpack(ctx context.Context, template string, ti *Temp
 		return err
 	}
 	ti.SizeBytes, ti.Pool = img.Size, ims.host.Options.PoolName()
-	name := builderPrefix + template + "-unpack-" + short(ti.Fingerprint)
+	name := builderPrefix + template + "-unpack-" + Short(ti.Fingerprint)
 	start := time.Now()
 	err = c.Instances().Create(ctx, incus.InstancesPost{Name: name, Type: model.TypeContainer,
 		Source:   incus.InstanceSource{Type: "image", Fingerprint: ti.Fingerprint},
@@ -520,7 +520,7 @@ func waitMarkers(ctx context.Context, c *incus.Client, name string, tick func(ti
 			return nil
 		}
 		if b, err := c.Instances().PullFile(ctx, name, templates.FailedMarker); err == nil && len(b) > 0 {
-			return fmt.Errorf("provisioning failed: %s%s", strings.TrimSpace(string(b)), cloudInitTail(ctx, c, name))
+			return fmt.Errorf("provisioning failed: %s%s", strings.TrimSpace(string(b)), CloudInitTail(ctx, c, name))
 		}
 		if time.Since(checked) >= markerLiveness {
 			checked = time.Now()
@@ -529,7 +529,7 @@ func waitMarkers(ctx context.Context, c *incus.Client, name string, tick func(ti
 			case incus.IsNotFound(err):
 				return fmt.Errorf("%s is gone: something removed it while it was being provisioned", name)
 			case err == nil && inst.Status != "Running":
-				return fmt.Errorf("%s is %s: it stopped while it was being provisioned%s", name, strings.ToLower(inst.Status), cloudInitTail(ctx, c, name))
+				return fmt.Errorf("%s is %s: it stopped while it was being provisioned%s", name, strings.ToLower(inst.Status), CloudInitTail(ctx, c, name))
 			}
 		}
 		if time.Since(told) >= 5*time.Second && tick != nil {
@@ -538,14 +538,15 @@ func waitMarkers(ctx context.Context, c *incus.Client, name string, tick func(ti
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("provisioning did not finish within %s%s", imageProvisionWait, cloudInitTail(context.WithoutCancel(ctx), c, name))
+			return fmt.Errorf("provisioning did not finish within %s%s", imageProvisionWait, CloudInitTail(context.WithoutCancel(ctx), c, name))
 		case <-time.After(markerPoll):
 		}
 	}
 }
 
-// cloudInitTail is the end of a box's cloud-init output, for an error.
-func cloudInitTail(ctx context.Context, c *incus.Client, name string) string {
+// CloudInitTail is the end of a box's cloud-init output, for a
+// provisioning failure's error ("" when it cannot be read).
+func CloudInitTail(ctx context.Context, c *incus.Client, name string) string {
 	b, err := c.Instances().PullFile(ctx, name, "/var/log/cloud-init-output.log")
 	if err != nil {
 		return ""
@@ -578,10 +579,11 @@ func (ims *TemplateImages) Mint(t *templates.Template, ti TemplateImage, name, v
 	}
 	return MintRequest{Name: name, Image: ims.Alias(t.Name), Fingerprint: ti.Fingerprint, UserData: ud,
 		Stamps: map[string]string{model.StampTemplate: t.Name, model.StampUser: t.User, model.StampVersion: version},
-		Origin: "template " + t.Name + "'s image " + short(ti.Fingerprint)}, nil
+		Origin: "template " + t.Name + "'s image " + Short(ti.Fingerprint)}, nil
 }
 
-func short(fp string) string { return fp[:min(12, len(fp))] }
+// Short is a fingerprint as people read it: its first 12 characters.
+func Short(fp string) string { return fp[:min(12, len(fp))] }
 
 // List lists the templates with their images and how each stands.
 func (ims *TemplateImages) List(ctx context.Context) ([]TemplateStatus, error) {

@@ -48,17 +48,17 @@ func (ims *TemplateImages) Notes(ctx context.Context, maxAge time.Duration) ([]s
 		img, ok := byFP[ti.Fingerprint]
 		switch {
 		case !slices.Contains(names, tpl):
-			notes = append(notes, fmt.Sprintf("template images: %s is the image of template %s, which this box no longer has: incus image delete %s removes it", short(ti.Fingerprint), tpl, ti.Fingerprint))
+			notes = append(notes, fmt.Sprintf("template images: %s is the image of template %s, which this box no longer has: incus image delete %s removes it", Short(ti.Fingerprint), tpl, ti.Fingerprint))
 			continue
 		case !ok:
-			notes = append(notes, fmt.Sprintf("template images: template %s's image %s is gone from Incus (deleted behind box's back): the next mint builds it again, or box templates build %s now", tpl, short(ti.Fingerprint), tpl))
+			notes = append(notes, fmt.Sprintf("template images: template %s's image %s is gone from Incus (deleted behind box's back): the next mint builds it again, or box templates build %s now", tpl, Short(ti.Fingerprint), tpl))
 			continue
 		}
 		if age := time.Since(ti.Built); maxAge > 0 && age > maxAge {
-			notes = append(notes, fmt.Sprintf("template images: template %s's image %s is %d days old (its packages are as the mirror had them on %s): box templates build --refresh %s rebuilds it", tpl, short(ti.Fingerprint), int(age.Hours()/24), ti.Built.Format(time.DateOnly), tpl))
+			notes = append(notes, fmt.Sprintf("template images: template %s's image %s is %d days old (its packages are as the mirror had them on %s): box templates build --refresh %s rebuilds it", tpl, Short(ti.Fingerprint), int(age.Hours()/24), ti.Built.Format(time.DateOnly), tpl))
 		}
 		if img.Properties["user.box.template"] != tpl || img.Properties["user.box.template_hash"] != ti.Hash {
-			notes = append(notes, fmt.Sprintf("template images: template %s's image %s has had its properties changed behind box's back (user.box.template=%q, user.box.template_hash=%q): box mints it by fingerprint, so its content is what box built; box templates build --refresh %s replaces it", tpl, short(ti.Fingerprint), img.Properties["user.box.template"], img.Properties["user.box.template_hash"], tpl))
+			notes = append(notes, fmt.Sprintf("template images: template %s's image %s has had its properties changed behind box's back (user.box.template=%q, user.box.template_hash=%q): box mints it by fingerprint, so its content is what box built; box templates build --refresh %s replaces it", tpl, Short(ti.Fingerprint), img.Properties["user.box.template"], img.Properties["user.box.template_hash"], tpl))
 		}
 		alias := ims.Alias(tpl)
 		switch a, err := ims.host.Incus.Images().Alias(ctx, alias); {
@@ -67,7 +67,7 @@ func (ims *TemplateImages) Notes(ctx context.Context, maxAge time.Duration) ([]s
 		case err != nil:
 			return notes, fmt.Errorf("reading the alias %s: %w", alias, err)
 		case a.Target != ti.Fingerprint:
-			notes = append(notes, fmt.Sprintf("template images: the alias %s points at %s, not at the image box built and mints from (%s): someone moved it (a granted user's project shares the default project's aliases); mints are unaffected; box templates build %s puts it back", alias, short(a.Target), short(ti.Fingerprint), tpl))
+			notes = append(notes, fmt.Sprintf("template images: the alias %s points at %s, not at the image box built and mints from (%s): someone moved it (a granted user's project shares the default project's aliases); mints are unaffected; box templates build %s puts it back", alias, Short(a.Target), Short(ti.Fingerprint), tpl))
 		}
 		ready, other, err := ims.Standbys(ctx, tpl, ti.Fingerprint)
 		if err != nil {
@@ -79,7 +79,7 @@ func (ims *TemplateImages) Notes(ctx context.Context, maxAge time.Duration) ([]s
 	}
 	for _, img := range imgs {
 		if tpl := img.Properties["user.box.template"]; tpl != "" && !recorded[img.Fingerprint] && strings.HasPrefix(img.Properties["description"], "box template ") {
-			notes = append(notes, fmt.Sprintf("template images: image %s says it is template %s's, but box's record does not name it (a build cut short, or another host's record): incus image delete %s removes it", short(img.Fingerprint), tpl, img.Fingerprint))
+			notes = append(notes, fmt.Sprintf("template images: image %s says it is template %s's, but box's record does not name it (a build cut short, or another host's record): incus image delete %s removes it", Short(img.Fingerprint), tpl, img.Fingerprint))
 		}
 	}
 	return notes, nil
@@ -103,7 +103,7 @@ func (ims *TemplateImages) Purge(ctx context.Context) ([]model.Change, error) {
 		if err := ims.host.Incus.Images().Delete(ctx, ti.Fingerprint); err != nil && !incus.IsNotFound(err) {
 			return changes, fmt.Errorf("removing template %s's image: %w", tpl, err)
 		}
-		changes = append(changes, model.Change{Object: "image " + short(ti.Fingerprint), Action: "removed", Detail: "template " + tpl + "'s image"})
+		changes = append(changes, model.Change{Object: "image " + Short(ti.Fingerprint), Action: "removed", Detail: "template " + tpl + "'s image"})
 	}
 	if err := os.Remove(ims.File); err != nil && !os.IsNotExist(err) {
 		return changes, fmt.Errorf("removing the template images' record: %w", err)
