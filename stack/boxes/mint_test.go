@@ -74,12 +74,39 @@ func newMintFake(t *testing.T) (*mintFake, *stack.Host) {
 	s.Handle("GET /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		i, ok := f.insts[r.PathValue("name")]
-		if !ok {
-			incustest.Error(w, http.StatusNotFound, "Instance not found")
+		if i := f.found(w, r); i != nil {
+			incustest.SyncETag(w, `"e1"`, i)
+		}
+	})
+	s.Handle("GET /1.0/instances/{name}/state", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if i := f.found(w, r); i != nil {
+			incustest.Sync(w, map[string]any{"status": i.Status})
+		}
+	})
+	s.Handle("POST /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
+		var post struct{ Name string }
+		if err := json.NewDecoder(r.Body).Decode(&post); err != nil {
+			incustest.Error(w, http.StatusBadRequest, err.Error())
 			return
 		}
-		incustest.SyncETag(w, `"e1"`, i)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if i := f.found(w, r); i != nil {
+			delete(f.insts, i.Name)
+			i.Name = post.Name
+			f.insts[i.Name] = i
+			s.Async(w, incustest.Op{Description: "Renaming instance"})
+		}
+	})
+	s.Handle("DELETE /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if i := f.found(w, r); i != nil {
+			delete(f.insts, i.Name)
+			s.Async(w, incustest.Op{Description: "Deleting instance"})
+		}
 	})
 	s.Handle("GET /1.0/networks/boxnet/leases", func(w http.ResponseWriter, r *http.Request) { incustest.Sync(w, []any{}) })
 	s.Handle("GET /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
@@ -146,15 +173,23 @@ func newMintFake(t *testing.T) (*mintFake, *stack.Host) {
 		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		i, ok := f.insts[r.PathValue("name")]
-		if !ok {
-			incustest.Error(w, http.StatusNotFound, "Instance not found")
-			return
+		if i := f.found(w, r); i != nil {
+			i.Config, i.Devices = put.Config, put.Devices
+			s.Async(w, incustest.Op{Description: "Updating instance"})
 		}
-		i.Config, i.Devices = put.Config, put.Devices
-		s.Async(w, incustest.Op{Description: "Updating instance"})
 	})
 	return f, &stack.Host{Incus: incus.New(s.Socket()), NoKernel: true}
+}
+
+// found is the instance the request names, or nil after answering 404 as
+// incusd does. f.mu is held.
+func (f *mintFake) found(w http.ResponseWriter, r *http.Request) *incus.Instance {
+	i, ok := f.insts[r.PathValue("name")]
+	if !ok {
+		incustest.Error(w, http.StatusNotFound, "Instance not found")
+		return nil
+	}
+	return i
 }
 
 // created is the create request box sent.

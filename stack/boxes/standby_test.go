@@ -2,7 +2,6 @@ package boxes
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -16,44 +15,13 @@ import (
 	"github.com/box-isolation/box/stack/model"
 )
 
-// withStandbys gives the mint fake renames and file pushes, and standby
-// boxes of template blank: one of the image builtFP and one of another
+// withStandbys gives the mint fake file pushes (recorded; failing with
+// pushed["fail"]'s text when set), and standby boxes of template blank: one of the image builtFP and one of another
 // image, both stopped, and one of builtFP that is running.
 func withStandbys(t *testing.T, f *mintFake) map[string]string {
 	t.Helper()
 	pushed := map[string]string{}
 	s := f.srv
-	s.Handle("DELETE /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
-		f.mu.Lock()
-		delete(f.insts, r.PathValue("name"))
-		f.mu.Unlock()
-		s.Async(w, incustest.Op{Description: "Deleting instance"})
-	})
-	s.Handle("POST /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
-		var post struct{ Name string }
-		require.NoError(t, json.NewDecoder(r.Body).Decode(&post))
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		i, ok := f.insts[r.PathValue("name")]
-		if !ok {
-			incustest.Error(w, http.StatusNotFound, "Instance not found")
-			return
-		}
-		delete(f.insts, i.Name)
-		i.Name = post.Name
-		f.insts[i.Name] = i
-		s.Async(w, incustest.Op{Description: "Renaming instance"})
-	})
-	s.Handle("GET /1.0/instances/{name}/state", func(w http.ResponseWriter, r *http.Request) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		i, ok := f.insts[r.PathValue("name")]
-		if !ok {
-			incustest.Error(w, http.StatusNotFound, "Instance not found")
-			return
-		}
-		incustest.Sync(w, map[string]any{"status": i.Status})
-	})
 	s.Handle("POST /1.0/instances/{name}/files", func(w http.ResponseWriter, r *http.Request) {
 		if pushed["fail"] != "" {
 			incustest.Error(w, http.StatusInternalServerError, pushed["fail"])
