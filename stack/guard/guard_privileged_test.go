@@ -45,18 +45,10 @@ func newGuardWorld(t *testing.T) *guardWorld {
 	w.host.LinkUp(t, "vbox")
 	w.box.AddAddr(t, "eth0", "10.88.0.2/24")
 	w.box.LinkUp(t, "eth0")
-	nstest.Veth(t, w.host, "up", w.inet, "eth0")
-	w.host.AddAddr(t, "up", "198.51.100.2/24")
-	w.host.LinkUp(t, "up")
-	w.inet.AddAddr(t, "eth0", "198.51.100.1/24")
+	link(t, w.host, "up", "198.51.100.2/24", w.inet, "eth0", "198.51.100.1/24")
 	w.inet.AddAddr(t, "lo", "203.0.113.10/32")
-	w.inet.LinkUp(t, "eth0")
-	nstest.Veth(t, w.host, "lan", w.lan, "eth0")
-	w.host.AddAddr(t, "lan", "192.168.20.1/24")
-	w.host.LinkUp(t, "lan")
-	w.lan.AddAddr(t, "eth0", "192.168.20.2/24")
+	link(t, w.host, "lan", "192.168.20.1/24", w.lan, "eth0", "192.168.20.2/24")
 	w.lan.AddAddr(t, "lo", "192.0.2.7/32")
-	w.lan.LinkUp(t, "eth0")
 	w.host.WaitOperUp(t, "vbox", "up", "lan")
 	w.box.WaitOperUp(t, "eth0")
 	route(t, w.box, "0.0.0.0/0", "10.88.0.1")
@@ -67,11 +59,21 @@ func newGuardWorld(t *testing.T) *guardWorld {
 	return w
 }
 
-func route(t *testing.T, n *nstest.NS, dst, via string) {
-	t.Helper()
+// link joins a and b by a veth pair, each end addressed and up.
+func link(tb testing.TB, a *nstest.NS, aName, aCIDR string, b *nstest.NS, bName, bCIDR string) {
+	tb.Helper()
+	nstest.Veth(tb, a, aName, b, bName)
+	a.AddAddr(tb, aName, aCIDR)
+	a.LinkUp(tb, aName)
+	b.AddAddr(tb, bName, bCIDR)
+	b.LinkUp(tb, bName)
+}
+
+func route(tb testing.TB, n *nstest.NS, dst, via string) {
+	tb.Helper()
 	_, d, err := net.ParseCIDR(dst)
-	require.NoError(t, err)
-	require.NoError(t, n.Netlink(t).RouteAdd(&netlink.Route{Dst: d, Gw: net.ParseIP(via)}), "%s: route %s via %s", n.Name, dst, via)
+	require.NoError(tb, err)
+	require.NoError(tb, n.Netlink(tb).RouteAdd(&netlink.Route{Dst: d, Gw: net.ParseIP(via)}), "%s: route %s via %s", n.Name, dst, via)
 }
 
 // target is a UDP listener in a namespace.
@@ -326,12 +328,8 @@ func loadedInRoutedNS(tb testing.TB, role string) (*nstest.NS, *ebpf.Program) {
 	tb.Helper()
 	ns := nstest.New(tb, "boxgd-"+nstest.RunID()+"-"+role)
 	require.NoError(tb, ns.Sysctl("net.ipv4.ip_forward", "1"))
-	nstest.Veth(tb, ns, "up", ns, "peer")
-	ns.AddAddr(tb, "up", "198.51.100.2/24")
-	ns.LinkUp(tb, "up")
-	ns.LinkUp(tb, "peer")
-	_, dflt, _ := net.ParseCIDR("0.0.0.0/0")
-	require.NoError(tb, ns.Netlink(tb).RouteAdd(&netlink.Route{Dst: dflt, Gw: net.ParseIP("198.51.100.1")}))
+	link(tb, ns, "up", "198.51.100.2/24", ns, "peer", "198.51.100.3/24")
+	route(tb, ns, "0.0.0.0/0", "198.51.100.1")
 	p, err := Build(testConfig)
 	require.NoError(tb, err)
 	coll, err := ebpf.NewCollection(p.spec)
