@@ -187,7 +187,7 @@ func (c *call) newBox(o *newOpts) error {
 		},
 	}
 	if fromTemplateImage && typ.Type == model.TypeContainer {
-		if req, err = c.images(h).mint(t, o.name); err != nil {
+		if req, err = c.images(h).mint(t, o.name, req); err != nil {
 			return err
 		}
 		img = req.Image

@@ -11,7 +11,6 @@ import (
 
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/boxes"
-	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/templates"
 )
 
@@ -51,21 +50,17 @@ func (ic *imagesCLI) maxAge() time.Duration {
 	return boxes.DefaultImageMaxAge
 }
 
-// mint is the request for box name as a copy of t's image,
-// built first when this host has none current (root; a granted user mints
-// from root's image when it is current, else provisions the box itself
-// and says root can build it). Each step of a build is said on stderr.
-func (ic *imagesCLI) mint(t *templates.Template, name string) (boxes.MintRequest, error) {
+// mint is the request for box name as a copy of t's image, built first
+// when this host has none current (root; a granted user mints from root's
+// image when it is current, else mints provisioned, the box provisioning
+// itself, and is told root can build the image; a remote always mints
+// provisioned). Each step of a build is said on stderr.
+func (ic *imagesCLI) mint(t *templates.Template, name string, provisioned boxes.MintRequest) (boxes.MintRequest, error) {
 	c, h, ims := ic.c, ic.h, ic.ims
-	provisioned := func() (boxes.MintRequest, error) {
-		ud, err := t.UserData(templates.RenderOptions{BoxName: name, BoxVersion: version})
-		return boxes.MintRequest{Name: name, Image: t.Image, UserData: ud, Stamps: map[string]string{
-			model.StampTemplate: t.Name, model.StampUser: t.User, model.StampVersion: version}}, err
-	}
 	var ti boxes.TemplateImage
 	switch {
 	case h.Remote != "":
-		return provisioned()
+		return provisioned, nil
 	case h.Tier.Granted:
 		var state boxes.ImageState
 		var err error
@@ -74,7 +69,7 @@ func (ic *imagesCLI) mint(t *templates.Template, name string) (boxes.MintRequest
 		}
 		if !state.Usable() {
 			fmt.Fprintf(c.err, "box: template %s has no current image on this host (%s): %s is provisioned in itself (minutes); the host's admin can build it once: box templates build %s\n", t.Name, state, name, t.Name)
-			return provisioned()
+			return provisioned, nil
 		}
 	default:
 		// The stack first: a build on a host without one fails later and
@@ -96,7 +91,7 @@ func (ic *imagesCLI) mint(t *templates.Template, name string) (boxes.MintRequest
 		}
 	}
 	req, err := ims.Mint(t, ti, name, version)
-	if h.Remote == "" && !h.Tier.Granted {
+	if !h.Tier.Granted {
 		req.Standby = t.Name // root's own: a standby box of the image may be taken
 	}
 	return req, err
