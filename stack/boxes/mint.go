@@ -113,6 +113,16 @@ func (img mintImage) pulled(err error) bool {
 	return strings.Contains(msg, "remote image info") || strings.Contains(msg, host)
 }
 
+// cacheRace says a pull failed on incusd's own cache of the image
+// server's index: two creates that reach the server at once both make its
+// cache directory, and the second fails ("mkdir .../cache/HASH: file
+// exists", seen with Incus 6.0.4 when four template builds start
+// together). Tried again, the index is there.
+func cacheRace(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "/cache/") && strings.Contains(msg, "file exists")
+}
+
 // ImagePullError is a mint whose image Incus could not pull from its image
 // server and did not have: nothing was made.
 type ImagePullError struct {
@@ -252,12 +262,17 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.Options.PoolName(), "size": req.Disk}
 	}
 	req.progress = func(s string) { host.Progressf("minting %s from %s: %s", req.Name, req.Image, s) }
-	err = host.Addresses().Create(ctx, incus.InstancesPost{
+	post := incus.InstancesPost{
 		Name: req.Name, Type: typ, Config: cfg, Devices: devices,
 		Profiles: []string{model.Current.Profile},
 		Source:   img.source,
 		Start:    true,
-	}, req.Target, req.progress)
+	}
+	err = host.Addresses().Create(ctx, post, req.Target, req.progress)
+	if err != nil && img.pulled(err) && cacheRace(err) {
+		// Nothing was made: the pull failed before the instance existed.
+		err = host.Addresses().Create(ctx, post, req.Target, req.progress)
+	}
 	if err != nil {
 		// A box that was created but would not start is no box: remove it
 		// rather than leave a tagged, stopped half-box behind (also when

@@ -39,8 +39,10 @@ type mintFake struct {
 	mu  sync.Mutex
 	// insts are the instances made so far.
 	insts map[string]*incus.Instance
-	// createErr fails the create's operation with incusd's message.
-	createErr string
+	// createErr fails the create's operation with incusd's message;
+	// createErrOnce only the first create's.
+	createErr     string
+	createErrOnce bool
 	// progress is what the create's operation reports while it runs:
 	// each line is set and seen by the client before the next.
 	progress []string
@@ -136,6 +138,9 @@ func newMintFake(t *testing.T) (*mintFake, *stack.Host) {
 			// Like incusd: the image is pulled inside the operation,
 			// before the instance exists.
 			s.Async(w, incustest.Op{Description: "Creating instance", Err: f.createErr})
+			if f.createErrOnce {
+				f.createErr = ""
+			}
 			return
 		}
 		base := req.Source.Fingerprint
@@ -313,6 +318,33 @@ func TestMintWhenTheImageServerIsUnreachable(t *testing.T) {
 			assert.Equal(t, "/1.0/instances", r.Path, "nothing but the create was asked to change: no alias, no delete (%s %s)", r.Method, r.Path)
 		}
 	}
+}
+
+// Two pulls from one server at once can fail on incusd's cache of its
+// index (Incus 6.0.4): the create is made once more, and the box is made.
+func TestMintAgainAfterTheServerCacheRace(t *testing.T) {
+	f, h := newMintFake(t)
+	h.IncusConfigDir = remotesDir(t)
+	f.createErr = `failed to connect to simple streams server "https://images.example.test:8443": mkdir /var/lib/incus/cache/64bfbd0d4068: file exists`
+	f.createErrOnce = true
+	b, err := (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: "images:debian/12/cloud"})
+	require.NoError(t, err)
+	assert.Equal(t, pulledFP, b.Stamps[model.StampFingerprint])
+	creates := 0
+	for _, r := range f.srv.Requests() {
+		if r.Method == http.MethodPost && r.Path == "/1.0/instances" {
+			creates++
+		}
+	}
+	assert.Equal(t, 2, creates, "made again once")
+
+	// Any other failure of a pull is not tried again.
+	f, h = newMintFake(t)
+	h.IncusConfigDir = remotesDir(t)
+	f.createErr, f.createErrOnce = unreachableServer, true
+	_, err = (&Manager{host: h}).Mint(context.Background(), MintRequest{Name: "b", Image: "images:debian/12/cloud"})
+	require.Error(t, err)
+	assert.Empty(t, f.insts)
 }
 
 // A create that fails for another reason is not blamed on the server.
