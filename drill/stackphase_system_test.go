@@ -29,6 +29,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		ensured(t, cfg)
 		inHost(t, cfg, "nft", "delete", "table", "bridge", model.Current.NFTTable)
 		cfg.NoSetup = true
+		cfg.Claims = []drill.Claim{claimOf(t, "C-SIBLING"), claimOf(t, "C-HOST")}
 		rep := run(t, cfg)
 		assert.Equal(t, drill.ExitViolated, rep.ExitCode)
 		sib := claim(t, rep, "C-SIBLING")
@@ -108,6 +109,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		ensured(t, cfg)
 		inHost(t, cfg, "incus", "network", "set", model.Current.Network, "ipv6.address=fd42:b0c6::1/64", "ipv6.nat=true")
 		cfg.NoSetup = true
+		cfg.Claims = []drill.Claim{claimOf(t, "C-V6")}
 		rep := run(t, cfg)
 		assert.Equal(t, drill.ExitViolated, rep.ExitCode)
 		v6 := claim(t, rep, "C-V6")
