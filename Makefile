@@ -66,7 +66,7 @@ soak:
 package:
 	VERSION=$(VERSION) scripts/package.sh dist
 
-# The machine tier alone (make test runs it after the others; docs/world.md, "The machine"):
+# The machine tier alone (make test runs it beside the others; docs/world.md, "The machine"):
 # a world with its Debian machine (this tree's .debs installed by apt),
 # and the tests that boot it, run host mode in it and count the boot
 # window. Minutes the first time (the machine is built and cached).
