@@ -220,6 +220,17 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 	if err != nil {
 		return rep, err
 	}
+	// The bridge exists here only when Incus kept it (it deletes it at its
+	// own shutdown): otherwise the healer attaches the guard when Incus
+	// brings the bridge up.
+	guarded, err := EnsureGuard(g)
+	rep.Changes = append(rep.Changes, guarded...)
+	var unsupported *GuardUnsupportedError
+	if errors.As(err, &unsupported) {
+		rep.Notes = append(rep.Notes, "WARNING: "+unsupported.Error())
+	} else if err != nil {
+		return rep, err
+	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("loaded from %s (saved %s, gateway %s) with no Incus call; the port watcher pins each box as Incus starts it", path, saved.Saved.Format(time.RFC3339), saved.Gateway))
 	stale, err := removeStaleDnsmasqPIDs(host.Boot.IncusDir)
 	for _, f := range stale {

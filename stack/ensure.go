@@ -203,7 +203,7 @@ func ProfileDiff(live *incus.Profile, want incus.Profile) []string {
 type FirewallResult struct {
 	Changes       []model.Change
 	mode          nft.BridgeMode
-	note          string
+	notes         []string
 	createdTables bool
 }
 
@@ -272,6 +272,14 @@ func (host *Host) ApplyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 		return res, err
 	}
 	res.Changes = append(res.Changes, routed...)
+	guarded, err := EnsureGuard(g)
+	res.Changes = append(res.Changes, guarded...)
+	var unsupported *GuardUnsupportedError
+	if errors.As(err, &unsupported) {
+		res.notes = append(res.notes, "WARNING: "+unsupported.Error())
+	} else if err != nil {
+		return res, err
+	}
 	egress, err := applyEgress(ctx, host.Incus, g, f, host.BootFiles())
 	if err != nil {
 		return res, err
@@ -281,7 +289,7 @@ func (host *Host) ApplyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 	}
 	res.mode = nft.Desired(ncfg, caps).Mode
 	if res.mode != nft.ModeBridgeMeta {
-		res.note = fmt.Sprintf("this kernel has no nft bridge meta (%s): the bridge drop matches a set of %s's ports, refreshed whenever box starts a box and, while `box guard-and-serve` runs, whenever a port comes or goes; `box doctor` reports a stale set", caps.Detail, bridge)
+		res.notes = append(res.notes, fmt.Sprintf("this kernel has no nft bridge meta (%s): the bridge drop matches a set of %s's ports, refreshed whenever box starts a box and, while `box guard-and-serve` runs, whenever a port comes or goes; `box doctor` reports a stale set", caps.Detail, bridge))
 	}
 	return res, nil
 }
@@ -310,10 +318,7 @@ func (host *Host) EnsureFirewall(ctx context.Context) (*Report, error) {
 	}
 	defer g.Close()
 	fw, err := host.ApplyFirewall(ctx, g, p.Addr())
-	rep := &Report{Changes: append([]model.Change{}, fw.Changes...), BridgeMode: fw.mode, Notes: []string{}}
-	if fw.note != "" {
-		rep.Notes = append(rep.Notes, fw.note)
-	}
+	rep := &Report{Changes: append([]model.Change{}, fw.Changes...), BridgeMode: fw.mode, Notes: append([]string{}, fw.notes...)}
 	if err == nil {
 		err = host.BootFiles().SaveFirewall(func(s *SavedFirewall) { s.Gateway = p.Addr() })
 	}
@@ -358,9 +363,7 @@ func (host *Host) ensureHostLayers(ctx context.Context, g *hostns.NS, d model.De
 	fw, err := host.ApplyFirewall(ctx, g, d.Gateway)
 	rep.Changes = append(rep.Changes, fw.Changes...)
 	rep.BridgeMode = fw.mode
-	if fw.note != "" {
-		rep.Notes = append(rep.Notes, fw.note)
-	}
+	rep.Notes = append(rep.Notes, fw.notes...)
 	if fw.createdTables {
 		undos.Push("delete nft tables", func(context.Context) error { _, err := nft.Delete(g.NFTConfig(gen)); return err })
 	}

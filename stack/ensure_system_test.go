@@ -18,6 +18,7 @@ import (
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/stack/boxes"
+	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -89,6 +90,9 @@ func TestSystemEnsureVerifyTeardown(t *testing.T) {
 	inet, bridge, err := nft.Present(ncfg)
 	require.NoError(t, err)
 	assert.False(t, inet || bridge, "no nft table is left")
+	onUplink, err := guard.Find(hostNetlink(t, st), st.Names.Uplink)
+	require.NoError(t, err)
+	assert.Empty(t, onUplink, "no guard is left on the uplink (the bridge's went with the bridge)")
 	changes, err = h.Teardown(ctx, false)
 	require.NoError(t, err)
 	assert.Empty(t, changes, "a second teardown is a no-op")

@@ -55,6 +55,11 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 	}
 	defer g.Close()
 	var errs []error
+	unguarded, err := RemoveGuard(g)
+	changes = append(changes, unguarded...)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	for _, gen := range []model.Generation{model.Current, model.Legacy} {
 		removed, err := removeObjects(ctx, host.Incus, gen)
 		changes = append(changes, removed...)

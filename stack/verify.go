@@ -37,6 +37,13 @@ type Verification struct {
 	Fleet *model.Census `json:"fleet,omitempty"`
 	// Tiers are the user projects (access tiers) and their state.
 	Tiers []Tier `json:"tiers"`
+	// GuardCounters are the guard's counts (L-GUARD) on each hook it is
+	// attached to ("boxnet ingress"), by reason: packets passed and
+	// dropped since it was attached.
+	GuardCounters map[string]map[string]uint64 `json:"guard_counters,omitempty"`
+	// GuardAbsent says why this kernel has no guard (it would not load
+	// the programs): no finding, as nothing box does can put it there.
+	GuardAbsent string `json:"guard_absent,omitempty"`
 	// Notes say what is weaker than it could be without being a finding.
 	Notes []string `json:"notes,omitempty"`
 	// Cluster and Members are, on an Incus cluster, its members and
@@ -221,6 +228,16 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 	}
 	v.Findings = append(v.Findings, rf...)
 	v.Notes = append(v.Notes, rnotes...)
+	gf, absent, err := VerifyGuard(g, p)
+	if err != nil {
+		return err
+	}
+	v.Findings = append(v.Findings, gf...)
+	if v.GuardAbsent = absent; absent != "" {
+		v.Notes = append(v.Notes, "WARNING: "+absent)
+	} else if v.GuardCounters, err = GuardCounters(g); err != nil {
+		v.Notes = append(v.Notes, "the guard's counters were not read: "+err.Error())
+	}
 	ef, notes, err := verifyEgress(ctx, host.Incus, g, f)
 	if err != nil {
 		return err

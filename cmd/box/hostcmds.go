@@ -4,12 +4,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/daemon"
+	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -206,6 +209,7 @@ func setupDoctor(fs *flag.FlagSet) action {
 				fmt.Fprintf(c.out, "%-12s %s: %s\n%-12s fix: %s\n", f.Layer, obj, f.Problem, "", f.Fix)
 			}
 			printDaemon(c, v.Daemon)
+			printGuard(c, v.GuardCounters)
 			printMembers(c, v.Members)
 			printTiers(c, v.Tiers)
 			if v.Pool != nil {
@@ -416,6 +420,28 @@ func printTiers(c *call, tiers []stack.Tier) {
 }
 
 // printDaemon names box's daemon and each service it runs, up or down.
+// printGuard says what the guard (L-GUARD) passed and dropped on each
+// hook since it was attached, the reasons with a count in counter order.
+func printGuard(c *call, counters map[string]map[string]uint64) {
+	for _, hook := range slices.Sorted(maps.Keys(counters)) {
+		var passed, dropped uint64
+		var parts []string
+		for _, r := range guard.Reasons() {
+			n := counters[hook][r.String()]
+			if n == 0 {
+				continue
+			}
+			if strings.HasPrefix(r.String(), "pass_") {
+				passed += n
+			} else {
+				dropped += n
+			}
+			parts = append(parts, fmt.Sprintf("%s %d", r, n))
+		}
+		fmt.Fprintf(c.out, "guard: %s: passed %d, dropped %d packets since attached (%s)\n", hook, passed, dropped, strings.Join(parts, ", "))
+	}
+}
+
 func printDaemon(c *call, d *hostns.DaemonStatus) {
 	if d == nil {
 		fmt.Fprintf(c.out, "daemon: not running (%s)\n", stack.DaemonUnitName)

@@ -32,8 +32,8 @@
 // for this bridge (Program.KernelTag). Attach, Find and Detach
 // (attach.go) work through a netlink handle in the bridge's namespace.
 //
-// This package is the program and its plumbing; wiring it into setup-host,
-// doctor, the watcher and the drill is not done yet.
+// This package is the programs and their plumbing; the stack puts them in
+// place and verifies them (stack/guardlayer.go).
 package guard
 
 import (

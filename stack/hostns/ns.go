@@ -70,7 +70,7 @@ func (g *NS) Close() {
 // route, every local address and the default gateways. Links named in skip
 // (the stack's own bridge) are left out.
 func (g *NS) AddressUses(skip string) ([]model.AddressUse, error) {
-	links, err := g.linkList()
+	links, err := g.Links()
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
 	}
@@ -116,10 +116,10 @@ func (g *NS) AddressUses(skip string) ([]model.AddressUse, error) {
 	return out, nil
 }
 
-// linkList lists the links, again when the kernel says a link changed
+// Links lists the links, again when the kernel says a link changed
 // during the dump (links come and go while boxes start): such a list may
 // lack a port.
-func (g *NS) linkList() ([]netlink.Link, error) {
+func (g *NS) Links() ([]netlink.Link, error) {
 	for i := 0; ; i++ {
 		links, err := g.Netlink.LinkList()
 		if errors.Is(err, netlink.ErrDumpInterrupted) && i < 10 {
@@ -169,7 +169,7 @@ func (g *NS) GlobalV6(name string) ([]netlink.Addr, error) {
 
 // GatewayHolders names the links other than the bridge that hold gw.
 func (g *NS) GatewayHolders(bridge string, gw netip.Addr) ([]string, error) {
-	links, err := g.linkList()
+	links, err := g.Links()
 	if err != nil {
 		return nil, err
 	}

@@ -47,7 +47,7 @@ func (g *NS) BridgePorts(bridge string) ([]Port, error) {
 		}
 		return nil, fmt.Errorf("finding bridge %s: %w", bridge, err)
 	}
-	links, err := g.linkList()
+	links, err := g.Links()
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
 	}

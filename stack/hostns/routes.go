@@ -50,7 +50,7 @@ func (g *NS) RouteView(bridge string) (nft.Route, error) {
 	if err != nil {
 		return rt, fmt.Errorf("listing routes: %w", err)
 	}
-	links, err := g.linkList()
+	links, err := g.Links()
 	if err != nil {
 		return rt, fmt.Errorf("listing links: %w", err)
 	}

@@ -21,6 +21,7 @@
 //	L-ROUTE       nft table inet box_route: forwarded only out of the default routes' interfaces
 //	L-DHCP        fixed addresses stored by box; dnsmasq answers them only; DHCP names the port's own MAC
 //	L-EGRESS      allowlists: nft table inet box_egress and the resolver's names
+//	L-GUARD       eBPF on boxnet's tc ingress and the uplinks' egress: no nft flush removes it
 //	L-FLEET       the census: every instance and port on boxnet stays on the stack
 //	L-TIER        user projects granted through incus-user, restricted to boxnet
 //	L-STACK       the stack as a whole: the box-net profile beyond its NIC, legacy leftovers, a member not read

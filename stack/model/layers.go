@@ -19,6 +19,7 @@ const (
 	LayerRoute      LayerID = "L-ROUTE"
 	LayerDHCP       LayerID = "L-DHCP"
 	LayerEgress     LayerID = "L-EGRESS"
+	LayerGuard      LayerID = "L-GUARD"
 	LayerFleet      LayerID = "L-FLEET"
 	LayerTier       LayerID = "L-TIER"
 	LayerStack      LayerID = "L-STACK"
@@ -44,6 +45,7 @@ var Layers = []Layer{
 	{LayerRoute, "nft table inet box_route: forwarded only out of the default routes' interfaces"},
 	{LayerDHCP, "fixed addresses stored by box; dnsmasq answers them only; DHCP names the port's own MAC"},
 	{LayerEgress, "allowlists: nft table inet box_egress and the resolver's names"},
+	{LayerGuard, "eBPF on boxnet's tc ingress and the uplinks' egress: no nft flush removes it"},
 	{LayerFleet, "the census: every instance and port on boxnet stays on the stack"},
 	{LayerTier, "user projects granted through incus-user, restricted to boxnet"},
 	{LayerStack, "the stack as a whole: the box-net profile beyond its NIC, legacy leftovers, a member not read"},
