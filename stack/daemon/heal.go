@@ -85,6 +85,8 @@ type healer struct {
 	incus chan incusJob
 	// incusStuck is set when Incus's rewrite left a chain out (worker only).
 	incusStuck bool
+	// guardUnsupported is set once the kernel refused the guard (said once).
+	guardUnsupported bool
 }
 
 // incusJob is what the event loop hands the Incus worker after a check.
@@ -131,6 +133,8 @@ func (h *healer) run(ctx context.Context) {
 	resubscribe := time.NewTimer(0)
 	defer resubscribe.Stop()
 
+	tc := make(chan string, 1)
+	go h.watchTC(ctx, tc)
 	var lastCheck time.Time
 	failed := 0 // checks failed in a row
 	var mon *nftables.Monitor
@@ -172,6 +176,9 @@ func (h *healer) run(ctx context.Context) {
 				// a burst waits out the rest of the window.
 				arm(max(0, healDebounce-time.Since(lastCheck)))
 			}
+		case what := <-tc:
+			h.hear(what)
+			arm(max(0, healDebounce-time.Since(lastCheck)))
 		case <-resync.C:
 			h.hear("resync")
 			arm(0)
@@ -418,6 +425,22 @@ func (h *healer) check(ctx context.Context) error {
 			var routed []string
 			routed, err = rt.Apply(cfg)
 			applied = append(applied, routed...)
+		}
+	}
+	if err == nil {
+		// L-GUARD: in tc, which a flush leaves alone, but another tool may
+		// delete the qdisc, and the bridge may be new (at boot).
+		var guarded []model.Change
+		guarded, err = stack.EnsureGuard(h.g)
+		for _, c := range guarded {
+			applied = append(applied, c.Object+" "+c.Action+": "+c.Detail)
+		}
+		var unsupported *stack.GuardUnsupportedError
+		if errors.As(err, &unsupported) {
+			if !h.guardUnsupported {
+				h.logf("heal: %v", err)
+			}
+			h.guardUnsupported, err = true, nil
 		}
 	}
 	unlock()
