@@ -11,7 +11,7 @@ var claimHost = Claim{
 	To:       "every host address: the drill's listeners, every socket the host listens on (read from the kernel), DNS and DHCP off the gateway",
 	Channels: []Channel{ChannelTCP, ChannelUDP, ChannelICMP},
 	Expect:   "dropped (DNS and DHCP to the gateway are the only exceptions; router solicitations reach an IPv6 stack the bridge must not have)",
-	Layers:   []model.LayerID{model.LayerHostFW, model.LayerACL},
+	Layers:   []model.LayerID{model.LayerHostFW, model.LayerACL, model.LayerGuard},
 	Why:      "the host's own services, including those on its public address, are not the box's",
 	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
 	build: buildHost,

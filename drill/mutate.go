@@ -15,6 +15,7 @@ import (
 
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -57,6 +58,21 @@ var Mutations = []Mutation{
 	}},
 	{Name: "host-fw", Layers: []model.LayerID{model.LayerHostFW}, What: "delete the nft table inet box", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return deleteTable(h, nftables.TableFamilyINet, model.Current.NFTTable)
+	}},
+	// Both programs, the bridge's and the uplinks': the nft layers still
+	// hold alone, so this flips nothing by itself (host-fw, acl or route
+	// beside it shows what the guard held).
+	{Name: "guard", Layers: []model.LayerID{model.LayerGuard}, What: "detach box's eBPF guard from boxnet's tc ingress and the uplinks' egress", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
+		g, err := hostns.Open(h.NetNS)
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		removed, err := stack.RemoveGuard(g)
+		if err == nil && len(removed) == 0 {
+			err = fmt.Errorf("no guard attached to detach (%s absent before the mutation)", model.LayerGuard)
+		}
+		return err
 	}},
 	{Name: "acl", Layers: []model.LayerID{model.LayerACL}, What: "detach the box-isolate ACL from boxnet", apply: func(ctx context.Context, h *stack.Host, _ []string) error {
 		return setNetwork(ctx, h, map[string]string{"security.acls": "", "security.acls.default.egress.action": "", "security.acls.default.ingress.action": ""})

@@ -139,7 +139,7 @@ func TestSystemDrillCanFail(t *testing.T) {
 			assert.Contains(t, rep.Stack.Layers["L-PORTISO"], "absent")
 			assert.Equal(t, "present", rep.Stack.Layers["L-BRIDGEDROP"])
 		}},
-		{"host firewall", []string{"host-fw"}, []drill.ClaimID{"C-TIER"}, func(t *testing.T, rep *drill.Report) {
+		{"host firewall", []string{"host-fw", "guard"}, []drill.ClaimID{"C-TIER"}, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-HOST")
 			failed := map[string]bool{}
 			for _, r := range probeFailures(claim(t, rep, "C-HOST")) {
@@ -163,6 +163,31 @@ func TestSystemDrillCanFail(t *testing.T) {
 			}
 			assert.True(t, tierFlipped, "box-t's host probes flip too, listed among the changes (C-TIER rests on the tier restriction, so they do not prove the layer)")
 		}},
+		// The guard holds what the host firewall and the route table hold
+		// (and the ACL, bar inbound connections): with it attached neither
+		// knocked out flips a probe, and it alone knocked out flips none.
+		{"the guard alone", []string{"guard"}, nil, func(t *testing.T, rep *drill.Report) {
+			for _, id := range []drill.ClaimID{"C-HOST", "C-LAN"} {
+				assert.Empty(t, probeFailures(claim(t, rep, id)), "the nft layers hold %s alone", id)
+			}
+			assert.NotEmpty(t, stackFailures(claim(t, rep, "C-HOST")), "but Verify finds the guard gone")
+			assert.Equal(t, drill.ExitViolated, rep.ExitCode)
+			require.Len(t, rep.MutationResults, 1)
+			assert.False(t, rep.MutationResults[0].Detected, "no probe flipped: reported as redundant")
+			assert.Contains(t, rep.Stack.Layers["L-GUARD"], "absent")
+		}},
+		{"the host firewall and the route table under the guard", []string{"host-fw", "route"}, nil, func(t *testing.T, rep *drill.Report) {
+			for _, id := range []drill.ClaimID{"C-HOST", "C-LAN", "C-NESTED"} {
+				assert.Empty(t, probeFailures(claim(t, rep, id)), "the guard holds %s", id)
+			}
+			require.Len(t, rep.MutationResults, 2)
+			for _, m := range rep.MutationResults {
+				assert.False(t, m.Detected, "%s: no probe flipped", m.Name)
+			}
+			assert.Contains(t, rep.Stack.Layers["L-HOSTFW"], "absent")
+			assert.Contains(t, rep.Stack.Layers["L-ROUTE"], "absent")
+			assert.Equal(t, "present", rep.Stack.Layers["L-GUARD"])
+		}},
 		{"hosts file", []string{"hosts-file"}, nil, func(t *testing.T, rep *drill.Report) {
 			leaked := map[string]bool{}
 			for _, r := range probeFailures(claim(t, rep, "C-NAMES")) {
@@ -171,7 +196,7 @@ func TestSystemDrillCanFail(t *testing.T) {
 			assert.True(t, leaked[world.HostOnlyNames[0].Name], "the host-only name in the hosts file leaks: %v", leaked)
 			assert.Contains(t, rep.MutationResults[0].Flipped, drill.ClaimID("C-NAMES"))
 		}},
-		{"acl", []string{"acl"}, nil, func(t *testing.T, rep *drill.Report) {
+		{"acl", []string{"acl", "guard"}, nil, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-LAN")
 			assert.Contains(t, rep.Stack.Layers["L-ACL"], "absent")
 			// The LAN hosts are routed elsewhere than the default way, so
@@ -181,7 +206,7 @@ func TestSystemDrillCanFail(t *testing.T) {
 				assert.True(t, strings.HasPrefix(r.Target, world.ModemRole+" "), "only the modem is reached: %s %s", r.Target, r.Channel)
 			}
 		}},
-		{"route", []string{"route"}, nil, func(t *testing.T, rep *drill.Report) {
+		{"route", []string{"route", "guard"}, nil, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-LAN")
 			assert.Contains(t, rep.Stack.Layers["L-ROUTE"], "absent")
 			// The ACL still holds every private address; the LAN host

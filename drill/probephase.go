@@ -13,6 +13,8 @@ import (
 
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/probes"
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/nft"
 )
 
@@ -53,6 +55,7 @@ func (r *run) runProbes(ctx context.Context) error {
 			stops = append(stops, c.watch(r))
 		}
 	}
+	guardBefore := guardCounts(r.cfg.Host.NetNS)
 	t0 := time.Now()
 	plans := r.sc.Plans
 	var apart []map[Place]*probes.Plan
@@ -80,6 +83,7 @@ func (r *run) runProbes(ctx context.Context) error {
 		stop()
 	}
 	rep.Summary.ProbePhaseMS = time.Since(t0).Milliseconds()
+	rep.Stack.GuardCounted = countedSince(guardBefore, guardCounts(r.cfg.Host.NetNS))
 	for _, c := range r.cfg.Claims {
 		if c.after != nil && r.skipped[c.ID] == "" {
 			c.after(ctx, r)
@@ -195,6 +199,40 @@ func failedControls(sc *Scenario, obs observations) []string {
 			}
 			if o, ok := obs.get(place, p.ID); !ok || o.Outcome != probes.Reached {
 				out = append(out, fmt.Sprintf("positive control %s at %s failed (%s): the verdicts resting on it are inconclusive", p.ID, place, reportOf(o, ok)))
+			}
+		}
+	}
+	return out
+}
+
+// guardCounts reads the guard's counters in the host's namespace (nil
+// where it is not attached or they cannot be read: the report then has
+// none).
+func guardCounts(netns string) map[string]map[string]uint64 {
+	g, err := hostns.Open(netns)
+	if err != nil {
+		return nil
+	}
+	defer g.Close()
+	c, err := stack.GuardCounters(g)
+	if err != nil {
+		return nil
+	}
+	return c
+}
+
+// countedSince is what each counter gained from before to after (a hook
+// attached since counts from zero; one gone since counts nothing).
+func countedSince(before, after map[string]map[string]uint64) map[string]map[string]uint64 {
+	if len(after) == 0 {
+		return nil
+	}
+	out := map[string]map[string]uint64{}
+	for hook, reasons := range after {
+		out[hook] = map[string]uint64{}
+		for reason, n := range reasons {
+			if was := before[hook][reason]; n >= was {
+				out[hook][reason] = n - was
 			}
 		}
 	}

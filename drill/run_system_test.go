@@ -246,6 +246,16 @@ func ensured(t *testing.T, cfg drill.Config) {
 	require.NoError(t, err, "the stack is there to break")
 }
 
+// unguarded takes the guard off the bridge as an operator would (its tc
+// qdisc deleted): the guard holds what a hole made by hand in the host
+// firewall opens (TestSystemDrillCanFail, "the host firewall and the route
+// table under the guard"), so a test of what the probes see through such
+// a hole has it gone first. restoreAfter puts it back.
+func unguarded(t *testing.T, cfg drill.Config) {
+	t.Helper()
+	inHost(t, cfg, "tc", "qdisc", "del", "dev", model.Current.Network, "clsact")
+}
+
 // restoreAfter converges the stack back when the test ends, whatever it
 // broke by hand, and checks it verifies clean.
 func restoreAfter(t *testing.T, cfg drill.Config) {

@@ -111,6 +111,9 @@ func (r *run) verifyForProbes(ctx context.Context) error {
 	}
 	rep.Stack.Findings = r.findings
 	rep.Stack.Layers = layerState(r.findings)
+	if v.GuardAbsent != "" {
+		rep.Stack.Layers[model.LayerGuard] = "absent: " + v.GuardAbsent
+	}
 	if bnf, ok := bridgeNetfilter(r.cfg.Host.NetNS); ok {
 		rep.Environment.BridgeNetfilter = bnf
 	}

@@ -125,6 +125,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 		cfg := config(t)
 		restoreAfter(t, cfg)
 		ensured(t, cfg)
+		unguarded(t, cfg)
 		// What an operator types to reach a box's sshd "just for now", and
 		// the DNS accept as the stack had it before it was scoped.
 		inHost(t, cfg, "nft", "insert", "rule", "inet", model.Current.NFTTable, "input", "iifname", model.Current.Network, "tcp", "dport", "22", "accept")
@@ -166,6 +167,7 @@ func TestSystemNoSetupDrift(t *testing.T) {
 			}
 		}
 		require.NotEmpty(t, handle, "the final drop in:\n%s", out)
+		unguarded(t, cfg)
 		inHost(t, cfg, "nft", "delete", "rule", "inet", model.Current.NFTTable, "input", "handle", handle)
 		cfg.NoSetup = true
 		cfg.Claims = []drill.Claim{claimOf(t, "C-HOST")}
@@ -261,6 +263,9 @@ func TestSystemNoSetupDrift(t *testing.T) {
 			assert.Equal(t, drill.Pass, r.Verdict, "%s: with the ACL detached L-ROUTE drops what the forward sends to the LAN: %s", r.Target, r.Evidence)
 		}
 		inHost(t, cfg, "nft", "delete", "table", "inet", model.Current.NFTTable+"_route")
+		// The guard would still drop it (it sees the host's own address,
+		// before the forward's DNAT): off too, to see the forward reach.
+		unguarded(t, cfg)
 		rep = run(t, cfg)
 		failed := 0
 		for _, r := range forwarded(rep) {

@@ -82,6 +82,10 @@ type StackFacts struct {
 	BridgeMode string                   `json:"bridge_mode"`
 	Layers     map[model.LayerID]string `json:"layers"` // layer -> "present" or "absent: why"
 	Findings   []model.Finding          `json:"findings"`
+	// GuardCounted is what the guard (L-GUARD) counted on this host
+	// during the probe phase, by hook ("boxnet ingress") and reason:
+	// what it passed and dropped of the probes' traffic.
+	GuardCounted map[string]map[string]uint64 `json:"guard_counted,omitempty"`
 }
 
 // MutationResult is what knocking one layer out did, measured against the
