@@ -16,6 +16,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv/tier"
@@ -150,5 +151,48 @@ func Cluster(t testing.TB) *world.State {
 	if len(st.Members) < 3 {
 		Unavailable(t, "the world at "+path+" is not a cluster of 3 members: rebuild it with `bin/drill world down --name "+st.Name+" && bin/drill world up --name "+st.Name+" --cluster 3`")
 	}
+	holdCluster(t, st.StateDir)
 	return st
+}
+
+// clusterHold is this process's hold on the cluster world: `make test`
+// runs the drill package beside the others (each in a standalone world
+// of its own) but has one cluster world, so a test that uses it holds a
+// lock file in the world's state directory until it ends, and another
+// process's cluster test waits. The first test of this process to ask
+// takes the lock and the last to end lets it go (subtests share it).
+var clusterHold struct {
+	sync.Mutex
+	n int
+	f *os.File
+}
+
+func holdCluster(t testing.TB, stateDir string) {
+	t.Helper()
+	clusterHold.Lock()
+	defer clusterHold.Unlock()
+	if clusterHold.n == 0 {
+		f, err := os.OpenFile(filepath.Join(stateDir, "tests.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			t.Fatalf("holding the cluster world for this test: %v", err)
+		}
+		start := time.Now()
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			f.Close()
+			t.Fatalf("holding the cluster world for this test: %v", err)
+		}
+		if waited := time.Since(start); waited > time.Second {
+			t.Logf("waited %s for another process's tests to be done with the cluster world", waited.Round(time.Second))
+		}
+		clusterHold.f = f
+	}
+	clusterHold.n++
+	t.Cleanup(func() {
+		clusterHold.Lock()
+		defer clusterHold.Unlock()
+		if clusterHold.n--; clusterHold.n == 0 {
+			clusterHold.f.Close() // lets the lock go
+			clusterHold.f = nil
+		}
+	})
 }
