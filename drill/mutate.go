@@ -15,6 +15,7 @@ import (
 
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -68,7 +69,7 @@ var Mutations = []Mutation{
 			return err
 		}
 		defer g.Close()
-		removed, err := stack.RemoveGuard(g)
+		removed, err := guard.Remove(g)
 		if err == nil && len(removed) == 0 {
 			err = fmt.Errorf("no guard attached to detach (%s absent before the mutation)", model.LayerGuard)
 		}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/box-isolation/box/drill/topo"
 	"github.com/box-isolation/box/probes"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -214,7 +214,7 @@ func guardCounts(netns string) map[string]map[string]uint64 {
 		return nil
 	}
 	defer g.Close()
-	c, err := stack.GuardCounters(g)
+	c, err := guard.HookCounters(g)
 	if err != nil {
 		return nil
 	}

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -223,12 +224,10 @@ func (host *Host) EnsureBoot(ctx context.Context) (*Report, error) {
 	// The bridge exists here only when Incus kept it (it deletes it at its
 	// own shutdown): otherwise the healer attaches the guard when Incus
 	// brings the bridge up.
-	guarded, err := EnsureGuard(g)
+	guarded, notes, err := guard.EnsureNoted(g)
 	rep.Changes = append(rep.Changes, guarded...)
-	var unsupported *GuardUnsupportedError
-	if errors.As(err, &unsupported) {
-		rep.Notes = append(rep.Notes, "WARNING: "+unsupported.Error())
-	} else if err != nil {
+	rep.Notes = append(rep.Notes, notes...)
+	if err != nil {
 		return rep, err
 	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("loaded from %s (saved %s, gateway %s) with no Incus call; the port watcher pins each box as Incus starts it", path, saved.Saved.Format(time.RFC3339), saved.Gateway))

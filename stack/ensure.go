@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/internal/converge"
+	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -272,12 +273,10 @@ func (host *Host) ApplyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 		return res, err
 	}
 	res.Changes = append(res.Changes, routed...)
-	guarded, err := EnsureGuard(g)
+	guarded, notes, err := guard.EnsureNoted(g)
 	res.Changes = append(res.Changes, guarded...)
-	var unsupported *GuardUnsupportedError
-	if errors.As(err, &unsupported) {
-		res.notes = append(res.notes, "WARNING: "+unsupported.Error())
-	} else if err != nil {
+	res.notes = append(res.notes, notes...)
+	if err != nil {
 		return res, err
 	}
 	egress, err := applyEgress(ctx, host.Incus, g, f, host.BootFiles())

@@ -64,7 +64,7 @@ func TestSystemGuardInTheWorld(t *testing.T) {
 	defer g.Close()
 	counted := func() map[string]uint64 {
 		t.Helper()
-		c, err := stack.GuardCounters(g)
+		c, err := guard.HookCounters(g)
 		require.NoError(t, err)
 		return c["boxnet ingress"]
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack/egress"
+	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -55,7 +56,7 @@ func (host *Host) Teardown(ctx context.Context, removeBoxes bool) ([]model.Chang
 	}
 	defer g.Close()
 	var errs []error
-	unguarded, err := RemoveGuard(g)
+	unguarded, err := guard.Remove(g)
 	changes = append(changes, unguarded...)
 	if err != nil {
 		errs = append(errs, err)

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -228,14 +229,14 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 	}
 	v.Findings = append(v.Findings, rf...)
 	v.Notes = append(v.Notes, rnotes...)
-	gf, absent, err := VerifyGuard(g, p)
+	gf, absent, err := guard.Verify(g, p)
 	if err != nil {
 		return err
 	}
 	v.Findings = append(v.Findings, gf...)
 	if v.GuardAbsent = absent; absent != "" {
 		v.Notes = append(v.Notes, "WARNING: "+absent)
-	} else if v.GuardCounters, err = GuardCounters(g); err != nil {
+	} else if v.GuardCounters, err = guard.HookCounters(g); err != nil {
 		v.Notes = append(v.Notes, "the guard's counters were not read: "+err.Error())
 	}
 	ef, notes, err := verifyEgress(ctx, host.Incus, g, f)

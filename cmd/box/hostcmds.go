@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -209,7 +210,7 @@ func setupDoctor(fs *flag.FlagSet) action {
 				fmt.Fprintf(c.out, "%-12s %s: %s\n%-12s fix: %s\n", f.Layer, obj, f.Problem, "", f.Fix)
 			}
 			printDaemon(c, v.Daemon)
-			printGuard(c, v.GuardCounters)
+			printGuard(c.out, v.GuardCounters)
 			printMembers(c, v.Members)
 			printTiers(c, v.Tiers)
 			if v.Pool != nil {
@@ -422,7 +423,7 @@ func printTiers(c *call, tiers []stack.Tier) {
 // printDaemon names box's daemon and each service it runs, up or down.
 // printGuard says what the guard (L-GUARD) passed and dropped on each
 // hook since it was attached, the reasons with a count in counter order.
-func printGuard(c *call, counters map[string]map[string]uint64) {
+func printGuard(w io.Writer, counters map[string]map[string]uint64) {
 	for _, hook := range slices.Sorted(maps.Keys(counters)) {
 		var passed, dropped uint64
 		var parts []string
@@ -438,7 +439,7 @@ func printGuard(c *call, counters map[string]map[string]uint64) {
 			}
 			parts = append(parts, fmt.Sprintf("%s %d", r, n))
 		}
-		fmt.Fprintf(c.out, "guard: %s: passed %d, dropped %d packets since attached (%s)\n", hook, passed, dropped, strings.Join(parts, ", "))
+		fmt.Fprintf(w, "guard: %s: passed %d, dropped %d packets since attached (%s)\n", hook, passed, dropped, strings.Join(parts, ", "))
 	}
 }
 

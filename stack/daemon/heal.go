@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
@@ -431,11 +432,11 @@ func (h *healer) check(ctx context.Context) error {
 		// L-GUARD: in tc, which a flush leaves alone, but another tool may
 		// delete the qdisc, and the bridge may be new (at boot).
 		var guarded []model.Change
-		guarded, err = stack.EnsureGuard(h.g)
+		guarded, err = guard.Ensure(h.g)
 		for _, c := range guarded {
 			applied = append(applied, c.Object+" "+c.Action+": "+c.Detail)
 		}
-		var unsupported *stack.GuardUnsupportedError
+		var unsupported *guard.UnsupportedError
 		if errors.As(err, &unsupported) {
 			if !h.guardUnsupported {
 				h.logf("heal: %v", err)

@@ -32,8 +32,9 @@
 // for this bridge (Program.KernelTag). Attach, Find and Detach
 // (attach.go) work through a netlink handle in the bridge's namespace.
 //
-// This package is the programs and their plumbing; the stack puts them in
-// place and verifies them (stack/guardlayer.go).
+// The layer (layer.go) is the programs put in place and verified in the
+// host's namespace: Ensure (setup-host, the boot unit, the healer),
+// Verify, Remove (teardown), HookCounters (doctor, the drill's report).
 package guard
 
 import (

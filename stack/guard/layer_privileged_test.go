@@ -1,4 +1,4 @@
-package stack
+package guard
 
 import (
 	"net"
@@ -12,7 +12,6 @@ import (
 
 	"github.com/box-isolation/box/internal/nstest"
 	"github.com/box-isolation/box/internal/testenv/tier"
-	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -56,46 +55,46 @@ func TestPrivilegedGuardLayer(t *testing.T) {
 	p := netip.MustParsePrefix("10.99.0.1/24")
 	verify := func() []string {
 		t.Helper()
-		f, absent, err := VerifyGuard(g, p)
+		f, absent, err := Verify(g, p)
 		require.NoError(t, err)
 		assert.Empty(t, absent)
 		return guardObjects(f)
 	}
 	assert.Equal(t, []string{"guard boxnet ingress: no guard attached", "guard up0 egress: no guard attached"}, verify())
 
-	ch, err := EnsureGuard(g)
+	ch, err := Ensure(g)
 	require.NoError(t, err)
 	require.Len(t, ch, 2, "%v", ch)
 	assert.Equal(t, "guard boxnet ingress", ch[0].Object)
 	assert.Contains(t, ch[0].Detail, "attached box_guard (program id ")
 	assert.Equal(t, "guard up0 egress", ch[1].Object)
 	assert.Empty(t, verify())
-	ch, err = EnsureGuard(g)
+	ch, err = Ensure(g)
 	require.NoError(t, err)
 	assert.Empty(t, ch, "box's build in place: nothing to do")
 
 	// The default route moved away from old0, which kept its program.
 	b, err := buildGuard(p)
 	require.NoError(t, err)
-	_, err = guard.Attach(h, "old0", b.uplink)
+	_, err = Attach(h, "old0", b.uplink)
 	require.NoError(t, err)
-	ch, err = EnsureGuard(g)
+	ch, err = Ensure(g)
 	require.NoError(t, err)
 	require.Len(t, ch, 1)
 	assert.Equal(t, model.Change{Object: "guard old0 egress", Action: "removed", Detail: "no default route leaves by it any more"}, ch[0])
-	found, err := guard.Find(h, "old0")
+	found, err := Find(h, "old0")
 	require.NoError(t, err)
 	assert.Empty(t, found)
 
 	// Another build on the bridge: one for another gateway.
-	other, err := guard.Build(guard.Config{Subnet: p.Masked(), Gateway: netip.MustParseAddr("10.99.0.2")})
+	other, err := Build(Config{Subnet: p.Masked(), Gateway: netip.MustParseAddr("10.99.0.2")})
 	require.NoError(t, err)
-	_, err = guard.Attach(h, model.Current.Network, other)
+	_, err = Attach(h, model.Current.Network, other)
 	require.NoError(t, err)
 	got := verify()
 	require.Len(t, got, 1)
 	assert.Regexp(t, `^guard boxnet ingress: program id \d+ with tag [0-9a-f]+ attached, not box's build for this bridge \(tag `+b.bridgeTag+`\)$`, got[0])
-	_, err = EnsureGuard(g)
+	_, err = Ensure(g)
 	require.NoError(t, err)
 	assert.Empty(t, verify())
 
@@ -103,12 +102,12 @@ func TestPrivilegedGuardLayer(t *testing.T) {
 	br := ns.Link(t, model.Current.Network)
 	require.NoError(t, h.QdiscDel(&netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: br.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}))
 	assert.Equal(t, []string{"guard boxnet ingress: no guard attached"}, verify())
-	ch, err = EnsureGuard(g)
+	ch, err = Ensure(g)
 	require.NoError(t, err)
 	assert.Len(t, ch, 1)
 	assert.Empty(t, verify())
 
-	removed, err := RemoveGuard(g)
+	removed, err := Remove(g)
 	require.NoError(t, err)
 	var objs []string
 	for _, c := range removed {
@@ -126,11 +125,11 @@ func TestPrivilegedGuardLayerNoBridge(t *testing.T) {
 	g, err := hostns.Open(ns.Name)
 	require.NoError(t, err)
 	defer g.Close()
-	ch, err := EnsureGuard(g)
+	ch, err := Ensure(g)
 	require.NoError(t, err)
 	assert.Empty(t, ch)
 	ns.AddBridge(t, model.Current.Network)
-	ch, err = EnsureGuard(g)
+	ch, err = Ensure(g)
 	require.NoError(t, err)
 	assert.Empty(t, ch)
 }

@@ -1,4 +1,4 @@
-package stack
+package guard
 
 import (
 	"errors"
@@ -9,13 +9,12 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
 
-// L-GUARD: box's eBPF programs (stack/guard) on the bridge's clsact
+// The layer: box's eBPF programs on the bridge's clsact
 // ingress and on the egress of the interfaces the default routes leave
 // by. No nft command touches them, so they hold what L-HOSTFW, L-ACL and
 // L-ROUTE hold while another tool's `flush ruleset` has those gone and no
@@ -29,7 +28,7 @@ import (
 // guardBuild is box's build of both programs for one bridge address, and
 // the tags the kernel gives them.
 type guardBuild struct {
-	bridge, uplink       *guard.Program
+	bridge, uplink       *Program
 	bridgeTag, uplinkTag string
 }
 
@@ -38,15 +37,15 @@ type guardBuild struct {
 // often).
 var guardBuilds sync.Map // netip.Prefix -> guardBuild
 
-// GuardUnsupportedError is a kernel that would not load the guard: the
+// UnsupportedError is a kernel that would not load the guard: the
 // stack holds without it, and says so.
-type GuardUnsupportedError struct{ Err error }
+type UnsupportedError struct{ Err error }
 
-func (e *GuardUnsupportedError) Error() string {
+func (e *UnsupportedError) Error() string {
 	return fmt.Sprintf("%s is absent: this kernel would not load box's eBPF program (%v); the nft layers hold alone, and another tool's `nft flush ruleset` opens the host until box's watcher puts them back", model.LayerGuard, e.Err)
 }
 
-func (e *GuardUnsupportedError) Unwrap() error { return e.Err }
+func (e *UnsupportedError) Unwrap() error { return e.Err }
 
 // buildGuard is box's build for the bridge's address p (the gateway with
 // the subnet's length).
@@ -56,17 +55,17 @@ func buildGuard(p netip.Prefix) (guardBuild, error) {
 	}
 	var b guardBuild
 	var err error
-	if b.bridge, err = guard.Build(guard.Config{Subnet: p.Masked(), Gateway: p.Addr(), Resolver: nft.EgressDNSAddr}); err != nil {
+	if b.bridge, err = Build(Config{Subnet: p.Masked(), Gateway: p.Addr(), Resolver: nft.EgressDNSAddr}); err != nil {
 		return b, err
 	}
-	if b.uplink, err = guard.BuildUplink(p.Masked()); err != nil {
+	if b.uplink, err = BuildUplink(p.Masked()); err != nil {
 		return b, err
 	}
 	if b.bridgeTag, err = b.bridge.KernelTag(); err != nil {
-		return b, &GuardUnsupportedError{Err: err}
+		return b, &UnsupportedError{Err: err}
 	}
 	if b.uplinkTag, err = b.uplink.KernelTag(); err != nil {
-		return b, &GuardUnsupportedError{Err: err}
+		return b, &UnsupportedError{Err: err}
 	}
 	guardBuilds.Store(p, b)
 	return b, nil
@@ -90,23 +89,23 @@ func bridgePrefix(g *hostns.NS, bridge string) (netip.Prefix, bool, error) {
 // guardPlace is one hook the guard belongs on.
 type guardPlace struct {
 	link, hook, name, tag string
-	prog                  *guard.Program
+	prog                  *Program
 }
 
 // guardPlaces are where box's build belongs: the bridge's ingress and
 // each uplink's egress.
 func guardPlaces(b guardBuild, bridge string, uplinks []string) []guardPlace {
-	out := []guardPlace{{bridge, guard.Ingress, guard.ProgramName, b.bridgeTag, b.bridge}}
+	out := []guardPlace{{bridge, Ingress, ProgramName, b.bridgeTag, b.bridge}}
 	for _, u := range uplinks {
-		out = append(out, guardPlace{u, guard.Egress, guard.UplinkProgramName, b.uplinkTag, b.uplink})
+		out = append(out, guardPlace{u, Egress, UplinkProgramName, b.uplinkTag, b.uplink})
 	}
 	return out
 }
 
 // guardProblem says what is wrong with the guard at place, as the kernel
 // lists it ("" when box's build is there, and only it).
-func guardProblem(found []guard.Attached, pl guardPlace) string {
-	var on []guard.Attached
+func guardProblem(found []Attached, pl guardPlace) string {
+	var on []Attached
 	for _, a := range found {
 		if a.Hook == pl.hook {
 			on = append(on, a)
@@ -127,12 +126,12 @@ func guardProblem(found []guard.Attached, pl guardPlace) string {
 	return ""
 }
 
-// EnsureGuard attaches box's build of the guard wherever the kernel does
+// Ensure attaches box's build of the guard wherever the kernel does
 // not have it (the bridge's ingress, each uplink's egress) and takes the
 // uplinks' program off links no default route leaves by any more. No
 // bridge, or no address on it yet, is nothing to do. A kernel that will
-// not load the programs is a *GuardUnsupportedError.
-func EnsureGuard(g *hostns.NS) ([]model.Change, error) {
+// not load the programs is a *UnsupportedError.
+func Ensure(g *hostns.NS) ([]model.Change, error) {
 	bridge := model.Current.Network
 	p, ok, err := bridgePrefix(g, bridge)
 	if err != nil || !ok {
@@ -148,7 +147,7 @@ func EnsureGuard(g *hostns.NS) ([]model.Change, error) {
 	}
 	var changes []model.Change
 	for _, pl := range guardPlaces(b, bridge, rt.Uplinks) {
-		found, err := guard.Find(g.Netlink, pl.link)
+		found, err := Find(g.Netlink, pl.link)
 		if err != nil {
 			return changes, err
 		}
@@ -156,7 +155,7 @@ func EnsureGuard(g *hostns.NS) ([]model.Change, error) {
 		if problem == "" {
 			continue
 		}
-		a, err := guard.Attach(g.Netlink, pl.link, pl.prog)
+		a, err := Attach(g.Netlink, pl.link, pl.prog)
 		if err != nil {
 			return changes, err
 		}
@@ -168,12 +167,23 @@ func EnsureGuard(g *hostns.NS) ([]model.Change, error) {
 		return changes, err
 	}
 	for _, link := range stale {
-		if err := guard.Detach(g.Netlink, link); err != nil {
+		if err := Detach(g.Netlink, link); err != nil {
 			return changes, err
 		}
-		changes = append(changes, model.Change{Object: "guard " + link + " " + guard.Egress, Action: "removed", Detail: "no default route leaves by it any more"})
+		changes = append(changes, model.Change{Object: "guard " + link + " " + Egress, Action: "removed", Detail: "no default route leaves by it any more"})
 	}
 	return changes, nil
+}
+
+// EnsureNoted is Ensure for a converge: a kernel that will not
+// load the guard is a warning among the notes, not a failure.
+func EnsureNoted(g *hostns.NS) ([]model.Change, []string, error) {
+	changes, err := Ensure(g)
+	var unsupported *UnsupportedError
+	if errors.As(err, &unsupported) {
+		return changes, []string{"WARNING: " + unsupported.Error()}, nil
+	}
+	return changes, nil, err
 }
 
 // staleUplinkGuards are the links besides the bridge and the uplinks
@@ -190,7 +200,7 @@ func staleUplinkGuards(g *hostns.NS, bridge string, uplinks []string) ([]string,
 		if l.Attrs().MasterIndex != 0 || name == bridge || slices.Contains(uplinks, name) {
 			continue
 		}
-		found, err := guard.Find(g.Netlink, name)
+		found, err := Find(g.Netlink, name)
 		if err != nil {
 			var nf netlink.LinkNotFoundError
 			if errors.As(err, &nf) {
@@ -205,14 +215,14 @@ func staleUplinkGuards(g *hostns.NS, bridge string, uplinks []string) ([]string,
 	return out, nil
 }
 
-// VerifyGuard compares what the kernel has attached with box's build:
+// Verify compares what the kernel has attached with box's build:
 // a finding for each hook without it. A kernel that will not load it is
 // no finding (nothing box can converge there) but absent, saying why:
 // the nft layers hold alone, and doctor and the drill say so.
-func VerifyGuard(g *hostns.NS, p netip.Prefix) (findings []model.Finding, absent string, err error) {
+func Verify(g *hostns.NS, p netip.Prefix) (findings []model.Finding, absent string, err error) {
 	bridge := model.Current.Network
 	b, err := buildGuard(p)
-	var unsupported *GuardUnsupportedError
+	var unsupported *UnsupportedError
 	if errors.As(err, &unsupported) {
 		return nil, unsupported.Error(), nil
 	}
@@ -224,7 +234,7 @@ func VerifyGuard(g *hostns.NS, p netip.Prefix) (findings []model.Finding, absent
 		return nil, "", fmt.Errorf("reading the routes for %s: %w", model.LayerGuard, err)
 	}
 	for _, pl := range guardPlaces(b, bridge, rt.Uplinks) {
-		found, err := guard.Find(g.Netlink, pl.link)
+		found, err := Find(g.Netlink, pl.link)
 		if err != nil {
 			return nil, "", err
 		}
@@ -235,10 +245,10 @@ func VerifyGuard(g *hostns.NS, p netip.Prefix) (findings []model.Finding, absent
 	return findings, "", nil
 }
 
-// GuardCounters are the guard's per-reason counts on each hook it is
+// HookCounters are the guard's per-reason counts on each hook it is
 // attached to ("boxnet ingress" -> reason -> packets), for doctor and the
 // drill's report.
-func GuardCounters(g *hostns.NS) (map[string]map[string]uint64, error) {
+func HookCounters(g *hostns.NS) (map[string]map[string]uint64, error) {
 	bridge := model.Current.Network
 	rt, err := g.RouteView(bridge)
 	if err != nil {
@@ -246,12 +256,12 @@ func GuardCounters(g *hostns.NS) (map[string]map[string]uint64, error) {
 	}
 	out := map[string]map[string]uint64{}
 	for _, link := range append([]string{bridge}, rt.Uplinks...) {
-		found, err := guard.Find(g.Netlink, link)
+		found, err := Find(g.Netlink, link)
 		if err != nil {
 			return nil, err
 		}
 		for _, a := range found {
-			c, err := guard.Counters(a.ID)
+			c, err := Counters(a.ID)
 			if err != nil {
 				return nil, err
 			}
@@ -265,9 +275,9 @@ func GuardCounters(g *hostns.NS) (map[string]map[string]uint64, error) {
 	return out, nil
 }
 
-// RemoveGuard takes the guard off the bridge and every link that carries
+// Remove takes the guard off the bridge and every link that carries
 // one (teardown; the drill's guard mutation).
-func RemoveGuard(g *hostns.NS) ([]model.Change, error) {
+func Remove(g *hostns.NS) ([]model.Change, error) {
 	links, err := g.Links()
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
@@ -279,7 +289,7 @@ func RemoveGuard(g *hostns.NS) ([]model.Change, error) {
 		if l.Attrs().MasterIndex != 0 {
 			continue
 		}
-		found, err := guard.Find(g.Netlink, name)
+		found, err := Find(g.Netlink, name)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -287,7 +297,7 @@ func RemoveGuard(g *hostns.NS) ([]model.Change, error) {
 		if len(found) == 0 {
 			continue
 		}
-		if err := guard.Detach(g.Netlink, name); err != nil {
+		if err := Detach(g.Netlink, name); err != nil {
 			errs = append(errs, err)
 			continue
 		}
