@@ -47,41 +47,36 @@ teardown() {
 	done
 }
 trap teardown EXIT
+# upworld brings world $1 up (the rest are world up's arguments) from
+# nothing: a database kept by an earlier run that was killed holds its
+# boxes, which the tests would meet. A world already up is used as it is,
+# and left up.
+upworld() {
+	local w=$1
+	shift
+	if bin/drill world status --name "$w" >/dev/null 2>&1; then
+		kept+=("$w")
+		return
+	fi
+	owned+=("$w")
+	bin/drill world down --purge --name "$w" >&2
+	bin/drill world up --name "$w" "$@" >&2
+}
 world=${BOX_TEST_WORLD:-boxw}
 cluster=${BOX_TEST_CLUSTER:-boxc}
-if bin/drill world status --name "$world" >/dev/null 2>&1; then
-	kept+=("$world")
-else
-	owned+=("$world")
-	# From nothing: a database kept by an earlier run that was killed holds
-	# its boxes, which the tests would meet.
-	bin/drill world down --purge --name "$world" >&2
-	bin/drill world up --name "$world" >&2
-fi
+upworld "$world"
 export BOX_WORLD_STATE=/run/box-world/$world/state.json
 bin/drill world image >&2
 # The drill package's world (BOX_TEST_DRILL_WORLD, boxd by default): its
 # system tests run beside the other packages' (below), each stream in a
 # standalone world of its own.
 dworld=${BOX_TEST_DRILL_WORLD:-boxd}
-if bin/drill world status --name "$dworld" >/dev/null 2>&1; then
-	kept+=("$dworld")
-else
-	owned+=("$dworld")
-	bin/drill world down --purge --name "$dworld" >&2
-	bin/drill world up --name "$dworld" >&2
-fi
+upworld "$dworld"
 BOX_WORLD_STATE=/run/box-world/$dworld/state.json bin/drill world image >&2
 # The cluster tests' world (internal/testenv.Cluster): a cluster of 3
 # beside the standalone world, unless $BOX_CLUSTER_STATE names another.
-if [ -n "${BOX_CLUSTER_STATE:-}" ]; then
-	:
-elif bin/drill world status --name "$cluster" >/dev/null 2>&1; then
-	kept+=("$cluster")
-else
-	owned+=("$cluster")
-	bin/drill world down --purge --name "$cluster" >&2
-	bin/drill world up --name "$cluster" --cluster 3 >&2
+if [ -z "${BOX_CLUSTER_STATE:-}" ]; then
+	upworld "$cluster" --cluster 3
 fi
 export BOX_CLUSTER_STATE=${BOX_CLUSTER_STATE:-/run/box-world/$cluster/state.json}
 
