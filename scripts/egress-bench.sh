@@ -10,11 +10,7 @@
 # none runs, and removes its two boxes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-state=${BOX_WORLD_STATE:-/run/box-world/boxw/state.json}
-[ -r "$state" ] || { echo "no world state at $state: bin/drill world up" >&2; exit 2; }
-json() { sed -n "s/.*\"$1\": *\"\([^\"]*\)\".*/\1/p" "$state" | head -1; }
-export INCUS_DIR=$(json incus_dir) BOX_NETNS=$(json host_ns)
-export BOX_DNS=203.0.113.53 BOX_IMAGE=box-probe BOX_MEMORY=none
+. scripts/worldenv.sh
 n=${EGRESS_BENCH_N:-1000}
 bytes=$((100 * 1000 * 1000))
 
