@@ -12,7 +12,7 @@ var claimV6 = Claim{
 	ID: V6ID, From: "box", To: "IPv6",
 	Channels: []Channel{ChannelGlobalAddress, ChannelDefaultRoute, ChannelRouterAdvert},
 	Expect:   "none",
-	Layers:   []model.LayerID{model.LayerV6},
+	Layers:   []model.LayerID{model.LayerV6, model.LayerGuard},
 	Why:      "every other rule is IPv4-only: IPv6 would be an uncovered path",
 	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
 	build: buildV6,

@@ -93,7 +93,8 @@ func TestSystemClusterDrill(t *testing.T) {
 }
 
 // TestSystemClusterMemberFirewallGone: one member's host table deleted by
-// hand (as a person would, nft delete table) fails C-HOST for that member
+// hand (as a person would, nft delete table), and its guard's qdisc, fails
+// C-HOST for that member
 // only: its own box reaches its host, Verify names it, and nothing about
 // the other members fails.
 func TestSystemClusterMemberFirewallGone(t *testing.T) {
@@ -112,6 +113,9 @@ func TestSystemClusterMemberFirewallGone(t *testing.T) {
 		assert.NoError(t, err)
 	})
 	out, err := exec.Command("ip", "netns", "exec", victim.Name, "nft", "delete", "table", "inet", "box").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	// And its guard, which would hold the host alone (TestSystemDrillCanFail).
+	out, err = exec.Command("ip", "netns", "exec", victim.Name, "tc", "qdisc", "del", "dev", model.Current.Network, "clsact").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 
 	cfg.NoSetup = true // the run must find the hole, not mend it

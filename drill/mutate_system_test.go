@@ -221,7 +221,7 @@ func TestSystemDrillCanFail(t *testing.T) {
 		{"dns managed", []string{"dns-managed"}, nil, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-NAMES")
 		}},
-		{"ipv6 on", []string{"ipv6-on"}, nil, func(t *testing.T, rep *drill.Report) {
+		{"ipv6 on", []string{"ipv6-on", "guard"}, nil, func(t *testing.T, rep *drill.Report) {
 			assertProvenByProbes(t, rep, "C-V6")
 		}},
 		{"pinning", []string{"pinning"}, nil, func(t *testing.T, rep *drill.Report) {

@@ -11,7 +11,8 @@
 # Incus's answers) through a claim resting on its layer. Every mutation the
 # drill offers is run (a test holds this list to drill.Mutations); the
 # bridge's two sibling layers go together, as each holds alone, and the
-# guard goes with host-fw, acl and route, as it holds what each holds. The counts
+# guard goes with host-fw, acl, route and ipv6-on, as it holds what each
+# holds (a box's router solicitations among the IPv6 it drops). The counts
 # per claim say which claims showed each mutation. Run as root; it brings the world up if it is down and
 # leaves it up. Not part of `make test` (it takes about 20 minutes:
 # docs/measurements.md).
@@ -19,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 clean_runs=${1:-20}
 per_mutation=${2:-10}
-mutations=(bridge-drop,port-isolation pinning route,guard host-fw,guard acl,guard dns-managed hosts-file ipv6-on tier egress door-wide nat-off egress-dns egress-names egress-forward dhcp-open privileged host-path raw-lxc idmap-root guest-api unix-char)
+mutations=(bridge-drop,port-isolation pinning route,guard host-fw,guard acl,guard dns-managed hosts-file ipv6-on,guard tier egress door-wide nat-off egress-dns egress-names egress-forward dhcp-open privileged host-path raw-lxc idmap-root guest-api unix-char)
 
 # The world it soaks in: boxw, or $BOX_TEST_WORLD (as scripts/test.sh).
 world=${BOX_TEST_WORLD:-boxw}
