@@ -155,7 +155,15 @@ func TestPrivilegedGuard(t *testing.T) {
 	lan := listen(t, "a LAN host", w.lan, "192.168.20.2:9999")
 	routedLAN := listen(t, "a public address routed to the LAN", w.lan, "192.0.2.7:9999")
 	public := listen(t, "a public address by the default route", w.inet, "203.0.113.10:9999")
-	all := []*target{dns, dhcp, resolver, resolverOther, other, uplink, lan, routedLAN, public}
+	// Public, out of the default route's interface, but not by the
+	// default route: its gateway itself (the uplink's own subnet), and a
+	// prefix another gateway on that subnet routes.
+	router := listen(t, "the default route's gateway, on the uplink's own subnet", w.inet, "198.51.100.1:9999")
+	w.inet.AddAddr(t, "eth0", "198.51.100.254/24")
+	w.inet.AddAddr(t, "lo", "203.0.113.99/32")
+	route(t, w.host, "203.0.113.99/32", "198.51.100.254")
+	otherGW := listen(t, "a public address routed by another gateway on the uplink", w.inet, "203.0.113.99:9999")
+	all := []*target{dns, dhcp, resolver, resolverOther, other, uplink, lan, routedLAN, public, router, otherGW}
 	passes := map[*target]bool{dns: true, dhcp: true, resolver: true, public: true}
 
 	for _, tg := range all {
@@ -192,7 +200,7 @@ func TestPrivilegedGuard(t *testing.T) {
 	for _, r := range []Reason{PassDNS, PassDHCP, PassForward, DropHost, DropRange, DropRoute, PassARP} {
 		assert.NotZero(t, got[r], "counted under %s", r)
 	}
-	assert.GreaterOrEqual(t, got[DropRoute], uint64(2), "the uplink address and the LAN-routed public address")
+	assert.GreaterOrEqual(t, got[DropRoute], uint64(4), "the uplink address, the LAN-routed public address, the router and the other gateway's prefix")
 	assert.GreaterOrEqual(t, got[PassDNS], uint64(2), "the gateway's and the resolver's")
 	assert.GreaterOrEqual(t, got[DropRange], uint64(2), "the LAN host and the resolver's other port")
 

@@ -12,9 +12,11 @@
 //   - IPv4 to a destination outside the private, CGNAT, link-local,
 //     loopback, multicast, reserved and "this network" ranges that the
 //     kernel's own routing table (bpf_fib_lookup, with the packet's source)
-//     forwards, not delivers, and out of the interface of the default
-//     route (looked up with the same source, so policy routing by source
-//     agrees; with multipath default routes a destination hashed onto
+//     forwards, not delivers, by the default route: out of its interface
+//     and through its gateway (looked up with the same source, so policy
+//     routing by source agrees; the uplink's own subnet and a prefix
+//     routed by another gateway on the same interface are not the default
+//     route; with multipath default routes a destination hashed onto
 //     another path than 0.0.0.0's is dropped);
 //
 // and drops the rest (IPv6, VLAN tags, whether in the frame or already
@@ -151,6 +153,7 @@ const (
 	stFib     = -96  // 64 bytes: struct bpf_fib_lookup
 	stEgress  = -100 // u32: the interface the destination leaves by
 	stSrcZero = -104 // u32: the source, in host order
+	stNextHop = -108 // u32: the next hop toward the destination (network order)
 )
 
 // Offsets in the kernel's structures.
@@ -485,6 +488,10 @@ func instructions(cfg Config) asm.Instructions {
 		asm.JNE.Imm(asm.R0, fibNoNeigh, "count"),
 		asm.LoadMem(asm.R1, asm.R10, stFib+fibIfindex, asm.Word).WithSymbol("routed"),
 		asm.StoreMem(asm.R10, stEgress, asm.R1, asm.Word),
+		// The lookup leaves the route's gateway in ipv4_dst (the
+		// destination itself where the route has none).
+		asm.LoadMem(asm.R1, asm.R10, stFib+fibDst, asm.Word),
+		asm.StoreMem(asm.R10, stNextHop, asm.R1, asm.Word),
 	)
 	ins = append(ins, fibLookup(false)...)
 	ins = append(ins,
@@ -494,8 +501,21 @@ func instructions(cfg Config) asm.Instructions {
 		asm.LoadMem(asm.R1, asm.R10, stFib+fibIfindex, asm.Word).WithSymbol("default"),
 		asm.LoadMem(asm.R2, asm.R10, stEgress, asm.Word),
 		asm.JNE.Reg(asm.R1, asm.R2, "count"),
+		// And by the default route's gateway: not the uplink's own subnet
+		// or a prefix routed by another gateway on the same interface. A
+		// default route with no gateway (a point-to-point link) left
+		// 0.0.0.0: the interface alone decides.
+		asm.LoadMem(asm.R1, asm.R10, stFib+fibDst, asm.Word),
+		asm.JEq.Imm(asm.R1, 0, "forward"),
+		asm.LoadMem(asm.R2, asm.R10, stNextHop, asm.Word),
+		asm.JNE.Reg(asm.R1, asm.R2, "count"),
+		// The default route's gateway itself is its own next hop, on the
+		// uplink's subnet: not through it.
+		asm.LoadMem(asm.R3, asm.R10, stIP+16, asm.Word),
+		asm.JEq.Reg(asm.R2, asm.R3, "count"),
 	)
 	ins = append(ins, verdict(PassForward)...)
+	ins[len(ins)-2] = ins[len(ins)-2].WithSymbol("forward")
 
 	return append(ins, countTail()...)
 }
