@@ -20,7 +20,10 @@ CGO_ENABLED=0 go build -o /tmp/egressbench ./scripts/testdata/egressbench
 CGO_ENABLED=0 go build -o /tmp/guardstats ./scripts/testdata/guardstats
 bin/box setup-host >/dev/null
 b=gb-$$
-attach() { bin/box setup-host --firewall-only >/dev/null; }
+attach() {
+	local out
+	out=$(bin/box setup-host --firewall-only 2>&1) || { echo "$out" >&2; exit 1; }
+}
 # detach takes both programs off (tc's own command, as another tool
 # would); a healer running would put them back, which the check refuses.
 detach() {
