@@ -222,7 +222,8 @@ func guardCounts(netns string) map[string]map[string]uint64 {
 }
 
 // countedSince is what each counter gained from before to after (a hook
-// attached since counts from zero; one gone since counts nothing).
+// attached since counts from zero; one gone since counts nothing; a
+// counter that gained nothing is left out).
 func countedSince(before, after map[string]map[string]uint64) map[string]map[string]uint64 {
 	if len(after) == 0 {
 		return nil
@@ -231,7 +232,7 @@ func countedSince(before, after map[string]map[string]uint64) map[string]map[str
 	for hook, reasons := range after {
 		out[hook] = map[string]uint64{}
 		for reason, n := range reasons {
-			if was := before[hook][reason]; n >= was {
+			if was := before[hook][reason]; n > was {
 				out[hook][reason] = n - was
 			}
 		}

@@ -246,8 +246,8 @@ func Verify(g *hostns.NS, p netip.Prefix) (findings []model.Finding, absent stri
 }
 
 // HookCounters are the guard's per-reason counts on each hook it is
-// attached to ("boxnet ingress" -> reason -> packets), for doctor and the
-// drill's report.
+// attached to ("boxnet ingress" -> reason -> packets; reasons that counted
+// nothing left out), for doctor and the drill's report.
 func HookCounters(g *hostns.NS) (map[string]map[string]uint64, error) {
 	bridge := model.Current.Network
 	rt, err := g.RouteView(bridge)
@@ -265,9 +265,11 @@ func HookCounters(g *hostns.NS) (map[string]map[string]uint64, error) {
 			if err != nil {
 				return nil, err
 			}
-			m := map[string]uint64{}
+			m := map[string]uint64{} // the reasons that counted something
 			for r, n := range c {
-				m[r.String()] = n
+				if n > 0 {
+					m[r.String()] = n
+				}
 			}
 			out[link+" "+a.Hook] = m
 		}
