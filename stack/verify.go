@@ -42,6 +42,9 @@ type Verification struct {
 	// attached to ("boxnet ingress"), by reason: packets passed and
 	// dropped since it was attached.
 	GuardCounters map[string]map[string]uint64 `json:"guard_counters,omitempty"`
+	// GuardLoaded is when the kernel loaded each hook's program, in
+	// nanoseconds since the host's boot (its boot-time clock).
+	GuardLoaded map[string]int64 `json:"guard_loaded_ns,omitempty"`
 	// GuardAbsent says why this kernel has no guard (it would not load
 	// the programs): no finding, as nothing box does can put it there.
 	GuardAbsent string `json:"guard_absent,omitempty"`
@@ -238,6 +241,13 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 		v.Notes = append(v.Notes, "WARNING: "+absent)
 	} else if v.GuardCounters, err = guard.HookCounters(g); err != nil {
 		v.Notes = append(v.Notes, "the guard's counters were not read: "+err.Error())
+	} else if loaded, err := guard.HookLoadTimes(g); err != nil {
+		v.Notes = append(v.Notes, "the guard's load times were not read: "+err.Error())
+	} else {
+		v.GuardLoaded = map[string]int64{}
+		for hook, t := range loaded {
+			v.GuardLoaded[hook] = t.Nanoseconds()
+		}
 	}
 	ef, notes, err := verifyEgress(ctx, host.Incus, g, f)
 	if err != nil {

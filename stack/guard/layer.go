@@ -6,7 +6,9 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
 	"github.com/box-isolation/box/stack/hostns"
@@ -245,36 +247,73 @@ func Verify(g *hostns.NS, p netip.Prefix) (findings []model.Finding, absent stri
 	return findings, "", nil
 }
 
+// attachedHooks calls fn for each guard program attached to the bridge
+// or an uplink, with its hook's name ("boxnet ingress").
+func attachedHooks(g *hostns.NS, fn func(hook string, a Attached) error) error {
+	bridge := model.Current.Network
+	rt, err := g.RouteView(bridge)
+	if err != nil {
+		return err
+	}
+	for _, link := range append([]string{bridge}, rt.Uplinks...) {
+		found, err := Find(g.Netlink, link)
+		if err != nil {
+			return err
+		}
+		for _, a := range found {
+			if err := fn(link+" "+a.Hook, a); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // HookCounters are the guard's per-reason counts on each hook it is
 // attached to ("boxnet ingress" -> reason -> packets; reasons that counted
 // nothing left out), for doctor and the drill's report.
 func HookCounters(g *hostns.NS) (map[string]map[string]uint64, error) {
-	bridge := model.Current.Network
-	rt, err := g.RouteView(bridge)
-	if err != nil {
-		return nil, err
-	}
 	out := map[string]map[string]uint64{}
-	for _, link := range append([]string{bridge}, rt.Uplinks...) {
-		found, err := Find(g.Netlink, link)
+	err := attachedHooks(g, func(hook string, a Attached) error {
+		c, err := Counters(a.ID)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		for _, a := range found {
-			c, err := Counters(a.ID)
-			if err != nil {
-				return nil, err
+		m := map[string]uint64{} // the reasons that counted something
+		for r, n := range c {
+			if n > 0 {
+				m[r.String()] = n
 			}
-			m := map[string]uint64{} // the reasons that counted something
-			for r, n := range c {
-				if n > 0 {
-					m[r.String()] = n
-				}
-			}
-			out[link+" "+a.Hook] = m
 		}
-	}
-	return out, nil
+		out[hook] = m
+		return nil
+	})
+	return out, err
+}
+
+// HookLoadTimes are when the kernel loaded the program attached to each
+// hook, as time since the host's boot (the kernel's boot-time clock,
+// which /proc/PID/stat's start times count in too): box attaches a
+// program within milliseconds of loading it, so this says whether the
+// guard was in place before a process (a box's first) began.
+func HookLoadTimes(g *hostns.NS) (map[string]time.Duration, error) {
+	out := map[string]time.Duration{}
+	err := attachedHooks(g, func(hook string, a Attached) error {
+		prog, err := ebpf.NewProgramFromID(ebpf.ProgramID(a.ID))
+		if err != nil {
+			return fmt.Errorf("opening the guard program %d: %w", a.ID, err)
+		}
+		defer prog.Close()
+		info, err := prog.Info()
+		if err != nil {
+			return fmt.Errorf("reading the guard program %d: %w", a.ID, err)
+		}
+		if t, ok := info.LoadTime(); ok {
+			out[hook] = t
+		}
+		return nil
+	})
+	return out, err
 }
 
 // Remove takes the guard off the bridge and every link that carries

@@ -5,10 +5,12 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/internal/nstest"
 	"github.com/box-isolation/box/internal/testenv/tier"
@@ -72,6 +74,15 @@ func TestPrivilegedGuardLayer(t *testing.T) {
 	ch, err = Ensure(g)
 	require.NoError(t, err)
 	assert.Empty(t, ch, "box's build in place: nothing to do")
+	loaded, err := HookLoadTimes(g)
+	require.NoError(t, err)
+	var bt unix.Timespec
+	require.NoError(t, unix.ClockGettime(unix.CLOCK_BOOTTIME, &bt))
+	for _, hook := range []string{"boxnet ingress", "up0 egress"} {
+		at, ok := loaded[hook]
+		assert.True(t, ok, "%s has a load time: %v", hook, loaded)
+		assert.InDelta(t, time.Duration(bt.Nano()).Seconds(), at.Seconds(), 10, "%s was loaded just now, on the boot-time clock", hook)
+	}
 
 	// The default route moved away from old0, which kept its program.
 	b, err := buildGuard(p)
