@@ -18,6 +18,7 @@ import (
 	"github.com/box-isolation/box/internal/syncbuf"
 	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/daemon"
+	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/nft"
 	"github.com/box-isolation/box/stack/stacktest"
@@ -26,9 +27,10 @@ import (
 // TestSystemHealAfterFlush: with boxes up and the watcher running, another
 // tool's `nft flush ruleset` in the host's namespace is healed with no
 // command by hand, twenty times: box's tables and Incus's come back and
-// Verify is clean again. The times are logged (docs/heal.md), not
-// asserted. A restart of the watcher leaves the tables in place, and a
-// teardown-host under the running watcher stays torn down.
+// Verify is clean again; another tool's deletion of the guard's qdisc
+// is healed too. The times are logged (docs/heal.md), not asserted. A
+// restart of the watcher leaves the tables in place, and a teardown-host
+// under the running watcher stays torn down.
 func TestSystemHealAfterFlush(t *testing.T) {
 	ctx, h, st := worldtest.Host(t)
 	_, err := h.Ensure(ctx)
@@ -104,6 +106,27 @@ func TestSystemHealAfterFlush(t *testing.T) {
 		flushes, median(boxTimes), slices.Max(boxTimes), median(incusTimes), slices.Max(incusTimes))
 	assert.Contains(t, log.String(), "by nft (pid", "the watcher logged who flushed")
 	t.Logf("the watcher said:\n%s", log.String())
+
+	// The guard's qdisc deleted by another tool (no nft event at all): the
+	// healer hears tc's and puts the guard back.
+	g, err := hostns.Open(st.Names.HostNS)
+	require.NoError(t, err)
+	defer g.Close()
+	guardBack := func() bool {
+		found, err := guard.Find(g.Netlink, "boxnet")
+		return err == nil && len(found) == 1
+	}
+	require.True(t, guardBack(), "the guard is attached")
+	var guardTimes []time.Duration
+	for i := range 5 {
+		t0 := time.Now()
+		out, err := exec.Command("ip", "netns", "exec", st.Names.HostNS, "tc", "qdisc", "del", "dev", "boxnet", "clsact").CombinedOutput()
+		require.NoError(t, err, "tc qdisc del: %s", out)
+		require.Eventually(t, guardBack, 10*time.Second, time.Millisecond, "deletion %d: the healer put the guard back", i)
+		guardTimes = append(guardTimes, time.Since(t0))
+	}
+	t.Logf("the guard's qdisc deleted 5 times: back after median %s, max %s", median(guardTimes), slices.Max(guardTimes))
+	require.Eventually(t, clean, time.Minute, 50*time.Millisecond, "Verify clean after the guard's deletions")
 
 	// A restart of the watcher: the tables stay, and it finds nothing to do.
 	stop()
