@@ -6,11 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/stacktest/worldtest"
 
 	"github.com/stretchr/testify/assert"
@@ -31,7 +33,7 @@ import (
 // "The kernel boundary".
 func TestSystemLimitsHold(t *testing.T) {
 	ctx, h, st := worldtest.Host(t)
-	worldtest.EnsureCounting(ctx, t, h)
+	worldtest.EnsureCounting(ctx, t, h, st)
 	box := stacktest.Name(t, "t-lim-")
 	t.Cleanup(func() { _ = boxes.NewManager(h).Remove(context.Background(), box) })
 	b, err := boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: box, Image: image.DefaultAlias,
@@ -70,10 +72,25 @@ func TestSystemLimitsHold(t *testing.T) {
 	// output on the box's volume, and a full quota would take them (seen
 	// here: an empty output, exit 0), until a sync after the removal
 	// gives the space back.
-	sh(`dd if=/dev/urandom of=/fill bs=1M count=300 >/tmp/fill.out 2>&1; ls -l /fill >>/tmp/fill.out; rm -f /fill; sync`)
-	res = sh(`cat /tmp/fill.out`)
-	out = string(res.Stdout) + string(res.Stderr)
-	written := worldtest.DDMiB(t, &res)
+	var written int
+	for try := 1; ; try++ {
+		sh(`dd if=/dev/urandom of=/fill bs=1M count=300 >/tmp/fill.out 2>&1; ls -l /fill >>/tmp/fill.out; rm -f /fill; sync`)
+		res = sh(`cat /tmp/fill.out`)
+		out = string(res.Stdout) + string(res.Stderr)
+		written = worldtest.DDMiB(t, &res)
+		// A size holds only while the kernel counts: a pool whose
+		// accounting went inconsistent during the fill (another
+		// subvolume's deletion finishing late) proves nothing either way,
+		// and is rescanned and filled again, once.
+		v, err := h.Verify(ctx)
+		require.NoError(t, err)
+		inconsistent := slices.ContainsFunc(v.Findings, func(f model.Finding) bool { return strings.HasPrefix(f.Object, "storage pool") })
+		if !inconsistent || try == 2 {
+			break
+		}
+		t.Logf("disk fill %d: %d MiB written while the pool's accounting went inconsistent (the kernel said: %s); rescanned, again", try, written, worldtest.KernelQgroupLog())
+		worldtest.EnsureCounting(ctx, t, h, st)
+	}
 	t.Logf("disk fill: %d MiB written to a 128MiB root disk: %s", written, strings.TrimSpace(out))
 	if !assert.Less(t, written, 136, "the root disk's size stopped it") {
 		// Seen twice in clean-clone runs, after the drill's tests: the

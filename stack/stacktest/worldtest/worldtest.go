@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -60,11 +61,18 @@ func NFT(t *testing.T, st *world.State) (*nftables.Conn, nft.Config) {
 	return conn, nft.Config{Table: "box", Bridge: "boxnet", NetNS: int(ns)}
 }
 
-// EnsureCounting ensures the stack, and says so when that rescanned the
-// pool's accounting: something before the test had stopped the kernel
-// counting, and what the kernel logged says what.
-func EnsureCounting(ctx context.Context, t *testing.T, h *stack.Host) {
+// EnsureCounting waits for the kernel's cleaner to finish the
+// subvolumes deleted before (earlier tests' boxes: one it finishes later
+// can mark the pool's accounting inconsistent in the middle of a test,
+// seen under load as a fill running past its size), then ensures the
+// stack, and says so when that rescanned the pool's accounting: something
+// before the test had stopped the kernel counting, and what the kernel
+// logged says what.
+func EnsureCounting(ctx context.Context, t *testing.T, h *stack.Host, st *world.State) {
 	t.Helper()
+	pool := filepath.Join(st.IncusDir, "storage-pools", "default")
+	out, err := exec.Command("nsenter", "-t", strconv.Itoa(st.IncusdPID), "-m", "--", "btrfs", "subvolume", "sync", pool).CombinedOutput()
+	require.NoError(t, err, "btrfs subvolume sync %s: %s", pool, out)
 	rep, err := h.Ensure(ctx)
 	require.NoError(t, err)
 	for _, c := range rep.Changes {
