@@ -52,11 +52,12 @@ attach
 echo "100 MB from bulk.example.net:80, $rounds rounds, guarded and not taking turns (median):"
 speeds() { sort -n | awk '{ v[NR] = $1 } END { printf "%s", v[int((NR + 1) / 2)] }'; }
 : >/tmp/guard-bench-on; : >/tmp/guard-bench-off
-for _ in $(seq "$rounds"); do
-	attach
-	get | sed -n 's/.*mb_per_s=\([0-9.]*\).*/\1/p' >>/tmp/guard-bench-on
-	detach
-	get | sed -n 's/.*mb_per_s=\([0-9.]*\).*/\1/p' >>/tmp/guard-bench-off
+# Each download a second after its attach or detach (setup-host's own
+# work done), the two orders taking turns round by round.
+on() { attach; sleep 1; get | sed -n 's/.*mb_per_s=\([0-9.]*\).*/\1/p' >>/tmp/guard-bench-on; }
+off() { detach; sleep 1; get | sed -n 's/.*mb_per_s=\([0-9.]*\).*/\1/p' >>/tmp/guard-bench-off; }
+for i in $(seq "$rounds"); do
+	if [ $((i % 2)) -eq 1 ]; then on; off; else off; on; fi
 done
 on=$(speeds </tmp/guard-bench-on) off=$(speeds </tmp/guard-bench-off)
 printf '  guarded   %s MB/s (all: %s)\n' "$on" "$(tr '\n' ' ' </tmp/guard-bench-on)"
