@@ -115,8 +115,7 @@ func TestSystemClusterMemberFirewallGone(t *testing.T) {
 	out, err := exec.Command("ip", "netns", "exec", victim.Name, "nft", "delete", "table", "inet", "box").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	// And its guard, which would hold the host alone (TestSystemDrillCanFail).
-	out, err = exec.Command("ip", "netns", "exec", victim.Name, "tc", "qdisc", "del", "dev", model.Current.Network, "clsact").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	unguardedIn(t, victim.Name)
 
 	cfg.NoSetup = true // the run must find the hole, not mend it
 	host := claimOf(t, "C-HOST")

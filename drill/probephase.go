@@ -214,11 +214,15 @@ func guardCounts(netns string) map[string]map[string]uint64 {
 		return nil
 	}
 	defer g.Close()
-	c, err := guard.HookCounters(g)
+	hooks, err := guard.Hooks(g)
 	if err != nil {
 		return nil
 	}
-	return c
+	out := map[string]map[string]uint64{}
+	for name, h := range hooks {
+		out[name] = h.Counters
+	}
+	return out
 }
 
 // countedSince is what each counter gained from before to after (a hook

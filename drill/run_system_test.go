@@ -253,7 +253,15 @@ func ensured(t *testing.T, cfg drill.Config) {
 // a hole has it gone first. restoreAfter puts it back.
 func unguarded(t *testing.T, cfg drill.Config) {
 	t.Helper()
-	inHost(t, cfg, "tc", "qdisc", "del", "dev", model.Current.Network, "clsact")
+	unguardedIn(t, cfg.Host.NetNS)
+}
+
+// unguardedIn is unguarded in the host namespace ns (a cluster member's,
+// another world's).
+func unguardedIn(t *testing.T, ns string) {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", model.Current.Network, "clsact").CombinedOutput()
+	require.NoError(t, err, "deleting the guard's qdisc in %s: %s", ns, out)
 }
 
 // restoreAfter converges the stack back when the test ends, whatever it
@@ -415,8 +423,7 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 	// it never routes to, and the prefix routed by the uplink is not the
 	// default route's gateway's): its qdisc deleted by hand first, so the
 	// probes show each nft layer's part.
-	out, err := exec.Command("ip", "netns", "exec", st.Names.HostNS, "tc", "qdisc", "del", "dev", model.Current.Network, "clsact").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	unguardedIn(t, st.Names.HostNS)
 	// L-ROUTE's drop for the prefix routed by the uplink taken out by
 	// hand (its out interface is an uplink, so nothing else of L-ROUTE
 	// stops it): C-LAN fails naming it, and only it.
@@ -429,7 +436,7 @@ func TestSystemHostModeRoutedWorld(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, handle, "L-ROUTE has a drop for %s:\n%s", world.RoutedUplinkLAN, listed)
-	out, err = exec.Command("ip", "netns", "exec", st.Names.HostNS, nftBin, "delete", "rule", "inet", "box_route", "forward", "handle", strings.TrimSpace(handle)).CombinedOutput()
+	out, err := exec.Command("ip", "netns", "exec", st.Names.HostNS, nftBin, "delete", "rule", "inet", "box_route", "forward", "handle", strings.TrimSpace(handle)).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	rep = hostRun("--no-setup")
 	assert.Equal(t, drill.Fail, claim(t, rep, "C-LAN").Verdict)

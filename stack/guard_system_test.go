@@ -64,9 +64,9 @@ func TestSystemGuardInTheWorld(t *testing.T) {
 	defer g.Close()
 	counted := func() map[string]uint64 {
 		t.Helper()
-		c, err := guard.HookCounters(g)
+		hooks, err := guard.Hooks(g)
 		require.NoError(t, err)
-		return c["boxnet ingress"]
+		return hooks["boxnet ingress"].Counters
 	}
 	before := counted()
 

@@ -239,14 +239,12 @@ func (host *Host) verifyGround(ctx context.Context, g *hostns.NS, d model.Desire
 	v.Findings = append(v.Findings, gf...)
 	if v.GuardAbsent = absent; absent != "" {
 		v.Notes = append(v.Notes, "WARNING: "+absent)
-	} else if v.GuardCounters, err = guard.HookCounters(g); err != nil {
+	} else if hooks, err := guard.Hooks(g); err != nil {
 		v.Notes = append(v.Notes, "the guard's counters were not read: "+err.Error())
-	} else if loaded, err := guard.HookLoadTimes(g); err != nil {
-		v.Notes = append(v.Notes, "the guard's load times were not read: "+err.Error())
 	} else {
-		v.GuardLoaded = map[string]int64{}
-		for hook, t := range loaded {
-			v.GuardLoaded[hook] = t.Nanoseconds()
+		v.GuardCounters, v.GuardLoaded = map[string]map[string]uint64{}, map[string]int64{}
+		for name, h := range hooks {
+			v.GuardCounters[name], v.GuardLoaded[name] = h.Counters, h.Loaded.Nanoseconds()
 		}
 	}
 	ef, notes, err := verifyEgress(ctx, host.Incus, g, f)

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/google/nftables"
-	"github.com/vishvananda/netlink"
 
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/guard"
@@ -337,23 +335,8 @@ func familyWord(f nftables.TableFamily) string {
 func (h *healer) gateway() (netip.Addr, bool, error) { return gatewayOf(h.g) }
 
 func gatewayOf(g *hostns.NS) (netip.Addr, bool, error) {
-	if _, err := g.Netlink.LinkByName(model.Current.Network); err != nil {
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
-			return netip.Addr{}, false, nil
-		}
-		return netip.Addr{}, false, fmt.Errorf("reading bridge %s: %w", model.Current.Network, err)
-	}
-	addrs, err := g.LinkAddrs(model.Current.Network, netlink.FAMILY_V4)
-	if err != nil {
-		return netip.Addr{}, false, err
-	}
-	for _, a := range addrs {
-		if p, ok := hostns.PrefixOf(a.IPNet); ok && p.Addr().Is4() {
-			return p.Addr(), true, nil
-		}
-	}
-	return netip.Addr{}, false, nil
+	p, ok, err := g.IPv4Prefix(model.Current.Network)
+	return p.Addr(), ok, err
 }
 
 // check looks at the kernel and puts box's tables back (the critical
@@ -432,17 +415,15 @@ func (h *healer) check(ctx context.Context) error {
 		// L-GUARD: in tc, which a flush leaves alone, but another tool may
 		// delete the qdisc, and the bridge may be new (at boot).
 		var guarded []model.Change
-		guarded, err = guard.Ensure(h.g)
+		var notes []string
+		guarded, notes, err = guard.EnsureNoted(h.g)
 		for _, c := range guarded {
 			applied = append(applied, c.Object+" "+c.Action+": "+c.Detail)
 		}
-		var unsupported *guard.UnsupportedError
-		if errors.As(err, &unsupported) {
-			if !h.guardUnsupported {
-				h.logf("heal: %v", err)
-			}
-			h.guardUnsupported, err = true, nil
+		if len(notes) > 0 && !h.guardUnsupported {
+			h.logf("heal: %s", strings.Join(notes, "; "))
 		}
+		h.guardUnsupported = len(notes) > 0
 	}
 	unlock()
 	if err != nil {

@@ -3,6 +3,7 @@ package guard
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -73,21 +74,6 @@ func buildGuard(p netip.Prefix) (guardBuild, error) {
 	return b, nil
 }
 
-// bridgePrefix is the bridge's own IPv4 address with its subnet's length,
-// as the kernel has it; false when there is no such bridge or address.
-func bridgePrefix(g *hostns.NS, bridge string) (netip.Prefix, bool, error) {
-	addrs, err := g.LinkAddrs(bridge, netlink.FAMILY_V4)
-	if err != nil {
-		return netip.Prefix{}, false, err
-	}
-	for _, a := range addrs {
-		if p, ok := hostns.PrefixOf(a.IPNet); ok && p.Addr().Is4() {
-			return p, true, nil
-		}
-	}
-	return netip.Prefix{}, false, nil
-}
-
 // guardPlace is one hook the guard belongs on.
 type guardPlace struct {
 	link, hook, name, tag string
@@ -135,7 +121,7 @@ func guardProblem(found []Attached, pl guardPlace) string {
 // not load the programs is a *UnsupportedError.
 func Ensure(g *hostns.NS) ([]model.Change, error) {
 	bridge := model.Current.Network
-	p, ok, err := bridgePrefix(g, bridge)
+	p, ok, err := g.IPv4Prefix(bridge)
 	if err != nil || !ok {
 		return nil, err
 	}
@@ -188,29 +174,44 @@ func EnsureNoted(g *hostns.NS) ([]model.Change, []string, error) {
 	return changes, nil, err
 }
 
-// staleUplinkGuards are the links besides the bridge and the uplinks
-// that carry a guard: links of their own (no master), where an uplink's
-// program is left from a default route that moved.
-func staleUplinkGuards(g *hostns.NS, bridge string, uplinks []string) ([]string, error) {
+// guardedLinks are the links of their own (no master: a box's port
+// never carries the guard) that carry a guard, with what is attached
+// there; a link gone since the list is left out.
+func guardedLinks(g *hostns.NS) (map[string][]Attached, error) {
 	links, err := g.Links()
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
 	}
-	var out []string
+	out := map[string][]Attached{}
 	for _, l := range links {
-		name := l.Attrs().Name
-		if l.Attrs().MasterIndex != 0 || name == bridge || slices.Contains(uplinks, name) {
+		if l.Attrs().MasterIndex != 0 {
 			continue
 		}
-		found, err := Find(g.Netlink, name)
-		if err != nil {
-			var nf netlink.LinkNotFoundError
-			if errors.As(err, &nf) {
-				continue // gone since the list
-			}
+		found, err := Find(g.Netlink, l.Attrs().Name)
+		var nf netlink.LinkNotFoundError
+		switch {
+		case errors.As(err, &nf):
+			continue
+		case err != nil:
 			return nil, err
+		case len(found) > 0:
+			out[l.Attrs().Name] = found
 		}
-		if len(found) > 0 {
+	}
+	return out, nil
+}
+
+// staleUplinkGuards are the links besides the bridge and the uplinks
+// that carry a guard: where an uplink's program is left from a default
+// route that moved.
+func staleUplinkGuards(g *hostns.NS, bridge string, uplinks []string) ([]string, error) {
+	guarded, err := guardedLinks(g)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(guarded)) {
+		if name != bridge && !slices.Contains(uplinks, name) {
 			out = append(out, name)
 		}
 	}
@@ -269,36 +270,34 @@ func attachedHooks(g *hostns.NS, fn func(hook string, a Attached) error) error {
 	return nil
 }
 
-// HookCounters are the guard's per-reason counts on each hook it is
-// attached to ("boxnet ingress" -> reason -> packets; reasons that counted
-// nothing left out), for doctor and the drill's report.
-func HookCounters(g *hostns.NS) (map[string]map[string]uint64, error) {
-	out := map[string]map[string]uint64{}
+// Hook is what the kernel has of the guard on one hook.
+type Hook struct {
+	// Counters are the per-reason counts (reason -> packets; reasons that
+	// counted nothing left out).
+	Counters map[string]uint64
+	// Loaded is when the kernel loaded the program, as time since the
+	// host's boot (the boot-time clock, which /proc/PID/stat's start times
+	// count in too): box attaches a program within milliseconds of loading
+	// it, so this says whether the guard was in place before a process (a
+	// box's first) began.
+	Loaded time.Duration
+}
+
+// Hooks reads the guard on each hook it is attached to ("boxnet ingress"
+// -> what the kernel has there), for doctor and the drill's report.
+func Hooks(g *hostns.NS) (map[string]Hook, error) {
+	out := map[string]Hook{}
 	err := attachedHooks(g, func(hook string, a Attached) error {
 		c, err := Counters(a.ID)
 		if err != nil {
 			return err
 		}
-		m := map[string]uint64{} // the reasons that counted something
+		h := Hook{Counters: map[string]uint64{}}
 		for r, n := range c {
 			if n > 0 {
-				m[r.String()] = n
+				h.Counters[r.String()] = n
 			}
 		}
-		out[hook] = m
-		return nil
-	})
-	return out, err
-}
-
-// HookLoadTimes are when the kernel loaded the program attached to each
-// hook, as time since the host's boot (the kernel's boot-time clock,
-// which /proc/PID/stat's start times count in too): box attaches a
-// program within milliseconds of loading it, so this says whether the
-// guard was in place before a process (a box's first) began.
-func HookLoadTimes(g *hostns.NS) (map[string]time.Duration, error) {
-	out := map[string]time.Duration{}
-	err := attachedHooks(g, func(hook string, a Attached) error {
 		prog, err := ebpf.NewProgramFromID(ebpf.ProgramID(a.ID))
 		if err != nil {
 			return fmt.Errorf("opening the guard program %d: %w", a.ID, err)
@@ -308,9 +307,8 @@ func HookLoadTimes(g *hostns.NS) (map[string]time.Duration, error) {
 		if err != nil {
 			return fmt.Errorf("reading the guard program %d: %w", a.ID, err)
 		}
-		if t, ok := info.LoadTime(); ok {
-			out[hook] = t
-		}
+		h.Loaded, _ = info.LoadTime()
+		out[hook] = h
 		return nil
 	})
 	return out, err
@@ -319,30 +317,18 @@ func HookLoadTimes(g *hostns.NS) (map[string]time.Duration, error) {
 // Remove takes the guard off the bridge and every link that carries
 // one (teardown; the drill's guard mutation).
 func Remove(g *hostns.NS) ([]model.Change, error) {
-	links, err := g.Links()
+	guarded, err := guardedLinks(g)
 	if err != nil {
-		return nil, fmt.Errorf("listing links: %w", err)
+		return nil, err
 	}
 	var changes []model.Change
 	var errs []error
-	for _, l := range links {
-		name := l.Attrs().Name
-		if l.Attrs().MasterIndex != 0 {
-			continue
-		}
-		found, err := Find(g.Netlink, name)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if len(found) == 0 {
-			continue
-		}
+	for _, name := range slices.Sorted(maps.Keys(guarded)) {
 		if err := Detach(g.Netlink, name); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		for _, a := range found {
+		for _, a := range guarded[name] {
 			changes = append(changes, model.Change{Object: "guard " + name + " " + a.Hook, Action: "removed"})
 		}
 	}

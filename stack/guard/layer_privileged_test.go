@@ -74,14 +74,14 @@ func TestPrivilegedGuardLayer(t *testing.T) {
 	ch, err = Ensure(g)
 	require.NoError(t, err)
 	assert.Empty(t, ch, "box's build in place: nothing to do")
-	loaded, err := HookLoadTimes(g)
+	hooks, err := Hooks(g)
 	require.NoError(t, err)
 	var bt unix.Timespec
 	require.NoError(t, unix.ClockGettime(unix.CLOCK_BOOTTIME, &bt))
 	for _, hook := range []string{"boxnet ingress", "up0 egress"} {
-		at, ok := loaded[hook]
-		assert.True(t, ok, "%s has a load time: %v", hook, loaded)
-		assert.InDelta(t, time.Duration(bt.Nano()).Seconds(), at.Seconds(), 10, "%s was loaded just now, on the boot-time clock", hook)
+		h, ok := hooks[hook]
+		assert.True(t, ok, "%s is read: %v", hook, hooks)
+		assert.InDelta(t, time.Duration(bt.Nano()).Seconds(), h.Loaded.Seconds(), 10, "%s was loaded just now, on the boot-time clock", hook)
 	}
 
 	// The default route moved away from old0, which kept its program.

@@ -36,7 +36,7 @@
 //
 // The layer (layer.go) is the programs put in place and verified in the
 // host's namespace: Ensure (setup-host, the boot unit, the healer),
-// Verify, Remove (teardown), HookCounters (doctor, the drill's report).
+// Verify, Remove (teardown), Hooks (doctor, the drill's report).
 package guard
 
 import (

@@ -152,6 +152,22 @@ func (g *NS) LinkAddrs(name string, family int) ([]netlink.Addr, error) {
 	return g.Netlink.AddrList(l, family)
 }
 
+// IPv4Prefix is a link's first IPv4 address with its prefix length (the
+// bridge's gateway and subnet); false when there is no such link or it
+// has no IPv4 address.
+func (g *NS) IPv4Prefix(name string) (netip.Prefix, bool, error) {
+	addrs, err := g.LinkAddrs(name, netlink.FAMILY_V4)
+	if err != nil {
+		return netip.Prefix{}, false, fmt.Errorf("reading %s's addresses: %w", name, err)
+	}
+	for _, a := range addrs {
+		if p, ok := PrefixOf(a.IPNet); ok && p.Addr().Is4() {
+			return p, true, nil
+		}
+	}
+	return netip.Prefix{}, false, nil
+}
+
 // GlobalV6 lists the IPv6 addresses on a link that are not link-local.
 func (g *NS) GlobalV6(name string) ([]netlink.Addr, error) {
 	addrs, err := g.LinkAddrs(name, netlink.FAMILY_V6)
