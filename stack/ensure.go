@@ -209,16 +209,18 @@ type FirewallResult struct {
 }
 
 // ApplyFirewall isolates every port of the bridge, whatever attached it,
-// and converges the two nft tables. It touches no Incus object, so it is
-// what runs at boot.
+// and converges box's nft tables, the route layer and the guard.
+//
+// It holds the port set's lock only while it lists the ports and writes
+// the set, and the pins' lock only while it plans and writes the pins
+// (Incus's answers included): the leak sweep asks Incus and may wait its
+// grace, and a port that joins meanwhile must not wait behind it for the
+// port watcher to take it in (measured at a machine's boot under load: a
+// new box's port 1.06 s outside the bridge drop's set while a sweep held
+// the lock).
 func (host *Host) ApplyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr) (FirewallResult, error) {
 	var res FirewallResult
 	bridge := model.Current.Network
-	unlock, err := hostns.LockPorts(ctx)
-	if err != nil {
-		return res, err
-	}
-	defer unlock()
 	leaked, err := sweepLeaks(ctx, host.Incus, g)
 	for _, name := range leaked {
 		res.Changes = append(res.Changes, model.Change{Object: "bridge port " + name, Action: "removed", Detail: "a veth pair an instance's NIC left behind (both ends in the host's namespace, claimed by no instance)"})
@@ -226,47 +228,17 @@ func (host *Host) ApplyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 	if err != nil {
 		return res, err
 	}
-	ports, isolated, err := g.IsolatePorts(bridge)
-	if err != nil {
-		return res, err
-	}
-	for _, name := range isolated {
-		res.Changes = append(res.Changes, model.Change{Object: "bridge port " + name, Action: "updated", Detail: "isolated on"})
-	}
 	ncfg := g.NFTConfig(model.Current)
 	ncfg.Gateway = gw
 	caps, err := nft.Probe(ncfg)
 	if err != nil {
 		return res, fmt.Errorf("probing nftables: %w", err)
 	}
-	inetBefore, bridgeBefore, err := nft.Present(ncfg)
-	if err != nil {
-		return res, fmt.Errorf("reading nft tables: %w", err)
-	}
-	applied, err := nft.Apply(ncfg, caps, hostns.PortNames(ports))
-	if err != nil {
-		return res, fmt.Errorf("applying nft tables: %w", err)
-	}
-	for _, a := range applied {
-		res.Changes = append(res.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
-	}
-	res.createdTables = len(applied) > 0 && !inetBefore && !bridgeBefore
-	unlockPins, err := hostns.LockFile(ctx, hostns.PinsLock, "the pins")
-	if err != nil {
+	if err := applyPortSet(ctx, g, ncfg, caps, &res); err != nil {
 		return res, err
 	}
-	defer unlockPins()
-	f, err := host.ReadFleet(ctx)
-	if err != nil {
-		return res, fmt.Errorf("reading what to pin: %w", err)
-	}
-	plan := f.PlanPins(hostns.PortNames(ports))
-	pinned, err := nft.ApplyPins(ncfg, caps, plan.Scope, plan.Pins)
-	if err != nil {
-		return res, fmt.Errorf("applying the pin table: %w", err)
-	}
-	for _, a := range pinned {
-		res.Changes = append(res.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
+	if err := host.applyPinsAndEgress(ctx, g, ncfg, caps, &res); err != nil {
+		return res, err
 	}
 	routed, err := EnsureRoute(g)
 	if err != nil {
@@ -279,18 +251,76 @@ func (host *Host) ApplyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 	if err != nil {
 		return res, err
 	}
-	egress, err := applyEgress(ctx, host.Incus, g, f, host.BootFiles())
-	if err != nil {
-		return res, err
-	}
-	for _, a := range egress {
-		res.Changes = append(res.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
-	}
 	res.mode = nft.Desired(ncfg, caps).Mode
 	if res.mode != nft.ModeBridgeMeta {
 		res.notes = append(res.notes, fmt.Sprintf("this kernel has no nft bridge meta (%s): the bridge drop matches a set of %s's ports, refreshed whenever box starts a box and, while `box guard-and-serve` runs, whenever a port comes or goes; `box doctor` reports a stale set", caps.Detail, bridge))
 	}
 	return res, nil
+}
+
+// applyPortSet isolates the bridge's ports and converges box's tables
+// with the set of the ports there now, under the port set's lock (the
+// kernel's only: no Incus call while it is held).
+func applyPortSet(ctx context.Context, g *hostns.NS, ncfg nft.Config, caps nft.Capabilities, res *FirewallResult) error {
+	unlock, err := hostns.LockPorts(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	ports, isolated, err := g.IsolatePorts(model.Current.Network)
+	if err != nil {
+		return err
+	}
+	for _, name := range isolated {
+		res.Changes = append(res.Changes, model.Change{Object: "bridge port " + name, Action: "updated", Detail: "isolated on"})
+	}
+	inetBefore, bridgeBefore, err := nft.Present(ncfg)
+	if err != nil {
+		return fmt.Errorf("reading nft tables: %w", err)
+	}
+	applied, err := nft.Apply(ncfg, caps, hostns.PortNames(ports))
+	if err != nil {
+		return fmt.Errorf("applying nft tables: %w", err)
+	}
+	res.noteApplied(applied)
+	res.createdTables = len(applied) > 0 && !inetBefore && !bridgeBefore
+	return nil
+}
+
+// applyPinsAndEgress converges the pin table and the egress table with
+// what Incus says of the fleet, under the pins' lock, as RefreshPins does:
+// the ports are listed after Incus answered, so a port that came or went
+// while it was asked is pinned (or let go) by the port watcher's refresh,
+// which waits for this one.
+func (host *Host) applyPinsAndEgress(ctx context.Context, g *hostns.NS, ncfg nft.Config, caps nft.Capabilities, res *FirewallResult) error {
+	unlock, err := hostns.LockFile(ctx, hostns.PinsLock, "the pins")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	f, err := host.ReadFleet(ctx)
+	if err != nil {
+		return fmt.Errorf("reading what to pin: %w", err)
+	}
+	ports, err := g.BridgePorts(model.Current.Network)
+	if err != nil {
+		return err
+	}
+	plan := f.PlanPins(hostns.PortNames(ports))
+	pinned, err := nft.ApplyPins(ncfg, caps, plan.Scope, plan.Pins)
+	if err != nil {
+		return fmt.Errorf("applying the pin table: %w", err)
+	}
+	res.noteApplied(pinned)
+	egress, err := applyEgress(ctx, host.Incus, g, f, host.BootFiles())
+	res.noteApplied(egress)
+	return err
+}
+
+func (res *FirewallResult) noteApplied(applied []string) {
+	for _, a := range applied {
+		res.Changes = append(res.Changes, model.Change{Object: "nft", Action: "updated", Detail: a})
+	}
 }
 
 // EnsureFirewall converges only the firewall part of the stack (the bridge

@@ -380,15 +380,19 @@ func (h *healer) check(ctx context.Context) error {
 	f := h.fleet
 	h.mu.Unlock()
 
-	ports, err := h.g.BridgePorts(model.Current.Network)
-	if err != nil {
-		return err
-	}
-	names := hostns.PortNames(ports)
+	// The ports are listed under the lock: a list read before waiting for
+	// it (behind a box command's refresh) would put a port that left since
+	// back in the set, or drop one that joined.
 	unlock, err := hostns.LockPorts(ctx)
 	if err != nil {
 		return err
 	}
+	ports, err := h.g.BridgePorts(model.Current.Network)
+	if err != nil {
+		unlock()
+		return err
+	}
+	names := hostns.PortNames(ports)
 	applied, err := nft.Apply(cfg, h.caps, names)
 	// The pins' contents are the port watcher's to keep (the remembered
 	// fleet may be a box behind): put back only a pin table that is gone.
