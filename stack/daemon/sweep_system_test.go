@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/internal/syncbuf"
+	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack/daemon"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
@@ -32,7 +33,7 @@ func TestSystemNewPortNotBehindLeakSweep(t *testing.T) {
 	require.NoError(t, err)
 	_, cfg := worldtest.NFT(t, st)
 	if _, ok, err := nft.PortSetMembers(cfg); err != nil || !ok {
-		t.Skipf("needs the bridge drop's port set (this kernel's bridge drop has none: %v)", err)
+		testenv.Unavailable(t, fmt.Sprintf("the bridge drop's port set (this kernel's bridge drop has none: %v)", err))
 	}
 	g, err := hostns.Open(st.Names.HostNS)
 	require.NoError(t, err)
