@@ -18,9 +18,11 @@ import (
 
 // egressPlanOf puts each box under a policy into that policy's boxes set,
 // by its NIC's stored address and the addresses leased to its MAC on the
-// bridge. Every stored
-// policy is in the plan, with or without boxes; a box naming a policy the
-// bridge does not store is a finding (its traffic is not allowlisted).
+// bridge. Every stored policy is in the plan, with or without boxes. A box
+// naming a policy the bridge does not store (a snapshot's, restored by
+// hand; an import's) is held closed, never open: the policy is added to
+// policies with no names (its resolver answers nothing, its set allows
+// nothing), and it is a finding.
 func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Instance, leases []incus.NetworkLease) ([]nft.EgressPolicy, map[netip.Addr]egress.Box, []model.Finding) {
 	byMAC := map[string][]netip.Addr{}
 	for _, l := range leases {
@@ -41,9 +43,12 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 		}
 		if _, ok := policies[id]; !ok {
 			findings = append(findings, model.Finding{Layer: model.LayerEgress, Object: "box " + insts[i].Name,
-				Problem: fmt.Sprintf("its egress policy %s is not on %s: it is not allowlisted", id, bridge),
+				Problem: fmt.Sprintf("its egress policy %q is not on %s: it is held closed (no name resolves, nothing leaves) until it has one", id, bridge),
 				Fix:     fmt.Sprintf("box egress %s allow NAME... (or open)", insts[i].Name)})
-			continue
+			if !nft.ValidPolicyID(id) {
+				id = model.PolicyHeld
+			}
+			policies[id] = []string{}
 		}
 		for _, n := range model.BridgeNICs(bridge, &insts[i]) {
 			var addrs []netip.Addr
@@ -213,9 +218,10 @@ func verifyEgressLayer(ctx context.Context, c *incus.Client, g *hostns.NS, f Fle
 	return out, nil
 }
 
-// EnsurePolicy stores a policy on the bridge, after its sets and rule are
-// in the egress table.
-func (host *Host) EnsurePolicy(ctx context.Context, id string, names []string) (bool, error) {
+// EnsureAllowlist stores an egress allowlist (policy id, of names) on the
+// bridge, after its sets and rule are in the egress table.
+func (ps *Policies) EnsureAllowlist(ctx context.Context, id string, names []string) (bool, error) {
+	host := ps.host
 	n, etag, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return false, err
@@ -237,14 +243,14 @@ func (host *Host) EnsurePolicy(ctx context.Context, id string, names []string) (
 		return false, err
 	}
 	defer g.Close()
-	ps, _, _ := egressPlanOf(model.Current.Network, policies, f.insts, f.leases)
+	plan, _, _ := egressPlanOf(model.Current.Network, policies, f.insts, f.leases)
 	ncfg := g.NFTConfig(model.Current)
 	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
 	if err != nil {
 		return false, fmt.Errorf("%s has ipv4.address=%q: run box doctor", model.Current.Network, n.Config["ipv4.address"])
 	}
 	ncfg.Gateway = p.Addr()
-	if _, err := (nft.Egress{Policies: ps, Resolvers: egress.Resolvers(dnsmasqServers(n.Config["raw.dnsmasq"]))}).Apply(ncfg); err != nil {
+	if _, err := (nft.Egress{Policies: plan, Resolvers: egress.Resolvers(dnsmasqServers(n.Config["raw.dnsmasq"]))}).Apply(ncfg); err != nil {
 		return false, fmt.Errorf("adding the policy's sets: %w", err)
 	}
 	cfg := maps.Clone(n.Config)

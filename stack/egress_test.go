@@ -113,6 +113,7 @@ func TestEgressPlan(t *testing.T) {
 		withPolicy("b", "10:66:6a:00:00:0b", ""),
 		withPolicy("c", "10:66:6a:00:00:0c", "pa"),
 		withPolicy("lost", "10:66:6a:00:00:0d", "pgone"),
+		withPolicy("odd", "10:66:6a:00:00:0f", "no such; id"),
 		// Its stored address, and no lease (yet): under its policy all the
 		// same, or its first packets would go out open.
 		stacktest.FleetInst("d", func(i *incus.Instance) {
@@ -127,18 +128,27 @@ func TestEgressPlan(t *testing.T) {
 		{Address: "10.88.0.11", Hwaddr: "10:66:6a:00:00:0b", Type: "dynamic"},
 		{Address: "10.88.0.12", Hwaddr: "10:66:6a:00:00:0c", Type: "dynamic"},
 		{Address: "10.88.0.13", Hwaddr: "10:66:6a:00:00:0d", Type: "dynamic"},
+		{Address: "10.88.0.14", Hwaddr: "10:66:6a:00:00:0f", Type: "dynamic"},
 	}
-	ps, who, fs := egressPlanOf("boxnet", map[string][]string{"pa": {"x.example"}, "pb": {"y.example"}}, insts, leases)
+	policies := map[string][]string{"pa": {"x.example"}, "pb": {"y.example"}}
+	ps, who, fs := egressPlanOf("boxnet", policies, insts, leases)
 	assert.Equal(t, []nft.EgressPolicy{
 		{ID: "pa", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.10"), netip.MustParseAddr("10.88.0.12")}},
 		{ID: "pb", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.20")}},
-	}, ps, "each box under its policy by its lease or its stored address; an open box in none")
+		{ID: "pgone", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.13")}},
+		{ID: model.PolicyHeld, Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.14")}},
+	}, ps, "each box under its policy by its lease or its stored address; an open box in none; a box naming a policy the bridge lacks held closed")
 	assert.Equal(t, map[netip.Addr]egress.Box{
 		netip.MustParseAddr("10.88.0.10"): {Name: "a", Project: "default", Policy: "pa"},
 		netip.MustParseAddr("10.88.0.12"): {Name: "c", Project: "default", Policy: "pa"},
+		netip.MustParseAddr("10.88.0.13"): {Name: "lost", Project: "default", Policy: "pgone"},
+		netip.MustParseAddr("10.88.0.14"): {Name: "odd", Project: "default", Policy: model.PolicyHeld},
 		netip.MustParseAddr("10.88.0.20"): {Name: "d", Project: "default", Policy: "pb"},
 	}, who, "the service knows each allowlisted box by its address")
-	require.Len(t, fs, 1)
+	assert.Equal(t, []string{}, policies["pgone"], "a policy the bridge lacks allows nothing")
+	assert.Equal(t, []string{}, policies[model.PolicyHeld], "an id that names no policy allows nothing")
+	require.Len(t, fs, 2)
 	assert.Equal(t, model.LayerEgress, fs[0].Layer)
 	assert.Contains(t, fs[0].Problem, "pgone", "a box naming a policy the bridge lacks is named, not silently open")
+	assert.Contains(t, fs[0].Problem, "held closed")
 }

@@ -42,6 +42,10 @@ const (
 	KeyEgressPolicy = "user.box.egress."
 	// EgressOpen is how an open box's policy is shown.
 	EgressOpen = "open"
+	// PolicyHeld is the policy a box is held closed under when the id it
+	// names could name no policy (set by hand): it allows nothing.
+	// PolicyID's ids are longer, so none is ever this one.
+	PolicyHeld = "pheld"
 )
 
 // PolicyID names the policy of a normalised allowlist: the same names are

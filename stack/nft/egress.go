@@ -101,6 +101,9 @@ const EgressTimeout = time.Hour
 
 var policyIDRE = regexp.MustCompile(`^[a-z0-9]{1,16}$`)
 
+// ValidPolicyID says whether id can name a policy's sets.
+func ValidPolicyID(id string) bool { return policyIDRE.MatchString(id) }
+
 // Set ids in one batch: the table's own sets, then two a policy.
 const (
 	allowlistedSetID = 10
@@ -133,7 +136,7 @@ func (e Egress) table(cfg Config) (Table, error) {
 	}
 	var fwd []Rule
 	for i, p := range ps {
-		if !policyIDRE.MatchString(p.ID) {
+		if !ValidPolicyID(p.ID) {
 			return Table{}, fmt.Errorf("egress policy id %q: want 1 to 16 lower-case letters and digits", p.ID)
 		}
 		if i > 0 && ps[i-1].ID == p.ID {
