@@ -149,7 +149,8 @@ func TestSystemDHCPFixedAddresses(t *testing.T) {
 	// The clone's copy of s1 holds a's address: restored, the clone gets
 	// its own again.
 	require.NoError(t, boxes.NewManager(h).Stop(ctx, clone, false))
-	require.NoError(t, boxes.NewManager(h).Restore(ctx, clone, "s1"))
+	_, err = boxes.NewManager(h).Restore(ctx, clone, "s1", false)
+	require.NoError(t, err)
 	require.NoError(t, boxes.NewManager(h).Start(ctx, clone))
 	c = openDHCPBox(t, ctx, h, clone)
 	assert.NotEqual(t, a.ip, fixed(clone), "not its source's")

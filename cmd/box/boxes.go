@@ -77,6 +77,8 @@ type cloneInfo struct {
 	// source's user and checks, nothing installed again), "again" (user-
 	// data box did not render, run again as it is), or "" (none).
 	Provisioning string `json:"provisioning,omitempty"`
+	// Policy is the clone's: its source's current one (but its doors).
+	Policy boxes.PolicyNote `json:"policy"`
 }
 
 func setupNew(fs *flag.FlagSet) action {
@@ -281,7 +283,10 @@ func (c *call) cloneBox(o *newOpts) error {
 			inherited[strings.TrimPrefix(k, model.StampPrefix)] = v
 		}
 	}
-	r := &newResult{Box: cr.Box, Clone: &cloneInfo{Source: o.from, Inherited: inherited, SourceStopped: cr.SourceStopped, Provisioning: cr.Provisioning}}
+	if l := cr.Policy.Line(o.name); l != "" {
+		fmt.Fprintf(c.err, "box: %s\n", l)
+	}
+	r := &newResult{Box: cr.Box, Clone: &cloneInfo{Source: o.from, Inherited: inherited, SourceStopped: cr.SourceStopped, Provisioning: cr.Provisioning, Policy: cr.Policy}}
 	if inst, _, err := h.Incus.Instances().Get(c.ctx, o.name); err == nil {
 		r.Nesting = model.Nesting(inst.ExpandedConfig)
 	}
@@ -580,6 +585,13 @@ type infoResult struct {
 	Snapshots []incus.Snapshot `json:"snapshots"`
 	// Doors are its doors (box expose), and devices that look like one.
 	Doors []model.Door `json:"doors"`
+	// Policy is its policy (docs/design.md, "A box's policy is the
+	// operator's"); Recorded is box's copy on the bridge, when it has one,
+	// and RecordDiffers how the box's own differs from it (recorded ->
+	// the box's): set through Incus alone, or an Incus restore.
+	Policy        model.Policy  `json:"policy"`
+	Recorded      *model.Policy `json:"policy_recorded,omitempty"`
+	RecordDiffers []string      `json:"policy_record_differs,omitempty"`
 }
 
 func setupInfo(fs *flag.FlagSet) action {
@@ -598,6 +610,12 @@ func setupInfo(fs *flag.FlagSet) action {
 		}
 		if r.Doors, err = boxes.NewDoors(h).ListDoors(c.ctx, c.name()); err != nil {
 			return err
+		}
+		if inst, _, err := h.Incus.Instances().Get(c.ctx, c.name()); err == nil {
+			r.Policy = model.PolicyOf(inst.Config, inst.Devices)
+			if rec, ok, err := h.Policies().Recorded(c.ctx, inst.Project, c.name()); err == nil && ok {
+				r.Recorded, r.RecordDiffers = &rec, rec.Diff(r.Policy)
+			}
 		}
 		if st, err := h.Incus.Instances().State(c.ctx, c.name()); err == nil {
 			for nic, n := range st.Network {
@@ -652,6 +670,11 @@ func printInfo(w io.Writer, r infoResult) {
 			}
 			fmt.Fprintf(w, "  %d -> %s	%s (%s)\n", d.Port, d.Host, d.Device, what)
 		}
+	}
+	fmt.Fprintf(w, "policy: %s\n", boxes.Summary(r.Policy))
+	if len(r.RecordDiffers) > 0 {
+		fmt.Fprintf(w, "policy recorded by box: %s (recorded -> the box's: %s; changed through Incus alone, or restored by it: box egress, expose or restore record the box's own again)\n",
+			boxes.Summary(*r.Recorded), strings.Join(r.RecordDiffers, "; "))
 	}
 	if len(r.Snapshots) == 0 {
 		fmt.Fprintln(w, "snapshots: none")
@@ -765,23 +788,25 @@ func setupSnapshot(fs *flag.FlagSet) action {
 }
 
 func setupRestore(fs *flag.FlagSet) action {
+	withPolicy := fs.Bool("with-policy", false, "take the snapshot's policy (allowlist, limits, nesting, doors) instead of keeping the box's current one")
+	asJSON := fs.Bool("json", false, "print the result as JSON")
 	return func(c *call) error {
 		h, err := c.host()
 		if err != nil {
 			return err
 		}
 		snap := c.args[1]
-		snaps, err := boxes.NewManager(h).Snapshots(c.ctx, c.name())
+		res, err := boxes.NewManager(h).Restore(c.ctx, c.name(), snap, *withPolicy)
 		if err != nil {
 			return err
 		}
-		if !slices.ContainsFunc(snaps, func(s incus.Snapshot) bool { return s.Name == snap }) {
-			return fmt.Errorf("%s has no snapshot %s (box info %s lists them)", c.name(), snap, c.name())
-		}
-		if err := boxes.NewManager(h).Restore(c.ctx, c.name(), snap); err != nil {
-			return err
+		if *asJSON {
+			return c.printJSON(res)
 		}
 		fmt.Fprintf(c.out, "%s restored to %s\n", c.name(), snap)
+		if l := res.Policy.Line(c.name()); l != "" {
+			fmt.Fprintln(c.out, l)
+		}
 		return nil
 	}
 }

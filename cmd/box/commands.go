@@ -77,7 +77,7 @@ func commands() []command {
 			box: anyBox, minArgs: 1, maxArgs: 2, setup: setupTmux},
 		{name: "snapshot", synopsis: "snapshot N [LABEL]", help: "take a snapshot of a box (stop it first where the host cannot freeze a running box)",
 			box: anyBox, minArgs: 1, maxArgs: 2, setup: setupSnapshot},
-		{name: "restore", synopsis: "restore N SNAP [--force]", help: "roll a box back to a snapshot, losing what changed since",
+		{name: "restore", synopsis: "restore N SNAP [--with-policy] [--force] [--json]", help: "roll a box back to a snapshot, losing what changed since on its disk; it keeps its current policy (allowlist, limits, nesting, doors) unless --with-policy",
 			box: anyBox, confirm: "restore %s to a snapshot, losing every change since?", minArgs: 2, maxArgs: 2, setup: setupRestore},
 		{name: "rename", synopsis: "rename N NEW", help: "rename a stopped box (its snapshots follow)",
 			box: stoppedBox, minArgs: 2, maxArgs: 2, setup: setupRename},

@@ -26,6 +26,9 @@ type CloneResult struct {
 	// Provisioning is what the clone's cloud-init does at its first boot:
 	// ProvisionChecks, ProvisionAgain, or "" (no user-data).
 	Provisioning string `json:"provisioning,omitempty"`
+	// Policy is the clone's: its source's current one (but its doors),
+	// whatever the snapshot it was copied from held.
+	Policy PolicyNote `json:"policy"`
 }
 
 // MachineIDTemplate is the instance template (in the instance's image
@@ -82,11 +85,16 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 
 	// A fresh identity before the first boot: no inherited MAC, a new
 	// machine-id (a shared one means one DHCP lease for two boxes).
-	clone, err := restampClone(ctx, host.Incus, name, source, res)
+	// Its source's current policy, whatever the copy held (a snapshot's).
+	want := model.PolicyOf(inst.Config, inst.Devices).WithoutDoors()
+	clone, err := restampClone(ctx, host.Incus, name, source, want, res)
 	if err != nil {
 		return nil, err
 	}
 	if err := restartSource(); err != nil {
+		return nil, err
+	}
+	if err := host.Policies().Record(ctx, clone.Project, name, want); err != nil {
 		return nil, err
 	}
 	if err := mgr.startClone(ctx, clone, source, res.Provisioning != ""); err != nil {
@@ -166,10 +174,11 @@ func copyBox(ctx context.Context, c, cl *incus.Client, req incus.InstancesPost, 
 
 // restampClone makes the copy name of source a box of its own: no
 // inherited MAC, stamped with its own coming into being and its lineage,
-// and none of the source's doors, fixed address or provisioning (res says
-// what it dropped). It returns the copy as read before the re-stamp, for
-// its member and type.
-func restampClone(ctx context.Context, c *incus.Client, name, source string, res *CloneResult) (*incus.Instance, error) {
+// under the policy want, and none of the source's doors, fixed address or
+// provisioning (res says what it dropped, and how the copy's policy
+// differed). It returns the copy as read before the re-stamp, for its
+// member and type.
+func restampClone(ctx context.Context, c *incus.Client, name, source string, want model.Policy, res *CloneResult) (*incus.Instance, error) {
 	clone, etag, err := c.Instances().Get(ctx, name)
 	if err != nil {
 		return nil, err
@@ -182,6 +191,12 @@ func restampClone(ctx context.Context, c *incus.Client, name, source string, res
 	// The source's doors stay the source's: the clone would take their
 	// host port (and fail to start) or their socket.
 	res.DoorsDropped = withoutDoors(put.Devices)
+	other := "the source"
+	if strings.Contains(source, "/") {
+		other = "the snapshot"
+	}
+	res.Policy = PolicyNote{Policy: want, Source: "source", Other: other, Differs: model.PolicyOf(put.Config, put.Devices).Diff(want)}
+	want.ApplyTo(put.Config, put.Devices)
 	// So does its fixed address: the clone gets its own (startClone).
 	stack.WithoutFixedAddress(put.Devices)
 	// Not provisioned again (cloneprov.go).
@@ -262,27 +277,36 @@ func clusterCopy(ctx context.Context, c *incus.Client, inst *incus.Instance, sna
 	return req, nil
 }
 
-// keepMACs puts back the MACs a stopped instance had (as was, before a
-// restore changed them).
-func (mgr *Manager) keepMACs(ctx context.Context, was *incus.Instance) error {
+// putBack gives a stopped box, just restored, its own MACs back (was is
+// the box before the restore) and the policy want.
+func (mgr *Manager) putBack(ctx context.Context, was *incus.Instance, want model.Policy) error {
 	host := mgr.host
 	cur, etag, err := host.Incus.Instances().Get(ctx, was.Name)
-	if err != nil || cur.Status != "Stopped" {
+	if err != nil {
 		return err
 	}
 	put := cur.Writable()
 	changed := false
-	for k, v := range was.Config {
-		if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".hwaddr") && put.Config[k] != v {
-			put.Config[k] = v
-			changed = true
+	if cur.Status == "Stopped" && !host.Tier.Granted {
+		for k, v := range was.Config {
+			if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".hwaddr") && put.Config[k] != v {
+				put.Config[k] = v
+				changed = true
+			}
 		}
+	}
+	if !model.PolicyOf(put.Config, put.Devices).Equal(want) {
+		if put.Devices == nil {
+			put.Devices = map[string]map[string]string{}
+		}
+		want.ApplyTo(put.Config, put.Devices)
+		changed = true
 	}
 	if !changed {
 		return nil
 	}
 	if err := host.Incus.Instances().Update(ctx, was.Name, put, etag); err != nil {
-		return fmt.Errorf("keeping its own MAC: %w", err)
+		return fmt.Errorf("putting its own MAC and its policy back: %w", err)
 	}
 	return nil
 }

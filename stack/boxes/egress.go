@@ -50,7 +50,7 @@ func (mgr *Manager) SetEgress(ctx context.Context, box string, names []string) (
 		}
 		id = model.PolicyID(names)
 		ch.Policy, ch.Names = id, names
-		if ch.NewPolicy, err = host.EnsurePolicy(ctx, id, names); err != nil {
+		if ch.NewPolicy, err = host.Policies().EnsureAllowlist(ctx, id, names); err != nil {
 			return nil, fmt.Errorf("egress of %s: %w", box, err)
 		}
 	}
@@ -67,6 +67,9 @@ func (mgr *Manager) SetEgress(ctx context.Context, box string, names []string) (
 		if err := host.Incus.Instances().Update(ctx, box, put, etag); err != nil {
 			return nil, fmt.Errorf("egress of %s: %w", box, err)
 		}
+	}
+	if err := recordPolicy(ctx, host, box); err != nil {
+		return nil, fmt.Errorf("egress of %s set, but: %w (run the command again)", box, err)
 	}
 	if _, err := host.RefreshPorts(ctx); err != nil {
 		return nil, fmt.Errorf("egress of %s: %w", box, err)

@@ -13,6 +13,7 @@ package boxes
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -48,27 +49,82 @@ func (mgr *Manager) Snapshots(ctx context.Context, name string) ([]incus.Snapsho
 	return host.Incus.Instances().Snapshots(ctx, name)
 }
 
-// Restore rolls a box back to a snapshot. A stopped box keeps its own
-// MAC: Incus restores the snapshot's volatile keys, and a snapshot a clone
-// carried holds its source's (two boxes with one MAC), while the box's
-// lease is its own MAC's.
-func (mgr *Manager) Restore(ctx context.Context, name, snap string) error {
+// RestoreResult is what Restore did.
+type RestoreResult struct {
+	Box      string `json:"box"`
+	Snapshot string `json:"snapshot"`
+	// Policy is the box's policy now; Source says whose it is: "current"
+	// (the box's, kept) or "snapshot" (--with-policy).
+	Policy PolicyNote `json:"policy"`
+	// Restarted: the box ran before, and was stopped for the restore and
+	// started again after its policy was put back.
+	Restarted bool `json:"restarted"`
+}
+
+// Restore rolls a box back to a snapshot and keeps its current policy
+// (docs/design.md, "A box's policy is the operator's"): a running box is
+// stopped first, restored, given its current policy back and started
+// again, so it never runs with the snapshot's. withPolicy takes the
+// snapshot's policy instead (its allowlist stored again on the bridge if
+// a converge dropped it). The box keeps its own MAC: Incus restores the
+// snapshot's volatile keys, and a snapshot a clone carried holds its
+// source's (two boxes with one MAC), while the box's lease is its own
+// MAC's.
+func (mgr *Manager) Restore(ctx context.Context, name, snap string, withPolicy bool) (*RestoreResult, error) {
 	host := mgr.host
 	inst, _, err := stack.Resolve(ctx, host.Incus, name)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	defs, err := host.Incus.Instances().SnapshotDefinitions(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	i := slices.IndexFunc(defs, func(d incus.Instance) bool { return d.Name == snap })
+	if i < 0 {
+		return nil, fmt.Errorf("%s has no snapshot %s (box info %s lists them)", name, snap, name)
+	}
+	cur := model.PolicyOf(inst.Config, inst.Devices)
+	held := model.PolicyOf(defs[i].Config, defs[i].Devices)
+	res := &RestoreResult{Box: name, Snapshot: snap, Policy: PolicyNote{Policy: cur, Source: "current", Other: "the snapshot", Differs: held.Diff(cur)}}
+	want := cur
+	if withPolicy {
+		want = held
+		res.Policy = PolicyNote{Policy: held, Source: "snapshot", Other: "the box", Differs: cur.Diff(held)}
+		if len(held.Egress) > 0 {
+			if _, err := host.Policies().EnsureAllowlist(ctx, model.PolicyID(held.Egress), held.Egress); err != nil {
+				return nil, fmt.Errorf("restoring %s to %s with its policy: %w", name, snap, err)
+			}
+		}
+	}
+	// The current policy is recorded before anything changes: a restore
+	// cut short leaves box's copy of it (box doctor compares).
+	if err := host.Policies().Record(ctx, inst.Project, name, cur); err != nil {
+		return nil, err
+	}
+	if inst.Status != "Stopped" {
+		if err := host.Incus.Instances().SetState(ctx, name, "stop", time.Minute, false); err != nil {
+			return nil, fmt.Errorf("stopping %s for its restore (box down %s --force, then restore again): %w", name, name, err)
+		}
+		res.Restarted = true
 	}
 	if err := host.Incus.Instances().RestoreSnapshot(ctx, name, snap); err != nil {
-		return fmt.Errorf("restoring %s to %s: %w", name, snap, err)
+		return nil, fmt.Errorf("restoring %s to %s: %w", name, snap, err)
 	}
-	if err := mgr.keepMACs(ctx, inst); err != nil && !host.Tier.Granted {
-		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
+	if err := mgr.putBack(ctx, inst, want); err != nil {
+		return nil, fmt.Errorf("restored %s to %s, but: %w (box restore %s %s again puts it back)", name, snap, err, name, snap)
+	}
+	if err := host.Policies().Record(ctx, inst.Project, name, want); err != nil {
+		return nil, err
 	}
 	if err := host.Addresses().ReaddressIfTaken(ctx, name); err != nil && !host.Tier.Granted {
-		return fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
+		return nil, fmt.Errorf("restored %s to %s, but: %w", name, snap, err)
+	}
+	if res.Restarted {
+		return res, mgr.Start(ctx, name)
 	}
 	_, err = host.RefreshPorts(ctx)
-	return err
+	return res, err
 }
 
 // Start starts a box. A box without a fixed address gets one first
@@ -144,6 +200,9 @@ func (mgr *Manager) Remove(ctx context.Context, name string) error {
 			removeDoorSocket(d)
 		}
 	}
+	if err := host.Policies().Forget(ctx, inst.Project, name); err != nil {
+		return fmt.Errorf("removed %s, but: %w", name, err)
+	}
 	_, err = host.RefreshPorts(ctx)
 	return err
 }
@@ -162,6 +221,9 @@ func (mgr *Manager) Rename(ctx context.Context, name, newName string) error {
 		return fmt.Errorf("renaming %s: %w", name, err)
 	}
 	if err := (&Doors{host: host}).renameDoors(ctx, newName); err != nil {
+		return fmt.Errorf("renamed %s to %s, but: %w", name, newName, err)
+	}
+	if err := host.Policies().Rename(ctx, inst.Project, name, newName); err != nil {
 		return fmt.Errorf("renamed %s to %s, but: %w", name, newName, err)
 	}
 	return nil

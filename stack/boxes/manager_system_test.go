@@ -42,7 +42,7 @@ func TestSystemBoundary(t *testing.T) {
 		{"start", func() error { return boxes.NewManager(h).Start(ctx, name) }},
 		{"rename", func() error { return boxes.NewManager(h).Rename(ctx, name, name+"-x") }},
 		{"snapshot", func() error { _, err := boxes.NewManager(h).Snapshot(ctx, name, "s"); return err }},
-		{"restore", func() error { return boxes.NewManager(h).Restore(ctx, name, "s") }},
+		{"restore", func() error { _, err := boxes.NewManager(h).Restore(ctx, name, "s", false); return err }},
 		{"remove", func() error { return boxes.NewManager(h).Remove(ctx, name) }},
 		{"clone", func() error { _, err := boxes.NewManager(h).Clone(ctx, name, "", name+"-c"); return err }},
 		{"migrate", func() error { _, err := h.Migrate(ctx, stack.MigrateRequest{Box: name}); return err }},

@@ -43,7 +43,8 @@ var boundaryOps = []struct {
 		return err
 	}},
 	{"restore", func(ctx context.Context, h *stack.Host, b string) error {
-		return (&Manager{host: h}).Restore(ctx, b, "s")
+		_, err := (&Manager{host: h}).Restore(ctx, b, "s", false)
+		return err
 	}},
 	{"remove", func(ctx context.Context, h *stack.Host, b string) error { return (&Manager{host: h}).Remove(ctx, b) }},
 	{"clone", func(ctx context.Context, h *stack.Host, b string) error {
@@ -129,14 +130,16 @@ func TestRestoreOnAClusterReaddressesATakenAddress(t *testing.T) {
 		return []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{"eth0": model.FixedNIC(netip.MustParseAddr(addr))}}}
 	}
 	f.Snaps["c"] = snap("10.88.0.64") // carried over from src
-	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "c", "s1"))
+	_, err := (&Manager{host: h}).Restore(context.Background(), "c", "s1", false)
+	require.NoError(t, err)
 	a := model.FixedAddressOf(f.Inst(t, "c"))
 	stacktest.InSlice(t, "m3", a)
 	assert.NotEqual(t, "10.88.0.64", a.String(), "not src's address, which src still has")
 	assert.Equal(t, "10.88.0.64", model.FixedAddressOf(f.Inst(t, "src")).String())
 
 	f.Snaps["c"] = snap("10.88.0.97")
-	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "c", "s1"))
+	_, err = (&Manager{host: h}).Restore(context.Background(), "c", "s1", false)
+	require.NoError(t, err)
 	assert.Equal(t, "10.88.0.97", model.FixedAddressOf(f.Inst(t, "c")).String(), "its own address, taken by nobody else, stays")
 }
 
@@ -148,6 +151,7 @@ func TestRestoreGivesAFixedAddress(t *testing.T) {
 	f.Add("b", "", "Stopped", "10.88.0.9")
 	f.Snaps["b"] = []incus.Instance{{Name: "s1", Devices: map[string]map[string]string{}}}
 	f.Leases = []incus.NetworkLease{{Hwaddr: "10:66:6a:00:00:01", Address: "10.88.0.9", Type: "dynamic"}}
-	require.NoError(t, (&Manager{host: h}).Restore(context.Background(), "b", "s1"))
+	_, err := (&Manager{host: h}).Restore(context.Background(), "b", "s1", false)
+	require.NoError(t, err)
 	assert.Equal(t, "10.88.0.9", model.FixedAddressOf(f.Inst(t, "b")).String())
 }

@@ -199,7 +199,7 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		if err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 		}
-		if _, err := host.EnsurePolicy(ctx, model.PolicyID(names), names); err != nil {
+		if _, err := host.Policies().EnsureAllowlist(ctx, model.PolicyID(names), names); err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 		}
 		req.Stamps = maps.Clone(req.Stamps)
@@ -303,6 +303,9 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		if err := mgr.stampBaseImage(ctx, req.Name); err != nil {
 			notes = append(notes, fmt.Sprintf("the fingerprint %s resolved to is not stamped: %v", req.Image, err))
 		}
+	}
+	if err := host.Policies().Record(ctx, host.Incus.ProjectName(), req.Name, model.PolicyOf(cfg, devices)); err != nil {
+		notes = append(notes, fmt.Sprintf("its policy is not recorded on the bridge (%v): box reads it from the box itself until a verb of box's records it", err))
 	}
 	if n := mgr.diskLimitNote(ctx, req); n != "" {
 		notes = append(notes, n)

@@ -120,6 +120,9 @@ type ImportResult struct {
 	Snapshots []string `json:"snapshots"`
 	// Notes say what the import decided on its own (no memory limit).
 	Notes []string `json:"notes,omitempty"`
+	// Policy is the imported box's: the file's (but what Notes say the
+	// import dropped), recorded on this host.
+	Policy model.Policy `json:"policy"`
 }
 
 // Import makes a new box from a file Export wrote: named name, or as in
@@ -194,6 +197,10 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 	if err := host.Incus.Instances().Update(ctx, name, put, etag); err != nil {
 		return nil, fmt.Errorf("re-stamping %s: %w", name, err)
 	}
+	res.Policy = model.PolicyOf(put.Config, put.Devices)
+	if err := host.Policies().Record(ctx, inst.Project, name, res.Policy); err != nil {
+		return nil, fmt.Errorf("importing %s: %w", file, err)
+	}
 	// A backup lands on the member that received it, whatever ?target=
 	// says: on a cluster the box's address is of that member's slice.
 	member := ""
@@ -256,7 +263,7 @@ func importEgress(ctx context.Context, host *stack.Host, file string, cfg map[st
 	if err != nil || model.PolicyID(names) != id {
 		return &ImportRefusedError{File: file, Reasons: []string{fmt.Sprintf("it is under egress allowlist %s, whose names the file does not carry (%s=%q): import it on a host that has the allowlist, or export it again from a box whose allowlist was set with this version", id, model.KeyEgressNames, cfg[model.KeyEgressNames])}}
 	}
-	if _, err := host.EnsurePolicy(ctx, id, names); err != nil {
+	if _, err := host.Policies().EnsureAllowlist(ctx, id, names); err != nil {
 		return fmt.Errorf("importing %s: its egress allowlist: %w", file, err)
 	}
 	return nil

@@ -41,9 +41,7 @@ func newStackFake(t *testing.T) (*stackFake, *stack.Host) {
 	t.Helper()
 	f := &stackFake{srv: incustest.New(t), insts: map[string]map[string]any{}}
 	profiles := stacktest.HostProfiles()
-	f.srv.Handle("GET /1.0/networks/boxnet", func(w http.ResponseWriter, r *http.Request) {
-		incustest.Sync(w, map[string]any{"name": "boxnet", "config": map[string]string{"ipv4.address": "10.88.0.1/24"}})
-	})
+	stacktest.ServeBridge(f.srv, map[string]string{"ipv4.address": "10.88.0.1/24"})
 	f.srv.Handle("GET /1.0/profiles/{name}", func(w http.ResponseWriter, r *http.Request) {
 		p, ok := profiles[r.PathValue("name")]
 		if !ok {

@@ -46,6 +46,12 @@ type ClusterFake struct {
 	Leases []incus.NetworkLease
 	// Starting names an instance Incus is starting: it refuses changes.
 	Starting string
+	// NetUser holds the bridge's user keys written through its PUT.
+	NetUser map[string]string
+	// Started holds each instance's config as each start found it, and
+	// Restored the status each restore found, in order, by instance.
+	Started  map[string][]map[string]string
+	Restored map[string][]string
 }
 
 // fakeSlices are the members' slices of 10.88.0.0/24.
@@ -73,7 +79,26 @@ func NewClusterServer(t *testing.T) *ClusterFake {
 				cfg[model.KeySlice+m] = p
 			}
 		}
+		f.Mu.Lock()
+		maps.Copy(cfg, f.NetUser)
+		f.Mu.Unlock()
 		incustest.Sync(w, map[string]any{"name": "boxnet", "config": cfg})
+	})
+	s.Handle("PUT /1.0/networks/boxnet", func(w http.ResponseWriter, r *http.Request) {
+		var put incus.NetworkPut
+		if err := json.NewDecoder(r.Body).Decode(&put); err != nil {
+			incustest.Error(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		f.Mu.Lock()
+		defer f.Mu.Unlock()
+		f.NetUser = map[string]string{}
+		for k, v := range put.Config {
+			if strings.HasPrefix(k, "user.") {
+				f.NetUser[k] = v
+			}
+		}
+		incustest.Sync(w, nil)
 	})
 	s.Handle("GET /1.0/networks/boxnet/leases", func(w http.ResponseWriter, r *http.Request) {
 		f.Mu.Lock()
@@ -228,7 +253,14 @@ func NewClusterServer(t *testing.T) *ClusterFake {
 				return
 			}
 			sn := f.Snaps[inst.Name][i]
+			if f.Restored == nil {
+				f.Restored = map[string][]string{}
+			}
+			f.Restored[inst.Name] = append(f.Restored[inst.Name], inst.Status)
 			inst.Devices = maps.Clone(sn.Devices)
+			if sn.Config != nil {
+				inst.Config = maps.Clone(sn.Config)
+			}
 			f.Srv.Async(w, incustest.Op{Description: "Restoring snapshot"})
 			return
 		}
@@ -261,6 +293,10 @@ func NewClusterServer(t *testing.T) *ClusterFake {
 		msg := ""
 		switch body.Action {
 		case "start":
+			if f.Started == nil {
+				f.Started = map[string][]map[string]string{}
+			}
+			f.Started[inst.Name] = append(f.Started[inst.Name], maps.Clone(inst.Config))
 			msg = f.startLocked(inst)
 		case "stop":
 			inst.Status = "Stopped"

@@ -1,0 +1,74 @@
+package boxes
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/model"
+)
+
+// PolicyNote is what a verb says of the policy a box has after it
+// (restore, new --from, import): the policy, whose it is, and how what
+// the other side held (the snapshot, the box before, the file) differs.
+type PolicyNote struct {
+	Policy model.Policy `json:"policy"`
+	// Source is whose policy the box has: "current" (its own, kept),
+	// "snapshot" (restore --with-policy), "source" (a clone's: its
+	// source's current one), "file" (an import's).
+	Source string `json:"source"`
+	// Other names what Differs compares with; Differs lists, as "KEY:
+	// OTHER'S -> NOW", what it held that the box does not have now.
+	Other   string   `json:"other"`
+	Differs []string `json:"differs,omitempty"`
+}
+
+// recordPolicy records a box's policy as it stands now in the policy
+// store (stack.Policies.Record).
+func recordPolicy(ctx context.Context, host *stack.Host, name string) error {
+	inst, _, err := host.Incus.Instances().Get(ctx, name)
+	if err != nil {
+		return fmt.Errorf("recording the policy of %s: %w", name, err)
+	}
+	return host.Policies().Record(ctx, inst.Project, name, model.PolicyOf(inst.Config, inst.Devices))
+}
+
+// Line is the note in one line, or "" when nothing differs.
+func (n PolicyNote) Line(box string) string {
+	if len(n.Differs) == 0 {
+		return ""
+	}
+	verb := map[string]string{
+		"current":  "kept its current policy",
+		"snapshot": "took the snapshot's policy",
+		"source":   "took its source's current policy",
+		"file":     "took the file's policy",
+	}[n.Source]
+	return fmt.Sprintf("%s %s (%s); %s held otherwise (then -> now): %s", box, verb, Summary(n.Policy), n.Other, strings.Join(n.Differs, "; "))
+}
+
+// Summary is a policy in a few words: "egress allow a.example,
+// limits.cpu=2, disk 10GiB, nesting, door box-door-8080".
+func Summary(p model.Policy) string {
+	parts := []string{"egress " + p.EgressString()}
+	nesting := len(p.Config) > 0 && model.Nesting(p.Config)
+	for _, k := range slices.Sorted(maps.Keys(p.Config)) {
+		if nesting && model.NestingReason(k, p.Config[k]) != "" {
+			continue
+		}
+		parts = append(parts, k+"="+p.Config[k])
+	}
+	if p.Disk != "" {
+		parts = append(parts, "disk "+p.Disk)
+	}
+	if nesting {
+		parts = append(parts, "nesting")
+	}
+	for _, d := range slices.Sorted(maps.Keys(p.Doors)) {
+		parts = append(parts, "door "+strings.TrimPrefix(d, model.DoorPrefix))
+	}
+	return strings.Join(parts, ", ")
+}

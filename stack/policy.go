@@ -1,0 +1,94 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"maps"
+
+	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/model"
+)
+
+// The policy store: box's own copy of each box's policy (model.Policy),
+// outside the instance, as a user key of the bridge's
+// (user.box.policy.<project>.<box> = the policy as JSON). The bridge is
+// the stack's, one per host or cluster, never snapshotted, exported or
+// copied with a box, readable by every client of the host's Incus (a
+// --remote one too) and writable only by its admins: a granted user's
+// boxes have no record (for them the rule is a convenience; their boxes'
+// policy is read from the box itself). Incus changes a bridge's user keys
+// without restarting its dnsmasq (measured: 33 ms, the same dnsmasq).
+// docs/design.md, "A box's policy is the operator's".
+
+// policyWrites is how often a store write is tried when another writer
+// changed the bridge in between (its etag).
+const policyWrites = 5
+
+// Policies is the policy store of a host.
+type Policies struct {
+	host *Host
+}
+
+// Policies is this host's policy store.
+func (host *Host) Policies() *Policies { return &Policies{host: host} }
+
+// Recorded is the policy box last recorded for a box; false when it
+// recorded none (a box minted before the store, a granted user's).
+func (ps *Policies) Recorded(ctx context.Context, project, box string) (model.Policy, bool, error) {
+	n, _, err := ps.host.Incus.Networks().Get(ctx, model.Current.Network)
+	if err != nil {
+		return model.Policy{}, false, fmt.Errorf("reading the recorded policy of %s: %w", box, err)
+	}
+	p, ok := model.PoliciesRecorded(n.Config)[model.ProjectOf(project)+"."+box]
+	return p, ok, nil
+}
+
+// Record records a box's policy (nothing for a granted user, who cannot
+// write the bridge).
+func (ps *Policies) Record(ctx context.Context, project, box string, p model.Policy) error {
+	return ps.edit(ctx, func(cfg map[string]string) {
+		cfg[model.PolicyKey(project, box)] = model.MarshalPolicy(p)
+	})
+}
+
+// Forget drops a removed box's record.
+func (ps *Policies) Forget(ctx context.Context, project, box string) error {
+	return ps.edit(ctx, func(cfg map[string]string) { delete(cfg, model.PolicyKey(project, box)) })
+}
+
+// Rename moves a box's record to its new name.
+func (ps *Policies) Rename(ctx context.Context, project, from, to string) error {
+	return ps.edit(ctx, func(cfg map[string]string) {
+		if v, ok := cfg[model.PolicyKey(project, from)]; ok {
+			cfg[model.PolicyKey(project, to)] = v
+			delete(cfg, model.PolicyKey(project, from))
+		}
+	})
+}
+
+// edit changes the bridge's config through edit, again when another
+// writer got there first; a change that changes nothing writes nothing.
+func (ps *Policies) edit(ctx context.Context, edit func(map[string]string)) error {
+	host := ps.host
+	if host.Tier.Granted {
+		return nil
+	}
+	for try := 1; ; try++ {
+		n, etag, err := host.Incus.Networks().Get(ctx, model.Current.Network)
+		if err != nil {
+			return fmt.Errorf("recording a box's policy: %w", err)
+		}
+		cfg := maps.Clone(n.Config)
+		edit(cfg)
+		if maps.Equal(cfg, n.Config) {
+			return nil
+		}
+		err = host.Incus.Networks().Update(ctx, model.Current.Network, incus.NetworkPut{Description: n.Description, Config: cfg}, etag)
+		if err == nil {
+			return nil
+		}
+		if !incus.IsPreconditionFailed(err) || try == policyWrites {
+			return fmt.Errorf("recording a box's policy on %s: %w", model.Current.Network, err)
+		}
+	}
+}
