@@ -75,8 +75,12 @@ func (host *Host) RefreshPorts(ctx context.Context) (PortsRefresh, error) {
 func (host *Host) refreshPortsHere(ctx context.Context) (PortsRefresh, error) {
 	if host.Tier.Granted {
 		// A granted user cannot touch the kernel: the port watcher (root)
-		// puts the port in the set and pins it, as it does for any box.
-		return PortsRefresh{}, RequireWatcher(host.NetNS)
+		// puts the port in the set, pins it and applies its allowlist, as
+		// it does for any box, at once when asked.
+		if err := RequireWatcher(host.NetNS); err != nil {
+			return PortsRefresh{}, err
+		}
+		return PortsRefresh{}, hostns.AskRefresh(ctx, host.NetNS, 30*time.Second)
 	}
 	r, err := host.SyncPorts(ctx)
 	if err != nil {

@@ -218,8 +218,13 @@ func (mgr *Manager) startClone(ctx context.Context, clone *incus.Instance, sourc
 	if err != nil {
 		return err
 	}
-	if _, err := host.Addresses().FixAddress(ctx, name, member); err != nil {
-		return fmt.Errorf("cloning %s into %s: %w", source, name, err)
+	// A granted user's clone, like their new box, gets its fixed address
+	// from the port watcher when its port comes up: Incus hides the
+	// bridge's config (its subnet) from their project.
+	if !host.Tier.Granted {
+		if _, err := host.Addresses().FixAddress(ctx, name, member); err != nil {
+			return fmt.Errorf("cloning %s into %s: %w", source, name, err)
+		}
 	}
 	if err := mgr.freshMachineID(ctx, clone); err != nil {
 		return fmt.Errorf("giving clone %s a machine-id: %w", name, err)
@@ -229,7 +234,12 @@ func (mgr *Manager) startClone(ctx context.Context, clone *incus.Instance, sourc
 			return fmt.Errorf("emptying the provisioning markers clone %s inherited: %w", name, err)
 		}
 	}
-	if err := host.Addresses().StartFixed(ctx, name, member); err != nil {
+	if host.Tier.Granted {
+		err = host.Incus.Instances().SetState(ctx, name, "start", 0, false)
+	} else {
+		err = host.Addresses().StartFixed(ctx, name, member)
+	}
+	if err != nil {
 		return fmt.Errorf("starting clone %s: %w", name, err)
 	}
 	if _, err := host.RefreshPorts(ctx); err != nil {

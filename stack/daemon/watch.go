@@ -126,10 +126,15 @@ func watchPorts(ctx context.Context, host *stack.Host, log io.Writer, o watchOpt
 	defer os.Remove(hostns.DaemonStatusPath(g.Inode))
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(4)
+	wg.Add(5)
 	go func() {
 		defer wg.Done()
 		w.pinWorker(ctx)
+	}()
+	asked := make(chan struct{}, 1)
+	go func() {
+		defer wg.Done()
+		w.listenRefresh(ctx, asked)
 	}()
 	// The healer puts the tables back after another tool's flush (heal.go).
 	go func() {
@@ -150,7 +155,7 @@ func watchPorts(ctx context.Context, host *stack.Host, log io.Writer, o watchOpt
 	}()
 	defer wg.Wait()
 	defer cancel()
-	return w.run(ctx)
+	return w.run(ctx, asked)
 }
 
 // triggerKind is what made the watcher refresh; the log names it.
@@ -161,10 +166,11 @@ const (
 	trigLink                      // a kernel link event about the bridge or a port
 	trigLease                     // the dnsmasq lease file changed (or dnsmasq came back)
 	trigResync                    // the periodic resync
+	trigAsked                     // a box command asked (the refresh socket)
 )
 
 func (k triggerKind) String() string {
-	return [...]string{"full sync", "link event", "lease file change", "periodic resync"}[k]
+	return [...]string{"full sync", "link event", "lease file change", "periodic resync", "box command's request"}[k]
 }
 
 // trigger is one reason to refresh.
@@ -223,6 +229,8 @@ type watcher struct {
 	// pins wakes the pin worker (RefreshPins asks Incus, which takes tens
 	// of milliseconds: a new port must never wait for that).
 	pins chan trigger
+	// waiters are the refresh socket's questions (refresh.go).
+	waiters refreshWaiters
 
 	lease    *leaseWatch
 	leaseErr string // the last failure to watch it, said once
@@ -236,7 +244,7 @@ func (w *watcher) logf(format string, args ...any) {
 	fmt.Fprintf(w.log, format+"\n", args...)
 }
 
-func (w *watcher) run(ctx context.Context) error {
+func (w *watcher) run(ctx context.Context, asked <-chan struct{}) error {
 	w.logf("watching the ports of bridge %s in %s (pid %d, lock %s)", w.bridge, hostns.Label(w.host.NetNS), os.Getpid(), hostns.DaemonLockPath(w.g.Inode))
 	lease, err := newLeaseWatch()
 	if err != nil {
@@ -314,6 +322,9 @@ func (w *watcher) run(ctx context.Context) error {
 		case <-resync.C:
 			w.findLease(ctx, true)
 			w.add(ctx, trigger{kind: trigResync, at: time.Now()})
+
+		case <-asked:
+			w.add(ctx, trigger{kind: trigAsked, at: time.Now()})
 
 		case <-w.timer.C:
 			w.armed = false
@@ -409,7 +420,9 @@ func (w *watcher) pinWorker(ctx context.Context) {
 		}
 		for try := 0; ; try++ {
 			var r stack.PortsRefresh
+			waiting := w.waiters.take()
 			err := w.host.RefreshPins(ctx, &r)
+			answer(waiting, err)
 			switch {
 			case ctx.Err() != nil:
 				return

@@ -79,6 +79,11 @@ func RemoveState(ino uint64) error {
 }
 
 // readEgressState reads a state file.
+// ReadState reads the egress service's state in the namespace with inode
+// ino (every user may: it is how a granted user, from whom Incus hides
+// the bridge's config, learns the host's allowlists).
+func ReadState(ino uint64) (State, error) { return readEgressState(StatePath(ino)) }
+
 func readEgressState(path string) (State, error) {
 	var st State
 	b, err := os.ReadFile(path)

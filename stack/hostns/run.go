@@ -1,10 +1,13 @@
 package hostns
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -65,6 +68,49 @@ const RunDir = "/run/box"
 func DaemonLockPath(ino uint64) string {
 	return filepath.Join(RunDir, fmt.Sprintf("guard-and-serve-%d.lock", ino))
 }
+
+// RefreshSocketPath is the daemon's refresh socket in the namespace with
+// inode ino: a box command that cannot touch the kernel (a granted
+// user's) asks for a refresh there and waits for it (AskRefresh).
+func RefreshSocketPath(ino uint64) string {
+	return filepath.Join(RunDir, fmt.Sprintf("refresh-%d.sock", ino))
+}
+
+// AskRefresh asks the daemon serving netns to refresh the ports, the pins
+// and the egress table now, and waits until it has, after the question
+// (at most wait). A daemon without the socket (one of a release before
+// it) is not asked: its periodic resync takes the change.
+func AskRefresh(ctx context.Context, netns string, wait time.Duration) error {
+	ino, err := Inode(netns)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	conn, err := (&net.Dialer{}).DialContext(ctx, "unix", RefreshSocketPath(ino))
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("asking box's daemon for a refresh: %w", err)
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	switch line = strings.TrimSpace(line); {
+	case err != nil && line == "":
+		return fmt.Errorf("box's daemon did not answer within %s (%v): box doctor says why", wait, err)
+	case line != RefreshDone:
+		return fmt.Errorf("box's daemon: %s (box doctor says more)", line)
+	}
+	return nil
+}
+
+// RefreshDone is what the daemon answers on its refresh socket once the
+// refresh after the question is done.
+const RefreshDone = "refreshed"
 
 // legacyLockPath is the lock of the daemon as box named it before
 // (box watch-ports). The daemon holds it too, so a box of the old name
