@@ -202,6 +202,40 @@ func TestSystemRemote(t *testing.T) {
 	_, _, err = c.Instances().Get(ctx, other)
 	assert.NoError(t, err, "still there")
 
+	// The seed's reuse verbs through the remote: a running box's rename
+	// refused with the fix (this host can snapshot a running box, so the
+	// refusal is box's own, not Incus's), a restore that keeps the box's
+	// policy, a clone of the box and of its snapshot, an export and an
+	// import, a rename of the stopped box.
+	res = remote.run(t, "rename", name, name+"-r")
+	assert.Equal(t, exitFailed, res.code, "rename of a running box")
+	assert.Contains(t, res.err, name+" is running: stop it first (box down "+name+"), then rename it")
+	res = r.run(t, "rename", name, name+"-r")
+	assert.Equal(t, exitFailed, res.code, "rename of a running box, here")
+	assert.Contains(t, res.err, "stop it first")
+	res = remote.run(t, "restore", name, "s1", "--force", "--json")
+	require.Equal(t, exitOK, res.code, "restore through the remote: %s", res.err)
+	assert.Contains(t, res.out, `"source": "current"`)
+	fromBox, fromSnap, imported := uniq(t), uniq(t), uniq(t)
+	cleanup(t, c, fromBox, fromSnap, imported, name+"-r")
+	for _, args := range [][]string{{"new", "--name", fromBox, "--from", name}, {"new", "--name", fromSnap, "--from", name + "/s1"}} {
+		res = remote.run(t, args...)
+		require.Equal(t, exitOK, res.code, "%v through the remote: %s", args, res.err)
+	}
+	file := filepath.Join(t.TempDir(), "far.tar.gz")
+	res = remote.run(t, "export", fromBox, file)
+	require.Equal(t, exitOK, res.code, "export through the remote: %s", res.err)
+	res = remote.run(t, "import", file, "--name", imported)
+	require.Equal(t, exitOK, res.code, "import through the remote: %s", res.err)
+	assert.Contains(t, res.out, imported+" took the file's policy")
+	require.Equal(t, exitOK, remote.run(t, "down", fromSnap, "--force").code)
+	res = remote.run(t, "rename", fromSnap, name+"-r")
+	require.Equal(t, exitOK, res.code, "rename through the remote: %s", res.err)
+	for _, n := range []string{fromBox, imported, name + "-r"} {
+		_, _, err := c.Instances().Get(ctx, n)
+		assert.NoError(t, err, "%s is on the world's incusd", n)
+	}
+
 	// Host verbs stay on the host.
 	res = remote.run(t, "setup-host")
 	assert.Equal(t, exitUsage, res.code)
