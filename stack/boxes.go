@@ -190,9 +190,13 @@ func RemoveInstance(ctx context.Context, c *incus.Client, name string) error {
 	return nil
 }
 
-// Wait waits until a box has an IPv4 address on the stack's subnet,
-// read from Incus's view of its interfaces (whatever they are named).
+// Wait waits until a box has its fixed IPv4 address (or, for a box
+// without one, an address on the stack's subnet), read from Incus's view
+// of its interfaces (whatever they are named). A box that holds another
+// address of the subnet instead is never reported as up: the error says
+// which, and what repairs it.
 func (addrs *Addresses) Wait(ctx context.Context, name string, limit time.Duration) (netip.Addr, error) {
+	start := time.Now()
 	host := addrs.host
 	net, _, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
@@ -209,6 +213,16 @@ func (addrs *Addresses) Wait(ctx context.Context, name string, limit time.Durati
 	ip, err := host.Incus.Instances().WaitAddress(ctx, name, p.Masked(), limit)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("%w: is dnsmasq serving %s? (box doctor)", err, model.Current.Network)
+	}
+	// Its fixed address, read now: a granted user's box has it from the
+	// port watcher once its port came up.
+	if inst, _, err := host.Incus.Instances().Get(ctx, name); err == nil {
+		if fixed := model.FixedAddressOf(inst); fixed.IsValid() && ip != fixed {
+			if _, err := host.Incus.Instances().WaitAddress(ctx, name, netip.PrefixFrom(fixed, 32), max(limit-time.Since(start), time.Second)); err != nil {
+				return netip.Addr{}, fmt.Errorf("%s has %s from the bridge's DHCP, not its fixed address %s, so its pins drop what it sends: box doctor names why (a dnsmasq whose lease file was replaced, a lease astray) and box doctor --fix repairs it", name, ip, fixed)
+			}
+			ip = fixed
+		}
 	}
 	// The box holds its address now: a refresh pins a granted user's box
 	// (the watcher gave it its address) and fills its egress sets.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -318,6 +319,24 @@ type DHCPPool struct {
 	// Strays are the leases whose hardware address is no instance NIC's
 	// on the bridge.
 	Strays []DHCPLease `json:"strays,omitempty"`
+	// LeaseFileGone: the dnsmasq serving the bridge writes its leases to a
+	// file deleted from disk (the lease file replaced while it ran: it
+	// reads the file only at its start, and a SIGHUP does not re-read
+	// it). What the file on disk says is then not what dnsmasq holds.
+	LeaseFileGone bool `json:"lease_file_gone,omitempty"`
+	// PID is the dnsmasq's.
+	PID int `json:"pid,omitempty"`
+	// Astray are boxes' leases for an address other than the box's fixed
+	// one.
+	Astray []AstrayLease `json:"astray,omitempty"`
+}
+
+// AstrayLease is a box's lease for an address that is not its fixed one:
+// its pins drop everything it sends from there.
+type AstrayLease struct {
+	Box   string     `json:"box"`
+	Fixed netip.Addr `json:"fixed"`
+	Lease DHCPLease  `json:"lease"`
 }
 
 func (p DHCPPool) String() string {
@@ -363,6 +382,7 @@ func dhcpPool(g *hostns.NS, bridge string) (DHCPPool, error) {
 	if p.LeaseFile == "" {
 		return p, fmt.Errorf("the dnsmasq serving %s (pid %d) names no lease file", bridge, pid)
 	}
+	p.PID, p.LeaseFileGone = pid, writesDeleted(pid, p.LeaseFile)
 	var spans [][2]netip.Addr
 	for _, r := range ranges {
 		lo, hi, ok := parseRange(r)
@@ -390,6 +410,22 @@ func dhcpPool(g *hostns.NS, bridge string) (DHCPPool, error) {
 		}
 	}
 	return p, nil
+}
+
+// writesDeleted says whether process pid holds path open as a file
+// deleted from disk (the kernel's "PATH (deleted)").
+func writesDeleted(pid int, path string) bool {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, fd := range fds {
+		if l, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && l == path+" (deleted)" {
+			return true
+		}
+	}
+	return false
 }
 
 // parseRange reads an IPv4 --dhcp-range: "start,end[,mask][,lease]"
@@ -465,6 +501,23 @@ func poolOf(g *hostns.NS, insts []incus.Instance) (DHCPPool, error) {
 			p.Strays = append(p.Strays, l)
 		}
 	}
+	for i := range insts {
+		fixed := model.FixedAddressOf(&insts[i])
+		if _, ok := model.IsBox(&insts[i]); !ok || !fixed.IsValid() {
+			continue
+		}
+		for _, n := range model.BridgeNICs(model.Current.Network, &insts[i]) {
+			m, err := net.ParseMAC(n.Mac)
+			if err != nil {
+				continue
+			}
+			for _, l := range p.Leases {
+				if l.Hwaddr == m.String() && l.Address != fixed {
+					p.Astray = append(p.Astray, AstrayLease{Box: qualified(&insts[i]), Fixed: fixed, Lease: l})
+				}
+			}
+		}
+	}
 	return p, nil
 }
 
@@ -476,6 +529,16 @@ func poolOf(g *hostns.NS, insts []incus.Instance) (DHCPPool, error) {
 // DISCOVERs never draw from it, but what took it is worth knowing).
 func poolFindings(p DHCPPool) []model.Finding {
 	var out []model.Finding
+	if p.LeaseFileGone {
+		out = append(out, model.Finding{Layer: model.LayerDHCP, Object: fmt.Sprintf("dnsmasq (pid %d)", p.PID),
+			Problem: fmt.Sprintf("it writes its leases to a file deleted from disk (%s was replaced while it ran; it reads the file only at its start): the leases on disk are not the ones it holds, and box picks new boxes' addresses from them", p.LeaseFile),
+			Fix:     "box doctor --fix (has Incus restart it; nothing of box's replaces the lease file)"})
+	}
+	for _, a := range p.Astray {
+		out = append(out, model.Finding{Layer: model.LayerDHCP, Object: "box " + a.Box,
+			Problem: fmt.Sprintf("it holds a lease for %s, not its fixed address %s: its pins drop what it sends from there", a.Lease.Address, a.Fixed),
+			Fix:     "box doctor --fix (releases the lease: the box takes its fixed address at its next renewal, or at its next start)"})
+	}
 	if n := len(p.Strays); n > 0 {
 		var names []string
 		for i, l := range p.Strays {

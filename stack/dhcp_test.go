@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -116,6 +118,38 @@ func TestPoolFindings(t *testing.T) {
 	assert.Contains(t, fs[0].Problem, "and 2 more")
 	assert.Contains(t, fs[1].Problem, "is full (10 of 10 leased)")
 	assert.Equal(t, "DHCP pool 10.88.0.2-10.88.0.11: 10 of 10 addresses leased; 10 lease(s) belong to no box", p.String())
+}
+
+// A dnsmasq writing to a deleted lease file, and a box's lease astray
+// from its fixed address, are findings that remove a layer (not
+// advisory), each with its fix.
+func TestPoolFindingsLeaseFileGoneAndAstray(t *testing.T) {
+	p := DHCPPool{LeaseFile: "/x/dnsmasq.leases", PID: 42, LeaseFileGone: true,
+		Astray: []AstrayLease{{Box: "a", Fixed: netip.MustParseAddr("10.88.0.16"), Lease: DHCPLease{Hwaddr: "10:66:6a:00:00:01", Address: netip.MustParseAddr("10.88.0.122")}}}}
+	fs := poolFindings(p)
+	require.Len(t, fs, 2)
+	assert.Equal(t, "dnsmasq (pid 42)", fs[0].Object)
+	assert.Contains(t, fs[0].Problem, "deleted from disk (/x/dnsmasq.leases was replaced while it ran")
+	assert.Equal(t, "box a", fs[1].Object)
+	assert.Equal(t, "it holds a lease for 10.88.0.122, not its fixed address 10.88.0.16: its pins drop what it sends from there", fs[1].Problem)
+	for _, f := range fs {
+		assert.False(t, f.Advisory)
+		assert.Contains(t, f.Fix, "box doctor --fix")
+	}
+}
+
+// The kernel names an open file deleted from disk "PATH (deleted)".
+func TestWritesDeleted(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases")
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	defer f.Close()
+	assert.False(t, writesDeleted(os.Getpid(), path))
+	require.NoError(t, os.Rename(path, path+".old"))
+	require.NoError(t, os.WriteFile(path, nil, 0o644))
+	assert.False(t, writesDeleted(os.Getpid(), path), "renamed, not deleted: its link names the new path")
+	require.NoError(t, os.Remove(path+".old"))
+	assert.True(t, writesDeleted(os.Getpid(), path+".old"))
 }
 
 // Converting a host: every box without a fixed address gets the one it

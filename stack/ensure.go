@@ -237,7 +237,11 @@ func (host *Host) ApplyFirewall(ctx context.Context, g *hostns.NS, gw netip.Addr
 	if err := applyPortSet(ctx, g, ncfg, caps, &res); err != nil {
 		return res, err
 	}
-	if err := host.applyPinsAndEgress(ctx, g, ncfg, caps, &res); err != nil {
+	f, err := host.applyPinsAndEgress(ctx, g, ncfg, caps, &res)
+	if err != nil {
+		return res, err
+	}
+	if err := host.Addresses().repairLeases(ctx, g, f, &res); err != nil {
 		return res, err
 	}
 	routed, err := EnsureRoute(g)
@@ -292,28 +296,67 @@ func applyPortSet(ctx context.Context, g *hostns.NS, ncfg nft.Config, caps nft.C
 // the ports are listed after Incus answered, so a port that came or went
 // while it was asked is pinned (or let go) by the port watcher's refresh,
 // which waits for this one.
-func (host *Host) applyPinsAndEgress(ctx context.Context, g *hostns.NS, ncfg nft.Config, caps nft.Capabilities, res *FirewallResult) error {
+func (host *Host) applyPinsAndEgress(ctx context.Context, g *hostns.NS, ncfg nft.Config, caps nft.Capabilities, res *FirewallResult) (Fleet, error) {
 	unlock, err := hostns.LockFile(ctx, hostns.PinsLock, "the pins")
 	if err != nil {
-		return err
+		return Fleet{}, err
 	}
 	defer unlock()
 	f, err := host.ReadFleet(ctx)
 	if err != nil {
-		return fmt.Errorf("reading what to pin: %w", err)
+		return f, fmt.Errorf("reading what to pin: %w", err)
 	}
 	ports, err := g.BridgePorts(model.Current.Network)
 	if err != nil {
-		return err
+		return f, err
 	}
 	plan := f.PlanPins(hostns.PortNames(ports))
 	pinned, err := nft.ApplyPins(ncfg, caps, plan.Scope, plan.Pins)
 	if err != nil {
-		return fmt.Errorf("applying the pin table: %w", err)
+		return f, fmt.Errorf("applying the pin table: %w", err)
 	}
 	res.noteApplied(pinned)
 	egress, err := applyEgress(ctx, host.Incus, g, f, host.BootFiles())
 	res.noteApplied(egress)
+	return f, err
+}
+
+// repairLeases repairs what poolFindings names of the bridge's DHCP: a
+// dnsmasq writing its leases to a file deleted from disk is restarted by
+// Incus (which then reads the file on disk), and a box's lease for an
+// address other than its fixed one is released (the box takes its fixed
+// address at its next renewal). Nothing of box's writes the lease file.
+func (addrs *Addresses) repairLeases(ctx context.Context, g *hostns.NS, f Fleet, res *FirewallResult) error {
+	host := addrs.host
+	pool, err := poolOf(g, f.insts)
+	if err != nil {
+		return nil // no dnsmasq here (yet): the pool is Verify's to name
+	}
+	if pool.LeaseFileGone {
+		detail, err := ReapplyIncusFirewall(ctx, host.Incus)
+		if err != nil {
+			return fmt.Errorf("restarting the bridge's dnsmasq, whose lease file was deleted from disk: %w", err)
+		}
+		res.Changes = append(res.Changes, model.Change{Object: fmt.Sprintf("dnsmasq (pid %d)", pool.PID), Action: "restarted",
+			Detail: "its lease file " + pool.LeaseFile + " was deleted from disk while it ran: " + detail})
+		if pool, err = poolOf(g, f.insts); err != nil {
+			return nil
+		}
+	}
+	if len(pool.Astray) == 0 {
+		return nil
+	}
+	var leases []DHCPLease
+	for _, a := range pool.Astray {
+		leases = append(leases, a.Lease)
+	}
+	left, err := addrs.ReleaseLeases(ctx, leases)
+	for _, a := range pool.Astray {
+		if !slices.Contains(left, a.Lease) {
+			res.Changes = append(res.Changes, model.Change{Object: "lease " + a.Lease.Address.String(), Action: "released",
+				Detail: fmt.Sprintf("box %s's, not its fixed address %s", a.Box, a.Fixed)})
+		}
+	}
 	return err
 }
 
