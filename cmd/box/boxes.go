@@ -800,6 +800,12 @@ func setupRestore(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
+		if res.Restarted {
+			// Up again only at its fixed address (docs/design.md).
+			if _, err := h.Addresses().Wait(c.ctx, c.name(), addressWait); err != nil {
+				return fmt.Errorf("restored %s to %s and started it, but: %w", c.name(), snap, err)
+			}
+		}
 		if *asJSON {
 			return c.printJSON(res)
 		}
@@ -857,7 +863,12 @@ func setupStart(fs *flag.FlagSet) action {
 		if err := boxes.NewManager(h).Start(c.ctx, c.name()); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.out, "%s started\n", c.name())
+		// Started is up only at its fixed address (docs/design.md).
+		addr, err := h.Addresses().Wait(c.ctx, c.name(), addressWait)
+		if err != nil {
+			return fmt.Errorf("started %s, but: %w", c.name(), err)
+		}
+		fmt.Fprintf(c.out, "%s started at %s\n", c.name(), addr)
 		return nil
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -46,7 +47,10 @@ func (p policySpec) String() string {
 // where it can be (the allowed canary reached and the other refused, or
 // both reached when open; the door answered, or refused, on the host's
 // loopback; nproc in the box) and from its config for nesting, and box's
-// output says what the other side held when it differed.
+// output says what the other side held when it differed. An allowlisted
+// box restored, running, to an open snapshot probes the other canary
+// from its boot on and never reaches it (its control: open, the same
+// probe does), nor after Incus alone stops and starts it.
 func TestSystemPolicyIsTheOperators(t *testing.T) {
 	r, c := worldBox(t)
 	st := testenv.World(t)
@@ -56,13 +60,17 @@ func TestSystemPolicyIsTheOperators(t *testing.T) {
 	cases := []struct {
 		name      string
 		then, now policySpec
+		// bootProbe: the box probes the other canary from its boot on
+		// (bootProbe), so a restore of the running box is watched from
+		// inside: an allowlisted box restored to an open snapshot.
+		bootProbe bool
 	}{
 		{"allowlist set, door added, cpu raised, nesting on",
-			policySpec{cpu: "1"}, policySpec{allow: []string{first.name}, door: true, cpu: "2", nesting: true}},
+			policySpec{cpu: "1"}, policySpec{allow: []string{first.name}, door: true, cpu: "2", nesting: true}, true},
 		{"allowlist lifted, door removed, cpu lowered, nesting off",
-			policySpec{allow: []string{first.name}, door: true, cpu: "2", nesting: true}, policySpec{cpu: "1"}},
+			policySpec{allow: []string{first.name}, door: true, cpu: "2", nesting: true}, policySpec{cpu: "1"}, false},
 		{"allowlist changed",
-			policySpec{allow: []string{first.name}, cpu: "1"}, policySpec{allow: []string{other.name}, cpu: "1"}},
+			policySpec{allow: []string{first.name}, cpu: "1"}, policySpec{allow: []string{other.name}, cpu: "1"}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -71,7 +79,14 @@ func TestSystemPolicyIsTheOperators(t *testing.T) {
 			hp := freeHostPort(t, st.Names.HostNS)
 			set := policySetter(t, r, c, hp)
 			require.Equal(t, exitOK, r.run(t, "new", "--name", src).code)
+			if tc.bootProbe {
+				bootProbe(t, c, src, other)
+			}
 			set(src, tc.then)
+			if tc.bootProbe {
+				// The probe's control: open, it reaches the other canary.
+				assert.Positive(t, probed(t, r, src, other).reached, "control: the open box's boot probe reaches %s", other.name)
+			}
 			require.Equal(t, exitOK, r.run(t, "snapshot", src, "s1").code)
 			set(src, tc.now)
 			check := policyChecker(t, r, c, st.Names.HostNS, hp, first, other)
@@ -114,6 +129,21 @@ func TestSystemPolicyIsTheOperators(t *testing.T) {
 			res = r.run(t, "restore", renamed, "s1", "--force")
 			require.Equal(t, exitOK, res.code, res.err)
 			assert.Contains(t, res.out, renamed+" kept its current policy", "restore of the running box says so")
+			if tc.bootProbe {
+				// From its boot on, the restored box never reached what its
+				// policy does not allow: it never ran with the snapshot's.
+				p := probed(t, r, renamed, other)
+				assert.Zero(t, p.reached, "the restored box reached %s from its boot on", other.name)
+				assert.Positive(t, p.refused, "its boot probe was answered (refused by the proxy)")
+				// Stopped and started by Incus alone (incus start, as at the
+				// host's boot): its current policy from its first frame on.
+				ctx := context.Background()
+				require.NoError(t, c.Instances().SetState(ctx, renamed, "stop", time.Minute, false))
+				require.NoError(t, c.Instances().SetState(ctx, renamed, "start", 0, false))
+				p = probed(t, r, renamed, other)
+				assert.Zero(t, p.reached, "started by Incus alone, the box reached %s from its boot on", other.name)
+				assert.Positive(t, p.refused, "its boot probe was answered (refused by the proxy)")
+			}
 			check(renamed, tc.now, "restore of the running box")
 
 			res = r.run(t, "restore", renamed, "s1", "--with-policy", "--force")
@@ -215,4 +245,56 @@ func policyChecker(t *testing.T, r runner, c *incus.Client, hostNS string, hp in
 			assert.Error(t, err, "%s: no door to %s on %s", after, name, addr)
 		}
 	}
+}
+
+// bootProbe makes the box's PID 1 start, before the image's own init,
+// a loop that asks the canary c over HTTP every 100 ms and writes, to
+// /probe.log (emptied at each boot), the first line of each answer.
+func bootProbe(t *testing.T, c *incus.Client, name string, cn canary) {
+	t.Helper()
+	ctx := context.Background()
+	orig, err := c.Instances().PullFile(ctx, name, "/sbin/init")
+	require.NoError(t, err)
+	require.NoError(t, c.Instances().PushFile(ctx, name, "/sbin/init.orig", strings.NewReader(string(orig)), 0o755, 0, 0))
+	wrapper := fmt.Sprintf(`#!/bin/sh
+# box tests: a boot probe (cmd/box/policy_system_test.go), then the image's init.
+: > /probe.log
+(while :; do
+	out=$(printf 'GET / HTTP/1.0\r\nHost: %[1]s\r\n\r\n' | nc -w 1 %[2]s 80 2>/dev/null | head -1)
+	echo "$(cut -d' ' -f1 /proc/uptime) $out" >> /probe.log
+	sleep 0.1
+done) </dev/null >/dev/null 2>&1 &
+exec /sbin/init.orig
+`, cn.name, cn.addr)
+	require.NoError(t, c.Instances().PushFile(ctx, name, "/sbin/init", strings.NewReader(wrapper), 0o755, 0, 0))
+}
+
+// probeCount is what a box's boot probe saw since its boot.
+type probeCount struct{ reached, refused, lines int }
+
+// probed reads the boot probe's log once it has a few answers.
+func probed(t *testing.T, r runner, name string, cn canary) probeCount {
+	t.Helper()
+	var p probeCount
+	for range 100 {
+		res := r.run(t, "exec", name, "--", "cat", "/probe.log")
+		require.Equal(t, exitOK, res.code, res.err)
+		p = probeCount{}
+		for _, l := range strings.Split(strings.TrimSpace(res.out), "\n") {
+			_, answer, _ := strings.Cut(l, " ")
+			p.lines++
+			switch {
+			case strings.TrimSpace(answer) == cn.greeting:
+				p.reached++
+			case strings.HasPrefix(answer, "HTTP/1.1 403"):
+				p.refused++
+			}
+		}
+		if p.reached+p.refused >= 3 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("%s's boot probe of %s: %d tries, %d reached it, %d refused by box's proxy", name, cn.name, p.lines, p.reached, p.refused)
+	return p
 }
