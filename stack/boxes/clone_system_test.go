@@ -129,7 +129,7 @@ func TestSystemClusterCloneAndMove(t *testing.T) {
 	removeAtEnd(t, h, src, toM2, placed)
 	first, second, third := st.Members[0].Name, st.Members[1].Name, st.Members[2].Name
 
-	_, err := boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: src, Image: image.DefaultAlias, Target: first})
+	_, err := boxes.NewManager(h).Mint(ctx, boxes.MintRequest{Name: src, Image: image.DefaultAlias, Target: first, CPU: "1"})
 	require.NoError(t, err)
 	srcAddr, _ := fixedAddress(t, ctx, h, src)
 
@@ -152,9 +152,18 @@ func TestSystemClusterCloneAndMove(t *testing.T) {
 	_, err = boxes.NewManager(h).Snapshot(ctx, src, "s1")
 	require.NoError(t, err)
 	require.NoError(t, boxes.NewManager(h).Start(ctx, src))
-	_, err = boxes.NewManager(h).CloneTo(ctx, src, "s1", placed, "")
+	// The operator raises the source's CPUs after the snapshot: the
+	// snapshot's clone takes the source's current policy.
+	cur, etag, err := h.Incus.Instances().Get(ctx, src)
 	require.NoError(t, err)
+	put := cur.Writable()
+	put.Config["limits.cpu"] = "2"
+	require.NoError(t, h.Incus.Instances().Update(ctx, src, put, etag))
+	cl, err := boxes.NewManager(h).CloneTo(ctx, src, "s1", placed, "")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"limits.cpu: 1 -> 2"}, cl.Policy.Differs, "the snapshot held 1 CPU")
 	b, inst := fixedAddress(t, ctx, h, placed)
+	assert.Equal(t, "2", inst.Config["limits.cpu"], "the clone of the snapshot has the source's current CPUs")
 	t.Logf("a clone of a snapshot placed by Incus landed on %s with %s", inst.Location, b)
 	assert.True(t, sl[inst.Location].Contains(b), "%s is in %s's slice", b, inst.Location)
 	assert.NotEqual(t, srcAddr, b)
@@ -167,8 +176,17 @@ func TestSystemClusterCloneAndMove(t *testing.T) {
 	assert.Contains(t, err.Error(), "stop it first (box down "+toM2+")")
 	require.NoError(t, boxes.NewManager(h).Stop(ctx, toM2, false))
 	start = time.Now()
+	rec, recorded, err := h.Policies().Recorded(ctx, "", toM2)
+	require.NoError(t, err)
+	require.True(t, recorded, "the clone's policy is recorded")
 	mv, err := boxes.NewManager(h).Move(ctx, toM2, third)
 	require.NoError(t, err)
+	moved, _, err := h.Incus.Instances().Get(ctx, toM2)
+	require.NoError(t, err)
+	assert.True(t, model.PolicyOf(moved.Config, moved.Devices).Equal(rec), "the move keeps the box's policy: %v", model.PolicyOf(moved.Config, moved.Devices).Diff(rec))
+	after, recorded, err := h.Policies().Recorded(ctx, "", toM2)
+	require.NoError(t, err)
+	assert.True(t, recorded && after.Equal(rec), "and its record")
 	t.Logf("moved a stopped box from %s to %s in %s", mv.From, mv.To, time.Since(start).Round(time.Millisecond))
 	assert.Equal(t, second, mv.From)
 	assert.Equal(t, third, mv.Box.Member)
