@@ -115,14 +115,7 @@ func (p Policy) Diff(q Policy) []string {
 	if a, b := p.EgressString(), q.EgressString(); a != b {
 		out = append(out, "egress: "+a+" -> "+b)
 	}
-	keys := slices.Sorted(maps.Keys(p.Config))
-	for k := range q.Config {
-		if _, ok := p.Config[k]; !ok {
-			keys = append(keys, k)
-		}
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
+	for _, k := range unionKeys(p.Config, q.Config) {
 		if a, b := p.Config[k], q.Config[k]; a != b {
 			out = append(out, fmt.Sprintf("%s: %s -> %s", k, orUnset(a), orUnset(b)))
 		}
@@ -130,14 +123,7 @@ func (p Policy) Diff(q Policy) []string {
 	if p.Disk != q.Disk {
 		out = append(out, fmt.Sprintf("root disk size: %s -> %s", orUnset(p.Disk), orUnset(q.Disk)))
 	}
-	doors := slices.Sorted(maps.Keys(p.Doors))
-	for d := range q.Doors {
-		if _, ok := p.Doors[d]; !ok {
-			doors = append(doors, d)
-		}
-	}
-	slices.Sort(doors)
-	for _, d := range doors {
+	for _, d := range unionKeys(p.Doors, q.Doors) {
 		a, inP := p.Doors[d]
 		b, inQ := q.Doors[d]
 		switch {
@@ -150,6 +136,18 @@ func (p Policy) Diff(q Policy) []string {
 		}
 	}
 	return out
+}
+
+// unionKeys are the keys of a and b, sorted, each once.
+func unionKeys[V any](a, b map[string]V) []string {
+	keys := slices.Collect(maps.Keys(a))
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // EgressString is the allowlist as box shows it: "open" or "allow a, b".
