@@ -288,35 +288,43 @@ func clusterCopy(ctx context.Context, c *incus.Client, inst *incus.Instance, sna
 }
 
 // putBack gives a stopped box, just restored, its own MACs back (was is
-// the box before the restore) and the policy want.
+// the box before the restore) and the policy want. A granted user's
+// incus-user may refuse the MACs (volatile keys): their policy goes back
+// all the same.
 func (mgr *Manager) putBack(ctx context.Context, was *incus.Instance, want model.Policy) error {
 	host := mgr.host
-	cur, etag, err := host.Incus.Instances().Get(ctx, was.Name)
-	if err != nil {
-		return err
-	}
-	put := cur.Writable()
-	changed := false
-	if cur.Status == "Stopped" && !host.Tier.Granted {
-		for k, v := range was.Config {
-			if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".hwaddr") && put.Config[k] != v {
-				put.Config[k] = v
-				changed = true
+	for _, macs := range []bool{true, false} {
+		cur, etag, err := host.Incus.Instances().Get(ctx, was.Name)
+		if err != nil {
+			return err
+		}
+		put := cur.Writable()
+		changed := false
+		if macs && cur.Status == "Stopped" {
+			for k, v := range was.Config {
+				if strings.HasPrefix(k, "volatile.") && strings.HasSuffix(k, ".hwaddr") && put.Config[k] != v {
+					put.Config[k] = v
+					changed = true
+				}
 			}
 		}
-	}
-	if !model.PolicyOf(put.Config, put.Devices).Equal(want) {
-		if put.Devices == nil {
-			put.Devices = map[string]map[string]string{}
+		if !model.PolicyOf(put.Config, put.Devices).Equal(want) {
+			if put.Devices == nil {
+				put.Devices = map[string]map[string]string{}
+			}
+			want.ApplyTo(put.Config, put.Devices)
+			changed = true
 		}
-		want.ApplyTo(put.Config, put.Devices)
-		changed = true
-	}
-	if !changed {
-		return nil
-	}
-	if err := host.Incus.Instances().Update(ctx, was.Name, put, etag); err != nil {
-		return fmt.Errorf("putting its own MAC and its policy back: %w", err)
+		if !changed {
+			return nil
+		}
+		err = host.Incus.Instances().Update(ctx, was.Name, put, etag)
+		switch {
+		case err == nil:
+			return nil
+		case !macs || !host.Tier.Granted:
+			return fmt.Errorf("putting its own MAC and its policy back: %w", err)
+		}
 	}
 	return nil
 }

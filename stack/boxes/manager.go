@@ -98,7 +98,8 @@ func (mgr *Manager) Restore(ctx context.Context, name, snap string, withPolicy b
 		}
 	}
 	// The current policy is recorded before anything changes: a restore
-	// cut short leaves box's copy of it (box doctor compares).
+	// cut short leaves box's copy of it (box info shows how the box's
+	// differs from it).
 	if err := host.Policies().Record(ctx, inst.Project, name, cur); err != nil {
 		return nil, err
 	}
@@ -109,6 +110,9 @@ func (mgr *Manager) Restore(ctx context.Context, name, snap string, withPolicy b
 		res.Restarted = true
 	}
 	if err := host.Incus.Instances().RestoreSnapshot(ctx, name, snap); err != nil {
+		if res.Restarted {
+			return nil, fmt.Errorf("restoring %s to %s: %w (it was stopped for the restore: box start %s)", name, snap, err, name)
+		}
 		return nil, fmt.Errorf("restoring %s to %s: %w", name, snap, err)
 	}
 	if err := mgr.putBack(ctx, inst, want); err != nil {
