@@ -19,8 +19,12 @@ import (
 // questions is one refresh (the watcher's debounce), and asking changes
 // nothing but when the daemon looks.
 
-// refreshAnswerWait is how long a question waits for its refresh.
-const refreshAnswerWait = 30 * time.Second
+// refreshAnswerWait is how long a question waits for its refresh, and
+// refreshAskEvery the shortest time between two refreshes asked for.
+const (
+	refreshAnswerWait = 30 * time.Second
+	refreshAskEvery   = 100 * time.Millisecond
+)
 
 // refreshWaiters are the questions waiting for the next pin refresh; each
 // is answered with its outcome (hostns.RefreshDone, or why it failed).
@@ -75,12 +79,19 @@ func (w *watcher) listenRefresh(ctx context.Context, asked chan<- struct{}) {
 		l.Close()
 		os.Remove(path)
 	}()
+	var last time.Time
 	for {
 		conn, err := l.Accept()
 		if err != nil {
 			return
 		}
 		done := w.waiters.add()
+		// At most one refresh a refreshAskEvery, however often a local
+		// user asks: the question waits for the next one.
+		if wait := refreshAskEvery - time.Since(last); wait > 0 {
+			time.Sleep(wait)
+		}
+		last = time.Now()
 		select {
 		case asked <- struct{}{}:
 		default: // a refresh is asked for already
