@@ -74,7 +74,10 @@ func (t *Template) CheckScript() string {
 // logs (a copy is a new cloud-init instance anyway), the markers, the
 // machine-id's content (emptied: systemd gives a copy its own at its first
 // boot, and box pushes one), SSH host keys, package caches and lists, npm's
-// cache, logs, shell histories and DHCP leases.
+// cache, logs, shell histories and DHCP leases. journald is first made to
+// write to /run (journalctl --relinquish-var): seen in a clean-clone run
+// under load, the builder's journald wrote its system.journal into
+// /var/log/journal again after the rm, and the image held it.
 const AnonymizeScript = `set -u
 rm -rf /var/lib/cloud/instances/* /var/lib/cloud/instance /var/lib/cloud/data/* /var/lib/cloud/sem/*
 rm -f ` + ReadyMarker + ` ` + FailedMarker + `
@@ -84,6 +87,7 @@ rm -f /etc/ssh/ssh_host_*
 rm -rf /root/.npm /root/.cache /home/*/.npm /home/*/.cache /tmp/* /var/tmp/*
 apt-get clean >/dev/null 2>&1 || true
 rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
+journalctl --relinquish-var >/dev/null 2>&1 || true
 rm -rf /var/log/journal/*
 find /var/log -type f \( -name '*.gz' -o -name '*.[0-9]' -o -name '*.old' \) -delete
 find /var/log -type f -exec truncate -s 0 {} +
