@@ -85,7 +85,7 @@ func TestSystemPolicyIsTheOperators(t *testing.T) {
 			set(src, tc.then)
 			if tc.bootProbe {
 				// The probe's control: open, it reaches the other canary.
-				assert.Positive(t, probed(t, r, src, other).reached, "control: the open box's boot probe reaches %s", other.name)
+				assert.Positive(t, probed(t, r, src, other).Reached, "control: the open box's boot probe reaches %s", other.name)
 			}
 			require.Equal(t, exitOK, r.run(t, "snapshot", src, "s1").code)
 			set(src, tc.now)
@@ -133,16 +133,16 @@ func TestSystemPolicyIsTheOperators(t *testing.T) {
 				// From its boot on, the restored box never reached what its
 				// policy does not allow: it never ran with the snapshot's.
 				p := probed(t, r, renamed, other)
-				assert.Zero(t, p.reached, "the restored box reached %s from its boot on", other.name)
-				assert.Positive(t, p.refused, "its boot probe was answered (refused by the proxy)")
+				assert.Zero(t, p.Reached, "the restored box reached %s from its boot on", other.name)
+				assert.Positive(t, p.Refused, "its boot probe was answered (refused by the proxy)")
 				// Stopped and started by Incus alone (incus start, as at the
 				// host's boot): its current policy from its first frame on.
 				ctx := context.Background()
 				require.NoError(t, c.Instances().SetState(ctx, renamed, "stop", time.Minute, false))
 				require.NoError(t, c.Instances().SetState(ctx, renamed, "start", 0, false))
 				p = probed(t, r, renamed, other)
-				assert.Zero(t, p.reached, "started by Incus alone, the box reached %s from its boot on", other.name)
-				assert.Positive(t, p.refused, "its boot probe was answered (refused by the proxy)")
+				assert.Zero(t, p.Reached, "started by Incus alone, the box reached %s from its boot on", other.name)
+				assert.Positive(t, p.Refused, "its boot probe was answered (refused by the proxy)")
 			}
 			check(renamed, tc.now, "restore of the running box")
 
@@ -247,54 +247,29 @@ func policyChecker(t *testing.T, r runner, c *incus.Client, hostNS string, hp in
 	}
 }
 
-// bootProbe makes the box's PID 1 start, before the image's own init,
-// a loop that asks the canary c over HTTP every 100 ms and writes, to
-// /probe.log (emptied at each boot), the first line of each answer.
+// bootProbe makes the box's PID 1 probe the canary c from its boot on
+// (testenv.BootProbeInit), before the image's own init.
 func bootProbe(t *testing.T, c *incus.Client, name string, cn canary) {
 	t.Helper()
 	ctx := context.Background()
 	orig, err := c.Instances().PullFile(ctx, name, "/sbin/init")
 	require.NoError(t, err)
 	require.NoError(t, c.Instances().PushFile(ctx, name, "/sbin/init.orig", strings.NewReader(string(orig)), 0o755, 0, 0))
-	wrapper := fmt.Sprintf(`#!/bin/sh
-# box tests: a boot probe (cmd/box/policy_system_test.go), then the image's init.
-: > /probe.log
-(while :; do
-	out=$(printf 'GET / HTTP/1.0\r\nHost: %[1]s\r\n\r\n' | nc -w 1 %[2]s 80 2>/dev/null | head -1)
-	echo "$(cut -d' ' -f1 /proc/uptime) $out" >> /probe.log
-	sleep 0.1
-done) </dev/null >/dev/null 2>&1 &
-exec /sbin/init.orig
-`, cn.name, cn.addr)
-	require.NoError(t, c.Instances().PushFile(ctx, name, "/sbin/init", strings.NewReader(wrapper), 0o755, 0, 0))
+	require.NoError(t, c.Instances().PushFile(ctx, name, "/sbin/init", strings.NewReader(testenv.BootProbeInit(cn.name, cn.addr.String(), cn.name)), 0o755, 0, 0))
 }
 
-// probeCount is what a box's boot probe saw since its boot.
-type probeCount struct{ reached, refused, lines int }
-
 // probed reads the boot probe's log once it has a few answers.
-func probed(t *testing.T, r runner, name string, cn canary) probeCount {
+func probed(t *testing.T, r runner, name string, cn canary) testenv.BootProbe {
 	t.Helper()
-	var p probeCount
+	var p testenv.BootProbe
 	for range 100 {
 		res := r.run(t, "exec", name, "--", "cat", "/probe.log")
 		require.Equal(t, exitOK, res.code, res.err)
-		p = probeCount{}
-		for _, l := range strings.Split(strings.TrimSpace(res.out), "\n") {
-			_, answer, _ := strings.Cut(l, " ")
-			p.lines++
-			switch {
-			case strings.TrimSpace(answer) == cn.greeting:
-				p.reached++
-			case strings.HasPrefix(answer, "HTTP/1.1 403"):
-				p.refused++
-			}
-		}
-		if p.reached+p.refused >= 3 {
+		if p = testenv.ReadBootProbe(res.out, cn.greeting); p.Reached+p.Refused >= 3 {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Logf("%s's boot probe of %s: %d tries, %d reached it, %d refused by box's proxy", name, cn.name, p.lines, p.reached, p.refused)
+	t.Logf("%s's boot probe of %s: %s", name, cn.name, p)
 	return p
 }
