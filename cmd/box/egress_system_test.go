@@ -31,6 +31,13 @@ type canary struct {
 	greeting string // its own: the other canary's is not an answer
 }
 
+// worldCanaries are the world's two canaries as a box names them: the
+// first, which the tests allowlist, and the other.
+func worldCanaries(st *world.State) (first, other canary) {
+	return canary{"canary.example.net", world.Canary, st.Greeting("canary")},
+		canary{"other.example.net", world.Canary2, st.Greeting("canary2")}
+}
+
 // attempt is how one HTTP request from a box to a canary's port 80 ended:
 // the first line the canary sent, and nc's exit status and words.
 type attempt struct {
@@ -95,8 +102,7 @@ func TestSystemEgressAllowlist(t *testing.T) {
 	require.Equal(t, exitOK, res.code, res.err)
 	t.Logf("box new --egress: %s", res.err)
 	st := testenv.World(t)
-	first := canary{"canary.example.net", world.Canary, st.Greeting("canary")}
-	other := canary{"other.example.net", world.Canary2, st.Greeting("canary2")}
+	first, other := worldCanaries(st)
 	assert.True(t, reaches(t, r, box, first), "the allowed canary, by its name")
 	blocked(t, r, box, other, first, "not the other canary")
 
@@ -237,7 +243,7 @@ func TestSystemEgressClosed(t *testing.T) {
 	res := r.run(t, "new", "--name", w, "--egress", "allow:"+allow)
 	require.Equal(t, exitOK, res.code, res.err)
 
-	first := canary{"canary.example.net", world.Canary, st.Greeting("canary")}
+	first, _ := worldCanaries(st)
 	stop := serve()
 	require.True(t, reaches(t, r, w, first), "with the service: the allowed canary")
 	stop()

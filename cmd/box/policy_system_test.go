@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -55,8 +54,7 @@ func TestSystemPolicyIsTheOperators(t *testing.T) {
 	r, c := worldBox(t)
 	st := testenv.World(t)
 	portWatcher(t, st, c)
-	first := canary{"canary.example.net", world.Canary, st.Greeting("canary")}
-	other := canary{"other.example.net", world.Canary2, st.Greeting("canary2")}
+	first, other := worldCanaries(st)
 	cases := []struct {
 		name      string
 		then, now policySpec

@@ -6,7 +6,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/box-isolation/box/fixtures/world"
 	"github.com/box-isolation/box/internal/testenv"
 )
 
@@ -20,8 +19,7 @@ import (
 func TestSystemTierPolicyWorkflow(t *testing.T) {
 	e := tierWorld(t)
 	st := testenv.World(t)
-	first := canary{"canary.example.net", world.Canary, st.Greeting("canary")}
-	other := canary{"other.example.net", world.Canary2, st.Greeting("canary2")}
+	first, other := worldCanaries(st)
 	adminA, adminB := uniq(t), uniq(t)
 	cleanup(t, e.c, adminA, adminB)
 	for name, allow := range map[string]string{adminA: first.name, adminB: other.name} {
