@@ -671,10 +671,10 @@ func printInfo(w io.Writer, r infoResult) {
 			fmt.Fprintf(w, "  %d -> %s	%s (%s)\n", d.Port, d.Host, d.Device, what)
 		}
 	}
-	fmt.Fprintf(w, "policy: %s\n", boxes.Summary(r.Policy))
+	fmt.Fprintf(w, "policy: %s\n", r.Policy.Summary())
 	if len(r.RecordDiffers) > 0 {
 		fmt.Fprintf(w, "policy recorded by box: %s (recorded -> the box's: %s; changed through Incus alone, or restored by it: box egress, expose or restore record the box's own again)\n",
-			boxes.Summary(*r.Recorded), strings.Join(r.RecordDiffers, "; "))
+			r.Recorded.Summary(), strings.Join(r.RecordDiffers, "; "))
 	}
 	if len(r.Snapshots) == 0 {
 		fmt.Fprintln(w, "snapshots: none")

@@ -170,6 +170,6 @@ func (c *call) importBox(file, name string, asJSON bool) error {
 	}
 	fmt.Fprintf(c.out, "%s: %s %s at %s (import of %s from %s, %s, in %s; its stamps are the file's, its MAC, machine-id and instance UUID are new)\n",
 		res.Box.Name, res.Box.Type, strings.ToLower(res.Box.Status), addr, res.From, file, snaps, took.Round(10*time.Millisecond))
-	fmt.Fprintf(c.out, "%s took the file's policy: %s\n", res.Box.Name, boxes.Summary(res.Policy))
+	fmt.Fprintf(c.out, "%s took the file's policy: %s\n", res.Box.Name, res.Policy.Summary())
 	return nil
 }

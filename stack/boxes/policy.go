@@ -3,8 +3,6 @@ package boxes
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 
 	"github.com/box-isolation/box/stack"
@@ -47,28 +45,5 @@ func (n PolicyNote) Line(box string) string {
 		"source":   "took its source's current policy",
 		"file":     "took the file's policy",
 	}[n.Source]
-	return fmt.Sprintf("%s %s (%s); %s held otherwise (then -> now): %s", box, verb, Summary(n.Policy), n.Other, strings.Join(n.Differs, "; "))
-}
-
-// Summary is a policy in a few words: "egress allow a.example,
-// limits.cpu=2, disk 10GiB, nesting, door box-door-8080".
-func Summary(p model.Policy) string {
-	parts := []string{"egress " + p.EgressString()}
-	nesting := len(p.Config) > 0 && model.Nesting(p.Config)
-	for _, k := range slices.Sorted(maps.Keys(p.Config)) {
-		if nesting && model.NestingReason(k, p.Config[k]) != "" {
-			continue
-		}
-		parts = append(parts, k+"="+p.Config[k])
-	}
-	if p.Disk != "" {
-		parts = append(parts, "disk "+p.Disk)
-	}
-	if nesting {
-		parts = append(parts, "nesting")
-	}
-	for _, d := range slices.Sorted(maps.Keys(p.Doors)) {
-		parts = append(parts, "door "+strings.TrimPrefix(d, model.DoorPrefix))
-	}
-	return strings.Join(parts, ", ")
+	return fmt.Sprintf("%s %s (%s); %s held otherwise (then -> now): %s", box, verb, n.Policy.Summary(), n.Other, strings.Join(n.Differs, "; "))
 }

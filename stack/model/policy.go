@@ -138,6 +138,29 @@ func (p Policy) Diff(q Policy) []string {
 	return out
 }
 
+// Summary is the policy in a few words: "egress allow a.example,
+// limits.cpu=2, disk 10GiB, nesting, door box-door-8080".
+func (p Policy) Summary() string {
+	parts := []string{"egress " + p.EgressString()}
+	nesting := len(p.Config) > 0 && Nesting(p.Config)
+	for _, k := range slices.Sorted(maps.Keys(p.Config)) {
+		if nesting && NestingReason(k, p.Config[k]) != "" {
+			continue
+		}
+		parts = append(parts, k+"="+p.Config[k])
+	}
+	if p.Disk != "" {
+		parts = append(parts, "disk "+p.Disk)
+	}
+	if nesting {
+		parts = append(parts, "nesting")
+	}
+	for _, d := range slices.Sorted(maps.Keys(p.Doors)) {
+		parts = append(parts, "door "+strings.TrimPrefix(d, DoorPrefix))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // unionKeys are the keys of a and b, sorted, each once.
 func unionKeys[V any](a, b map[string]V) []string {
 	keys := slices.Collect(maps.Keys(a))
