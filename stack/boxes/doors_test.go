@@ -248,7 +248,7 @@ func newDoorServer(t *testing.T, typ string, devices map[string]map[string]strin
 		incustest.Sync(w, []any{web, other})
 	})
 	ds.srv.Handle("GET /1.0/projects", func(w http.ResponseWriter, r *http.Request) { incustest.Sync(w, projects) })
-	stacktest.ServeBridge(ds.srv, map[string]string{"ipv4.address": "10.88.0.1/24"})
+	stacktest.ServeStaticBridge(ds.srv, map[string]string{"ipv4.address": "10.88.0.1/24"})
 	ds.srv.Handle("PUT /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
 		var p incus.InstancePut
 		if err := json.NewDecoder(r.Body).Decode(&p); err != nil || r.Header.Get("If-Match") != `"e1"` {

@@ -60,7 +60,7 @@ func newMintFake(t *testing.T) (*mintFake, *stack.Host) {
 	s.Handle("GET /1.0", func(w http.ResponseWriter, r *http.Request) {
 		incustest.Sync(w, map[string]any{"environment": map[string]any{"server_clustered": false, "server_name": "none", "driver": "lxc"}})
 	})
-	stacktest.ServeBridge(s, map[string]string{"ipv4.address": "10.88.0.1/24"})
+	stacktest.ServeStaticBridge(s, map[string]string{"ipv4.address": "10.88.0.1/24"})
 	s.Handle("GET /1.0/profiles/box-net", func(w http.ResponseWriter, r *http.Request) {
 		incustest.Sync(w, stacktest.HostProfiles()[model.Current.Profile])
 	})

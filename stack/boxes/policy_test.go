@@ -29,7 +29,7 @@ func policyBox(t *testing.T, status string, now, then model.Policy) (*Manager, f
 	f.Snaps["b"] = []incus.Instance{snap}
 	f.Mu.Unlock()
 	return &Manager{host: h}, func() *incus.Instance { return f.Inst(t, "b") },
-		func() map[string]string { f.Mu.Lock(); defer f.Mu.Unlock(); return maps.Clone(f.NetUser) },
+		func() map[string]string { return f.Bridge.Config() },
 		func() ([]map[string]string, []string) {
 			f.Mu.Lock()
 			defer f.Mu.Unlock()

@@ -41,7 +41,7 @@ func newStackFake(t *testing.T) (*stackFake, *stack.Host) {
 	t.Helper()
 	f := &stackFake{srv: incustest.New(t), insts: map[string]map[string]any{}}
 	profiles := stacktest.HostProfiles()
-	stacktest.ServeBridge(f.srv, map[string]string{"ipv4.address": "10.88.0.1/24"})
+	stacktest.ServeStaticBridge(f.srv, map[string]string{"ipv4.address": "10.88.0.1/24"})
 	f.srv.Handle("GET /1.0/profiles/{name}", func(w http.ResponseWriter, r *http.Request) {
 		p, ok := profiles[r.PathValue("name")]
 		if !ok {

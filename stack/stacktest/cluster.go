@@ -46,8 +46,8 @@ type ClusterFake struct {
 	Leases []incus.NetworkLease
 	// Starting names an instance Incus is starting: it refuses changes.
 	Starting string
-	// NetUser holds the bridge's user keys written through its PUT.
-	NetUser map[string]string
+	// Bridge is the stack's bridge, with the user keys box wrote.
+	Bridge *Bridge
 	// Started holds each instance's config as each start found it, and
 	// Restored the status each restore found, in order, by instance.
 	Started  map[string][]map[string]string
@@ -72,33 +72,14 @@ func NewClusterServer(t *testing.T) *ClusterFake {
 		}
 		incustest.Sync(w, out)
 	})
-	s.Handle("GET /1.0/networks/boxnet", func(w http.ResponseWriter, r *http.Request) {
+	f.Bridge = ServeBridge(s, func() map[string]string {
 		cfg := map[string]string{"ipv4.address": "10.88.0.1/24"}
 		if f.Clustered {
 			for m, p := range fakeSlices {
 				cfg[model.KeySlice+m] = p
 			}
 		}
-		f.Mu.Lock()
-		maps.Copy(cfg, f.NetUser)
-		f.Mu.Unlock()
-		incustest.Sync(w, map[string]any{"name": "boxnet", "config": cfg})
-	})
-	s.Handle("PUT /1.0/networks/boxnet", func(w http.ResponseWriter, r *http.Request) {
-		var put incus.NetworkPut
-		if err := json.NewDecoder(r.Body).Decode(&put); err != nil {
-			incustest.Error(w, http.StatusBadRequest, err.Error())
-			return
-		}
-		f.Mu.Lock()
-		defer f.Mu.Unlock()
-		f.NetUser = map[string]string{}
-		for k, v := range put.Config {
-			if strings.HasPrefix(k, "user.") {
-				f.NetUser[k] = v
-			}
-		}
-		incustest.Sync(w, nil)
+		return cfg
 	})
 	s.Handle("GET /1.0/networks/boxnet/leases", func(w http.ResponseWriter, r *http.Request) {
 		f.Mu.Lock()
