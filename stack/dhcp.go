@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -382,7 +381,7 @@ func dhcpPool(g *hostns.NS, bridge string) (DHCPPool, error) {
 	if p.LeaseFile == "" {
 		return p, fmt.Errorf("the dnsmasq serving %s (pid %d) names no lease file", bridge, pid)
 	}
-	p.PID, p.LeaseFileGone = pid, writesDeleted(pid, p.LeaseFile)
+	p.PID, p.LeaseFileGone = pid, hostns.HoldsDeleted(pid, p.LeaseFile)
 	var spans [][2]netip.Addr
 	for _, r := range ranges {
 		lo, hi, ok := parseRange(r)
@@ -410,22 +409,6 @@ func dhcpPool(g *hostns.NS, bridge string) (DHCPPool, error) {
 		}
 	}
 	return p, nil
-}
-
-// writesDeleted says whether process pid holds path open as a file
-// deleted from disk (the kernel's "PATH (deleted)").
-func writesDeleted(pid int, path string) bool {
-	dir := fmt.Sprintf("/proc/%d/fd", pid)
-	fds, err := os.ReadDir(dir)
-	if err != nil {
-		return false
-	}
-	for _, fd := range fds {
-		if l, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && l == path+" (deleted)" {
-			return true
-		}
-	}
-	return false
 }
 
 // parseRange reads an IPv4 --dhcp-range: "start,end[,mask][,lease]"

@@ -4,8 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -136,20 +134,6 @@ func TestPoolFindingsLeaseFileGoneAndAstray(t *testing.T) {
 		assert.False(t, f.Advisory)
 		assert.Contains(t, f.Fix, "box doctor --fix")
 	}
-}
-
-// The kernel names an open file deleted from disk "PATH (deleted)".
-func TestWritesDeleted(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "leases")
-	f, err := os.Create(path)
-	require.NoError(t, err)
-	defer f.Close()
-	assert.False(t, writesDeleted(os.Getpid(), path))
-	require.NoError(t, os.Rename(path, path+".old"))
-	require.NoError(t, os.WriteFile(path, nil, 0o644))
-	assert.False(t, writesDeleted(os.Getpid(), path), "renamed, not deleted: its link names the new path")
-	require.NoError(t, os.Remove(path+".old"))
-	assert.True(t, writesDeleted(os.Getpid(), path+".old"))
 }
 
 // Converting a host: every box without a fixed address gets the one it

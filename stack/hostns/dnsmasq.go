@@ -1,7 +1,9 @@
 package hostns
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -65,4 +67,20 @@ func (g *NS) DnsmasqLeaseFile(bridge string) (path string, pid int) {
 		}
 	}
 	return path, pid
+}
+
+// HoldsDeleted says whether process pid holds path open as a file
+// deleted from disk (the kernel's "PATH (deleted)").
+func HoldsDeleted(pid int, path string) bool {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, fd := range fds {
+		if l, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && l == path+" (deleted)" {
+			return true
+		}
+	}
+	return false
 }
