@@ -16,14 +16,53 @@ import (
 	"github.com/box-isolation/box/stack/nft"
 )
 
+// Enforced is the allowlist box enforces for a box.
+type Enforced struct {
+	// ID is the policy's id ("" for open), Names its names.
+	ID    string
+	Names []string
+	// Recorded: it is box's record's; Differs: the box's config names
+	// another.
+	Recorded, Differs bool
+}
+
+// EnforcedEgress is the allowlist box enforces for a box: box's record of
+// the box's policy where it keeps one, else the box's own config. An
+// Incus-only restore, copy or edit changes the box's config, never box's
+// record, so it never changes what the box may reach (docs/design.md, "A
+// box's policy is the operator's"). A granted user's boxes have no record
+// that counts: box cannot record their own changes, so their config is
+// their policy.
+func EnforcedEgress(inst *incus.Instance, recorded map[string]model.Policy) Enforced {
+	var e Enforced
+	if e.ID = inst.Config[model.KeyEgress]; e.ID != "" {
+		e.Names = strings.Split(inst.Config[model.KeyEgressNames], ",")
+	}
+	if TierProjectRE.MatchString(inst.Project) {
+		return e
+	}
+	rec, ok := recorded[model.ProjectOf(inst.Project)+"."+inst.Name]
+	if !ok {
+		return e
+	}
+	want := Enforced{Recorded: true}
+	if len(rec.Egress) > 0 {
+		want.ID, want.Names = model.PolicyID(rec.Egress), rec.Egress
+	}
+	want.Differs = want.ID != e.ID
+	return want
+}
+
 // egressPlanOf puts each box under a policy into that policy's boxes set,
 // by its NIC's stored address and the addresses leased to its MAC on the
-// bridge. Every stored policy is in the plan, with or without boxes. A box
-// naming a policy the bridge does not store (a snapshot's, restored by
-// hand; an import's) is held closed, never open: the policy is added to
-// policies with no names (its resolver answers nothing, its set allows
-// nothing), and it is a finding.
-func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Instance, leases []incus.NetworkLease) ([]nft.EgressPolicy, map[netip.Addr]egress.Box, []model.Finding) {
+// bridge. Every stored policy is in the plan, with or without boxes. A
+// box's policy is the one box recorded for it (EnforcedEgress): one the
+// bridge lost is put back from the record, and a box whose config names
+// another is a finding. A box naming a policy neither the bridge nor a
+// record has (a snapshot's, restored by hand; an import's) is held
+// closed, never open: the policy is added to policies with no names (its
+// resolver answers nothing, its set allows nothing), and it is a finding.
+func egressPlanOf(bridge string, policies map[string][]string, recorded map[string]model.Policy, insts []incus.Instance, leases []incus.NetworkLease) ([]nft.EgressPolicy, map[netip.Addr]egress.Box, []model.Finding) {
 	byMAC := map[string][]netip.Addr{}
 	for _, l := range leases {
 		a, err := netip.ParseAddr(l.Address)
@@ -37,9 +76,20 @@ func egressPlanOf(bridge string, policies map[string][]string, insts []incus.Ins
 	who := map[netip.Addr]egress.Box{}
 	var findings []model.Finding
 	for i := range insts {
-		id := insts[i].Config[model.KeyEgress]
+		e := EnforcedEgress(&insts[i], recorded)
+		if e.Differs {
+			live := model.PolicyOf(insts[i].Config, nil).EgressString()
+			rec := model.Policy{Egress: e.Names}
+			findings = append(findings, model.Finding{Layer: model.LayerEgress, Object: "box " + insts[i].Name,
+				Problem: fmt.Sprintf("its config says egress %s, box's record of its policy says %s (the config was changed through Incus alone: a restore, a copy or an edit); the record's is enforced", live, rec.EgressString()),
+				Fix:     egressCommand(insts[i].Name, e.Names) + " puts it on the box too (or box egress with the other, to change it)"})
+		}
+		id := e.ID
 		if id == "" {
 			continue
+		}
+		if _, ok := policies[id]; !ok && e.Recorded {
+			policies[id] = e.Names
 		}
 		if _, ok := policies[id]; !ok {
 			findings = append(findings, model.Finding{Layer: model.LayerEgress, Object: "box " + insts[i].Name,
@@ -88,7 +138,7 @@ func planEgress(ctx context.Context, c *incus.Client, f Fleet) (egressPlan, erro
 		return egressPlan{}, err
 	}
 	names := model.PoliciesOf(n.Config)
-	ps, who, fs := egressPlanOf(model.Current.Network, names, f.insts, f.leases)
+	ps, who, fs := egressPlanOf(model.Current.Network, names, model.PoliciesRecorded(n.Config), f.insts, f.leases)
 	st := egress.State{Bridge: model.Current.Network, Table: nft.Config{Table: model.Current.NFTTable}.EgressTable(),
 		Upstream: dnsmasqServers(n.Config["raw.dnsmasq"]), Policies: names, Boxes: who}
 	if p, err := netip.ParsePrefix(n.Config["ipv4.address"]); err == nil {
@@ -251,7 +301,7 @@ func (ps *Policies) EnsureAllowlist(ctx context.Context, id string, names []stri
 		return false, err
 	}
 	defer g.Close()
-	plan, _, _ := egressPlanOf(model.Current.Network, policies, f.insts, f.leases)
+	plan, _, _ := egressPlanOf(model.Current.Network, policies, model.PoliciesRecorded(n.Config), f.insts, f.leases)
 	ncfg := g.NFTConfig(model.Current)
 	p, err := netip.ParsePrefix(n.Config["ipv4.address"])
 	if err != nil {
@@ -269,11 +319,13 @@ func (ps *Policies) EnsureAllowlist(ctx context.Context, id string, names []stri
 	return true, nil
 }
 
-// usedPolicies keeps the policies some instance names: the others go at
-// the next converge (their sets with them), not when their last box leaves
-// (a box moving between policies and back finds its policy there).
-func usedPolicies(ctx context.Context, c *incus.Client, policies map[string][]string) (map[string][]string, error) {
-	if len(policies) == 0 {
+// usedPolicies keeps the policies some box's enforced allowlist names
+// (EnforcedEgress, from its record or its config), one a record names
+// put back from the record: the others go at the next converge (their
+// sets with them), not when their last box leaves (a box moving between
+// policies and back finds its policy there).
+func usedPolicies(ctx context.Context, c *incus.Client, policies map[string][]string, recorded map[string]model.Policy) (map[string][]string, error) {
+	if len(policies) == 0 && len(recorded) == 0 {
 		return policies, nil
 	}
 	insts, err := c.Instances().All(ctx)
@@ -282,11 +334,24 @@ func usedPolicies(ctx context.Context, c *incus.Client, policies map[string][]st
 	}
 	used := map[string][]string{}
 	for i := range insts {
-		if id := insts[i].Config[model.KeyEgress]; policies[id] != nil {
-			used[id] = policies[id]
+		e := EnforcedEgress(&insts[i], recorded)
+		switch {
+		case e.ID == "":
+		case policies[e.ID] != nil:
+			used[e.ID] = policies[e.ID]
+		case e.Recorded:
+			used[e.ID] = e.Names
 		}
 	}
 	return used, nil
+}
+
+// egressCommand is the box command that sets a box's allowlist to names.
+func egressCommand(box string, names []string) string {
+	if len(names) == 0 {
+		return "box egress " + box + " open"
+	}
+	return "box egress " + box + " allow " + strings.Join(names, " ")
 }
 
 // unusedPolicyKeys names the stored policies a converge drops.

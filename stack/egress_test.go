@@ -2,6 +2,7 @@ package stack
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -131,7 +132,7 @@ func TestEgressPlan(t *testing.T) {
 		{Address: "10.88.0.14", Hwaddr: "10:66:6a:00:00:0f", Type: "dynamic"},
 	}
 	policies := map[string][]string{"pa": {"x.example"}, "pb": {"y.example"}}
-	ps, who, fs := egressPlanOf("boxnet", policies, insts, leases)
+	ps, who, fs := egressPlanOf("boxnet", policies, nil, insts, leases)
 	assert.Equal(t, []nft.EgressPolicy{
 		{ID: "pa", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.10"), netip.MustParseAddr("10.88.0.12")}},
 		{ID: "pb", Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.20")}},
@@ -151,4 +152,68 @@ func TestEgressPlan(t *testing.T) {
 	assert.Equal(t, model.LayerEgress, fs[0].Layer)
 	assert.Contains(t, fs[0].Problem, "pgone", "a box naming a policy the bridge lacks is named, not silently open")
 	assert.Contains(t, fs[0].Problem, "held closed")
+}
+
+// TestEgressPlanFollowsTheRecord: box's record of a box's policy, not its
+// config, says what it may reach; a config changed through Incus alone is
+// a finding; an allowlist the bridge lost is put back from the record; a
+// granted user's box follows its config.
+func TestEgressPlanFollowsTheRecord(t *testing.T) {
+	inst := func(name, project, mac, policy, names string) incus.Instance {
+		return stacktest.FleetInst(name, func(i *incus.Instance) {
+			i.Project = project
+			i.Config["volatile.eth0.hwaddr"] = mac
+			if policy != "" {
+				i.Config[model.KeyEgress] = policy
+				i.Config[model.KeyEgressNames] = names
+			}
+		})
+	}
+	x, y := []string{"x.example"}, []string{"y.example"}
+	px, py := model.PolicyID(x), model.PolicyID(y)
+	insts := []incus.Instance{
+		// Restored by Incus alone to an open snapshot: its record's.
+		inst("rolled", "", "10:66:6a:00:00:01", "", ""),
+		// Its config names another allowlist than its record: the record's.
+		inst("edited", "", "10:66:6a:00:00:02", px, "x.example"),
+		// Recorded open, its config allowlisted: open.
+		inst("opened", "", "10:66:6a:00:00:03", px, "x.example"),
+		// No record: its config.
+		inst("unrecorded", "", "10:66:6a:00:00:04", px, "x.example"),
+		// A granted user's: its config, whatever a record says.
+		inst("mine", "user-1000", "10:66:6a:00:00:05", "", ""),
+	}
+	leases := []incus.NetworkLease{
+		{Address: "10.88.0.11", Hwaddr: "10:66:6a:00:00:01", Type: "dynamic"},
+		{Address: "10.88.0.12", Hwaddr: "10:66:6a:00:00:02", Type: "dynamic"},
+		{Address: "10.88.0.13", Hwaddr: "10:66:6a:00:00:03", Type: "dynamic"},
+		{Address: "10.88.0.14", Hwaddr: "10:66:6a:00:00:04", Type: "dynamic"},
+		{Address: "10.88.0.15", Hwaddr: "10:66:6a:00:00:05", Type: "dynamic"},
+	}
+	recorded := map[string]model.Policy{
+		"default.rolled":  {Egress: y},
+		"default.edited":  {Egress: y},
+		"default.opened":  {},
+		"user-1000.mine":  {Egress: x},
+		"default.removed": {Egress: x},
+	}
+	// The bridge has x only: y, which two records name, was dropped.
+	policies := map[string][]string{px: x}
+	ps, who, fs := egressPlanOf("boxnet", policies, recorded, insts, leases)
+	want := []nft.EgressPolicy{
+		{ID: px, Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.14")}},
+		{ID: py, Boxes: []netip.Addr{netip.MustParseAddr("10.88.0.11"), netip.MustParseAddr("10.88.0.12")}},
+	}
+	slices.SortFunc(want, func(a, b nft.EgressPolicy) int { return strings.Compare(a.ID, b.ID) })
+	assert.Equal(t, want, ps, "the recorded allowlist is enforced; the unrecorded box follows its config; the opened and the granted user's boxes are open")
+	assert.Equal(t, y, policies[py], "an allowlist the bridge lost is put back from the record, not held closed")
+	assert.Equal(t, "rolled", who[netip.MustParseAddr("10.88.0.11")].Name)
+	require.Len(t, fs, 3, "each box whose config differs from its record is named: %v", fs)
+	for i, want := range []string{"rolled", "edited", "opened"} {
+		assert.Equal(t, "box "+want, fs[i].Object)
+		assert.Contains(t, fs[i].Problem, "the record's is enforced")
+	}
+	assert.Contains(t, fs[0].Problem, "its config says egress open, box's record of its policy says allow y.example")
+	assert.Equal(t, "box egress rolled allow y.example puts it on the box too (or box egress with the other, to change it)", fs[0].Fix)
+	assert.Contains(t, fs[2].Fix, "box egress opened open")
 }

@@ -517,7 +517,7 @@ func desiredOptions(ctx context.Context, c *incus.Client, ci ClusterInfo, opts m
 		if opts, err = opts.With(cfg); err != nil {
 			return opts, err
 		}
-		if opts.Egress, err = usedPolicies(ctx, c, opts.Egress); err != nil {
+		if opts.Egress, err = usedPolicies(ctx, c, opts.Egress, model.PoliciesRecorded(cfg)); err != nil {
 			return opts, err
 		}
 	}

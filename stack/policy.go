@@ -16,7 +16,8 @@ import (
 // copied with a box, readable by every client of the host's Incus (a
 // --remote one too) and writable only by its admins: a granted user's
 // boxes have no record (for them the rule is a convenience; their boxes'
-// policy is read from the box itself). Incus changes a bridge's user keys
+// policy is read from the box itself). Where a box has a record, its
+// allowlist is the record's (EnforcedEgress). Incus changes a bridge's user keys
 // without restarting its dnsmasq (measured: 33 ms, the same dnsmasq).
 // docs/design.md, "A box's policy is the operator's".
 
@@ -44,8 +45,12 @@ func (ps *Policies) Recorded(ctx context.Context, project, box string) (model.Po
 }
 
 // Record records a box's policy (nothing for a granted user, who cannot
-// write the bridge).
+// write the bridge, nor for a box in a granted user's project, whose own
+// changes box could not record: its config is its policy).
 func (ps *Policies) Record(ctx context.Context, project, box string, p model.Policy) error {
+	if TierProjectRE.MatchString(project) {
+		return nil
+	}
 	return ps.edit(ctx, func(cfg map[string]string) {
 		cfg[model.PolicyKey(project, box)] = model.MarshalPolicy(p)
 	})

@@ -673,7 +673,7 @@ func printInfo(w io.Writer, r infoResult) {
 	}
 	fmt.Fprintf(w, "policy: %s\n", r.Policy.Summary())
 	if len(r.RecordDiffers) > 0 {
-		fmt.Fprintf(w, "policy recorded by box: %s (recorded -> the box's: %s; changed through Incus alone, or restored by it: box egress, expose or restore record the box's own again)\n",
+		fmt.Fprintf(w, "policy recorded by box: %s (recorded -> the box's: %s; changed through Incus alone, or restored by it; the recorded allowlist is the one enforced: box egress sets one on both, and expose or restore record the box's other settings again)\n",
 			r.Recorded.Summary(), strings.Join(r.RecordDiffers, "; "))
 	}
 	if len(r.Snapshots) == 0 {

@@ -49,7 +49,9 @@ func (p policySpec) String() string {
 // output says what the other side held when it differed. An allowlisted
 // box restored, running, to an open snapshot probes the other canary
 // from its boot on and never reaches it (its control: open, the same
-// probe does), nor after Incus alone stops and starts it.
+// probe does), nor after Incus alone stops and starts it, nor after Incus
+// alone restores it (its allowlist is box's record's, whatever its config
+// says).
 func TestSystemPolicyIsTheOperators(t *testing.T) {
 	r, c := worldBox(t)
 	st := testenv.World(t)
@@ -141,6 +143,29 @@ func TestSystemPolicyIsTheOperators(t *testing.T) {
 				p = probed(t, r, renamed, other)
 				assert.Zero(t, p.Reached, "started by Incus alone, the box reached %s from its boot on", other.name)
 				assert.Positive(t, p.Refused, "its boot probe was answered (refused by the proxy)")
+				// Restored by Incus alone, running, to its open snapshot
+				// (incus snapshot restore): the box's config is the
+				// snapshot's, its allowlist box's record's from its first
+				// frame on; doctor names the difference, and box egress
+				// puts the record's on the box.
+				require.NoError(t, c.Instances().RestoreSnapshot(ctx, renamed, "s1"))
+				inst, _, err := c.Instances().Get(ctx, renamed)
+				require.NoError(t, err)
+				require.Empty(t, inst.Config[model.KeyEgress], "the Incus-only restore rolled the box's config back to the open snapshot's")
+				p = probed(t, r, renamed, other)
+				assert.Zero(t, p.Reached, "restored by Incus alone, the box reached %s from its boot on", other.name)
+				assert.Positive(t, p.Refused, "its boot probe was answered (refused by the proxy)")
+				_, d := doctorOf(t, r)
+				var named bool
+				for _, f := range d.Verification.Findings {
+					named = named || (f.Object == "box "+renamed && strings.Contains(f.Problem, "the record's is enforced"))
+				}
+				assert.True(t, named, "doctor names the box whose config says otherwise than its record: %v", d.Verification.Findings)
+				set(renamed, tc.now)
+				_, d = doctorOf(t, r)
+				for _, f := range d.Verification.Findings {
+					assert.NotEqual(t, "box "+renamed, f.Object, "after box egress, nothing of %s is named: %v", renamed, f)
+				}
 			}
 			check(renamed, tc.now, "restore of the running box")
 

@@ -86,7 +86,11 @@ func (mgr *Manager) CloneTo(ctx context.Context, src, snap, name, target string)
 	// A fresh identity before the first boot: no inherited MAC, a new
 	// machine-id (a shared one means one DHCP lease for two boxes).
 	// Its source's current policy, whatever the copy held (a snapshot's).
-	want := model.PolicyOf(inst.Config, inst.Devices).WithoutDoors()
+	cur, err := currentPolicy(ctx, host, inst)
+	if err != nil {
+		return nil, err
+	}
+	want := cur.WithoutDoors()
 	clone, err := restampClone(ctx, host.Incus, name, source, want, res)
 	if err != nil {
 		return nil, err

@@ -122,7 +122,7 @@ func (doors *Doors) Expose(ctx context.Context, name string, spec model.DoorSpec
 		inst.ExpandedDevices = map[string]map[string]string{}
 	}
 	inst.ExpandedDevices[dev] = want
-	if err := recordPolicy(ctx, host, name); err != nil {
+	if err := recordPolicy(ctx, host, name, nil); err != nil {
 		return nil, fmt.Errorf("exposed port %d of %s, but: %w (run the command again)", spec.Port, name, err)
 	}
 	door := model.DoorOf(inst, dev)
@@ -295,7 +295,7 @@ func (doors *Doors) Unexpose(ctx context.Context, name string, port uint16) erro
 		return fmt.Errorf("removing %s's door to port %d: %w", name, port, err)
 	}
 	removeDoorSocket(d)
-	if err := recordPolicy(ctx, host, name); err != nil {
+	if err := recordPolicy(ctx, host, name, nil); err != nil {
 		return fmt.Errorf("removed %s's door to port %d, but: %w (run the command again)", name, port, err)
 	}
 	return nil

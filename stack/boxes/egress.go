@@ -68,7 +68,7 @@ func (mgr *Manager) SetEgress(ctx context.Context, box string, names []string) (
 			return nil, fmt.Errorf("egress of %s: %w", box, err)
 		}
 	}
-	if err := recordPolicy(ctx, host, box); err != nil {
+	if err := recordPolicy(ctx, host, box, func(p *model.Policy) { p.Egress = names }); err != nil {
 		return nil, fmt.Errorf("egress of %s set, but: %w (run the command again)", box, err)
 	}
 	if _, err := host.RefreshPorts(ctx); err != nil {
@@ -85,16 +85,20 @@ func (mgr *Manager) Egress(ctx context.Context, box string) (*EgressState, error
 		return nil, err
 	}
 	st := &EgressState{Box: box, Policy: model.EgressOpen}
-	id := inst.Config[model.KeyEgress]
-	if id == "" {
-		return st, nil
-	}
-	st.Policy = id
 	n, _, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return nil, err
 	}
-	st.Names = model.PoliciesOf(n.Config)[id]
+	// What box enforces: its record's allowlist, where it keeps one.
+	e := stack.EnforcedEgress(inst, model.PoliciesRecorded(n.Config))
+	id := e.ID
+	if id == "" {
+		return st, nil
+	}
+	st.Policy = id
+	if st.Names = model.PoliciesOf(n.Config)[id]; st.Names == nil {
+		st.Names = e.Names
+	}
 	if host.Tier.Granted {
 		return st, nil // the kernel's sets are the admin's to read
 	}

@@ -84,7 +84,10 @@ func (mgr *Manager) Restore(ctx context.Context, name, snap string, withPolicy b
 	if i < 0 {
 		return nil, fmt.Errorf("%s has no snapshot %s (box info %s lists them)", name, snap, name)
 	}
-	cur := model.PolicyOf(inst.Config, inst.Devices)
+	cur, err := currentPolicy(ctx, host, inst)
+	if err != nil {
+		return nil, err
+	}
 	held := model.PolicyOf(defs[i].Config, defs[i].Devices)
 	res := &RestoreResult{Box: name, Snapshot: snap, Policy: PolicyNote{Policy: cur, Source: "current", Other: "the snapshot", Differs: held.Diff(cur)}}
 	want := cur

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -24,14 +25,39 @@ type PolicyNote struct {
 	Differs []string `json:"differs,omitempty"`
 }
 
-// recordPolicy records a box's policy as it stands now in the policy
-// store (stack.Policies.Record).
-func recordPolicy(ctx context.Context, host *stack.Host, name string) error {
+// recordPolicy records a box's current policy (currentPolicy) as it
+// stands now in the policy store (stack.Policies.Record), changed by edit
+// first when edit is not nil (the egress verb's new allowlist).
+func recordPolicy(ctx context.Context, host *stack.Host, name string, edit func(*model.Policy)) error {
 	inst, _, err := host.Incus.Instances().Get(ctx, name)
 	if err != nil {
 		return fmt.Errorf("recording the policy of %s: %w", name, err)
 	}
-	return host.Policies().Record(ctx, inst.Project, name, model.PolicyOf(inst.Config, inst.Devices))
+	p, err := currentPolicy(ctx, host, inst)
+	if err != nil {
+		return err
+	}
+	if edit != nil {
+		edit(&p)
+	}
+	return host.Policies().Record(ctx, inst.Project, name, p)
+}
+
+// currentPolicy is a box's current policy: its own config and devices,
+// with the allowlist box enforces for it (stack.EnforcedEgress: its
+// record's, where box keeps one), so a box restored or edited through
+// Incus alone does not hand the rolled-back allowlist on.
+func currentPolicy(ctx context.Context, host *stack.Host, inst *incus.Instance) (model.Policy, error) {
+	p := model.PolicyOf(inst.Config, inst.Devices)
+	if host.Tier.Granted {
+		return p, nil // a granted user's boxes have no record
+	}
+	n, _, err := host.Incus.Networks().Get(ctx, model.Current.Network)
+	if err != nil {
+		return p, fmt.Errorf("reading the recorded policy of %s: %w", inst.Name, err)
+	}
+	p.Egress = stack.EnforcedEgress(inst, model.PoliciesRecorded(n.Config)).Names
+	return p, nil
 }
 
 // Line is the note in one line, or "" when nothing differs.
