@@ -1,11 +1,14 @@
 package probes
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
+	"syscall"
 )
 
 // ErrNoInterface is returned (wrapped) by InterfaceForSubnet when no
@@ -26,18 +29,17 @@ func InterfaceForSubnet(prefix netip.Prefix) (*net.Interface, netip.Prefix, erro
 	if err != nil {
 		return nil, netip.Prefix{}, fmt.Errorf("interface for subnet %s: %w", prefix, err)
 	}
+	addrs, err := addrsByIndex()
+	if err != nil {
+		return nil, netip.Prefix{}, fmt.Errorf("interface for subnet %s: %w", prefix, err)
+	}
 	var found *net.Interface
 	var addr netip.Prefix
 	var names []string
 	for i := range ifs {
 		ifi := &ifs[i]
-		addrs, err := ifi.Addrs()
-		if err != nil {
-			continue
-		}
-		for _, a := range addrs {
-			p, ok := prefixOf(a)
-			if !ok || !prefix.Contains(p.Addr()) {
+		for _, p := range addrs[ifi.Index] {
+			if !prefix.Contains(p.Addr()) {
 				continue
 			}
 			if found == nil {
@@ -94,16 +96,62 @@ func interfaceAddrs(ifi *net.Interface) []netip.Prefix {
 // multicast echoes from a peer's.
 func localAddrs() map[netip.Addr]bool {
 	out := map[netip.Addr]bool{}
-	ifs, err := net.Interfaces()
+	addrs, err := addrsByIndex()
 	if err != nil {
 		return out
 	}
-	for i := range ifs {
-		for _, p := range interfaceAddrs(&ifs[i]) {
+	for _, ps := range addrs {
+		for _, p := range ps {
 			out[p.Addr()] = true
 		}
 	}
 	return out
+}
+
+// addrsByIndex is every interface's addresses, by interface index, from
+// one dump of the kernel's addresses: net.Interface.Addrs dumps them all
+// on each call, so asking interface by interface costs a dump per
+// interface, and a host with a bridge full of boxes has hundreds
+// (docs/measurements.md, "A busy host").
+func addrsByIndex() (map[int][]netip.Prefix, error) {
+	rib, err := syscall.NetlinkRIB(syscall.RTM_GETADDR, syscall.AF_UNSPEC)
+	if err != nil {
+		return nil, fmt.Errorf("dumping the addresses: %w", os.NewSyscallError("netlinkrib", err))
+	}
+	msgs, err := syscall.ParseNetlinkMessage(rib)
+	if err != nil {
+		return nil, fmt.Errorf("dumping the addresses: %w", os.NewSyscallError("parsenetlinkmessage", err))
+	}
+	out := map[int][]netip.Prefix{}
+	for i := range msgs {
+		m := &msgs[i]
+		if m.Header.Type != syscall.RTM_NEWADDR || len(m.Data) < syscall.SizeofIfAddrmsg {
+			continue
+		}
+		family, bits := m.Data[0], int(m.Data[1])
+		index := int(binary.NativeEndian.Uint32(m.Data[4:8]))
+		attrs, err := syscall.ParseNetlinkRouteAttr(m)
+		if err != nil {
+			continue
+		}
+		// IPv4: the local address (IFA_ADDRESS is the peer's on a
+		// point-to-point link); IPv6: IFA_ADDRESS. As the net package.
+		var a netip.Addr
+		for _, at := range attrs {
+			v, ok := netip.AddrFromSlice(at.Value)
+			switch {
+			case !ok:
+			case family == syscall.AF_INET && at.Attr.Type == syscall.IFA_LOCAL:
+				a = v
+			case at.Attr.Type == syscall.IFA_ADDRESS && !a.IsValid():
+				a = v
+			}
+		}
+		if a.IsValid() {
+			out[index] = append(out[index], netip.PrefixFrom(a.Unmap(), bits))
+		}
+	}
+	return out, nil
 }
 
 // broadcastOf is the directed broadcast address of an IPv4 prefix.
