@@ -36,18 +36,24 @@ func censusOf(g *hostns.NS, insts []incus.Instance, member string) (*model.Censu
 	if err != nil {
 		return nil, fmt.Errorf("reading the bridge drop's port set: %w", err)
 	}
-	links := map[string]model.KernelPort{}
-	for _, p := range ports {
-		links[p.Name] = g.LinkState(p.Name)
+	// Each port's state, and each sibling's port that is not on the
+	// bridge (where is it?), from one dump for them all.
+	names := hostns.PortNames(ports)
+	named := map[string]bool{}
+	for _, n := range names {
+		named[n] = true
 	}
-	// A sibling's port that is not on the bridge: where is it?
 	for _, i := range insts {
 		for _, port := range model.PortsOf(bridge, &i) {
-			if _, ok := links[port]; ok || port == "" {
-				continue
+			if port != "" && !named[port] {
+				named[port] = true
+				names = append(names, port)
 			}
-			links[port] = g.LinkState(port)
 		}
+	}
+	links, err := g.LinkStates(names)
+	if err != nil {
+		return nil, err
 	}
 	c := model.TakeCensus(bridge, insts, hostns.PortNames(ports), links, members, setOK, member)
 	return c, nil

@@ -3,6 +3,13 @@ package hostns
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"syscall"
+
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/stack/model"
 	"github.com/vishvananda/netlink"
@@ -14,6 +21,17 @@ func (g *NS) LinkState(name string) model.KernelPort {
 	if err != nil {
 		return model.KernelPort{}
 	}
+	kp := g.linkState(l)
+	if l.Attrs().MasterIndex > 0 {
+		if ports, err := g.bridgePortDump(); err == nil {
+			kp.Isolated = ports[l.Attrs().Index].Isolated
+		}
+	}
+	return kp
+}
+
+// linkState is a link's state but for its isolated flag.
+func (g *NS) linkState(l netlink.Link) model.KernelPort {
 	kp := model.KernelPort{Exists: true}
 	if _, veth := l.(*netlink.Veth); veth && l.Attrs().NetNsID < 0 && l.Attrs().ParentIndex > 0 {
 		if p, err := g.Netlink.LinkByIndex(l.Attrs().ParentIndex); err == nil {
@@ -24,11 +42,46 @@ func (g *NS) LinkState(name string) model.KernelPort {
 		if ml, err := g.Netlink.LinkByIndex(m); err == nil {
 			kp.Master = ml.Attrs().Name
 		}
-		if pi, err := g.Netlink.LinkGetProtinfo(l); err == nil {
-			kp.Isolated = pi.Isolated
-		}
 	}
 	return kp
+}
+
+// LinkStates reads the state of each named link (absent ones' zero), with
+// one dump of the links and one of the bridge ports' flags for them all:
+// LinkState's own dump per link would cost a dump per box on a full
+// bridge (docs/measurements.md, "A busy host").
+func (g *NS) LinkStates(names []string) (map[string]model.KernelPort, error) {
+	links, err := g.Links()
+	if err != nil {
+		return nil, fmt.Errorf("listing links: %w", err)
+	}
+	ports, err := g.bridgePortDump()
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]netlink.Link{}
+	byIndex := map[int]string{}
+	for _, l := range links {
+		byName[l.Attrs().Name] = l
+		byIndex[l.Attrs().Index] = l.Attrs().Name
+	}
+	out := map[string]model.KernelPort{}
+	for _, n := range names {
+		l, ok := byName[n]
+		if !ok {
+			out[n] = model.KernelPort{}
+			continue
+		}
+		kp := model.KernelPort{Exists: true, Master: byIndex[l.Attrs().MasterIndex]}
+		if _, veth := l.(*netlink.Veth); veth && l.Attrs().NetNsID < 0 && l.Attrs().ParentIndex > 0 {
+			kp.Peer = byIndex[l.Attrs().ParentIndex]
+		}
+		if kp.Master != "" {
+			kp.Isolated = ports[l.Attrs().Index].Isolated
+		}
+		out[n] = kp
+	}
+	return out, nil
 }
 
 // Port is one port of a bridge, as the kernel has it.
@@ -37,7 +90,66 @@ type Port struct {
 	Isolated bool
 }
 
-// BridgePorts lists a bridge's ports with their isolated flag.
+// bridgePort is one bridge port from the kernel's dump of them.
+type bridgePort struct {
+	Port
+	Master int
+}
+
+// bridgePortDump reads every bridge port of the namespace, with its
+// flags, in one dump (RTM_GETLINK for AF_BRIDGE): netlink's
+// LinkGetProtinfo makes that same dump for each port it is asked about.
+func (g *NS) bridgePortDump() (map[int]bridgePort, error) {
+	s, err := nl.GetNetlinkSocketAt(g.Handle, netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("reading the bridge ports: %w", err)
+	}
+	defer s.Close()
+	if err := s.SetReceiveTimeout(&unix.Timeval{Sec: 10}); err != nil {
+		return nil, fmt.Errorf("reading the bridge ports: %w", err)
+	}
+	req := nl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_DUMP)
+	req.AddData(nl.NewIfInfomsg(unix.AF_BRIDGE))
+	if err := s.Send(req); err != nil {
+		return nil, fmt.Errorf("reading the bridge ports: %w", err)
+	}
+	out := map[int]bridgePort{}
+	for {
+		msgs, _, err := s.Receive()
+		if err != nil {
+			return nil, fmt.Errorf("reading the bridge ports: %w", err)
+		}
+		for i := range msgs {
+			m := &msgs[i]
+			switch m.Header.Type {
+			case unix.NLMSG_DONE:
+				return out, nil
+			case unix.NLMSG_ERROR:
+				if len(m.Data) >= 4 {
+					if errno := int32(nl.NativeEndian().Uint32(m.Data[:4])); errno != 0 {
+						return nil, fmt.Errorf("reading the bridge ports: %w", syscall.Errno(-errno))
+					}
+				}
+				return out, nil
+			case unix.RTM_NEWLINK:
+				hdr := unix.NlMsghdr{Len: m.Header.Len, Type: m.Header.Type, Flags: m.Header.Flags, Seq: m.Header.Seq, Pid: m.Header.Pid}
+				l, err := netlink.LinkDeserialize(&hdr, m.Data)
+				if err != nil {
+					return nil, fmt.Errorf("reading the bridge ports: %w", err)
+				}
+				a := l.Attrs()
+				p := bridgePort{Port: Port{Name: a.Name}, Master: a.MasterIndex}
+				if a.Protinfo != nil {
+					p.Isolated = a.Protinfo.Isolated
+				}
+				out[a.Index] = p
+			}
+		}
+	}
+}
+
+// BridgePorts lists a bridge's ports with their isolated flag, from one
+// dump of the namespace's bridge ports.
 func (g *NS) BridgePorts(bridge string) ([]Port, error) {
 	br, err := g.Netlink.LinkByName(bridge)
 	if err != nil {
@@ -47,20 +159,15 @@ func (g *NS) BridgePorts(bridge string) ([]Port, error) {
 		}
 		return nil, fmt.Errorf("finding bridge %s: %w", bridge, err)
 	}
-	links, err := g.Links()
+	dump, err := g.bridgePortDump()
 	if err != nil {
-		return nil, fmt.Errorf("listing links: %w", err)
+		return nil, err
 	}
 	var ports []Port
-	for _, l := range links {
-		if l.Attrs().MasterIndex != br.Attrs().Index {
-			continue
+	for _, idx := range slices.Sorted(maps.Keys(dump)) {
+		if p := dump[idx]; p.Master == br.Attrs().Index {
+			ports = append(ports, p.Port)
 		}
-		pi, err := g.Netlink.LinkGetProtinfo(l)
-		if err != nil {
-			return nil, fmt.Errorf("reading bridge port flags of %s: %w", l.Attrs().Name, err)
-		}
-		ports = append(ports, Port{Name: l.Attrs().Name, Isolated: pi.Isolated})
 	}
 	return ports, nil
 }
