@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/box-isolation/box/drill/verdicts"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack/incus"
 )
@@ -72,7 +73,7 @@ func pushAgent(ctx context.Context, client func(place Place) *incus.Client, agen
 
 // runPlans runs every place's plan at once and collects the observations.
 // It returns how long after their agreed start the latest agent began.
-func runPlans(ctx context.Context, cfg Config, client func(place Place) *incus.Client, names map[Place]string, plans map[Place]*probes.Plan) (observations, map[Place]string, time.Duration) {
+func runPlans(ctx context.Context, cfg Config, client func(place Place) *incus.Client, names map[Place]string, plans map[Place]*probes.Plan) (observations, map[Place]string, time.Duration, []verdicts.AgentTiming) {
 	obs := observations{}
 	agentErr := map[Place]string{}
 	var mu sync.Mutex
@@ -86,6 +87,7 @@ func runPlans(ctx context.Context, cfg Config, client func(place Place) *incus.C
 		startAt = time.Now().Add(agentLead)
 	}
 	var late []string
+	var timings []verdicts.AgentTiming
 	latest := time.Duration(0)
 	for _, place := range slices.Sorted(maps.Keys(plans)) {
 		plan := *plans[place]
@@ -102,8 +104,13 @@ func runPlans(ctx context.Context, cfg Config, client func(place Place) *incus.C
 			if rep == nil {
 				return
 			}
+			timings = append(timings, verdicts.AgentTiming{Place: string(place), ArmingMS: rep.ArmingMS, SlackMS: rep.SlackMS})
 			if d := rep.StartedAt.Sub(startAt); !startAt.IsZero() && d > lateBy {
-				late = append(late, fmt.Sprintf("%s %d ms", place, d.Milliseconds()))
+				why := "its plan reached it late (the exec through incusd)"
+				if rep.SlackMS < 0 {
+					why = fmt.Sprintf("it armed late: arming took %d ms", rep.ArmingMS)
+				}
+				late = append(late, fmt.Sprintf("%s %d ms (%s)", place, d.Milliseconds(), why))
 				latest = max(latest, d)
 			}
 			if rep.Error != "" {
@@ -129,7 +136,8 @@ func runPlans(ctx context.Context, cfg Config, client func(place Place) *incus.C
 		slices.Sort(late)
 		cfg.logf("agents: %d of %d started after the agreed start (%s lead), the latest %d ms: %s", len(late), len(plans), agentLead, latest.Milliseconds(), strings.Join(late, ", "))
 	}
-	return obs, agentErr, latest
+	slices.SortFunc(timings, func(a, b verdicts.AgentTiming) int { return strings.Compare(a.Place, b.Place) })
+	return obs, agentErr, latest, timings
 }
 
 // pinObservation turns an agent's account of a pinned neighbour into an

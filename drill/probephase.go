@@ -67,12 +67,12 @@ func (r *run) runProbes(ctx context.Context) error {
 		}
 	}
 	var late time.Duration
-	r.obs, r.agentErr, late = runPlans(ctx, r.cfg, r.boxClient, r.names, plans)
+	r.obs, r.agentErr, late, rep.Summary.Agents = runPlans(ctx, r.cfg, r.boxClient, r.names, plans)
 	rep.Summary.AgentsLateMS = late.Milliseconds()
 	// What a claim needs run apart, one box at a time, after the rest.
 	for _, a := range apart {
 		for _, place := range slices.Sorted(maps.Keys(a)) {
-			obs, errs, _ := runPlans(ctx, r.cfg, r.boxClient, r.names, map[Place]*probes.Plan{place: a[place]})
+			obs, errs, _, _ := runPlans(ctx, r.cfg, r.boxClient, r.names, map[Place]*probes.Plan{place: a[place]})
 			r.obs.merge(obs)
 			for p, e := range errs {
 				r.agentErr[p] = strings.TrimPrefix(r.agentErr[p]+"; ", "; ") + e
@@ -94,6 +94,11 @@ func (r *run) runProbes(ctx context.Context) error {
 	}
 	for _, place := range slices.Sorted(maps.Keys(r.agentErr)) {
 		rep.Problems = append(rep.Problems, "agent at "+string(place)+": "+r.agentErr[place])
+	}
+	for _, a := range rep.Summary.Agents {
+		if a.SlackMS < 0 {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("agent at %s armed %d ms after the agreed start (arming took %d ms of the %s lead): it started that late, and what its controls and witnesses missed for it is inconclusive, never passed", a.Place, -a.SlackMS, a.ArmingMS, agentLead))
+		}
 	}
 	rep.Problems = append(rep.Problems, failedControls(r.sc, r.obs)...)
 	for _, ch := range chains {

@@ -250,7 +250,9 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, dirty bool, err error)
 	// A teardown or restore that failed leaves the host in a state the
 	// operator must hear about, whatever the claims said.
 	defer func() {
+		t0 := time.Now()
 		left := r.teardown(ctx)
+		r.rep.Summary.Phases = append(r.rep.Summary.Phases, verdicts.PhaseTime{Phase: "teardown", MS: time.Since(t0).Milliseconds()})
 		if len(left) == 0 {
 			return
 		}
@@ -265,8 +267,14 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, dirty bool, err error)
 			r.rep.ExitCode = ExitUsage
 		}
 	}()
-	for _, phase := range []func(context.Context) error{r.preflight, r.ensureStack, r.mintBoxes, r.pushAgents, r.runProbes, r.judgeAll} {
-		if err := phase(ctx); err != nil {
+	for _, phase := range []struct {
+		name string
+		run  func(context.Context) error
+	}{{"preflight", r.preflight}, {"stack", r.ensureStack}, {"mint", r.mintBoxes}, {"agents", r.pushAgents}, {"probes", r.runProbes}, {"judge", r.judgeAll}} {
+		t0 := time.Now()
+		err := phase.run(ctx)
+		r.rep.Summary.Phases = append(r.rep.Summary.Phases, verdicts.PhaseTime{Phase: phase.name, MS: time.Since(t0).Milliseconds()})
+		if err != nil {
 			return nil, false, err
 		}
 	}

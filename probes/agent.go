@@ -79,14 +79,20 @@ func writeReport(out io.Writer, rep *Report) error {
 
 // RunPlan runs a validated plan in this process's network namespace and
 // returns the report. Observations come in plan order: listeners, then
-// witnesses, then probes. Everything runs under one deadline: the tasks
-// stop AgentMargin/2 before the plan's deadline, and whatever has not
-// reported by then is recorded as an error, never as silence.
+// witnesses, then probes. The agent arms first (the link-local address,
+// the pinned neighbours, every listener and witness), then waits for the
+// plan's start, so arming never eats into a probe's time: every window,
+// delay and the deadline count from the start, and the report says how
+// long arming took and how much time it left before the start (a
+// negative slack: it armed late, and started that late). Everything runs
+// under one deadline: the tasks stop AgentMargin/2 before it, and
+// whatever has not reported by then is recorded as an error, never as
+// silence.
 func RunPlan(ctx context.Context, p *Plan) *Report {
-	start := waitStart(ctx, p.Start(time.Now()))
-	rep := &Report{Version: ReportVersion, StartedAt: start}
-	hard := start.Add(p.Deadline())
-	runCtx, cancel := context.WithDeadline(ctx, hard.Add(-AgentMargin/2))
+	armStart := time.Now()
+	planned := p.Start(armStart)
+	rep := &Report{Version: ReportVersion}
+	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
 	tearDown := setUpLink(p, rep)
@@ -104,7 +110,22 @@ func RunPlan(ctx context.Context, p *Plan) *Report {
 		}
 		mu.Unlock()
 	}
-	startTasks(runCtx, p, &wg, set)
+	begin := armTasks(runCtx, p, set)
+	if armingHook != nil {
+		armingHook()
+	}
+	armedAt := time.Now()
+	start := waitStart(ctx, planned)
+	rep.StartedAt = start
+	rep.ArmingMS = armedAt.Sub(armStart).Milliseconds()
+	if !p.StartAt.IsZero() {
+		rep.SlackMS = p.StartAt.Sub(armedAt).Milliseconds()
+	}
+	hard := start.Add(p.Deadline())
+	stop := time.AfterFunc(time.Until(hard.Add(-AgentMargin/2)), cancel)
+	defer stop.Stop()
+	begin(start, &wg)
+	startProbes(runCtx, p, &wg, set)
 	waitTasks(&wg, hard.Add(-AgentMargin/4))
 
 	mu.Lock()
@@ -157,22 +178,31 @@ func setUpLink(p *Plan, rep *Report) (tearDown func()) {
 	}
 }
 
-// startTasks starts the plan's tasks, each reporting to set under its
-// index in report order. Listeners and witnesses are armed, in order,
-// before any probe fires: a witness armed late would see nothing and make
-// a leak look blocked.
-func startTasks(ctx context.Context, p *Plan, wg *sync.WaitGroup, set func(int, Observation)) {
+// armingHook, when set (by a test), runs at the end of arming: a slow
+// host's arming, made by hand.
+var armingHook func()
+
+// armTasks arms the plan's listeners and witnesses, in order, each
+// reporting to set under its index in report order; what it returns
+// starts their windows at the plan's start and waits for them in wg. A
+// witness armed late would see nothing and make a leak look blocked:
+// they are all armed before any probe fires.
+func armTasks(ctx context.Context, p *Plan, set func(int, Observation)) func(start time.Time, wg *sync.WaitGroup) {
+	var waits []func(start time.Time, wg *sync.WaitGroup)
 	i := 0
 	for _, spec := range p.Listeners {
 		idx := i
 		i++
-		l, err := StartListener(ctx, spec)
+		l, err := armListener(ctx, spec)
 		if err != nil {
 			set(idx, fail(Observation{ID: spec.ID, Kind: spec.Kind, StartedAt: time.Now()}, err.Error()))
 			continue
 		}
-		wg.Add(1)
-		go func() { defer wg.Done(); set(idx, l.Wait(ctx)) }()
+		waits = append(waits, func(start time.Time, wg *sync.WaitGroup) {
+			l.begin(ctx, start)
+			wg.Add(1)
+			go func() { defer wg.Done(); set(idx, l.Wait(ctx)) }()
+		})
 	}
 	for _, spec := range p.Witnesses {
 		idx := i
@@ -182,9 +212,23 @@ func startTasks(ctx context.Context, p *Plan, wg *sync.WaitGroup, set func(int, 
 			set(idx, fail(Observation{ID: spec.ID, Kind: KindWitness, StartedAt: time.Now()}, err.Error()))
 			continue
 		}
-		wg.Add(1)
-		go func() { defer wg.Done(); set(idx, w.Wait(ctx)) }()
+		waits = append(waits, func(start time.Time, wg *sync.WaitGroup) {
+			w.begin(start)
+			wg.Add(1)
+			go func() { defer wg.Done(); set(idx, w.Wait(ctx)) }()
+		})
 	}
+	return func(start time.Time, wg *sync.WaitGroup) {
+		for _, w := range waits {
+			w(start, wg)
+		}
+	}
+}
+
+// startProbes fires the plan's probes, each reporting to set under its
+// index in report order (after the listeners and witnesses).
+func startProbes(ctx context.Context, p *Plan, wg *sync.WaitGroup, set func(int, Observation)) {
+	i := len(p.Listeners) + len(p.Witnesses)
 	for _, spec := range p.Probes {
 		idx := i
 		i++

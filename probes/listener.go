@@ -38,6 +38,17 @@ type Listener struct {
 // the caller's network namespace) and serves until Stop, ctx's end or the
 // spec's window, whichever is first.
 func StartListener(ctx context.Context, spec ListenerSpec) (*Listener, error) {
+	l, err := armListener(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	l.begin(ctx, time.Now())
+	return l, nil
+}
+
+// armListener opens the listener and serves, with no window yet: begin
+// starts it.
+func armListener(ctx context.Context, spec ListenerSpec) (*Listener, error) {
 	if err := spec.validate(MaxPlanDeadline); err != nil {
 		return nil, fmt.Errorf("listener %s: %w", spec.ID, err)
 	}
@@ -73,12 +84,18 @@ func StartListener(ctx context.Context, spec ListenerSpec) (*Listener, error) {
 	} else {
 		go l.serveUDP()
 	}
+	return l, nil
+}
+
+// begin counts the listener's window from start (the plan's common start,
+// at or after its arming): it serves until then and for the window after.
+func (l *Listener) begin(ctx context.Context, start time.Time) {
 	window := MaxPlanDeadline
-	if spec.WindowMS > 0 {
-		window = ms(spec.WindowMS)
+	if l.spec.WindowMS > 0 {
+		window = ms(l.spec.WindowMS)
 	}
 	go func() {
-		t := time.NewTimer(window)
+		t := time.NewTimer(time.Until(start.Add(window)))
 		defer t.Stop()
 		select {
 		case <-ctx.Done():
@@ -87,7 +104,6 @@ func StartListener(ctx context.Context, spec ListenerSpec) (*Listener, error) {
 		}
 		l.close()
 	}()
-	return l, nil
 }
 
 // Addr is the address the listener is bound to.

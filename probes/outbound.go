@@ -57,10 +57,10 @@ func startOutbound(spec WitnessSpec) (*Witness, error) {
 		w.taps = append(w.taps, &outTap{ifi: ifi, sock: s})
 	}
 	w.armedAt = time.Now()
-	w.until = w.armedAt.Add(ms(spec.WindowMS))
+	w.untilNS.Store(w.armedAt.Add(ms(spec.WindowMS)).UnixNano())
 	for _, t := range w.taps {
-		// Set once: Stop moves it to now to wake the reader.
-		if err := t.sock.setReadDeadline(w.until); err != nil {
+		// Stop moves it to now to wake the reader; begin moves it on.
+		if err := t.sock.setReadDeadline(w.until()); err != nil {
 			closeAll()
 			return nil, fmt.Errorf("witness %s: deadline on %s: %w", spec.ID, t.ifi.Name, err)
 		}

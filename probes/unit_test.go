@@ -417,6 +417,47 @@ func TestRunAgentStartsAtStartAt(t *testing.T) {
 	require.Less(t, rep.StartedAt.Sub(before), 200*time.Millisecond, "a start_at that has passed starts at once")
 }
 
+// TestRunAgentArmsBeforeStartAt: the agent arms its listener before the
+// agreed start and counts the listener's window from the start, not from
+// its arming: a probe at the end of the window, 500 ms after a start 600
+// ms ahead, still finds it listening (a window counted from the arming
+// would have ended 100 ms before the start). The report says how long
+// arming took and the slack it left; an agent handed a start that has
+// passed says it armed late.
+func TestRunAgentArmsBeforeStartAt(t *testing.T) {
+	run := func(at time.Time) *Report {
+		plan := fmt.Sprintf(`{"version":1,"deadline_ms":1000,"start_at":%q,
+		  "listeners":[{"id":"l","kind":"udp_echo","port":47393,"via":"127.0.0.0/8","window_ms":700}],
+		  "probes":[{"id":"p","kind":"udp","target":"127.0.0.1","port":47393,"via":"127.0.0.0/8","delay_ms":500,"deadline_ms":300,"nonce":"arming-nonce-1"}]}`, at.Format(time.RFC3339Nano))
+		var out bytes.Buffer
+		require.NoError(t, RunAgent(context.Background(), strings.NewReader(plan), &out))
+		rep, err := DecodeReport(&out)
+		require.NoError(t, err)
+		require.Empty(t, rep.Error)
+		require.Len(t, rep.Observations, 2)
+		return rep
+	}
+	rep := run(time.Now().Add(600 * time.Millisecond))
+	assert.Equal(t, Reached, rep.Observations[1].Outcome, "the probe 500 ms after the start found the listener: %s", rep.Observations[1].Reason)
+	assert.Less(t, rep.ArmingMS, int64(500), "arming a listener takes milliseconds")
+	assert.Greater(t, rep.SlackMS, int64(0), "armed before the start: slack left")
+	assert.LessOrEqual(t, rep.SlackMS, int64(600))
+
+	rep = run(time.Now().Add(-200 * time.Millisecond))
+	assert.LessOrEqual(t, rep.SlackMS, int64(-200), "a start that had passed when it armed: negative slack, as late as it was")
+
+	// A slow arming (300 ms, made by hand) before a start 600 ms ahead
+	// moves nothing: the agent starts at the start, its probe fires then.
+	armingHook = func() { time.Sleep(300 * time.Millisecond) }
+	t.Cleanup(func() { armingHook = nil })
+	at := time.Now().Add(600 * time.Millisecond)
+	rep = run(at)
+	assert.Less(t, rep.StartedAt.Sub(at), 50*time.Millisecond, "the agent started at the agreed start, arming done before it")
+	assert.Less(t, rep.Observations[1].StartedAt.Sub(at), 550*time.Millisecond, "the probe (500 ms delay) fired on time")
+	assert.GreaterOrEqual(t, rep.ArmingMS, int64(300), "the report has the arming's time")
+	assert.Greater(t, rep.SlackMS, int64(0))
+}
+
 func TestPlanStart(t *testing.T) {
 	now := time.Now()
 	p := Plan{}

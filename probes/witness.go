@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mdlayher/packet"
@@ -28,7 +29,9 @@ type Witness struct {
 	ifi     *net.Interface
 	conn    *packet.Conn
 	armedAt time.Time
-	until   time.Time
+	// untilNS is when the window ends (Unix ns): armedAt plus the window,
+	// moved to the plan's start plus the window by begin.
+	untilNS atomic.Int64
 	macs    [][]byte
 	ips     map[netip.Addr]bool
 	nonces  [][]byte
@@ -89,15 +92,40 @@ func StartWitness(spec WitnessSpec) (*Witness, error) {
 	w := newWitness(spec)
 	w.ifi, w.conn, w.name = ifi, c, ifi.Name
 	w.armedAt = time.Now()
-	w.until = w.armedAt.Add(ms(spec.WindowMS))
-	// Set once, before the reader starts: Stop moves it to now to wake the
-	// reader, and nothing may move it back.
-	if err := c.SetReadDeadline(w.until); err != nil {
+	w.untilNS.Store(w.armedAt.Add(ms(spec.WindowMS)).UnixNano())
+	// Set before the reader starts: Stop moves it to now to wake the
+	// reader, and only begin, before Stop, moves it on.
+	if err := c.SetReadDeadline(w.until()); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("witness %s: deadline: %w", spec.ID, err)
 	}
 	go w.read()
 	return w, nil
+}
+
+// until is when the window ends.
+func (w *Witness) until() time.Time { return time.Unix(0, w.untilNS.Load()) }
+
+// begin counts the window from start (the plan's common start, after the
+// witness was armed): it captures from its arming on, and ends its window
+// after start, so arming early never shortens it.
+func (w *Witness) begin(start time.Time) {
+	if !start.After(w.armedAt) {
+		return
+	}
+	select {
+	case <-w.stopped:
+		return // Stop's deadline stays
+	default:
+	}
+	until := start.Add(ms(w.spec.WindowMS))
+	w.untilNS.Store(until.UnixNano())
+	if w.conn != nil {
+		_ = w.conn.SetReadDeadline(until)
+	}
+	for _, t := range w.taps {
+		_ = t.sock.setReadDeadline(until)
+	}
 }
 
 // newWitness compiles a spec's keys.
@@ -148,7 +176,7 @@ func (w *Witness) readLoop(next func(buf []byte) error) {
 			return
 		default:
 		}
-		if !time.Now().Before(w.until) {
+		if !time.Now().Before(w.until()) {
 			return
 		}
 		if err := next(buf); err != nil {
@@ -243,7 +271,7 @@ func (w *Witness) Stop() Observation {
 			_ = t.sock.setReadDeadline(time.Now())
 		}
 		<-w.finished
-		if time.Now().Before(w.until) {
+		if time.Now().Before(w.until()) {
 			if w.conn != nil {
 				w.drain()
 			}
@@ -261,8 +289,8 @@ func (w *Witness) Stop() Observation {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	end := time.Now()
-	if end.After(w.until) {
-		end = w.until
+	if u := w.until(); end.After(u) {
+		end = u
 	}
 	obs := Observation{
 		ID: w.spec.ID, Kind: KindWitness, Target: w.name,

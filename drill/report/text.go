@@ -79,6 +79,26 @@ func Text(w io.Writer, rep *verdicts.Report) {
 	fmt.Fprintf(w, "\n%d passed, %d failed, %d inconclusive, %d skipped; %d probes in %.1fs (%.0f ms per probe); run %.1fs; exit %d\n",
 		s.Passed, s.Failed, s.Inconclusive, s.Skipped, s.Probes, float64(s.ProbePhaseMS)/1000, s.MSPerProbe,
 		float64(rep.DurationMS)/1000, rep.ExitCode)
+	if len(s.Phases) > 0 {
+		var ph []string
+		for _, p := range s.Phases {
+			ph = append(ph, fmt.Sprintf("%s %.1fs", p.Phase, float64(p.MS)/1000))
+		}
+		fmt.Fprintf(w, "phases: %s\n", strings.Join(ph, ", "))
+	}
+	if len(s.Agents) > 0 {
+		slow, tight := s.Agents[0], s.Agents[0]
+		for _, a := range s.Agents {
+			if a.ArmingMS > slow.ArmingMS {
+				slow = a
+			}
+			if a.SlackMS < tight.SlackMS {
+				tight = a
+			}
+		}
+		fmt.Fprintf(w, "agents: %d armed before the agreed start; the slowest in %d ms (%s), the least slack %d ms (%s)\n",
+			len(s.Agents), slow.ArmingMS, slow.Place, tight.SlackMS, tight.Place)
+	}
 	if c := rep.Clean; c != nil {
 		fmt.Fprintf(w, "clean run %s before the mutations: %d passed, %d failed, %d inconclusive; exit %d\n",
 			c.RunID, c.Summary.Passed, c.Summary.Failed, c.Summary.Inconclusive, c.ExitCode)

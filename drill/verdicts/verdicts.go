@@ -138,6 +138,29 @@ type Summary struct {
 	// AgentsLateMS is how long after the agreed start the latest agent of
 	// the probe phase began (absent: every one within 50 ms of it).
 	AgentsLateMS int64 `json:"agents_late_ms,omitempty"`
+	// Phases is how long each phase of the run took, in order
+	// (docs/claims.md, "A run"): preflight, stack, mint, agents, probes,
+	// judge and teardown (the run's duration_ms ends before teardown).
+	Phases []PhaseTime `json:"phases,omitempty"`
+	// Agents is, for each place's agent of the probe phase, how long it
+	// took to arm before the agreed start and the slack that left.
+	Agents []AgentTiming `json:"agents,omitempty"`
+}
+
+// AgentTiming is how one agent armed: its link set-up, listeners and
+// witnesses, before the agreed start (docs/drill-report.md, "summary").
+type AgentTiming struct {
+	Place    string `json:"place"`
+	ArmingMS int64  `json:"arming_ms"`
+	// SlackMS is the time arming left before the agreed start; negative:
+	// the agent armed that late, and started that late.
+	SlackMS int64 `json:"slack_ms"`
+}
+
+// PhaseTime is how long one phase of a run took.
+type PhaseTime struct {
+	Phase string `json:"phase"`
+	MS    int64  `json:"ms"`
 }
 
 // Exit codes (docs/claims.md, "Verdicts and exit codes").
