@@ -51,15 +51,15 @@ type (
 
 // Report is everything RunAgent writes to stdout.
 type Report struct {
-	Version      int             `json:"version"`
-	StartedAt    time.Time       `json:"started_at"`
-	FinishedAt   time.Time       `json:"finished_at"`
+	Version    int       `json:"version"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
 	// ArmingMS is how long the agent took to arm (its link set-up,
 	// listeners and witnesses) before its start; SlackMS how much time
 	// arming left before the plan's agreed start (negative: it armed that
 	// late, and started that late; 0 with no agreed start).
-	ArmingMS int64 `json:"arming_ms,omitempty"`
-	SlackMS  int64 `json:"slack_ms,omitempty"`
+	ArmingMS     int64           `json:"arming_ms,omitempty"`
+	SlackMS      int64           `json:"slack_ms,omitempty"`
 	LinkLocal    *LinkLocalState `json:"link_local,omitempty"`
 	Neighbors    []NeighborState `json:"neighbors,omitempty"`
 	Observations []Observation   `json:"observations"`
