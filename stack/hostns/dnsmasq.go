@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -21,36 +23,45 @@ func ProcArgs(pid int) []string {
 
 // DnsmasqFor finds the dnsmasq process serving the bridge in the host's
 // namespace: Incus can report a network Created while none runs (after an
-// unclean daemon death), so the process is the ground truth.
+// unclean daemon death), so the process is the ground truth. The process
+// found last is checked first: the scan of every process on the host
+// (every box's too) is made only when it no longer serves the bridge.
 func (g *NS) DnsmasqFor(bridge string) int {
+	key := fmt.Sprintf("%d/%s", g.Inode, bridge)
+	if v, ok := dnsmasqFound.Load(key); ok && g.serves(v.(int), bridge) {
+		return v.(int)
+	}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0
 	}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
+		if err != nil || !g.serves(pid, bridge) {
 			continue
 		}
-		args := ProcArgs(pid)
-		if len(args) == 0 || !strings.HasSuffix(args[0], "dnsmasq") {
-			continue
-		}
-		serving := false
-		for _, a := range args {
-			if a == "--interface="+bridge || a == "-i"+bridge {
-				serving = true
-			}
-		}
-		if !serving {
-			continue
-		}
-		var st syscall.Stat_t
-		if syscall.Stat("/proc/"+e.Name()+"/ns/net", &st) == nil && st.Ino == g.Inode {
-			return pid
-		}
+		dnsmasqFound.Store(key, pid)
+		return pid
 	}
 	return 0
+}
+
+// dnsmasqFound is the dnsmasq DnsmasqFor found last, by namespace inode and
+// bridge.
+var dnsmasqFound sync.Map
+
+// serves says whether process pid is a dnsmasq serving the bridge in this
+// namespace.
+func (g *NS) serves(pid int, bridge string) bool {
+	args := ProcArgs(pid)
+	if len(args) == 0 || !strings.HasSuffix(args[0], "dnsmasq") {
+		return false
+	}
+	if !slices.Contains(args, "--interface="+bridge) && !slices.Contains(args, "-i"+bridge) {
+		return false
+	}
+	var st syscall.Stat_t
+	return syscall.Stat("/proc/"+strconv.Itoa(pid)+"/ns/net", &st) == nil && st.Ino == g.Inode
 }
 
 // DnsmasqLeaseFile finds the lease file of the dnsmasq serving the bridge,

@@ -189,16 +189,22 @@ func (g *NS) GatewayHolders(bridge string, gw netip.Addr) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	// One dump of the addresses for every link: a dump per link would cost
+	// one per box on a full bridge.
+	addrs, err := g.Netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, err
+	}
+	holds := map[int]bool{}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && ip == gw {
+			holds[a.LinkIndex] = true
+		}
+	}
 	var out []string
 	for _, l := range links {
-		if l.Attrs().Name == bridge {
-			continue
-		}
-		addrs, _ := g.Netlink.AddrList(l, netlink.FAMILY_V4)
-		for _, a := range addrs {
-			if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && ip == gw {
-				out = append(out, l.Attrs().Name)
-			}
+		if l.Attrs().Name != bridge && holds[l.Attrs().Index] {
+			out = append(out, l.Attrs().Name)
 		}
 	}
 	return out, nil

@@ -2,6 +2,7 @@ package hostns
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"testing"
@@ -64,4 +65,30 @@ func TestBridgePortsOneDump(t *testing.T) {
 	assert.Equal(t, "br1", states["v3"].Master)
 	assert.Equal(t, "v0", states["v0p"].Peer, "a veth's other end")
 	assert.False(t, states["gone"].Exists)
+}
+
+// TestGatewayHoldersOneDump: the links other than the bridge holding the
+// gateway's address, read from one dump of the addresses.
+func TestGatewayHoldersOneDump(t *testing.T) {
+	tier.Root(t)
+	name := fmt.Sprintf("box-gw-%d", os.Getpid())
+	require.NoError(t, nsrun.Create(name))
+	t.Cleanup(func() { _ = nsrun.Delete(name) })
+	ip := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command("ip", append([]string{"-n", name}, args...)...).CombinedOutput()
+		require.NoError(t, err, "ip %v: %s", args, out)
+	}
+	ip("link", "add", "br0", "type", "bridge")
+	ip("link", "add", "d1", "type", "veth", "peer", "name", "d1p")
+	ip("link", "add", "d2", "type", "veth", "peer", "name", "d2p")
+	ip("addr", "add", "10.9.0.1/24", "dev", "br0")
+	ip("addr", "add", "10.9.0.1/32", "dev", "d2")
+	ip("addr", "add", "10.9.0.2/32", "dev", "d1")
+	g, err := Open(name)
+	require.NoError(t, err)
+	defer g.Close()
+	got, err := g.GatewayHolders("br0", netip.MustParseAddr("10.9.0.1"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"d2"}, got, "d2 holds the gateway's address besides the bridge; d1 holds another")
 }
