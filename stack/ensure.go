@@ -43,7 +43,11 @@ func (host *Host) Ensure(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	defer unlock()
-	return host.ensure(ctx)
+	rep, err := host.ensure(ctx)
+	if rep != nil && err == nil {
+		rep.Notes = append(rep.Notes, host.LimitNotes(ctx)...)
+	}
+	return rep, err
 }
 
 // ensure is Ensure under the setup lock.

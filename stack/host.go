@@ -70,6 +70,9 @@ type BootFiles struct {
 	// default): the boot unit removes stale dnsmasq pid files there before
 	// Incus starts (removeStaleDnsmasqPIDs). Empty touches nothing.
 	IncusDir string
+	// SysctlFile is where doctor --fix keeps the limits it raised for the
+	// next boot (DefaultSysctlFile on a real host; empty raises none).
+	SysctlFile string
 }
 
 // TierConfig is box acting for a granted user (an access tier).

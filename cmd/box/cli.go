@@ -321,6 +321,7 @@ func (a *app) host() (*stack.Host, error) {
 		// runs this binary (Ensure checks that systemd is there).
 		h.Boot.UnitDir = "/etc/systemd/system"
 		h.Boot.FirewallFile = stack.DefaultFirewallFile
+		h.Boot.SysctlFile = stack.DefaultSysctlFile
 		h.Boot.IncusDir = cmp.Or(a.getenv("INCUS_DIR"), "/var/lib/incus")
 		if exe, err := os.Executable(); err == nil {
 			h.Boot.Exe = exe

@@ -174,6 +174,12 @@ func setupDoctor(fs *flag.FlagSet) action {
 			if r.Fixed, err = h.Ensure(c.ctx); err != nil {
 				return fmt.Errorf("fixing the host: %w", err)
 			}
+			// The host's limits are global: raised only when asked, here.
+			raised, err := h.RaiseLimits(c.ctx)
+			r.Fixed.Changes = append(r.Fixed.Changes, raised...)
+			if err != nil {
+				return fmt.Errorf("fixing the host: %w", err)
+			}
 			if !*asJSON {
 				printReport(c, r.Fixed)
 			}
