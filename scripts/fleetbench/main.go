@@ -31,6 +31,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -66,6 +67,8 @@ type bench struct {
 	runs  int
 	round int
 	env   []string
+	// statePath is the world's state file (the drill's BOX_WORLD_STATE).
+	statePath string
 	// launched counts incus launch's instances (each its own name).
 	launched int
 }
@@ -88,7 +91,9 @@ type Size struct {
 	ListMS            int64              `json:"box_list_ms"`
 	DoctorMS          int64              `json:"box_doctor_ms"`
 	PortEventMS       []float64          `json:"port_event_ms"`
-	Load              []string           `json:"load_average"` // before, after
+	// Limits are doctor's lines naming the host's limits.
+	Limits []string `json:"limits,omitempty"`
+	Load   []string `json:"load_average"` // before, after
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -98,6 +103,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	rounds := fs.Int("rounds", 5, "box new / incus launch / port event rounds per size")
 	keep := fs.Bool("keep", false, "leave the fleet behind")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
+	pair := fs.String("pair", "", "a second world's state file: alternate -series drill runs between this world, with the largest size's fleet, and that one, with "+strconv.Itoa(pairBoxes)+" boxes")
+	series := fs.Int("series", 10, "drill runs in each world of an alternating series (-pair)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -109,13 +116,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		want = append(want, n)
 	}
-	st, err := worldstate.Load()
+	b, err := newBench(os.Getenv(worldstate.StateEnv), stderr, *runs, *rounds)
 	if err != nil {
-		return fmt.Errorf("%w (run it in a world: BOX_WORLD_STATE, or drill world up)", err)
+		return err
 	}
-	b := &bench{st: st, c: incus.New(st.IncusSocket), box: "bin/box", drill: "bin/drill", log: stderr, runs: *runs, round: *rounds,
-		env: append(os.Environ(), "INCUS_SOCKET="+st.IncusSocket, "BOX_NETNS="+st.Names.HostNS, "BOX_DNS="+worldstate.Resolver.String(), "BOX_IMAGE=", "BOX_TEMPLATE_IMAGES=")}
 	ctx := context.Background()
+	if *pair != "" {
+		return b.series(ctx, stdout, *pair, want[len(want)-1], *series, *asJSON)
+	}
 	// A warm run first: it makes the stack and imports the image.
 	if _, err := b.drillRun(ctx); err != nil {
 		return err
@@ -150,6 +158,109 @@ func run(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// newBench is the setting of one world (its state file; "" the default
+// world's).
+func newBench(statePath string, log io.Writer, runs, rounds int) (*bench, error) {
+	if statePath == "" {
+		statePath = worldstate.StatePath(filepath.Join(worldstate.StateRoot, worldstate.DefaultName))
+	}
+	st, err := worldstate.LoadFile(statePath)
+	if err != nil {
+		return nil, fmt.Errorf("%w (run it in a world: BOX_WORLD_STATE, or drill world up)", err)
+	}
+	return &bench{st: st, statePath: statePath, c: incus.New(st.IncusSocket), box: "bin/box", drill: "bin/drill", log: log, runs: runs, round: rounds,
+		env: append(os.Environ(), "INCUS_SOCKET="+st.IncusSocket, "BOX_NETNS="+st.Names.HostNS, "BOX_DNS="+worldstate.Resolver.String(), "BOX_IMAGE=", "BOX_TEMPLATE_IMAGES=")}, nil
+}
+
+// pairBoxes is the fleet of the pair world in an alternating series.
+const pairBoxes = 2
+
+// Run is one drill run of a series.
+type Run struct {
+	World        string `json:"world"`
+	Boxes        int    `json:"boxes"`
+	Exit         int    `json:"exit"`
+	Inconclusive int    `json:"inconclusive"`
+	MS           int64  `json:"ms"`
+	ProbePhaseMS int64  `json:"probe_phase_ms"`
+	// MaxArmingMS and MinSlackMS are over the run's agents.
+	MaxArmingMS int64    `json:"max_arming_ms"`
+	MinSlackMS  int64    `json:"min_slack_ms"`
+	Problems    []string `json:"problems,omitempty"`
+}
+
+// series grows this world's fleet to n and the pair world's to pairBoxes,
+// then alternates runs drill runs between them, warm (one untimed run in
+// each first), and says each run and the medians.
+func (b *bench) series(ctx context.Context, w io.Writer, pairState string, n, runs int, asJSON bool) error {
+	p, err := newBench(pairState, b.log, 0, 0)
+	if err != nil {
+		return fmt.Errorf("the pair world: %w", err)
+	}
+	stop, err := b.watcher()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	stopPair, err := p.watcher()
+	if err != nil {
+		return err
+	}
+	defer stopPair()
+	for _, x := range []struct {
+		b *bench
+		n int
+	}{{b, n}, {p, pairBoxes}} {
+		if _, err := x.b.drillRun(ctx); err != nil {
+			return err
+		}
+		if err := x.b.grow(ctx, x.n); err != nil {
+			return err
+		}
+		if _, err := x.b.drillRun(ctx); err != nil {
+			return err
+		}
+	}
+	var out []Run
+	ms := map[int][]int64{}
+	for i := range runs {
+		for _, x := range []struct {
+			b *bench
+			n int
+		}{{b, n}, {p, pairBoxes}} {
+			rep, err := x.b.drillRun(ctx)
+			if err != nil {
+				return err
+			}
+			r := Run{World: x.b.st.Names.HostNS, Boxes: x.n, Exit: rep.ExitCode, Inconclusive: rep.Summary.Inconclusive, MS: rep.DurationMS,
+				ProbePhaseMS: rep.Summary.ProbePhaseMS, MinSlackMS: -1, Problems: rep.Problems}
+			for j, a := range rep.Summary.Agents {
+				r.MaxArmingMS = max(r.MaxArmingMS, a.ArmingMS)
+				if j == 0 || a.SlackMS < r.MinSlackMS {
+					r.MinSlackMS = a.SlackMS
+				}
+			}
+			out = append(out, r)
+			ms[x.n] = append(ms[x.n], r.MS)
+			if !asJSON {
+				fmt.Fprintf(w, "run %2d, %3d boxes: exit %d, %d inconclusive, run %d ms, probe phase %d ms, agents armed in at most %d ms, least slack %d ms\n",
+					i+1, r.Boxes, r.Exit, r.Inconclusive, r.MS, r.ProbePhaseMS, r.MaxArmingMS, r.MinSlackMS)
+				for _, pr := range r.Problems {
+					fmt.Fprintf(w, "        problem: %s\n", pr)
+				}
+			}
+		}
+	}
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	fmt.Fprintf(w, "median run: %d ms beside %d boxes, %d ms beside %d: %.2fx\n", medianInt(ms[n]), n, medianInt(ms[pairBoxes]), pairBoxes,
+		float64(medianInt(ms[n]))/float64(max(1, medianInt(ms[pairBoxes]))))
+	return nil
+}
+
 func printSize(w io.Writer, s Size) {
 	ph := []string{}
 	for _, p := range []string{"preflight", "stack", "mint", "agents", "probes", "judge", "teardown"} {
@@ -163,6 +274,9 @@ func printSize(w io.Writer, s Size) {
 	fmt.Fprintf(w, "           box new %d ms (median; %v), incus launch %d ms (%v): %.2fx; box list %d ms; box doctor %d ms; port event %.1f ms (median; %v); load %s -> %s\n",
 		medianInt(s.BoxNewMS), s.BoxNewMS, medianInt(s.LaunchMS), s.LaunchMS, float64(medianInt(s.BoxNewMS))/float64(max(1, medianInt(s.LaunchMS))),
 		s.ListMS, s.DoctorMS, medianFloat(s.PortEventMS), s.PortEventMS, s.Load[0], s.Load[1])
+	for _, l := range s.Limits {
+		fmt.Fprintf(w, "           doctor: %s\n", l)
+	}
 }
 
 // measure takes one size's measurements.
@@ -183,8 +297,8 @@ func (b *bench) measure(ctx context.Context, n int) (Size, error) {
 		for _, p := range rep.Summary.Phases {
 			s.PhasesMS[p.Phase] = append(s.PhasesMS[p.Phase], p.MS)
 		}
-		if len(rep.Summary.Arming) > 0 {
-			s.Arming = append(s.Arming, rep.Summary.Arming)
+		for _, a := range rep.Summary.Agents {
+			s.Arming = append(s.Arming, fmt.Sprintf("%s %d ms (slack %d ms)", a.Place, a.ArmingMS, a.SlackMS))
 		}
 		for _, p := range rep.Problems {
 			fmt.Fprintf(b.log, "fleetbench: %d boxes: drill problem: %s\n", n, p)
@@ -212,9 +326,15 @@ func (b *bench) measure(ctx context.Context, n int) (Size, error) {
 	}
 	s.ListMS = time.Since(t0).Milliseconds()
 	t0 = time.Now()
-	// doctor exits 1 when it names something: its time is what counts.
-	_, _ = b.boxCmd(ctx, "doctor")
+	// doctor exits 1 when it names something: its time is what counts,
+	// and what it names of the host's limits is said.
+	out, _ := b.boxCmd(ctx, "doctor")
 	s.DoctorMS = time.Since(t0).Milliseconds()
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "sysctl ") {
+			s.Limits = append(s.Limits, strings.TrimSpace(l))
+		}
+	}
 	for i := range b.round {
 		ms, err := b.portEvent(fmt.Sprintf("fbv%d", i))
 		if err != nil {
@@ -239,13 +359,18 @@ type report struct {
 			Phase string `json:"phase"`
 			MS    int64  `json:"ms"`
 		} `json:"phases"`
-		Arming string `json:"arming"`
+		Agents []struct {
+			Place    string `json:"place"`
+			ArmingMS int64  `json:"arming_ms"`
+			SlackMS  int64  `json:"slack_ms"`
+		} `json:"agents"`
 	} `json:"summary"`
 }
 
 // drillRun runs the drill in the world and reads its report.
 func (b *bench) drillRun(ctx context.Context) (*report, error) {
 	cmd := exec.CommandContext(ctx, b.drill, "run", "--json")
+	cmd.Env = append(os.Environ(), worldstate.StateEnv+"="+b.statePath)
 	out, err := cmd.Output()
 	var rep report
 	if jerr := json.Unmarshal(out, &rep); jerr != nil {
