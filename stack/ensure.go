@@ -45,7 +45,7 @@ func (host *Host) Ensure(ctx context.Context) (*Report, error) {
 	defer unlock()
 	rep, err := host.ensure(ctx)
 	if rep != nil && err == nil {
-		rep.Notes = append(rep.Notes, host.LimitNotes(ctx)...)
+		rep.Notes = append(rep.Notes, host.limitNotesHere(ctx)...)
 	}
 	return rep, err
 }

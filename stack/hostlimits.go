@@ -17,8 +17,9 @@ import (
 // The host's limits: global kernel settings a host with many boxes needs
 // raised, which Incus's production settings (its "server settings"
 // reference) ask more of than a kernel's defaults. box names each one below
-// what the instances on the host need (doctor's findings, setup-host's
-// notes) and raises it only when asked (box doctor --fix, on a real host).
+// what the instances on the host need (doctor's and setup-host's notes:
+// capacity, not isolation, so no claim rests on them) and raises it only
+// when asked (box doctor --fix, on a real host).
 // docs/design.md, "The host's limits".
 
 // hostLimit is one such setting.
@@ -31,8 +32,9 @@ type hostLimit struct {
 // session keyring of its own, owned by the boxes' shared root user (the
 // host's uid 1000000 under Incus's default idmap), so the boxes of a host
 // share one user's quota: one key (and its few bytes) per box, measured
-// (docs/measurements.md, "A busy host"). A box past the quota does not
-// start.
+// (docs/measurements.md, "A busy host"). Incus asks for more on a host
+// with many instances; the kernel here (6.18) let that user past the
+// quota (measured), so box names a low one and fails nothing on it.
 var (
 	limitMaxKeys  = hostLimit{"kernel.keys.maxkeys", 2000}
 	limitMaxBytes = hostLimit{"kernel.keys.maxbytes", 2000000}
@@ -113,14 +115,13 @@ func lowLimits(n int, use KeyUse, value func(key string) (int64, error)) []lowLi
 	return out
 }
 
-// limitFindings names each limit below what n instances need.
-func limitFindings(n int, use KeyUse, low []lowLimit) []model.Finding {
-	var out []model.Finding
+// limitNotes names each limit below what n instances need, with what
+// fixes it.
+func limitNotes(n int, use KeyUse, low []lowLimit) []string {
+	var out []string
 	for _, l := range low {
-		out = append(out, model.Finding{Layer: model.LayerStack, Object: "sysctl " + l.key,
-			Problem: fmt.Sprintf("is %d, below what the %d instances on this host need (%d: one session keyring per box, of the boxes' shared root user, which holds %d keys and %d bytes now, and room for more); a box past it does not start. Incus's production settings ask for %d",
-				l.value, n, l.need, use.Keys, use.Bytes, l.production),
-			Fix: fmt.Sprintf("box doctor --fix raises it to %d, on this host's kernel and in %s for its next boot (it is global: every user's); or by hand: sysctl -w %s=%d", l.to, DefaultSysctlFile, l.key, l.to)})
+		out = append(out, fmt.Sprintf("sysctl %s is %d, below what the %d instances on this host need (%d: a session keyring per box, of the boxes' shared root user, which holds %d keys and %d bytes now, and room for more); Incus's production settings ask for %d. Fix: box doctor --fix raises it to %d, on this host's kernel and in %s for its next boot (it is global: every user's); or by hand: sysctl -w %s=%d",
+			l.key, l.value, n, l.need, use.Keys, use.Bytes, l.production, l.to, DefaultSysctlFile, l.key, l.to))
 	}
 	return out
 }
@@ -157,10 +158,10 @@ func (host *Host) lowLimits(n int) ([]lowLimit, KeyUse) {
 	return lowLimits(n, use, readSysctl), use
 }
 
-// LimitFindings names the host's limits below what n instances need.
-func (host *Host) LimitFindings(n int) []model.Finding {
+// LimitNotes names the host's limits below what n instances need.
+func (host *Host) LimitNotes(n int) []string {
 	low, use := host.lowLimits(n)
-	return limitFindings(n, use, low)
+	return limitNotes(n, use, low)
 }
 
 // instancesHere counts the instances on this host (this member).
@@ -176,18 +177,14 @@ func (host *Host) instancesHere(ctx context.Context) (int, error) {
 	return len(onMember(insts, ci.Local)), nil
 }
 
-// LimitNotes are setup-host's notes of the host's limits below what its
-// instances need (it raises none: doctor --fix does, when asked).
-func (host *Host) LimitNotes(ctx context.Context) []string {
+// limitNotesHere are setup-host's notes of the host's limits below what
+// its instances need (it raises none: doctor --fix does, when asked).
+func (host *Host) limitNotesHere(ctx context.Context) []string {
 	n, err := host.instancesHere(ctx)
 	if err != nil {
 		return nil
 	}
-	var out []string
-	for _, f := range host.LimitFindings(n) {
-		out = append(out, fmt.Sprintf("NOTE: %s %s; %s", f.Object, f.Problem, f.Fix))
-	}
-	return out
+	return host.LimitNotes(n)
 }
 
 // RaiseLimits raises each limit below what the host's instances need, on the

@@ -133,7 +133,7 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		}
 	}
 	v.Findings = append(v.Findings, dhcpFindings(insts)...)
-	v.Findings = append(v.Findings, host.LimitFindings(len(onMember(insts, ci.Local)))...)
+	v.Notes = append(v.Notes, host.LimitNotes(len(onMember(insts, ci.Local)))...)
 	if v.Tiers, err = host.Tiers(ctx, host.Tier.Group); err != nil {
 		return nil, fmt.Errorf("reading the access tiers: %w", err)
 	}

@@ -30,6 +30,11 @@ type Client struct {
 	http    *http.Client
 }
 
+// traceCalls (BOX_TRACE_INCUS=1) writes each call to Incus, with the time
+// to its answer's header, to standard error: where a command's time goes
+// (docs/measurements.md, "A busy host").
+var traceCalls = os.Getenv("BOX_TRACE_INCUS") == "1"
+
 // DefaultSocket is the socket incusd listens on, honouring the same
 // environment variables as the incus CLI: $INCUS_SOCKET, then
 // $INCUS_DIR/unix.socket, then /var/lib/incus/unix.socket.
@@ -177,7 +182,11 @@ func (c *Client) roundTrip(ctx context.Context, r request) (*http.Response, erro
 		req.Header.Set("If-Match", r.etag)
 	}
 
+	t0 := time.Now()
 	resp, err := c.http.Do(req)
+	if traceCalls {
+		fmt.Fprintf(os.Stderr, "incus: %s %s: %s\n", r.method, strings.TrimPrefix(u, c.base), time.Since(t0).Round(100*time.Microsecond))
+	}
 	if err != nil {
 		var unreachable *UnreachableError
 		if errors.As(err, &unreachable) {
