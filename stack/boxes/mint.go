@@ -257,10 +257,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
 	cfg := mintConfig(req, typ, img)
-	devices := map[string]map[string]string{}
-	if req.Disk != "" {
-		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": host.Options.PoolName(), "size": req.Disk}
-	}
+	devices := mintDevices(req, host.Options.PoolName())
 	req.progress = func(s string) { host.Progressf("minting %s from %s: %s", req.Name, req.Image, s) }
 	post := incus.InstancesPost{
 		Name: req.Name, Type: typ, Config: cfg, Devices: devices,
@@ -268,10 +265,19 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		Source:   img.source,
 		Start:    true,
 	}
+	// The box's policy is recorded before the box exists: a record an
+	// earlier box of that name left (removed through Incus alone) is never
+	// the new box's, not even at its first refresh (stack.EnforcedEgress).
+	if err := host.Policies().Record(ctx, host.Incus.ProjectName(), req.Name, model.PolicyOf(cfg, devices)); err != nil {
+		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
+	}
 	err = host.Addresses().Create(ctx, post, req.Target, req.progress)
 	if err != nil && img.pulled(err) && cacheRace(err) {
 		// Nothing was made: the pull failed before the instance existed.
 		err = host.Addresses().Create(ctx, post, req.Target, req.progress)
+	}
+	if err != nil {
+		_ = host.Policies().Forget(context.WithoutCancel(ctx), host.Incus.ProjectName(), req.Name)
 	}
 	if err != nil {
 		// A box that was created but would not start is no box: remove it
@@ -321,6 +327,16 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 
 // mintConfig is a new box's config as req asks for it: the ownership tag,
 // the stamps, the limits, the user-data and nesting.
+// mintDevices are a new box's own devices: its root disk when it is
+// given a size.
+func mintDevices(req MintRequest, pool string) map[string]map[string]string {
+	devices := map[string]map[string]string{}
+	if req.Disk != "" {
+		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": pool, "size": req.Disk}
+	}
+	return devices
+}
+
 func mintConfig(req MintRequest, typ string, img mintImage) map[string]string {
 	cfg := map[string]string{model.Current.Tag: "1"}
 	maps.Copy(cfg, req.Stamps)

@@ -36,7 +36,9 @@ const unreachableServer = `Failed getting remote image info: Failed getting imag
 // Incus resolved the alias to (volatile.base_image).
 type mintFake struct {
 	srv *incustest.Server
-	mu  sync.Mutex
+	// bridge is the fake stack bridge, with the user keys box writes.
+	bridge *stacktest.Bridge
+	mu     sync.Mutex
 	// insts are the instances made so far.
 	insts map[string]*incus.Instance
 	// createErr fails the create's operation with incusd's message;
@@ -60,7 +62,7 @@ func newMintFake(t *testing.T) (*mintFake, *stack.Host) {
 	s.Handle("GET /1.0", func(w http.ResponseWriter, r *http.Request) {
 		incustest.Sync(w, map[string]any{"environment": map[string]any{"server_clustered": false, "server_name": "none", "driver": "lxc"}})
 	})
-	stacktest.ServeStaticBridge(s, map[string]string{"ipv4.address": "10.88.0.1/24"})
+	f.bridge = stacktest.ServeStaticBridge(s, map[string]string{"ipv4.address": "10.88.0.1/24"})
 	s.Handle("GET /1.0/profiles/box-net", func(w http.ResponseWriter, r *http.Request) {
 		incustest.Sync(w, stacktest.HostProfiles()[model.Current.Profile])
 	})
@@ -312,10 +314,11 @@ func TestMintWhenTheImageServerIsUnreachable(t *testing.T) {
 	}
 	assert.Empty(t, f.insts, "no instance")
 	for _, r := range f.srv.Requests() {
-		if r.Method != http.MethodGet {
+		if r.Method != http.MethodGet && r.Path != "/1.0/networks/boxnet" {
 			assert.Equal(t, "/1.0/instances", r.Path, "nothing but the create was asked to change: no alias, no delete (%s %s)", r.Method, r.Path)
 		}
 	}
+	assert.NotContains(t, f.bridge.Config(), model.PolicyKey("", "b"), "the policy recorded before the create is taken back with it")
 }
 
 // Two pulls from one server at once can fail on incusd's cache of its
@@ -371,8 +374,9 @@ func TestMintWhenTheServerIsDownButTheImageIsCached(t *testing.T) {
 		}
 		before = append(before, r.Path)
 	}
-	assert.Equal(t, []string{"/1.0/instances/b", "/1.0/networks/boxnet", "/1.0/profiles/box-net", "/1.0"}, before,
-		"before the create box asks only about the name, the stack and the cluster")
+	assert.Equal(t, []string{"/1.0/instances/b", "/1.0/networks/boxnet", "/1.0/profiles/box-net", "/1.0/networks/boxnet", "/1.0/networks/boxnet", "/1.0"}, before,
+		"before the create box asks only about the name, the stack and the cluster, and records the box's policy on the bridge")
+	assert.Contains(t, f.bridge.Config(), model.PolicyKey("", "b"), "the box's policy is recorded")
 }
 
 // A remote box cannot pull from is refused before anything is made, with
