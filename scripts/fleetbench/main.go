@@ -40,6 +40,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/box-isolation/box/internal/benchstat"
 	"github.com/box-isolation/box/internal/worldstate"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
@@ -256,24 +257,24 @@ func (b *bench) series(ctx context.Context, w io.Writer, pairState string, n, ru
 		enc.SetIndent("", "  ")
 		return enc.Encode(out)
 	}
-	fmt.Fprintf(w, "median run: %d ms beside %d boxes, %d ms beside %d: %.2fx\n", medianInt(ms[n]), n, medianInt(ms[pairBoxes]), pairBoxes,
-		float64(medianInt(ms[n]))/float64(max(1, medianInt(ms[pairBoxes]))))
+	fmt.Fprintf(w, "median run: %d ms beside %d boxes, %d ms beside %d: %.2fx\n", benchstat.Middle(ms[n]), n, benchstat.Middle(ms[pairBoxes]), pairBoxes,
+		float64(benchstat.Middle(ms[n]))/float64(max(1, benchstat.Middle(ms[pairBoxes]))))
 	return nil
 }
 
 func printSize(w io.Writer, s Size) {
 	ph := []string{}
 	for _, p := range []string{"preflight", "stack", "mint", "agents", "probes", "judge", "teardown"} {
-		ph = append(ph, fmt.Sprintf("%s %d", p, medianInt(s.PhasesMS[p])))
+		ph = append(ph, fmt.Sprintf("%s %d", p, benchstat.Middle(s.PhasesMS[p])))
 	}
 	fmt.Fprintf(w, "%3d boxes: drill exit %v inconclusive %v, run %d ms (median; %v), wall %d ms, probe phase %d ms, agents late %v ms; phases (median ms): %s\n",
-		s.Boxes, s.DrillExit, s.DrillInconclusive, medianInt(s.DrillMS), s.DrillMS, medianInt(s.DrillWallMS), medianInt(s.ProbePhaseMS), s.AgentsLateMS, strings.Join(ph, ", "))
+		s.Boxes, s.DrillExit, s.DrillInconclusive, benchstat.Middle(s.DrillMS), s.DrillMS, benchstat.Middle(s.DrillWallMS), benchstat.Middle(s.ProbePhaseMS), s.AgentsLateMS, strings.Join(ph, ", "))
 	if len(s.Arming) > 0 {
 		fmt.Fprintf(w, "           arming: %s\n", strings.Join(s.Arming, "; "))
 	}
 	fmt.Fprintf(w, "           box new %d ms (median; %v), incus launch %d ms (%v): %.2fx; box list %d ms; box doctor %d ms; port event %.1f ms (median; %v); load %s -> %s\n",
-		medianInt(s.BoxNewMS), s.BoxNewMS, medianInt(s.LaunchMS), s.LaunchMS, float64(medianInt(s.BoxNewMS))/float64(max(1, medianInt(s.LaunchMS))),
-		s.ListMS, s.DoctorMS, medianFloat(s.PortEventMS), s.PortEventMS, s.Load[0], s.Load[1])
+		benchstat.Middle(s.BoxNewMS), s.BoxNewMS, benchstat.Middle(s.LaunchMS), s.LaunchMS, float64(benchstat.Middle(s.BoxNewMS))/float64(max(1, benchstat.Middle(s.LaunchMS))),
+		s.ListMS, s.DoctorMS, benchstat.Middle(s.PortEventMS), s.PortEventMS, s.Load[0], s.Load[1])
 	for _, l := range s.Limits {
 		fmt.Fprintf(w, "           doctor: %s\n", l)
 	}
@@ -281,7 +282,7 @@ func printSize(w io.Writer, s Size) {
 
 // measure takes one size's measurements.
 func (b *bench) measure(ctx context.Context, n int) (Size, error) {
-	s := Size{Boxes: n, PhasesMS: map[string][]int64{}, Load: []string{loadAvg()}}
+	s := Size{Boxes: n, PhasesMS: map[string][]int64{}, Load: []string{benchstat.LoadAvg()}}
 	for range b.runs {
 		t0 := time.Now()
 		rep, err := b.drillRun(ctx)
@@ -342,7 +343,7 @@ func (b *bench) measure(ctx context.Context, n int) (Size, error) {
 		}
 		s.PortEventMS = append(s.PortEventMS, ms)
 	}
-	s.Load = append(s.Load, loadAvg())
+	s.Load = append(s.Load, benchstat.LoadAvg())
 	return s, nil
 }
 
@@ -579,32 +580,4 @@ func (b *bench) portEvent(name string) (float64, error) {
 		time.Sleep(200 * time.Microsecond)
 	}
 	return 0, fmt.Errorf("port %s not in the port set 10 s after it joined", name)
-}
-
-func medianInt(v []int64) int64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func medianFloat(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-// loadAvg is the 1-, 5- and 15-minute load average.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	return strings.Join(f[:min(3, len(f))], " ")
 }

@@ -32,6 +32,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/internal/benchstat"
 	"github.com/box-isolation/box/internal/worldstate"
 	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus"
@@ -195,7 +196,7 @@ func (b *bench) first(ctx context.Context, template string) (*First, error) {
 	if err := b.c.Images().Delete(ctx, ti.Fingerprint); err != nil {
 		return nil, err
 	}
-	f := &First{Template: template, Load: loadAvg()}
+	f := &First{Template: template, Load: benchstat.LoadAvg()}
 	if f.FirstMint, err = b.timeBox(ctx, tp, "mb-first", "new", "--name", "mb-first", "--template", template); err != nil {
 		return nil, err
 	}
@@ -220,7 +221,7 @@ func (b *bench) compare(ctx context.Context, template string, rounds int, standb
 	if err != nil {
 		return Result{}, err
 	}
-	r := Result{Template: template, Fingerprint: ti.Fingerprint, Load: []string{loadAvg()}}
+	r := Result{Template: template, Fingerprint: ti.Fingerprint, Load: []string{benchstat.LoadAvg()}}
 	for i := range rounds {
 		steps := []func() error{
 			func() error {
@@ -250,11 +251,11 @@ func (b *bench) compare(ctx context.Context, template string, rounds int, standb
 				return r, err
 			}
 		}
-		fmt.Fprintf(b.log, "mintbench: %s round %d: box new %.1f s, incus launch %.1f s (load %s)\n", template, i+1, r.BoxNew[i], r.Launch[i], loadAvg())
+		fmt.Fprintf(b.log, "mintbench: %s round %d: box new %.1f s, incus launch %.1f s (load %s)\n", template, i+1, r.BoxNew[i], r.Launch[i], benchstat.LoadAvg())
 	}
 	r.BoxMedian, r.LaunchMed, r.StandbyMed = median(r.BoxNew), median(r.Launch), median(r.Standby)
 	r.Ratio = round(r.BoxMedian / r.LaunchMed)
-	r.Load = append(r.Load, loadAvg())
+	r.Load = append(r.Load, benchstat.LoadAvg())
 	return r, nil
 }
 
@@ -413,13 +414,3 @@ func median(v []float64) float64 {
 }
 
 func round(f float64) float64 { return float64(int(f*100+0.5)) / 100 }
-
-// loadAvg is the 1-, 5- and 15-minute load average.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	return strings.Join(f[:min(3, len(f))], " ")
-}

@@ -3,14 +3,13 @@ package hostns
 import (
 	"fmt"
 	"net/netip"
-	"os"
 	"os/exec"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/internal/nstest"
 	"github.com/box-isolation/box/internal/testenv/tier"
 )
 
@@ -19,15 +18,7 @@ import (
 // in a throwaway namespace with two bridges (a port of the other bridge is
 // not one of ours), and LinkStates agrees with LinkState link by link.
 func TestBridgePortsOneDump(t *testing.T) {
-	tier.Root(t)
-	name := fmt.Sprintf("box-ports-%d", os.Getpid())
-	require.NoError(t, nsrun.Create(name))
-	t.Cleanup(func() { _ = nsrun.Delete(name) })
-	ip := func(args ...string) {
-		t.Helper()
-		out, err := exec.Command("ip", append([]string{"-n", name}, args...)...).CombinedOutput()
-		require.NoError(t, err, "ip %v: %s", args, out)
-	}
+	name, ip := throwawayNS(t, "ports")
 	ip("link", "add", "br0", "type", "bridge")
 	ip("link", "add", "br1", "type", "bridge")
 	for i, br := range []string{"br0", "br0", "br0", "br1"} {
@@ -70,15 +61,7 @@ func TestBridgePortsOneDump(t *testing.T) {
 // TestGatewayHoldersOneDump: the links other than the bridge holding the
 // gateway's address, read from one dump of the addresses.
 func TestGatewayHoldersOneDump(t *testing.T) {
-	tier.Root(t)
-	name := fmt.Sprintf("box-gw-%d", os.Getpid())
-	require.NoError(t, nsrun.Create(name))
-	t.Cleanup(func() { _ = nsrun.Delete(name) })
-	ip := func(args ...string) {
-		t.Helper()
-		out, err := exec.Command("ip", append([]string{"-n", name}, args...)...).CombinedOutput()
-		require.NoError(t, err, "ip %v: %s", args, out)
-	}
+	name, ip := throwawayNS(t, "gw")
 	ip("link", "add", "br0", "type", "bridge")
 	ip("link", "add", "d1", "type", "veth", "peer", "name", "d1p")
 	ip("link", "add", "d2", "type", "veth", "peer", "name", "d2p")
@@ -91,4 +74,18 @@ func TestGatewayHoldersOneDump(t *testing.T) {
 	got, err := g.GatewayHolders("br0", netip.MustParseAddr("10.9.0.1"))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"d2"}, got, "d2 holds the gateway's address besides the bridge; d1 holds another")
+}
+
+// throwawayNS is a throwaway network namespace (nstest) and what runs ip
+// in it, for a test that must be root.
+func throwawayNS(t *testing.T, role string) (string, func(args ...string)) {
+	t.Helper()
+	tier.Root(t)
+	name := "boxhns-" + nstest.RunID() + "-" + role
+	nstest.New(t, name)
+	return name, func(args ...string) {
+		t.Helper()
+		out, err := exec.Command("ip", append([]string{"-n", name}, args...)...).CombinedOutput()
+		require.NoError(t, err, "ip %v: %s", args, out)
+	}
 }
