@@ -272,6 +272,13 @@ func verifyEgressLayer(ctx context.Context, c *incus.Client, g *hostns.NS, f Fle
 // bridge, after its sets and rule are in the egress table.
 func (ps *Policies) EnsureAllowlist(ctx context.Context, id string, names []string) (bool, error) {
 	host := ps.host
+	if !host.Tier.Granted {
+		unlock, err := hostns.LockFile(ctx, hostns.PolicyLock, "the policy store")
+		if err != nil {
+			return false, err
+		}
+		defer unlock()
+	}
 	n, etag, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return false, err

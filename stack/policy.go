@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -78,6 +79,11 @@ func (ps *Policies) edit(ctx context.Context, edit func(map[string]string)) erro
 	if host.Tier.Granted {
 		return nil
 	}
+	unlock, err := hostns.LockFile(ctx, hostns.PolicyLock, "the policy store")
+	if err != nil {
+		return fmt.Errorf("recording a box's policy: %w", err)
+	}
+	defer unlock()
 	for try := 1; ; try++ {
 		n, etag, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 		if err != nil {

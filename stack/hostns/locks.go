@@ -16,6 +16,11 @@ import (
 const (
 	PortsLock = "/run/lock/box-ports.lock"
 	PinsLock  = "/run/lock/box-pins.lock"
+	// PolicyLock serializes box's writes of the policy store (the bridge's
+	// user keys): removes and mints running at once otherwise lose to each
+	// other's ETag, and a loaded Incus answers slowly enough that retries
+	// run out (seen with 13 boxes removed at once beside 240).
+	PolicyLock = "/run/lock/box-policies.lock"
 )
 
 // LockPorts takes the port set's lock (lockFile).
