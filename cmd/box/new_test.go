@@ -15,6 +15,7 @@ import (
 	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/incus/incustest"
 	"github.com/box-isolation/box/stack/model"
+	"github.com/box-isolation/box/stack/stacktest"
 	"github.com/box-isolation/box/templates"
 )
 
@@ -77,11 +78,10 @@ func withTemplateImage(t *testing.T, srv *incustest.Server, template, fp string)
 	return path
 }
 
-// withStack makes the fake serve the stack's bridge and profile.
+// withStack makes the fake serve the stack's bridge (which takes box's
+// records of its boxes' policies) and profile.
 func withStack(srv *incustest.Server) {
-	srv.Handle("GET /1.0/networks/boxnet", func(w http.ResponseWriter, r *http.Request) {
-		incustest.Sync(w, map[string]any{"name": "boxnet", "config": map[string]string{"ipv4.address": "10.88.0.1/24"}})
-	})
+	stacktest.ServeStaticBridge(srv, map[string]string{"ipv4.address": "10.88.0.1/24"})
 	srv.Handle("GET /1.0/profiles/box-net", func(w http.ResponseWriter, r *http.Request) {
 		incustest.Sync(w, map[string]any{"name": "box-net"})
 	})
