@@ -44,8 +44,13 @@ func (host *Host) Ensure(ctx context.Context) (*Report, error) {
 	}
 	defer unlock()
 	rep, err := host.ensure(ctx)
-	if rep != nil && err == nil {
-		rep.Notes = append(rep.Notes, host.limitNotesHere(ctx)...)
+	if rep != nil && err == nil && host.Remote == "" && !host.Tier.Granted && !host.NoKernel {
+		// The host's limits, named (docs/design.md): doctor --fix raises them.
+		if insts, ierr := host.Incus.Instances().All(ctx); ierr == nil {
+			if ci, cerr := host.Cluster(ctx); cerr == nil {
+				rep.Notes = append(rep.Notes, hostns.LimitNotes(len(onMember(insts, ci.Local)))...)
+			}
+		}
 	}
 	return rep, err
 }
@@ -575,7 +580,7 @@ func convergeObjects(ctx context.Context, c *incus.Client, ci ClusterInfo, d mod
 		},
 		Remove: func(ctx context.Context) error { return c.Networks().Delete(ctx, d.Network.Name) },
 		Differs: func(cur *incus.Network) []string {
-			return append(configDiff(cur.Config, d.Network.Config), unusedPolicyKeys(cur.Config, d.Network.Config)...)
+			return append(configDiff(cur.Config, d.Network.Config), model.UnusedPolicyKeys(cur.Config, d.Network.Config)...)
 		},
 		Update: func(ctx context.Context, cur *incus.Network, etag string) error {
 			cfg := maps.Clone(cur.Config)

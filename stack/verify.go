@@ -19,11 +19,14 @@ type Verification struct {
 	// says what to do instead of "restart incusd".
 	pending bool
 
-	Findings   []model.Finding `json:"findings"`
-	Subnet     netip.Prefix    `json:"subnet,omitempty"`
-	Gateway    netip.Addr      `json:"gateway,omitempty"`
-	BridgeMode nft.BridgeMode  `json:"bridge_mode,omitempty"`
-	DnsmasqPID int             `json:"dnsmasq_pid,omitempty"`
+	Findings []model.Finding `json:"findings"`
+	Subnet   netip.Prefix    `json:"subnet,omitempty"`
+	// Instances is how many instances this host (member) runs: what the
+	// host's limits are read against.
+	Instances  int            `json:"instances"`
+	Gateway    netip.Addr     `json:"gateway,omitempty"`
+	BridgeMode nft.BridgeMode `json:"bridge_mode,omitempty"`
+	DnsmasqPID int            `json:"dnsmasq_pid,omitempty"`
 	// Pool is what the bridge's dnsmasq hands out and holds (on a
 	// cluster, this member's); nil when it could not be read (Notes say
 	// why).
@@ -133,7 +136,11 @@ func (host *Host) Verify(ctx context.Context) (*Verification, error) {
 		}
 	}
 	v.Findings = append(v.Findings, dhcpFindings(insts)...)
-	v.Notes = append(v.Notes, host.LimitNotes(len(onMember(insts, ci.Local)))...)
+	v.Instances = len(onMember(insts, ci.Local))
+	if host.Remote == "" && !host.Tier.Granted && !host.NoKernel {
+		// The host's limits: capacity, not isolation (docs/design.md).
+		v.Notes = append(v.Notes, hostns.LimitNotes(v.Instances)...)
+	}
 	if v.Tiers, err = host.Tiers(ctx, host.Tier.Group); err != nil {
 		return nil, fmt.Errorf("reading the access tiers: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 )
@@ -321,7 +322,7 @@ func (a *app) host() (*stack.Host, error) {
 		// runs this binary (Ensure checks that systemd is there).
 		h.Boot.UnitDir = "/etc/systemd/system"
 		h.Boot.FirewallFile = stack.DefaultFirewallFile
-		h.Boot.SysctlFile = stack.DefaultSysctlFile
+		h.Boot.SysctlFile = hostns.DefaultSysctlFile
 		h.Boot.IncusDir = cmp.Or(a.getenv("INCUS_DIR"), "/var/lib/incus")
 		if exe, err := os.Executable(); err == nil {
 			h.Boot.Exe = exe

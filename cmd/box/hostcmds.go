@@ -174,18 +174,32 @@ func setupDoctor(fs *flag.FlagSet) action {
 			if r.Fixed, err = h.Ensure(c.ctx); err != nil {
 				return fmt.Errorf("fixing the host: %w", err)
 			}
-			// The host's limits are global: raised only when asked, here.
-			raised, err := h.RaiseLimits(c.ctx)
-			r.Fixed.Changes = append(r.Fixed.Changes, raised...)
-			if err != nil {
-				return fmt.Errorf("fixing the host: %w", err)
-			}
+
 			if !*asJSON {
 				printReport(c, r.Fixed)
 			}
 		}
 		if r.Verification, err = h.Verify(c.ctx); err != nil {
 			return fmt.Errorf("checking the host: %w", err)
+		}
+		if *fix && h.Boot.SysctlFile != "" {
+			// The host's limits are global: raised only when asked, here,
+			// on a real host; then checked again.
+			raised, err := hostns.RaiseLimits(h.Boot.SysctlFile, r.Verification.Instances)
+			r.Fixed.Changes = append(r.Fixed.Changes, raised...)
+			for _, ch := range raised {
+				if !*asJSON {
+					fmt.Fprintln(c.out, ch.String())
+				}
+			}
+			if err != nil {
+				return fmt.Errorf("fixing the host's limits: %w", err)
+			}
+			if len(raised) > 0 {
+				if r.Verification, err = h.Verify(c.ctx); err != nil {
+					return fmt.Errorf("checking the host: %w", err)
+				}
+			}
 		}
 		v := r.Verification
 		if h.Remote == "" {

@@ -1,8 +1,7 @@
-package stack
+package hostns
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"maps"
 	"os"
@@ -144,63 +143,27 @@ func readSysctl(key string) (int64, error) {
 	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }
 
-// lowLimits reads the host's limits below what n instances need (none
-// for a remote or a granted user, whose host's kernel is not theirs to
-// read or raise).
-func (host *Host) lowLimits(n int) ([]lowLimit, KeyUse) {
-	if host.Remote != "" || host.Tier.Granted || host.NoKernel {
-		return nil, KeyUse{}
-	}
+// LimitNotes names the host's limits below what n instances need, read
+// from this kernel (/proc/key-users, /proc/sys): doctor's and setup-host's
+// notes. None when the keyrings cannot be read.
+func LimitNotes(n int) []string {
 	use, err := readKeyUse("/proc/key-users")
-	if err != nil {
-		return nil, KeyUse{}
-	}
-	return lowLimits(n, use, readSysctl), use
-}
-
-// LimitNotes names the host's limits below what n instances need.
-func (host *Host) LimitNotes(n int) []string {
-	low, use := host.lowLimits(n)
-	return limitNotes(n, use, low)
-}
-
-// instancesHere counts the instances on this host (this member).
-func (host *Host) instancesHere(ctx context.Context) (int, error) {
-	insts, err := host.Incus.Instances().All(ctx)
-	if err != nil {
-		return 0, err
-	}
-	ci, err := host.Cluster(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return len(onMember(insts, ci.Local)), nil
-}
-
-// limitNotesHere are setup-host's notes of the host's limits below what
-// its instances need (it raises none: doctor --fix does, when asked).
-func (host *Host) limitNotesHere(ctx context.Context) []string {
-	n, err := host.instancesHere(ctx)
 	if err != nil {
 		return nil
 	}
-	return host.LimitNotes(n)
+	return limitNotes(n, use, lowLimits(n, use, readSysctl))
 }
 
-// RaiseLimits raises each limit below what the host's instances need, on the
-// kernel and in the host's sysctl file for its next boot, and says what it
-// changed. A real host only (Boot.SysctlFile): a world's kernel is the
-// machine's, not its own.
-func (host *Host) RaiseLimits(ctx context.Context) ([]model.Change, error) {
-	file := host.Boot.SysctlFile
-	if file == "" {
-		return nil, nil
-	}
-	n, err := host.instancesHere(ctx)
+// RaiseLimits raises each limit below what n instances need, on the
+// kernel and in file (the host's sysctl file for its next boot), and says
+// what it changed. A real host only:
+// a world's kernel is the machine's, not its own.
+func RaiseLimits(file string, n int) ([]model.Change, error) {
+	use, err := readKeyUse("/proc/key-users")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reading the keyrings' use: %w", err)
 	}
-	low, _ := host.lowLimits(n)
+	low := lowLimits(n, use, readSysctl)
 	if len(low) == 0 {
 		return nil, nil
 	}
