@@ -16,47 +16,10 @@ import (
 	"github.com/box-isolation/box/stack/nft"
 )
 
-// Enforced is the allowlist box enforces for a box.
-type Enforced struct {
-	// ID is the policy's id ("" for open), Names its names.
-	ID    string
-	Names []string
-	// Recorded: it is box's record's; Differs: the box's config names
-	// another.
-	Recorded, Differs bool
-}
-
-// EnforcedEgress is the allowlist box enforces for a box: box's record of
-// the box's policy where it keeps one, else the box's own config. An
-// Incus-only restore, copy or edit changes the box's config, never box's
-// record, so it never changes what the box may reach (docs/design.md, "A
-// box's policy is the operator's"). A granted user's boxes have no record
-// that counts: box cannot record their own changes, so their config is
-// their policy.
-func EnforcedEgress(inst *incus.Instance, recorded map[string]model.Policy) Enforced {
-	var e Enforced
-	if e.ID = inst.Config[model.KeyEgress]; e.ID != "" {
-		e.Names = strings.Split(inst.Config[model.KeyEgressNames], ",")
-	}
-	if TierProjectRE.MatchString(inst.Project) {
-		return e
-	}
-	rec, ok := recorded[model.ProjectOf(inst.Project)+"."+inst.Name]
-	if !ok {
-		return e
-	}
-	want := Enforced{Recorded: true}
-	if len(rec.Egress) > 0 {
-		want.ID, want.Names = model.PolicyID(rec.Egress), rec.Egress
-	}
-	want.Differs = want.ID != e.ID
-	return want
-}
-
 // egressPlanOf puts each box under a policy into that policy's boxes set,
 // by its NIC's stored address and the addresses leased to its MAC on the
 // bridge. Every stored policy is in the plan, with or without boxes. A
-// box's policy is the one box recorded for it (EnforcedEgress): one the
+// box's policy is the one box recorded for it (model.EnforcedEgress): one the
 // bridge lost is put back from the record, and a box whose config names
 // another is a finding. A box naming a policy neither the bridge nor a
 // record has (a snapshot's, restored by hand; an import's) is held
@@ -76,13 +39,13 @@ func egressPlanOf(bridge string, policies map[string][]string, recorded map[stri
 	who := map[netip.Addr]egress.Box{}
 	var findings []model.Finding
 	for i := range insts {
-		e := EnforcedEgress(&insts[i], recorded)
+		e := model.EnforcedEgress(&insts[i], recorded)
 		if e.Differs {
 			live := model.PolicyOf(insts[i].Config, nil).EgressString()
 			rec := model.Policy{Egress: e.Names}
 			findings = append(findings, model.Finding{Layer: model.LayerEgress, Object: "box " + insts[i].Name,
 				Problem: fmt.Sprintf("its config says egress %s, box's record of its policy says %s (the config was changed through Incus alone: a restore, a copy or an edit); the record's is enforced", live, rec.EgressString()),
-				Fix:     egressCommand(insts[i].Name, e.Names) + " puts it on the box too (or box egress with the other, to change it)"})
+				Fix:     model.EgressCommand(insts[i].Name, e.Names) + " puts it on the box too (or box egress with the other, to change it)"})
 		}
 		id := e.ID
 		if id == "" {
@@ -140,27 +103,11 @@ func planEgress(ctx context.Context, c *incus.Client, f Fleet) (egressPlan, erro
 	names := model.PoliciesOf(n.Config)
 	ps, who, fs := egressPlanOf(model.Current.Network, names, model.PoliciesRecorded(n.Config), f.insts, f.leases)
 	st := egress.State{Bridge: model.Current.Network, Table: nft.Config{Table: model.Current.NFTTable}.EgressTable(),
-		Upstream: dnsmasqServers(n.Config["raw.dnsmasq"]), Policies: names, Boxes: who}
+		Upstream: model.DnsmasqServers(n.Config["raw.dnsmasq"]), Policies: names, Boxes: who}
 	if p, err := netip.ParsePrefix(n.Config["ipv4.address"]); err == nil {
 		st.Gateway, st.Subnet = p.Addr(), p.Masked()
 	}
 	return egressPlan{policies: ps, state: st, findings: fs}, nil
-}
-
-// dnsmasqServers are the upstream resolvers the bridge's dnsmasq settings
-// pin (server= lines): the allowlisted boxes' resolver asks the same.
-func dnsmasqServers(raw string) []netip.Addr {
-	var out []netip.Addr
-	for _, l := range strings.Split(raw, "\n") {
-		v, ok := strings.CutPrefix(strings.TrimSpace(l), "server=")
-		if !ok {
-			continue
-		}
-		if a, err := netip.ParseAddr(v); err == nil {
-			out = append(out, a)
-		}
-	}
-	return out
 }
 
 // applyEgress makes the egress table, its host objects and the egress
@@ -315,7 +262,7 @@ func (ps *Policies) EnsureAllowlist(ctx context.Context, id string, names []stri
 		return false, fmt.Errorf("%s has ipv4.address=%q: run box doctor", model.Current.Network, n.Config["ipv4.address"])
 	}
 	ncfg.Gateway = p.Addr()
-	if _, err := (nft.Egress{Policies: plan, Resolvers: egress.Resolvers(dnsmasqServers(n.Config["raw.dnsmasq"]))}).Apply(ncfg); err != nil {
+	if _, err := (nft.Egress{Policies: plan, Resolvers: egress.Resolvers(model.DnsmasqServers(n.Config["raw.dnsmasq"]))}).Apply(ncfg); err != nil {
 		return false, fmt.Errorf("adding the policy's sets: %w", err)
 	}
 	cfg := maps.Clone(n.Config)
@@ -327,7 +274,7 @@ func (ps *Policies) EnsureAllowlist(ctx context.Context, id string, names []stri
 }
 
 // usedPolicies keeps the policies some box's enforced allowlist names
-// (EnforcedEgress, from its record or its config), one a record names
+// (model.EnforcedEgress, from its record or its config), one a record names
 // put back from the record: the others go at the next converge (their
 // sets with them), not when their last box leaves (a box moving between
 // policies and back finds its policy there).
@@ -341,7 +288,7 @@ func usedPolicies(ctx context.Context, c *incus.Client, policies map[string][]st
 	}
 	used := map[string][]string{}
 	for i := range insts {
-		e := EnforcedEgress(&insts[i], recorded)
+		e := model.EnforcedEgress(&insts[i], recorded)
 		switch {
 		case e.ID == "":
 		case policies[e.ID] != nil:
@@ -351,23 +298,4 @@ func usedPolicies(ctx context.Context, c *incus.Client, policies map[string][]st
 		}
 	}
 	return used, nil
-}
-
-// egressCommand is the box command that sets a box's allowlist to names.
-func egressCommand(box string, names []string) string {
-	if len(names) == 0 {
-		return "box egress " + box + " open"
-	}
-	return "box egress " + box + " allow " + strings.Join(names, " ")
-}
-
-// unusedPolicyKeys names the stored policies a converge drops.
-func unusedPolicyKeys(live, want map[string]string) []string {
-	var out []string
-	for _, k := range slices.Sorted(maps.Keys(live)) {
-		if _, ok := want[k]; !ok && strings.HasPrefix(k, model.KeyEgressPolicy) {
-			out = append(out, k+" (no box names it)")
-		}
-	}
-	return out
 }

@@ -89,7 +89,7 @@ func TestPoliciesOnTheBridge(t *testing.T) {
 	back := model.PoliciesOf(map[string]string{model.KeyEgressPolicy + "pb": "*.pypi.org,api.example.com", model.KeyDNS: "1.1.1.1", "user.box.egress.x.y": "not a policy"})
 	assert.Equal(t, map[string][]string{"pb": {"*.pypi.org", "api.example.com"}}, back)
 	assert.Equal(t, []netip.Addr{netip.MustParseAddr("203.0.113.53"), netip.MustParseAddr("9.9.9.9")},
-		dnsmasqServers("no-resolv\nserver=203.0.113.53\nno-hosts\nserver=9.9.9.9\nserver=/corp/10.0.0.1\n"), "the pinned upstream, as dnsmasq reads it")
+		model.DnsmasqServers("no-resolv\nserver=203.0.113.53\nno-hosts\nserver=9.9.9.9\nserver=/corp/10.0.0.1\n"), "the pinned upstream, as dnsmasq reads it")
 }
 
 func TestDesiredCarriesThePolicies(t *testing.T) {

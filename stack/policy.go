@@ -18,7 +18,7 @@ import (
 // --remote one too) and writable only by its admins: a granted user's
 // boxes have no record (for them the rule is a convenience; their boxes'
 // policy is read from the box itself). Where a box has a record, its
-// allowlist is the record's (EnforcedEgress). Incus changes a bridge's user keys
+// allowlist is the record's (model.EnforcedEgress). Incus changes a bridge's user keys
 // without restarting its dnsmasq (measured: 33 ms, the same dnsmasq).
 // docs/design.md, "A box's policy is the operator's".
 

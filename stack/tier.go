@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -55,7 +54,8 @@ func TierBridge(uid uint32) string {
 // less its NUL).
 const maxIfaceName = 15
 
-var TierProjectRE = regexp.MustCompile(`^user-([0-9]+)$`)
+// TierProjectRE matches a granted user's project (model.TierProjectRE).
+var TierProjectRE = model.TierProjectRE
 
 // TierSet is what a granted project's config must say: boxnet only, no
 // host paths, no proxies, unprivileged, snapshots and backups allowed, and

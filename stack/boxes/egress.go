@@ -90,7 +90,7 @@ func (mgr *Manager) Egress(ctx context.Context, box string) (*EgressState, error
 		return nil, err
 	}
 	// What box enforces: its record's allowlist, where it keeps one.
-	e := stack.EnforcedEgress(inst, model.PoliciesRecorded(n.Config))
+	e := model.EnforcedEgress(inst, model.PoliciesRecorded(n.Config))
 	id := e.ID
 	if id == "" {
 		return st, nil

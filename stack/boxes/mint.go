@@ -267,7 +267,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	}
 	// The box's policy is recorded before the box exists: a record an
 	// earlier box of that name left (removed through Incus alone) is never
-	// the new box's, not even at its first refresh (stack.EnforcedEgress).
+	// the new box's, not even at its first refresh (model.EnforcedEgress).
 	if err := host.Policies().Record(ctx, host.Incus.ProjectName(), req.Name, model.PolicyOf(cfg, devices)); err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}

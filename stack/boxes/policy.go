@@ -44,7 +44,7 @@ func recordPolicy(ctx context.Context, host *stack.Host, name string, edit func(
 }
 
 // currentPolicy is a box's current policy: its own config and devices,
-// with the allowlist box enforces for it (stack.EnforcedEgress: its
+// with the allowlist box enforces for it (model.EnforcedEgress: its
 // record's, where box keeps one), so a box restored or edited through
 // Incus alone does not hand the rolled-back allowlist on.
 func currentPolicy(ctx context.Context, host *stack.Host, inst *incus.Instance) (model.Policy, error) {
@@ -56,7 +56,7 @@ func currentPolicy(ctx context.Context, host *stack.Host, inst *incus.Instance) 
 	if err != nil {
 		return p, fmt.Errorf("reading the recorded policy of %s: %w", inst.Name, err)
 	}
-	p.Egress = stack.EnforcedEgress(inst, model.PoliciesRecorded(n.Config)).Names
+	p.Egress = model.EnforcedEgress(inst, model.PoliciesRecorded(n.Config)).Names
 	return p, nil
 }
 

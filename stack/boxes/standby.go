@@ -130,7 +130,7 @@ func (mgr *Manager) ready(ctx context.Context, standby string, req MintRequest) 
 	if err := mgr.moveHostname(ctx, standby, req.Name); err != nil {
 		return err
 	}
-	// Recorded before its start, as a mint's (stack.EnforcedEgress).
+	// Recorded before its start, as a mint's (model.EnforcedEgress).
 	if err := host.Policies().Record(ctx, inst.Project, req.Name, model.PolicyOf(put.Config, put.Devices)); err != nil {
 		return err
 	}

@@ -3,6 +3,9 @@ package model
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"maps"
+	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -61,6 +64,33 @@ func PoliciesOf(cfg map[string]string) map[string][]string {
 	for k, v := range cfg {
 		if id, ok := strings.CutPrefix(k, KeyEgressPolicy); ok && id != "" && !strings.Contains(id, ".") {
 			out[id] = strings.Split(v, ",")
+		}
+	}
+	return out
+}
+
+// DnsmasqServers are the upstream resolvers the bridge's dnsmasq settings
+// pin (server= lines): the allowlisted boxes' resolver asks the same.
+func DnsmasqServers(raw string) []netip.Addr {
+	var out []netip.Addr
+	for _, l := range strings.Split(raw, "\n") {
+		v, ok := strings.CutPrefix(strings.TrimSpace(l), "server=")
+		if !ok {
+			continue
+		}
+		if a, err := netip.ParseAddr(v); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// UnusedPolicyKeys names the stored policies a converge drops.
+func UnusedPolicyKeys(live, want map[string]string) []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(live)) {
+		if _, ok := want[k]; !ok && strings.HasPrefix(k, KeyEgressPolicy) {
+			out = append(out, k+" (no box names it)")
 		}
 	}
 	return out

@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/box-isolation/box/stack/incus"
 )
 
 // A box's policy: what the operator set for the box on the host's behalf,
@@ -220,3 +223,51 @@ func PoliciesRecorded(cfg map[string]string) map[string]Policy {
 	}
 	return out
 }
+
+// Enforced is the allowlist box enforces for a box.
+type Enforced struct {
+	// ID is the policy's id ("" for open), Names its names.
+	ID    string
+	Names []string
+	// Recorded: it is box's record's; Differs: the box's config names
+	// another.
+	Recorded, Differs bool
+}
+
+// EnforcedEgress is the allowlist box enforces for a box: box's record of
+// the box's policy where it keeps one, else the box's own config. An
+// Incus-only restore, copy or edit changes the box's config, never box's
+// record, so it never changes what the box may reach (docs/design.md, "A
+// box's policy is the operator's"). A granted user's boxes have no record
+// that counts: box cannot record their own changes, so their config is
+// their policy.
+func EnforcedEgress(inst *incus.Instance, recorded map[string]Policy) Enforced {
+	var e Enforced
+	if e.ID = inst.Config[KeyEgress]; e.ID != "" {
+		e.Names = strings.Split(inst.Config[KeyEgressNames], ",")
+	}
+	if TierProjectRE.MatchString(inst.Project) {
+		return e
+	}
+	rec, ok := recorded[ProjectOf(inst.Project)+"."+inst.Name]
+	if !ok {
+		return e
+	}
+	want := Enforced{Recorded: true}
+	if len(rec.Egress) > 0 {
+		want.ID, want.Names = PolicyID(rec.Egress), rec.Egress
+	}
+	want.Differs = want.ID != e.ID
+	return want
+}
+
+// EgressCommand is the box command that sets a box's allowlist to names.
+func EgressCommand(box string, names []string) string {
+	if len(names) == 0 {
+		return "box egress " + box + " open"
+	}
+	return "box egress " + box + " allow " + strings.Join(names, " ")
+}
+
+// TierProjectRE matches the project incus-user gives a user: user-<uid>.
+var TierProjectRE = regexp.MustCompile(`^user-([0-9]+)$`)
