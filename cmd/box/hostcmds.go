@@ -174,7 +174,6 @@ func setupDoctor(fs *flag.FlagSet) action {
 			if r.Fixed, err = h.Ensure(c.ctx); err != nil {
 				return fmt.Errorf("fixing the host: %w", err)
 			}
-
 			if !*asJSON {
 				printReport(c, r.Fixed)
 			}
@@ -187,8 +186,8 @@ func setupDoctor(fs *flag.FlagSet) action {
 			// on a real host; then checked again.
 			raised, err := hostns.RaiseLimits(h.Boot.SysctlFile, r.Verification.Instances)
 			r.Fixed.Changes = append(r.Fixed.Changes, raised...)
-			for _, ch := range raised {
-				if !*asJSON {
+			if !*asJSON {
+				for _, ch := range raised {
 					fmt.Fprintln(c.out, ch.String())
 				}
 			}
