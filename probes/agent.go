@@ -207,7 +207,7 @@ func armTasks(ctx context.Context, p *Plan, set func(int, Observation)) func(sta
 	for _, spec := range p.Witnesses {
 		idx := i
 		i++
-		w, err := StartWitness(spec)
+		w, err := armWitness(spec)
 		if err != nil {
 			set(idx, fail(Observation{ID: spec.ID, Kind: KindWitness, StartedAt: time.Now()}, err.Error()))
 			continue

@@ -1,9 +1,11 @@
 package probes
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -84,4 +86,30 @@ func TestPrivilegedPinNeighbors(t *testing.T) {
 	require.NoError(t, w.a.Run(func() error { after = undo(); return nil }))
 	require.True(t, after[0].Removed, after[0].Error)
 	require.Equal(t, -1, neighState(), "the pin is gone")
+}
+
+// TestPrivilegedWitnessWindowFromTheStart: a witness armed well before
+// its plan's start (longer than its window) still captures from its
+// start for its whole window: a control sent after the start, past the
+// window counted from the arming, is seen. A window counted from the
+// arming would have ended before the start and read as silence.
+func TestPrivilegedWitnessWindowFromTheStart(t *testing.T) {
+	w := newBridgeWorld(t)
+	nonce := NewNonce()
+	var wit *Witness
+	require.NoError(t, w.b.Run(func() (err error) {
+		wit, err = armWitness(WitnessSpec{ID: "w", Via: w.subnet, WindowMS: 300, Nonces: []string{NewNonce()}, Control: nonce})
+		return err
+	}))
+	t.Cleanup(func() { wit.Stop() })
+	time.Sleep(500 * time.Millisecond) // the arming's lead, past the window
+	start := time.Now()
+	wit.begin(start)
+	done := make(chan Observation, 1)
+	go func() { done <- wit.Wait(context.Background()) }()
+	o := probeIn(t, w.a, ProbeSpec{ID: "ctl", Kind: KindControl, Via: w.subnet, Nonce: nonce, DstMAC: w.bMAC.String(), DeadlineMS: 200})
+	seen := <-done
+	require.Equal(t, Reached, o.Outcome, o.Reason)
+	require.GreaterOrEqual(t, time.Since(start), 250*time.Millisecond, "the witness's window ran from its start, not from its arming")
+	require.Positive(t, seen.Evidence.Witness.Controls, "the witness captured the control sent after its start: %s", seen.Reason)
 }

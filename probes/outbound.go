@@ -57,7 +57,7 @@ func startOutbound(spec WitnessSpec) (*Witness, error) {
 		w.taps = append(w.taps, &outTap{ifi: ifi, sock: s})
 	}
 	w.armedAt = time.Now()
-	w.untilNS.Store(w.armedAt.Add(ms(spec.WindowMS)).UnixNano())
+	w.untilNS.Store(w.armedAt.Add(MaxStartWait + ms(spec.WindowMS)).UnixNano())
 	for _, t := range w.taps {
 		// Stop moves it to now to wake the reader; begin moves it on.
 		if err := t.sock.setReadDeadline(w.until()); err != nil {

@@ -59,6 +59,18 @@ type Witness struct {
 // thread is in a network namespace captures there. The capture runs until
 // the window ends or Stop is called, whichever is first.
 func StartWitness(spec WitnessSpec) (*Witness, error) {
+	w, err := armWitness(spec)
+	if err != nil {
+		return nil, err
+	}
+	w.begin(time.Now())
+	return w, nil
+}
+
+// armWitness arms a witness whose window is not counted yet: it captures
+// until begin ends its window (or MaxStartWait and its window pass, should
+// begin never come).
+func armWitness(spec WitnessSpec) (*Witness, error) {
 	if err := spec.validate(MaxPlanDeadline); err != nil {
 		return nil, fmt.Errorf("witness %s: %w", spec.ID, err)
 	}
@@ -92,9 +104,9 @@ func StartWitness(spec WitnessSpec) (*Witness, error) {
 	w := newWitness(spec)
 	w.ifi, w.conn, w.name = ifi, c, ifi.Name
 	w.armedAt = time.Now()
-	w.untilNS.Store(w.armedAt.Add(ms(spec.WindowMS)).UnixNano())
+	w.untilNS.Store(w.armedAt.Add(MaxStartWait + ms(spec.WindowMS)).UnixNano())
 	// Set before the reader starts: Stop moves it to now to wake the
-	// reader, and only begin, before Stop, moves it on.
+	// reader, and only begin, before Stop, moves it.
 	if err := c.SetReadDeadline(w.until()); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("witness %s: deadline: %w", spec.ID, err)
@@ -106,12 +118,13 @@ func StartWitness(spec WitnessSpec) (*Witness, error) {
 // until is when the window ends.
 func (w *Witness) until() time.Time { return time.Unix(0, w.untilNS.Load()) }
 
-// begin counts the window from start (the plan's common start, after the
-// witness was armed): it captures from its arming on, and ends its window
-// after start, so arming early never shortens it.
+// begin counts the window from start (the plan's common start, at or
+// after the witness was armed): it captures from its arming on, and ends
+// its window after start, so arming early never shortens it. Called once,
+// before Wait or Stop.
 func (w *Witness) begin(start time.Time) {
-	if !start.After(w.armedAt) {
-		return
+	if start.Before(w.armedAt) {
+		start = w.armedAt
 	}
 	select {
 	case <-w.stopped:
