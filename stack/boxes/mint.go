@@ -310,9 +310,6 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 			notes = append(notes, fmt.Sprintf("the fingerprint %s resolved to is not stamped: %v", req.Image, err))
 		}
 	}
-	if err := host.Policies().Record(ctx, host.Incus.ProjectName(), req.Name, model.PolicyOf(cfg, devices)); err != nil {
-		notes = append(notes, fmt.Sprintf("its policy is not recorded on the bridge (%v): box reads it from the box itself until a verb of box's records it", err))
-	}
 	if n := mgr.diskLimitNote(ctx, req); n != "" {
 		notes = append(notes, n)
 	} else if n := host.Storage().AccountingNote(ctx, req.Disk); n != "" {
