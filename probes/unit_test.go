@@ -387,6 +387,19 @@ func TestRunAgentNoPackets(t *testing.T) {
 	require.Equal(t, "v6", rep.Observations[2].ID)
 }
 
+// runAgentPlan runs the agent on a plan and reads its report, which must
+// carry no error and n observations.
+func runAgentPlan(t *testing.T, plan string, n int) *Report {
+	t.Helper()
+	var out bytes.Buffer
+	require.NoError(t, RunAgent(context.Background(), strings.NewReader(plan), &out))
+	rep, err := DecodeReport(&out)
+	require.NoError(t, err)
+	require.Empty(t, rep.Error)
+	require.Len(t, rep.Observations, n)
+	return rep
+}
+
 // TestRunAgentStartsAtStartAt: an agent handed a start_at ahead starts
 // its clocks there (its report's and its probe's started_at, and its
 // deadline, count from it); one whose start_at has passed starts at once.
@@ -396,14 +409,8 @@ func TestRunAgentStartsAtStartAt(t *testing.T) {
 		plan := fmt.Sprintf(`{"version":1,"deadline_ms":300,"start_at":%q,
 		  "listeners":[{"id":"l","kind":"udp_echo","port":47392,"via":"127.0.0.0/8"}],
 		  "probes":[{"id":"lease","kind":"dhcp_lease","via":"127.0.0.0/8","deadline_ms":100}]}`, at.Format(time.RFC3339Nano))
-		var out bytes.Buffer
-		require.NoError(t, RunAgent(context.Background(), strings.NewReader(plan), &out))
-		returned := time.Now()
-		rep, err := DecodeReport(&out)
-		require.NoError(t, err)
-		require.Empty(t, rep.Error)
-		require.Len(t, rep.Observations, 2)
-		return rep, returned
+		rep := runAgentPlan(t, plan, 2)
+		return rep, time.Now()
 	}
 	at := time.Now().Add(400 * time.Millisecond)
 	rep, returned := run(at)
@@ -429,13 +436,7 @@ func TestRunAgentArmsBeforeStartAt(t *testing.T) {
 		plan := fmt.Sprintf(`{"version":1,"deadline_ms":1000,"start_at":%q,
 		  "listeners":[{"id":"l","kind":"udp_echo","port":47393,"via":"127.0.0.0/8","window_ms":700}],
 		  "probes":[{"id":"p","kind":"udp","target":"127.0.0.1","port":47393,"via":"127.0.0.0/8","delay_ms":500,"deadline_ms":300,"nonce":"arming-nonce-1"}]}`, at.Format(time.RFC3339Nano))
-		var out bytes.Buffer
-		require.NoError(t, RunAgent(context.Background(), strings.NewReader(plan), &out))
-		rep, err := DecodeReport(&out)
-		require.NoError(t, err)
-		require.Empty(t, rep.Error)
-		require.Len(t, rep.Observations, 2)
-		return rep
+		return runAgentPlan(t, plan, 2)
 	}
 	rep := run(time.Now().Add(600 * time.Millisecond))
 	assert.Equal(t, Reached, rep.Observations[1].Outcome, "the probe 500 ms after the start found the listener: %s", rep.Observations[1].Reason)
