@@ -1,7 +1,6 @@
 package stack
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -10,12 +9,11 @@ import (
 	"net/netip"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/box-isolation/box/internal/dhcpmsg"
 	"github.com/box-isolation/box/internal/nsrun"
+	"github.com/box-isolation/box/stack/dnsmasq"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -295,14 +293,7 @@ func dhcpFindings(insts []incus.Instance) []model.Finding {
 }
 
 // DHCPLease is one IPv4 lease in dnsmasq's lease file.
-type DHCPLease struct {
-	Expires time.Time  `json:"expires"`
-	Hwaddr  string     `json:"hwaddr"` // as dnsmasq writes it: "06-..." for a hardware type other than Ethernet
-	Address netip.Addr `json:"address"`
-	// ClientID is the client identifier, "" when it sent none (or
-	// dnsmasq ignores them, dhcp-ignore-clid).
-	ClientID string `json:"client_id,omitempty"`
-}
+type DHCPLease = dnsmasq.Lease
 
 // DHCPPool is what the bridge's dnsmasq hands out and holds, read from
 // its command line and its lease file (ground truth: Incus lists only
@@ -384,13 +375,13 @@ func dhcpPool(g *hostns.NS, bridge string) (DHCPPool, error) {
 	p.PID, p.LeaseFileGone = pid, hostns.HoldsDeleted(pid, p.LeaseFile)
 	var spans [][2]netip.Addr
 	for _, r := range ranges {
-		lo, hi, ok := parseRange(r)
+		lo, hi, ok := dnsmasq.ParseRange(r)
 		if !ok {
 			continue // an IPv6 range, or a mode this reader does not know
 		}
 		spans = append(spans, [2]netip.Addr{lo, hi})
 		p.Ranges = append(p.Ranges, lo.String()+"-"+hi.String())
-		p.Size += rangeSize(lo, hi)
+		p.Size += dnsmasq.RangeSize(lo, hi)
 	}
 	f, err := os.Open(p.LeaseFile)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -400,7 +391,7 @@ func dhcpPool(g *hostns.NS, bridge string) (DHCPPool, error) {
 		return p, fmt.Errorf("reading dnsmasq's lease file: %w", err)
 	}
 	defer f.Close()
-	if p.Leases, err = parseLeases(f); err != nil {
+	if p.Leases, err = dnsmasq.ParseLeases(f); err != nil {
 		return p, fmt.Errorf("reading %s: %w", p.LeaseFile, err)
 	}
 	for _, l := range p.Leases {
@@ -409,59 +400,6 @@ func dhcpPool(g *hostns.NS, bridge string) (DHCPPool, error) {
 		}
 	}
 	return p, nil
-}
-
-// parseRange reads an IPv4 --dhcp-range: "start,end[,mask][,lease]"
-// (tag: and set: prefixes skipped).
-func parseRange(r string) (lo, hi netip.Addr, ok bool) {
-	var addrs []netip.Addr
-	for _, f := range strings.Split(r, ",") {
-		if a, err := netip.ParseAddr(f); err == nil && a.Is4() {
-			addrs = append(addrs, a)
-		}
-	}
-	if len(addrs) < 2 || addrs[1].Less(addrs[0]) {
-		return lo, hi, false
-	}
-	return addrs[0], addrs[1], true
-}
-
-// rangeSize counts the addresses from lo to hi.
-func rangeSize(lo, hi netip.Addr) int {
-	l, h := lo.As4(), hi.As4()
-	return int(uint32(h[0])<<24|uint32(h[1])<<16|uint32(h[2])<<8|uint32(h[3])) -
-		int(uint32(l[0])<<24|uint32(l[1])<<16|uint32(l[2])<<8|uint32(l[3])) + 1
-}
-
-// parseLeases reads dnsmasq's lease file: "expiry hwaddr address name
-// client-id" per IPv4 lease; IPv6 leases (after a "duid" line) are left
-// out.
-func parseLeases(r interface{ Read([]byte) (int, error) }) ([]DHCPLease, error) {
-	var out []DHCPLease
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) == 0 || f[0] == "duid" {
-			continue
-		}
-		if len(f) < 4 {
-			return out, fmt.Errorf("a line of %d fields: %q", len(f), sc.Text())
-		}
-		a, err := netip.ParseAddr(f[2])
-		if err != nil || !a.Is4() {
-			continue
-		}
-		exp, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			return out, fmt.Errorf("expiry %q: %w", f[0], err)
-		}
-		l := DHCPLease{Expires: time.Unix(exp, 0).UTC(), Hwaddr: strings.ToLower(f[1]), Address: a}
-		if len(f) > 4 && f[4] != "*" {
-			l.ClientID = strings.ToLower(f[4])
-		}
-		out = append(out, l)
-	}
-	return out, sc.Err()
 }
 
 // poolOf reads the bridge's pool and names the leases that belong to no
@@ -563,7 +501,7 @@ func (addrs *Addresses) ReleaseLeases(ctx context.Context, leases []DHCPLease) (
 	}
 	left := leases
 	for try := 0; try < 5 && len(left) > 0; try++ {
-		if err := nsrun.Do(host.NetNS, func() error { return sendReleases(gw.Addr(), left) }); err != nil {
+		if err := nsrun.Do(host.NetNS, func() error { return dnsmasq.SendReleases(gw.Addr(), left) }); err != nil {
 			return left, fmt.Errorf("releasing leases: %w", err)
 		}
 		select {
@@ -580,71 +518,4 @@ func (addrs *Addresses) ReleaseLeases(ctx context.Context, leases []DHCPLease) (
 		})
 	}
 	return left, nil
-}
-
-// sendReleases sends a DHCPRELEASE for each lease to the server at gw,
-// paced: dnsmasq's socket drops what a burst puts beyond its buffer.
-func sendReleases(gw netip.Addr, leases []DHCPLease) error {
-	c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(gw, 67)))
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	for i, l := range leases {
-		if i%4 == 3 {
-			time.Sleep(2 * time.Millisecond)
-		}
-		htype, hw, err := leaseClient(l.Hwaddr)
-		if err != nil {
-			continue // not a client dnsmasq could have
-		}
-		m := dhcpmsg.Message{Type: dhcpmsg.Release, HType: htype, CHAddr: hw, CIAddr: l.Address,
-			Options: []dhcpmsg.Option{dhcpmsg.Addr(dhcpmsg.OptServerID, gw)}}
-		if id, err := hexField(l.ClientID); err == nil && len(id) > 0 {
-			m.Options = append(m.Options, dhcpmsg.Option{Code: dhcpmsg.OptClientID, Data: id})
-		}
-		b, err := m.Marshal()
-		if err != nil {
-			continue
-		}
-		if _, err := c.Write(b); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// leaseClient reads a lease file's hardware field: "06-aa:bb:..." for a
-// hardware type other than Ethernet, "aa:bb:..." (any length) for
-// Ethernet.
-func leaseClient(field string) (byte, []byte, error) {
-	htype := dhcpmsg.HTypeEthernet
-	if t, rest, ok := strings.Cut(field, "-"); ok {
-		v, err := strconv.ParseUint(t, 16, 8)
-		if err != nil {
-			return 0, nil, err
-		}
-		htype, field = byte(v), rest
-	}
-	hw, err := hexField(field)
-	if err != nil || len(hw) == 0 {
-		return 0, nil, fmt.Errorf("hardware address %q", field)
-	}
-	return htype, hw, nil
-}
-
-// hexField reads colon-separated hex bytes.
-func hexField(s string) ([]byte, error) {
-	if s == "" {
-		return nil, nil
-	}
-	var out []byte
-	for _, p := range strings.Split(s, ":") {
-		v, err := strconv.ParseUint(p, 16, 8)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, byte(v))
-	}
-	return out, nil
 }

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -72,29 +71,6 @@ func TestRawDnsmasqFindings(t *testing.T) {
 	fs = rawDnsmasqFindings("b", strings.TrimSuffix(noDHCP, "\n"), want)
 	require.Len(t, fs, 1)
 	assert.Equal(t, model.LayerDHCP, fs[0].Layer)
-}
-
-func TestParseLeases(t *testing.T) {
-	file := "1796182906 10:66:6a:51:cf:de 10.88.0.126 * *\n" +
-		"1796182838 10:66:6a:FE:8a:5d 10.88.0.125 box-a 01:10:66:6a:fe:8a:5d\n" +
-		"1796182840 06-10:66:6a:fe:8a:5d 10.88.0.130 * *\n" +
-		"duid 00:01:00:01:2c:2a\n" +
-		"1796182906 1234 fd42::5 * 00:01\n"
-	ls, err := parseLeases(strings.NewReader(file))
-	require.NoError(t, err)
-	require.Len(t, ls, 3, "IPv4 leases only")
-	assert.Equal(t, DHCPLease{Expires: time.Unix(1796182906, 0).UTC(), Hwaddr: "10:66:6a:51:cf:de", Address: netip.MustParseAddr("10.88.0.126")}, ls[0])
-	assert.Equal(t, "10:66:6a:fe:8a:5d", ls[1].Hwaddr, "lower case, as net.HardwareAddr prints")
-	assert.Equal(t, "01:10:66:6a:fe:8a:5d", ls[1].ClientID)
-	assert.Equal(t, "06-10:66:6a:fe:8a:5d", ls[2].Hwaddr, "another hardware type, as dnsmasq writes it")
-	_, err = parseLeases(strings.NewReader("garbage\n"))
-	assert.Error(t, err)
-
-	lo, hi, ok := parseRange("10.88.0.2,10.88.0.254,1h")
-	require.True(t, ok)
-	assert.Equal(t, 253, rangeSize(lo, hi))
-	_, _, ok = parseRange("::,constructor:boxnet,ra-only")
-	assert.False(t, ok)
 }
 
 // Stray leases are advisory (a fixed address is never another client's,
@@ -220,26 +196,6 @@ func TestFixMissingAddresses(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, fixed)
 	assert.Len(t, f.Srv.Find(http.MethodPut, "/1.0/instances/up"), n, "nothing more to do")
-}
-
-func TestLeaseClient(t *testing.T) {
-	for field, want := range map[string]struct {
-		htype byte
-		hw    int
-	}{
-		"10:66:6a:00:00:0a":                               {1, 6},
-		"06-10:66:6a:00:00:0a":                            {6, 6},
-		"10:66:6a:00:00:0a:b0:c5:01:02:03:04:05:06:07:08": {1, 16},
-	} {
-		ht, hw, err := leaseClient(field)
-		require.NoError(t, err, field)
-		assert.Equal(t, want.htype, ht, field)
-		assert.Len(t, hw, want.hw, field)
-	}
-	for _, bad := range []string{"1234", "zz:zz", "", "xx-10:66"} {
-		_, _, err := leaseClient(bad)
-		assert.Error(t, err, bad)
-	}
 }
 
 // A DHCP drop of the pin table missing is L-DHCP's, not L-PIN's: the
