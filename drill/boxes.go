@@ -198,7 +198,7 @@ func mintProbeBox(ctx context.Context, cfg *Config, req boxes.MintRequest) error
 		return err
 	}
 	cfg.logf("boxes: %s would not start (%v); minting it again", req.Name, ns.Err)
-	if rerr := removeWhenIdle(ctx, cfg.Host, req.Name); rerr != nil && !isGone(rerr) {
+	if rerr := boxes.NewManager(cfg.Host).RemoveAll(ctx, []string{req.Name}, busyWait); rerr != nil {
 		return errors.Join(err, rerr)
 	}
 	_, err = boxes.NewManager(cfg.Host).Mint(ctx, req)

@@ -2,11 +2,9 @@ package drill
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/box-isolation/box/stack"
@@ -44,65 +42,35 @@ func cleanLeftovers(ctx context.Context, h *stack.Host, run string) error {
 		return err
 	}
 	// All at once: on a cluster the boxes are on several members, and one
-	// after the other their removal grew with the members.
-	var errs []error
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, i := range insts {
-		if i.Config[model.Current.Tag] != "1" {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := removeWhenIdle(ctx, h, i.Name); err != nil && !isGone(err) {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	// after the other their removal grew with the members; beside a full
+	// bridge, with the records' writes and the refreshes too.
+	if err := boxes.NewManager(h).RemoveAll(ctx, boxNames(insts), busyWait); err != nil {
 		return err
 	}
 	left, err := h.Incus.Instances().List(ctx, filter)
 	if err != nil {
 		return err
 	}
-	var names []string
-	for _, i := range left {
-		if i.Config[model.Current.Tag] == "1" {
-			names = append(names, i.Name)
-		}
-	}
-	if len(names) > 0 {
+	if names := boxNames(left); len(names) > 0 {
 		return fmt.Errorf("drill boxes still there after removal: %s (remove them with box rm --force NAME)", strings.Join(names, ", "))
 	}
 	return nil
 }
 
-// removeWhenIdle removes a box, waiting out an operation a killed run left
-// in flight ("Instance is busy running a create operation").
-func removeWhenIdle(ctx context.Context, h *stack.Host, name string) error {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		err := boxes.NewManager(h).Remove(ctx, name)
-		if err == nil || !strings.Contains(err.Error(), "is busy") || time.Now().After(deadline) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(500 * time.Millisecond):
+// boxNames names the instances that carry the box tag.
+func boxNames(insts []incus.Instance) []string {
+	var out []string
+	for _, i := range insts {
+		if i.Config[model.Current.Tag] == "1" {
+			out = append(out, i.Name)
 		}
 	}
+	return out
 }
 
-func isGone(err error) bool {
-	var nsb *stack.NoSuchBoxError
-	return errors.As(err, &nsb) || incus.IsNotFound(err)
-}
+// busyWait is how long a removal waits out an operation a killed run left
+// in flight ("Instance is busy running a create operation").
+const busyWait = time.Minute
 
 // releaseRunLeases releases the leases dnsmasq holds now that it did not
 // hold before the run (before) and that belong to no instance on the

@@ -49,22 +49,39 @@ func (ps *Policies) Recorded(ctx context.Context, project, box string) (model.Po
 // write the bridge, nor for a box in a granted user's project, whose own
 // changes box could not record: its config is its policy).
 func (ps *Policies) Record(ctx context.Context, project, box string, p model.Policy) error {
+	return ps.RecordOn(ctx, BridgeRead{}, project, box, p)
+}
+
+// BridgeRead is the bridge as a caller read it, with its etag: a store
+// write tries it before it reads the bridge again ("" ETag: none read).
+type BridgeRead struct {
+	Network *incus.Network
+	ETag    string
+}
+
+// RecordOn is Record starting from the bridge as read: unchanged since,
+// it is written without another read; changed, it is read again.
+func (ps *Policies) RecordOn(ctx context.Context, read BridgeRead, project, box string, p model.Policy) error {
 	if TierProjectRE.MatchString(project) {
 		return nil
 	}
-	return ps.edit(ctx, func(cfg map[string]string) {
+	return ps.edit(ctx, read, func(cfg map[string]string) {
 		cfg[model.PolicyKey(project, box)] = model.MarshalPolicy(p)
 	})
 }
 
-// Forget drops a removed box's record.
-func (ps *Policies) Forget(ctx context.Context, project, box string) error {
-	return ps.edit(ctx, func(cfg map[string]string) { delete(cfg, model.PolicyKey(project, box)) })
+// Forget drops removed boxes' records, in one write.
+func (ps *Policies) Forget(ctx context.Context, project string, boxes ...string) error {
+	return ps.edit(ctx, BridgeRead{}, func(cfg map[string]string) {
+		for _, b := range boxes {
+			delete(cfg, model.PolicyKey(project, b))
+		}
+	})
 }
 
 // Rename moves a box's record to its new name.
 func (ps *Policies) Rename(ctx context.Context, project, from, to string) error {
-	return ps.edit(ctx, func(cfg map[string]string) {
+	return ps.edit(ctx, BridgeRead{}, func(cfg map[string]string) {
 		if v, ok := cfg[model.PolicyKey(project, from)]; ok {
 			cfg[model.PolicyKey(project, to)] = v
 			delete(cfg, model.PolicyKey(project, from))
@@ -72,9 +89,10 @@ func (ps *Policies) Rename(ctx context.Context, project, from, to string) error 
 	})
 }
 
-// edit changes the bridge's config through edit, again when another
-// writer got there first; a change that changes nothing writes nothing.
-func (ps *Policies) edit(ctx context.Context, edit func(map[string]string)) error {
+// edit changes the bridge's config through edit, starting from read when
+// it has one, again when another writer got there first; a change that
+// changes nothing writes nothing.
+func (ps *Policies) edit(ctx context.Context, read BridgeRead, edit func(map[string]string)) error {
 	host := ps.host
 	if host.Tier.Granted {
 		return nil
@@ -85,13 +103,20 @@ func (ps *Policies) edit(ctx context.Context, edit func(map[string]string)) erro
 	}
 	defer unlock()
 	for try := 1; ; try++ {
-		n, etag, err := host.Incus.Networks().Get(ctx, model.Current.Network)
-		if err != nil {
-			return fmt.Errorf("recording a box's policy: %w", err)
+		n, etag := read.Network, read.ETag
+		fromRead := try == 1 && n != nil && etag != ""
+		if !fromRead {
+			var err error
+			if n, etag, err = host.Incus.Networks().Get(ctx, model.Current.Network); err != nil {
+				return fmt.Errorf("recording a box's policy: %w", err)
+			}
 		}
 		cfg := maps.Clone(n.Config)
 		edit(cfg)
 		if maps.Equal(cfg, n.Config) {
+			if fromRead {
+				continue // the caller's read may be stale: make sure
+			}
 			return nil
 		}
 		err = host.Incus.Networks().Update(ctx, model.Current.Network, incus.NetworkPut{Description: n.Description, Config: cfg}, etag)

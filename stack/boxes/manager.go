@@ -12,9 +12,12 @@ package boxes
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/box-isolation/box/stack"
@@ -167,8 +170,7 @@ func (mgr *Manager) Start(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	_, err = host.RefreshPorts(ctx)
-	return err
+	return host.Addresses().RefreshStarted(ctx, name)
 }
 
 // Stop stops a box, cleanly within a minute or at once with force, and
@@ -194,24 +196,91 @@ func (mgr *Manager) Stop(ctx context.Context, name string, force bool) error {
 // Remove deletes a box with its snapshots, stopping it first, and drops
 // its port from the bridge drop's port set.
 func (mgr *Manager) Remove(ctx context.Context, name string) error {
-	host := mgr.host
-	inst, _, err := stack.Resolve(ctx, host.Incus, name)
+	project, err := mgr.removeInstance(ctx, name)
 	if err != nil {
 		return err
 	}
+	if err := mgr.host.Policies().Forget(ctx, project, name); err != nil {
+		return fmt.Errorf("removed %s, but: %w", name, err)
+	}
+	_, err = mgr.host.RefreshPorts(ctx)
+	return err
+}
+
+// RemoveAll removes boxes as Remove does, side by side, then forgets
+// their records in one write and refreshes the ports once: beside a full
+// bridge a record's write and a refresh each read the whole bridge or
+// fleet, and removing many boxes one by one paid for them per box. A box
+// already gone is no error; one busy with an operation (a killed
+// command's create still in flight) is tried again for up to busy.
+func (mgr *Manager) RemoveAll(ctx context.Context, names []string, busy time.Duration) error {
+	var mu sync.Mutex
+	var errs []error
+	removed := map[string][]string{} // project -> its boxes removed
+	var wg sync.WaitGroup
+	for _, name := range names {
+		wg.Go(func() {
+			project, err := mgr.removeWhenIdle(ctx, name, busy)
+			mu.Lock()
+			defer mu.Unlock()
+			var gone *stack.NoSuchBoxError
+			switch {
+			case errors.As(err, &gone) || incus.IsNotFound(err):
+			case err != nil:
+				errs = append(errs, err)
+			default:
+				removed[project] = append(removed[project], name)
+			}
+		})
+	}
+	wg.Wait()
+	for _, project := range slices.Sorted(maps.Keys(removed)) {
+		if err := mgr.host.Policies().Forget(ctx, project, removed[project]...); err != nil {
+			errs = append(errs, fmt.Errorf("removed %s, but: %w", strings.Join(removed[project], ", "), err))
+		}
+	}
+	if len(removed) > 0 {
+		if _, err := mgr.host.RefreshPorts(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeWhenIdle is removeInstance, again every half second for up to
+// busy while Incus says the instance is busy.
+func (mgr *Manager) removeWhenIdle(ctx context.Context, name string, busy time.Duration) (string, error) {
+	deadline := time.Now().Add(busy)
+	for {
+		project, err := mgr.removeInstance(ctx, name)
+		if err == nil || !strings.Contains(err.Error(), "is busy") || time.Now().After(deadline) {
+			return project, err
+		}
+		select {
+		case <-ctx.Done():
+			return project, err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// removeInstance deletes a box's instance and its doors' sockets, and
+// says which project it was in.
+func (mgr *Manager) removeInstance(ctx context.Context, name string) (string, error) {
+	host := mgr.host
+	inst, _, err := stack.Resolve(ctx, host.Incus, name)
+	if err != nil {
+		return "", err
+	}
 	if err := stack.RemoveInstance(ctx, host.Incus, name); err != nil {
-		return err
+		return "", err
 	}
 	for _, d := range inst.Devices {
 		if d["type"] == "proxy" && d[model.DoorTag] == "1" {
 			removeDoorSocket(d)
 		}
 	}
-	if err := host.Policies().Forget(ctx, inst.Project, name); err != nil {
-		return fmt.Errorf("removed %s, but: %w", name, err)
-	}
-	_, err = host.RefreshPorts(ctx)
-	return err
+	return inst.Project, nil
 }
 
 // Rename renames a stopped box; a running one is refused with the fix.

@@ -3,10 +3,14 @@ package boxes
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/netip"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -154,4 +158,37 @@ func TestRestoreGivesAFixedAddress(t *testing.T) {
 	_, err := (&Manager{host: h}).Restore(context.Background(), "b", "s1", false)
 	require.NoError(t, err)
 	assert.Equal(t, "10.88.0.9", model.FixedAddressOf(f.Inst(t, "b")).String())
+}
+
+// RemoveAll removes every box it is given side by side, a box already
+// gone is no error, and the records of those removed go in one write of
+// the bridge (one per box before: beside a full bridge each read and
+// rewrote the whole of it).
+func TestRemoveAllForgetsInOneWrite(t *testing.T) {
+	f, h := newClusterFake(t)
+	ctx := context.Background()
+	for i, n := range []string{"a", "b", "c", "keep"} {
+		f.Add(n, "m1", "Running", fmt.Sprintf("10.88.0.%d", 33+i))
+		require.NoError(t, h.Policies().Record(ctx, "default", n, model.Policy{}))
+	}
+	before := len(f.Srv.Requests())
+	require.NoError(t, (&Manager{host: h}).RemoveAll(ctx, []string{"a", "b", "gone", "c"}, time.Second))
+	f.Mu.Lock()
+	assert.Equal(t, []string{"keep"}, slices.Sorted(maps.Keys(f.Insts)))
+	f.Mu.Unlock()
+	var puts int
+	for _, r := range f.Srv.Requests()[before:] {
+		if r.Method == http.MethodPut && r.Path == "/1.0/networks/boxnet" {
+			puts++
+		}
+	}
+	assert.Equal(t, 1, puts, "one write of the bridge for three records")
+	for _, n := range []string{"a", "b", "c"} {
+		_, ok, err := h.Policies().Recorded(ctx, "default", n)
+		require.NoError(t, err)
+		assert.False(t, ok, "%s's record is gone with it", n)
+	}
+	_, ok, err := h.Policies().Recorded(ctx, "default", "keep")
+	require.NoError(t, err)
+	assert.True(t, ok, "the box left keeps its record")
 }
