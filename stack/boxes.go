@@ -3,6 +3,7 @@ package stack
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"sort"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
+	"github.com/box-isolation/box/stack/nft"
 )
 
 // NotABoxError is returned for an instance that exists but that box did
@@ -118,22 +120,23 @@ func (e *NoStackError) Error() string {
 	return fmt.Sprintf("there is no isolation stack on this host (%s is missing): run `box setup-host` first (as root)", e.Missing)
 }
 
-// RequireStack returns the stack's bridge, or a NoStackError naming what
-// is missing; a daemon that does not answer is incus's own error.
-func RequireStack(ctx context.Context, c *incus.Client) (*incus.Network, error) {
-	net, _, err := c.Networks().Get(ctx, model.Current.Network)
+// RequireStack returns the stack's bridge with its etag, or a NoStackError
+// naming what is missing; a daemon that does not answer is incus's own
+// error.
+func RequireStack(ctx context.Context, c *incus.Client) (*incus.Network, string, error) {
+	net, etag, err := c.Networks().Get(ctx, model.Current.Network)
 	if incus.IsNotFound(err) {
-		return nil, &NoStackError{Missing: "network " + model.Current.Network}
+		return nil, "", &NoStackError{Missing: "network " + model.Current.Network}
 	}
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if _, _, err := c.Profile(ctx, model.Current.Profile); incus.IsNotFound(err) {
-		return nil, &NoStackError{Missing: "profile " + model.Current.Profile}
+		return nil, "", &NoStackError{Missing: "profile " + model.Current.Profile}
 	} else if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return net, nil
+	return net, etag, nil
 }
 
 // NeedsColdCopy says a copy of a running container failed only because it
@@ -198,17 +201,20 @@ func RemoveInstance(ctx context.Context, c *incus.Client, name string) error {
 func (addrs *Addresses) Wait(ctx context.Context, name string, limit time.Duration) (netip.Addr, error) {
 	start := time.Now()
 	host := addrs.host
-	net, _, err := host.Incus.Networks().Get(ctx, model.Current.Network)
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("reading network %s: %w", model.Current.Network, err)
-	}
-	p, err := netip.ParsePrefix(net.Config["ipv4.address"])
-	if err != nil && host.Tier.Granted {
-		// A granted user sees no network's config, only its state.
-		p, err = bridgeSubnetFromState(ctx, host.Incus)
-	}
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("network %s has no usable ipv4.address", model.Current.Network)
+	p, ok := addrs.kernelGateway()
+	if !ok {
+		net, _, err := host.Incus.Networks().Get(ctx, model.Current.Network)
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("reading network %s: %w", model.Current.Network, err)
+		}
+		p, err = netip.ParsePrefix(net.Config["ipv4.address"])
+		if err != nil && host.Tier.Granted {
+			// A granted user sees no network's config, only its state.
+			p, err = bridgeSubnetFromState(ctx, host.Incus)
+		}
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("network %s has no usable ipv4.address", model.Current.Network)
+		}
 	}
 	ip, err := host.Incus.Instances().WaitAddress(ctx, name, p.Masked(), limit)
 	if err != nil {
@@ -216,18 +222,56 @@ func (addrs *Addresses) Wait(ctx context.Context, name string, limit time.Durati
 	}
 	// Its fixed address, read now: a granted user's box has it from the
 	// port watcher once its port came up.
-	if inst, _, err := host.Incus.Instances().Get(ctx, name); err == nil {
+	inst, _, err := host.Incus.Instances().Get(ctx, name)
+	if err == nil {
 		if fixed := model.FixedAddressOf(inst); fixed.IsValid() && ip != fixed {
 			if _, err := host.Incus.Instances().WaitAddress(ctx, name, netip.PrefixFrom(fixed, 32), max(limit-time.Since(start), time.Second)); err != nil {
 				return netip.Addr{}, fmt.Errorf("%s has %s from the bridge's DHCP, not its fixed address %s, so its pins drop what it sends: box doctor names why (a dnsmasq whose lease file was replaced, a lease astray) and box doctor --fix repairs it", name, ip, fixed)
 			}
 			ip = fixed
 		}
+		if addrs.pinnedAsItIs(inst) {
+			return ip, nil
+		}
 	}
 	// The box holds its address now: a refresh pins a granted user's box
 	// (the watcher gave it its address) and fills its egress sets.
 	_, err = host.RefreshPorts(ctx)
 	return ip, err
+}
+
+// pinnedAsItIs reports whether the kernel pins inst's ports as its NICs
+// are now (each to its MAC and fixed address), so a refresh would change
+// nothing for it: the refresh that pinned them filled its egress sets from
+// the same reading of the fleet, after its address was fixed. Beside a
+// full bridge a refresh reads every instance and lease; Wait skips it when
+// it has nothing to do. A granted user's box (the port watcher pins it), a
+// box on another member's kernel or one without a fixed address is never
+// pinned as it is here.
+func (addrs *Addresses) pinnedAsItIs(inst *incus.Instance) bool {
+	host := addrs.host
+	if host.Tier.Granted || host.NoKernel || host.Remote != "" {
+		return false
+	}
+	var pins []nft.Pin
+	for _, n := range model.BridgeNICs(model.Current.Network, inst) {
+		mac, err := net.ParseMAC(n.Mac)
+		a, aerr := netip.ParseAddr(inst.ExpandedDevices[n.Dev]["ipv4.address"])
+		if err != nil || aerr != nil || n.Port == "" {
+			return false
+		}
+		pins = append(pins, nft.Pin{Port: n.Port, MAC: mac, Addrs: []netip.Addr{a}})
+	}
+	if len(pins) == 0 {
+		return false
+	}
+	g, err := host.OpenNS()
+	if err != nil {
+		return false
+	}
+	defer g.Close()
+	held, err := nft.PinsHeld(g.NFTConfig(model.Current), pins)
+	return err == nil && held
 }
 
 // names lists boxes' names, for messages.

@@ -15,6 +15,7 @@ import (
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
+	"github.com/vishvananda/netlink"
 )
 
 // On an Incus cluster the stack has two halves.
@@ -180,6 +181,11 @@ func freeAddress(slice, gw netip.Prefix, used map[netip.Addr]bool) (netip.Addr, 
 // host's (member "") is the bridge's whole subnet.
 func (addrs *Addresses) Slice(ctx context.Context, member string) (slice, gw netip.Prefix, err error) {
 	host := addrs.host
+	if member == "" {
+		if gw, ok := addrs.kernelGateway(); ok {
+			return gw.Masked(), gw, nil
+		}
+	}
 	n, _, err := host.Incus.Networks().Get(ctx, model.Current.Network)
 	if err != nil {
 		return slice, gw, fmt.Errorf("reading network %s: %w", model.Current.Network, err)
@@ -201,6 +207,29 @@ func (addrs *Addresses) Slice(ctx context.Context, member string) (slice, gw net
 	}
 	gw, _ = netip.ParsePrefix(n.Config["ipv4.address"])
 	return slice, gw, nil
+}
+
+// kernelGateway is the bridge's address and subnet as this host's kernel
+// has them, which Incus set from its ipv4.address: read without asking
+// Incus, whose answer for the bridge lists every instance on it (beside a
+// full bridge, a read that costs as much as the rest of a mint's). False
+// where box does not read this kernel (a remote, a granted user, another
+// member's) or the bridge holds other than one IPv4 address.
+func (addrs *Addresses) kernelGateway() (netip.Prefix, bool) {
+	host := addrs.host
+	if host.NoKernel || host.Remote != "" || host.Tier.Granted || host.member != "" {
+		return netip.Prefix{}, false
+	}
+	g, err := host.OpenNS()
+	if err != nil {
+		return netip.Prefix{}, false
+	}
+	defer g.Close()
+	as, err := g.LinkAddrs(model.Current.Network, netlink.FAMILY_V4)
+	if err != nil || len(as) != 1 {
+		return netip.Prefix{}, false
+	}
+	return hostns.PrefixOf(as[0].IPNet)
 }
 
 // usedAddresses is every address a NIC on the bridge asks for, a box

@@ -126,6 +126,45 @@ func (host *Host) SyncPorts(ctx context.Context) (PortsRefresh, error) {
 // is and what its NIC's address is. A box up without a fixed address gets
 // one first, table or none (the bridge's DHCP answers it only then).
 func (host *Host) RefreshPins(ctx context.Context, r *PortsRefresh) error {
+	return pinRefresh{host}.run(ctx, r, nil)
+}
+
+// RefreshStarted is RefreshPorts after a box's start on this host's
+// kernel, with the pins' half skipped when, once it holds their lock, the
+// kernel already pins the box as it is now: the port watcher's refresh on
+// the box's new port got there first, from a reading of the fleet made
+// after the start. Beside a full bridge a refresh reads every instance and
+// lease, and two of them for one start read them twice.
+func (addrs *Addresses) RefreshStarted(ctx context.Context, name string) error {
+	host := addrs.host
+	if host.NoKernel || host.Remote != "" || host.Tier.Granted || host.member != "" || host.Incus == nil {
+		_, err := host.RefreshPorts(ctx)
+		return err
+	}
+	if ci, err := host.Cluster(ctx); err != nil || ci.Clustered() {
+		if err == nil {
+			_, err = host.RefreshPorts(ctx)
+		}
+		return err
+	}
+	r, err := host.SyncPorts(ctx)
+	if err != nil {
+		return err
+	}
+	inst, _, err := host.Incus.Instances().Get(ctx, name)
+	if err != nil {
+		return err
+	}
+	return pinRefresh{host}.run(ctx, &r, func() bool { return addrs.pinnedAsItIs(inst) })
+}
+
+// pinRefresh is one refresh of the pins and the egress sets.
+type pinRefresh struct{ host *Host }
+
+// run is RefreshPins, skipped when settled, asked under the pins' lock,
+// says the refresh has nothing to do.
+func (p pinRefresh) run(ctx context.Context, r *PortsRefresh, settled func() bool) error {
+	host := p.host
 	if host.Incus == nil {
 		return nil
 	}
@@ -134,6 +173,9 @@ func (host *Host) RefreshPins(ctx context.Context, r *PortsRefresh) error {
 		return err
 	}
 	defer unlock()
+	if settled != nil && settled() {
+		return nil
+	}
 	g, err := host.OpenNS()
 	if err != nil {
 		return err

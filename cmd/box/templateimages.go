@@ -74,7 +74,7 @@ func (ic *imagesCLI) mint(t *templates.Template, name string, provisioned boxes.
 	default:
 		// The stack first: a build on a host without one fails later and
 		// less clearly.
-		if _, err := stack.RequireStack(c.ctx, h.Incus); err != nil {
+		if _, _, err := stack.RequireStack(c.ctx, h.Incus); err != nil {
 			return boxes.MintRequest{}, fmt.Errorf("minting %s: %w", name, err)
 		}
 		start := time.Now()

@@ -81,7 +81,7 @@ func (m *Manager) Grant(ctx context.Context, req GrantRequest) (_ *GrantResult, 
 	res := &GrantResult{User: u.Name, UID: u.UID, Project: project, Bridge: bridge, Group: group, Did: []string{}}
 	did := func(format string, args ...any) { res.Did = append(res.Did, fmt.Sprintf(format, args...)) }
 
-	if _, err := stack.RequireStack(ctx, host.Incus); err != nil {
+	if _, _, err := stack.RequireStack(ctx, host.Incus); err != nil {
 		return nil, fmt.Errorf("granting %s: %w", u.Name, err)
 	}
 	if err := stack.RequireWatcher(host.NetNS); err != nil {

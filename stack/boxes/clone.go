@@ -246,7 +246,7 @@ func (mgr *Manager) startClone(ctx context.Context, clone *incus.Instance, sourc
 	if err != nil {
 		return fmt.Errorf("starting clone %s: %w", name, err)
 	}
-	if _, err := host.RefreshPorts(ctx); err != nil {
+	if err := host.Addresses().RefreshStarted(ctx, name); err != nil {
 		return fmt.Errorf("cloned %s, but isolating its bridge port failed: %w (run box doctor --fix)", name, err)
 	}
 	return nil

@@ -79,6 +79,9 @@ type MintRequest struct {
 	// progress hears Incus's progress while it makes the box (a pulled
 	// image's download).
 	progress func(string)
+	// bridge is the bridge as Mint read it: the record's write tries it
+	// first (beside a full bridge every read of it costs).
+	bridge stack.BridgeRead
 }
 
 // KeyMemoryLimits on the bridge records that this host cannot apply a
@@ -183,10 +186,11 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	} else if !incus.IsNotFound(err) {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	net, err := stack.RequireStack(ctx, host.Incus)
+	net, etag, err := stack.RequireStack(ctx, host.Incus)
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
+	req.bridge = stack.BridgeRead{Network: net, ETag: etag}
 	if host.Tier.Granted {
 		if err := stack.RequireWatcher(host.NetNS); err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
@@ -268,7 +272,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	// The box's policy is recorded before the box exists: a record an
 	// earlier box of that name left (removed through Incus alone) is never
 	// the new box's, not even at its first refresh (model.EnforcedEgress).
-	if err := host.Policies().Record(ctx, host.Incus.ProjectName(), req.Name, model.PolicyOf(cfg, devices)); err != nil {
+	if err := host.Policies().RecordOn(ctx, req.bridge, host.Incus.ProjectName(), req.Name, model.PolicyOf(cfg, devices)); err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
 	err = host.Addresses().Create(ctx, post, req.Target, req.progress)
@@ -297,7 +301,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		}
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	if _, err := host.RefreshPorts(ctx); err != nil {
+	if err := host.Addresses().RefreshStarted(ctx, req.Name); err != nil {
 		// A box that is not isolated is not a box: remove it too.
 		if rerr := stack.RemoveInstance(context.WithoutCancel(ctx), host.Incus, req.Name); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("removing it: %w (remove it by hand: incus delete --force %s)", rerr, req.Name))

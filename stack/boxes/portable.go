@@ -219,7 +219,7 @@ func (mgr *Manager) Import(ctx context.Context, file, name string) (res *ImportR
 // granted user, the port watcher), the file's box and snapshots on the
 // stack with this host's profiles, and name free.
 func checkImportable(ctx context.Context, host *stack.Host, bf *BackupFile, file, name string) (*incus.Network, error) {
-	net, err := stack.RequireStack(ctx, host.Incus)
+	net, _, err := stack.RequireStack(ctx, host.Incus)
 	if err != nil {
 		return nil, fmt.Errorf("importing %s: %w", file, err)
 	}

@@ -366,6 +366,42 @@ func SetPins(cfg Config, ports []string, pins []Pin) (bool, error) {
 	return true, nil
 }
 
+// PinsHeld reports whether the pin table pins each of pins exactly as
+// given: its port pinned, to its MAC and to its addresses and no other.
+// Other ports are not looked at: it tells, from the kernel alone, whether
+// a refresh would change anything for these ports (a missing table holds
+// nothing).
+func PinsHeld(cfg Config, pins []Pin) (bool, error) {
+	cfg, err := cfg.normalized()
+	if err != nil {
+		return false, err
+	}
+	hw, bind, err := pinElements(pins)
+	if err != nil {
+		return false, err
+	}
+	c, done, err := dial(cfg)
+	if err != nil {
+		return false, err
+	}
+	defer done()
+	live, err := readTable(c, "bridge", cfg.PinTable())
+	if err != nil || !live.exists {
+		return false, err
+	}
+	for _, p := range pins {
+		if !slices.Contains(live.elems[pinnedSet], p.Port) {
+			return false, nil
+		}
+	}
+	ofPins := func(set string) []string {
+		return slices.DeleteFunc(slices.Clone(live.elems[set]), func(e string) bool {
+			return !slices.ContainsFunc(pins, func(p Pin) bool { return strings.HasPrefix(e, p.Port+" . ") })
+		})
+	}
+	return slices.Equal(ofPins(hwSet), hw) && slices.Equal(ofPins(bindSet), bind), nil
+}
+
 // PinsPresent reports whether the pin table exists.
 func PinsPresent(cfg Config) (bool, error) { return tablePresent(cfg, "bridge", cfg.PinTable()) }
 

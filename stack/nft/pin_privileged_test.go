@@ -372,6 +372,32 @@ func TestPrivilegedPins(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, again, "a second ApplyPins changes nothing")
 
+	t.Run("held pins", func(t *testing.T) {
+		other := netip.MustParseAddr("10.88.0.99")
+		for _, tc := range []struct {
+			name string
+			pins []Pin
+			want bool
+		}{
+			{"both as applied", pins, true},
+			{"b alone", pins[1:], true},
+			{"a at another address", pinsOf(other)[:1], false},
+			{"a with an address more", pinsOf(addrA, other)[:1], false},
+			{"a with none", pinsOf()[:1], false},
+			{"a with b's MAC", []Pin{{Port: "vA", MAC: macB, Addrs: []netip.Addr{addrA}}}, false},
+			{"a port with no pin", []Pin{{Port: "vC", MAC: macA, Addrs: []netip.Addr{addrA}}}, false},
+		} {
+			held, err := PinsHeld(cfg, tc.pins)
+			require.NoError(t, err, tc.name)
+			assert.Equal(t, tc.want, held, tc.name)
+		}
+		w.withoutPins(t, pins, func() {
+			held, err := PinsHeld(cfg, pins)
+			require.NoError(t, err)
+			assert.False(t, held, "no pin table holds nothing")
+		})
+	})
+
 	t.Run("matches nft's own reading", func(t *testing.T) {
 		nft := tier.Tool(t, "nft", "nftables")
 		out, err := exec.Command("ip", "netns", "exec", w.host.Name, nft, "list", "table", "bridge", "box_pin").CombinedOutput()
