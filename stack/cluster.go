@@ -164,6 +164,41 @@ func (addrs *Addresses) For(ctx context.Context, member string) (netip.Addr, err
 	return netip.Addr{}, fmt.Errorf("member %s's slice %s of %s is full: remove a box there, or mint on another member (--target)", member, slice, model.Current.Network)
 }
 
+// quickFor is For on a standalone host from what its kernel holds, with
+// no list of every instance (beside a full bridge, the costliest read of a
+// mint): the first address of the bridge's subnet that the pin table binds
+// to no running box's port and dnsmasq's lease file does not hold. A
+// stopped box's fixed address is in neither, but Incus refuses a fixed
+// address another NIC on the bridge has when it is set: FixAddress then
+// picks again with For. False where box does not read this kernel.
+func (addrs *Addresses) quickFor() (netip.Addr, bool) {
+	gw, ok := addrs.kernelGateway()
+	if !ok {
+		return netip.Addr{}, false
+	}
+	g, err := addrs.host.OpenNS()
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	defer g.Close()
+	pinned, err := nft.PinnedAddrs(g.NFTConfig(model.Current))
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	pool, err := addrs.DHCPLeases()
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	used := map[netip.Addr]bool{}
+	for _, a := range pinned {
+		used[a] = true
+	}
+	for _, l := range pool.Leases {
+		used[l.Address] = true
+	}
+	return freeAddress(gw.Masked(), gw, used)
+}
+
 // freeAddress is the first address of slice that is not the bridge's
 // own (gw), its subnet's network or broadcast address, or used.
 func freeAddress(slice, gw netip.Prefix, used map[netip.Addr]bool) (netip.Addr, bool) {
@@ -579,7 +614,7 @@ func (addrs *Addresses) Create(ctx context.Context, post incus.InstancesPost, ta
 		}
 		member = inst.Location
 	}
-	if _, err := addrs.FixAddress(ctx, post.Name, member); err != nil {
+	if _, err := addrs.fixAddress(ctx, post.Name, member, true); err != nil {
 		return err
 	}
 	if !start {
@@ -618,12 +653,24 @@ func isAddressConflict(err error) bool {
 // refuses to one of them only at its start (docs/measurements.md, "A
 // cluster").
 func (addrs *Addresses) FixAddress(ctx context.Context, name, member string) (netip.Addr, error) {
+	return addrs.fixAddress(ctx, name, member, false)
+}
+
+// fixAddress is FixAddress, its first pick quickFor's when quick is set
+// (a new box's).
+func (addrs *Addresses) fixAddress(ctx context.Context, name, member string, quick bool) (netip.Addr, error) {
 	for try := 1; ; try++ {
 		unlock, err := hostns.LockFile(ctx, hostns.AddressLock, "the address slices")
 		if err != nil {
 			return netip.Addr{}, err
 		}
-		addr, err := addrs.For(ctx, member)
+		addr, ok := netip.Addr{}, false
+		if quick && try == 1 && member == "" {
+			addr, ok = addrs.quickFor()
+		}
+		if !ok {
+			addr, err = addrs.For(ctx, member)
+		}
 		if err == nil {
 			err = addrs.setFixedAddress(ctx, name, addr)
 		}

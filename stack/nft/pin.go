@@ -402,6 +402,32 @@ func PinsHeld(cfg Config, pins []Pin) (bool, error) {
 	return slices.Equal(ofPins(hwSet), hw) && slices.Equal(ofPins(bindSet), bind), nil
 }
 
+// PinnedAddrs lists the addresses the pin table binds to a port: those of
+// the boxes running on the bridge now (none when there is no table).
+func PinnedAddrs(cfg Config) ([]netip.Addr, error) {
+	cfg, err := cfg.normalized()
+	if err != nil {
+		return nil, err
+	}
+	c, done, err := dial(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	live, err := readTable(c, "bridge", cfg.PinTable())
+	if err != nil || !live.exists {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, e := range live.elems[bindSet] {
+		_, a, _ := strings.Cut(e, " . ")
+		if addr, err := netip.ParseAddr(a); err == nil {
+			out = append(out, addr)
+		}
+	}
+	return out, nil
+}
+
 // PinsPresent reports whether the pin table exists.
 func PinsPresent(cfg Config) (bool, error) { return tablePresent(cfg, "bridge", cfg.PinTable()) }
 

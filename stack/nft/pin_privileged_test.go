@@ -391,10 +391,16 @@ func TestPrivilegedPins(t *testing.T) {
 			require.NoError(t, err, tc.name)
 			assert.Equal(t, tc.want, held, tc.name)
 		}
+		addrs, err := PinnedAddrs(cfg)
+		require.NoError(t, err)
+		assert.ElementsMatch(t, []netip.Addr{addrA, addrB}, addrs, "the addresses bound")
 		w.withoutPins(t, pins, func() {
 			held, err := PinsHeld(cfg, pins)
 			require.NoError(t, err)
 			assert.False(t, held, "no pin table holds nothing")
+			addrs, err := PinnedAddrs(cfg)
+			require.NoError(t, err)
+			assert.Empty(t, addrs, "no pin table binds nothing")
 		})
 	})
 
