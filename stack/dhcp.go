@@ -17,6 +17,7 @@ import (
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
+	"github.com/box-isolation/box/stack/nft"
 )
 
 // L-DHCP: every box has a fixed address stored by box (its NIC's
@@ -348,6 +349,55 @@ func (addrs *Addresses) DHCPLeases() (DHCPPool, error) {
 	}
 	defer g.Close()
 	return dhcpPool(g, model.Current.Network)
+}
+
+// LeasesPinned reports, from the kernel alone, whether a refresh for a
+// change of dnsmasq's leases would change nothing: every port of the
+// bridge is pinned, and every lease dnsmasq holds is at an address the
+// pins bind to the port with the lease's MAC (a box's own fixed address,
+// already in its pins and its egress sets). A lease of anything else (an
+// instance with no fixed address, a lease astray, one a removed box left)
+// is a refresh's to read. Beside a full bridge a refresh reads every
+// instance, and every box's start and stop changes the lease file.
+func (addrs *Addresses) LeasesPinned() bool {
+	host := addrs.host
+	if host.NoKernel || host.Remote != "" || host.Tier.Granted {
+		return false
+	}
+	g, err := host.OpenNS()
+	if err != nil {
+		return false
+	}
+	defer g.Close()
+	ports, err := g.BridgePorts(model.Current.Network)
+	if err != nil {
+		return false
+	}
+	live, err := nft.LivePins(g.NFTConfig(model.Current))
+	if err != nil || len(live) != len(ports) {
+		return false
+	}
+	bound := map[netip.Addr]string{} // address -> the MAC of the port it is bound to
+	for _, p := range ports {
+		pin, ok := live[p.Name]
+		if !ok {
+			return false
+		}
+		for _, a := range pin.Addrs {
+			bound[a] = pin.MAC.String()
+		}
+	}
+	pool, err := dhcpPool(g, model.Current.Network)
+	if err != nil || pool.LeaseFileGone {
+		return false
+	}
+	for _, l := range pool.Leases {
+		mac, err := net.ParseMAC(l.Hwaddr)
+		if err != nil || bound[l.Address] != mac.String() {
+			return false
+		}
+	}
+	return true
 }
 
 // dhcpPool reads the pool of the dnsmasq serving bridge.

@@ -58,6 +58,9 @@ type watchOptions struct {
 	// refreshed, when set, is called after every successful refresh with
 	// what it changed, the triggers it answered and when it finished.
 	refreshed func(r stack.PortsRefresh, causes []trigger, done time.Time)
+	// pinsSkipped, when set, is called when the pins' refresh for a cause
+	// was skipped (leaseOnlySettled).
+	pinsSkipped func(cause trigger)
 	// ready, when set, is called once, after the first refresh (done or
 	// failed) that followed the link subscription: from then on every new
 	// port is taken in from its link event. The daemon's unit is
@@ -385,15 +388,43 @@ func (w *watcher) refresh(ctx context.Context) {
 	if w.o.refreshed != nil {
 		w.o.refreshed(r, slices.Clone(w.pending), done)
 	}
+	// The pins' cause is a lease file change only when nothing else was
+	// heard: the worker may skip a refresh for one (leaseOnlySettled).
 	cause := trigger{kind: trigSync, at: done}
 	if len(w.pending) > 0 {
 		cause = w.pending[0]
+	}
+	if i := slices.IndexFunc(w.pending, func(t trigger) bool { return t.kind != trigLease }); i >= 0 {
+		cause = w.pending[i]
 	}
 	w.pending = w.pending[:0]
 	select { // the worker refreshes the pins once for any number of kicks
 	case w.pins <- cause:
 	default:
+		if cause.kind != trigLease {
+			// The kick waiting may be a lease file change's, which the
+			// worker may skip: this one takes its place.
+			select {
+			case <-w.pins:
+			default:
+			}
+			select {
+			case w.pins <- cause:
+			default:
+			}
+		}
 	}
+}
+
+// leaseOnlySettled says the worker may skip the pins' refresh for cause:
+// a change of dnsmasq's lease file alone, nobody waiting on the refresh
+// socket, and the kernel's pins already holding every port and every
+// lease (stack.Addresses.LeasesPinned). Each box's start writes the lease
+// file after its port came up, so beside a full bridge every mint cost
+// the watcher two whole refreshes, the second reading every instance for
+// nothing.
+func (w *watcher) leaseOnlySettled(cause trigger, waiting int) bool {
+	return cause.kind == trigLease && waiting == 0 && w.host.Addresses().LeasesPinned()
 }
 
 // A port no instance claims yet, or a box still starting that has no
@@ -421,6 +452,12 @@ func (w *watcher) pinWorker(ctx context.Context) {
 		for try := 0; ; try++ {
 			var r stack.PortsRefresh
 			waiting := w.waiters.take()
+			if try == 0 && w.leaseOnlySettled(cause, len(waiting)) {
+				if w.o.pinsSkipped != nil {
+					w.o.pinsSkipped(cause)
+				}
+				break
+			}
 			err := w.host.RefreshPins(ctx, &r)
 			answer(waiting, err)
 			switch {

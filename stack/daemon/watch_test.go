@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -665,4 +666,84 @@ func TestPrivilegedBootFromSavedFile(t *testing.T) {
 	t.Logf("port in the bridge drop's set %s after it joined the bridge", time.Since(start).Round(100*time.Microsecond))
 	assert.True(t, w.isolated(t, "vboot"), "and isolated")
 	assert.EqualValues(t, 1, ready.Load(), "ready is said once")
+}
+
+// A change of the lease file alone, with every port pinned and every
+// lease at the address its own port's pin binds, changes nothing a
+// refresh of the pins would: the worker skips it (beside a full bridge
+// that refresh reads every instance, and every box's start writes the
+// lease file). A lease the pins bind to no port is refreshed for.
+func TestPrivilegedWatchPortsSkipsSettledLeases(t *testing.T) {
+	w := newWatchWorld(t)
+	w.enslave(t, w.veth(t, "vbox"))
+	mac := net.HardwareAddr{0x10, 0x66, 0x6a, 0, 0, 1}
+	cfg := nft.Config{NetNS: int(w.ns.Handle), Gateway: netip.MustParseAddr("10.99.0.1")}
+	_, err := nft.ApplyPins(cfg, nft.Capabilities{}, []string{"vbox"}, []nft.Pin{{Port: "vbox", MAC: mac, Addrs: []netip.Addr{netip.MustParseAddr("10.99.0.5")}}})
+	require.NoError(t, err)
+	leases := filepath.Join(t.TempDir(), "dnsmasq.leases")
+	require.NoError(t, os.WriteFile(leases, nil, 0o644))
+	pid, _ := fakeDnsmasq(t, w.ns, leases)
+
+	o := defaultWatchOptions()
+	o.resync = time.Hour
+	o.leaseRecheck = 20 * time.Millisecond
+	skipped := make(chan trigger, 10)
+	o.pinsSkipped = func(c trigger) { skipped <- c }
+	refreshed := make(chan []trigger, 100)
+	o.refreshed = func(_ stack.PortsRefresh, c []trigger, _ time.Time) {
+		select {
+		case refreshed <- c:
+		default:
+		}
+	}
+	w.watch(t, o)
+	w.waitLog(t, fmt.Sprintf("watching the lease file %s (dnsmasq pid %d)", leases, pid))
+	lease := func(line string) {
+		t.Helper()
+		// Quiet first: a change the watcher's own isolating of the port
+		// made is a link event, and a kick with one is never skipped.
+		for quiet := false; !quiet; {
+			select {
+			case <-refreshed:
+			case <-time.After(300 * time.Millisecond):
+				quiet = true
+			}
+		}
+		f, err := os.OpenFile(leases, os.O_APPEND|os.O_WRONLY, 0)
+		require.NoError(t, err)
+		_, err = fmt.Fprintln(f, line)
+		require.NoError(t, err)
+		require.NoError(t, f.Close())
+		for heard := false; !heard; {
+			select {
+			case c := <-refreshed:
+				heard = slices.ContainsFunc(c, func(t trigger) bool { return t.kind == trigLease })
+			case <-time.After(2 * time.Second):
+				t.Fatal("no refresh answered the lease file's change")
+			}
+		}
+	}
+
+	lease("1700000000 10:66:6a:00:00:01 10.99.0.5 box *")
+	select {
+	case c := <-skipped:
+		assert.Equal(t, trigLease, c.kind)
+	case <-time.After(2 * time.Second):
+		t.Fatal("the pins' refresh for a lease its port's pin binds was not skipped")
+	}
+
+	// Control: a lease of an address no pin binds. (The first write's
+	// later events may still be skipped: only a kick heard after this
+	// write counts.)
+	written := time.Now()
+	lease("1700000000 10:66:6a:00:00:02 10.99.0.6 other *")
+	for deadline := time.After(500 * time.Millisecond); ; {
+		select {
+		case c := <-skipped:
+			require.False(t, c.at.After(written), "the pins' refresh for a lease no pin binds was skipped")
+			continue
+		case <-deadline:
+		}
+		break
+	}
 }
