@@ -96,9 +96,12 @@ type egressPlan struct {
 
 // egressPlan reads the stored policies and the bridge's resolver settings.
 func planEgress(ctx context.Context, c *incus.Client, f Fleet) (egressPlan, error) {
-	n, _, err := c.Networks().Get(ctx, model.Current.Network)
-	if err != nil {
-		return egressPlan{}, err
+	n := f.bridge
+	if n == nil {
+		var err error
+		if n, _, err = c.Networks().Get(ctx, model.Current.Network); err != nil {
+			return egressPlan{}, err
+		}
 	}
 	names := model.PoliciesOf(n.Config)
 	ps, who, fs := egressPlanOf(model.Current.Network, names, model.PoliciesRecorded(n.Config), f.insts, f.leases)

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/model"
@@ -41,6 +42,9 @@ type PinPlan struct {
 type Fleet struct {
 	insts  []incus.Instance
 	leases []incus.NetworkLease
+	// bridge is the bridge as read beside them (nil when it was not):
+	// the egress plan's policies and records.
+	bridge *incus.Network
 }
 
 // ReadFleet lists every instance and the bridge's leases: on a cluster,
@@ -50,23 +54,43 @@ func (host *Host) ReadFleet(ctx context.Context) (Fleet, error) {
 	if err != nil {
 		return Fleet{}, err
 	}
-	return Fleet{insts: onMember(f.insts, host.here()), leases: leasesOn(f.leases, host.here())}, nil
+	return Fleet{insts: onMember(f.insts, host.here()), leases: leasesOn(f.leases, host.here()), bridge: f.bridge}, nil
 }
 
-// readClusterFleet is ReadFleet for every member of a cluster.
+// readClusterFleet is ReadFleet for every member of a cluster. The
+// instances, the default project's leases and the bridge are read side
+// by side: beside a full bridge each takes incusd tens of milliseconds,
+// and a refresh (a new box's pins) waits for all of them.
 func (host *Host) readClusterFleet(ctx context.Context) (Fleet, error) {
 	if _, err := host.Cluster(ctx); err != nil {
 		return Fleet{}, err
 	}
-	insts, err := host.Incus.Instances().All(ctx)
+	var (
+		insts      []incus.Instance
+		first      []incus.NetworkLease
+		bridge     *incus.Network
+		ierr, lerr error
+		wg         sync.WaitGroup
+	)
+	wg.Go(func() { insts, ierr = host.Incus.Instances().All(ctx) })
+	wg.Go(func() { first, lerr = host.Incus.Project("default").Networks().Leases(ctx, model.Current.Network) })
+	wg.Go(func() {
+		// Not readable by everyone (a granted user): the plan reads it
+		// again and says so.
+		bridge, _, _ = host.Incus.Networks().Get(ctx, model.Current.Network)
+	})
+	wg.Wait()
+	if ierr != nil {
+		return Fleet{}, ierr
+	}
+	if lerr != nil {
+		return Fleet{}, fmt.Errorf("project default: %w", lerr)
+	}
+	leases, err := bridgeLeasesFrom(ctx, host.Incus, insts, first)
 	if err != nil {
 		return Fleet{}, err
 	}
-	leases, err := bridgeLeases(ctx, host.Incus, insts)
-	if err != nil {
-		return Fleet{}, err
-	}
-	return Fleet{insts: insts, leases: leases}, nil
+	return Fleet{insts: insts, leases: leases, bridge: bridge}, nil
 }
 
 // fleetOf is ReadFleet from a listing of the instances already made.
@@ -87,6 +111,16 @@ func (f Fleet) PlanPins(ports []string) *PinPlan {
 // (Incus lists a network's leases per project, and has no all-projects
 // form: a granted user's box's lease is only listed in its project).
 func bridgeLeases(ctx context.Context, c *incus.Client, insts []incus.Instance) ([]incus.NetworkLease, error) {
+	first, err := c.Project("default").Networks().Leases(ctx, model.Current.Network)
+	if err != nil {
+		return nil, fmt.Errorf("project default: %w", err)
+	}
+	return bridgeLeasesFrom(ctx, c, insts, first)
+}
+
+// bridgeLeasesFrom is bridgeLeases with the default project's leases
+// already read (first).
+func bridgeLeasesFrom(ctx context.Context, c *incus.Client, insts []incus.Instance, first []incus.NetworkLease) ([]incus.NetworkLease, error) {
 	projects := []string{"default"}
 	for i := range insts {
 		if p := model.ProjectOf(insts[i].Project); !slices.Contains(projects, p) {
@@ -96,9 +130,12 @@ func bridgeLeases(ctx context.Context, c *incus.Client, insts []incus.Instance) 
 	var out []incus.NetworkLease
 	seen := map[string]bool{}
 	for _, p := range projects {
-		ls, err := c.Project(p).Networks().Leases(ctx, model.Current.Network)
-		if err != nil {
-			return nil, fmt.Errorf("project %s: %w", p, err)
+		ls := first
+		if p != "default" {
+			var err error
+			if ls, err = c.Project(p).Networks().Leases(ctx, model.Current.Network); err != nil {
+				return nil, fmt.Errorf("project %s: %w", p, err)
+			}
 		}
 		for _, l := range ls {
 			if k := l.Hwaddr + " " + l.Address; !seen[k] {
