@@ -366,64 +366,90 @@ func SetPins(cfg Config, ports []string, pins []Pin) (bool, error) {
 	return true, nil
 }
 
+// LivePins reads the pins the pin table holds, by port: each pinned
+// port's MAC and addresses (none when there is no table).
+func LivePins(cfg Config) (map[string]Pin, error) {
+	cfg, err := cfg.normalized()
+	if err != nil {
+		return nil, err
+	}
+	c, done, err := dial(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	live, err := readTable(c, "bridge", cfg.PinTable())
+	if err != nil || !live.exists {
+		return nil, err
+	}
+	out := map[string]Pin{}
+	for _, port := range live.elems[pinnedSet] {
+		out[port] = Pin{Port: port}
+	}
+	for _, e := range live.elems[hwSet] {
+		port, m, _ := strings.Cut(e, " . ")
+		if p, ok := out[port]; ok {
+			p.MAC, _ = net.ParseMAC(m)
+			out[port] = p
+		}
+	}
+	for _, e := range live.elems[bindSet] {
+		port, a, _ := strings.Cut(e, " . ")
+		if p, ok := out[port]; ok {
+			if addr, err := netip.ParseAddr(a); err == nil {
+				p.Addrs = append(p.Addrs, addr)
+				out[port] = p
+			}
+		}
+	}
+	return out, nil
+}
+
 // PinsHeld reports whether the pin table pins each of pins exactly as
 // given: its port pinned, to its MAC and to its addresses and no other.
 // Other ports are not looked at: it tells, from the kernel alone, whether
 // a refresh would change anything for these ports (a missing table holds
 // nothing).
 func PinsHeld(cfg Config, pins []Pin) (bool, error) {
-	cfg, err := cfg.normalized()
-	if err != nil {
+	if _, _, err := pinElements(pins); err != nil {
 		return false, err
 	}
-	hw, bind, err := pinElements(pins)
+	live, err := LivePins(cfg)
 	if err != nil {
-		return false, err
-	}
-	c, done, err := dial(cfg)
-	if err != nil {
-		return false, err
-	}
-	defer done()
-	live, err := readTable(c, "bridge", cfg.PinTable())
-	if err != nil || !live.exists {
 		return false, err
 	}
 	for _, p := range pins {
-		if !slices.Contains(live.elems[pinnedSet], p.Port) {
+		l, ok := live[p.Port]
+		if !ok || l.MAC.String() != p.MAC.String() || !sameAddrs(l.Addrs, p.Addrs) {
 			return false, nil
 		}
 	}
-	ofPins := func(set string) []string {
-		return slices.DeleteFunc(slices.Clone(live.elems[set]), func(e string) bool {
-			return !slices.ContainsFunc(pins, func(p Pin) bool { return strings.HasPrefix(e, p.Port+" . ") })
-		})
+	return true, nil
+}
+
+// sameAddrs says whether a and b hold the same addresses.
+func sameAddrs(a, b []netip.Addr) bool {
+	norm := func(xs []netip.Addr) []netip.Addr {
+		out := make([]netip.Addr, 0, len(xs))
+		for _, x := range xs {
+			out = append(out, x.Unmap())
+		}
+		slices.SortFunc(out, netip.Addr.Compare)
+		return slices.Compact(out)
 	}
-	return slices.Equal(ofPins(hwSet), hw) && slices.Equal(ofPins(bindSet), bind), nil
+	return slices.Equal(norm(a), norm(b))
 }
 
 // PinnedAddrs lists the addresses the pin table binds to a port: those of
 // the boxes running on the bridge now (none when there is no table).
 func PinnedAddrs(cfg Config) ([]netip.Addr, error) {
-	cfg, err := cfg.normalized()
+	live, err := LivePins(cfg)
 	if err != nil {
-		return nil, err
-	}
-	c, done, err := dial(cfg)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	live, err := readTable(c, "bridge", cfg.PinTable())
-	if err != nil || !live.exists {
 		return nil, err
 	}
 	var out []netip.Addr
-	for _, e := range live.elems[bindSet] {
-		_, a, _ := strings.Cut(e, " . ")
-		if addr, err := netip.ParseAddr(a); err == nil {
-			out = append(out, addr)
-		}
+	for _, p := range live {
+		out = append(out, p.Addrs...)
 	}
 	return out, nil
 }
