@@ -123,6 +123,13 @@ func (ps *Policies) edit(ctx context.Context, read BridgeRead, edit func(map[str
 		if err == nil {
 			return nil
 		}
+		if fromRead {
+			// A stale etag: incusd refuses it on the header and closes
+			// the connection, a large body then fails to send ("broken
+			// pipe") rather than coming back as a 412. Nothing was
+			// written either way: read the bridge and try again.
+			continue
+		}
 		if !incus.IsPreconditionFailed(err) || try == policyWrites {
 			return fmt.Errorf("recording a box's policy on %s: %w", model.Current.Network, err)
 		}

@@ -24,6 +24,7 @@ func TestRecordOnTheCallersRead(t *testing.T) {
 	var mu sync.Mutex
 	cfg := map[string]string{"ipv4.address": "10.88.0.1/24"}
 	gen := 1
+	hangUp := false
 	etag := func() string { return fmt.Sprintf(`"e%d"`, gen) }
 	srv := incustest.New(t)
 	srv.Handle("GET /1.0/networks/boxnet", func(w http.ResponseWriter, r *http.Request) {
@@ -35,6 +36,15 @@ func TestRecordOnTheCallersRead(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		if r.Header.Get("If-Match") != etag() {
+			if hangUp {
+				// As incusd does with a large body: it refuses the etag
+				// on the header and the connection closes under the
+				// client's write.
+				conn, _, err := w.(http.Hijacker).Hijack()
+				require.NoError(t, err)
+				conn.Close()
+				return
+			}
 			incustest.Error(w, http.StatusPreconditionFailed, "ETag doesn't match")
 			return
 		}
@@ -75,11 +85,23 @@ func TestRecordOnTheCallersRead(t *testing.T) {
 		assert.True(t, ok, "%s's record is there", b)
 	}
 
+	// The same, with the connection closed under the write.
+	stale = read()
+	require.NoError(t, h.Policies().Record(ctx, "default", "d", open))
+	hangUp = true
+	n = len(srv.Requests())
+	require.NoError(t, h.Policies().RecordOn(ctx, stale, "default", "e", open))
+	hangUp = false
+	assert.Equal(t, []string{"PUT", "GET", "PUT"}, calls(n), "a write that failed on a stale read: read again, written")
+	_, ok, err := h.Policies().Recorded(ctx, "default", "e")
+	require.NoError(t, err)
+	assert.True(t, ok, "e's record is there")
+
 	// The caller's read holds c's record; another writer forgot it since.
 	stale = read()
 	require.NoError(t, h.Policies().Forget(ctx, "default", "c"))
 	require.NoError(t, h.Policies().RecordOn(ctx, stale, "default", "c", open))
-	_, ok, err := h.Policies().Recorded(ctx, "default", "c")
+	_, ok, err = h.Policies().Recorded(ctx, "default", "c")
 	require.NoError(t, err)
 	assert.True(t, ok, "recorded again: the stale read that held it was not trusted")
 }

@@ -206,6 +206,7 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		if _, err := host.Policies().EnsureAllowlist(ctx, model.PolicyID(names), names); err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 		}
+		req.bridge = stack.BridgeRead{} // written since it was read
 		req.Stamps = maps.Clone(req.Stamps)
 		if req.Stamps == nil {
 			req.Stamps = map[string]string{}
