@@ -241,13 +241,11 @@ func (addrs *Addresses) Wait(ctx context.Context, name string, limit time.Durati
 }
 
 // pinnedAsItIs reports whether the kernel pins inst's ports as its NICs
-// are now (each to its MAC and fixed address), so a refresh would change
-// nothing for it: the refresh that pinned them filled its egress sets from
-// the same reading of the fleet, after its address was fixed. Beside a
-// full bridge a refresh reads every instance and lease; Wait skips it when
-// it has nothing to do. A granted user's box (the port watcher pins it), a
-// box on another member's kernel or one without a fixed address is never
-// pinned as it is here.
+// are now (each to its MAC and fixed address): the refresh that pinned
+// them filled its egress sets from the same reading of the fleet, so
+// another would change nothing for it (beside a full bridge, it reads
+// every instance). Never for a granted user's box, one on another
+// member's kernel or one without a fixed address.
 func (addrs *Addresses) pinnedAsItIs(inst *incus.Instance) bool {
 	host := addrs.host
 	if host.Tier.Granted || host.NoKernel || host.Remote != "" {

@@ -245,11 +245,10 @@ func (addrs *Addresses) Slice(ctx context.Context, member string) (slice, gw net
 }
 
 // kernelGateway is the bridge's address and subnet as this host's kernel
-// has them, which Incus set from its ipv4.address: read without asking
-// Incus, whose answer for the bridge lists every instance on it (beside a
-// full bridge, a read that costs as much as the rest of a mint's). False
-// where box does not read this kernel (a remote, a granted user, another
-// member's) or the bridge holds other than one IPv4 address.
+// has them (Incus set them from ipv4.address), with no call to Incus,
+// whose answer for the bridge lists every instance on it. False where box
+// does not read this kernel (a remote, a granted user, another member's)
+// or the bridge holds other than one IPv4 address.
 func (addrs *Addresses) kernelGateway() (netip.Prefix, bool) {
 	host := addrs.host
 	if host.NoKernel || host.Remote != "" || host.Tier.Granted || host.member != "" {

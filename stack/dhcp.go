@@ -353,12 +353,10 @@ func (addrs *Addresses) DHCPLeases() (DHCPPool, error) {
 
 // LeasesPinned reports, from the kernel alone, whether a refresh for a
 // change of dnsmasq's leases would change nothing: every port of the
-// bridge is pinned, and every lease dnsmasq holds is at an address the
-// pins bind to the port with the lease's MAC (a box's own fixed address,
-// already in its pins and its egress sets). A lease of anything else (an
-// instance with no fixed address, a lease astray, one a removed box left)
-// is a refresh's to read. Beside a full bridge a refresh reads every
-// instance, and every box's start and stop changes the lease file.
+// bridge is pinned, and every lease is at an address the pins bind to the
+// port with the lease's MAC (a box's own fixed address, in its pins and
+// egress sets already). Any other lease (astray, a removed box's, an
+// instance's with no fixed address) is a refresh's to read.
 func (addrs *Addresses) LeasesPinned() bool {
 	host := addrs.host
 	if host.NoKernel || host.Remote != "" || host.Tier.Granted {

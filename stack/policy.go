@@ -2,8 +2,10 @@ package stack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"syscall"
 
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
@@ -124,14 +126,17 @@ func (ps *Policies) edit(ctx context.Context, read BridgeRead, edit func(map[str
 			return nil
 		}
 		if fromRead {
-			// A stale etag: incusd refuses it on the header and closes
-			// the connection, a large body then fails to send ("broken
-			// pipe") rather than coming back as a 412. Nothing was
-			// written either way: read the bridge and try again.
-			continue
+			continue // read the bridge and try again (staleWrite)
 		}
-		if !incus.IsPreconditionFailed(err) || try == policyWrites {
+		if !staleWrite(err) || try == policyWrites {
 			return fmt.Errorf("recording a box's policy on %s: %w", model.Current.Network, err)
 		}
 	}
+}
+
+// staleWrite: a write of the bridge refused for its etag. incusd refuses
+// a stale one on the header and closes the connection, so a large body
+// (beside a full bridge) fails to send, "broken pipe", not a 412.
+func staleWrite(err error) bool {
+	return incus.IsPreconditionFailed(err) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
 }

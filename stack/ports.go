@@ -130,11 +130,9 @@ func (host *Host) RefreshPins(ctx context.Context, r *PortsRefresh) error {
 }
 
 // RefreshStarted is RefreshPorts after a box's start on this host's
-// kernel, with the pins' half skipped when, once it holds their lock, the
-// kernel already pins the box as it is now: the port watcher's refresh on
-// the box's new port got there first, from a reading of the fleet made
-// after the start. Beside a full bridge a refresh reads every instance and
-// lease, and two of them for one start read them twice.
+// kernel, the pins' half skipped when, under their lock, the kernel pins
+// the box as it is now: the port watcher's refresh on its new port, from
+// a reading of the fleet after the start, got there first.
 func (addrs *Addresses) RefreshStarted(ctx context.Context, name string) error {
 	host := addrs.host
 	if host.NoKernel || host.Remote != "" || host.Tier.Granted || host.member != "" || host.Incus == nil {
