@@ -352,11 +352,11 @@ func (addrs *Addresses) DHCPLeases() (DHCPPool, error) {
 }
 
 // LeasesPinned reports, from the kernel alone, whether a refresh for a
-// change of dnsmasq's leases would change nothing: every port of the
-// bridge is pinned, and every lease is at an address the pins bind to the
-// port with the lease's MAC (a box's own fixed address, in its pins and
-// egress sets already). Any other lease (astray, a removed box's, an
-// instance's with no fixed address) is a refresh's to read.
+// change of dnsmasq's leases would change nothing: every port is pinned,
+// and a lease of a port's MAC is at the address its pin binds (its box's
+// fixed address, in its egress sets already). One of a MAC on no port (a
+// gone box's) changes no pin; at worst an egress set stays stricter until
+// the next resync.
 func (addrs *Addresses) LeasesPinned() bool {
 	host := addrs.host
 	if host.NoKernel || host.Remote != "" || host.Tier.Granted {
@@ -375,12 +375,13 @@ func (addrs *Addresses) LeasesPinned() bool {
 	if err != nil || len(live) != len(ports) {
 		return false
 	}
-	bound := map[netip.Addr]string{} // address -> the MAC of the port it is bound to
+	bound, onPort := map[netip.Addr]string{}, map[string]bool{} // address -> its port's MAC; the ports' MACs
 	for _, p := range ports {
 		pin, ok := live[p.Name]
 		if !ok {
 			return false
 		}
+		onPort[pin.MAC.String()] = true
 		for _, a := range pin.Addrs {
 			bound[a] = pin.MAC.String()
 		}
@@ -390,8 +391,7 @@ func (addrs *Addresses) LeasesPinned() bool {
 		return false
 	}
 	for _, l := range pool.Leases {
-		mac, err := net.ParseMAC(l.Hwaddr)
-		if err != nil || bound[l.Address] != mac.String() {
+		if mac, err := net.ParseMAC(l.Hwaddr); err != nil || (onPort[mac.String()] && bound[l.Address] != mac.String()) {
 			return false
 		}
 	}

@@ -672,7 +672,7 @@ func TestPrivilegedBootFromSavedFile(t *testing.T) {
 // lease at the address its own port's pin binds, changes nothing a
 // refresh of the pins would: the worker skips it (beside a full bridge
 // that refresh reads every instance, and every box's start writes the
-// lease file). A lease the pins bind to no port is refreshed for.
+// lease file). A lease astray is refreshed for.
 func TestPrivilegedWatchPortsSkipsSettledLeases(t *testing.T) {
 	w := newWatchWorld(t)
 	w.enslave(t, w.veth(t, "vbox"))
@@ -698,7 +698,7 @@ func TestPrivilegedWatchPortsSkipsSettledLeases(t *testing.T) {
 	}
 	w.watch(t, o)
 	w.waitLog(t, fmt.Sprintf("watching the lease file %s (dnsmasq pid %d)", leases, pid))
-	lease := func(line string) {
+	lease := func(line string) (written time.Time) {
 		t.Helper()
 		// Quiet first: a change the watcher's own isolating of the port
 		// made is a link event, and a kick with one is never skipped.
@@ -709,6 +709,7 @@ func TestPrivilegedWatchPortsSkipsSettledLeases(t *testing.T) {
 				quiet = true
 			}
 		}
+		written = time.Now()
 		f, err := os.OpenFile(leases, os.O_APPEND|os.O_WRONLY, 0)
 		require.NoError(t, err)
 		_, err = fmt.Fprintln(f, line)
@@ -722,6 +723,7 @@ func TestPrivilegedWatchPortsSkipsSettledLeases(t *testing.T) {
 				t.Fatal("no refresh answered the lease file's change")
 			}
 		}
+		return written
 	}
 
 	lease("1700000000 10:66:6a:00:00:01 10.99.0.5 box *")
@@ -732,11 +734,23 @@ func TestPrivilegedWatchPortsSkipsSettledLeases(t *testing.T) {
 		t.Fatal("the pins' refresh for a lease its port's pin binds was not skipped")
 	}
 
-	// Control: a lease of an address no pin binds. (The first write's
-	// later events may still be skipped: only a kick heard after this
-	// write counts.)
-	written := time.Now()
-	lease("1700000000 10:66:6a:00:00:02 10.99.0.6 other *")
+	// A lease of a MAC on no port (a removed box's, left to expire)
+	// changes no pin either.
+	for len(skipped) > 0 {
+		<-skipped
+	}
+	lease("1700000000 10:66:6a:00:00:02 10.99.0.6 gone *")
+	select {
+	case c := <-skipped:
+		assert.Equal(t, trigLease, c.kind)
+	case <-time.After(2 * time.Second):
+		t.Fatal("the pins' refresh for a lease of a MAC on no port was not skipped")
+	}
+
+	// Control: the pinned port's MAC at an address its pin does not bind
+	// (a lease astray). (The earlier writes' later events may still be
+	// skipped: only a kick heard since this write counts.)
+	written := lease("1700000000 10:66:6a:00:00:01 10.99.0.7 box *")
 	for deadline := time.After(500 * time.Millisecond); ; {
 		select {
 		case c := <-skipped:
