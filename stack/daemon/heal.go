@@ -41,9 +41,11 @@ const (
 	healResync = 30 * time.Second
 	// healRetry is how soon a failed heal is tried again.
 	healRetry = time.Second
-	// healRemember is how often the healer reads from Incus what it puts
-	// back without asking (the fleet's addresses for the pins), so a box
-	// minted since is pinned at once after a flush.
+	// healRemember is how often the healer looks whether to read again
+	// from Incus what it puts back without asking (the fleet's addresses
+	// for the pins): when the bridge's ports changed since its last
+	// reading (a box minted since is pinned at once after a flush), or
+	// healResync after it.
 	healRemember = 5 * time.Second
 )
 
@@ -476,14 +478,24 @@ func (h *healer) incusWorker(ctx context.Context) {
 	defer g.Close()
 	memory := time.NewTicker(healRemember)
 	defer memory.Stop()
+	remembered, rememberedAt := "", time.Time{} // the ports when the memory was read, and when
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-memory.C:
+			// Beside a full bridge a reading of the fleet takes incusd a
+			// few hundred milliseconds: read again when the bridge's ports
+			// changed (a box started or went), else every healResync.
+			ports := bridgePortNames(g)
+			if ports == remembered && time.Since(rememberedAt) < healResync {
+				continue
+			}
 			if gw, ok, err := gatewayOf(g); err == nil && ok {
 				if err := h.remember(ctx, gw); err != nil && ctx.Err() == nil {
 					h.logf("heal: reading what to put back from Incus: %v", err)
+				} else if err == nil {
+					remembered, rememberedAt = ports, time.Now()
 				}
 			}
 		case job := <-h.incus:
@@ -595,4 +607,16 @@ func (h *healer) remember(ctx context.Context, gw netip.Addr) error {
 	h.fleet, h.desired = &f, &d
 	h.mu.Unlock()
 	return nil
+}
+
+// bridgePortNames names the bridge's ports, sorted, as one string ("" when
+// they cannot be read: never equal to a reading that worked).
+func bridgePortNames(g *hostns.NS) string {
+	ports, err := g.BridgePorts(model.Current.Network)
+	if err != nil {
+		return ""
+	}
+	names := hostns.PortNames(ports)
+	slices.Sort(names)
+	return "ports: " + strings.Join(names, " ")
 }
