@@ -402,6 +402,23 @@ func fakeDnsmasq(t *testing.T, ns *nstest.NS, leases string) (pid int, stop func
 	return cmd.Process.Pid, stop
 }
 
+// leaseFileWatch is the watcher's options for the lease file's tests: no
+// periodic resync, dnsmasq looked for every 20 ms, and each refresh's
+// causes sent on the channel it returns.
+func leaseFileWatch() (watchOptions, chan []trigger) {
+	o := defaultWatchOptions()
+	o.resync = time.Hour
+	o.leaseRecheck = 20 * time.Millisecond
+	causes := make(chan []trigger, 100)
+	o.refreshed = func(_ stack.PortsRefresh, c []trigger, _ time.Time) {
+		select {
+		case causes <- c:
+		default:
+		}
+	}
+	return o, causes
+}
+
 func TestPrivilegedWatchPortsLeaseFile(t *testing.T) {
 	w := newWatchWorld(t)
 	leases := filepath.Join(t.TempDir(), "dnsmasq.leases")
@@ -414,16 +431,7 @@ func TestPrivilegedWatchPortsLeaseFile(t *testing.T) {
 	require.Equal(t, pid, found, "the stand-in is found as the dnsmasq serving boxnet in the namespace")
 	require.Equal(t, leases, path, "its lease file is read from --dhcp-leasefile=")
 
-	o := defaultWatchOptions()
-	o.resync = time.Hour
-	o.leaseRecheck = 20 * time.Millisecond
-	causes := make(chan []trigger, 100)
-	o.refreshed = func(r stack.PortsRefresh, c []trigger, _ time.Time) {
-		select {
-		case causes <- c:
-		default:
-		}
-	}
+	o, causes := leaseFileWatch()
 	w.watch(t, o)
 	w.waitLog(t, fmt.Sprintf("watching the lease file %s (dnsmasq pid %d)", leases, pid))
 
@@ -684,18 +692,9 @@ func TestPrivilegedWatchPortsSkipsSettledLeases(t *testing.T) {
 	require.NoError(t, os.WriteFile(leases, nil, 0o644))
 	pid, _ := fakeDnsmasq(t, w.ns, leases)
 
-	o := defaultWatchOptions()
-	o.resync = time.Hour
-	o.leaseRecheck = 20 * time.Millisecond
+	o, refreshed := leaseFileWatch()
 	skipped := make(chan trigger, 10)
 	o.pinsSkipped = func(c trigger) { skipped <- c }
-	refreshed := make(chan []trigger, 100)
-	o.refreshed = func(_ stack.PortsRefresh, c []trigger, _ time.Time) {
-		select {
-		case refreshed <- c:
-		default:
-		}
-	}
 	w.watch(t, o)
 	w.waitLog(t, fmt.Sprintf("watching the lease file %s (dnsmasq pid %d)", leases, pid))
 	lease := func(line string) (written time.Time) {
