@@ -244,13 +244,9 @@ func (addrs *Addresses) Wait(ctx context.Context, name string, limit time.Durati
 // are now (each to its MAC and fixed address): the refresh that pinned
 // them filled its egress sets from the same reading of the fleet, so
 // another would change nothing for it (beside a full bridge, it reads
-// every instance). Never for a granted user's box, one on another
-// member's kernel or one without a fixed address.
+// every instance). Never where box does not read the kernel (ownNS) nor
+// for a box without a fixed address.
 func (addrs *Addresses) pinnedAsItIs(inst *incus.Instance) bool {
-	host := addrs.host
-	if host.Tier.Granted || host.NoKernel || host.Remote != "" {
-		return false
-	}
 	var pins []nft.Pin
 	for _, n := range model.BridgeNICs(model.Current.Network, inst) {
 		mac, err := net.ParseMAC(n.Mac)
@@ -260,11 +256,8 @@ func (addrs *Addresses) pinnedAsItIs(inst *incus.Instance) bool {
 		}
 		pins = append(pins, nft.Pin{Port: n.Port, MAC: mac, Addrs: []netip.Addr{a}})
 	}
-	if len(pins) == 0 {
-		return false
-	}
-	g, err := host.OpenNS()
-	if err != nil {
+	g := addrs.ownNS()
+	if len(pins) == 0 || g == nil {
 		return false
 	}
 	defer g.Close()

@@ -164,29 +164,20 @@ func (addrs *Addresses) For(ctx context.Context, member string) (netip.Addr, err
 	return netip.Addr{}, fmt.Errorf("member %s's slice %s of %s is full: remove a box there, or mint on another member (--target)", member, slice, model.Current.Network)
 }
 
-// quickFor is For on a standalone host from what its kernel holds, with
-// no list of every instance (beside a full bridge, the costliest read of a
-// mint): the first address of the bridge's subnet that the pin table binds
-// to no running box's port and dnsmasq's lease file does not hold. A
-// stopped box's fixed address is in neither, but Incus refuses a fixed
-// address another NIC on the bridge has when it is set: FixAddress then
-// picks again with For. False where box does not read this kernel.
+// quickFor is For on a standalone host from its kernel, with no list of
+// every instance: the first address of the subnet no pin binds and no
+// lease holds. A stopped box's is in neither, but Incus refuses it when
+// it is set, and FixAddress picks again with For. False with no ownNS.
 func (addrs *Addresses) quickFor() (netip.Addr, bool) {
-	gw, ok := addrs.kernelGateway()
-	if !ok {
-		return netip.Addr{}, false
-	}
-	g, err := addrs.host.OpenNS()
-	if err != nil {
+	g := addrs.ownNS()
+	if g == nil {
 		return netip.Addr{}, false
 	}
 	defer g.Close()
+	gw, ok := bridgeGateway(g)
 	pinned, err := nft.PinnedAddrs(g.NFTConfig(model.Current))
-	if err != nil {
-		return netip.Addr{}, false
-	}
-	pool, err := addrs.DHCPLeases()
-	if err != nil {
+	pool, perr := dhcpPool(g, model.Current.Network)
+	if !ok || err != nil || perr != nil {
 		return netip.Addr{}, false
 	}
 	used := map[netip.Addr]bool{}
@@ -244,21 +235,41 @@ func (addrs *Addresses) Slice(ctx context.Context, member string) (slice, gw net
 	return slice, gw, nil
 }
 
-// kernelGateway is the bridge's address and subnet as this host's kernel
-// has them (Incus set them from ipv4.address), with no call to Incus,
-// whose answer for the bridge lists every instance on it. False where box
-// does not read this kernel (a remote, a granted user, another member's)
-// or the bridge holds other than one IPv4 address.
-func (addrs *Addresses) kernelGateway() (netip.Prefix, bool) {
+// readsKernel says box reads this host's kernel to spare a call to Incus:
+// not a remote's, a granted user's or another member's.
+func (addrs *Addresses) readsKernel() bool {
 	host := addrs.host
-	if host.NoKernel || host.Remote != "" || host.Tier.Granted || host.member != "" {
-		return netip.Prefix{}, false
+	return !host.NoKernel && host.Remote == "" && !host.Tier.Granted && host.member == ""
+}
+
+// ownNS opens the host's namespace where readsKernel (nil elsewhere, or
+// when it cannot be opened: the caller asks Incus instead).
+func (addrs *Addresses) ownNS() *hostns.NS {
+	if !addrs.readsKernel() {
+		return nil
 	}
-	g, err := host.OpenNS()
+	g, err := addrs.host.OpenNS()
 	if err != nil {
+		return nil
+	}
+	return g
+}
+
+// kernelGateway is the bridge's address and subnet as the kernel has them
+// (Incus set them from ipv4.address), with no call to Incus, whose answer
+// for the bridge lists every instance on it. False with no namespace
+// (ownNS) or a bridge that holds other than one IPv4 address.
+func (addrs *Addresses) kernelGateway() (netip.Prefix, bool) {
+	g := addrs.ownNS()
+	if g == nil {
 		return netip.Prefix{}, false
 	}
 	defer g.Close()
+	return bridgeGateway(g)
+}
+
+// bridgeGateway is kernelGateway in an open namespace.
+func bridgeGateway(g *hostns.NS) (netip.Prefix, bool) {
 	as, err := g.LinkAddrs(model.Current.Network, netlink.FAMILY_V4)
 	if err != nil || len(as) != 1 {
 		return netip.Prefix{}, false

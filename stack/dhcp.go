@@ -358,12 +358,8 @@ func (addrs *Addresses) DHCPLeases() (DHCPPool, error) {
 // gone box's) changes no pin; at worst an egress set stays stricter until
 // the next resync.
 func (addrs *Addresses) LeasesPinned() bool {
-	host := addrs.host
-	if host.NoKernel || host.Remote != "" || host.Tier.Granted {
-		return false
-	}
-	g, err := host.OpenNS()
-	if err != nil {
+	g := addrs.ownNS()
+	if g == nil {
 		return false
 	}
 	defer g.Close()

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/box-isolation/box/stack/dnsmasq"
 	"github.com/box-isolation/box/stack/stacktest/worldtest"
 
 	"github.com/stretchr/testify/assert"
@@ -24,7 +25,6 @@ import (
 
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/fixtures/world"
-	"github.com/box-isolation/box/internal/dhcpmsg"
 	"github.com/box-isolation/box/internal/nsrun"
 	"github.com/box-isolation/box/probes"
 	"github.com/box-isolation/box/stack"
@@ -332,32 +332,11 @@ func gatewayOf(t *testing.T, ctx context.Context, h *stack.Host, st *world.State
 // test that emptied the pool leaves none of its leases behind.
 func releaseFromHost(t *testing.T, st *world.State, gw netip.Addr, leases [][]string) {
 	t.Helper()
-	err := nsrun.Do(st.Names.HostNS, func() error {
-		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(gw, 67)))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		for i, l := range leases {
-			if i%4 == 3 {
-				time.Sleep(2 * time.Millisecond) // dnsmasq's socket takes a burst of so many
-			}
-			hw, err := net.ParseMAC(l[1])
-			if err != nil {
-				continue
-			}
-			m, err := dhcpmsg.Message{Type: dhcpmsg.Release, CHAddr: hw, CIAddr: netip.MustParseAddr(l[2]),
-				Options: []dhcpmsg.Option{dhcpmsg.Addr(dhcpmsg.OptServerID, gw)}}.Marshal()
-			if err != nil {
-				return err
-			}
-			if _, err := c.Write(m); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	require.NoError(t, err)
+	var ls []dnsmasq.Lease
+	for _, l := range leases {
+		ls = append(ls, dnsmasq.Lease{Hwaddr: l[1], Address: netip.MustParseAddr(l[2])})
+	}
+	require.NoError(t, nsrun.Do(st.Names.HostNS, func() error { return dnsmasq.SendReleases(gw, ls) }))
 }
 
 // TestSystemDHCPReleaseOfASibling: box-a releases, and declines, box-b's

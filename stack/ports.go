@@ -135,14 +135,13 @@ func (host *Host) RefreshPins(ctx context.Context, r *PortsRefresh) error {
 // a reading of the fleet after the start, got there first.
 func (addrs *Addresses) RefreshStarted(ctx context.Context, name string) error {
 	host := addrs.host
-	if host.NoKernel || host.Remote != "" || host.Tier.Granted || host.member != "" || host.Incus == nil {
-		_, err := host.RefreshPorts(ctx)
-		return err
+	standalone := false
+	if addrs.readsKernel() && host.Incus != nil {
+		ci, err := host.Cluster(ctx)
+		standalone = err == nil && !ci.Clustered()
 	}
-	if ci, err := host.Cluster(ctx); err != nil || ci.Clustered() {
-		if err == nil {
-			_, err = host.RefreshPorts(ctx)
-		}
+	if !standalone {
+		_, err := host.RefreshPorts(ctx)
 		return err
 	}
 	r, err := host.SyncPorts(ctx)

@@ -79,9 +79,6 @@ type MintRequest struct {
 	// progress hears Incus's progress while it makes the box (a pulled
 	// image's download).
 	progress func(string)
-	// bridge is the bridge as Mint read it: the record's write tries it
-	// first (beside a full bridge every read of it costs).
-	bridge stack.BridgeRead
 }
 
 // KeyMemoryLimits on the bridge records that this host cannot apply a
@@ -190,7 +187,9 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	if err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
-	req.bridge = stack.BridgeRead{Network: net, ETag: etag}
+	// The record's write tries the bridge as read here first (beside a
+	// full bridge every read of it costs).
+	bridge := stack.BridgeRead{Network: net, ETag: etag}
 	if host.Tier.Granted {
 		if err := stack.RequireWatcher(host.NetNS); err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
@@ -206,7 +205,7 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		if _, err := host.Policies().EnsureAllowlist(ctx, model.PolicyID(names), names); err != nil {
 			return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 		}
-		req.bridge = stack.BridgeRead{} // written since it was read
+		bridge = stack.BridgeRead{} // written since it was read
 		req.Stamps = maps.Clone(req.Stamps)
 		if req.Stamps == nil {
 			req.Stamps = map[string]string{}
@@ -227,7 +226,7 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		notes = append(notes, took)
 	}
 	if b == nil {
-		b, err = mgr.mint(ctx, req)
+		b, err = mgr.mint(ctx, req, bridge)
 	}
 	var ns *NotStartedError
 	if req.Memory != "" && errors.As(err, &ns) && ns.RemoveErr == nil {
@@ -237,7 +236,7 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 		// remember it on the stack.
 		wanted := req.Memory
 		req.Memory = ""
-		if b, err2 := mgr.mint(ctx, req); err2 == nil {
+		if b, err2 := mgr.mint(ctx, req, stack.BridgeRead{}); err2 == nil {
 			b.Notes = append(notes, fmt.Sprintf("%s: this host cannot apply one (the start with limits.memory=%s failed, the same box without it started); later mints skip it", NoteNoMemoryLimit, wanted))
 			mgr.rememberNoMemoryLimits(ctx)
 			return b, nil
@@ -249,8 +248,9 @@ func (mgr *Manager) Mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	return b, err
 }
 
-// mint creates and starts one box as asked.
-func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, error) {
+// mint creates and starts one box as asked; its record's write starts
+// from bridge, the bridge as read before (none: read it).
+func (mgr *Manager) mint(ctx context.Context, req MintRequest, bridge stack.BridgeRead) (*stack.Box, error) {
 	host := mgr.host
 	typ := cmp.Or(req.Type, model.TypeContainer)
 	img := mintImage{source: incus.InstanceSource{Type: "image", Fingerprint: req.Fingerprint}, fingerprint: req.Fingerprint}
@@ -273,7 +273,7 @@ func (mgr *Manager) mint(ctx context.Context, req MintRequest) (*stack.Box, erro
 	// The box's policy is recorded before the box exists: a record an
 	// earlier box of that name left (removed through Incus alone) is never
 	// the new box's, not even at its first refresh (model.EnforcedEgress).
-	if err := host.Policies().RecordOn(ctx, req.bridge, host.Incus.ProjectName(), req.Name, model.PolicyOf(cfg, devices)); err != nil {
+	if err := host.Policies().RecordOn(ctx, bridge, host.Incus.ProjectName(), req.Name, model.PolicyOf(cfg, devices)); err != nil {
 		return nil, fmt.Errorf("minting %s: %w", req.Name, err)
 	}
 	err = host.Addresses().Create(ctx, post, req.Target, req.progress)
