@@ -1,9 +1,11 @@
 package drill
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -30,8 +32,9 @@ const agentPath = "/usr/bin/drill-agent"
 // the host: the probe image is a container image.
 const probeType = model.TypeContainer
 
-// mintBoxes mints box-a and box-b, clones box-a, has each selected claim
-// prepare what it needs of its own (its box, a door, a user), applies the
+// mintBoxes mints box-a and box-b and clones box-a, while each selected
+// claim mints its own box beside them (its mint hook); then has each claim
+// prepare what else it needs (a door, the LAN stand-in), applies the
 // mutations that act on live boxes, makes the claims' requests and reads
 // the stack as the probes will find it. The boxes are removed at teardown
 // whatever happens.
@@ -43,7 +46,7 @@ func (r *run) mintBoxes(ctx context.Context) error {
 			names[memberBoxPlace(m.Name)] = r.boxName(memberSuffix(m.Name))
 		}
 	}
-	r.names = names
+	r.names, r.ends = names, map[Place]*BoxEnd{}
 	// The run leaves dnsmasq's lease file as it found it: after its boxes
 	// are gone, a lease of one of them (Incus does not always give one up)
 	// or one its DHCP lies got is released.
@@ -69,18 +72,16 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	if err := r.ensureTemplateImage(mctx); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
-	if err := r.mintCommon(mctx); err != nil {
-		return fmt.Errorf("boxes: %w", err)
-	}
-	r.ends = map[Place]*BoxEnd{}
-	for _, p := range append([]Place{PlaceA, PlaceB, PlaceC}, r.members.boxPlaces()...) {
-		e, err := boxEnd(mctx, cfg.Host, p, names[p])
-		if err != nil {
+	common := maps.Clone(names)
+	if err := r.mintSideBySide(mctx, func(ctx context.Context) error {
+		if err := r.mintCommon(ctx, common); err != nil {
 			return fmt.Errorf("boxes: %w", err)
 		}
-		r.ends[p] = e
-		rep.Boxes = append(rep.Boxes, *e)
+		return nil
+	}); err != nil {
+		return err
 	}
+	sortBoxes(rep.Boxes)
 	if err := checkPlacement(r.members.local(), r.ends); err != nil {
 		return fmt.Errorf("boxes: %w", err)
 	}
@@ -105,11 +106,61 @@ func (r *run) mintBoxes(ctx context.Context) error {
 	return r.verifyForProbes(actx)
 }
 
-// mintCommon mints the boxes every run has: box-a and box-b, one box on
-// every other member of a cluster, and clone-a, each provisioned in a
-// template run; and reads what box-a's image resolved to.
-func (r *run) mintCommon(ctx context.Context) error {
-	cfg, names := &r.cfg, r.names
+// mintSideBySide runs the claims' setups, then mints the common boxes
+// (common) and each claim's own at once: beside a host's many boxes every create and start of incusd's is
+// slower, and one after the other they added up (docs/measurements.md,
+// "A busy host"). In a template run the common boxes come first: box-t is
+// minted from what box-a's image resolved to. The first error cancels the
+// rest; teardown removes whatever was made.
+func (r *run) mintSideBySide(ctx context.Context, common func(context.Context) error) error {
+	for _, c := range r.cfg.Claims {
+		if c.setup != nil {
+			if err := c.setup(ctx, r); err != nil {
+				return err
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	do := func(fn func(context.Context) error) {
+		if err := fn(ctx); err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+			cancel()
+		}
+	}
+	if r.cfg.Template != nil {
+		if err := common(ctx); err != nil {
+			return err
+		}
+	} else {
+		wg.Go(func() { do(common) })
+	}
+	for _, c := range r.cfg.Claims {
+		if c.mint != nil {
+			wg.Go(func() { do(func(ctx context.Context) error { return c.mint(ctx, r) }) })
+		}
+	}
+	wg.Wait()
+	// The first error is the cause; the others were cancelled by it.
+	if len(errs) > 0 {
+		return errs[0]
+	}
+	return nil
+}
+
+// mintCommon mints the boxes every run has (names): box-a and box-b, one
+// box on every other member of a cluster, and clone-a, each provisioned in
+// a template run; reads what box-a's image resolved to, and keeps their
+// ends.
+func (r *run) mintCommon(ctx context.Context, names map[Place]string) error {
+	cfg := &r.cfg
 	// On a cluster, box-a, box-b and the clone live on the member the
 	// drill talks to, one more box on every other member it can enter.
 	mints := map[Place]string{PlaceA: r.members.local(), PlaceB: r.members.local()}
@@ -126,7 +177,7 @@ func (r *run) mintCommon(ctx context.Context) error {
 		// Incus's cache (two pulls of one image at once collide in incusd's
 		// cache folder: "mkdir ...: file exists"). Copies of a template's
 		// image pull nothing.
-		if err := r.mintProvisioned(ctx, PlaceA, mints[PlaceA]); err != nil {
+		if err := r.mintProvisioned(ctx, names[PlaceA], mints[PlaceA]); err != nil {
 			return err
 		}
 		delete(mints, PlaceA)
@@ -135,7 +186,7 @@ func (r *run) mintCommon(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := r.mintProvisioned(ctx, p, target)
+			err := r.mintProvisioned(ctx, names[p], target)
 			mu.Lock()
 			mintErr = append(mintErr, err)
 			mu.Unlock()
@@ -157,13 +208,23 @@ func (r *run) mintCommon(ctx context.Context) error {
 	if err := r.waitProvisioned(ctx, cfg.Host.Incus, names[PlaceC]); err != nil {
 		return err
 	}
-	return r.readBaseImage(ctx)
+	if err := r.readBaseImage(ctx, names[PlaceA]); err != nil {
+		return err
+	}
+	for _, p := range append([]Place{PlaceA, PlaceB, PlaceC}, r.members.boxPlaces()...) {
+		e, err := boxEnd(ctx, cfg.Host, p, names[p])
+		if err != nil {
+			return err
+		}
+		r.addBox(e)
+	}
+	return nil
 }
 
-// mintProvisioned mints the probe box at place on a member (target) and,
-// in a template run, waits until it is provisioned.
-func (r *run) mintProvisioned(ctx context.Context, place Place, target string) error {
-	req, err := r.mintRequest(r.names[place], target, true)
+// mintProvisioned mints the probe box name on a member (target) and, in a
+// template run, waits until it is provisioned.
+func (r *run) mintProvisioned(ctx context.Context, name, target string) error {
+	req, err := r.mintRequest(name, target, true)
 	if err != nil {
 		return err
 	}
@@ -172,10 +233,53 @@ func (r *run) mintProvisioned(ctx context.Context, place Place, target string) e
 	}
 	// Its lease pinned first: until then the pin table drops what it
 	// sends, its provisioning's traffic too.
-	if _, err := r.cfg.Host.Addresses().Wait(ctx, r.names[place], 30*time.Second); err != nil {
+	if _, err := r.cfg.Host.Addresses().Wait(ctx, name, 30*time.Second); err != nil {
 		return err
 	}
-	return r.waitProvisioned(ctx, r.cfg.Host.Incus, r.names[place])
+	return r.waitProvisioned(ctx, r.cfg.Host.Incus, name)
+}
+
+// The claims' mints run side by side (mintSideBySide): what they add to
+// the run goes through locked and addBox, under r.mu.
+
+// locked runs fn under r.mu.
+func (r *run) locked(fn func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fn()
+}
+
+// name gives place p the probe box name (its instance), and returns it.
+func (r *run) name(p Place, name string) string {
+	r.locked(func() { r.names[p] = name })
+	return name
+}
+
+// addBox keeps a minted probe box's end for the scenario and the report.
+func (r *run) addBox(e *BoxEnd) {
+	r.locked(func() {
+		r.ends[e.Place] = e
+		r.rep.Boxes = append(r.rep.Boxes, *e)
+	})
+}
+
+// note adds a note to the report.
+func (r *run) note(s string) {
+	r.locked(func() { r.rep.Notes = append(r.rep.Notes, s) })
+}
+
+// sortBoxes puts the report's boxes in a stable order, whatever order the
+// mints ended in: box-a, box-b and the clone first, then by place.
+func sortBoxes(bs []BoxEnd) {
+	rank := func(p Place) int {
+		if i := slices.Index([]Place{PlaceA, PlaceB, PlaceC}, p); i >= 0 {
+			return i
+		}
+		return 3
+	}
+	slices.SortStableFunc(bs, func(x, y BoxEnd) int {
+		return cmp.Or(cmp.Compare(rank(x.Place), rank(y.Place)), cmp.Compare(x.Place, y.Place))
+	})
 }
 
 // boxName is the name of one of the run's probe boxes.
@@ -194,7 +298,7 @@ func (r *run) stamps() map[string]string {
 func mintProbeBox(ctx context.Context, cfg *Config, req boxes.MintRequest) error {
 	_, err := boxes.NewManager(cfg.Host).Mint(ctx, req)
 	var ns *boxes.NotStartedError
-	if !errors.As(err, &ns) {
+	if !errors.As(err, &ns) || ctx.Err() != nil {
 		return err
 	}
 	cfg.logf("boxes: %s would not start (%v); minting it again", req.Name, ns.Err)

@@ -2,9 +2,12 @@ package drill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -13,6 +16,7 @@ import (
 	"github.com/box-isolation/box/stack/incus"
 	"github.com/box-isolation/box/stack/incus/incustest"
 	"github.com/box-isolation/box/stack/model"
+	"github.com/box-isolation/box/templates"
 )
 
 // probeHost is a fake incusd that reports driver and holds three running
@@ -87,4 +91,115 @@ func TestMixedProbeTypesAreAllNamed(t *testing.T) {
 	noteInstanceType(rep, model.TypeDecision{Type: model.TypeContainer, Reason: "this host cannot run VMs (incus drivers: lxc)"})
 	assert.Equal(t, "container, virtual-machine", rep.Environment.InstanceType)
 	require.Len(t, rep.Notes, 1, "mixed probe boxes are not the one kind box new makes")
+}
+
+// sideBySide is a run whose claims have the setup and mint hooks given,
+// with an empty report and maps, as mintBoxes leaves them.
+func sideBySide(template bool, claims ...Claim) *run {
+	r := &run{cfg: Config{Claims: claims}, rep: &Report{}, names: map[Place]string{}, ends: map[Place]*BoxEnd{},
+		skipped: map[ClaimID]string{}, state: claimStates{}, projects: map[Place]string{}}
+	if template {
+		r.cfg.Template = &templates.Template{Name: "t"}
+	}
+	return r
+}
+
+// TestMintSideBySide: the claims' setups run first, one after the other;
+// then the common boxes and every claim's box are minted at once (each
+// mint here waits for the others to have started, which one after the
+// other never happens); in a template run the common boxes come first;
+// the first error cancels the rest and is the one returned.
+func TestMintSideBySide(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var events []string
+	event := func(e string) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, e)
+	}
+	// meet has n mints wait for each other.
+	meet := func(n int) func(context.Context, string) error {
+		var wg sync.WaitGroup
+		wg.Add(n)
+		return func(ctx context.Context, who string) error {
+			event("start " + who)
+			wg.Done()
+			done := make(chan struct{})
+			go func() { wg.Wait(); close(done) }()
+			select {
+			case <-done:
+				return nil
+			case <-time.After(5 * time.Second):
+				return fmt.Errorf("%s waited alone: the mints ran one after the other", who)
+			}
+		}
+	}
+	at := meet(3)
+	mintAs := func(who string, p Place) func(context.Context, *run) error {
+		return func(ctx context.Context, r *run) error {
+			if err := at(ctx, who); err != nil {
+				return err
+			}
+			r.addBox(&BoxEnd{Place: p, Instance: r.name(p, "drill-x-"+who)})
+			return nil
+		}
+	}
+	setup := func(who string) func(context.Context, *run) error {
+		return func(context.Context, *run) error { event("setup " + who); return nil }
+	}
+	r := sideBySide(false, Claim{ID: "C-ONE", setup: setup("one"), mint: mintAs("w", PlaceW)}, Claim{ID: "C-TWO", setup: setup("two"), mint: mintAs("t", PlaceT)})
+	err := r.mintSideBySide(ctx, func(ctx context.Context) error {
+		if err := at(ctx, "common"); err != nil {
+			return err
+		}
+		for _, p := range []Place{PlaceC, PlaceA, PlaceB} {
+			r.addBox(&BoxEnd{Place: p})
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"setup one", "setup two"}, events[:2], "the setups first, in the claims' order")
+	assert.Len(t, events, 5)
+	assert.Equal(t, "drill-x-w", r.names[PlaceW])
+	assert.Len(t, r.ends, 5)
+	sortBoxes(r.rep.Boxes)
+	var order []Place
+	for _, b := range r.rep.Boxes {
+		order = append(order, b.Place)
+	}
+	assert.Equal(t, []Place{PlaceA, PlaceB, PlaceC, PlaceT, PlaceW}, order, "the report's boxes in a stable order")
+
+	t.Run("template", func(t *testing.T) {
+		common := false
+		r := sideBySide(true, Claim{ID: "C-ONE", mint: func(context.Context, *run) error {
+			if !common {
+				return errors.New("a claim's box minted before box-a")
+			}
+			return nil
+		}})
+		require.NoError(t, r.mintSideBySide(ctx, func(context.Context) error { common = true; return nil }))
+	})
+	t.Run("first error", func(t *testing.T) {
+		boom := errors.New("boom")
+		r := sideBySide(false, Claim{ID: "C-ONE", mint: func(context.Context, *run) error { return boom }},
+			Claim{ID: "C-TWO", mint: func(ctx context.Context, _ *run) error {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(5 * time.Second):
+					return errors.New("not cancelled")
+				}
+			}})
+		err := r.mintSideBySide(ctx, func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
+		assert.Equal(t, boom, err)
+	})
+	t.Run("setup error", func(t *testing.T) {
+		boom := errors.New("boom")
+		minted := false
+		r := sideBySide(false, Claim{ID: "C-ONE", setup: func(context.Context, *run) error { return boom }})
+		err := r.mintSideBySide(ctx, func(context.Context) error { minted = true; return nil })
+		assert.Equal(t, boom, err)
+		assert.False(t, minted, "nothing minted after a setup failed")
+	})
 }

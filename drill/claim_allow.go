@@ -36,7 +36,7 @@ var claimAllow = Claim{
 	Why:      "an allowlist that leaks is a false sense of safety: a shared address lets in every name on it, a name carried in DNS questions is a tunnel to anyone's nameserver, QUIC and DNS over HTTPS slip past name checks, and an allowed name that points at the LAN is a way in (DNS rebinding)",
 	Modes:    Modes{World: Runs, Host: Never, Why: "it needs the world's second canary, its witness nameserver and a witness in its internet"},
 	Evidence: []Evidence{EvidenceProbes},
-	prepare:  prepareAllow,
+	mint:     mintAllowBox,
 	build:    buildAllow,
 	refine:   refineAllow,
 	// box-w's blocks count only if its controls, the allowed canary by
@@ -93,17 +93,17 @@ type allowRun struct {
 	logErr  error
 }
 
-// prepareAllow runs an egress service when none serves (box's resolver
+// mintAllowBox runs an egress service when none serves (box's resolver
 // and proxy for box-w; box-guard-and-serve.service runs one on a host), then mints
 // box-w under its allowlist. Without the world's second canary there is
 // nothing to allow or deny.
-func prepareAllow(ctx context.Context, r *run) error {
+func mintAllowBox(ctx context.Context, r *run) error {
 	cfg := &r.cfg
 	if !cfg.Topology.Allow.Valid() {
 		r.skip(AllowID, "the topology has no second canary and internet witness (the hermetic world's)")
 		return nil
 	}
-	keep(r.state, AllowID, &allowRun{})
+	r.locked(func() { keep(r.state, AllowID, &allowRun{}) })
 	if !egress.Serving(cfg.Host.NetNS) {
 		stop, err := serveEgress(ctx, cfg.Host)
 		if err != nil {
@@ -112,11 +112,11 @@ func prepareAllow(ctx context.Context, r *run) error {
 		cfg.logf("allow: no egress service ran; the drill runs one for box-w")
 		r.later(func(context.Context) error { return stop() })
 	}
-	r.names[PlaceW] = r.boxName("w")
+	box := r.name(PlaceW, r.boxName("w"))
 	names := allowNames(Scene{Topology: cfg.Topology})
-	cfg.logf("allow: minting %s under the allowlist %s", r.names[PlaceW], strings.Join(names, " "))
+	cfg.logf("allow: minting %s under the allowlist %s", box, strings.Join(names, " "))
 	// Not provisioned: under its allowlist it reaches no package mirror.
-	req, err := r.mintRequest(r.names[PlaceW], r.members.local(), false)
+	req, err := r.mintRequest(box, r.members.local(), false)
 	if err != nil {
 		return fmt.Errorf("allow: %w", err)
 	}
@@ -124,12 +124,11 @@ func prepareAllow(ctx context.Context, r *run) error {
 	if err := mintProbeBox(ctx, cfg, req); err != nil {
 		return fmt.Errorf("allow: %w", err)
 	}
-	e, err := boxEnd(ctx, cfg.Host, PlaceW, r.names[PlaceW])
+	e, err := boxEnd(ctx, cfg.Host, PlaceW, box)
 	if err != nil {
 		return fmt.Errorf("allow: %w", err)
 	}
-	r.ends[PlaceW] = e
-	r.rep.Boxes = append(r.rep.Boxes, *e)
+	r.addBox(e)
 	return nil
 }
 

@@ -1,7 +1,6 @@
 package drill
 
 import (
-	"context"
 	"strings"
 
 	"github.com/box-isolation/box/probes"
@@ -28,22 +27,13 @@ var claimKernel = Claim{
 	Layers: []model.LayerID{model.LayerFleet},
 	Why:    "on a host that cannot run VMs a box is a container: the host's kernel is the boundary, and nothing else proves what a box can do to the host and its siblings besides the network",
 	Modes:  everywhere, Evidence: []Evidence{EvidenceProbes},
-	prepare: prepareKernel,
+	mint:    mintLoadBox,
+	prepare: readGuestAPIConfig,
 	build:   buildKernel,
 	judge:   judgeKernel,
 	// The guest API requests, one box at a time after the other probes
 	// (claim_kernel_guestapi.go).
 	apart: splitGuestAPI,
-}
-
-// prepareKernel mints box-l and box-k, then reads every probe box's
-// guest API config.
-func prepareKernel(ctx context.Context, r *run) error {
-	if err := mintLoadBox(ctx, r); err != nil {
-		return err
-	}
-	readGuestAPIConfig(ctx, r)
-	return nil
 }
 
 // C-KERNEL's channels: what each result looks at from inside a box.

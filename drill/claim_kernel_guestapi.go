@@ -31,7 +31,7 @@ var (
 // guest API off: a box with no /dev/incus passes the guest API check only
 // when its config says so (a socket merely missing, with the API on,
 // proves nothing about what it would answer).
-func readGuestAPIConfig(ctx context.Context, r *run) {
+func readGuestAPIConfig(ctx context.Context, r *run) error {
 	g := keep(r.state, KernelID, &guestAPIConfig{off: map[Place]bool{}})
 	for place, name := range r.names {
 		inst, _, err := r.boxClient(place).Instances().Get(ctx, name)
@@ -40,6 +40,7 @@ func readGuestAPIConfig(ctx context.Context, r *run) {
 		}
 		g.off[place] = model.GuestAPIOff(inst.ExpandedConfig)
 	}
+	return nil
 }
 
 // guestAPIConfig is what C-KERNEL read of the probe boxes' config before

@@ -133,11 +133,11 @@ var loadTargets = map[Channel]string{
 // template's image would not fit a small disk). What of its load this
 // host cannot bound is left out, and the report says so.
 func mintLoadBox(ctx context.Context, r *run) error {
-	name := r.boxName("l")
-	r.names[PlaceL], r.names[PlaceK] = name, r.boxName("k")
+	names := map[Place]string{PlaceL: r.name(PlaceL, r.boxName("l")), PlaceK: r.name(PlaceK, r.boxName("k"))}
+	name := names[PlaceL]
 	reqs := map[Place]boxes.MintRequest{}
 	for _, p := range []Place{PlaceL, PlaceK} {
-		req, err := r.mintRequest(r.names[p], r.members.local(), false)
+		req, err := r.mintRequest(names[p], r.members.local(), false)
 		if err != nil {
 			return fmt.Errorf("kernel: %w", err)
 		}
@@ -157,7 +157,7 @@ func mintLoadBox(ctx context.Context, r *run) error {
 	req.Memory = fmt.Sprintf("%dMiB", loadMemoryMiB)
 	req.Disk = fmt.Sprintf("%dMiB", loadDiskMiB)
 	reqs[PlaceL] = req
-	r.cfg.logf("kernel: minting %s (isolated id map, %d processes, CPU %s, %s memory, %s disk) and %s (isolated id map)", name, loadProcesses, loadAllowance, req.Memory, req.Disk, r.names[PlaceK])
+	r.cfg.logf("kernel: minting %s (isolated id map, %d processes, CPU %s, %s memory, %s disk) and %s (isolated id map)", name, loadProcesses, loadAllowance, req.Memory, req.Disk, names[PlaceK])
 	// One after the other: each isolated box's range is chosen as it is
 	// made (docs/measurements.md, "The kernel boundary").
 	for _, p := range []Place{PlaceL, PlaceK} {
@@ -166,12 +166,11 @@ func mintLoadBox(ctx context.Context, r *run) error {
 		}
 	}
 	for _, p := range []Place{PlaceL, PlaceK} {
-		e, err := boxEnd(ctx, r.cfg.Host, p, r.names[p])
+		e, err := boxEnd(ctx, r.cfg.Host, p, names[p])
 		if err != nil {
 			return fmt.Errorf("kernel: %w", err)
 		}
-		r.ends[p] = e
-		r.rep.Boxes = append(r.rep.Boxes, *e)
+		r.addBox(e)
 	}
 	lp := loadPlan{k: true}
 	if !r.cfg.FillLoads {
@@ -180,7 +179,7 @@ func mintLoadBox(ctx context.Context, r *run) error {
 		// direct writes passed the 64MiB root disk: the pool's kernel had
 		// stopped counting, which the stack now names on L-FLEET and
 		// rescans (docs/claims.md, "C-KERNEL").
-		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%s: box-l's memory hog and disk fill are left out (drill run --fill-loads adds them); the limits they meet are shown by stack/boxes' TestSystemLimitsHold", KernelID))
+		r.note(fmt.Sprintf("%s: box-l's memory hog and disk fill are left out (drill run --fill-loads adds them); the limits they meet are shown by stack/boxes' TestSystemLimitsHold", KernelID))
 		r.later(func(context.Context) error {
 			loadPlans.Lock()
 			delete(loadPlans.m, name)
@@ -197,14 +196,14 @@ func mintLoadBox(ctx context.Context, r *run) error {
 		return fmt.Errorf("kernel: %w", err)
 	}
 	if lp.memory = inst.ExpandedConfig["limits.memory"] != ""; !lp.memory {
-		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%s: box-l's memory is not loaded: this host cannot apply a memory limit (box says so when it mints), so a memory hog would take the host's", KernelID))
+		r.note(fmt.Sprintf("%s: box-l's memory is not loaded: this host cannot apply a memory limit (box says so when it mints), so a memory hog would take the host's", KernelID))
 	}
 	st, err := r.cfg.Host.Incus.Instances().State(ctx, name)
 	if err != nil {
 		return fmt.Errorf("kernel: %w", err)
 	}
 	if lp.disk = st.Disk["root"].Total > 0; !lp.disk {
-		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%s: box-l's disk is not filled: its storage pool enforces no root disk size (a dir pool without project quotas), so a disk fill would fill the host's", KernelID))
+		r.note(fmt.Sprintf("%s: box-l's disk is not filled: its storage pool enforces no root disk size (a dir pool without project quotas), so a disk fill would fill the host's", KernelID))
 	}
 	loadPlans.Lock()
 	loadPlans.m[name] = lp

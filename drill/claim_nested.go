@@ -22,8 +22,8 @@ var claimNested = Claim{
 	Layers:   []model.LayerID{model.LayerPortIso, model.LayerBridgeDrop, model.LayerHostFW, model.LayerACL, model.LayerDNS, model.LayerPin},
 	Why:      "an agent with Docker in its box starts containers of its own: behind the box's NAT they must meet every layer the box does, and one given the box's link must not pass as a host of its own",
 	Modes:    everywhere, Evidence: []Evidence{EvidenceProbes},
-	prepare: mintNestingBox,
-	build:   buildNested,
+	mint:  mintNestingBox,
+	build: buildNested,
 	// The NAT workload's blocks count only if it reaches what a box may
 	// (the canary, the gateway's resolver): a workload the box's own
 	// firewall stops would "block" everything.
@@ -51,27 +51,27 @@ var (
 
 // mintNestingBox mints box-n with nesting on, as box new --nesting does.
 func mintNestingBox(ctx context.Context, r *run) error {
-	r.names[PlaceN] = r.boxName("n")
-	req, err := r.mintRequest(r.names[PlaceN], r.members.local(), true)
+	box := r.name(PlaceN, r.boxName("n"))
+	req, err := r.mintRequest(box, r.members.local(), true)
 	if err != nil {
 		return fmt.Errorf("nested: %w", err)
 	}
 	req.Nesting = true
-	r.cfg.logf("nested: minting %s with nesting on", r.names[PlaceN])
+	r.cfg.logf("nested: minting %s with nesting on", box)
 	if err := mintProbeBox(ctx, &r.cfg, req); err != nil {
 		return fmt.Errorf("nested: %w", err)
 	}
-	e, err := boxEnd(ctx, r.cfg.Host, PlaceN, r.names[PlaceN])
+	e, err := boxEnd(ctx, r.cfg.Host, PlaceN, box)
 	if err != nil {
 		return fmt.Errorf("nested: %w", err)
 	}
-	if err := r.waitProvisioned(ctx, r.cfg.Host.Incus, r.names[PlaceN]); err != nil {
+	if err := r.waitProvisioned(ctx, r.cfg.Host.Incus, box); err != nil {
 		return fmt.Errorf("nested: %w", err)
 	}
-	r.ends[PlaceN] = e
-	r.rep.Boxes = append(r.rep.Boxes, *e)
+	r.addBox(e)
 	// Its workloads' plans run in box-n itself.
-	r.names[PlaceNestNAT], r.names[PlaceNestMAC] = r.names[PlaceN], r.names[PlaceN]
+	r.name(PlaceNestNAT, box)
+	r.name(PlaceNestMAC, box)
 	return nil
 }
 

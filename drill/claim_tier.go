@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"sync"
 
 	"github.com/box-isolation/box/internal/accounts"
 	"github.com/box-isolation/box/probes"
@@ -32,7 +33,8 @@ var claimTier = Claim{
 	Why:      "a granted user holds an Incus socket: the grant's narrowing to boxnet and the host-owned layers are all that stand between their agent and the host's networks",
 	Modes:    Modes{World: Runs, Host: OptIn, Why: "it makes (and deletes) a local user account on the host"},
 	Evidence: []Evidence{EvidenceProbes, EvidenceRequests, EvidenceCensus},
-	prepare:  mintTierBox,
+	setup:    grantTierUser,
+	mint:     mintTierBox,
 	build:    buildTier,
 	requests: tryEscapes,
 	judge:    judgeTier,
@@ -86,19 +88,23 @@ type tierRun struct {
 	findings []model.Finding
 	// results are the non-packet actions, judged as they ran.
 	results []Result
+	// stopWatcher stops the port watcher the drill ran for the grant and
+	// box-t, if it ran one.
+	stopWatcher func()
 }
 
-// mintTierBox makes the run's tier user, grants them and mints box-t as
-// them. A host without what C-TIER needs skips it, saying what is missing;
-// a box-t Incus refuses makes C-TIER inconclusive, not the run fail.
-func mintTierBox(ctx context.Context, r *run) error {
+// grantTierUser makes the run's tier user, grants them and makes the
+// decoy network, before any box is minted: incusd's network create lists
+// the host's links, and failed when a starting box's went away under it
+// ("failed to delete bridge children interfaces"). A host without what
+// C-TIER needs skips it, saying what is missing.
+func grantTierUser(ctx context.Context, r *run) error {
 	cfg := &r.cfg
 	if why := tierPrereqs(cfg.Host); why != "" {
 		r.skip(TierID, why)
 		return nil
 	}
 	t := keep(r.state, TierID, &tierRun{})
-	r.names[PlaceT] = r.boxName("t")
 	name := "bxd" + r.rep.RunID
 	cfg.logf("tier: making local user %s, granting it, minting box-t as it through incus-user", name)
 	out, err := exec.CommandContext(ctx, "useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", tierUserComment+" "+r.rep.RunID+tierUserHost(cfg.Host), name).CombinedOutput()
@@ -120,11 +126,12 @@ func mintTierBox(ctx context.Context, r *run) error {
 	// A granted user's boxes join the port set through the watcher; run
 	// one for the grant and box-t, as box-guard-and-serve.service does on a host,
 	// and stop it before the mutations (its resync would undo them).
-	stopWatcher, err := ensureWatcher(ctx, cfg.Host, cfg.logf)
+	stop, err := ensureWatcher(ctx, cfg.Host, cfg.logf)
 	if err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
-	defer stopWatcher()
+	t.stopWatcher = sync.OnceFunc(stop)
+	r.later(func(context.Context) error { t.stopWatcher(); return nil })
 	if _, err := access.NewManager(cfg.Host).Grant(ctx, access.GrantRequest{User: u, Group: group}); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
@@ -137,10 +144,23 @@ func mintTierBox(ctx context.Context, r *run) error {
 		return fmt.Errorf("tier: the decoy network: %w", err)
 	}
 	r.later(func(ctx context.Context) error { return deleteNetworkEventually(ctx, cfg.Host.Incus, t.decoy) })
+	return nil
+}
+
+// mintTierBox mints box-t as the granted user. A box-t Incus refuses
+// makes C-TIER inconclusive, not the run fail.
+func mintTierBox(ctx context.Context, r *run) error {
+	cfg := &r.cfg
+	var t *tierRun
+	r.locked(func() { t = stateOf[tierRun](r.state, TierID) })
+	if t == nil {
+		return nil // skipped
+	}
+	defer t.stopWatcher()
+	box := r.name(PlaceT, r.boxName("t"))
 
 	// box-t, with port isolation off in its own NIC: the one key of the
 	// NIC the project's restrictions leave to the user.
-	box := r.names[PlaceT]
 	a := Action{ID: "t-isolation-off", Claim: TierID, Channel: ChannelIsolOff, From: placeUser, Target: "create " + box + " with security.port_isolation=false",
 		TargetKey: "incus", Expect: ExpectReach}
 	conf := map[string]string{model.Current.Tag: "1", TagDrill: "1", TagRun: r.rep.RunID, model.StampTemplate: "drill-probe", model.StampVersion: cfg.Version}
@@ -178,8 +198,8 @@ func mintTierBox(ctx context.Context, r *run) error {
 	if err := r.waitProvisioned(ctx, th.Incus, box); err != nil {
 		return fmt.Errorf("tier: %w", err)
 	}
-	r.ends[PlaceT], t.box = e, e.Instance
-	r.rep.Boxes = append(r.rep.Boxes, *e)
+	t.box = e.Instance
+	r.addBox(e)
 	return nil
 }
 

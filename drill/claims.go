@@ -58,9 +58,20 @@ type Claim struct {
 
 	// The phases a claim may take part in, each optional.
 	//
-	// prepare runs once the common probe boxes exist: it mints the claim's
-	// own box, opens a door, makes a user. What the host cannot offer it
-	// records as the claim's skip reason (r.skip); an error stops the run.
+	// setup runs before any box is minted, one claim after another: what
+	// must not overlap the mints (a user, a network). Its skips and
+	// errors are as mint's.
+	setup func(ctx context.Context, r *run) error
+	// mint mints the claim's own box (and what it needs: a user, a
+	// service), side by side with the common probe boxes and the other
+	// claims' mints: it adds to the run only through r's locked methods
+	// (name, addBox, locked, skip, later) and reads none of the others'
+	// boxes. What the host cannot offer it records as the claim's skip
+	// reason (r.skip); an error stops the run.
+	mint func(ctx context.Context, r *run) error
+	// prepare runs once every probe box exists: it opens a door, reads
+	// the boxes' config, starts a stand-in. Its skips and errors are as
+	// mint's.
 	prepare func(ctx context.Context, r *run) error
 	// watch starts what runs beside the probes (the neighbour table), and
 	// returns what stops it.

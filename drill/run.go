@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/box-isolation/box/drill/topo"
@@ -187,6 +188,9 @@ func compareRuns(ms []Mutation, clean, mutated *Report) ([]MutationResult, int) 
 type run struct {
 	cfg Config
 	rep *Report
+	// mu guards what the claims' mints add side by side (mintSideBySide):
+	// names, ends, the report's boxes, projects, state, skipped, undo.
+	mu sync.Mutex
 	// undo is what teardown runs, last first: the boxes' removal, the
 	// stack's restoration after mutations.
 	undo []func(context.Context) error
@@ -286,8 +290,10 @@ func runOnce(ctx context.Context, cfg Config) (_ *Report, dirty bool, err error)
 // skipped with the reason, and the run is not a pass.
 func (r *run) skip(id ClaimID, why string) {
 	r.cfg.logf("%s: skipped: %s", id, why)
-	r.skipped[id] = why
+	r.locked(func() { r.skipped[id] = why })
 }
 
 // later registers an undo for teardown.
-func (r *run) later(fn func(context.Context) error) { r.undo = append(r.undo, fn) }
+func (r *run) later(fn func(context.Context) error) {
+	r.locked(func() { r.undo = append(r.undo, fn) })
+}

@@ -107,9 +107,10 @@ func (r *run) waitProvisioned(ctx context.Context, c *incus.Client, name string)
 	return fmt.Errorf("%s: cloud-init finished, but template %s's user-data left no marker (%s or %s)%s", name, r.cfg.Template.Name, templates.ReadyMarker, templates.FailedMarker, boxes.CloudInitTail(ctx, c, name))
 }
 
-// readBaseImage records the fingerprint box-a's image resolved to.
-func (r *run) readBaseImage(ctx context.Context) error {
-	inst, _, err := r.cfg.Host.Incus.Instances().Get(ctx, r.names[PlaceA])
+// readBaseImage records the fingerprint box-a's image (its instance
+// boxA) resolved to.
+func (r *run) readBaseImage(ctx context.Context, boxA string) error {
+	inst, _, err := r.cfg.Host.Incus.Instances().Get(ctx, boxA)
 	if err != nil {
 		return err
 	}
