@@ -165,9 +165,10 @@ func (addrs *Addresses) For(ctx context.Context, member string) (netip.Addr, err
 }
 
 // quickFor is For on a standalone host from its kernel, with no list of
-// every instance: the first address of the subnet no pin binds and no
-// lease holds. A stopped box's is in neither, but Incus refuses it when
-// it is set, and FixAddress picks again with For. False with no ownNS.
+// every instance: the first address of the subnet no pin binds, no lease
+// holds and this process did not just hand out (hostns.Given). A stopped
+// box's is in none, but Incus refuses it when it is set, and FixAddress
+// picks again with For. False with no ownNS.
 func (addrs *Addresses) quickFor() (netip.Addr, bool) {
 	g := addrs.ownNS()
 	if g == nil {
@@ -180,7 +181,7 @@ func (addrs *Addresses) quickFor() (netip.Addr, bool) {
 	if !ok || err != nil || perr != nil {
 		return netip.Addr{}, false
 	}
-	used := map[netip.Addr]bool{}
+	used := hostns.Given(addrs.host.NetNS)
 	for _, a := range pinned {
 		used[a] = true
 	}
@@ -682,7 +683,9 @@ func (addrs *Addresses) fixAddress(ctx context.Context, name, member string, qui
 			addr, err = addrs.For(ctx, member)
 		}
 		if err == nil {
-			err = addrs.setFixedAddress(ctx, name, addr)
+			if err = addrs.setFixedAddress(ctx, name, addr); err == nil {
+				hostns.NoteGiven(addrs.host.NetNS, addr)
+			}
 		}
 		unlock()
 		if err == nil {

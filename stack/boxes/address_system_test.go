@@ -11,6 +11,7 @@ import (
 	"github.com/box-isolation/box/drill/image"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/boxes"
+	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/stacktest"
 	"github.com/box-isolation/box/stack/stacktest/worldtest"
@@ -56,6 +57,9 @@ func TestSystemMintSkipsAStoppedBoxsAddress(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, left, "the stopped box's lease is released")
 
+	// As another process's mint would, knowing nothing of what this one
+	// handed out.
+	hostns.ForgetGiven(h.NetNS)
 	newer, _ := mint("t-newer-")
 	assert.NotEqual(t, addr, fixed(newer), "the new box never gets the stopped box's fixed address")
 	require.NoError(t, mgr.Start(ctx, stopped))
