@@ -131,10 +131,10 @@ func RequireStack(ctx context.Context, c *incus.Client) (*incus.Network, string,
 	if err != nil {
 		return nil, "", err
 	}
-	if _, _, err := c.Profile(ctx, model.Current.Profile); incus.IsNotFound(err) {
-		return nil, "", &NoStackError{Missing: "profile " + model.Current.Profile}
-	} else if err != nil {
+	if ok, err := c.HasProfile(ctx, model.Current.Profile); err != nil {
 		return nil, "", err
+	} else if !ok {
+		return nil, "", &NoStackError{Missing: "profile " + model.Current.Profile}
 	}
 	return net, etag, nil
 }

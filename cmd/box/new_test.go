@@ -82,9 +82,7 @@ func withTemplateImage(t *testing.T, srv *incustest.Server, template, fp string)
 // records of its boxes' policies) and profile.
 func withStack(srv *incustest.Server) {
 	stacktest.ServeStaticBridge(srv, map[string]string{"ipv4.address": "10.88.0.1/24"})
-	srv.Handle("GET /1.0/profiles/box-net", func(w http.ResponseWriter, r *http.Request) {
-		incustest.Sync(w, map[string]any{"name": "box-net"})
-	})
+	srv.Handle("GET /1.0/profiles", stacktest.ProfileList)
 }
 
 // TestNewWithoutTheStack: box new on a host with incusd but no stack says

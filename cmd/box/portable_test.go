@@ -132,9 +132,6 @@ func TestExportThatFailsLeavesNothing(t *testing.T) {
 func TestImportRefusesAFileThatIsNotABox(t *testing.T) {
 	srv := incustest.New(t)
 	withStack(srv)
-	srv.Handle("GET /1.0/profiles", func(w http.ResponseWriter, r *http.Request) {
-		incustest.Sync(w, []map[string]any{{"name": "box-net"}})
-	})
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
 	tw := tar.NewWriter(zw)

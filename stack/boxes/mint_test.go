@@ -63,9 +63,7 @@ func newMintFake(t *testing.T) (*mintFake, *stack.Host) {
 		incustest.Sync(w, map[string]any{"environment": map[string]any{"server_clustered": false, "server_name": "none", "driver": "lxc"}})
 	})
 	f.bridge = stacktest.ServeStaticBridge(s, map[string]string{"ipv4.address": "10.88.0.1/24"})
-	s.Handle("GET /1.0/profiles/box-net", func(w http.ResponseWriter, r *http.Request) {
-		incustest.Sync(w, stacktest.HostProfiles()[model.Current.Profile])
-	})
+	s.Handle("GET /1.0/profiles", stacktest.ProfileList)
 	s.Handle("GET /1.0/images/aliases/{name...}", func(w http.ResponseWriter, r *http.Request) {
 		if r.PathValue("name") != "here" {
 			incustest.Error(w, http.StatusNotFound, "Image alias not found")
@@ -374,7 +372,7 @@ func TestMintWhenTheServerIsDownButTheImageIsCached(t *testing.T) {
 		}
 		before = append(before, r.Path)
 	}
-	assert.Equal(t, []string{"/1.0/instances/b", "/1.0/networks/boxnet", "/1.0/profiles/box-net", "/1.0/networks/boxnet", "/1.0/networks/boxnet", "/1.0"}, before,
+	assert.Equal(t, []string{"/1.0/instances/b", "/1.0/networks/boxnet", "/1.0/profiles", "/1.0/networks/boxnet", "/1.0/networks/boxnet", "/1.0"}, before,
 		"before the create box asks only about the name, the stack and the cluster, and records the box's policy on the bridge")
 	assert.Contains(t, f.bridge.Config(), model.PolicyKey("", "b"), "the box's policy is recorded")
 }

@@ -50,14 +50,7 @@ func newStackFake(t *testing.T) (*stackFake, *stack.Host) {
 		}
 		incustest.Sync(w, p)
 	})
-	f.srv.Handle("GET /1.0/profiles", func(w http.ResponseWriter, r *http.Request) {
-		var out []incus.Profile
-		for name, p := range profiles {
-			p.Name = name
-			out = append(out, p)
-		}
-		incustest.Sync(w, out)
-	})
+	f.srv.Handle("GET /1.0/profiles", stacktest.ProfileList)
 	f.srv.Handle("GET /1.0/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		i, ok := f.insts[r.PathValue("name")]

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 )
 
 // Profile is a profile (GET /1.0/profiles/{name}).
@@ -28,6 +30,21 @@ func (c *Client) Profiles(ctx context.Context) ([]Profile, error) {
 		return nil, fmt.Errorf("listing profiles: %w", err)
 	}
 	return out, nil
+}
+
+// HasProfile says whether the profile exists, from the list of profile
+// names: a profile's own GET lists every instance using it, which beside
+// many boxes is most of its cost.
+func (c *Client) HasProfile(ctx context.Context, name string) (bool, error) {
+	var urls []string
+	if _, err := c.get(ctx, apiPath("profiles"), nil, &urls); err != nil {
+		return false, fmt.Errorf("listing profiles: %w", err)
+	}
+	// Another project's URLs carry ?project=.
+	return slices.ContainsFunc(urls, func(u string) bool {
+		p, _, _ := strings.Cut(u, "?")
+		return p == apiPath("profiles", name)
+	}), nil
 }
 
 // Profile fetches one profile and its ETag for UpdateProfile.

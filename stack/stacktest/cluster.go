@@ -123,13 +123,7 @@ func NewClusterServer(t *testing.T) *ClusterFake {
 		}
 		incustest.Sync(w, out)
 	})
-	s.Handle("GET /1.0/profiles", func(w http.ResponseWriter, r *http.Request) {
-		var out []incus.Profile
-		for _, p := range HostProfiles() {
-			out = append(out, p)
-		}
-		incustest.Sync(w, out)
-	})
+	s.Handle("GET /1.0/profiles", ProfileList)
 	s.Handle("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Content-Type") == "application/octet-stream" {
 			// A backup lands on the member that received it, with the

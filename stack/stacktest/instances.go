@@ -4,9 +4,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"maps"
+	"net/http"
+	"slices"
 	"testing"
 
 	"github.com/box-isolation/box/stack/incus"
+	"github.com/box-isolation/box/stack/incus/incustest"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/stretchr/testify/require"
 )
@@ -24,6 +27,26 @@ func HostProfiles() map[string]incus.Profile {
 			"root": {"type": "disk", "path": "/", "pool": "default"},
 		}},
 	}
+}
+
+// ProfileList answers GET /1.0/profiles with HostProfiles as Incus does:
+// their URLs, or with recursion the profiles, sorted by name.
+func ProfileList(w http.ResponseWriter, r *http.Request) {
+	ps := HostProfiles()
+	names := slices.Sorted(maps.Keys(ps))
+	if r.URL.Query().Get("recursion") == "" || r.URL.Query().Get("recursion") == "0" {
+		var urls []string
+		for _, n := range names {
+			urls = append(urls, "/1.0/profiles/"+n)
+		}
+		incustest.Sync(w, urls)
+		return
+	}
+	var out []incus.Profile
+	for _, n := range names {
+		out = append(out, ps[n])
+	}
+	incustest.Sync(w, out)
 }
 
 // FleetInst is an instance as the box-net profile makes it, running on
