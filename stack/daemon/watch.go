@@ -22,6 +22,7 @@ import (
 	"github.com/box-isolation/box/stack/egress"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
+	"github.com/box-isolation/box/stack/nft"
 )
 
 // The port watcher. Where the kernel has no nft bridge meta, the bridge drop
@@ -182,6 +183,8 @@ type trigger struct {
 	at   time.Time // when the event reached the watcher
 	port string    // the port a link event was about, if any
 	what string    // e.g. "joined", "left", "isolated turned off", "bridge boxnet appeared"
+	// isolated says the event showed the port isolated already.
+	isolated bool
 }
 
 // when says how long after its trigger a change took effect.
@@ -309,6 +312,7 @@ func (w *watcher) run(ctx context.Context, asked <-chan struct{}) error {
 				continue
 			}
 			if t, ok := w.classify(ev); ok {
+				w.joinPort(ctx, t)
 				w.add(ctx, t)
 			}
 
@@ -516,15 +520,15 @@ func reportLines(bridge string, r stack.PortsRefresh, causes []trigger, done tim
 		if len(causes) > 0 {
 			cause = causes[0]
 		}
+		// The port's first own event, unless it was renamed away since.
 		renamed := ""
 		for _, t := range causes {
-			if t.port == port {
-				cause = t
-				break
-			}
 			if t.what == "renamed from "+port {
 				cause, renamed = t, t.port
 				break
+			}
+			if t.port == port && cause.port != port {
+				cause = t
 			}
 		}
 		ownEvent := cause.port == port
@@ -599,6 +603,7 @@ func (w *watcher) classify(ev linkEvent) (trigger, bool) {
 	case t.what != "":
 	case !wasPort && isPort:
 		t.port, t.what = cur.name, "joined"
+		t.isolated = a.Protinfo != nil && a.Protinfo.Isolated
 	case wasPort && !isPort:
 		t.port, t.what = prev.name, "left"
 	case isPort && prev.name != cur.name:
@@ -609,6 +614,40 @@ func (w *watcher) classify(ev linkEvent) (trigger, bool) {
 		return t, false
 	}
 	return t, true
+}
+
+// joinPort is the first answer to a port that joined the bridge or was
+// renamed: that port alone isolated and put in the port set at once, with
+// no dump of the bridge's ports or of the set, so beside a full bridge a
+// new box's port waits no longer than beside an empty one. The full
+// refresh follows as for any event and sees to the rest (a port that
+// left, a set that is not there, isolation turned off: the kernel's event
+// for a port that joined says it is not isolated yet, and often arrives
+// after this answer isolated it); a failure here is left to it.
+func (w *watcher) joinPort(ctx context.Context, t trigger) {
+	if t.what != "joined" && !strings.HasPrefix(t.what, "renamed from ") {
+		return
+	}
+	unlock, err := hostns.LockFile(ctx, hostns.PortsLock, "the port set")
+	if err != nil {
+		return
+	}
+	defer unlock()
+	if ok, err := w.g.IsolatePort(w.bridge, t.port); err != nil || !ok {
+		return
+	}
+	// A renamed port was a port, isolated by then.
+	r := stack.PortsRefresh{IsolatedAt: time.Now()}
+	if t.what == "joined" && !t.isolated {
+		r.Isolated = []string{t.port}
+	}
+	if err := nft.AddPorts(w.g.NFTConfig(model.Current), []string{t.port}); err != nil {
+		return
+	}
+	r.Added, r.AddedAt = []string{t.port}, time.Now()
+	for _, l := range reportLines(w.bridge, r, []trigger{t}, r.AddedAt) {
+		w.logf("%s", l)
+	}
 }
 
 func (w *watcher) isPort(idx int, l linkInfo) bool {

@@ -117,6 +117,10 @@ func TestWatcherReportLines(t *testing.T) {
 		"vnew: joined boxnet, in the port set (it was isolated already) 2.1ms after the link event",
 		"vold: renamed to vnew, the old name removed from the port set 2.1ms after the link event",
 	}, lines)
+	// A port's own event, then its rename, in one refresh (the first
+	// answer to each came before it): the rename is why the old name went.
+	lines = reportLines("boxnet", stack.PortsRefresh{Removed: []string{"vold"}}, []trigger{link("vold", "isolated turned off"), link("vnew", "renamed from vold")}, done)
+	assert.Equal(t, []string{"vold: renamed to vnew, the old name removed from the port set 2.1ms after the link event"}, lines)
 
 	lines = reportLines("boxnet", stack.PortsRefresh{Isolated: []string{"v1"}, Added: []string{"v1"}},
 		[]trigger{{kind: trigResync, at: t0}, {kind: trigLease, at: t0}}, done)
@@ -350,6 +354,44 @@ func TestPrivilegedWatchPorts(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, running, "the lock is released when the watcher stops")
 	t.Logf("watcher log:\n%s", w.log.String())
+}
+
+// TestPrivilegedWatchPortsFirstAnswer: a port that joins is isolated and
+// in the set before the full refresh its event queues (held back here by
+// a long debounce), which then finds nothing left to do for it; the
+// first answer reads neither the bridge's ports nor the set, so beside a
+// full bridge it costs what it costs beside an empty one.
+func TestPrivilegedWatchPortsFirstAnswer(t *testing.T) {
+	w := newWatchWorld(t)
+	o := defaultWatchOptions()
+	o.resync, o.debounce = time.Hour, 3*time.Second
+	var mu sync.Mutex
+	var refreshes []stack.PortsRefresh
+	o.refreshed = func(r stack.PortsRefresh, _ []trigger, _ time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		refreshes = append(refreshes, r)
+	}
+	w.watch(t, o)
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(refreshes)
+	}
+	first := count()
+	w.enslave(t, w.veth(t, "vfast"))
+	require.Eventually(t, func() bool { return slices.Equal(w.portSet(t), []string{"vfast"}) && w.isolated(t, "vfast") },
+		time.Second, time.Millisecond, "the port is isolated and in the set at once")
+	assert.Equal(t, first, count(), "before any full refresh: the debounce holds it for 3 s")
+	w.waitLog(t, "vfast: joined boxnet, isolated and in the port set ")
+
+	settles(t, "the full refresh follows", func() bool { return count() > first })
+	mu.Lock()
+	last := refreshes[len(refreshes)-1]
+	mu.Unlock()
+	assert.Empty(t, last.Isolated, "nothing left to isolate")
+	assert.Empty(t, last.Added, "nothing left to add")
+	assert.Equal(t, 1, strings.Count(w.log.String(), "vfast:"), "the port is logged once:\n%s", w.log.String())
 }
 
 func TestPrivilegedWatchPortsResubscribes(t *testing.T) {

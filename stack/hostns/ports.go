@@ -180,6 +180,27 @@ func PortNames(ports []Port) []string {
 	return out
 }
 
+// IsolatePort turns the isolated flag on for one link if it is a port of
+// the bridge, with no dump of the bridge's ports (the port watcher's first
+// answer to a port that joined); false when it is not a port of it.
+func (g *NS) IsolatePort(bridge, name string) (bool, error) {
+	br, err := g.Netlink.LinkByName(bridge)
+	if err != nil {
+		return false, fmt.Errorf("finding bridge %s: %w", bridge, err)
+	}
+	l, err := g.Netlink.LinkByName(name)
+	if err != nil {
+		return false, fmt.Errorf("finding bridge port %s: %w", name, err)
+	}
+	if l.Attrs().MasterIndex != br.Attrs().Index {
+		return false, nil
+	}
+	if err := g.Netlink.LinkSetIsolated(l, true); err != nil {
+		return false, fmt.Errorf("isolating bridge port %s: %w", name, err)
+	}
+	return true, nil
+}
+
 // IsolatePorts turns the isolated flag on for every port of the bridge,
 // whatever attached it, and returns the ports and the names it changed.
 func (g *NS) IsolatePorts(bridge string) ([]Port, []string, error) {

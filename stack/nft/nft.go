@@ -375,6 +375,30 @@ type PortsChange struct {
 	AddedAt time.Time
 }
 
+// AddPorts adds ports to the bridge table's port set without reading the
+// set or the table (a port already in it is no error): the port watcher's
+// first answer to a port that joined, whose cost must not grow with the
+// ports beside it. A table or set that is not there is an error; the
+// watcher's full refresh that follows sees to it.
+func AddPorts(cfg Config, ports []string) error {
+	cfg, err := checkArgs(cfg, ports)
+	if err != nil {
+		return err
+	}
+	c, done, err := dial(cfg)
+	if err != nil {
+		return err
+	}
+	defer done()
+	name := cfg.PortSet()
+	t := &nftables.Table{Family: nftables.TableFamilyBridge, Name: cfg.Table}
+	updateSet(c, t, elemFix{set: Set{Name: name, Type: "ifname"}, add: normPorts(ports)})
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("adding ports to set %s in table bridge %s: %w", name, cfg.Table, err)
+	}
+	return nil
+}
+
 // SyncPorts is SetPorts saying what it added to the port set and what it
 // removed from it. Additions are committed first, in a batch of their own:
 // a removal's commit is slower by far (docs/measurements.md, "The port

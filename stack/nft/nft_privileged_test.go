@@ -499,6 +499,15 @@ func TestPrivilegedTables(t *testing.T) {
 		assert.Equal(t, []string{"vB"}, ch.Added)
 		assert.Equal(t, []string{"vZ"}, ch.Removed)
 		verifyClean(t, cfg, caps, w.ports(t))
+
+		// AddPorts (the watcher's first answer) adds without reading the
+		// set: a name in it already is no error.
+		require.NoError(t, AddPorts(cfg, []string{"vN"}))
+		require.NoError(t, AddPorts(cfg, []string{"vA", "vN"}))
+		verifyClean(t, cfg, caps, append(w.ports(t), "vN"))
+		ch, err = SyncPorts(cfg, w.ports(t))
+		require.NoError(t, err)
+		assert.Equal(t, []string{"vN"}, ch.Removed)
 	})
 
 	t.Run("delete", func(t *testing.T) {
@@ -508,6 +517,9 @@ func TestPrivilegedTables(t *testing.T) {
 		removed, err = Delete(cfg)
 		require.NoError(t, err)
 		assert.Empty(t, removed, "second Delete is a no-op")
+		if !caps.BridgeMeta {
+			assert.Error(t, AddPorts(cfg, []string{"vA"}), "no set to add to")
+		}
 		inet, bridge, err := Present(cfg)
 		require.NoError(t, err)
 		assert.False(t, inet)
