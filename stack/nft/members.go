@@ -1,15 +1,18 @@
 package nft
 
 import (
+	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 )
 
-// PortSetMembers reads the bridge drop's port set as the kernel holds it.
-// ok is false when there is no such set: the bridge table is missing, or it
-// matches the bridge by name (bridge-meta mode) and needs none.
+// PortSetMembers reads the bridge drop's port set as the kernel holds it,
+// that set alone (not its table: the census and the port benchmark ask it
+// often). ok is false when there is no such set: the bridge table is
+// missing, or it matches the bridge by name (bridge-meta mode) and needs
+// none.
 func PortSetMembers(cfg Config) (ports []string, ok bool, err error) {
 	cfg, err = cfg.normalized()
 	if err != nil {
@@ -20,13 +23,25 @@ func PortSetMembers(cfg Config) (ports []string, ok bool, err error) {
 		return nil, false, err
 	}
 	defer done()
-	live, err := readTable(c, "bridge", cfg.Table)
-	if err != nil {
-		return nil, false, fmt.Errorf("reading table bridge %s: %w", cfg.Table, err)
-	}
 	name := cfg.PortSet()
-	if !live.exists || !slices.ContainsFunc(live.sets, func(s *nftables.Set) bool { return s.Name == name }) {
+	s, err := c.GetSetByName(&nftables.Table{Family: nftables.TableFamilyBridge, Name: cfg.Table}, name)
+	if errors.Is(err, unix.ENOENT) {
 		return nil, false, nil
 	}
-	return live.elems[name], true, nil
+	if err != nil {
+		return nil, false, fmt.Errorf("reading set %s of table bridge %s: %w", name, cfg.Table, err)
+	}
+	els, err := c.GetSetElements(s)
+	if err != nil {
+		return nil, false, fmt.Errorf("listing elements of set %s in table bridge %s: %w", name, cfg.Table, err)
+	}
+	out := make([]string, 0, len(els))
+	for _, e := range els {
+		text, ok := decodeElem("ifname", e.Key)
+		if !ok {
+			text = fmt.Sprintf("0x%x", e.Key)
+		}
+		out = append(out, text)
+	}
+	return normPorts(out), true, nil
 }

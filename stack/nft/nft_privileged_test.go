@@ -505,6 +505,10 @@ func TestPrivilegedTables(t *testing.T) {
 		require.NoError(t, AddPorts(cfg, []string{"vN"}))
 		require.NoError(t, AddPorts(cfg, []string{"vA", "vN"}))
 		verifyClean(t, cfg, caps, append(w.ports(t), "vN"))
+		members, ok, err := PortSetMembers(cfg)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		assert.Equal(t, []string{"vA", "vB", "vN"}, members, "PortSetMembers reads the set as the kernel holds it")
 		ch, err = SyncPorts(cfg, w.ports(t))
 		require.NoError(t, err)
 		assert.Equal(t, []string{"vN"}, ch.Removed)
@@ -520,6 +524,10 @@ func TestPrivilegedTables(t *testing.T) {
 		if !caps.BridgeMeta {
 			assert.Error(t, AddPorts(cfg, []string{"vA"}), "no set to add to")
 		}
+		members, ok, err := PortSetMembers(cfg)
+		require.NoError(t, err, "no table is no error")
+		assert.False(t, ok)
+		assert.Empty(t, members)
 		inet, bridge, err := Present(cfg)
 		require.NoError(t, err)
 		assert.False(t, inet)
