@@ -21,7 +21,7 @@ type Finding struct {
 
 func (f Finding) String() string { return f.Object + ": " + f.Problem }
 
-// ErrNotApplied is returned by SetPorts and SetPins when their table does
+// ErrNotApplied is returned by SyncPorts and SetPins when their table does
 // not exist.
 var ErrNotApplied = errors.New("table not present: apply the ruleset first")
 
@@ -359,14 +359,6 @@ func familyName(f nftables.TableFamily) string {
 	return fmt.Sprintf("family%d", f)
 }
 
-// SetPorts makes the port set hold exactly ports and reports whether it
-// changed anything. Without a port set (bridge-meta mode) it does nothing.
-// It returns ErrNotApplied when the bridge table is missing altogether.
-func SetPorts(cfg Config, ports []string) (bool, error) {
-	ch, err := SyncPorts(cfg, ports)
-	return len(ch.Added)+len(ch.Removed) > 0, err
-}
-
 // PortsChange is what SyncPorts did to the port set.
 type PortsChange struct {
 	Added, Removed []string
@@ -399,8 +391,10 @@ func AddPorts(cfg Config, ports []string) error {
 	return nil
 }
 
-// SyncPorts is SetPorts saying what it added to the port set and what it
-// removed from it. Additions are committed first, in a batch of their own:
+// SyncPorts makes the port set hold exactly ports and says what it added
+// and what it removed. Without a port set (bridge-meta mode) it does
+// nothing; it returns ErrNotApplied when the bridge table is missing
+// altogether. Additions are committed first, in a batch of their own:
 // a removal's commit is slower by far (docs/measurements.md, "The port
 // watcher"), and a port just plugged in must not wait for a stale name to
 // go.

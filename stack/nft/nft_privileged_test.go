@@ -231,7 +231,7 @@ func (n *testNS) dial(t *testing.T, network, addr, greeting string) outcome {
 }
 
 // bridgePorts lists the interfaces enslaved to bridge in the namespace nsFd
-// (0 or -1: the current one), sorted: the ports Apply and SetPorts want. (The stack reads
+// (0 or -1: the current one), sorted: the ports Apply and SyncPorts want. (The stack reads
 // them itself; this is the tests' own reading.)
 func bridgePorts(nsFd int, bridge string) ([]string, error) {
 	var h *netlink.Handle
@@ -472,9 +472,9 @@ func TestPrivilegedTables(t *testing.T) {
 		assert.False(t, ch.AddedAt.IsZero(), "and when")
 		verifyClean(t, cfg, caps, now)
 		assert.Equal(t, silent, e.ping(t, "10.99.0.2"), "e -> a once the set is current")
-		changed, err := SetPorts(cfg, now)
+		ch, err = SyncPorts(cfg, now)
 		require.NoError(t, err)
-		assert.False(t, changed, "second SetPorts is a no-op")
+		assert.Equal(t, PortsChange{}, ch, "a second SyncPorts is a no-op")
 
 		// The port goes away: the set keeps a stale name until refreshed.
 		require.NoError(t, w.host.Netlink(t).LinkDel(w.host.Link(t, "vE")))

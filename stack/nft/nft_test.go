@@ -231,7 +231,7 @@ func TestDeleteOnEmptyKernelSendsNothing(t *testing.T) {
 	assert.False(t, inet)
 	assert.False(t, bridge)
 
-	_, err = SetPorts(k.conf(Config{Gateway: testGW}), []string{"veth0"})
+	_, err = SyncPorts(k.conf(Config{Gateway: testGW}), []string{"veth0"})
 	assert.ErrorIs(t, err, ErrNotApplied)
 }
 

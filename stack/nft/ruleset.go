@@ -87,7 +87,7 @@ const (
 	// ModeBridgeMeta matches the bridge by name (meta ibrname/obrname).
 	ModeBridgeMeta BridgeMode = "bridge-meta"
 	// ModePortSet matches the bridge's ports by name from a set that the
-	// caller keeps current (SetPorts).
+	// caller keeps current (SyncPorts).
 	ModePortSet BridgeMode = "port-set"
 )
 
