@@ -59,6 +59,9 @@ type watchOptions struct {
 	// refreshed, when set, is called after every successful refresh with
 	// what it changed, the triggers it answered and when it finished.
 	refreshed func(r stack.PortsRefresh, causes []trigger, done time.Time)
+	// answered, when set, is called after a port's first answer (joinPort)
+	// with what it changed and the event it answered.
+	answered func(r stack.PortsRefresh, t trigger)
 	// pinsSkipped, when set, is called when the pins' refresh for a cause
 	// was skipped (leaseOnlySettled).
 	pinsSkipped func(cause trigger)
@@ -647,6 +650,9 @@ func (w *watcher) joinPort(ctx context.Context, t trigger) {
 	r.Added, r.AddedAt = []string{t.port}, time.Now()
 	for _, l := range reportLines(w.bridge, r, []trigger{t}, r.AddedAt) {
 		w.logf("%s", l)
+	}
+	if w.o.answered != nil {
+		w.o.answered(r, t)
 	}
 }
 
