@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/box-isolation/box/internal/rootonly"
 	"github.com/box-isolation/box/stack/model"
 )
 
@@ -130,6 +131,10 @@ func BootUnits(exe string) []BootUnit {
 	return out
 }
 
+// exeRootOnly says why root's units must not run the box binary at exe
+// (rootonly.Check); tests stub it.
+var exeRootOnly = func(exe string) error { return rootonly.Check(exe, rootonly.Lstat) }
+
 // systemdRunning reports whether systemd is the init system here.
 var systemdRunning = func() bool {
 	_, err := os.Stat("/run/systemd/system")
@@ -145,6 +150,9 @@ func (boot BootFiles) ensureUnits() (string, []model.Change, error) {
 	}
 	if !systemdRunning() {
 		return "no systemd on this host: the nft tables are not re-applied at boot and no daemon runs; from your init system, run `box setup-host --firewall-only` after each boot and keep `box guard-and-serve` running", nil, nil
+	}
+	if err := exeRootOnly(boot.Exe); err != nil {
+		return "", nil, fmt.Errorf("refusing to write box's boot units: they would run %s as root at every boot, and %w, so another user could change what root runs. Install box where only root can write (the .deb, or install.sh run as root, into /usr/local/bin) and run that box's setup-host", boot.Exe, err)
 	}
 	var changes []model.Change
 	for _, u := range BootUnits(boot.Exe) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/box-isolation/box/internal/rootonly"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,7 +17,11 @@ func withSystemd(t *testing.T, running bool) {
 	t.Helper()
 	old := systemdRunning
 	systemdRunning = func() bool { return running }
-	t.Cleanup(func() { systemdRunning = old })
+	// The units' binary is root's alone (TestBootUnitsRefuseABinaryAUserCanChange
+	// says what happens when it is not).
+	oldExe := exeRootOnly
+	exeRootOnly = func(string) error { return nil }
+	t.Cleanup(func() { systemdRunning, exeRootOnly = old, oldExe })
 }
 
 func TestBootUnits(t *testing.T) {
@@ -205,4 +210,33 @@ func TestBootUnitsReplaceTheOldDaemon(t *testing.T) {
 	b, err = os.ReadFile(filepath.Join(dir, LegacyDaemonUnitName))
 	require.NoError(t, err)
 	assert.Equal(t, other, string(b))
+}
+
+// TestBootUnitsRefuseABinaryAUserCanChange: setup-host writes no unit that
+// would run, as root, a binary another user could change (here one under
+// the temporary directory, which anyone may write); one only root can
+// change (the system's shell) it writes.
+func TestBootUnitsRefuseABinaryAUserCanChange(t *testing.T) {
+	withSystemd(t, true)
+	exeRootOnly = func(exe string) error { return rootonly.Check(exe, rootonly.Lstat) }
+	dir := t.TempDir()
+	exe := filepath.Join(t.TempDir(), "box")
+	require.NoError(t, os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755))
+	h := &Host{Boot: BootFiles{UnitDir: dir, Exe: exe}}
+	_, changes, err := h.BootFiles().ensureUnits()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "refusing to write box's boot units: they would run "+exe+" as root at every boot, and ")
+	assert.Contains(t, err.Error(), " is writable by others (mode 1777)", "the temporary directory")
+	assert.Contains(t, err.Error(), "Install box where only root can write")
+	assert.Empty(t, changes)
+	left, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, left, "no unit written")
+
+	if os.Geteuid() == 0 {
+		h.Boot.Exe = "/bin/sh" // root's, on every Debian system
+		_, changes, err = h.BootFiles().ensureUnits()
+		require.NoError(t, err)
+		assert.NotEmpty(t, changes)
+	}
 }
