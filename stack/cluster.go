@@ -155,7 +155,7 @@ func (addrs *Addresses) For(ctx context.Context, member string) (netip.Addr, err
 	for a := range addrs.strayLeases(member) {
 		used[a] = true
 	}
-	if a, ok := freeAddress(slice, gw, used); ok {
+	if a, ok := model.FreeAddress(slice, gw, used); ok {
 		return a, nil
 	}
 	if member == "" {
@@ -188,19 +188,7 @@ func (addrs *Addresses) quickFor() (netip.Addr, bool) {
 	for _, l := range pool.Leases {
 		used[l.Address] = true
 	}
-	return freeAddress(gw.Masked(), gw, used)
-}
-
-// freeAddress is the first address of slice that is not the bridge's
-// own (gw), its subnet's network or broadcast address, or used.
-func freeAddress(slice, gw netip.Prefix, used map[netip.Addr]bool) (netip.Addr, bool) {
-	for a := slice.Addr(); slice.Contains(a); a = a.Next() {
-		if a == gw.Addr() || a == gw.Masked().Addr() || a == model.LastOf(gw) || used[a] {
-			continue
-		}
-		return a, true
-	}
-	return netip.Addr{}, false
+	return model.FreeAddress(gw.Masked(), gw, used)
 }
 
 // Slice is member's address slice and the bridge's address; a

@@ -78,6 +78,18 @@ func DynamicRange(subnet netip.Prefix) string {
 	return lo.String() + "-" + hi.String()
 }
 
+// FreeAddress is the first address of slice that is not the bridge's
+// own (gw), its subnet's network or broadcast address, or used.
+func FreeAddress(slice, gw netip.Prefix, used map[netip.Addr]bool) (netip.Addr, bool) {
+	for a := slice.Addr(); slice.Contains(a); a = a.Next() {
+		if a == gw.Addr() || a == gw.Masked().Addr() || a == LastOf(gw) || used[a] {
+			continue
+		}
+		return a, true
+	}
+	return netip.Addr{}, false
+}
+
 // LastOf is the last address of p.
 func LastOf(p netip.Prefix) netip.Addr {
 	a := p.Masked().Addr()
