@@ -21,7 +21,8 @@ need_root() {
 }
 
 pkgs=(incus-base incus-client dnsmasq-base nftables iproute2 busybox-static squashfs-tools squashfs-tools-ng
-	xz-utils debootstrap chromium groff-base zsh fish git make btrfs-progs util-linux coreutils bsdutils)
+	xz-utils debootstrap chromium groff-base zsh fish git make btrfs-progs util-linux coreutils bsdutils
+	gpg gpg-agent gpgv)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,6 +4,10 @@
 # cmd/pkgbuild, a .deb for box and one for drill (man page,
 # completions for bash, zsh and fish, and for box the systemd units), a
 # tarball of both, and SHA256SUMS. It needs Go only: no dpkg-deb, no root.
+# With BOX_RELEASE_KEY (a key in gpg's keyring, GNUPGHOME honoured) it also
+# signs SHA256SUMS (SHA256SUMS.asc) and writes install.sh rendered with
+# that key's public part (docs/install.md); BOX_RELEASE_REPO is where that
+# script fetches releases from by default.
 #
 #   scripts/package.sh [OUT]        VERSION=v0.4.0 GOARCH=arm64 work too
 set -euo pipefail
@@ -31,6 +35,19 @@ docbin=$work/bin
 [ "$arch" = "$hostarch" ] || docbin=$work/host
 
 mkdir -p "$out"
-rm -f "$out"/*.deb "$out"/*.tar.gz "$out"/SHA256SUMS
+rm -f "$out"/*.deb "$out"/*.tar.gz "$out"/SHA256SUMS "$out"/SHA256SUMS.asc "$out"/install.sh
 echo "package: box $version for linux/$arch into $out" >&2
-GOARCH=$hostarch go run ./cmd/pkgbuild -bin "$work/bin" -docbin "$docbin" -out "$out" -version "$version" -arch "$arch"
+release=()
+if [ -n "${BOX_RELEASE_KEY:-}" ]; then
+	gpg --batch --export "$BOX_RELEASE_KEY" >"$work/release.gpg"
+	fpr=$(gpg --batch --with-colons --fingerprint "$BOX_RELEASE_KEY" | awk -F: '$1 == "fpr" { print $10; exit }')
+	release=(-release-key "$work/release.gpg" -release-fpr "$fpr")
+	[ -z "${BOX_RELEASE_REPO:-}" ] || release+=(-release-repo "$BOX_RELEASE_REPO")
+fi
+GOARCH=$hostarch go run ./cmd/pkgbuild -bin "$work/bin" -docbin "$docbin" -out "$out" -version "$version" -arch "$arch" "${release[@]}"
+if [ -n "${BOX_RELEASE_KEY:-}" ]; then
+	gpg --batch --yes --local-user "$BOX_RELEASE_KEY" --armor --detach-sign -o "$out/SHA256SUMS.asc" "$out/SHA256SUMS"
+	echo "package: SHA256SUMS signed by $fpr; install.sh carries its public part" >&2
+else
+	echo "package: no BOX_RELEASE_KEY: SHA256SUMS is not signed and there is no install.sh (docs/install.md)" >&2
+fi

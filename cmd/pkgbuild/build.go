@@ -20,6 +20,7 @@ import (
 	_ "github.com/goreleaser/nfpm/v2/deb" // registers the deb packager
 	"github.com/goreleaser/nfpm/v2/files"
 
+	"github.com/box-isolation/box/install"
 	"github.com/box-isolation/box/stack"
 )
 
@@ -32,6 +33,11 @@ type config struct {
 	version string // as the binaries print it
 	arch    string // GOARCH, which is Debian's name for amd64, arm64...
 	mtime   time.Time
+	// releaseKey, releaseFpr and releaseRepo, when releaseKey is set,
+	// render install.sh for the release (install.Render): the release
+	// key's public part (a file, binary OpenPGP), its fingerprint, and
+	// where the releases are.
+	releaseKey, releaseFpr, releaseRepo string
 }
 
 // artefact is one file written to the output directory.
@@ -256,7 +262,34 @@ func build(c config) ([]artefact, error) {
 	if err != nil {
 		return nil, err
 	}
+	built = append(built, a)
+	if c.releaseKey == "" {
+		return built, nil
+	}
+	a, err = installScript(c)
+	if err != nil {
+		return nil, err
+	}
 	return append(built, a), nil
+}
+
+// installScript writes install.sh rendered with the release key: it is
+// attached to the release beside what SHA256SUMS lists, not in it (it
+// carries the key the sums are checked with).
+func installScript(c config) (artefact, error) {
+	key, err := os.ReadFile(c.releaseKey)
+	if err != nil {
+		return artefact{}, fmt.Errorf("reading the release key: %w", err)
+	}
+	s, err := install.Render(key, c.releaseFpr, c.releaseRepo)
+	if err != nil {
+		return artefact{}, err
+	}
+	path := filepath.Join(c.out, "install.sh")
+	if err := os.WriteFile(path, []byte(s), 0o755); err != nil {
+		return artefact{}, err
+	}
+	return artefact{path: path, size: int64(len(s))}, nil
 }
 
 // deb writes one package with nfpm; stage is a directory for its files.

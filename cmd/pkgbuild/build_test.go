@@ -81,6 +81,20 @@ func TestBuild(t *testing.T) {
 	assert.Equal(t, []string{"box_0.4.0+3.gabc1234_amd64.deb", "drill_0.4.0+3.gabc1234_amd64.deb",
 		"box-v0.4.0-3-gabc1234-linux-amd64.tar.gz", "SHA256SUMS"}, names)
 
+	// With a release key, install.sh too, rendered with it, beside what
+	// SHA256SUMS lists.
+	key := filepath.Join(t.TempDir(), "release.gpg")
+	require.NoError(t, os.WriteFile(key, []byte{0x99, 1, 2}, 0o644))
+	c.out, c.releaseKey, c.releaseFpr, c.releaseRepo = filepath.Join(t.TempDir(), "signed"), key, strings.Repeat("AB12", 10), "https://releases.example/box"
+	signed, err := build(c)
+	require.NoError(t, err)
+	require.Len(t, signed, 5)
+	assert.Equal(t, filepath.Join(c.out, "install.sh"), signed[4].path)
+	script, err := os.ReadFile(signed[4].path)
+	require.NoError(t, err)
+	assert.Contains(t, string(script), "RELEASE_KEY='mQEC'\nRELEASE_FPR='"+c.releaseFpr+"'\nDEFAULT_REPO='https://releases.example/box'\n")
+	assert.NotContains(t, string(readFile(t, filepath.Join(c.out, "SHA256SUMS"))), "install.sh")
+
 	// SHA256SUMS lists the other three, as sha256sum -c reads it.
 	sums, err := os.ReadFile(filepath.Join(out, "SHA256SUMS"))
 	require.NoError(t, err)
@@ -175,4 +189,11 @@ func TestBuildSaysWhatIsMissing(t *testing.T) {
 	errOut.Reset()
 	assert.Equal(t, 2, run(nil, io.Discard, &errOut))
 	assert.Contains(t, errOut.String(), "usage: pkgbuild -version V")
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
 }

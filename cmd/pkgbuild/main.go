@@ -29,11 +29,14 @@ func run(args []string, out, errw io.Writer) int {
 	fs.StringVar(&c.version, "version", "", "the version the binaries were built with (git describe)")
 	fs.StringVar(&c.arch, "arch", runtime.GOARCH, "the binaries' architecture, as GOARCH")
 	fs.StringVar(&c.docbin, "docbin", "", "binaries for this machine to ask for the man pages and completions, when -bin's are cross-compiled (default: -bin)")
+	fs.StringVar(&c.releaseKey, "release-key", "", "also write install.sh, rendered with this release key (its public part, as gpg --export writes it)")
+	fs.StringVar(&c.releaseFpr, "release-fpr", "", "with -release-key: its fingerprint")
+	fs.StringVar(&c.releaseRepo, "release-repo", "https://github.com/box-isolation/box/releases", "with -release-key: where install.sh fetches releases from by default")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if c.version == "" || fs.NArg() > 0 {
-		fmt.Fprintln(errw, "usage: pkgbuild -version V [-bin DIR] [-out DIR] [-arch GOARCH] [-docbin DIR]")
+		fmt.Fprintln(errw, "usage: pkgbuild -version V [-bin DIR] [-out DIR] [-arch GOARCH] [-docbin DIR] [-release-key FILE -release-fpr FPR [-release-repo URL]]")
 		return 2
 	}
 	if c.docbin == "" {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"crypto/sha256"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -13,14 +14,17 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/install/installtest"
 	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/box-isolation/box/stack"
 )
 
 // TestSystemPackageInstall builds the packages with scripts/package.sh
-// (make package), installs both .debs into a throwaway root with dpkg
-// --root, runs the installed binaries, purges the packages and checks
-// nothing of them is left. It uses no hermetic world and never touches the
+// (make package), signed with a throwaway release key, installs both .debs
+// into a throwaway root with dpkg --root, runs the installed binaries,
+// purges the packages and checks nothing of them is left; then installs
+// the release with its own install.sh (as root, into a /usr/local of its
+// own) and uninstalls it. It uses no hermetic world and never touches the
 // machine's own root or dpkg database (it checks that the database is
 // unchanged). The maintainer scripts run outside the throwaway root
 // (--force-script-chrootless): they only print, which
@@ -36,9 +40,11 @@ func TestSystemPackageInstall(t *testing.T) {
 	repo, err := filepath.Abs("../..")
 	require.NoError(t, err)
 	out := t.TempDir()
+	key := installtest.NewSigner(t, "release")
 	pack := exec.Command(filepath.Join(repo, "scripts", "package.sh"), out)
 	pack.Dir = repo
-	pack.Env = append(os.Environ(), "VERSION=v0.9.0-test", "PATH="+filepath.Dir(goTool)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	pack.Env = append(os.Environ(), "VERSION=v0.9.0-test", "PATH="+filepath.Dir(goTool)+string(os.PathListSeparator)+os.Getenv("PATH"),
+		"GNUPGHOME="+key.Home, "BOX_RELEASE_KEY="+key.Fpr)
 	b, err := pack.CombinedOutput()
 	require.NoError(t, err, "%s", b)
 	t.Logf("scripts/package.sh:\n%s", b)
@@ -143,6 +149,24 @@ func TestSystemPackageInstall(t *testing.T) {
 	assert.NoDirExists(t, filepath.Join(root, "usr"), "the directories the packages made are gone too")
 
 	assert.Equal(t, realStatus, fileHash(t, "/var/lib/dpkg/status"), "the machine's own dpkg database is untouched")
+
+	// The same release through its own install.sh, from the directory
+	// it was built in (BOX_REPO/BOX_REF), as root.
+	require.FileExists(t, filepath.Join(out, "SHA256SUMS.asc"))
+	const listing = "find /usr/local -xdev | sort"
+	lists := t.TempDir()
+	got, err := installtest.Sandbox(t, true, "", fmt.Sprintf(`set -e
+%[1]s > %[2]s/before
+sh %[3]s/install.sh
+box version; drill version
+sh %[3]s/install.sh --uninstall
+%[1]s > %[2]s/after
+`, listing, lists, out), "BOX_REPO="+filepath.Dir(out), "BOX_REF="+filepath.Base(out))
+	require.NoError(t, err, "%s", got)
+	assert.Contains(t, got, "box-install: verified box-v0.9.0-test-linux-"+goArch(t)+".tar.gz: signed by box's release key "+key.Fpr)
+	assert.Contains(t, got, "box v0.9.0-test\ndrill v0.9.0-test\n")
+	assert.Contains(t, got, "box-install: installed box v0.9.0-test and drill into /usr/local/bin")
+	assert.Equal(t, string(readFile(t, filepath.Join(lists, "before"))), string(readFile(t, filepath.Join(lists, "after"))), "the uninstall leaves /usr/local as it found it")
 }
 
 func fileHash(t *testing.T, path string) [32]byte {
