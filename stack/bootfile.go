@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/stack/bootunits"
 	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
@@ -301,8 +302,8 @@ func (boot BootFiles) verify(gw netip.Addr) []model.Finding {
 	find := func(obj, problem string) {
 		out = append(out, model.Finding{Layer: model.LayerHostFW, Object: obj, Problem: problem + ": at the next boot boxes could send before box's tables hold", Fix: model.FixEnsure, Advisory: true})
 	}
-	files := map[string]string{IncusDropInName: incusDropIn}
-	for _, u := range BootUnits(boot.Exe) {
+	files := map[string]string{bootunits.IncusDropInName: bootunits.IncusDropIn}
+	for _, u := range bootunits.BootUnits(boot.Exe) {
 		files[u.Name] = u.Text
 	}
 	for _, name := range slices.Sorted(maps.Keys(files)) {
@@ -317,9 +318,9 @@ func (boot BootFiles) verify(gw netip.Addr) []model.Finding {
 		}
 	}
 	if boot.legacyDaemonUnit() {
-		out = append(out, model.Finding{Layer: model.LayerHostFW, Object: "unit " + LegacyDaemonUnitName,
-			Problem: "box's daemon under its old name (now " + DaemonUnitName + "); the drop-in and the next boot want the new one",
-			Fix:     model.FixEnsure + ", then systemctl daemon-reload && systemctl start " + DaemonUnitName, Advisory: true})
+		out = append(out, model.Finding{Layer: model.LayerHostFW, Object: "unit " + bootunits.LegacyDaemonUnitName,
+			Problem: "box's daemon under its old name (now " + bootunits.DaemonUnitName + "); the drop-in and the next boot want the new one",
+			Fix:     model.FixEnsure + ", then systemctl daemon-reload && systemctl start " + bootunits.DaemonUnitName, Advisory: true})
 	}
 	saved, err := readSavedFirewall(boot.FirewallFile)
 	switch {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/internal/testenv/tier"
+	"github.com/box-isolation/box/stack/bootunits"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/box-isolation/box/stack/nft"
 )
@@ -75,7 +76,7 @@ func TestVerifyBoot(t *testing.T) {
 	f := h.BootFiles().verify(netip.MustParseAddr("10.89.0.1"))
 	require.Len(t, f, 1)
 	assert.Contains(t, f[0].Problem, "the saved gateway is 10.88.0.1, the bridge's is 10.89.0.1")
-	require.NoError(t, os.WriteFile(filepath.Join(dir, IncusDropInName), []byte("[Unit]\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, bootunits.IncusDropInName), []byte("[Unit]\n"), 0o644))
 	assert.Equal(t, []string{"unit incus.service.d/box.conf"}, objects(h.BootFiles().verify(gw)), "an edited drop-in")
 	withSystemd(t, false)
 	assert.Empty(t, h.BootFiles().verify(gw), "no systemd: no boot units to check")

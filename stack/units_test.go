@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/box-isolation/box/internal/rootonly"
+	"github.com/box-isolation/box/stack/bootunits"
 	"github.com/box-isolation/box/stack/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -46,20 +47,20 @@ func TestBootUnits(t *testing.T) {
 	}
 	// Both before Incus, however it starts: the firewall from the saved
 	// file (no Incus call), the watcher ready before incusd restores a box.
-	fw := read(BootUnitName)
+	fw := read(bootunits.BootUnitName)
 	for _, line := range []string{"DefaultDependencies=no", "Before=network-pre.target incus.service incus-startup.service shutdown.target",
 		"Type=oneshot\nRemainAfterExit=yes\nExecStart=/usr/local/bin/box setup-host --boot"} {
 		assert.Contains(t, fw, line+"\n")
 	}
-	ports := read(DaemonUnitName)
+	ports := read(bootunits.DaemonUnitName)
 	for _, line := range []string{"After=local-fs.target box-firewall.service\nWants=box-firewall.service", "Before=incus.service incus-startup.service shutdown.target",
 		"Conflicts=shutdown.target box-ports.service", "Type=notify", "ExecStart=/usr/local/bin/box guard-and-serve --take-over", "Restart=always", "WantedBy=multi-user.target"} {
 		assert.Contains(t, ports, line+"\n")
 	}
-	dropIn := read(IncusDropInName)
+	dropIn := read(bootunits.IncusDropInName)
 	assert.Contains(t, dropIn, "[Unit]\nWants=box-firewall.service box-guard-and-serve.service\nAfter=box-firewall.service box-guard-and-serve.service\n")
 	assert.Contains(t, dropIn, "[Service]\nTemporaryFileSystem=/dev/mqueue:ro\n", "not the host's message queues in every box")
-	for _, name := range []string{BootUnitName, DaemonUnitName} {
+	for _, name := range []string{bootunits.BootUnitName, bootunits.DaemonUnitName} {
 		target, err := os.Readlink(filepath.Join(dir, "multi-user.target.wants", name))
 		require.NoError(t, err, "%s is enabled", name)
 		assert.Equal(t, filepath.Join(dir, name), target)
@@ -70,12 +71,12 @@ func TestBootUnits(t *testing.T) {
 	assert.Empty(t, changes, "a second run changes nothing")
 	assert.Empty(t, note)
 
-	require.NoError(t, os.WriteFile(filepath.Join(dir, DaemonUnitName), []byte("edited\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, bootunits.DaemonUnitName), []byte("edited\n"), 0o644))
 	_, changes, err = h.BootFiles().ensureUnits()
 	require.NoError(t, err)
 	require.Len(t, changes, 1, "only the drifted unit is rewritten")
 	assert.Equal(t, "unit box-guard-and-serve.service", changes[0].Object)
-	assert.Equal(t, ports, read(DaemonUnitName))
+	assert.Equal(t, ports, read(bootunits.DaemonUnitName))
 
 	removed, err := h.BootFiles().removeUnits()
 	require.NoError(t, err)
@@ -115,14 +116,14 @@ func TestBootUnitsWithoutSystemd(t *testing.T) {
 	}
 }
 
-// The packages ship the units from BootUnits: the same text Ensure writes.
+// The packages ship the units from bootunits.BootUnits: the same text Ensure writes.
 func TestBootUnitsExported(t *testing.T) {
 	withSystemd(t, true)
 	dir := t.TempDir()
 	h := &Host{Boot: BootFiles{UnitDir: dir, Exe: "/usr/bin/box"}}
 	_, _, err := h.BootFiles().ensureUnits()
 	require.NoError(t, err)
-	units := BootUnits("/usr/bin/box")
+	units := bootunits.BootUnits("/usr/bin/box")
 	require.Len(t, units, 2)
 	for _, u := range units {
 		b, err := os.ReadFile(filepath.Join(dir, u.Name))
@@ -166,20 +167,20 @@ func TestBootUnitsReplaceTheOldDaemon(t *testing.T) {
 	_, _, err := h.BootFiles().ensureUnits()
 	require.NoError(t, err)
 	// As the old box left the host: its unit enabled, the drop-in wanting it.
-	require.NoError(t, os.Remove(filepath.Join(dir, "multi-user.target.wants", DaemonUnitName)))
-	require.NoError(t, os.Remove(filepath.Join(dir, DaemonUnitName)))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, LegacyDaemonUnitName), []byte(oldDaemonUnit), 0o644))
-	require.NoError(t, os.Symlink(filepath.Join(dir, LegacyDaemonUnitName), filepath.Join(dir, "multi-user.target.wants", LegacyDaemonUnitName)))
-	drop := filepath.Join(dir, IncusDropInName)
+	require.NoError(t, os.Remove(filepath.Join(dir, "multi-user.target.wants", bootunits.DaemonUnitName)))
+	require.NoError(t, os.Remove(filepath.Join(dir, bootunits.DaemonUnitName)))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, bootunits.LegacyDaemonUnitName), []byte(oldDaemonUnit), 0o644))
+	require.NoError(t, os.Symlink(filepath.Join(dir, bootunits.LegacyDaemonUnitName), filepath.Join(dir, "multi-user.target.wants", bootunits.LegacyDaemonUnitName)))
+	drop := filepath.Join(dir, bootunits.IncusDropInName)
 	b, err := os.ReadFile(drop)
 	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(drop, []byte(strings.ReplaceAll(string(b), DaemonUnitName, LegacyDaemonUnitName)), 0o644))
+	require.NoError(t, os.WriteFile(drop, []byte(strings.ReplaceAll(string(b), bootunits.DaemonUnitName, bootunits.LegacyDaemonUnitName)), 0o644))
 
 	var objects []string
 	for _, f := range h.BootFiles().verify(netip.Addr{}) {
 		objects = append(objects, f.Object)
 	}
-	assert.Contains(t, objects, "unit "+LegacyDaemonUnitName, "doctor names the old unit")
+	assert.Contains(t, objects, "unit "+bootunits.LegacyDaemonUnitName, "doctor names the old unit")
 
 	note, changes, err := h.BootFiles().ensureUnits()
 	require.NoError(t, err)
@@ -187,27 +188,27 @@ func TestBootUnitsReplaceTheOldDaemon(t *testing.T) {
 	for _, c := range changes {
 		did = append(did, c.Action+" "+c.Object)
 	}
-	assert.Equal(t, []string{"created unit " + DaemonUnitName, "removed unit " + LegacyDaemonUnitName, "created unit incus.service drop-in box.conf"}, did)
-	assert.Contains(t, note, "systemctl daemon-reload && systemctl start "+DaemonUnitName)
-	assert.NoFileExists(t, filepath.Join(dir, LegacyDaemonUnitName))
+	assert.Equal(t, []string{"created unit " + bootunits.DaemonUnitName, "removed unit " + bootunits.LegacyDaemonUnitName, "created unit incus.service drop-in box.conf"}, did)
+	assert.Contains(t, note, "systemctl daemon-reload && systemctl start "+bootunits.DaemonUnitName)
+	assert.NoFileExists(t, filepath.Join(dir, bootunits.LegacyDaemonUnitName))
 	wants, err := os.ReadDir(filepath.Join(dir, "multi-user.target.wants"))
 	require.NoError(t, err)
 	var enabled []string
 	for _, e := range wants {
 		enabled = append(enabled, e.Name())
 	}
-	assert.ElementsMatch(t, []string{BootUnitName, DaemonUnitName}, enabled, "exactly one daemon unit enabled")
+	assert.ElementsMatch(t, []string{bootunits.BootUnitName, bootunits.DaemonUnitName}, enabled, "exactly one daemon unit enabled")
 	b, err = os.ReadFile(drop)
 	require.NoError(t, err)
-	assert.NotContains(t, string(b), LegacyDaemonUnitName, "the drop-in wants the new unit only")
+	assert.NotContains(t, string(b), bootunits.LegacyDaemonUnitName, "the drop-in wants the new unit only")
 
 	// Someone else's box-ports.service is not box's to remove.
 	other := "[Unit]\nDescription=a port forwarder of the admin's own\n"
-	require.NoError(t, os.WriteFile(filepath.Join(dir, LegacyDaemonUnitName), []byte(other), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, bootunits.LegacyDaemonUnitName), []byte(other), 0o644))
 	_, changes, err = h.BootFiles().ensureUnits()
 	require.NoError(t, err)
 	assert.Empty(t, changes)
-	b, err = os.ReadFile(filepath.Join(dir, LegacyDaemonUnitName))
+	b, err = os.ReadFile(filepath.Join(dir, bootunits.LegacyDaemonUnitName))
 	require.NoError(t, err)
 	assert.Equal(t, other, string(b))
 }

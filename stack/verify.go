@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/box-isolation/box/stack/bootunits"
 	"github.com/box-isolation/box/stack/guard"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/incus"
@@ -312,16 +313,16 @@ func legacyObjects(ctx context.Context, c *incus.Client, g *hostns.NS) ([]string
 // services, is down.
 func daemonNotes(d *hostns.DaemonStatus, mode nft.BridgeMode) []string {
 	if d == nil {
-		note := "no daemon runs here (" + DaemonUnitName + ", box guard-and-serve): allowlisted boxes resolve nothing, and box's tables are not put back after another tool's flush until a box command runs"
+		note := "no daemon runs here (" + bootunits.DaemonUnitName + ", box guard-and-serve): allowlisted boxes resolve nothing, and box's tables are not put back after another tool's flush until a box command runs"
 		if mode == nft.ModePortSet {
 			note += "; a box that restarts on its own, or whose NIC is re-plugged, stays outside the port set and unpinned until then"
 		}
-		return []string{note + "; start it: systemctl start " + DaemonUnitName}
+		return []string{note + "; start it: systemctl start " + bootunits.DaemonUnitName}
 	}
 	var out []string
 	for _, s := range d.Services {
 		if !s.Up {
-			out = append(out, fmt.Sprintf("the daemon's %s service (it %s) is down since %s: %s; its log: journalctl -u %s", s.Name, s.Does, s.Since.Format("15:04:05 MST"), s.Problem, DaemonUnitName))
+			out = append(out, fmt.Sprintf("the daemon's %s service (it %s) is down since %s: %s; its log: journalctl -u %s", s.Name, s.Does, s.Since.Format("15:04:05 MST"), s.Problem, bootunits.DaemonUnitName))
 		}
 	}
 	return out

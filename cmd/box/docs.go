@@ -4,7 +4,7 @@ import (
 	"flag"
 
 	"github.com/box-isolation/box/internal/clidoc"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/bootunits"
 	"github.com/box-isolation/box/templates"
 )
 
@@ -43,7 +43,7 @@ func program() clidoc.Program {
 			"Every command that takes a box N resolves it through box's ownership tag (user.box=1) and refuses an instance box did not mint. " +
 				"Options come after the command; every command takes --help. Output is plain text, with --json where offered as the stable interface.",
 			"box setup-host (as root) builds the isolation stack once per host: the bridge boxnet, the profile box-net, the network ACL box-isolate, " +
-				"the nft tables inet box and bridge box, and the boot units " + stack.BootUnitName + " and " + stack.DaemonUnitName + ". box doctor checks it; box teardown-host removes it.",
+				"the nft tables inet box and bridge box, and the boot units " + bootunits.BootUnitName + " and " + bootunits.DaemonUnitName + ". box doctor checks it; box teardown-host removes it.",
 		},
 		Commands: cmds,
 		Names:    boxNames,
@@ -59,7 +59,7 @@ func program() clidoc.Program {
 				"INCUS_CONF (else $HOME/.config/incus): the incus CLI's config directory, whose remotes (config.yml, servercerts/NAME.crt) name the image server of an image REMOTE:ALIAS; without one, images is the public image server.",
 			}},
 			{Title: "Files", Paragraphs: []string{
-				"/etc/systemd/system/" + stack.BootUnitName + ", /etc/systemd/system/" + stack.DaemonUnitName +
+				"/etc/systemd/system/" + bootunits.BootUnitName + ", /etc/systemd/system/" + bootunits.DaemonUnitName +
 					": written and enabled by box setup-host on systemd hosts; they re-apply the firewall at boot and run box guard-and-serve.",
 			}},
 			{Title: "See also", Paragraphs: []string{"drill(1), incus(1)"}},

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/bootunits"
 	"github.com/box-isolation/box/stack/boxes"
 	"github.com/box-isolation/box/stack/daemon"
 	"github.com/box-isolation/box/stack/guard"
@@ -103,7 +104,7 @@ func guardAndServe(c *call, takeOver bool) error {
 // box of before the rename wrote: it says so, then runs the daemon.
 func setupWatchPorts(fs *flag.FlagSet) action {
 	return func(c *call) error {
-		fmt.Fprintf(c.err, "box: watch-ports was renamed guard-and-serve (unit %s); running that (box setup-host replaces the old unit)\n", stack.DaemonUnitName)
+		fmt.Fprintf(c.err, "box: watch-ports was renamed guard-and-serve (unit %s); running that (box setup-host replaces the old unit)\n", bootunits.DaemonUnitName)
 		return guardAndServe(c, false)
 	}
 }
@@ -464,10 +465,10 @@ func printGuard(w io.Writer, counters map[string]map[string]uint64) {
 
 func printDaemon(c *call, d *hostns.DaemonStatus) {
 	if d == nil {
-		fmt.Fprintf(c.out, "daemon: not running (%s)\n", stack.DaemonUnitName)
+		fmt.Fprintf(c.out, "daemon: not running (%s)\n", bootunits.DaemonUnitName)
 		return
 	}
-	fmt.Fprintf(c.out, "daemon: pid %d (%s)\n", d.PID, stack.DaemonUnitName)
+	fmt.Fprintf(c.out, "daemon: pid %d (%s)\n", d.PID, bootunits.DaemonUnitName)
 	for _, s := range d.Services {
 		state := "up"
 		if !s.Up {

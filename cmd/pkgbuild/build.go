@@ -21,7 +21,7 @@ import (
 	"github.com/goreleaser/nfpm/v2/files"
 
 	"github.com/box-isolation/box/install"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/bootunits"
 )
 
 // config is one packaging run.
@@ -160,7 +160,7 @@ func packages(c config) ([]pkg, error) {
 				"not the host, not the LAN, not another box.\n" +
 				"Installing the package changes nothing on the host's network: run\n" +
 				"box setup-host to build the isolation stack."
-			for _, u := range stack.BootUnits("/usr/bin/box") {
+			for _, u := range bootunits.BootUnits("/usr/bin/box") {
 				p.files = append(p.files, file{dst: path.Join(unitDir, u.Name), data: []byte(u.Text), mode: 0o644})
 			}
 			p.postinst = postinstBox

@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/box-isolation/box/internal/testenv/tier"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/bootunits"
 )
 
 func TestDebVersion(t *testing.T) {
@@ -128,7 +128,7 @@ func TestBuild(t *testing.T) {
 			got[strings.TrimPrefix(h.Name, "box-v0.4.0-3-gabc1234-linux-amd64")] = string(b)
 		}
 	}
-	units := stack.BootUnits("/usr/bin/box")
+	units := bootunits.BootUnits("/usr/bin/box")
 	want := []string{"/usr/bin/box", "/usr/bin/drill",
 		"/usr/share/man/man1/box.1.gz", "/usr/share/man/man1/drill.1.gz",
 		"/usr/share/bash-completion/completions/box", "/usr/share/zsh/vendor-completions/_box", "/usr/share/fish/vendor_completions.d/box.fish",

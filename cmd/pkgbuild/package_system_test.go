@@ -16,7 +16,7 @@ import (
 
 	"github.com/box-isolation/box/install/installtest"
 	"github.com/box-isolation/box/internal/testenv/tier"
-	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/bootunits"
 )
 
 // TestSystemPackageInstall builds the packages with scripts/package.sh
@@ -116,7 +116,7 @@ func TestSystemPackageInstall(t *testing.T) {
 			assert.FileExists(t, filepath.Join(root, f))
 		}
 	}
-	for _, u := range stack.BootUnits("/usr/bin/box") {
+	for _, u := range bootunits.BootUnits("/usr/bin/box") {
 		b, err := os.ReadFile(filepath.Join(root, "usr/lib/systemd/system", u.Name))
 		require.NoError(t, err)
 		assert.Equal(t, u.Text, string(b), "%s is the unit box setup-host writes", u.Name)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/box-isolation/box/internal/sdnotify"
 	"github.com/box-isolation/box/stack"
+	"github.com/box-isolation/box/stack/bootunits"
 	"github.com/box-isolation/box/stack/egress"
 	"github.com/box-isolation/box/stack/hostns"
 	"github.com/box-isolation/box/stack/model"
@@ -87,7 +88,7 @@ func notifyReady(logf func(string, ...any)) func() {
 		case err != nil:
 			logf("%v", err)
 		case there:
-			logf("ready: told systemd (Incus, ordered after %s, may start)", stack.DaemonUnitName)
+			logf("ready: told systemd (Incus, ordered after %s, may start)", bootunits.DaemonUnitName)
 		}
 	}
 }
