@@ -38,6 +38,9 @@ type Report struct {
 // nothing and says so (an empty Changes). If a step fails, what this run
 // created is removed again and what it changed is put back.
 func (host *Host) Ensure(ctx context.Context) (*Report, error) {
+	if err := host.BootFiles().refuseExe(); err != nil {
+		return nil, err
+	}
 	unlock, err := host.Lock.take(ctx, host.NetNS)
 	if err != nil {
 		return nil, err

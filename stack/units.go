@@ -17,6 +17,19 @@ import (
 // (rootonly.Check); tests stub it.
 var exeRootOnly = func(exe string) error { return rootonly.Check(exe, rootonly.Lstat) }
 
+// refuseExe says why setup-host must write no unit to run boot.Exe:
+// another user could change it. Ensure asks before it changes anything;
+// nil where no unit is written.
+func (boot BootFiles) refuseExe() error {
+	if boot.UnitDir == "" || !systemdRunning() {
+		return nil
+	}
+	if err := exeRootOnly(boot.Exe); err != nil {
+		return fmt.Errorf("refusing to write box's boot units: they would run %s as root at every boot, and %w, so another user could change what root runs. Install box where only root can write (the .deb, or install.sh run as root, into /usr/local/bin) and run that box's setup-host; nothing was changed", boot.Exe, err)
+	}
+	return nil
+}
+
 // systemdRunning reports whether systemd is the init system here.
 var systemdRunning = func() bool {
 	_, err := os.Stat("/run/systemd/system")
@@ -33,8 +46,8 @@ func (boot BootFiles) ensureUnits() (string, []model.Change, error) {
 	if !systemdRunning() {
 		return "no systemd on this host: the nft tables are not re-applied at boot and no daemon runs; from your init system, run `box setup-host --firewall-only` after each boot and keep `box guard-and-serve` running", nil, nil
 	}
-	if err := exeRootOnly(boot.Exe); err != nil {
-		return "", nil, fmt.Errorf("refusing to write box's boot units: they would run %s as root at every boot, and %w, so another user could change what root runs. Install box where only root can write (the .deb, or install.sh run as root, into /usr/local/bin) and run that box's setup-host", boot.Exe, err)
+	if err := boot.refuseExe(); err != nil {
+		return "", nil, err
 	}
 	var changes []model.Change
 	for _, u := range bootunits.BootUnits(boot.Exe) {

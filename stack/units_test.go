@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"context"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -233,6 +234,11 @@ func TestBootUnitsRefuseABinaryAUserCanChange(t *testing.T) {
 	left, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	assert.Empty(t, left, "no unit written")
+	// setup-host asks first, before any call to Incus (this host has none).
+	_, err = h.Ensure(context.Background())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "refusing to write box's boot units")
+	assert.Contains(t, err.Error(), "nothing was changed")
 
 	if os.Geteuid() == 0 {
 		h.Boot.Exe = "/bin/sh" // root's, on every Debian system

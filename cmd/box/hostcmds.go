@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/box-isolation/box/internal/rootonly"
 	"github.com/box-isolation/box/stack"
 	"github.com/box-isolation/box/stack/bootunits"
 	"github.com/box-isolation/box/stack/boxes"
@@ -55,6 +56,9 @@ func setupSetupHost(fs *flag.FlagSet) action {
 			ensure = h.EnsureBoot
 		}
 		rep, err := ensure(c.ctx)
+		if rootonly.IsNotRootOnly(err) {
+			return fmt.Errorf("setting up the host: %w", err) // refused before any change
+		}
 		if err != nil {
 			return fmt.Errorf("setting up the host: %w (the Incus objects this run created or changed were backed out; box doctor shows where the host stands)", err)
 		}
