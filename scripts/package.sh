@@ -7,7 +7,9 @@
 # With BOX_RELEASE_KEY (a key in gpg's keyring, GNUPGHOME honoured) it also
 # signs SHA256SUMS (SHA256SUMS.asc) and writes install.sh rendered with
 # that key's public part (docs/install.md); BOX_RELEASE_REPO is where that
-# script fetches releases from by default.
+# script fetches releases from by default. With BOX_DRILL_RECORD (the
+# release gate's RUNS.md row, from make release) it writes that row to
+# drill-record.txt, listed in SHA256SUMS.
 #
 #   scripts/package.sh [OUT]        VERSION=v0.4.0 GOARCH=arm64 work too
 set -euo pipefail
@@ -35,7 +37,7 @@ docbin=$work/bin
 [ "$arch" = "$hostarch" ] || docbin=$work/host
 
 mkdir -p "$out"
-rm -f "$out"/*.deb "$out"/*.tar.gz "$out"/SHA256SUMS "$out"/SHA256SUMS.asc "$out"/install.sh
+rm -f "$out"/*.deb "$out"/*.tar.gz "$out"/SHA256SUMS "$out"/SHA256SUMS.asc "$out"/install.sh "$out"/drill-record.txt
 echo "package: box $version for linux/$arch into $out" >&2
 release=()
 if [ -n "${BOX_RELEASE_KEY:-}" ]; then
@@ -45,6 +47,10 @@ if [ -n "${BOX_RELEASE_KEY:-}" ]; then
 	[ -z "${BOX_RELEASE_REPO:-}" ] || release+=(-release-repo "$BOX_RELEASE_REPO")
 fi
 GOARCH=$hostarch go run ./cmd/pkgbuild -bin "$work/bin" -docbin "$docbin" -out "$out" -version "$version" -arch "$arch" "${release[@]}"
+if [ -n "${BOX_DRILL_RECORD:-}" ]; then
+	printf '%s\n' "$BOX_DRILL_RECORD" >"$out/drill-record.txt"
+	(cd "$out" && sha256sum drill-record.txt >>SHA256SUMS)
+fi
 if [ -n "${BOX_RELEASE_KEY:-}" ]; then
 	gpg --batch --yes --local-user "$BOX_RELEASE_KEY" --armor --detach-sign -o "$out/SHA256SUMS.asc" "$out/SHA256SUMS"
 	echo "package: SHA256SUMS signed by $fpr; install.sh carries its public part" >&2

@@ -55,7 +55,8 @@ printf '%s\n' "$proof" >&2
 
 # Packaging comes with another branch; build the packages where it exists.
 if make --no-print-directory -n package >/dev/null 2>&1; then
-	make --no-print-directory package VERSION="$version" ||
+	# The row that vouches for it goes beside the tarball, in the sums.
+	BOX_DRILL_RECORD=$proof make --no-print-directory package VERSION="$version" ||
 		die "tagged $tag, but make package failed: fix it and run make package VERSION=$version (the tag stays)"
 else
 	echo "release: no make package target here; nothing packaged" >&2

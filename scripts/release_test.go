@@ -231,8 +231,18 @@ func TestReleasePasses(t *testing.T) {
 		assert.Contains(t, msg, "drill run a1b2c3 on host incus-7")
 		assert.Contains(t, msg, "(commit "+x+")")
 		assert.Contains(t, msg, "report drills/a1b2c3.json sha256 "+rec.SHA256)
-		// This tree has `make package`: the release builds the packages.
+		// This tree has `make package`: the release builds the packages,
+		// and the row that vouches for them goes beside them, in the sums.
 		assert.Contains(t, stdout+stderr, "package: box 1.2.3")
+		vouch, err := os.ReadFile(filepath.Join(dir, "dist", "drill-record.txt"))
+		require.NoError(t, err)
+		assert.Contains(t, string(vouch), "RUNS.md line "+strconv.Itoa(rec.Line))
+		assert.Contains(t, string(vouch), "report drills/a1b2c3.json sha256 "+rec.SHA256)
+		sums := exec.Command("sha256sum", "-c", "SHA256SUMS")
+		sums.Dir = filepath.Join(dir, "dist")
+		out, err := sums.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		assert.Contains(t, string(out), "drill-record.txt: OK")
 
 		// Once tagged, the version is taken.
 		code, _, stderr = release(t, dir, "VERSION=1.2.3")
