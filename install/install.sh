@@ -150,6 +150,20 @@ fetch "$tarball" || die "could not fetch $tarball from $from"
 	die "$tarball does not match its checksum in the signed SHA256SUMS: it was altered or damaged in transit; nothing was installed"
 say "verified $tarball: signed by box's release key $RELEASE_FPR (this guards against a tampered mirror or cache, not against a compromised release host)"
 
+# The original tool's installs, which this one replaces: the Bash box (its
+# tree in ~/.local/share/box, BOX_HOME's default, with a bin/box script
+# and host/ scripts) and the claudebox-era tree and command. Code only:
+# boxes and their data are Incus's and stay.
+legacy_share=${HOME:-/nonexistent}/.local/share
+legacy_bin=${HOME:-/nonexistent}/.local/bin
+old_box=
+if [ ! -f "$manifest" ] && [ -d "$boxhome" ] && [ -d "$boxhome/host" ] && [ -f "$boxhome/bin/box" ] &&
+	head -n 1 "$boxhome/bin/box" | grep -q 'sh'; then
+	old_box=$boxhome
+elif [ -d "$boxhome" ] && [ ! -f "$manifest" ] && [ -n "$(ls -A "$boxhome" 2>/dev/null)" ]; then
+	die "$boxhome (BOX_HOME) holds something this script did not install and does not know: move it away, or set BOX_HOME elsewhere, and run this again"
+fi
+
 mkdir "$tmp/x"
 tar -xzf "$tmp/$tarball" -C "$tmp/x"
 root=$(find "$tmp/x" -mindepth 1 -maxdepth 1 -type d | head -n 1)
@@ -183,6 +197,36 @@ for p in box drill; do
 	place "$root/usr/share/fish/vendor_completions.d/$p.fish" "$prefix/share/fish/vendor_completions.d" 0644
 done
 
+# The original tool's trees and commands go now that box is in place.
+found=
+if [ -n "$old_box" ]; then
+	rm -rf "$old_box"
+	found="$found the Bash box in $old_box;"
+fi
+if [ -d "$legacy_share/claudebox" ]; then
+	rm -rf "$legacy_share/claudebox"
+	found="$found the claudebox-era tree $legacy_share/claudebox;"
+fi
+# drop removes an old command where this user may.
+drop() {
+	if rm -f "$1" 2>/dev/null && [ ! -e "$1" ] && [ ! -L "$1" ]; then
+		found="$found $2 $1;"
+	else
+		say "could not remove $1 ($2): remove it as its owner"
+	fi
+}
+for cmd in "$legacy_bin/claudebox" /usr/local/bin/claudebox; do
+	if [ -L "$cmd" ] || { [ -f "$cmd" ] && head -n 1 "$cmd" | grep -q 'sh'; }; then
+		drop "$cmd" "the claudebox command"
+	fi
+done
+# A command the old box left beside the new one's (a link into its tree).
+for cmd in "$legacy_bin/box" /usr/local/bin/box; do
+	if [ -L "$cmd" ] && [ ! -e "$cmd" ]; then
+		drop "$cmd" "the old box command"
+	fi
+done
+
 # An earlier install of this script: what it put somewhere this one did
 # not goes; the directories it made stay recorded.
 if [ -f "$manifest" ]; then
@@ -194,6 +238,21 @@ fi
 mkdirs "$boxhome"
 sort -u "$new" >"$manifest"
 printf '%s\n' "$version" >"$boxhome/version"
+
+if [ -n "$found" ]; then
+	say "replaced the original tool's install:${found%;} (your boxes and their data stay)"
+fi
+# What is left for the user: settings of the claudebox era, a legacy stack.
+for f in "${HOME:-/nonexistent}/.profile" "${HOME:-/nonexistent}/.bashrc" "${HOME:-/nonexistent}/.bash_profile" "${HOME:-/nonexistent}/.zshrc" "${HOME:-/nonexistent}/.config/fish/config.fish"; do
+	if [ -f "$f" ] && grep -q 'CLAUDEBOX_' "$f"; then
+		say "$f still sets $(grep -o 'CLAUDEBOX_[A-Z_]*' "$f" | sort -u | tr '\n' ' ')(box reads BOX_* now): rename them, e.g. CLAUDEBOX_REPO to BOX_REPO"
+	fi
+done
+# The legacy stack's bridge, from the kernel (the incus CLI would leave
+# its config behind in a home).
+if command -v ip >/dev/null 2>&1 && ip -o link show claudenet >/dev/null 2>&1; then
+	say "this host still runs the legacy stack (claudenet): move its boxes with box migrate-host --all-boxes (as root), then retire it with box migrate-host --retire-legacy"
+fi
 
 say "installed ${version:-box} and drill into $bin (man pages and completions under $prefix/share); $manifest lists every file, and sh install.sh --uninstall removes them"
 case ":$PATH:" in

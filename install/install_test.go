@@ -95,10 +95,7 @@ sh %[3]s --uninstall
 	})
 
 	t.Run("user", func(t *testing.T) {
-		home, err := os.MkdirTemp("", "box-install-home-")
-		require.NoError(t, err)
-		t.Cleanup(func() { os.RemoveAll(home) })
-		require.NoError(t, os.Chown(home, 65534, 65534))
+		home := nobodysHome(t)
 		out, err := installtest.Sandbox(t, false, home, fmt.Sprintf(`set -e
 sh %[1]s
 ~/.local/bin/box version
@@ -112,6 +109,61 @@ find ~ | sort
 		assert.Contains(t, out, "box-install: "+home+"/.local/bin is not on your PATH")
 		assert.Contains(t, out, "box-install: next: the host's stack needs box installed for root too")
 		assert.True(t, strings.HasSuffix(out, home+"\n"), "the uninstall leaves the home as it found it (empty):\n%s", out)
+	})
+
+	// Over the original tool's installs, as they laid themselves out: the
+	// Bash box's tree in ~/.local/share/box (BOX_HOME's default) with its
+	// command a link into it, the claudebox-era tree and command, a
+	// CLAUDEBOX_ setting, and the legacy stack on the host (its bridge
+	// claudenet: ip here a stand-in that shows it).
+	t.Run("over the original tool", func(t *testing.T) {
+		home := nobodysHome(t)
+		fake := filepath.Join(dir, "ip-standin")
+		require.NoError(t, os.MkdirAll(fake, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(fake, "ip"), []byte("#!/bin/sh\n[ \"$*\" = \"-o link show claudenet\" ] && echo '7: claudenet: <BROADCAST,MULTICAST,UP> mtu 1500'\n"), 0o755))
+		out, err := installtest.Sandbox(t, false, home, fmt.Sprintf(`set -e
+mkdir -p ~/.local/share/box/bin ~/.local/share/box/host ~/.local/share/claudebox/bin ~/.local/bin ~/boxes-data
+printf '#!/usr/bin/env bash\necho old bash box\n' > ~/.local/share/box/bin/box
+printf '#!/usr/bin/env bash\n' > ~/.local/share/box/host/setup-host.sh
+printf '#!/usr/bin/env bash\necho claudebox\n' > ~/.local/share/claudebox/bin/claudebox
+chmod +x ~/.local/share/box/bin/box ~/.local/share/claudebox/bin/claudebox
+ln -s ../share/box/bin/box ~/.local/bin/box
+ln -s ../share/claudebox/bin/claudebox ~/.local/bin/claudebox
+printf 'export CLAUDEBOX_REPO=me/claudebox\nexport CLAUDEBOX_REF=main\n' > ~/.bashrc
+echo keep > ~/boxes-data/notes
+export PATH=%[2]s:$PATH
+sh %[1]s
+~/.local/bin/box version
+first=$(mktemp) second=$(mktemp)
+find ~ | sort > $first
+echo ---again
+sh %[1]s
+find ~ | sort > $second
+cmp $first $second && echo SAME
+echo ---listing
+cat $second
+`, script, fake), "BOX_REPO="+repo, "BOX_REF=v1.1.0")
+		require.NoError(t, err, "%s", out)
+		first, again, _ := strings.Cut(out, "---again\n")
+		assert.Contains(t, first, "box-install: replaced the original tool's install: the Bash box in "+home+"/.local/share/box; the claudebox-era tree "+home+"/.local/share/claudebox; the claudebox command "+home+"/.local/bin/claudebox (your boxes and their data stay)")
+		assert.Contains(t, first, "box-install: "+home+"/.bashrc still sets CLAUDEBOX_REF CLAUDEBOX_REPO (box reads BOX_* now)")
+		assert.Contains(t, first, "box-install: this host still runs the legacy stack (claudenet): move its boxes with box migrate-host --all-boxes")
+		assert.Contains(t, first, "box 1.1.0\n", "the command is the new box")
+		assert.NotContains(t, again, "replaced the original tool", "a second run finds nothing of it")
+		assert.Contains(t, again, "SAME", "a second run changes nothing")
+		_, listing, _ := strings.Cut(again, "---listing\n")
+		assert.NotContains(t, listing, "claudebox")
+		assert.NotContains(t, listing, "/.local/share/box/host")
+		assert.Contains(t, listing, home+"/boxes-data/notes", "what is not the tool's stays")
+		assert.Contains(t, listing, home+"/.local/share/box/installed")
+	})
+
+	t.Run("an unknown tree in BOX_HOME", func(t *testing.T) {
+		home := nobodysHome(t)
+		out, err := installtest.Sandbox(t, false, home, fmt.Sprintf("mkdir -p ~/.local/share/box && echo mine > ~/.local/share/box/notes && sh %s; ls ~/.local/share/box", script), "BOX_REPO="+repo, "BOX_REF=v1.1.0")
+		require.NoError(t, err, "%s", out)
+		assert.Contains(t, out, "box-install: "+home+"/.local/share/box (BOX_HOME) holds something this script did not install and does not know")
+		assert.Contains(t, out, "\nnotes\n", "left as it was")
 	})
 
 	// Each refusal installs nothing: /usr/local is as it was.
@@ -188,4 +240,14 @@ func appendTo(t *testing.T, path, s string) {
 	_, err = f.WriteString(s)
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
+}
+
+// nobodysHome is an empty home directory for the user nobody.
+func nobodysHome(t *testing.T) string {
+	t.Helper()
+	home, err := os.MkdirTemp("", "box-install-home-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(home) })
+	require.NoError(t, os.Chown(home, 65534, 65534))
+	return home
 }
