@@ -37,6 +37,7 @@ var claimAllow = Claim{
 	Modes:    Modes{World: Runs, Host: Never, Why: "it needs the world's second canary, its witness nameserver and a witness in its internet"},
 	Evidence: []Evidence{EvidenceProbes},
 	mint:     mintAllowBox,
+	prepare:  serveAllowEgress,
 	build:    buildAllow,
 	refine:   refineAllow,
 	// box-w's blocks count only if its controls, the allowed canary by
@@ -93,10 +94,8 @@ type allowRun struct {
 	logErr  error
 }
 
-// mintAllowBox runs an egress service when none serves (box's resolver
-// and proxy for box-w; box-guard-and-serve.service runs one on a host), then mints
-// box-w under its allowlist. Without the world's second canary there is
-// nothing to allow or deny.
+// mintAllowBox mints box-w under its allowlist. Without the world's
+// second canary there is nothing to allow or deny.
 func mintAllowBox(ctx context.Context, r *run) error {
 	cfg := &r.cfg
 	if !cfg.Topology.Allow.Valid() {
@@ -104,14 +103,6 @@ func mintAllowBox(ctx context.Context, r *run) error {
 		return nil
 	}
 	r.locked(func() { keep(r.state, AllowID, &allowRun{}) })
-	if !egress.Serving(cfg.Host.NetNS) {
-		stop, err := serveEgress(ctx, cfg.Host)
-		if err != nil {
-			return fmt.Errorf("allow: %w", err)
-		}
-		cfg.logf("allow: no egress service ran; the drill runs one for box-w")
-		r.later(func(context.Context) error { return stop() })
-	}
 	box := r.name(PlaceW, r.boxName("w"))
 	names := allowNames(Scene{Topology: cfg.Topology})
 	cfg.logf("allow: minting %s under the allowlist %s", box, strings.Join(names, " "))
@@ -129,6 +120,25 @@ func mintAllowBox(ctx context.Context, r *run) error {
 		return fmt.Errorf("allow: %w", err)
 	}
 	r.addBox(e)
+	return nil
+}
+
+// serveAllowEgress runs an egress service for box-w when none serves
+// (box's resolver and proxy; box-guard-and-serve.service runs one on a
+// host). It runs once every box is minted: until then C-TIER's port
+// watcher, which the drill runs where no daemon does and stops after
+// box-t, may be the one serving, and box-w would be left with none.
+func serveAllowEgress(ctx context.Context, r *run) error {
+	cfg := &r.cfg
+	if stateOf[allowRun](r.state, AllowID) == nil || egress.Serving(cfg.Host.NetNS) {
+		return nil
+	}
+	stop, err := serveEgress(ctx, cfg.Host)
+	if err != nil {
+		return fmt.Errorf("allow: %w", err)
+	}
+	cfg.logf("allow: no egress service ran; the drill runs one for box-w")
+	r.later(func(context.Context) error { return stop() })
 	return nil
 }
 
