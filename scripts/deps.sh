@@ -22,7 +22,7 @@ need_root() {
 
 pkgs=(incus-base incus-client dnsmasq-base nftables iproute2 busybox-static squashfs-tools squashfs-tools-ng
 	xz-utils debootstrap chromium groff-base zsh fish git make btrfs-progs util-linux coreutils bsdutils
-	gpg gpg-agent gpgv)
+	gpg gpg-agent gpgv apt-utils)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

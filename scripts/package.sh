@@ -9,7 +9,8 @@
 # that key's public part (docs/install.md); BOX_RELEASE_REPO is where that
 # script fetches releases from by default. With BOX_DRILL_RECORD (the
 # release gate's RUNS.md row, from make release) it writes that row to
-# drill-record.txt, listed in SHA256SUMS.
+# drill-record.txt, listed in SHA256SUMS. With BOX_RELEASE_KEY it also
+# makes the signed apt repository (scripts/aptrepo.sh) under OUT/apt.
 #
 #   scripts/package.sh [OUT]        VERSION=v0.4.0 GOARCH=arm64 work too
 set -euo pipefail
@@ -38,6 +39,7 @@ docbin=$work/bin
 
 mkdir -p "$out"
 rm -f "$out"/*.deb "$out"/*.tar.gz "$out"/SHA256SUMS "$out"/SHA256SUMS.asc "$out"/install.sh "$out"/drill-record.txt
+rm -rf "$out"/apt
 echo "package: box $version for linux/$arch into $out" >&2
 release=()
 if [ -n "${BOX_RELEASE_KEY:-}" ]; then
@@ -54,6 +56,7 @@ fi
 if [ -n "${BOX_RELEASE_KEY:-}" ]; then
 	gpg --batch --yes --local-user "$BOX_RELEASE_KEY" --armor --detach-sign -o "$out/SHA256SUMS.asc" "$out/SHA256SUMS"
 	echo "package: SHA256SUMS signed by $fpr; install.sh carries its public part" >&2
+	scripts/aptrepo.sh "$out" "$BOX_RELEASE_KEY"
 else
 	echo "package: no BOX_RELEASE_KEY: SHA256SUMS is not signed and there is no install.sh (docs/install.md)" >&2
 fi
