@@ -68,8 +68,9 @@ type pkg struct {
 	depends     []string
 	recommends  []string
 	files       []file
-	// postinst and postrm are maintainer scripts; both only print.
-	postinst, postrm string
+	// preinst, postinst and postrm are maintainer scripts; they only
+	// print.
+	preinst, postinst, postrm string
 }
 
 // Where the completions go: the directories Debian's bash-completion, zsh
@@ -163,6 +164,7 @@ func packages(c config) ([]pkg, error) {
 			for _, u := range bootunits.BootUnits("/usr/bin/box") {
 				p.files = append(p.files, file{dst: path.Join(unitDir, u.Name), data: []byte(u.Text), mode: 0o644})
 			}
+			p.preinst = preinstBox
 			p.postinst = postinstBox
 			p.postrm = postrmBox
 		case "drill":
@@ -182,6 +184,16 @@ func packages(c config) ([]pkg, error) {
 
 // The maintainer scripts change nothing: no unit is enabled, no table or
 // bridge touched. They say what to run instead.
+// preinstBox names a box install.sh installed for root: it lies first on
+// the PATH, before the package's.
+const preinstBox = `#!/bin/sh
+set -e
+if [ -f /usr/local/share/box/installed ]; then
+	echo "box: install.sh installed box for root too (/usr/local/bin, listed in /usr/local/share/box/installed): it comes first on the PATH and hides this one; remove it, as root, with: sh install.sh --uninstall"
+fi
+exit 0
+`
+
 const postinstBox = `#!/bin/sh
 set -e
 if [ "$1" = configure ]; then
@@ -315,6 +327,9 @@ func deb(c config, p pkg, stage string) (artefact, error) {
 	}
 	var scripts nfpm.Scripts
 	var err error
+	if scripts.PreInstall, err = script("preinst", p.preinst); err != nil {
+		return artefact{}, err
+	}
 	if scripts.PostInstall, err = script("postinst", p.postinst); err != nil {
 		return artefact{}, err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/box-isolation/box/install/installtest"
 	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/box-isolation/box/stack/bootunits"
 )
@@ -45,14 +46,29 @@ func TestDebVersion(t *testing.T) {
 // The maintainer scripts change nothing: every line is shell structure
 // or an echo (no systemctl, nft, ip, incus, no unit enabled).
 func TestMaintainerScriptsOnlyTalk(t *testing.T) {
-	allowed := regexp.MustCompile(`^(#!/bin/sh|set -e|if \[ "\$1" = configure \]; then|case "\$1" in|remove\)|;;|esac|fi|exit 0|echo "[^"$` + "`" + `]*")$`)
-	for name, script := range map[string]string{"postinst": postinstBox, "postrm": postrmBox} {
+	allowed := regexp.MustCompile(`^(#!/bin/sh|set -e|if \[ "\$1" = configure \]; then|if \[ -f /usr/local/share/box/installed \]; then|case "\$1" in|remove\)|;;|esac|fi|exit 0|echo "[^"$` + "`" + `]*")$`)
+	for name, script := range map[string]string{"preinst": preinstBox, "postinst": postinstBox, "postrm": postrmBox} {
 		for _, line := range strings.Split(strings.TrimSpace(script), "\n") {
 			assert.Regexp(t, allowed, strings.TrimSpace(line), "%s: only shell structure and echo", name)
 		}
 		out, err := exec.Command(tier.Tool(t, "sh", "dash"), "-n", "-c", script).CombinedOutput()
 		assert.NoError(t, err, "%s: %s", name, out)
 	}
+}
+
+// TestPrivilegedPreinstNamesAScriptInstall: the box package's preinst
+// names a box install.sh installed for root, and says nothing without one
+// (each in a /usr/local of its own).
+func TestPrivilegedPreinstNamesAScriptInstall(t *testing.T) {
+	tier.Root(t)
+	tier.Tool(t, "unshare", "util-linux")
+	out, err := installtest.Sandbox(t, true, "", "sh -c '"+preinstBox+"' preinst install")
+	require.NoError(t, err, "%s", out)
+	assert.Empty(t, out, "no script install: nothing said")
+	out, err = installtest.Sandbox(t, true, "", "mkdir -p /usr/local/share/box && touch /usr/local/share/box/installed && sh -c '"+preinstBox+"' preinst install")
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, out, "box: install.sh installed box for root too")
+	assert.Contains(t, out, "sh install.sh --uninstall")
 }
 
 // stubBins writes box and drill stand-ins that answer `man` and
