@@ -133,8 +133,14 @@ fetch SHA256SUMS.asc || die "the release at $from has no signature (SHA256SUMS.a
 
 printf '%s' "$RELEASE_KEY" | base64 -d >"$tmp/release.gpg" || die "this install.sh's release key is damaged: take the one attached to a release"
 status=$(gpgv --status-fd 1 --keyring "$tmp/release.gpg" "$tmp/SHA256SUMS.asc" "$tmp/SHA256SUMS" 2>/dev/null || true)
+# The release key's fingerprint is the signing key's, or (a subkey signed)
+# the primary key's, the line's last field.
+validsig=$(printf '%s\n' "$status" | grep '^\[GNUPG:\] VALIDSIG ' || true)
+case " $validsig " in
+*" $RELEASE_FPR "*) status=valid ;;
+esac
 case $status in
-*"[GNUPG:] VALIDSIG $RELEASE_FPR "*) ;;
+valid) ;;
 *"[GNUPG:] BADSIG "*) die "the signature of $from/SHA256SUMS does not match it: the release was altered (a tampered mirror or cache?); nothing was installed" ;;
 *"[GNUPG:] ERRSIG "*" 9 "*) die "$from/SHA256SUMS is signed by another key than box's release key ($RELEASE_FPR); nothing was installed" ;;
 *) die "$from/SHA256SUMS.asc is no valid signature by box's release key; nothing was installed" ;;

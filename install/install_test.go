@@ -158,6 +158,20 @@ cat $second
 		assert.Contains(t, listing, home+"/.local/share/box/installed")
 	})
 
+	t.Run("a release key that signs with a subkey", func(t *testing.T) {
+		sub := installtest.NewSigner(t, "offline").AddSigningSubkey(t)
+		r := filepath.Join(dir, "subkey")
+		installtest.Release(t, r, "v1.0.0", "1.0.0", sub)
+		s, err := Render(sub.Pub, sub.Fpr, r)
+		require.NoError(t, err)
+		path := filepath.Join(dir, "subkey-install.sh")
+		require.NoError(t, os.WriteFile(path, []byte(s), 0o644))
+		out, err := installtest.Sandbox(t, true, "", "sh "+path+" && box version", "BOX_REF=v1.0.0")
+		require.NoError(t, err, "%s", out)
+		assert.Contains(t, out, "signed by box's release key "+sub.Fpr)
+		assert.Contains(t, out, "box 1.0.0\n")
+	})
+
 	t.Run("an unknown tree in BOX_HOME", func(t *testing.T) {
 		home := nobodysHome(t)
 		out, err := installtest.Sandbox(t, false, home, fmt.Sprintf("mkdir -p ~/.local/share/box && echo mine > ~/.local/share/box/notes && sh %s; ls ~/.local/share/box", script), "BOX_REPO="+repo, "BOX_REF=v1.1.0")

@@ -55,6 +55,18 @@ func NewSigner(t *testing.T, name string) Signer {
 	return s
 }
 
+// AddSigningSubkey gives the key a signing subkey, which gpg then signs
+// with (as a release key kept offline does), and returns the key with its
+// public part as it now is.
+func (s Signer) AddSigningSubkey(t *testing.T) Signer {
+	t.Helper()
+	out, err := exec.Command("gpg", "--batch", "--homedir", s.Home, "--passphrase", "", "--quick-add-key", s.Fpr, "ed25519", "sign", "never").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	s.Pub, err = exec.Command("gpg", "--batch", "--homedir", s.Home, "--export", s.Fpr).Output()
+	require.NoError(t, err)
+	return s
+}
+
 // Sign writes file.asc, a detached signature of file.
 func (s Signer) Sign(t *testing.T, file string) {
 	t.Helper()
