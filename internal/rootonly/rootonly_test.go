@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/box-isolation/box/internal/testenv/tier"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -82,9 +83,7 @@ func TestCheck(t *testing.T) {
 
 // TestCheckOnDisk: the same on the real file system, as root (chown).
 func TestCheckOnDisk(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: it makes files owned by root and by another user")
-	}
+	tier.Root(t) // it makes files owned by root and by another user
 	// Under /run: /tmp is anyone's to write, so nothing under it passes.
 	base, err := os.MkdirTemp("/run", "rootonly-")
 	require.NoError(t, err)
