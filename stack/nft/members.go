@@ -35,13 +35,5 @@ func PortSetMembers(cfg Config) (ports []string, ok bool, err error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("listing elements of set %s in table bridge %s: %w", name, cfg.Table, err)
 	}
-	out := make([]string, 0, len(els))
-	for _, e := range els {
-		text, ok := decodeElem("ifname", e.Key)
-		if !ok {
-			text = fmt.Sprintf("0x%x", e.Key)
-		}
-		out = append(out, text)
-	}
-	return normPorts(out), true, nil
+	return elemTexts("ifname", els), true, nil
 }

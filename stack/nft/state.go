@@ -91,17 +91,23 @@ func readTable(c *nftables.Conn, family, name string) (*liveTable, error) {
 		if err != nil {
 			return nil, fmt.Errorf("listing elements of set %s in table %s %s: %w", s.Name, family, name, err)
 		}
-		texts := make([]string, 0, len(els))
-		for _, e := range els {
-			text, ok := decodeElem(s.KeyType.Name, e.Key)
-			if !ok {
-				text = fmt.Sprintf("0x%x", e.Key) // never equal to a desired element
-			}
-			texts = append(texts, text)
-		}
-		lt.elems[s.Name] = normPorts(texts)
+		lt.elems[s.Name] = elemTexts(s.KeyType.Name, els)
 	}
 	return lt, nil
+}
+
+// elemTexts is a set's elements as text, sorted: what a set of that key
+// type cannot hold reads as hex, never equal to a desired element.
+func elemTexts(typ string, els []nftables.SetElement) []string {
+	texts := make([]string, 0, len(els))
+	for _, e := range els {
+		text, ok := decodeElem(typ, e.Key)
+		if !ok {
+			text = fmt.Sprintf("0x%x", e.Key)
+		}
+		texts = append(texts, text)
+	}
+	return normPorts(texts)
 }
 
 // tableDiff is how one live table differs from the desired one, both as
