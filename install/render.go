@@ -16,6 +16,11 @@ import (
 //go:embed install.sh
 var script string
 
+// DefaultRepo is where a release's install.sh fetches releases from unless
+// BOX_REPO says otherwise: the project's releases (the world's release
+// host stands in for it).
+const DefaultRepo = "https://github.com/box-isolation/box/releases"
+
 // Script is install.sh as it is in the repository: with no release key it
 // refuses to install.
 func Script() string { return script }

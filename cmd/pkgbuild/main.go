@@ -16,6 +16,8 @@ import (
 	"runtime"
 	"strconv"
 	"time"
+
+	"github.com/box-isolation/box/install"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -31,7 +33,7 @@ func run(args []string, out, errw io.Writer) int {
 	fs.StringVar(&c.docbin, "docbin", "", "binaries for this machine to ask for the man pages and completions, when -bin's are cross-compiled (default: -bin)")
 	fs.StringVar(&c.releaseKey, "release-key", "", "also write install.sh, rendered with this release key (its public part, as gpg --export writes it)")
 	fs.StringVar(&c.releaseFpr, "release-fpr", "", "with -release-key: its fingerprint")
-	fs.StringVar(&c.releaseRepo, "release-repo", "https://github.com/box-isolation/box/releases", "with -release-key: where install.sh fetches releases from by default")
+	fs.StringVar(&c.releaseRepo, "release-repo", install.DefaultRepo, "with -release-key: where install.sh fetches releases from by default")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
